@@ -1,0 +1,62 @@
+//! How the agent asks a human: approvals for dangerous commands and
+//! clarifying questions. The CLI prompts on the terminal; the gateway will
+//! answer through `/approve` and `/deny`.
+
+use async_trait::async_trait;
+
+/// A dangerous action waiting for a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRequest {
+    /// The command as shown to the human (already redacted).
+    pub command: String,
+    /// Why it needs approval (the matched pattern's description).
+    pub reason: String,
+    /// Stable key of the matched pattern, remembered for "session"/"always".
+    pub pattern_key: String,
+}
+
+/// The human's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalDecision {
+    /// Run it this once.
+    Once,
+    /// Run it and allow this pattern for the rest of the session.
+    Session,
+    /// Run it and add the pattern to the permanent allowlist.
+    Always,
+    Deny,
+    /// Nobody answered in time: treated as a denial.
+    TimedOut,
+}
+
+/// A question for the human, open or multiple choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClarifyRequest {
+    pub question: String,
+    /// Up to four choices; empty for an open question.
+    pub choices: Vec<String>,
+}
+
+/// The channel to a human. Implementations must honour their own timeout.
+#[async_trait]
+pub trait Interaction: Send + Sync {
+    async fn approve(&self, request: &ApprovalRequest) -> ApprovalDecision;
+    /// The answer, or `None` when no human can answer.
+    async fn clarify(&self, request: &ClarifyRequest) -> Option<String>;
+}
+
+/// For contexts with no human (tests, batch jobs): denies every approval and
+/// answers no question.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHuman;
+
+#[async_trait]
+impl Interaction for NoHuman {
+    async fn approve(&self, _request: &ApprovalRequest) -> ApprovalDecision {
+        ApprovalDecision::Deny
+    }
+
+    async fn clarify(&self, _request: &ClarifyRequest) -> Option<String> {
+        None
+    }
+}

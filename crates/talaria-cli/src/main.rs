@@ -1,0 +1,6 @@
+//! The `talaria` command.
+#![forbid(unsafe_code)]
+
+fn main() {
+    println!("talaria");
+}

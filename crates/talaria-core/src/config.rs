@@ -1,0 +1,737 @@
+//! The one typed configuration schema, its defaults, and how it is loaded.
+//!
+//! Every command reads configuration through [`load`], so defaults live in
+//! exactly one place: the `Default` impls below. Unknown keys are reported as
+//! warnings that name the key path (a typo must not silently do nothing);
+//! values of the wrong form are errors that name the key and the form
+//! expected.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::home::Home;
+
+/// Errors reading or validating configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid YAML: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("{path}: `{key}`: {message}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+    #[error("cannot read {path}: {message}")]
+    DotEnv { path: PathBuf, message: String },
+}
+
+/// A secret string. Its `Debug` and `Serialize` forms are masked so that
+/// printing a config (or logging one by accident) never shows the value.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The real value, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// A masked rendering that keeps just enough to tell keys apart.
+    pub fn masked(&self) -> String {
+        mask(&self.0)
+    }
+}
+
+/// Masks a secret value: short ones entirely, long ones but the last four.
+pub fn mask(value: &str) -> String {
+    let n = value.chars().count();
+    if n <= 8 {
+        "****".to_owned()
+    } else {
+        let tail: String = value.chars().skip(n - 4).collect();
+        format!("****{tail}")
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.masked())
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.masked())
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
+/// Which API a provider speaks and where it lives by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Any OpenAI-compatible endpoint (llama.cpp, vLLM, Ollama, LM Studio, ...).
+    #[default]
+    Custom,
+    Openai,
+    Openrouter,
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Custom => "custom",
+            ProviderKind::Openai => "openai",
+            ProviderKind::Openrouter => "openrouter",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    /// The environment variable that holds this provider's key.
+    pub fn api_key_env(self) -> &'static str {
+        match self {
+            ProviderKind::Custom | ProviderKind::Openai => "OPENAI_API_KEY",
+            ProviderKind::Openrouter => "OPENROUTER_API_KEY",
+            ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+        }
+    }
+
+    /// The base URL used when none is configured; `None` for `custom`, which
+    /// has no sensible default and must be told where the server is.
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            ProviderKind::Custom => None,
+            ProviderKind::Openai => Some("https://api.openai.com/v1"),
+            ProviderKind::Openrouter => Some("https://openrouter.ai/api/v1"),
+            ProviderKind::Anthropic => Some("https://api.anthropic.com"),
+        }
+    }
+
+    /// Whether the provider speaks the Anthropic Messages API.
+    pub fn is_anthropic(self) -> bool {
+        matches!(self, ProviderKind::Anthropic)
+    }
+}
+
+/// The primary model (`model:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModelConfig {
+    /// Model name sent to the provider.
+    pub default: Option<String>,
+    pub provider: ProviderKind,
+    pub base_url: Option<String>,
+    pub api_key: Option<Secret>,
+    /// Context window in tokens; drives compression.
+    pub context_length: u64,
+    /// Output cap per request; `None` lets the server decide (Anthropic
+    /// requires one, so its adapter falls back to 4096).
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> ModelConfig {
+        ModelConfig {
+            default: None,
+            provider: ProviderKind::Custom,
+            base_url: None,
+            api_key: None,
+            context_length: 128_000,
+            max_tokens: None,
+            temperature: None,
+        }
+    }
+}
+
+/// One entry of `fallback_providers:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FallbackProvider {
+    pub provider: ProviderKind,
+    pub model: String,
+    #[serde(default)]
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+}
+
+/// A fully resolved provider endpoint: everything a client needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub provider: ProviderKind,
+    pub model: String,
+    pub base_url: String,
+    pub api_key: Option<Secret>,
+}
+
+/// The agent loop (`agent:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentConfig {
+    /// Model calls allowed in one turn before a final summary is forced.
+    pub max_turns: u32,
+    /// Tool output above this many characters is spilled to a file.
+    pub tool_output_max_chars: usize,
+    /// Retries per model call before falling back.
+    pub api_max_retries: u32,
+    /// Seconds to establish a connection to the model server.
+    pub connect_timeout_secs: u64,
+    /// Seconds without a byte on a streaming response before it is dropped.
+    pub stream_stale_timeout_secs: u64,
+    /// Seconds a non-streaming request may take in total.
+    pub request_timeout_secs: u64,
+    /// Prefer streaming; a server that refuses it falls back automatically.
+    pub stream: bool,
+}
+
+impl Default for AgentConfig {
+    fn default() -> AgentConfig {
+        AgentConfig {
+            max_turns: 90,
+            tool_output_max_chars: 100_000,
+            api_max_retries: 3,
+            connect_timeout_secs: 15,
+            stream_stale_timeout_secs: 180,
+            request_timeout_secs: 600,
+            stream: true,
+        }
+    }
+}
+
+/// Built-in memory (`memory:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MemoryConfig {
+    pub enabled: bool,
+    /// Limit on the whole joined text of MEMORY.md.
+    pub memory_char_limit: usize,
+    /// Limit on the whole joined text of USER.md.
+    pub user_char_limit: usize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> MemoryConfig {
+        MemoryConfig {
+            enabled: true,
+            memory_char_limit: 2200,
+            user_char_limit: 1375,
+        }
+    }
+}
+
+/// Context compression (`compression:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CompressionConfig {
+    pub enabled: bool,
+    /// Share of the context window at which older turns are summarised.
+    pub threshold: f64,
+    /// Non-system messages at the start that are never summarised.
+    pub protect_first_n: usize,
+    /// Messages at the end that are never summarised.
+    pub protect_last_n: usize,
+}
+
+impl Default for CompressionConfig {
+    fn default() -> CompressionConfig {
+        CompressionConfig {
+            enabled: true,
+            threshold: 0.75,
+            protect_first_n: 3,
+            protect_last_n: 8,
+        }
+    }
+}
+
+/// How the dangerous-command guard asks (`approvals:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalMode {
+    /// Ask a human for every command on the pattern list.
+    #[default]
+    Manual,
+    /// Run pattern-list commands without asking. The hardline list still blocks.
+    Off,
+}
+
+/// `approvals:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApprovalsConfig {
+    pub mode: ApprovalMode,
+    /// Seconds to wait for an answer; silence is a denial.
+    pub timeout_secs: u64,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> ApprovalsConfig {
+        ApprovalsConfig {
+            mode: ApprovalMode::Manual,
+            timeout_secs: 60,
+        }
+    }
+}
+
+/// The `terminal` tool (`terminal:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TerminalConfig {
+    /// Default command timeout in seconds (a call may ask for less or more,
+    /// up to `max_timeout_secs`).
+    pub timeout_secs: u64,
+    pub max_timeout_secs: u64,
+    /// Output kept from one command, head and tail.
+    pub max_output_chars: usize,
+    /// Working directory; `None` means the directory Talaria was started in.
+    pub cwd: Option<PathBuf>,
+}
+
+impl Default for TerminalConfig {
+    fn default() -> TerminalConfig {
+        TerminalConfig {
+            timeout_secs: 180,
+            max_timeout_secs: 3600,
+            max_output_chars: 50_000,
+            cwd: None,
+        }
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    pub model: ModelConfig,
+    pub fallback_providers: Vec<FallbackProvider>,
+    pub agent: AgentConfig,
+    pub memory: MemoryConfig,
+    pub compression: CompressionConfig,
+    pub approvals: ApprovalsConfig,
+    /// Command patterns approved with "always"; they run without asking.
+    pub command_allowlist: Vec<String>,
+    pub terminal: TerminalConfig,
+}
+
+/// A parsed configuration with what was noticed on the way.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    /// Human-readable warnings (unknown keys), one per line.
+    pub warnings: Vec<String>,
+    /// Merged environment: `.env` overlaid by the process environment.
+    pub env: Env,
+    /// The file read, when one existed.
+    pub path: Option<PathBuf>,
+}
+
+/// Environment variables visible to Talaria: the home's `.env` file with the
+/// process environment on top. Kept as a map instead of being written into
+/// the process environment, which is not thread-safe to mutate.
+#[derive(Debug, Clone, Default)]
+pub struct Env {
+    vars: BTreeMap<String, String>,
+    /// Keys that came from `.env`; their values are treated as secrets.
+    from_file: Vec<String>,
+}
+
+impl Env {
+    /// The process environment alone.
+    pub fn from_process() -> Env {
+        Env {
+            vars: std::env::vars().collect(),
+            from_file: Vec::new(),
+        }
+    }
+
+    /// `.env` at `path` (if present) overlaid by the process environment.
+    pub fn load(path: &Path) -> Result<Env, ConfigError> {
+        let mut vars = BTreeMap::new();
+        let mut from_file = Vec::new();
+        match dotenvy::from_path_iter(path) {
+            Ok(iter) => {
+                for item in iter {
+                    let (k, v) = item.map_err(|e| ConfigError::DotEnv {
+                        path: path.to_owned(),
+                        message: e.to_string(),
+                    })?;
+                    from_file.push(k.clone());
+                    vars.insert(k, v);
+                }
+            }
+            Err(dotenvy::Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(ConfigError::DotEnv {
+                    path: path.to_owned(),
+                    message: e.to_string(),
+                });
+            }
+        }
+        vars.extend(std::env::vars());
+        Ok(Env { vars, from_file })
+    }
+
+    /// An environment with exactly these variables (for tests).
+    pub fn from_pairs<I, K, V>(pairs: I) -> Env
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        Env {
+            vars: pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+            from_file: Vec::new(),
+        }
+    }
+
+    /// A non-empty variable.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.vars
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    /// Values that must never appear in output: everything loaded from
+    /// `.env` and every variable whose name marks it as a credential.
+    pub fn secret_values(&self) -> Vec<String> {
+        let named_secret = |k: &str| {
+            let k = k.to_ascii_uppercase();
+            ["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD"]
+                .iter()
+                .any(|m| k.contains(m))
+        };
+        self.vars
+            .iter()
+            .filter(|(k, _)| self.from_file.contains(k) || named_secret(k))
+            .map(|(_, v)| v.clone())
+            .filter(|v| v.len() >= 8)
+            .collect()
+    }
+}
+
+impl Config {
+    /// Parses YAML text. `origin` names the file in messages.
+    pub fn parse(text: &str, origin: &Path) -> Result<(Config, Vec<String>), ConfigError> {
+        let value: serde_json::Value =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax {
+                path: origin.to_owned(),
+                message: e.to_string(),
+            })?;
+        // An empty file parses as null: that is "all defaults", not an error.
+        let value = if value.is_null() {
+            serde_json::Value::Object(Default::default())
+        } else {
+            value
+        };
+        let mut unknown = Vec::new();
+        let mut on_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+        let de = serde_ignored::Deserializer::new(value, &mut on_unknown);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Invalid {
+                path: origin.to_owned(),
+                key: if key == "." { "(top level)".into() } else { key },
+                message: e.into_inner().to_string(),
+            }
+        })?;
+        config.validate(origin)?;
+        let warnings = unknown
+            .into_iter()
+            .map(|k| format!("{}: unknown key `{k}` (ignored)", origin.display()))
+            .collect();
+        Ok((config, warnings))
+    }
+
+    fn validate(&self, origin: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: &str| ConfigError::Invalid {
+            path: origin.to_owned(),
+            key: key.to_owned(),
+            message: message.to_owned(),
+        };
+        let url_ok = |u: &str| u.starts_with("http://") || u.starts_with("https://");
+        if let Some(u) = &self.model.base_url
+            && !url_ok(u)
+        {
+            return Err(invalid(
+                "model.base_url",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        for (i, f) in self.fallback_providers.iter().enumerate() {
+            if let Some(u) = &f.base_url
+                && !url_ok(u)
+            {
+                return Err(invalid(
+                    &format!("fallback_providers[{i}].base_url"),
+                    "expected an http:// or https:// URL",
+                ));
+            }
+            if f.model.trim().is_empty() {
+                return Err(invalid(
+                    &format!("fallback_providers[{i}].model"),
+                    "expected a model name",
+                ));
+            }
+        }
+        if self.agent.max_turns == 0 {
+            return Err(invalid("agent.max_turns", "expected an integer of at least 1"));
+        }
+        if self.agent.tool_output_max_chars < 1000 {
+            return Err(invalid(
+                "agent.tool_output_max_chars",
+                "expected an integer of at least 1000",
+            ));
+        }
+        if !(self.compression.threshold > 0.0 && self.compression.threshold <= 1.0) {
+            return Err(invalid(
+                "compression.threshold",
+                "expected a number above 0 and at most 1",
+            ));
+        }
+        if self.model.context_length < 1024 {
+            return Err(invalid(
+                "model.context_length",
+                "expected an integer of at least 1024",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The primary endpoint, or a message saying exactly what to set.
+    pub fn primary_endpoint(&self, env: &Env) -> Result<Endpoint, String> {
+        let provider = self.model.provider;
+        let model = self
+            .model
+            .default
+            .clone()
+            .or_else(|| env.get("TALARIA_MODEL").map(str::to_owned))
+            .ok_or_else(|| {
+                "no model is configured: set `model.default` (and `model.base_url` for a \
+                 custom OpenAI-compatible server) in config.yaml, or run `talaria setup`"
+                    .to_owned()
+            })?;
+        let base_url = self
+            .model
+            .base_url
+            .clone()
+            .or_else(|| env.get("TALARIA_BASE_URL").map(str::to_owned))
+            .or_else(|| provider.default_base_url().map(str::to_owned))
+            .ok_or_else(|| {
+                "provider `custom` needs `model.base_url` in config.yaml, for example \
+                 http://127.0.0.1:8080/v1 for llama.cpp"
+                    .to_owned()
+            })?;
+        let api_key = self
+            .model
+            .api_key
+            .clone()
+            .or_else(|| env.get(provider.api_key_env()).map(Secret::new));
+        if api_key.is_none() && provider != ProviderKind::Custom {
+            return Err(format!(
+                "provider `{}` needs an API key: set `model.api_key` or {}",
+                provider.as_str(),
+                provider.api_key_env()
+            ));
+        }
+        Ok(Endpoint {
+            provider,
+            model,
+            base_url,
+            api_key,
+        })
+    }
+
+    /// The fallback endpoints in order. Entries that cannot be used (no key)
+    /// are skipped with a warning instead of failing the primary.
+    pub fn fallback_endpoints(&self, env: &Env) -> (Vec<Endpoint>, Vec<String>) {
+        let mut out = Vec::new();
+        let mut warnings = Vec::new();
+        for (i, f) in self.fallback_providers.iter().enumerate() {
+            let base_url = f
+                .base_url
+                .clone()
+                .or_else(|| f.provider.default_base_url().map(str::to_owned));
+            let Some(base_url) = base_url else {
+                warnings.push(format!(
+                    "fallback_providers[{i}] is skipped: provider `custom` needs base_url"
+                ));
+                continue;
+            };
+            let api_key = f
+                .api_key
+                .clone()
+                .or_else(|| env.get(f.provider.api_key_env()).map(Secret::new));
+            if api_key.is_none() && f.provider != ProviderKind::Custom {
+                warnings.push(format!(
+                    "fallback_providers[{i}] is skipped: no api_key and {} is not set",
+                    f.provider.api_key_env()
+                ));
+                continue;
+            }
+            out.push(Endpoint {
+                provider: f.provider,
+                model: f.model.clone(),
+                base_url,
+                api_key,
+            });
+        }
+        (out, warnings)
+    }
+
+    /// Every secret value written in the file itself.
+    pub fn secret_values(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .model
+            .api_key
+            .iter()
+            .chain(self.fallback_providers.iter().filter_map(|f| f.api_key.as_ref()))
+            .map(|s| s.expose().to_owned())
+            .collect();
+        out.retain(|v| !v.is_empty());
+        out
+    }
+}
+
+/// Loads `config.yaml` and `.env` from the home. A missing config file is not
+/// an error: it means "all defaults".
+pub fn load(home: &Home) -> Result<Loaded, ConfigError> {
+    let path = home.config_file();
+    let env = Env::load(&home.dotenv_file())?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => return Err(ConfigError::Read { path, source }),
+    };
+    let (config, warnings, found) = match text {
+        Some(t) => {
+            let (c, w) = Config::parse(&t, &path)?;
+            (c, w, Some(path))
+        }
+        None => (Config::default(), Vec::new(), None),
+    };
+    Ok(Loaded {
+        config,
+        warnings,
+        env,
+        path: found,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<(Config, Vec<String>), ConfigError> {
+        Config::parse(text, Path::new("config.yaml"))
+    }
+
+    #[test]
+    fn empty_file_means_defaults() {
+        let (c, w) = parse("").unwrap();
+        assert_eq!(c, Config::default());
+        assert!(w.is_empty());
+        assert_eq!(c.agent.max_turns, 90);
+    }
+
+    #[test]
+    fn reads_the_model_section() {
+        let (c, w) = parse(
+            "model:\n  default: qwen3\n  provider: custom\n  base_url: http://127.0.0.1:8000/v1\n  api_key: sk-local-123456789\nfallback_providers:\n  - {provider: openrouter, model: meta/llama, api_key: or-key-123456789}\nagent:\n  max_turns: 12\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c.model.default.as_deref(), Some("qwen3"));
+        assert_eq!(c.agent.max_turns, 12);
+        assert_eq!(c.fallback_providers[0].provider, ProviderKind::Openrouter);
+        let ep = c.primary_endpoint(&Env::default()).unwrap();
+        assert_eq!(ep.base_url, "http://127.0.0.1:8000/v1");
+        assert_eq!(ep.api_key.unwrap().expose(), "sk-local-123456789");
+    }
+
+    #[test]
+    fn unknown_keys_warn_with_their_path() {
+        let (_, w) = parse("agent:\n  max_turn: 5\nmodle: x\n").unwrap();
+        assert!(w.iter().any(|l| l.contains("agent.max_turn")), "{w:?}");
+        assert!(w.iter().any(|l| l.contains("modle")), "{w:?}");
+    }
+
+    #[test]
+    fn invalid_values_name_key_and_form() {
+        let e = parse("agent:\n  max_turns: lots\n").unwrap_err().to_string();
+        assert!(e.contains("agent.max_turns"), "{e}");
+        let e = parse("model:\n  provider: skynet\n").unwrap_err().to_string();
+        assert!(e.contains("model.provider"), "{e}");
+        assert!(e.contains("custom"), "{e}");
+        let e = parse("model:\n  base_url: ftp://x\n").unwrap_err().to_string();
+        assert!(e.contains("model.base_url") && e.contains("http"), "{e}");
+        let e = parse("compression:\n  threshold: 3\n").unwrap_err().to_string();
+        assert!(e.contains("compression.threshold"), "{e}");
+    }
+
+    #[test]
+    fn broken_yaml_is_a_syntax_error() {
+        let e = parse("model: [unclosed\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
+    }
+
+    #[test]
+    fn missing_model_says_what_to_set() {
+        let e = Config::default()
+            .primary_endpoint(&Env::default())
+            .unwrap_err();
+        assert!(e.contains("model.default"), "{e}");
+        let mut c = Config::default();
+        c.model.default = Some("m".into());
+        let e = c.primary_endpoint(&Env::default()).unwrap_err();
+        assert!(e.contains("model.base_url"), "{e}");
+        c.model.provider = ProviderKind::Anthropic;
+        let e = c.primary_endpoint(&Env::default()).unwrap_err();
+        assert!(e.contains("ANTHROPIC_API_KEY"), "{e}");
+        let ep = c
+            .primary_endpoint(&Env::from_pairs([("ANTHROPIC_API_KEY", "k-123456789")]))
+            .unwrap();
+        assert_eq!(ep.base_url, "https://api.anthropic.com");
+    }
+
+    #[test]
+    fn secrets_are_masked_when_printed() {
+        let (c, _) = parse("model:\n  api_key: sk-abcdefghijklmnop\n").unwrap();
+        let shown = serde_saphyr::to_string(&c).unwrap();
+        assert!(!shown.contains("sk-abcdefghijklmnop"), "{shown}");
+        assert!(shown.contains("****mnop"), "{shown}");
+        assert!(!format!("{c:?}").contains("sk-abcdefghijklmnop"));
+    }
+
+    #[test]
+    fn dotenv_is_overridden_by_process_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(".env");
+        std::fs::write(&p, "TALARIA_TEST_ONLY_IN_FILE=from-file-value\nPATH=nope\n").unwrap();
+        let env = Env::load(&p).unwrap();
+        assert_eq!(env.get("TALARIA_TEST_ONLY_IN_FILE"), Some("from-file-value"));
+        assert_ne!(env.get("PATH"), Some("nope"));
+        assert!(env.secret_values().contains(&"from-file-value".to_owned()));
+    }
+}

@@ -1,0 +1,125 @@
+//! The Talaria home directory and the paths inside it.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// `TALARIA_HOME`: where configuration, the database, memories and skills live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Home {
+    root: PathBuf,
+}
+
+impl Home {
+    /// Uses `root` as the home without touching the file system.
+    pub fn at(root: impl Into<PathBuf>) -> Home {
+        Home { root: root.into() }
+    }
+
+    /// `$TALARIA_HOME`, else `~/.talaria`.
+    pub fn from_env() -> io::Result<Home> {
+        if let Some(dir) = std::env::var_os("TALARIA_HOME").filter(|v| !v.is_empty()) {
+            return Ok(Home::at(dir));
+        }
+        let home = std::env::var_os("HOME").filter(|v| !v.is_empty()).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "neither TALARIA_HOME nor HOME is set; set TALARIA_HOME to a directory",
+            )
+        })?;
+        Ok(Home::at(PathBuf::from(home).join(".talaria")))
+    }
+
+    /// Creates the home (mode 0700: it holds secrets) and its sub-folders.
+    pub fn ensure(&self) -> io::Result<()> {
+        create_private_dir(&self.root)?;
+        for dir in [
+            self.memories_dir(),
+            self.skills_dir(),
+            self.logs_dir(),
+            self.tool_output_dir(),
+        ] {
+            create_private_dir(&dir)?;
+        }
+        Ok(())
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn config_file(&self) -> PathBuf {
+        self.root.join("config.yaml")
+    }
+
+    pub fn dotenv_file(&self) -> PathBuf {
+        self.root.join(".env")
+    }
+
+    pub fn state_db(&self) -> PathBuf {
+        self.root.join("state.db")
+    }
+
+    pub fn soul_file(&self) -> PathBuf {
+        self.root.join("SOUL.md")
+    }
+
+    pub fn memories_dir(&self) -> PathBuf {
+        self.root.join("memories")
+    }
+
+    pub fn skills_dir(&self) -> PathBuf {
+        self.root.join("skills")
+    }
+
+    pub fn logs_dir(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+
+    /// Where oversized tool results are spilled.
+    pub fn tool_output_dir(&self) -> PathBuf {
+        self.root.join("tool-output")
+    }
+
+    /// Line-editor history of `talaria chat`.
+    pub fn chat_history_file(&self) -> PathBuf {
+        self.root.join("chat_history")
+    }
+}
+
+fn create_private_dir(path: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let existed = path.is_dir();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)?;
+        if !existed {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        std::fs::create_dir_all(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(unix)]
+    fn ensure_creates_a_private_home() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().join("h"));
+        home.ensure().unwrap();
+        let mode = std::fs::metadata(home.root()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert!(home.memories_dir().is_dir());
+        home.ensure().unwrap();
+    }
+}

@@ -1,0 +1,26 @@
+//! Talaria's shared vocabulary: the transcript types every crate speaks, the
+//! configuration schema, the home directory layout, redaction and id
+//! validation.
+//!
+//! # Layout
+//!
+//! - [`message`]: transcript rows ([`Message`], [`ToolCall`], [`Role`]) and [`Usage`].
+//! - [`config`]: the typed `config.yaml` schema with its defaults, and `.env` loading.
+//! - [`home`]: `TALARIA_HOME` and the paths inside it.
+//! - [`redact`]: secret redaction for tool output, logs and stored text.
+//! - [`ids`]: session ids, hashed platform ids, path and key validators.
+//!
+//! This crate does no network or database I/O; everything here is usable from
+//! any other crate without pulling in a runtime.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod home;
+pub mod ids;
+pub mod message;
+pub mod redact;
+
+pub use config::{Config, Endpoint, Env, ProviderKind, Secret};
+pub use home::Home;
+pub use message::{Message, Role, ToolCall, Usage};
+pub use redact::Redactor;

@@ -1,0 +1,170 @@
+//! The transcript vocabulary shared by the store, the providers and the agent.
+//!
+//! The transcript is provider-neutral and shaped like OpenAI Chat Completions,
+//! because that is the lingua franca of model servers; each provider adapter
+//! converts it at its edge.
+
+use serde::{Deserialize, Serialize};
+
+/// Who authored a transcript row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    /// The wire and storage spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+
+    /// Parses the storage spelling; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "system" => Some(Role::System),
+            "user" => Some(Role::User),
+            "assistant" => Some(Role::Assistant),
+            "tool" => Some(Role::Tool),
+            _ => None,
+        }
+    }
+}
+
+/// One function call requested by the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Provider-assigned id; tool results refer back to it.
+    pub id: String,
+    /// The tool name exactly as the model wrote it (it may not exist).
+    pub name: String,
+    /// The raw JSON argument text. Kept as text, not parsed, because models
+    /// produce invalid JSON and the transcript must replay what was sent.
+    pub arguments: String,
+}
+
+/// One transcript row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    /// Visible text. Empty for a pure tool-call assistant row.
+    #[serde(default)]
+    pub content: String,
+    /// Calls requested by an assistant row, in the order the model listed them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For a tool row: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// For a tool row: the tool that produced it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_name: Option<String>,
+    /// Model reasoning text, kept for the record but never shown as the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    /// Why generation stopped (`stop`, `tool_calls`, `length`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+}
+
+impl Message {
+    fn new(role: Role, content: impl Into<String>) -> Message {
+        Message {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            tool_name: None,
+            reasoning: None,
+            finish_reason: None,
+        }
+    }
+
+    pub fn system(content: impl Into<String>) -> Message {
+        Message::new(Role::System, content)
+    }
+
+    pub fn user(content: impl Into<String>) -> Message {
+        Message::new(Role::User, content)
+    }
+
+    pub fn assistant(content: impl Into<String>) -> Message {
+        Message::new(Role::Assistant, content)
+    }
+
+    /// An assistant row that requests tool calls.
+    pub fn assistant_tool_calls(content: impl Into<String>, calls: Vec<ToolCall>) -> Message {
+        Message {
+            tool_calls: calls,
+            ..Message::new(Role::Assistant, content)
+        }
+    }
+
+    /// The result of one tool call.
+    pub fn tool_result(
+        call_id: impl Into<String>,
+        tool_name: impl Into<String>,
+        content: impl Into<String>,
+    ) -> Message {
+        Message {
+            tool_call_id: Some(call_id.into()),
+            tool_name: Some(tool_name.into()),
+            ..Message::new(Role::Tool, content)
+        }
+    }
+
+    /// Whether this row asks for tools to run.
+    pub fn has_tool_calls(&self) -> bool {
+        !self.tool_calls.is_empty()
+    }
+}
+
+/// Token accounting reported by a provider for one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    /// Adds another request's usage to this running total.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_round_trips_through_its_spelling() {
+        for role in [Role::System, Role::User, Role::Assistant, Role::Tool] {
+            assert_eq!(Role::parse(role.as_str()), Some(role));
+        }
+        assert_eq!(Role::parse("developer"), None);
+    }
+
+    #[test]
+    fn tool_result_carries_its_call() {
+        let m = Message::tool_result("call_1", "terminal", "ok");
+        assert_eq!(m.role, Role::Tool);
+        assert_eq!(m.tool_call_id.as_deref(), Some("call_1"));
+        assert_eq!(m.tool_name.as_deref(), Some("terminal"));
+    }
+}

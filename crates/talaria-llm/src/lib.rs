@@ -1,0 +1,110 @@
+//! Talaria's model providers.
+//!
+//! # Layout
+//!
+//! - this file: the provider-neutral request/response types and the
+//!   [`Provider`] trait the agent loop calls.
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use talaria_core::{Message, Usage};
+use tokio_util::sync::CancellationToken;
+
+/// A tool the model may call, in JSON-schema form.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON schema of the arguments object.
+    pub parameters: serde_json::Value,
+}
+
+/// One model request. The model name and endpoint belong to the provider,
+/// so a fallback can serve the same request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatRequest {
+    /// The transcript, system prompt first when there is one.
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+}
+
+/// Incremental output while a response streams.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// Visible answer text.
+    Text(String),
+    /// Reasoning text (not part of the answer).
+    Reasoning(String),
+    /// The model started writing a call to this tool.
+    ToolCallStarted { name: String },
+}
+
+/// A complete model response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatResponse {
+    /// The assistant row: text, tool calls, reasoning, finish reason.
+    pub message: Message,
+    pub usage: Usage,
+    /// Which provider and model answered (after any fallback).
+    pub provider: String,
+    pub model: String,
+}
+
+/// Why a model call failed; decides retry and fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    Auth,
+    Billing,
+    RateLimit,
+    Overloaded,
+    ServerError,
+    Timeout,
+    ContextOverflow,
+    PayloadTooLarge,
+    ModelNotFound,
+    FormatError,
+    /// Connection refused, reset, DNS: the request may not have arrived.
+    Network,
+    /// The caller cancelled the request.
+    Interrupted,
+    Unknown,
+}
+
+/// A classified provider error. Its message never contains an API key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{provider}: {kind:?}{}: {message}", status.map(|s| format!(" (HTTP {s})")).unwrap_or_default())]
+pub struct LlmError {
+    pub kind: ErrorKind,
+    pub status: Option<u16>,
+    pub message: String,
+    /// The server's `Retry-After`, when it sent one.
+    pub retry_after: Option<Duration>,
+    /// Provider name, for messages.
+    pub provider: String,
+}
+
+/// Receives stream events; called from the task that drives the request.
+pub type EventSink<'a> = &'a (dyn Fn(StreamEvent) + Send + Sync);
+
+/// Something that answers chat requests.
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// `provider:model`, for logs and the session record.
+    fn describe(&self) -> String;
+    /// The model name requests go to.
+    fn model(&self) -> &str;
+    /// Sends one request. Streams events into `sink` as they arrive. Returns
+    /// promptly with [`ErrorKind::Interrupted`] once `cancel` fires.
+    async fn chat(
+        &self,
+        request: &ChatRequest,
+        sink: EventSink<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<ChatResponse, LlmError>;
+}

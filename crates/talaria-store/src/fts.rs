@@ -1,0 +1,1 @@
+//! Turning user text into a safe FTS5 query.

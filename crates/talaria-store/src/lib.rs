@@ -1,0 +1,170 @@
+//! Talaria's persistence: sessions and their transcripts.
+//!
+//! # Layout
+//!
+//! - this file: the backend-neutral types and the [`SessionStore`] trait.
+//! - [`sqlite`]: the embedded backend (bundled SQLite, WAL, FTS5).
+//! - [`fts`]: turning user text into a safe FTS5 query.
+//!
+//! # Invariant
+//!
+//! No SQL and no rusqlite type leaves this crate: callers see only the types
+//! below, so a Postgres backend can sit behind the same trait.
+#![forbid(unsafe_code)]
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use talaria_core::Message;
+
+pub mod fts;
+pub mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+/// Errors from a store backend.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database stayed busy or locked through every retry.
+    #[error("the database is busy (another process holds a lock); try again")]
+    Busy,
+    #[error("session `{0}` does not exist")]
+    NoSuchSession(String),
+    #[error("invalid id: {0}")]
+    InvalidId(#[from] talaria_core::ids::IdError),
+    /// The file is not a database we can use (corrupt, newer schema, ...).
+    #[error("database error: {0}")]
+    Database(String),
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Seconds since the Unix epoch, with sub-second precision.
+pub type Timestamp = f64;
+
+/// What a new session is created with.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NewSession {
+    /// `YYYYMMDD_HHMMSS_<hex>`; must be a valid path component.
+    pub id: String,
+    /// Where the session came from: `cli`, `telegram`, `api`, `cron`, ...
+    pub source: String,
+    /// The gateway's routing key, when there is one.
+    pub session_key: Option<String>,
+    pub chat_id: Option<String>,
+    pub user_id: Option<String>,
+    pub thread_id: Option<String>,
+    pub model: Option<String>,
+    /// The system prompt, stored so later turns replay it byte-identical.
+    pub system_prompt: Option<String>,
+    /// The session this one continues (compression rotation, /resume).
+    pub parent_session_id: Option<String>,
+}
+
+/// A stored session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub id: String,
+    pub source: String,
+    pub session_key: Option<String>,
+    pub chat_id: Option<String>,
+    pub user_id: Option<String>,
+    pub thread_id: Option<String>,
+    pub title: Option<String>,
+    pub model: Option<String>,
+    pub system_prompt: Option<String>,
+    pub parent_session_id: Option<String>,
+    pub started_at: Timestamp,
+    pub ended_at: Option<Timestamp>,
+    pub end_reason: Option<String>,
+    pub message_count: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub reasoning_tokens: u64,
+}
+
+/// A stored transcript row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredMessage {
+    /// Autoincrement id; orders the transcript.
+    pub id: i64,
+    pub session_id: String,
+    pub message: Message,
+    pub timestamp: Timestamp,
+    pub token_count: Option<u64>,
+    /// False once compression replaced the row; inactive rows stay searchable.
+    pub active: bool,
+}
+
+/// Filter for listing sessions, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct SessionFilter {
+    pub source: Option<String>,
+    pub session_key: Option<String>,
+    pub limit: usize,
+    pub offset: usize,
+}
+
+/// A full-text search over stored messages.
+#[derive(Debug, Clone)]
+pub struct SearchQuery {
+    /// Raw user or model text; the backend sanitises it.
+    pub text: String,
+    /// Limit to sessions from these sources (empty = all).
+    pub sources: Vec<String>,
+    /// Leave this session out (the one asking).
+    pub exclude_session: Option<String>,
+    /// Most sessions to return; each session yields at most one hit.
+    pub limit: usize,
+}
+
+/// One matching session with the best hit in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchHit {
+    pub session: SessionRecord,
+    /// The id of the best-matching message.
+    pub message_id: i64,
+    pub role: talaria_core::Role,
+    /// A short excerpt around the match.
+    pub snippet: String,
+    /// Backend relevance; lower is better (bm25).
+    pub rank: f64,
+}
+
+/// Persistence for sessions and transcripts.
+///
+/// Implementations must be safe to share between tasks; every method is a
+/// short transaction.
+#[async_trait]
+pub trait SessionStore: Send + Sync {
+    async fn create_session(&self, session: NewSession) -> Result<()>;
+    async fn session(&self, id: &str) -> Result<Option<SessionRecord>>;
+    async fn set_title(&self, id: &str, title: &str) -> Result<()>;
+    async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()>;
+    async fn end_session(&self, id: &str, reason: &str) -> Result<()>;
+    /// Appends one row and returns its id.
+    async fn append_message(&self, session_id: &str, message: &Message) -> Result<i64>;
+    /// Adds one request's token usage to the session's counters.
+    async fn add_usage(&self, session_id: &str, usage: &talaria_core::Usage) -> Result<()>;
+    /// The active transcript in order.
+    async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>>;
+    /// Messages `[from_id - before, from_id + after]` of one session, by
+    /// position, active or not; for showing a search hit in context.
+    async fn message_window(
+        &self,
+        session_id: &str,
+        around_id: i64,
+        before: usize,
+        after: usize,
+    ) -> Result<Vec<StoredMessage>>;
+    /// Marks the active rows inactive and appends `replacement` as the new
+    /// active transcript, atomically (context compression).
+    async fn replace_active(&self, session_id: &str, replacement: &[Message]) -> Result<()>;
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRecord>>;
+    /// The most recently started session from `source`, if any.
+    async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>>;
+    async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>>;
+}

@@ -1,0 +1,4 @@
+//! The embedded SQLite backend.
+
+/// The SQLite-backed [`crate::SessionStore`].
+pub struct SqliteStore {}
