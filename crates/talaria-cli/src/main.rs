@@ -1,6 +1,82 @@
-//! The `talaria` command.
+//! The `talaria` command: a thin shell over the library crates.
+//!
+//! # Layout
+//!
+//! - [`cli`]: the command-line grammar.
+//! - [`runtime`]: loading home, configuration, store and provider into one [`runtime::Runtime`].
+//! - [`chat`]: `talaria chat`, interactive and one-shot.
+//! - [`interact`]: terminal prompts for approvals and clarifying questions.
+//! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
+//! - [`logging`]: tracing to stderr through the secret redactor.
 #![forbid(unsafe_code)]
 
-fn main() {
-    println!("talaria");
+mod chat;
+mod cli;
+mod config_cmd;
+mod interact;
+mod logging;
+mod runtime;
+mod sessions_cmd;
+mod setup;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command, ConfigCommand, SessionsCommand};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("talaria: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(run(cli));
+    // Tools may leave blocking readers (stdin prompts) behind; don't wait on them.
+    rt.shutdown_background();
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("talaria: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let home = runtime::resolve_home(cli.home.as_deref())?;
+    match cli.command {
+        Command::Chat(args) => chat::run(home, args).await,
+        Command::Config {
+            command: ConfigCommand::Show,
+        } => config_cmd::show(&home),
+        Command::Config {
+            command: ConfigCommand::Check,
+        } => config_cmd::check(&home),
+        Command::Config {
+            command: ConfigCommand::Path,
+        } => {
+            println!("{}", home.config_file().display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sessions { command } => {
+            let rt = runtime::Runtime::load_without_model(home).await?;
+            match command {
+                SessionsCommand::List { limit, source } => {
+                    sessions_cmd::list(&rt, limit, source).await
+                }
+                SessionsCommand::Show { id } => sessions_cmd::show(&rt, &id).await,
+                SessionsCommand::Search { query, limit } => {
+                    sessions_cmd::search(&rt, &query.join(" "), limit).await
+                }
+            }
+        }
+        Command::Setup(args) => setup::run(&home, args),
+    }
 }

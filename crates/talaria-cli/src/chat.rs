@@ -1,0 +1,271 @@
+//! `talaria chat`: the interactive REPL and the one-shot `-q` mode.
+
+use std::io::{self, IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use rustyline::DefaultEditor;
+use rustyline::error::ReadlineError;
+use talaria_agent::{Agent, SessionHandle, TurnExit, TurnObserver, TurnOutcome};
+use talaria_core::Home;
+use talaria_llm::LlmClient;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::ChatArgs;
+use crate::interact::CliInteraction;
+use crate::runtime::Runtime;
+
+/// The source recorded for CLI sessions (`--continue` looks for it).
+const SOURCE: &str = "cli";
+
+pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
+    let rt = Runtime::load_without_model(home).await?;
+    let interactive = io::stdin().is_terminal();
+    let interaction = Arc::new(CliInteraction::new(
+        interactive,
+        Duration::from_secs(rt.config.approvals.timeout_secs),
+    ));
+    let (agent, client) = match rt.agent(interaction) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("talaria: {e:#}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let session = open_session(&rt, &agent, &args).await?;
+    match args.query {
+        Some(prompt) => one_shot(&agent, &client, &session, &prompt, args.verbose).await,
+        None => repl(&rt, &agent, &client, session).await,
+    }
+}
+
+async fn open_session(rt: &Runtime, agent: &Agent, args: &ChatArgs) -> anyhow::Result<SessionHandle> {
+    if let Some(id) = &args.resume {
+        return agent
+            .resume_session(id)
+            .await
+            .with_context(|| format!("cannot resume session `{id}`"));
+    }
+    if args.continue_last {
+        let Some(last) = rt.store.latest_session(SOURCE).await? else {
+            bail!("there is no previous CLI session to continue");
+        };
+        return agent
+            .resume_session(&last.id)
+            .await
+            .with_context(|| format!("cannot resume session `{}`", last.id));
+    }
+    Ok(agent.new_session(SOURCE).await?)
+}
+
+/// Runs one turn, interrupting it (not the program) on Ctrl-C.
+async fn turn(
+    agent: &Agent,
+    client: &LlmClient,
+    session: &SessionHandle,
+    text: &str,
+    observer: &dyn TurnObserver,
+) -> anyhow::Result<TurnOutcome> {
+    client.begin_turn();
+    let cancel = CancellationToken::new();
+    let run = agent.run_turn(session, text, observer, cancel.clone());
+    tokio::pin!(run);
+    loop {
+        tokio::select! {
+            outcome = &mut run => return Ok(outcome?),
+            r = tokio::signal::ctrl_c() => {
+                if r.is_err() {
+                    // No signal handling available: just wait for the turn.
+                    return Ok((&mut run).await?);
+                }
+                if !cancel.is_cancelled() {
+                    eprintln!("\n(interrupting…)");
+                    cancel.cancel();
+                }
+            }
+        }
+    }
+}
+
+async fn one_shot(
+    agent: &Agent,
+    client: &LlmClient,
+    session: &SessionHandle,
+    prompt: &str,
+    verbose: bool,
+) -> anyhow::Result<ExitCode> {
+    let observer = QuietObserver { verbose };
+    let outcome = turn(agent, client, session, prompt, &observer).await?;
+    match outcome.exit {
+        TurnExit::Completed | TurnExit::BudgetExhausted => {
+            if matches!(outcome.exit, TurnExit::BudgetExhausted) {
+                eprintln!("talaria: the iteration budget ran out; this is the agent's summary so far");
+            }
+            println!("{}", outcome.answer);
+            Ok(ExitCode::SUCCESS)
+        }
+        TurnExit::Interrupted => {
+            eprintln!("talaria: interrupted");
+            Ok(ExitCode::from(130))
+        }
+        TurnExit::Failed(reason) => {
+            eprintln!("talaria: the model call failed: {reason}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+const HELP: &str = "\
+Commands:
+  /new     start a fresh session (the old one stays searchable)
+  /help    show this help
+  /exit    leave (also /quit or Ctrl-D)
+Ctrl-C interrupts the running turn; at the prompt it clears the line.";
+
+async fn repl(
+    rt: &Runtime,
+    agent: &Agent,
+    client: &LlmClient,
+    mut session: SessionHandle,
+) -> anyhow::Result<ExitCode> {
+    let mut editor = DefaultEditor::new().context("cannot start the line editor")?;
+    let history = rt.home.chat_history_file();
+    let _ = editor.load_history(&history);
+    println!("Talaria · {} · session {}", client.describe(), session.id);
+    println!("Type /help for commands.");
+    let observer = StreamingObserver::default();
+    loop {
+        let line = tokio::task::block_in_place(|| editor.readline("› "));
+        let line = match line {
+            Ok(l) => l,
+            Err(ReadlineError::Interrupted) => continue,
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(e).context("cannot read input"),
+        };
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let _ = editor.add_history_entry(text);
+        match text {
+            "/exit" | "/quit" => break,
+            "/help" => {
+                println!("{HELP}");
+                continue;
+            }
+            "/new" | "/reset" => {
+                session = agent.new_session(SOURCE).await?;
+                println!("new session {}", session.id);
+                continue;
+            }
+            _ => {}
+        }
+        observer.reset();
+        match turn(agent, client, &session, text, &observer).await {
+            Ok(outcome) => {
+                observer.finish(&outcome);
+            }
+            Err(e) => eprintln!("\nerror: {e:#}"),
+        }
+    }
+    let _ = editor.save_history(&history);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One-shot mode: nothing on stdout but the answer.
+struct QuietObserver {
+    verbose: bool,
+}
+
+impl TurnObserver for QuietObserver {
+    fn tool_started(&self, name: &str, args: &str) {
+        if self.verbose {
+            eprintln!("⚙ {name} {}", preview(args, 100));
+        }
+    }
+
+    fn notice(&self, msg: &str) {
+        if self.verbose {
+            eprintln!("{msg}");
+        }
+    }
+}
+
+/// Interactive mode: tokens as they arrive, one line per tool call.
+#[derive(Default)]
+struct StreamingObserver {
+    state: Mutex<StreamState>,
+}
+
+#[derive(Default)]
+struct StreamState {
+    /// Whether anything was streamed in this turn.
+    streamed: bool,
+    /// Whether the cursor is at the start of a line.
+    mid_line: bool,
+}
+
+impl StreamingObserver {
+    fn reset(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            *s = StreamState::default();
+        }
+    }
+
+    fn newline_if_needed(&self) {
+        if let Ok(mut s) = self.state.lock()
+            && s.mid_line
+        {
+            println!();
+            s.mid_line = false;
+        }
+    }
+
+    /// Prints what streaming did not already show.
+    fn finish(&self, outcome: &TurnOutcome) {
+        let streamed = self.state.lock().map(|s| s.streamed).unwrap_or(false);
+        if !streamed && !outcome.answer.is_empty() {
+            println!("{}", outcome.answer);
+        } else {
+            self.newline_if_needed();
+        }
+        match &outcome.exit {
+            TurnExit::Completed => {}
+            TurnExit::BudgetExhausted => eprintln!("(the iteration budget ran out)"),
+            TurnExit::Interrupted => eprintln!("(interrupted)"),
+            TurnExit::Failed(reason) => eprintln!("error: {reason}"),
+        }
+    }
+}
+
+impl TurnObserver for StreamingObserver {
+    fn text(&self, delta: &str) {
+        if let Ok(mut s) = self.state.lock() {
+            s.streamed = true;
+            s.mid_line = !delta.ends_with('\n');
+        }
+        print!("{delta}");
+        let _ = io::stdout().flush();
+    }
+
+    fn tool_started(&self, name: &str, args: &str) {
+        self.newline_if_needed();
+        println!("  ⚙ {name} {}", preview(args, 100));
+    }
+
+    fn notice(&self, msg: &str) {
+        self.newline_if_needed();
+        eprintln!("{msg}");
+    }
+}
+
+fn preview(text: &str, max: usize) -> String {
+    let flat: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        format!("{}…", flat.chars().take(max).collect::<String>())
+    }
+}

@@ -1,0 +1,103 @@
+//! The command-line grammar.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Talaria: a self-hosted AI agent that lives in your terminal and chat apps.
+#[derive(Debug, Parser)]
+#[command(name = "talaria", version, about, propagate_version = true)]
+pub struct Cli {
+    /// The Talaria home (config, database, memories). Default: $TALARIA_HOME or ~/.talaria.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub home: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Talk to the agent: an interactive session, or one prompt with -q.
+    Chat(ChatArgs),
+    /// Show or check the configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Browse and search past sessions.
+    Sessions {
+        #[command(subcommand)]
+        command: SessionsCommand,
+    },
+    /// Write config.yaml interactively (or from flags).
+    Setup(SetupArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    /// Ask one question, print only the answer on stdout, and exit.
+    #[arg(short = 'q', long = "query", value_name = "PROMPT")]
+    pub query: Option<String>,
+    /// Continue the most recent CLI session.
+    #[arg(short = 'c', long = "continue", conflicts_with = "resume")]
+    pub continue_last: bool,
+    /// Resume a session by id.
+    #[arg(short = 'r', long, value_name = "SESSION_ID")]
+    pub resume: Option<String>,
+    /// Show tool calls on stderr in one-shot mode.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the effective configuration, secrets masked.
+    Show,
+    /// Validate the configuration; exits non-zero on errors.
+    Check,
+    /// Print the path of config.yaml.
+    Path,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionsCommand {
+    /// List recent sessions, newest first.
+    List {
+        #[arg(short = 'n', long, default_value_t = 20)]
+        limit: usize,
+        /// Only sessions from this source (cli, telegram, api, ...).
+        #[arg(long)]
+        source: Option<String>,
+    },
+    /// Print one session's transcript.
+    Show { id: String },
+    /// Full-text search over all sessions.
+    Search {
+        #[arg(required = true)]
+        query: Vec<String>,
+        #[arg(short = 'n', long, default_value_t = 10)]
+        limit: usize,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// custom (any OpenAI-compatible server), openai, openrouter or anthropic.
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Model name as the server knows it.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Base URL of the server (required for custom).
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// API key; stored in $TALARIA_HOME/.env, not in config.yaml.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Don't ask anything; use the flags and defaults.
+    #[arg(long)]
+    pub non_interactive: bool,
+    /// Replace an existing config.yaml (a backup is kept).
+    #[arg(long)]
+    pub force: bool,
+}

@@ -1,0 +1,89 @@
+//! `talaria config show | check`.
+
+use std::process::ExitCode;
+
+use talaria_core::config;
+use talaria_core::{Config, Home};
+
+/// Prints the effective configuration (file merged over defaults) as YAML,
+/// with secrets masked, followed by where the model key comes from.
+pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
+    let loaded = config::load(home)?;
+    for w in &loaded.warnings {
+        eprintln!("warning: {w}");
+    }
+    match &loaded.path {
+        Some(p) => println!("# effective configuration from {}", p.display()),
+        None => println!(
+            "# no {} yet: these are the defaults",
+            home.config_file().display()
+        ),
+    }
+    print!("{}", serde_saphyr::to_string(&loaded.config)?);
+    println!("# resolved model endpoint:");
+    match loaded.config.primary_endpoint(&loaded.env) {
+        Ok(ep) => {
+            println!(
+                "#   {} {} at {} (api key: {})",
+                ep.provider.as_str(),
+                ep.model,
+                ep.base_url,
+                ep.api_key
+                    .as_ref()
+                    .map_or_else(|| "none".to_owned(), |k| k.masked())
+            );
+        }
+        Err(e) => println!("#   not usable: {e}"),
+    }
+    let (fallbacks, warnings) = loaded.config.fallback_endpoints(&loaded.env);
+    for ep in fallbacks {
+        println!("#   fallback: {} {} at {}", ep.provider.as_str(), ep.model, ep.base_url);
+    }
+    for w in warnings {
+        println!("#   {w}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Validates everything `talaria chat` needs; non-zero exit on any error.
+pub fn check(home: &Home) -> anyhow::Result<ExitCode> {
+    let loaded = match config::load(home) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    for w in &loaded.warnings {
+        eprintln!("warning: {w}");
+    }
+    let errors = problems(&loaded.config, &loaded.env);
+    for e in &errors {
+        eprintln!("error: {e}");
+    }
+    if errors.is_empty() {
+        let (_, fallback_warnings) = loaded.config.fallback_endpoints(&loaded.env);
+        for w in fallback_warnings {
+            eprintln!("warning: {w}");
+        }
+        println!(
+            "ok: {}",
+            loaded.path.as_ref().map_or_else(
+                || "no config file; defaults apply".to_owned(),
+                |p| p.display().to_string()
+            )
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// Errors that would stop `talaria chat`.
+fn problems(config: &Config, env: &talaria_core::Env) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Err(e) = config.primary_endpoint(env) {
+        out.push(e);
+    }
+    out
+}

@@ -1,0 +1,94 @@
+//! Everything a command needs, loaded once: home, configuration, secrets,
+//! the store and (for chat) the model client and the agent.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use talaria_agent::interaction::Interaction;
+use talaria_agent::tools::Registry;
+use talaria_agent::{Agent, AgentParts};
+use talaria_core::config::{self, Loaded};
+use talaria_core::{Config, Home, Redactor};
+use talaria_llm::LlmClient;
+use talaria_store::{SessionStore, SqliteStore};
+
+/// Resolves `--home`, `TALARIA_HOME` or `~/.talaria`, creating it (0700).
+pub fn resolve_home(flag: Option<&Path>) -> anyhow::Result<Home> {
+    let home = match flag {
+        Some(dir) => Home::at(dir),
+        None => Home::from_env()?,
+    };
+    home.ensure()
+        .with_context(|| format!("cannot create {}", home.root().display()))?;
+    Ok(home)
+}
+
+/// A loaded home with its store.
+pub struct Runtime {
+    pub home: Home,
+    pub config: Arc<Config>,
+    pub loaded: Loaded,
+    pub redactor: Redactor,
+    pub store: Arc<dyn SessionStore>,
+}
+
+impl Runtime {
+    /// Loads configuration and opens the store; no model is needed.
+    pub async fn load_without_model(home: Home) -> anyhow::Result<Runtime> {
+        let loaded = config::load(&home)?;
+        let redactor = Redactor::new(
+            loaded
+                .env
+                .secret_values()
+                .into_iter()
+                .chain(loaded.config.secret_values()),
+        );
+        crate::logging::init(redactor.clone());
+        for w in &loaded.warnings {
+            tracing::warn!("{w}");
+        }
+        let db = home.state_db();
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open(&db))
+            .await
+            .context("store task failed")?
+            .with_context(|| format!("cannot open {}", home.state_db().display()))?;
+        Ok(Runtime {
+            config: Arc::new(loaded.config.clone()),
+            home,
+            loaded,
+            redactor,
+            store: Arc::new(store),
+        })
+    }
+
+    /// Builds the model client and the agent. Fails with a message that says
+    /// exactly what to configure when no model is set.
+    pub fn agent(
+        &self,
+        interaction: Arc<dyn Interaction>,
+    ) -> anyhow::Result<(Agent, Arc<LlmClient>)> {
+        let client = LlmClient::from_config(&self.config, &self.loaded.env).map_err(|e| {
+            anyhow::anyhow!(
+                "{e}\n(config file: {})",
+                self.home.config_file().display()
+            )
+        })?;
+        let client = Arc::new(client);
+        let workdir = match &self.config.terminal.cwd {
+            Some(dir) => dir.clone(),
+            None => std::env::current_dir().context("cannot read the current directory")?,
+        };
+        let agent = Agent::new(AgentParts {
+            config: self.config.clone(),
+            home: self.home.clone(),
+            provider: client.clone(),
+            store: self.store.clone(),
+            registry: Arc::new(Registry::with_core_tools(&self.config)),
+            interaction,
+            redactor: self.redactor.clone(),
+            workdir,
+        });
+        Ok((agent, client))
+    }
+}
