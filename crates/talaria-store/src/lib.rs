@@ -19,7 +19,7 @@ use talaria_core::Message;
 pub mod fts;
 pub mod sqlite;
 
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteOptions, SqliteStore};
 
 /// Errors from a store backend.
 #[derive(Debug, thiserror::Error)]
@@ -27,17 +27,21 @@ pub enum StoreError {
     /// The database stayed busy or locked through every retry.
     #[error("the database is busy (another process holds a lock); try again")]
     Busy,
+    /// The named session is not in the store.
     #[error("session `{0}` does not exist")]
     NoSuchSession(String),
+    /// An id that could escape a directory or is otherwise malformed.
     #[error("invalid id: {0}")]
     InvalidId(#[from] talaria_core::ids::IdError),
     /// The file is not a database we can use (corrupt, newer schema, ...).
     #[error("database error: {0}")]
     Database(String),
+    /// The file system refused (missing directory, permissions, ...).
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
 }
 
+/// The result of a store operation.
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Seconds since the Unix epoch, with sub-second precision.
@@ -102,9 +106,13 @@ pub struct StoredMessage {
 /// Filter for listing sessions, newest first.
 #[derive(Debug, Clone, Default)]
 pub struct SessionFilter {
+    /// Only sessions from this source.
     pub source: Option<String>,
+    /// Only sessions with this routing key.
     pub session_key: Option<String>,
+    /// Most sessions to return; 0 means no limit.
     pub limit: usize,
+    /// Sessions to skip first, for paging.
     pub offset: usize,
 }
 
@@ -117,7 +125,8 @@ pub struct SearchQuery {
     pub sources: Vec<String>,
     /// Leave this session out (the one asking).
     pub exclude_session: Option<String>,
-    /// Most sessions to return; each session yields at most one hit.
+    /// Most sessions to return; each session yields at most one hit. The
+    /// SQLite backend reads 0 as its default (10).
     pub limit: usize,
 }
 
@@ -127,6 +136,7 @@ pub struct SearchHit {
     pub session: SessionRecord,
     /// The id of the best-matching message.
     pub message_id: i64,
+    /// Who wrote the best-matching message.
     pub role: talaria_core::Role,
     /// A short excerpt around the match.
     pub snippet: String,
@@ -140,10 +150,16 @@ pub struct SearchHit {
 /// short transaction.
 #[async_trait]
 pub trait SessionStore: Send + Sync {
+    /// Records a new session, started now. Fails with
+    /// [`StoreError::InvalidId`] if the id is not a safe path component.
     async fn create_session(&self, session: NewSession) -> Result<()>;
+    /// The session with this id, if there is one.
     async fn session(&self, id: &str) -> Result<Option<SessionRecord>>;
+    /// Sets (or replaces) the session's title.
     async fn set_title(&self, id: &str, title: &str) -> Result<()>;
+    /// Replaces the stored system prompt.
     async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()>;
+    /// Marks the session ended now, for `reason`.
     async fn end_session(&self, id: &str, reason: &str) -> Result<()>;
     /// Appends one row and returns its id.
     async fn append_message(&self, session_id: &str, message: &Message) -> Result<i64>;
@@ -163,8 +179,10 @@ pub trait SessionStore: Send + Sync {
     /// Marks the active rows inactive and appends `replacement` as the new
     /// active transcript, atomically (context compression).
     async fn replace_active(&self, session_id: &str, replacement: &[Message]) -> Result<()>;
+    /// Sessions matching `filter`, most recently started first.
     async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRecord>>;
     /// The most recently started session from `source`, if any.
     async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>>;
+    /// Full-text search: at most one hit per session, best first.
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>>;
 }

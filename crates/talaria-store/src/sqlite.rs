@@ -1,4 +1,446 @@
 //! The embedded SQLite backend.
+//!
+//! One file per profile, in WAL mode so readers never wait for the writer.
+//! Every trait method runs on tokio's blocking pool: SQLite calls block (on
+//! disk, and on other processes' locks), and must not stall the runtime.
+
+mod conn;
+mod rows;
+mod schema;
+mod search;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OpenFlags, params};
+use talaria_core::ids::validate_path_component;
+use talaria_core::{Message, Usage};
+
+use self::conn::{Connections, OpResult, configure, with_retry};
+use self::rows::{
+    MESSAGE_COLUMNS, SESSION_COLUMNS, insert_message, load_session, now, query_messages,
+    require_session, session_exists, session_from_row, to_sql_count,
+};
+use crate::{
+    NewSession, Result, SearchHit, SearchQuery, SessionFilter, SessionRecord, SessionStore,
+    StoreError, StoredMessage,
+};
+
+/// Tuning for [`SqliteStore`]; the defaults suit an interactive agent.
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// How long one SQLite call waits on another connection's lock before
+    /// reporting busy (SQLite's own `busy_timeout`).
+    pub busy_timeout: Duration,
+    /// Most attempts per operation when the database stays busy.
+    pub max_attempts: u32,
+    /// Total time one operation may spend retrying before it fails with
+    /// [`StoreError::Busy`].
+    pub retry_budget: Duration,
+    /// Read connections kept open between calls.
+    pub max_idle_readers: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            busy_timeout: Duration::from_secs(1),
+            max_attempts: 10,
+            retry_budget: Duration::from_secs(5),
+            max_idle_readers: 4,
+        }
+    }
+}
 
 /// The SQLite-backed [`crate::SessionStore`].
-pub struct SqliteStore {}
+///
+/// Cloning is cheap and clones share the same connections.
+///
+/// Conventions beyond the trait's documentation:
+/// - `message_count` counts every row stored for the session, so
+///   [`SessionStore::replace_active`] adds the replacement rows to it;
+/// - a [`SessionFilter`] with `limit: 0` lists every match;
+/// - a [`SearchQuery`] with `limit: 0` returns up to ten sessions;
+/// - search covers inactive (compressed-away) rows too;
+/// - methods that name a missing session fail with
+///   [`StoreError::NoSuchSession`], except [`SessionStore::session`] and
+///   [`SessionStore::latest_session`], which return `None`.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Connections>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` with default
+    /// options, and migrates it to the current schema.
+    ///
+    /// The parent directory must exist. Blocks while opening; call it from
+    /// `spawn_blocking` if the file may be locked by another process.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] if the parent directory is missing,
+    /// [`StoreError::Database`] if the file is not a usable database or was
+    /// written by a newer Talaria, [`StoreError::Busy`] if another process
+    /// kept it locked throughout.
+    pub fn open(path: &Path) -> Result<SqliteStore> {
+        SqliteStore::open_with_options(path, SqliteOptions::default())
+    }
+
+    /// [`SqliteStore::open`] with explicit tuning.
+    ///
+    /// # Errors
+    /// As for [`SqliteStore::open`].
+    pub fn open_with_options(path: &Path, opts: SqliteOptions) -> Result<SqliteStore> {
+        if let Some(parent) = path.parent()
+            && !parent.as_os_str().is_empty()
+            && !parent.is_dir()
+        {
+            return Err(StoreError::Io(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "cannot open {}: directory {} does not exist",
+                    path.display(),
+                    parent.display()
+                ),
+            )));
+        }
+        let path = path.to_path_buf();
+        let writer = with_retry(&opts, &path, || open_writer(&path, &opts))?;
+        Ok(SqliteStore {
+            inner: Arc::new(Connections::new(path, opts, writer)),
+        })
+    }
+
+    /// The database file this store uses.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn write<T, F>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(&rusqlite::Transaction<'_>) -> OpResult<T> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        // If the caller is cancelled the blocking task still runs to the
+        // end; that is fine, because each operation is one transaction.
+        join(tokio::task::spawn_blocking(move || inner.write(op)).await)
+    }
+
+    async fn read<T, F>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(&rusqlite::Transaction<'_>) -> OpResult<T> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        join(tokio::task::spawn_blocking(move || inner.read(op)).await)
+    }
+}
+
+fn join<T>(joined: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {
+    joined.unwrap_or_else(|e| {
+        Err(StoreError::Database(format!(
+            "a database task did not finish: {e}"
+        )))
+    })
+}
+
+fn open_writer(path: &Path, opts: &SqliteOptions) -> OpResult<Connection> {
+    // No URI flag (rusqlite's default has it): a profile path that happens
+    // to start with `file:` must stay a plain path.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(path, flags)?;
+    configure(&conn, opts)?;
+    // The first statement that reads the file; a non-database fails here.
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(path = %path.display(), mode, "could not switch database to WAL");
+    }
+    schema::migrate(&mut conn)?;
+    Ok(conn)
+}
+
+/// Fails with [`StoreError::NoSuchSession`] unless exactly one row changed.
+fn changed_one(changed: usize, id: &str) -> OpResult<()> {
+    if changed == 0 {
+        Err(StoreError::NoSuchSession(id.to_string()).into())
+    } else {
+        Ok(())
+    }
+}
+
+fn sql_len(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl SessionStore for SqliteStore {
+    async fn create_session(&self, session: NewSession) -> Result<()> {
+        validate_path_component(&session.id)?;
+        if let Some(parent) = &session.parent_session_id {
+            validate_path_component(parent)?;
+        }
+        let started_at = now();
+        self.write(move |tx| {
+            if session_exists(tx, &session.id)? {
+                return Err(StoreError::Database(format!(
+                    "session `{}` already exists",
+                    session.id
+                ))
+                .into());
+            }
+            tx.prepare_cached(
+                "INSERT INTO sessions (id, source, session_key, chat_id, user_id, thread_id, \
+                 model, system_prompt, parent_session_id, started_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?
+            .execute(params![
+                session.id,
+                session.source,
+                session.session_key,
+                session.chat_id,
+                session.user_id,
+                session.thread_id,
+                session.model,
+                session.system_prompt,
+                session.parent_session_id,
+                started_at,
+            ])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn session(&self, id: &str) -> Result<Option<SessionRecord>> {
+        let id = id.to_string();
+        self.read(move |tx| load_session(tx, &id)).await
+    }
+
+    async fn set_title(&self, id: &str, title: &str) -> Result<()> {
+        let (id, title) = (id.to_string(), title.to_string());
+        self.write(move |tx| {
+            let n = tx
+                .prepare_cached("UPDATE sessions SET title = ?2 WHERE id = ?1")?
+                .execute(params![id, title])?;
+            changed_one(n, &id)
+        })
+        .await
+    }
+
+    async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()> {
+        let (id, prompt) = (id.to_string(), prompt.to_string());
+        self.write(move |tx| {
+            let n = tx
+                .prepare_cached("UPDATE sessions SET system_prompt = ?2 WHERE id = ?1")?
+                .execute(params![id, prompt])?;
+            changed_one(n, &id)
+        })
+        .await
+    }
+
+    async fn end_session(&self, id: &str, reason: &str) -> Result<()> {
+        let (id, reason) = (id.to_string(), reason.to_string());
+        let ended_at = now();
+        self.write(move |tx| {
+            let n = tx
+                .prepare_cached("UPDATE sessions SET ended_at = ?2, end_reason = ?3 WHERE id = ?1")?
+                .execute(params![id, ended_at, reason])?;
+            changed_one(n, &id)
+        })
+        .await
+    }
+
+    async fn append_message(&self, session_id: &str, message: &Message) -> Result<i64> {
+        let (id, message) = (session_id.to_string(), message.clone());
+        let timestamp = now();
+        self.write(move |tx| {
+            require_session(tx, &id)?;
+            let row = insert_message(tx, &id, &message, timestamp)?;
+            tx.prepare_cached(
+                "UPDATE sessions SET message_count = message_count + 1 WHERE id = ?1",
+            )?
+            .execute(params![id])?;
+            Ok(row)
+        })
+        .await
+    }
+
+    async fn add_usage(&self, session_id: &str, usage: &Usage) -> Result<()> {
+        let (id, usage) = (session_id.to_string(), *usage);
+        self.write(move |tx| {
+            // Read, add in Rust with saturation, write back: SQLite would
+            // silently turn an overflowing integer sum into a float.
+            let current =
+                load_session(tx, &id)?.ok_or_else(|| StoreError::NoSuchSession(id.clone()))?;
+            let mut total = Usage {
+                input_tokens: current.input_tokens,
+                output_tokens: current.output_tokens,
+                cache_read_tokens: current.cache_read_tokens,
+                cache_write_tokens: current.cache_write_tokens,
+                reasoning_tokens: current.reasoning_tokens,
+            };
+            total.input_tokens = total.input_tokens.saturating_add(usage.input_tokens);
+            total.output_tokens = total.output_tokens.saturating_add(usage.output_tokens);
+            total.cache_read_tokens = total
+                .cache_read_tokens
+                .saturating_add(usage.cache_read_tokens);
+            total.cache_write_tokens = total
+                .cache_write_tokens
+                .saturating_add(usage.cache_write_tokens);
+            total.reasoning_tokens = total
+                .reasoning_tokens
+                .saturating_add(usage.reasoning_tokens);
+            tx.prepare_cached(
+                "UPDATE sessions SET input_tokens = ?2, output_tokens = ?3, \
+                 cache_read_tokens = ?4, cache_write_tokens = ?5, reasoning_tokens = ?6 \
+                 WHERE id = ?1",
+            )?
+            .execute(params![
+                id,
+                to_sql_count(total.input_tokens),
+                to_sql_count(total.output_tokens),
+                to_sql_count(total.cache_read_tokens),
+                to_sql_count(total.cache_write_tokens),
+                to_sql_count(total.reasoning_tokens),
+            ])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>> {
+        let id = session_id.to_string();
+        self.read(move |tx| {
+            require_session(tx, &id)?;
+            query_messages(
+                tx,
+                &format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages \
+                     WHERE session_id = ?1 AND active = 1 ORDER BY id"
+                ),
+                params![id],
+            )
+        })
+        .await
+    }
+
+    async fn message_window(
+        &self,
+        session_id: &str,
+        around_id: i64,
+        before: usize,
+        after: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        let id = session_id.to_string();
+        self.read(move |tx| {
+            require_session(tx, &id)?;
+            let mut earlier = query_messages(
+                tx,
+                &format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages \
+                     WHERE session_id = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3"
+                ),
+                params![id, around_id, sql_len(before)],
+            )?;
+            earlier.reverse();
+            let rest = query_messages(
+                tx,
+                &format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages \
+                     WHERE session_id = ?1 AND id >= ?2 ORDER BY id LIMIT ?3"
+                ),
+                // The anchor itself plus `after` rows; if the anchor id is
+                // not in this session, this is simply the next rows.
+                params![id, around_id, sql_len(after).saturating_add(1)],
+            )?;
+            earlier.extend(rest);
+            Ok(earlier)
+        })
+        .await
+    }
+
+    async fn replace_active(&self, session_id: &str, replacement: &[Message]) -> Result<()> {
+        let (id, replacement) = (session_id.to_string(), replacement.to_vec());
+        let timestamp = now();
+        self.write(move |tx| {
+            require_session(tx, &id)?;
+            tx.prepare_cached(
+                "UPDATE messages SET active = 0 WHERE session_id = ?1 AND active = 1",
+            )?
+            .execute(params![id])?;
+            for message in &replacement {
+                insert_message(tx, &id, message, timestamp)?;
+            }
+            tx.prepare_cached(
+                "UPDATE sessions SET message_count = message_count + ?2 WHERE id = ?1",
+            )?
+            .execute(params![id, sql_len(replacement.len())])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRecord>> {
+        self.read(move |tx| {
+            // Built per call so each filter shape can use its own index.
+            let mut sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE 1 = 1");
+            let mut values: Vec<rusqlite::types::Value> = Vec::new();
+            if let Some(source) = &filter.source {
+                sql.push_str(" AND source = ?");
+                values.push(source.clone().into());
+            }
+            if let Some(key) = &filter.session_key {
+                sql.push_str(" AND session_key = ?");
+                values.push(key.clone().into());
+            }
+            sql.push_str(" ORDER BY started_at DESC, rowid DESC LIMIT ? OFFSET ?");
+            // SQLite reads a negative LIMIT as "no limit".
+            let limit = if filter.limit == 0 {
+                -1
+            } else {
+                sql_len(filter.limit)
+            };
+            values.push(limit.into());
+            values.push(sql_len(filter.offset).into());
+            let sessions = tx
+                .prepare_cached(&sql)?
+                .query_map(rusqlite::params_from_iter(values), session_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(sessions)
+        })
+        .await
+    }
+
+    async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>> {
+        let source = source.to_string();
+        self.read(move |tx| {
+            use rusqlite::OptionalExtension;
+            let sql = format!(
+                "SELECT {SESSION_COLUMNS} FROM sessions WHERE source = ?1 \
+                 ORDER BY started_at DESC, rowid DESC LIMIT 1"
+            );
+            Ok(tx
+                .prepare_cached(&sql)?
+                .query_row(params![source], session_from_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
+        self.read(move |tx| search::search(tx, &query)).await
+    }
+}

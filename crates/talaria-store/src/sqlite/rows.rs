@@ -1,0 +1,202 @@
+//! Mapping between table rows and the crate's types.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use talaria_core::{Message, Role, ToolCall};
+
+use super::conn::OpResult;
+use crate::{SessionRecord, StoreError, StoredMessage, Timestamp};
+
+/// Session columns in the order [`session_from_row`] reads them.
+pub(crate) const SESSION_COLUMNS: &str = "id, source, session_key, chat_id, user_id, thread_id, \
+     title, model, system_prompt, parent_session_id, started_at, ended_at, end_reason, \
+     message_count, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
+     reasoning_tokens";
+
+/// Message columns in the order [`message_from_row`] reads them.
+pub(crate) const MESSAGE_COLUMNS: &str = "id, session_id, role, content, tool_call_id, \
+     tool_calls, tool_name, timestamp, token_count, finish_reason, reasoning, active";
+
+/// Now, as seconds since the epoch with microsecond precision.
+pub(crate) fn now() -> Timestamp {
+    chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0
+}
+
+/// SQLite integers are signed; counters beyond `i64::MAX` are not real, so
+/// clamping is the honest conversion.
+pub(crate) fn to_sql_count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn from_sql_count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+pub(crate) fn session_from_row(row: &Row<'_>) -> rusqlite::Result<SessionRecord> {
+    Ok(SessionRecord {
+        id: row.get(0)?,
+        source: row.get(1)?,
+        session_key: row.get(2)?,
+        chat_id: row.get(3)?,
+        user_id: row.get(4)?,
+        thread_id: row.get(5)?,
+        title: row.get(6)?,
+        model: row.get(7)?,
+        system_prompt: row.get(8)?,
+        parent_session_id: row.get(9)?,
+        started_at: row.get(10)?,
+        ended_at: row.get(11)?,
+        end_reason: row.get(12)?,
+        message_count: from_sql_count(row.get(13)?),
+        input_tokens: from_sql_count(row.get(14)?),
+        output_tokens: from_sql_count(row.get(15)?),
+        cache_read_tokens: from_sql_count(row.get(16)?),
+        cache_write_tokens: from_sql_count(row.get(17)?),
+        reasoning_tokens: from_sql_count(row.get(18)?),
+    })
+}
+
+/// A message row before its role and tool calls are checked; those can fail
+/// for reasons that are not SQLite's, so they are decoded afterwards.
+pub(crate) struct RawMessage {
+    id: i64,
+    session_id: String,
+    role: String,
+    content: String,
+    tool_call_id: Option<String>,
+    tool_calls: Option<String>,
+    tool_name: Option<String>,
+    timestamp: Timestamp,
+    token_count: Option<i64>,
+    finish_reason: Option<String>,
+    reasoning: Option<String>,
+    active: bool,
+}
+
+pub(crate) fn message_from_row(row: &Row<'_>) -> rusqlite::Result<RawMessage> {
+    Ok(RawMessage {
+        id: row.get(0)?,
+        session_id: row.get(1)?,
+        role: row.get(2)?,
+        content: row.get(3)?,
+        tool_call_id: row.get(4)?,
+        tool_calls: row.get(5)?,
+        tool_name: row.get(6)?,
+        timestamp: row.get(7)?,
+        token_count: row.get(8)?,
+        finish_reason: row.get(9)?,
+        reasoning: row.get(10)?,
+        active: row.get(11)?,
+    })
+}
+
+pub(crate) fn parse_role(role: &str, message_id: i64) -> Result<Role, StoreError> {
+    Role::parse(role).ok_or_else(|| {
+        StoreError::Database(format!("message {message_id} has an unknown role `{role}`"))
+    })
+}
+
+impl RawMessage {
+    pub(crate) fn decode(self) -> Result<StoredMessage, StoreError> {
+        let role = parse_role(&self.role, self.id)?;
+        // A row whose tool calls cannot be read is reported rather than
+        // silently emptied: dropping calls would orphan their tool results
+        // and the provider would reject the replayed transcript.
+        let tool_calls: Vec<ToolCall> = match self.tool_calls.as_deref() {
+            None | Some("") => Vec::new(),
+            Some(json) => serde_json::from_str(json).map_err(|e| {
+                StoreError::Database(format!(
+                    "message {} has unreadable tool_calls: {e}",
+                    self.id
+                ))
+            })?,
+        };
+        Ok(StoredMessage {
+            id: self.id,
+            session_id: self.session_id,
+            message: Message {
+                role,
+                content: self.content,
+                tool_calls,
+                tool_call_id: self.tool_call_id,
+                tool_name: self.tool_name,
+                reasoning: self.reasoning,
+                finish_reason: self.finish_reason,
+            },
+            timestamp: self.timestamp,
+            token_count: self.token_count.map(from_sql_count),
+            active: self.active,
+        })
+    }
+}
+
+/// Runs a message query and decodes every row.
+pub(crate) fn query_messages(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> OpResult<Vec<StoredMessage>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let raw = stmt
+        .query_map(params, message_from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(raw
+        .into_iter()
+        .map(RawMessage::decode)
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+pub(crate) fn load_session(conn: &Connection, id: &str) -> OpResult<Option<SessionRecord>> {
+    let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1");
+    Ok(conn
+        .prepare_cached(&sql)?
+        .query_row(params![id], session_from_row)
+        .optional()?)
+}
+
+pub(crate) fn session_exists(conn: &Connection, id: &str) -> OpResult<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?
+        .exists(params![id])?)
+}
+
+pub(crate) fn require_session(conn: &Connection, id: &str) -> OpResult<()> {
+    if session_exists(conn, id)? {
+        Ok(())
+    } else {
+        Err(StoreError::NoSuchSession(id.to_string()).into())
+    }
+}
+
+/// Inserts one message row; the caller bumps `message_count`.
+pub(crate) fn insert_message(
+    conn: &Connection,
+    session_id: &str,
+    message: &Message,
+    timestamp: Timestamp,
+) -> OpResult<i64> {
+    let tool_calls = if message.tool_calls.is_empty() {
+        None
+    } else {
+        Some(
+            serde_json::to_string(&message.tool_calls)
+                .map_err(|e| StoreError::Database(format!("could not encode tool calls: {e}")))?,
+        )
+    };
+    conn.prepare_cached(
+        "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, \
+         tool_name, timestamp, finish_reason, reasoning, active) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1)",
+    )?
+    .execute(params![
+        session_id,
+        message.role.as_str(),
+        message.content,
+        message.tool_call_id,
+        tool_calls,
+        message.tool_name,
+        timestamp,
+        message.finish_reason,
+        message.reasoning,
+    ])?;
+    Ok(conn.last_insert_rowid())
+}

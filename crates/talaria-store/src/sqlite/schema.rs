@@ -1,0 +1,136 @@
+//! Schema versions and migrations.
+//!
+//! The version lives in `PRAGMA user_version`. Each step runs in its own
+//! transaction together with the version bump, so a crash mid-upgrade leaves
+//! the file at the previous version rather than half-migrated. Steps are
+//! append-only: once released, a step is never edited; changes go in a new
+//! one.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::conn::OpResult;
+use crate::StoreError;
+
+/// Marks the file as ours (`PRAGMA application_id`, "TALA"), so a database
+/// from another program is refused instead of being migrated into.
+pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
+
+/// The migration steps, in order; step `i` moves the schema from version `i`
+/// to `i + 1`.
+const STEPS: &[&str] = &[V1];
+
+/// The schema version this build writes.
+pub(crate) const LATEST: i64 = STEPS.len() as i64;
+
+const V1: &str = r#"
+CREATE TABLE sessions (
+    id                 TEXT PRIMARY KEY NOT NULL,
+    source             TEXT NOT NULL,
+    session_key        TEXT,
+    chat_id            TEXT,
+    user_id            TEXT,
+    thread_id          TEXT,
+    title              TEXT,
+    model              TEXT,
+    system_prompt      TEXT,
+    -- No foreign key: lineage is informational, and a parent may live in
+    -- another profile's database or have been pruned.
+    parent_session_id  TEXT,
+    started_at         REAL NOT NULL,
+    ended_at           REAL,
+    end_reason         TEXT,
+    message_count      INTEGER NOT NULL DEFAULT 0,
+    input_tokens       INTEGER NOT NULL DEFAULT 0,
+    output_tokens      INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens  INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX sessions_source_started ON sessions (source, started_at);
+CREATE INDEX sessions_started ON sessions (started_at);
+CREATE INDEX sessions_key ON sessions (session_key);
+CREATE INDEX sessions_parent ON sessions (parent_session_id);
+
+CREATE TABLE messages (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id    TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    role          TEXT NOT NULL,
+    content       TEXT NOT NULL DEFAULT '',
+    tool_call_id  TEXT,
+    tool_calls    TEXT,
+    tool_name     TEXT,
+    timestamp     REAL NOT NULL,
+    token_count   INTEGER,
+    finish_reason TEXT,
+    reasoning     TEXT,
+    active        INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX messages_session ON messages (session_id, id);
+
+-- Two external-content indexes over messages.content: words (with accents
+-- folded) for ordinary queries, trigrams for CJK text and substrings.
+CREATE VIRTUAL TABLE messages_fts USING fts5 (
+    content, content = 'messages', content_rowid = 'id',
+    tokenize = 'unicode61 remove_diacritics 2'
+);
+CREATE VIRTUAL TABLE messages_fts_trigram USING fts5 (
+    content, content = 'messages', content_rowid = 'id',
+    tokenize = 'trigram'
+);
+
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    INSERT INTO messages_fts_trigram (rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts_trigram (messages_fts_trigram, rowid, content)
+        VALUES ('delete', old.id, old.content);
+END;
+-- Only a content change touches the index: flipping `active` during
+-- compression must leave the old rows searchable.
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts_trigram (messages_fts_trigram, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    INSERT INTO messages_fts_trigram (rowid, content) VALUES (new.id, new.content);
+END;
+"#;
+
+/// Brings the database to [`LATEST`], refusing files that are not ours or
+/// are newer than this build.
+pub(crate) fn migrate(conn: &mut Connection) -> OpResult<()> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version > LATEST {
+        return Err(StoreError::Database(format!(
+            "this database was created by a newer Talaria (schema version {version}; \
+             this build understands up to {LATEST}); upgrade Talaria to open it"
+        ))
+        .into());
+    }
+    let app_id: i32 = conn.pragma_query_value(None, "application_id", |r| r.get(0))?;
+    if app_id != 0 && app_id != APPLICATION_ID {
+        return Err(StoreError::Database(format!(
+            "this database belongs to another application (application_id {app_id:#x})"
+        ))
+        .into());
+    }
+    for (index, step) in STEPS.iter().enumerate().skip(version.max(0) as usize) {
+        let target = index as i64 + 1;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // Another process may have migrated while we waited for the lock.
+        let now: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if now >= target {
+            continue;
+        }
+        tx.execute_batch(step)?;
+        tx.pragma_update(None, "application_id", APPLICATION_ID)?;
+        tx.pragma_update(None, "user_version", target)?;
+        tx.commit()?;
+        tracing::info!(version = target, "migrated session database");
+    }
+    Ok(())
+}

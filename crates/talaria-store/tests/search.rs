@@ -1,0 +1,256 @@
+//! Full-text search through the store.
+
+mod common;
+
+use common::{new_session, temp_store};
+use talaria_core::{Message, Role};
+use talaria_store::{SearchQuery, SessionStore, SqliteStore};
+
+fn query(text: &str) -> SearchQuery {
+    SearchQuery {
+        text: text.to_string(),
+        sources: Vec::new(),
+        exclude_session: None,
+        limit: 10,
+    }
+}
+
+async fn seed(store: &SqliteStore) {
+    let sessions: [(&str, &str, &[&str]); 4] = [
+        (
+            "s1",
+            "cli",
+            &[
+                "How do I configure the nginx reverse proxy?",
+                "Edit nginx.conf and add a proxy_pass line for nginx.",
+                "Thanks, the café menu works now",
+            ],
+        ),
+        (
+            "s2",
+            "telegram",
+            &["nginx keeps returning 502", "Check the upstream"],
+        ),
+        (
+            "s3",
+            "cron",
+            &["nightly backup finished", "我们明天去北京开会"],
+        ),
+        (
+            "s4",
+            "cli",
+            &["Beijing weather is sunny", "東京タワーに行きました"],
+        ),
+    ];
+    for (id, source, texts) in sessions {
+        store.create_session(new_session(id, source)).await.unwrap();
+        for (i, t) in texts.iter().enumerate() {
+            let m = if i % 2 == 0 {
+                Message::user(*t)
+            } else {
+                Message::assistant(*t)
+            };
+            store.append_message(id, &m).await.unwrap();
+        }
+    }
+}
+
+fn ids(hits: &[talaria_store::SearchHit]) -> Vec<String> {
+    hits.iter().map(|h| h.session.id.clone()).collect()
+}
+
+#[tokio::test]
+async fn english_search_gives_one_hit_per_session() {
+    let (_dir, store) = temp_store();
+    seed(&store).await;
+    let hits = store.search(query("nginx")).await.unwrap();
+    let mut found = ids(&hits);
+    found.sort();
+    assert_eq!(found, ["s1", "s2"]);
+    for h in &hits {
+        assert!(h.snippet.contains(">>>nginx<<<"), "{}", h.snippet);
+        assert!(h.rank < 0.0, "bm25 ranks are negative: {}", h.rank);
+    }
+    // Ranks come back best first.
+    assert!(hits.windows(2).all(|w| w[0].rank <= w[1].rank));
+    // The hit carries its session and the matched row.
+    let s2 = hits.iter().find(|h| h.session.id == "s2").unwrap();
+    assert_eq!(s2.session.source, "telegram");
+    assert_eq!(s2.role, Role::User);
+    let window = store
+        .message_window("s2", s2.message_id, 0, 0)
+        .await
+        .unwrap();
+    assert!(window[0].message.content.contains("502"));
+}
+
+#[tokio::test]
+async fn filters_and_limit() {
+    let (_dir, store) = temp_store();
+    seed(&store).await;
+    let mut q = query("nginx");
+    q.exclude_session = Some("s1".into());
+    assert_eq!(ids(&store.search(q).await.unwrap()), ["s2"]);
+
+    let mut q = query("nginx");
+    q.sources = vec!["cli".into(), "cron".into()];
+    assert_eq!(ids(&store.search(q).await.unwrap()), ["s1"]);
+
+    let mut q = query("nginx");
+    q.sources = vec!["api".into()];
+    assert!(store.search(q).await.unwrap().is_empty());
+
+    let mut q = query("nginx");
+    q.limit = 1;
+    assert_eq!(store.search(q).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn prefix_phrase_operators_and_diacritics() {
+    let (_dir, store) = temp_store();
+    seed(&store).await;
+    assert_eq!(ids(&store.search(query("backu*")).await.unwrap()), ["s3"]);
+    assert_eq!(
+        ids(&store.search(query(r#""reverse proxy""#)).await.unwrap()),
+        ["s1"]
+    );
+    assert!(
+        store
+            .search(query(r#""proxy reverse""#))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let mut both = ids(&store.search(query("backup OR upstream")).await.unwrap());
+    both.sort();
+    assert_eq!(both, ["s2", "s3"]);
+    // NOT applies per message: both s1 rows mention "proxy".
+    assert_eq!(
+        ids(&store.search(query("nginx NOT proxy")).await.unwrap()),
+        ["s2"]
+    );
+    // Accents are folded: "cafe" finds "café".
+    assert_eq!(ids(&store.search(query("cafe")).await.unwrap()), ["s1"]);
+}
+
+#[tokio::test]
+async fn cjk_search_uses_trigrams_and_like() {
+    let (_dir, store) = temp_store();
+    seed(&store).await;
+    // Two characters: shorter than a trigram, found by the LIKE scan.
+    let hits = store.search(query("北京")).await.unwrap();
+    assert_eq!(ids(&hits), ["s3"]);
+    assert!(
+        hits[0].snippet.contains(">>>北京<<<"),
+        "{}",
+        hits[0].snippet
+    );
+    assert_eq!(hits[0].role, Role::Assistant);
+    // Three or more: the trigram index.
+    let hits = store.search(query("北京开会")).await.unwrap();
+    assert_eq!(ids(&hits), ["s3"]);
+    assert!(hits[0].snippet.contains("北京开会"), "{}", hits[0].snippet);
+    // Japanese kana/kanji.
+    assert_eq!(ids(&store.search(query("タワー")).await.unwrap()), ["s4"]);
+    // Not present.
+    assert!(store.search(query("上海")).await.unwrap().is_empty());
+    assert!(store.search(query("上海市")).await.unwrap().is_empty());
+    // Filters apply on the LIKE path too.
+    let mut q = query("北京");
+    q.exclude_session = Some("s3".into());
+    assert!(store.search(q).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn substring_fallback_finds_inside_words() {
+    let (_dir, store) = temp_store();
+    seed(&store).await;
+    // "eijin" is inside "Beijing"; the word index has no such token.
+    assert_eq!(ids(&store.search(query("eijin")).await.unwrap()), ["s4"]);
+    // Symbols only the trigram index sees.
+    store
+        .create_session(new_session("s5", "cli"))
+        .await
+        .unwrap();
+    store
+        .append_message("s5", &Message::user("I write C++ daily"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&store.search(query("C++")).await.unwrap()), ["s5"]);
+    // Short emoji-only queries go to the LIKE scan.
+    store
+        .append_message("s5", &Message::user("party 🎉 time"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&store.search(query("🎉")).await.unwrap()), ["s5"]);
+}
+
+#[tokio::test]
+async fn best_hit_per_session_prefers_rank_then_newest() {
+    let (_dir, store) = temp_store();
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+    let _first = store
+        .append_message("s1", &Message::user("zebra"))
+        .await
+        .unwrap();
+    let second = store
+        .append_message("s1", &Message::user("zebra"))
+        .await
+        .unwrap();
+    store
+        .append_message(
+            "s1",
+            &Message::user("a long message that mentions zebra once among many other words here"),
+        )
+        .await
+        .unwrap();
+    let hits = store.search(query("zebra")).await.unwrap();
+    assert_eq!(hits.len(), 1);
+    // Two equally ranked short rows: the newer one wins.
+    assert_eq!(hits[0].message_id, second);
+}
+
+#[tokio::test]
+async fn empty_and_hostile_queries_do_not_fail() {
+    let (_dir, store) = temp_store();
+    seed(&store).await;
+    for q in [
+        "",
+        "   ",
+        "\"",
+        "(((",
+        "foo AND",
+        "NEAR(",
+        "col:x",
+        "*",
+        "-",
+        "^",
+        "AND",
+        "OR NOT",
+        "\0",
+        "%",
+        "_",
+        "\\",
+        "'",
+        "'; DROP TABLE messages; --",
+        "🎉🎉🎉",
+        "a",
+        "北",
+    ] {
+        store
+            .search(query(q))
+            .await
+            .unwrap_or_else(|e| panic!("{q:?}: {e}"));
+    }
+    let long = "nginx ".repeat(2000);
+    store.search(query(&long)).await.unwrap();
+    // The LIKE scan treats wildcards literally.
+    assert!(store.search(query("%")).await.unwrap().is_empty());
+    // Only s1 has a literal underscore ("proxy_pass").
+    assert_eq!(ids(&store.search(query("_")).await.unwrap()), ["s1"]);
+    // Still intact afterwards.
+    assert_eq!(store.search(query("backup")).await.unwrap().len(), 1);
+}

@@ -1,0 +1,372 @@
+//! Sessions and transcripts round-trip through a real database file.
+
+mod common;
+
+use common::{new_session, temp_store};
+use talaria_core::{Message, Role, ToolCall, Usage};
+use talaria_store::{NewSession, SearchQuery, SessionFilter, SessionStore, StoreError};
+
+#[tokio::test]
+async fn session_fields_round_trip() {
+    let (_dir, store) = temp_store();
+    let new = NewSession {
+        id: "20260101_120000_abcdef".into(),
+        source: "telegram".into(),
+        session_key: Some("agent:main:telegram:dm:1".into()),
+        chat_id: Some("chat-1".into()),
+        user_id: Some("user_123".into()),
+        thread_id: Some("t9".into()),
+        model: Some("gpt-x".into()),
+        system_prompt: Some("You are helpful.\nBe brief.".into()),
+        parent_session_id: Some("20251231_235959_000000".into()),
+    };
+    store.create_session(new.clone()).await.unwrap();
+    let rec = store.session(&new.id).await.unwrap().unwrap();
+    assert_eq!(rec.id, new.id);
+    assert_eq!(rec.source, "telegram");
+    assert_eq!(rec.session_key, new.session_key);
+    assert_eq!(rec.chat_id, new.chat_id);
+    assert_eq!(rec.user_id, new.user_id);
+    assert_eq!(rec.thread_id, new.thread_id);
+    assert_eq!(rec.model, new.model);
+    assert_eq!(rec.system_prompt, new.system_prompt);
+    assert_eq!(rec.parent_session_id, new.parent_session_id);
+    assert!(rec.started_at > 1.7e9);
+    assert_eq!(rec.ended_at, None);
+    assert_eq!(rec.title, None);
+    assert_eq!(rec.message_count, 0);
+
+    assert!(store.session("nope").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn duplicate_session_is_refused() {
+    let (_dir, store) = temp_store();
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+    let err = store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Database(ref m) if m.contains("already exists")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn messages_round_trip_in_order() {
+    let (_dir, store) = temp_store();
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+
+    let calls = vec![
+        ToolCall {
+            id: "call_1".into(),
+            name: "terminal".into(),
+            arguments: r#"{"cmd":"ls -la"}"#.into(),
+        },
+        ToolCall {
+            id: "call_2".into(),
+            name: "no_such_tool".into(),
+            // Invalid JSON must survive byte-for-byte.
+            arguments: r#"{"broken": "#.into(),
+        },
+    ];
+    let mut assistant = Message::assistant_tool_calls("", calls);
+    assistant.reasoning = Some("I should list files.".into());
+    assistant.finish_reason = Some("tool_calls".into());
+    let mut last = Message::assistant("done ✅ — 完成");
+    last.finish_reason = Some("stop".into());
+    let transcript = vec![
+        Message::system("sys"),
+        Message::user("list files"),
+        assistant,
+        Message::tool_result("call_1", "terminal", "a.txt\nb.txt"),
+        Message::tool_result("call_2", "no_such_tool", "error: unknown tool"),
+        last,
+    ];
+    let mut ids = Vec::new();
+    for m in &transcript {
+        ids.push(store.append_message("s1", m).await.unwrap());
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+
+    let stored = store.messages("s1").await.unwrap();
+    assert_eq!(stored.len(), transcript.len());
+    for ((s, m), id) in stored.iter().zip(&transcript).zip(&ids) {
+        assert_eq!(&s.message, m);
+        assert_eq!(s.id, *id);
+        assert_eq!(s.session_id, "s1");
+        assert!(s.active);
+        assert!(s.timestamp > 1.7e9);
+        assert_eq!(s.token_count, None);
+    }
+    assert_eq!(stored[3].message.role, Role::Tool);
+
+    let rec = store.session("s1").await.unwrap().unwrap();
+    assert_eq!(rec.message_count, transcript.len() as u64);
+}
+
+#[tokio::test]
+async fn missing_sessions_are_reported() {
+    let (_dir, store) = temp_store();
+    let missing = |r: Result<(), StoreError>| {
+        assert!(
+            matches!(r, Err(StoreError::NoSuchSession(ref id)) if id == "ghost"),
+            "{r:?}"
+        )
+    };
+    missing(
+        store
+            .append_message("ghost", &Message::user("hi"))
+            .await
+            .map(|_| ()),
+    );
+    missing(store.set_title("ghost", "t").await);
+    missing(store.set_system_prompt("ghost", "p").await);
+    missing(store.end_session("ghost", "x").await);
+    missing(store.add_usage("ghost", &Usage::default()).await);
+    missing(store.messages("ghost").await.map(|_| ()));
+    missing(store.message_window("ghost", 1, 1, 1).await.map(|_| ()));
+    missing(store.replace_active("ghost", &[]).await);
+}
+
+#[tokio::test]
+async fn usage_title_prompt_and_end() {
+    let (_dir, store) = temp_store();
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+    let usage = Usage {
+        input_tokens: 100,
+        output_tokens: 20,
+        cache_read_tokens: 50,
+        cache_write_tokens: 5,
+        reasoning_tokens: 7,
+    };
+    store.add_usage("s1", &usage).await.unwrap();
+    store.add_usage("s1", &usage).await.unwrap();
+    store.set_title("s1", "Deploying the thing").await.unwrap();
+    store.set_system_prompt("s1", "new prompt").await.unwrap();
+
+    let rec = store.session("s1").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            rec.input_tokens,
+            rec.output_tokens,
+            rec.cache_read_tokens,
+            rec.cache_write_tokens,
+            rec.reasoning_tokens
+        ),
+        (200, 40, 100, 10, 14)
+    );
+    assert_eq!(rec.title.as_deref(), Some("Deploying the thing"));
+    assert_eq!(rec.system_prompt.as_deref(), Some("new prompt"));
+    assert_eq!(rec.ended_at, None);
+
+    store.end_session("s1", "user_exit").await.unwrap();
+    let rec = store.session("s1").await.unwrap().unwrap();
+    assert!(rec.ended_at.unwrap() >= rec.started_at);
+    assert_eq!(rec.end_reason.as_deref(), Some("user_exit"));
+
+    // Counters saturate rather than wrap or turn into floats.
+    let huge = Usage {
+        input_tokens: u64::MAX,
+        ..Usage::default()
+    };
+    store.add_usage("s1", &huge).await.unwrap();
+    store.add_usage("s1", &huge).await.unwrap();
+    let rec = store.session("s1").await.unwrap().unwrap();
+    assert_eq!(rec.input_tokens, i64::MAX as u64);
+}
+
+#[tokio::test]
+async fn latest_and_listing() {
+    let (_dir, store) = temp_store();
+    assert!(store.latest_session("cli").await.unwrap().is_none());
+    for (id, source) in [
+        ("a1", "cli"),
+        ("b1", "telegram"),
+        ("a2", "cli"),
+        ("b2", "telegram"),
+        ("a3", "cli"),
+    ] {
+        let mut s = new_session(id, source);
+        if source == "telegram" {
+            s.session_key = Some("tg:1".into());
+        }
+        store.create_session(s).await.unwrap();
+    }
+    assert_eq!(store.latest_session("cli").await.unwrap().unwrap().id, "a3");
+    assert_eq!(
+        store.latest_session("telegram").await.unwrap().unwrap().id,
+        "b2"
+    );
+    assert!(store.latest_session("cron").await.unwrap().is_none());
+
+    let ids =
+        |v: Vec<talaria_store::SessionRecord>| v.into_iter().map(|s| s.id).collect::<Vec<_>>();
+    let all = store.list_sessions(SessionFilter::default()).await.unwrap();
+    assert_eq!(ids(all), ["a3", "b2", "a2", "b1", "a1"]);
+
+    let cli = SessionFilter {
+        source: Some("cli".into()),
+        ..SessionFilter::default()
+    };
+    assert_eq!(
+        ids(store.list_sessions(cli.clone()).await.unwrap()),
+        ["a3", "a2", "a1"]
+    );
+    let page = SessionFilter {
+        limit: 2,
+        offset: 1,
+        ..cli
+    };
+    assert_eq!(ids(store.list_sessions(page).await.unwrap()), ["a2", "a1"]);
+    let keyed = SessionFilter {
+        session_key: Some("tg:1".into()),
+        limit: 1,
+        ..SessionFilter::default()
+    };
+    assert_eq!(ids(store.list_sessions(keyed).await.unwrap()), ["b2"]);
+    let past_end = SessionFilter {
+        limit: 10,
+        offset: 10,
+        ..SessionFilter::default()
+    };
+    assert!(store.list_sessions(past_end).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn message_window_is_positional_and_includes_inactive_rows() {
+    let (_dir, store) = temp_store();
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+    store
+        .create_session(new_session("s2", "cli"))
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(
+            store
+                .append_message("s1", &Message::user(format!("m{i}")))
+                .await
+                .unwrap(),
+        );
+        // Interleave another session so ids are not contiguous.
+        store
+            .append_message("s2", &Message::user("other"))
+            .await
+            .unwrap();
+    }
+    let texts = |v: Vec<talaria_store::StoredMessage>| {
+        v.into_iter().map(|m| m.message.content).collect::<Vec<_>>()
+    };
+    let w = store.message_window("s1", ids[5], 2, 3).await.unwrap();
+    assert_eq!(texts(w), ["m3", "m4", "m5", "m6", "m7", "m8"]);
+    let w = store.message_window("s1", ids[0], 5, 1).await.unwrap();
+    assert_eq!(texts(w), ["m0", "m1"]);
+    let w = store.message_window("s1", ids[9], 1, 5).await.unwrap();
+    assert_eq!(texts(w), ["m8", "m9"]);
+    let w = store.message_window("s1", ids[4], 0, 0).await.unwrap();
+    assert_eq!(texts(w), ["m4"]);
+
+    store
+        .replace_active("s1", &[Message::user("summary")])
+        .await
+        .unwrap();
+    let w = store.message_window("s1", ids[5], 1, 1).await.unwrap();
+    assert_eq!(
+        w.iter().map(|m| m.active).collect::<Vec<_>>(),
+        [false, false, false]
+    );
+}
+
+#[tokio::test]
+async fn replace_active_swaps_the_transcript_and_keeps_history_searchable() {
+    let (_dir, store) = temp_store();
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+    for text in [
+        "we discussed the aardvark migration",
+        "ok",
+        "more about aardvarks",
+    ] {
+        store
+            .append_message("s1", &Message::user(text))
+            .await
+            .unwrap();
+    }
+    let replacement = vec![
+        Message::system("sys"),
+        Message::user("[summary] earlier turns were about animals"),
+    ];
+    store.replace_active("s1", &replacement).await.unwrap();
+
+    let active = store.messages("s1").await.unwrap();
+    assert_eq!(
+        active.iter().map(|m| m.message.clone()).collect::<Vec<_>>(),
+        replacement
+    );
+    let rec = store.session("s1").await.unwrap().unwrap();
+    assert_eq!(rec.message_count, 5);
+
+    let hits = store
+        .search(SearchQuery {
+            text: "aardvark".into(),
+            sources: vec![],
+            exclude_session: None,
+            limit: 5,
+        })
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].session.id, "s1");
+    assert!(
+        hits[0].snippet.contains(">>>aardvark<<<"),
+        "{}",
+        hits[0].snippet
+    );
+
+    // Replacing with nothing leaves an empty active transcript.
+    store.replace_active("s1", &[]).await.unwrap();
+    assert!(store.messages("s1").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn traversal_ids_are_refused() {
+    let (_dir, store) = temp_store();
+    for bad in [
+        "../x", "a/b", "..", "", ".hidden", "a\\b", "x/../y", "a b", "-rf",
+    ] {
+        let err = store
+            .create_session(new_session(bad, "cli"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::InvalidId(_)), "{bad:?}: {err}");
+    }
+    let mut s = new_session("ok_1", "cli");
+    s.parent_session_id = Some("../etc".into());
+    assert!(matches!(
+        store.create_session(s).await,
+        Err(StoreError::InvalidId(_))
+    ));
+    assert!(
+        store
+            .list_sessions(SessionFilter::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
