@@ -4,7 +4,29 @@
 //!
 //! - this file: the provider-neutral request/response types and the
 //!   [`Provider`] trait the agent loop calls.
+//! - [`client`]: [`LlmClient`], the provider the agent uses: retries with
+//!   backoff, then the fallback chain, for the rest of the turn.
+//! - [`openai`] / [`anthropic`]: the two wire protocols.
+//! - [`sse`]: the incremental Server-Sent Events parser both stream over.
+//! - [`classify`]: HTTP status and body to [`ErrorKind`].
+//! - [`retry`]: [`RetryPolicy`] and interruptible waits.
+//! - [`repair`]: light repair of broken tool-call argument JSON.
 #![forbid(unsafe_code)]
+
+pub mod anthropic;
+pub mod classify;
+pub mod client;
+mod http;
+pub mod openai;
+pub mod repair;
+pub mod retry;
+pub mod sse;
+
+pub use anthropic::AnthropicProvider;
+pub use client::{LlmClient, provider_for, provider_with};
+pub use http::HttpOptions;
+pub use openai::OpenAiProvider;
+pub use retry::RetryPolicy;
 
 use std::time::Duration;
 

@@ -1,2 +1,814 @@
 //! Test servers for Talaria, bound to 127.0.0.1 on an ephemeral port.
+//!
+//! [`MockOpenAi`] speaks the OpenAI Chat Completions API and [`MockAnthropic`]
+//! the Anthropic Messages API, both over real HTTP with real JSON and SSE, so
+//! the code under test exercises its actual HTTP client, parser and timeouts.
+//!
+//! Each mock answers from a FIFO script of [`Reply`] values pushed by the
+//! test; every request is recorded (path, headers, JSON body, arrival time)
+//! and can be inspected with `requests()`.
+//!
+//! A request with `"stream": true` gets an SSE response: text split into
+//! several chunks, tool-call arguments split across several deltas, and (for
+//! OpenAI, when `stream_options.include_usage` is set) a usage-only chunk.
+//! Any other request gets one JSON object.
 #![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// One request as the mock received it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// The request path, e.g. `/v1/chat/completions`.
+    pub path: String,
+    /// Header names lowercased, in arrival order.
+    pub headers: Vec<(String, String)>,
+    /// The JSON body; `Value::Null` when there was none or it was not JSON.
+    pub body: Value,
+    /// When the request arrived (before any scripted delay).
+    pub at: Instant,
+}
+
+impl Recorded {
+    /// The first value of a header (name matched case-insensitively).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One tool call the mock model makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallReply {
+    /// The call id the model assigns.
+    pub id: String,
+    /// The tool name.
+    pub name: String,
+    /// The raw JSON argument text (sent as-is, so invalid JSON is possible).
+    pub arguments: String,
+}
+
+impl ToolCallReply {
+    /// Convenience constructor.
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> ToolCallReply {
+        ToolCallReply {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Answer,
+    Error { status: u16, body: String },
+    RawSse(Vec<String>),
+}
+
+/// A scripted answer to one request.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    what: Kind,
+    text: String,
+    tool_calls: Vec<ToolCallReply>,
+    reasoning: Option<String>,
+    retry_after: Option<u64>,
+    delay: Option<Duration>,
+    stall_after: Option<usize>,
+    usage: (u64, u64),
+}
+
+/// Usage reported when a reply does not set its own.
+const DEFAULT_USAGE: (u64, u64) = (10, 5);
+
+impl Reply {
+    fn base(what: Kind) -> Reply {
+        Reply {
+            what,
+            text: String::new(),
+            tool_calls: Vec::new(),
+            reasoning: None,
+            retry_after: None,
+            delay: None,
+            stall_after: None,
+            usage: DEFAULT_USAGE,
+        }
+    }
+
+    /// A plain text answer (finish reason `stop` / `end_turn`).
+    pub fn text(s: impl Into<String>) -> Reply {
+        Reply {
+            text: s.into(),
+            ..Reply::base(Kind::Answer)
+        }
+    }
+
+    /// An answer that calls tools (finish reason `tool_calls` / `tool_use`).
+    pub fn tool_calls(calls: Vec<ToolCallReply>) -> Reply {
+        Reply {
+            tool_calls: calls,
+            ..Reply::base(Kind::Answer)
+        }
+    }
+
+    /// An HTTP error with this status and body, sent verbatim.
+    pub fn error(status: u16, body: impl Into<String>) -> Reply {
+        Reply::base(Kind::Error {
+            status,
+            body: body.into(),
+        })
+    }
+
+    /// OpenAI mock: an SSE response whose `data:` payloads are exactly these
+    /// strings, followed by `data: [DONE]`, whatever the request asked for.
+    /// The Anthropic mock sends them as `data:` events too, without `[DONE]`.
+    pub fn raw_sse(events: Vec<String>) -> Reply {
+        Reply::base(Kind::RawSse(events))
+    }
+
+    /// Sets the answer text (leading text for a tool-call answer).
+    pub fn with_text(mut self, s: impl Into<String>) -> Reply {
+        self.text = s.into();
+        self
+    }
+
+    /// Adds a `Retry-After: secs` header to the response.
+    pub fn with_retry_after(mut self, secs: u64) -> Reply {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// Waits this long before sending the response head.
+    pub fn with_delay(mut self, d: Duration) -> Reply {
+        self.delay = Some(d);
+        self
+    }
+
+    /// Streaming only: send `chunks` content chunks (text, reasoning or
+    /// tool-call deltas; framing events such as `message_start` do not
+    /// count), then hang without finishing until the client goes away or the
+    /// mock shuts down. `raw_sse` events all count as content.
+    pub fn stall_after(mut self, chunks: usize) -> Reply {
+        self.stall_after = Some(chunks);
+        self
+    }
+
+    /// The token usage to report (default 10 prompt, 5 completion).
+    pub fn with_usage(mut self, prompt: u64, completion: u64) -> Reply {
+        self.usage = (prompt, completion);
+        self
+    }
+
+    /// Reasoning text sent before the answer (`reasoning_content` for
+    /// OpenAI, a `thinking` block for Anthropic).
+    pub fn with_reasoning(mut self, s: impl Into<String>) -> Reply {
+        self.reasoning = Some(s.into());
+        self
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flavor {
+    OpenAi,
+    Anthropic,
+}
+
+struct Shared {
+    flavor: Flavor,
+    script: Mutex<VecDeque<Reply>>,
+    recorded: Mutex<Vec<Recorded>>,
+    shutdown: watch::Receiver<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking test thread must not make every later assertion panic too.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The server shared by both mocks.
+struct Server {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Server {
+    async fn start(flavor: Flavor) -> std::io::Result<Server> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let (stop, shutdown) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            flavor,
+            script: Mutex::new(VecDeque::new()),
+            recorded: Mutex::new(Vec::new()),
+            shutdown: shutdown.clone(),
+        });
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let mut until = shutdown;
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = until.wait_for(|s| *s).await;
+            });
+            if let Err(e) = serve.await {
+                tracing::warn!("mock server stopped: {e}");
+            }
+        });
+        Ok(Server {
+            addr,
+            shared,
+            stop,
+            task: Mutex::new(Some(task)),
+        })
+    }
+
+    fn push(&self, reply: Reply) {
+        lock(&self.shared.script).push_back(reply);
+    }
+
+    fn requests(&self) -> Vec<Recorded> {
+        lock(&self.shared.recorded).clone()
+    }
+
+    fn pending(&self) -> usize {
+        lock(&self.shared.script).len()
+    }
+
+    fn shutdown(&self) {
+        let _ = self.stop.send(true);
+        // Graceful shutdown would wait for stalled streams; those watch the
+        // same signal, but abort anyway so a stuck connection cannot keep the
+        // accept loop alive.
+        if let Some(t) = lock(&self.task).take() {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+macro_rules! mock_api {
+    ($name:ident, $flavor:expr, $suffix:expr, $doc_url:expr) => {
+        impl $name {
+            /// Starts the server on 127.0.0.1 with an ephemeral port.
+            ///
+            /// # Panics
+            /// When no local port can be bound (a broken test environment).
+            pub async fn start() -> $name {
+                match $name::try_start().await {
+                    Ok(m) => m,
+                    Err(e) => panic!("cannot start mock server on 127.0.0.1: {e}"),
+                }
+            }
+
+            /// Like [`Self::start`], returning the bind error instead of panicking.
+            pub async fn try_start() -> std::io::Result<$name> {
+                Ok($name {
+                    server: Server::start($flavor).await?,
+                })
+            }
+
+            #[doc = $doc_url]
+            pub fn base_url(&self) -> String {
+                format!("http://{}{}", self.server.addr, $suffix)
+            }
+
+            /// The bound socket address.
+            pub fn addr(&self) -> SocketAddr {
+                self.server.addr
+            }
+
+            /// Appends a reply to the script. An empty script answers
+            /// `Reply::text("(mock: script empty)")`.
+            pub fn push(&self, reply: Reply) {
+                self.server.push(reply);
+            }
+
+            /// Every request received so far, in arrival order.
+            pub fn requests(&self) -> Vec<Recorded> {
+                self.server.requests()
+            }
+
+            /// Scripted replies not yet consumed.
+            pub fn pending(&self) -> usize {
+                self.server.pending()
+            }
+
+            /// Stops accepting connections and ends stalled streams. Also
+            /// happens on drop.
+            pub fn shutdown(&self) {
+                self.server.shutdown();
+            }
+        }
+    };
+}
+
+/// A mock OpenAI-compatible server: `POST /v1/chat/completions` and
+/// `GET /v1/models`.
+pub struct MockOpenAi {
+    server: Server,
+}
+
+mock_api!(
+    MockOpenAi,
+    Flavor::OpenAi,
+    "/v1",
+    "`http://127.0.0.1:PORT/v1`, the base URL an OpenAI client expects."
+);
+
+/// A mock Anthropic server: `POST /v1/messages`.
+pub struct MockAnthropic {
+    server: Server,
+}
+
+mock_api!(
+    MockAnthropic,
+    Flavor::Anthropic,
+    "",
+    "`http://127.0.0.1:PORT` (no `/v1`: the client appends `/v1/messages`)."
+);
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let at = Instant::now();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let recorded = Recorded {
+        path: uri.path().to_owned(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_ascii_lowercase(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: body.clone(),
+        at,
+    };
+    lock(&shared.recorded).push(recorded);
+
+    let path = uri.path();
+    match (shared.flavor, &method, path) {
+        (Flavor::OpenAi, &Method::GET, "/v1/models") => {
+            return json_response(
+                200,
+                &json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "owned_by": "talaria-testkit"}]}),
+            );
+        }
+        (Flavor::OpenAi, &Method::POST, "/v1/chat/completions")
+        | (Flavor::Anthropic, &Method::POST, "/v1/messages") => {}
+        _ => {
+            return json_response(
+                404,
+                &json!({"error": {"message": format!("mock: no route for {method} {path}"), "type": "not_found"}}),
+            );
+        }
+    }
+
+    let reply = lock(&shared.script)
+        .pop_front()
+        .unwrap_or_else(|| Reply::text("(mock: script empty)"));
+    if let Some(d) = reply.delay {
+        tokio::time::sleep(d).await;
+    }
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("mock-model")
+        .to_owned();
+    let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+    let include_usage = body
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        == Some(true);
+
+    let mut response = match (&reply.what, shared.flavor) {
+        (Kind::Error { status, body }, _) => {
+            let ctype = if serde_json::from_str::<Value>(body).is_ok() {
+                "application/json"
+            } else {
+                "text/plain; charset=utf-8"
+            };
+            let mut r = Response::new(Body::from(body.clone()));
+            *r.status_mut() = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST);
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+            r
+        }
+        (Kind::RawSse(events), flavor) => {
+            let mut frames: Vec<Frame> = events
+                .iter()
+                .map(|e| content(data_frame(None, e)))
+                .collect();
+            if flavor == Flavor::OpenAi {
+                frames.push(control(data_frame(None, "[DONE]")));
+            }
+            sse_response(frames, &reply, shared.shutdown.clone())
+        }
+        (Kind::Answer, Flavor::OpenAi) if stream => sse_response(
+            openai_stream(&reply, &model, include_usage),
+            &reply,
+            shared.shutdown.clone(),
+        ),
+        (Kind::Answer, Flavor::OpenAi) => json_response(200, &openai_json(&reply, &model)),
+        (Kind::Answer, Flavor::Anthropic) if stream => sse_response(
+            anthropic_stream(&reply, &model),
+            &reply,
+            shared.shutdown.clone(),
+        ),
+        (Kind::Answer, Flavor::Anthropic) => json_response(200, &anthropic_json(&reply, &model)),
+    };
+    if let Some(secs) = reply.retry_after
+        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    response
+}
+
+fn json_response(status: u16, v: &Value) -> Response {
+    let mut r = Response::new(Body::from(v.to_string()));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// One SSE frame and whether it carries model output (text, reasoning or
+/// tool-call deltas); `stall_after` counts only those.
+struct Frame {
+    text: String,
+    content: bool,
+}
+
+fn content(text: String) -> Frame {
+    Frame {
+        text,
+        content: true,
+    }
+}
+
+fn control(text: String) -> Frame {
+    Frame {
+        text,
+        content: false,
+    }
+}
+
+fn data_frame(event: Option<&str>, data: &str) -> String {
+    let mut s = String::new();
+    if let Some(e) = event {
+        s.push_str("event: ");
+        s.push_str(e);
+        s.push('\n');
+    }
+    // Multi-line payloads become several `data:` lines, as the SSE spec says.
+    for line in data.split('\n') {
+        s.push_str("data: ");
+        s.push_str(line);
+        s.push('\n');
+    }
+    s.push('\n');
+    s
+}
+
+/// Streams the frames one write at a time, so the client really sees several
+/// chunks. With `stall_after(n)`, hangs right after the n-th content frame
+/// (or after the last one, when there are fewer) until the client goes away
+/// or the mock shuts down.
+fn sse_response(
+    frames: Vec<Frame>,
+    reply: &Reply,
+    mut shutdown: watch::Receiver<bool>,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(4);
+    let stall = reply.stall_after;
+    let total_content = frames.iter().filter(|f| f.content).count();
+    tokio::spawn(async move {
+        let mut sent_content = 0;
+        let stall_point = stall.map(|n| n.min(total_content));
+        for f in frames {
+            if stall_point == Some(sent_content) && (f.content || sent_content == total_content) {
+                break;
+            }
+            if f.content {
+                sent_content += 1;
+            }
+            if tx.send(Ok(Bytes::from(f.text))).await.is_err() {
+                return;
+            }
+            // A short pause keeps frames in separate TCP writes.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if stall.is_some() {
+            tokio::select! {
+                _ = tx.closed() => {}
+                _ = shutdown.wait_for(|s| *s) => {}
+            }
+        }
+    });
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut r = Response::new(body);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Splits text into up to four pieces on character boundaries.
+fn pieces(s: &str) -> Vec<String> {
+    let chars: Vec<char> = s.chars().collect();
+    if chars.is_empty() {
+        return Vec::new();
+    }
+    let n = chars.len().min(4);
+    let size = chars.len().div_ceil(n);
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+fn finish_openai(reply: &Reply) -> &'static str {
+    if reply.tool_calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    }
+}
+
+fn openai_usage(reply: &Reply) -> Value {
+    let (p, c) = reply.usage;
+    json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c})
+}
+
+fn openai_chunk(model: &str, delta: Value, finish: Option<&str>) -> String {
+    json!({
+        "id": "chatcmpl-mock",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    })
+    .to_string()
+}
+
+fn openai_stream(reply: &Reply, model: &str, include_usage: bool) -> Vec<Frame> {
+    let mut out = Vec::new();
+    let mut first = true;
+    let mut with_role = |mut delta: Value| {
+        if first {
+            delta["role"] = json!("assistant");
+            first = false;
+        }
+        delta
+    };
+    if let Some(r) = &reply.reasoning {
+        for p in pieces(r) {
+            out.push(openai_chunk(
+                model,
+                with_role(json!({"reasoning_content": p})),
+                None,
+            ));
+        }
+    }
+    for p in pieces(&reply.text) {
+        out.push(openai_chunk(model, with_role(json!({"content": p})), None));
+    }
+    for (i, call) in reply.tool_calls.iter().enumerate() {
+        let open = json!({"tool_calls": [{
+            "index": i, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }]});
+        out.push(openai_chunk(model, with_role(open), None));
+        for p in pieces(&call.arguments) {
+            let more = json!({"tool_calls": [{"index": i, "function": {"arguments": p}}]});
+            out.push(openai_chunk(model, more, None));
+        }
+    }
+    let mut frames: Vec<Frame> = out.iter().map(|d| content(data_frame(None, d))).collect();
+    frames.push(control(data_frame(
+        None,
+        &openai_chunk(model, json!({}), Some(finish_openai(reply))),
+    )));
+    if include_usage {
+        let usage = json!({
+            "id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+            "model": model, "choices": [], "usage": openai_usage(reply),
+        });
+        frames.push(control(data_frame(None, &usage.to_string())));
+    }
+    frames.push(control(data_frame(None, "[DONE]")));
+    frames
+}
+
+fn openai_json(reply: &Reply, model: &str) -> Value {
+    let mut message = json!({
+        "role": "assistant",
+        "content": if reply.text.is_empty() && !reply.tool_calls.is_empty() { Value::Null } else { json!(reply.text) },
+    });
+    if let Some(r) = &reply.reasoning {
+        message["reasoning_content"] = json!(r);
+    }
+    if !reply.tool_calls.is_empty() {
+        message["tool_calls"] = reply
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+    }
+    json!({
+        "id": "chatcmpl-mock",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_openai(reply)}],
+        "usage": openai_usage(reply),
+    })
+}
+
+fn stop_anthropic(reply: &Reply) -> &'static str {
+    if reply.tool_calls.is_empty() {
+        "end_turn"
+    } else {
+        "tool_use"
+    }
+}
+
+fn tool_input(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => json!({}),
+    }
+}
+
+fn anthropic_stream(reply: &Reply, model: &str) -> Vec<Frame> {
+    let (input, output) = reply.usage;
+    let mut frames = Vec::new();
+    let mut ev = |name: &str, v: Value| {
+        let text = data_frame(Some(name), &v.to_string());
+        frames.push(if name == "content_block_delta" {
+            content(text)
+        } else {
+            control(text)
+        });
+    };
+    ev(
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input, "output_tokens": 1},
+        }}),
+    );
+    ev("ping", json!({"type": "ping"}));
+    let mut index = 0;
+    if let Some(r) = &reply.reasoning {
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": ""}}),
+        );
+        for p in pieces(r) {
+            ev(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": p}}),
+            );
+        }
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        );
+        index += 1;
+    }
+    if !reply.text.is_empty() {
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}),
+        );
+        for p in pieces(&reply.text) {
+            ev(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": p}}),
+            );
+        }
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        );
+        index += 1;
+    }
+    for call in &reply.tool_calls {
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": {
+                "type": "tool_use", "id": call.id, "name": call.name, "input": {},
+            }}),
+        );
+        for p in pieces(&call.arguments) {
+            ev(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": p}}),
+            );
+        }
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        );
+        index += 1;
+    }
+    ev(
+        "message_delta",
+        json!({"type": "message_delta",
+               "delta": {"stop_reason": stop_anthropic(reply), "stop_sequence": null},
+               "usage": {"output_tokens": output}}),
+    );
+    ev("message_stop", json!({"type": "message_stop"}));
+    frames
+}
+
+fn anthropic_json(reply: &Reply, model: &str) -> Value {
+    let mut content = Vec::new();
+    if let Some(r) = &reply.reasoning {
+        content.push(json!({"type": "thinking", "thinking": r, "signature": "mock-signature"}));
+    }
+    if !reply.text.is_empty() {
+        content.push(json!({"type": "text", "text": reply.text}));
+    }
+    for c in &reply.tool_calls {
+        content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(&c.arguments)}));
+    }
+    let (input, output) = reply.usage;
+    json!({
+        "id": "msg_mock",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_anthropic(reply),
+        "stop_sequence": null,
+        "usage": {"input_tokens": input, "output_tokens": output},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_split_on_char_boundaries() {
+        assert_eq!(pieces(""), Vec::<String>::new());
+        assert_eq!(pieces("ab"), vec!["a", "b"]);
+        let p = pieces("héllo wörld");
+        assert!(p.len() > 1);
+        assert_eq!(p.concat(), "héllo wörld");
+    }
+
+    #[test]
+    fn multi_line_data_becomes_several_lines() {
+        assert_eq!(
+            data_frame(Some("x"), "a\nb"),
+            "event: x\ndata: a\ndata: b\n\n"
+        );
+    }
+
+    #[test]
+    fn openai_stream_ends_with_done_and_usage() {
+        let r = Reply::text("hello there").with_usage(3, 4);
+        let f = openai_stream(&r, "m", true);
+        assert_eq!(f.last().map(|f| f.text.as_str()), Some("data: [DONE]\n\n"));
+        assert!(f[f.len() - 2].text.contains("\"prompt_tokens\":3"));
+        assert!(f.iter().filter(|f| f.content).count() > 1);
+    }
+}

@@ -1,0 +1,275 @@
+//! [`LlmClient`]: retries, then the fallback chain.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use talaria_core::config::AgentConfig;
+use talaria_core::{Config, Endpoint, Env};
+use tokio_util::sync::CancellationToken;
+
+use crate::anthropic::AnthropicProvider;
+use crate::classify::is_retryable;
+use crate::http::HttpOptions;
+use crate::openai::OpenAiProvider;
+use crate::retry::{RetryPolicy, sleep_or_cancel};
+use crate::{ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider};
+
+/// The provider for an endpoint, with the `agent:` timeouts.
+pub fn provider_for(endpoint: &Endpoint, agent: &AgentConfig) -> Arc<dyn Provider> {
+    provider_with(endpoint, HttpOptions::from_agent(agent))
+}
+
+/// The provider for an endpoint with explicit HTTP options.
+pub fn provider_with(endpoint: &Endpoint, opts: HttpOptions) -> Arc<dyn Provider> {
+    if endpoint.provider.is_anthropic() {
+        Arc::new(AnthropicProvider::new(endpoint, opts))
+    } else {
+        Arc::new(OpenAiProvider::new(endpoint, opts))
+    }
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    Retry,
+    Fallback,
+    GiveUp,
+}
+
+fn next_step(kind: ErrorKind) -> Next {
+    match kind {
+        // The agent handles these (compress, or report the request bug);
+        // another provider would fail the same way.
+        ErrorKind::ContextOverflow
+        | ErrorKind::PayloadTooLarge
+        | ErrorKind::FormatError
+        | ErrorKind::Interrupted => Next::GiveUp,
+        // Asking the same provider again will not help.
+        ErrorKind::Auth | ErrorKind::Billing | ErrorKind::ModelNotFound => Next::Fallback,
+        k if is_retryable(k) => Next::Retry,
+        _ => Next::Fallback,
+    }
+}
+
+/// A [`Provider`] over a primary and ordered fallbacks: retries the current
+/// provider for transient failures, then moves down the chain for the rest
+/// of the turn.
+pub struct LlmClient {
+    providers: Vec<Arc<dyn Provider>>,
+    /// Index of the provider serving the current turn.
+    current: AtomicUsize,
+    policy: RetryPolicy,
+    warnings: Vec<String>,
+}
+
+impl LlmClient {
+    /// A client over explicit providers (tests, embedding).
+    pub fn new(
+        primary: Arc<dyn Provider>,
+        fallbacks: Vec<Arc<dyn Provider>>,
+        policy: RetryPolicy,
+    ) -> LlmClient {
+        let mut providers = vec![primary];
+        providers.extend(fallbacks);
+        LlmClient {
+            providers,
+            current: AtomicUsize::new(0),
+            policy,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// The client described by `model:`, `fallback_providers:` and `agent:`.
+    /// Fails only when the primary cannot be used; unusable fallbacks are
+    /// skipped and listed in [`LlmClient::warnings`].
+    pub fn from_config(config: &Config, env: &Env) -> Result<LlmClient, String> {
+        let primary = config.primary_endpoint(env)?;
+        let (fallbacks, warnings) = config.fallback_endpoints(env);
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
+        let mut secrets = env.secret_values();
+        secrets.extend(config.secret_values());
+        let opts = HttpOptions {
+            default_max_tokens: config.model.max_tokens,
+            secrets,
+            ..HttpOptions::from_agent(&config.agent)
+        };
+        let primary_opts = HttpOptions {
+            // The temperature was chosen for the primary model; fallbacks
+            // keep their server's default.
+            default_temperature: config.model.temperature,
+            ..opts.clone()
+        };
+        let mut client = LlmClient::new(
+            provider_with(&primary, primary_opts),
+            fallbacks
+                .iter()
+                .map(|e| provider_with(e, opts.clone()))
+                .collect(),
+            RetryPolicy::from_agent(&config.agent),
+        );
+        client.warnings = warnings;
+        Ok(client)
+    }
+
+    /// Replaces the retry policy (tests use millisecond backoff).
+    pub fn with_policy(mut self, policy: RetryPolicy) -> LlmClient {
+        self.policy = policy;
+        self
+    }
+
+    /// Starts a new turn: the primary serves again.
+    pub fn begin_turn(&self) {
+        self.current.store(0, Ordering::Relaxed);
+    }
+
+    /// The provider that serves the next call.
+    pub fn active(&self) -> &Arc<dyn Provider> {
+        let i = self
+            .current
+            .load(Ordering::Relaxed)
+            .min(self.providers.len() - 1);
+        &self.providers[i]
+    }
+
+    /// `provider:model` of the provider serving now (also available without
+    /// importing [`Provider`]).
+    pub fn describe(&self) -> String {
+        self.active().describe()
+    }
+
+    /// The model of the provider serving now.
+    pub fn model(&self) -> &str {
+        self.active().model()
+    }
+
+    /// Whether a fallback is serving the current turn.
+    pub fn on_fallback(&self) -> bool {
+        self.current.load(Ordering::Relaxed) > 0
+    }
+
+    /// The whole chain, primary first.
+    pub fn providers(&self) -> &[Arc<dyn Provider>] {
+        &self.providers
+    }
+
+    /// The retry policy in force.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// Configuration problems noticed while building (skipped fallbacks).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+}
+
+#[async_trait]
+impl Provider for LlmClient {
+    fn describe(&self) -> String {
+        LlmClient::describe(self)
+    }
+
+    fn model(&self) -> &str {
+        LlmClient::model(self)
+    }
+
+    async fn chat(
+        &self,
+        request: &ChatRequest,
+        sink: EventSink<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<ChatResponse, LlmError> {
+        let start = self
+            .current
+            .load(Ordering::Relaxed)
+            .min(self.providers.len() - 1);
+        let mut last: Option<LlmError> = None;
+        for (idx, provider) in self.providers.iter().enumerate().skip(start) {
+            if idx != start {
+                tracing::warn!(
+                    from = %self.providers[idx - 1].describe(),
+                    to = %provider.describe(),
+                    "falling back to the next provider for the rest of this turn"
+                );
+                self.current.store(idx, Ordering::Relaxed);
+            }
+            let mut attempt = 0u32;
+            loop {
+                attempt += 1;
+                let err = match provider.chat(request, sink, cancel).await {
+                    Ok(r) => return Ok(r),
+                    Err(e) => e,
+                };
+                if cancel.is_cancelled() {
+                    return Err(interrupted(&err));
+                }
+                let next = match next_step(err.kind) {
+                    Next::Retry if attempt >= self.policy.max_attempts => Next::Fallback,
+                    n => n,
+                };
+                tracing::warn!(
+                    provider = %provider.describe(),
+                    attempt,
+                    kind = ?err.kind,
+                    "model call failed: {}", err.message
+                );
+                match next {
+                    Next::GiveUp => return Err(err),
+                    Next::Fallback => {
+                        let mut err = err;
+                        if attempt > 1 {
+                            err.message =
+                                format!("failed after {attempt} attempts: {}", err.message);
+                        }
+                        last = Some(err);
+                        break;
+                    }
+                    Next::Retry => {
+                        let wait = self.policy.wait_for(attempt, &err);
+                        tracing::info!(provider = %provider.describe(), "retrying in {:.1}s", wait.as_secs_f64());
+                        if !sleep_or_cancel(wait, cancel).await {
+                            return Err(interrupted(&err));
+                        }
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| LlmError {
+            kind: ErrorKind::Unknown,
+            status: None,
+            message: "no provider is configured".to_owned(),
+            retry_after: None,
+            provider: "talaria".to_owned(),
+        }))
+    }
+}
+
+fn interrupted(after: &LlmError) -> LlmError {
+    LlmError {
+        kind: ErrorKind::Interrupted,
+        status: None,
+        message: "the request was interrupted".to_owned(),
+        retry_after: None,
+        provider: after.provider.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dispositions() {
+        assert_eq!(next_step(ErrorKind::RateLimit), Next::Retry);
+        assert_eq!(next_step(ErrorKind::Network), Next::Retry);
+        assert_eq!(next_step(ErrorKind::Auth), Next::Fallback);
+        assert_eq!(next_step(ErrorKind::Billing), Next::Fallback);
+        assert_eq!(next_step(ErrorKind::ModelNotFound), Next::Fallback);
+        assert_eq!(next_step(ErrorKind::ContextOverflow), Next::GiveUp);
+        assert_eq!(next_step(ErrorKind::FormatError), Next::GiveUp);
+        assert_eq!(next_step(ErrorKind::Interrupted), Next::GiveUp);
+    }
+}

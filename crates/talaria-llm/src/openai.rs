@@ -1,0 +1,700 @@
+//! The OpenAI-compatible Chat Completions provider (OpenAI, OpenRouter,
+//! llama.cpp, vLLM, Ollama, LM Studio, ...).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ToolCall, Usage};
+use tokio_util::sync::CancellationToken;
+
+use crate::http::{Http, HttpOptions, rejects_streaming};
+use crate::repair::repair_json;
+use crate::sse::SseParser;
+use crate::{ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider, StreamEvent};
+
+/// A Chat Completions endpoint.
+pub struct OpenAiProvider {
+    kind: ProviderKind,
+    model: String,
+    url: String,
+    key: Option<Secret>,
+    http: Http,
+    /// Cleared for good once the server shows it cannot stream.
+    stream: AtomicBool,
+}
+
+impl OpenAiProvider {
+    /// A provider for this endpoint (`base_url` is the `/v1` root).
+    pub fn new(endpoint: &Endpoint, opts: HttpOptions) -> OpenAiProvider {
+        let label = format!("{}:{}", endpoint.provider.as_str(), endpoint.model);
+        let stream = opts.stream;
+        OpenAiProvider {
+            kind: endpoint.provider,
+            model: endpoint.model.clone(),
+            url: format!(
+                "{}/chat/completions",
+                endpoint.base_url.trim_end_matches('/')
+            ),
+            key: endpoint.api_key.clone(),
+            http: Http::new(label, endpoint.api_key.as_ref(), opts),
+            stream: AtomicBool::new(stream),
+        }
+    }
+
+    /// Whether requests currently ask for a streamed answer.
+    pub fn is_streaming(&self) -> bool {
+        self.stream.load(Ordering::Relaxed)
+    }
+
+    /// The JSON body sent for `req`.
+    pub fn request_body(&self, req: &ChatRequest, stream: bool) -> Value {
+        let mut body = json!({
+            "model": self.model,
+            "messages": to_openai_messages(&req.messages),
+        });
+        if !req.tools.is_empty() {
+            body["tools"] = req
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {
+                        "name": t.name, "description": t.description, "parameters": t.parameters,
+                    }})
+                })
+                .collect();
+        }
+        if let Some(m) = req.max_tokens.or(self.http.opts.default_max_tokens) {
+            body["max_tokens"] = json!(m);
+        }
+        if let Some(t) = req.temperature.or(self.http.opts.default_temperature) {
+            body["temperature"] = json!(t);
+        }
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    }
+
+    async fn run(&self, req: &ChatRequest, sink: EventSink<'_>) -> Result<ChatResponse, LlmError> {
+        let client = self.http.client()?;
+        let mut stream = self.is_streaming();
+        loop {
+            let mut rb = client.post(&self.url).json(&self.request_body(req, stream));
+            if let Some(k) = &self.key {
+                rb = rb.bearer_auth(k.expose());
+            }
+            let resp = self.http.send(rb, stream).await?;
+            if !resp.status().is_success() {
+                let err = self.http.status_error(resp).await;
+                if stream && rejects_streaming(&err) {
+                    tracing::warn!(provider = %self.http.label, "server rejected streaming; using non-streaming requests from now on");
+                    self.stream.store(false, Ordering::Relaxed);
+                    stream = false;
+                    continue;
+                }
+                return Err(err);
+            }
+            let (message, usage) = if is_event_stream(&resp) {
+                self.read_stream(resp, sink).await?
+            } else {
+                if stream {
+                    tracing::warn!(provider = %self.http.label, "server answered a streaming request with plain JSON; using non-streaming requests from now on");
+                    self.stream.store(false, Ordering::Relaxed);
+                }
+                let v = self.http.json(resp).await?;
+                parse_completion(&v, sink)
+                    .map_err(|m| self.http.error(ErrorKind::FormatError, None, &m))?
+            };
+            return Ok(ChatResponse {
+                message,
+                usage,
+                provider: self.kind.as_str().to_owned(),
+                model: self.model.clone(),
+            });
+        }
+    }
+
+    /// An `{"error": ...}` object sent inside an otherwise successful stream.
+    fn stream_error(&self, err: &Value) -> LlmError {
+        let text = err
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("the server sent an error inside the stream");
+        let status = err
+            .get("code")
+            .and_then(Value::as_u64)
+            .and_then(|c| u16::try_from(c).ok());
+        let kind = status.map_or(ErrorKind::ServerError, |s| {
+            crate::classify::classify(s, text)
+        });
+        self.http.error(kind, status, text)
+    }
+
+    async fn read_stream(
+        &self,
+        resp: reqwest::Response,
+        sink: EventSink<'_>,
+    ) -> Result<(Message, Usage), LlmError> {
+        let mut body = resp.bytes_stream();
+        let mut parser = SseParser::new();
+        let mut acc = ChunkAccumulator::new();
+        loop {
+            let (events, end) = match self.http.next_chunk(&mut body).await? {
+                Some(bytes) => (parser.push(&bytes), false),
+                None => (parser.finish(), true),
+            };
+            for ev in events {
+                if ev.data.trim() == "[DONE]" {
+                    acc.done = true;
+                    break;
+                }
+                let chunk: Value = match serde_json::from_str(&ev.data) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::debug!(provider = %self.http.label, "skipping an unparsable stream event: {e}");
+                        continue;
+                    }
+                };
+                if let Some(err) = chunk.get("error") {
+                    return Err(self.stream_error(err));
+                }
+                acc.apply(&chunk, sink);
+            }
+            // Stop at [DONE] rather than waiting for the server to close.
+            if end || acc.done {
+                break;
+            }
+        }
+        acc.into_response()
+            .map_err(|(kind, m)| self.http.error(kind, None, &m))
+    }
+}
+
+fn is_event_stream(resp: &reqwest::Response) -> bool {
+    resp.headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().contains("text/event-stream"))
+}
+
+#[async_trait]
+impl Provider for OpenAiProvider {
+    fn describe(&self) -> String {
+        self.http.label.clone()
+    }
+
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    async fn chat(
+        &self,
+        request: &ChatRequest,
+        sink: EventSink<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<ChatResponse, LlmError> {
+        // Dropping the request future closes the connection, which is what
+        // stops a server from generating into the void.
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(self.http.interrupted()),
+            r = self.run(request, sink) => r,
+        }
+    }
+}
+
+/// Converts the transcript to Chat Completions messages. Reasoning is not
+/// sent back: most servers reject or ignore it.
+pub fn to_openai_messages(messages: &[Message]) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|m| match m.role {
+            Role::System | Role::User => json!({"role": m.role.as_str(), "content": m.content}),
+            Role::Assistant => {
+                let mut v = json!({"role": "assistant", "content": m.content});
+                if m.has_tool_calls() {
+                    if m.content.is_empty() {
+                        v["content"] = Value::Null;
+                    }
+                    v["tool_calls"] = m
+                        .tool_calls
+                        .iter()
+                        .map(|c| {
+                            json!({"id": c.id, "type": "function",
+                                   "function": {"name": c.name, "arguments": c.arguments}})
+                        })
+                        .collect();
+                }
+                v
+            }
+            Role::Tool => json!({
+                "role": "tool",
+                "tool_call_id": m.tool_call_id.clone().unwrap_or_default(),
+                "content": m.content,
+            }),
+        })
+        .collect()
+}
+
+/// Token usage from an OpenAI `usage` object.
+pub fn parse_usage(u: &Value) -> Usage {
+    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let prompt = n("/prompt_tokens");
+    let cached = n("/prompt_tokens_details/cached_tokens");
+    let cache_write = n("/prompt_tokens_details/cache_write_tokens");
+    Usage {
+        input_tokens: prompt.saturating_sub(cached).saturating_sub(cache_write),
+        output_tokens: n("/completion_tokens"),
+        cache_read_tokens: cached,
+        cache_write_tokens: cache_write,
+        reasoning_tokens: n("/completion_tokens_details/reasoning_tokens"),
+    }
+}
+
+fn id_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// Text from a `content` that is a string or (some servers) a list of parts.
+fn content_text(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// Final argument text: empty becomes `{}`, broken JSON is lightly repaired,
+/// hopeless JSON is kept raw so the agent can show the model its mistake.
+fn finish_arguments(raw: String) -> (String, bool) {
+    if raw.trim().is_empty() {
+        return ("{}".to_owned(), true);
+    }
+    match repair_json(&raw) {
+        Some(fixed) => (fixed, true),
+        None => (raw, false),
+    }
+}
+
+/// Parses a non-streaming completion, reporting its parts to `sink` so
+/// consumers see the same events in both modes.
+pub fn parse_completion(v: &Value, sink: EventSink<'_>) -> Result<(Message, Usage), String> {
+    let choice = v.pointer("/choices/0").ok_or_else(|| {
+        format!(
+            "the response has no choices: {}",
+            crate::http::truncate(&v.to_string(), 300)
+        )
+    })?;
+    let msg = choice.get("message").cloned().unwrap_or(Value::Null);
+    let content = content_text(msg.get("content"));
+    let reasoning = msg
+        .get("reasoning_content")
+        .or_else(|| msg.get("reasoning"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    if !reasoning.is_empty() {
+        sink(StreamEvent::Reasoning(reasoning.clone()));
+    }
+    if !content.is_empty() {
+        sink(StreamEvent::Text(content.clone()));
+    }
+    let mut calls = Vec::new();
+    for (i, c) in msg
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let name = c
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let raw = match c.pointer("/function/arguments") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None => String::new(),
+            Some(other) => other.to_string(),
+        };
+        sink(StreamEvent::ToolCallStarted { name: name.clone() });
+        calls.push(ToolCall {
+            id: id_text(c.get("id")).unwrap_or_else(|| format!("call_{i}")),
+            name,
+            arguments: finish_arguments(raw).0,
+        });
+    }
+    let mut message = Message::assistant_tool_calls(content, calls);
+    message.reasoning = (!reasoning.is_empty()).then_some(reasoning);
+    message.finish_reason = choice
+        .get("finish_reason")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned);
+    let usage = v.get("usage").map(parse_usage).unwrap_or_default();
+    Ok((message, usage))
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// Assembles streamed `chat.completion.chunk`s into one message, following
+/// the quirks real servers exhibit (see the module tests).
+#[derive(Debug, Default)]
+pub struct ChunkAccumulator {
+    content: String,
+    reasoning: String,
+    slots: BTreeMap<usize, Slot>,
+    /// Raw `index` → slot; a raw index is remapped when a server reuses it
+    /// for a different call.
+    by_raw: HashMap<i64, usize>,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+    /// `data: [DONE]` arrived.
+    pub done: bool,
+}
+
+impl ChunkAccumulator {
+    /// An empty accumulator.
+    pub fn new() -> ChunkAccumulator {
+        ChunkAccumulator::default()
+    }
+
+    /// Applies one chunk, forwarding visible progress to `sink`.
+    pub fn apply(&mut self, chunk: &Value, sink: EventSink<'_>) {
+        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(parse_usage(u));
+        }
+        let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
+            return;
+        };
+        for choice in choices {
+            if let Some(f) = choice.get("finish_reason").and_then(Value::as_str)
+                && !f.is_empty()
+            {
+                self.finish_reason = Some(f.to_owned());
+            }
+            let Some(delta) = choice.get("delta") else {
+                continue;
+            };
+            for key in ["reasoning_content", "reasoning"] {
+                if let Some(r) = delta.get(key).and_then(Value::as_str)
+                    && !r.is_empty()
+                {
+                    self.reasoning.push_str(r);
+                    sink(StreamEvent::Reasoning(r.to_owned()));
+                    break;
+                }
+            }
+            let text = content_text(delta.get("content"));
+            if !text.is_empty() {
+                self.content.push_str(&text);
+                sink(StreamEvent::Text(text));
+            }
+            for tc in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                self.apply_tool_delta(tc, sink);
+            }
+        }
+    }
+
+    fn apply_tool_delta(&mut self, tc: &Value, sink: EventSink<'_>) {
+        let raw = tc.get("index").and_then(Value::as_i64).unwrap_or(0);
+        let id = id_text(tc.get("id"));
+        let next_free =
+            |slots: &BTreeMap<usize, Slot>| slots.keys().next_back().map_or(0, |k| k + 1);
+        let slot = match self.by_raw.get(&raw).copied() {
+            // Ollama reuses index 0 for every call; a new id means a new call.
+            Some(s)
+                if id.as_ref().is_some_and(|new| {
+                    self.slots
+                        .get(&s)
+                        .is_some_and(|old| !old.id.is_empty() && &old.id != new)
+                }) =>
+            {
+                let s = next_free(&self.slots);
+                self.by_raw.insert(raw, s);
+                s
+            }
+            Some(s) => s,
+            None => {
+                let s = usize::try_from(raw)
+                    .ok()
+                    .filter(|s| !self.slots.contains_key(s))
+                    .unwrap_or_else(|| next_free(&self.slots));
+                self.by_raw.insert(raw, s);
+                s
+            }
+        };
+        let entry = self.slots.entry(slot).or_default();
+        if let Some(id) = id {
+            entry.id = id;
+        }
+        let f = tc.get("function");
+        if let Some(name) = f.and_then(|f| f.get("name")).and_then(Value::as_str)
+            && !name.is_empty()
+        {
+            let first = entry.name.is_empty();
+            // Assigned, not appended: some servers resend the whole name.
+            entry.name = name.to_owned();
+            if first {
+                sink(StreamEvent::ToolCallStarted {
+                    name: name.to_owned(),
+                });
+            }
+        }
+        match f.and_then(|f| f.get("arguments")) {
+            Some(Value::String(s)) => entry.arguments.push_str(s),
+            Some(Value::Null) | None => {}
+            Some(other) => entry.arguments.push_str(&other.to_string()),
+        }
+    }
+
+    /// Whether nothing at all arrived (no text, reasoning, calls or finish).
+    pub fn is_empty(&self) -> bool {
+        self.content.is_empty()
+            && self.reasoning.is_empty()
+            && self.slots.is_empty()
+            && self.finish_reason.is_none()
+    }
+
+    /// The assembled message and usage, or why the stream is unusable.
+    pub fn into_response(self) -> Result<(Message, Usage), (ErrorKind, String)> {
+        if self.is_empty() {
+            return Err((
+                ErrorKind::ServerError,
+                "the stream ended without any content".to_owned(),
+            ));
+        }
+        let mut calls = Vec::new();
+        let mut broken = Vec::new();
+        for (slot, s) in self.slots {
+            let (arguments, ok) = finish_arguments(s.arguments);
+            if !ok {
+                broken.push(s.name.clone());
+            }
+            calls.push(ToolCall {
+                id: if s.id.is_empty() {
+                    format!("call_{slot}")
+                } else {
+                    s.id
+                },
+                name: s.name,
+                arguments,
+            });
+        }
+        if !broken.is_empty() && self.finish_reason.is_none() && !self.done {
+            // Unfinished arguments and no end marker: the connection dropped
+            // mid-call, so asking again is the right move, not running a
+            // truncated command.
+            return Err((
+                ErrorKind::Network,
+                format!(
+                    "the stream dropped while writing tool call(s): {}",
+                    broken.join(", ")
+                ),
+            ));
+        }
+        let mut message = Message::assistant_tool_calls(self.content, calls);
+        message.reasoning = (!self.reasoning.is_empty()).then_some(self.reasoning);
+        message.finish_reason = self.finish_reason;
+        Ok((message, self.usage.unwrap_or_default()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    type Assembled = Result<(Message, Usage), (ErrorKind, String)>;
+
+    fn run(chunks: &[Value]) -> (Assembled, Vec<StreamEvent>) {
+        let seen = Mutex::new(Vec::new());
+        let sink = |e: StreamEvent| seen.lock().unwrap().push(e);
+        let mut acc = ChunkAccumulator::new();
+        for c in chunks {
+            acc.apply(c, &sink);
+        }
+        acc.done = true;
+        let r = acc.into_response();
+        (r, seen.into_inner().unwrap())
+    }
+
+    fn delta(d: Value) -> Value {
+        json!({"choices": [{"index": 0, "delta": d, "finish_reason": null}]})
+    }
+
+    fn tc(v: Value) -> Value {
+        delta(json!({"tool_calls": [v]}))
+    }
+
+    #[test]
+    fn name_is_assigned_and_arguments_appended() {
+        let (r, events) = run(&[
+            tc(json!({"index": 0, "id": "c1", "function": {"name": "termi", "arguments": ""}})),
+            tc(json!({"index": 0, "function": {"name": "terminal", "arguments": "{\"cmd\":"}})),
+            tc(json!({"index": 0, "function": {"arguments": "\"ls\"}"}})),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+        ]);
+        let (m, _) = r.unwrap();
+        assert_eq!(m.tool_calls.len(), 1);
+        assert_eq!(m.tool_calls[0].name, "terminal");
+        assert_eq!(m.tool_calls[0].arguments, r#"{"cmd":"ls"}"#);
+        assert_eq!(m.finish_reason.as_deref(), Some("tool_calls"));
+        // Announced once, with the first name seen.
+        assert_eq!(
+            events,
+            vec![StreamEvent::ToolCallStarted {
+                name: "termi".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn same_index_with_new_id_opens_a_new_slot() {
+        let (r, _) = run(&[
+            tc(json!({"index": 0, "id": "a", "function": {"name": "one", "arguments": "{}"}})),
+            tc(json!({"index": 0, "id": "b", "function": {"name": "two", "arguments": "{\"x\":"}})),
+            tc(json!({"index": 0, "function": {"arguments": "1}"}})),
+            tc(json!({"index": 1, "id": "c", "function": {"name": "three", "arguments": "{}"}})),
+        ]);
+        let (m, _) = r.unwrap();
+        let got: Vec<_> = m
+            .tool_calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", "one", "{}"),
+                ("b", "two", "{\"x\":1}"),
+                ("c", "three", "{}")
+            ]
+        );
+    }
+
+    #[test]
+    fn integer_ids_missing_index_and_last_id_wins() {
+        let (r, _) = run(&[
+            tc(json!({"id": 7, "function": {"name": "f", "arguments": "{"}})),
+            tc(json!({"id": "", "function": {"arguments": "}"}})),
+        ]);
+        let (m, _) = r.unwrap();
+        assert_eq!(m.tool_calls[0].id, "7");
+        assert_eq!(m.tool_calls[0].arguments, "{}");
+    }
+
+    #[test]
+    fn reasoning_text_usage_and_last_finish_reason() {
+        let (r, events) = run(&[
+            delta(json!({"reasoning_content": "think "})),
+            delta(json!({"reasoning": "more"})),
+            delta(json!({"content": "Hel"})),
+            delta(json!({"content": "lo"})),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": ""}]}),
+            json!({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3,
+                   "prompt_tokens_details": {"cached_tokens": 2},
+                   "completion_tokens_details": {"reasoning_tokens": 1}}}),
+        ]);
+        let (m, u) = r.unwrap();
+        assert_eq!(m.content, "Hello");
+        assert_eq!(m.reasoning.as_deref(), Some("think more"));
+        assert_eq!(m.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(
+            u,
+            Usage {
+                input_tokens: 10,
+                output_tokens: 3,
+                cache_read_tokens: 2,
+                cache_write_tokens: 0,
+                reasoning_tokens: 1
+            }
+        );
+        assert_eq!(events[0], StreamEvent::Reasoning("think ".into()));
+        assert_eq!(events[2], StreamEvent::Text("Hel".into()));
+    }
+
+    #[test]
+    fn broken_arguments_are_repaired_or_kept_raw() {
+        let (r, _) = run(&[
+            tc(
+                json!({"index": 0, "id": "a", "function": {"name": "f", "arguments": "{\"a\": [1,"}}),
+            ),
+            tc(json!({"index": 1, "id": "b", "function": {"name": "g", "arguments": "oops"}})),
+        ]);
+        let (m, _) = r.unwrap();
+        assert_eq!(m.tool_calls[0].arguments, "{\"a\": [1]}");
+        assert_eq!(m.tool_calls[1].arguments, "oops");
+    }
+
+    #[test]
+    fn a_dropped_stream_mid_call_is_retryable() {
+        let mut acc = ChunkAccumulator::new();
+        acc.apply(
+            &tc(json!({"id": "a", "function": {"name": "f", "arguments": "nope"}})),
+            &|_| {},
+        );
+        let e = acc.into_response().unwrap_err();
+        assert_eq!(e.0, ErrorKind::Network);
+    }
+
+    #[test]
+    fn an_empty_stream_is_an_error() {
+        assert_eq!(
+            ChunkAccumulator::new().into_response().unwrap_err().0,
+            ErrorKind::ServerError
+        );
+    }
+
+    #[test]
+    fn transcript_conversion() {
+        let msgs = vec![
+            Message::system("sys"),
+            Message::user("hi"),
+            Message {
+                reasoning: Some("secret thoughts".into()),
+                ..Message::assistant_tool_calls(
+                    "",
+                    vec![ToolCall {
+                        id: "c1".into(),
+                        name: "ls".into(),
+                        arguments: "{}".into(),
+                    }],
+                )
+            },
+            Message::tool_result("c1", "ls", "a b"),
+        ];
+        let out = to_openai_messages(&msgs);
+        assert_eq!(out[2]["content"], Value::Null);
+        assert_eq!(out[2]["tool_calls"][0]["type"], "function");
+        assert_eq!(out[2]["tool_calls"][0]["function"]["name"], "ls");
+        assert!(!out[2].to_string().contains("secret thoughts"));
+        assert_eq!(
+            out[3],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "a b"})
+        );
+    }
+}
