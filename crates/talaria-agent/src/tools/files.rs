@@ -1,1 +1,389 @@
-//! TODO
+//! File tools: `read_file`, `write_file` and `patch`.
+//!
+//! Paths may point anywhere the user could (the agent edits the user's
+//! machine on their behalf); relative ones resolve against the session's
+//! working directory. Writes are atomic so an interrupted call never leaves
+//! a half-written file.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::{Tool, ToolContext, ToolError, ToolResult, opt_bool, opt_str, opt_u64, req_str};
+
+/// Lines returned when the call gives no `limit`.
+pub const DEFAULT_READ_LIMIT: usize = 500;
+/// Most lines one call may return.
+pub const MAX_READ_LIMIT: usize = 2000;
+/// Longer lines are cut (minified files would otherwise flood the context).
+const MAX_LINE_CHARS: usize = 2000;
+/// Past this size the total line count is not computed (it costs a full read).
+const COUNT_ALL_LINES_BELOW: u64 = 64 * 1024 * 1024;
+/// Largest file `patch` will load.
+const MAX_PATCH_BYTES: u64 = 16 * 1024 * 1024;
+
+fn io_error(path: &Path, e: &std::io::Error) -> ToolError {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => ToolError::new(format!(
+            "{} does not exist (check the path; relative paths are resolved against the \
+             working directory)",
+            path.display()
+        )),
+        std::io::ErrorKind::PermissionDenied => {
+            ToolError::new(format!("permission denied: {}", path.display()))
+        }
+        _ => ToolError::new(format!("{}: {e}", path.display())),
+    }
+}
+
+fn join_error(e: tokio::task::JoinError) -> ToolError {
+    ToolError::new(format!("file task failed: {e}"))
+}
+
+/// Whether the first bytes look like a binary file (a NUL byte is the same
+/// heuristic git and grep use).
+fn looks_binary(head: &[u8]) -> bool {
+    head.contains(&0)
+}
+
+/// Reads lines `[offset, offset + limit)` (1-based) with numbers. Blocking.
+fn read_numbered(path: &Path, offset: usize, limit: usize) -> Result<String, ToolError> {
+    let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
+    if meta.is_dir() {
+        return Err(ToolError::new(format!(
+            "{} is a directory; use search_files with target \"files\" to list it",
+            path.display()
+        )));
+    }
+    let file = std::fs::File::open(path).map_err(|e| io_error(path, &e))?;
+    let mut reader = BufReader::with_capacity(64 * 1024, file);
+    let head = reader.fill_buf().map_err(|e| io_error(path, &e))?;
+    let sniff = &head[..head.len().min(8192)];
+    if looks_binary(sniff) {
+        return Err(ToolError::new(format!(
+            "{} looks like a binary file ({} bytes); read_file only shows text",
+            path.display(),
+            meta.len()
+        )));
+    }
+    let count_all = meta.len() < COUNT_ALL_LINES_BELOW;
+    let last_wanted = offset.saturating_add(limit).saturating_sub(1);
+    let mut out = String::new();
+    let mut raw = Vec::new();
+    let mut line_no = 0usize;
+    let mut shown = 0usize;
+    let mut more_after_window = false;
+    let width = last_wanted.to_string().len().clamp(4, 12);
+    loop {
+        raw.clear();
+        let n = reader
+            .read_until(b'\n', &mut raw)
+            .map_err(|e| io_error(path, &e))?;
+        if n == 0 {
+            break;
+        }
+        line_no += 1;
+        if line_no < offset {
+            continue;
+        }
+        if line_no > last_wanted {
+            more_after_window = true;
+            if !count_all {
+                break;
+            }
+            continue;
+        }
+        if looks_binary(&raw) {
+            return Err(ToolError::new(format!(
+                "{} contains binary data (a NUL byte on line {line_no}); read_file only shows \
+                 text",
+                path.display()
+            )));
+        }
+        let text = String::from_utf8_lossy(&raw);
+        let text = text.trim_end_matches(['\n', '\r']);
+        let text = super::truncate_chars(text, MAX_LINE_CHARS);
+        out.push_str(&format!("{line_no:>width$}|{text}\n"));
+        shown += 1;
+    }
+    if line_no == 0 {
+        return Ok(format!("{} is empty (0 lines).", path.display()));
+    }
+    if shown == 0 {
+        return Err(ToolError::new(format!(
+            "argument `offset` ({offset}) is past the end of {} ({line_no} lines)",
+            path.display()
+        )));
+    }
+    let last_shown = offset + shown - 1;
+    if more_after_window {
+        let total = if count_all {
+            format!("{line_no}")
+        } else {
+            "more".to_owned()
+        };
+        out.push_str(&format!(
+            "\n[Showing lines {offset}-{last_shown} of {total}. Call read_file with offset={} \
+             to continue.]\n",
+            last_shown + 1
+        ));
+    } else if offset > 1 {
+        out.push_str(&format!(
+            "\n[Showing lines {offset}-{last_shown} of {line_no} (end of file).]\n"
+        ));
+    }
+    Ok(out)
+}
+
+/// The `read_file` tool.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadFileTool;
+
+#[async_trait]
+impl Tool for ReadFileTool {
+    fn name(&self) -> &str {
+        "read_file"
+    }
+
+    fn description(&self) -> &str {
+        "Read a text file with line numbers (`LINE|content`). Use offset (1-based line) and \
+         limit to page through large files. Binary files are refused; secrets are redacted."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File path, absolute or relative to the working directory."},
+                "offset": {"type": "integer", "minimum": 1, "description": "First line to show (1-based). Default 1."},
+                "limit": {"type": "integer", "minimum": 1, "description": format!("Most lines to show. Default {DEFAULT_READ_LIMIT}, max {MAX_READ_LIMIT}.")}
+            },
+            "required": ["path"]
+        })
+    }
+
+    fn parallel_safe(&self) -> bool {
+        true
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolResult {
+        let raw = req_str(&args, "path")?;
+        if raw.trim().is_empty() {
+            return Err(ToolError::new("argument `path` is empty"));
+        }
+        let offset = opt_u64(&args, "offset")?
+            .unwrap_or(1)
+            .clamp(1, usize::MAX as u64) as usize;
+        let limit = opt_u64(&args, "limit")?
+            .unwrap_or(DEFAULT_READ_LIMIT as u64)
+            .clamp(1, MAX_READ_LIMIT as u64) as usize;
+        let path = super::resolve_path(ctx, raw);
+        let text = tokio::task::spawn_blocking(move || read_numbered(&path, offset, limit))
+            .await
+            .map_err(join_error)??;
+        Ok(ctx.redactor.redact(&text))
+    }
+}
+
+/// The `write_file` tool.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteFileTool;
+
+#[async_trait]
+impl Tool for WriteFileTool {
+    fn name(&self) -> &str {
+        "write_file"
+    }
+
+    fn description(&self) -> &str {
+        "Write a file with the given content, replacing it entirely if it exists. Parent \
+         directories are created. For small edits to an existing file prefer patch."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File path, absolute or relative to the working directory."},
+                "content": {"type": "string", "description": "The complete new content of the file."}
+            },
+            "required": ["path", "content"]
+        })
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolResult {
+        let raw = req_str(&args, "path")?;
+        if raw.trim().is_empty() {
+            return Err(ToolError::new("argument `path` is empty"));
+        }
+        let content = req_str(&args, "content")?.to_owned();
+        let path = super::resolve_path(ctx, raw);
+        let shown = path.display().to_string();
+        let bytes = content.len();
+        let lines = content.lines().count();
+        tokio::task::spawn_blocking(move || -> Result<(), ToolError> {
+            if path.is_dir() {
+                return Err(ToolError::new(format!(
+                    "{} is a directory, not a file",
+                    path.display()
+                )));
+            }
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| io_error(parent, &e))?;
+            }
+            super::atomic_write(&path, content.as_bytes()).map_err(|e| io_error(&path, &e))
+        })
+        .await
+        .map_err(join_error)??;
+        Ok(json!({
+            "success": true,
+            "path": shown,
+            "bytes_written": bytes,
+            "lines": lines,
+        })
+        .to_string())
+    }
+}
+
+/// Why `old_string` was not found, as a hint for the model's retry.
+fn not_found_hint(content: &str, old: &str) -> &'static str {
+    let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let first_line = old.lines().next().unwrap_or("");
+    let numbered = first_line
+        .trim_start()
+        .split_once('|')
+        .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+    if numbered {
+        "old_string seems to include read_file's `LINE|` prefixes; copy only the text after the `|`."
+    } else if squash(content).contains(&squash(old)) {
+        "The text exists with different whitespace or indentation (tabs vs spaces, trailing \
+         spaces, line breaks); copy it exactly from read_file output."
+    } else {
+        "Re-read the file with read_file and copy the exact text, including whitespace; the \
+         file may have changed since you last read it."
+    }
+}
+
+/// The `patch` tool: exact find-and-replace with a diff of the change.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PatchTool;
+
+#[async_trait]
+impl Tool for PatchTool {
+    fn name(&self) -> &str {
+        "patch"
+    }
+
+    fn description(&self) -> &str {
+        "Edit a file by replacing old_string with new_string. old_string must match exactly \
+         once (include surrounding lines to make it unique) unless replace_all is true. \
+         Returns a unified diff of the change."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File to edit."},
+                "old_string": {"type": "string", "description": "Exact text to find (whitespace matters)."},
+                "new_string": {"type": "string", "description": "Text to put in its place (may be empty to delete)."},
+                "replace_all": {"type": "boolean", "description": "Replace every occurrence instead of requiring exactly one. Default false."},
+                "mode": {"type": "string", "enum": ["replace"], "description": "Only 'replace' is supported."}
+            },
+            "required": ["path", "old_string", "new_string"]
+        })
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolResult {
+        if let Some(mode) = opt_str(&args, "mode")?
+            && mode != "replace"
+        {
+            return Err(ToolError::new(format!(
+                "argument `mode`: '{mode}' is not supported; use old_string/new_string \
+                 (mode 'replace')"
+            )));
+        }
+        let raw = req_str(&args, "path")?;
+        if raw.trim().is_empty() {
+            return Err(ToolError::new("argument `path` is empty"));
+        }
+        let old = req_str(&args, "old_string")?.to_owned();
+        let new = req_str(&args, "new_string")?.to_owned();
+        let replace_all = opt_bool(&args, "replace_all")?.unwrap_or(false);
+        if old.is_empty() {
+            return Err(ToolError::new(
+                "argument `old_string` is empty; to create or overwrite a whole file use \
+                 write_file",
+            ));
+        }
+        if old == new {
+            return Err(ToolError::new(
+                "old_string and new_string are identical; there is nothing to change",
+            ));
+        }
+        let path = super::resolve_path(ctx, raw);
+        let shown = raw.to_owned();
+        let (diff, count) =
+            tokio::task::spawn_blocking(move || -> Result<(String, usize), ToolError> {
+                let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, &e))?;
+                if meta.is_dir() {
+                    return Err(ToolError::new(format!("{} is a directory", path.display())));
+                }
+                if meta.len() > MAX_PATCH_BYTES {
+                    return Err(ToolError::new(format!(
+                        "{} is {} bytes; patch handles files up to {MAX_PATCH_BYTES} bytes",
+                        path.display(),
+                        meta.len()
+                    )));
+                }
+                let mut bytes = Vec::new();
+                std::fs::File::open(&path)
+                    .and_then(|mut f| f.read_to_end(&mut bytes))
+                    .map_err(|e| io_error(&path, &e))?;
+                let content = String::from_utf8(bytes).map_err(|_| {
+                    ToolError::new(format!(
+                        "{} is not UTF-8 text; patch only edits text files",
+                        path.display()
+                    ))
+                })?;
+                let count = content.matches(old.as_str()).count();
+                if count == 0 {
+                    return Err(ToolError::new(format!(
+                        "old_string was not found in {}. {}",
+                        path.display(),
+                        not_found_hint(&content, &old)
+                    )));
+                }
+                if count > 1 && !replace_all {
+                    return Err(ToolError::new(format!(
+                        "old_string matches {count} places in {}; include more surrounding lines \
+                     so it matches exactly one, or set replace_all=true to change all {count}",
+                        path.display()
+                    )));
+                }
+                let updated = if replace_all {
+                    content.replace(old.as_str(), &new)
+                } else {
+                    content.replacen(old.as_str(), &new, 1)
+                };
+                super::atomic_write(&path, updated.as_bytes()).map_err(|e| io_error(&path, &e))?;
+                let diff = similar::TextDiff::from_lines(&content, &updated)
+                    .unified_diff()
+                    .context_radius(3)
+                    .header(&format!("a/{shown}"), &format!("b/{shown}"))
+                    .to_string();
+                Ok((diff, count))
+            })
+            .await
+            .map_err(join_error)??;
+        Ok(json!({
+            "success": true,
+            "path": raw,
+            "replacements": count,
+            "diff": ctx.redactor.redact(&diff),
+        })
+        .to_string())
+    }
+}

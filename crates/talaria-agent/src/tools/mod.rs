@@ -132,3 +132,189 @@ impl Registry {
         self.tools.is_empty()
     }
 }
+
+impl Registry {
+    /// The built-in tools: `terminal`, `read_file`, `write_file`, `patch`,
+    /// `search_files`, `session_search`, `todo`, `clarify`, and `memory`
+    /// when `config.memory.enabled`.
+    pub fn with_core_tools(config: &Config) -> Registry {
+        let mut tools: Vec<Arc<dyn Tool>> = vec![
+            Arc::new(terminal::TerminalTool),
+            Arc::new(files::ReadFileTool),
+            Arc::new(files::WriteFileTool),
+            Arc::new(files::PatchTool),
+            Arc::new(search_files::SearchFilesTool),
+            Arc::new(session_search::SessionSearchTool),
+            Arc::new(todo::TodoTool),
+            Arc::new(clarify::ClarifyTool),
+        ];
+        if config.memory.enabled {
+            tools.push(Arc::new(memory::MemoryTool));
+        }
+        let mut registry = Registry::new();
+        for tool in tools {
+            // The names above are distinct constants, so a refusal here would
+            // be a programming error caught by the registry tests; it is not
+            // worth failing agent start-up over.
+            if let Err(e) = registry.register(tool) {
+                tracing::error!("{e}");
+            }
+        }
+        registry
+    }
+}
+
+/// The value of argument `name`, treating JSON `null` as absent (models often
+/// send `null` for optional fields).
+fn arg<'a>(args: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    args.get(name).filter(|v| !v.is_null())
+}
+
+/// An optional string argument; any other JSON type is an error naming it.
+pub(crate) fn opt_str<'a>(
+    args: &'a serde_json::Value,
+    name: &str,
+) -> Result<Option<&'a str>, ToolError> {
+    match arg(args, name) {
+        None => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(ToolError::new(format!(
+            "argument `{name}` must be a string, got {}",
+            json_type(other)
+        ))),
+    }
+}
+
+/// A required string argument.
+pub(crate) fn req_str<'a>(args: &'a serde_json::Value, name: &str) -> Result<&'a str, ToolError> {
+    opt_str(args, name)?
+        .ok_or_else(|| ToolError::new(format!("missing required argument `{name}` (a string)")))
+}
+
+/// An optional non-negative integer argument. Integral floats and numeric
+/// strings are accepted because models produce both.
+pub(crate) fn opt_u64(args: &serde_json::Value, name: &str) -> Result<Option<u64>, ToolError> {
+    let bad = |v: &serde_json::Value| {
+        ToolError::new(format!(
+            "argument `{name}` must be a non-negative integer, got {}",
+            json_type(v)
+        ))
+    };
+    match arg(args, name) {
+        None => Ok(None),
+        Some(v @ serde_json::Value::Number(n)) => {
+            if let Some(u) = n.as_u64() {
+                Ok(Some(u))
+            } else if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0) {
+                // Saturating: an absurdly large value is clamped by callers.
+                Ok(Some(if f >= u64::MAX as f64 {
+                    u64::MAX
+                } else {
+                    f as u64
+                }))
+            } else {
+                Err(bad(v))
+            }
+        }
+        Some(v @ serde_json::Value::String(s)) => {
+            s.trim().parse::<u64>().map(Some).map_err(|_| bad(v))
+        }
+        Some(v) => Err(bad(v)),
+    }
+}
+
+/// An optional boolean argument; `"true"`/`"false"` strings are accepted.
+pub(crate) fn opt_bool(args: &serde_json::Value, name: &str) -> Result<Option<bool>, ToolError> {
+    match arg(args, name) {
+        None => Ok(None),
+        Some(serde_json::Value::Bool(b)) => Ok(Some(*b)),
+        Some(serde_json::Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(Some(true)),
+        Some(serde_json::Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(Some(false)),
+        Some(v) => Err(ToolError::new(format!(
+            "argument `{name}` must be true or false, got {}",
+            json_type(v)
+        ))),
+    }
+}
+
+/// An optional array argument.
+pub(crate) fn opt_array<'a>(
+    args: &'a serde_json::Value,
+    name: &str,
+) -> Result<Option<&'a Vec<serde_json::Value>>, ToolError> {
+    match arg(args, name) {
+        None => Ok(None),
+        Some(serde_json::Value::Array(a)) => Ok(Some(a)),
+        Some(v) => Err(ToolError::new(format!(
+            "argument `{name}` must be an array, got {}",
+            json_type(v)
+        ))),
+    }
+}
+
+/// A JSON type name for error messages.
+pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Resolves a path argument: `~/` is the user's home, relative paths are
+/// against the context's working directory. `..` is allowed on purpose: the
+/// agent edits wherever its user could.
+pub(crate) fn resolve_path(ctx: &ToolContext, raw: &str) -> PathBuf {
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+    if raw == "~" {
+        if let Some(h) = home {
+            return PathBuf::from(h);
+        }
+    } else if let Some(rest) = raw.strip_prefix("~/")
+        && let Some(h) = home
+    {
+        return PathBuf::from(h).join(rest);
+    }
+    ctx.workdir.join(raw)
+}
+
+/// Replaces `path` with `bytes` so that readers see the old or the new file,
+/// never a torn one: temp file in the same directory, fsync, rename. An
+/// existing file's permissions are carried over.
+pub(crate) fn atomic_write(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".talaria-")
+        .suffix(".tmp")
+        .tempfile_in(&dir)?;
+    tmp.write_all(bytes)?;
+    if let Ok(meta) = std::fs::metadata(path) {
+        // Best effort: a file we may not chmod is still worth writing.
+        let _ = std::fs::set_permissions(tmp.path(), meta.permissions());
+    }
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    // The rename is durable only once the directory entry is on disk.
+    if let Ok(d) = std::fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// At most `max` characters of `text`, with a marker saying how much was cut.
+pub(crate) fn truncate_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((cut, _)) => {
+            let rest = text[cut..].chars().count();
+            format!("{}… [{rest} more chars]", &text[..cut])
+        }
+    }
+}

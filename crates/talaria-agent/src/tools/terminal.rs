@@ -1,1 +1,507 @@
-//! TODO
+//! The `terminal` tool: runs one shell command on the host, behind the
+//! dangerous-command guard ([`super::guard`]).
+//!
+//! The command runs as `sh -c` in a process group of its own, so a timeout
+//! or an interrupted turn kills everything it started, not just the shell.
+//! Output (stdout and stderr merged, in the order written) is capped, head
+//! and tail kept, and redacted.
+//!
+//! "Always" approvals are persisted to `$TALARIA_HOME/command_allowlist.txt`
+//! (one pattern key or command glob per line, `#` comments) rather than into
+//! `config.yaml`: rewriting a hand-edited YAML file risks losing comments
+//! and formatting, while a dedicated file is trivially safe to append to.
+//! Entries from both places are honoured.
+
+use std::collections::VecDeque;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use talaria_core::Home;
+use talaria_core::config::ApprovalMode;
+use tokio::io::AsyncReadExt;
+
+use super::guard::{self, GuardVerdict};
+use super::{Tool, ToolContext, ToolError, ToolResult, opt_str, opt_u64, req_str};
+use crate::interaction::{ApprovalDecision, ApprovalRequest};
+
+/// File name of the persisted allowlist inside the home.
+pub const ALLOWLIST_FILE: &str = "command_allowlist.txt";
+
+/// How long to keep reading after the shell exits while something it left
+/// in the background still holds the output pipe open.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// The start of every message for a command the user refused.
+pub const DENIED_PREFIX: &str = "BLOCKED: User denied this command.";
+
+/// The persisted allowlist path for `home`.
+pub fn allowlist_path(home: &Home) -> PathBuf {
+    home.root().join(ALLOWLIST_FILE)
+}
+
+/// Entries of the persisted allowlist (empty when the file is missing).
+pub fn persisted_allowlist(home: &Home) -> Vec<String> {
+    match std::fs::read_to_string(allowlist_path(home)) {
+        Ok(text) => text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Appends `entry` to the persisted allowlist (no-op if present), under a
+/// file lock and with an atomic replace so concurrent sessions cannot lose
+/// each other's entries.
+pub fn persist_allowlist_entry(home: &Home, entry: &str) -> std::io::Result<()> {
+    let entry = entry.trim();
+    if entry.is_empty() || entry.contains(['\n', '\r']) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "an allowlist entry must be one non-empty line",
+        ));
+    }
+    std::fs::create_dir_all(home.root())?;
+    let path = allowlist_path(home);
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(home.root().join(format!("{ALLOWLIST_FILE}.lock")))?;
+    fs4::fs_std::FileExt::lock_exclusive(&lock)?;
+    let mut text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::from(
+            "# Command patterns approved with \"always\"; commands matching them run\n\
+             # without asking. One pattern key or command glob per line.\n",
+        ),
+        Err(e) => return Err(e),
+    };
+    if text.lines().any(|l| l.trim() == entry) {
+        return Ok(());
+    }
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(entry);
+    text.push('\n');
+    super::atomic_write(&path, text.as_bytes())
+}
+
+/// Decides whether `command` may run, asking the human when the guard says
+/// so. `Err` holds the message for the model when it may not.
+pub async fn authorize(command: &str, ctx: &ToolContext) -> Result<(), String> {
+    let findings = match guard::check(command) {
+        GuardVerdict::Allow => return Ok(()),
+        GuardVerdict::Hardline { reason } => {
+            return Err(format!(
+                "BLOCKED (hardline): this command matches \"{reason}\", which is never run, \
+                 whatever the approval settings. Do not retry it, rephrase it, or reach the \
+                 same result another way. If the user truly wants this, they must run it \
+                 themselves outside the agent."
+            ));
+        }
+        GuardVerdict::NeedsApproval { findings } => findings,
+    };
+    if ctx.config.approvals.mode == ApprovalMode::Off {
+        return Ok(());
+    }
+    let mut remaining: Vec<&'static str> = findings.iter().map(|f| f.key).collect();
+    if !guard::has_shell_operators(command) {
+        let home = ctx.home.clone();
+        let persisted = tokio::task::spawn_blocking(move || persisted_allowlist(&home))
+            .await
+            .unwrap_or_default();
+        let allow: Vec<&String> = ctx
+            .config
+            .command_allowlist
+            .iter()
+            .chain(persisted.iter())
+            .collect();
+        let trimmed = command.trim();
+        if allow
+            .iter()
+            .any(|a| a.as_str() == trimmed || guard::glob_match(a, trimmed))
+        {
+            return Ok(());
+        }
+        remaining.retain(|k| !allow.iter().any(|a| a.as_str() == *k));
+    }
+    {
+        let approved = ctx
+            .session
+            .approved_patterns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        remaining.retain(|k| !approved.contains(*k));
+    }
+    let Some(first) = remaining.first() else {
+        return Ok(());
+    };
+    let request = ApprovalRequest {
+        command: ctx.redactor.redact(command),
+        reason: remaining.join("; "),
+        pattern_key: (*first).to_owned(),
+    };
+    let wait = Duration::from_secs(ctx.config.approvals.timeout_secs.max(1));
+    let decision = tokio::select! {
+        d = tokio::time::timeout(wait, ctx.interaction.approve(&request)) => {
+            d.unwrap_or(ApprovalDecision::TimedOut)
+        }
+        // Nobody is waiting for the result any more.
+        _ = ctx.cancel.cancelled() => ApprovalDecision::Deny,
+    };
+    match decision {
+        ApprovalDecision::Once => Ok(()),
+        ApprovalDecision::Session | ApprovalDecision::Always => {
+            {
+                let mut approved = ctx
+                    .session
+                    .approved_patterns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                approved.extend(remaining.iter().map(|k| (*k).to_owned()));
+            }
+            if decision == ApprovalDecision::Always {
+                let home = ctx.home.clone();
+                let keys: Vec<String> = remaining.iter().map(|k| (*k).to_owned()).collect();
+                let saved = tokio::task::spawn_blocking(move || {
+                    keys.iter()
+                        .try_for_each(|k| persist_allowlist_entry(&home, k))
+                })
+                .await;
+                match saved {
+                    Ok(Ok(())) => {}
+                    // The user said yes; failing to remember it for next
+                    // time is no reason to refuse now.
+                    Ok(Err(e)) => tracing::warn!("cannot save the command allowlist: {e}"),
+                    Err(e) => tracing::warn!("cannot save the command allowlist: {e}"),
+                }
+            }
+            Ok(())
+        }
+        ApprovalDecision::Deny => Err(format!(
+            "{DENIED_PREFIX} The user has NOT consented to this action ({}). Do NOT retry \
+             this command, do NOT rephrase it, and do NOT try to get the same outcome with a \
+             different command. Tell the user what you wanted to do and ask how to proceed.",
+            request.reason
+        )),
+        ApprovalDecision::TimedOut => Err(format!(
+            "{DENIED_PREFIX} No answer came within {}s, and silence is not consent ({}). Do \
+             NOT retry this command, do NOT rephrase it, and do NOT try to get the same \
+             outcome with a different command. Tell the user what you wanted to do and ask \
+             how to proceed.",
+            wait.as_secs(),
+            request.reason
+        )),
+    }
+}
+
+/// Output kept from a command: the first and last bytes, with a count of
+/// what fell in between. Memory stays bounded however much is printed.
+struct Capture {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    head_cap: usize,
+    tail_cap: usize,
+    dropped: usize,
+}
+
+impl Capture {
+    fn new(max_chars: usize) -> Capture {
+        // Four bytes per char at worst; the char cap is applied at the end.
+        let half = max_chars.saturating_mul(2).max(64);
+        Capture {
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            head_cap: half,
+            tail_cap: half,
+            dropped: 0,
+        }
+    }
+
+    fn push(&mut self, mut bytes: &[u8]) {
+        if self.head.len() < self.head_cap {
+            let n = (self.head_cap - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+        }
+        self.tail.extend(bytes);
+        let excess = self.tail.len().saturating_sub(self.tail_cap);
+        if excess > 0 {
+            self.tail.drain(..excess);
+            self.dropped += excess;
+        }
+    }
+
+    fn finish(self, max_chars: usize) -> String {
+        let half = max_chars / 2;
+        let head = String::from_utf8_lossy(&self.head).into_owned();
+        let tail_bytes: Vec<u8> = self.tail.into_iter().collect();
+        let tail = String::from_utf8_lossy(&tail_bytes).into_owned();
+        if self.dropped == 0 {
+            let all = head + &tail;
+            let n = all.chars().count();
+            if n <= max_chars {
+                return all;
+            }
+            let first: String = all.chars().take(half).collect();
+            let last: String = all.chars().skip(n - half).collect();
+            return format!(
+                "{first}\n\n[... output truncated: {} chars omitted ...]\n\n{last}",
+                n - 2 * half
+            );
+        }
+        let first: String = head.chars().take(half).collect();
+        let tn = tail.chars().count();
+        let last: String = tail.chars().skip(tn.saturating_sub(half)).collect();
+        format!(
+            "{first}\n\n[... output truncated: more than {} bytes omitted ...]\n\n{last}",
+            self.dropped
+        )
+    }
+}
+
+/// Kills the whole process group when dropped, unless disarmed: covers the
+/// tool future being dropped mid-run (the turn was abandoned).
+struct GroupKiller(Option<i32>);
+
+impl GroupKiller {
+    fn kill(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            // ESRCH (already gone) is the common, harmless failure.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+impl Drop for GroupKiller {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+enum Ending {
+    Exited(std::process::ExitStatus),
+    TimedOut,
+    Cancelled,
+}
+
+/// Runs `command` with `sh -c` in `workdir` and returns the tool result.
+async fn run(command: &str, workdir: &Path, timeout: Duration, ctx: &ToolContext) -> ToolResult {
+    let io_err = |what: &str, e: std::io::Error| ToolError::new(format!("cannot {what}: {e}"));
+    let (tx, mut rx) = tokio::net::unix::pipe::pipe().map_err(|e| io_err("create a pipe", e))?;
+    let write_end = tx
+        .into_blocking_fd()
+        .map_err(|e| io_err("create a pipe", e))?;
+    let write_end2 = write_end
+        .try_clone()
+        .map_err(|e| io_err("create a pipe", e))?;
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(command)
+        .current_dir(workdir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::from(write_end2))
+        // Pagers would wait forever on a pipe with nobody at the keyboard.
+        .env("PAGER", "cat")
+        .env("GIT_PAGER", "cat")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| io_err("start sh", e))?;
+    // The Command holds copies of the pipe's write end; EOF only comes once
+    // every copy is closed.
+    drop(cmd);
+    let mut killer = GroupKiller(child.id().and_then(|p| i32::try_from(p).ok()));
+
+    let max_chars = ctx.config.terminal.max_output_chars.max(100);
+    let mut capture = Capture::new(max_chars);
+    let mut buf = vec![0u8; 16 * 1024];
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let mut status: Option<std::process::ExitStatus> = None;
+    let mut eof = false;
+    let mut lingering = false;
+    // Armed for real once the shell exits.
+    let grace = tokio::time::sleep(Duration::from_secs(365 * 24 * 3600));
+    tokio::pin!(grace);
+    let ending = loop {
+        if eof && let Some(s) = status {
+            break Ending::Exited(s);
+        }
+        tokio::select! {
+            r = rx.read(&mut buf), if !eof => match r {
+                Ok(0) => eof = true,
+                Ok(n) => capture.push(&buf[..n]),
+                Err(e) => {
+                    tracing::warn!("reading command output failed: {e}");
+                    eof = true;
+                }
+            },
+            s = child.wait(), if status.is_none() => {
+                let s = s.map_err(|e| io_err("wait for the command", e))?;
+                status = Some(s);
+                grace.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
+            },
+            _ = &mut grace, if status.is_some() && !eof => {
+                lingering = true;
+                if let Some(s) = status {
+                    break Ending::Exited(s);
+                }
+            },
+            _ = &mut deadline => break Ending::TimedOut,
+            _ = ctx.cancel.cancelled() => break Ending::Cancelled,
+        }
+    };
+
+    let mut out = serde_json::Map::new();
+    match ending {
+        Ending::Exited(s) => {
+            // Background jobs that outlive the shell are the user's to keep.
+            killer.0 = None;
+            out.insert("exit_code".into(), json!(s.code()));
+            if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&s) {
+                out.insert("signal".into(), json!(sig));
+            }
+            if lingering {
+                out.insert(
+                    "note".into(),
+                    json!("the command left background processes holding its output; they are still running and their later output is not shown"),
+                );
+            }
+        }
+        Ending::TimedOut | Ending::Cancelled => {
+            killer.kill();
+            // Collect what was written before the kill; the pipe closes as
+            // soon as every process in the group is gone.
+            let drain = async {
+                loop {
+                    match rx.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => capture.push(&buf[..n]),
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_millis(500), drain).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
+            out.insert("exit_code".into(), Value::Null);
+            let msg = if matches!(ending, Ending::TimedOut) {
+                format!(
+                    "Command timed out after {}s and was killed (with everything it started). \
+                     Pass a larger `timeout` if it needs longer, or run long jobs in the \
+                     background with output redirected to a file.",
+                    timeout.as_secs()
+                )
+            } else {
+                "Command was interrupted by the user and killed.".to_owned()
+            };
+            out.insert("error".into(), json!(msg));
+            if matches!(ending, Ending::TimedOut) {
+                out.insert("timed_out".into(), json!(true));
+            } else {
+                out.insert("interrupted".into(), json!(true));
+            }
+        }
+    }
+    let output = ctx.redactor.redact(&capture.finish(max_chars));
+    out.insert("output".into(), json!(output));
+    Ok(Value::Object(out).to_string())
+}
+
+/// The `terminal` tool.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TerminalTool;
+
+#[async_trait]
+impl Tool for TerminalTool {
+    fn name(&self) -> &str {
+        "terminal"
+    }
+
+    fn description(&self) -> &str {
+        "Run a shell command (sh -c) on the host and get its exit code and combined \
+         stdout/stderr. No stdin: use non-interactive flags (-y, --no-pager). Dangerous \
+         commands need the user's approval; some are always blocked. Long output is cut in \
+         the middle."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The command line to run."},
+                "timeout": {"type": "integer", "minimum": 1, "description": "Seconds before the command is killed (default from config, capped by terminal.max_timeout_secs)."},
+                "workdir": {"type": "string", "description": "Directory to run in (default: the session's working directory)."}
+            },
+            "required": ["command"]
+        })
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolResult {
+        let command = req_str(&args, "command")?;
+        if command.trim().is_empty() {
+            return Err(ToolError::new("argument `command` is empty"));
+        }
+        if command.contains('\0') {
+            return Err(ToolError::new("argument `command` contains a NUL byte"));
+        }
+        let cfg = &ctx.config.terminal;
+        let secs = opt_u64(&args, "timeout")?
+            .unwrap_or(cfg.timeout_secs)
+            .clamp(1, cfg.max_timeout_secs.max(1));
+        let workdir = match opt_str(&args, "workdir")? {
+            Some(w) if !w.trim().is_empty() => super::resolve_path(ctx, w),
+            _ => match &cfg.cwd {
+                Some(c) => super::resolve_path(ctx, &c.to_string_lossy()),
+                None => ctx.workdir.clone(),
+            },
+        };
+        if !workdir.is_dir() {
+            return Err(ToolError::new(format!(
+                "argument `workdir`: {} is not a directory",
+                workdir.display()
+            )));
+        }
+        if let Err(blocked) = authorize(command, ctx).await {
+            return Ok(blocked);
+        }
+        run(command, &workdir, Duration::from_secs(secs), ctx).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_keeps_head_and_tail() {
+        let mut c = Capture::new(100);
+        for i in 0..1000 {
+            c.push(format!("line {i}\n").as_bytes());
+        }
+        let out = c.finish(100);
+        assert!(out.starts_with("line 0\n"), "{out}");
+        assert!(out.ends_with("line 999\n"), "{out}");
+        assert!(out.contains("output truncated"), "{out}");
+        assert!(out.chars().count() < 200, "{out}");
+    }
+
+    #[test]
+    fn short_output_is_untouched() {
+        let mut c = Capture::new(100);
+        c.push("héllo".as_bytes());
+        assert_eq!(c.finish(100), "héllo");
+    }
+}
