@@ -1,15 +1,46 @@
 //! Talaria's agent: a stateless turn loop over a model, with tools.
 //!
+//! A front end builds one [`Agent`] from its [`AgentParts`], opens a
+//! [`SessionHandle`] with [`Agent::new_session`] or [`Agent::resume_session`],
+//! and calls [`Agent::run_turn`] once per user message, watching progress
+//! through a [`TurnObserver`] and interrupting with a cancellation token.
+//!
 //! # Layout
 //!
+//! - [`agent`]: [`Agent`], [`AgentParts`], [`SessionHandle`], [`AgentError`];
+//!   opening and resuming sessions.
+//! - [`turn`]: the turn loop itself ([`TurnOutcome`], [`TurnExit`]): model
+//!   calls, the iteration budget, interrupts, persistence order.
+//! - [`dispatch`]: planning a batch of tool calls (unknown names, bad
+//!   arguments, duplicates, parallel groups) and running one call safely.
+//! - [`prompt`]: assembling the system prompt once per session.
+//! - [`repair`]: making a stored transcript acceptable to chat APIs (pure).
+//! - [`compress`]: context compression: estimates, the cut, the summary
+//!   request (pure parts).
+//! - [`spill`]: moving oversized tool output to files.
+//! - [`observer`]: the [`TurnObserver`] progress trait.
 //! - [`interaction`]: the seam to a human (approvals, clarifying questions).
 //! - [`tools`]: the [`tools::Tool`] trait, the registry, and the core tools.
 //!
 //! # Invariant
 //!
 //! This crate knows nothing about chat platforms: a turn gets text in and
-//! gives text and transcript rows out.
+//! gives text and transcript rows out. It holds no transcript between
+//! turns: the store is the source of truth, and every stored transcript is
+//! valid for an API after [`repair::repair_history`].
 #![forbid(unsafe_code)]
 
+pub mod agent;
+pub mod compress;
+pub mod dispatch;
 pub mod interaction;
+pub mod observer;
+pub mod prompt;
+pub mod repair;
+pub mod spill;
 pub mod tools;
+pub mod turn;
+
+pub use agent::{Agent, AgentError, AgentParts, SessionHandle};
+pub use observer::{NullObserver, TurnObserver};
+pub use turn::{TurnExit, TurnOutcome};

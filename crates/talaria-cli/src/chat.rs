@@ -41,7 +41,11 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn open_session(rt: &Runtime, agent: &Agent, args: &ChatArgs) -> anyhow::Result<SessionHandle> {
+async fn open_session(
+    rt: &Runtime,
+    agent: &Agent,
+    args: &ChatArgs,
+) -> anyhow::Result<SessionHandle> {
     if let Some(id) = &args.resume {
         return agent
             .resume_session(id)
@@ -101,7 +105,9 @@ async fn one_shot(
     match outcome.exit {
         TurnExit::Completed | TurnExit::BudgetExhausted => {
             if matches!(outcome.exit, TurnExit::BudgetExhausted) {
-                eprintln!("talaria: the iteration budget ran out; this is the agent's summary so far");
+                eprintln!(
+                    "talaria: the iteration budget ran out; this is the agent's summary so far"
+                );
             }
             println!("{}", outcome.answer);
             Ok(ExitCode::SUCCESS)
@@ -262,7 +268,10 @@ impl TurnObserver for StreamingObserver {
 }
 
 fn preview(text: &str, max: usize) -> String {
-    let flat: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     if flat.chars().count() <= max {
         flat
     } else {

@@ -37,7 +37,12 @@ pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
     }
     let (fallbacks, warnings) = loaded.config.fallback_endpoints(&loaded.env);
     for ep in fallbacks {
-        println!("#   fallback: {} {} at {}", ep.provider.as_str(), ep.model, ep.base_url);
+        println!(
+            "#   fallback: {} {} at {}",
+            ep.provider.as_str(),
+            ep.model,
+            ep.base_url
+        );
     }
     for w in warnings {
         println!("#   {w}");

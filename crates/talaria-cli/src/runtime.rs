@@ -69,10 +69,7 @@ impl Runtime {
         interaction: Arc<dyn Interaction>,
     ) -> anyhow::Result<(Agent, Arc<LlmClient>)> {
         let client = LlmClient::from_config(&self.config, &self.loaded.env).map_err(|e| {
-            anyhow::anyhow!(
-                "{e}\n(config file: {})",
-                self.home.config_file().display()
-            )
+            anyhow::anyhow!("{e}\n(config file: {})", self.home.config_file().display())
         })?;
         let client = Arc::new(client);
         let workdir = match &self.config.terminal.cwd {

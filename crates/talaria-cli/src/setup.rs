@@ -35,12 +35,18 @@ fn parse_provider(s: &str) -> anyhow::Result<ProviderKind> {
         "openai" => Ok(ProviderKind::Openai),
         "openrouter" => Ok(ProviderKind::Openrouter),
         "anthropic" => Ok(ProviderKind::Anthropic),
-        other => bail!("unknown provider `{other}`: expected custom, openai, openrouter or anthropic"),
+        other => {
+            bail!("unknown provider `{other}`: expected custom, openai, openrouter or anthropic")
+        }
     }
 }
 
 /// Reads one answer; `None` at end of input.
-fn ask(input: &mut dyn BufRead, question: &str, default: Option<&str>) -> anyhow::Result<Option<String>> {
+fn ask(
+    input: &mut dyn BufRead,
+    question: &str,
+    default: Option<&str>,
+) -> anyhow::Result<Option<String>> {
     match default {
         Some(d) if !d.is_empty() => eprint!("{question} [{d}]: "),
         _ => eprint!("{question}: "),
@@ -69,7 +75,11 @@ pub fn run(home: &Home, args: SetupArgs) -> anyhow::Result<ExitCode> {
         }
         let stdin = io::stdin();
         let mut input = stdin.lock();
-        let answer = ask(&mut input, &format!("{} exists. Replace it? (y/N)", path.display()), Some("n"))?;
+        let answer = ask(
+            &mut input,
+            &format!("{} exists. Replace it? (y/N)", path.display()),
+            Some("n"),
+        )?;
         if !matches!(answer.as_deref(), Some("y" | "Y" | "yes")) {
             eprintln!("left unchanged");
             return Ok(ExitCode::SUCCESS);
@@ -84,7 +94,9 @@ pub fn run(home: &Home, args: SetupArgs) -> anyhow::Result<ExitCode> {
         (Some(p), _) => parse_provider(p)?,
         (None, false) => ProviderKind::Custom,
         (None, true) => {
-            eprintln!("Providers: custom (llama.cpp, vLLM, Ollama, LM Studio, any OpenAI-compatible server), openai, openrouter, anthropic");
+            eprintln!(
+                "Providers: custom (llama.cpp, vLLM, Ollama, LM Studio, any OpenAI-compatible server), openai, openrouter, anthropic"
+            );
             let a = ask(&mut input, "Provider", Some("custom"))?.unwrap_or_default();
             parse_provider(&a)?
         }
@@ -92,7 +104,9 @@ pub fn run(home: &Home, args: SetupArgs) -> anyhow::Result<ExitCode> {
     let base_url = match (&args.base_url, interactive, provider) {
         (Some(u), _, _) => Some(u.clone()),
         (None, true, ProviderKind::Custom) => {
-            eprintln!("Examples: llama.cpp http://127.0.0.1:8080/v1 · vLLM http://127.0.0.1:8000/v1 · Ollama http://127.0.0.1:11434/v1");
+            eprintln!(
+                "Examples: llama.cpp http://127.0.0.1:8080/v1 · vLLM http://127.0.0.1:8000/v1 · Ollama http://127.0.0.1:11434/v1"
+            );
             ask(&mut input, "Base URL", Some("http://127.0.0.1:8080/v1"))?
         }
         (None, false, ProviderKind::Custom) => bail!("provider custom needs --base-url"),
@@ -110,7 +124,11 @@ pub fn run(home: &Home, args: SetupArgs) -> anyhow::Result<ExitCode> {
         (Some(k), _) => Some(k.clone()),
         (None, false) => None,
         (None, true) => {
-            let hint = if provider == ProviderKind::Custom { " (empty for none)" } else { "" };
+            let hint = if provider == ProviderKind::Custom {
+                " (empty for none)"
+            } else {
+                ""
+            };
             ask(&mut input, &format!("API key{hint}"), None)?.filter(|k| !k.is_empty())
         }
     };
@@ -130,10 +148,12 @@ pub fn run(home: &Home, args: SetupArgs) -> anyhow::Result<ExitCode> {
         serde_saphyr::to_string(&file)?
     );
     // Validate what we are about to write with the same parser every command uses.
-    Config::parse(&text, &path).map_err(|e| anyhow::anyhow!("refusing to write an invalid config: {e}"))?;
+    Config::parse(&text, &path)
+        .map_err(|e| anyhow::anyhow!("refusing to write an invalid config: {e}"))?;
     if path.exists() {
         let backup = path.with_extension("yaml.bak");
-        std::fs::copy(&path, &backup).with_context(|| format!("cannot back up to {}", backup.display()))?;
+        std::fs::copy(&path, &backup)
+            .with_context(|| format!("cannot back up to {}", backup.display()))?;
         eprintln!("previous config saved to {}", backup.display());
     }
     std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;

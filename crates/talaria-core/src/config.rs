@@ -452,7 +452,11 @@ impl Config {
             let key = e.path().to_string();
             ConfigError::Invalid {
                 path: origin.to_owned(),
-                key: if key == "." { "(top level)".into() } else { key },
+                key: if key == "." {
+                    "(top level)".into()
+                } else {
+                    key
+                },
                 message: e.into_inner().to_string(),
             }
         })?;
@@ -496,7 +500,10 @@ impl Config {
             }
         }
         if self.agent.max_turns == 0 {
-            return Err(invalid("agent.max_turns", "expected an integer of at least 1"));
+            return Err(invalid(
+                "agent.max_turns",
+                "expected an integer of at least 1",
+            ));
         }
         if self.agent.tool_output_max_chars < 1000 {
             return Err(invalid(
@@ -606,7 +613,11 @@ impl Config {
             .model
             .api_key
             .iter()
-            .chain(self.fallback_providers.iter().filter_map(|f| f.api_key.as_ref()))
+            .chain(
+                self.fallback_providers
+                    .iter()
+                    .filter_map(|f| f.api_key.as_ref()),
+            )
             .map(|s| s.expose().to_owned())
             .collect();
         out.retain(|v| !v.is_empty());
@@ -679,14 +690,22 @@ mod tests {
 
     #[test]
     fn invalid_values_name_key_and_form() {
-        let e = parse("agent:\n  max_turns: lots\n").unwrap_err().to_string();
+        let e = parse("agent:\n  max_turns: lots\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("agent.max_turns"), "{e}");
-        let e = parse("model:\n  provider: skynet\n").unwrap_err().to_string();
+        let e = parse("model:\n  provider: skynet\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("model.provider"), "{e}");
         assert!(e.contains("custom"), "{e}");
-        let e = parse("model:\n  base_url: ftp://x\n").unwrap_err().to_string();
+        let e = parse("model:\n  base_url: ftp://x\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("model.base_url") && e.contains("http"), "{e}");
-        let e = parse("compression:\n  threshold: 3\n").unwrap_err().to_string();
+        let e = parse("compression:\n  threshold: 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("compression.threshold"), "{e}");
     }
 
@@ -730,7 +749,10 @@ mod tests {
         let p = dir.path().join(".env");
         std::fs::write(&p, "TALARIA_TEST_ONLY_IN_FILE=from-file-value\nPATH=nope\n").unwrap();
         let env = Env::load(&p).unwrap();
-        assert_eq!(env.get("TALARIA_TEST_ONLY_IN_FILE"), Some("from-file-value"));
+        assert_eq!(
+            env.get("TALARIA_TEST_ONLY_IN_FILE"),
+            Some("from-file-value")
+        );
         assert_ne!(env.get("PATH"), Some("nope"));
         assert!(env.secret_values().contains(&"from-file-value".to_owned()));
     }

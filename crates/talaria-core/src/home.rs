@@ -20,12 +20,14 @@ impl Home {
         if let Some(dir) = std::env::var_os("TALARIA_HOME").filter(|v| !v.is_empty()) {
             return Ok(Home::at(dir));
         }
-        let home = std::env::var_os("HOME").filter(|v| !v.is_empty()).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "neither TALARIA_HOME nor HOME is set; set TALARIA_HOME to a directory",
-            )
-        })?;
+        let home = std::env::var_os("HOME")
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "neither TALARIA_HOME nor HOME is set; set TALARIA_HOME to a directory",
+                )
+            })?;
         Ok(Home::at(PathBuf::from(home).join(".talaria")))
     }
 

@@ -32,7 +32,10 @@ pub fn validate_path_component(id: &str) -> Result<(), IdError> {
     if id.len() > MAX_ID_LEN {
         return Err(IdError::TooLong { max: MAX_ID_LEN });
     }
-    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || "_-.".contains(*c))) {
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_-.".contains(*c)))
+    {
         return Err(IdError::BadChar(c));
     }
     if id.contains("..") {
@@ -108,7 +111,9 @@ mod tests {
 
     #[test]
     fn strict_rejects_traversal() {
-        for bad in ["", "..", "../x", "a/b", ".hidden", "-rf", "a\\b", "a\0b", "a b", "x/../y"] {
+        for bad in [
+            "", "..", "../x", "a/b", ".hidden", "-rf", "a\\b", "a\0b", "a b", "x/../y",
+        ] {
             assert!(validate_path_component(bad).is_err(), "{bad:?}");
         }
         for good in ["20260101_120000_abcdef", "cron_job-1.md", "a"] {

@@ -34,7 +34,10 @@ static PATTERNS: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
             0,
         ),
         // Authorization headers (Bearer, Basic, raw tokens).
-        p(r"(?i)\b(?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|token)\s+)?([^\s,;'\x22]+)", 1),
+        p(
+            r"(?i)\b(?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|token)\s+)?([^\s,;'\x22]+)",
+            1,
+        ),
         // OpenAI / Anthropic / OpenRouter style keys.
         p(r"\bsk-[A-Za-z0-9_\-]{16,}", 0),
         // GitHub tokens.
@@ -44,7 +47,10 @@ static PATTERNS: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
         p(r"\bxox[abprse]-[A-Za-z0-9\-]{10,}", 0),
         // AWS access key ids and secret keys written as assignments.
         p(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", 0),
-        p(r"(?i)aws_secret_access_key\s*[:=]\s*['\x22]?([A-Za-z0-9/+=]{40})", 1),
+        p(
+            r"(?i)aws_secret_access_key\s*[:=]\s*['\x22]?([A-Za-z0-9/+=]{40})",
+            1,
+        ),
         // Telegram bot tokens: <bot id>:<35 chars>.
         p(r"\b\d{6,12}:[A-Za-z0-9_\-]{35}\b", 0),
         // Google API keys.
@@ -83,9 +89,8 @@ impl Redactor {
             if !p.re.is_match(&out) {
                 continue;
             }
-            out = p
-                .re
-                .replace_all(&out, |caps: &regex::Captures<'_>| {
+            out =
+                p.re.replace_all(&out, |caps: &regex::Captures<'_>| {
                     let whole = caps.get(0).map_or("", |m| m.as_str());
                     match caps.get(p.group) {
                         Some(secret) if p.group != 0 => {
@@ -123,7 +128,12 @@ mod tests {
         for c in cases {
             let out = r.redact(c);
             assert!(out.contains(MARK), "{c} -> {out}");
-            for secret in ["abcdefghijklmnopqrstuvwx", "AKIAIOSFODNN7EXAMPLE", "MIIabc", "AAHdqTcv"] {
+            for secret in [
+                "abcdefghijklmnopqrstuvwx",
+                "AKIAIOSFODNN7EXAMPLE",
+                "MIIabc",
+                "AAHdqTcv",
+            ] {
                 assert!(!out.contains(secret), "{c} -> {out}");
             }
         }

@@ -1,0 +1,193 @@
+//! The [`Agent`]: what a front end holds to open sessions and run turns.
+//!
+//! The agent keeps no conversation in memory between turns: every turn
+//! reads the active transcript from the store and writes each row back as
+//! it is produced, so a crash loses at most the row being generated and any
+//! process can continue any session.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use talaria_core::{Config, Home, Redactor};
+use talaria_llm::Provider;
+use talaria_store::{NewSession, SessionStore, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::interaction::Interaction;
+use crate::observer::TurnObserver;
+use crate::prompt::{PromptInputs, build_system_prompt};
+use crate::tools::{Registry, SessionState};
+use crate::turn::{TurnOutcome, TurnRun};
+
+/// Everything an [`Agent`] is built from.
+pub struct AgentParts {
+    /// The loaded configuration (budget, compression, memory, model caps).
+    pub config: Arc<Config>,
+    /// `TALARIA_HOME`: identity, memory and spilled tool output.
+    pub home: Home,
+    /// The model. Fallback and retry, if any, live behind this trait.
+    pub provider: Arc<dyn Provider>,
+    /// Where sessions and transcripts are kept; the source of truth.
+    pub store: Arc<dyn SessionStore>,
+    /// The tools offered to the model.
+    pub registry: Arc<Registry>,
+    /// How tools reach a human (approvals, clarifying questions).
+    pub interaction: Arc<dyn Interaction>,
+    /// Applied to assistant text before it is stored or returned.
+    pub redactor: Redactor,
+    /// Where relative paths point and where project files are looked for.
+    pub workdir: PathBuf,
+}
+
+/// Why a session could not be opened or a turn could not run.
+///
+/// Model failures are not errors here: they end the turn with
+/// [`crate::TurnExit::Failed`] and the transcript so far stays stored.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The session store failed; the turn's rows may be partly stored.
+    #[error("session store: {0}")]
+    Store(#[from] StoreError),
+    /// [`Agent::resume_session`] was given an id the store does not know.
+    #[error("session `{0}` does not exist")]
+    NoSuchSession(String),
+    /// Building the system prompt did not complete (its task panicked).
+    #[error("cannot build the system prompt: {0}")]
+    Prompt(String),
+}
+
+/// An open session: its id, its process-local state and its frozen system
+/// prompt. Cheap to clone; clones share the state and take turns one at a
+/// time.
+#[derive(Debug, Clone)]
+pub struct SessionHandle {
+    /// The stored session's id.
+    pub id: String,
+    /// State that lives as long as the session in this process (todo list,
+    /// approvals given).
+    pub state: Arc<SessionState>,
+    system_prompt: Arc<str>,
+    /// Held for the length of a turn: two turns interleaving on one
+    /// transcript would corrupt it.
+    pub(crate) turn_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl SessionHandle {
+    fn new(id: String, system_prompt: String) -> SessionHandle {
+        SessionHandle {
+            id,
+            state: Arc::new(SessionState::default()),
+            system_prompt: system_prompt.into(),
+            turn_lock: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    /// The system prompt sent, unchanged, with every request of the session.
+    pub fn system_prompt(&self) -> &str {
+        &self.system_prompt
+    }
+}
+
+/// Runs turns over sessions. Cheap to share behind an `Arc`; holds no
+/// per-conversation state of its own.
+pub struct Agent {
+    pub(crate) parts: AgentParts,
+}
+
+impl Agent {
+    /// An agent over these parts.
+    pub fn new(parts: AgentParts) -> Agent {
+        Agent { parts }
+    }
+
+    /// The parts the agent was built from.
+    pub fn parts(&self) -> &AgentParts {
+        &self.parts
+    }
+
+    /// Starts a session: builds the system prompt once and stores it with a
+    /// new session row.
+    pub async fn new_session(&self, source: &str) -> Result<SessionHandle, AgentError> {
+        let id = talaria_core::ids::new_session_id();
+        let prompt = self.build_prompt().await?;
+        self.parts
+            .store
+            .create_session(NewSession {
+                id: id.clone(),
+                source: source.to_owned(),
+                model: Some(self.parts.provider.model().to_owned()),
+                system_prompt: Some(prompt.clone()),
+                ..NewSession::default()
+            })
+            .await?;
+        Ok(SessionHandle::new(id, prompt))
+    }
+
+    /// Reopens a stored session with the system prompt it was started with,
+    /// byte for byte. A session stored without one (written by another
+    /// tool) gets a fresh prompt, which is then stored.
+    pub async fn resume_session(&self, id: &str) -> Result<SessionHandle, AgentError> {
+        let record = self
+            .parts
+            .store
+            .session(id)
+            .await?
+            .ok_or_else(|| AgentError::NoSuchSession(id.to_owned()))?;
+        let prompt = match record.system_prompt {
+            Some(p) => p,
+            None => {
+                let p = self.build_prompt().await?;
+                self.parts.store.set_system_prompt(id, &p).await?;
+                p
+            }
+        };
+        Ok(SessionHandle::new(record.id, prompt))
+    }
+
+    /// Runs one turn: stores `user_text`, calls the model and tools until
+    /// the model answers (or the budget, an interrupt or an error ends it),
+    /// storing every row as it is produced.
+    ///
+    /// `cancel` interrupts the turn: the model request is abandoned, tools
+    /// not yet started are recorded as skipped, and the turn returns
+    /// [`crate::TurnExit::Interrupted`] with whatever text had streamed.
+    pub async fn run_turn(
+        &self,
+        session: &SessionHandle,
+        user_text: &str,
+        observer: &dyn TurnObserver,
+        cancel: CancellationToken,
+    ) -> Result<TurnOutcome, AgentError> {
+        let _one_at_a_time = session.turn_lock.lock().await;
+        let history = self
+            .parts
+            .store
+            .messages(&session.id)
+            .await?
+            .into_iter()
+            .map(|row| row.message)
+            .collect();
+        TurnRun::new(self, session, observer, cancel, history)
+            .run(user_text)
+            .await
+    }
+
+    /// Builds the prompt off the async threads: it reads several files.
+    async fn build_prompt(&self) -> Result<String, AgentError> {
+        let home = self.parts.home.clone();
+        let config = self.parts.config.clone();
+        let registry = self.parts.registry.clone();
+        let workdir = self.parts.workdir.clone();
+        tokio::task::spawn_blocking(move || {
+            build_system_prompt(&PromptInputs {
+                home: &home,
+                config: &config,
+                registry: &registry,
+                workdir: &workdir,
+                today: chrono::Local::now().date_naive(),
+            })
+        })
+        .await
+        .map_err(|e| AgentError::Prompt(e.to_string()))
+    }
+}

@@ -1,0 +1,30 @@
+//! The turn's outward-facing progress channel.
+//!
+//! A front end (the REPL, a chat gateway, a test) implements
+//! [`TurnObserver`] to show progress while a turn runs. Every method has an
+//! empty default so an implementation overrides only what it displays.
+
+/// Receives progress from a running turn.
+///
+/// Methods are called from the task that drives the turn (text and reasoning
+/// deltas from inside the provider's stream), so they must return quickly:
+/// anything slow belongs on a channel to another task.
+pub trait TurnObserver: Send + Sync {
+    /// A piece of visible answer text as it streams.
+    fn text(&self, _delta: &str) {}
+    /// A piece of model reasoning as it streams (not part of the answer).
+    fn reasoning(&self, _delta: &str) {}
+    /// A tool call is about to run, with its raw argument text.
+    fn tool_started(&self, _name: &str, _args: &str) {}
+    /// A tool call finished; `preview` is the start of what the model sees.
+    fn tool_finished(&self, _name: &str, _ok: bool, _preview: &str) {}
+    /// Something the user should know that is not part of the answer
+    /// (compression, a retry after an empty reply, ...).
+    fn notice(&self, _msg: &str) {}
+}
+
+/// An observer that shows nothing (batch jobs, background work, tests).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NullObserver;
+
+impl TurnObserver for NullObserver {}

@@ -1,0 +1,247 @@
+//! End-to-end tests of the `talaria` binary against the mock model server.
+
+use std::path::Path;
+use std::process::Output;
+
+use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
+
+async fn talaria(home: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_talaria"))
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env_remove("TALARIA_HOME")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("TALARIA_MODEL")
+        .env_remove("TALARIA_BASE_URL")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn write_config(home: &Path, base_url: &str, extra: &str) {
+    std::fs::create_dir_all(home).unwrap();
+    std::fs::write(
+        home.join("config.yaml"),
+        format!(
+            "model:\n  default: mock-model\n  provider: custom\n  base_url: {base_url}\n  api_key: sk-test-secret-key-0123456789\nagent:\n  api_max_retries: 1\n{extra}"
+        ),
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_shot_prints_only_the_answer_and_persists_the_session() {
+    let mock = MockOpenAi::start().await;
+    mock.push(Reply::text("Hello from the mock."));
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    write_config(&home, &mock.base_url(), "");
+
+    let out = talaria(&home, &["chat", "-q", "say hello"]).await;
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "Hello from the mock.\n");
+
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), 1);
+    let body = &reqs[0].body;
+    assert_eq!(body["model"], "mock-model");
+    let auth = reqs[0]
+        .headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+        .map(|(_, v)| v.clone());
+    assert_eq!(
+        auth.as_deref(),
+        Some("Bearer sk-test-secret-key-0123456789")
+    );
+
+    let list = talaria(&home, &["sessions", "list"]).await;
+    assert!(list.status.success(), "{}", text(&list.stderr));
+    assert!(text(&list.stdout).contains("cli"), "{}", text(&list.stdout));
+
+    let found = talaria(&home, &["sessions", "search", "mock"]).await;
+    assert!(found.status.success());
+    assert!(
+        text(&found.stdout).contains(">>>mock<<<"),
+        "{}",
+        text(&found.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn continue_resumes_the_last_session() {
+    let mock = MockOpenAi::start().await;
+    mock.push(Reply::text("first answer"));
+    mock.push(Reply::text("second answer"));
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    write_config(&home, &mock.base_url(), "");
+
+    assert!(
+        talaria(&home, &["chat", "-q", "remember the word pelican"])
+            .await
+            .status
+            .success()
+    );
+    let out = talaria(&home, &["chat", "--continue", "-q", "which word?"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "second answer\n");
+    let reqs = mock.requests();
+    let second = reqs[1].body.to_string();
+    assert!(second.contains("pelican"), "{second}");
+    assert!(second.contains("first answer"), "{second}");
+    // Byte-identical system prompt across the two processes.
+    assert_eq!(reqs[0].body["messages"][0], reqs[1].body["messages"][0]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_round_trip_runs_the_command() {
+    let mock = MockOpenAi::start().await;
+    mock.push(Reply::tool_calls(vec![ToolCallReply {
+        id: "call_1".into(),
+        name: "terminal".into(),
+        arguments: r#"{"command":"echo tool-output-marker"}"#.into(),
+    }]));
+    mock.push(Reply::text("The command printed the marker."));
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    write_config(&home, &mock.base_url(), "");
+
+    let out = talaria(&home, &["chat", "-q", "run echo"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "The command printed the marker.\n");
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), 2);
+    assert!(reqs[1].body.to_string().contains("tool-output-marker"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_exit_non_zero_without_leaking_the_key() {
+    let mock = MockOpenAi::start().await;
+    for _ in 0..4 {
+        mock.push(Reply::error(
+            401,
+            r#"{"error":{"message":"invalid key sk-test-secret-key-0123456789"}}"#,
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    write_config(&home, &mock.base_url(), "");
+    let out = talaria(&home, &["chat", "-q", "hi"]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(!err.is_empty());
+    assert!(!err.contains("sk-test-secret-key-0123456789"), "{err}");
+    assert!(text(&out.stdout).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_model_chat_says_what_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("fresh");
+    let out = talaria(&home, &["chat", "-q", "hi"]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("model.default"), "{err}");
+    assert!(err.contains("talaria setup"), "{err}");
+    // The home was created private.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&home).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn config_check_and_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    write_config(&home, "http://127.0.0.1:9/v1", "agent_typo: 1\n");
+    let out = talaria(&home, &["config", "check"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("agent_typo"));
+
+    let show = talaria(&home, &["config", "show"]).await;
+    assert!(show.status.success());
+    let shown = text(&show.stdout);
+    assert!(shown.contains("mock-model"), "{shown}");
+    assert!(!shown.contains("sk-test-secret-key-0123456789"), "{shown}");
+    assert!(shown.contains("****6789"), "{shown}");
+
+    std::fs::write(home.join("config.yaml"), "agent:\n  max_turns: -3\n").unwrap();
+    let bad = talaria(&home, &["config", "check"]).await;
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("agent.max_turns"),
+        "{}",
+        text(&bad.stderr)
+    );
+
+    std::fs::write(home.join("config.yaml"), "model: [\n").unwrap();
+    let broken = talaria(&home, &["config", "check"]).await;
+    assert!(!broken.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn setup_writes_a_config_that_chat_can_use() {
+    let mock = MockOpenAi::start().await;
+    mock.push(Reply::text("configured"));
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let url = mock.base_url();
+    let out = talaria(
+        &home,
+        &[
+            "setup",
+            "--non-interactive",
+            "--provider",
+            "custom",
+            "--base-url",
+            &url,
+            "--model",
+            "m1",
+            "--api-key",
+            "sk-setup-key-abcdefghijkl",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let env = std::fs::read_to_string(home.join(".env")).unwrap();
+    assert!(env.contains("OPENAI_API_KEY"));
+    let config = std::fs::read_to_string(home.join("config.yaml")).unwrap();
+    assert!(!config.contains("sk-setup-key"), "{config}");
+
+    let chat = talaria(&home, &["chat", "-q", "hi"]).await;
+    assert!(chat.status.success(), "{}", text(&chat.stderr));
+    assert_eq!(text(&chat.stdout), "configured\n");
+    let auth = mock.requests()[0]
+        .headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+        .map(|(_, v)| v.clone());
+    assert_eq!(auth.as_deref(), Some("Bearer sk-setup-key-abcdefghijkl"));
+
+    let again = talaria(
+        &home,
+        &[
+            "setup",
+            "--non-interactive",
+            "--model",
+            "x",
+            "--base-url",
+            &url,
+        ],
+    )
+    .await;
+    assert!(
+        !again.status.success(),
+        "an existing config must not be overwritten silently"
+    );
+}
