@@ -306,6 +306,14 @@ impl<'a> TurnRun<'a> {
                 }
                 StreamEvent::Reasoning(r) => observer.reasoning(&r),
                 StreamEvent::ToolCallStarted { .. } => {}
+                StreamEvent::Restart => {
+                    // The attempt that streamed this text failed; the
+                    // retry's text replaces it, it must not be kept twice.
+                    if let Ok(mut s) = streamed.lock() {
+                        s.clear();
+                    }
+                    observer.notice("(the model connection dropped; the answer restarts below)");
+                }
             };
             let result = self.chat(&request, &sink).await;
             let partial = streamed.into_inner().unwrap_or_else(|e| e.into_inner());

@@ -1,7 +1,7 @@
 //! [`LlmClient`]: retries, then the fallback chain.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use talaria_core::config::AgentConfig;
@@ -13,7 +13,7 @@ use crate::classify::is_retryable;
 use crate::http::HttpOptions;
 use crate::openai::OpenAiProvider;
 use crate::retry::{RetryPolicy, sleep_or_cancel};
-use crate::{ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider};
+use crate::{ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider, StreamEvent};
 
 /// The provider for an endpoint, with the `agent:` timeouts.
 pub fn provider_for(endpoint: &Endpoint, agent: &AgentConfig) -> Arc<dyn Provider> {
@@ -187,6 +187,13 @@ impl Provider for LlmClient {
             .load(Ordering::Relaxed)
             .min(self.providers.len() - 1);
         let mut last: Option<LlmError> = None;
+        // Whether the current attempt has streamed anything; a failed
+        // attempt that did must be voided before the next one streams.
+        let emitted = AtomicBool::new(false);
+        let tracking = |event: StreamEvent| {
+            emitted.store(true, Ordering::Relaxed);
+            sink(event);
+        };
         for (idx, provider) in self.providers.iter().enumerate().skip(start) {
             if idx != start {
                 tracing::warn!(
@@ -199,7 +206,10 @@ impl Provider for LlmClient {
             let mut attempt = 0u32;
             loop {
                 attempt += 1;
-                let err = match provider.chat(request, sink, cancel).await {
+                if emitted.swap(false, Ordering::Relaxed) {
+                    sink(StreamEvent::Restart);
+                }
+                let err = match provider.chat(request, &tracking, cancel).await {
                     Ok(r) => return Ok(r),
                     Err(e) => e,
                 };
@@ -271,5 +281,90 @@ mod tests {
         assert_eq!(next_step(ErrorKind::ContextOverflow), Next::GiveUp);
         assert_eq!(next_step(ErrorKind::FormatError), Next::GiveUp);
         assert_eq!(next_step(ErrorKind::Interrupted), Next::GiveUp);
+    }
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicU32;
+    use std::time::Duration;
+
+    use talaria_core::{Message, Usage};
+
+    use super::*;
+    use crate::{ChatRequest, ChatResponse, LlmError};
+
+    /// Streams "partial" and fails on its first call; answers on the second.
+    struct FlakyStream {
+        calls: AtomicU32,
+    }
+
+    #[async_trait]
+    impl Provider for FlakyStream {
+        fn describe(&self) -> String {
+            "flaky:model".to_owned()
+        }
+
+        fn model(&self) -> &str {
+            "model"
+        }
+
+        async fn chat(
+            &self,
+            _request: &ChatRequest,
+            sink: EventSink<'_>,
+            _cancel: &CancellationToken,
+        ) -> Result<ChatResponse, LlmError> {
+            if self.calls.fetch_add(1, Ordering::Relaxed) == 0 {
+                sink(StreamEvent::Text("partial".to_owned()));
+                return Err(LlmError {
+                    kind: ErrorKind::Network,
+                    status: None,
+                    message: "connection reset".to_owned(),
+                    retry_after: None,
+                    provider: self.describe(),
+                });
+            }
+            sink(StreamEvent::Text("whole answer".to_owned()));
+            Ok(ChatResponse {
+                message: Message::assistant("whole answer"),
+                usage: Usage::default(),
+                provider: self.describe(),
+                model: "model".to_owned(),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_partial_output_voids_it_first() {
+        let policy = RetryPolicy {
+            max_attempts: 3,
+            base: Duration::from_millis(1),
+            max: Duration::from_millis(2),
+            retry_after_cap: Duration::from_millis(2),
+        };
+        let client = LlmClient::new(
+            Arc::new(FlakyStream {
+                calls: AtomicU32::new(0),
+            }),
+            Vec::new(),
+            policy,
+        );
+        let events = Mutex::new(Vec::new());
+        let sink = |e: StreamEvent| events.lock().unwrap().push(e);
+        let r = client
+            .chat(&ChatRequest::default(), &sink, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(r.message.content, "whole answer");
+        assert_eq!(
+            events.into_inner().unwrap(),
+            vec![
+                StreamEvent::Text("partial".to_owned()),
+                StreamEvent::Restart,
+                StreamEvent::Text("whole answer".to_owned()),
+            ]
+        );
     }
 }

@@ -64,6 +64,10 @@ pub enum StreamEvent {
     Reasoning(String),
     /// The model started writing a call to this tool.
     ToolCallStarted { name: String },
+    /// Everything streamed since the last `Restart` (or the start) is void:
+    /// that attempt failed and a retry or a fallback provider starts over.
+    /// Consumers drop the partial text so nothing is shown or kept twice.
+    Restart,
 }
 
 /// A complete model response.
