@@ -1,7 +1,7 @@
 //! Logging to stderr through the secret redactor, so that no log line can
 //! carry a key even when a library logs a request.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 
 use talaria_core::Redactor;
 use tracing_subscriber::EnvFilter;
@@ -46,5 +46,8 @@ pub fn init(redactor: Redactor) {
         .with_env_filter(filter)
         .with_writer(RedactingStderr { redactor })
         .with_target(false)
+        // Colour codes only help a person at a terminal; in a log file or a
+        // pipe they are noise.
+        .with_ansi(io::stderr().is_terminal())
         .try_init();
 }
