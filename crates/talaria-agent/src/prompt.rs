@@ -343,13 +343,4 @@ mod tests {
         assert!(t.contains("17 characters of f omitted"), "{t}");
         assert_eq!(truncate_head_tail("short", 10, "f"), "short");
     }
-
-    #[test]
-    fn skills_index_is_silent_for_now() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(
-            skills_index(&Home::at(dir.path()), &Config::default()),
-            None
-        );
-    }
 }

@@ -424,10 +424,7 @@ impl Accumulator {
                             .get("thinking")
                             .and_then(Value::as_str)
                             .unwrap_or_default();
-                        if !t.is_empty() {
-                            self.reasoning.push_str(t);
-                            sink(StreamEvent::Reasoning(t.to_owned()));
-                        }
+                        self.push_reasoning(t, sink);
                     }
                     Some("input_json_delta") => {
                         let p = d
@@ -458,6 +455,13 @@ impl Accumulator {
         if !t.is_empty() {
             self.text.push_str(t);
             sink(StreamEvent::Text(t.to_owned()));
+        }
+    }
+
+    fn push_reasoning(&mut self, t: &str, sink: EventSink<'_>) {
+        if !t.is_empty() {
+            self.reasoning.push_str(t);
+            sink(StreamEvent::Reasoning(t.to_owned()));
         }
     }
 
@@ -492,10 +496,7 @@ impl Accumulator {
                         .get("thinking")
                         .and_then(Value::as_str)
                         .unwrap_or_default();
-                    if !t.is_empty() {
-                        acc.reasoning.push_str(t);
-                        sink(StreamEvent::Reasoning(t.to_owned()));
-                    }
+                    acc.push_reasoning(t, sink);
                     acc.blocks.insert(i, Block::Thinking);
                 }
                 Some("tool_use") => {
