@@ -329,6 +329,164 @@ pub struct Config {
     /// Command patterns approved with "always"; they run without asking.
     pub command_allowlist: Vec<String>,
     pub terminal: TerminalConfig,
+    /// `talaria gateway run`: routing, busy handling, shutdown.
+    pub gateway: GatewayConfig,
+    /// When a chat's conversation starts afresh on its own.
+    pub session_reset: SessionResetConfig,
+    /// The messaging platforms the gateway connects.
+    pub platforms: PlatformsConfig,
+}
+
+/// What happens to a message that arrives while the agent is still working
+/// on the same chat (`gateway.busy_input_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BusyInputMode {
+    /// Cancel the running turn and answer the new message next.
+    #[default]
+    Interrupt,
+    /// Let the turn finish; merge what arrived into the next turn.
+    Queue,
+    /// Hand the text to the running turn after its next tool call.
+    Steer,
+}
+
+/// `gateway:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GatewayConfig {
+    pub busy_input_mode: BusyInputMode,
+    /// In groups, each member gets a conversation of their own.
+    pub group_sessions_per_user: bool,
+    /// Inside threads and forum topics, each member gets their own too
+    /// (by default a thread is one shared conversation).
+    pub thread_sessions_per_user: bool,
+    /// Seconds a stopping gateway lets running turns finish before it
+    /// interrupts them.
+    pub drain_timeout_secs: u64,
+    /// Tell the user when their message interrupted or was queued behind a
+    /// running turn (at most once per 30 s per chat).
+    pub busy_ack: bool,
+    /// Record every final reply before sending it, so a crash cannot lose it.
+    pub delivery_ledger: bool,
+    /// Seconds between typing indicators while the agent works.
+    pub typing_interval_secs: u64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> GatewayConfig {
+        GatewayConfig {
+            busy_input_mode: BusyInputMode::Interrupt,
+            group_sessions_per_user: true,
+            thread_sessions_per_user: false,
+            drain_timeout_secs: 30,
+            busy_ack: true,
+            delivery_ledger: true,
+            typing_interval_secs: 4,
+        }
+    }
+}
+
+/// When a conversation resets by itself (`session_reset.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResetMode {
+    /// Never: only `/new` starts afresh.
+    #[default]
+    None,
+    /// After `idle_minutes` without a message.
+    Idle,
+    /// Once a day at `at_hour` (local time).
+    Daily,
+    /// Whichever of the two comes first.
+    Both,
+}
+
+/// `session_reset:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionResetConfig {
+    pub mode: ResetMode,
+    pub idle_minutes: u64,
+    /// Hour of the day (0-23, local time) of the daily reset.
+    pub at_hour: u32,
+}
+
+impl Default for SessionResetConfig {
+    fn default() -> SessionResetConfig {
+        SessionResetConfig {
+            mode: ResetMode::None,
+            idle_minutes: 1440,
+            at_hour: 4,
+        }
+    }
+}
+
+/// `platforms:`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PlatformsConfig {
+    pub telegram: TelegramConfig,
+    pub api_server: ApiServerConfig,
+}
+
+/// `platforms.telegram:`. The token may instead come from
+/// `TELEGRAM_BOT_TOKEN`; setting it either way enables the platform unless
+/// `enabled: false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TelegramConfig {
+    /// `None` means "enabled when a token is set".
+    pub enabled: Option<bool>,
+    pub token: Option<Secret>,
+    /// The Bot API root; requests go to `{base_url}/bot{token}/{method}`.
+    pub base_url: String,
+    /// In groups, answer only messages that mention the bot or reply to it.
+    pub require_mention: bool,
+    /// Show the answer growing by editing one message while it streams.
+    pub streaming_edits: bool,
+    /// Seconds a `getUpdates` long poll waits on the server.
+    pub poll_timeout_secs: u64,
+}
+
+impl Default for TelegramConfig {
+    fn default() -> TelegramConfig {
+        TelegramConfig {
+            enabled: None,
+            token: None,
+            base_url: "https://api.telegram.org".to_owned(),
+            require_mention: false,
+            streaming_edits: false,
+            poll_timeout_secs: 30,
+        }
+    }
+}
+
+/// `platforms.api_server:`, the OpenAI-compatible HTTP endpoint. The key
+/// may instead come from `API_SERVER_KEY`, host and port from
+/// `API_SERVER_HOST` and `API_SERVER_PORT`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApiServerConfig {
+    /// `None` means "enabled when a key is set".
+    pub enabled: Option<bool>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub key: Option<Secret>,
+    /// Turns running at once; more get 429. 0 means no cap.
+    pub max_concurrent_runs: usize,
+}
+
+impl Default for ApiServerConfig {
+    fn default() -> ApiServerConfig {
+        ApiServerConfig {
+            enabled: None,
+            host: None,
+            port: None,
+            key: None,
+            max_concurrent_runs: 10,
+        }
+    }
 }
 
 /// A parsed configuration with what was noticed on the way.
@@ -498,6 +656,18 @@ impl Config {
                     "expected a model name",
                 ));
             }
+        }
+        if self.session_reset.at_hour > 23 {
+            return Err(invalid(
+                "session_reset.at_hour",
+                "expected an hour from 0 to 23",
+            ));
+        }
+        if !url_ok(&self.platforms.telegram.base_url) {
+            return Err(invalid(
+                "platforms.telegram.base_url",
+                "expected an http:// or https:// URL",
+            ));
         }
         if self.agent.max_turns == 0 {
             return Err(invalid(

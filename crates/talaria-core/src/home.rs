@@ -86,6 +86,16 @@ impl Home {
     pub fn chat_history_file(&self) -> PathBuf {
         self.root.join("chat_history")
     }
+
+    /// The running gateway's PID file, held under an exclusive lock.
+    pub fn gateway_pid_file(&self) -> PathBuf {
+        self.root.join("gateway.pid")
+    }
+
+    /// What the running gateway reports about itself (`gateway status`).
+    pub fn gateway_state_file(&self) -> PathBuf {
+        self.root.join("gateway_state.json")
+    }
 }
 
 fn create_private_dir(path: &Path) -> io::Result<()> {

@@ -14,6 +14,7 @@
 //! any other crate without pulling in a runtime.
 #![forbid(unsafe_code)]
 
+pub mod commands;
 pub mod config;
 pub mod home;
 pub mod ids;

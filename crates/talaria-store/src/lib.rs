@@ -3,6 +3,8 @@
 //! # Layout
 //!
 //! - this file: the backend-neutral types and the [`SessionStore`] trait.
+//! - [`gateway`]: what the gateway keeps (routes, the delivery ledger,
+//!   pairing), as traits the backends implement.
 //! - [`sqlite`]: the embedded backend (bundled SQLite, WAL, FTS5).
 //! - [`fts`]: turning user text into a safe FTS5 query.
 //!
@@ -17,7 +19,14 @@ use serde::{Deserialize, Serialize};
 use talaria_core::Message;
 
 pub mod fts;
+pub mod gateway;
 pub mod sqlite;
+
+pub use gateway::{
+    ApproveOutcome, ApprovedUser, GatewayStore, LedgerStore, NewObligation, Obligation,
+    ObligationState, OfferOutcome, Owner, PairingLimits, PairingSnapshot, PairingStore,
+    PendingPairing, Route, RouteStore,
+};
 
 pub use sqlite::{SqliteOptions, SqliteStore};
 

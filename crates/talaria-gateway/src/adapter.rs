@@ -1,0 +1,235 @@
+//! The adapter contract: what a platform connector provides to the gateway
+//! and what the gateway provides to it.
+//!
+//! An adapter owns everything platform-specific: the wire protocol, the
+//! payload types, formatting and escaping, rate limits. It turns inbound
+//! traffic into [`MessageEvent`]s handed to an [`Inbox`], and sends plain
+//! text the gateway has already split to fit [`Adapter::limits`].
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::event::MessageEvent;
+
+/// How a platform measures message length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LengthUnit {
+    /// Unicode scalar values.
+    Chars,
+    /// UTF-16 code units (Telegram).
+    Utf16,
+}
+
+impl LengthUnit {
+    /// The length of `text` in this unit.
+    pub fn measure(self, text: &str) -> usize {
+        match self {
+            LengthUnit::Chars => text.chars().count(),
+            LengthUnit::Utf16 => text.encode_utf16().count(),
+        }
+    }
+
+    /// The length of one character in this unit.
+    pub fn char_len(self, c: char) -> usize {
+        match self {
+            LengthUnit::Chars => 1,
+            LengthUnit::Utf16 => c.len_utf16(),
+        }
+    }
+}
+
+/// The largest message a platform accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageLimits {
+    pub max_len: usize,
+    pub unit: LengthUnit,
+}
+
+/// One message to send. The text already fits the platform's limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundMessage {
+    pub chat_id: String,
+    /// Thread or forum topic to post in.
+    pub thread_id: Option<String>,
+    /// The message this one answers, when the platform can show that.
+    pub reply_to: Option<String>,
+    pub text: String,
+}
+
+/// What the platform returned for a sent message.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SentMessage {
+    /// The platform's id of the new message, for later edits.
+    pub message_id: Option<String>,
+}
+
+/// Why a send did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The platform is not connected (or its API is unreachable): nothing
+    /// was sent, and trying again later will probably work. The ledger
+    /// spends no attempt on this.
+    #[error("{0} is not reachable right now")]
+    Unavailable(String),
+    /// The platform asked us to slow down; the adapter already waited and
+    /// retried as long as it sensibly could.
+    #[error("rate limited; retry after {0:?}")]
+    RateLimited(Duration),
+    /// The platform refused this message for good (unknown chat, blocked by
+    /// the user, too long): retrying cannot help.
+    #[error("refused: {0}")]
+    Rejected(String),
+    /// The request failed in a way that may pass on a retry (5xx).
+    #[error("failed: {0}")]
+    Transient(String),
+    /// The request timed out after it was sent: the message may or may not
+    /// have arrived.
+    #[error("timed out; the message may have been delivered: {0}")]
+    Ambiguous(String),
+}
+
+/// Why an adapter's connection ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdapterError {
+    /// Connection lost or refused: the supervisor reconnects with backoff.
+    #[error("{0}")]
+    Disconnected(String),
+    /// Misconfiguration or revoked credentials: reconnecting cannot help
+    /// until the operator acts. The supervisor still retries, slowly.
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// A connector's health, as `talaria gateway status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Liveness {
+    /// Connecting (first time or after a backoff).
+    Connecting,
+    /// Connected and receiving.
+    Live,
+    /// Connected, but recent requests failed.
+    Degraded,
+    /// Waiting before the next reconnect attempt.
+    Backoff,
+}
+
+impl fmt::Display for Liveness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Liveness::Connecting => "connecting",
+            Liveness::Live => "live",
+            Liveness::Degraded => "degraded",
+            Liveness::Backoff => "backoff",
+        })
+    }
+}
+
+/// Where an adapter hands inbound events to the runner.
+///
+/// [`Inbox::submit`] returns once the runner has accepted the event: an
+/// adapter that acknowledges receipt to its platform (Telegram's update
+/// offset, Slack's envelope ack) does so only after it returns.
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    tx: mpsc::Sender<MessageEvent>,
+}
+
+/// The runner is gone (the gateway is shutting down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the gateway is shutting down")]
+pub struct InboxClosed;
+
+impl Inbox {
+    /// An inbox and the receiving end the runner reads.
+    pub fn channel(capacity: usize) -> (Inbox, mpsc::Receiver<MessageEvent>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (Inbox { tx }, rx)
+    }
+
+    /// Hands an event to the runner, waiting while the runner is saturated.
+    pub async fn submit(&self, event: MessageEvent) -> Result<(), InboxClosed> {
+        self.tx.send(event).await.map_err(|_| InboxClosed)
+    }
+}
+
+/// Reports an adapter's liveness to the supervisor.
+#[derive(Debug, Clone)]
+pub struct LivenessReporter {
+    tx: watch::Sender<Liveness>,
+}
+
+impl LivenessReporter {
+    /// A reporter and the receiver that observes it.
+    pub fn new() -> (LivenessReporter, watch::Receiver<Liveness>) {
+        let (tx, rx) = watch::channel(Liveness::Connecting);
+        (LivenessReporter { tx }, rx)
+    }
+
+    pub fn set(&self, state: Liveness) {
+        self.tx.send_if_modified(|current| {
+            let changed = *current != state;
+            *current = state;
+            changed
+        });
+    }
+
+    pub fn get(&self) -> Liveness {
+        *self.tx.borrow()
+    }
+}
+
+/// What [`Adapter::run`] is given.
+#[derive(Debug, Clone)]
+pub struct AdapterContext {
+    pub inbox: Inbox,
+    pub liveness: LivenessReporter,
+    /// Fires when the gateway stops; `run` then returns `Ok(())` promptly.
+    pub shutdown: CancellationToken,
+}
+
+/// A platform connector.
+#[async_trait]
+pub trait Adapter: Send + Sync + 'static {
+    /// The platform's name in keys and config (`telegram`).
+    fn platform(&self) -> &'static str;
+
+    /// The largest message the platform accepts.
+    fn limits(&self) -> MessageLimits;
+
+    /// For platforms that allow one reader per credential: the lock scope
+    /// and the credential, so two gateways on one machine cannot both use
+    /// it. The credential is hashed before it touches the disk.
+    fn credential(&self) -> Option<(&'static str, String)> {
+        None
+    }
+
+    /// Connects and receives until `ctx.shutdown` fires (then `Ok`) or the
+    /// connection fails (then `Err`; the supervisor reconnects with
+    /// backoff). Sets [`Liveness::Live`] once receiving.
+    async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError>;
+
+    /// Sends one message (already within [`Adapter::limits`]).
+    async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError>;
+
+    /// Replaces the text of a message sent earlier. Platforms that cannot
+    /// edit report [`SendError::Rejected`].
+    async fn edit(&self, chat_id: &str, message_id: &str, text: &str) -> Result<(), SendError> {
+        let _ = (chat_id, message_id, text);
+        Err(SendError::Rejected(format!(
+            "{} messages cannot be edited",
+            self.platform()
+        )))
+    }
+
+    /// Shows that the bot is working on an answer. Best effort.
+    async fn typing(&self, chat_id: &str, thread_id: Option<&str>) -> Result<(), SendError> {
+        let _ = (chat_id, thread_id);
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! What every platform's inbound message becomes: a [`MessageEvent`] with
+//! its [`SessionSource`].
+//!
+//! Adapters build these and nothing else crosses into the runner, so the
+//! runner, the session router and the ledger never see a platform's own
+//! payload types.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The kind of conversation a message belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatType {
+    /// A one-to-one chat with the bot.
+    Dm,
+    /// A group chat (Telegram groups and supergroups, Discord guild channels).
+    Group,
+    /// A broadcast channel.
+    Channel,
+    /// A thread inside a channel (Slack, Discord threads).
+    Thread,
+    /// A forum-style group whose topics are threads (Telegram forums).
+    Forum,
+}
+
+impl ChatType {
+    /// The form used in session keys and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChatType::Dm => "dm",
+            ChatType::Group => "group",
+            ChatType::Channel => "channel",
+            ChatType::Thread => "thread",
+            ChatType::Forum => "forum",
+        }
+    }
+
+    /// Whether several people may speak in this chat.
+    pub fn is_shared(self) -> bool {
+        !matches!(self, ChatType::Dm)
+    }
+}
+
+impl fmt::Display for ChatType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a message came from: platform, chat, thread and sender.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSource {
+    /// The platform's name as used in keys and config: `telegram`, `discord`, ...
+    pub platform: String,
+    /// The platform's chat (or channel, or room) id.
+    pub chat_id: String,
+    /// The chat's display name, when the platform gives one.
+    pub chat_name: Option<String>,
+    pub chat_type: ChatType,
+    /// The sender's platform id. `None` for anonymous posts (channel posts).
+    pub user_id: Option<String>,
+    /// The sender's display name.
+    pub user_name: Option<String>,
+    /// The thread, forum topic or reply chain, when the platform has one.
+    pub thread_id: Option<String>,
+    /// The sender is a bot or an automated account.
+    pub is_bot: bool,
+}
+
+impl SessionSource {
+    /// A DM source, the common case in tests and tools.
+    pub fn dm(platform: &str, chat_id: &str, user_id: &str) -> SessionSource {
+        SessionSource {
+            platform: platform.to_owned(),
+            chat_id: chat_id.to_owned(),
+            chat_name: None,
+            chat_type: ChatType::Dm,
+            user_id: Some(user_id.to_owned()),
+            user_name: None,
+            thread_id: None,
+            is_bot: false,
+        }
+    }
+}
+
+/// One inbound message, normalised.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageEvent {
+    pub source: SessionSource,
+    /// The text as the user wrote it (captions for media).
+    pub text: String,
+    /// The platform's id for this message; replies anchor to it and the
+    /// delivery ledger keys obligations by it.
+    pub message_id: Option<String>,
+    /// The message this one replies to.
+    pub reply_to_message_id: Option<String>,
+    /// The text of the message replied to, when the platform sends it.
+    pub reply_to_text: Option<String>,
+    /// Attachments the agent can be told about (names or descriptions).
+    pub attachments: Vec<String>,
+}
+
+impl MessageEvent {
+    /// A text message from `source`.
+    pub fn text(source: SessionSource, text: impl Into<String>) -> MessageEvent {
+        MessageEvent {
+            source,
+            text: text.into(),
+            message_id: None,
+            reply_to_message_id: None,
+            reply_to_text: None,
+            attachments: Vec::new(),
+        }
+    }
+
+    /// The slash command this message invokes, if it is one.
+    pub fn command(&self) -> Option<Invocation<'_>> {
+        Invocation::parse(&self.text)
+    }
+}
+
+/// A slash command as typed: `/name@bot args`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Invocation<'a> {
+    /// The name as typed, without `/` and without an `@bot` suffix. Not yet
+    /// lower-cased or resolved to a canonical command.
+    pub name: &'a str,
+    /// Everything after the first run of whitespace, trimmed.
+    pub args: &'a str,
+}
+
+impl<'a> Invocation<'a> {
+    /// Parses `/cmd`, `/cmd args`, `/cmd@botname args`.
+    ///
+    /// Text that only looks like a command is not one: a path such as
+    /// `/usr/bin/ls` (a `/` after the name), a lone `/`, or a name with
+    /// characters no command uses.
+    pub fn parse(text: &'a str) -> Option<Invocation<'a>> {
+        let rest = text.trim_start().strip_prefix('/')?;
+        let (head, args) = match rest.find(char::is_whitespace) {
+            Some(i) => (&rest[..i], rest[i..].trim()),
+            None => (rest, ""),
+        };
+        let name = match head.split_once('@') {
+            Some((name, bot)) if !bot.is_empty() && !bot.contains('/') => name,
+            Some(_) => return None,
+            None => head,
+        };
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        valid.then_some(Invocation { name, args })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_and_non_commands() {
+        let p = Invocation::parse;
+        assert_eq!(p("/new"), Some(Invocation { name: "new", args: "" }));
+        assert_eq!(
+            p("/queue  do this  "),
+            Some(Invocation {
+                name: "queue",
+                args: "do this"
+            })
+        );
+        assert_eq!(
+            p("/reset@MyBot now"),
+            Some(Invocation {
+                name: "reset",
+                args: "now"
+            })
+        );
+        assert_eq!(p("/reload-mcp").map(|i| i.name), Some("reload-mcp"));
+        assert_eq!(p("/usr/bin/ls"), None);
+        assert_eq!(p("/usr/bin/ls -la"), None);
+        assert_eq!(p("/"), None);
+        assert_eq!(p("/ new"), None);
+        assert_eq!(p("hello /new"), None);
+        assert_eq!(p("/new@"), None);
+        assert_eq!(p("/étoile"), None);
+    }
+}

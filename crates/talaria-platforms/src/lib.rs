@@ -1,0 +1,13 @@
+//! Talaria's platform adapters. Each lives behind a cargo feature that is
+//! on by default and keeps everything platform-specific inside itself.
+//!
+//! # Layout
+//!
+//! - [`telegram`]: the Telegram Bot API over long polling.
+//! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
+#![forbid(unsafe_code)]
+
+#[cfg(feature = "api-server")]
+pub mod api_server;
+#[cfg(feature = "telegram")]
+pub mod telegram;

@@ -1,0 +1,269 @@
+//! What the gateway keeps: session routes, the delivery ledger and DM
+//! pairing. Backend-neutral types and traits; the policy (when to reset,
+//! who is alive, what a code looks like) lives in the gateway crate, the
+//! atomicity (claims, limits checked and applied in one transaction) here.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::{Result, SessionStore, Timestamp};
+
+/// A session key's current conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Route {
+    pub session_key: String,
+    pub session_id: String,
+    /// When the key was pointed at this session.
+    pub created_at: Timestamp,
+    /// The last message routed through it (reset policies read this).
+    pub updated_at: Timestamp,
+}
+
+/// Session key → current session id, persisted so a chat continues across
+/// restarts.
+#[async_trait]
+pub trait RouteStore: Send + Sync {
+    /// The key's route, if it has one.
+    async fn route(&self, session_key: &str) -> Result<Option<Route>>;
+    /// Points `session_key` at `session_id` (creating or replacing the
+    /// route), stamping both times with now.
+    async fn set_route(&self, session_key: &str, session_id: &str) -> Result<()>;
+    /// Records activity on the key: `updated_at` = now.
+    async fn touch_route(&self, session_key: &str) -> Result<()>;
+}
+
+/// Where a delivery obligation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ObligationState {
+    /// Recorded, not yet handed to the platform.
+    Pending,
+    /// A send is in progress (or was, when its process died).
+    Attempting,
+    Delivered,
+    /// The last send failed; a sweep may try again.
+    Failed,
+    /// Given up: too many attempts or too old.
+    Abandoned,
+}
+
+impl ObligationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObligationState::Pending => "pending",
+            ObligationState::Attempting => "attempting",
+            ObligationState::Delivered => "delivered",
+            ObligationState::Failed => "failed",
+            ObligationState::Abandoned => "abandoned",
+        }
+    }
+
+    /// Pending, attempting and failed rows are still owed.
+    pub fn is_open(self) -> bool {
+        matches!(
+            self,
+            ObligationState::Pending | ObligationState::Attempting | ObligationState::Failed
+        )
+    }
+}
+
+/// The process that owns an obligation: its pid and its start time (clock
+/// ticks since boot, from `/proc/<pid>/stat`), so a recycled pid is not
+/// mistaken for the owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Owner {
+    pub pid: u32,
+    /// `None` where the start time could not be read.
+    pub started_at: Option<u64>,
+}
+
+/// A reply about to be sent, with everything needed to send it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewObligation {
+    /// First 24 hex of sha256(`session_key|inbound message id|content`).
+    pub id: String,
+    pub session_key: String,
+    pub platform: String,
+    pub chat_id: String,
+    pub thread_id: Option<String>,
+    pub reply_to: Option<String>,
+    pub content: String,
+    pub owner: Owner,
+}
+
+/// A stored obligation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Obligation {
+    pub id: String,
+    pub session_key: String,
+    pub platform: String,
+    pub chat_id: String,
+    pub thread_id: Option<String>,
+    pub reply_to: Option<String>,
+    pub content: String,
+    pub state: ObligationState,
+    /// Sends tried so far (a sweep's claim counts one).
+    pub attempts: u32,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub owner: Option<Owner>,
+    pub last_error: Option<String>,
+}
+
+/// The delivery ledger: final replies recorded before they are sent.
+///
+/// State changes by id are unconditional; only [`LedgerStore::claim_obligation`]
+/// is guarded, because it is the one that can race another process.
+#[async_trait]
+pub trait LedgerStore: Send + Sync {
+    /// Records (or re-records, idempotently by id) an obligation as
+    /// `pending` with no attempts, owned by `owner`, created now.
+    async fn record_obligation(&self, obligation: NewObligation) -> Result<()>;
+    async fn mark_attempting(&self, id: &str) -> Result<()>;
+    async fn mark_delivered(&self, id: &str) -> Result<()>;
+    /// Records a failed send; the error text is kept (at most 500 chars).
+    async fn mark_failed(&self, id: &str, error: &str) -> Result<()>;
+    /// Gives up on an obligation, saying why.
+    async fn abandon_obligation(&self, id: &str, reason: &str) -> Result<()>;
+    async fn obligation(&self, id: &str) -> Result<Option<Obligation>>;
+    /// Every open (pending, attempting, failed) obligation, oldest first.
+    async fn open_obligations(&self) -> Result<Vec<Obligation>>;
+    /// Takes over an open obligation: re-stamps the owner to `new_owner`
+    /// and adds one attempt, only if the stored owner still equals
+    /// `expected` (pid and start time, `None` matching a missing owner) and
+    /// the row is still open. Returns whether this caller won the claim.
+    async fn claim_obligation(
+        &self,
+        id: &str,
+        expected: Option<Owner>,
+        new_owner: Owner,
+    ) -> Result<bool>;
+    /// Deletes delivered and abandoned rows last updated before `cutoff`;
+    /// returns how many.
+    async fn prune_obligations(&self, cutoff: Timestamp) -> Result<u64>;
+    /// How many rows are in each state.
+    async fn obligation_counts(&self) -> Result<BTreeMap<ObligationState, u64>>;
+}
+
+/// The pairing rules, passed in so the store applies them atomically.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairingLimits {
+    /// Seconds a code stays valid.
+    pub code_ttl: f64,
+    /// Codes pending at once per platform.
+    pub max_pending: usize,
+    /// Seconds between two offers to the same user.
+    pub offer_interval: f64,
+    /// Failed approvals that lock a platform.
+    pub max_failures: u32,
+    /// Seconds a lock lasts.
+    pub lockout: f64,
+}
+
+impl Default for PairingLimits {
+    fn default() -> PairingLimits {
+        PairingLimits {
+            code_ttl: 3600.0,
+            max_pending: 3,
+            offer_interval: 600.0,
+            max_failures: 5,
+            lockout: 3600.0,
+        }
+    }
+}
+
+/// What happened to a request for a code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OfferOutcome {
+    /// The code was stored (as a salted hash) and may be shown to the user.
+    Created,
+    /// This user was offered a code (or refused) within the interval: say
+    /// nothing.
+    RateLimited,
+    /// The platform has too many codes pending.
+    TooManyPending,
+    /// The platform's approvals are locked after failed attempts.
+    LockedOut,
+}
+
+/// A user who may talk to the bot because an operator approved their code.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovedUser {
+    pub platform: String,
+    pub user_id: String,
+    pub user_name: Option<String>,
+    pub approved_at: Timestamp,
+}
+
+/// A code waiting for approval (the code itself is never stored).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingPairing {
+    pub platform: String,
+    pub user_id: String,
+    pub user_name: Option<String>,
+    pub created_at: Timestamp,
+}
+
+/// What happened to an approval attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ApproveOutcome {
+    Approved(ApprovedUser),
+    /// No pending code matched; `failures` counts toward the lock.
+    NoMatch { failures: u32 },
+    /// Approvals on this platform are locked until the given time.
+    LockedOut { until: Timestamp },
+}
+
+/// Everything pairing holds, for `talaria pairing list`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PairingSnapshot {
+    pub pending: Vec<PendingPairing>,
+    pub approved: Vec<ApprovedUser>,
+    /// Platforms whose approvals are locked, and until when.
+    pub lockouts: Vec<(String, Timestamp)>,
+}
+
+/// DM pairing: codes (stored only as salted hashes), approved users, and
+/// the rate limits around them.
+#[async_trait]
+pub trait PairingStore: Send + Sync {
+    /// In one transaction: drops expired codes; refuses when the platform is
+    /// locked, the user was offered within the interval, or too many codes
+    /// are pending; otherwise stores a fresh salt and the salted hash of
+    /// `code` (never `code` itself) and stamps the user's offer time.
+    async fn pairing_offer(
+        &self,
+        platform: &str,
+        user_id: &str,
+        user_name: Option<&str>,
+        code: &str,
+        limits: PairingLimits,
+    ) -> Result<OfferOutcome>;
+    /// Stamps the user's offer time without a code, so that a user told
+    /// "too many requests" is not told again within the interval.
+    async fn pairing_stamp_offer(&self, platform: &str, user_id: &str) -> Result<()>;
+    /// Approves the user whose pending code matches `code` (compared in
+    /// constant time against every unexpired code of the platform); a miss
+    /// counts a failure and the failure that reaches the limit locks the
+    /// platform (and resets the count).
+    async fn pairing_approve(
+        &self,
+        platform: &str,
+        code: &str,
+        limits: PairingLimits,
+    ) -> Result<ApproveOutcome>;
+    async fn pairing_is_approved(&self, platform: &str, user_id: &str) -> Result<bool>;
+    /// Removes an approval; returns whether there was one.
+    async fn pairing_revoke(&self, platform: &str, user_id: &str) -> Result<bool>;
+    /// Drops pending codes (of one platform, or all); returns how many.
+    async fn pairing_clear_pending(&self, platform: Option<&str>) -> Result<u64>;
+    /// Unexpired codes, approvals and active locks.
+    async fn pairing_snapshot(&self, limits: PairingLimits) -> Result<PairingSnapshot>;
+}
+
+/// Everything the gateway needs from one backend.
+pub trait GatewayStore: SessionStore + RouteStore + LedgerStore + PairingStore {}
+
+impl<T: SessionStore + RouteStore + LedgerStore + PairingStore> GatewayStore for T {}
