@@ -39,6 +39,13 @@ pub struct AgentParts {
     pub workdir: PathBuf,
 }
 
+/// Per-turn choices for [`Agent::run_turn_with`].
+#[derive(Clone, Default)]
+pub struct TurnOptions {
+    /// Who tools ask during this turn, instead of [`AgentParts::interaction`].
+    pub interaction: Option<Arc<dyn Interaction>>,
+}
+
 /// Why a session could not be opened or a turn could not run.
 ///
 /// Model failures are not errors here: they end the turn with
@@ -108,18 +115,25 @@ impl Agent {
     /// Starts a session: builds the system prompt once and stores it with a
     /// new session row.
     pub async fn new_session(&self, source: &str) -> Result<SessionHandle, AgentError> {
-        let id = talaria_core::ids::new_session_id();
+        self.start_session(NewSession {
+            source: source.to_owned(),
+            ..NewSession::default()
+        })
+        .await
+    }
+
+    /// [`Agent::new_session`] with routing metadata (session key, chat,
+    /// user, parent). An empty `id` gets a fresh one; the model and the
+    /// system prompt are always filled in here.
+    pub async fn start_session(&self, mut meta: NewSession) -> Result<SessionHandle, AgentError> {
+        if meta.id.is_empty() {
+            meta.id = talaria_core::ids::new_session_id();
+        }
         let prompt = self.build_prompt().await?;
-        self.parts
-            .store
-            .create_session(NewSession {
-                id: id.clone(),
-                source: source.to_owned(),
-                model: Some(self.parts.provider.model().to_owned()),
-                system_prompt: Some(prompt.clone()),
-                ..NewSession::default()
-            })
-            .await?;
+        meta.model = Some(self.parts.provider.model().to_owned());
+        meta.system_prompt = Some(prompt.clone());
+        let id = meta.id.clone();
+        self.parts.store.create_session(meta).await?;
         Ok(SessionHandle::new(id, prompt))
     }
 
@@ -158,6 +172,23 @@ impl Agent {
         observer: &dyn TurnObserver,
         cancel: CancellationToken,
     ) -> Result<TurnOutcome, AgentError> {
+        self.run_turn_with(session, user_text, observer, cancel, TurnOptions::default())
+            .await
+    }
+
+    /// [`Agent::run_turn`] with per-turn choices (a front end that serves
+    /// many chats routes each turn's approvals to its own chat).
+    pub async fn run_turn_with(
+        &self,
+        session: &SessionHandle,
+        user_text: &str,
+        observer: &dyn TurnObserver,
+        cancel: CancellationToken,
+        options: TurnOptions,
+    ) -> Result<TurnOutcome, AgentError> {
+        let interaction = options
+            .interaction
+            .unwrap_or_else(|| self.parts.interaction.clone());
         let _one_at_a_time = session.turn_lock.lock().await;
         let history = self
             .parts
@@ -167,9 +198,35 @@ impl Agent {
             .into_iter()
             .map(|row| row.message)
             .collect();
-        TurnRun::new(self, session, observer, cancel, history)
+        TurnRun::new(self, session, observer, cancel, history, interaction)
             .run(user_text)
             .await
+    }
+
+    /// Compresses the session's transcript now (the `/compress` command),
+    /// with the same summary pass a long turn would run. Returns whether
+    /// anything was compressed (a short transcript has nothing to cut).
+    pub async fn compress_session(&self, session: &SessionHandle) -> Result<bool, AgentError> {
+        let _one_at_a_time = session.turn_lock.lock().await;
+        let history = self
+            .parts
+            .store
+            .messages(&session.id)
+            .await?
+            .into_iter()
+            .map(|row| row.message)
+            .collect();
+        let observer = crate::observer::NullObserver;
+        TurnRun::new(
+            self,
+            session,
+            &observer,
+            CancellationToken::new(),
+            history,
+            self.parts.interaction.clone(),
+        )
+        .compress()
+        .await
     }
 
     /// Builds the prompt off the async threads: it reads several files.

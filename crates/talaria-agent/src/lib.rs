@@ -41,6 +41,6 @@ pub mod spill;
 pub mod tools;
 pub mod turn;
 
-pub use agent::{Agent, AgentError, AgentParts, SessionHandle};
+pub use agent::{Agent, AgentError, AgentParts, SessionHandle, TurnOptions};
 pub use observer::{NullObserver, TurnObserver};
 pub use turn::{TurnExit, TurnOutcome};

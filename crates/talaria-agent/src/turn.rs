@@ -116,6 +116,8 @@ pub(crate) struct TurnRun<'a> {
     tools: Vec<ToolSpec>,
     /// A damaged transcript is repaired for every request; say so once.
     repair_logged: bool,
+    /// Who tools ask for approvals in this turn.
+    interaction: std::sync::Arc<dyn crate::interaction::Interaction>,
 }
 
 impl<'a> TurnRun<'a> {
@@ -125,8 +127,10 @@ impl<'a> TurnRun<'a> {
         observer: &'a dyn TurnObserver,
         cancel: CancellationToken,
         history: Vec<Message>,
+        interaction: std::sync::Arc<dyn crate::interaction::Interaction>,
     ) -> TurnRun<'a> {
         TurnRun {
+            interaction,
             agent,
             session,
             observer,
@@ -170,6 +174,7 @@ impl<'a> TurnRun<'a> {
                 if self.cancel.is_cancelled() {
                     return self.finish_interrupted("").await;
                 }
+                self.deliver_steer().await?;
                 continue;
             }
             if reply.content.trim().is_empty() {
@@ -188,6 +193,21 @@ impl<'a> TurnRun<'a> {
             self.persist(reply).await?;
             return Ok(self.outcome(answer, TurnExit::Completed));
         }
+    }
+
+    /// Hands the model what the user sent while it worked, as a user row
+    /// after the tool results (a valid place for one in every chat API).
+    async fn deliver_steer(&mut self) -> Result<(), AgentError> {
+        let steer = self.session.state.take_steer();
+        if steer.is_empty() {
+            return Ok(());
+        }
+        let text = format!(
+            "[The user sent this while you were working:]\n{}",
+            steer.join("\n")
+        );
+        self.observer.notice("Passed your message to the running turn.");
+        self.persist(Message::user(text)).await
     }
 
     /// The budget is spent: one more call, without tools, for a summary.
@@ -439,7 +459,7 @@ impl<'a> TurnRun<'a> {
     /// Summarises the middle of the transcript and makes the result the
     /// session's active transcript. Returns whether anything changed; a
     /// failed summary leaves everything as it was.
-    async fn compress(&mut self) -> Result<bool, AgentError> {
+    pub(crate) async fn compress(&mut self) -> Result<bool, AgentError> {
         let agent = self.agent;
         let parts = &agent.parts;
         let config = &parts.config;
@@ -518,7 +538,7 @@ impl<'a> TurnRun<'a> {
             workdir: parts.workdir.clone(),
             config: parts.config.clone(),
             store: parts.store.clone(),
-            interaction: parts.interaction.clone(),
+            interaction: self.interaction.clone(),
             session: self.session.state.clone(),
             redactor: parts.redactor.clone(),
             cancel: self.cancel.clone(),

@@ -73,6 +73,26 @@ pub struct SessionState {
     pub todos: Mutex<Vec<todo::TodoItem>>,
     /// Dangerous-command pattern keys the user approved for this session.
     pub approved_patterns: Mutex<HashSet<String>>,
+    /// Text the user sent while a turn was running, waiting to be handed to
+    /// the model after the next tool batch.
+    pub steer: Mutex<Vec<String>>,
+}
+
+impl SessionState {
+    /// Queues `text` for the running turn: it reaches the model after the
+    /// next tool batch. Text left when the turn ends is the caller's to take
+    /// back with [`SessionState::take_steer`].
+    pub fn push_steer(&self, text: &str) {
+        self.steer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(text.to_owned());
+    }
+
+    /// Everything queued by [`SessionState::push_steer`], oldest first.
+    pub fn take_steer(&self) -> Vec<String> {
+        std::mem::take(&mut *self.steer.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 /// What a tool call can see and use.
