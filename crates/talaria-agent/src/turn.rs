@@ -206,7 +206,8 @@ impl<'a> TurnRun<'a> {
             "[The user sent this while you were working:]\n{}",
             steer.join("\n")
         );
-        self.observer.notice("Passed your message to the running turn.");
+        self.observer
+            .notice("Passed your message to the running turn.");
         self.persist(Message::user(text)).await
     }
 

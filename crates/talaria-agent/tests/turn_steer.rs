@@ -25,14 +25,21 @@ async fn steer_text_is_delivered_after_the_next_tool_batch() {
     s.state.push_steer("answer in French please");
     let out = r
         .agent
-        .run_turn(&s, "do the thing", &Recorder::default(), CancellationToken::new())
+        .run_turn(
+            &s,
+            "do the thing",
+            &Recorder::default(),
+            CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!(out.exit, TurnExit::Completed);
 
     let first = r.sent_messages(0);
     assert!(
-        !first.iter().any(|m| m["content"].as_str().is_some_and(|c| c.contains("French"))),
+        !first
+            .iter()
+            .any(|m| m["content"].as_str().is_some_and(|c| c.contains("French"))),
         "steer text must not reach the first request"
     );
     let second = r.sent_messages(1);

@@ -31,6 +31,46 @@ pub enum Command {
     },
     /// Write config.yaml interactively (or from flags).
     Setup(SetupArgs),
+    /// Run and manage the messaging gateway.
+    Gateway {
+        #[command(subcommand)]
+        command: GatewayCommand,
+    },
+    /// Approve strangers who asked for access with a pairing code.
+    Pairing {
+        #[command(subcommand)]
+        command: PairingCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GatewayCommand {
+    /// Run in the foreground until SIGTERM or Ctrl-C.
+    Run,
+    /// Run in the background (log: $TALARIA_HOME/logs/gateway.log).
+    Start,
+    /// Stop the background gateway gracefully.
+    Stop,
+    /// Show whether it runs, its platforms, running turns and the ledger.
+    Status,
+    /// Write a systemd user unit that runs the gateway.
+    Install {
+        /// Replace an existing unit file.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PairingCommand {
+    /// Pending requests, approved users and locks.
+    List,
+    /// Approve the user who was given CODE on PLATFORM (case-insensitive).
+    Approve { platform: String, code: String },
+    /// Take an approval back.
+    Revoke { platform: String, user_id: String },
+    /// Drop pending codes (of one platform, or all).
+    ClearPending { platform: Option<String> },
 }
 
 #[derive(Debug, Args)]

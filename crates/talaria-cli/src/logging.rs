@@ -34,13 +34,15 @@ impl<'a> MakeWriter<'a> for RedactingStderr {
 }
 
 /// Installs the global subscriber. `TALARIA_LOG` (or `RUST_LOG`) sets the
-/// filter; the default shows warnings only, so the terminal stays readable.
-pub fn init(redactor: Redactor) {
+/// filter; otherwise `default` applies (`warn` for interactive commands, so
+/// the terminal stays readable; `info` for the gateway, whose log is read
+/// after the fact).
+pub fn init(redactor: Redactor, default: &str) {
     let filter = std::env::var("TALARIA_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .ok()
         .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new("warn"));
+        .unwrap_or_else(|| EnvFilter::new(default));
     // A second init (tests) is harmless; ignore the error.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

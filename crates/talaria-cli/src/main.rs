@@ -6,6 +6,8 @@
 //! - [`runtime`]: loading home, configuration, store and provider into one [`runtime::Runtime`].
 //! - [`chat`]: `talaria chat`, interactive and one-shot.
 //! - [`interact`]: terminal prompts for approvals and clarifying questions.
+//! - [`gateway_cmd`]: `talaria gateway`, the messaging gateway's process.
+//! - [`pairing_cmd`]: approving strangers' pairing codes.
 //! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
 //! - [`logging`]: tracing to stderr through the secret redactor.
 #![forbid(unsafe_code)]
@@ -13,8 +15,10 @@
 mod chat;
 mod cli;
 mod config_cmd;
+mod gateway_cmd;
 mod interact;
 mod logging;
+mod pairing_cmd;
 mod runtime;
 mod sessions_cmd;
 mod setup;
@@ -23,7 +27,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command, ConfigCommand, SessionsCommand};
+use crate::cli::{Cli, Command, ConfigCommand, GatewayCommand, PairingCommand, SessionsCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -78,5 +82,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Setup(args) => setup::run(&home, args),
+        Command::Gateway { command } => match command {
+            GatewayCommand::Run => gateway_cmd::run(home).await,
+            GatewayCommand::Start => gateway_cmd::start(home).await,
+            GatewayCommand::Stop => gateway_cmd::stop(home).await,
+            GatewayCommand::Status => gateway_cmd::status(&home),
+            GatewayCommand::Install { force } => gateway_cmd::install(&home, force),
+        },
+        Command::Pairing { command } => {
+            let rt = runtime::Runtime::load_without_model(home).await?;
+            match command {
+                PairingCommand::List => pairing_cmd::list(&rt).await,
+                PairingCommand::Approve { platform, code } => {
+                    pairing_cmd::approve(&rt, &platform, &code).await
+                }
+                PairingCommand::Revoke { platform, user_id } => {
+                    pairing_cmd::revoke(&rt, &platform, &user_id).await
+                }
+                PairingCommand::ClearPending { platform } => {
+                    pairing_cmd::clear_pending(&rt, platform.as_deref()).await
+                }
+            }
+        }
     }
 }

@@ -11,7 +11,7 @@ use talaria_agent::{Agent, AgentParts};
 use talaria_core::config::{self, Loaded};
 use talaria_core::{Config, Home, Redactor};
 use talaria_llm::LlmClient;
-use talaria_store::{SessionStore, SqliteStore};
+use talaria_store::{GatewayStore, SessionStore, SqliteStore};
 
 /// Resolves `--home`, `TALARIA_HOME` or `~/.talaria`, creating it (0700).
 pub fn resolve_home(flag: Option<&Path>) -> anyhow::Result<Home> {
@@ -31,11 +31,18 @@ pub struct Runtime {
     pub loaded: Loaded,
     pub redactor: Redactor,
     pub store: Arc<dyn SessionStore>,
+    /// The same store with the gateway's tables (routes, ledger, pairing).
+    pub gateway_store: Arc<dyn GatewayStore>,
 }
 
 impl Runtime {
     /// Loads configuration and opens the store; no model is needed.
     pub async fn load_without_model(home: Home) -> anyhow::Result<Runtime> {
+        Runtime::load(home, "warn").await
+    }
+
+    /// [`Runtime::load_without_model`] with a default log level.
+    pub async fn load(home: Home, default_log: &str) -> anyhow::Result<Runtime> {
         let loaded = config::load(&home)?;
         let redactor = Redactor::new(
             loaded
@@ -44,7 +51,7 @@ impl Runtime {
                 .into_iter()
                 .chain(loaded.config.secret_values()),
         );
-        crate::logging::init(redactor.clone());
+        crate::logging::init(redactor.clone(), default_log);
         for w in &loaded.warnings {
             tracing::warn!("{w}");
         }
@@ -53,12 +60,14 @@ impl Runtime {
             .await
             .context("store task failed")?
             .with_context(|| format!("cannot open {}", home.state_db().display()))?;
+        let store = Arc::new(store);
         Ok(Runtime {
             config: Arc::new(loaded.config.clone()),
             home,
             loaded,
             redactor,
-            store: Arc::new(store),
+            store: store.clone(),
+            gateway_store: store,
         })
     }
 

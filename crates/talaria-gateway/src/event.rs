@@ -163,7 +163,13 @@ mod tests {
     #[test]
     fn commands_and_non_commands() {
         let p = Invocation::parse;
-        assert_eq!(p("/new"), Some(Invocation { name: "new", args: "" }));
+        assert_eq!(
+            p("/new"),
+            Some(Invocation {
+                name: "new",
+                args: ""
+            })
+        );
         assert_eq!(
             p("/queue  do this  "),
             Some(Invocation {

@@ -127,7 +127,10 @@ mod tests {
     }
 
     fn key(s: &SessionSource, policy: KeyPolicy) -> String {
-        SessionKey::for_source(s, policy).unwrap().as_str().to_owned()
+        SessionKey::for_source(s, policy)
+            .unwrap()
+            .as_str()
+            .to_owned()
     }
 
     #[test]
@@ -174,10 +177,11 @@ mod tests {
         let d = KeyPolicy::default();
         assert!(SessionKey::for_source(&source(ChatType::Dm, "..", None, "1"), d).is_err());
         assert!(SessionKey::for_source(&source(ChatType::Dm, "a\nb", None, "1"), d).is_err());
-        assert!(
-            SessionKey::for_source(&source(ChatType::Group, "c", None, ".."), d).is_err()
+        assert!(SessionKey::for_source(&source(ChatType::Group, "c", None, ".."), d).is_err());
+        let k = key(
+            &source(ChatType::Group, "spaces/X", Some("threads/Y"), "u"),
+            d,
         );
-        let k = key(&source(ChatType::Group, "spaces/X", Some("threads/Y"), "u"), d);
         assert_eq!(k, "agent:main:telegram:group:spaces/X:threads/Y");
         assert!(SessionKey::parse("/etc/passwd").is_err());
         assert!(SessionKey::parse("agent:main:x:dm:../y").is_err());

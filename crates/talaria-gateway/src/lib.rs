@@ -15,8 +15,20 @@
 //! - [`auth`]: who may talk to the bot (allow-all flags, allowlists, the
 //!   pairing store), evaluated in a fixed order.
 //! - [`pairing`]: DM pairing codes for strangers.
+//! - [`runner`]: the order every event goes through (authorization,
+//!   commands, the busy guard) and the per-chat lanes that run turns.
+//! - [`router`]: session key → current session, reset policies, `/new` and
+//!   `/resume`.
+//! - [`delivery`]: sending text (split, retried) and final replies through
+//!   the ledger.
+//! - [`ledger`]: the delivery ledger's policy: obligation ids, dead owners,
+//!   the sweep.
 //! - [`split`]: cutting long answers to a platform's limit without breaking
 //!   code fences.
+//! - [`supervisor`]: adapters as supervised tasks with reconnect backoff and
+//!   a liveness board; a ledger sweep each time one goes live.
+//! - [`gateway`]: all of the above assembled, with an orderly stop.
+//! - [`dotenv`]: writing variables into the home's `.env` (`/sethome`).
 //!
 //! Process-level pieces:
 //!
@@ -29,12 +41,19 @@
 
 pub mod adapter;
 pub mod auth;
+pub mod delivery;
+pub mod dotenv;
 pub mod event;
+pub mod gateway;
 pub mod key;
+pub mod ledger;
 pub mod owner;
 pub mod pairing;
 pub mod process;
+pub mod router;
+pub mod runner;
 pub mod split;
+pub mod supervisor;
 pub mod token_lock;
 
 pub use adapter::{

@@ -1,1 +1,115 @@
-//! (being written)
+//! DM pairing: how a stranger becomes a user without editing allowlists.
+//!
+//! A stranger who writes to the bot in a DM (on a platform without an
+//! allowlist) is given a one-hour code; the operator approves it with
+//! `talaria pairing approve <platform> <code>`. Codes are drawn from a
+//! CSPRNG and stored only as salted hashes (the store's job); the limits
+//! (pending codes, offer interval, lockout after failed approvals) are
+//! applied by the store in one transaction, so two gateways sharing a
+//! database cannot exceed them together.
+
+use std::sync::Arc;
+
+use rand::Rng;
+use talaria_store::{ApproveOutcome, OfferOutcome, PairingLimits, PairingStore, StoreError};
+
+/// Letters and digits that cannot be mistaken for each other (no 0/O, 1/I).
+pub const CODE_ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+
+/// Characters in a code.
+pub const CODE_LEN: usize = 8;
+
+/// A fresh pairing code.
+///
+/// `rand::rng()` is a ChaCha-based CSPRNG seeded from the operating system,
+/// so codes cannot be predicted from earlier ones.
+pub fn generate_code() -> String {
+    let mut rng = rand::rng();
+    (0..CODE_LEN)
+        .map(|_| char::from(CODE_ALPHABET[rng.random_range(0..CODE_ALPHABET.len())]))
+        .collect()
+}
+
+/// Normalises a code as typed by an operator: trimmed, upper-cased.
+pub fn normalize_code(code: &str) -> String {
+    code.trim().to_ascii_uppercase()
+}
+
+/// Pairing over a store.
+#[derive(Clone)]
+pub struct Pairing {
+    store: Arc<dyn PairingStore>,
+    limits: PairingLimits,
+}
+
+impl Pairing {
+    pub fn new(store: Arc<dyn PairingStore>) -> Pairing {
+        Pairing {
+            store,
+            limits: PairingLimits::default(),
+        }
+    }
+
+    /// With non-default limits (tests).
+    pub fn with_limits(store: Arc<dyn PairingStore>, limits: PairingLimits) -> Pairing {
+        Pairing { store, limits }
+    }
+
+    /// Whether an operator approved this user.
+    pub async fn is_approved(&self, platform: &str, user_id: &str) -> Result<bool, StoreError> {
+        self.store.pairing_is_approved(platform, user_id).await
+    }
+
+    /// What to tell a stranger who wrote in a DM, or `None` to stay silent
+    /// (they were answered within the last ten minutes).
+    pub async fn offer(
+        &self,
+        platform: &str,
+        user_id: &str,
+        user_name: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        let code = generate_code();
+        let outcome = self
+            .store
+            .pairing_offer(platform, user_id, user_name, &code, self.limits)
+            .await?;
+        Ok(match outcome {
+            OfferOutcome::Created => Some(format!(
+                "Hi! I don't know you yet, so I can't answer you.\n\n\
+                 Your pairing code: `{code}`\n\n\
+                 Ask the owner of this bot to approve it with:\n\
+                 talaria pairing approve {platform} {code}\n\n\
+                 The code is valid for one hour."
+            )),
+            OfferOutcome::RateLimited => None,
+            OfferOutcome::TooManyPending | OfferOutcome::LockedOut => {
+                // Say it once, then stay quiet for the offer interval.
+                self.store.pairing_stamp_offer(platform, user_id).await?;
+                Some("Too many pairing requests right now. Please try again later.".to_owned())
+            }
+        })
+    }
+
+    /// Approves the user holding `code` on `platform` (case-insensitive).
+    pub async fn approve(&self, platform: &str, code: &str) -> Result<ApproveOutcome, StoreError> {
+        self.store
+            .pairing_approve(platform, &normalize_code(code), self.limits)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_use_the_alphabet_and_differ() {
+        let a = generate_code();
+        assert_eq!(a.len(), CODE_LEN);
+        assert!(a.bytes().all(|b| CODE_ALPHABET.contains(&b)), "{a}");
+        let distinct: std::collections::HashSet<String> =
+            (0..200).map(|_| generate_code()).collect();
+        assert_eq!(distinct.len(), 200);
+        assert_eq!(normalize_code("  abcd2345 "), "ABCD2345");
+    }
+}

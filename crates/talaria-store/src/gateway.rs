@@ -130,8 +130,9 @@ pub trait LedgerStore: Send + Sync {
     async fn obligation(&self, id: &str) -> Result<Option<Obligation>>;
     /// Every open (pending, attempting, failed) obligation, oldest first.
     async fn open_obligations(&self) -> Result<Vec<Obligation>>;
-    /// Takes over an open obligation: re-stamps the owner to `new_owner`
-    /// and adds one attempt, only if the stored owner still equals
+    /// Takes over an open obligation: re-stamps the owner to `new_owner`,
+    /// moves it to `attempting` and adds one attempt, all in one guarded
+    /// statement, only if the stored owner still equals
     /// `expected` (pid and start time, `None` matching a missing owner) and
     /// the row is still open. Returns whether this caller won the claim.
     async fn claim_obligation(
@@ -211,9 +212,13 @@ pub struct PendingPairing {
 pub enum ApproveOutcome {
     Approved(ApprovedUser),
     /// No pending code matched; `failures` counts toward the lock.
-    NoMatch { failures: u32 },
+    NoMatch {
+        failures: u32,
+    },
     /// Approvals on this platform are locked until the given time.
-    LockedOut { until: Timestamp },
+    LockedOut {
+        until: Timestamp,
+    },
 }
 
 /// Everything pairing holds, for `talaria pairing list`.

@@ -14,6 +14,9 @@
 //! Any other request gets one JSON object.
 #![forbid(unsafe_code)]
 
+pub mod telegram;
+pub use telegram::FakeTelegram;
+
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -1,1 +1,314 @@
-//! (being written)
+//! The OpenAI-compatible HTTP server (spec: gateway §7.1).
+//!
+//! Any OpenAI client can talk to the agent through it: `POST
+//! /v1/chat/completions` runs one agent turn (tools included) and answers
+//! with a `chat.completion` object or, with `"stream": true`, a stream of
+//! `chat.completion.chunk` server-sent events.
+//!
+//! # Layout
+//!
+//! - this file: [`ApiServerSettings`] (from config and environment),
+//!   [`ApiServer`] (bind, serve, shut down), the router, `/health` and
+//!   `/v1/models`.
+//! - `auth`: the bearer-key check, compared in constant time.
+//! - `error`: OpenAI-style error bodies.
+//! - `session`: the session-id header, derived ids, per-session locks and
+//!   opening (or creating and seeding) the stored session.
+//! - `chat`: `/v1/chat/completions`: request parsing, admission, the turn
+//!   task and the non-streamed answer.
+//! - `sse`: the streamed answer.
+//!
+//! # Invariants
+//!
+//! - A turn runs in its own task that owns a cancellation token; whoever
+//!   waits for the answer (the request future, the SSE body) holds a guard
+//!   that cancels the token when dropped, so a client that goes away
+//!   interrupts its turn.
+//! - Two turns never run at once on one session in this process: each
+//!   request holds that session's lock from opening it to the end of the turn.
+//! - The API key is never logged.
+
+mod auth;
+mod chat;
+mod error;
+mod session;
+mod sse;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use talaria_agent::Agent;
+use talaria_core::config::ApiServerConfig;
+use talaria_core::{Env, Secret};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use self::error::ApiError;
+use self::session::SessionLocks;
+
+/// The port used when neither the config nor `API_SERVER_PORT` sets one.
+pub const DEFAULT_PORT: u16 = 8642;
+
+/// The host used when neither the config nor `API_SERVER_HOST` sets one:
+/// loopback, so the server is not reachable from other machines by default.
+pub const DEFAULT_HOST: &str = "127.0.0.1";
+
+/// Shortest API key accepted. A short key can be guessed over the network.
+pub const MIN_KEY_LEN: usize = 16;
+
+/// Largest request body accepted; bigger requests get 413.
+pub const MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
+
+/// Why the API server cannot be configured or started.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    /// Enabled, but no key in the config or `API_SERVER_KEY`.
+    #[error(
+        "the API server is enabled but has no key: set API_SERVER_KEY (or \
+         platforms.api_server.key) to a random string of at least {MIN_KEY_LEN} characters, \
+         or disable it with platforms.api_server.enabled: false"
+    )]
+    MissingKey,
+    /// The key is too short to be safe on a network.
+    #[error(
+        "the API server key is {len} characters long; it must be at least {MIN_KEY_LEN} \
+         (use a random string)"
+    )]
+    KeyTooShort {
+        /// The length of the key that was refused, in characters.
+        len: usize,
+    },
+    /// `API_SERVER_PORT` is not a port number.
+    #[error("API_SERVER_PORT is `{0}`, which is not a port number (0-65535)")]
+    InvalidPort(String),
+    /// `API_SERVER_ENABLED` is neither true nor false.
+    #[error("API_SERVER_ENABLED is `{0}`; use true or false")]
+    InvalidEnabled(String),
+    /// The address could not be bound (in use, not permitted, unknown host).
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// `host:port` as configured.
+        addr: String,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+}
+
+/// How the API server is run, resolved from `platforms.api_server` and the
+/// environment.
+#[derive(Debug, Clone)]
+pub struct ApiServerSettings {
+    /// The interface to listen on (a name or an address).
+    pub host: String,
+    /// The TCP port; 0 picks a free one (see [`ApiServer::local_addr`]).
+    pub port: u16,
+    /// The bearer key every `/v1` request must carry.
+    pub key: Secret,
+    /// Turns allowed to run at once; more get 429. 0 means no cap.
+    pub max_concurrent_runs: usize,
+}
+
+impl ApiServerSettings {
+    /// Resolves the settings, or `None` when the server is not enabled.
+    ///
+    /// Enabled when `enabled: true`, else when `API_SERVER_ENABLED` is
+    /// true, else when a key is set (config `key` or `API_SERVER_KEY`); an
+    /// explicit `enabled: false` always wins. Config values come before
+    /// environment variables.
+    ///
+    /// # Errors
+    /// When enabled without a key or with a key shorter than
+    /// [`MIN_KEY_LEN`], or when `API_SERVER_PORT` / `API_SERVER_ENABLED`
+    /// cannot be parsed.
+    pub fn from_config(
+        config: &ApiServerConfig,
+        env: &Env,
+    ) -> Result<Option<ApiServerSettings>, ApiServerError> {
+        let key = config
+            .key
+            .as_ref()
+            .filter(|k| !k.expose().trim().is_empty())
+            .cloned()
+            .or_else(|| env.get("API_SERVER_KEY").map(Secret::new));
+        let enabled = match config.enabled {
+            Some(explicit) => explicit,
+            None => match env.get("API_SERVER_ENABLED") {
+                Some(raw) => {
+                    parse_bool(raw).ok_or_else(|| ApiServerError::InvalidEnabled(raw.to_owned()))?
+                }
+                None => key.is_some(),
+            },
+        };
+        if !enabled {
+            return Ok(None);
+        }
+        let key = key.ok_or(ApiServerError::MissingKey)?;
+        let len = key.expose().trim().chars().count();
+        if len < MIN_KEY_LEN {
+            return Err(ApiServerError::KeyTooShort { len });
+        }
+        let host = config
+            .host
+            .as_deref()
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .or_else(|| env.get("API_SERVER_HOST").map(str::trim))
+            .unwrap_or(DEFAULT_HOST)
+            .to_owned();
+        let port = match (config.port, env.get("API_SERVER_PORT")) {
+            (Some(p), _) => p,
+            (None, Some(raw)) => raw
+                .trim()
+                .parse()
+                .map_err(|_| ApiServerError::InvalidPort(raw.to_owned()))?,
+            (None, None) => DEFAULT_PORT,
+        };
+        Ok(Some(ApiServerSettings {
+            host,
+            port,
+            key,
+            max_concurrent_runs: config.max_concurrent_runs,
+        }))
+    }
+}
+
+fn parse_bool(raw: &str) -> Option<bool> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// What every handler shares.
+pub(crate) struct AppState {
+    pub(crate) agent: Arc<Agent>,
+    pub(crate) key: Secret,
+    /// `None` when runs are not capped.
+    pub(crate) runs: Option<Arc<Semaphore>>,
+    /// Parent of every turn's token: cancelled when the server shuts down,
+    /// so graceful shutdown is not held up by long turns or open streams.
+    pub(crate) turns: CancellationToken,
+    pub(crate) locks: SessionLocks,
+}
+
+/// A bound, not yet serving, API server.
+pub struct ApiServer {
+    listener: TcpListener,
+    addr: SocketAddr,
+    router: Router,
+    turns: CancellationToken,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiServer {
+    /// Binds the listener now (so a busy port is reported before anything
+    /// else starts, and port 0 gets its real number) and builds the routes.
+    ///
+    /// # Errors
+    /// [`ApiServerError::Bind`] when the address cannot be bound.
+    pub async fn bind(
+        settings: ApiServerSettings,
+        agent: Arc<Agent>,
+    ) -> Result<ApiServer, ApiServerError> {
+        let bind_err = |source| ApiServerError::Bind {
+            addr: format!("{}:{}", settings.host, settings.port),
+            source,
+        };
+        let listener = TcpListener::bind((settings.host.as_str(), settings.port))
+            .await
+            .map_err(bind_err)?;
+        let addr = listener.local_addr().map_err(bind_err)?;
+        let turns = CancellationToken::new();
+        let state = Arc::new(AppState {
+            agent,
+            key: settings.key,
+            runs: (settings.max_concurrent_runs > 0)
+                .then(|| Arc::new(Semaphore::new(settings.max_concurrent_runs))),
+            turns: turns.clone(),
+            locks: SessionLocks::default(),
+        });
+        Ok(ApiServer {
+            listener,
+            addr,
+            router: router(state),
+            turns,
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until `shutdown` is cancelled, then interrupts running turns,
+    /// stops accepting connections and waits for open responses to finish.
+    ///
+    /// # Errors
+    /// Only when the listener itself fails.
+    pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let turns = self.turns;
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(async move {
+                shutdown.cancelled().await;
+                turns.cancel();
+            })
+            .await
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    let protected = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .merge(protected)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn health() -> Response {
+    axum::Json(json!({
+        "status": "ok",
+        "platform": "talaria",
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+    .into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.agent.parts().provider.model(),
+            "object": "model",
+            "created": chat::unix_now(),
+            "owned_by": "talaria",
+        }],
+    }))
+    .into_response()
+}
+
+async fn not_found() -> Response {
+    ApiError::not_found().into_response()
+}

@@ -1,1 +1,593 @@
-//! (being written)
+//! The Telegram Bot API adapter, over long polling.
+//!
+//! [`TelegramAdapter::run`] polls `getUpdates` and hands each message to the
+//! gateway's inbox; the update offset it sends Telegram advances only after
+//! the inbox accepted the update, so a crash before hand-over means the
+//! update is delivered again. [`TelegramAdapter`] sends with
+//! `parse_mode: "HTML"` (a conservative markdown subset converted, all else
+//! escaped) and falls back to plain text when Telegram rejects the markup.
+
+mod api;
+mod format;
+mod mapping;
+
+use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use talaria_core::Env;
+use talaria_core::config::TelegramConfig;
+use talaria_gateway::adapter::LengthUnit;
+use talaria_gateway::{
+    Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
+    SentMessage,
+};
+
+use api::{Api, ApiError, SentResult, Update, User};
+use mapping::{GENERAL_TOPIC, Me};
+
+/// Telegram's message limit, in UTF-16 code units.
+pub const MAX_MESSAGE_LEN: usize = 4096;
+
+/// Consecutive failed polls before `run` gives up and lets the supervisor
+/// reconnect.
+const MAX_POLL_FAILURES: u32 = 5;
+
+/// Retries after a 429 before a send reports [`SendError::RateLimited`].
+const MAX_RATE_LIMIT_RETRIES: u32 = 3;
+
+/// Longer `retry_after` waits are not worth blocking a send for.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// How long a send, edit or chat action may take.
+const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the adapter needs to connect.
+#[derive(Clone)]
+pub struct TelegramSettings {
+    /// The bot token from @BotFather. Never logged.
+    pub token: String,
+    /// The Bot API root; requests go to `{base_url}/bot{token}/{method}`.
+    pub base_url: String,
+    /// In groups, submit only messages that mention the bot, start with a
+    /// command, or reply to the bot.
+    pub require_mention: bool,
+    /// How long each `getUpdates` long poll waits on the server.
+    pub poll_timeout: Duration,
+}
+
+impl fmt::Debug for TelegramSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TelegramSettings")
+            .field("token", &talaria_core::config::mask(&self.token))
+            .field("base_url", &self.base_url)
+            .field("require_mention", &self.require_mention)
+            .field("poll_timeout", &self.poll_timeout)
+            .finish()
+    }
+}
+
+impl TelegramSettings {
+    /// Settings from `platforms.telegram` and the environment, or `None`
+    /// when Telegram is off: `enabled: false`, or no token in
+    /// `platforms.telegram.token` nor `TELEGRAM_BOT_TOKEN`.
+    /// `TELEGRAM_REQUIRE_MENTION=true` also turns on `require_mention`.
+    pub fn from_config(config: &TelegramConfig, env: &Env) -> Option<TelegramSettings> {
+        if config.enabled == Some(false) {
+            return None;
+        }
+        let token = config
+            .token
+            .as_ref()
+            .map(|s| s.expose().trim().to_owned())
+            .filter(|t| !t.is_empty())
+            .or_else(|| env.get("TELEGRAM_BOT_TOKEN").map(|t| t.trim().to_owned()));
+        let Some(token) = token else {
+            if config.enabled == Some(true) {
+                tracing::warn!(
+                    "platforms.telegram.enabled is true but no token is set \
+                     (platforms.telegram.token or TELEGRAM_BOT_TOKEN)"
+                );
+            }
+            return None;
+        };
+        let env_mention = env.get("TELEGRAM_REQUIRE_MENTION").is_some_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        });
+        Some(TelegramSettings {
+            token,
+            base_url: config.base_url.clone(),
+            require_mention: config.require_mention || env_mention,
+            poll_timeout: Duration::from_secs(config.poll_timeout_secs),
+        })
+    }
+}
+
+/// Why the adapter could not be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TelegramError {
+    /// The token is empty or cannot be part of a URL path.
+    #[error("the Telegram bot token is malformed (expected something like 123456:ABC-DEF...)")]
+    BadToken,
+    /// `base_url` is not an http(s) URL.
+    #[error("platforms.telegram.base_url is not an http(s) URL: {0}")]
+    BadBaseUrl(String),
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+/// The Telegram connector (see the module docs).
+pub struct TelegramAdapter {
+    api: Api,
+    token: String,
+    require_mention: bool,
+    poll_timeout: Duration,
+    send_timeout: Duration,
+    /// The next `getUpdates` offset (last handed-over update id + 1), kept
+    /// across `run` calls so a reconnect does not replay; 0 = none yet.
+    offset: AtomicI64,
+    /// The bot's identity, once `getMe` answered.
+    me: Mutex<Option<Me>>,
+}
+
+impl fmt::Debug for TelegramAdapter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TelegramAdapter")
+            .field("api", &self.api)
+            .field("require_mention", &self.require_mention)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TelegramAdapter {
+    /// Checks the settings and builds the HTTP client; does not connect.
+    pub fn new(settings: TelegramSettings) -> Result<TelegramAdapter, TelegramError> {
+        let token = settings.token.trim().to_owned();
+        let token_ok = !token.is_empty()
+            && token
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-'));
+        if !token_ok {
+            return Err(TelegramError::BadToken);
+        }
+        let base_url = settings.base_url.trim().trim_end_matches('/').to_owned();
+        match reqwest::Url::parse(&base_url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+            _ => return Err(TelegramError::BadBaseUrl(base_url)),
+        }
+        let api = Api::new(&base_url, &token).map_err(TelegramError::Client)?;
+        Ok(TelegramAdapter {
+            api,
+            token,
+            require_mention: settings.require_mention,
+            poll_timeout: settings.poll_timeout,
+            send_timeout: DEFAULT_SEND_TIMEOUT,
+            offset: AtomicI64::new(0),
+            me: Mutex::new(None),
+        })
+    }
+
+    /// Changes how long a send may take before it counts as ambiguous
+    /// (default 30 s).
+    pub fn with_send_timeout(mut self, timeout: Duration) -> TelegramAdapter {
+        self.send_timeout = timeout;
+        self
+    }
+
+    /// The bot's `@username`, once `run` has called `getMe`.
+    pub fn bot_username(&self) -> Option<String> {
+        self.me
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|m| m.username.clone())
+    }
+
+    fn next_offset(&self) -> Option<i64> {
+        match self.offset.load(Ordering::SeqCst) {
+            0 => None,
+            o => Some(o),
+        }
+    }
+
+    async fn get_me(&self) -> Result<Me, AdapterError> {
+        let user: User = self
+            .api
+            .call("getMe", &json!({}), Duration::from_secs(30))
+            .await
+            .map_err(|e| match e.status() {
+                Some(401 | 404) => AdapterError::Fatal(format!(
+                    "Telegram rejected the bot token ({e}); check TELEGRAM_BOT_TOKEN"
+                )),
+                _ => AdapterError::Disconnected(e.to_string()),
+            })?;
+        let me = Me {
+            id: user.id,
+            username: user.username.unwrap_or_default(),
+        };
+        *self.me.lock().unwrap_or_else(|p| p.into_inner()) = Some(me.clone());
+        Ok(me)
+    }
+
+    async fn poll(&self) -> Result<Vec<Value>, ApiError> {
+        let mut params = json!({
+            "timeout": self.poll_timeout.as_secs(),
+            // Edits would re-run a turn; everything else has no text.
+            "allowed_updates": ["message", "channel_post"],
+        });
+        if let Some(o) = self.next_offset() {
+            params["offset"] = json!(o);
+        }
+        // The server holds the request for up to `timeout`; allow for that.
+        let http_timeout = self.poll_timeout + Duration::from_secs(10);
+        self.api.call("getUpdates", &params, http_timeout).await
+    }
+
+    /// Hands over one update. `Ok(false)` means stop (shutdown or the
+    /// runner is gone) without confirming it.
+    async fn hand_over(&self, raw: Value, me: &Me, ctx: &AdapterContext) -> bool {
+        let Some(id) = raw.get("update_id").and_then(Value::as_i64) else {
+            tracing::warn!("skipping a Telegram update without update_id");
+            return true;
+        };
+        if self.next_offset().is_some_and(|o| id < o) {
+            // Already handed over (a poll that raced a reconnect).
+            return true;
+        }
+        match serde_json::from_value::<Update>(raw) {
+            Err(e) => tracing::warn!(update_id = id, "skipping a malformed Telegram update: {e}"),
+            Ok(update) => match update.message.as_ref().or(update.channel_post.as_ref()) {
+                None => tracing::debug!(update_id = id, "skipping a non-message update"),
+                Some(msg) => match mapping::map_message(msg, me, self.require_mention) {
+                    Err(why) => tracing::debug!(update_id = id, "skipping message: {why}"),
+                    Ok(event) => {
+                        tokio::select! {
+                            biased;
+                            _ = ctx.shutdown.cancelled() => return false,
+                            r = ctx.inbox.submit(event) => {
+                                if r.is_err() {
+                                    return false;
+                                }
+                            }
+                        }
+                    }
+                },
+            },
+        }
+        // Confirm only now: Telegram forgets it once a later offset is sent.
+        self.offset.fetch_max(id + 1, Ordering::SeqCst);
+        true
+    }
+
+    /// One Bot API call for sending, with the 429 and markup fallbacks.
+    /// `plain` is the text to send without `parse_mode` when Telegram
+    /// cannot parse the HTML.
+    async fn call_send(
+        &self,
+        method: &str,
+        mut params: Value,
+        plain: &str,
+    ) -> Result<Value, SendError> {
+        let mut rate_retries = 0;
+        let mut fell_back = false;
+        loop {
+            let result = self
+                .api
+                .call::<Value>(method, &params, self.send_timeout)
+                .await;
+            match result {
+                Ok(v) => return Ok(v),
+                Err(ApiError::Api {
+                    status: 429,
+                    retry_after,
+                    ..
+                }) => {
+                    let wait = Duration::from_secs(retry_after.unwrap_or(1).max(1));
+                    if rate_retries >= MAX_RATE_LIMIT_RETRIES || wait > MAX_RETRY_AFTER {
+                        return Err(SendError::RateLimited(wait));
+                    }
+                    rate_retries += 1;
+                    tracing::info!(method, ?wait, "Telegram rate limit; waiting");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(ApiError::Api {
+                    status: 400,
+                    description,
+                    ..
+                }) if !fell_back
+                    && params.get("parse_mode").is_some()
+                    && description.contains("can't parse entities") =>
+                {
+                    tracing::warn!(
+                        method,
+                        "Telegram rejected the markup ({description}); sending plain text"
+                    );
+                    fell_back = true;
+                    if let Some(obj) = params.as_object_mut() {
+                        obj.remove("parse_mode");
+                        obj.insert("text".into(), json!(plain));
+                    }
+                }
+                Err(e) => return Err(classify(e)),
+            }
+        }
+    }
+}
+
+/// Maps a failed call to what the gateway's ledger understands.
+fn classify(e: ApiError) -> SendError {
+    match e {
+        // A revoked token: nothing was sent, and it may work once fixed.
+        ApiError::Api {
+            status: 401 | 404,
+            description,
+            ..
+        } => SendError::Unavailable(format!("Telegram rejected the bot token: {description}")),
+        ApiError::Api {
+            status: 400 | 403,
+            description,
+            ..
+        } => SendError::Rejected(description),
+        ApiError::Api {
+            status,
+            description,
+            ..
+        } => SendError::Transient(format!("{status}: {description}")),
+        ApiError::Connect(m) => SendError::Unavailable(m),
+        ApiError::Timeout(m) | ApiError::Other(m) => SendError::Ambiguous(m),
+    }
+}
+
+/// Chat ids are numbers, or `@username` for public channels.
+fn chat_id_value(chat_id: &str) -> Value {
+    match chat_id.trim().parse::<i64>() {
+        Ok(n) => json!(n),
+        Err(_) => json!(chat_id),
+    }
+}
+
+/// The `message_thread_id` to send for a thread id: none for the General
+/// topic, which Telegram addresses by leaving it out.
+fn topic_param(thread_id: Option<&str>) -> Option<i64> {
+    thread_id
+        .filter(|t| *t != GENERAL_TOPIC)
+        .and_then(|t| t.trim().parse().ok())
+}
+
+#[async_trait]
+impl Adapter for TelegramAdapter {
+    fn platform(&self) -> &'static str {
+        "telegram"
+    }
+
+    fn limits(&self) -> MessageLimits {
+        MessageLimits {
+            max_len: MAX_MESSAGE_LEN,
+            unit: LengthUnit::Utf16,
+        }
+    }
+
+    fn credential(&self) -> Option<(&'static str, String)> {
+        Some(("telegram-bot-token", self.token.clone()))
+    }
+
+    async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
+        ctx.liveness.set(Liveness::Connecting);
+        let me = tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return Ok(()),
+            r = self.get_me() => r?,
+        };
+        tracing::info!(bot = %me.username, "connected to Telegram");
+        // A webhook left behind by another deployment makes getUpdates fail.
+        let no_params = json!({});
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return Ok(()),
+            r = self.api.call::<Value>("deleteWebhook", &no_params, Duration::from_secs(30)) => {
+                if let Err(e) = r {
+                    tracing::warn!("deleteWebhook failed: {e}");
+                }
+            }
+        }
+        let mut failures = 0u32;
+        loop {
+            let polled = tokio::select! {
+                biased;
+                _ = ctx.shutdown.cancelled() => return Ok(()),
+                r = self.poll() => r,
+            };
+            match polled {
+                Ok(updates) => {
+                    failures = 0;
+                    ctx.liveness.set(Liveness::Live);
+                    for raw in updates {
+                        if !self.hand_over(raw, &me, &ctx).await {
+                            return Ok(());
+                        }
+                    }
+                }
+                Err(e) if e.status() == Some(401) => {
+                    return Err(AdapterError::Fatal(format!(
+                        "Telegram rejected the bot token ({e}); check TELEGRAM_BOT_TOKEN"
+                    )));
+                }
+                Err(e) => {
+                    failures += 1;
+                    ctx.liveness.set(Liveness::Degraded);
+                    tracing::warn!(failures, "getUpdates failed: {e}");
+                    if failures >= MAX_POLL_FAILURES {
+                        return Err(AdapterError::Disconnected(e.to_string()));
+                    }
+                    let backoff = match &e {
+                        ApiError::Api {
+                            retry_after: Some(s),
+                            ..
+                        } => Duration::from_secs(*s).min(MAX_RETRY_AFTER),
+                        _ => Duration::from_millis(250 * (1 << failures.min(4))),
+                    };
+                    tokio::select! {
+                        biased;
+                        _ = ctx.shutdown.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
+        let mut params = json!({
+            "chat_id": chat_id_value(&message.chat_id),
+            "text": format::to_html(&message.text),
+            "parse_mode": "HTML",
+        });
+        if let Some(t) = topic_param(message.thread_id.as_deref()) {
+            params["message_thread_id"] = json!(t);
+        }
+        if let Some(r) = message
+            .reply_to
+            .as_deref()
+            .and_then(|r| r.trim().parse::<i64>().ok())
+        {
+            params["reply_to_message_id"] = json!(r);
+            // The anchor may have been deleted meanwhile; answer anyway.
+            params["allow_sending_without_reply"] = json!(true);
+        }
+        let result = self.call_send("sendMessage", params, &message.text).await?;
+        let message_id = serde_json::from_value::<SentResult>(result)
+            .ok()
+            .and_then(|r| r.message_id)
+            .map(|id| id.to_string());
+        Ok(SentMessage { message_id })
+    }
+
+    async fn edit(&self, chat_id: &str, message_id: &str, text: &str) -> Result<(), SendError> {
+        let Ok(id) = message_id.trim().parse::<i64>() else {
+            return Err(SendError::Rejected(format!(
+                "not a Telegram message id: {message_id}"
+            )));
+        };
+        let params = json!({
+            "chat_id": chat_id_value(chat_id),
+            "message_id": id,
+            "text": format::to_html(text),
+            "parse_mode": "HTML",
+        });
+        match self.call_send("editMessageText", params, text).await {
+            Ok(_) => Ok(()),
+            // The text is already what we want.
+            Err(SendError::Rejected(d)) if d.contains("message is not modified") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn typing(&self, chat_id: &str, thread_id: Option<&str>) -> Result<(), SendError> {
+        let mut params = json!({ "chat_id": chat_id_value(chat_id), "action": "typing" });
+        if let Some(t) = topic_param(thread_id) {
+            params["message_thread_id"] = json!(t);
+        }
+        self.api
+            .call::<Value>("sendChatAction", &params, self.send_timeout)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(token: &str, base_url: &str) -> TelegramSettings {
+        TelegramSettings {
+            token: token.into(),
+            base_url: base_url.into(),
+            require_mention: false,
+            poll_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn from_config_reads_token_and_enabled() {
+        let empty = Env::from_pairs(Vec::<(String, String)>::new());
+        let env = Env::from_pairs([("TELEGRAM_BOT_TOKEN", "1:env")]);
+        let mut cfg = TelegramConfig::default();
+        assert!(TelegramSettings::from_config(&cfg, &empty).is_none());
+        let s = TelegramSettings::from_config(&cfg, &env).unwrap();
+        assert_eq!(s.token, "1:env");
+        assert_eq!(s.base_url, "https://api.telegram.org");
+        assert_eq!(s.poll_timeout, Duration::from_secs(30));
+        cfg.token = Some(talaria_core::Secret::new("2:cfg"));
+        assert_eq!(
+            TelegramSettings::from_config(&cfg, &env).unwrap().token,
+            "2:cfg"
+        );
+        cfg.enabled = Some(false);
+        assert!(TelegramSettings::from_config(&cfg, &env).is_none());
+    }
+
+    #[test]
+    fn debug_never_shows_the_token() {
+        let s = settings("123456:SECRETSECRETSECRET", "http://127.0.0.1:1");
+        assert!(!format!("{s:?}").contains("SECRETSECRET"));
+        let a = TelegramAdapter::new(s).unwrap();
+        assert!(!format!("{a:?}").contains("SECRETSECRET"));
+    }
+
+    #[test]
+    fn new_validates() {
+        assert_eq!(
+            TelegramAdapter::new(settings("", "http://x")).err(),
+            Some(TelegramError::BadToken)
+        );
+        assert_eq!(
+            TelegramAdapter::new(settings("1:a/b", "http://x")).err(),
+            Some(TelegramError::BadToken)
+        );
+        assert!(matches!(
+            TelegramAdapter::new(settings("1:a", "ftp://x")),
+            Err(TelegramError::BadBaseUrl(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_unavailable_and_redacted() {
+        // Bind then drop to get a port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let a = TelegramAdapter::new(settings(
+            "123456:SECRETSECRETSECRET",
+            &format!("http://127.0.0.1:{port}"),
+        ))
+        .unwrap();
+        let err = a
+            .send(&OutboundMessage {
+                chat_id: "1".into(),
+                thread_id: None,
+                reply_to: None,
+                text: "hi".into(),
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SendError::Unavailable(_)), "{err:?}");
+        assert!(!err.to_string().contains("SECRETSECRET"), "{err}");
+    }
+
+    #[test]
+    fn topic_params() {
+        assert_eq!(topic_param(Some("1")), None);
+        assert_eq!(topic_param(Some("17")), Some(17));
+        assert_eq!(topic_param(None), None);
+    }
+}

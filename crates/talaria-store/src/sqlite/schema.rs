@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1];
+const STEPS: &[&str] = &[V1, V2];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -98,6 +98,74 @@ CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
     INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
     INSERT INTO messages_fts_trigram (rowid, content) VALUES (new.id, new.content);
 END;
+"#;
+
+/// The gateway's tables: session routes, the delivery ledger and DM pairing.
+const V2: &str = r#"
+CREATE TABLE gateway_routes (
+    session_key TEXT PRIMARY KEY NOT NULL,
+    session_id  TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL
+);
+
+-- Final replies recorded before they are sent, with everything needed to
+-- send them again after a crash.
+CREATE TABLE delivery_obligations (
+    id               TEXT PRIMARY KEY NOT NULL,
+    session_key      TEXT NOT NULL,
+    platform         TEXT NOT NULL,
+    chat_id          TEXT NOT NULL,
+    thread_id        TEXT,
+    reply_to         TEXT,
+    content          TEXT NOT NULL,
+    state            TEXT NOT NULL,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL,
+    -- The owning process; both NULL when unknown. Claims compare both with
+    -- IS, so a recycled pid with another start time is not the owner.
+    owner_pid        INTEGER,
+    owner_started_at INTEGER,
+    last_error       TEXT
+);
+CREATE INDEX delivery_obligations_state ON delivery_obligations (state);
+
+-- Codes waiting for approval. Only a salted hash is kept: the code itself
+-- is shown to the user once and never written anywhere.
+CREATE TABLE pairing_pending (
+    entry_id   TEXT PRIMARY KEY NOT NULL,
+    platform   TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    user_name  TEXT,
+    salt       TEXT NOT NULL,
+    code_hash  TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX pairing_pending_platform ON pairing_pending (platform, created_at);
+
+CREATE TABLE pairing_approved (
+    platform    TEXT NOT NULL,
+    user_id     TEXT NOT NULL,
+    user_name   TEXT,
+    approved_at REAL NOT NULL,
+    PRIMARY KEY (platform, user_id)
+);
+
+-- Rate-limit stamps, one table for both scopes:
+--   kind 'offer':    subject = user id,  stamp = when the user was last
+--                    answered (a code or a refusal);
+--   kind 'failures': subject = '',       count = failed approvals so far;
+--   kind 'lockout':  subject = '',       stamp = when the lock ends.
+-- Rows past their use are deleted or ignored by the code that reads them.
+CREATE TABLE pairing_stamps (
+    platform TEXT NOT NULL,
+    kind     TEXT NOT NULL CHECK (kind IN ('offer', 'failures', 'lockout')),
+    subject  TEXT NOT NULL DEFAULT '',
+    stamp    REAL,
+    count    INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (platform, kind, subject)
+);
 "#;
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or

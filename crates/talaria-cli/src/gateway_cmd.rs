@@ -1,0 +1,277 @@
+//! `talaria gateway run | start | stop | status | install`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use talaria_agent::interaction::NoHuman;
+use talaria_core::Home;
+use talaria_gateway::Adapter;
+use talaria_gateway::gateway::{Gateway, GatewayParts, report_service};
+use talaria_gateway::process::{self, PidFile, PidFileError};
+use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
+use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::Runtime;
+
+/// `talaria gateway run`: serves in the foreground until SIGTERM or SIGINT.
+pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
+    let rt = Runtime::load(home, "info").await?;
+    let pid_file = match PidFile::acquire(&rt.home) {
+        Ok(f) => f,
+        Err(PidFileError::AlreadyRunning { pid }) => bail!(
+            "a gateway is already running for {} (pid {pid}); stop it with `talaria gateway stop`",
+            rt.home.root().display()
+        ),
+        Err(e) => return Err(e).context("cannot take the gateway PID file"),
+    };
+    // Approvals are asked in each chat by the runner; this is only the
+    // fallback for work that has no chat.
+    let (agent, _client) = rt.agent(Arc::new(NoHuman))?;
+    let agent = Arc::new(agent);
+
+    let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
+    if let Some(settings) =
+        TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
+    {
+        let adapter = TelegramAdapter::new(settings).context("cannot set up Telegram")?;
+        adapters.push(Arc::new(adapter));
+    }
+    let api = ApiServerSettings::from_config(&rt.config.platforms.api_server, &rt.loaded.env)
+        .context("the API server is misconfigured")?;
+    if adapters.is_empty() && api.is_none() {
+        bail!(
+            "nothing to serve: no platform is enabled.\n\
+             Set TELEGRAM_BOT_TOKEN (or platforms.telegram.token), or API_SERVER_KEY \
+             (or platforms.api_server.key) in {} or the environment.",
+            rt.home.dotenv_file().display()
+        );
+    }
+    let names: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
+
+    let gateway = Gateway::new(GatewayParts {
+        config: rt.config.clone(),
+        env: rt.loaded.env.clone(),
+        home: rt.home.clone(),
+        agent: agent.clone(),
+        store: rt.gateway_store.clone(),
+        adapters,
+        lock_dir: None,
+    });
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone())?;
+
+    let api_task = match api {
+        Some(settings) => {
+            let server = ApiServer::bind(settings, agent.clone())
+                .await
+                .context("cannot start the API server")?;
+            let addr = server.local_addr();
+            tracing::info!(%addr, "API server listening");
+            eprintln!("talaria: API server listening on http://{addr}");
+            report_service(&gateway.board(), "api_server", true, None);
+            let board = gateway.board();
+            let stop = shutdown.clone();
+            Some(tokio::spawn(async move {
+                if let Err(e) = server.serve(stop).await {
+                    tracing::error!(error = %e, "API server failed");
+                    report_service(&board, "api_server", false, Some(e.to_string()));
+                }
+            }))
+        }
+        None => None,
+    };
+    if !names.is_empty() {
+        eprintln!("talaria: gateway running for {}", names.join(", "));
+    }
+    gateway.run(shutdown).await;
+    if let Some(task) = api_task {
+        let _ = task.await;
+    }
+    drop(pid_file);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGTERM and SIGINT both stop the gateway gracefully; a second signal
+/// while stopping exits at once.
+fn spawn_signal_handler(shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("signal received; stopping gracefully (send it again to exit at once)");
+        shutdown.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        eprintln!("talaria: stopping immediately");
+        std::process::exit(130);
+    });
+    Ok(())
+}
+
+/// `talaria gateway start`: runs the gateway in the background, logging to
+/// `$TALARIA_HOME/logs/gateway.log`.
+pub async fn start(home: Home) -> anyhow::Result<ExitCode> {
+    if let Some(info) = process::running_gateway(&home) {
+        println!("The gateway is already running (pid {}).", info.pid);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let exe = std::env::current_exe().context("cannot find the talaria executable")?;
+    std::fs::create_dir_all(home.logs_dir())
+        .with_context(|| format!("cannot create {}", home.logs_dir().display()))?;
+    let log_path = home.logs_dir().join("gateway.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .arg("--home")
+        .arg(home.root())
+        .args(["gateway", "run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // Its own process group: a Ctrl-C in this terminal must not reach it.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command.spawn().context("cannot start the gateway")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "the gateway exited at once ({status}); see {}",
+                log_path.display()
+            );
+        }
+        if process::running_gateway(&home).is_some() {
+            println!(
+                "Gateway started (pid {}). Log: {}",
+                child.id(),
+                log_path.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!(
+        "the gateway did not come up within 15 s; see {}",
+        log_path.display()
+    )
+}
+
+/// `talaria gateway stop`: SIGTERM, then waits for a graceful exit.
+pub async fn stop(home: Home) -> anyhow::Result<ExitCode> {
+    let Some(info) = process::running_gateway(&home) else {
+        println!("The gateway is not running.");
+        return Ok(ExitCode::SUCCESS);
+    };
+    process::signal_stop(info.pid).context("cannot signal the gateway")?;
+    let pid = info.pid;
+    let exited =
+        tokio::task::spawn_blocking(move || process::wait_for_exit(pid, Duration::from_secs(90)))
+            .await
+            .unwrap_or(false);
+    if exited {
+        println!("Gateway stopped (pid {pid}).");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        bail!("the gateway (pid {pid}) did not stop within 90 s")
+    }
+}
+
+/// `talaria gateway status`.
+pub fn status(home: &Home) -> anyhow::Result<ExitCode> {
+    let Some(info) = process::running_gateway(home) else {
+        println!("Gateway: not running");
+        return Ok(ExitCode::from(3));
+    };
+    println!("Gateway: running (pid {})", info.pid);
+    let Some(status) = process::read_status(home).context("cannot read the status file")? else {
+        println!("(no status reported yet)");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let now = chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0;
+    println!("State: {}", status.state);
+    println!("Uptime: {}", human_duration(now - status.started_at_unix));
+    if status.adapters.is_empty() {
+        println!("Platforms: none");
+    } else {
+        println!("Platforms:");
+        for (name, a) in &status.adapters {
+            let err = a
+                .last_error
+                .as_deref()
+                .map(|e| format!(" (last error: {e})"))
+                .unwrap_or_default();
+            println!(
+                "  {name:<12} {:<10} for {}{err}",
+                a.liveness,
+                human_duration(now - a.since)
+            );
+        }
+    }
+    println!("Running turns: {}", status.running_sessions.len());
+    for key in &status.running_sessions {
+        println!("  {key}");
+    }
+    let ledger: Vec<String> = status
+        .ledger
+        .iter()
+        .map(|(state, n)| format!("{state} {n}"))
+        .collect();
+    println!(
+        "Delivery ledger: {}",
+        if ledger.is_empty() {
+            "empty".to_owned()
+        } else {
+            ledger.join(", ")
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn human_duration(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {}s", s / 60, s % 60),
+        3600..86400 => format!("{}h {}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d {}h", s / 86400, (s % 86400) / 3600),
+    }
+}
+
+/// `talaria gateway install`: writes a systemd user unit.
+pub fn install(home: &Home, force: bool) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe().context("cannot find the talaria executable")?;
+    let dir = match std::env::var_os("XDG_CONFIG_HOME") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".config"),
+    }
+    .join("systemd/user");
+    let path = dir.join("talaria-gateway.service");
+    if path.exists() && !force {
+        bail!(
+            "{} already exists; pass --force to replace it",
+            path.display()
+        );
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::write(&path, process::systemd_unit(&exe, home))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    println!("Wrote {}", path.display());
+    println!(
+        "Enable and start it with:\n  systemctl --user daemon-reload\n  systemctl --user enable --now talaria-gateway"
+    );
+    println!("To keep it running after you log out:\n  loginctl enable-linger $USER");
+    Ok(ExitCode::SUCCESS)
+}

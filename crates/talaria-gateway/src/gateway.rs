@@ -1,0 +1,269 @@
+//! The assembled gateway: adapters under supervision, the runner reading
+//! their inbox, the ledger sweeps, the status file, and an orderly stop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use talaria_agent::Agent;
+use talaria_core::{Config, Env, Home};
+use talaria_store::GatewayStore;
+use tokio_util::sync::CancellationToken;
+
+use crate::adapter::{Adapter, Inbox, Liveness};
+use crate::delivery::Delivery;
+use crate::ledger::Ledger;
+use crate::process::{AdapterStatus, GatewayStatus, write_status};
+use crate::runner::{Runner, RunnerParts};
+use crate::supervisor::{StatusBoard, supervise};
+
+/// Events waiting for the runner; an adapter blocks (and so does not
+/// acknowledge its platform) while this is full.
+const INBOX_CAPACITY: usize = 256;
+
+/// How often the status file is rewritten when nothing changes (uptime
+/// and ledger counts still move).
+const STATUS_INTERVAL: Duration = Duration::from_secs(2);
+
+/// After a change, how long the writer waits for more before writing, so
+/// a burst of changes costs one write.
+const STATUS_DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// How often delivered and abandoned ledger rows are pruned.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Everything a gateway is built from.
+pub struct GatewayParts {
+    pub config: Arc<Config>,
+    pub env: Env,
+    pub home: Home,
+    pub agent: Arc<Agent>,
+    pub store: Arc<dyn GatewayStore>,
+    pub adapters: Vec<Arc<dyn Adapter>>,
+    /// Where credential locks live; `None` for the per-user default
+    /// (`$TALARIA_GATEWAY_LOCK_DIR`, else the XDG state directory).
+    pub lock_dir: Option<std::path::PathBuf>,
+}
+
+/// A gateway ready to run.
+pub struct Gateway {
+    config: Arc<Config>,
+    home: Home,
+    adapters: Vec<Arc<dyn Adapter>>,
+    lock_dir: Option<std::path::PathBuf>,
+    runner: Runner,
+    delivery: Delivery,
+    board: Arc<StatusBoard>,
+}
+
+impl Gateway {
+    pub fn new(parts: GatewayParts) -> Gateway {
+        let GatewayParts {
+            config,
+            env,
+            home,
+            agent,
+            store,
+            adapters,
+            lock_dir,
+        } = parts;
+        let ledger = config
+            .gateway
+            .delivery_ledger
+            .then(|| Ledger::new(store.clone()));
+        let delivery = Delivery::new(adapters.clone(), ledger);
+        process_started_unix();
+        let board = Arc::new(StatusBoard::default());
+        let runner = Runner::new(RunnerParts {
+            config: config.clone(),
+            env,
+            home: home.clone(),
+            agent,
+            store,
+            delivery: delivery.clone(),
+            board: board.clone(),
+        });
+        Gateway {
+            config,
+            home,
+            adapters,
+            lock_dir,
+            runner,
+            delivery,
+            board,
+        }
+    }
+
+    /// The shared liveness board (services outside the adapters, such as
+    /// the API server, report here too).
+    pub fn board(&self) -> Arc<StatusBoard> {
+        self.board.clone()
+    }
+
+    pub fn runner(&self) -> &Runner {
+        &self.runner
+    }
+
+    /// Runs until `shutdown` fires, then stops in order: adapters stop
+    /// receiving, events already received are still taken, running turns
+    /// get `gateway.drain_timeout_secs` to finish before they are
+    /// interrupted, and the status file says `stopped`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let (inbox, events) = Inbox::channel(INBOX_CAPACITY);
+        let receiving = CancellationToken::new();
+        let mut supervisors = Vec::new();
+        for adapter in &self.adapters {
+            supervisors.push(tokio::spawn(supervise(
+                adapter.clone(),
+                inbox.clone(),
+                self.board.clone(),
+                self.delivery.clone(),
+                self.lock_dir.clone(),
+                receiving.clone(),
+            )));
+        }
+        // The runner reads until every sender is gone: after the adapters
+        // stop, nothing they already handed over is lost.
+        drop(inbox);
+        let runner = self.runner.clone();
+        let reader = tokio::spawn(async move {
+            runner.serve(events, CancellationToken::new()).await;
+        });
+        let background = CancellationToken::new();
+        let status = tokio::spawn(status_writer(
+            self.home.clone(),
+            self.runner.clone(),
+            self.board.clone(),
+            self.delivery.clone(),
+            background.clone(),
+        ));
+        let pruner = tokio::spawn(prune_ledger(self.delivery.clone(), background.clone()));
+
+        shutdown.cancelled().await;
+        tracing::info!("stopping: no new messages are taken");
+        receiving.cancel();
+        for task in supervisors {
+            let _ = task.await;
+        }
+        let _ = reader.await;
+        let grace = Duration::from_secs(self.config.gateway.drain_timeout_secs);
+        self.runner.drain(grace).await;
+        background.cancel();
+        let _ = status.await;
+        let _ = pruner.await;
+        write_snapshot(
+            &self.home,
+            &self.runner,
+            &self.board,
+            &self.delivery,
+            "stopped",
+        )
+        .await;
+        tracing::info!("gateway stopped");
+    }
+}
+
+async fn status_writer(
+    home: Home,
+    runner: Runner,
+    board: Arc<StatusBoard>,
+    delivery: Delivery,
+    stop: CancellationToken,
+) {
+    loop {
+        write_snapshot(&home, &runner, &board, &delivery, "running").await;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(STATUS_INTERVAL) => {}
+            _ = board.changed() => {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(STATUS_DEBOUNCE) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn write_snapshot(
+    home: &Home,
+    runner: &Runner,
+    board: &StatusBoard,
+    delivery: &Delivery,
+    state: &str,
+) {
+    let ledger = match delivery.ledger() {
+        Some(l) => l
+            .counts()
+            .await
+            .map(|c| {
+                c.into_iter()
+                    .map(|(s, n)| (s.as_str().to_owned(), n))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
+    let me = crate::owner::current();
+    let status = GatewayStatus {
+        pid: me.pid,
+        started_at_unix: process_started_unix(),
+        state: state.to_owned(),
+        adapters: board
+            .snapshot()
+            .into_iter()
+            .map(|(p, s)| {
+                (
+                    p,
+                    AdapterStatus {
+                        liveness: s.liveness.to_string(),
+                        since: s.since,
+                        last_error: s.last_error,
+                    },
+                )
+            })
+            .collect(),
+        running_sessions: runner.running_sessions(),
+        ledger,
+        updated_at: chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0,
+    };
+    let home = home.clone();
+    let result = tokio::task::spawn_blocking(move || write_status(&home, &status)).await;
+    if let Ok(Err(e)) = result {
+        tracing::debug!(error = %e, "cannot write the status file");
+    }
+}
+
+/// When this process started, as wall-clock seconds.
+fn process_started_unix() -> f64 {
+    static STARTED: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(|| chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0)
+}
+
+async fn prune_ledger(delivery: Delivery, stop: CancellationToken) {
+    loop {
+        if let Some(ledger) = delivery.ledger() {
+            match ledger.prune().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(rows = n, "pruned old delivery ledger rows"),
+                Err(e) => tracing::warn!(error = %e, "cannot prune the delivery ledger"),
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(PRUNE_INTERVAL) => {}
+        }
+    }
+}
+
+/// Marks a service that is not an adapter (the API server) on the board.
+pub fn report_service(board: &StatusBoard, name: &str, live: bool, error: Option<String>) {
+    board.set(
+        name,
+        if live {
+            Liveness::Live
+        } else {
+            Liveness::Backoff
+        },
+        error,
+    );
+}

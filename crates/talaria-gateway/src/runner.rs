@@ -1,0 +1,1180 @@
+//! The runner: every inbound event passes through here, in order.
+//!
+//! For each event: compute its session key once; authorize the sender
+//! (strangers in DMs may get a pairing code, nobody unauthorized reaches the
+//! model); answer slash commands without the model; otherwise run an agent
+//! turn, or, when the chat's agent is already busy, apply the busy-input
+//! mode.
+//!
+//! # The busy guard
+//!
+//! Each session key has a [`Lane`]. A lane runs at most one turn at a time
+//! (its `run`); what arrives meanwhile waits in its `queue`. A run that was
+//! interrupted, stopped or reset is marked `discard` and its late result is
+//! dropped, but the lane stays busy until that run has actually unwound, so
+//! two turns never touch one transcript at once. Lanes of different keys
+//! run concurrently.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use talaria_agent::interaction::{ApprovalDecision, ApprovalRequest, ClarifyRequest, Interaction};
+use talaria_agent::tools::SessionState;
+use talaria_agent::{Agent, TurnExit, TurnObserver, TurnOptions};
+use talaria_core::commands::{self, CommandDef, WhileRunning};
+use talaria_core::config::BusyInputMode;
+use talaria_core::{Config, Env, Home, Message, Role};
+use talaria_store::{GatewayStore, SessionFilter};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::{AuthPolicy, Decision};
+use crate::delivery::{Address, Delivery};
+use crate::event::{MessageEvent, SessionSource};
+use crate::key::{KeyPolicy, SessionKey};
+use crate::pairing::Pairing;
+use crate::router::{AutoReset, Router};
+use crate::supervisor::StatusBoard;
+
+/// Follow-ups waiting behind a busy turn; more are dropped (and logged):
+/// a flood must not grow memory without bound.
+const MAX_QUEUED: usize = 32;
+
+/// At most one "busy" acknowledgement per chat in this window.
+const ACK_COOLDOWN: Duration = Duration::from_secs(30);
+
+/// How long a clarifying question waits for its answer.
+const CLARIFY_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Everything the runner is built from.
+pub struct RunnerParts {
+    pub config: Arc<Config>,
+    /// `.env` overlaid by the process environment: allowlists and flags.
+    pub env: Env,
+    pub home: Home,
+    pub agent: Arc<Agent>,
+    pub store: Arc<dyn GatewayStore>,
+    pub delivery: Delivery,
+    /// Adapter liveness, shown by `/status`.
+    pub board: Arc<StatusBoard>,
+}
+
+/// The runner. Cheap to clone; clones share all state.
+#[derive(Clone)]
+pub struct Runner {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Arc<Config>,
+    home: Home,
+    policy: KeyPolicy,
+    auth: AuthPolicy,
+    pairing: Pairing,
+    router: Router,
+    agent: Arc<Agent>,
+    store: Arc<dyn GatewayStore>,
+    delivery: Delivery,
+    board: Arc<StatusBoard>,
+    lanes: Mutex<HashMap<SessionKey, Lane>>,
+    generations: AtomicU64,
+    /// Set when the gateway stops: new work is refused.
+    draining: AtomicBool,
+    /// Every lane driver, so a stopping gateway can wait for them.
+    tasks: TaskTracker,
+    started: Instant,
+}
+
+/// One session key's state in this process.
+#[derive(Default)]
+struct Lane {
+    run: Option<Run>,
+    queue: VecDeque<Queued>,
+    last_ack: Option<Instant>,
+    /// A dangerous command waiting for `/approve` or `/deny`.
+    approval: Option<oneshot::Sender<ApprovalDecision>>,
+    /// A clarifying question waiting for the next plain message.
+    clarify: Option<oneshot::Sender<String>>,
+}
+
+/// The turn a lane is running.
+struct Run {
+    generation: u64,
+    cancel: CancellationToken,
+    started: Instant,
+    /// Its result must not be delivered (interrupted, stopped, reset).
+    discard: bool,
+    /// The session's state once routed, for steering.
+    state: Option<Arc<SessionState>>,
+    /// The tool running now, for `/status`.
+    tool: Arc<Mutex<Option<String>>>,
+}
+
+/// A message waiting for its turn.
+struct Queued {
+    event: MessageEvent,
+    /// Plain follow-ups in queue mode merge into one turn; `/queue` items
+    /// are each their own.
+    mergeable: bool,
+}
+
+impl Runner {
+    pub fn new(parts: RunnerParts) -> Runner {
+        let RunnerParts {
+            config,
+            env,
+            home,
+            agent,
+            store,
+            delivery,
+            board,
+        } = parts;
+        let router = Router::new(agent.clone(), store.clone(), config.session_reset.clone());
+        Runner {
+            inner: Arc::new(Inner {
+                policy: KeyPolicy::from_config(&config.gateway),
+                auth: AuthPolicy::from_env(&env),
+                pairing: Pairing::new(store.clone()),
+                router,
+                config,
+                home,
+                agent,
+                store,
+                delivery,
+                board,
+                lanes: Mutex::new(HashMap::new()),
+                generations: AtomicU64::new(1),
+                draining: AtomicBool::new(false),
+                tasks: TaskTracker::new(),
+                started: Instant::now(),
+            }),
+        }
+    }
+
+    /// Reads events until the inbox closes or `shutdown` fires.
+    pub async fn serve(
+        &self,
+        mut inbox: tokio::sync::mpsc::Receiver<MessageEvent>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                event = inbox.recv() => match event {
+                    Some(e) => e,
+                    None => break,
+                },
+            };
+            self.accept(event).await;
+        }
+    }
+
+    /// Session keys with a turn running now.
+    pub fn running_sessions(&self) -> Vec<String> {
+        self.inner
+            .lanes()
+            .iter()
+            .filter(|(_, lane)| lane.run.is_some())
+            .map(|(k, _)| k.to_string())
+            .collect()
+    }
+
+    /// Stops taking work, lets running turns finish for up to `grace`,
+    /// then interrupts what is left and waits briefly for it to unwind.
+    pub async fn drain(&self, grace: Duration) {
+        let inner = &self.inner;
+        inner.draining.store(true, Ordering::SeqCst);
+        inner.tasks.close();
+        if tokio::time::timeout(grace, inner.tasks.wait())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tracing::info!("interrupting running turns to shut down");
+        for lane in inner.lanes().values_mut() {
+            lane.queue.clear();
+            if let Some(run) = &mut lane.run {
+                run.discard = true;
+                run.cancel.cancel();
+            }
+        }
+        if tokio::time::timeout(Duration::from_secs(5), inner.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some turns did not stop in time");
+        }
+    }
+
+    /// Handles one inbound event. Returns once the event is routed: turns
+    /// run on their own tasks.
+    pub async fn accept(&self, event: MessageEvent) {
+        let inner = &self.inner;
+        if inner.draining.load(Ordering::SeqCst) {
+            tracing::info!(platform = %event.source.platform, "gateway stopping; message not taken");
+            return;
+        }
+        let key = match SessionKey::for_source(&event.source, inner.policy) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(platform = %event.source.platform, error = %e, "message with an unusable chat id dropped");
+                return;
+            }
+        };
+        if !self.authorized(&event).await {
+            return;
+        }
+        if let Some(invocation) = event.command() {
+            let name = invocation.name.to_owned();
+            let args = invocation.args.to_owned();
+            match commands::resolve(&name) {
+                Some(def) if def.availability != commands::Availability::CliOnly => {
+                    self.command(&key, &event, def, &args).await;
+                }
+                _ => {
+                    let text =
+                        format!("Unknown command /{name}. Type /help to see what I understand.");
+                    inner
+                        .delivery
+                        .notify(&Address::reply_to(&event), &text)
+                        .await;
+                }
+            }
+            return;
+        }
+        if let Some(answer) = inner.lanes().get_mut(&key).and_then(|l| l.clarify.take()) {
+            // The answer to a question the agent asked: it goes to the
+            // waiting tool, not into a new turn.
+            let _ = answer.send(event.text.clone());
+            return;
+        }
+        self.submit(
+            key,
+            Queued {
+                event,
+                mergeable: true,
+            },
+        );
+    }
+
+    /// Applies authorization; strangers in DMs may be offered a code.
+    async fn authorized(&self, event: &MessageEvent) -> bool {
+        let inner = &self.inner;
+        let source = &event.source;
+        let paired = match &source.user_id {
+            Some(user) => inner
+                .pairing
+                .is_approved(&source.platform, user)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "cannot read pairing approvals; treating the sender as unpaired");
+                    false
+                }),
+            None => false,
+        };
+        match inner.auth.decide(source, paired) {
+            Decision::Allow(_) => true,
+            Decision::Deny { offer_pairing } => {
+                tracing::info!(
+                    platform = %source.platform,
+                    chat_type = %source.chat_type,
+                    "message from an unauthorized sender dropped"
+                );
+                if offer_pairing && let Some(user) = &source.user_id {
+                    match inner
+                        .pairing
+                        .offer(&source.platform, user, source.user_name.as_deref())
+                        .await
+                    {
+                        Ok(Some(text)) => {
+                            inner
+                                .delivery
+                                .notify(&Address::reply_to(event), &text)
+                                .await;
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!(error = %e, "cannot offer a pairing code"),
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// Starts a turn for `item`, or applies the busy mode when one runs.
+    fn submit(&self, key: SessionKey, item: Queued) {
+        let inner = &self.inner;
+        let mut lanes = inner.lanes();
+        let lane = lanes.entry(key.clone()).or_default();
+        let Some(run) = &mut lane.run else {
+            let (generation, cancel) = inner.new_run(lane);
+            drop(lanes);
+            let this = self.clone();
+            inner
+                .tasks
+                .spawn(async move { this.drive(key, item, generation, cancel).await });
+            return;
+        };
+        let to = Address::reply_to(&item.event);
+        let already_stopping = run.discard;
+        let ack = match inner.config.gateway.busy_input_mode {
+            BusyInputMode::Steer if run.state.is_some() && item.mergeable => {
+                if let Some(state) = &run.state {
+                    state.push_steer(&item.event.text);
+                }
+                Some(
+                    "⏩ Passed your message to the running task; it will see it after its current step.",
+                )
+            }
+            BusyInputMode::Queue | BusyInputMode::Steer => {
+                enqueue(lane, item);
+                Some(
+                    "⏳ Still working on your previous message; this one is queued for the next turn.",
+                )
+            }
+            BusyInputMode::Interrupt => {
+                enqueue(lane, item);
+                if let Some(run) = &mut lane.run {
+                    run.discard = true;
+                    run.cancel.cancel();
+                }
+                (!already_stopping)
+                    .then_some("⚡ Interrupting the current task to answer your new message.")
+            }
+        };
+        let ack = ack.filter(|_| inner.config.gateway.busy_ack).filter(|_| {
+            let due = lane.last_ack.is_none_or(|t| t.elapsed() >= ACK_COOLDOWN);
+            if due {
+                lane.last_ack = Some(Instant::now());
+            }
+            due
+        });
+        drop(lanes);
+        if let Some(text) = ack {
+            let delivery = inner.delivery.clone();
+            tokio::spawn(async move { delivery.notify(&to, text).await });
+        }
+    }
+
+    /// Runs a lane's turns until its queue is empty.
+    async fn drive(
+        &self,
+        key: SessionKey,
+        first: Queued,
+        generation: u64,
+        cancel: CancellationToken,
+    ) {
+        let mut next = Some((first, generation, cancel));
+        while let Some((item, generation, cancel)) = next.take() {
+            self.run_one(&key, item.event, generation, cancel).await;
+            let inner = &self.inner;
+            let mut lanes = inner.lanes();
+            let Some(lane) = lanes.get_mut(&key) else {
+                break;
+            };
+            match lane.queue.pop_front() {
+                Some(item) if !inner.draining.load(Ordering::SeqCst) => {
+                    let (generation, cancel) = inner.new_run(lane);
+                    next = Some((item, generation, cancel));
+                }
+                _ => {
+                    lane.run = None;
+                    inner.board.touch();
+                    lane.queue.clear();
+                    if lane.approval.is_none() && lane.clarify.is_none() {
+                        lanes.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One turn: route, run the agent with a typing indicator, deliver.
+    async fn run_one(
+        &self,
+        key: &SessionKey,
+        event: MessageEvent,
+        generation: u64,
+        cancel: CancellationToken,
+    ) {
+        let inner = &self.inner;
+        let to = Address::reply_to(&event);
+        let routed = match inner.router.current(key, &event.source).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(key = %key, error = %e, "cannot open the session");
+                inner
+                    .delivery
+                    .notify(&to, "⚠️ I could not open this conversation's history (the database may be busy). Please try again in a moment.")
+                    .await;
+                return;
+            }
+        };
+        let handle = routed.handle;
+        let tool = {
+            let mut lanes = inner.lanes();
+            let run = lanes
+                .get_mut(key)
+                .and_then(|l| l.run.as_mut())
+                .filter(|r| r.generation == generation);
+            match run {
+                Some(run) => {
+                    run.state = Some(handle.state.clone());
+                    run.tool.clone()
+                }
+                None => Arc::new(Mutex::new(None)),
+            }
+        };
+        if let Some(reason) = routed.auto_reset {
+            let why = match reason {
+                AutoReset::Idle => "after a period of inactivity",
+                AutoReset::Daily => "for the daily reset",
+            };
+            let text = format!(
+                "◐ Started a new conversation {why}. The previous one is kept: /sessions lists it and /resume brings it back."
+            );
+            inner.delivery.notify(&to, &text).await;
+        }
+
+        let typing = self.typing_indicator(&event);
+        let interaction: Arc<dyn Interaction> = Arc::new(ChatInteraction {
+            runner: self.clone(),
+            key: key.clone(),
+            to: to.clone(),
+        });
+        let observer = RunObserver { tool };
+        let text = prompt_text(&event);
+        let result = inner
+            .agent
+            .run_turn_with(
+                &handle,
+                &text,
+                &observer,
+                cancel,
+                TurnOptions {
+                    interaction: Some(interaction),
+                },
+            )
+            .await;
+        typing.cancel();
+
+        // Steering that arrived too late for the turn becomes the next one.
+        let leftover = handle.state.take_steer();
+        let discard = {
+            let mut lanes = inner.lanes();
+            let lane = lanes.get_mut(key);
+            let discard = lane
+                .as_ref()
+                .and_then(|l| l.run.as_ref())
+                .is_none_or(|r| r.generation != generation || r.discard);
+            if let Some(lane) = lane
+                && !leftover.is_empty()
+            {
+                let mut follow = event.clone();
+                follow.text = leftover.join("\n");
+                follow.message_id = None;
+                lane.queue.push_front(Queued {
+                    event: follow,
+                    mergeable: true,
+                });
+            }
+            discard
+        };
+        if discard {
+            tracing::info!(key = %key, "a superseded turn finished; its answer is dropped");
+            return;
+        }
+        match result {
+            Ok(outcome) => match outcome.exit {
+                TurnExit::Completed | TurnExit::BudgetExhausted => {
+                    let message_ref = event.message_id.as_deref().unwrap_or("");
+                    let _ = inner
+                        .delivery
+                        .deliver_reply(key.as_str(), message_ref, &to, &outcome.answer)
+                        .await;
+                    inner.board.touch();
+                }
+                TurnExit::Interrupted => {}
+                TurnExit::Failed(reason) => {
+                    let text = format!(
+                        "⚠️ The model could not answer: {reason}\nYour message is saved; send it again or try /retry."
+                    );
+                    inner.delivery.notify(&to, &text).await;
+                }
+            },
+            Err(e) => {
+                tracing::error!(key = %key, error = %e, "turn failed");
+                inner
+                    .delivery
+                    .notify(&to, "⚠️ Something went wrong while working on that (the database may be busy). Please try again.")
+                    .await;
+            }
+        }
+    }
+
+    /// Sends "typing…" every few seconds until the returned token fires.
+    fn typing_indicator(&self, event: &MessageEvent) -> CancellationToken {
+        let stop = CancellationToken::new();
+        let Some(adapter) = self.inner.delivery.adapter(&event.source.platform).cloned() else {
+            return stop;
+        };
+        let interval = Duration::from_secs(self.inner.config.gateway.typing_interval_secs.max(1));
+        let chat = event.source.chat_id.clone();
+        let thread = event.source.thread_id.clone();
+        let token = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = adapter.typing(&chat, thread.as_deref()).await {
+                    tracing::debug!(error = %e, "typing indicator failed");
+                }
+                tokio::select! {
+                    _ = token.cancelled() => break,
+                    _ = tokio::time::sleep(interval) => {}
+                }
+            }
+        });
+        stop
+    }
+
+    /// Answers a slash command without calling the model.
+    async fn command(&self, key: &SessionKey, event: &MessageEvent, def: &CommandDef, args: &str) {
+        let inner = &self.inner;
+        let to = Address::reply_to(event);
+        let running = inner
+            .lanes()
+            .get(key)
+            .and_then(|l| l.run.as_ref())
+            .is_some_and(|r| !r.discard);
+        if running && def.while_running == WhileRunning::Refused {
+            let text = format!(
+                "⏳ A turn is running, so /{} can't run now. Wait for the answer or send /stop first.",
+                def.name
+            );
+            inner.delivery.notify(&to, &text).await;
+            return;
+        }
+        let reply = match def.name {
+            "new" => Some(self.cmd_new(key, event, args).await),
+            "stop" => Some(self.cmd_stop(key)),
+            "status" => Some(self.cmd_status(key).await),
+            "help" => Some(commands::help_text(commands::Availability::GatewayOnly)),
+            "queue" => self.cmd_queue(key, event, args),
+            "steer" => self.cmd_steer(key, event, args),
+            "approve" => Some(self.cmd_answer_approval(key, approval_from_args(args))),
+            "deny" => Some(self.cmd_answer_approval(key, ApprovalDecision::Deny)),
+            "sessions" => Some(self.cmd_sessions(key).await),
+            "resume" => Some(self.cmd_resume(key, args).await),
+            "title" => Some(self.cmd_title(key, args).await),
+            "retry" => self.cmd_retry(key, event).await,
+            "undo" => Some(self.cmd_undo(key, args).await),
+            "compress" => Some(self.cmd_compress(key, event).await),
+            "model" => Some(self.cmd_model(args)),
+            "usage" => Some(self.cmd_usage(key).await),
+            "whoami" => Some(self.cmd_whoami(key, event).await),
+            "sethome" => Some(self.cmd_sethome(event)),
+            "version" => Some(format!("Talaria {}", env!("CARGO_PKG_VERSION"))),
+            other => Some(format!(
+                "/{other} is not available in chat. Type /help to see what is."
+            )),
+        };
+        if let Some(text) = reply {
+            inner.delivery.notify(&to, &text).await;
+        }
+    }
+
+    /// Cancels the lane's run (its result is dropped), and optionally its
+    /// queue and any question waiting for an answer.
+    fn stop_lane(&self, key: &SessionKey, clear_queue: bool) -> bool {
+        let mut lanes = self.inner.lanes();
+        let Some(lane) = lanes.get_mut(key) else {
+            return false;
+        };
+        let was_running = lane.run.as_ref().is_some_and(|r| !r.discard);
+        if let Some(run) = &mut lane.run {
+            run.discard = true;
+            run.cancel.cancel();
+        }
+        if clear_queue {
+            lane.queue.clear();
+        } else {
+            // `/stop` drops follow-ups but keeps what was explicitly queued.
+            lane.queue.retain(|q| !q.mergeable);
+        }
+        // Dropping the senders answers the waiting tools with a denial.
+        lane.approval = None;
+        lane.clarify = None;
+        was_running
+    }
+
+    async fn cmd_new(&self, key: &SessionKey, event: &MessageEvent, args: &str) -> String {
+        self.stop_lane(key, true);
+        match self.inner.router.reset(key, &event.source).await {
+            Ok(handle) => {
+                if !args.is_empty()
+                    && let Err(e) = self.inner.store.set_title(&handle.id, args).await
+                {
+                    tracing::warn!(error = %e, "cannot set the title");
+                }
+                "✨ Started a new conversation. The previous one is kept: /sessions lists it and /resume brings it back.".to_owned()
+            }
+            Err(e) => format!("⚠️ Could not start a new conversation: {e}"),
+        }
+    }
+
+    fn cmd_stop(&self, key: &SessionKey) -> String {
+        if self.stop_lane(key, false) {
+            "⏹ Stopped. Your next message starts a new turn in the same conversation.".to_owned()
+        } else {
+            "Nothing is running.".to_owned()
+        }
+    }
+
+    async fn cmd_status(&self, key: &SessionKey) -> String {
+        let inner = &self.inner;
+        let mut lines = Vec::new();
+        match inner.router.peek(key).await {
+            Ok(Some(session)) => {
+                lines.push(format!(
+                    "Conversation: {}{}",
+                    session.id,
+                    session
+                        .title
+                        .as_deref()
+                        .map(|t| format!(" ({t})"))
+                        .unwrap_or_default()
+                ));
+                lines.push(format!(
+                    "Messages: {} · tokens in {} / out {}",
+                    session.message_count, session.input_tokens, session.output_tokens
+                ));
+            }
+            Ok(None) => lines.push("Conversation: none yet".to_owned()),
+            Err(e) => lines.push(format!("Conversation: unavailable ({e})")),
+        }
+        {
+            let lanes = inner.lanes();
+            match lanes
+                .get(key)
+                .and_then(|l| l.run.as_ref().map(|r| (r, l.queue.len())))
+            {
+                Some((run, queued)) => {
+                    let tool = run.tool.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    lines.push(format!(
+                        "Working for {}s{}{}",
+                        run.started.elapsed().as_secs(),
+                        tool.map(|t| format!(", running {t}")).unwrap_or_default(),
+                        if queued > 0 {
+                            format!(", {queued} queued")
+                        } else {
+                            String::new()
+                        }
+                    ));
+                }
+                None => lines.push("Idle".to_owned()),
+            }
+        }
+        lines.push(format!("Model: {}", inner.agent.parts().provider.model()));
+        let platforms = inner.board.snapshot();
+        if !platforms.is_empty() {
+            let list: Vec<String> = platforms
+                .iter()
+                .map(|(p, s)| format!("{p} {}", s.liveness))
+                .collect();
+            lines.push(format!("Platforms: {}", list.join(", ")));
+        }
+        lines.push(format!("Gateway up {}s", inner.started.elapsed().as_secs()));
+        lines.join("\n")
+    }
+
+    fn cmd_queue(&self, key: &SessionKey, event: &MessageEvent, args: &str) -> Option<String> {
+        if args.is_empty() {
+            return Some("Usage: /queue <message>".to_owned());
+        }
+        let mut follow = event.clone();
+        follow.text = args.to_owned();
+        let mut lanes = self.inner.lanes();
+        let lane = lanes.entry(key.clone()).or_default();
+        if lane.run.is_some() {
+            if lane.queue.len() >= MAX_QUEUED {
+                return Some("The queue is full; wait for the current turn.".to_owned());
+            }
+            lane.queue.push_back(Queued {
+                event: follow,
+                mergeable: false,
+            });
+            let n = lane.queue.len();
+            return Some(if n == 1 {
+                "Queued for the next turn.".to_owned()
+            } else {
+                format!("Queued for the next turn ({n} queued).")
+            });
+        }
+        drop(lanes);
+        self.submit(
+            key.clone(),
+            Queued {
+                event: follow,
+                mergeable: false,
+            },
+        );
+        None
+    }
+
+    fn cmd_steer(&self, key: &SessionKey, event: &MessageEvent, args: &str) -> Option<String> {
+        if args.is_empty() {
+            return Some("Usage: /steer <message>".to_owned());
+        }
+        {
+            let lanes = self.inner.lanes();
+            if let Some(state) = lanes
+                .get(key)
+                .and_then(|l| l.run.as_ref())
+                .filter(|r| !r.discard)
+                .and_then(|r| r.state.clone())
+            {
+                state.push_steer(args);
+                return Some(
+                    "⏩ The running task will see this after its current step.".to_owned(),
+                );
+            }
+        }
+        let mut follow = event.clone();
+        follow.text = args.to_owned();
+        self.submit(
+            key.clone(),
+            Queued {
+                event: follow,
+                mergeable: true,
+            },
+        );
+        None
+    }
+
+    fn cmd_answer_approval(&self, key: &SessionKey, decision: ApprovalDecision) -> String {
+        let waiting = self
+            .inner
+            .lanes()
+            .get_mut(key)
+            .and_then(|l| l.approval.take());
+        let delivered = waiting.is_some_and(|tx| tx.send(decision).is_ok());
+        if !delivered {
+            return "Nothing is waiting for approval.".to_owned();
+        }
+        match decision {
+            ApprovalDecision::Deny => "Denied.".to_owned(),
+            ApprovalDecision::Session => "Approved for the rest of this conversation.".to_owned(),
+            ApprovalDecision::Always => "Approved permanently.".to_owned(),
+            _ => "Approved.".to_owned(),
+        }
+    }
+
+    /// This key's sessions, newest first.
+    async fn key_sessions(
+        &self,
+        key: &SessionKey,
+    ) -> Result<Vec<talaria_store::SessionRecord>, String> {
+        self.inner
+            .store
+            .list_sessions(SessionFilter {
+                session_key: Some(key.as_str().to_owned()),
+                limit: 10,
+                ..SessionFilter::default()
+            })
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn cmd_sessions(&self, key: &SessionKey) -> String {
+        let current = self
+            .inner
+            .router
+            .peek(key)
+            .await
+            .ok()
+            .flatten()
+            .map(|s| s.id);
+        match self.key_sessions(key).await {
+            Ok(list) if list.is_empty() => "No conversations yet.".to_owned(),
+            Ok(list) => {
+                let mut out =
+                    vec!["Recent conversations (/resume <number> to go back):".to_owned()];
+                for (i, s) in list.iter().enumerate() {
+                    let when = chrono::DateTime::from_timestamp(s.started_at as i64, 0)
+                        .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+                        .unwrap_or_default();
+                    out.push(format!(
+                        "{}. {} · {} · {} messages{}",
+                        i + 1,
+                        s.title.as_deref().unwrap_or(&s.id),
+                        when,
+                        s.message_count,
+                        if current.as_deref() == Some(s.id.as_str()) {
+                            " (current)"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+                out.join("\n")
+            }
+            Err(e) => format!("⚠️ Cannot list conversations: {e}"),
+        }
+    }
+
+    async fn cmd_resume(&self, key: &SessionKey, args: &str) -> String {
+        let list = match self.key_sessions(key).await {
+            Ok(l) => l,
+            Err(e) => return format!("⚠️ Cannot list conversations: {e}"),
+        };
+        let wanted = args.trim();
+        let pick = if wanted.is_empty() {
+            // The most recent one that is not the current conversation.
+            let current = self
+                .inner
+                .router
+                .peek(key)
+                .await
+                .ok()
+                .flatten()
+                .map(|s| s.id);
+            list.iter().find(|s| Some(&s.id) != current.as_ref())
+        } else if let Ok(n) = wanted.parse::<usize>() {
+            n.checked_sub(1).and_then(|i| list.get(i))
+        } else {
+            list.iter().find(|s| {
+                s.id == wanted
+                    || s.title
+                        .as_deref()
+                        .is_some_and(|t| t.eq_ignore_ascii_case(wanted))
+            })
+        };
+        let Some(session) = pick else {
+            return "No such conversation here. /sessions lists them.".to_owned();
+        };
+        match self.inner.router.resume(key, &session.id).await {
+            Ok(_) => format!(
+                "↩️ Resumed {}.",
+                session.title.as_deref().unwrap_or(&session.id)
+            ),
+            Err(e) => format!("⚠️ Cannot resume: {e}"),
+        }
+    }
+
+    async fn cmd_title(&self, key: &SessionKey, args: &str) -> String {
+        let Ok(Some(session)) = self.inner.router.peek(key).await else {
+            return "No conversation yet.".to_owned();
+        };
+        if args.is_empty() {
+            return match session.title {
+                Some(t) => format!("Title: {t}"),
+                None => "This conversation has no title. /title <name> sets one.".to_owned(),
+            };
+        }
+        let title: String = args.chars().filter(|c| !c.is_control()).take(100).collect();
+        match self.inner.store.set_title(&session.id, &title).await {
+            Ok(()) => format!("Title set: {title}"),
+            Err(e) => format!("⚠️ Cannot set the title: {e}"),
+        }
+    }
+
+    /// Drops the active transcript back to before the `n`-th last user
+    /// message; returns that message's text.
+    async fn rewind(&self, key: &SessionKey, n: usize) -> Result<Option<String>, String> {
+        let Some(session) = self
+            .inner
+            .router
+            .peek(key)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        let rows = self
+            .inner
+            .store
+            .messages(&session.id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let messages: Vec<Message> = rows.into_iter().map(|r| r.message).collect();
+        let user_positions: Vec<usize> = messages
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.role == Role::User)
+            .map(|(i, _)| i)
+            .collect();
+        let Some(&cut) = user_positions
+            .len()
+            .checked_sub(n)
+            .and_then(|i| user_positions.get(i))
+        else {
+            return Ok(None);
+        };
+        let text = messages[cut].content.clone();
+        self.inner
+            .store
+            .replace_active(&session.id, &messages[..cut])
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Some(text))
+    }
+
+    async fn cmd_retry(&self, key: &SessionKey, event: &MessageEvent) -> Option<String> {
+        match self.rewind(key, 1).await {
+            Ok(Some(text)) => {
+                let mut again = event.clone();
+                again.text = text;
+                self.submit(
+                    key.clone(),
+                    Queued {
+                        event: again,
+                        mergeable: false,
+                    },
+                );
+                None
+            }
+            Ok(None) => Some("There is nothing to retry yet.".to_owned()),
+            Err(e) => Some(format!("⚠️ Cannot retry: {e}")),
+        }
+    }
+
+    async fn cmd_undo(&self, key: &SessionKey, args: &str) -> String {
+        let n = args.trim().parse::<usize>().unwrap_or(1).max(1);
+        match self.rewind(key, n).await {
+            Ok(Some(_)) if n == 1 => {
+                "↩️ Removed the last exchange from this conversation.".to_owned()
+            }
+            Ok(Some(_)) => format!("↩️ Removed the last {n} exchanges from this conversation."),
+            Ok(None) => "There is nothing to undo.".to_owned(),
+            Err(e) => format!("⚠️ Cannot undo: {e}"),
+        }
+    }
+
+    async fn cmd_compress(&self, key: &SessionKey, event: &MessageEvent) -> String {
+        let routed = match self.inner.router.current(key, &event.source).await {
+            Ok(r) => r,
+            Err(e) => return format!("⚠️ Cannot open the conversation: {e}"),
+        };
+        match self.inner.agent.compress_session(&routed.handle).await {
+            Ok(true) => "🗜 Compressed the conversation: older turns are summarised.".to_owned(),
+            Ok(false) => "The conversation is too short to compress.".to_owned(),
+            Err(e) => format!("⚠️ Could not compress: {e}"),
+        }
+    }
+
+    fn cmd_model(&self, args: &str) -> String {
+        let model = self.inner.agent.parts().provider.model().to_owned();
+        if args.is_empty() {
+            format!("Model: {model}")
+        } else {
+            format!(
+                "Model: {model}. Switching models from chat is not supported; set model.default in {} and restart the gateway.",
+                self.inner.home.config_file().display()
+            )
+        }
+    }
+
+    async fn cmd_usage(&self, key: &SessionKey) -> String {
+        match self.inner.router.peek(key).await {
+            Ok(Some(s)) => format!(
+                "This conversation: {} messages; tokens in {}, out {}, cache read {}, cache write {}, reasoning {}.",
+                s.message_count,
+                s.input_tokens,
+                s.output_tokens,
+                s.cache_read_tokens,
+                s.cache_write_tokens,
+                s.reasoning_tokens
+            ),
+            Ok(None) => "No conversation yet.".to_owned(),
+            Err(e) => format!("⚠️ Cannot read usage: {e}"),
+        }
+    }
+
+    async fn cmd_whoami(&self, key: &SessionKey, event: &MessageEvent) -> String {
+        let s = &event.source;
+        format!(
+            "Platform: {}\nChat: {} ({})\nYour id: {}\nName: {}\nConversation key: {}",
+            s.platform,
+            s.chat_id,
+            s.chat_type,
+            s.user_id.as_deref().unwrap_or("(anonymous)"),
+            s.user_name.as_deref().unwrap_or("(unknown)"),
+            key
+        )
+    }
+
+    fn cmd_sethome(&self, event: &MessageEvent) -> String {
+        let s = &event.source;
+        let prefix = s.platform.to_ascii_uppercase();
+        let mut vars = vec![(format!("{prefix}_HOME_CHANNEL"), s.chat_id.clone())];
+        vars.push((
+            format!("{prefix}_HOME_CHANNEL_THREAD_ID"),
+            s.thread_id.clone().unwrap_or_default(),
+        ));
+        match crate::dotenv::upsert(&self.inner.home.dotenv_file(), &vars) {
+            Ok(()) => format!("🏠 This chat is now the home channel for {}.", s.platform),
+            Err(e) => format!("⚠️ Cannot save the home channel: {e}"),
+        }
+    }
+}
+
+impl Inner {
+    fn lanes(&self) -> MutexGuard<'_, HashMap<SessionKey, Lane>> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Installs a new run on the lane; returns its generation and token.
+    fn new_run(&self, lane: &mut Lane) -> (u64, CancellationToken) {
+        let generation = self.generations.fetch_add(1, Ordering::SeqCst);
+        let cancel = CancellationToken::new();
+        lane.run = Some(Run {
+            generation,
+            cancel: cancel.clone(),
+            started: Instant::now(),
+            discard: false,
+            state: None,
+            tool: Arc::new(Mutex::new(None)),
+        });
+        self.board.touch();
+        (generation, cancel)
+    }
+}
+
+/// Adds a follow-up to the lane's queue: merged into the last waiting
+/// message from the same sender when both allow it (queue mode's "one next
+/// turn"), otherwise appended, and dropped when the queue is full.
+fn enqueue(lane: &mut Lane, item: Queued) {
+    if let Some(last) = lane.queue.back_mut()
+        && last.mergeable
+        && item.mergeable
+        && last.event.source.user_id == item.event.source.user_id
+    {
+        last.event.text.push('\n');
+        last.event.text.push_str(&item.event.text);
+        last.event.attachments.extend(item.event.attachments);
+        last.event.message_id = item.event.message_id.or(last.event.message_id.take());
+        return;
+    }
+    if lane.queue.len() >= MAX_QUEUED {
+        tracing::warn!("follow-up queue full; message dropped");
+        return;
+    }
+    lane.queue.push_back(item);
+}
+
+fn approval_from_args(args: &str) -> ApprovalDecision {
+    match args.trim().to_ascii_lowercase().as_str() {
+        "session" => ApprovalDecision::Session,
+        "always" | "permanent" => ApprovalDecision::Always,
+        _ => ApprovalDecision::Once,
+    }
+}
+
+/// The text the agent sees: the message, with what it replies to and its
+/// attachments, and in shared chats who wrote it (the platform id hashed:
+/// raw ids never enter a prompt).
+fn prompt_text(event: &MessageEvent) -> String {
+    let mut text = String::new();
+    let s: &SessionSource = &event.source;
+    if s.chat_type.is_shared() {
+        let who = s
+            .user_id
+            .as_deref()
+            .map(|u| talaria_core::ids::hash_id("user", u))
+            .unwrap_or_else(|| "anonymous".to_owned());
+        match &s.user_name {
+            Some(name) => text.push_str(&format!("[{name} · {who}] ")),
+            None => text.push_str(&format!("[{who}] ")),
+        }
+    }
+    if let Some(quoted) = &event.reply_to_text {
+        let quoted: String = quoted.chars().take(500).collect();
+        text.push_str(&format!("(replying to: \"{quoted}\")\n"));
+    }
+    text.push_str(&event.text);
+    if !event.attachments.is_empty() {
+        text.push_str(&format!(
+            "\n[attachments: {}]",
+            event.attachments.join(", ")
+        ));
+    }
+    text
+}
+
+/// Tracks the running tool for `/status`.
+struct RunObserver {
+    tool: Arc<Mutex<Option<String>>>,
+}
+
+impl TurnObserver for RunObserver {
+    fn tool_started(&self, name: &str, _args: &str) {
+        *self.tool.lock().unwrap_or_else(|p| p.into_inner()) = Some(name.to_owned());
+    }
+
+    fn tool_finished(&self, _name: &str, _ok: bool, _preview: &str) {
+        *self.tool.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// Approvals and questions for one chat: asked in the chat, answered with
+/// `/approve`, `/deny` or the next plain message.
+struct ChatInteraction {
+    runner: Runner,
+    key: SessionKey,
+    to: Address,
+}
+
+#[async_trait]
+impl Interaction for ChatInteraction {
+    async fn approve(&self, request: &ApprovalRequest) -> ApprovalDecision {
+        let inner = &self.runner.inner;
+        let (tx, rx) = oneshot::channel();
+        inner.lanes().entry(self.key.clone()).or_default().approval = Some(tx);
+        let timeout = Duration::from_secs(inner.config.approvals.timeout_secs.max(1));
+        let text = format!(
+            "⚠️ The agent wants to run a command that needs your approval:\n\n{}\n\nWhy: {}\n\nReply /approve to run it once, /approve session to allow it for this conversation, /approve always to allow it from now on, or /deny. Without an answer in {}s it is denied.",
+            request.command,
+            request.reason,
+            timeout.as_secs()
+        );
+        inner.delivery.notify(&self.to, &text).await;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(decision)) => decision,
+            Ok(Err(_)) => ApprovalDecision::Deny,
+            Err(_) => {
+                if let Some(lane) = inner.lanes().get_mut(&self.key) {
+                    lane.approval = None;
+                }
+                inner
+                    .delivery
+                    .notify(&self.to, "⌛ No answer in time; the command was not run.")
+                    .await;
+                ApprovalDecision::TimedOut
+            }
+        }
+    }
+
+    async fn clarify(&self, request: &ClarifyRequest) -> Option<String> {
+        let inner = &self.runner.inner;
+        let (tx, rx) = oneshot::channel();
+        inner.lanes().entry(self.key.clone()).or_default().clarify = Some(tx);
+        let mut text = format!("❓ {}", request.question);
+        for (i, choice) in request.choices.iter().enumerate() {
+            text.push_str(&format!("\n{}. {choice}", i + 1));
+        }
+        inner.delivery.notify(&self.to, &text).await;
+        let answer = tokio::time::timeout(CLARIFY_TIMEOUT, rx).await.ok()?.ok()?;
+        // A number picks a choice.
+        let picked = answer
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|i| request.choices.get(i).cloned());
+        Some(picked.unwrap_or(answer))
+    }
+}

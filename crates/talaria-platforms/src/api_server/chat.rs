@@ -1,0 +1,436 @@
+//! `POST /v1/chat/completions`: one agent turn per request.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use rand::Rng;
+use serde_json::{Value, json};
+use talaria_agent::{NullObserver, TurnExit, TurnOutcome};
+use talaria_core::{Message, Usage};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::AppState;
+use super::error::ApiError;
+use super::session::{self, HERMES_SESSION_HEADER, SESSION_HEADER};
+
+/// A request after parsing: what the turn needs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ChatInput {
+    /// The model name the client asked for; echoed back, not used to route.
+    pub(crate) model: Option<String>,
+    pub(crate) stream: bool,
+    /// The system messages joined with newlines (keys derived sessions).
+    pub(crate) system: String,
+    /// The text of the first user message (keys derived sessions).
+    pub(crate) first_user: String,
+    /// The new input: the last user message.
+    pub(crate) last_user: String,
+    /// User and assistant messages before the last user message.
+    pub(crate) earlier: Vec<Message>,
+}
+
+/// Parses the body into a [`ChatInput`].
+///
+/// # Errors
+/// 400 for invalid JSON, a missing or empty `messages`, a malformed message
+/// or no user message with text.
+pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("Invalid JSON in request body: {e}"), "invalid_json")
+    })?;
+    let Some(object) = value.as_object() else {
+        return Err(ApiError::bad_request(
+            "Request body must be a JSON object",
+            "invalid_json",
+        ));
+    };
+    let missing =
+        || ApiError::bad_request("'messages' must be a non-empty array", "missing_messages");
+    let messages = object
+        .get("messages")
+        .and_then(Value::as_array)
+        .filter(|m| !m.is_empty())
+        .ok_or_else(missing)?;
+    let stream = match object.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "'stream' must be a boolean",
+                "invalid_stream",
+            ));
+        }
+    };
+    let model = object
+        .get("model")
+        .and_then(Value::as_str)
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned);
+
+    let mut parsed = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let bad =
+            |what: &str| ApiError::bad_request(format!("messages[{i}]: {what}"), "invalid_message");
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("missing 'role'"))?;
+        let text = content_text(m.get("content"))
+            .ok_or_else(|| bad("'content' must be a string or an array of content parts"))?;
+        parsed.push((role, text));
+    }
+
+    let system = parsed
+        .iter()
+        .filter(|(role, text)| matches!(*role, "system" | "developer") && !text.is_empty())
+        .map(|(_, text)| text.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let is_user = |(role, text): &&(&str, String)| *role == "user" && !text.trim().is_empty();
+    let (Some(first), Some(last_index)) = (
+        parsed.iter().find(is_user),
+        parsed.iter().rposition(|m| is_user(&m)),
+    ) else {
+        return Err(ApiError::bad_request(
+            "No user message found in 'messages'",
+            "no_user_message",
+        ));
+    };
+    let first_user = first.1.clone();
+    let last_user = parsed[last_index].1.clone();
+    // Tool rows and system rows are not replayed: the agent has its own
+    // system prompt, and a tool row without its call would be invalid.
+    let earlier = parsed[..last_index]
+        .iter()
+        .filter(|(_, text)| !text.trim().is_empty())
+        .filter_map(|(role, text)| match *role {
+            "user" => Some(Message::user(text.clone())),
+            "assistant" => Some(Message::assistant(text.clone())),
+            _ => None,
+        })
+        .collect();
+    Ok(ChatInput {
+        model,
+        stream,
+        system,
+        first_user,
+        last_user,
+        earlier,
+    })
+}
+
+/// The text of a `content` field: a string, or the `text` parts of an
+/// array joined with newlines (other parts, such as images, are skipped).
+/// `None` when it is neither.
+fn content_text(content: Option<&Value>) -> Option<String> {
+    match content {
+        None | Some(Value::Null) => Some(String::new()),
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::new();
+            for part in parts {
+                match part {
+                    Value::String(s) => texts.push(s.as_str()),
+                    Value::Object(o) => {
+                        if o.get("type").and_then(Value::as_str) == Some("text") {
+                            texts.push(o.get("text").and_then(Value::as_str)?);
+                        }
+                    }
+                    _ => return None,
+                }
+            }
+            Some(texts.join("\n"))
+        }
+        Some(_) => None,
+    }
+}
+
+/// Seconds since the Unix epoch, as OpenAI's `created`.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// `chatcmpl-<32 hex>`.
+fn completion_id() -> String {
+    let n: u128 = rand::rng().random();
+    format!("chatcmpl-{n:032x}")
+}
+
+/// What the answer and its chunks are labelled with.
+#[derive(Debug, Clone)]
+pub(crate) struct Labels {
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+}
+
+/// OpenAI's `finish_reason` for how the turn ended.
+pub(crate) fn finish_reason(exit: &TurnExit) -> &'static str {
+    match exit {
+        TurnExit::Completed | TurnExit::Interrupted => "stop",
+        TurnExit::BudgetExhausted => "length",
+        TurnExit::Failed(_) => "error",
+    }
+}
+
+/// OpenAI's `usage` object from the turn's summed usage.
+pub(crate) fn usage_json(usage: &Usage) -> Value {
+    json!({
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    })
+}
+
+/// The session headers on every answer that ran (or tried to run) a turn.
+pub(crate) fn session_headers(session_id: &str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    // The id passed the path-component check, so it is always a valid
+    // header value; a failure here would only drop the header.
+    if let Ok(v) = HeaderValue::from_str(session_id) {
+        headers.insert(HeaderName::from_static(SESSION_HEADER), v.clone());
+        headers.insert(HeaderName::from_static(HERMES_SESSION_HEADER), v);
+    }
+    headers
+}
+
+/// A request that passed every check, with its session opened and locked:
+/// everything the turn task owns.
+pub(crate) struct Admitted {
+    pub(crate) state: Arc<AppState>,
+    pub(crate) session: talaria_agent::SessionHandle,
+    /// The new user text.
+    pub(crate) input: String,
+    pub(crate) stream: bool,
+    pub(crate) labels: Labels,
+    /// Held by the turn task: the run counts against the cap until the turn
+    /// has really ended, not merely until the response is sent.
+    pub(crate) permit: Option<OwnedSemaphorePermit>,
+    /// Held by the turn task until the turn has ended.
+    pub(crate) session_lock: tokio::sync::OwnedMutexGuard<()>,
+}
+
+/// The handler.
+pub(crate) async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let admitted = match admit(state, &headers, body).await {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    let headers = session_headers(&admitted.session.id);
+    if admitted.stream {
+        (headers, super::sse::respond(admitted)).into_response()
+    } else {
+        (headers, complete(admitted).await).into_response()
+    }
+}
+
+/// Checks the request, takes a run slot, and opens (or creates) its
+/// session under that session's lock. Dropping this future (the client went
+/// away while waiting for the lock) leaves nothing behind.
+async fn admit(
+    state: Arc<AppState>,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Admitted, ApiError> {
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large()
+        } else {
+            ApiError::bad_request(
+                format!("Cannot read the request body: {rejection}"),
+                "invalid_body",
+            )
+        }
+    })?;
+    let header_id = session::header_session_id(headers)?;
+    let request = parse_request(&body)?;
+    let permit = match &state.runs {
+        None => None,
+        Some(runs) => Some(
+            runs.clone()
+                .try_acquire_owned()
+                .map_err(|_| ApiError::too_many_runs())?,
+        ),
+    };
+    let (session_id, seed) = match header_id {
+        // The store holds the history; the request's earlier messages are
+        // the client's copy of it and are not stored twice.
+        Some(id) => (id, Vec::new()),
+        None => (
+            session::derived_session_id(&request.system, &request.first_user),
+            request.earlier,
+        ),
+    };
+    tracing::debug!(
+        session = %session_id,
+        stream = request.stream,
+        chars = request.last_user.len(),
+        "API chat completion"
+    );
+    let session_lock = state.locks.get(&session_id).lock_owned().await;
+    let session = session::open_session(&state.agent, &session_id, &seed)
+        .await
+        .map_err(|e| {
+            tracing::warn!(session = %session_id, error = %e, "cannot open API session");
+            ApiError::internal(format!("Cannot open session: {e}"))
+        })?;
+    let model = request
+        .model
+        .unwrap_or_else(|| state.agent.parts().provider.model().to_owned());
+    Ok(Admitted {
+        state,
+        session,
+        input: request.last_user,
+        stream: request.stream,
+        labels: Labels {
+            id: completion_id(),
+            created: unix_now(),
+            model,
+        },
+        permit,
+        session_lock,
+    })
+}
+
+/// Runs the turn in its own task and answers with one `chat.completion`.
+async fn complete(admitted: Admitted) -> Response {
+    let Admitted {
+        state,
+        session,
+        input,
+        labels,
+        permit,
+        session_lock,
+        ..
+    } = admitted;
+    let cancel = state.turns.child_token();
+    // Dropped with this future when the client disconnects: interrupts the
+    // turn instead of letting it run for nobody.
+    let guard = cancel.clone().drop_guard();
+    let agent = state.agent.clone();
+    let task = tokio::spawn(async move {
+        let _permit = permit;
+        let _session_lock = session_lock;
+        agent
+            .run_turn(&session, &input, &NullObserver, cancel)
+            .await
+    });
+    let result = task.await;
+    guard.disarm();
+    match result {
+        Ok(Ok(outcome)) => completion_response(&labels, &outcome),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "API turn failed");
+            ApiError::internal(format!("The turn failed: {e}")).into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "API turn task died");
+            ApiError::internal("The turn stopped unexpectedly").into_response()
+        }
+    }
+}
+
+/// The `chat.completion` object, or 502 when the turn produced no answer.
+fn completion_response(labels: &Labels, outcome: &TurnOutcome) -> Response {
+    if let TurnExit::Failed(reason) = &outcome.exit
+        && outcome.answer.trim().is_empty()
+    {
+        return ApiError::incomplete(format!("The agent did not complete: {reason}"))
+            .into_response();
+    }
+    axum::Json(json!({
+        "id": labels.id,
+        "object": "chat.completion",
+        "created": labels.created,
+        "model": labels.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": outcome.answer},
+            "finish_reason": finish_reason(&outcome.exit),
+        }],
+        "usage": usage_json(&outcome.usage),
+    }))
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<ChatInput, ApiError> {
+        parse_request(v.to_string().as_bytes())
+    }
+
+    #[test]
+    fn the_last_user_message_is_the_input() {
+        let input = parse(json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "A"},
+                {"role": "assistant", "content": "a"},
+                {"role": "user", "content": [{"type": "text", "text": "B"}, {"type": "image_url", "image_url": {}}]},
+            ],
+        }));
+        let input = input.map_err(|e| e.message);
+        assert_eq!(
+            input,
+            Ok(ChatInput {
+                model: Some("m".into()),
+                stream: false,
+                system: "be brief".into(),
+                first_user: "A".into(),
+                last_user: "B".into(),
+                earlier: vec![Message::user("A"), Message::assistant("a")],
+            })
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_a_code() {
+        let code = |body: &[u8]| parse_request(body).err().and_then(|e| e.code);
+        assert_eq!(code(b"{not json"), Some("invalid_json"));
+        assert_eq!(code(b"[]"), Some("invalid_json"));
+        assert_eq!(code(br#"{"model":"m"}"#), Some("missing_messages"));
+        assert_eq!(code(br#"{"messages":[]}"#), Some("missing_messages"));
+        assert_eq!(
+            code(br#"{"messages":[{"role":"system","content":"x"}]}"#),
+            Some("no_user_message")
+        );
+        assert_eq!(
+            code(br#"{"messages":[{"role":"user","content":"  "}]}"#),
+            Some("no_user_message")
+        );
+        assert_eq!(
+            code(br#"{"messages":[{"role":"user","content":5}]}"#),
+            Some("invalid_message")
+        );
+        assert_eq!(
+            code(br#"{"messages":[{"content":"x"}]}"#),
+            Some("invalid_message")
+        );
+        assert_eq!(
+            code(br#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#),
+            Some("invalid_stream")
+        );
+    }
+
+    #[test]
+    fn finish_reasons_follow_the_exit() {
+        assert_eq!(finish_reason(&TurnExit::Completed), "stop");
+        assert_eq!(finish_reason(&TurnExit::BudgetExhausted), "length");
+        assert_eq!(finish_reason(&TurnExit::Failed("x".into())), "error");
+    }
+}

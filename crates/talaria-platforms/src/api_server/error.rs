@@ -1,0 +1,122 @@
+//! Errors in the shape OpenAI clients parse:
+//! `{"error": {"message", "type", "code"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answer: a status and the OpenAI error object.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
+    pub(crate) kind: &'static str,
+    pub(crate) code: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        message: impl Into<String>,
+        kind: &'static str,
+        code: Option<&'static str>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            code,
+        }
+    }
+
+    /// 400 for a request the client must fix.
+    pub(crate) fn bad_request(message: impl Into<String>, code: &'static str) -> ApiError {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            message,
+            "invalid_request_error",
+            Some(code),
+        )
+    }
+
+    /// 401: missing or wrong bearer key. The same answer for both, so a
+    /// caller learns nothing about which it was.
+    pub(crate) fn invalid_key() -> ApiError {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "Invalid API key",
+            "invalid_request_error",
+            Some("invalid_api_key"),
+        )
+    }
+
+    /// 404 for an unknown route.
+    pub(crate) fn not_found() -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            "invalid_request_error",
+            Some("not_found"),
+        )
+    }
+
+    /// 413: the body is over the limit.
+    pub(crate) fn too_large() -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "Request body is larger than {} bytes",
+                super::MAX_BODY_BYTES
+            ),
+            "invalid_request_error",
+            Some("request_too_large"),
+        )
+    }
+
+    /// 429: the concurrency cap is reached.
+    pub(crate) fn too_many_runs() -> ApiError {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many concurrent runs; try again later",
+            "rate_limit_error",
+            Some("rate_limit_exceeded"),
+        )
+    }
+
+    /// 500: something on our side (the store, a crashed task).
+    pub(crate) fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            message,
+            "server_error",
+            Some("internal_error"),
+        )
+    }
+
+    /// 502: the turn ended without an answer (the model failed).
+    pub(crate) fn incomplete(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            message,
+            "server_error",
+            Some("agent_incomplete"),
+        )
+    }
+
+    /// The JSON body, also used inside a stream's final chunk.
+    pub(crate) fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}

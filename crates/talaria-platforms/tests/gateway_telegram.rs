@@ -1,0 +1,342 @@
+//! The gateway end to end, in one process: a fake Telegram Bot API server,
+//! the mock LLM, a real SQLite file, and the real runner, ledger, router
+//! and Telegram adapter between them.
+
+mod gateway_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway_support::*;
+use talaria_core::config::BusyInputMode;
+use talaria_gateway::pairing::Pairing;
+use talaria_store::{LedgerStore, ObligationState, SqliteStore};
+use talaria_testkit::Reply;
+
+fn has(sent: &[talaria_testkit::telegram::Sent], needle: &str) -> bool {
+    sent.iter().any(|s| s.rendered().contains(needle))
+}
+
+/// Waits until some sent message contains `needle`.
+async fn wait_for_text(rig: &Rig, needle: &str) -> Vec<talaria_testkit::telegram::Sent> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let sent = rig.tg.sent();
+        if has(&sent, needle) {
+            return sent;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no message containing {needle:?}; sent: {:?}",
+            sent.iter().map(|s| s.rendered()).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dm_turn_is_answered_and_recorded_as_delivered() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    rig.llm.push(Reply::text("Hello from Talaria."));
+    let update = rig.tg.push_private_text(42, "hi there");
+    let sent = rig.sent(1).await;
+    assert_eq!(sent[0].chat_id, 42);
+    assert_eq!(sent[0].rendered(), "Hello from Talaria.");
+    assert!(
+        sent[0].reply_to.is_some(),
+        "the answer replies to the message"
+    );
+    assert_eq!(rig.user_messages(0).last().unwrap(), "hi there");
+    assert!(
+        rig.tg
+            .chat_actions()
+            .iter()
+            .any(|a| a.chat_id == 42 && a.action == "typing")
+    );
+    assert!(update > 0);
+    let store = SqliteStore::open(&rig.home.state_db()).unwrap();
+    let counts = store.obligation_counts().await.unwrap();
+    assert_eq!(
+        counts.get(&ObligationState::Delivered),
+        Some(&1),
+        "{counts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_never_reach_the_model_when_an_allowlist_exists() {
+    // The global allow-all flag does not apply once an allowlist exists.
+    let rig = Rig::started(
+        &[
+            ("TELEGRAM_ALLOWED_USERS", "42"),
+            ("GATEWAY_ALLOW_ALL_USERS", "true"),
+        ],
+        |_| {},
+    )
+    .await;
+    rig.tg.push_private_text(7, "let me in");
+    rig.tg
+        .push_group_text(-100500, 7, "hello group", None, false);
+    rig.settle().await;
+    assert!(
+        rig.tg.sent().is_empty(),
+        "no pairing offer when an allowlist is set"
+    );
+    assert!(rig.llm.requests().is_empty());
+
+    rig.llm.push(Reply::text("Welcome back."));
+    rig.tg.push_private_text(42, "it's me");
+    let sent = rig.sent(1).await;
+    assert_eq!(sent[0].chat_id, 42);
+    assert_eq!(rig.llm.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_gets_one_code_and_gets_in_once_it_is_approved() {
+    let rig = Rig::started(&[], |_| {}).await;
+    rig.tg.push_private_text(7, "hello?");
+    let sent = rig.sent(1).await;
+    let offer = sent[0].rendered();
+    let code = offer
+        .lines()
+        .find_map(|l| l.strip_prefix("Your pairing code: "))
+        .unwrap_or_else(|| panic!("no code in {offer:?}"))
+        .trim_matches('`')
+        .to_owned();
+    assert_eq!(code.len(), 8);
+    assert!(
+        code.bytes()
+            .all(|b| talaria_gateway::pairing::CODE_ALPHABET.contains(&b))
+    );
+
+    // A second message within ten minutes gets nothing.
+    rig.tg.push_private_text(7, "hello??");
+    rig.settle().await;
+    assert_eq!(rig.tg.sent().len(), 1);
+    assert!(rig.llm.requests().is_empty());
+
+    // Strangers in groups are never offered a code.
+    rig.tg.push_group_text(-100500, 8, "hi all", None, false);
+    rig.settle().await;
+    assert_eq!(rig.tg.sent().len(), 1);
+
+    let store = Arc::new(SqliteStore::open(&rig.home.state_db()).unwrap());
+    let outcome = Pairing::new(store)
+        .approve("telegram", &code.to_lowercase())
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, talaria_store::ApproveOutcome::Approved(_)),
+        "{outcome:?}"
+    );
+
+    rig.llm.push(Reply::text("Nice to meet you."));
+    rig.tg.push_private_text(7, "approved now?");
+    wait_for_text(&rig, "Nice to meet you.").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forum_topic_replies_land_in_their_topic() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    rig.llm.push(Reply::text("topic answer"));
+    rig.tg
+        .push_group_text(-100500, 42, "in topic 17", Some(17), true);
+    let sent = wait_for_text(&rig, "topic answer").await;
+    let reply = sent
+        .iter()
+        .find(|s| s.rendered() == "topic answer")
+        .unwrap();
+    assert_eq!(reply.chat_id, -100500);
+    assert_eq!(reply.thread_id, Some(17));
+
+    // The General topic has no thread id on the wire.
+    rig.llm.push(Reply::text("general answer"));
+    rig.tg
+        .push_group_text(-100500, 42, "in general", None, true);
+    let sent = wait_for_text(&rig, "general answer").await;
+    let reply = sent
+        .iter()
+        .find(|s| s.rendered() == "general answer")
+        .unwrap();
+    assert_eq!(reply.thread_id, None);
+
+    // Topics are separate conversations: topic 17's history is not in the
+    // General topic's request.
+    let general = rig.user_messages(1);
+    assert!(
+        !general.iter().any(|m| m.contains("in topic 17")),
+        "{general:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_answer_arrives_in_parts_that_reassemble() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    let mut answer = String::new();
+    let mut i = 0;
+    while answer.chars().count() < 10_000 {
+        answer.push_str(&format!(
+            "Paragraph {i}: the quick brown fox jumps over the lazy dog, again and again.\n\n"
+        ));
+        i += 1;
+    }
+    let answer = answer.trim_end().to_owned();
+    rig.llm.push(Reply::text(answer.clone()));
+    rig.tg.push_private_text(42, "write a lot");
+    // Parts are sent one after another; wait until the stream stops.
+    let first = rig.sent(1).await;
+    let total: usize = first[0]
+        .rendered()
+        .rsplit_once(" (1/")
+        .and_then(|(_, n)| n.trim_end_matches(')').parse().ok())
+        .expect("the first part carries (1/n)");
+    let sent = rig.sent(total).await;
+    assert!(total >= 3, "{total} parts");
+    let mut joined = String::new();
+    for (i, part) in sent.iter().enumerate() {
+        assert!(part.text.encode_utf16().count() <= 4096);
+        let text = part.rendered();
+        let suffix = format!(" ({}/{total})", i + 1);
+        joined.push_str(text.strip_suffix(&suffix).expect("numbered part"));
+    }
+    assert_eq!(joined, answer);
+    // Only the first part is a reply.
+    assert!(sent[0].reply_to.is_some());
+    assert!(sent[1..].iter().all(|s| s.reply_to.is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_are_answered_without_the_model() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    rig.tg.push_private_text(42, "/status");
+    rig.tg.push_private_text(42, "/frobnicate now");
+    rig.tg.push_private_text(42, "/help@talaria_test_bot");
+    let sent = rig.sent(3).await;
+    let texts: Vec<String> = sent.iter().map(|s| s.rendered()).collect();
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("Idle") && t.contains("Model: test-model")),
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("Unknown command /frobnicate") && t.contains("/help")),
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t.contains("/queue")), "{texts:?}");
+    rig.settle().await;
+    assert!(
+        rig.llm.requests().is_empty(),
+        "commands never call the model"
+    );
+    // A path is not a command: it goes to the model.
+    rig.llm.push(Reply::text("That is a path."));
+    rig.tg.push_private_text(42, "/usr/bin/ls");
+    wait_for_text(&rig, "That is a path.").await;
+    assert_eq!(rig.user_messages(0).last().unwrap(), "/usr/bin/ls");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_starts_afresh_and_a_restart_continues_the_conversation() {
+    let mut rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    rig.llm.push(Reply::text("Noted, Ada."));
+    rig.tg.push_private_text(42, "my name is Ada");
+    wait_for_text(&rig, "Noted, Ada.").await;
+
+    // A restart: a new gateway over the same home continues the session.
+    rig.stop().await;
+    rig.start();
+    rig.wait_until_polling().await;
+    rig.llm.push(Reply::text("You are Ada."));
+    rig.tg.push_private_text(42, "who am I?");
+    wait_for_text(&rig, "You are Ada.").await;
+    assert_eq!(rig.user_messages(1), vec!["my name is Ada", "who am I?"]);
+
+    // /new clears it at once, without a confirmation.
+    rig.tg.push_private_text(42, "/new");
+    wait_for_text(&rig, "new conversation").await;
+    rig.llm.push(Reply::text("I don't know."));
+    rig.tg.push_private_text(42, "who am I now?");
+    wait_for_text(&rig, "I don't know.").await;
+    assert_eq!(rig.user_messages(2), vec!["who am I now?"]);
+
+    // The old conversation is kept and can be resumed.
+    rig.tg.push_private_text(42, "/resume");
+    wait_for_text(&rig, "Resumed").await;
+    rig.llm.push(Reply::text("Ada again."));
+    rig.tg.push_private_text(42, "and now?");
+    wait_for_text(&rig, "Ada again.").await;
+    assert_eq!(
+        rig.user_messages(3),
+        vec!["my name is Ada", "who am I?", "and now?"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_during_a_slow_turn_interrupts_it_and_the_stale_answer_is_dropped() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    // The first call would take far longer than the test waits.
+    rig.llm
+        .push(Reply::text("STALE ANSWER").with_delay(Duration::from_secs(60)));
+    rig.llm.push(Reply::text("fresh answer"));
+    rig.tg.push_private_text(42, "first question");
+    rig.llm_requests(1).await;
+    rig.tg.push_private_text(42, "actually, second question");
+    let sent = wait_for_text(&rig, "fresh answer").await;
+    assert!(has(&sent, "Interrupting"), "the user is told");
+    assert_eq!(
+        rig.user_messages(1).last().unwrap(),
+        "actually, second question"
+    );
+    rig.settle().await;
+    assert!(!has(&rig.tg.sent(), "STALE ANSWER"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_mode_merges_follow_ups_into_the_next_turn() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |c| {
+        c.gateway.busy_input_mode = BusyInputMode::Queue;
+    })
+    .await;
+    rig.llm
+        .push(Reply::text("first answer").with_delay(Duration::from_millis(1500)));
+    rig.llm.push(Reply::text("merged answer"));
+    rig.tg.push_private_text(42, "one");
+    rig.llm_requests(1).await;
+    rig.tg.push_private_text(42, "two");
+    rig.tg.push_private_text(42, "three");
+    let sent = wait_for_text(&rig, "merged answer").await;
+    assert!(has(&sent, "first answer"), "queue mode does not interrupt");
+    assert!(has(&sent, "queued"), "the user is told");
+    assert_eq!(rig.llm.requests().len(), 2);
+    assert_eq!(rig.user_messages(1).last().unwrap(), "two\nthree");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_interrupts_and_queue_runs_items_as_their_own_turns() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    rig.llm
+        .push(Reply::text("NEVER").with_delay(Duration::from_secs(60)));
+    rig.tg.push_private_text(42, "slow one");
+    rig.llm_requests(1).await;
+    rig.tg.push_private_text(42, "/stop");
+    wait_for_text(&rig, "Stopped").await;
+
+    rig.llm
+        .push(Reply::text("answer a").with_delay(Duration::from_millis(800)));
+    rig.llm.push(Reply::text("answer b"));
+    rig.llm.push(Reply::text("answer c"));
+    rig.tg.push_private_text(42, "a");
+    rig.llm_requests(2).await;
+    rig.tg.push_private_text(42, "/queue b");
+    rig.tg.push_private_text(42, "/queue c");
+    let sent = wait_for_text(&rig, "answer c").await;
+    assert!(has(&sent, "Queued for the next turn."));
+    assert!(has(&sent, "(2 queued)"));
+    assert!(has(&sent, "answer a") && has(&sent, "answer b"));
+    assert!(!has(&sent, "NEVER"));
+    assert_eq!(rig.user_messages(2).last().unwrap(), "b");
+    assert_eq!(rig.user_messages(3).last().unwrap(), "c");
+}

@@ -1,0 +1,145 @@
+//! Session routes, and the schema step that added the gateway's tables.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{new_session, temp_store};
+use talaria_store::{RouteStore, SessionStore, SqliteStore};
+
+const GATEWAY_TABLES: [&str; 6] = [
+    "gateway_routes",
+    "delivery_obligations",
+    "pairing_pending",
+    "pairing_approved",
+    "pairing_stamps",
+    // The ledger's state index, so sweeps do not scan delivered rows.
+    "delivery_obligations_state",
+];
+
+fn user_version(path: &std::path::Path) -> i64 {
+    let raw = rusqlite::Connection::open(path).unwrap();
+    raw.query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
+fn has_object(path: &std::path::Path, name: &str) -> bool {
+    let raw = rusqlite::Connection::open(path).unwrap();
+    raw.query_row(
+        "SELECT COUNT(*) FROM sqlite_master WHERE name = ?1",
+        [name],
+        |r| r.get::<_, i64>(0),
+    )
+    .unwrap()
+        == 1
+}
+
+#[tokio::test]
+async fn a_missing_route_is_none() {
+    let (_dir, store) = temp_store();
+    assert_eq!(store.route("telegram:dm:42").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn set_route_stamps_both_times_and_replacing_restamps() {
+    let (_dir, store) = temp_store();
+    store.set_route("telegram:dm:42", "s1").await.unwrap();
+    let first = store.route("telegram:dm:42").await.unwrap().unwrap();
+    assert_eq!(first.session_key, "telegram:dm:42");
+    assert_eq!(first.session_id, "s1");
+    assert_eq!(first.created_at, first.updated_at);
+    assert!(first.created_at > 1_600_000_000.0);
+
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    store.set_route("telegram:dm:42", "s2").await.unwrap();
+    let second = store.route("telegram:dm:42").await.unwrap().unwrap();
+    assert_eq!(second.session_id, "s2");
+    assert!(second.created_at > first.created_at);
+    assert_eq!(second.created_at, second.updated_at);
+
+    // Other keys are unaffected.
+    store.set_route("discord:dm:7", "s3").await.unwrap();
+    let again = store.route("telegram:dm:42").await.unwrap().unwrap();
+    assert_eq!(again, second);
+}
+
+#[tokio::test]
+async fn touch_moves_only_updated_at() {
+    let (_dir, store) = temp_store();
+    store.set_route("k", "s1").await.unwrap();
+    let before = store.route("k").await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    store.touch_route("k").await.unwrap();
+    let after = store.route("k").await.unwrap().unwrap();
+    assert_eq!(after.session_id, "s1");
+    assert_eq!(after.created_at, before.created_at);
+    assert!(after.updated_at > before.updated_at);
+}
+
+#[tokio::test]
+async fn touching_an_unknown_key_does_nothing() {
+    let (_dir, store) = temp_store();
+    store.touch_route("nobody").await.unwrap();
+    assert_eq!(store.route("nobody").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn routes_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        store.set_route("k", "s1").await.unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.route("k").await.unwrap().unwrap().session_id, "s1");
+}
+
+#[test]
+fn a_fresh_database_is_at_version_2_with_the_gateway_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    drop(SqliteStore::open(&path).unwrap());
+    assert_eq!(user_version(&path), 2);
+    for name in GATEWAY_TABLES {
+        assert!(has_object(&path, name), "{name} is missing");
+    }
+    // Reopening an up-to-date file migrates nothing and still works.
+    drop(SqliteStore::open(&path).unwrap());
+    assert_eq!(user_version(&path), 2);
+}
+
+#[tokio::test]
+async fn a_version_1_database_is_upgraded_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        store
+            .create_session(new_session("s1", "cli"))
+            .await
+            .unwrap();
+    }
+    // Turn the file back into what a V1 build left behind.
+    {
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        raw.execute_batch(
+            "DROP TABLE gateway_routes; DROP TABLE delivery_obligations; \
+             DROP TABLE pairing_pending; DROP TABLE pairing_approved; \
+             DROP TABLE pairing_stamps; PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    assert_eq!(user_version(&path), 1);
+    assert!(!has_object(&path, "gateway_routes"));
+
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(user_version(&path), 2);
+    for name in GATEWAY_TABLES {
+        assert!(has_object(&path, name), "{name} is missing");
+    }
+    // V1 data is untouched and the new tables work.
+    assert!(store.session("s1").await.unwrap().is_some());
+    store.set_route("k", "s1").await.unwrap();
+    assert_eq!(store.route("k").await.unwrap().unwrap().session_id, "s1");
+}

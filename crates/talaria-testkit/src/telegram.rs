@@ -1,0 +1,1082 @@
+//! A fake Telegram Bot API on 127.0.0.1, for adapter and end-to-end tests.
+//!
+//! [`FakeTelegram`] answers `POST|GET /bot{token}/{method}` with real JSON
+//! for `getMe`, `getUpdates` (long polling with Telegram's offset rules),
+//! `sendMessage`, `editMessageText`, `sendChatAction` and `deleteWebhook`.
+//! Parameters are read from the query string and from a JSON or
+//! form-encoded body, as Telegram does.
+//!
+//! The server runs on its own thread with its own runtime, so it keeps
+//! answering while the test thread blocks (for example on a child gateway
+//! process) and whatever runtime the test uses. It stops when the
+//! [`FakeTelegram`] is dropped.
+//!
+//! Tests push updates (`push_private_text`, `push_group_text`,
+//! `push_update`), inspect what the bot did (`sent`, `edits`,
+//! `chat_actions`, `get_updates_calls`, `requests`) and inject failures
+//! (`fail_next_send_with_429`, `reject_entities_next`, `hang_send`,
+//! `block_chat`, `fail_next_get_updates`).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::Response;
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+
+/// The bot's `@username` as `getMe` reports it.
+pub const BOT_USERNAME: &str = "talaria_test_bot";
+
+/// One `sendMessage` the fake accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sent {
+    pub chat_id: i64,
+    /// The text exactly as sent (HTML markup included when `parse_mode` is set).
+    pub text: String,
+    pub parse_mode: Option<String>,
+    /// `message_thread_id`, when given.
+    pub thread_id: Option<i64>,
+    /// `reply_to_message_id` or `reply_parameters.message_id`, when given.
+    pub reply_to: Option<i64>,
+    /// The id the fake assigned.
+    pub message_id: i64,
+    pub at: Instant,
+}
+
+impl Sent {
+    /// The text as a user would see it: HTML tags removed and entities
+    /// decoded when `parse_mode` is `HTML`, else the text itself.
+    pub fn rendered(&self) -> String {
+        match self.parse_mode.as_deref() {
+            Some(m) if m.eq_ignore_ascii_case("html") => render_html(&self.text),
+            _ => self.text.clone(),
+        }
+    }
+}
+
+/// One `editMessageText` the fake accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Edit {
+    pub chat_id: i64,
+    pub message_id: i64,
+    pub text: String,
+    pub parse_mode: Option<String>,
+    pub at: Instant,
+}
+
+/// One `sendChatAction`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatAction {
+    pub chat_id: i64,
+    pub action: String,
+    pub thread_id: Option<i64>,
+    pub at: Instant,
+}
+
+/// One `getUpdates` call, recorded when it arrived.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GetUpdatesCall {
+    pub offset: Option<i64>,
+    pub timeout: Option<u64>,
+    pub allowed_updates: Option<Vec<String>>,
+    pub at: Instant,
+}
+
+/// Any request, recorded when it arrived (before injected failures or
+/// hangs), with the token-free method name and the merged parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub method: String,
+    pub params: Value,
+    pub at: Instant,
+    /// The token in the URL was the right one.
+    pub authorized: bool,
+}
+
+#[derive(Default)]
+struct Book {
+    next_update_id: i64,
+    next_message_id: i64,
+    /// Updates not yet confirmed by a later offset, in id order.
+    updates: VecDeque<Value>,
+    /// Chat id -> Telegram chat object, from pushed updates.
+    chats: HashMap<i64, Value>,
+    /// (chat, message) -> current text, for edits.
+    messages: BTreeMap<(i64, i64), String>,
+    sent: Vec<Sent>,
+    edits: Vec<Edit>,
+    actions: Vec<ChatAction>,
+    get_updates: Vec<GetUpdatesCall>,
+    requests: Vec<Request>,
+    fail_429: VecDeque<u64>,
+    reject_entities: usize,
+    fail_get_updates: usize,
+    blocked: HashSet<i64>,
+}
+
+struct Shared {
+    token: String,
+    bot_id: i64,
+    state: Mutex<Book>,
+    /// Bumped on every change tests or long polls may wait for.
+    version: watch::Sender<u64>,
+    hang: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking test thread must not make every later assertion panic too.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+/// A fake Telegram Bot API server (see the module docs).
+pub struct FakeTelegram {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl FakeTelegram {
+    /// Starts the server on 127.0.0.1 with an ephemeral port, accepting
+    /// `token` (`"123456:ABC..."`; the number before `:` is the bot's id).
+    ///
+    /// # Panics
+    /// When no local port can be bound (a broken test environment).
+    pub async fn start(token: &str) -> FakeTelegram {
+        Self::start_blocking(token)
+    }
+
+    /// Like [`Self::start`], for tests without a runtime.
+    ///
+    /// # Panics
+    /// When no local port can be bound.
+    pub fn start_blocking(token: &str) -> FakeTelegram {
+        match Self::try_start(token) {
+            Ok(f) => f,
+            Err(e) => panic!("cannot start the fake Telegram server on 127.0.0.1: {e}"),
+        }
+    }
+
+    /// Like [`Self::start`], returning the error instead of panicking.
+    pub fn try_start(token: &str) -> std::io::Result<FakeTelegram> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let bot_id = token
+            .split_once(':')
+            .and_then(|(id, _)| id.parse().ok())
+            .unwrap_or(1);
+        let shared = Arc::new(Shared {
+            token: token.to_owned(),
+            bot_id,
+            state: Mutex::new(Book {
+                next_update_id: 100_000,
+                next_message_id: 1,
+                ..Book::default()
+            }),
+            version: watch::channel(0).0,
+            hang: watch::channel(false).0,
+            stop: watch::channel(false).0,
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let mut stop = shared.stop.subscribe();
+        std::thread::Builder::new()
+            .name(format!("fake-telegram-{}", addr.port()))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::warn!("fake Telegram cannot listen: {e}");
+                            return;
+                        }
+                    };
+                    // Not a graceful shutdown: hung sends and long polls
+                    // must not keep the thread alive once the test is done.
+                    tokio::select! {
+                        r = axum::serve(listener, app) => {
+                            if let Err(e) = r {
+                                tracing::warn!("fake Telegram stopped: {e}");
+                            }
+                        }
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                });
+            })?;
+        Ok(FakeTelegram { addr, shared })
+    }
+
+    /// `http://127.0.0.1:PORT`: the Bot API root (requests go to
+    /// `{base_url}/bot{token}/{method}`).
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound socket address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The accepted token.
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// The bot's user id (`getMe`).
+    pub fn bot_id(&self) -> i64 {
+        self.shared.bot_id
+    }
+
+    /// The bot's username without `@` (`getMe`).
+    pub fn bot_username(&self) -> &'static str {
+        BOT_USERNAME
+    }
+
+    /// Queues a private-chat text message from user `user_id` (the chat id
+    /// of a private chat is the user's id). Returns the update id.
+    pub fn push_private_text(&self, user_id: i64, text: &str) -> i64 {
+        let from = user(user_id);
+        let chat = json!({
+            "id": user_id, "type": "private",
+            "first_name": from["first_name"], "username": from["username"],
+        });
+        let message = text_message(chat, Some(from), text);
+        self.push_update(json!({ "message": message }))
+    }
+
+    /// Queues a supergroup text message. With `is_forum`, the chat is a
+    /// forum and a `thread_id` marks a topic message (none: the General
+    /// topic); without, `thread_id` is a reply thread, as Telegram sends
+    /// for replies in ordinary groups. Returns the update id.
+    pub fn push_group_text(
+        &self,
+        chat_id: i64,
+        user_id: i64,
+        text: &str,
+        thread_id: Option<i64>,
+        is_forum: bool,
+    ) -> i64 {
+        let mut chat =
+            json!({ "id": chat_id, "type": "supergroup", "title": format!("Group {chat_id}") });
+        if is_forum {
+            chat["is_forum"] = json!(true);
+        }
+        let mut message = text_message(chat, Some(user(user_id)), text);
+        if let Some(t) = thread_id {
+            message["message_thread_id"] = json!(t);
+            if is_forum {
+                message["is_topic_message"] = json!(true);
+            }
+        }
+        self.push_update(json!({ "message": message }))
+    }
+
+    /// Queues any update. An `update_id` is assigned unless the value has
+    /// one; a message without `message_id` or `date` gets them. Returns the
+    /// update id.
+    pub fn push_update(&self, mut update: Value) -> i64 {
+        let id = {
+            let mut st = lock(&self.shared.state);
+            let id = match update.get("update_id").and_then(Value::as_i64) {
+                Some(id) => {
+                    st.next_update_id = st.next_update_id.max(id + 1);
+                    id
+                }
+                None => {
+                    let id = st.next_update_id;
+                    st.next_update_id += 1;
+                    id
+                }
+            };
+            if let Some(obj) = update.as_object_mut() {
+                obj.insert("update_id".into(), json!(id));
+                for key in ["message", "channel_post", "edited_message"] {
+                    if let Some(m) = obj.get_mut(key).and_then(Value::as_object_mut) {
+                        if !m.contains_key("message_id") {
+                            m.insert("message_id".into(), json!(st.next_message_id));
+                            st.next_message_id += 1;
+                        }
+                        m.entry("date").or_insert_with(|| json!(unix_now()));
+                        if let Some(chat) = m.get("chat")
+                            && let Some(cid) = chat.get("id").and_then(Value::as_i64)
+                        {
+                            st.chats.insert(cid, chat.clone());
+                        }
+                        if let (Some(cid), Some(mid), Some(text)) = (
+                            m.get("chat")
+                                .and_then(|c| c.get("id"))
+                                .and_then(Value::as_i64),
+                            m.get("message_id").and_then(Value::as_i64),
+                            m.get("text").and_then(Value::as_str),
+                        ) {
+                            st.messages.insert((cid, mid), text.to_owned());
+                        }
+                    }
+                }
+            }
+            let at = st
+                .updates
+                .iter()
+                .position(|u| u.get("update_id").and_then(Value::as_i64) > Some(id))
+                .unwrap_or(st.updates.len());
+            st.updates.insert(at, update);
+            id
+        };
+        self.shared.bump();
+        id
+    }
+
+    /// Every message sent so far, in order.
+    pub fn sent(&self) -> Vec<Sent> {
+        lock(&self.shared.state).sent.clone()
+    }
+
+    /// Every edit so far, in order.
+    pub fn edits(&self) -> Vec<Edit> {
+        lock(&self.shared.state).edits.clone()
+    }
+
+    /// Every `sendChatAction` so far.
+    pub fn chat_actions(&self) -> Vec<ChatAction> {
+        lock(&self.shared.state).actions.clone()
+    }
+
+    /// Every `getUpdates` call so far, with the offsets requested.
+    pub fn get_updates_calls(&self) -> Vec<GetUpdatesCall> {
+        lock(&self.shared.state).get_updates.clone()
+    }
+
+    /// Every request so far, including failed and hung ones.
+    pub fn requests(&self) -> Vec<Request> {
+        lock(&self.shared.state).requests.clone()
+    }
+
+    /// The `sendMessage` requests so far, answered or not.
+    pub fn send_attempts(&self) -> Vec<Request> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method.eq_ignore_ascii_case("sendMessage"))
+            .collect()
+    }
+
+    /// Updates not yet confirmed by the bot.
+    pub fn pending_updates(&self) -> usize {
+        lock(&self.shared.state).updates.len()
+    }
+
+    /// Waits until at least `n` messages were sent and returns them all.
+    ///
+    /// # Panics
+    /// When `timeout` passes first (the message lists what was sent).
+    pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
+        self.wait_until(timeout, |st| st.sent.len() >= n).await;
+        let sent = self.sent();
+        assert!(
+            sent.len() >= n,
+            "waited {timeout:?} for {n} sent messages, got {}: {sent:#?}",
+            sent.len()
+        );
+        sent
+    }
+
+    /// Waits until at least `n` `sendMessage` requests arrived (answered or
+    /// not) and returns them.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
+        self.wait_until(timeout, |st| {
+            st.requests
+                .iter()
+                .filter(|r| r.method.eq_ignore_ascii_case("sendMessage"))
+                .count()
+                >= n
+        })
+        .await;
+        let got = self.send_attempts();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} sendMessage requests, got {}",
+            got.len()
+        );
+        got
+    }
+
+    /// Waits until at least `n` `getUpdates` calls arrived and returns them.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_get_updates_calls(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<GetUpdatesCall> {
+        self.wait_until(timeout, |st| st.get_updates.len() >= n)
+            .await;
+        let got = self.get_updates_calls();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} getUpdates calls, got {}: {got:#?}",
+            got.len()
+        );
+        got
+    }
+
+    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.shared.version.subscribe();
+        loop {
+            rx.borrow_and_update();
+            if done(&lock(&self.shared.state)) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// The next `sendMessage` gets 429 with `parameters.retry_after`.
+    /// Calls queue up: two calls fail the next two sends.
+    pub fn fail_next_send_with_429(&self, retry_after_secs: u64) {
+        lock(&self.shared.state)
+            .fail_429
+            .push_back(retry_after_secs);
+    }
+
+    /// The next `n` `sendMessage` calls that carry a `parse_mode` get 400
+    /// "Bad Request: can't parse entities: ...".
+    pub fn reject_entities_next(&self, n: usize) {
+        lock(&self.shared.state).reject_entities = n;
+    }
+
+    /// While set, `sendMessage` requests are recorded but never answered
+    /// (until it is cleared again, or the server stops).
+    pub fn hang_send(&self, hang: bool) {
+        self.shared.hang.send_replace(hang);
+    }
+
+    /// Sends to `chat_id` get 403 "Forbidden: bot was blocked by the user".
+    pub fn block_chat(&self, chat_id: i64) {
+        lock(&self.shared.state).blocked.insert(chat_id);
+    }
+
+    /// The next `n` `getUpdates` calls get 500 Internal Server Error.
+    pub fn fail_next_get_updates(&self, n: usize) {
+        lock(&self.shared.state).fail_get_updates = n;
+    }
+
+    /// Stops the server (also on drop). Open connections are cut.
+    pub fn shutdown(&self) {
+        self.shared.stop.send_replace(true);
+    }
+}
+
+impl Drop for FakeTelegram {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn user(id: i64) -> Value {
+    json!({ "id": id, "is_bot": false, "first_name": format!("User{id}"), "username": format!("user{id}") })
+}
+
+/// A text message with the entities Telegram would add for a leading
+/// command and `@mentions`.
+fn text_message(chat: Value, from: Option<Value>, text: &str) -> Value {
+    let mut m = json!({ "chat": chat, "text": text });
+    if let Some(f) = from {
+        m["from"] = f;
+    }
+    let entities = entities(text);
+    if !entities.is_empty() {
+        m["entities"] = Value::Array(entities);
+    }
+    m
+}
+
+fn entities(text: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut offset = 0usize; // UTF-16, as Telegram counts
+    for word in text.split_inclusive(char::is_whitespace) {
+        let token = word.trim_end();
+        let len: usize = token.encode_utf16().count();
+        if offset == 0 && token.starts_with('/') && len > 1 {
+            out.push(json!({ "type": "bot_command", "offset": 0, "length": len }));
+        } else if token.starts_with('@') && len > 1 {
+            out.push(json!({ "type": "mention", "offset": offset, "length": len }));
+        }
+        offset += word.encode_utf16().count();
+    }
+    out
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().trim_start_matches('/');
+    let Some((bot, method)) = path.split_once('/') else {
+        return error(404, "Not Found", None);
+    };
+    let token = bot.strip_prefix("bot").unwrap_or("");
+    let authorized = !token.is_empty() && token == shared.token;
+    let params = params(uri.query(), &headers, &body);
+    lock(&shared.state).requests.push(Request {
+        method: method.to_owned(),
+        params: Value::Object(params.clone()),
+        at: Instant::now(),
+        authorized,
+    });
+    shared.bump();
+    if !authorized {
+        return error(401, "Unauthorized", None);
+    }
+    match method.to_ascii_lowercase().as_str() {
+        "getme" => ok(json!({
+            "id": shared.bot_id, "is_bot": true, "first_name": "Talaria Test",
+            "username": BOT_USERNAME, "can_join_groups": true,
+            "can_read_all_group_messages": false, "supports_inline_queries": false,
+        })),
+        "deletewebhook" => ok(json!(true)),
+        "getupdates" => get_updates(&shared, &params).await,
+        "sendmessage" => send_message(&shared, &params).await,
+        "editmessagetext" => edit_message(&shared, &params),
+        "sendchataction" => {
+            let Some(chat_id) = int(&params, "chat_id") else {
+                return error(400, "Bad Request: chat not found", None);
+            };
+            let action = string(&params, "action").unwrap_or_default();
+            lock(&shared.state).actions.push(ChatAction {
+                chat_id,
+                action,
+                thread_id: int(&params, "message_thread_id"),
+                at: Instant::now(),
+            });
+            shared.bump();
+            ok(json!(true))
+        }
+        _ => error(404, "Not Found", None),
+    }
+}
+
+async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
+    let offset = int(params, "offset");
+    let timeout = int(params, "timeout").map(|t| t.max(0) as u64);
+    let limit = int(params, "limit").unwrap_or(100).clamp(1, 100) as usize;
+    let allowed_updates = match params.get("allowed_updates") {
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+        ),
+        Some(Value::String(s)) => serde_json::from_str(s).ok(),
+        _ => None,
+    };
+    {
+        let mut st = lock(&shared.state);
+        st.get_updates.push(GetUpdatesCall {
+            offset,
+            timeout,
+            allowed_updates,
+            at: Instant::now(),
+        });
+        if st.fail_get_updates > 0 {
+            st.fail_get_updates -= 1;
+            drop(st);
+            shared.bump();
+            return error(500, "Internal Server Error", None);
+        }
+        // Telegram forgets an update once a later offset confirms it.
+        match offset {
+            Some(o) if o > 0 => st
+                .updates
+                .retain(|u| u.get("update_id").and_then(Value::as_i64) >= Some(o)),
+            Some(o) if o < 0 => {
+                let keep = o.unsigned_abs() as usize;
+                while st.updates.len() > keep {
+                    st.updates.pop_front();
+                }
+            }
+            _ => {}
+        }
+    }
+    shared.bump();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout.unwrap_or(0));
+    let mut changes = shared.version.subscribe();
+    let mut stop = shared.stop.subscribe();
+    loop {
+        changes.borrow_and_update();
+        let batch: Vec<Value> = lock(&shared.state)
+            .updates
+            .iter()
+            .take(limit)
+            .cloned()
+            .collect();
+        if !batch.is_empty() || tokio::time::Instant::now() >= deadline {
+            return ok(Value::Array(batch));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = changes.changed() => {}
+            _ = stop.wait_for(|s| *s) => return error(500, "Internal Server Error: shutting down", None),
+        }
+    }
+}
+
+async fn send_message(shared: &Shared, params: &Map<String, Value>) -> Response {
+    if *shared.hang.borrow() {
+        let mut hang = shared.hang.subscribe();
+        let mut stop = shared.stop.subscribe();
+        tokio::select! {
+            _ = hang.wait_for(|h| !*h) => {}
+            _ = stop.wait_for(|s| *s) => {
+                return error(500, "Internal Server Error: shutting down", None);
+            }
+        }
+    }
+    let parse_mode = string(params, "parse_mode").filter(|m| !m.is_empty());
+    let text = string(params, "text").unwrap_or_default();
+    let response = {
+        let mut st = lock(&shared.state);
+        if let Some(secs) = st.fail_429.pop_front() {
+            return error(
+                429,
+                &format!("Too Many Requests: retry after {secs}"),
+                Some(json!({ "retry_after": secs })),
+            );
+        }
+        if parse_mode.is_some() && st.reject_entities > 0 {
+            st.reject_entities -= 1;
+            return error(
+                400,
+                "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0",
+                None,
+            );
+        }
+        let Some(chat_id) = int(params, "chat_id") else {
+            return error(400, "Bad Request: chat not found", None);
+        };
+        if st.blocked.contains(&chat_id) {
+            return error(403, "Forbidden: bot was blocked by the user", None);
+        }
+        if let Some(m) = &parse_mode {
+            if !m.eq_ignore_ascii_case("html") {
+                return error(
+                    400,
+                    "Bad Request: unsupported parse_mode in this fake",
+                    None,
+                );
+            }
+            if let Err(why) = check_html(&text) {
+                return error(
+                    400,
+                    &format!("Bad Request: can't parse entities: {why}"),
+                    None,
+                );
+            }
+        }
+        let rendered = match &parse_mode {
+            Some(_) => render_html(&text),
+            None => text.clone(),
+        };
+        if rendered.trim().is_empty() {
+            return error(400, "Bad Request: message text is empty", None);
+        }
+        if rendered.encode_utf16().count() > 4096 {
+            return error(400, "Bad Request: message is too long", None);
+        }
+        let reply_to = int(params, "reply_to_message_id").or_else(|| {
+            let rp = match params.get("reply_parameters") {
+                Some(Value::String(s)) => serde_json::from_str(s).ok(),
+                Some(v) => Some(v.clone()),
+                None => None,
+            };
+            rp.and_then(|v| v.get("message_id").and_then(as_int))
+        });
+        let thread_id = int(params, "message_thread_id");
+        let message_id = st.next_message_id;
+        st.next_message_id += 1;
+        st.messages.insert((chat_id, message_id), rendered.clone());
+        st.sent.push(Sent {
+            chat_id,
+            text,
+            parse_mode,
+            thread_id,
+            reply_to,
+            message_id,
+            at: Instant::now(),
+        });
+        let chat = st
+            .chats
+            .get(&chat_id)
+            .cloned()
+            .unwrap_or_else(|| json!({ "id": chat_id, "type": "private" }));
+        let mut m = json!({
+            "message_id": message_id, "date": unix_now(), "chat": chat, "text": rendered,
+            "from": { "id": shared.bot_id, "is_bot": true, "first_name": "Talaria Test", "username": BOT_USERNAME },
+        });
+        if let Some(t) = thread_id {
+            m["message_thread_id"] = json!(t);
+        }
+        if let Some(r) = reply_to
+            && let Some(orig) = st.messages.get(&(chat_id, r))
+        {
+            m["reply_to_message"] =
+                json!({ "message_id": r, "chat": m["chat"], "date": 0, "text": orig });
+        }
+        ok(m)
+    };
+    shared.bump();
+    response
+}
+
+fn edit_message(shared: &Shared, params: &Map<String, Value>) -> Response {
+    let (Some(chat_id), Some(message_id)) = (int(params, "chat_id"), int(params, "message_id"))
+    else {
+        return error(400, "Bad Request: message to edit not found", None);
+    };
+    let parse_mode = string(params, "parse_mode").filter(|m| !m.is_empty());
+    let text = string(params, "text").unwrap_or_default();
+    let response = {
+        let mut st = lock(&shared.state);
+        if parse_mode.is_some() && st.reject_entities > 0 {
+            st.reject_entities -= 1;
+            return error(
+                400,
+                "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0",
+                None,
+            );
+        }
+        if parse_mode.is_some()
+            && let Err(why) = check_html(&text)
+        {
+            return error(
+                400,
+                &format!("Bad Request: can't parse entities: {why}"),
+                None,
+            );
+        }
+        let rendered = match &parse_mode {
+            Some(_) => render_html(&text),
+            None => text.clone(),
+        };
+        let Some(current) = st.messages.get(&(chat_id, message_id)) else {
+            return error(400, "Bad Request: message to edit not found", None);
+        };
+        if *current == rendered {
+            return error(
+                400,
+                "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
+                None,
+            );
+        }
+        st.messages.insert((chat_id, message_id), rendered.clone());
+        st.edits.push(Edit {
+            chat_id,
+            message_id,
+            text,
+            parse_mode,
+            at: Instant::now(),
+        });
+        ok(
+            json!({ "message_id": message_id, "date": unix_now(), "chat": { "id": chat_id, "type": "private" }, "text": rendered }),
+        )
+    };
+    shared.bump();
+    response
+}
+
+fn ok(result: Value) -> Response {
+    json_response(200, &json!({ "ok": true, "result": result }))
+}
+
+fn error(code: u16, description: &str, parameters: Option<Value>) -> Response {
+    let mut body = json!({ "ok": false, "error_code": code, "description": description });
+    if let Some(p) = parameters {
+        body["parameters"] = p;
+    }
+    let mut r = json_response(code, &body);
+    if code == 429
+        && let Some(secs) = body.pointer("/parameters/retry_after")
+        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+fn json_response(status: u16, v: &Value) -> Response {
+    let mut r = Response::new(Body::from(v.to_string()));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Query-string parameters overlaid by the body's (JSON object or form).
+fn params(query: Option<&str>, headers: &HeaderMap, body: &Bytes) -> Map<String, Value> {
+    let mut out = Map::new();
+    if let Some(q) = query {
+        for (k, v) in form_pairs(q) {
+            out.insert(k, Value::String(v));
+        }
+    }
+    if body.is_empty() {
+        return out;
+    }
+    let ctype = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ctype.starts_with("application/x-www-form-urlencoded") {
+        for (k, v) in form_pairs(&String::from_utf8_lossy(body)) {
+            out.insert(k, Value::String(v));
+        }
+    } else if let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(body) {
+        out.extend(m);
+    }
+    out
+}
+
+fn form_pairs(s: &str) -> Vec<(String, String)> {
+    s.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn as_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn int(params: &Map<String, Value>, key: &str) -> Option<i64> {
+    params.get(key).and_then(as_int)
+}
+
+fn string(params: &Map<String, Value>, key: &str) -> Option<String> {
+    match params.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        v => Some(v.to_string()),
+    }
+}
+
+const HTML_TAGS: &[&str] = &[
+    "b",
+    "strong",
+    "i",
+    "em",
+    "u",
+    "ins",
+    "s",
+    "strike",
+    "del",
+    "span",
+    "tg-spoiler",
+    "a",
+    "code",
+    "pre",
+    "blockquote",
+    "tg-emoji",
+];
+
+/// Checks Telegram's HTML rules: known tags, properly nested, and every
+/// `<`, `>` and `&` outside a tag escaped.
+fn check_html(text: &str) -> Result<(), String> {
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = text;
+    let mut offset = 0;
+    while let Some(i) = rest.find(['<', '>', '&']) {
+        let at = offset + i;
+        let tail = &rest[i..];
+        let consumed = if tail.starts_with('>') {
+            return Err(format!("unescaped '>' at byte offset {at}"));
+        } else if tail.starts_with('&') {
+            let end = tail
+                .find(';')
+                .filter(|&e| e <= 10)
+                .ok_or_else(|| format!("unescaped '&' at byte offset {at}"))?;
+            let name = &tail[1..end];
+            let known = matches!(name, "lt" | "gt" | "amp" | "quot")
+                || name
+                    .strip_prefix('#')
+                    .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+            if !known {
+                return Err(format!("unsupported entity at byte offset {at}"));
+            }
+            end + 1
+        } else {
+            let end = tail
+                .find('>')
+                .ok_or_else(|| format!("unclosed start tag at byte offset {at}"))?;
+            let inner = &tail[1..end];
+            if let Some(name) = inner.strip_prefix('/') {
+                match stack.pop() {
+                    Some(open) if open == name.trim() => {}
+                    _ => return Err(format!("unexpected end tag at byte offset {at}")),
+                }
+            } else {
+                let name = inner.split_whitespace().next().unwrap_or("");
+                if !HTML_TAGS.contains(&name) {
+                    return Err(format!(
+                        "unsupported start tag \"{name}\" at byte offset {at}"
+                    ));
+                }
+                stack.push(name.to_owned());
+            }
+            end + 1
+        };
+        rest = &tail[consumed..];
+        offset = at + consumed;
+    }
+    match stack.pop() {
+        Some(open) => Err(format!(
+            "can't find end tag corresponding to start tag \"{open}\""
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Removes tags and decodes entities (best effort; for inspection only).
+fn render_html(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(['<', '&']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if tail.starts_with('<') {
+            match tail.find('>') {
+                Some(e) => rest = &tail[e + 1..],
+                None => {
+                    out.push_str(tail);
+                    rest = "";
+                }
+            }
+        } else {
+            let decoded = [
+                ("&lt;", '<'),
+                ("&gt;", '>'),
+                ("&amp;", '&'),
+                ("&quot;", '"'),
+            ]
+            .iter()
+            .find(|(e, _)| tail.starts_with(e));
+            match decoded {
+                Some((e, c)) => {
+                    out.push(*c);
+                    rest = &tail[e.len()..];
+                }
+                None => {
+                    out.push('&');
+                    rest = &tail[1..];
+                }
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn html_checks() {
+        assert!(
+            check_html(
+                "<b>x</b> &lt;script&gt; &amp; <pre><code class=\"language-rust\">a</code></pre>"
+            )
+            .is_ok()
+        );
+        assert!(check_html("<script>").is_err());
+        assert!(check_html("a < b").is_err());
+        assert!(check_html("a & b").is_err());
+        assert!(check_html("<b>x").is_err());
+        assert_eq!(render_html("<b>a &lt;b&gt;</b> &amp;"), "a <b> &");
+    }
+
+    #[test]
+    fn form_decoding() {
+        assert_eq!(
+            form_pairs("chat_id=42&text=a+b%21&x"),
+            vec![
+                ("chat_id".into(), "42".into()),
+                ("text".into(), "a b!".into()),
+                ("x".into(), "".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn entities_use_utf16_offsets() {
+        let e = entities("😀 @bot hi");
+        assert_eq!(
+            e,
+            vec![json!({"type": "mention", "offset": 3, "length": 4})]
+        );
+        let e = entities("/start now");
+        assert_eq!(e[0]["type"], "bot_command");
+    }
+}
