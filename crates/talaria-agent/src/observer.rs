@@ -12,6 +12,10 @@
 pub trait TurnObserver: Send + Sync {
     /// A piece of visible answer text as it streams.
     fn text(&self, _delta: &str) {}
+    /// The text streamed so far by the current model call is void: the
+    /// attempt failed and a retry (or a fallback model) streams anew. A
+    /// front end showing the text should clear what this call showed.
+    fn text_restarted(&self) {}
     /// A piece of model reasoning as it streams (not part of the answer).
     fn reasoning(&self, _delta: &str) {}
     /// A tool call is about to run, with its raw argument text.

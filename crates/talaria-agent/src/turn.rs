@@ -333,6 +333,7 @@ impl<'a> TurnRun<'a> {
                     if let Ok(mut s) = streamed.lock() {
                         s.clear();
                     }
+                    observer.text_restarted();
                     observer.notice("(the model connection dropped; the answer restarts below)");
                 }
             };

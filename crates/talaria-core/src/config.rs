@@ -371,6 +371,10 @@ pub struct GatewayConfig {
     pub delivery_ledger: bool,
     /// Seconds between typing indicators while the agent works.
     pub typing_interval_secs: u64,
+    /// Where a platform shows the answer growing (streaming edits), the
+    /// least time between two edits of that message, in milliseconds.
+    /// Platforms rate-limit edits; about one a second stays clear of it.
+    pub stream_edit_interval_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -383,6 +387,7 @@ impl Default for GatewayConfig {
             busy_ack: true,
             delivery_ledger: true,
             typing_interval_secs: 4,
+            stream_edit_interval_ms: 1000,
         }
     }
 }

@@ -217,6 +217,13 @@ pub trait Adapter: Send + Sync + 'static {
     /// Sends one message (already within [`Adapter::limits`]).
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError>;
 
+    /// Whether answers should be shown growing while they stream, by
+    /// editing one message ([`crate::preview`]). Only adapters that can
+    /// [`Adapter::edit`] should say yes, and only when configured to.
+    fn streaming_edits(&self) -> bool {
+        false
+    }
+
     /// Replaces the text of a message sent earlier. Platforms that cannot
     /// edit report [`SendError::Rejected`].
     async fn edit(&self, chat_id: &str, message_id: &str, text: &str) -> Result<(), SendError> {

@@ -73,11 +73,32 @@ impl Delivery {
     /// Sends `text`, split to fit, part by part. Only the first part is
     /// anchored as a reply.
     pub async fn send_text(&self, to: &Address, text: &str) -> Result<(), SendError> {
+        self.send_over(to, text, None).await
+    }
+
+    /// Like [`Delivery::send_text`], but the first part replaces the text of
+    /// the message `edit` (a streaming preview) when given. If that edit
+    /// fails, the first part is sent as a new message instead.
+    async fn send_over(
+        &self,
+        to: &Address,
+        text: &str,
+        edit: Option<&str>,
+    ) -> Result<(), SendError> {
         let adapter = self
             .adapter(&to.platform)
             .ok_or_else(|| SendError::Unavailable(format!("{} is not configured", to.platform)))?;
         let parts = split_message(text, adapter.limits());
-        for (i, part) in parts.into_iter().enumerate() {
+        let mut skip = 0;
+        if let (Some(id), Some(first)) = (edit, parts.first()) {
+            match adapter.edit(&to.chat_id, id, first).await {
+                Ok(()) => skip = 1,
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not turn the preview into the answer; sending it anew");
+                }
+            }
+        }
+        for (i, part) in parts.into_iter().enumerate().skip(skip) {
             let message = OutboundMessage {
                 chat_id: to.chat_id.clone(),
                 thread_id: to.thread_id.clone(),
@@ -118,13 +139,15 @@ impl Delivery {
     }
 
     /// Sends a final reply: recorded in the ledger first, marked when the
-    /// send ends. A ledger failure never stops the send.
+    /// send ends. A ledger failure never stops the send. `preview` is the
+    /// id of a streaming preview the answer should replace, if any.
     pub async fn deliver_reply(
         &self,
         session_key: &str,
         message_ref: &str,
         to: &Address,
         text: &str,
+        preview: Option<&str>,
     ) -> Result<(), SendError> {
         let id = match &self.ledger {
             Some(ledger) => {
@@ -145,7 +168,7 @@ impl Delivery {
         if let (Some(ledger), Some(id)) = (&self.ledger, &id) {
             ledger.attempting(id).await;
         }
-        let result = self.send_text(to, text).await;
+        let result = self.send_over(to, text, preview).await;
         if let (Some(ledger), Some(id)) = (&self.ledger, &id) {
             match &result {
                 Ok(()) => ledger.delivered(id).await,

@@ -23,6 +23,8 @@
 //!   the ledger.
 //! - [`ledger`]: the delivery ledger's policy: obligation ids, dead owners,
 //!   the sweep.
+//! - [`preview`]: streaming previews, one message edited as the answer
+//!   grows.
 //! - [`split`]: cutting long answers to a platform's limit without breaking
 //!   code fences.
 //! - [`supervisor`]: adapters as supervised tasks with reconnect backoff and
@@ -49,6 +51,7 @@ pub mod key;
 pub mod ledger;
 pub mod owner;
 pub mod pairing;
+pub mod preview;
 pub mod process;
 pub mod router;
 pub mod runner;

@@ -37,6 +37,7 @@ use crate::delivery::{Address, Delivery};
 use crate::event::{MessageEvent, SessionSource};
 use crate::key::{KeyPolicy, SessionKey};
 use crate::pairing::Pairing;
+use crate::preview::{Preview, PreviewSink};
 use crate::router::{AutoReset, Router};
 use crate::supervisor::StatusBoard;
 
@@ -447,7 +448,18 @@ impl Runner {
             key: key.clone(),
             to: to.clone(),
         });
-        let observer = RunObserver { tool };
+        let preview = inner
+            .delivery
+            .adapter(&event.source.platform)
+            .filter(|a| a.streaming_edits())
+            .map(|a| {
+                let interval = inner.config.gateway.stream_edit_interval_ms.max(100);
+                Preview::start(a.clone(), to.clone(), Duration::from_millis(interval))
+            });
+        let observer = RunObserver {
+            tool,
+            preview: preview.as_ref().map(Preview::sink),
+        };
         let text = prompt_text(&event);
         let result = inner
             .agent
@@ -485,6 +497,16 @@ impl Runner {
             }
             discard
         };
+        let answered = !discard
+            && matches!(&result, Ok(o) if matches!(o.exit, TurnExit::Completed | TurnExit::BudgetExhausted));
+        let preview_id = match preview {
+            Some(p) if answered => p.finish().await,
+            Some(p) => {
+                p.abandon("⏹ Stopped before the answer was complete.").await;
+                None
+            }
+            None => None,
+        };
         if discard {
             tracing::info!(key = %key, "a superseded turn finished; its answer is dropped");
             return;
@@ -495,7 +517,13 @@ impl Runner {
                     let message_ref = event.message_id.as_deref().unwrap_or("");
                     let _ = inner
                         .delivery
-                        .deliver_reply(key.as_str(), message_ref, &to, &outcome.answer)
+                        .deliver_reply(
+                            key.as_str(),
+                            message_ref,
+                            &to,
+                            &outcome.answer,
+                            preview_id.as_deref(),
+                        )
                         .await;
                     inner.board.touch();
                 }
@@ -1105,14 +1133,31 @@ fn prompt_text(event: &MessageEvent) -> String {
     text
 }
 
-/// Tracks the running tool for `/status`.
+/// Tracks the running tool for `/status`, and feeds the streaming preview
+/// when there is one.
 struct RunObserver {
     tool: Arc<Mutex<Option<String>>>,
+    preview: Option<PreviewSink>,
 }
 
 impl TurnObserver for RunObserver {
+    fn text(&self, delta: &str) {
+        if let Some(p) = &self.preview {
+            p.push(delta);
+        }
+    }
+
+    fn text_restarted(&self) {
+        if let Some(p) = &self.preview {
+            p.clear();
+        }
+    }
+
     fn tool_started(&self, name: &str, _args: &str) {
         *self.tool.lock().unwrap_or_else(|p| p.into_inner()) = Some(name.to_owned());
+        if let Some(p) = &self.preview {
+            p.replace_on_next();
+        }
     }
 
     fn tool_finished(&self, _name: &str, _ok: bool, _preview: &str) {

@@ -169,6 +169,100 @@ async fn forum_topic_replies_land_in_their_topic() {
     );
 }
 
+/// Waits until the last edit of the first sent message renders as `text`.
+async fn wait_for_final_edit(rig: &Rig, text: &str) -> Vec<talaria_testkit::telegram::Edit> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let edits = rig.tg.edits();
+        if edits.last().is_some_and(|e| e.rendered() == text) {
+            return edits;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the preview never became {text:?}; edits: {:?}",
+            edits.iter().map(|e| e.rendered()).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_edits_grow_one_message_into_the_answer() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |c| {
+        c.platforms.telegram.streaming_edits = true;
+        c.gateway.stream_edit_interval_ms = 100;
+    })
+    .await;
+    let answer = "Streaming makes long answers feel fast, one piece at a time.";
+    rig.llm
+        .push(Reply::text(answer).with_chunk_pause(Duration::from_millis(300)));
+    rig.tg.push_private_text(42, "tell me something");
+    let edits = wait_for_final_edit(&rig, answer).await;
+    let sent = rig.tg.sent();
+    assert_eq!(sent.len(), 1, "one message, edited: {sent:?}");
+    let preview = sent[0].rendered();
+    assert!(
+        preview.ends_with('▍') && answer.starts_with(preview.trim_end_matches(" ▍")),
+        "the first send is a growing prefix: {preview:?}"
+    );
+    assert!(sent[0].reply_to.is_some());
+    assert!(edits.iter().all(|e| e.message_id == sent[0].message_id));
+    assert!(
+        edits.len() >= 2,
+        "the text grew in steps: {:?}",
+        edits.iter().map(|e| e.rendered()).collect::<Vec<_>>()
+    );
+    // The final answer went through the ledger like any other.
+    let store = SqliteStore::open(&rig.home.state_db()).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let counts = store.obligation_counts().await.unwrap();
+        if counts.get(&ObligationState::Delivered) == Some(&1) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{counts:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_preview_says_so_and_the_new_message_is_answered() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |c| {
+        c.platforms.telegram.streaming_edits = true;
+        c.gateway.stream_edit_interval_ms = 100;
+        c.gateway.busy_ack = false;
+    })
+    .await;
+    rig.llm
+        .push(Reply::text("This answer never finishes because").stall_after(1));
+    rig.llm.push(Reply::text("Second answer."));
+    rig.tg.push_private_text(42, "first");
+    rig.sent(1).await;
+    rig.tg.push_private_text(42, "second");
+    // The new answer is previewed too, and finished by an edit.
+    let edits = wait_for_final_edit(&rig, "Second answer.").await;
+    let first = rig.tg.sent()[0].clone();
+    assert!(
+        edits
+            .iter()
+            .any(|e| e.message_id == first.message_id && e.rendered().contains("Stopped before")),
+        "{:?}",
+        edits.iter().map(|e| e.rendered()).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_streaming_edits_nothing_is_edited() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    rig.llm.push(
+        Reply::text("Sent whole, once it is done.").with_chunk_pause(Duration::from_millis(50)),
+    );
+    rig.tg.push_private_text(42, "hello");
+    let sent = rig.sent(1).await;
+    assert_eq!(sent[0].rendered(), "Sent whole, once it is done.");
+    assert!(rig.tg.edits().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_answer_arrives_in_parts_that_reassemble() {
     let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;

@@ -24,6 +24,7 @@ fn adapter(fake: &FakeTelegram, require_mention: bool) -> Arc<TelegramAdapter> {
             base_url: fake.base_url(),
             require_mention,
             poll_timeout: Duration::from_secs(1),
+            streaming_edits: false,
         })
         .unwrap(),
     )
@@ -391,6 +392,7 @@ async fn a_wrong_token_is_fatal() {
             base_url: fake.base_url(),
             require_mention: false,
             poll_timeout: Duration::from_secs(1),
+            streaming_edits: false,
         })
         .unwrap(),
     );
@@ -434,6 +436,7 @@ async fn shutdown_returns_ok_promptly() {
             base_url: fake.base_url(),
             require_mention: false,
             poll_timeout: Duration::from_secs(30),
+            streaming_edits: false,
         })
         .unwrap(),
     );

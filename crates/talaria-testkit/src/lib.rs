@@ -98,6 +98,7 @@ pub struct Reply {
     retry_after: Option<u64>,
     delay: Option<Duration>,
     stall_after: Option<usize>,
+    chunk_pause: Option<Duration>,
     usage: (u64, u64),
 }
 
@@ -114,6 +115,7 @@ impl Reply {
             retry_after: None,
             delay: None,
             stall_after: None,
+            chunk_pause: None,
             usage: DEFAULT_USAGE,
         }
     }
@@ -173,6 +175,13 @@ impl Reply {
     /// mock shuts down. `raw_sse` events all count as content.
     pub fn stall_after(mut self, chunks: usize) -> Reply {
         self.stall_after = Some(chunks);
+        self
+    }
+
+    /// Streaming only: wait this long after each content chunk, so a client
+    /// sees the answer arrive over time (streaming previews).
+    pub fn with_chunk_pause(mut self, d: Duration) -> Reply {
+        self.chunk_pause = Some(d);
         self
     }
 
@@ -518,6 +527,7 @@ fn sse_response(
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(4);
     let stall = reply.stall_after;
+    let chunk_pause = reply.chunk_pause;
     let total_content = frames.iter().filter(|f| f.content).count();
     tokio::spawn(async move {
         let mut sent_content = 0;
@@ -533,7 +543,11 @@ fn sse_response(
                 return;
             }
             // A short pause keeps frames in separate TCP writes.
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            let pause = match chunk_pause {
+                Some(p) if f.content => p,
+                _ => Duration::from_millis(2),
+            };
+            tokio::time::sleep(pause).await;
         }
         if stall.is_some() {
             tokio::select! {

@@ -70,6 +70,16 @@ pub struct Edit {
     pub at: Instant,
 }
 
+impl Edit {
+    /// The new text as a user would see it (see [`Sent::rendered`]).
+    pub fn rendered(&self) -> String {
+        match self.parse_mode.as_deref() {
+            Some(m) if m.eq_ignore_ascii_case("html") => render_html(&self.text),
+            _ => self.text.clone(),
+        }
+    }
+}
+
 /// One `sendChatAction`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatAction {

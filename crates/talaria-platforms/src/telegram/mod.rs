@@ -57,6 +57,8 @@ pub struct TelegramSettings {
     pub require_mention: bool,
     /// How long each `getUpdates` long poll waits on the server.
     pub poll_timeout: Duration,
+    /// Show answers growing by editing one message while they stream.
+    pub streaming_edits: bool,
 }
 
 impl fmt::Debug for TelegramSettings {
@@ -66,6 +68,7 @@ impl fmt::Debug for TelegramSettings {
             .field("base_url", &self.base_url)
             .field("require_mention", &self.require_mention)
             .field("poll_timeout", &self.poll_timeout)
+            .field("streaming_edits", &self.streaming_edits)
             .finish()
     }
 }
@@ -105,6 +108,7 @@ impl TelegramSettings {
             base_url: config.base_url.clone(),
             require_mention: config.require_mention || env_mention,
             poll_timeout: Duration::from_secs(config.poll_timeout_secs),
+            streaming_edits: config.streaming_edits,
         })
     }
 }
@@ -129,6 +133,7 @@ pub struct TelegramAdapter {
     token: String,
     require_mention: bool,
     poll_timeout: Duration,
+    streaming_edits: bool,
     send_timeout: Duration,
     /// The next `getUpdates` offset (last handed-over update id + 1), kept
     /// across `run` calls so a reconnect does not replay; 0 = none yet.
@@ -168,6 +173,7 @@ impl TelegramAdapter {
             token,
             require_mention: settings.require_mention,
             poll_timeout: settings.poll_timeout,
+            streaming_edits: settings.streaming_edits,
             send_timeout: DEFAULT_SEND_TIMEOUT,
             offset: AtomicI64::new(0),
             me: Mutex::new(None),
@@ -378,6 +384,10 @@ impl Adapter for TelegramAdapter {
         Some(("telegram-bot-token", self.token.clone()))
     }
 
+    fn streaming_edits(&self) -> bool {
+        self.streaming_edits
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         ctx.liveness.set(Liveness::Connecting);
         let me = tokio::select! {
@@ -512,6 +522,7 @@ mod tests {
             base_url: base_url.into(),
             require_mention: false,
             poll_timeout: Duration::from_secs(1),
+            streaming_edits: false,
         }
     }
 
