@@ -17,6 +17,22 @@ fn has(sent: &[talaria_testkit::telegram::Sent], needle: &str) -> bool {
     sent.iter().any(|s| s.rendered().contains(needle))
 }
 
+/// Waits until the ledger shows `n` delivered rows: a row is marked just
+/// after the platform accepted the message, so a test that saw the message
+/// may look a moment too early.
+async fn wait_for_delivered(rig: &Rig, n: u64) {
+    let store = SqliteStore::open(&rig.home.state_db()).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let counts = store.obligation_counts().await.unwrap();
+        if counts.get(&ObligationState::Delivered) == Some(&n) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{counts:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until some sent message contains `needle`.
 async fn wait_for_text(rig: &Rig, needle: &str) -> Vec<talaria_testkit::telegram::Sent> {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -54,13 +70,7 @@ async fn a_dm_turn_is_answered_and_recorded_as_delivered() {
             .any(|a| a.chat_id == 42 && a.action == "typing")
     );
     assert!(update > 0);
-    let store = SqliteStore::open(&rig.home.state_db()).unwrap();
-    let counts = store.obligation_counts().await.unwrap();
-    assert_eq!(
-        counts.get(&ObligationState::Delivered),
-        Some(&1),
-        "{counts:?}"
-    );
+    wait_for_delivered(&rig, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,16 +223,7 @@ async fn streaming_edits_grow_one_message_into_the_answer() {
         edits.iter().map(|e| e.rendered()).collect::<Vec<_>>()
     );
     // The final answer went through the ledger like any other.
-    let store = SqliteStore::open(&rig.home.state_db()).unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let counts = store.obligation_counts().await.unwrap();
-        if counts.get(&ObligationState::Delivered) == Some(&1) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{counts:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_delivered(&rig, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
