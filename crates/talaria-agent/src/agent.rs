@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use talaria_core::{Config, Home, Redactor};
+use talaria_core::{Config, Home, Message, Redactor, Role};
 use talaria_llm::Provider;
 use talaria_store::{NewSession, SessionStore, StoreError};
 use tokio_util::sync::CancellationToken;
@@ -227,6 +227,55 @@ impl Agent {
         )
         .compress()
         .await
+    }
+
+    /// Drops the session's active transcript back to just before the `n`-th
+    /// last user message (the `/undo` and `/retry` commands) and returns
+    /// that message's text, so `/retry` can send it again.
+    ///
+    /// Returns `None`, changing nothing, when the session has fewer than `n`
+    /// user messages (or `n` is 0). The summary left by compression is a
+    /// user row but not something the user said, so it is not counted and
+    /// never cut: rewinding cannot go back past it. Steering handed to a
+    /// running turn is a user row inside that turn, so it does not count as
+    /// a turn either. Fails with
+    /// [`AgentError::Store`] when the session does not exist.
+    ///
+    /// The rows removed stay stored as inactive (and searchable), as after
+    /// compression. Call it between turns: a turn running on the session
+    /// would keep appending to the transcript it read before the cut.
+    pub async fn rewind(&self, session_id: &str, n: usize) -> Result<Option<String>, AgentError> {
+        let messages: Vec<Message> = self
+            .parts
+            .store
+            .messages(session_id)
+            .await?
+            .into_iter()
+            .map(|row| row.message)
+            .collect();
+        let user_positions: Vec<usize> = messages
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| {
+                m.role == Role::User
+                    && !m.content.starts_with(crate::compress::SUMMARY_HEADER)
+                    && !m.content.starts_with(crate::turn::STEER_HEADER)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let Some(&cut) = user_positions
+            .len()
+            .checked_sub(n)
+            .and_then(|i| user_positions.get(i))
+        else {
+            return Ok(None);
+        };
+        let text = messages[cut].content.clone();
+        self.parts
+            .store
+            .replace_active(session_id, &messages[..cut])
+            .await?;
+        Ok(Some(text))
     }
 
     /// Builds the prompt off the async threads: it reads several files.

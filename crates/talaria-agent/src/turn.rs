@@ -24,6 +24,11 @@ use crate::repair::repair_history;
 use crate::spill;
 use crate::tools::ToolContext;
 
+/// Opens the user row that carries steering into a running turn. It marks
+/// the row as part of that turn, not a turn of its own (see
+/// [`crate::Agent::rewind`]).
+pub(crate) const STEER_HEADER: &str = "[The user sent this while you were working:]";
+
 /// How a turn ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TurnExit {
@@ -202,10 +207,7 @@ impl<'a> TurnRun<'a> {
         if steer.is_empty() {
             return Ok(());
         }
-        let text = format!(
-            "[The user sent this while you were working:]\n{}",
-            steer.join("\n")
-        );
+        let text = format!("{STEER_HEADER}\n{}", steer.join("\n"));
         self.observer
             .notice("Passed your message to the running turn.");
         self.persist(Message::user(text)).await

@@ -15,10 +15,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::ChatArgs;
 use crate::interact::CliInteraction;
+use crate::repl_commands::{Commands, Outcome};
 use crate::runtime::Runtime;
 
-/// The source recorded for CLI sessions (`--continue` looks for it).
-const SOURCE: &str = "cli";
+/// The source recorded for CLI sessions (`--continue` and `/sessions` look
+/// for it).
+pub(crate) const SOURCE: &str = "cli";
 
 pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     let rt = Runtime::load_without_model(home).await?;
@@ -123,24 +125,18 @@ async fn one_shot(
     }
 }
 
-const HELP: &str = "\
-Commands:
-  /new     start a fresh session (the old one stays searchable)
-  /help    show this help
-  /exit    leave (also /quit or Ctrl-D)
-Ctrl-C interrupts the running turn; at the prompt it clears the line.";
-
 async fn repl(
     rt: &Runtime,
     agent: &Agent,
     client: &LlmClient,
-    mut session: SessionHandle,
+    session: SessionHandle,
 ) -> anyhow::Result<ExitCode> {
     let mut editor = DefaultEditor::new().context("cannot start the line editor")?;
     let history = rt.home.chat_history_file();
     let _ = editor.load_history(&history);
     println!("Talaria · {} · session {}", client.describe(), session.id);
     println!("Type /help for commands.");
+    let mut commands = Commands::new(rt, agent, client, session);
     let observer = StreamingObserver::default();
     loop {
         let line = tokio::task::block_in_place(|| editor.readline("› "));
@@ -155,24 +151,14 @@ async fn repl(
             continue;
         }
         let _ = editor.add_history_entry(text);
-        match text {
-            "/exit" | "/quit" => break,
-            "/help" => {
-                println!("{HELP}");
-                continue;
-            }
-            "/new" | "/reset" => {
-                session = agent.new_session(SOURCE).await?;
-                println!("new session {}", session.id);
-                continue;
-            }
-            _ => {}
-        }
+        let prompt = match commands.handle(text).await {
+            Outcome::Handled => continue,
+            Outcome::Exit => break,
+            Outcome::RunTurn(prompt) => prompt,
+        };
         observer.reset();
-        match turn(agent, client, &session, text, &observer).await {
-            Ok(outcome) => {
-                observer.finish(&outcome);
-            }
+        match turn(agent, client, commands.session(), &prompt, &observer).await {
+            Ok(outcome) => observer.finish(&outcome),
             Err(e) => eprintln!("\nerror: {e:#}"),
         }
     }

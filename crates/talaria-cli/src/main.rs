@@ -5,6 +5,8 @@
 //! - [`cli`]: the command-line grammar.
 //! - [`runtime`]: loading home, configuration, store and provider into one [`runtime::Runtime`].
 //! - [`chat`]: `talaria chat`, interactive and one-shot.
+//! - [`repl_commands`]: the slash commands typed at the chat prompt,
+//!   resolved through the registry shared with the gateway.
 //! - [`interact`]: terminal prompts for approvals and clarifying questions.
 //! - [`gateway_cmd`]: `talaria gateway`, the messaging gateway's process.
 //! - [`pairing_cmd`]: approving strangers' pairing codes.
@@ -19,6 +21,7 @@ mod gateway_cmd;
 mod interact;
 mod logging;
 mod pairing_cmd;
+mod repl_commands;
 mod runtime;
 mod sessions_cmd;
 mod setup;

@@ -1,8 +1,9 @@
 //! The slash-command registry shared by the interactive CLI and the gateway.
 //!
-//! Both front ends resolve what the user typed through [`resolve`], so a
-//! command or alias means the same thing everywhere and `/help` can never
-//! list something the dispatcher does not know. Executing a command is the
+//! Both front ends split what the user typed with [`Invocation::parse`] and
+//! look the name up with [`resolve`], so a command or alias means the same
+//! thing everywhere and `/help` can never list something the dispatcher does
+//! not know. Executing a command is the
 //! front end's job; this module only says what exists, where it is offered
 //! and whether it may run while a turn is in progress.
 
@@ -270,14 +271,49 @@ pub static COMMANDS: &[CommandDef] = &[
 /// `resume`.
 ///
 /// A bot suffix is not stripped here: `reset@mybot` resolves to nothing.
-/// Callers parse it off first (the gateway's `Invocation::parse` does),
-/// because only they know whether the suffix names this bot.
+/// Callers parse it off first ([`Invocation::parse`] does), because only
+/// they know whether the suffix names this bot.
 pub fn resolve(name: &str) -> Option<&'static CommandDef> {
     let wanted = name
         .trim_start_matches('/')
         .to_ascii_lowercase()
         .replace('_', "-");
     COMMANDS.iter().find(|c| c.names().any(|n| n == wanted))
+}
+
+/// A slash command as typed: `/name@bot args`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Invocation<'a> {
+    /// The name as typed, without `/` and without an `@bot` suffix. Not yet
+    /// lower-cased or resolved to a canonical command.
+    pub name: &'a str,
+    /// Everything after the first run of whitespace, trimmed.
+    pub args: &'a str,
+}
+
+impl<'a> Invocation<'a> {
+    /// Parses `/cmd`, `/cmd args`, `/cmd@botname args`.
+    ///
+    /// Text that only looks like a command is not one: a path such as
+    /// `/usr/bin/ls` (a `/` after the name), a lone `/`, or a name with
+    /// characters no command uses. Such text is meant for the model.
+    pub fn parse(text: &'a str) -> Option<Invocation<'a>> {
+        let rest = text.trim_start().strip_prefix('/')?;
+        let (head, args) = match rest.find(char::is_whitespace) {
+            Some(i) => (&rest[..i], rest[i..].trim()),
+            None => (rest, ""),
+        };
+        let name = match head.split_once('@') {
+            Some((name, bot)) if !bot.is_empty() && !bot.contains('/') => name,
+            Some(_) => return None,
+            None => head,
+        };
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        valid.then_some(Invocation { name, args })
+    }
 }
 
 /// The `/help` text for one front end, one command per line with its
@@ -308,6 +344,40 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    #[test]
+    fn invocations_and_text_that_only_looks_like_one() {
+        let p = Invocation::parse;
+        assert_eq!(
+            p("/new"),
+            Some(Invocation {
+                name: "new",
+                args: ""
+            })
+        );
+        assert_eq!(
+            p("/queue  do this  "),
+            Some(Invocation {
+                name: "queue",
+                args: "do this"
+            })
+        );
+        assert_eq!(
+            p("/reset@MyBot now"),
+            Some(Invocation {
+                name: "reset",
+                args: "now"
+            })
+        );
+        assert_eq!(p("/reload-mcp").map(|i| i.name), Some("reload-mcp"));
+        assert_eq!(p("/usr/bin/ls"), None);
+        assert_eq!(p("/usr/bin/ls -la"), None);
+        assert_eq!(p("/"), None);
+        assert_eq!(p("/ new"), None);
+        assert_eq!(p("hello /new"), None);
+        assert_eq!(p("/new@"), None);
+        assert_eq!(p("/étoile"), None);
+    }
 
     #[test]
     fn every_name_and_alias_resolves_to_its_command() {

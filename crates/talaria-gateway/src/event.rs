@@ -8,6 +8,8 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+// Parsed in core so the CLI and the gateway agree on what a command is.
+pub use talaria_core::commands::Invocation;
 
 /// The kind of conversation a message belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -118,79 +120,5 @@ impl MessageEvent {
     /// The slash command this message invokes, if it is one.
     pub fn command(&self) -> Option<Invocation<'_>> {
         Invocation::parse(&self.text)
-    }
-}
-
-/// A slash command as typed: `/name@bot args`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Invocation<'a> {
-    /// The name as typed, without `/` and without an `@bot` suffix. Not yet
-    /// lower-cased or resolved to a canonical command.
-    pub name: &'a str,
-    /// Everything after the first run of whitespace, trimmed.
-    pub args: &'a str,
-}
-
-impl<'a> Invocation<'a> {
-    /// Parses `/cmd`, `/cmd args`, `/cmd@botname args`.
-    ///
-    /// Text that only looks like a command is not one: a path such as
-    /// `/usr/bin/ls` (a `/` after the name), a lone `/`, or a name with
-    /// characters no command uses.
-    pub fn parse(text: &'a str) -> Option<Invocation<'a>> {
-        let rest = text.trim_start().strip_prefix('/')?;
-        let (head, args) = match rest.find(char::is_whitespace) {
-            Some(i) => (&rest[..i], rest[i..].trim()),
-            None => (rest, ""),
-        };
-        let name = match head.split_once('@') {
-            Some((name, bot)) if !bot.is_empty() && !bot.contains('/') => name,
-            Some(_) => return None,
-            None => head,
-        };
-        let valid = !name.is_empty()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        valid.then_some(Invocation { name, args })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commands_and_non_commands() {
-        let p = Invocation::parse;
-        assert_eq!(
-            p("/new"),
-            Some(Invocation {
-                name: "new",
-                args: ""
-            })
-        );
-        assert_eq!(
-            p("/queue  do this  "),
-            Some(Invocation {
-                name: "queue",
-                args: "do this"
-            })
-        );
-        assert_eq!(
-            p("/reset@MyBot now"),
-            Some(Invocation {
-                name: "reset",
-                args: "now"
-            })
-        );
-        assert_eq!(p("/reload-mcp").map(|i| i.name), Some("reload-mcp"));
-        assert_eq!(p("/usr/bin/ls"), None);
-        assert_eq!(p("/usr/bin/ls -la"), None);
-        assert_eq!(p("/"), None);
-        assert_eq!(p("/ new"), None);
-        assert_eq!(p("hello /new"), None);
-        assert_eq!(p("/new@"), None);
-        assert_eq!(p("/étoile"), None);
     }
 }

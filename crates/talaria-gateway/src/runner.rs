@@ -26,7 +26,7 @@ use talaria_agent::tools::SessionState;
 use talaria_agent::{Agent, TurnExit, TurnObserver, TurnOptions};
 use talaria_core::commands::{self, CommandDef, WhileRunning};
 use talaria_core::config::BusyInputMode;
-use talaria_core::{Config, Env, Home, Message, Role};
+use talaria_core::{Config, Env, Home};
 use talaria_store::{GatewayStore, SessionFilter};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -910,8 +910,8 @@ impl Runner {
         }
     }
 
-    /// Drops the active transcript back to before the `n`-th last user
-    /// message; returns that message's text.
+    /// Drops the key's active transcript back to before the `n`-th last
+    /// user message; returns that message's text.
     async fn rewind(&self, key: &SessionKey, n: usize) -> Result<Option<String>, String> {
         let Some(session) = self
             .inner
@@ -922,33 +922,11 @@ impl Runner {
         else {
             return Ok(None);
         };
-        let rows = self
-            .inner
-            .store
-            .messages(&session.id)
-            .await
-            .map_err(|e| e.to_string())?;
-        let messages: Vec<Message> = rows.into_iter().map(|r| r.message).collect();
-        let user_positions: Vec<usize> = messages
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| m.role == Role::User)
-            .map(|(i, _)| i)
-            .collect();
-        let Some(&cut) = user_positions
-            .len()
-            .checked_sub(n)
-            .and_then(|i| user_positions.get(i))
-        else {
-            return Ok(None);
-        };
-        let text = messages[cut].content.clone();
         self.inner
-            .store
-            .replace_active(&session.id, &messages[..cut])
+            .agent
+            .rewind(&session.id, n)
             .await
-            .map_err(|e| e.to_string())?;
-        Ok(Some(text))
+            .map_err(|e| e.to_string())
     }
 
     async fn cmd_retry(&self, key: &SessionKey, event: &MessageEvent) -> Option<String> {

@@ -119,15 +119,23 @@ pub async fn supervise(
     // Held for as long as the adapter runs; released when this returns.
     let _lock = match adapter.credential() {
         Some((scope, credential)) => loop {
-            let lock = match &lock_dir {
-                Some(dir) => TokenLock::acquire_in(dir, scope, &credential),
-                None => TokenLock::acquire(scope, &credential),
+            // Taking a contended lock retries with short sleeps: keep that
+            // off the async workers.
+            let (dir, cred) = (lock_dir.clone(), credential.clone());
+            let lock = tokio::task::spawn_blocking(move || match &dir {
+                Some(dir) => TokenLock::acquire_in(dir, scope, &cred),
+                None => TokenLock::acquire(scope, &cred),
+            })
+            .await;
+            let lock = match lock {
+                Ok(result) => result.map_err(|e| e.to_string()),
+                Err(e) => Err(format!("the credential lock task failed: {e}")),
             };
             match lock {
                 Ok(lock) => break Some(lock),
                 Err(e) => {
                     tracing::error!(platform, error = %e, "cannot start the adapter");
-                    board.set(platform, Liveness::Backoff, Some(e.to_string()));
+                    board.set(platform, Liveness::Backoff, Some(e));
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(BACKOFF_MAX) => continue,
