@@ -7,16 +7,7 @@ use talaria_gateway::pairing::Pairing;
 use talaria_store::{ApproveOutcome, PairingLimits};
 
 use crate::runtime::Runtime;
-
-fn when(ts: f64) -> String {
-    chrono::DateTime::from_timestamp(ts as i64, 0)
-        .map(|t| {
-            t.with_timezone(&chrono::Local)
-                .format("%Y-%m-%d %H:%M")
-                .to_string()
-        })
-        .unwrap_or_else(|| "?".to_owned())
-}
+use crate::sessions_cmd::when;
 
 pub async fn list(rt: &Runtime) -> anyhow::Result<ExitCode> {
     let snapshot = rt

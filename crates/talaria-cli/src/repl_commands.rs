@@ -18,6 +18,7 @@ use talaria_store::{SessionFilter, SessionRecord};
 
 use crate::chat::SOURCE;
 use crate::runtime::Runtime;
+use crate::sessions_cmd::when;
 
 /// How many sessions `/sessions` lists; `/resume <number>` counts in it.
 const RECENT: usize = 10;
@@ -164,16 +165,6 @@ fn pick_session<'s>(
     })
 }
 
-fn started(ts: f64) -> String {
-    chrono::DateTime::from_timestamp(ts as i64, 0)
-        .map(|t| {
-            t.with_timezone(&chrono::Local)
-                .format("%Y-%m-%d %H:%M")
-                .to_string()
-        })
-        .unwrap_or_else(|| "?".to_owned())
-}
-
 fn format_sessions(list: &[SessionRecord], current: &str) -> String {
     if list.is_empty() {
         return "No sessions yet.".to_owned();
@@ -185,7 +176,7 @@ fn format_sessions(list: &[SessionRecord], current: &str) -> String {
             i + 1,
             s.title.as_deref().unwrap_or("(untitled)"),
             s.id,
-            started(s.started_at),
+            when(s.started_at),
             s.message_count,
             if s.id == current { " (current)" } else { "" }
         ));

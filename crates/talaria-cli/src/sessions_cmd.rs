@@ -7,7 +7,8 @@ use talaria_store::{SearchQuery, SessionFilter, SessionRecord};
 
 use crate::runtime::Runtime;
 
-fn when(ts: f64) -> String {
+/// A stored timestamp as local `YYYY-MM-DD HH:MM`, for listings.
+pub(crate) fn when(ts: f64) -> String {
     chrono::DateTime::from_timestamp(ts as i64, 0)
         .map(|t| {
             t.with_timezone(&chrono::Local)
