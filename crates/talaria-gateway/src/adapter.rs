@@ -217,6 +217,14 @@ pub trait Adapter: Send + Sync + 'static {
     /// Sends one message (already within [`Adapter::limits`]).
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError>;
 
+    /// Whether this adapter authenticates every event it submits itself
+    /// (a webhook checks each delivery's signature), so the runner's user
+    /// authorization (allowlists, pairing) does not apply to its events.
+    /// Chat adapters must leave this `false`.
+    fn verifies_senders(&self) -> bool {
+        false
+    }
+
     /// Whether answers should be shown growing while they stream, by
     /// editing one message ([`crate::preview`]). Only adapters that can
     /// [`Adapter::edit`] should say yes, and only when configured to.

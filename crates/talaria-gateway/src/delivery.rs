@@ -58,6 +58,12 @@ impl Delivery {
         }
     }
 
+    /// Where the answer to `event` goes: its reply target when it names one,
+    /// else back to where it came from.
+    pub fn answer_address(&self, event: &MessageEvent) -> Address {
+        Address::reply_to(event)
+    }
+
     pub fn adapter(&self, platform: &str) -> Option<&Arc<dyn Adapter>> {
         self.adapters.get(platform)
     }

@@ -102,6 +102,11 @@ pub struct MessageEvent {
     pub reply_to_text: Option<String>,
     /// Attachments the agent can be told about (names or descriptions).
     pub attachments: Vec<String>,
+    /// Where the answer goes instead of back to the source, as a delivery
+    /// target (`telegram:123`, `local`, ...). Set by adapters whose source
+    /// cannot take a reply, such as a webhook route.
+    #[serde(default)]
+    pub reply_target: Option<String>,
 }
 
 impl MessageEvent {
@@ -114,6 +119,7 @@ impl MessageEvent {
             reply_to_message_id: None,
             reply_to_text: None,
             attachments: Vec::new(),
+            reply_target: None,
         }
     }
 

@@ -227,7 +227,11 @@ impl Runner {
                 return;
             }
         };
-        if !self.authorized(&event).await {
+        let verified = inner
+            .delivery
+            .adapter(&event.source.platform)
+            .is_some_and(|a| a.verifies_senders());
+        if !verified && !self.authorized(&event).await {
             return;
         }
         if let Some(invocation) = event.command() {
@@ -404,7 +408,7 @@ impl Runner {
         cancel: CancellationToken,
     ) {
         let inner = &self.inner;
-        let to = Address::reply_to(&event);
+        let to = inner.delivery.answer_address(&event);
         let routed = match inner.router.current(key, &event.source).await {
             Ok(r) => r,
             Err(e) => {

@@ -73,6 +73,7 @@ pub(crate) fn map_message(
         reply_to_message_id: reply.map(|r| r.message_id.to_string()),
         reply_to_text: reply.and_then(|r| r.text.clone().or_else(|| r.caption.clone())),
         attachments,
+        reply_target: None,
     })
 }
 
