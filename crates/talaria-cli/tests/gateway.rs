@@ -220,7 +220,12 @@ async fn a_reply_cut_off_by_sigkill_is_sent_once_after_restart_with_the_recovery
     polling(&tg, seen).await;
     let sent = tg.wait_for_sent(1, WAIT).await;
     let text0 = sent[0].rendered();
-    assert!(text0.starts_with("♻️ Recovered reply"), "{text0:?}");
+    assert!(
+        text0.starts_with("♻️ Recovered reply"),
+        "{text0:?}\n{}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        std::fs::read_to_string(home.root.join("test-gateway-2.log")).unwrap_or_default()
+    );
     assert!(text0.ends_with("The precious answer."), "{text0:?}");
     assert_eq!(sent[0].chat_id, 42);
     // Exactly once, and the model was not asked again.

@@ -478,8 +478,9 @@ impl FakeTelegram {
         lock(&self.shared.state).reject_entities = n;
     }
 
-    /// While set, `sendMessage` requests are recorded but never answered
-    /// (until it is cleared again, or the server stops).
+    /// While set, `sendMessage` requests are recorded as attempts but hang
+    /// unanswered and are never delivered, like requests lost on the way;
+    /// clearing it (or stopping the server) answers them with a 502.
     pub fn hang_send(&self, hang: bool) {
         self.shared.hang.send_replace(hang);
     }
@@ -667,10 +668,12 @@ async fn send_message(shared: &Shared, params: &Map<String, Value>) -> Response 
         let mut stop = shared.stop.subscribe();
         tokio::select! {
             _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {
-                return error(500, "Internal Server Error: shutting down", None);
-            }
+            _ = stop.wait_for(|s| *s) => {}
         }
+        // A hung request is lost, never delivered: its client may be long
+        // gone (a crash test kills it), and a late delivery would look like
+        // one the dead gateway made.
+        return error(502, "Bad Gateway: the request was lost", None);
     }
     let parse_mode = string(params, "parse_mode").filter(|m| !m.is_empty());
     let text = string(params, "text").unwrap_or_default();
