@@ -41,6 +41,16 @@ pub enum Command {
         #[command(subcommand)]
         command: PairingCommand,
     },
+    /// Send a message to a chat: through the running gateway, or directly
+    /// when none runs.
+    Send {
+        /// Where: `telegram` (its home channel), `telegram:<chat_id>`,
+        /// `telegram:<chat_id>:<thread_id>`, or `local` (a file).
+        target: String,
+        /// The message; `-` reads it from standard input.
+        #[arg(required = true, num_args = 1..)]
+        text: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -7,15 +7,32 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use talaria_agent::interaction::NoHuman;
+use talaria_agent::tools::send_message::SendMessageTool;
 use talaria_core::Home;
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts, report_service};
+use talaria_gateway::hooks::Hooks;
+use talaria_gateway::messenger::GatewayMessenger;
 use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
+use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::Runtime;
+
+/// The configured chat platforms' adapters (not yet connected): what the
+/// gateway serves, and what `talaria send` sends through without one.
+pub fn chat_adapters(rt: &Runtime) -> anyhow::Result<Vec<Arc<dyn Adapter>>> {
+    let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
+    if let Some(settings) =
+        TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
+    {
+        let adapter = TelegramAdapter::new(settings).context("cannot set up Telegram")?;
+        adapters.push(Arc::new(adapter));
+    }
+    Ok(adapters)
+}
 
 /// `talaria gateway run`: serves in the foreground until SIGTERM or SIGINT.
 pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
@@ -30,14 +47,25 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     };
     // Approvals are asked in each chat by the runner; this is only the
     // fallback for work that has no chat.
-    let (agent, _client) = rt.agent(Arc::new(NoHuman))?;
+    let messenger = GatewayMessenger::new(rt.store.clone());
+    let send_message: Arc<dyn talaria_agent::tools::Tool> =
+        Arc::new(SendMessageTool::new(messenger.clone()));
+    let (agent, _client) = rt.agent_with_tools(Arc::new(NoHuman), vec![send_message])?;
     let agent = Arc::new(agent);
 
-    let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
+    let mut adapters = chat_adapters(&rt)?;
+    // Bound now, so a busy port or a bad route stops the start here.
     if let Some(settings) =
-        TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
+        WebhookSettings::from_config(&rt.config.platforms.webhook, &rt.loaded.env)
+            .context("the webhook routes are misconfigured")?
     {
-        let adapter = TelegramAdapter::new(settings).context("cannot set up Telegram")?;
+        let adapter = WebhookAdapter::bind(settings)
+            .await
+            .context("cannot start the webhook server")?;
+        eprintln!(
+            "talaria: webhooks listening on http://{}/webhooks/<route>",
+            adapter.local_addr()
+        );
         adapters.push(Arc::new(adapter));
     }
     let api = ApiServerSettings::from_config(&rt.config.platforms.api_server, &rt.loaded.env)
@@ -46,7 +74,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         bail!(
             "nothing to serve: no platform is enabled.\n\
              Set TELEGRAM_BOT_TOKEN (or platforms.telegram.token), or API_SERVER_KEY \
-             (or platforms.api_server.key) in {} or the environment.",
+             (or platforms.api_server.key) in {} or the environment, or configure \
+             platforms.webhook.routes in config.yaml.",
             rt.home.dotenv_file().display()
         );
     }
@@ -60,7 +89,9 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         store: rt.gateway_store.clone(),
         adapters,
         lock_dir: None,
+        hooks: Arc::new(Hooks::load(&rt.home)),
     });
+    messenger.bind(gateway.delivery());
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
 

@@ -10,6 +10,7 @@
 //! - [`interact`]: terminal prompts for approvals and clarifying questions.
 //! - [`gateway_cmd`]: `talaria gateway`, the messaging gateway's process.
 //! - [`pairing_cmd`]: approving strangers' pairing codes.
+//! - [`send_cmd`]: `talaria send`, through the running gateway or directly.
 //! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
 //! - [`logging`]: tracing to stderr through the secret redactor.
 #![forbid(unsafe_code)]
@@ -23,6 +24,7 @@ mod logging;
 mod pairing_cmd;
 mod repl_commands;
 mod runtime;
+mod send_cmd;
 mod sessions_cmd;
 mod setup;
 
@@ -107,5 +109,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::Send { target, text } => send_cmd::run(home, &target, &text).await,
     }
 }

@@ -77,6 +77,16 @@ impl Runtime {
         &self,
         interaction: Arc<dyn Interaction>,
     ) -> anyhow::Result<(Agent, Arc<LlmClient>)> {
+        self.agent_with_tools(interaction, Vec::new())
+    }
+
+    /// [`Runtime::agent`] with `extra` tools beside the core ones (the
+    /// gateway adds `send_message`).
+    pub fn agent_with_tools(
+        &self,
+        interaction: Arc<dyn Interaction>,
+        extra: Vec<Arc<dyn talaria_agent::tools::Tool>>,
+    ) -> anyhow::Result<(Agent, Arc<LlmClient>)> {
         let client = LlmClient::from_config(&self.config, &self.loaded.env).map_err(|e| {
             anyhow::anyhow!("{e}\n(config file: {})", self.home.config_file().display())
         })?;
@@ -85,12 +95,16 @@ impl Runtime {
             Some(dir) => dir.clone(),
             None => std::env::current_dir().context("cannot read the current directory")?,
         };
+        let mut registry = Registry::with_core_tools(&self.config);
+        for tool in extra {
+            registry.register(tool).map_err(anyhow::Error::msg)?;
+        }
         let agent = Agent::new(AgentParts {
             config: self.config.clone(),
             home: self.home.clone(),
             provider: client.clone(),
             store: self.store.clone(),
-            registry: Arc::new(Registry::with_core_tools(&self.config)),
+            registry: Arc::new(registry),
             interaction,
             redactor: self.redactor.clone(),
             workdir,

@@ -249,3 +249,84 @@ async fn a_reply_cut_off_by_sigkill_is_sent_once_after_restart_with_the_recovery
     second.kill().unwrap();
     second.wait().unwrap();
 }
+
+/// The ledger's open rows (owner pid, content).
+async fn ledger_open_rows(home: &Home) -> Vec<(u32, String)> {
+    use talaria_store::LedgerStore;
+    let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
+    store
+        .open_obligations()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.owner.map(|o| o.pid).unwrap_or(0), o.content))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn talaria_send_goes_directly_without_a_gateway_and_through_it_with_one() {
+    let llm = MockOpenAi::start().await;
+    let tg = FakeTelegram::start(TOKEN).await;
+    let home = home(
+        &llm,
+        &tg,
+        "TELEGRAM_ALLOWED_USERS=42\nTELEGRAM_HOME_CHANNEL=42\n",
+    );
+
+    // No gateway: this process connects Telegram itself, just to send.
+    let direct = talaria(&home, &["send", "telegram", "backup", "finished"]);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    assert!(text(&direct.stdout).contains("sent to telegram:42"));
+    let sent = tg.wait_for_sent(1, WAIT).await;
+    assert_eq!(sent[0].chat_id, 42);
+    assert_eq!(sent[0].rendered(), "backup finished");
+    let bad = talaria(&home, &["send", "discord", "hi"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("not connected"),
+        "{}",
+        text(&bad.stderr)
+    );
+
+    // With a gateway: the message goes through its socket and its ledger.
+    let log = home.root.join("test-gateway.log");
+    let mut gateway = spawn_gateway(&home, &log);
+    polling(&tg, tg.get_updates_calls().len()).await;
+    let deadline = Instant::now() + WAIT;
+    while !home.root.join("gateway.sock").exists() {
+        assert!(Instant::now() < deadline, "no control socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let via = talaria(&home, &["send", "telegram:42:5", "via", "the", "gateway"]);
+    assert!(via.status.success(), "{}", text(&via.stderr));
+    let sent = tg.wait_for_sent(2, WAIT).await;
+    assert_eq!(sent[1].rendered(), "via the gateway");
+    assert_eq!(sent[1].thread_id, Some(5));
+    assert!(
+        ledger_open_rows(&home).await.is_empty(),
+        "both sends were delivered"
+    );
+    let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
+    let counts = talaria_store::LedgerStore::obligation_counts(&store)
+        .await
+        .unwrap();
+    assert_eq!(
+        counts.get(&talaria_store::ObligationState::Delivered),
+        Some(&2),
+        "{counts:?}"
+    );
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("from the control socket was sent"),
+        "the gateway sent it"
+    );
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(gateway.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(wait_exit(&mut gateway).success());
+    assert!(!home.root.join("gateway.sock").exists());
+}

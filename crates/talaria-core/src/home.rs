@@ -87,6 +87,11 @@ impl Home {
         self.root.join("chat_history")
     }
 
+    /// Gateway event hooks, one folder each (`hooks/<name>/HOOK.yaml`).
+    pub fn hooks_dir(&self) -> PathBuf {
+        self.root.join("hooks")
+    }
+
     /// The running gateway's PID file, held under an exclusive lock.
     pub fn gateway_pid_file(&self) -> PathBuf {
         self.root.join("gateway.pid")
@@ -95,6 +100,17 @@ impl Home {
     /// What the running gateway reports about itself (`gateway status`).
     pub fn gateway_state_file(&self) -> PathBuf {
         self.root.join("gateway_state.json")
+    }
+
+    /// The running gateway's control socket (`talaria send` hands messages
+    /// to the gateway through it). Mode 0600.
+    pub fn gateway_socket(&self) -> PathBuf {
+        self.root.join("gateway.sock")
+    }
+
+    /// Output nobody waits for in a chat: cron runs, `local` deliveries.
+    pub fn cron_output_dir(&self) -> PathBuf {
+        self.root.join("cron").join("output")
     }
 }
 

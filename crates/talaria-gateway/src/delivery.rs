@@ -2,6 +2,7 @@
 //! may pass on a retry, and routing final replies through the ledger.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use crate::adapter::{Adapter, OutboundMessage, SendError};
 use crate::event::MessageEvent;
 use crate::ledger::{Claimed, Ledger};
 use crate::split::split_message;
+use crate::target::{HomeChannels, Target, TargetError};
 
 /// Retries of a part that failed with a transient error (5xx). Timeouts
 /// are never retried: the first request may have landed.
@@ -36,12 +38,35 @@ impl Address {
     }
 }
 
-/// The connected adapters and the ledger.
+/// The pseudo-platform of [`Target::Local`]: a file in the home instead of
+/// a chat. Its "chat id" names the folder under `cron/output/`.
+pub const LOCAL: &str = "local";
+
+/// The folder `local` deliveries go to when nothing more specific is named.
+const LOCAL_DEFAULT_FOLDER: &str = "misc";
+
+/// The connected adapters, the home channels and the ledger.
 #[derive(Clone)]
 pub struct Delivery {
     adapters: Arc<HashMap<String, Arc<dyn Adapter>>>,
     ledger: Option<Ledger>,
+    homes: Arc<HomeChannels>,
+    /// Where `local` deliveries are written; `None` refuses them.
+    local_dir: Option<PathBuf>,
     transient_backoff: Duration,
+}
+
+/// Why a target cannot be delivered to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error("{0} is not connected to this gateway (is it configured and enabled?)")]
+    NotConnected(String),
+    #[error(
+        "{platform} has no home channel: send /sethome in the chat that should be it, or set {var} in the .env file"
+    )]
+    NoHome { platform: String, var: String },
 }
 
 impl Delivery {
@@ -54,14 +79,150 @@ impl Delivery {
                     .collect(),
             ),
             ledger,
+            homes: Arc::default(),
+            local_dir: None,
             transient_backoff: Duration::from_secs(2),
         }
     }
 
+    /// Uses these home channels for bare `<platform>` targets.
+    pub fn with_homes(mut self, homes: Arc<HomeChannels>) -> Delivery {
+        self.homes = homes;
+        self
+    }
+
+    /// Writes `local` deliveries under `dir` (normally
+    /// `$TALARIA_HOME/cron/output`).
+    pub fn with_local_dir(mut self, dir: PathBuf) -> Delivery {
+        self.local_dir = Some(dir);
+        self
+    }
+
+    /// The connected platforms that take messages, sorted. Sources that
+    /// only submit (a webhook) are left out.
+    pub fn platforms(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .adapters
+            .values()
+            .filter(|a| !a.verifies_senders())
+            .map(|a| a.platform().to_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    pub fn homes(&self) -> &Arc<HomeChannels> {
+        &self.homes
+    }
+
+    /// Where `target` points. `origin` is where the request came from, if
+    /// anywhere; `origin` without one means `local`.
+    pub fn resolve(
+        &self,
+        target: &Target,
+        origin: Option<&Address>,
+    ) -> Result<Address, ResolveError> {
+        let local = || Address {
+            platform: LOCAL.to_owned(),
+            chat_id: LOCAL_DEFAULT_FOLDER.to_owned(),
+            thread_id: None,
+            reply_to: None,
+        };
+        match target {
+            Target::Origin => Ok(origin.cloned().unwrap_or_else(local)),
+            Target::Local => Ok(local()),
+            Target::Home { platform } => {
+                self.connected(platform)?;
+                let home = self
+                    .homes
+                    .get(platform)
+                    .ok_or_else(|| ResolveError::NoHome {
+                        platform: platform.clone(),
+                        var: format!("{}_HOME_CHANNEL", platform.to_ascii_uppercase()),
+                    })?;
+                Ok(Address {
+                    platform: platform.clone(),
+                    chat_id: home.chat_id,
+                    thread_id: home.thread_id,
+                    reply_to: None,
+                })
+            }
+            Target::Chat {
+                platform,
+                chat_id,
+                thread_id,
+            } => {
+                self.connected(platform)?;
+                Ok(Address {
+                    platform: platform.clone(),
+                    chat_id: chat_id.clone(),
+                    thread_id: thread_id.clone(),
+                    reply_to: None,
+                })
+            }
+        }
+    }
+
+    fn connected(&self, platform: &str) -> Result<(), ResolveError> {
+        if self.adapters.contains_key(platform) {
+            Ok(())
+        } else {
+            Err(ResolveError::NotConnected(platform.to_owned()))
+        }
+    }
+
     /// Where the answer to `event` goes: its reply target when it names one,
-    /// else back to where it came from.
+    /// else back to where it came from. A reply target that cannot be used
+    /// (malformed, a platform not connected) falls back to `local`, so the
+    /// answer is kept rather than lost.
     pub fn answer_address(&self, event: &MessageEvent) -> Address {
-        Address::reply_to(event)
+        let Some(target) = &event.reply_target else {
+            return Address::reply_to(event);
+        };
+        let resolved = target
+            .parse::<Target>()
+            .map_err(ResolveError::from)
+            .and_then(|t| self.resolve(&t, None));
+        match resolved {
+            Ok(to) => to,
+            Err(e) => {
+                tracing::warn!(platform = %event.source.platform, error = %e, "the reply target is unusable; the answer is written to a local file instead");
+                self.resolve(&Target::Local, None)
+                    .unwrap_or_else(|_| Address::reply_to(event))
+            }
+        }
+    }
+
+    /// Sends a message owed to someone that is not a reply (`send_message`,
+    /// `talaria send`): recorded in the ledger like a final reply, under a
+    /// key naming its destination and a fresh reference, so two identical
+    /// sends stay two obligations.
+    pub async fn deliver_message(&self, to: &Address, text: &str) -> Result<(), SendError> {
+        let key = format!("outbound:{}:{}", to.platform, to.chat_id);
+        let reference = format!("{:016x}", rand::random::<u64>());
+        self.deliver_reply(&key, &reference, to, text, None).await
+    }
+
+    /// Writes a `local` delivery to `<local_dir>/<folder>/<timestamp>.md`.
+    async fn write_local(&self, folder: &str, text: &str) -> Result<(), SendError> {
+        let Some(dir) = &self.local_dir else {
+            return Err(SendError::Rejected(
+                "local delivery is not set up here".into(),
+            ));
+        };
+        talaria_core::ids::validate_path_component(folder)
+            .map_err(|e| SendError::Rejected(format!("unusable local folder name: {e}")))?;
+        let dir = dir.join(folder);
+        let now = chrono::Utc::now();
+        let path = dir.join(format!("{}.md", now.format("%Y%m%d_%H%M%S_%6f")));
+        let body = format!("<!-- delivered {} -->\n\n{text}\n", now.to_rfc3339());
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(&path, body)
+        })
+        .await
+        .map_err(|e| SendError::Transient(e.to_string()))?
+        .map_err(|e| SendError::Transient(format!("cannot write the local delivery: {e}")))
     }
 
     pub fn adapter(&self, platform: &str) -> Option<&Arc<dyn Adapter>> {
@@ -91,6 +252,9 @@ impl Delivery {
         text: &str,
         edit: Option<&str>,
     ) -> Result<(), SendError> {
+        if to.platform == LOCAL {
+            return self.write_local(&to.chat_id, text).await;
+        }
         let adapter = self
             .adapter(&to.platform)
             .ok_or_else(|| SendError::Unavailable(format!("{} is not configured", to.platform)))?;

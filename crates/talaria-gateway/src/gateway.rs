@@ -11,10 +11,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapter::{Adapter, Inbox, Liveness};
 use crate::delivery::Delivery;
+use crate::hooks::{Hooks, events};
 use crate::ledger::Ledger;
 use crate::process::{AdapterStatus, GatewayStatus, write_status};
 use crate::runner::{Runner, RunnerParts};
 use crate::supervisor::{StatusBoard, supervise};
+use crate::target::HomeChannels;
 
 /// Events waiting for the runner; an adapter blocks (and so does not
 /// acknowledge its platform) while this is full.
@@ -27,6 +29,10 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(2);
 /// After a change, how long the writer waits for more before writing, so
 /// a burst of changes costs one write.
 const STATUS_DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// How long a stopping gateway waits for its `gateway:shutdown` hooks;
+/// runs still going then are killed.
+const SHUTDOWN_HOOKS_WAIT: Duration = Duration::from_secs(15);
 
 /// How often delivered and abandoned ledger rows are pruned.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -42,6 +48,8 @@ pub struct GatewayParts {
     /// Where credential locks live; `None` for the per-user default
     /// (`$TALARIA_GATEWAY_LOCK_DIR`, else the XDG state directory).
     pub lock_dir: Option<std::path::PathBuf>,
+    /// Event hooks (`Hooks::load`, or `Hooks::none()`).
+    pub hooks: Arc<Hooks>,
 }
 
 /// A gateway ready to run.
@@ -53,6 +61,7 @@ pub struct Gateway {
     runner: Runner,
     delivery: Delivery,
     board: Arc<StatusBoard>,
+    hooks: Arc<Hooks>,
 }
 
 impl Gateway {
@@ -65,12 +74,17 @@ impl Gateway {
             store,
             adapters,
             lock_dir,
+            hooks,
         } = parts;
         let ledger = config
             .gateway
             .delivery_ledger
             .then(|| Ledger::new(store.clone()));
-        let delivery = Delivery::new(adapters.clone(), ledger);
+        let platforms: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
+        let homes = HomeChannels::load(&config.gateway.home_channels, &env, &platforms);
+        let delivery = Delivery::new(adapters.clone(), ledger)
+            .with_homes(Arc::new(homes))
+            .with_local_dir(home.cron_output_dir());
         process_started_unix();
         let board = Arc::new(StatusBoard::default());
         let runner = Runner::new(RunnerParts {
@@ -81,6 +95,7 @@ impl Gateway {
             store,
             delivery: delivery.clone(),
             board: board.clone(),
+            hooks: hooks.clone(),
         });
         Gateway {
             config,
@@ -90,11 +105,18 @@ impl Gateway {
             runner,
             delivery,
             board,
+            hooks,
         }
     }
 
     /// The shared liveness board (services outside the adapters, such as
     /// the API server, report here too).
+    /// Where replies and messages go out: the adapters, home channels and
+    /// ledger (the agent's `send_message` tool binds to it).
+    pub fn delivery(&self) -> Delivery {
+        self.delivery.clone()
+    }
+
     pub fn board(&self) -> Arc<StatusBoard> {
         self.board.clone()
     }
@@ -106,8 +128,14 @@ impl Gateway {
     /// Runs until `shutdown` fires, then stops in order: adapters stop
     /// receiving, events already received are still taken, running turns
     /// get `gateway.drain_timeout_secs` to finish before they are
-    /// interrupted, and the status file says `stopped`.
+    /// interrupted, `gateway:shutdown` hooks get a bounded wait, and the
+    /// status file says `stopped`.
     pub async fn run(self, shutdown: CancellationToken) {
+        let platforms: Vec<&str> = self.adapters.iter().map(|a| a.platform()).collect();
+        self.hooks.emit(
+            events::GATEWAY_STARTUP,
+            serde_json::json!({ "platforms": platforms }),
+        );
         let (inbox, events) = Inbox::channel(INBOX_CAPACITY);
         let receiving = CancellationToken::new();
         let mut supervisors = Vec::new();
@@ -137,6 +165,18 @@ impl Gateway {
             background.clone(),
         ));
         let pruner = tokio::spawn(prune_ledger(self.delivery.clone(), background.clone()));
+        // `talaria send` hands messages over here; taken until the stop
+        // begins, like messages from the platforms.
+        let control = {
+            let path = self.home.gateway_socket();
+            let delivery = self.delivery.clone();
+            let stop = receiving.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::control::serve(path.clone(), delivery, stop).await {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot serve the control socket; `talaria send` will send directly instead");
+                }
+            })
+        };
 
         shutdown.cancelled().await;
         tracing::info!("stopping: no new messages are taken");
@@ -144,9 +184,21 @@ impl Gateway {
         for task in supervisors {
             let _ = task.await;
         }
+        let _ = control.await;
         let _ = reader.await;
         let grace = Duration::from_secs(self.config.gateway.drain_timeout_secs);
         self.runner.drain(grace).await;
+        if self.hooks.wants(events::GATEWAY_SHUTDOWN) {
+            let hooks = self
+                .hooks
+                .emit_and_wait(events::GATEWAY_SHUTDOWN, serde_json::json!({}));
+            if tokio::time::timeout(SHUTDOWN_HOOKS_WAIT, hooks)
+                .await
+                .is_err()
+            {
+                tracing::warn!("shutdown hooks did not finish in time; killed them");
+            }
+        }
         background.cancel();
         let _ = status.await;
         let _ = pruner.await;

@@ -21,16 +21,24 @@
 //!   `/resume`.
 //! - [`delivery`]: sending text (split, retried) and final replies through
 //!   the ledger.
+//! - [`messenger`]: the agent's `send_message` tool, delivered through
+//!   the ledger.
+//! - [`control`]: the local socket `talaria send` hands messages over.
 //! - [`ledger`]: the delivery ledger's policy: obligation ids, dead owners,
 //!   the sweep.
 //! - [`preview`]: streaming previews, one message edited as the answer
 //!   grows.
+//! - [`target`]: the delivery-target grammar (`origin`, `local`,
+//!   `<platform>[:<chat>[:<thread>]]`) and home channels.
 //! - [`split`]: cutting long answers to a platform's limit without breaking
 //!   code fences.
 //! - [`supervisor`]: adapters as supervised tasks with reconnect backoff and
 //!   a liveness board; a ledger sweep each time one goes live.
 //! - [`gateway`]: all of the above assembled, with an orderly stop.
 //! - [`dotenv`]: writing variables into the home's `.env` (`/sethome`).
+//! - [`hooks`]: user programs run on gateway events (startup, messages,
+//!   turns, commands), isolated in their own processes and bounded in time
+//!   and number.
 //!
 //! Process-level pieces:
 //!
@@ -43,12 +51,15 @@
 
 pub mod adapter;
 pub mod auth;
+pub mod control;
 pub mod delivery;
 pub mod dotenv;
 pub mod event;
 pub mod gateway;
+pub mod hooks;
 pub mod key;
 pub mod ledger;
+pub mod messenger;
 pub mod owner;
 pub mod pairing;
 pub mod preview;
@@ -57,6 +68,7 @@ pub mod router;
 pub mod runner;
 pub mod split;
 pub mod supervisor;
+pub mod target;
 pub mod token_lock;
 
 pub use adapter::{

@@ -39,12 +39,50 @@ impl AutoReset {
     }
 }
 
+/// Why the router started a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    /// The key had no session (or its session vanished from the store).
+    First,
+    /// The previous one expired: no message for `idle_minutes`.
+    Idle,
+    /// The previous one expired at the daily reset hour.
+    Daily,
+    /// `/new` asked for it.
+    NewSession,
+}
+
+impl Started {
+    /// The form hooks and logs use; matches the ended session's reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Started::First => "first",
+            Started::Idle => "idle",
+            Started::Daily => "daily",
+            Started::NewSession => "new_session",
+        }
+    }
+}
+
+impl From<AutoReset> for Started {
+    fn from(reason: AutoReset) -> Started {
+        match reason {
+            AutoReset::Idle => Started::Idle,
+            AutoReset::Daily => Started::Daily,
+        }
+    }
+}
+
 /// The session a message goes to.
 #[derive(Debug, Clone)]
 pub struct Routed {
     pub handle: SessionHandle,
     /// Set when the previous session expired just now.
     pub auto_reset: Option<AutoReset>,
+    /// Set when this call started `handle`'s session, with why.
+    pub started: Option<Started>,
+    /// The session this call ended to make room for the new one.
+    pub ended: Option<String>,
 }
 
 /// Errors while routing.
@@ -94,16 +132,22 @@ impl Router {
                         return Ok(Routed {
                             handle,
                             auto_reset: None,
+                            started: None,
+                            ended: None,
                         });
                     }
                     // The routed session vanished from the store: start over.
                 }
                 Some(reason) => {
                     self.end(&route.session_id, reason.reason()).await;
-                    let handle = self.start(key, source, Some(route.session_id)).await?;
+                    let handle = self
+                        .start(key, source, Some(route.session_id.clone()))
+                        .await?;
                     return Ok(Routed {
                         handle,
                         auto_reset: Some(reason),
+                        started: Some(reason.into()),
+                        ended: Some(route.session_id),
                     });
                 }
             }
@@ -112,6 +156,8 @@ impl Router {
         Ok(Routed {
             handle,
             auto_reset: None,
+            started: Some(Started::First),
+            ended: None,
         })
     }
 
@@ -129,12 +175,18 @@ impl Router {
         &self,
         key: &SessionKey,
         source: &SessionSource,
-    ) -> Result<SessionHandle, RouteError> {
+    ) -> Result<Routed, RouteError> {
         let old = self.store.route(key.as_str()).await?.map(|r| r.session_id);
         if let Some(old) = &old {
-            self.end(old, "new_session").await;
+            self.end(old, Started::NewSession.as_str()).await;
         }
-        self.start(key, source, old).await
+        let handle = self.start(key, source, old.clone()).await?;
+        Ok(Routed {
+            handle,
+            auto_reset: None,
+            started: Some(Started::NewSession),
+            ended: old,
+        })
     }
 
     /// `/resume`: points the key back at one of its earlier sessions.

@@ -35,10 +35,11 @@ use tokio_util::task::TaskTracker;
 use crate::auth::{AuthPolicy, Decision};
 use crate::delivery::{Address, Delivery};
 use crate::event::{MessageEvent, SessionSource};
+use crate::hooks::{Hooks, events};
 use crate::key::{KeyPolicy, SessionKey};
 use crate::pairing::Pairing;
 use crate::preview::{Preview, PreviewSink};
-use crate::router::{AutoReset, Router};
+use crate::router::{AutoReset, Routed, Router};
 use crate::supervisor::StatusBoard;
 
 /// Follow-ups waiting behind a busy turn; more are dropped (and logged):
@@ -62,6 +63,8 @@ pub struct RunnerParts {
     pub delivery: Delivery,
     /// Adapter liveness, shown by `/status`.
     pub board: Arc<StatusBoard>,
+    /// Event hooks; the runner only ever fires them and moves on.
+    pub hooks: Arc<Hooks>,
 }
 
 /// The runner. Cheap to clone; clones share all state.
@@ -81,6 +84,7 @@ struct Inner {
     store: Arc<dyn GatewayStore>,
     delivery: Delivery,
     board: Arc<StatusBoard>,
+    hooks: Arc<Hooks>,
     lanes: Mutex<HashMap<SessionKey, Lane>>,
     generations: AtomicU64,
     /// Set when the gateway stops: new work is refused.
@@ -133,6 +137,7 @@ impl Runner {
             store,
             delivery,
             board,
+            hooks,
         } = parts;
         let router = Router::new(agent.clone(), store.clone(), config.session_reset.clone());
         Runner {
@@ -147,6 +152,7 @@ impl Runner {
                 store,
                 delivery,
                 board,
+                hooks,
                 lanes: Mutex::new(HashMap::new()),
                 generations: AtomicU64::new(1),
                 draining: AtomicBool::new(false),
@@ -234,11 +240,31 @@ impl Runner {
         if !verified && !self.authorized(&event).await {
             return;
         }
+        inner.hook(events::MESSAGE_RECEIVED, || {
+            let s = &event.source;
+            serde_json::json!({
+                "platform": s.platform,
+                "chat_type": s.chat_type.as_str(),
+                "chat_id_hash": talaria_core::ids::hash_id("chat", &s.chat_id),
+                "user_id_hash": user_hash(s),
+                "session_key": key.as_str(),
+                "text": clip(&event.text),
+                "is_command": event.command().is_some(),
+            })
+        });
         if let Some(invocation) = event.command() {
             let name = invocation.name.to_owned();
             let args = invocation.args.to_owned();
             match commands::resolve(&name) {
                 Some(def) if def.availability != commands::Availability::CliOnly => {
+                    inner.hook(&events::command(def.name), || {
+                        serde_json::json!({
+                            "platform": event.source.platform,
+                            "command": def.name,
+                            "args": clip(&args),
+                            "session_key": key.as_str(),
+                        })
+                    });
                     self.command(&key, &event, def, &args).await;
                 }
                 _ => {
@@ -420,6 +446,7 @@ impl Runner {
                 return;
             }
         };
+        inner.session_hooks(key, &event.source, &routed);
         let handle = routed.handle;
         let tool = {
             let mut lanes = inner.lanes();
@@ -465,6 +492,14 @@ impl Runner {
             preview: preview.as_ref().map(Preview::sink),
         };
         let text = prompt_text(&event);
+        inner.hook(events::AGENT_START, || {
+            serde_json::json!({
+                "platform": event.source.platform,
+                "session_key": key.as_str(),
+                "session_id": handle.id,
+                "message": clip(&event.text),
+            })
+        });
         let result = inner
             .agent
             .run_turn_with(
@@ -501,6 +536,26 @@ impl Runner {
             }
             discard
         };
+        inner.hook(events::AGENT_END, || {
+            let exit = match &result {
+                _ if discard => "interrupted",
+                Ok(o) => match o.exit {
+                    TurnExit::Completed => "completed",
+                    TurnExit::BudgetExhausted => "budget_exhausted",
+                    TurnExit::Interrupted => "interrupted",
+                    TurnExit::Failed(_) => "failed",
+                },
+                Err(_) => "failed",
+            };
+            let response = result.as_ref().map(|o| clip(&o.answer)).unwrap_or_default();
+            serde_json::json!({
+                "platform": event.source.platform,
+                "session_key": key.as_str(),
+                "session_id": handle.id,
+                "exit": exit,
+                "response": response,
+            })
+        });
         let answered = !discard
             && matches!(&result, Ok(o) if matches!(o.exit, TurnExit::Completed | TurnExit::BudgetExhausted));
         let preview_id = match preview {
@@ -519,7 +574,7 @@ impl Runner {
             Ok(outcome) => match outcome.exit {
                 TurnExit::Completed | TurnExit::BudgetExhausted => {
                     let message_ref = event.message_id.as_deref().unwrap_or("");
-                    let _ = inner
+                    let delivered = inner
                         .delivery
                         .deliver_reply(
                             key.as_str(),
@@ -528,8 +583,18 @@ impl Runner {
                             &outcome.answer,
                             preview_id.as_deref(),
                         )
-                        .await;
+                        .await
+                        .is_ok();
                     inner.board.touch();
+                    if delivered {
+                        inner.hook(events::MESSAGE_SENT, || {
+                            serde_json::json!({
+                                "platform": to.platform,
+                                "session_key": key.as_str(),
+                                "chars": outcome.answer.chars().count(),
+                            })
+                        });
+                    }
                 }
                 TurnExit::Interrupted => {}
                 TurnExit::Failed(reason) => {
@@ -646,7 +711,19 @@ impl Runner {
     async fn cmd_new(&self, key: &SessionKey, event: &MessageEvent, args: &str) -> String {
         self.stop_lane(key, true);
         match self.inner.router.reset(key, &event.source).await {
-            Ok(handle) => {
+            Ok(routed) => {
+                let inner = &self.inner;
+                inner.hook(events::SESSION_RESET, || {
+                    serde_json::json!({
+                        "platform": event.source.platform,
+                        "session_key": key.as_str(),
+                        "user_id_hash": user_hash(&event.source),
+                        "session_id": routed.handle.id,
+                        "previous_session_id": routed.ended,
+                    })
+                });
+                inner.session_hooks(key, &event.source, &routed);
+                let handle = routed.handle;
                 if !args.is_empty()
                     && let Err(e) = self.inner.store.set_title(&handle.id, args).await
                 {
@@ -969,6 +1046,7 @@ impl Runner {
             Ok(r) => r,
             Err(e) => return format!("⚠️ Cannot open the conversation: {e}"),
         };
+        self.inner.session_hooks(key, &event.source, &routed);
         match self.inner.agent.compress_session(&routed.handle).await {
             Ok(true) => "🗜 Compressed the conversation: older turns are summarised.".to_owned(),
             Ok(false) => "The conversation is too short to compress.".to_owned(),
@@ -1026,13 +1104,58 @@ impl Runner {
             s.thread_id.clone().unwrap_or_default(),
         ));
         match crate::dotenv::upsert(&self.inner.home.dotenv_file(), &vars) {
-            Ok(()) => format!("🏠 This chat is now the home channel for {}.", s.platform),
+            Ok(()) => {
+                // Live at once: `send_message` and `talaria send` to the
+                // bare platform go here from now on, without a restart.
+                self.inner.delivery.homes().set(
+                    &s.platform,
+                    crate::target::HomeChannel {
+                        chat_id: s.chat_id.clone(),
+                        thread_id: s.thread_id.clone(),
+                    },
+                );
+                format!("🏠 This chat is now the home channel for {}.", s.platform)
+            }
             Err(e) => format!("⚠️ Cannot save the home channel: {e}"),
         }
     }
 }
 
 impl Inner {
+    /// Fires `event` at the hooks, building the payload only when some
+    /// hook subscribes to it. Never waits: see [`Hooks::emit`].
+    fn hook(&self, event: &str, payload: impl FnOnce() -> serde_json::Value) {
+        if self.hooks.wants(event) {
+            self.hooks.emit(event, payload());
+        }
+    }
+
+    /// `session:end` and `session:start` for what routing just did.
+    fn session_hooks(&self, key: &SessionKey, source: &SessionSource, routed: &Routed) {
+        let Some(reason) = routed.started else {
+            return;
+        };
+        if let Some(ended) = &routed.ended {
+            self.hook(events::SESSION_END, || {
+                serde_json::json!({
+                    "platform": source.platform,
+                    "session_key": key.as_str(),
+                    "session_id": ended,
+                    "reason": reason.as_str(),
+                })
+            });
+        }
+        self.hook(events::SESSION_START, || {
+            serde_json::json!({
+                "platform": source.platform,
+                "session_key": key.as_str(),
+                "session_id": routed.handle.id,
+                "user_id_hash": user_hash(source),
+                "reason": reason.as_str(),
+            })
+        });
+    }
+
     fn lanes(&self) -> MutexGuard<'_, HashMap<SessionKey, Lane>> {
         self.lanes.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -1082,6 +1205,20 @@ fn approval_from_args(args: &str) -> ApprovalDecision {
         "always" | "permanent" => ApprovalDecision::Always,
         _ => ApprovalDecision::Once,
     }
+}
+
+/// Text as hooks get it: the first 500 characters.
+fn clip(text: &str) -> String {
+    text.chars().take(500).collect()
+}
+
+/// The sender as hooks see it: hashed like in prompts, since raw platform
+/// ids never leave the process.
+fn user_hash(source: &SessionSource) -> Option<String> {
+    source
+        .user_id
+        .as_deref()
+        .map(|u| talaria_core::ids::hash_id("user", u))
 }
 
 /// The text the agent sees: the message, with what it replies to and its

@@ -5,9 +5,12 @@
 //!
 //! - [`telegram`]: the Telegram Bot API over long polling.
 //! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
+//! - [`webhook`]: signed webhook deliveries as agent turns (port 8644).
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
 pub mod api_server;
 #[cfg(feature = "telegram")]
 pub mod telegram;
+#[cfg(feature = "webhook")]
+pub mod webhook;

@@ -12,6 +12,7 @@ use talaria_agent::{Agent, AgentParts};
 use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
+use talaria_gateway::hooks::Hooks;
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_store::SqliteStore;
 use talaria_testkit::{FakeTelegram, MockOpenAi};
@@ -105,6 +106,7 @@ impl Rig {
             store,
             adapters: vec![adapter],
             lock_dir: Some(self.dir.path().join("locks")),
+            hooks: Arc::new(Hooks::load(&self.home)),
         });
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();

@@ -1,0 +1,121 @@
+//! `send_message`: the agent sends a message to a chat other than the one
+//! it is answering (a home channel, another platform), or lists where it
+//! can send.
+//!
+//! The agent knows nothing about platforms: delivery is behind the
+//! [`Messenger`] seam, which the gateway (or the CLI, talking to a running
+//! gateway) implements. The tool is only registered where a messenger
+//! exists.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::json;
+
+use super::{Tool, ToolContext, ToolError, ToolResult, opt_str};
+
+/// Longest message the tool accepts, in characters. Platforms split long
+/// messages; this only keeps a runaway model from flooding a chat.
+const MAX_MESSAGE_CHARS: usize = 20_000;
+
+/// Where the agent can send, as the messenger sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetInfo {
+    /// A target string the model can pass back (`telegram`, `telegram:123`).
+    pub target: String,
+    /// What it is, for the model.
+    pub description: String,
+}
+
+/// Delivers messages for the tool.
+#[async_trait]
+pub trait Messenger: Send + Sync {
+    /// Sends `message` to `target` (the delivery-target grammar: `origin`,
+    /// `local`, `<platform>`, `<platform>:<chat_id>[:<thread_id>]`).
+    /// `session_id` is the calling session, which `origin` refers to.
+    /// Returns a short description of where it went, or why it could not.
+    async fn send(&self, target: &str, message: &str, session_id: &str) -> Result<String, String>;
+
+    /// The targets worth offering: connected platforms and their home
+    /// channels.
+    async fn targets(&self) -> Result<Vec<TargetInfo>, String>;
+}
+
+/// The `send_message` tool.
+pub struct SendMessageTool {
+    messenger: Arc<dyn Messenger>,
+}
+
+impl SendMessageTool {
+    pub fn new(messenger: Arc<dyn Messenger>) -> SendMessageTool {
+        SendMessageTool { messenger }
+    }
+}
+
+#[async_trait]
+impl Tool for SendMessageTool {
+    fn name(&self) -> &str {
+        "send_message"
+    }
+
+    fn description(&self) -> &str {
+        "Send a message to a chat other than this conversation (a platform's home channel or a given chat), or list the targets. Your normal answer already reaches the user: use this only to notify elsewhere."
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "action": {
+                    "type": "string",
+                    "enum": ["send", "list"],
+                    "description": "send (default) or list the available targets"
+                },
+                "target": {
+                    "type": "string",
+                    "description": "origin, local, <platform> (its home channel), <platform>:<chat_id> or <platform>:<chat_id>:<thread_id>"
+                },
+                "message": {"type": "string", "description": "the text to send"}
+            },
+            "required": []
+        })
+    }
+
+    async fn call(&self, args: serde_json::Value, ctx: &ToolContext) -> ToolResult {
+        match opt_str(&args, "action")?.unwrap_or("send") {
+            "list" => {
+                let targets = self.messenger.targets().await.map_err(ToolError::new)?;
+                let list: Vec<serde_json::Value> = targets
+                    .into_iter()
+                    .map(|t| json!({"target": t.target, "description": t.description}))
+                    .collect();
+                Ok(json!({"targets": list}).to_string())
+            }
+            "send" => {
+                let target = opt_str(&args, "target")?
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| {
+                        ToolError::new("`target` is required to send (action=list shows them)")
+                    })?;
+                let message = opt_str(&args, "message")?
+                    .filter(|m| !m.trim().is_empty())
+                    .ok_or_else(|| ToolError::new("`message` is required and must not be empty"))?;
+                if message.chars().count() > MAX_MESSAGE_CHARS {
+                    return Err(ToolError::new(format!(
+                        "the message is longer than {MAX_MESSAGE_CHARS} characters; send less"
+                    )));
+                }
+                let detail = self
+                    .messenger
+                    .send(target, message, &ctx.session_id)
+                    .await
+                    .map_err(ToolError::new)?;
+                Ok(json!({"success": true, "target": target, "detail": detail}).to_string())
+            }
+            other => Err(ToolError::new(format!(
+                "unknown action `{other}`: use send or list"
+            ))),
+        }
+    }
+}

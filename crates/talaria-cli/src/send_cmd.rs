@@ -1,0 +1,85 @@
+//! `talaria send <target> <text>`: a message to a chat from the command
+//! line (scripts, cron, monitoring).
+//!
+//! With a gateway running, the message goes through its control socket, so
+//! it uses the gateway's live connections and its ledger. Without one, this
+//! process connects the configured platforms itself, just to send, and
+//! records the message in the same ledger: a send cut short here is
+//! finished by the next gateway that starts.
+
+use std::io::Read;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use talaria_core::Home;
+use talaria_gateway::control::{self, ClientError, Request, Response};
+use talaria_gateway::delivery::Delivery;
+use talaria_gateway::ledger::Ledger;
+use talaria_gateway::process;
+use talaria_gateway::target::HomeChannels;
+
+use crate::gateway_cmd;
+use crate::runtime::Runtime;
+
+pub async fn run(home: Home, target: &str, words: &[String]) -> anyhow::Result<ExitCode> {
+    let text = if words.len() == 1 && words[0] == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read the message from standard input")?;
+        text
+    } else {
+        words.join(" ")
+    };
+    let response = match via_gateway(&home, target, &text).await? {
+        Some(response) => response,
+        None => directly(home, target, &text).await?,
+    };
+    if response.ok {
+        println!("{}", response.detail.unwrap_or_else(|| "sent".into()));
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "talaria: {}",
+            response
+                .error
+                .unwrap_or_else(|| "the message was not sent".into())
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// Through the running gateway; `None` when no gateway listens.
+async fn via_gateway(home: &Home, target: &str, text: &str) -> anyhow::Result<Option<Response>> {
+    if process::running_gateway(home).is_none() {
+        return Ok(None);
+    }
+    let request = Request::Send {
+        target: target.to_owned(),
+        text: text.to_owned(),
+    };
+    match control::request(&home.gateway_socket(), &request).await {
+        Ok(response) => Ok(Some(response)),
+        // Still starting, or a gateway from before the socket existed.
+        Err(ClientError::NotRunning(_)) => Ok(None),
+        Err(e) => Err(e).context("the running gateway did not take the message"),
+    }
+}
+
+/// Without a gateway: connect what is configured, send, record.
+async fn directly(home: Home, target: &str, text: &str) -> anyhow::Result<Response> {
+    let rt = Runtime::load_without_model(home).await?;
+    let adapters = gateway_cmd::chat_adapters(&rt)?;
+    let platforms: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
+    let homes = HomeChannels::load(&rt.config.gateway.home_channels, &rt.loaded.env, &platforms);
+    let ledger = rt
+        .config
+        .gateway
+        .delivery_ledger
+        .then(|| Ledger::new(rt.gateway_store.clone()));
+    let delivery = Delivery::new(adapters, ledger)
+        .with_homes(Arc::new(homes))
+        .with_local_dir(rt.home.cron_output_dir());
+    Ok(control::send(&delivery, target, text).await)
+}

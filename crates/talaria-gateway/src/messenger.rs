@@ -1,0 +1,133 @@
+//! The gateway's side of the agent's `send_message` tool: targets resolved
+//! against the connected adapters and home channels, every message owed
+//! through the delivery ledger.
+
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use talaria_agent::tools::send_message::{Messenger, TargetInfo};
+use talaria_store::SessionStore;
+
+use crate::delivery::{Address, Delivery, LOCAL};
+use crate::target::Target;
+
+/// Sends for the agent through a gateway's [`Delivery`].
+///
+/// The agent (and its tool registry) is built before the gateway that owns
+/// the delivery, so the delivery is bound afterwards with
+/// [`GatewayMessenger::bind`]; a send before that is refused clearly.
+pub struct GatewayMessenger {
+    delivery: OnceLock<Delivery>,
+    /// To find where a session's messages come from (`origin`).
+    store: Arc<dyn SessionStore>,
+}
+
+impl GatewayMessenger {
+    pub fn new(store: Arc<dyn SessionStore>) -> Arc<GatewayMessenger> {
+        Arc::new(GatewayMessenger {
+            delivery: OnceLock::new(),
+            store,
+        })
+    }
+
+    /// A messenger already bound to `delivery` (a one-off send).
+    pub fn bound(store: Arc<dyn SessionStore>, delivery: Delivery) -> Arc<GatewayMessenger> {
+        let m = GatewayMessenger::new(store);
+        m.bind(delivery);
+        m
+    }
+
+    /// Binds the delivery sends go through; later calls change nothing.
+    pub fn bind(&self, delivery: Delivery) {
+        let _ = self.delivery.set(delivery);
+    }
+
+    fn delivery(&self) -> Result<&Delivery, String> {
+        self.delivery
+            .get()
+            .ok_or_else(|| "the gateway is still starting; try again in a moment".to_owned())
+    }
+
+    /// Where `session_id`'s messages came from, when that is a chat on a
+    /// connected platform.
+    async fn origin(&self, delivery: &Delivery, session_id: &str) -> Option<Address> {
+        let session = self.store.session(session_id).await.ok().flatten()?;
+        let chat_id = session.chat_id?;
+        delivery.adapter(&session.source)?;
+        Some(Address {
+            platform: session.source,
+            chat_id,
+            thread_id: session.thread_id,
+            reply_to: None,
+        })
+    }
+}
+
+/// How a destination reads in a tool result or on the command line.
+pub fn describe(to: &Address) -> String {
+    if to.platform == LOCAL {
+        return "a local file (cron/output)".to_owned();
+    }
+    match &to.thread_id {
+        Some(thread) => format!("{}:{}:{thread}", to.platform, to.chat_id),
+        None => format!("{}:{}", to.platform, to.chat_id),
+    }
+}
+
+#[async_trait]
+impl Messenger for GatewayMessenger {
+    async fn send(&self, target: &str, message: &str, session_id: &str) -> Result<String, String> {
+        let delivery = self.delivery()?;
+        let target: Target = target.parse().map_err(|e| format!("{e}"))?;
+        let origin = match target {
+            Target::Origin => self.origin(delivery, session_id).await,
+            _ => None,
+        };
+        let to = delivery
+            .resolve(&target, origin.as_ref())
+            .map_err(|e| e.to_string())?;
+        delivery
+            .deliver_message(&to, message)
+            .await
+            .map_err(|e| format!("could not send to {}: {e}", describe(&to)))?;
+        Ok(format!("sent to {}", describe(&to)))
+    }
+
+    async fn targets(&self) -> Result<Vec<TargetInfo>, String> {
+        let delivery = self.delivery()?;
+        let homes = delivery.homes().all();
+        let mut out: Vec<TargetInfo> = delivery
+            .platforms()
+            .into_iter()
+            .map(|platform| {
+                let description = match homes.get(&platform) {
+                    Some(home) => format!(
+                        "{platform}'s home channel ({})",
+                        describe(&Address {
+                            platform: platform.clone(),
+                            chat_id: home.chat_id.clone(),
+                            thread_id: home.thread_id.clone(),
+                            reply_to: None,
+                        })
+                    ),
+                    None => format!(
+                        "{platform} is connected but has no home channel; name a chat as {platform}:<chat_id>"
+                    ),
+                };
+                TargetInfo {
+                    target: platform,
+                    description,
+                }
+            })
+            .collect();
+        out.push(TargetInfo {
+            target: "origin".into(),
+            description: "the chat this conversation is in".into(),
+        });
+        out.push(TargetInfo {
+            target: "local".into(),
+            description: "a file under cron/output in the Talaria home".into(),
+        });
+        Ok(out)
+    }
+}

@@ -1,0 +1,202 @@
+//! The two bounded memories in front of the inbox: a per-route rate limit
+//! and the cache of delivery ids already accepted.
+//!
+//! Both take the time as an argument (unix seconds from the adapter's
+//! clock), so tests move time instead of sleeping. Both hold their lock
+//! only for a few map operations and never across an `await`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+/// The rate limit's window.
+pub const WINDOW_SECS: i64 = 60;
+
+/// A sliding-window limit: at most `limit` accepted deliveries per route in
+/// any [`WINDOW_SECS`]. Memory is one timestamp per delivery inside the
+/// window, so at most `limit` per route, and routes are fixed by config.
+#[derive(Debug)]
+pub struct RateLimiter {
+    limit: usize,
+    windows: Mutex<HashMap<String, VecDeque<i64>>>,
+}
+
+impl RateLimiter {
+    /// A limiter allowing `limit` per minute per route; 0 means no limit.
+    pub fn new(limit: u32) -> RateLimiter {
+        RateLimiter {
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            windows: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Counts one delivery for `route`, or says how many seconds until the
+    /// next one would be allowed.
+    ///
+    /// # Errors
+    /// The seconds to wait, when the route's window is full.
+    pub fn admit(&self, route: &str, now: i64) -> Result<(), u64> {
+        if self.limit == 0 {
+            return Ok(());
+        }
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let window = windows.entry(route.to_owned()).or_default();
+        while window.front().is_some_and(|&t| t + WINDOW_SECS <= now) {
+            window.pop_front();
+        }
+        if window.len() >= self.limit {
+            let oldest = window.front().copied().unwrap_or(now);
+            let wait = (oldest + WINDOW_SECS).saturating_sub(now).max(1);
+            return Err(wait.unsigned_abs());
+        }
+        window.push_back(now);
+        Ok(())
+    }
+}
+
+/// Delivery ids seen in the last `ttl` seconds, at most `capacity` of them
+/// (the oldest is forgotten first), so a flood of distinct ids cannot grow
+/// memory without bound.
+#[derive(Debug)]
+pub struct ReplayCache {
+    ttl: i64,
+    capacity: usize,
+    inner: Mutex<Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    /// Key → (sequence number, when it was claimed).
+    ids: HashMap<String, (u64, i64)>,
+    /// Keys in claim order. An entry whose sequence number no longer
+    /// matches `ids` was released or re-claimed and is skipped.
+    order: VecDeque<(u64, String)>,
+    next: u64,
+}
+
+impl Seen {
+    fn pop_oldest(&mut self) {
+        if let Some((seq, key)) = self.order.pop_front()
+            && self.ids.get(&key).is_some_and(|&(s, _)| s == seq)
+        {
+            self.ids.remove(&key);
+        }
+    }
+}
+
+impl ReplayCache {
+    /// A cache remembering ids for `ttl` seconds, at most `capacity` at once.
+    pub fn new(ttl: i64, capacity: usize) -> ReplayCache {
+        ReplayCache {
+            ttl,
+            capacity: capacity.max(1),
+            inner: Mutex::new(Seen::default()),
+        }
+    }
+
+    /// Remembers `key` and returns `true`, or returns `false` when it was
+    /// claimed within the last `ttl` seconds (a replay or a retry).
+    pub fn claim(&self, key: &str, now: i64) -> bool {
+        let mut seen = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget what expired, oldest first; stale entries go on the way.
+        while let Some((seq, k)) = seen.order.front() {
+            let claimed_at = seen.ids.get(k).filter(|(s, _)| s == seq).map(|&(_, at)| at);
+            match claimed_at {
+                Some(at) if at + self.ttl > now => break,
+                _ => seen.pop_oldest(),
+            }
+        }
+        if seen.ids.contains_key(key) {
+            return false;
+        }
+        while seen.order.len() >= self.capacity {
+            seen.pop_oldest();
+        }
+        let seq = seen.next;
+        seen.next += 1;
+        seen.ids.insert(key.to_owned(), (seq, now));
+        seen.order.push_back((seq, key.to_owned()));
+        true
+    }
+
+    /// Forgets a claim whose delivery was not handed over after all, so the
+    /// sender's retry is accepted instead of answered `duplicate`.
+    pub fn release(&self, key: &str) {
+        let mut seen = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        seen.ids.remove(key);
+    }
+
+    /// How many ids are remembered now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_slides() {
+        let r = RateLimiter::new(2);
+        assert_eq!(r.admit("a", 100), Ok(()));
+        assert_eq!(r.admit("a", 130), Ok(()));
+        assert_eq!(r.admit("a", 140), Err(20));
+        // Routes are counted apart.
+        assert_eq!(r.admit("b", 140), Ok(()));
+        assert_eq!(r.admit("a", 160), Ok(()));
+        assert_eq!(r.admit("a", 161), Err(29));
+        assert_eq!(r.admit("a", 190), Ok(()));
+    }
+
+    #[test]
+    fn zero_means_no_limit() {
+        let r = RateLimiter::new(0);
+        for _ in 0..1000 {
+            assert_eq!(r.admit("a", 1), Ok(()));
+        }
+    }
+
+    #[test]
+    fn ids_are_remembered_for_the_ttl() {
+        let c = ReplayCache::new(3600, 100);
+        assert!(c.claim("r:1", 0));
+        assert!(!c.claim("r:1", 3599));
+        assert!(c.claim("r:2", 10));
+        assert!(c.claim("r:1", 3600));
+        assert!(!c.claim("r:2", 3609));
+        assert!(c.claim("r:2", 3610));
+    }
+
+    #[test]
+    fn the_oldest_id_goes_first_when_full() {
+        let c = ReplayCache::new(3600, 3);
+        for id in ["a", "b", "c", "d"] {
+            assert!(c.claim(id, 0));
+        }
+        assert_eq!(c.len(), 3);
+        assert!(c.claim("a", 0), "a was evicted");
+        assert!(!c.claim("d", 0));
+        for i in 0..10_000 {
+            c.claim(&i.to_string(), 1);
+        }
+        assert_eq!(c.len(), 3);
+        assert!(c.inner.lock().unwrap().order.len() <= 3);
+    }
+
+    #[test]
+    fn a_released_id_can_be_claimed_again() {
+        let c = ReplayCache::new(3600, 2);
+        assert!(c.claim("x", 0));
+        c.release("x");
+        assert!(c.claim("x", 5));
+        assert!(!c.claim("x", 6));
+        // The stale order entry of the first claim does not evict the second.
+        assert!(c.claim("y", 7));
+        assert!(!c.claim("x", 8));
+    }
+}

@@ -1,0 +1,620 @@
+//! The webhook adapter: signed HTTP deliveries from other services (GitHub,
+//! GitLab, Svix senders, anything that can sign with HMAC) become agent
+//! turns, each in a session of its own, whose answer goes to the route's
+//! delivery target.
+//!
+//! It listens on its own port (8644 by default, loopback unless configured
+//! otherwise) with `GET /health` and `POST /webhooks/<route>`.
+//!
+//! # Layout
+//!
+//! - this file: [`WebhookSettings`] (from `platforms.webhook` and the
+//!   environment), the injectable [`Clock`], and [`WebhookAdapter`] (bind,
+//!   [`Adapter::run`] serving until shutdown).
+//! - `server`: the router and the delivery handler, in processing order.
+//! - `signature`: the four signature schemes, compared in constant time.
+//! - `guard`: the per-route rate limit and the replay cache, both bounded.
+//! - `template`: prompt rendering from the payload.
+//!
+//! # Invariants
+//!
+//! - Nothing a caller sends is parsed, counted or remembered before its
+//!   signature is checked: an unauthenticated caller can only get 401, and
+//!   cannot spend a route's rate limit or poison the replay cache. The
+//!   route lookup, the enabled flag and the body limit come first because
+//!   they need no secret and bound the work a signature check costs.
+//! - Memory is bounded: bodies are read up to `max_body_bytes` and no
+//!   further, the rate limit keeps at most its limit of timestamps per
+//!   route, and the replay cache at most [`MAX_REMEMBERED_DELIVERIES`] ids.
+//! - A delivery is answered 202 only after the gateway's inbox took it; if
+//!   the inbox is closed or stays full, the answer is 503 and the delivery id
+//!   is forgotten again, so the sender's retry is not called a duplicate.
+//! - Secrets are never logged and never part of an error message.
+
+mod guard;
+mod server;
+mod signature;
+mod template;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use talaria_core::config::{WebhookConfig, WebhookRouteConfig, WebhookScheme};
+use talaria_core::{Env, Secret};
+use talaria_gateway::adapter::LengthUnit;
+use talaria_gateway::{
+    Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
+    SentMessage,
+};
+use tokio::net::TcpListener;
+
+pub use signature::TOLERANCE_SECS;
+pub use template::{MAX_PROMPT_CHARS, MAX_RAW_CHARS, MAX_VALUE_CHARS, render};
+
+/// The platform name in session keys, logs and `gateway status`.
+pub const PLATFORM: &str = "webhook";
+
+/// The port used when the config sets none.
+pub const DEFAULT_PORT: u16 = 8644;
+
+/// The host used when the config sets none: loopback, so deliveries reach
+/// it only through a reverse proxy the operator set up.
+pub const DEFAULT_HOST: &str = "127.0.0.1";
+
+/// How long a delivery id is remembered for deduplication.
+pub const REPLAY_TTL_SECS: i64 = 3600;
+
+/// The most delivery ids remembered at once; the oldest go first.
+pub const MAX_REMEMBERED_DELIVERIES: usize = 10_000;
+
+/// The time, in unix seconds. Injected so tests of timestamp windows, the
+/// rate limit and the replay cache move time instead of sleeping.
+pub trait Clock: Send + Sync + 'static {
+    /// Seconds since the unix epoch.
+    fn unix_now(&self) -> i64;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn unix_now(&self) -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    }
+}
+
+impl<F: Fn() -> i64 + Send + Sync + 'static> Clock for F {
+    fn unix_now(&self) -> i64 {
+        self()
+    }
+}
+
+/// Why the webhook adapter cannot be configured or started.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// A route has no secret, or an empty one.
+    #[error(
+        "webhook route `{route}` has no secret: set platforms.webhook.routes.{route}.secret \
+         (or secret_env naming an environment variable); unsigned deliveries are never accepted"
+    )]
+    MissingSecret {
+        /// The route's name.
+        route: String,
+    },
+    /// `secret_env` names a variable that is not set (or empty).
+    #[error("webhook route `{route}`: secret_env names {var}, which is not set")]
+    SecretEnvUnset {
+        /// The route's name.
+        route: String,
+        /// The variable's name.
+        var: String,
+    },
+    /// Both `secret` and `secret_env` are set, so which one the sender uses
+    /// is unclear.
+    #[error("webhook route `{route}` sets both secret and secret_env; keep one")]
+    TwoSecrets {
+        /// The route's name.
+        route: String,
+    },
+    /// The secret cannot be used by the route's scheme (a `whsec_` secret
+    /// that is not base64).
+    #[error("webhook route `{route}`: {reason}")]
+    BadSecret {
+        /// The route's name.
+        route: String,
+        /// What is wrong, without the secret.
+        reason: String,
+    },
+    /// A route name is not a strict id.
+    #[error("webhook route name `{route}` is not usable in a URL path: {reason}")]
+    BadRouteName {
+        /// The name as configured.
+        route: String,
+        /// What the validator said.
+        reason: String,
+    },
+    /// `max_body_bytes` is 0, which would refuse every delivery.
+    #[error("platforms.webhook.max_body_bytes must be at least 1")]
+    ZeroBodyLimit,
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// `host:port` as configured.
+        addr: String,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+}
+
+/// One route, resolved: its secret read, its defaults applied.
+#[derive(Debug, Clone)]
+pub struct RouteSettings {
+    /// Which signature check applies.
+    pub scheme: WebhookScheme,
+    /// The shared secret (never logged: its `Debug` is masked).
+    pub secret: Secret,
+    /// The prompt template; empty gives the default.
+    pub prompt: String,
+    /// The delivery target the answer goes to (`local`, `telegram:42`, ...).
+    pub deliver: String,
+    /// Accepted event types; empty accepts every event.
+    pub events: Vec<String>,
+    /// `false` answers every delivery with 403.
+    pub enabled: bool,
+}
+
+impl RouteSettings {
+    /// A route with `scheme` and `secret`, the default prompt, delivering
+    /// to `local`, accepting every event.
+    pub fn new(scheme: WebhookScheme, secret: impl Into<String>) -> RouteSettings {
+        RouteSettings {
+            scheme,
+            secret: Secret::new(secret),
+            prompt: String::new(),
+            deliver: "local".to_owned(),
+            events: Vec::new(),
+            enabled: true,
+        }
+    }
+}
+
+/// How the webhook adapter runs, resolved from `platforms.webhook` and the
+/// environment.
+#[derive(Clone)]
+pub struct WebhookSettings {
+    /// The interface to listen on (a name or an address).
+    pub host: String,
+    /// The TCP port; 0 picks a free one (see [`WebhookAdapter::local_addr`]).
+    pub port: u16,
+    /// Larger bodies get 413.
+    pub max_body_bytes: usize,
+    /// Accepted deliveries per route per minute; 0 means no limit.
+    pub rate_limit_per_minute: u32,
+    /// The routes by name (each a strict id).
+    pub routes: BTreeMap<String, RouteSettings>,
+    /// The time source for signature windows, the rate limit and the replay
+    /// cache.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for WebhookSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookSettings")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("rate_limit_per_minute", &self.rate_limit_per_minute)
+            .field("routes", &self.routes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookSettings {
+    /// Settings with the defaults of `platforms.webhook` and these routes
+    /// (for tests and embedding; the gateway uses [`Self::from_config`]).
+    pub fn new(routes: BTreeMap<String, RouteSettings>) -> WebhookSettings {
+        let defaults = WebhookConfig::default();
+        WebhookSettings {
+            host: DEFAULT_HOST.to_owned(),
+            port: DEFAULT_PORT,
+            max_body_bytes: defaults.max_body_bytes,
+            rate_limit_per_minute: defaults.rate_limit_per_minute,
+            routes,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Resolves the settings, or `None` when webhooks are off: `enabled:
+    /// false`, or no `enabled` and no route configured. A host that is not
+    /// loopback is allowed but warned about.
+    ///
+    /// # Errors
+    /// A route without a usable secret (none, empty, `secret_env` unset,
+    /// both forms at once, a malformed `whsec_` secret), a route name that
+    /// is not a strict id, or `max_body_bytes: 0`. Every message names the
+    /// route.
+    pub fn from_config(
+        config: &WebhookConfig,
+        env: &Env,
+    ) -> Result<Option<WebhookSettings>, WebhookError> {
+        if !config.enabled.unwrap_or(!config.routes.is_empty()) {
+            return Ok(None);
+        }
+        if config.routes.is_empty() {
+            tracing::warn!(
+                "platforms.webhook is enabled but has no routes; every delivery will get 404"
+            );
+        }
+        let mut routes = BTreeMap::new();
+        for (name, route) in &config.routes {
+            let settings = RouteSettings {
+                scheme: route.scheme,
+                secret: resolve_secret(name, route, env)?,
+                prompt: route.prompt.clone(),
+                deliver: match route.deliver.trim() {
+                    "" => "local".to_owned(),
+                    target => target.to_owned(),
+                },
+                events: route
+                    .events
+                    .iter()
+                    .map(|e| e.trim().to_owned())
+                    .filter(|e| !e.is_empty())
+                    .collect(),
+                enabled: route.enabled,
+            };
+            check_route(name, &settings)?;
+            routes.insert(name.clone(), settings);
+        }
+        let host = match config.host.trim() {
+            "" => DEFAULT_HOST.to_owned(),
+            h => h.to_owned(),
+        };
+        if !is_loopback(&host) {
+            tracing::warn!(
+                %host,
+                "the webhook server listens beyond this machine; prefer 127.0.0.1 behind a \
+                 reverse proxy with TLS"
+            );
+        }
+        if config.max_body_bytes == 0 {
+            return Err(WebhookError::ZeroBodyLimit);
+        }
+        Ok(Some(WebhookSettings {
+            host,
+            port: config.port,
+            max_body_bytes: config.max_body_bytes,
+            rate_limit_per_minute: config.rate_limit_per_minute,
+            routes,
+            clock: Arc::new(SystemClock),
+        }))
+    }
+
+    /// Replaces the clock (tests move time with it).
+    pub fn with_clock(mut self, clock: impl Clock) -> WebhookSettings {
+        self.clock = Arc::new(clock);
+        self
+    }
+}
+
+fn resolve_secret(
+    name: &str,
+    route: &WebhookRouteConfig,
+    env: &Env,
+) -> Result<Secret, WebhookError> {
+    let inline = route
+        .secret
+        .as_ref()
+        .filter(|s| !s.expose().trim().is_empty());
+    let var = route
+        .secret_env
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty());
+    match (inline, var) {
+        (Some(_), Some(_)) => Err(WebhookError::TwoSecrets {
+            route: name.to_owned(),
+        }),
+        (Some(secret), None) => Ok(secret.clone()),
+        (None, Some(var)) => env
+            .get(var)
+            .filter(|v| !v.trim().is_empty())
+            .map(Secret::new)
+            .ok_or_else(|| WebhookError::SecretEnvUnset {
+                route: name.to_owned(),
+                var: var.to_owned(),
+            }),
+        (None, None) => Err(WebhookError::MissingSecret {
+            route: name.to_owned(),
+        }),
+    }
+}
+
+/// Everything about one route that can be wrong before serving, so a
+/// misconfiguration stops the gateway at startup rather than turning into
+/// a 401 for every delivery.
+fn check_route(name: &str, route: &RouteSettings) -> Result<signature::Verifier, WebhookError> {
+    talaria_core::ids::validate_path_component(name).map_err(|e| WebhookError::BadRouteName {
+        route: name.to_owned(),
+        reason: e.to_string(),
+    })?;
+    if route.secret.expose().trim().is_empty() {
+        return Err(WebhookError::MissingSecret {
+            route: name.to_owned(),
+        });
+    }
+    signature::Verifier::new(route.scheme, route.secret.expose()).map_err(|reason| {
+        WebhookError::BadSecret {
+            route: name.to_owned(),
+            reason,
+        }
+    })
+}
+
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The webhook connector (see the module docs).
+pub struct WebhookAdapter {
+    shared: Arc<server::Shared>,
+    addr: SocketAddr,
+    /// Bound by [`WebhookAdapter::bind`] and taken by the first `run`; a
+    /// later `run` (after the supervisor restarted it) binds `addr` again.
+    listener: Mutex<Option<TcpListener>>,
+}
+
+impl fmt::Debug for WebhookAdapter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookAdapter")
+            .field("addr", &self.addr)
+            .field("routes", &self.shared.route_names())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookAdapter {
+    /// Checks every route and binds the listener now, so a bad secret or a
+    /// busy port stops the gateway at startup (and port 0 gets its real
+    /// number); serving starts in [`Adapter::run`].
+    ///
+    /// # Errors
+    /// A route that cannot be served (see [`WebhookError`]), or
+    /// [`WebhookError::Bind`].
+    pub async fn bind(settings: WebhookSettings) -> Result<WebhookAdapter, WebhookError> {
+        if settings.max_body_bytes == 0 {
+            return Err(WebhookError::ZeroBodyLimit);
+        }
+        let mut routes = BTreeMap::new();
+        for (name, route) in settings.routes {
+            let verifier = check_route(&name, &route)?;
+            routes.insert(
+                name,
+                server::Route {
+                    settings: route,
+                    verifier,
+                },
+            );
+        }
+        let bind_err = |source| WebhookError::Bind {
+            addr: format!("{}:{}", settings.host, settings.port),
+            source,
+        };
+        let listener = TcpListener::bind((settings.host.as_str(), settings.port))
+            .await
+            .map_err(bind_err)?;
+        let addr = listener.local_addr().map_err(bind_err)?;
+        let shared = server::Shared::new(
+            routes,
+            settings.max_body_bytes,
+            settings.rate_limit_per_minute,
+            settings.clock,
+        );
+        Ok(WebhookAdapter {
+            shared: Arc::new(shared),
+            addr,
+            listener: Mutex::new(Some(listener)),
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    async fn listener(&self) -> Result<TcpListener, AdapterError> {
+        let bound = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match bound {
+            Some(listener) => Ok(listener),
+            None => TcpListener::bind(self.addr).await.map_err(|e| {
+                AdapterError::Disconnected(format!("cannot listen on {}: {e}", self.addr))
+            }),
+        }
+    }
+}
+
+/// What [`Adapter::send`] logs of a message at most.
+const MAX_LOGGED_CHARS: usize = 500;
+
+#[async_trait]
+impl Adapter for WebhookAdapter {
+    fn platform(&self) -> &'static str {
+        PLATFORM
+    }
+
+    fn limits(&self) -> MessageLimits {
+        MessageLimits {
+            max_len: MAX_PROMPT_CHARS,
+            unit: LengthUnit::Chars,
+        }
+    }
+
+    /// Every event carries a checked signature: that is the sender's
+    /// authentication, so user allowlists do not apply.
+    fn verifies_senders(&self) -> bool {
+        true
+    }
+
+    async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
+        ctx.liveness.set(Liveness::Connecting);
+        let listener = tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return Ok(()),
+            l = self.listener() => l?,
+        };
+        // The inbox exists only for this run, so the router is built here.
+        let app = server::router(self.shared.clone(), ctx.inbox.clone(), ctx.shutdown.clone());
+        ctx.liveness.set(Liveness::Live);
+        tracing::info!(addr = %self.addr, "webhook server listening");
+        let stop = ctx.shutdown.clone();
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        match served {
+            _ if ctx.shutdown.is_cancelled() => Ok(()),
+            Ok(()) => Err(AdapterError::Disconnected(
+                "the webhook server stopped".to_owned(),
+            )),
+            Err(e) => Err(AdapterError::Disconnected(format!(
+                "the webhook server failed: {e}"
+            ))),
+        }
+    }
+
+    /// A webhook source cannot take a reply: answers go to the route's
+    /// `deliver` target. Something that replies here anyway is logged and
+    /// dropped, not failed, so it is not retried forever.
+    async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
+        tracing::info!(
+            chat_id = %message.chat_id,
+            text = %template::truncate(&message.text, MAX_LOGGED_CHARS),
+            "reply to a webhook delivery (not sent anywhere)"
+        );
+        Ok(SentMessage::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> WebhookConfig {
+        let (c, _) =
+            talaria_core::Config::parse(yaml, std::path::Path::new("config.yaml")).unwrap();
+        c.platforms.webhook
+    }
+
+    fn no_env() -> Env {
+        Env::from_pairs(Vec::<(String, String)>::new())
+    }
+
+    #[test]
+    fn off_without_routes_unless_enabled() {
+        assert!(
+            WebhookSettings::from_config(&WebhookConfig::default(), &no_env())
+                .unwrap()
+                .is_none()
+        );
+        let c = config("platforms:\n  webhook:\n    enabled: true\n");
+        let s = WebhookSettings::from_config(&c, &no_env())
+            .unwrap()
+            .unwrap();
+        assert!(s.routes.is_empty());
+        assert_eq!((s.host.as_str(), s.port), ("127.0.0.1", 8644));
+        let c = config(
+            "platforms:\n  webhook:\n    enabled: false\n    routes:\n      a: {secret: s, scheme: github}\n",
+        );
+        assert!(
+            WebhookSettings::from_config(&c, &no_env())
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn routes_resolve_secrets_and_defaults() {
+        let c = config(
+            "platforms:\n  webhook:\n    rate_limit_per_minute: 5\n    routes:\n      a: {secret: inline-secret, scheme: github, events: [' push ', '']}\n      b: {secret_env: B_SECRET, scheme: gitlab, deliver: '  '}\n",
+        );
+        let env = Env::from_pairs([("B_SECRET", "from-env")]);
+        let s = WebhookSettings::from_config(&c, &env).unwrap().unwrap();
+        assert_eq!(s.rate_limit_per_minute, 5);
+        assert_eq!(s.routes["a"].secret.expose(), "inline-secret");
+        assert_eq!(s.routes["a"].events, vec!["push".to_owned()]);
+        assert_eq!(s.routes["b"].secret.expose(), "from-env");
+        assert_eq!(s.routes["b"].deliver, "local");
+        assert!(!format!("{s:?}").contains("inline-secret"));
+    }
+
+    #[test]
+    fn every_secret_problem_names_the_route() {
+        let cases = [
+            ("{scheme: github}", "MissingSecret"),
+            ("{secret: '  ', scheme: github}", "MissingSecret"),
+            ("{secret_env: NOPE, scheme: hmac}", "SecretEnvUnset"),
+            ("{secret: x, secret_env: B, scheme: hmac}", "TwoSecrets"),
+            ("{secret: 'whsec_@@@', scheme: svix}", "BadSecret"),
+        ];
+        for (route, kind) in cases {
+            let c = config(&format!(
+                "platforms:\n  webhook:\n    routes:\n      my-route: {route}\n"
+            ));
+            let e = WebhookSettings::from_config(&c, &no_env()).unwrap_err();
+            assert!(format!("{e:?}").starts_with(kind), "{route}: {e:?}");
+            assert!(e.to_string().contains("my-route"), "{e}");
+        }
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for h in ["127.0.0.1", "::1", "[::1]", "localhost", "127.1.2.3"] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in ["0.0.0.0", "::", "192.168.1.2", "example.com"] {
+            assert!(!is_loopback(h), "{h}");
+        }
+    }
+
+    #[tokio::test]
+    async fn bind_refuses_bad_routes_and_reports_the_port() {
+        let mut routes = BTreeMap::new();
+        routes.insert(
+            "a b".to_owned(),
+            RouteSettings::new(WebhookScheme::Hmac, "k"),
+        );
+        let mut s = WebhookSettings::new(routes);
+        s.port = 0;
+        assert!(matches!(
+            WebhookAdapter::bind(s.clone()).await,
+            Err(WebhookError::BadRouteName { .. })
+        ));
+        s.routes.clear();
+        s.routes
+            .insert("ok".to_owned(), RouteSettings::new(WebhookScheme::Hmac, ""));
+        assert!(matches!(
+            WebhookAdapter::bind(s.clone()).await,
+            Err(WebhookError::MissingSecret { .. })
+        ));
+        s.routes.insert(
+            "ok".to_owned(),
+            RouteSettings::new(WebhookScheme::Hmac, "k"),
+        );
+        let a = WebhookAdapter::bind(s).await.unwrap();
+        assert_ne!(a.local_addr().port(), 0);
+        assert!(a.verifies_senders());
+        assert_eq!(a.platform(), "webhook");
+    }
+}
