@@ -247,7 +247,7 @@ impl Runner {
                 "chat_type": s.chat_type.as_str(),
                 "chat_id_hash": talaria_core::ids::hash_id("chat", &s.chat_id),
                 "user_id_hash": user_hash(s),
-                "session_key": key.as_str(),
+                "session_key": hook_key(&key),
                 "text": clip(&event.text),
                 "is_command": event.command().is_some(),
             })
@@ -262,7 +262,7 @@ impl Runner {
                             "platform": event.source.platform,
                             "command": def.name,
                             "args": clip(&args),
-                            "session_key": key.as_str(),
+                            "session_key": hook_key(&key),
                         })
                     });
                     self.command(&key, &event, def, &args).await;
@@ -495,7 +495,7 @@ impl Runner {
         inner.hook(events::AGENT_START, || {
             serde_json::json!({
                 "platform": event.source.platform,
-                "session_key": key.as_str(),
+                "session_key": hook_key(key),
                 "session_id": handle.id,
                 "message": clip(&event.text),
             })
@@ -550,7 +550,7 @@ impl Runner {
             let response = result.as_ref().map(|o| clip(&o.answer)).unwrap_or_default();
             serde_json::json!({
                 "platform": event.source.platform,
-                "session_key": key.as_str(),
+                "session_key": hook_key(key),
                 "session_id": handle.id,
                 "exit": exit,
                 "response": response,
@@ -590,7 +590,7 @@ impl Runner {
                         inner.hook(events::MESSAGE_SENT, || {
                             serde_json::json!({
                                 "platform": to.platform,
-                                "session_key": key.as_str(),
+                                "session_key": hook_key(key),
                                 "chars": outcome.answer.chars().count(),
                             })
                         });
@@ -716,7 +716,7 @@ impl Runner {
                 inner.hook(events::SESSION_RESET, || {
                     serde_json::json!({
                         "platform": event.source.platform,
-                        "session_key": key.as_str(),
+                        "session_key": hook_key(key),
                         "user_id_hash": user_hash(&event.source),
                         "session_id": routed.handle.id,
                         "previous_session_id": routed.ended,
@@ -1139,7 +1139,7 @@ impl Inner {
             self.hook(events::SESSION_END, || {
                 serde_json::json!({
                     "platform": source.platform,
-                    "session_key": key.as_str(),
+                    "session_key": hook_key(key),
                     "session_id": ended,
                     "reason": reason.as_str(),
                 })
@@ -1148,7 +1148,7 @@ impl Inner {
         self.hook(events::SESSION_START, || {
             serde_json::json!({
                 "platform": source.platform,
-                "session_key": key.as_str(),
+                "session_key": hook_key(key),
                 "session_id": routed.handle.id,
                 "user_id_hash": user_hash(source),
                 "reason": reason.as_str(),
@@ -1341,4 +1341,11 @@ impl Interaction for ChatInteraction {
             .and_then(|i| request.choices.get(i).cloned());
         Some(picked.unwrap_or(answer))
     }
+}
+
+/// The session key as hooks see it: hashed like every other platform id,
+/// since the key itself carries the chat (and maybe user) id. Stable, so a
+/// hook can still tell conversations apart and follow one.
+fn hook_key(key: &SessionKey) -> String {
+    talaria_core::ids::hash_id("key", key.as_str())
 }
