@@ -134,7 +134,11 @@ async fn hooks_see_a_dm_turn_with_hashed_ids() {
     assert_eq!(received["text"], "hi there");
     assert_eq!(received["is_command"], false);
     let key = received["session_key"].as_str().unwrap().to_owned();
-    assert_eq!(key, hash_id("key", "agent:main:telegram:dm:42"), "hashed, not raw");
+    assert_eq!(
+        key,
+        hash_id("key", "agent:main:telegram:dm:42"),
+        "hashed, not raw"
+    );
 
     let start = payload(&seen, "session:start");
     assert_eq!(start["session_key"], key.as_str());
