@@ -18,6 +18,8 @@
 //! - [`compress`]: context compression: estimates, the cut, the summary
 //!   request (pure parts).
 //! - [`spill`]: moving oversized tool output to files.
+//! - [`process_group`]: killing a child's whole process group on timeout or
+//!   abandonment.
 //! - [`observer`]: the [`TurnObserver`] progress trait.
 //! - [`interaction`]: the seam to a human (approvals, clarifying questions).
 //! - [`tools`]: the [`tools::Tool`] trait, the registry, and the core tools.
@@ -35,6 +37,7 @@ pub mod compress;
 pub mod dispatch;
 pub mod interaction;
 pub mod observer;
+pub mod process_group;
 pub mod prompt;
 pub mod repair;
 pub mod spill;

@@ -48,6 +48,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 use talaria_core::Home;
+use talaria_agent::process_group::GroupKiller;
 use talaria_core::commands::{self, Availability};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
@@ -581,29 +582,6 @@ fn encode(event: &str, payload: &Value) -> Vec<u8> {
     bytes
 }
 
-/// Kills the whole process group when dropped, unless disarmed: covers the
-/// run's future being dropped (a bounded wait gave up, the runtime is
-/// shutting down) as well as timeouts.
-struct GroupKiller(Option<i32>);
-
-impl GroupKiller {
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // ESRCH (already gone) is the common, harmless failure.
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pgid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
-
-impl Drop for GroupKiller {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Bytes read from a pipe, at most a cap of them kept.
 struct Captured {
     bytes: Vec<u8>,
@@ -664,7 +642,7 @@ async fn run(
             return None;
         }
     };
-    let mut killer = GroupKiller(child.id().and_then(|p| i32::try_from(p).ok()));
+    let mut killer = GroupKiller::new(child.id());
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
@@ -736,7 +714,7 @@ async fn run(
         Ending::Exited(s) => s,
     };
     // Background processes that let go of the output are the hook's own.
-    killer.0 = None;
+    killer.disarm();
     let (out, err) = output?;
     let stderr = String::from_utf8_lossy(&err.bytes);
     let stderr = stderr.trim();

@@ -27,6 +27,7 @@ use tokio::io::AsyncReadExt;
 use super::guard::{self, GuardVerdict};
 use super::{Tool, ToolContext, ToolError, ToolResult, opt_str, opt_u64, req_str};
 use crate::interaction::{ApprovalDecision, ApprovalRequest};
+use crate::process_group::GroupKiller;
 
 /// File name of the persisted allowlist inside the home.
 pub const ALLOWLIST_FILE: &str = "command_allowlist.txt";
@@ -269,28 +270,6 @@ impl Capture {
     }
 }
 
-/// Kills the whole process group when dropped, unless disarmed: covers the
-/// tool future being dropped mid-run (the turn was abandoned).
-struct GroupKiller(Option<i32>);
-
-impl GroupKiller {
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // ESRCH (already gone) is the common, harmless failure.
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pgid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
-
-impl Drop for GroupKiller {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 enum Ending {
     Exited(std::process::ExitStatus),
     TimedOut,
@@ -324,7 +303,7 @@ async fn run(command: &str, workdir: &Path, timeout: Duration, ctx: &ToolContext
     // The Command holds copies of the pipe's write end; EOF only comes once
     // every copy is closed.
     drop(cmd);
-    let mut killer = GroupKiller(child.id().and_then(|p| i32::try_from(p).ok()));
+    let mut killer = GroupKiller::new(child.id());
 
     let max_chars = ctx.config.terminal.max_output_chars.max(100);
     let mut capture = Capture::new(max_chars);
@@ -370,7 +349,7 @@ async fn run(command: &str, workdir: &Path, timeout: Duration, ctx: &ToolContext
     match ending {
         Ending::Exited(s) => {
             // Background jobs that outlive the shell are the user's to keep.
-            killer.0 = None;
+            killer.disarm();
             out.insert("exit_code".into(), json!(s.code()));
             if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&s) {
                 out.insert("signal".into(), json!(sig));
