@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use talaria_core::{Config, Home, Message, Redactor, Role};
 use talaria_llm::Provider;
-use talaria_store::{NewSession, SessionStore, StoreError};
+use talaria_store::{NewSession, SessionRecord, SessionStore, StoreError};
 use tokio_util::sync::CancellationToken;
 
 use crate::interaction::Interaction;
@@ -295,5 +295,81 @@ impl Agent {
         })
         .await
         .map_err(|e| AgentError::Prompt(e.to_string()))
+    }
+}
+
+/// The session `/resume <wanted>` means in `list` (the front end's recent
+/// sessions, newest first, as `/sessions` numbers them): by number, by id,
+/// or by title ignoring case; with nothing wanted, the newest that is not
+/// `current`. Shared by the REPL and the gateway so `/resume` picks alike.
+pub fn pick_session<'s>(
+    list: &'s [SessionRecord],
+    current: Option<&str>,
+    wanted: &str,
+) -> Option<&'s SessionRecord> {
+    let wanted = wanted.trim();
+    if wanted.is_empty() {
+        return list.iter().find(|s| Some(s.id.as_str()) != current);
+    }
+    if let Ok(n) = wanted.parse::<usize>() {
+        return n.checked_sub(1).and_then(|i| list.get(i));
+    }
+    let lower = wanted.to_lowercase();
+    list.iter().find(|s| {
+        s.id == wanted
+            || s.title
+                .as_deref()
+                .is_some_and(|t| t.to_lowercase() == lower)
+    })
+}
+
+#[cfg(test)]
+mod pick_tests {
+    use super::*;
+
+    fn record(id: &str, title: Option<&str>) -> SessionRecord {
+        SessionRecord {
+            id: id.to_owned(),
+            source: "cli".to_owned(),
+            session_key: None,
+            chat_id: None,
+            user_id: None,
+            thread_id: None,
+            title: title.map(str::to_owned),
+            model: None,
+            system_prompt: None,
+            parent_session_id: None,
+            started_at: 1_700_000_000.0,
+            ended_at: None,
+            end_reason: None,
+            message_count: 4,
+            input_tokens: 0,
+            output_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn resume_picks_by_number_id_title_or_the_newest_other() {
+        let list = vec![
+            record("s3", None),
+            record("s2", Some("Trip Plans")),
+            record("s1", Some("Notes")),
+        ];
+        let pick = |wanted| pick_session(&list, Some("s3"), wanted).map(|s| s.id.as_str());
+        assert_eq!(pick(""), Some("s2"));
+        assert_eq!(pick("3"), Some("s1"));
+        assert_eq!(pick("0"), None);
+        assert_eq!(pick("4"), None);
+        assert_eq!(pick("s1"), Some("s1"));
+        assert_eq!(pick("trip plans"), Some("s2"));
+        assert_eq!(pick("nothing"), None);
+        assert_eq!(pick_session(&list[..1], Some("s3"), ""), None);
+        assert_eq!(
+            pick_session(&list, None, "").map(|s| s.id.as_str()),
+            Some("s3")
+        );
     }
 }

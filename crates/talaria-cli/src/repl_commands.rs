@@ -142,29 +142,6 @@ fn exchange_count(args: &str) -> Option<usize> {
     args.parse::<usize>().ok().filter(|&n| n > 0)
 }
 
-/// The session `/resume` means: by number in the `/sessions` list, by id,
-/// by title (ignoring case), or with no argument the newest that is not
-/// `current`.
-fn pick_session<'s>(
-    list: &'s [SessionRecord],
-    current: &str,
-    wanted: &str,
-) -> Option<&'s SessionRecord> {
-    if wanted.is_empty() {
-        return list.iter().find(|s| s.id != current);
-    }
-    if let Ok(n) = wanted.parse::<usize>() {
-        return n.checked_sub(1).and_then(|i| list.get(i));
-    }
-    let lower = wanted.to_lowercase();
-    list.iter().find(|s| {
-        s.id == wanted
-            || s.title
-                .as_deref()
-                .is_some_and(|t| t.to_lowercase() == lower)
-    })
-}
-
 fn format_sessions(list: &[SessionRecord], current: &str) -> String {
     if list.is_empty() {
         return "No sessions yet.".to_owned();
@@ -334,7 +311,8 @@ impl<'a> Commands<'a> {
 
     async fn resume(&mut self, args: &str) -> anyhow::Result<String> {
         let list = self.recent().await?;
-        let picked = pick_session(&list, &self.session.id, args).map(|s| s.id.clone());
+        let picked =
+            talaria_agent::pick_session(&list, Some(&self.session.id), args).map(|s| s.id.clone());
         let id = match picked {
             Some(id) => id,
             None if args.is_empty() => {
@@ -578,24 +556,6 @@ mod tests {
         assert_eq!(exchange_count("0"), None);
         assert_eq!(exchange_count("-1"), None);
         assert_eq!(exchange_count("two"), None);
-    }
-
-    #[test]
-    fn resume_picks_by_number_id_title_or_the_newest_other() {
-        let list = vec![
-            record("s3", None),
-            record("s2", Some("Trip Plans")),
-            record("s1", Some("Notes")),
-        ];
-        let pick = |wanted| pick_session(&list, "s3", wanted).map(|s| s.id.as_str());
-        assert_eq!(pick(""), Some("s2"));
-        assert_eq!(pick("3"), Some("s1"));
-        assert_eq!(pick("0"), None);
-        assert_eq!(pick("4"), None);
-        assert_eq!(pick("s1"), Some("s1"));
-        assert_eq!(pick("trip plans"), Some("s2"));
-        assert_eq!(pick("nothing"), None);
-        assert_eq!(pick_session(&list[..1], "s3", ""), None);
     }
 
     #[test]

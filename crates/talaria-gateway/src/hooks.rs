@@ -47,8 +47,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
-use talaria_core::Home;
 use talaria_agent::process_group::GroupKiller;
+use talaria_core::Home;
 use talaria_core::commands::{self, Availability};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;

@@ -898,15 +898,20 @@ impl Runner {
             .map_err(|e| e.to_string())
     }
 
-    async fn cmd_sessions(&self, key: &SessionKey) -> String {
-        let current = self
-            .inner
+    /// The id of the key's current session, if it has one (and the store
+    /// answers).
+    async fn current_id(&self, key: &SessionKey) -> Option<String> {
+        self.inner
             .router
             .peek(key)
             .await
             .ok()
             .flatten()
-            .map(|s| s.id);
+            .map(|s| s.id)
+    }
+
+    async fn cmd_sessions(&self, key: &SessionKey) -> String {
+        let current = self.current_id(key).await;
         match self.key_sessions(key).await {
             Ok(list) if list.is_empty() => "No conversations yet.".to_owned(),
             Ok(list) => {
@@ -940,28 +945,8 @@ impl Runner {
             Ok(l) => l,
             Err(e) => return format!("⚠️ Cannot list conversations: {e}"),
         };
-        let wanted = args.trim();
-        let pick = if wanted.is_empty() {
-            // The most recent one that is not the current conversation.
-            let current = self
-                .inner
-                .router
-                .peek(key)
-                .await
-                .ok()
-                .flatten()
-                .map(|s| s.id);
-            list.iter().find(|s| Some(&s.id) != current.as_ref())
-        } else if let Ok(n) = wanted.parse::<usize>() {
-            n.checked_sub(1).and_then(|i| list.get(i))
-        } else {
-            list.iter().find(|s| {
-                s.id == wanted
-                    || s.title
-                        .as_deref()
-                        .is_some_and(|t| t.eq_ignore_ascii_case(wanted))
-            })
-        };
+        let current = self.current_id(key).await;
+        let pick = talaria_agent::pick_session(&list, current.as_deref(), args);
         let Some(session) = pick else {
             return "No such conversation here. /sessions lists them.".to_owned();
         };
