@@ -297,18 +297,27 @@ impl Runner {
     async fn authorized(&self, event: &MessageEvent) -> bool {
         let inner = &self.inner;
         let source = &event.source;
-        let paired = match &source.user_id {
-            Some(user) => inner
+        // Pairing can only turn a denial into an approval, so the store is
+        // read only for senders the configuration alone does not admit:
+        // allowlisted users cost no query per message (the auth proptest
+        // `pairing_admits_humans_with_an_id_only` holds this equivalence).
+        let mut decision = inner.auth.decide(source, false);
+        if matches!(decision, Decision::Deny { .. })
+            && let Some(user) = &source.user_id
+        {
+            let paired = inner
                 .pairing
                 .is_approved(&source.platform, user)
                 .await
                 .unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "cannot read pairing approvals; treating the sender as unpaired");
                     false
-                }),
-            None => false,
-        };
-        match inner.auth.decide(source, paired) {
+                });
+            if paired {
+                decision = inner.auth.decide(source, true);
+            }
+        }
+        match decision {
             Decision::Allow(_) => true,
             Decision::Deny { offer_pairing } => {
                 tracing::info!(
