@@ -18,8 +18,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::Delivery;
-use crate::messenger::describe;
-use crate::target::Target;
+use crate::messenger::send_to_target;
 
 /// The largest request line accepted, in bytes.
 const MAX_REQUEST: u64 = 1024 * 1024;
@@ -150,20 +149,9 @@ async fn answer(request: Request, delivery: &Delivery) -> Response {
 /// Sends `text` to `target` through `delivery` and its ledger. `origin`
 /// has no chat to point at here, so it means `local`.
 pub async fn send(delivery: &Delivery, target: &str, text: &str) -> Response {
-    if text.trim().is_empty() {
-        return Response::error("the message is empty");
-    }
-    let target: Target = match target.parse() {
-        Ok(t) => t,
-        Err(e) => return Response::error(format!("{e}")),
-    };
-    let to = match delivery.resolve(&target, None) {
-        Ok(to) => to,
-        Err(e) => return Response::error(e.to_string()),
-    };
-    match delivery.deliver_message(&to, text).await {
-        Ok(()) => Response::ok(format!("sent to {}", describe(&to))),
-        Err(e) => Response::error(format!("could not send to {}: {e}", describe(&to))),
+    match send_to_target(delivery, target, None, text).await {
+        Ok(detail) => Response::ok(detail),
+        Err(error) => Response::error(error),
     }
 }
 

@@ -74,23 +74,40 @@ pub fn describe(to: &Address) -> String {
     }
 }
 
+/// Sends `text` to the delivery target `target` through `delivery` and its
+/// ledger, `origin` being where the request came from (none: `local`).
+/// Returns where it went, or why it did not; the one path shared by the
+/// `send_message` tool and the control socket.
+pub async fn send_to_target(
+    delivery: &Delivery,
+    target: &str,
+    origin: Option<&Address>,
+    text: &str,
+) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("the message is empty".to_owned());
+    }
+    let target: Target = target.parse().map_err(|e| format!("{e}"))?;
+    let to = delivery
+        .resolve(&target, origin)
+        .map_err(|e| e.to_string())?;
+    delivery
+        .deliver_message(&to, text)
+        .await
+        .map_err(|e| format!("could not send to {}: {e}", describe(&to)))?;
+    Ok(format!("sent to {}", describe(&to)))
+}
+
 #[async_trait]
 impl Messenger for GatewayMessenger {
     async fn send(&self, target: &str, message: &str, session_id: &str) -> Result<String, String> {
         let delivery = self.delivery()?;
-        let target: Target = target.parse().map_err(|e| format!("{e}"))?;
-        let origin = match target {
-            Target::Origin => self.origin(delivery, session_id).await,
+        // Only `origin` needs the session's chat; skip the lookup otherwise.
+        let origin = match target.parse::<Target>() {
+            Ok(Target::Origin) => self.origin(delivery, session_id).await,
             _ => None,
         };
-        let to = delivery
-            .resolve(&target, origin.as_ref())
-            .map_err(|e| e.to_string())?;
-        delivery
-            .deliver_message(&to, message)
-            .await
-            .map_err(|e| format!("could not send to {}: {e}", describe(&to)))?;
-        Ok(format!("sent to {}", describe(&to)))
+        send_to_target(delivery, target, origin.as_ref(), message).await
     }
 
     async fn targets(&self) -> Result<Vec<TargetInfo>, String> {
