@@ -1201,13 +1201,21 @@ fn approval_from_args(args: &str) -> ApprovalDecision {
     }
 }
 
-/// Text as hooks get it: the first 500 characters.
+/// The session key as hooks see it: hashed like every other platform id,
+/// since the key itself carries the chat (and maybe user) id. Stable, so a
+/// hook can still tell conversations apart and follow one.
+fn hook_key(key: &SessionKey) -> String {
+    talaria_core::ids::hash_id("key", key.as_str())
+}
+
+/// Text as hooks (and quoted replies in prompts) get it: the first 500
+/// characters.
 fn clip(text: &str) -> String {
     text.chars().take(500).collect()
 }
 
-/// The sender as hooks see it: hashed like in prompts, since raw platform
-/// ids never leave the process.
+/// The sender as prompts and hooks see it: hashed, since raw platform ids
+/// never leave the process.
 fn user_hash(source: &SessionSource) -> Option<String> {
     source
         .user_id
@@ -1222,19 +1230,14 @@ fn prompt_text(event: &MessageEvent) -> String {
     let mut text = String::new();
     let s: &SessionSource = &event.source;
     if s.chat_type.is_shared() {
-        let who = s
-            .user_id
-            .as_deref()
-            .map(|u| talaria_core::ids::hash_id("user", u))
-            .unwrap_or_else(|| "anonymous".to_owned());
+        let who = user_hash(s).unwrap_or_else(|| "anonymous".to_owned());
         match &s.user_name {
             Some(name) => text.push_str(&format!("[{name} · {who}] ")),
             None => text.push_str(&format!("[{who}] ")),
         }
     }
     if let Some(quoted) = &event.reply_to_text {
-        let quoted: String = quoted.chars().take(500).collect();
-        text.push_str(&format!("(replying to: \"{quoted}\")\n"));
+        text.push_str(&format!("(replying to: \"{}\")\n", clip(quoted)));
     }
     text.push_str(&event.text);
     if !event.attachments.is_empty() {
@@ -1335,11 +1338,4 @@ impl Interaction for ChatInteraction {
             .and_then(|i| request.choices.get(i).cloned());
         Some(picked.unwrap_or(answer))
     }
-}
-
-/// The session key as hooks see it: hashed like every other platform id,
-/// since the key itself carries the chat (and maybe user) id. Stable, so a
-/// hook can still tell conversations apart and follow one.
-fn hook_key(key: &SessionKey) -> String {
-    talaria_core::ids::hash_id("key", key.as_str())
 }
