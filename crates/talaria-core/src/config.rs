@@ -34,6 +34,19 @@ pub enum ConfigError {
     DotEnv { path: PathBuf, message: String },
 }
 
+/// Equality whose time does not depend on where the inputs first differ,
+/// so a guesser learns nothing from timing about how close a guess was.
+/// Lengths are not hidden: callers compare values whose length is not
+/// secret (fixed-size hashes, keys whose length is public).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // Keeps the optimiser from turning the fold back into an early exit.
+    std::hint::black_box(diff) == 0
+}
+
 /// A secret string. Its `Debug` and `Serialize` forms are masked so that
 /// printing a config (or logging one by accident) never shows the value.
 #[derive(Clone, PartialEq, Eq, Default)]
@@ -940,6 +953,16 @@ pub fn load(home: &Home) -> Result<Loaded, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn constant_time_eq_is_plain_equality() {
+        assert!(constant_time_eq(b"abcd", b"abcd"));
+        assert!(!constant_time_eq(b"abcd", b"abce"));
+        assert!(!constant_time_eq(b"xbcd", b"abcd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"0123456789abcdef"));
+        assert!(constant_time_eq(b"", b""));
+    }
 
     fn parse(text: &str) -> Result<(Config, Vec<String>), ConfigError> {
         Config::parse(text, Path::new("config.yaml"))

@@ -21,7 +21,7 @@ pub mod ids;
 pub mod message;
 pub mod redact;
 
-pub use config::{Config, Endpoint, Env, ProviderKind, Secret};
+pub use config::{Config, Endpoint, Env, ProviderKind, Secret, constant_time_eq};
 pub use home::Home;
 pub use message::{Message, Role, ToolCall, Usage};
 pub use redact::Redactor;

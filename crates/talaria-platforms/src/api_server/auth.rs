@@ -21,7 +21,9 @@ pub(crate) async fn require_key(
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token);
-    let ok = presented.is_some_and(|k| keys_match(k.as_bytes(), state.key.expose().as_bytes()));
+    let ok = presented.is_some_and(|k| {
+        talaria_core::constant_time_eq(k.as_bytes(), state.key.expose().as_bytes())
+    });
     if !ok {
         tracing::debug!(
             path = %request.uri().path(),
@@ -43,33 +45,9 @@ fn bearer_token(value: &str) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// Compares two keys without stopping at the first differing byte, so the
-/// time taken says nothing about how much of a guess was right. The length
-/// is not secret (it is checked first and may leak).
-pub(crate) fn keys_match(presented: &[u8], expected: &[u8]) -> bool {
-    if presented.len() != expected.len() {
-        return false;
-    }
-    let diff = presented
-        .iter()
-        .zip(expected)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    // Keeps the optimiser from turning the fold back into an early exit.
-    std::hint::black_box(diff) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_match_only_when_equal() {
-        assert!(keys_match(b"0123456789abcdef", b"0123456789abcdef"));
-        assert!(!keys_match(b"0123456789abcdeX", b"0123456789abcdef"));
-        assert!(!keys_match(b"X123456789abcdef", b"0123456789abcdef"));
-        assert!(!keys_match(b"0123456789abcde", b"0123456789abcdef"));
-        assert!(!keys_match(b"", b"0123456789abcdef"));
-    }
 
     #[test]
     fn bearer_scheme_is_case_insensitive() {

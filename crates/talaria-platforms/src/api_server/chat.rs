@@ -264,15 +264,12 @@ async fn admit(
                 .map_err(|_| ApiError::too_many_runs())?,
         ),
     };
-    let (session_id, seed) = match header_id {
-        // The store holds the history; the request's earlier messages are
-        // the client's copy of it and are not stored twice.
-        Some(id) => (id, Vec::new()),
-        None => (
-            session::derived_session_id(&request.system, &request.first_user),
-            request.earlier,
-        ),
-    };
+    let session_id = header_id
+        .unwrap_or_else(|| session::derived_session_id(&request.system, &request.first_user));
+    // The request's earlier messages seed a session only when it is new
+    // (`open_session` decides): for a known one the store holds the history
+    // and they are the client's copy of it, not stored twice.
+    let seed = request.earlier;
     tracing::debug!(
         session = %session_id,
         stream = request.stream,

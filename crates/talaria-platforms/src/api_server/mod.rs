@@ -148,8 +148,10 @@ impl ApiServerSettings {
         if !enabled {
             return Ok(None);
         }
-        let key = key.ok_or(ApiServerError::MissingKey)?;
-        let len = key.expose().trim().chars().count();
+        // Presented tokens are trimmed, so the key is compared trimmed too:
+        // a stray space in `.env` must not turn every request into a 401.
+        let key = Secret::new(key.ok_or(ApiServerError::MissingKey)?.expose().trim());
+        let len = key.expose().chars().count();
         if len < MIN_KEY_LEN {
             return Err(ApiServerError::KeyTooShort { len });
         }

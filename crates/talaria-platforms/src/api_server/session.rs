@@ -17,8 +17,10 @@ pub(crate) const SESSION_HEADER: &str = "x-talaria-session-id";
 /// The Hermes spelling of [`SESSION_HEADER`].
 pub(crate) const HERMES_SESSION_HEADER: &str = "x-hermes-session-id";
 
-/// Longest session id a client may send.
-const MAX_HEADER_ID_LEN: usize = 256;
+/// Longest session id a client may send: the store's limit for ids, which
+/// become file names (the ancestor allowed 256; longer ids than this are
+/// told they are too long rather than merely invalid).
+const MAX_HEADER_ID_LEN: usize = talaria_core::ids::MAX_ID_LEN;
 
 /// What sessions created here are marked with.
 const SOURCE: &str = "api_server";

@@ -116,9 +116,16 @@ impl Api {
         let body = response.bytes().await.map_err(|e| self.network_error(e))?;
         let envelope: Envelope = match serde_json::from_slice(&body) {
             Ok(e) => e,
+            // A success status with a garbled body may still mean the
+            // message went out: ambiguous, never retried as transient.
+            Err(_) if (200..300).contains(&status) => {
+                return Err(ApiError::Other(format!(
+                    "HTTP {status} without a readable Bot API answer"
+                )));
+            }
             Err(_) => {
                 return Err(ApiError::Api {
-                    status: if status == 200 { 502 } else { status },
+                    status,
                     description: format!("HTTP {status} without a Bot API answer"),
                     retry_after: None,
                 });

@@ -398,17 +398,6 @@ fn code_hash(salt_hex: &str, code: &str) -> String {
     to_hex(&hasher.finalize())
 }
 
-/// Equality whose time does not depend on where the inputs first differ,
-/// so response timing tells a guesser nothing about how close a guess was.
-/// (Lengths are not secret: every stored hash has the same length.)
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
-
 /// The end of the platform's lock, if one is in force at `at`.
 fn active_lockout(tx: &Transaction<'_>, platform: &str, at: Timestamp) -> OpResult<Option<f64>> {
     Ok(tx
@@ -570,7 +559,7 @@ impl PairingStore for SqliteStore {
             let mut found: Option<&PendingRow> = None;
             for row in &rows {
                 let candidate = code_hash(&row.salt, &code);
-                let equal = constant_time_eq(candidate.as_bytes(), row.code_hash.as_bytes());
+                let equal = talaria_core::constant_time_eq(candidate.as_bytes(), row.code_hash.as_bytes());
                 if equal && found.is_none() {
                     found = Some(row);
                 }
@@ -718,15 +707,6 @@ mod tests {
         assert_eq!(truncate_chars("abc", 10), "abc");
         let long = "é".repeat(600);
         assert_eq!(truncate_chars(&long, 500).chars().count(), 500);
-    }
-
-    #[test]
-    fn constant_time_eq_is_plain_equality() {
-        assert!(constant_time_eq(b"abcd", b"abcd"));
-        assert!(!constant_time_eq(b"abcd", b"abce"));
-        assert!(!constant_time_eq(b"xbcd", b"abcd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
-        assert!(constant_time_eq(b"", b""));
     }
 
     #[test]
