@@ -299,6 +299,31 @@ async fn session_header_continues_the_stored_history() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_new_header_session_starts_from_the_clients_history() {
+    let rig = rig(0).await;
+    rig.mock.push(Reply::text("third answer"));
+    let body = json!({"model": "test-model", "messages": [
+        {"role": "user", "content": "my cat is called Miso"},
+        {"role": "assistant", "content": "Nice name."},
+        {"role": "user", "content": "what is my cat called?"},
+    ]});
+    let resp = rig
+        .chat(&body, &[("X-Talaria-Session-Id", "fresh-1")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let sent = conversation(&rig.sent_messages(0));
+    assert_eq!(
+        sent,
+        vec![
+            ("user".to_owned(), "my cat is called Miso".to_owned()),
+            ("assistant".to_owned(), "Nice name.".to_owned()),
+            ("user".to_owned(), "what is my cat called?".to_owned()),
+        ]
+    );
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bad_session_headers_are_400_and_reach_no_model() {
     let rig = rig(0).await;
     let long = "a".repeat(257);
@@ -660,6 +685,14 @@ fn settings_are_enabled_by_a_key_and_read_the_environment() {
     assert_eq!(s.port, 8642);
     assert_eq!(s.key.expose(), "0123456789abcdef");
     assert_eq!(s.max_concurrent_runs, 10);
+
+    // A stray space around the key in `.env` does not lock every client out:
+    // presented tokens are trimmed, so the key is too.
+    let spaced = Env::from_pairs([("API_SERVER_KEY", "  0123456789abcdef \t")]);
+    let s = ApiServerSettings::from_config(&ApiServerConfig::default(), &spaced)
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.key.expose(), "0123456789abcdef");
 
     let disabled = ApiServerConfig {
         enabled: Some(false),
