@@ -34,6 +34,24 @@ pub enum ConfigError {
     DotEnv { path: PathBuf, message: String },
 }
 
+/// The environment variable `<PLATFORM>_<suffix>` for a platform name
+/// (`telegram` + `HOME_CHANNEL` → `TELEGRAM_HOME_CHANNEL`): upper-cased,
+/// anything but letters and digits as `_`, so `whatsapp-cloud` gives a
+/// name a shell can set. Every per-platform variable is named this way.
+pub fn platform_var(platform: &str, suffix: &str) -> String {
+    let prefix: String = platform
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{prefix}_{suffix}")
+}
+
 /// Equality whose time does not depend on where the inputs first differ,
 /// so a guesser learns nothing from timing about how close a guess was.
 /// Lengths are not hidden: callers compare values whose length is not
@@ -953,6 +971,18 @@ pub fn load(home: &Home) -> Result<Loaded, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn platform_variables_are_shell_names() {
+        assert_eq!(
+            platform_var("telegram", "HOME_CHANNEL"),
+            "TELEGRAM_HOME_CHANNEL"
+        );
+        assert_eq!(
+            platform_var("whatsapp-cloud", "ALLOWED_USERS"),
+            "WHATSAPP_CLOUD_ALLOWED_USERS"
+        );
+    }
 
     #[test]
     fn constant_time_eq_is_plain_equality() {

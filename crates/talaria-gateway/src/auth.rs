@@ -127,17 +127,6 @@ impl AuthPolicy {
         AuthPolicy { env: env.clone() }
     }
 
-    /// Whether a user allowlist (`<P>_ALLOWED_USERS` or
-    /// `GATEWAY_ALLOWED_USERS`) with at least one entry applies to
-    /// `platform`. The Telegram group chat list is not a user allowlist and
-    /// does not count.
-    pub fn has_allowlist(&self, platform: &str) -> bool {
-        !self
-            .list(&platform_key(platform, "ALLOWED_USERS"))
-            .is_empty()
-            || !self.list(GLOBAL_LIST_KEY).is_empty()
-    }
-
     /// Decides whether the message from `source` may be handled. `paired`
     /// says whether the pairing store holds an approval for this sender on
     /// this platform; the caller looks it up.
@@ -167,7 +156,10 @@ impl AuthPolicy {
             };
         };
 
-        let mut users = self.list(&platform_key(&platform, "ALLOWED_USERS"));
+        let mut users = self.list(&talaria_core::config::platform_var(
+            &platform,
+            "ALLOWED_USERS",
+        ));
         users.extend(self.list(GLOBAL_LIST_KEY));
         let listed = |e: &&str| {
             if is_email {
@@ -193,7 +185,10 @@ impl AuthPolicy {
             offer_pairing: source.chat_type == ChatType::Dm && users.is_empty() && !is_email,
         };
 
-        if self.flag(&platform_key(&platform, "ALLOW_ALL_USERS")) {
+        if self.flag(&talaria_core::config::platform_var(
+            &platform,
+            "ALLOW_ALL_USERS",
+        )) {
             return Decision::Allow(Reason::PlatformAllowAll);
         }
         if paired {
@@ -246,21 +241,6 @@ fn is_group_scoped(chat_type: ChatType) -> bool {
         chat_type,
         ChatType::Group | ChatType::Forum | ChatType::Channel
     )
-}
-
-/// `<P>_<suffix>` for a platform name.
-fn platform_key(platform: &str, suffix: &str) -> String {
-    let prefix: String = platform
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{prefix}_{suffix}")
 }
 
 #[cfg(test)]
@@ -684,22 +664,6 @@ mod tests {
             let policy = AuthPolicy::from_env(&Env::from_pairs(c.env.iter().copied()));
             assert_eq!(policy.decide(&c.source, c.paired), c.want, "{}", c.name);
         }
-    }
-
-    #[test]
-    fn has_allowlist_counts_user_lists_only() {
-        let p = AuthPolicy::from_env(&Env::from_pairs([
-            ("TELEGRAM_ALLOWED_USERS", "42"),
-            ("DISCORD_ALLOWED_USERS", " , "),
-            ("TELEGRAM_GROUP_ALLOWED_CHATS", "*"),
-            ("SLACK_ALLOW_ALL_USERS", "true"),
-        ]));
-        assert!(p.has_allowlist("telegram"));
-        assert!(!p.has_allowlist("discord"));
-        assert!(!p.has_allowlist("slack"));
-        let p = AuthPolicy::from_env(&Env::from_pairs([("GATEWAY_ALLOWED_USERS", "x")]));
-        assert!(p.has_allowlist("discord"));
-        assert!(p.has_allowlist("some_future_platform"));
     }
 
     #[test]

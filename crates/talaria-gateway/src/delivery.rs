@@ -138,7 +138,7 @@ impl Delivery {
                     .get(platform)
                     .ok_or_else(|| ResolveError::NoHome {
                         platform: platform.clone(),
-                        var: format!("{}_HOME_CHANNEL", platform.to_ascii_uppercase()),
+                        var: talaria_core::config::platform_var(platform, "HOME_CHANNEL"),
                     })?;
                 Ok(Address {
                     platform: platform.clone(),

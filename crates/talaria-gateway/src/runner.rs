@@ -301,20 +301,21 @@ impl Runner {
         // read only for senders the configuration alone does not admit:
         // allowlisted users cost no query per message (the auth proptest
         // `pairing_admits_humans_with_an_id_only` holds this equivalence).
+        // Bots are never admitted by pairing, so they cost no query either.
         let mut decision = inner.auth.decide(source, false);
         if matches!(decision, Decision::Deny { .. })
+            && !source.is_bot
             && let Some(user) = &source.user_id
         {
-            let paired = inner
-                .pairing
-                .is_approved(&source.platform, user)
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "cannot read pairing approvals; treating the sender as unpaired");
-                    false
-                });
-            if paired {
-                decision = inner.auth.decide(source, true);
+            match inner.pairing.is_approved(&source.platform, user).await {
+                Ok(true) => decision = inner.auth.decide(source, true),
+                Ok(false) => {}
+                Err(e) => {
+                    // Unknown is not "unpaired": offering a fresh code to a
+                    // user who may well be approved would only confuse.
+                    tracing::warn!(platform = %source.platform, error = %e, "cannot read pairing approvals; message dropped");
+                    return false;
+                }
             }
         }
         match decision {
@@ -1091,12 +1092,14 @@ impl Runner {
 
     fn cmd_sethome(&self, event: &MessageEvent) -> String {
         let s = &event.source;
-        let prefix = s.platform.to_ascii_uppercase();
-        let mut vars = vec![(format!("{prefix}_HOME_CHANNEL"), s.chat_id.clone())];
-        vars.push((
-            format!("{prefix}_HOME_CHANNEL_THREAD_ID"),
-            s.thread_id.clone().unwrap_or_default(),
-        ));
+        let var = |suffix| talaria_core::config::platform_var(&s.platform, suffix);
+        let vars = vec![
+            (var("HOME_CHANNEL"), s.chat_id.clone()),
+            (
+                var("HOME_CHANNEL_THREAD_ID"),
+                s.thread_id.clone().unwrap_or_default(),
+            ),
+        ];
         match crate::dotenv::upsert(&self.inner.home.dotenv_file(), &vars) {
             Ok(()) => {
                 // Live at once: `send_message` and `talaria send` to the

@@ -23,6 +23,7 @@ use std::str::FromStr;
 use std::sync::RwLock;
 
 use talaria_core::Env;
+use talaria_core::config::platform_var;
 
 /// The longest target string accepted, in bytes.
 const MAX_LEN: usize = 512;
@@ -180,16 +181,15 @@ impl HomeChannels {
             );
         }
         for platform in platforms {
-            let prefix = platform.to_ascii_uppercase();
             let Some(chat) = env
-                .get(&format!("{prefix}_HOME_CHANNEL"))
+                .get(&platform_var(platform, "HOME_CHANNEL"))
                 .map(|c| c.trim().to_owned())
                 .filter(|c| is_id(c))
             else {
                 continue;
             };
             let thread = env
-                .get(&format!("{prefix}_HOME_CHANNEL_THREAD_ID"))
+                .get(&platform_var(platform, "HOME_CHANNEL_THREAD_ID"))
                 .map(|t| t.trim().to_owned())
                 .filter(|t| is_id(t));
             map.insert(

@@ -43,7 +43,7 @@ const MAX_RATE_LIMIT_RETRIES: u32 = 3;
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// How long a send, edit or chat action may take.
-const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the adapter needs to connect.
 #[derive(Clone)]
@@ -134,7 +134,6 @@ pub struct TelegramAdapter {
     require_mention: bool,
     poll_timeout: Duration,
     streaming_edits: bool,
-    send_timeout: Duration,
     /// The next `getUpdates` offset (last handed-over update id + 1), kept
     /// across `run` calls so a reconnect does not replay; 0 = none yet.
     offset: AtomicI64,
@@ -174,17 +173,9 @@ impl TelegramAdapter {
             require_mention: settings.require_mention,
             poll_timeout: settings.poll_timeout,
             streaming_edits: settings.streaming_edits,
-            send_timeout: DEFAULT_SEND_TIMEOUT,
             offset: AtomicI64::new(0),
             me: Mutex::new(None),
         })
-    }
-
-    /// Changes how long a send may take before it counts as ambiguous
-    /// (default 30 s).
-    pub fn with_send_timeout(mut self, timeout: Duration) -> TelegramAdapter {
-        self.send_timeout = timeout;
-        self
     }
 
     /// The bot's `@username`, once `run` has called `getMe`.
@@ -284,10 +275,7 @@ impl TelegramAdapter {
         let mut rate_retries = 0;
         let mut fell_back = false;
         loop {
-            let result = self
-                .api
-                .call::<Value>(method, &params, self.send_timeout)
-                .await;
+            let result = self.api.call::<Value>(method, &params, SEND_TIMEOUT).await;
             match result {
                 Ok(v) => return Ok(v),
                 Err(ApiError::Api {
@@ -505,7 +493,7 @@ impl Adapter for TelegramAdapter {
             params["message_thread_id"] = json!(t);
         }
         self.api
-            .call::<Value>("sendChatAction", &params, self.send_timeout)
+            .call::<Value>("sendChatAction", &params, SEND_TIMEOUT)
             .await
             .map(|_| ())
             .map_err(classify)
