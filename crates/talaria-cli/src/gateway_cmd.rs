@@ -206,12 +206,14 @@ pub async fn stop(home: Home) -> anyhow::Result<ExitCode> {
         println!("The gateway is not running.");
         return Ok(ExitCode::SUCCESS);
     };
-    process::signal_stop(info.pid).context("cannot signal the gateway")?;
     let pid = info.pid;
-    let exited =
-        tokio::task::spawn_blocking(move || process::wait_for_exit(pid, Duration::from_secs(90)))
-            .await
-            .unwrap_or(false);
+    let pinned = process::pin(pid);
+    process::signal_stop(pid).context("cannot signal the gateway")?;
+    let exited = tokio::task::spawn_blocking(move || {
+        process::wait_for_exit(&pinned, Duration::from_secs(90))
+    })
+    .await
+    .unwrap_or(false);
     if exited {
         println!("Gateway stopped (pid {pid}).");
         Ok(ExitCode::SUCCESS)

@@ -336,17 +336,22 @@ pub fn signal_stop(pid: u32) -> io::Result<()> {
     kill(target, Signal::SIGTERM).map_err(|e| io::Error::from_raw_os_error(e as i32))
 }
 
-/// Waits up to `timeout` for process `pid` to exit; `true` if it did.
-pub fn wait_for_exit(pid: u32, timeout: Duration) -> bool {
-    // Pinning the start time now means a pid recycled while we wait still
-    // counts as "exited".
-    let target = Owner {
+/// Pins process `pid` by its start time, so that a pid the kernel recycles
+/// later is not mistaken for it.
+pub fn pin(pid: u32) -> Owner {
+    Owner {
         pid,
         started_at: owner::start_time(pid),
-    };
+    }
+}
+
+/// Waits up to `timeout` for the pinned process `target` to exit; `true`
+/// if it did. Pin it (see [`pin`]) before signalling it: a start time read
+/// after the signal may already belong to a recycled pid.
+pub fn wait_for_exit(target: &Owner, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
-        if !owner::is_alive(&target) {
+        if !owner::is_alive(target) {
             return true;
         }
         let now = Instant::now();
@@ -835,11 +840,12 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        assert!(!wait_for_exit(pid, Duration::from_millis(50)));
+        let pinned = pin(pid);
+        assert!(!wait_for_exit(&pinned, Duration::from_millis(50)));
         signal_stop(pid).unwrap();
         // The child exits on SIGTERM; until reaped it is a zombie, which
         // counts as exited.
-        assert!(wait_for_exit(pid, Duration::from_secs(10)));
+        assert!(wait_for_exit(&pinned, Duration::from_secs(10)));
         child.wait().unwrap();
     }
 }
