@@ -233,7 +233,7 @@ pub fn status(home: &Home) -> anyhow::Result<ExitCode> {
         println!("(no status reported yet)");
         return Ok(ExitCode::SUCCESS);
     };
-    let now = chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0;
+    let now = talaria_core::unix_now();
     println!("State: {}", status.state);
     println!("Uptime: {}", human_duration(now - status.started_at_unix));
     if status.adapters.is_empty() {

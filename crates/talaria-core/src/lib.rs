@@ -25,3 +25,10 @@ pub use config::{Config, Endpoint, Env, ProviderKind, Secret, constant_time_eq};
 pub use home::Home;
 pub use message::{Message, Role, ToolCall, Usage};
 pub use redact::Redactor;
+
+/// Now, as seconds since the Unix epoch with microseconds: the one clock
+/// every stored and reported timestamp uses (store rows, the ledger, the
+/// status file, hook events).
+pub fn unix_now() -> f64 {
+    chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0
+}

@@ -276,7 +276,7 @@ async fn write_snapshot(
             .collect(),
         running_sessions: runner.running_sessions(),
         ledger,
-        updated_at: chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0,
+        updated_at: talaria_core::unix_now(),
     };
     let home = home.clone();
     let result = tokio::task::spawn_blocking(move || write_status(&home, &status)).await;
@@ -288,7 +288,7 @@ async fn write_snapshot(
 /// When this process started, as wall-clock seconds.
 fn process_started_unix() -> f64 {
     static STARTED: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *STARTED.get_or_init(|| chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0)
+    *STARTED.get_or_init(talaria_core::unix_now)
 }
 
 async fn prune_ledger(delivery: Delivery, stop: CancellationToken) {

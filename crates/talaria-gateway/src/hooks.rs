@@ -570,7 +570,7 @@ fn is_executable(_meta: &std::fs::Metadata) -> bool {
 
 /// The handler's stdin.
 fn encode(event: &str, payload: &Value) -> Vec<u8> {
-    let timestamp = chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0;
+    let timestamp = talaria_core::unix_now();
     let doc = serde_json::json!({
         "event": event,
         "timestamp": timestamp,

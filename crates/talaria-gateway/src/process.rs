@@ -108,7 +108,7 @@ impl PidFile {
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect(),
             kind: PID_FILE_KIND.to_owned(),
-            started_unix: unix_now(),
+            started_unix: talaria_core::unix_now(),
         };
         lock.write_json(&record).map_err(io_err)?;
         Ok(PidFile { lock, record })
@@ -567,10 +567,6 @@ pub(crate) fn create_private_dir(dir: &Path) -> io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-}
-
-fn unix_now() -> f64 {
-    chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0
 }
 
 #[cfg(test)]

@@ -52,13 +52,13 @@ impl StatusBoard {
             changed = true;
             AdapterState {
                 liveness,
-                since: now(),
+                since: talaria_core::unix_now(),
                 last_error: None,
             }
         });
         if entry.liveness != liveness {
             entry.liveness = liveness;
-            entry.since = now();
+            entry.since = talaria_core::unix_now();
             changed = true;
         }
         if error.is_some() && entry.last_error != error {
@@ -98,10 +98,6 @@ impl StatusBoard {
             .map(|(p, _)| p)
             .collect()
     }
-}
-
-fn now() -> f64 {
-    chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0
 }
 
 /// Runs one adapter until `shutdown`: takes its credential lock, runs it,
