@@ -212,7 +212,7 @@ struct Shared {
     shutdown: watch::Receiver<bool>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panicking test thread must not make every later assertion panic too.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -468,7 +468,7 @@ async fn handle(
     response
 }
 
-fn json_response(status: u16, v: &Value) -> Response {
+pub(crate) fn json_response(status: u16, v: &Value) -> Response {
     let mut r = Response::new(Body::from(v.to_string()));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
     r.headers_mut().insert(

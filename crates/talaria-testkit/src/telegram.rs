@@ -19,16 +19,18 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Uri, header};
 use axum::response::Response;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
+
+use crate::{json_response, lock};
 
 /// The bot's `@username` as `getMe` reports it.
 pub const BOT_USERNAME: &str = "talaria_test_bot";
@@ -53,10 +55,7 @@ impl Sent {
     /// The text as a user would see it: HTML tags removed and entities
     /// decoded when `parse_mode` is `HTML`, else the text itself.
     pub fn rendered(&self) -> String {
-        match self.parse_mode.as_deref() {
-            Some(m) if m.eq_ignore_ascii_case("html") => render_html(&self.text),
-            _ => self.text.clone(),
-        }
+        rendered(&self.text, self.parse_mode.as_deref())
     }
 }
 
@@ -73,10 +72,15 @@ pub struct Edit {
 impl Edit {
     /// The new text as a user would see it (see [`Sent::rendered`]).
     pub fn rendered(&self) -> String {
-        match self.parse_mode.as_deref() {
-            Some(m) if m.eq_ignore_ascii_case("html") => render_html(&self.text),
-            _ => self.text.clone(),
-        }
+        rendered(&self.text, self.parse_mode.as_deref())
+    }
+}
+
+/// `text` as a user would see it under `parse_mode`.
+fn rendered(text: &str, parse_mode: Option<&str>) -> String {
+    match parse_mode {
+        Some(m) if m.eq_ignore_ascii_case("html") => render_html(text),
+        _ => text.to_owned(),
     }
 }
 
@@ -138,11 +142,6 @@ struct Shared {
     version: watch::Sender<u64>,
     hang: watch::Sender<bool>,
     stop: watch::Sender<bool>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking test thread must not make every later assertion panic too.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
@@ -387,6 +386,20 @@ impl FakeTelegram {
     /// Updates not yet confirmed by the bot.
     pub fn pending_updates(&self) -> usize {
         lock(&self.shared.state).updates.len()
+    }
+
+    /// Waits until the bot has confirmed every update (its `getUpdates`
+    /// offset passed them all).
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_confirmed_updates(&self, timeout: Duration) {
+        self.wait_until(timeout, |st| st.updates.is_empty()).await;
+        let left = self.pending_updates();
+        assert_eq!(
+            left, 0,
+            "waited {timeout:?}; {left} updates still unconfirmed"
+        );
     }
 
     /// Waits until at least `n` messages were sent and returns them all.
@@ -843,16 +856,6 @@ fn error(code: u16, description: &str, parameters: Option<Value>) -> Response {
     {
         r.headers_mut().insert(header::RETRY_AFTER, v);
     }
-    r
-}
-
-fn json_response(status: u16, v: &Value) -> Response {
-    let mut r = Response::new(Body::from(v.to_string()));
-    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
     r
 }
 
