@@ -54,7 +54,9 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     let agent = Arc::new(agent);
 
     let mut adapters = chat_adapters(&rt)?;
-    // Bound now, so a busy port or a bad route stops the start here.
+    // Secrets are resolved from config and environment, then `bind` checks
+    // every route (secret, name, deliver target) and binds, so a bad route
+    // or a busy port stops the start here; each check runs once.
     if let Some(settings) =
         WebhookSettings::from_config(&rt.config.platforms.webhook, &rt.loaded.env)
             .context("the webhook routes are misconfigured")?

@@ -10,6 +10,8 @@
 
 #[cfg(feature = "api-server")]
 pub mod api_server;
+#[cfg(any(feature = "api-server", feature = "webhook"))]
+mod listen;
 #[cfg(feature = "telegram")]
 pub mod telegram;
 #[cfg(feature = "webhook")]

@@ -18,7 +18,10 @@ use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, ChatType, Inbox, KeyPolicy, Liveness, LivenessReporter,
     MessageEvent, OutboundMessage, SessionKey,
 };
-use talaria_platforms::webhook::{RouteSettings, WebhookAdapter, WebhookError, WebhookSettings};
+use talaria_platforms::webhook::{
+    RouteSettings, TOLERANCE_SECS, WebhookAdapter, WebhookError, WebhookSettings,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -168,6 +171,37 @@ impl Running {
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
+    /// A request written byte for byte, for paths an HTTP client would
+    /// normalise before sending (`%2e%2e` is `..` to a URL parser).
+    async fn post_raw(&self, path: &str, body: &[u8]) -> (u16, Value) {
+        let addr = self.adapter.local_addr();
+        let exchange = async {
+            let mut conn = tokio::net::TcpStream::connect(addr).await?;
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            conn.write_all(head.as_bytes()).await?;
+            conn.write_all(body).await?;
+            let mut answer = Vec::new();
+            conn.read_to_end(&mut answer).await?;
+            std::io::Result::Ok(answer)
+        };
+        let answer = tokio::time::timeout(WAIT, exchange)
+            .await
+            .expect("no answer in time")
+            .unwrap();
+        let text = String::from_utf8(answer).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").expect("no end of headers");
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("no status");
+        (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
     fn github(&self, body: &[u8], event: &str, delivery: &str) -> Vec<(&'static str, String)> {
         vec![
             ("X-GitHub-Event", event.to_owned()),
@@ -292,7 +326,11 @@ async fn github_delivery_becomes_an_event() {
 
 #[tokio::test]
 async fn github_bad_signatures_are_refused() {
-    let mut run = start().await;
+    // A budget of one delivery, so a refused attempt that counted would
+    // leave none for the real one below.
+    let mut settings = WebhookSettings::new(routes());
+    settings.rate_limit_per_minute = 1;
+    let mut run = start_with(settings).await;
     let body = pr_body();
     let good = run.github(&body, "pull_request", "d-1");
     // Signed with another secret.
@@ -362,17 +400,17 @@ async fn svix_signatures_and_their_window() {
     let good = run.svix(&body, "msg_1", run.now());
     let (status, _) = run.post("svix", &good[..2], &body).await;
     assert_eq!(status, 401);
-    // Signed correctly, but 301 s ago by our clock.
-    let stale = run.svix(&body, "msg_1", run.now() - 301);
+    // Signed correctly, but a second too long ago by our clock.
+    let stale = run.svix(&body, "msg_1", run.now() - TOLERANCE_SECS - 1);
     let (status, _) = run.post("svix", &stale, &body).await;
     assert_eq!(status, 401);
     // ...or too far ahead.
-    let early = run.svix(&body, "msg_1", run.now() + 301);
+    let early = run.svix(&body, "msg_1", run.now() + TOLERANCE_SECS + 1);
     let (status, _) = run.post("svix", &early, &body).await;
     assert_eq!(status, 401);
     run.assert_no_event();
-    // 299 s old is still inside the window.
-    let old_but_ok = run.svix(&body, "msg_1", run.now() - 299);
+    // A second short of the edge is still inside the window.
+    let old_but_ok = run.svix(&body, "msg_1", run.now() - TOLERANCE_SECS + 1);
     let (status, json) = run.post("svix", &old_but_ok, &body).await;
     assert_eq!(status, 202, "{json}");
     assert_eq!(json["event"], "invoice.paid");
@@ -413,7 +451,7 @@ async fn generic_hmac_signatures_and_their_window() {
     let (status, _) = run.post("generic", &moved, &body).await;
     assert_eq!(status, 401);
     // Stale by the injected clock.
-    let stale = run.generic(&body, run.now() - 301);
+    let stale = run.generic(&body, run.now() - TOLERANCE_SECS - 1);
     let (status, _) = run.post("generic", &stale, &body).await;
     assert_eq!(status, 401);
     run.assert_no_event();
@@ -454,6 +492,84 @@ async fn a_replayed_delivery_is_a_duplicate() {
     let (status, _) = run.post("gh", &headers, &body).await;
     assert_eq!(status, 202);
     run.next().await;
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_added_unsigned_id_header_does_not_make_a_replay_new() {
+    let mut run = start().await;
+    // Svix signs its id: another scheme's id header added to a captured
+    // delivery changes nothing.
+    let body = serde_json::to_vec(&json!({"type": "invoice.paid", "data": {"id": "i"}})).unwrap();
+    let signed = run.svix(&body, "msg_replayed", run.now());
+    let (status, _) = run.post("svix", &signed, &body).await;
+    assert_eq!(status, 202);
+    let mut replay = signed.clone();
+    replay.push(("X-GitHub-Delivery", "other".to_owned()));
+    let (status, json) = run.post("svix", &replay, &body).await;
+    assert_eq!((status, json["status"].as_str()), (200, Some("duplicate")));
+    assert_eq!(json["delivery_id"], "msg_replayed");
+    assert_eq!(run.next().await.message_id.as_deref(), Some("msg_replayed"));
+    run.assert_no_event();
+    // The generic scheme signs its timestamp and body: those are claimed,
+    // whatever id headers are added.
+    let body = serde_json::to_vec(&json!({"alert": {"name": "cpu", "value": 1}})).unwrap();
+    let signed = run.generic(&body, run.now());
+    let (status, _) = run.post("generic", &signed, &body).await;
+    assert_eq!(status, 202);
+    for (header, value) in [("X-Request-Id", "other"), ("X-Webhook-Id", "other")] {
+        let mut replay = signed.clone();
+        replay.push((header, value.to_owned()));
+        let (status, json) = run.post("generic", &replay, &body).await;
+        assert_eq!(
+            (status, json["status"].as_str()),
+            (200, Some("duplicate")),
+            "{header}"
+        );
+    }
+    run.next().await;
+    run.assert_no_event();
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn only_deliveries_handed_over_spend_the_rate_limit() {
+    let mut settings = WebhookSettings::new(routes());
+    settings.rate_limit_per_minute = 2;
+    let mut run = start_with(settings).await;
+    let body = pr_body();
+    let first = run.github(&body, "pull_request", "first");
+    let (status, _) = run.post("gh", &first, &body).await;
+    assert_eq!(status, 202);
+    run.next().await;
+    // Retries of it and events the route ignores are answered without
+    // spending anything.
+    for _ in 0..3 {
+        let (status, json) = run.post("gh", &first, &body).await;
+        assert_eq!((status, json["status"].as_str()), (200, Some("duplicate")));
+        let other = serde_json::to_vec(&json!({"n": 1})).unwrap();
+        let (status, json) = run
+            .post("gh", &run.github(&other, "issues", "ignored"), &other)
+            .await;
+        assert_eq!((status, json["status"].as_str()), (200, Some("ignored")));
+    }
+    // So the second of two allowed still goes through.
+    let second_body = serde_json::to_vec(&json!({"number": 2})).unwrap();
+    let second = run.github(&second_body, "pull_request", "second");
+    let (status, _) = run.post("gh", &second, &second_body).await;
+    assert_eq!(status, 202);
+    run.next().await;
+    // A third is refused, and forgotten: its retry after the window is not
+    // a duplicate.
+    let third_body = serde_json::to_vec(&json!({"number": 3})).unwrap();
+    let third = run.github(&third_body, "pull_request", "third");
+    let (status, _) = run.post("gh", &third, &third_body).await;
+    assert_eq!(status, 429);
+    run.assert_no_event();
+    run.advance(60);
+    let (status, json) = run.post("gh", &third, &third_body).await;
+    assert_eq!(status, 202, "{json}");
+    assert_eq!(run.next().await.message_id.as_deref(), Some("third"));
     run.stop().await.unwrap();
 }
 
@@ -548,8 +664,11 @@ async fn unknown_disabled_ignored_and_unparsable() {
         .post("nope", &run.generic(&body, run.now()), &body)
         .await;
     assert_eq!(status, 404);
-    let (status, _) = run.post("..", &[], &body).await;
-    assert_eq!(status, 404);
+    // `..` reaches the route lookup (its "unknown webhook route", not the
+    // router's fallback) and is no route.
+    let (status, json) = run.post_raw("/webhooks/%2e%2e", &body).await;
+    assert_eq!(status, 404, "{json}");
+    assert_eq!(json["error"], "unknown webhook route");
     let (status, _) = run.post("off", &run.generic(&body, run.now()), &body).await;
     assert_eq!(status, 403);
     // A properly signed event the route does not subscribe to.

@@ -55,13 +55,20 @@ impl RateLimiter {
 
 /// Delivery ids seen in the last `ttl` seconds, at most `capacity` of them
 /// (the oldest is forgotten first), so a flood of distinct ids cannot grow
-/// memory without bound.
+/// memory without bound. Released ids do not count toward the capacity;
+/// their leftover order entries are bounded by [`STALE_FACTOR`].
 #[derive(Debug)]
 pub struct ReplayCache {
     ttl: i64,
     capacity: usize,
     inner: Mutex<Seen>,
 }
+
+/// How many order entries per remembered id are tolerated before the stale
+/// ones (left by released ids) are swept out. Sweeping costs one pass over
+/// `order`, and afterwards at least `capacity` more claims are needed before
+/// the next, so it is constant work per claim on average.
+const STALE_FACTOR: usize = 2;
 
 #[derive(Debug, Default)]
 struct Seen {
@@ -74,12 +81,24 @@ struct Seen {
 }
 
 impl Seen {
+    /// Whether an order entry still stands for a remembered id.
+    fn is_live(&self, seq: u64, key: &str) -> bool {
+        self.ids.get(key).is_some_and(|&(s, _)| s == seq)
+    }
+
     fn pop_oldest(&mut self) {
         if let Some((seq, key)) = self.order.pop_front()
-            && self.ids.get(&key).is_some_and(|&(s, _)| s == seq)
+            && self.is_live(seq, &key)
         {
             self.ids.remove(&key);
         }
+    }
+
+    /// Drops the order entries of released or re-claimed ids.
+    fn sweep_stale(&mut self) {
+        let mut order = std::mem::take(&mut self.order);
+        order.retain(|(seq, key)| self.is_live(*seq, key));
+        self.order = order;
     }
 }
 
@@ -108,8 +127,15 @@ impl ReplayCache {
         if seen.ids.contains_key(key) {
             return false;
         }
-        while seen.order.len() >= self.capacity {
+        // The capacity bounds the ids remembered, not the order entries:
+        // counting a released id's leftover entry would forget a live id
+        // early. Every live id has its entry, so this ends before `order`
+        // is empty.
+        while seen.ids.len() >= self.capacity && !seen.order.is_empty() {
             seen.pop_oldest();
+        }
+        if seen.order.len() >= self.capacity.saturating_mul(STALE_FACTOR) {
+            seen.sweep_stale();
         }
         let seq = seen.next;
         seen.next += 1;
@@ -185,7 +211,7 @@ mod tests {
             c.claim(&i.to_string(), 1);
         }
         assert_eq!(c.len(), 3);
-        assert!(c.inner.lock().unwrap().order.len() <= 3);
+        assert!(c.inner.lock().unwrap().order.len() <= 3 * STALE_FACTOR);
     }
 
     #[test]
@@ -198,5 +224,31 @@ mod tests {
         // The stale order entry of the first claim does not evict the second.
         assert!(c.claim("y", 7));
         assert!(!c.claim("x", 8));
+    }
+
+    #[test]
+    fn released_ids_do_not_count_toward_the_capacity() {
+        let c = ReplayCache::new(3600, 3);
+        assert!(c.claim("a", 0));
+        assert!(c.claim("b", 0));
+        c.release("b");
+        assert!(c.claim("c", 0));
+        assert!(c.claim("d", 0));
+        // Three live ids fit: `a` is still remembered although four claims
+        // were made, since `b`'s leftover entry does not count.
+        assert_eq!(c.len(), 3);
+        assert!(!c.claim("a", 1));
+        // Many claims that are released again (503s) neither push out the
+        // one id kept nor grow the order without bound.
+        let c = ReplayCache::new(3600, 3);
+        assert!(c.claim("keep", 0));
+        for i in 0..10_000 {
+            let key = format!("churn-{i}");
+            assert!(c.claim(&key, 1));
+            c.release(&key);
+        }
+        assert_eq!(c.len(), 1);
+        assert!(c.inner.lock().unwrap().order.len() <= 3 * STALE_FACTOR);
+        assert!(!c.claim("keep", 2), "keep was forgotten");
     }
 }

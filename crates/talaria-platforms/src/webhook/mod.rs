@@ -9,8 +9,9 @@
 //! # Layout
 //!
 //! - this file: [`WebhookSettings`] (from `platforms.webhook` and the
-//!   environment), the injectable [`Clock`], and [`WebhookAdapter`] (bind,
-//!   [`Adapter::run`] serving until shutdown).
+//!   environment), the injectable [`Clock`], and [`WebhookAdapter`] (every
+//!   route check and the bind, then [`Adapter::run`] serving until
+//!   shutdown).
 //! - `server`: the router and the delivery handler, in processing order.
 //! - `signature`: the four signature schemes, compared in constant time.
 //! - `guard`: the per-route rate limit and the replay cache, both bounded.
@@ -23,12 +24,22 @@
 //!   cannot spend a route's rate limit or poison the replay cache. The
 //!   route lookup, the enabled flag and the body limit come first because
 //!   they need no secret and bound the work a signature check costs.
+//! - Only deliveries that would be handed over spend the rate limit:
+//!   ignored events and duplicates are answered before it is consulted.
+//! - Replays are caught on what the signature covers (Svix's id, the
+//!   generic scheme's timestamp and body, GitHub's and GitLab's body), so
+//!   adding or changing an unsigned id header does not make a captured
+//!   delivery new.
 //! - Memory is bounded: bodies are read up to `max_body_bytes` and no
 //!   further, the rate limit keeps at most its limit of timestamps per
 //!   route, and the replay cache at most [`MAX_REMEMBERED_DELIVERIES`] ids.
 //! - A delivery is answered 202 only after the gateway's inbox took it; if
-//!   the inbox is closed or stays full, the answer is 503 and the delivery id
-//!   is forgotten again, so the sender's retry is not called a duplicate.
+//!   the inbox is closed or stays full, or the rate limit refuses it, the
+//!   answer is 503 or 429 and the delivery is forgotten again, so the
+//!   sender's retry is not called a duplicate.
+//! - Every check of the settings is made once, in [`WebhookAdapter::bind`]
+//!   (which the settings cannot skip, since it builds what is served);
+//!   [`WebhookSettings::from_config`] only resolves config and environment.
 //! - Secrets are never logged and never part of an error message.
 
 mod guard;
@@ -46,14 +57,16 @@ use async_trait::async_trait;
 use talaria_core::config::{WebhookConfig, WebhookRouteConfig, WebhookScheme};
 use talaria_core::{Env, Secret};
 use talaria_gateway::adapter::LengthUnit;
+use talaria_gateway::target::{Target, TargetError};
 use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
     SentMessage,
 };
 use tokio::net::TcpListener;
 
+use template::MAX_PROMPT_CHARS;
+
 pub use signature::TOLERANCE_SECS;
-pub use template::{MAX_PROMPT_CHARS, MAX_RAW_CHARS, MAX_VALUE_CHARS, render};
 
 /// The platform name in session keys, logs and `gateway status`.
 pub const PLATFORM: &str = "webhook";
@@ -130,6 +143,15 @@ pub enum WebhookError {
         /// The route's name.
         route: String,
         /// What is wrong, without the secret.
+        reason: String,
+    },
+    /// A route's `deliver` is not a target, or names the webhook platform,
+    /// which cannot take messages.
+    #[error("webhook route `{route}`: unusable deliver target: {reason}")]
+    BadDeliver {
+        /// The route's name.
+        route: String,
+        /// What is wrong with the target.
         reason: String,
     },
     /// A route name is not a strict id.
@@ -233,13 +255,13 @@ impl WebhookSettings {
 
     /// Resolves the settings, or `None` when webhooks are off: `enabled:
     /// false`, or no `enabled` and no route configured. A host that is not
-    /// loopback is allowed but warned about.
+    /// loopback is allowed but warned about. The resolved routes are
+    /// checked by [`WebhookAdapter::bind`], which settings built in code go
+    /// through as well.
     ///
     /// # Errors
-    /// A route without a usable secret (none, empty, `secret_env` unset,
-    /// both forms at once, a malformed `whsec_` secret), a route name that
-    /// is not a strict id, or `max_body_bytes: 0`. Every message names the
-    /// route.
+    /// A route whose secret cannot be found (none, empty, `secret_env`
+    /// unset, both forms at once). Every message names the route.
     pub fn from_config(
         config: &WebhookConfig,
         env: &Env,
@@ -270,7 +292,6 @@ impl WebhookSettings {
                     .collect(),
                 enabled: route.enabled,
             };
-            check_route(name, &settings)?;
             routes.insert(name.clone(), settings);
         }
         let host = match config.host.trim() {
@@ -283,9 +304,6 @@ impl WebhookSettings {
                 "the webhook server listens beyond this machine; prefer 127.0.0.1 behind a \
                  reverse proxy with TLS"
             );
-        }
-        if config.max_body_bytes == 0 {
-            return Err(WebhookError::ZeroBodyLimit);
         }
         Ok(Some(WebhookSettings {
             host,
@@ -339,11 +357,15 @@ fn resolve_secret(
 
 /// Everything about one route that can be wrong before serving, so a
 /// misconfiguration stops the gateway at startup rather than turning into
-/// a 401 for every delivery.
+/// a 401 for every delivery or answers that quietly land elsewhere.
 fn check_route(name: &str, route: &RouteSettings) -> Result<signature::Verifier, WebhookError> {
     talaria_core::ids::validate_path_component(name).map_err(|e| WebhookError::BadRouteName {
         route: name.to_owned(),
         reason: e.to_string(),
+    })?;
+    check_deliver(&route.deliver).map_err(|reason| WebhookError::BadDeliver {
+        route: name.to_owned(),
+        reason,
     })?;
     if route.secret.expose().trim().is_empty() {
         return Err(WebhookError::MissingSecret {
@@ -356,6 +378,20 @@ fn check_route(name: &str, route: &RouteSettings) -> Result<signature::Verifier,
             reason,
         }
     })
+}
+
+/// Refuses a `deliver` that the gateway could not use: at delivery time an
+/// unusable target only falls back to a local file with a warning, which
+/// is easy to miss. The webhook platform takes no messages (its `send`
+/// drops them), so a target naming it would lose every answer.
+fn check_deliver(deliver: &str) -> Result<(), String> {
+    let target: Target = deliver.parse().map_err(|e: TargetError| e.to_string())?;
+    if target.platform() == Some(PLATFORM) {
+        return Err(format!(
+            "`{target}` names the {PLATFORM} platform, which cannot take messages"
+        ));
+    }
+    Ok(())
 }
 
 fn is_loopback(host: &str) -> bool {
@@ -383,12 +419,15 @@ impl fmt::Debug for WebhookAdapter {
 }
 
 impl WebhookAdapter {
-    /// Checks every route and binds the listener now, so a bad secret or a
-    /// busy port stops the gateway at startup (and port 0 gets its real
-    /// number); serving starts in [`Adapter::run`].
+    /// Checks the settings and every route and binds the listener now, so
+    /// a bad secret, an unusable `deliver` or a busy port stops the gateway
+    /// at startup (and port 0 gets its real number); serving starts in
+    /// [`Adapter::run`].
     ///
     /// # Errors
-    /// A route that cannot be served (see [`WebhookError`]), or
+    /// `max_body_bytes: 0`, a route that cannot be served (a name that is
+    /// not a strict id, an empty or malformed secret, an unusable
+    /// `deliver`; every message names the route), or
     /// [`WebhookError::Bind`].
     pub async fn bind(settings: WebhookSettings) -> Result<WebhookAdapter, WebhookError> {
         if settings.max_body_bytes == 0 {
@@ -405,14 +444,9 @@ impl WebhookAdapter {
                 },
             );
         }
-        let bind_err = |source| WebhookError::Bind {
-            addr: format!("{}:{}", settings.host, settings.port),
-            source,
-        };
-        let listener = TcpListener::bind((settings.host.as_str(), settings.port))
+        let (listener, addr) = crate::listen::bind_listener(&settings.host, settings.port)
             .await
-            .map_err(bind_err)?;
-        let addr = listener.local_addr().map_err(bind_err)?;
+            .map_err(|(addr, source)| WebhookError::Bind { addr, source })?;
         let shared = server::Shared::new(
             routes,
             settings.max_body_bytes,
@@ -521,6 +555,15 @@ mod tests {
         Env::from_pairs(Vec::<(String, String)>::new())
     }
 
+    /// What starting the gateway with this config says: resolving, then
+    /// checking and binding (on a free port).
+    async fn start(yaml: &str) -> Result<(), WebhookError> {
+        let mut settings =
+            WebhookSettings::from_config(&config(yaml), &no_env())?.expect("webhooks are on");
+        settings.port = 0;
+        WebhookAdapter::bind(settings).await.map(drop)
+    }
+
     #[test]
     fn off_without_routes_unless_enabled() {
         assert!(
@@ -559,8 +602,8 @@ mod tests {
         assert!(!format!("{s:?}").contains("inline-secret"));
     }
 
-    #[test]
-    fn every_secret_problem_names_the_route() {
+    #[tokio::test]
+    async fn every_secret_problem_names_the_route() {
         let cases = [
             ("{scheme: github}", "MissingSecret"),
             ("{secret: '  ', scheme: github}", "MissingSecret"),
@@ -569,13 +612,71 @@ mod tests {
             ("{secret: 'whsec_@@@', scheme: svix}", "BadSecret"),
         ];
         for (route, kind) in cases {
-            let c = config(&format!(
-                "platforms:\n  webhook:\n    routes:\n      my-route: {route}\n"
-            ));
-            let e = WebhookSettings::from_config(&c, &no_env()).unwrap_err();
+            let yaml = format!("platforms:\n  webhook:\n    routes:\n      my-route: {route}\n");
+            let e = start(&yaml).await.unwrap_err();
             assert!(format!("{e:?}").starts_with(kind), "{route}: {e:?}");
             assert!(e.to_string().contains("my-route"), "{e}");
         }
+    }
+
+    #[tokio::test]
+    async fn an_unusable_deliver_target_refuses_to_start() {
+        let route = |deliver: &str| {
+            format!(
+                "platforms:\n  webhook:\n    routes:\n      my-route: {{secret: s, scheme: hmac, \
+                 deliver: '{deliver}'}}\n"
+            )
+        };
+        for bad in [
+            "telegram:",
+            "telegram:1:2:3",
+            "local:x",
+            "no such",
+            "webhook",
+            "WEBHOOK:my-route",
+        ] {
+            let e = start(&route(bad)).await.unwrap_err();
+            assert!(
+                matches!(&e, WebhookError::BadDeliver { route, .. } if route == "my-route"),
+                "{bad}: {e:?}"
+            );
+            assert!(e.to_string().contains("my-route"), "{e}");
+        }
+        for good in [
+            "",
+            "local",
+            "origin",
+            "telegram",
+            "telegram:42",
+            "Telegram:-100:7",
+        ] {
+            start(&route(good))
+                .await
+                .unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        // Settings built in code are checked the same way.
+        let mut routes = BTreeMap::new();
+        routes.insert(
+            "r".to_owned(),
+            RouteSettings {
+                deliver: "webhook:r".to_owned(),
+                ..RouteSettings::new(WebhookScheme::Hmac, "k")
+            },
+        );
+        let mut s = WebhookSettings::new(routes);
+        s.port = 0;
+        assert!(matches!(
+            WebhookAdapter::bind(s).await,
+            Err(WebhookError::BadDeliver { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_zero_body_limit_refuses_to_start() {
+        let e = start("platforms:\n  webhook:\n    enabled: true\n    max_body_bytes: 0\n")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, WebhookError::ZeroBodyLimit), "{e:?}");
     }
 
     #[test]

@@ -6,16 +6,24 @@
 //! 1. unknown route → 404; disabled route → 403
 //! 2. body over `max_body_bytes` → 413 (read no further than the limit)
 //! 3. signature → 401, the same answer whatever was wrong
-//! 4. the route's rate limit → 429 with `Retry-After`
-//! 5. the body as JSON → 400
-//! 6. event type not in the route's `events` → 200 `ignored`
-//! 7. delivery id seen within the hour → 200 `duplicate`
+//! 4. the body as JSON → 400
+//! 5. event type not in the route's `events` → 200 `ignored`
+//! 6. delivery seen within the hour → 200 `duplicate`
+//! 7. the route's rate limit → 429 with `Retry-After`
 //! 8. render the prompt, hand the event to the inbox → 202 `accepted`
 //!    (503 when the gateway is stopping or does not take it in time)
 //!
 //! The signature comes before the rate limit so that only authentic
 //! deliveries spend a route's budget: a stranger hammering a route cannot
-//! get the real sender's deliveries refused.
+//! get the real sender's deliveries refused. The event filter and the
+//! replay check come before it too, so that only deliveries that would
+//! become turns spend it: a chatty sender's unsubscribed events or retries
+//! do not crowd out the ones it acts on. A delivery the rate limit (or the
+//! inbox) refuses is forgotten by the replay cache again, so its retry is
+//! not called a duplicate.
+//!
+//! What a delivery claims in the replay cache depends on the scheme,
+//! because each signs something different (see [`identify`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,8 +36,7 @@ use axum::http::header::{CONTENT_LENGTH, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
+use bytes::Bytes;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use talaria_core::config::WebhookScheme;
@@ -37,22 +44,21 @@ use talaria_gateway::{ChatType, Inbox, MessageEvent, SessionSource};
 use tokio_util::sync::CancellationToken;
 
 use super::guard::{RateLimiter, ReplayCache};
-use super::signature::{Verifier, encode_hex};
+use super::signature::{Signed, Verifier, encode_hex};
 use super::{Clock, MAX_REMEMBERED_DELIVERIES, PLATFORM, REPLAY_TTL_SECS, RouteSettings};
 
 /// How long a delivery may wait for a saturated inbox before it is answered
 /// 503. Senders time out after about ten seconds (GitHub: 10) and retry.
 const SUBMIT_TIMEOUT: Duration = Duration::from_secs(8);
 
-/// Headers that carry a delivery id, most specific first.
-const DELIVERY_ID_HEADERS: [&str; 6] = [
-    "X-GitHub-Delivery",
-    "svix-id",
-    "webhook-id",
-    "X-Gitlab-Event-UUID",
-    "X-Request-Id",
-    "X-Webhook-Id",
-];
+// The delivery id header of each scheme whose id is not signed; Svix's id
+// is signed, so it comes from the verifier instead (see `identify`).
+/// GitHub's delivery GUID.
+const GITHUB_ID_HEADER: &str = "X-GitHub-Delivery";
+/// GitLab's event UUID.
+const GITLAB_ID_HEADER: &str = "X-Gitlab-Event-UUID";
+/// The generic scheme's optional id.
+const HMAC_ID_HEADER: &str = "X-Webhook-Id";
 
 /// Longest delivery id used as given; longer ones (or ones with other
 /// characters) are replaced by their hash, which is this long.
@@ -161,23 +167,15 @@ async fn receive(
         }
     };
     let now = shared.clock.unix_now();
-    if let Err(why) = route.verifier.verify(&headers, &body, now) {
-        // Info, not warn: anyone can make these, and a misconfigured sender
-        // shows up here with its reason.
-        tracing::info!(route = %name, reason = %why, "webhook delivery refused");
-        return refuse(StatusCode::UNAUTHORIZED, "missing or invalid signature");
-    }
-    if let Err(wait) = shared.limiter.admit(&name, now) {
-        tracing::warn!(route = %name, "webhook rate limit reached");
-        let mut response = refuse(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too many deliveries on this route; retry later",
-        );
-        if let Ok(v) = HeaderValue::from_str(&wait.to_string()) {
-            response.headers_mut().insert(RETRY_AFTER, v);
+    let signed = match route.verifier.verify(&headers, &body, now) {
+        Ok(signed) => signed,
+        Err(why) => {
+            // Info, not warn: anyone can make these, and a misconfigured
+            // sender shows up here with its reason.
+            tracing::info!(route = %name, reason = %why, "webhook delivery refused");
+            return refuse(StatusCode::UNAUTHORIZED, "missing or invalid signature");
         }
-        return response;
-    }
+    };
     let payload: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
@@ -194,14 +192,28 @@ async fn receive(
             json!({"status": "ignored", "route": name, "event": event}),
         );
     }
-    let delivery_id = delivery_id(&headers, &body, route.settings.scheme);
-    let claims = replay_keys(&name, &delivery_id, &body, route.settings.scheme);
+    let Identity {
+        id: delivery_id,
+        claims,
+    } = identify(&name, route.settings.scheme, &headers, &body, signed);
     if !claim_all(&shared.replays, &claims, now) {
         tracing::info!(route = %name, %delivery_id, "webhook delivery already seen");
         return answer(
             StatusCode::OK,
             json!({"status": "duplicate", "route": name, "delivery_id": delivery_id}),
         );
+    }
+    if let Err(wait) = shared.limiter.admit(&name, now) {
+        release_all(&shared.replays, &claims);
+        tracing::warn!(route = %name, %delivery_id, "webhook rate limit reached");
+        let mut response = refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many deliveries on this route; retry later",
+        );
+        if let Ok(v) = HeaderValue::from_str(&wait.to_string()) {
+            response.headers_mut().insert(RETRY_AFTER, v);
+        }
+        return response;
     }
     let text = prompt(&route.settings.prompt, &payload, &event, &name);
     let message = MessageEvent {
@@ -217,9 +229,7 @@ async fn receive(
         }
     };
     if !handed {
-        for key in &claims {
-            shared.replays.release(key);
-        }
+        release_all(&shared.replays, &claims);
         tracing::warn!(route = %name, %delivery_id, "the gateway did not take a webhook delivery");
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -244,9 +254,11 @@ enum BodyError {
 }
 
 /// The whole body, or [`BodyError::TooLarge`] as soon as it is known to be
-/// over `limit` (from `Content-Length`, or once that many bytes arrived),
+/// over `limit` (from `Content-Length`, or once more than that arrived),
 /// so no more than `limit` bytes are ever buffered.
 async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, BodyError> {
+    // `to_bytes` would only find out after reading the first chunk; a
+    // declared length is refused before reading anything.
     let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -254,16 +266,17 @@ async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Result<B
     if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX)) {
         return Err(BodyError::TooLarge);
     }
-    let mut stream = body.into_data_stream();
-    let mut buf = BytesMut::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|_| BodyError::Broken)?;
-        if buf.len().saturating_add(chunk.len()) > limit {
-            return Err(BodyError::TooLarge);
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        // `to_bytes` fails with either the body's own error (an
+        // `axum::Error`: the connection broke) or its length-limit error,
+        // whose type axum does not export; so whatever is not the body's
+        // error is the limit.
+        if e.into_inner().is::<axum::Error>() {
+            BodyError::Broken
+        } else {
+            BodyError::TooLarge
         }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(buf.freeze())
+    })
 }
 
 /// `X-GitHub-Event`, `X-Gitlab-Event`, the payload's `event_type` or
@@ -295,58 +308,111 @@ fn event_type(headers: &HeaderMap, payload: &Value) -> String {
     }
 }
 
-/// The delivery's id: the first id header present, kept as is when it is
-/// short and made of `[A-Za-z0-9._-]`, else its SHA-256. Without a header,
-/// the SHA-256 of what was signed (for the generic scheme the timestamp is
-/// part of it, so the same body sent twice on purpose is not a duplicate).
-/// Always safe in a session key.
-fn delivery_id(headers: &HeaderMap, body: &[u8], scheme: WebhookScheme) -> String {
-    let from_header = DELIVERY_ID_HEADERS.iter().find_map(|h| {
-        headers
-            .get(*h)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-    });
-    if let Some(raw) = from_header {
-        let clean = raw.len() <= MAX_DELIVERY_ID_LEN
-            && !raw.contains("..")
-            && raw
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-        return if clean {
-            raw.to_owned()
-        } else {
-            encode_hex(&Sha256::digest(raw.as_bytes()))
-        };
+/// How a delivery is named (in its session and in answers) and what it
+/// claims in the replay cache.
+#[derive(Debug, PartialEq, Eq)]
+struct Identity {
+    id: String,
+    claims: Vec<String>,
+}
+
+/// The delivery's id and replay claims, per scheme. Only the scheme's own
+/// id header is read: taking the first of a list would let a replayer add
+/// a header another scheme reads (an `X-GitHub-Delivery` on a Svix route)
+/// and get a fresh id. Where the id is not signed, what is signed is
+/// claimed as well, so a captured delivery resent under a new id (or none)
+/// is still a duplicate:
+///
+/// - `github`, `gitlab`: the id header (`X-GitHub-Delivery`,
+///   `X-Gitlab-Event-UUID`), and the body's digest, since neither signs an
+///   id or a timestamp;
+/// - `svix`: the id the signature covers (`svix-id` or `webhook-id`), which
+///   cannot be changed without breaking it;
+/// - `hmac`: `X-Webhook-Id` when present, and the digest of the signed
+///   `<timestamp>.<body>`, so two identical bodies sent on purpose at
+///   different times are not duplicates.
+///
+/// Without an id header, the id is the digest that is claimed. Claims are
+/// namespaced (`id:`, `body:`, `signed:`) so an id header cannot be chosen
+/// to collide with another delivery's digest.
+fn identify(
+    route: &str,
+    scheme: WebhookScheme,
+    headers: &HeaderMap,
+    body: &[u8],
+    signed: Signed<'_>,
+) -> Identity {
+    let (header, (kind, digest)) = match scheme {
+        WebhookScheme::Github => (id_header(headers, GITHUB_ID_HEADER), ("body", sha256(body))),
+        WebhookScheme::Gitlab => (id_header(headers, GITLAB_ID_HEADER), ("body", sha256(body))),
+        WebhookScheme::Hmac => (
+            id_header(headers, HMAC_ID_HEADER),
+            ("signed", signed_digest(signed, body)),
+        ),
+        WebhookScheme::Svix => match signed.id {
+            Some(id) => {
+                let id = clean_id(id);
+                return Identity {
+                    claims: vec![format!("{route}:id:{id}")],
+                    id,
+                };
+            }
+            // A passing Svix check always reports its id; should it not,
+            // what it signed still names the delivery.
+            None => (None, ("signed", signed_digest(signed, body))),
+        },
+    };
+    let mut claims = Vec::with_capacity(2);
+    let id = match header {
+        Some(raw) => {
+            let id = clean_id(raw);
+            claims.push(format!("{route}:id:{id}"));
+            id
+        }
+        None => digest.clone(),
+    };
+    claims.push(format!("{route}:{kind}:{digest}"));
+    Identity { id, claims }
+}
+
+/// A header's value, trimmed, when present and not empty.
+fn id_header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+/// `raw` as is when it is short and made of `[A-Za-z0-9._-]` (without
+/// `..`), else its SHA-256, so the id is always safe in a session key.
+fn clean_id(raw: &str) -> String {
+    let clean = raw.len() <= MAX_DELIVERY_ID_LEN
+        && !raw.contains("..")
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if clean {
+        raw.to_owned()
+    } else {
+        sha256(raw.as_bytes())
     }
+}
+
+/// The digest of `<timestamp>.<body>` as signed (the body alone when no
+/// timestamp was signed).
+fn signed_digest(signed: Signed<'_>, body: &[u8]) -> String {
     let mut hasher = Sha256::new();
-    if scheme == WebhookScheme::Hmac
-        && let Some(ts) = headers
-            .get("X-Webhook-Timestamp")
-            .and_then(|v| v.to_str().ok())
-    {
-        hasher.update(ts.trim().as_bytes());
+    if let Some(ts) = signed.timestamp {
+        hasher.update(ts.as_bytes());
         hasher.update(b".");
     }
     hasher.update(body);
     encode_hex(&hasher.finalize())
 }
 
-/// What a delivery claims in the replay cache. GitHub and GitLab do not
-/// sign their delivery id (nor a timestamp), so whoever captured a delivery
-/// could resend it under a fresh id; for them the body's digest is claimed
-/// too. Svix and the generic scheme sign a timestamp, which bounds replays
-/// to the tolerance window, and Svix signs its id.
-fn replay_keys(route: &str, delivery_id: &str, body: &[u8], scheme: WebhookScheme) -> Vec<String> {
-    let mut keys = vec![format!("{route}:{delivery_id}")];
-    if matches!(scheme, WebhookScheme::Github | WebhookScheme::Gitlab) {
-        let digest = encode_hex(&Sha256::digest(body));
-        if digest != delivery_id {
-            keys.push(format!("{route}:body:{digest}"));
-        }
-    }
-    keys
+fn sha256(bytes: &[u8]) -> String {
+    encode_hex(&Sha256::digest(bytes))
 }
 
 /// Claims every key, or none: when one was already seen, the ones just
@@ -354,13 +420,18 @@ fn replay_keys(route: &str, delivery_id: &str, body: &[u8], scheme: WebhookSchem
 fn claim_all(cache: &ReplayCache, keys: &[String], now: i64) -> bool {
     for (i, key) in keys.iter().enumerate() {
         if !cache.claim(key, now) {
-            for done in &keys[..i] {
-                cache.release(done);
-            }
+            release_all(cache, &keys[..i]);
             return false;
         }
     }
     true
+}
+
+/// Forgets claims whose delivery was not handed over after all.
+fn release_all(cache: &ReplayCache, keys: &[String]) {
+    for key in keys {
+        cache.release(key);
+    }
 }
 
 /// The rendered prompt, never a slash command: a payload field (a commit
@@ -432,31 +503,46 @@ mod tests {
         );
     }
 
+    fn identity(scheme: WebhookScheme, h: &HeaderMap, body: &[u8], signed: Signed) -> Identity {
+        identify("r", scheme, h, body, signed)
+    }
+
+    const SVIX_SIGNED: Signed<'static> = Signed {
+        id: Some("msg_2Lh9"),
+        timestamp: Some("1"),
+    };
+
     #[test]
     fn delivery_ids_are_safe_in_session_keys() {
         let h = headers(&[("X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958")]);
         assert_eq!(
-            delivery_id(&h, b"{}", WebhookScheme::Github),
+            identity(WebhookScheme::Github, &h, b"{}", Signed::default()).id,
             "72d3162e-cc78-11e3-81ab-4c9367dc0958"
         );
-        let h = headers(&[("svix-id", "msg_2Lh9"), ("X-Request-Id", "other")]);
-        assert_eq!(delivery_id(&h, b"{}", WebhookScheme::Svix), "msg_2Lh9");
         for raw in ["../../etc", "a:b", "a/b", "x y", &"z".repeat(65)] {
-            let id = delivery_id(&headers(&[("X-Webhook-Id", raw)]), b"", WebhookScheme::Hmac);
+            let h = headers(&[("X-Webhook-Id", raw)]);
+            let id = identity(WebhookScheme::Hmac, &h, b"", Signed::default()).id;
             assert_eq!(id.len(), 64, "{raw}");
             assert!(id.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
         }
-        let body = delivery_id(&HeaderMap::new(), b"{}", WebhookScheme::Github);
-        assert_eq!(body, encode_hex(&Sha256::digest(b"{}")));
+        let body = identity(
+            WebhookScheme::Github,
+            &HeaderMap::new(),
+            b"{}",
+            Signed::default(),
+        )
+        .id;
+        assert_eq!(body, sha256(b"{}"));
         // The generic scheme's timestamp tells two identical bodies apart.
         let at = |ts| {
-            delivery_id(
-                &headers(&[("X-Webhook-Timestamp", ts)]),
-                b"{}",
-                WebhookScheme::Hmac,
-            )
+            let signed = Signed {
+                id: None,
+                timestamp: Some(ts),
+            };
+            identity(WebhookScheme::Hmac, &HeaderMap::new(), b"{}", signed).id
         };
         assert_ne!(at("1"), at("2"));
+        assert_eq!(at("1"), sha256(b"1.{}"));
         for id in ["72d3162e-cc78", "msg_1", &body, "a.b"] {
             let s = source("gh-push", id);
             SessionKey::for_source(&s, KeyPolicy::default()).unwrap();
@@ -464,25 +550,117 @@ mod tests {
     }
 
     #[test]
-    fn replay_keys_cover_unsigned_ids() {
-        assert_eq!(replay_keys("r", "id", b"{}", WebhookScheme::Svix).len(), 1);
-        assert_eq!(replay_keys("r", "id", b"{}", WebhookScheme::Hmac).len(), 1);
+    fn each_scheme_reads_only_its_own_id_header() {
+        // Every id header at once, as a replayer adding some would send.
+        let all = headers(&[
+            ("X-GitHub-Delivery", "gh"),
+            ("X-Gitlab-Event-UUID", "gl"),
+            ("svix-id", "unsigned"),
+            ("X-Request-Id", "req"),
+            ("X-Webhook-Id", "hm"),
+        ]);
+        let id = |scheme, signed| identity(scheme, &all, b"{}", signed).id;
+        assert_eq!(id(WebhookScheme::Github, Signed::default()), "gh");
+        assert_eq!(id(WebhookScheme::Gitlab, Signed::default()), "gl");
+        // Svix: the id the signature covered, whatever the headers say.
+        assert_eq!(id(WebhookScheme::Svix, SVIX_SIGNED), "msg_2Lh9");
+        assert_eq!(id(WebhookScheme::Hmac, Signed::default()), "hm");
+        // `X-Request-Id` is nobody's id.
+        let h = headers(&[("X-Request-Id", "req")]);
+        let signed = Signed {
+            id: None,
+            timestamp: Some("1"),
+        };
         assert_eq!(
-            replay_keys("r", "id", b"{}", WebhookScheme::Github).len(),
-            2
+            identity(WebhookScheme::Hmac, &h, b"{}", signed).id,
+            sha256(b"1.{}")
         );
-        let digest = encode_hex(&Sha256::digest(b"{}"));
+    }
+
+    #[test]
+    fn replays_are_claimed_on_what_is_signed() {
+        let digest = sha256(b"{}");
+        let h = headers(&[("X-GitHub-Delivery", "a")]);
         assert_eq!(
-            replay_keys("r", &digest, b"{}", WebhookScheme::Gitlab),
-            vec![format!("r:{digest}")]
+            identity(WebhookScheme::Github, &h, b"{}", Signed::default()).claims,
+            vec!["r:id:a".to_owned(), format!("r:body:{digest}")]
         );
+        assert_eq!(
+            identity(
+                WebhookScheme::Gitlab,
+                &HeaderMap::new(),
+                b"{}",
+                Signed::default()
+            )
+            .claims,
+            vec![format!("r:body:{digest}")]
+        );
+        // Svix signs its id: that alone is claimed, and headers do not
+        // change it.
+        let noisy = headers(&[("X-GitHub-Delivery", "other"), ("X-Webhook-Id", "x")]);
+        assert_eq!(
+            identity(WebhookScheme::Svix, &noisy, b"{}", SVIX_SIGNED).claims,
+            vec!["r:id:msg_2Lh9".to_owned()]
+        );
+        // The generic scheme always claims its signed timestamp and body,
+        // with or without an id header.
+        let signed = Signed {
+            id: None,
+            timestamp: Some("1"),
+        };
+        let signed_key = format!("r:signed:{}", sha256(b"1.{}"));
+        let bare = identity(WebhookScheme::Hmac, &HeaderMap::new(), b"{}", signed);
+        assert_eq!(bare.claims, vec![signed_key.clone()]);
+        let named = identity(
+            WebhookScheme::Hmac,
+            &headers(&[("X-Webhook-Id", "w")]),
+            b"{}",
+            signed,
+        );
+        assert_eq!(named.claims, vec!["r:id:w".to_owned(), signed_key]);
+
         let cache = ReplayCache::new(3600, 100);
-        let first = replay_keys("r", "a", b"{}", WebhookScheme::Github);
-        assert!(claim_all(&cache, &first, 0));
-        let resent = replay_keys("r", "b", b"{}", WebhookScheme::Github);
-        assert!(!claim_all(&cache, &resent, 0));
-        // The refused claim left nothing behind.
-        assert!(cache.claim("r:b", 0));
+        assert!(claim_all(&cache, &bare.claims, 0));
+        // The same signed delivery with an id header added is a duplicate...
+        assert!(!claim_all(&cache, &named.claims, 0));
+        // ...and the refused claim left nothing behind.
+        assert!(cache.claim("r:id:w", 0));
+        // A GitHub delivery resent under a fresh id is caught by its body.
+        let first = identity(WebhookScheme::Github, &h, b"{}", Signed::default());
+        assert!(claim_all(&cache, &first.claims, 0));
+        let renamed = headers(&[("X-GitHub-Delivery", "b")]);
+        let resent = identity(WebhookScheme::Github, &renamed, b"{}", Signed::default());
+        assert!(!claim_all(&cache, &resent.claims, 0));
+        // So is one resent without an id at all.
+        let bare = identity(
+            WebhookScheme::Github,
+            &HeaderMap::new(),
+            b"{}",
+            Signed::default(),
+        );
+        assert!(!claim_all(&cache, &bare.claims, 0));
+        // An id header cannot be picked to collide with a digest claim.
+        let forged = headers(&[("X-GitHub-Delivery", digest.as_str())]);
+        let other = identity(WebhookScheme::Github, &forged, b"[]", Signed::default());
+        assert!(claim_all(&cache, &other.claims, 0));
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_up_to_the_limit() {
+        let streamed = |chunks: Vec<Result<&'static [u8], std::io::Error>>| {
+            Body::from_stream(futures::stream::iter(chunks))
+        };
+        let ok = read_limited(streamed(vec![Ok(b"ab"), Ok(b"cd")]), &HeaderMap::new(), 4).await;
+        assert_eq!(ok.ok().as_deref(), Some(&b"abcd"[..]));
+        let over = read_limited(streamed(vec![Ok(b"ab"), Ok(b"cde")]), &HeaderMap::new(), 4).await;
+        assert!(matches!(over, Err(BodyError::TooLarge)));
+        let broken = streamed(vec![Ok(b"ab"), Err(std::io::Error::other("reset"))]);
+        let broken = read_limited(broken, &HeaderMap::new(), 4).await;
+        assert!(matches!(broken, Err(BodyError::Broken)));
+        // A declared length over the limit is refused before reading.
+        let declared = headers(&[("content-length", "5")]);
+        let early = read_limited(streamed(vec![Ok(b"ab")]), &declared, 4).await;
+        assert!(matches!(early, Err(BodyError::TooLarge)));
     }
 
     #[test]

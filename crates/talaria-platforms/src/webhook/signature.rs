@@ -41,13 +41,26 @@ pub enum Refusal {
     Mismatch,
 }
 
+/// What a passing check vouches for besides the body: the values the
+/// signature covered, so the replay cache can be keyed on them rather than
+/// on headers a replayer could add or change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Signed<'a> {
+    /// The delivery id the signature covers (Svix: `svix-id`, or
+    /// `webhook-id` when that is the one that was used).
+    pub id: Option<&'a str>,
+    /// The timestamp the signature covers (Svix and the generic scheme).
+    pub timestamp: Option<&'a str>,
+}
+
 /// One route's check: its scheme and the MAC keyed with its secret.
 pub struct Verifier {
     scheme: WebhookScheme,
     /// Keyed, nothing fed yet; cloned for every delivery.
     mac: HmacSha256,
-    /// For GitLab: the MAC of the secret itself (see [`Verifier::gitlab`]).
-    token_mac: Vec<u8>,
+    /// For GitLab only: the MAC of the secret itself (see
+    /// [`Verifier::gitlab`]); the other schemes never need it.
+    token_mac: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -78,9 +91,11 @@ impl Verifier {
         }
         let mac = <HmacSha256 as Mac>::new_from_slice(&key)
             .map_err(|e| format!("the secret cannot key HMAC-SHA256 ({e})"))?;
-        let mut token = mac.clone();
-        token.update(&key);
-        let token_mac = token.finalize().into_bytes().to_vec();
+        let token_mac = (scheme == WebhookScheme::Gitlab).then(|| {
+            let mut token = mac.clone();
+            token.update(&key);
+            token.finalize().into_bytes().to_vec()
+        });
         Ok(Verifier {
             scheme,
             mac,
@@ -92,17 +107,18 @@ impl Verifier {
     ///
     /// # Errors
     /// Why the delivery is not authentic (see [`Refusal`]).
-    pub fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Refusal> {
+    pub fn verify<'a>(
+        &self,
+        headers: &'a HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Signed<'a>, Refusal> {
         match self.scheme {
-            WebhookScheme::Github => self.github(headers, body),
-            WebhookScheme::Gitlab => self.gitlab(headers),
+            WebhookScheme::Github => self.github(headers, body).map(|()| Signed::default()),
+            WebhookScheme::Gitlab => self.gitlab(headers).map(|()| Signed::default()),
             WebhookScheme::Svix => self.svix(headers, body, now),
             WebhookScheme::Hmac => self.generic(headers, body, now),
         }
-    }
-
-    fn mac(&self) -> HmacSha256 {
-        self.mac.clone()
     }
 
     fn github(&self, headers: &HeaderMap, body: &[u8]) -> Result<(), Refusal> {
@@ -112,23 +128,30 @@ impl Verifier {
             .strip_prefix("sha256=")
             .ok_or(Refusal::Malformed(NAME))?;
         let presented = decode_hex(hex).ok_or(Refusal::Malformed(NAME))?;
-        let mut mac = self.mac();
+        let mut mac = self.mac.clone();
         mac.update(body);
         mac.verify_slice(&presented).map_err(|_| Refusal::Mismatch)
     }
 
     fn gitlab(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         let presented = header(headers, "X-Gitlab-Token")?;
+        // Only a verifier built for another scheme lacks the token MAC, and
+        // it never gets here; refusing keeps that impossible case closed.
+        let expected = self.token_mac.as_deref().ok_or(Refusal::Mismatch)?;
         // GitLab sends the secret itself. Comparing MACs of both sides keyed
         // with the secret makes the comparison constant-time and of fixed
         // length, so not even the secret's length leaks.
-        let mut mac = self.mac();
+        let mut mac = self.mac.clone();
         mac.update(presented.as_bytes());
-        mac.verify_slice(&self.token_mac)
-            .map_err(|_| Refusal::Mismatch)
+        mac.verify_slice(expected).map_err(|_| Refusal::Mismatch)
     }
 
-    fn svix(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Refusal> {
+    fn svix<'a>(
+        &self,
+        headers: &'a HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Signed<'a>, Refusal> {
         // Standard Webhooks is Svix without the brand: same scheme, headers
         // named `webhook-*`.
         let either = |svix: &'static str, standard: &'static str| {
@@ -138,7 +161,7 @@ impl Verifier {
         let timestamp = either("svix-timestamp", "webhook-timestamp")?;
         let signatures = either("svix-signature", "webhook-signature")?;
         check_timestamp(timestamp, "svix-timestamp", now)?;
-        let mut mac = self.mac();
+        let mut mac = self.mac.clone();
         mac.update(id.as_bytes());
         mac.update(b".");
         mac.update(timestamp.as_bytes());
@@ -151,24 +174,37 @@ impl Verifier {
             .filter_map(|b64| BASE64.decode(b64).ok())
             .any(|sig| mac.clone().verify_slice(&sig).is_ok());
         if matched {
-            Ok(())
+            Ok(Signed {
+                id: Some(id),
+                timestamp: Some(timestamp),
+            })
         } else {
             Err(Refusal::Mismatch)
         }
     }
 
-    fn generic(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Refusal> {
+    fn generic<'a>(
+        &self,
+        headers: &'a HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Signed<'a>, Refusal> {
         const NAME: &str = "X-Webhook-Signature";
         let timestamp = header(headers, "X-Webhook-Timestamp")?;
         check_timestamp(timestamp, "X-Webhook-Timestamp", now)?;
         let value = header(headers, NAME)?;
         let hex = value.strip_prefix("sha256=").unwrap_or(value);
         let presented = decode_hex(hex).ok_or(Refusal::Malformed(NAME))?;
-        let mut mac = self.mac();
+        let mut mac = self.mac.clone();
         mac.update(timestamp.as_bytes());
         mac.update(b".");
         mac.update(body);
-        mac.verify_slice(&presented).map_err(|_| Refusal::Mismatch)
+        mac.verify_slice(&presented)
+            .map_err(|_| Refusal::Mismatch)?;
+        Ok(Signed {
+            id: None,
+            timestamp: Some(timestamp),
+        })
     }
 }
 
@@ -251,7 +287,8 @@ mod tests {
         let v = Verifier::new(WebhookScheme::Github, "It's a Secret to Everybody").unwrap();
         let sig = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
         let h = headers(&[("X-Hub-Signature-256", sig)]);
-        assert_eq!(v.verify(&h, b"Hello, World!", NOW), Ok(()));
+        // GitHub signs neither an id nor a timestamp.
+        assert_eq!(v.verify(&h, b"Hello, World!", NOW), Ok(Signed::default()));
         assert_eq!(v.verify(&h, b"Hello, World?", NOW), Err(Refusal::Mismatch));
         let h = headers(&[("X-Hub-Signature-256", &sig[7..])]);
         assert!(matches!(
@@ -265,11 +302,24 @@ mod tests {
     }
 
     #[test]
+    fn only_gitlab_keeps_a_token_mac() {
+        for scheme in [
+            WebhookScheme::Github,
+            WebhookScheme::Svix,
+            WebhookScheme::Hmac,
+        ] {
+            assert!(Verifier::new(scheme, "k").unwrap().token_mac.is_none());
+        }
+        let v = Verifier::new(WebhookScheme::Gitlab, "k").unwrap();
+        assert!(v.token_mac.is_some());
+    }
+
+    #[test]
     fn gitlab_token_must_be_equal() {
         let v = Verifier::new(WebhookScheme::Gitlab, "tok-123").unwrap();
         assert_eq!(
             v.verify(&headers(&[("X-Gitlab-Token", "tok-123")]), b"", NOW),
-            Ok(())
+            Ok(Signed::default())
         );
         for bad in ["tok-124", "tok-12", "tok-1234", "x"] {
             assert_eq!(
@@ -295,8 +345,12 @@ mod tests {
             ("svix-timestamp", &ts),
             ("svix-signature", &list),
         ]);
-        assert_eq!(v.verify(&h, b"{}", NOW), Ok(()));
-        assert_eq!(v.verify(&h, b"{}", NOW + TOLERANCE_SECS), Ok(()));
+        let signed = Signed {
+            id: Some("msg_1"),
+            timestamp: Some(ts.as_str()),
+        };
+        assert_eq!(v.verify(&h, b"{}", NOW), Ok(signed));
+        assert_eq!(v.verify(&h, b"{}", NOW + TOLERANCE_SECS), Ok(signed));
         assert_eq!(
             v.verify(&h, b"{}", NOW + TOLERANCE_SECS + 1),
             Err(Refusal::Stale(TOLERANCE_SECS + 1))
@@ -308,7 +362,12 @@ mod tests {
             ("webhook-timestamp", &ts),
             ("webhook-signature", &format!("v1,{good}")),
         ]);
-        assert_eq!(v.verify(&h, b"{}", NOW), Ok(()));
+        assert_eq!(v.verify(&h, b"{}", NOW), Ok(signed));
+        // An empty `svix-id` is absent: the `webhook-id` that was signed is
+        // the one reported, not the header that merely came first.
+        let mut h = h;
+        h.insert("svix-id", HeaderValue::from_static(""));
+        assert_eq!(v.verify(&h, b"{}", NOW).map(|s| s.id), Ok(Some("msg_1")));
         assert!(Verifier::new(WebhookScheme::Svix, "whsec_!!!").is_err());
         // Without the prefix the secret's bytes are the key.
         let v = Verifier::new(WebhookScheme::Svix, "plain").unwrap();
@@ -320,7 +379,7 @@ mod tests {
             ("svix-timestamp", &ts),
             ("svix-signature", &sig),
         ]);
-        assert_eq!(v.verify(&h, b"x", NOW), Ok(()));
+        assert!(v.verify(&h, b"x", NOW).is_ok());
     }
 
     #[test]
@@ -330,7 +389,11 @@ mod tests {
         let hex = hmac_hex(b"k", format!("{ts}.body").as_bytes());
         for sig in [format!("sha256={hex}"), hex.clone(), hex.to_uppercase()] {
             let h = headers(&[("X-Webhook-Timestamp", &ts), ("X-Webhook-Signature", &sig)]);
-            assert_eq!(v.verify(&h, b"body", NOW), Ok(()), "{sig}");
+            let signed = Signed {
+                id: None,
+                timestamp: Some(ts.as_str()),
+            };
+            assert_eq!(v.verify(&h, b"body", NOW), Ok(signed), "{sig}");
         }
         let h = headers(&[("X-Webhook-Signature", &hex)]);
         assert_eq!(
