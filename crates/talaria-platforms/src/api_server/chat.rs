@@ -10,9 +10,11 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use rand::Rng;
 use serde_json::{Value, json};
-use talaria_agent::{NullObserver, TurnExit, TurnOutcome};
+use talaria_agent::{AgentError, NullObserver, TurnExit, TurnObserver, TurnOutcome};
 use talaria_core::{Message, Usage};
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::JoinHandle;
+use tokio_util::sync::DropGuard;
 
 use super::AppState;
 use super::error::ApiError;
@@ -218,6 +220,57 @@ pub(crate) struct Admitted {
     pub(crate) session_lock: tokio::sync::OwnedMutexGuard<()>,
 }
 
+/// A turn running in its own task, which owns the run permit and the
+/// session lock until the turn has really ended.
+pub(crate) struct RunningTurn {
+    pub(crate) labels: Labels,
+    /// Cancels the turn when dropped: whoever waits for the answer holds it,
+    /// so a client that goes away interrupts the turn.
+    pub(crate) guard: DropGuard,
+    pub(crate) task: JoinHandle<Result<TurnOutcome, AgentError>>,
+}
+
+impl Admitted {
+    /// Starts the turn, reporting progress to `observer`.
+    pub(crate) fn spawn_turn(self, observer: impl TurnObserver + 'static) -> RunningTurn {
+        let Admitted {
+            state,
+            session,
+            input,
+            labels,
+            permit,
+            session_lock,
+            ..
+        } = self;
+        let cancel = state.turns.child_token();
+        let guard = cancel.clone().drop_guard();
+        let agent = state.agent.clone();
+        let task = tokio::spawn(async move {
+            let _permit = permit;
+            let _session_lock = session_lock;
+            agent.run_turn(&session, &input, &observer, cancel).await
+        });
+        RunningTurn {
+            labels,
+            guard,
+            task,
+        }
+    }
+}
+
+impl Labels {
+    /// A `chat.completion.chunk` object carrying `delta`.
+    pub(crate) fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        })
+    }
+}
+
 /// The handler.
 pub(crate) async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -303,27 +356,11 @@ async fn admit(
 
 /// Runs the turn in its own task and answers with one `chat.completion`.
 async fn complete(admitted: Admitted) -> Response {
-    let Admitted {
-        state,
-        session,
-        input,
+    let RunningTurn {
         labels,
-        permit,
-        session_lock,
-        ..
-    } = admitted;
-    let cancel = state.turns.child_token();
-    // Dropped with this future when the client disconnects: interrupts the
-    // turn instead of letting it run for nobody.
-    let guard = cancel.clone().drop_guard();
-    let agent = state.agent.clone();
-    let task = tokio::spawn(async move {
-        let _permit = permit;
-        let _session_lock = session_lock;
-        agent
-            .run_turn(&session, &input, &NullObserver, cancel)
-            .await
-    });
+        guard,
+        task,
+    } = admitted.spawn_turn(NullObserver);
     let result = task.await;
     guard.disarm();
     match result {

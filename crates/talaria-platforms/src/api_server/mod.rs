@@ -226,14 +226,9 @@ impl ApiServer {
         settings: ApiServerSettings,
         agent: Arc<Agent>,
     ) -> Result<ApiServer, ApiServerError> {
-        let bind_err = |source| ApiServerError::Bind {
-            addr: format!("{}:{}", settings.host, settings.port),
-            source,
-        };
-        let listener = TcpListener::bind((settings.host.as_str(), settings.port))
+        let (listener, addr) = crate::listen::bind_listener(&settings.host, settings.port)
             .await
-            .map_err(bind_err)?;
-        let addr = listener.local_addr().map_err(bind_err)?;
+            .map_err(|(addr, source)| ApiServerError::Bind { addr, source })?;
         let turns = CancellationToken::new();
         let state = Arc::new(AppState {
             agent,

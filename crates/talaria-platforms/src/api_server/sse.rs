@@ -6,20 +6,19 @@
 //! `data: [DONE]`. A `: keepalive` comment goes out after
 //! [`KEEPALIVE`] of silence so proxies do not close a quiet stream.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::{Stream, StreamExt, stream};
 use serde_json::{Value, json};
-use talaria_agent::{AgentError, TurnExit, TurnObserver, TurnOutcome};
+use talaria_agent::{TurnExit, TurnObserver, TurnOutcome};
 use tokio::sync::mpsc;
-use tokio_util::sync::DropGuard;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::chat::{Admitted, Labels, finish_reason, usage_json};
+use super::chat::{Admitted, Labels, RunningTurn, finish_reason, usage_json};
 use super::error::ApiError;
 
 /// Silence after which a keepalive comment is sent.
@@ -33,12 +32,7 @@ pub(crate) const TOOL_PROGRESS_EVENT: &str = "talaria.tool.progress";
 enum Progress {
     Text(String),
     ToolStarted(String),
-    ToolFinished {
-        name: String,
-        ok: bool,
-    },
-    /// The turn ended; always the last message.
-    Finished(Result<TurnOutcome, String>),
+    ToolFinished { name: String, ok: bool },
 }
 
 /// Forwards the turn's progress to the response body. The channel is
@@ -78,33 +72,9 @@ impl TurnObserver for ChannelObserver {
 
 /// Starts the turn and answers with its event stream.
 pub(crate) fn respond(admitted: Admitted) -> Response {
-    let Admitted {
-        state,
-        session,
-        input,
-        labels,
-        permit,
-        session_lock,
-        ..
-    } = admitted;
-    let cancel = state.turns.child_token();
-    let guard = cancel.clone().drop_guard();
     let (tx, rx) = mpsc::unbounded_channel();
-    let agent = state.agent.clone();
-    tokio::spawn(async move {
-        let _permit = permit;
-        let _session_lock = session_lock;
-        let observer = ChannelObserver { tx: tx.clone() };
-        let result = agent
-            .run_turn(&session, &input, &observer, cancel)
-            .await
-            .map_err(|e: AgentError| {
-                tracing::warn!(error = %e, "API streamed turn failed");
-                e.to_string()
-            });
-        let _ = tx.send(Progress::Finished(result));
-    });
-    let sse = Sse::new(events(labels, rx, guard))
+    let turn = admitted.spawn_turn(ChannelObserver { tx });
+    let sse = Sse::new(events(turn, rx))
         .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"));
     let mut response = sse.into_response();
     // Tells nginx-style proxies not to buffer the stream.
@@ -115,79 +85,62 @@ pub(crate) fn respond(admitted: Admitted) -> Response {
     response
 }
 
-/// The body's state. Owns the guard: when the server drops the body (the
-/// client went away), the guard cancels the turn.
-struct Body {
-    labels: Labels,
+/// The role chunk, the progress as it comes, then (once the turn task has
+/// ended and dropped the observer, which closes the channel) the final
+/// chunk and `[DONE]`. The turn's drop guard lives in the stream: when the
+/// server drops the body because the client went away, the turn is
+/// cancelled.
+fn events(
+    turn: RunningTurn,
     rx: mpsc::UnboundedReceiver<Progress>,
-    queued: VecDeque<Event>,
-    finished: bool,
-    _guard: DropGuard,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let RunningTurn {
+        labels,
+        guard,
+        task,
+    } = turn;
+    let role = chunk(&labels, json!({"role": "assistant"}));
+    let progress = UnboundedReceiverStream::new(rx).map({
+        let labels = labels.clone();
+        move |p| progress_event(&labels, p)
+    });
+    let end = stream::once(async move {
+        let result = match task.await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "API streamed turn failed");
+                Err(e.to_string())
+            }
+            // The task panicked: close the stream properly so the client
+            // does not wait for more.
+            Err(_) => Err("the turn stopped unexpectedly".to_owned()),
+        };
+        drop(guard);
+        stream::iter([
+            final_chunk(&labels, result),
+            Event::default().data("[DONE]"),
+        ])
+    })
+    .flatten();
+    stream::once(async move { role })
+        .chain(progress)
+        .chain(end)
+        .map(Ok)
 }
 
-fn events(
-    labels: Labels,
-    rx: mpsc::UnboundedReceiver<Progress>,
-    guard: DropGuard,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let role = chunk(&labels, json!({"role": "assistant"}));
-    let body = Body {
-        labels,
-        rx,
-        queued: VecDeque::from([role]),
-        finished: false,
-        _guard: guard,
-    };
-    futures::stream::unfold(body, |mut body| async move {
-        loop {
-            if let Some(event) = body.queued.pop_front() {
-                return Some((Ok(event), body));
-            }
-            if body.finished {
-                return None;
-            }
-            match body.rx.recv().await {
-                Some(Progress::Text(delta)) => {
-                    let event = chunk(&body.labels, json!({"content": delta}));
-                    body.queued.push_back(event);
-                }
-                Some(Progress::ToolStarted(name)) => {
-                    body.queued
-                        .push_back(tool_event(json!({"tool": name, "status": "running"})));
-                }
-                Some(Progress::ToolFinished { name, ok }) => {
-                    body.queued.push_back(tool_event(
-                        json!({"tool": name, "status": "completed", "ok": ok}),
-                    ));
-                }
-                Some(Progress::Finished(result)) => {
-                    body.queued.push_back(final_chunk(&body.labels, result));
-                    body.queued.push_back(Event::default().data("[DONE]"));
-                    body.finished = true;
-                }
-                // The task ended without reporting (it panicked): close the
-                // stream properly so the client does not wait for more.
-                None => {
-                    let lost = Err("the turn stopped unexpectedly".to_owned());
-                    body.queued.push_back(final_chunk(&body.labels, lost));
-                    body.queued.push_back(Event::default().data("[DONE]"));
-                    body.finished = true;
-                }
-            }
+fn progress_event(labels: &Labels, progress: Progress) -> Event {
+    match progress {
+        Progress::Text(delta) => chunk(labels, json!({"content": delta})),
+        Progress::ToolStarted(name) => tool_event(json!({"tool": name, "status": "running"})),
+        Progress::ToolFinished { name, ok } => {
+            tool_event(json!({"tool": name, "status": "completed", "ok": ok}))
         }
-    })
+    }
 }
 
 /// A chunk carrying `delta`, not the last one.
 fn chunk(labels: &Labels, delta: Value) -> Event {
-    let body = json!({
-        "id": labels.id,
-        "object": "chat.completion.chunk",
-        "created": labels.created,
-        "model": labels.model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": null}],
-    });
-    Event::default().data(body.to_string())
+    Event::default().data(labels.chunk(delta, None).to_string())
 }
 
 fn tool_event(data: Value) -> Event {
@@ -219,18 +172,12 @@ fn final_chunk(labels: &Labels, result: Result<TurnOutcome, String>) -> Event {
             Some(ApiError::internal(format!("The turn failed: {why}"))),
         ),
     };
-    let mut event = json!({
-        "id": labels.id,
-        "object": "chat.completion.chunk",
-        "created": labels.created,
-        "model": labels.model,
-        "choices": [{"index": 0, "delta": {}, "finish_reason": reason}],
-        "usage": usage,
-    });
-    if let (Some(error), Some(object)) = (error, event.as_object_mut())
-        && let Some(inner) = error.body().get("error").cloned()
-    {
-        object.insert("error".to_owned(), inner);
+    let mut event = labels.chunk(json!({}), Some(reason));
+    if let Some(object) = event.as_object_mut() {
+        object.insert("usage".to_owned(), usage);
+        if let Some(inner) = error.and_then(|e| e.body().get("error").cloned()) {
+            object.insert("error".to_owned(), inner);
+        }
     }
     Event::default().data(event.to_string())
 }
