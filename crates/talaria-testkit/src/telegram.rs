@@ -573,6 +573,9 @@ async fn handle(
     let token = bot.strip_prefix("bot").unwrap_or("");
     let authorized = !token.is_empty() && token == shared.token;
     let params = params(uri.query(), &headers, &body);
+    // Decided before the attempt is logged (and waiters woken): a test that
+    // sees the attempt and then clears the hang must find it hung.
+    let hung = *shared.hang.borrow();
     lock(&shared.state).requests.push(Request {
         method: method.to_owned(),
         params: Value::Object(params.clone()),
@@ -591,7 +594,7 @@ async fn handle(
         })),
         "deletewebhook" => ok(json!(true)),
         "getupdates" => get_updates(&shared, &params).await,
-        "sendmessage" => send_message(&shared, &params).await,
+        "sendmessage" => send_message(&shared, &params, hung).await,
         "editmessagetext" => edit_message(&shared, &params),
         "sendchataction" => {
             let Some(chat_id) = int(&params, "chat_id") else {
@@ -675,8 +678,8 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
     }
 }
 
-async fn send_message(shared: &Shared, params: &Map<String, Value>) -> Response {
-    if *shared.hang.borrow() {
+async fn send_message(shared: &Shared, params: &Map<String, Value>, hung: bool) -> Response {
+    if hung {
         let mut hang = shared.hang.subscribe();
         let mut stop = shared.stop.subscribe();
         tokio::select! {
