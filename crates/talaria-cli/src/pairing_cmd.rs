@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use talaria_gateway::pairing::Pairing;
+use talaria_store::gateway::normalize_pairing_code;
 use talaria_store::{ApproveOutcome, PairingLimits};
 
 use crate::runtime::Runtime;
@@ -72,7 +73,8 @@ pub async fn approve(rt: &Runtime, platform: &str, code: &str) -> anyhow::Result
                 .saturating_sub(failures);
             bail!(
                 "no pending code {} on {platform} (it may have expired); {left} more wrong attempts lock approvals for an hour",
-                code.trim().to_ascii_uppercase()
+                // Echoed as it was compared, so a typo is easy to spot.
+                normalize_pairing_code(code)
             )
         }
         ApproveOutcome::LockedOut { until } => bail!(

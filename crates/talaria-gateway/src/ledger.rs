@@ -8,7 +8,10 @@
 //! sends it again, first line saying it may be a duplicate unless the row
 //! was never handed to the platform. Two gateways sweeping at once cannot
 //! both claim a row: the claim is an update guarded on the owner read
-//! before it.
+//! before it. Nor can two sweeps of one process (two adapters reconnecting
+//! together) both re-claim its own failed row, where the owner read is the
+//! owner written: the store refuses a claim of a row already `attempting`
+//! under the claimer.
 //!
 //! The ledger is best effort by design: a failure to record or mark a row
 //! is logged and the reply goes out anyway.

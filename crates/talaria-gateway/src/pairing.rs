@@ -6,7 +6,10 @@
 //! CSPRNG and stored only as salted hashes (the store's job); the limits
 //! (pending codes, offer interval, lockout after failed approvals) are
 //! applied by the store in one transaction, so two gateways sharing a
-//! database cannot exceed them together.
+//! database cannot exceed them together. The store also keeps one code per
+//! user (a new offer replaces it) and normalises codes itself
+//! ([`talaria_store::gateway::normalize_pairing_code`]), so nothing here
+//! does.
 
 use std::sync::Arc;
 
@@ -28,11 +31,6 @@ pub fn generate_code() -> String {
     (0..CODE_LEN)
         .map(|_| char::from(CODE_ALPHABET[rng.random_range(0..CODE_ALPHABET.len())]))
         .collect()
-}
-
-/// Normalises a code as typed by an operator: trimmed, upper-cased.
-pub fn normalize_code(code: &str) -> String {
-    code.trim().to_ascii_uppercase()
 }
 
 /// Pairing over a store.
@@ -61,7 +59,8 @@ impl Pairing {
     }
 
     /// What to tell a stranger who wrote in a DM, or `None` to stay silent
-    /// (they were answered within the last ten minutes).
+    /// (they were answered within the last ten minutes, with a code or a
+    /// refusal: the store stamps both).
     pub async fn offer(
         &self,
         platform: &str,
@@ -82,18 +81,19 @@ impl Pairing {
                  The code is valid for one hour."
             )),
             OfferOutcome::RateLimited => None,
+            // The store stamped the refusal, so this is said once per
+            // interval.
             OfferOutcome::TooManyPending | OfferOutcome::LockedOut => {
-                // Say it once, then stay quiet for the offer interval.
-                self.store.pairing_stamp_offer(platform, user_id).await?;
                 Some("Too many pairing requests right now. Please try again later.".to_owned())
             }
         })
     }
 
-    /// Approves the user holding `code` on `platform` (case-insensitive).
+    /// Approves the user holding `code` on `platform` (case-insensitive:
+    /// the store normalises the code).
     pub async fn approve(&self, platform: &str, code: &str) -> Result<ApproveOutcome, StoreError> {
         self.store
-            .pairing_approve(platform, &normalize_code(code), self.limits)
+            .pairing_approve(platform, code, self.limits)
             .await
     }
 }
@@ -101,6 +101,7 @@ impl Pairing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use talaria_store::gateway::normalize_pairing_code;
 
     #[test]
     fn codes_use_the_alphabet_and_differ() {
@@ -110,6 +111,8 @@ mod tests {
         let distinct: std::collections::HashSet<String> =
             (0..200).map(|_| generate_code()).collect();
         assert_eq!(distinct.len(), 200);
-        assert_eq!(normalize_code("  abcd2345 "), "ABCD2345");
+        // Generated codes are already in the form the store compares.
+        assert_eq!(normalize_pairing_code(&a), a);
+        assert_eq!(normalize_pairing_code("  abcd2345 "), "ABCD2345");
     }
 }

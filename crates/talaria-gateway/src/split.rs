@@ -136,6 +136,15 @@ fn choose_cut(
     };
     // Whether the line that ends at the next newline is a fence line.
     let mut fence_line = false;
+    // Whether the line being scanned is a fence line, whose spaces are no
+    // breaks. Tracked here rather than asked of `inside_fence_line` per
+    // space, which rescans the line each time (quadratic on long lines).
+    // From the first line start on it equals `fence_line`; a chunk that
+    // begins mid-line (after a hard cut) looks its line up once. It is kept
+    // apart from `fence_line`, which has always started false, so that
+    // line-break choices stay as they were.
+    let mut in_fence_line =
+        prev != Some('\n') && is_fence_line(line_at(text, line_start(text, pos)));
     for (i, c) in text[pos..].char_indices() {
         let len = unit.char_len(c);
         if used + len > budget && window_end > pos {
@@ -145,6 +154,7 @@ fn choose_cut(
         if prev == Some('\n') {
             let l = line_at(text, at);
             fence_line = is_fence_line(l);
+            in_fence_line = fence_line;
             open = next_state(l, open);
         }
         used += len;
@@ -159,7 +169,10 @@ fn choose_cut(
                 }
                 line = Some(after);
             }
-            ' ' if second_half && !inside_fence_line(text, after) => space = Some(after),
+            // What `inside_fence_line(text, after)` would say: a space is
+            // not a newline, so `after` is on the scanned line, strictly
+            // inside it unless it is the end of the text.
+            ' ' if second_half && !(in_fence_line && after < text.len()) => space = Some(after),
             _ => {}
         }
         prev = Some(c);
@@ -375,6 +388,36 @@ mod tests {
             if i > 0 && i + 1 < chunks.len() {
                 assert!(body.starts_with("```rust\n"), "{c:?}");
             }
+        }
+        assert_eq!(reassemble(&chunks), text);
+    }
+
+    #[test]
+    fn spaces_in_a_fence_line_are_no_breaks() {
+        // The line break before the fence-like line (a backtick in its info
+        // string: it opens nothing, so no fence is added) is in the first
+        // half, not a candidate; its spaces are in the second. The line
+        // moves to the next chunk whole.
+        let text = format!(
+            "{}\n```{}\n{}",
+            "x".repeat(10),
+            "`x` ".repeat(6),
+            "y".repeat(40)
+        );
+        let chunks = split_message(&text, lim(40, LengthUnit::Chars));
+        assert!(chunks[0].starts_with("xxxxxxxxxx\n ("), "{chunks:?}");
+        assert_eq!(reassemble(&chunks), text);
+
+        // A fence-like line longer than a chunk is hard-cut; the chunks
+        // that start inside it must not break at its spaces either.
+        let text = format!("```{}\nend", "`x` ".repeat(30));
+        let chunks = split_message(&text, lim(40, LengthUnit::Chars));
+        let n = chunks.len();
+        let reserve = suffix_reserve(digit_count(n));
+        let budget = 40 - reserve - FENCE_CLOSE.len();
+        for (i, c) in chunks.iter().take(3).enumerate() {
+            let body = c.strip_suffix(&suffix(i + 1, n)).unwrap();
+            assert_eq!(body.chars().count(), budget, "chunk {i}: {chunks:?}");
         }
         assert_eq!(reassemble(&chunks), text);
     }

@@ -221,3 +221,50 @@ async fn two_sweepers_racing_claim_each_row_exactly_once() {
         assert_eq!(stored.attempts, 1);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_sweeps_of_one_process_retry_each_of_its_failed_rows_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    // One owner for both sweeps: one process, two adapters reconnecting at
+    // once. Its own failed rows are the ones it retries, and there the
+    // owner a claim expects is the owner it writes.
+    let me = Owner {
+        pid: 1_000_003,
+        started_at: Some(3),
+    };
+    let seed = SqliteStore::open(&path).unwrap();
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        let r = row(&format!("own{i}"), "telegram", me);
+        seed.record_obligation(r.clone()).await.unwrap();
+        seed.mark_failed(&r.id, "telegram was down").await.unwrap();
+        ids.push(r.id);
+    }
+    let sweeper = || {
+        Ledger::with_owner(
+            Arc::new(SqliteStore::open(&path).unwrap()),
+            me,
+            Arc::new(AllButDead(dead_owner())),
+        )
+    };
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let run = |ledger: Ledger, barrier: Arc<tokio::sync::Barrier>| async move {
+        barrier.wait().await;
+        ledger.sweep(&telegram()).await.unwrap()
+    };
+    let (ra, rb) = tokio::join!(
+        tokio::spawn(run(sweeper(), barrier.clone())),
+        tokio::spawn(run(sweeper(), barrier.clone()))
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let ids_a: HashSet<String> = ra.iter().map(|c| c.obligation.id.clone()).collect();
+    let ids_b: HashSet<String> = rb.iter().map(|c| c.obligation.id.clone()).collect();
+    assert!(ids_a.is_disjoint(&ids_b), "a row was claimed twice");
+    assert_eq!(ids_a.len() + ids_b.len(), 60, "every row was claimed");
+    for id in &ids {
+        let stored = seed.obligation(id).await.unwrap().unwrap();
+        assert_eq!(stored.attempts, 1, "{id}");
+        assert_eq!(stored.state, ObligationState::Attempting, "{id}");
+    }
+}

@@ -134,7 +134,10 @@ pub trait LedgerStore: Send + Sync {
     /// moves it to `attempting` and adds one attempt, all in one guarded
     /// statement, only if the stored owner still equals
     /// `expected` (pid and start time, `None` matching a missing owner) and
-    /// the row is still open. Returns whether this caller won the claim.
+    /// the row is still open. A row already `attempting` under `new_owner`
+    /// itself is refused: a process re-claiming its own failed row expects
+    /// the owner it is about to write, so without this two sweeps of one
+    /// process could both win. Returns whether this caller won the claim.
     async fn claim_obligation(
         &self,
         id: &str,
@@ -153,7 +156,7 @@ pub trait LedgerStore: Send + Sync {
 pub struct PairingLimits {
     /// Seconds a code stays valid.
     pub code_ttl: f64,
-    /// Codes pending at once per platform.
+    /// Codes pending at once per platform (a user holds at most one).
     pub max_pending: usize,
     /// Seconds between two offers to the same user.
     pub offer_interval: f64,
@@ -183,9 +186,11 @@ pub enum OfferOutcome {
     /// This user was offered a code (or refused) within the interval: say
     /// nothing.
     RateLimited,
-    /// The platform has too many codes pending.
+    /// The platform has too many codes pending. The user's offer time is
+    /// stamped, so this is reported at most once per interval.
     TooManyPending,
-    /// The platform's approvals are locked after failed attempts.
+    /// The platform's approvals are locked after failed attempts. Stamped
+    /// like [`OfferOutcome::TooManyPending`].
     LockedOut,
 }
 
@@ -230,14 +235,32 @@ pub struct PairingSnapshot {
     pub lockouts: Vec<(String, Timestamp)>,
 }
 
+/// Codes as compared: an operator may type them in any case, with stray
+/// spaces around. [`PairingStore`] implementations apply it to the code
+/// both when offered and when approved; callers need not (and, to keep one
+/// definition, should not) normalise themselves, except to echo a code back.
+pub fn normalize_pairing_code(code: &str) -> String {
+    code.trim().to_ascii_uppercase()
+}
+
 /// DM pairing: codes (stored only as salted hashes), approved users, and
 /// the rate limits around them.
+///
+/// A user holds at most one pending code per platform: a new offer replaces
+/// the user's pending code, so the code they were shown last is the only
+/// one that works, and one user cannot fill the platform's
+/// [`PairingLimits::max_pending`] slots and lock every other stranger out.
 #[async_trait]
 pub trait PairingStore: Send + Sync {
-    /// In one transaction: drops expired codes; refuses when the platform is
-    /// locked, the user was offered within the interval, or too many codes
-    /// are pending; otherwise stores a fresh salt and the salted hash of
-    /// `code` (never `code` itself) and stamps the user's offer time.
+    /// In one transaction: drops expired codes; answers
+    /// [`OfferOutcome::RateLimited`] when the user was offered (or refused)
+    /// within the interval, checked first so a user is answered at most
+    /// once per interval whatever else holds; refuses (stamping the user's
+    /// offer time) when the platform is locked or, after dropping the
+    /// user's own pending code, too many codes are pending; otherwise
+    /// replaces the user's pending code with a fresh salt and the salted
+    /// hash of `code` (never `code` itself) and stamps the user's offer
+    /// time. `code` is normalised with [`normalize_pairing_code`].
     async fn pairing_offer(
         &self,
         platform: &str,
@@ -246,11 +269,9 @@ pub trait PairingStore: Send + Sync {
         code: &str,
         limits: PairingLimits,
     ) -> Result<OfferOutcome>;
-    /// Stamps the user's offer time without a code, so that a user told
-    /// "too many requests" is not told again within the interval.
-    async fn pairing_stamp_offer(&self, platform: &str, user_id: &str) -> Result<()>;
-    /// Approves the user whose pending code matches `code` (compared in
-    /// constant time against every unexpired code of the platform); a miss
+    /// Approves the user whose pending code matches `code` (normalised with
+    /// [`normalize_pairing_code`], then compared in constant time against
+    /// every unexpired code of the platform); a miss
     /// counts a failure and the failure that reaches the limit locks the
     /// platform (and resets the count).
     async fn pairing_approve(

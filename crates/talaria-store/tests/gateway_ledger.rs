@@ -5,7 +5,6 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Barrier};
-use std::time::Duration;
 
 use common::temp_store;
 use talaria_store::{LedgerStore, NewObligation, ObligationState, Owner, SqliteStore};
@@ -33,6 +32,19 @@ fn obligation(id: &str, who: Owner) -> NewObligation {
         content: format!("the answer to {id}"),
         owner: who,
     }
+}
+
+/// Moves a row's `created_at` and `updated_at` back by `secs`, as if it
+/// were recorded that much earlier: later stamps then differ however fast
+/// the clock reads, without sleeping.
+fn age(path: &Path, id: &str, secs: f64) {
+    let raw = rusqlite::Connection::open(path).unwrap();
+    raw.execute(
+        "UPDATE delivery_obligations SET created_at = created_at - ?2, \
+         updated_at = updated_at - ?2 WHERE id = ?1",
+        rusqlite::params![id, secs],
+    )
+    .unwrap();
 }
 
 /// Moves a row's `updated_at` back, as if it was last touched `secs` ago.
@@ -68,14 +80,14 @@ async fn record_stores_a_pending_row_with_the_full_address() {
 
 #[tokio::test]
 async fn every_transition_is_recorded() {
-    let (_dir, store) = temp_store();
+    let (dir, store) = temp_store();
     store
         .record_obligation(obligation("a", owner(1, 1)))
         .await
         .unwrap();
+    age(&dir.path().join("state.db"), "a", 10.0);
     let recorded = store.obligation("a").await.unwrap().unwrap();
 
-    tokio::time::sleep(Duration::from_millis(5)).await;
     store.mark_attempting("a").await.unwrap();
     let row = store.obligation("a").await.unwrap().unwrap();
     assert_eq!(row.state, ObligationState::Attempting);
@@ -147,7 +159,7 @@ async fn marking_an_unknown_id_succeeds_and_changes_nothing() {
 
 #[tokio::test]
 async fn re_recording_starts_the_obligation_over() {
-    let (_dir, store) = temp_store();
+    let (dir, store) = temp_store();
     let first = owner(1, 1);
     store
         .record_obligation(obligation("a", first))
@@ -160,10 +172,10 @@ async fn re_recording_starts_the_obligation_over() {
             .unwrap()
     );
     store.mark_failed("a", "boom").await.unwrap();
+    age(&dir.path().join("state.db"), "a", 10.0);
     let before = store.obligation("a").await.unwrap().unwrap();
     assert_eq!(before.attempts, 1);
 
-    tokio::time::sleep(Duration::from_millis(5)).await;
     let again = owner(3, 3);
     store
         .record_obligation(obligation("a", again))
@@ -207,6 +219,61 @@ async fn a_claim_wins_once_and_a_stale_expectation_loses() {
     assert!(
         !store
             .claim_obligation("ghost", Some(DEAD), a)
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
+async fn two_claims_of_ones_own_failed_row_win_once() {
+    let (_dir, store) = temp_store();
+    let me = owner(10, 10);
+    store.record_obligation(obligation("a", me)).await.unwrap();
+    store.mark_failed("a", "platform down").await.unwrap();
+    // Two sweeps of one process read the failed row, both expecting (and
+    // claiming for) the same owner: the first claim leaves it attempting
+    // under `me`, which the second must not take again.
+    assert!(store.claim_obligation("a", Some(me), me).await.unwrap());
+    assert!(!store.claim_obligation("a", Some(me), me).await.unwrap());
+    let row = store.obligation("a").await.unwrap().unwrap();
+    assert_eq!(row.state, ObligationState::Attempting);
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.owner, Some(me));
+
+    // Failed again, it can be re-claimed again, once.
+    store.mark_failed("a", "still down").await.unwrap();
+    assert!(store.claim_obligation("a", Some(me), me).await.unwrap());
+    assert!(!store.claim_obligation("a", Some(me), me).await.unwrap());
+    assert_eq!(store.obligation("a").await.unwrap().unwrap().attempts, 2);
+
+    // Another process may still take over a row attempting under `me`
+    // (that is how a dead owner's in-flight row is recovered).
+    assert!(
+        store
+            .claim_obligation("a", Some(me), owner(20, 20))
+            .await
+            .unwrap()
+    );
+
+    // The same holds for an owner whose start time is unknown (NULL).
+    let no_start = Owner {
+        pid: 30,
+        started_at: None,
+    };
+    store
+        .record_obligation(obligation("b", no_start))
+        .await
+        .unwrap();
+    store.mark_failed("b", "boom").await.unwrap();
+    assert!(
+        store
+            .claim_obligation("b", Some(no_start), no_start)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .claim_obligation("b", Some(no_start), no_start)
             .await
             .unwrap()
     );
@@ -308,10 +375,13 @@ async fn delivered_and_abandoned_rows_cannot_be_claimed() {
 
 #[tokio::test]
 async fn open_obligations_are_the_owed_ones_oldest_first() {
-    let (_dir, store) = temp_store();
-    for id in ["1", "2", "3", "4", "5"] {
+    let (dir, store) = temp_store();
+    let path = dir.path().join("state.db");
+    // Recorded newest first and aged so that "1" is the oldest: creation
+    // order, not insertion order, decides.
+    for (n, id) in ["5", "4", "3", "2", "1"].into_iter().enumerate() {
         store.record_obligation(obligation(id, DEAD)).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        age(&path, id, 10.0 * (n + 1) as f64);
     }
     store.mark_attempting("2").await.unwrap();
     store.mark_failed("3", "boom").await.unwrap();

@@ -107,17 +107,14 @@ async fn too_many_pending_codes_refuse_new_ones_per_platform() {
         offer(&store, "u4", CODE, limits()).await,
         OfferOutcome::TooManyPending
     );
-    // A refusal does not stamp the user by itself...
-    assert_eq!(
-        offer(&store, "u4", CODE, limits()).await,
-        OfferOutcome::TooManyPending
-    );
-    // ...the caller does, after telling them once.
-    store.pairing_stamp_offer("telegram", "u4").await.unwrap();
+    // The refusal stamped the user: they are told once per interval.
     assert_eq!(
         offer(&store, "u4", CODE, limits()).await,
         OfferOutcome::RateLimited
     );
+    // Refused while there was no room: nothing of u4's is pending.
+    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    assert!(snap.pending.iter().all(|p| p.user_id != "u4"));
     assert_eq!(
         store
             .pairing_offer("discord", "u4", None, CODE, limits())
@@ -125,6 +122,107 @@ async fn too_many_pending_codes_refuse_new_ones_per_platform() {
             .unwrap(),
         OfferOutcome::Created
     );
+}
+
+#[tokio::test]
+async fn one_user_holds_one_code_and_cannot_crowd_out_the_others() {
+    let (_dir, store) = temp_store();
+    // Asking again after each interval replaces the code, never adds one.
+    for code in [CODE, "ABCD2345", "EFGH2345", "JKLM2345"] {
+        assert_eq!(
+            offer(&store, "u1", code, no_interval()).await,
+            OfferOutcome::Created
+        );
+    }
+    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    let pending: Vec<&str> = snap.pending.iter().map(|p| p.user_id.as_str()).collect();
+    assert_eq!(pending, ["u1"]);
+    // So the platform still has room for two other strangers.
+    for user in ["u2", "u3"] {
+        assert_eq!(
+            offer(&store, user, CODE, limits()).await,
+            OfferOutcome::Created
+        );
+    }
+    assert_eq!(
+        offer(&store, "u4", CODE, limits()).await,
+        OfferOutcome::TooManyPending
+    );
+    // A full platform still lets a holder replace their own code.
+    assert_eq!(
+        offer(&store, "u1", "NPQR2345", no_interval()).await,
+        OfferOutcome::Created
+    );
+    // Only the code shown last works.
+    assert_eq!(
+        store
+            .pairing_approve("telegram", "JKLM2345", limits())
+            .await
+            .unwrap(),
+        ApproveOutcome::NoMatch { failures: 1 }
+    );
+    assert!(matches!(
+        store
+            .pairing_approve("telegram", "NPQR2345", limits())
+            .await
+            .unwrap(),
+        ApproveOutcome::Approved(_)
+    ));
+}
+
+#[tokio::test]
+async fn during_a_lockout_a_stranger_is_told_once_per_interval() {
+    let (dir, store) = temp_store();
+    let strict = PairingLimits {
+        max_failures: 1,
+        ..limits()
+    };
+    assert_eq!(
+        offer(&store, "u1", CODE, limits()).await,
+        OfferOutcome::Created
+    );
+    assert!(matches!(
+        store
+            .pairing_approve("telegram", "WRONG234", strict)
+            .await
+            .unwrap(),
+        ApproveOutcome::LockedOut { .. }
+    ));
+    // Answered with a code within the interval: silent, lock or not.
+    assert_eq!(
+        offer(&store, "u1", "ABCD2345", limits()).await,
+        OfferOutcome::RateLimited
+    );
+    // A newcomer hears about the lock once, then nothing.
+    assert_eq!(
+        offer(&store, "u2", "ABCD2345", limits()).await,
+        OfferOutcome::LockedOut
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            offer(&store, "u2", "ABCD2345", limits()).await,
+            OfferOutcome::RateLimited
+        );
+    }
+    // After the interval (the lock lasting longer), once more.
+    raw(&db_path(&dir))
+        .execute(
+            "UPDATE pairing_stamps SET stamp = stamp - 601 WHERE kind = 'offer'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(
+        offer(&store, "u2", "ABCD2345", limits()).await,
+        OfferOutcome::LockedOut
+    );
+    assert_eq!(
+        offer(&store, "u2", "ABCD2345", limits()).await,
+        OfferOutcome::RateLimited
+    );
+    // The lock left u1's code alone.
+    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    let pending: Vec<&str> = snap.pending.iter().map(|p| p.user_id.as_str()).collect();
+    assert_eq!(pending, ["u1"]);
 }
 
 #[tokio::test]
@@ -169,7 +267,11 @@ async fn the_code_is_never_stored() {
         offer(&store, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
-    store.pairing_stamp_offer("telegram", "u9").await.unwrap();
+    // A refused request (rate-limited) writes nothing of its code either.
+    assert_eq!(
+        offer(&store, "u1", CODE, limits()).await,
+        OfferOutcome::RateLimited
+    );
 
     // Not in any column of any row...
     let conn = raw(&path);
@@ -298,7 +400,7 @@ async fn a_code_only_works_on_its_platform() {
 
 #[tokio::test]
 async fn approving_an_approved_user_again_refreshes_the_approval() {
-    let (_dir, store) = temp_store();
+    let (dir, store) = temp_store();
     assert_eq!(
         offer(&store, "u1", CODE, no_interval()).await,
         OfferOutcome::Created
@@ -310,7 +412,14 @@ async fn approving_an_approved_user_again_refreshes_the_approval() {
     else {
         panic!("not approved");
     };
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    // Age the stored approval, so a refresh shows however fast the clock
+    // reads: not refreshed, it would stay 100 s before `first`.
+    raw(&db_path(&dir))
+        .execute(
+            "UPDATE pairing_approved SET approved_at = approved_at - 100",
+            [],
+        )
+        .unwrap();
     // A later code without a name keeps the known one.
     assert_eq!(
         store
@@ -326,7 +435,7 @@ async fn approving_an_approved_user_again_refreshes_the_approval() {
     else {
         panic!("not approved");
     };
-    assert!(second.approved_at > first.approved_at);
+    assert!(second.approved_at >= first.approved_at);
     assert_eq!(second.user_name.as_deref(), Some("Ann"));
     let snap = store.pairing_snapshot(no_interval()).await.unwrap();
     assert_eq!(snap.approved, vec![second]);
@@ -334,19 +443,26 @@ async fn approving_an_approved_user_again_refreshes_the_approval() {
 
 #[tokio::test]
 async fn approval_removes_all_the_users_pending_codes() {
-    let (_dir, store) = temp_store();
+    let (dir, store) = temp_store();
     assert_eq!(
         offer(&store, "u1", CODE, no_interval()).await,
-        OfferOutcome::Created
-    );
-    assert_eq!(
-        offer(&store, "u1", "ABCD2345", no_interval()).await,
         OfferOutcome::Created
     );
     assert_eq!(
         offer(&store, "u2", "EFGH2345", no_interval()).await,
         OfferOutcome::Created
     );
+    // Offers keep one code per user, so a second code of u1's can only be
+    // a row from before that rule; it must not outlive the approval.
+    raw(&db_path(&dir))
+        .execute(
+            "INSERT INTO pairing_pending (entry_id, platform, user_id, user_name, salt, \
+             code_hash, created_at) \
+             SELECT 'legacy0000000000', platform, user_id, user_name, salt, \
+             'not-a-real-hash', created_at FROM pairing_pending WHERE user_id = 'u1'",
+            [],
+        )
+        .unwrap();
     assert!(matches!(
         store
             .pairing_approve("telegram", CODE, no_interval())
@@ -514,7 +630,7 @@ async fn clear_pending_by_platform_or_everywhere() {
 
 #[tokio::test]
 async fn the_snapshot_lists_pending_approved_and_locks() {
-    let (_dir, store) = temp_store();
+    let (dir, store) = temp_store();
     assert!(store.pairing_snapshot(limits()).await.unwrap() == Default::default());
     assert_eq!(
         offer(&store, "u1", CODE, limits()).await,
@@ -550,10 +666,19 @@ async fn the_snapshot_lists_pending_approved_and_locks() {
     assert_eq!(snap.lockouts[0].0, "discord");
     // A shorter code lifetime hides codes that the default would still show.
     let short = PairingLimits {
-        code_ttl: 0.0,
+        code_ttl: 60.0,
         ..limits()
     };
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    age_pending(&db_path(&dir), 61.0);
+    assert_eq!(
+        store
+            .pairing_snapshot(limits())
+            .await
+            .unwrap()
+            .pending
+            .len(),
+        1
+    );
     assert!(
         store
             .pairing_snapshot(short)

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::path::Path;
 
 use common::{new_session, temp_store};
 use talaria_store::{RouteStore, SessionStore, SqliteStore};
@@ -16,6 +16,18 @@ const GATEWAY_TABLES: [&str; 6] = [
     // The ledger's state index, so sweeps do not scan delivered rows.
     "delivery_obligations_state",
 ];
+
+/// Moves a route's stamps back by `secs`, so that the next stamp is later
+/// however fast the clock reads, without sleeping.
+fn age_route(path: &Path, session_key: &str, secs: f64) {
+    let raw = rusqlite::Connection::open(path).unwrap();
+    raw.execute(
+        "UPDATE gateway_routes SET created_at = created_at - ?2, \
+         updated_at = updated_at - ?2 WHERE session_key = ?1",
+        rusqlite::params![session_key, secs],
+    )
+    .unwrap();
+}
 
 fn user_version(path: &std::path::Path) -> i64 {
     let raw = rusqlite::Connection::open(path).unwrap();
@@ -42,7 +54,7 @@ async fn a_missing_route_is_none() {
 
 #[tokio::test]
 async fn set_route_stamps_both_times_and_replacing_restamps() {
-    let (_dir, store) = temp_store();
+    let (dir, store) = temp_store();
     store.set_route("telegram:dm:42", "s1").await.unwrap();
     let first = store.route("telegram:dm:42").await.unwrap().unwrap();
     assert_eq!(first.session_key, "telegram:dm:42");
@@ -50,7 +62,8 @@ async fn set_route_stamps_both_times_and_replacing_restamps() {
     assert_eq!(first.created_at, first.updated_at);
     assert!(first.created_at > 1_600_000_000.0);
 
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    age_route(&dir.path().join("state.db"), "telegram:dm:42", 10.0);
+    let first = store.route("telegram:dm:42").await.unwrap().unwrap();
     store.set_route("telegram:dm:42", "s2").await.unwrap();
     let second = store.route("telegram:dm:42").await.unwrap().unwrap();
     assert_eq!(second.session_id, "s2");
@@ -65,10 +78,10 @@ async fn set_route_stamps_both_times_and_replacing_restamps() {
 
 #[tokio::test]
 async fn touch_moves_only_updated_at() {
-    let (_dir, store) = temp_store();
+    let (dir, store) = temp_store();
     store.set_route("k", "s1").await.unwrap();
+    age_route(&dir.path().join("state.db"), "k", 10.0);
     let before = store.route("k").await.unwrap().unwrap();
-    tokio::time::sleep(Duration::from_millis(10)).await;
     store.touch_route("k").await.unwrap();
     let after = store.route("k").await.unwrap().unwrap();
     assert_eq!(after.session_id, "s1");

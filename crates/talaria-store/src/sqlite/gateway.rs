@@ -10,10 +10,17 @@
 //! - [`LedgerStore::abandon_obligation`] keeps `reason` in `last_error`,
 //!   truncated like a send error;
 //! - [`LedgerStore::obligation_counts`] lists only states that have rows;
-//! - pairing codes are trimmed and ASCII upper-cased before hashing, both
-//!   when offered and when approved, so approval is case-insensitive;
+//! - pairing codes go through [`normalize_pairing_code`] before hashing,
+//!   both when offered and when approved, so approval is case-insensitive;
+//! - an offer deletes the user's pending code on the platform before
+//!   counting the platform's pending codes, so a user holds at most one and
+//!   a replacement is never refused for lack of room;
+//! - a refused offer (locked out, too many pending) stamps the user's offer
+//!   time in the same transaction, so the refusal is said once per
+//!   interval;
 //! - an approval removes every pending code of the approved user, not just
-//!   the one that matched, since the others can no longer mean anything.
+//!   the one that matched (at most one since offers replace, but a row
+//!   written before that rule must not outlive the approval either).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -26,11 +33,11 @@ use sha2::{Digest, Sha256};
 
 use super::SqliteStore;
 use super::conn::OpResult;
-use super::rows::now;
+use super::rows::{from_sql_count, from_sql_small_count, now};
 use crate::gateway::{
     ApproveOutcome, ApprovedUser, LedgerStore, NewObligation, Obligation, ObligationState,
     OfferOutcome, Owner, PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route,
-    RouteStore,
+    RouteStore, normalize_pairing_code,
 };
 use crate::{Result, StoreError, Timestamp};
 
@@ -91,6 +98,10 @@ impl RouteStore for SqliteStore {
 }
 
 // ---------------------------------------------------------------- ledger
+
+/// The states [`ObligationState::is_open`] accepts, as an SQL list (a unit
+/// test keeps the two in step).
+const OPEN_STATES: &str = "('pending', 'attempting', 'failed')";
 
 /// Obligation columns in the order [`obligation_from_row`] reads them.
 const OBLIGATION_COLUMNS: &str = "id, session_key, platform, chat_id, thread_id, reply_to, \
@@ -160,9 +171,8 @@ fn obligation_from_row(row: &Row<'_>) -> rusqlite::Result<Obligation> {
         reply_to: row.get(5)?,
         content: row.get(6)?,
         state,
-        // Negative counts cannot be written by this code; clamp rather than
-        // fail a sweep over one odd row.
-        attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
+        // Clamped rather than failing a sweep over one odd row.
+        attempts: from_sql_small_count(attempts),
         created_at: row.get(9)?,
         updated_at: row.get(10)?,
         owner,
@@ -291,8 +301,7 @@ impl LedgerStore for SqliteStore {
         self.read(move |tx| {
             let sql = format!(
                 "SELECT {OBLIGATION_COLUMNS} FROM delivery_obligations \
-                 WHERE state IN ('pending', 'attempting', 'failed') \
-                 ORDER BY created_at, rowid"
+                 WHERE state IN {OPEN_STATES} ORDER BY created_at, rowid"
             );
             Ok(tx
                 .prepare_cached(&sql)?
@@ -314,22 +323,26 @@ impl LedgerStore for SqliteStore {
         self.write(move |tx| {
             // One guarded statement: whichever sweeper's UPDATE runs second
             // no longer sees the owner it expected and changes nothing. `IS`
-            // makes NULL (no owner, unknown start time) compare equal.
-            let changed = tx
-                .prepare_cached(
-                    "UPDATE delivery_obligations SET owner_pid = ?2, owner_started_at = ?3, \
-                     state = 'attempting', attempts = attempts + 1, updated_at = ?4 \
-                     WHERE id = ?1 AND state IN ('pending', 'attempting', 'failed') \
-                     AND owner_pid IS ?5 AND owner_started_at IS ?6",
-                )?
-                .execute(params![
-                    id,
-                    new_pid,
-                    new_started,
-                    now(),
-                    old_pid,
-                    old_started
-                ])?;
+            // makes NULL (no owner, unknown start time) compare equal. When
+            // a process re-claims its own row, expected and new owner are
+            // the same, so the owner test alone would let its second claim
+            // through; the first claim left the row `attempting` under that
+            // owner, which the last condition refuses.
+            let sql = format!(
+                "UPDATE delivery_obligations SET owner_pid = ?2, owner_started_at = ?3, \
+                 state = 'attempting', attempts = attempts + 1, updated_at = ?4 \
+                 WHERE id = ?1 AND state IN {OPEN_STATES} \
+                 AND owner_pid IS ?5 AND owner_started_at IS ?6 \
+                 AND NOT (state = 'attempting' AND owner_pid IS ?2 AND owner_started_at IS ?3)"
+            );
+            let changed = tx.prepare_cached(&sql)?.execute(params![
+                id,
+                new_pid,
+                new_started,
+                now(),
+                old_pid,
+                old_started
+            ])?;
             Ok(changed == 1)
         })
         .await
@@ -359,7 +372,7 @@ impl LedgerStore for SqliteStore {
                 let state = parse_state(&state).ok_or_else(|| {
                     StoreError::Database(format!("delivery ledger has an unknown state `{state}`"))
                 })?;
-                counts.insert(state, u64::try_from(n).unwrap_or(0));
+                counts.insert(state, from_sql_count(n));
             }
             Ok(counts)
         })
@@ -368,12 +381,6 @@ impl LedgerStore for SqliteStore {
 }
 
 // ---------------------------------------------------------------- pairing
-
-/// Codes as compared: an operator may type them in any case, with stray
-/// spaces around.
-fn normalize_code(code: &str) -> String {
-    code.trim().to_ascii_uppercase()
-}
 
 fn to_hex(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
@@ -421,6 +428,8 @@ fn drop_expired(tx: &Transaction<'_>, at: Timestamp, limits: &PairingLimits) -> 
     Ok(())
 }
 
+/// Records that the user was answered at `at` (with a code or a refusal),
+/// which starts their offer interval.
 fn stamp_offer(tx: &Transaction<'_>, platform: &str, user_id: &str, at: Timestamp) -> OpResult<()> {
     tx.prepare_cached(
         "INSERT INTO pairing_stamps (platform, kind, subject, stamp) \
@@ -449,7 +458,7 @@ fn add_failure(tx: &Transaction<'_>, platform: &str) -> OpResult<u32> {
              RETURNING count",
         )?
         .query_row(params![platform], |r| r.get(0))?;
-    Ok(u32::try_from(count.max(0)).unwrap_or(u32::MAX))
+    Ok(from_sql_small_count(count))
 }
 
 /// A pending code's row as approval needs it.
@@ -473,15 +482,15 @@ impl PairingStore for SqliteStore {
         let platform = platform.to_string();
         let user_id = user_id.to_string();
         let user_name = user_name.map(str::to_string);
-        let code = normalize_code(code);
-        // Every check and the insert share one IMMEDIATE transaction, so two
-        // gateways on one database cannot both pass a limit.
+        let code = normalize_pairing_code(code);
+        // Every check, the stamp and the insert share one IMMEDIATE
+        // transaction, so two gateways on one database cannot both pass a
+        // limit, nor both answer one user.
         self.write(move |tx| {
             let at = now();
             drop_expired(tx, at, &limits)?;
-            if active_lockout(tx, &platform, at)?.is_some() {
-                return Ok(OfferOutcome::LockedOut);
-            }
+            // The user's interval first: whatever else holds (a lockout
+            // included), someone answered within it hears nothing more.
             let last_offer: Option<f64> = tx
                 .prepare_cached(
                     "SELECT stamp FROM pairing_stamps \
@@ -492,10 +501,19 @@ impl PairingStore for SqliteStore {
             if last_offer.is_some_and(|t| at - t < limits.offer_interval) {
                 return Ok(OfferOutcome::RateLimited);
             }
+            if active_lockout(tx, &platform, at)?.is_some() {
+                stamp_offer(tx, &platform, &user_id, at)?;
+                return Ok(OfferOutcome::LockedOut);
+            }
+            // One code per user: the new one replaces theirs, and theirs
+            // does not count against the platform's limit.
+            tx.prepare_cached("DELETE FROM pairing_pending WHERE platform = ?1 AND user_id = ?2")?
+                .execute(params![platform, user_id])?;
             let pending: i64 = tx
                 .prepare_cached("SELECT COUNT(*) FROM pairing_pending WHERE platform = ?1")?
                 .query_row(params![platform], |r| r.get(0))?;
-            if u64::try_from(pending).unwrap_or(0) >= limits.max_pending as u64 {
+            if from_sql_count(pending) >= limits.max_pending as u64 {
+                stamp_offer(tx, &platform, &user_id, at)?;
                 return Ok(OfferOutcome::TooManyPending);
             }
             let salt = random_hex(16);
@@ -519,13 +537,6 @@ impl PairingStore for SqliteStore {
         .await
     }
 
-    async fn pairing_stamp_offer(&self, platform: &str, user_id: &str) -> Result<()> {
-        let platform = platform.to_string();
-        let user_id = user_id.to_string();
-        self.write(move |tx| stamp_offer(tx, &platform, &user_id, now()))
-            .await
-    }
-
     async fn pairing_approve(
         &self,
         platform: &str,
@@ -533,7 +544,7 @@ impl PairingStore for SqliteStore {
         limits: PairingLimits,
     ) -> Result<ApproveOutcome> {
         let platform = platform.to_string();
-        let code = normalize_code(code);
+        let code = normalize_pairing_code(code);
         self.write(move |tx| {
             let at = now();
             drop_expired(tx, at, &limits)?;
@@ -731,6 +742,20 @@ mod tests {
             assert_eq!(parse_state(s.as_str()), Some(s));
         }
         assert_eq!(parse_state("lost"), None);
+    }
+
+    #[test]
+    fn the_open_states_list_is_what_is_open_means() {
+        for s in [
+            ObligationState::Pending,
+            ObligationState::Attempting,
+            ObligationState::Delivered,
+            ObligationState::Failed,
+            ObligationState::Abandoned,
+        ] {
+            let listed = OPEN_STATES.contains(&format!("'{}'", s.as_str()));
+            assert_eq!(listed, s.is_open(), "{s:?}");
+        }
     }
 
     #[test]

@@ -27,8 +27,16 @@ pub(crate) fn to_sql_count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn from_sql_count(n: i64) -> u64 {
+/// The way back: this crate never writes a negative count, so one can only
+/// come from a foreign writer and reads as zero rather than failing a read.
+pub(crate) fn from_sql_count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+/// [`from_sql_count`] for counters kept as `u32` (attempts, failures):
+/// beyond `u32::MAX` clamps, for the same reason as [`to_sql_count`].
+pub(crate) fn from_sql_small_count(n: i64) -> u32 {
+    u32::try_from(from_sql_count(n)).unwrap_or(u32::MAX)
 }
 
 pub(crate) fn session_from_row(row: &Row<'_>) -> rusqlite::Result<SessionRecord> {
