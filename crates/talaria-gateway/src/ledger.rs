@@ -172,7 +172,7 @@ impl Ledger {
     /// rows of platforms not connected now are left untouched, so no
     /// attempt is spent while a platform is down.
     pub async fn sweep(&self, deliverable: &HashSet<String>) -> Result<Vec<Claimed>, StoreError> {
-        let now = talaria_now();
+        let now = talaria_core::unix_now();
         let mut claimed = Vec::new();
         for row in self.store.open_obligations().await? {
             let mine = row.owner == Some(self.me);
@@ -219,7 +219,7 @@ impl Ledger {
     /// Deletes delivered and abandoned rows past the retention period.
     pub async fn prune(&self) -> Result<u64, StoreError> {
         self.store
-            .prune_obligations(talaria_now() - RETENTION.as_secs_f64())
+            .prune_obligations(talaria_core::unix_now() - RETENTION.as_secs_f64())
             .await
     }
 
@@ -233,11 +233,6 @@ fn log_failure(what: &str, result: Result<(), StoreError>) {
     if let Err(e) = result {
         tracing::warn!(error = %e, "delivery ledger: could not {what}");
     }
-}
-
-/// Seconds since the epoch, as the store stamps rows.
-fn talaria_now() -> f64 {
-    chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ pub(crate) const MESSAGE_COLUMNS: &str = "id, session_id, role, content, tool_ca
 
 /// Now, as seconds since the epoch with microsecond precision.
 pub(crate) fn now() -> Timestamp {
-    chrono::Utc::now().timestamp_micros() as f64 / 1_000_000.0
+    talaria_core::unix_now()
 }
 
 /// SQLite integers are signed; counters beyond `i64::MAX` are not real, so
