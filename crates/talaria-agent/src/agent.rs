@@ -44,6 +44,9 @@ pub struct AgentParts {
 pub struct TurnOptions {
     /// Who tools ask during this turn, instead of [`AgentParts::interaction`].
     pub interaction: Option<Arc<dyn Interaction>>,
+    /// The tools offered in this turn, instead of [`AgentParts::registry`]
+    /// (a scheduled job runs without `memory`, for one).
+    pub registry: Option<Arc<Registry>>,
 }
 
 /// Why a session could not be opened or a turn could not run.
@@ -189,6 +192,9 @@ impl Agent {
         let interaction = options
             .interaction
             .unwrap_or_else(|| self.parts.interaction.clone());
+        let registry = options
+            .registry
+            .unwrap_or_else(|| self.parts.registry.clone());
         let _one_at_a_time = session.turn_lock.lock().await;
         let history = self
             .parts
@@ -199,6 +205,7 @@ impl Agent {
             .map(|row| row.message)
             .collect();
         TurnRun::new(self, session, observer, cancel, history, interaction)
+            .with_registry(registry)
             .run(user_text)
             .await
     }

@@ -119,6 +119,8 @@ pub(crate) struct TurnRun<'a> {
     known_prompt: Option<(u64, usize)>,
     compressions: u32,
     tools: Vec<ToolSpec>,
+    /// The tools this turn may call (the specs above describe them).
+    registry: std::sync::Arc<crate::tools::Registry>,
     /// A damaged transcript is repaired for every request; say so once.
     repair_logged: bool,
     /// Who tools ask for approvals in this turn.
@@ -147,8 +149,19 @@ impl<'a> TurnRun<'a> {
             known_prompt: None,
             compressions: 0,
             tools: agent.parts.registry.specs(),
+            registry: agent.parts.registry.clone(),
             repair_logged: false,
         }
+    }
+
+    /// Offers and dispatches `registry`'s tools instead of the agent's.
+    pub(crate) fn with_registry(
+        mut self,
+        registry: std::sync::Arc<crate::tools::Registry>,
+    ) -> TurnRun<'a> {
+        self.tools = registry.specs();
+        self.registry = registry;
+        self
     }
 
     pub(crate) async fn run(mut self, user_text: &str) -> Result<TurnOutcome, AgentError> {
@@ -535,7 +548,7 @@ impl<'a> TurnRun<'a> {
     async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), AgentError> {
         let agent = self.agent;
         let parts = &agent.parts;
-        let plan = dispatch::plan(calls, &parts.registry);
+        let plan = dispatch::plan(calls, &self.registry);
         let ctx = ToolContext {
             session_id: self.session.id.clone(),
             home: parts.home.clone(),

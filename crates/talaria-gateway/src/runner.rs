@@ -519,6 +519,7 @@ impl Runner {
                 cancel,
                 TurnOptions {
                     interaction: Some(interaction),
+                    ..TurnOptions::default()
                 },
             )
             .await;

@@ -152,6 +152,16 @@ impl Registry {
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
     }
+
+    /// This registry without the tools named in `names` (names it does not
+    /// hold are ignored).
+    pub fn without(&self, names: &[&str]) -> Registry {
+        let mut tools = self.tools.clone();
+        for name in names {
+            tools.remove(*name);
+        }
+        Registry { tools }
+    }
 }
 
 impl Registry {
