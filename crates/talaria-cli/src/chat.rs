@@ -29,7 +29,13 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
         interactive,
         Duration::from_secs(rt.config.approvals.timeout_secs),
     ));
-    let (agent, client) = match rt.agent(interaction) {
+    // Jobs made here have no chat to answer in: they are saved under
+    // cron/output unless told where to deliver, and the gateway runs them.
+    let zone =
+        talaria_gateway::cron::Zone::from_config(&rt.config.cron).map_err(anyhow::Error::msg)?;
+    let cron_tool: Arc<dyn talaria_agent::tools::Tool> =
+        talaria_gateway::cron::CronTool::new(rt.gateway_store.clone(), rt.home.clone(), zone);
+    let (agent, client) = match rt.agent_with_tools(interaction, vec![cron_tool]) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("talaria: {e:#}");

@@ -51,6 +51,75 @@ pub enum Command {
         #[arg(required = true, num_args = 1..)]
         text: Vec<String>,
     },
+    /// Scheduled jobs: prompts that run by themselves and deliver their answer.
+    Cron {
+        #[command(subcommand)]
+        command: CronCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CronCommand {
+    /// Every job with its schedule, state and next run.
+    List,
+    /// Add a job.
+    Add(CronAddArgs),
+    /// Delete a job (its output files stay).
+    Remove {
+        /// The job's id or name.
+        job: String,
+    },
+    /// Stop a job from running until it is resumed.
+    Pause { job: String },
+    /// Let a paused job run again, from now on.
+    Resume { job: String },
+    /// Run a job now, in this process (no gateway needed), and print its answer.
+    Run { job: String },
+    /// A job's recent runs and its newest output.
+    Logs {
+        job: String,
+        /// How many runs to show.
+        #[arg(short = 'n', long, default_value_t = 10)]
+        limit: usize,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CronAddArgs {
+    /// When: `every 30m`, `0 9 * * 1-5` (cron, in cron.timezone), `in 2h`, or `2026-12-24T18:00`.
+    pub schedule: String,
+    /// What the agent is asked at each run.
+    pub prompt: Vec<String>,
+    /// A short name (default: the start of the prompt).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A skill whose instructions each run follows (repeatable).
+    #[arg(long)]
+    pub skill: Vec<String>,
+    /// Where answers go: local (default), telegram, telegram:<chat_id>[:<thread_id>] (repeatable).
+    #[arg(long)]
+    pub deliver: Vec<String>,
+    /// How many runs in all (default: forever; once for one-shot schedules).
+    #[arg(long)]
+    pub repeat: Option<u32>,
+    /// After downtime: run once late (default) or skip the missed run.
+    #[arg(long, value_enum)]
+    pub misfire: Option<MisfireArg>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum MisfireArg {
+    RunOnce,
+    Skip,
+}
+
+impl From<MisfireArg> for talaria_store::Misfire {
+    fn from(m: MisfireArg) -> talaria_store::Misfire {
+        match m {
+            MisfireArg::RunOnce => talaria_store::Misfire::RunOnce,
+            MisfireArg::Skip => talaria_store::Misfire::Skip,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -10,6 +10,7 @@ use talaria_agent::interaction::NoHuman;
 use talaria_agent::tools::send_message::SendMessageTool;
 use talaria_core::Home;
 use talaria_gateway::Adapter;
+use talaria_gateway::cron::{CronTool, Zone};
 use talaria_gateway::gateway::{Gateway, GatewayParts, report_service};
 use talaria_gateway::hooks::Hooks;
 use talaria_gateway::messenger::GatewayMessenger;
@@ -50,7 +51,15 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     let messenger = GatewayMessenger::new(rt.store.clone());
     let send_message: Arc<dyn talaria_agent::tools::Tool> =
         Arc::new(SendMessageTool::new(messenger.clone()));
-    let (agent, _client) = rt.agent_with_tools(Arc::new(NoHuman), vec![send_message])?;
+    let zone = Zone::from_config(&rt.config.cron).map_err(anyhow::Error::msg)?;
+    let cron_tool = CronTool::new(rt.gateway_store.clone(), rt.home.clone(), zone);
+    let (agent, _client) = rt.agent_with_tools(
+        Arc::new(NoHuman),
+        vec![
+            send_message,
+            cron_tool.clone() as Arc<dyn talaria_agent::tools::Tool>,
+        ],
+    )?;
     let agent = Arc::new(agent);
 
     let mut adapters = chat_adapters(&rt)?;
@@ -94,6 +103,9 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         hooks: Arc::new(Hooks::load(&rt.home)),
     });
     messenger.bind(gateway.delivery());
+    if let Some(scheduler) = gateway.scheduler() {
+        cron_tool.bind(scheduler);
+    }
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
 

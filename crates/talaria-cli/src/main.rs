@@ -11,6 +11,7 @@
 //! - [`gateway_cmd`]: `talaria gateway`, the messaging gateway's process.
 //! - [`pairing_cmd`]: approving strangers' pairing codes.
 //! - [`send_cmd`]: `talaria send`, through the running gateway or directly.
+//! - [`cron_cmd`]: `talaria cron`, scheduled jobs (run here, or ticked by the gateway).
 //! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
 //! - [`logging`]: tracing to stderr through the secret redactor.
 #![forbid(unsafe_code)]
@@ -18,6 +19,7 @@
 mod chat;
 mod cli;
 mod config_cmd;
+mod cron_cmd;
 mod gateway_cmd;
 mod interact;
 mod logging;
@@ -110,5 +112,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Send { target, text } => send_cmd::run(home, &target, &text).await,
+        Command::Cron { command } => cron_cmd::run(home, command).await,
     }
 }

@@ -366,6 +366,50 @@ pub struct Config {
     pub session_reset: SessionResetConfig,
     /// The messaging platforms the gateway connects.
     pub platforms: PlatformsConfig,
+    /// Scheduled jobs.
+    pub cron: CronConfig,
+}
+
+/// `cron:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CronConfig {
+    /// Whether the gateway runs scheduled jobs (`talaria cron run` works
+    /// either way).
+    pub enabled: bool,
+    /// The IANA time zone (`Europe/Berlin`) cron expressions and times
+    /// without an offset are read in; unset, the machine's local zone.
+    pub timezone: Option<String>,
+    /// Output files kept per job, newest first.
+    pub output_retention: usize,
+    /// Jobs running at once; more wait their turn.
+    pub max_parallel: usize,
+    /// Seconds one run may take before it is interrupted.
+    pub run_timeout_secs: u64,
+}
+
+impl Default for CronConfig {
+    fn default() -> CronConfig {
+        CronConfig {
+            enabled: true,
+            timezone: None,
+            output_retention: 50,
+            max_parallel: 4,
+            run_timeout_secs: 600,
+        }
+    }
+}
+
+impl CronConfig {
+    /// The configured zone; `None` means the machine's local zone.
+    pub fn zone(&self) -> Result<Option<chrono_tz::Tz>, String> {
+        match self.timezone.as_deref().map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(name) => name.parse::<chrono_tz::Tz>().map(Some).map_err(|_| {
+                format!("`{name}` is not an IANA time zone name (like Europe/Berlin or UTC)")
+            }),
+        }
+    }
 }
 
 /// What happens to a message that arrives while the agent is still working
@@ -833,6 +877,21 @@ impl Config {
             return Err(invalid(
                 "compression.threshold",
                 "expected a number above 0 and at most 1",
+            ));
+        }
+        if let Err(e) = self.cron.zone() {
+            return Err(invalid("cron.timezone", &e));
+        }
+        if self.cron.max_parallel == 0 {
+            return Err(invalid(
+                "cron.max_parallel",
+                "expected an integer of at least 1",
+            ));
+        }
+        if self.cron.output_retention == 0 {
+            return Err(invalid(
+                "cron.output_retention",
+                "expected an integer of at least 1",
             ));
         }
         if self.model.context_length < 1024 {

@@ -1,5 +1,7 @@
 //! The assembled gateway: adapters under supervision, the runner reading
-//! their inbox, the ledger sweeps, the status file, and an orderly stop.
+//! their inbox, the ledger sweeps, the status file, background maintenance
+//! (ledger pruning, the session-expiry watcher; see [`crate::maintenance`])
+//! and an orderly stop.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +12,13 @@ use talaria_store::GatewayStore;
 use tokio_util::sync::CancellationToken;
 
 use crate::adapter::{Adapter, Inbox, Liveness};
+use crate::cron::{Scheduler, SchedulerParts};
 use crate::delivery::Delivery;
 use crate::hooks::{Hooks, events};
 use crate::ledger::Ledger;
+use crate::maintenance::{Maintenance, PeriodicTask};
 use crate::process::{AdapterStatus, GatewayStatus, write_status};
+use crate::router::{EXPIRY_FIRST_RUN, EXPIRY_INTERVAL, ExpiryWatcher};
 use crate::runner::{Runner, RunnerParts};
 use crate::supervisor::{StatusBoard, supervise};
 use crate::target::HomeChannels;
@@ -36,6 +41,13 @@ const SHUTDOWN_HOOKS_WAIT: Duration = Duration::from_secs(15);
 
 /// How often delivered and abandoned ledger rows are pruned.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// How often the scheduler looks for due jobs: one indexed query, so a
+/// job starts within seconds of its time.
+const CRON_TICK: Duration = Duration::from_secs(10);
+
+/// How often runs left `running` by a dead process are marked interrupted.
+const CRON_STALE_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Everything a gateway is built from.
 pub struct GatewayParts {
@@ -62,6 +74,10 @@ pub struct Gateway {
     delivery: Delivery,
     board: Arc<StatusBoard>,
     hooks: Arc<Hooks>,
+    /// For the maintenance tasks (the expiry watcher).
+    store: Arc<dyn GatewayStore>,
+    /// Runs scheduled jobs; `None` when `cron.enabled` is off.
+    scheduler: Option<Scheduler>,
 }
 
 impl Gateway {
@@ -91,12 +107,28 @@ impl Gateway {
             config: config.clone(),
             env,
             home: home.clone(),
-            agent,
-            store,
+            agent: agent.clone(),
+            store: store.clone(),
             delivery: delivery.clone(),
             board: board.clone(),
             hooks: hooks.clone(),
         });
+        let scheduler = if config.cron.enabled {
+            let parts = SchedulerParts {
+                config: config.clone(),
+                home: home.clone(),
+                agent,
+                store: store.clone(),
+                delivery: delivery.clone(),
+                hooks: hooks.clone(),
+                await_hooks: false,
+            };
+            Scheduler::new(parts)
+                .inspect_err(|e| tracing::error!("scheduled jobs will not run: {e}"))
+                .ok()
+        } else {
+            None
+        };
         Gateway {
             config,
             home,
@@ -106,7 +138,15 @@ impl Gateway {
             delivery,
             board,
             hooks,
+            store,
+            scheduler,
         }
+    }
+
+    /// The scheduler of cron jobs, when `cron.enabled` (the agent's
+    /// `cronjob` tool binds to it to run jobs on request).
+    pub fn scheduler(&self) -> Option<Scheduler> {
+        self.scheduler.clone()
     }
 
     /// The shared liveness board (services outside the adapters, such as
@@ -128,7 +168,9 @@ impl Gateway {
     /// Runs until `shutdown` fires, then stops in order: adapters stop
     /// receiving, events already received are still taken, running turns
     /// get `gateway.drain_timeout_secs` to finish before they are
-    /// interrupted, `gateway:shutdown` hooks get a bounded wait, and the
+    /// interrupted, `gateway:shutdown` hooks get a bounded wait, the
+    /// maintenance tasks stop (a chore already running finishes first),
+    /// scheduled jobs still running get the same grace as turns, and the
     /// status file says `stopped`.
     pub async fn run(self, shutdown: CancellationToken) {
         let platforms: Vec<&str> = self.adapters.iter().map(|a| a.platform()).collect();
@@ -164,7 +206,7 @@ impl Gateway {
             self.delivery.clone(),
             background.clone(),
         ));
-        let pruner = tokio::spawn(prune_ledger(self.delivery.clone(), background.clone()));
+        let maintenance = Maintenance::start(self.maintenance_tasks());
         // `talaria send` hands messages over here; taken until the stop
         // begins, like messages from the platforms.
         let control = {
@@ -188,6 +230,12 @@ impl Gateway {
         let _ = reader.await;
         let grace = Duration::from_secs(self.config.gateway.drain_timeout_secs);
         self.runner.drain(grace).await;
+        // No tick starts a job from here on; jobs already running get the
+        // same grace as turns.
+        maintenance.stop().await;
+        if let Some(scheduler) = &self.scheduler {
+            scheduler.stop(grace).await;
+        }
         if self.hooks.wants(events::GATEWAY_SHUTDOWN) {
             let hooks = self
                 .hooks
@@ -201,7 +249,6 @@ impl Gateway {
         }
         background.cancel();
         let _ = status.await;
-        let _ = pruner.await;
         write_snapshot(
             &self.home,
             &self.runner,
@@ -291,19 +338,91 @@ fn process_started_unix() -> f64 {
     *STARTED.get_or_init(talaria_core::unix_now)
 }
 
-async fn prune_ledger(delivery: Delivery, stop: CancellationToken) {
-    loop {
-        if let Some(ledger) = delivery.ledger() {
-            match ledger.prune().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(rows = n, "pruned old delivery ledger rows"),
-                Err(e) => tracing::warn!(error = %e, "cannot prune the delivery ledger"),
-            }
+impl Gateway {
+    /// The periodic chores, each supervised (see [`crate::maintenance`]).
+    fn maintenance_tasks(&self) -> Vec<PeriodicTask> {
+        let mut tasks = Vec::new();
+        if self.delivery.ledger().is_some() {
+            let delivery = self.delivery.clone();
+            tasks.push(PeriodicTask::new(
+                "ledger-prune",
+                PRUNE_INTERVAL,
+                move || prune_ledger(delivery.clone()),
+            ));
         }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(PRUNE_INTERVAL) => {}
+        if let Some(scheduler) = &self.scheduler {
+            let ticker = scheduler.clone();
+            tasks.push(PeriodicTask::new("cron-tick", CRON_TICK, move || {
+                let scheduler = ticker.clone();
+                async move {
+                    scheduler
+                        .tick(chrono::Utc::now())
+                        .await
+                        .map(drop)
+                        .map_err(|e| format!("cannot check for due cron jobs: {e}"))
+                }
+            }));
+            let sweeper = scheduler.clone();
+            tasks.push(PeriodicTask::new(
+                "cron-stale-runs",
+                CRON_STALE_INTERVAL,
+                move || {
+                    let scheduler = sweeper.clone();
+                    async move {
+                        match scheduler.mark_abandoned_runs(chrono::Utc::now()).await {
+                            Ok(0) => Ok(()),
+                            Ok(n) => {
+                                tracing::warn!(
+                                    runs = n,
+                                    "cron runs whose process died are marked interrupted"
+                                );
+                                Ok(())
+                            }
+                            Err(e) => Err(format!("cannot check for abandoned cron runs: {e}")),
+                        }
+                    }
+                },
+            ));
         }
+        let policy = self.config.session_reset.clone();
+        if policy.mode != talaria_core::config::ResetMode::None {
+            let runner = self.runner.clone();
+            let watcher = Arc::new(ExpiryWatcher::new(
+                self.store.clone(),
+                policy,
+                self.hooks.clone(),
+                Arc::new(move |key: &str| runner.running_sessions().iter().any(|k| k == key)),
+            ));
+            tasks.push(
+                PeriodicTask::new("session-expiry", EXPIRY_INTERVAL, move || {
+                    let watcher = watcher.clone();
+                    async move {
+                        watcher
+                            .pass(chrono::Utc::now())
+                            .await
+                            .map(drop)
+                            .map_err(|e| format!("cannot end expired sessions: {e}"))
+                    }
+                })
+                .first_run_after(EXPIRY_FIRST_RUN),
+            );
+        }
+        tasks
+    }
+}
+
+/// One pruning of delivered and abandoned ledger rows.
+async fn prune_ledger(delivery: Delivery) -> Result<(), String> {
+    let Some(ledger) = delivery.ledger() else {
+        return Ok(());
+    };
+    match ledger.prune().await {
+        Ok(0) => Ok(()),
+        Ok(n) => {
+            tracing::info!(rows = n, "pruned old delivery ledger rows");
+            Ok(())
+        }
+        Err(e) => Err(format!("cannot prune the delivery ledger: {e}")),
     }
 }
 

@@ -18,7 +18,8 @@
 //! - [`runner`]: the order every event goes through (authorization,
 //!   commands, the busy guard) and the per-chat lanes that run turns.
 //! - [`router`]: session key → current session, reset policies, `/new` and
-//!   `/resume`.
+//!   `/resume`, and the watcher that ends expired sessions in the
+//!   background.
 //! - [`delivery`]: sending text (split, retried) and final replies through
 //!   the ledger.
 //! - [`messenger`]: the agent's `send_message` tool, delivered through
@@ -35,7 +36,13 @@
 //! - [`supervisor`]: adapters as supervised tasks with reconnect backoff and
 //!   a liveness board; a ledger sweep each time one goes live.
 //! - [`gateway`]: all of the above assembled, with an orderly stop.
+//! - [`maintenance`]: periodic background chores (ledger pruning, the
+//!   session-expiry watcher) as supervised tasks: errors logged, panics
+//!   restarted with backoff, a prompt stop.
 //! - [`dotenv`]: writing variables into the home's `.env` (`/sethome`).
+//! - [`cron`]: scheduled jobs, each run an isolated session delivered
+//!   through the ledger; the occurrence claim that keeps a run from firing
+//!   twice.
 //! - [`hooks`]: user programs run on gateway events (startup, messages,
 //!   turns, commands), isolated in their own processes and bounded in time
 //!   and number.
@@ -52,6 +59,7 @@
 pub mod adapter;
 pub mod auth;
 pub mod control;
+pub mod cron;
 pub mod delivery;
 pub mod dotenv;
 pub mod event;
@@ -59,6 +67,7 @@ pub mod gateway;
 pub mod hooks;
 pub mod key;
 pub mod ledger;
+pub mod maintenance;
 pub mod messenger;
 pub mod owner;
 pub mod pairing;

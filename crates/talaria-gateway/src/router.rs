@@ -4,16 +4,32 @@
 //! route expires under the configured reset policy (idle, daily, both);
 //! `/new` re-points it at once. Old sessions are ended, never deleted: they
 //! stay searchable and `/resume` can point the key back at one.
+//!
+//! # Expiry
+//!
+//! Two parties end an expired session. The [`ExpiryWatcher`], a
+//! maintenance task, ends it in the background soon after it expires and
+//! fires `session:end`, but keeps the route. [`Router::current`], when the
+//! key's next message comes, still sees the expired route and starts the
+//! next session (with [`Started::Idle`] or [`Started::Daily`], and the
+//! auto-reset notice), ending the old one only if the watcher has not:
+//! both go through [`RouteStore::end_route_session`], whose guard lets
+//! exactly one of them end a session for a given expiry, and only the one
+//! that did reports it (so `session:end` fires once).
+//!
+//! [`RouteStore::end_route_session`]: talaria_store::gateway::RouteStore::end_route_session
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use chrono::{DateTime, Local, TimeZone, Timelike};
+use chrono::{DateTime, Local, TimeZone, Timelike, Utc};
 use talaria_agent::{Agent, AgentError, SessionHandle};
 use talaria_core::config::{ResetMode, SessionResetConfig};
 use talaria_store::{GatewayStore, NewSession, Route, SessionRecord, StoreError};
 
 use crate::event::SessionSource;
+use crate::hooks::{Hooks, events};
 use crate::key::SessionKey;
 
 /// Open session handles kept in memory. A handle is cheap to rebuild from
@@ -81,8 +97,13 @@ pub struct Routed {
     pub auto_reset: Option<AutoReset>,
     /// Set when this call started `handle`'s session, with why.
     pub started: Option<Started>,
-    /// The session this call ended to make room for the new one.
+    /// The session this call ended to make room for the new one. `None`
+    /// when it had been ended already (the [`ExpiryWatcher`] ends expired
+    /// sessions in the background, and fired `session:end` for it then).
     pub ended: Option<String>,
+    /// The session the key pointed at before this call, ended now or
+    /// earlier (`session:reset` names it either way).
+    pub previous: Option<String>,
 }
 
 /// Errors while routing.
@@ -134,12 +155,15 @@ impl Router {
                             auto_reset: None,
                             started: None,
                             ended: None,
+                            previous: None,
                         });
                     }
                     // The routed session vanished from the store: start over.
                 }
                 Some(reason) => {
-                    self.end(&route.session_id, reason.reason()).await;
+                    // The user still hears of the reset when the watcher
+                    // got there first; only the end is not repeated.
+                    let ended = self.end(&route, reason.reason()).await;
                     let handle = self
                         .start(key, source, Some(route.session_id.clone()))
                         .await?;
@@ -147,7 +171,8 @@ impl Router {
                         handle,
                         auto_reset: Some(reason),
                         started: Some(reason.into()),
-                        ended: Some(route.session_id),
+                        ended: ended.then(|| route.session_id.clone()),
+                        previous: Some(route.session_id),
                     });
                 }
             }
@@ -158,6 +183,7 @@ impl Router {
             auto_reset: None,
             started: Some(Started::First),
             ended: None,
+            previous: None,
         })
     }
 
@@ -176,16 +202,21 @@ impl Router {
         key: &SessionKey,
         source: &SessionSource,
     ) -> Result<Routed, RouteError> {
-        let old = self.store.route(key.as_str()).await?.map(|r| r.session_id);
-        if let Some(old) = &old {
-            self.end(old, Started::NewSession.as_str()).await;
+        let old = self.store.route(key.as_str()).await?;
+        let mut ended = None;
+        if let Some(route) = &old
+            && self.end(route, Started::NewSession.as_str()).await
+        {
+            ended = Some(route.session_id.clone());
         }
-        let handle = self.start(key, source, old.clone()).await?;
+        let previous = old.map(|r| r.session_id);
+        let handle = self.start(key, source, previous.clone()).await?;
         Ok(Routed {
             handle,
             auto_reset: None,
             started: Some(Started::NewSession),
-            ended: old,
+            ended,
+            previous,
         })
     }
 
@@ -202,7 +233,7 @@ impl Router {
         if let Some(current) = self.store.route(key.as_str()).await?
             && current.session_id != session_id
         {
-            self.end(&current.session_id, "resumed_other").await;
+            self.end(&current, "resumed_other").await;
         }
         self.store.set_route(key.as_str(), session_id).await?;
         Ok(handle)
@@ -245,11 +276,18 @@ impl Router {
         }
     }
 
-    /// Ends a session; a failure only costs the end stamp, so it is logged.
-    async fn end(&self, session_id: &str, reason: &str) {
-        self.lock().remove(session_id);
-        if let Err(e) = self.store.end_session(session_id, reason).await {
-            tracing::warn!(session = session_id, error = %e, "could not mark the session ended");
+    /// Ends the route's session unless it was ended since the route's
+    /// last activity (by the expiry watcher); returns whether this call
+    /// ended it. A store failure only costs the end stamp, so it is logged
+    /// and counts as ended: hooks still hear of the end.
+    async fn end(&self, route: &Route, reason: &str) -> bool {
+        self.lock().remove(&route.session_id);
+        match self.store.end_route_session(route, reason).await {
+            Ok(ended) => ended,
+            Err(e) => {
+                tracing::warn!(session = %route.session_id, error = %e, "could not mark the session ended");
+                true
+            }
         }
     }
 
@@ -276,22 +314,8 @@ pub fn expired<Tz: TimeZone>(
     now: DateTime<Tz>,
 ) -> Option<AutoReset> {
     let last = route.updated_at;
-    let now_ts = now.timestamp_millis() as f64 / 1000.0;
-    let idle = || now_ts > last + policy.idle_minutes as f64 * 60.0;
-    let daily = || {
-        let hour = policy.at_hour.min(23);
-        let today = now.date_naive();
-        let boundary_day = if now.hour() < hour {
-            today.pred_opt().unwrap_or(today)
-        } else {
-            today
-        };
-        let boundary = boundary_day
-            .and_hms_opt(hour, 0, 0)
-            .and_then(|b| now.timezone().from_local_datetime(&b).earliest())
-            .map(|b| b.timestamp_millis() as f64 / 1000.0);
-        boundary.is_some_and(|b| last < b)
-    };
+    let idle = || last < idle_cutoff(policy, &now);
+    let daily = || daily_boundary(policy, &now).is_some_and(|b| last < b);
     match policy.mode {
         ResetMode::None => None,
         ResetMode::Idle => idle().then_some(AutoReset::Idle),
@@ -303,6 +327,176 @@ pub fn expired<Tz: TimeZone>(
                 daily().then_some(AutoReset::Daily)
             }
         }
+    }
+}
+
+/// The `updated_at` before which a route has expired under `policy` at
+/// `now` (what [`expired`] decides, as one bound a store can filter on);
+/// `None` when nothing expires.
+fn expiry_cutoff<Tz: TimeZone>(policy: &SessionResetConfig, now: &DateTime<Tz>) -> Option<f64> {
+    match policy.mode {
+        ResetMode::None => None,
+        ResetMode::Idle => Some(idle_cutoff(policy, now)),
+        ResetMode::Daily => daily_boundary(policy, now),
+        ResetMode::Both => {
+            let idle = idle_cutoff(policy, now);
+            Some(daily_boundary(policy, now).map_or(idle, |b| b.max(idle)))
+        }
+    }
+}
+
+/// Last activity before this is idle for too long at `now`.
+fn idle_cutoff<Tz: TimeZone>(policy: &SessionResetConfig, now: &DateTime<Tz>) -> f64 {
+    unix_secs(now) - policy.idle_minutes as f64 * 60.0
+}
+
+/// The latest daily reset at or before `now`, in `now`'s time zone.
+fn daily_boundary<Tz: TimeZone>(policy: &SessionResetConfig, now: &DateTime<Tz>) -> Option<f64> {
+    let hour = policy.at_hour.min(23);
+    let today = now.date_naive();
+    let boundary_day = if now.hour() < hour {
+        today.pred_opt().unwrap_or(today)
+    } else {
+        today
+    };
+    boundary_day
+        .and_hms_opt(hour, 0, 0)
+        .and_then(|b| now.timezone().from_local_datetime(&b).earliest())
+        .map(|b| unix_secs(&b))
+}
+
+fn unix_secs<Tz: TimeZone>(t: &DateTime<Tz>) -> f64 {
+    t.timestamp_millis() as f64 / 1000.0
+}
+
+/// How often the expiry watcher looks for expired sessions.
+pub const EXPIRY_INTERVAL: Duration = Duration::from_secs(300);
+
+/// How long after the gateway starts the watcher first looks.
+pub const EXPIRY_FIRST_RUN: Duration = Duration::from_secs(60);
+
+/// Expired routes one page of a pass reads.
+const EXPIRY_PAGE: usize = 200;
+
+/// Pages one pass reads at most; a larger backlog (after a long downtime)
+/// waits for the next pass rather than holding the database.
+const EXPIRY_MAX_PAGES: usize = 10;
+
+/// Whether a session key (its string form) has a turn running now.
+pub type IsRunning = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// What one [`ExpiryWatcher::pass`] did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExpiryReport {
+    /// The sessions this pass ended, with why.
+    pub ended: Vec<(String, AutoReset)>,
+    /// Expired routes left alone because a turn is running on their key.
+    pub running: usize,
+}
+
+/// Ends sessions whose route expired under the reset policy, without
+/// waiting for the key's next message, and fires `session:end` for each.
+///
+/// The route is kept: the key's next message still finds it expired and
+/// starts the next session (see the module documentation). A key with a
+/// turn running is skipped, so no session is ended under a running turn
+/// (a turn longer than the idle limit, or one crossing the daily hour).
+pub struct ExpiryWatcher {
+    store: Arc<dyn GatewayStore>,
+    policy: SessionResetConfig,
+    hooks: Arc<Hooks>,
+    is_running: IsRunning,
+}
+
+impl ExpiryWatcher {
+    /// A watcher over `store` applying `policy`; `is_running` is asked
+    /// about a key just before its session is ended.
+    pub fn new(
+        store: Arc<dyn GatewayStore>,
+        policy: SessionResetConfig,
+        hooks: Arc<Hooks>,
+        is_running: IsRunning,
+    ) -> ExpiryWatcher {
+        ExpiryWatcher {
+            store,
+            policy,
+            hooks,
+            is_running,
+        }
+    }
+
+    /// Ends the sessions expired at `now` (oldest first, a bounded number
+    /// per pass). Does nothing when the reset mode is `none`. The daily
+    /// hour is read in local time, as [`Router::current`] does.
+    pub async fn pass(&self, now: DateTime<Utc>) -> Result<ExpiryReport, StoreError> {
+        let now = now.with_timezone(&Local);
+        let mut report = ExpiryReport::default();
+        let Some(cutoff) = expiry_cutoff(&self.policy, &now) else {
+            return Ok(report);
+        };
+        for _ in 0..EXPIRY_MAX_PAGES {
+            let page = self.store.stale_routes(cutoff, EXPIRY_PAGE).await?;
+            let full = page.len() == EXPIRY_PAGE;
+            let mut progressed = false;
+            for route in page {
+                let Some(reason) = expired(&self.policy, &route, now) else {
+                    continue;
+                };
+                // Checked per route, as late as possible: a turn may have
+                // started since the pass began.
+                if (self.is_running)(&route.session_key) {
+                    report.running += 1;
+                    continue;
+                }
+                // Won or lost, the route leaves the list: its session is
+                // ended either way.
+                progressed = true;
+                if self
+                    .store
+                    .end_route_session(&route, reason.reason())
+                    .await?
+                {
+                    tracing::debug!(session = %route.session_id, reason = reason.reason(), "ended an expired session");
+                    self.announce(&route, reason);
+                    report.ended.push((route.session_id, reason));
+                }
+            }
+            // What is left on a full page without progress is all running
+            // keys; reading it again would only find them again.
+            if !full || !progressed {
+                break;
+            }
+        }
+        if !report.ended.is_empty() {
+            tracing::info!(
+                ended = report.ended.len(),
+                "ended sessions that expired under the reset policy"
+            );
+        }
+        Ok(report)
+    }
+
+    /// `session:end`, with the payload the runner gives it.
+    fn announce(&self, route: &Route, reason: AutoReset) {
+        if !self.hooks.wants(events::SESSION_END) {
+            return;
+        }
+        // A stored key was made by `SessionKey::for_source`, so it parses;
+        // the platform is its third part, as in the source it came from.
+        let platform = SessionKey::parse(&route.session_key)
+            .map(|k| k.platform().to_owned())
+            .unwrap_or_default();
+        self.hooks.emit(
+            events::SESSION_END,
+            serde_json::json!({
+                "platform": platform,
+                // Hashed as the runner hashes keys for hooks, so a hook can
+                // match this end with the session's start.
+                "session_key": talaria_core::ids::hash_id("key", &route.session_key),
+                "session_id": route.session_id,
+                "reason": Started::from(reason).as_str(),
+            }),
+        );
     }
 }
 

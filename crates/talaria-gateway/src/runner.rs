@@ -730,7 +730,7 @@ impl Runner {
                         "session_key": hook_key(key),
                         "user_id_hash": user_hash(&event.source),
                         "session_id": routed.handle.id,
-                        "previous_session_id": routed.ended,
+                        "previous_session_id": routed.previous,
                     })
                 });
                 inner.session_hooks(key, &event.source, &routed);

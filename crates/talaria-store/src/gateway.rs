@@ -32,6 +32,25 @@ pub trait RouteStore: Send + Sync {
     async fn set_route(&self, session_key: &str, session_id: &str) -> Result<()>;
     /// Records activity on the key: `updated_at` = now.
     async fn touch_route(&self, session_key: &str) -> Result<()>;
+    /// Routes last updated before `before` whose session is still open,
+    /// oldest first (ties by key), at most `limit`: the candidates for an
+    /// expiry pass.
+    ///
+    /// "Open" means not ended since the route's last activity. A route is
+    /// kept after its session ends (so the key's next message can tell it
+    /// expired), and leaving such routes out is what lets a caller that
+    /// ends what it is given get through the list instead of being handed
+    /// the same dormant chats on every pass. A session ended before the
+    /// route last moved (one brought back by `/resume`) counts as open. A
+    /// route whose session row is gone has nothing to end and is left out.
+    async fn stale_routes(&self, before: Timestamp, limit: usize) -> Result<Vec<Route>>;
+    /// Ends the session `route` points at, for `reason`, unless it was
+    /// already ended at or after the route's `updated_at` (by another
+    /// caller acting on the same expiry). One guarded statement: of two
+    /// callers racing to end one session for the same route state, exactly
+    /// one wins. Returns whether this caller ended it; `false` too when the
+    /// session does not exist.
+    async fn end_route_session(&self, route: &Route, reason: &str) -> Result<bool>;
 }
 
 /// Where a delivery obligation stands.
@@ -290,6 +309,12 @@ pub trait PairingStore: Send + Sync {
 }
 
 /// Everything the gateway needs from one backend.
-pub trait GatewayStore: SessionStore + RouteStore + LedgerStore + PairingStore {}
+pub trait GatewayStore:
+    SessionStore + RouteStore + LedgerStore + PairingStore + crate::CronStore
+{
+}
 
-impl<T: SessionStore + RouteStore + LedgerStore + PairingStore> GatewayStore for T {}
+impl<T: SessionStore + RouteStore + LedgerStore + PairingStore + crate::CronStore> GatewayStore
+    for T
+{
+}

@@ -5,6 +5,7 @@
 //! - this file: the backend-neutral types and the [`SessionStore`] trait.
 //! - [`gateway`]: what the gateway keeps (routes, the delivery ledger,
 //!   pairing), as traits the backends implement.
+//! - [`cron`]: scheduled jobs and the claimed record of their runs.
 //! - [`sqlite`]: the embedded backend (bundled SQLite, WAL, FTS5).
 //! - [`fts`]: turning user text into a safe FTS5 query.
 //!
@@ -18,6 +19,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use talaria_core::Message;
 
+pub mod cron;
 pub mod fts;
 pub mod gateway;
 pub mod sqlite;
@@ -28,6 +30,10 @@ pub use gateway::{
     PendingPairing, Route, RouteStore,
 };
 
+pub use cron::{
+    Advance, CronJob, CronStore, JobOrigin, JobState, Misfire, NewCronJob, Occurrence,
+    OccurrenceClaim, OccurrenceEnd, OccurrenceStatus, Trigger,
+};
 pub use sqlite::{SqliteOptions, SqliteStore};
 
 /// Errors from a store backend.
@@ -45,6 +51,9 @@ pub enum StoreError {
     /// The file is not a database we can use (corrupt, newer schema, ...).
     #[error("database error: {0}")]
     Database(String),
+    /// A unique name or id is already taken.
+    #[error("{0}")]
+    Conflict(String),
     /// The file system refused (missing directory, permissions, ...).
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

@@ -5,6 +5,7 @@
 //! disk, and on other processes' locks), and must not stall the runtime.
 
 mod conn;
+mod cron;
 mod gateway;
 mod rows;
 mod schema;

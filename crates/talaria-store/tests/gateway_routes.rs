@@ -109,17 +109,20 @@ async fn routes_survive_a_reopen() {
 }
 
 #[test]
-fn a_fresh_database_is_at_version_2_with_the_gateway_tables() {
+fn a_fresh_database_is_at_version_3_with_the_gateway_and_cron_tables() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 2);
-    for name in GATEWAY_TABLES {
+    assert_eq!(user_version(&path), 3);
+    for name in GATEWAY_TABLES
+        .iter()
+        .chain(&["cron_jobs", "cron_occurrences"])
+    {
         assert!(has_object(&path, name), "{name} is missing");
     }
     // Reopening an up-to-date file migrates nothing and still works.
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 2);
+    assert_eq!(user_version(&path), 3);
 }
 
 #[tokio::test]
@@ -137,7 +140,8 @@ async fn a_version_1_database_is_upgraded_in_place() {
     {
         let raw = rusqlite::Connection::open(&path).unwrap();
         raw.execute_batch(
-            "DROP TABLE gateway_routes; DROP TABLE delivery_obligations; \
+            "DROP TABLE cron_occurrences; DROP TABLE cron_jobs; \
+             DROP TABLE gateway_routes; DROP TABLE delivery_obligations; \
              DROP TABLE pairing_pending; DROP TABLE pairing_approved; \
              DROP TABLE pairing_stamps; PRAGMA user_version = 1;",
         )
@@ -147,7 +151,7 @@ async fn a_version_1_database_is_upgraded_in_place() {
     assert!(!has_object(&path, "gateway_routes"));
 
     let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(user_version(&path), 2);
+    assert_eq!(user_version(&path), 3);
     for name in GATEWAY_TABLES {
         assert!(has_object(&path, name), "{name} is missing");
     }

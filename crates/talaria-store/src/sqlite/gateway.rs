@@ -2,6 +2,8 @@
 //!
 //! Conventions beyond the traits' documentation:
 //! - [`RouteStore::touch_route`] on a key without a route does nothing;
+//! - [`RouteStore::stale_routes`] walks the `updated_at` index (schema
+//!   step 3) and joins each candidate to its session by primary key;
 //! - the ledger's state changes by id ([`LedgerStore::mark_attempting`] and
 //!   friends) succeed without effect on an unknown id: the ledger exists to
 //!   make replies survive crashes and must never be the reason one is lost;
@@ -33,7 +35,7 @@ use sha2::{Digest, Sha256};
 
 use super::SqliteStore;
 use super::conn::OpResult;
-use super::rows::{from_sql_count, from_sql_small_count, now};
+use super::rows::{from_sql_count, from_sql_small_count, now, to_sql_count};
 use crate::gateway::{
     ApproveOutcome, ApprovedUser, LedgerStore, NewObligation, Obligation, ObligationState,
     OfferOutcome, Owner, PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route,
@@ -46,6 +48,17 @@ const MAX_ERROR_CHARS: usize = 500;
 
 // ---------------------------------------------------------------- routes
 
+/// Route columns are read in the order `session_key, session_id,
+/// created_at, updated_at`.
+fn route_from_row(r: &Row<'_>) -> rusqlite::Result<Route> {
+    Ok(Route {
+        session_key: r.get(0)?,
+        session_id: r.get(1)?,
+        created_at: r.get(2)?,
+        updated_at: r.get(3)?,
+    })
+}
+
 #[async_trait]
 impl RouteStore for SqliteStore {
     async fn route(&self, session_key: &str) -> Result<Option<Route>> {
@@ -56,14 +69,7 @@ impl RouteStore for SqliteStore {
                     "SELECT session_key, session_id, created_at, updated_at \
                      FROM gateway_routes WHERE session_key = ?1",
                 )?
-                .query_row(params![key], |r| {
-                    Ok(Route {
-                        session_key: r.get(0)?,
-                        session_id: r.get(1)?,
-                        created_at: r.get(2)?,
-                        updated_at: r.get(3)?,
-                    })
-                })
+                .query_row(params![key], route_from_row)
                 .optional()?)
         })
         .await
@@ -92,6 +98,42 @@ impl RouteStore for SqliteStore {
             tx.prepare_cached("UPDATE gateway_routes SET updated_at = ?2 WHERE session_key = ?1")?
                 .execute(params![key, now()])?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn stale_routes(&self, before: Timestamp, limit: usize) -> Result<Vec<Route>> {
+        let limit = to_sql_count(limit as u64);
+        self.read(move |tx| {
+            Ok(tx
+                .prepare_cached(
+                    "SELECT r.session_key, r.session_id, r.created_at, r.updated_at \
+                     FROM gateway_routes r JOIN sessions s ON s.id = r.session_id \
+                     WHERE r.updated_at < ?1 \
+                     AND (s.ended_at IS NULL OR s.ended_at < r.updated_at) \
+                     ORDER BY r.updated_at, r.session_key LIMIT ?2",
+                )?
+                .query_map(params![before, limit], route_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn end_route_session(&self, route: &Route, reason: &str) -> Result<bool> {
+        let id = route.session_id.clone();
+        let since = route.updated_at;
+        let reason = reason.to_string();
+        self.write(move |tx| {
+            // The guard and the stamp in one statement: a second caller
+            // acting on the same route state finds the stamp and changes
+            // nothing.
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE sessions SET ended_at = ?3, end_reason = ?4 \
+                     WHERE id = ?1 AND (ended_at IS NULL OR ended_at < ?2)",
+                )?
+                .execute(params![id, since, now(), reason])?;
+            Ok(changed > 0)
         })
         .await
     }

@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1, V2];
+const STEPS: &[&str] = &[V1, V2, V3];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -166,6 +166,52 @@ CREATE TABLE pairing_stamps (
     count    INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (platform, kind, subject)
 );
+"#;
+
+/// Scheduled jobs and their occurrences; an index for the session-expiry
+/// watcher's scan of idle routes.
+const V3: &str = r#"
+CREATE TABLE cron_jobs (
+    id          TEXT PRIMARY KEY NOT NULL,
+    name        TEXT NOT NULL UNIQUE,
+    prompt      TEXT,
+    skills      TEXT NOT NULL DEFAULT '[]',  -- JSON array of skill names
+    schedule    TEXT NOT NULL,
+    deliver     TEXT NOT NULL DEFAULT '[]',  -- JSON array of delivery targets
+    origin      TEXT,                        -- JSON {platform, chat_id, thread_id}
+    repeat      INTEGER,
+    completed   INTEGER NOT NULL DEFAULT 0,
+    state       TEXT NOT NULL CHECK (state IN ('scheduled', 'paused', 'completed')),
+    misfire     TEXT NOT NULL CHECK (misfire IN ('run_once', 'skip')),
+    -- Unix seconds, an integer so that equality (what a claim compares) is
+    -- exact.
+    next_run_at INTEGER,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL,
+    last_run_at REAL,
+    last_status TEXT,
+    last_error  TEXT
+);
+CREATE INDEX cron_jobs_due ON cron_jobs (state, next_run_at);
+
+-- One row per run, inserted before the run starts: the primary key is what
+-- makes an occurrence fire at most once, whichever scheduler claims it.
+CREATE TABLE cron_occurrences (
+    job_id         TEXT NOT NULL REFERENCES cron_jobs (id) ON DELETE CASCADE,
+    scheduled_at   INTEGER NOT NULL,
+    trigger        TEXT NOT NULL,
+    status         TEXT NOT NULL,
+    session_id     TEXT,
+    started_at     REAL NOT NULL,
+    finished_at    REAL,
+    error          TEXT,
+    output_path    TEXT,
+    delivery_error TEXT,
+    PRIMARY KEY (job_id, scheduled_at)
+);
+CREATE INDEX cron_occurrences_status ON cron_occurrences (status, started_at);
+
+CREATE INDEX gateway_routes_updated ON gateway_routes (updated_at);
 "#;
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or
