@@ -13,10 +13,7 @@ use chrono::{DateTime, Utc};
 use talaria_agent::interaction::NoHuman;
 use talaria_core::Home;
 use talaria_gateway::cron::{CronError, JobSpec, Scheduler, SchedulerParts, Zone, jobs};
-use talaria_gateway::delivery::Delivery;
 use talaria_gateway::hooks::Hooks;
-use talaria_gateway::ledger::Ledger;
-use talaria_gateway::target::HomeChannels;
 use talaria_store::{CronJob, CronStore, OccurrenceStatus};
 
 use crate::cli::{CronAddArgs, CronCommand};
@@ -151,17 +148,7 @@ async fn add(
 async fn run_now(rt: &Runtime, job: &str) -> anyhow::Result<ExitCode> {
     // Runs go without the `cronjob` tool, so the agent needs no binding.
     let (agent, _client) = rt.agent(Arc::new(NoHuman))?;
-    let adapters = gateway_cmd::chat_adapters(rt)?;
-    let platforms: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
-    let homes = HomeChannels::load(&rt.config.gateway.home_channels, &rt.loaded.env, &platforms);
-    let ledger = rt
-        .config
-        .gateway
-        .delivery_ledger
-        .then(|| Ledger::new(rt.gateway_store.clone()));
-    let delivery = Delivery::new(adapters, ledger)
-        .with_homes(Arc::new(homes))
-        .with_local_dir(rt.home.cron_output_dir());
+    let delivery = gateway_cmd::standalone_delivery(rt)?;
     let scheduler = Scheduler::new(SchedulerParts {
         config: rt.config.clone(),
         home: rt.home.clone(),

@@ -11,10 +11,13 @@ use talaria_agent::tools::send_message::SendMessageTool;
 use talaria_core::Home;
 use talaria_gateway::Adapter;
 use talaria_gateway::cron::{CronTool, Zone};
+use talaria_gateway::delivery::Delivery;
 use talaria_gateway::gateway::{Gateway, GatewayParts, report_service};
 use talaria_gateway::hooks::Hooks;
+use talaria_gateway::ledger::Ledger;
 use talaria_gateway::messenger::GatewayMessenger;
 use talaria_gateway::process::{self, PidFile, PidFileError};
+use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
@@ -33,6 +36,24 @@ pub fn chat_adapters(rt: &Runtime) -> anyhow::Result<Vec<Arc<dyn Adapter>>> {
         adapters.push(Arc::new(adapter));
     }
     Ok(adapters)
+}
+
+/// Sending without a gateway (`talaria send`, `talaria cron run`): the
+/// configured chat platforms, not connected for receiving, with their home
+/// channels and the ledger, so a send cut short here is finished by the
+/// next gateway.
+pub fn standalone_delivery(rt: &Runtime) -> anyhow::Result<Delivery> {
+    let adapters = chat_adapters(rt)?;
+    let platforms: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
+    let homes = HomeChannels::load(&rt.config.gateway.home_channels, &rt.loaded.env, &platforms);
+    let ledger = rt
+        .config
+        .gateway
+        .delivery_ledger
+        .then(|| Ledger::new(rt.gateway_store.clone()));
+    Ok(Delivery::new(adapters, ledger)
+        .with_homes(Arc::new(homes))
+        .with_local_dir(rt.home.cron_output_dir()))
 }
 
 /// `talaria gateway run`: serves in the foreground until SIGTERM or SIGINT.

@@ -9,15 +9,11 @@
 
 use std::io::Read;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
 use talaria_core::Home;
 use talaria_gateway::control::{self, ClientError, Request, Response};
-use talaria_gateway::delivery::Delivery;
-use talaria_gateway::ledger::Ledger;
 use talaria_gateway::process;
-use talaria_gateway::target::HomeChannels;
 
 use crate::gateway_cmd;
 use crate::runtime::Runtime;
@@ -70,16 +66,6 @@ async fn via_gateway(home: &Home, target: &str, text: &str) -> anyhow::Result<Op
 /// Without a gateway: connect what is configured, send, record.
 async fn directly(home: Home, target: &str, text: &str) -> anyhow::Result<Response> {
     let rt = Runtime::load_without_model(home).await?;
-    let adapters = gateway_cmd::chat_adapters(&rt)?;
-    let platforms: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
-    let homes = HomeChannels::load(&rt.config.gateway.home_channels, &rt.loaded.env, &platforms);
-    let ledger = rt
-        .config
-        .gateway
-        .delivery_ledger
-        .then(|| Ledger::new(rt.gateway_store.clone()));
-    let delivery = Delivery::new(adapters, ledger)
-        .with_homes(Arc::new(homes))
-        .with_local_dir(rt.home.cron_output_dir());
+    let delivery = gateway_cmd::standalone_delivery(&rt)?;
     Ok(control::send(&delivery, target, text).await)
 }
