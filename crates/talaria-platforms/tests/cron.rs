@@ -647,3 +647,92 @@ async fn the_cronjob_tool_schedules_a_job_that_answers_in_the_chat_it_was_made_i
     assert!(result.contains("every 30m"), "{result}");
     assert_eq!(node.store.jobs().await.unwrap().len(), 1);
 }
+
+/// The tool results of the last LLM request, in order.
+fn tool_results(llm: &MockOpenAi) -> Vec<serde_json::Value> {
+    llm.requests().last().unwrap().body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            let text = m["content"].as_str().unwrap_or_default();
+            serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.into()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cronjob_tool_lists_updates_pauses_resumes_and_removes() {
+    let rig = Rig::new(|_| {}).await;
+    let node = rig.node();
+    let chat = node.agent.new_session("cli").await.unwrap();
+    let t0 = chrono::Utc::now();
+    let mut spec = every("every 1h", "Water the plants.", &["local"]);
+    spec.name = Some("plants".into());
+    let job = rig.create(&node, spec, t0).await;
+
+    let call = |id: &str, args: &str| ToolCallReply::new(id, "cronjob", args);
+    // Each call runs in order in one batch (the tool is not parallel-safe).
+    rig.llm.push(Reply::tool_calls(vec![
+        call("1", r#"{"action":"update","job_id":"plants","schedule":"0 7 * * *","prompt":"Water the plants and the herbs."}"#),
+        call("2", r#"{"action":"pause","job_id":"plants"}"#),
+        call("3", r#"{"action":"list"}"#),
+        call("4", r#"{"action":"resume","job_id":"plants"}"#),
+        call("5", r#"{"action":"pause","job_id":"nope"}"#),
+        call("6", r#"{"action":"explode"}"#),
+    ]));
+    rig.llm.push(Reply::text("Done."));
+    node.agent
+        .run_turn(
+            &chat,
+            "manage my jobs",
+            &NullObserver,
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let results = tool_results(&rig.llm);
+    assert_eq!(results.len(), 6, "{results:?}");
+    assert_eq!(results[0]["job"]["schedule"], "0 7 * * *");
+    assert_eq!(
+        results[0]["job"]["prompt"],
+        "Water the plants and the herbs."
+    );
+    assert_eq!(results[1]["job"]["state"], "paused");
+    assert_eq!(results[2]["count"], 1);
+    assert_eq!(results[2]["jobs"][0]["state"], "paused");
+    assert_eq!(results[3]["job"]["state"], "scheduled");
+    assert!(
+        results[4].to_string().contains("no cron job"),
+        "{}",
+        results[4]
+    );
+    assert!(
+        results[5].to_string().contains("unknown action"),
+        "{}",
+        results[5]
+    );
+    let stored = node.store.job(&job.id).await.unwrap().unwrap();
+    assert_eq!(stored.state, JobState::Scheduled);
+    assert_eq!(stored.schedule, "0 7 * * *");
+    // A chat outside any platform has no origin: its jobs cannot say
+    // `origin`, and the refusal says what to use instead.
+    rig.llm.push(Reply::tool_calls(vec![
+        call(
+            "7",
+            r#"{"action":"create","prompt":"x","schedule":"every 1d","deliver":"origin"}"#,
+        ),
+        call("8", r#"{"action":"remove","job_id":"plants"}"#),
+    ]));
+    rig.llm.push(Reply::text("Removed."));
+    node.agent
+        .run_turn(&chat, "remove it", &NullObserver, CancellationToken::new())
+        .await
+        .unwrap();
+    let results = tool_results(&rig.llm);
+    let refused = results[results.len() - 2].to_string();
+    assert!(refused.contains("`origin` means the chat"), "{refused}");
+    assert_eq!(results[results.len() - 1]["removed"], "plants");
+    assert!(node.store.jobs().await.unwrap().is_empty());
+}
