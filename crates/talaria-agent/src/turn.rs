@@ -165,6 +165,13 @@ impl<'a> TurnRun<'a> {
     }
 
     pub(crate) async fn run(mut self, user_text: &str) -> Result<TurnOutcome, AgentError> {
+        // Tools from sources (MCP servers) are fixed for the whole turn, so
+        // every request of it offers the same set.
+        if self.registry.has_sources() {
+            let resolved = std::sync::Arc::new(self.registry.for_turn().await);
+            self.tools = resolved.specs();
+            self.registry = resolved;
+        }
         // Stored before anything can fail, so the request is never lost.
         self.persist(Message::user(user_text)).await?;
         let budget = self.agent.parts.config.agent.max_turns.max(1);

@@ -43,10 +43,13 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let session = open_session(&rt, &agent, &args).await?;
-    match args.query {
+    let result = match args.query {
         Some(prompt) => one_shot(&agent, &client, &session, &prompt, args.verbose).await,
         None => repl(&rt, &agent, &client, session).await,
-    }
+    };
+    // MCP servers started for this chat stop with it.
+    rt.mcp.shutdown().await;
+    result
 }
 
 async fn open_session(

@@ -56,6 +56,23 @@ pub enum Command {
         #[command(subcommand)]
         command: CronCommand,
     },
+    /// MCP servers: what the configured ones offer, and Talaria as one.
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// The configured servers (nothing is started).
+    List,
+    /// Start a server and show what it offers.
+    Test { server: String },
+    /// A server's tools, with the names the model sees.
+    Tools { server: String },
+    /// Be an MCP server on stdin/stdout: session_search and send_message.
+    Serve,
 }
 
 #[derive(Debug, Subcommand)]

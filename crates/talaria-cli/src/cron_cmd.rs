@@ -159,7 +159,9 @@ async fn run_now(rt: &Runtime, job: &str) -> anyhow::Result<ExitCode> {
         await_hooks: true,
     })
     .map_err(anyhow::Error::msg)?;
-    let report = match scheduler.run_now(job, Utc::now()).await {
+    let report = scheduler.run_now(job, Utc::now()).await;
+    rt.mcp.shutdown().await;
+    let report = match report {
         Ok(report) => report,
         Err(e) => {
             eprintln!("talaria: {e}");

@@ -157,6 +157,7 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     if let Some(task) = api_task {
         let _ = task.await;
     }
+    rt.mcp.shutdown().await;
     drop(pid_file);
     Ok(ExitCode::SUCCESS)
 }

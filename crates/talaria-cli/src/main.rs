@@ -11,6 +11,7 @@
 //! - [`gateway_cmd`]: `talaria gateway`, the messaging gateway's process.
 //! - [`pairing_cmd`]: approving strangers' pairing codes.
 //! - [`send_cmd`]: `talaria send`, through the running gateway or directly.
+//! - [`mcp_cmd`]: `talaria mcp`, MCP servers' offers and Talaria as one.
 //! - [`cron_cmd`]: `talaria cron`, scheduled jobs (run here, or ticked by the gateway).
 //! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
 //! - [`logging`]: tracing to stderr through the secret redactor.
@@ -23,6 +24,7 @@ mod cron_cmd;
 mod gateway_cmd;
 mod interact;
 mod logging;
+mod mcp_cmd;
 mod pairing_cmd;
 mod repl_commands;
 mod runtime;
@@ -113,5 +115,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Send { target, text } => send_cmd::run(home, &target, &text).await,
         Command::Cron { command } => cron_cmd::run(home, command).await,
+        Command::Mcp { command } => mcp_cmd::run(home, command).await,
     }
 }

@@ -11,6 +11,7 @@ use talaria_agent::{Agent, AgentParts};
 use talaria_core::config::{self, Loaded};
 use talaria_core::{Config, Home, Redactor};
 use talaria_llm::LlmClient;
+use talaria_mcp::McpManager;
 use talaria_store::{GatewayStore, SessionStore, SqliteStore};
 
 /// Resolves `--home`, `TALARIA_HOME` or `~/.talaria`, creating it (0700).
@@ -24,7 +25,8 @@ pub fn resolve_home(flag: Option<&Path>) -> anyhow::Result<Home> {
     Ok(home)
 }
 
-/// A loaded home with its store.
+/// A loaded home with its store. Cloning shares the store and servers.
+#[derive(Clone)]
 pub struct Runtime {
     pub home: Home,
     pub config: Arc<Config>,
@@ -33,6 +35,8 @@ pub struct Runtime {
     pub store: Arc<dyn SessionStore>,
     /// The same store with the gateway's tables (routes, ledger, pairing).
     pub gateway_store: Arc<dyn GatewayStore>,
+    /// The configured MCP servers; started when an agent is built.
+    pub mcp: Arc<McpManager>,
 }
 
 impl Runtime {
@@ -61,7 +65,9 @@ impl Runtime {
             .context("store task failed")?
             .with_context(|| format!("cannot open {}", home.state_db().display()))?;
         let store = Arc::new(store);
+        let mcp = McpManager::new(&loaded.config, &loaded.env);
         Ok(Runtime {
+            mcp,
             config: Arc::new(loaded.config.clone()),
             home,
             loaded,
@@ -98,6 +104,10 @@ impl Runtime {
         let mut registry = Registry::with_core_tools(&self.config);
         for tool in extra {
             registry.register(tool).map_err(anyhow::Error::msg)?;
+        }
+        if !self.mcp.is_empty() {
+            registry.add_source(self.mcp.clone());
+            self.mcp.start_eager();
         }
         let agent = Agent::new(AgentParts {
             config: self.config.clone(),

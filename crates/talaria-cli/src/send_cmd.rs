@@ -30,7 +30,10 @@ pub async fn run(home: Home, target: &str, words: &[String]) -> anyhow::Result<E
     };
     let response = match via_gateway(&home, target, &text).await? {
         Some(response) => response,
-        None => directly(home, target, &text).await?,
+        None => {
+            let rt = Runtime::load_without_model(home).await?;
+            directly(&rt, target, &text).await?
+        }
     };
     if response.ok {
         println!("{}", response.detail.unwrap_or_else(|| "sent".into()));
@@ -63,9 +66,18 @@ async fn via_gateway(home: &Home, target: &str, text: &str) -> anyhow::Result<Op
     }
 }
 
+/// Sends as `talaria send` does, for a caller that has loaded the home
+/// already (`talaria mcp serve`): through the running gateway, else
+/// directly.
+pub async fn deliver(rt: &Runtime, target: &str, text: &str) -> anyhow::Result<Response> {
+    match via_gateway(&rt.home, target, text).await? {
+        Some(response) => Ok(response),
+        None => directly(rt, target, text).await,
+    }
+}
+
 /// Without a gateway: connect what is configured, send, record.
-async fn directly(home: Home, target: &str, text: &str) -> anyhow::Result<Response> {
-    let rt = Runtime::load_without_model(home).await?;
-    let delivery = gateway_cmd::standalone_delivery(&rt)?;
+async fn directly(rt: &Runtime, target: &str, text: &str) -> anyhow::Result<Response> {
+    let delivery = gateway_cmd::standalone_delivery(rt)?;
     Ok(control::send(&delivery, target, text).await)
 }

@@ -368,6 +368,82 @@ pub struct Config {
     pub platforms: PlatformsConfig,
     /// Scheduled jobs.
     pub cron: CronConfig,
+    /// Model Context Protocol servers whose tools the agent may use, by
+    /// name.
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
+}
+
+/// One entry of `mcp_servers:`: a local program spoken to over stdio
+/// (`command`) or a Streamable HTTP endpoint (`url`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct McpServerConfig {
+    /// The program to start (stdio transport).
+    pub command: Option<String>,
+    pub args: Vec<String>,
+    /// Extra environment for the program; values may use `${VAR}`.
+    pub env: BTreeMap<String, String>,
+    /// Working directory of the program.
+    pub cwd: Option<PathBuf>,
+    /// The endpoint (Streamable HTTP transport).
+    pub url: Option<String>,
+    /// HTTP headers sent with every request; values may use `${VAR}`.
+    pub headers: BTreeMap<String, String>,
+    pub enabled: bool,
+    /// Seconds one tool call may take.
+    pub timeout: u64,
+    /// Seconds starting the server and its handshake may take.
+    pub connect_timeout: u64,
+    /// Start the server the first time a turn needs tools instead of when
+    /// the gateway or chat starts.
+    pub lazy: bool,
+    /// Which of the server's tools the agent sees.
+    pub tools: McpToolFilter,
+}
+
+impl Default for McpServerConfig {
+    fn default() -> McpServerConfig {
+        McpServerConfig {
+            command: None,
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            cwd: None,
+            url: None,
+            headers: BTreeMap::new(),
+            enabled: true,
+            timeout: 120,
+            connect_timeout: 60,
+            lazy: false,
+            tools: McpToolFilter::default(),
+        }
+    }
+}
+
+/// `mcp_servers.<name>.tools`: an allowlist and a denylist of tool names
+/// (as the server names them); empty `include` means all.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct McpToolFilter {
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+}
+
+impl McpToolFilter {
+    /// Whether the server's tool `name` is offered.
+    pub fn admits(&self, name: &str) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|n| n == name))
+            && !self.exclude.iter().any(|n| n == name)
+    }
+}
+
+/// Whether `name` may name an MCP server: it becomes part of tool names
+/// (`mcp_<server>_<tool>`), so letters, digits, `_` and `-` only.
+pub fn valid_mcp_server_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// `cron:`.
@@ -696,7 +772,7 @@ pub struct Loaded {
 /// Environment variables visible to Talaria: the home's `.env` file with the
 /// process environment on top. Kept as a map instead of being written into
 /// the process environment, which is not thread-safe to mutate.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Env {
     vars: BTreeMap<String, String>,
     /// Keys that came from `.env`; their values are treated as secrets.
@@ -879,6 +955,42 @@ impl Config {
                 "expected a number above 0 and at most 1",
             ));
         }
+        for (name, server) in &self.mcp_servers {
+            let key = |field: &str| format!("mcp_servers.{name}{field}");
+            if !valid_mcp_server_name(name) {
+                return Err(invalid(
+                    &key(""),
+                    "a server name is letters, digits, `_` and `-` (at most 32)",
+                ));
+            }
+            match (&server.command, &server.url) {
+                (Some(_), Some(_)) => {
+                    return Err(invalid(
+                        &key(""),
+                        "give either `command` (stdio) or `url` (HTTP), not both",
+                    ));
+                }
+                (None, None) => {
+                    return Err(invalid(
+                        &key(""),
+                        "give `command` (a program spoken to over stdio) or `url` (a Streamable HTTP endpoint)",
+                    ));
+                }
+                (Some(c), None) if c.trim().is_empty() => {
+                    return Err(invalid(&key(".command"), "expected a program to run"));
+                }
+                (None, Some(u)) if !url_ok(u) => {
+                    return Err(invalid(&key(".url"), "expected an http:// or https:// URL"));
+                }
+                _ => {}
+            }
+            if server.timeout == 0 || server.connect_timeout == 0 {
+                return Err(invalid(
+                    &key(".timeout"),
+                    "timeouts are whole seconds, at least 1",
+                ));
+            }
+        }
         if let Err(e) = self.cron.zone() {
             return Err(invalid("cron.timezone", &e));
         }
@@ -997,6 +1109,25 @@ impl Config {
             )
             .map(|s| s.expose().to_owned())
             .collect();
+        // Literal MCP credentials: header values, and env values whose name
+        // says secret (`${VAR}` references are resolved, and redacted, from
+        // the environment instead).
+        let secret_name = |k: &str| {
+            let k = k.to_ascii_uppercase();
+            ["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "AUTH"]
+                .iter()
+                .any(|m| k.contains(m))
+        };
+        for server in self.mcp_servers.values() {
+            out.extend(
+                server
+                    .headers
+                    .values()
+                    .chain(server.env.iter().filter(|(k, _)| secret_name(k)).map(|(_, v)| v))
+                    .filter(|v| v.len() >= 8 && !v.contains("${"))
+                    .cloned(),
+            );
+        }
         out.retain(|v| !v.is_empty());
         out
     }

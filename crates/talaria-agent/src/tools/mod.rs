@@ -113,10 +113,29 @@ pub struct ToolContext {
     pub cancel: CancellationToken,
 }
 
+/// Tools that come and go while the agent runs (an MCP server's): asked
+/// for its current tools at the start of every turn.
+#[async_trait]
+pub trait ToolSource: Send + Sync {
+    /// What to call the source in logs.
+    fn name(&self) -> &str;
+    /// The tools offered now. A source bounds its own wait (a server that
+    /// is slow to start) and, when it cannot answer, logs why and returns
+    /// what it has: a broken source costs its tools, never the turn.
+    async fn tools(&self) -> Vec<Arc<dyn Tool>>;
+}
+
 /// The tools available to the model, by name.
 #[derive(Clone, Default)]
 pub struct Registry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// Asked for more tools at each turn (see [`Registry::for_turn`]).
+    sources: Vec<Arc<dyn ToolSource>>,
+    /// Names withheld with [`Registry::without`], from sources too.
+    withheld: Vec<String>,
+    /// Source tools already reported for clashing with a built-in, so a
+    /// clash is logged once, not every turn.
+    clashes: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Registry {
@@ -154,13 +173,57 @@ impl Registry {
     }
 
     /// This registry without the tools named in `names` (names it does not
-    /// hold are ignored).
+    /// hold are ignored), also when a source offers them.
     pub fn without(&self, names: &[&str]) -> Registry {
-        let mut tools = self.tools.clone();
+        let mut registry = self.clone();
         for name in names {
-            tools.remove(*name);
+            registry.tools.remove(*name);
+            registry.withheld.push((*name).to_owned());
         }
-        Registry { tools }
+        registry
+    }
+
+    /// Adds a source of tools that may change between turns.
+    pub fn add_source(&mut self, source: Arc<dyn ToolSource>) {
+        self.sources.push(source);
+    }
+
+    /// Whether any tool comes from a source (the turn must ask them).
+    pub fn has_sources(&self) -> bool {
+        !self.sources.is_empty()
+    }
+
+    /// The tools of one turn: these tools plus what each source offers
+    /// now. A source tool named like a tool already present is left out
+    /// (built-ins win) and the clash is logged once.
+    pub async fn for_turn(&self) -> Registry {
+        let mut tools = self.tools.clone();
+        for source in &self.sources {
+            for tool in source.tools().await {
+                let name = tool.name().to_owned();
+                if self.withheld.contains(&name) {
+                    continue;
+                }
+                if tools.contains_key(&name) {
+                    let first = self
+                        .clashes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(name.clone());
+                    if first {
+                        tracing::warn!(tool = %name, source = source.name(), "a tool from this source has the name of a tool already present; the source's is left out");
+                    }
+                    continue;
+                }
+                tools.insert(name, tool);
+            }
+        }
+        Registry {
+            tools,
+            sources: Vec::new(),
+            withheld: Vec::new(),
+            clashes: self.clashes.clone(),
+        }
     }
 }
 

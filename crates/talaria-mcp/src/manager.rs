@@ -1,0 +1,205 @@
+//! Every configured MCP server, as one [`ToolSource`] for the agent:
+//! started at launch or on first use, reloaded from the configuration on
+//! request, stopped with the process.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+use talaria_agent::tools::{Tool, ToolSource};
+use talaria_core::config::McpServerConfig;
+use talaria_core::{Config, Env};
+
+use crate::server::{Health, McpServer, Servers};
+use crate::tool::McpTool;
+
+/// What a reload changed, by server name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Servers whose configuration changed (restarted).
+    pub changed: Vec<String>,
+    pub unchanged: Vec<String>,
+}
+
+impl std::fmt::Display for ReloadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "none".to_owned()
+            } else {
+                v.join(", ")
+            }
+        };
+        write!(
+            f,
+            "MCP servers reloaded. Added: {}. Removed: {}. Restarted: {}. Unchanged: {}.",
+            list(&self.added),
+            list(&self.removed),
+            list(&self.changed),
+            list(&self.unchanged)
+        )
+    }
+}
+
+/// The MCP servers of one process.
+pub struct McpManager {
+    servers: RwLock<Servers>,
+    env: RwLock<Env>,
+}
+
+impl McpManager {
+    /// The enabled servers of `config`; nothing is started yet.
+    pub fn new(config: &Config, env: &Env) -> Arc<McpManager> {
+        Arc::new(McpManager {
+            servers: RwLock::new(build(&config.mcp_servers, env)),
+            env: RwLock::new(env.clone()),
+        })
+    }
+
+    /// The servers, by name.
+    pub fn servers(&self) -> Vec<Arc<McpServer>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// One server by name.
+    pub fn server(&self, name: &str) -> Option<Arc<McpServer>> {
+        self.read().get(name).cloned()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// Starts, in the background, every server not marked `lazy`; a server
+    /// that fails is logged and tried again when a turn needs it.
+    pub fn start_eager(&self) {
+        for server in self.servers() {
+            if server.config().lazy {
+                continue;
+            }
+            tokio::spawn(async move {
+                let _ = server.connect().await;
+            });
+        }
+    }
+
+    /// Applies a new configuration: servers removed or changed are
+    /// stopped, new and changed ones start as they would at launch.
+    pub async fn reload(&self, config: &Config, env: &Env) -> ReloadReport {
+        let wanted = build(&config.mcp_servers, env);
+        let mut report = ReloadReport::default();
+        let mut stop = Vec::new();
+        let mut start = Vec::new();
+        {
+            let mut servers = self.servers.write().unwrap_or_else(|p| p.into_inner());
+            let env_changed = *self.env.read().unwrap_or_else(|p| p.into_inner()) != *env;
+            let old = std::mem::take(&mut *servers);
+            for (name, server) in &old {
+                if !wanted.contains_key(name) {
+                    report.removed.push(name.clone());
+                    stop.push(server.clone());
+                }
+            }
+            for (name, fresh) in wanted {
+                match old.get(&name) {
+                    Some(current) if current.config() == fresh.config() && !env_changed => {
+                        report.unchanged.push(name.clone());
+                        servers.insert(name, current.clone());
+                    }
+                    Some(current) => {
+                        report.changed.push(name.clone());
+                        stop.push(current.clone());
+                        start.push(fresh.clone());
+                        servers.insert(name, fresh);
+                    }
+                    None => {
+                        report.added.push(name.clone());
+                        start.push(fresh.clone());
+                        servers.insert(name, fresh);
+                    }
+                }
+            }
+            *self.env.write().unwrap_or_else(|p| p.into_inner()) = env.clone();
+        }
+        for server in stop {
+            server.shutdown().await;
+        }
+        for server in start {
+            if !server.config().lazy {
+                tokio::spawn(async move {
+                    let _ = server.connect().await;
+                });
+            }
+        }
+        tracing::info!("{report}");
+        report
+    }
+
+    /// Stops every server (their programs with them).
+    pub async fn shutdown(&self) {
+        for server in self.servers() {
+            server.shutdown().await;
+        }
+    }
+
+    /// Every server's health, by name.
+    pub async fn health(&self) -> BTreeMap<String, Health> {
+        let mut out = BTreeMap::new();
+        for server in self.servers() {
+            out.insert(server.name().to_owned(), server.health().await);
+        }
+        out
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Servers> {
+        self.servers.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn build(config: &BTreeMap<String, McpServerConfig>, env: &Env) -> Servers {
+    config
+        .iter()
+        .filter(|(_, c)| c.enabled)
+        .map(|(name, c)| {
+            (
+                name.clone(),
+                Arc::new(McpServer::new(name, c.clone(), env.clone())),
+            )
+        })
+        .collect()
+}
+
+#[async_trait]
+impl ToolSource for McpManager {
+    fn name(&self) -> &str {
+        "mcp"
+    }
+
+    /// Every server's tools, asked concurrently; a server that cannot
+    /// answer is skipped for this turn (it was logged).
+    async fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        let servers = self.servers();
+        let lists = futures::future::join_all(servers.iter().map(|s| s.tools())).await;
+        let mut out: Vec<Arc<dyn Tool>> = Vec::new();
+        for (server, list) in servers.iter().zip(lists) {
+            match list {
+                Ok(tools) => {
+                    for t in tools {
+                        out.push(Arc::new(McpTool::new(
+                            server.clone(),
+                            &t.name,
+                            &t.description,
+                            &t.schema,
+                        )));
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(server = %server.name(), error = %e, "MCP server's tools left out of this turn");
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,197 @@
+//! Talaria as an MCP server (`talaria mcp serve`, over stdio): other
+//! agents and editors search Talaria's past sessions and send messages
+//! through its platforms.
+//!
+//! Two tools, with the arguments of the agent's own tools of the same
+//! names: `session_search` (`query`, `limit`) and `send_message`
+//! (`target`, `message`; `action: list` lists the targets).
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Value, json};
+use talaria_agent::tools::send_message::Messenger;
+use talaria_store::{SearchQuery, SessionStore};
+
+/// Most sessions one search returns.
+const MAX_RESULTS: u64 = 20;
+
+/// What `talaria mcp serve` serves from.
+#[derive(Clone)]
+pub struct TalariaServer {
+    store: Arc<dyn SessionStore>,
+    messenger: Arc<dyn Messenger>,
+}
+
+impl TalariaServer {
+    pub fn new(store: Arc<dyn SessionStore>, messenger: Arc<dyn Messenger>) -> TalariaServer {
+        TalariaServer { store, messenger }
+    }
+
+    /// Serves over stdin and stdout until the client goes away.
+    pub async fn serve_stdio(self) -> Result<(), String> {
+        let running = self
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| format!("the MCP handshake failed: {e}"))?;
+        running
+            .waiting()
+            .await
+            .map(drop)
+            .map_err(|e| format!("the MCP service stopped: {e}"))
+    }
+
+    fn tools() -> Vec<Tool> {
+        let schema = |v: Value| match v {
+            Value::Object(map) => Arc::new(map),
+            _ => Arc::new(JsonObject::new()),
+        };
+        vec![
+            Tool::new(
+                "session_search",
+                "Full-text search over the conversations Talaria has had (its terminal chats and every chat platform); returns the best-matching sessions with an excerpt each.",
+                schema(json!({
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string", "description": "words to look for"},
+                        "limit": {"type": "integer", "description": "most sessions to return (default 5, at most 20)"}
+                    },
+                    "required": ["query"]
+                })),
+            ),
+            Tool::new(
+                "send_message",
+                "Send a message through Talaria to a chat (a platform's home channel or a given chat), or list where it can send.",
+                schema(json!({
+                    "type": "object",
+                    "properties": {
+                        "action": {"type": "string", "enum": ["send", "list"], "description": "send (default) or list the targets"},
+                        "target": {"type": "string", "description": "<platform> (its home channel), <platform>:<chat_id>[:<thread_id>] or local"},
+                        "message": {"type": "string", "description": "the text to send"}
+                    }
+                })),
+            ),
+        ]
+    }
+
+    async fn search(&self, args: &JsonObject) -> Result<CallToolResult, ErrorData> {
+        let query = args
+            .get("query")
+            .and_then(Value::as_str)
+            .filter(|q| !q.trim().is_empty())
+            .ok_or_else(|| ErrorData::invalid_params("`query` is required (a string)", None))?;
+        let limit = args
+            .get("limit")
+            .and_then(Value::as_u64)
+            .unwrap_or(5)
+            .clamp(1, MAX_RESULTS) as usize;
+        let hits = self
+            .store
+            .search(SearchQuery {
+                text: query.to_owned(),
+                sources: Vec::new(),
+                exclude_session: None,
+                limit,
+            })
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("the search failed: {e}"), None))?;
+        let results: Vec<Value> = hits
+            .iter()
+            .map(|h| {
+                json!({
+                    "session_id": h.session.id,
+                    "source": h.session.source,
+                    "title": h.session.title,
+                    "started_at": h.session.started_at,
+                    "role": format!("{:?}", h.role).to_lowercase(),
+                    "snippet": h.snippet,
+                })
+            })
+            .collect();
+        Ok(CallToolResult::success(vec![ContentBlock::text(
+            json!({"query": query, "count": results.len(), "results": results}).to_string(),
+        )]))
+    }
+
+    async fn send(&self, args: &JsonObject) -> Result<CallToolResult, ErrorData> {
+        let action = args.get("action").and_then(Value::as_str).unwrap_or("send");
+        if action == "list" {
+            let targets = self
+                .messenger
+                .targets()
+                .await
+                .map_err(|e| ErrorData::internal_error(e, None))?;
+            let listed: Vec<Value> = targets
+                .iter()
+                .map(|t| json!({"target": t.target, "description": t.description}))
+                .collect();
+            return Ok(CallToolResult::success(vec![ContentBlock::text(
+                json!({"targets": listed}).to_string(),
+            )]));
+        }
+        if action != "send" {
+            return Err(ErrorData::invalid_params(
+                format!("unknown action `{action}`: use send or list"),
+                None,
+            ));
+        }
+        let target = args.get("target").and_then(Value::as_str);
+        let message = args.get("message").and_then(Value::as_str);
+        let (Some(target), Some(message)) = (target, message) else {
+            return Err(ErrorData::invalid_params(
+                "`send` needs `target` and `message` (strings)",
+                None,
+            ));
+        };
+        // There is no conversation on this side, so `origin` means nothing.
+        if target.trim().eq_ignore_ascii_case("origin") {
+            return Err(ErrorData::invalid_params(
+                "`origin` has no meaning here; name a platform or chat",
+                None,
+            ));
+        }
+        Ok(match self.messenger.send(target, message, "").await {
+            Ok(detail) => CallToolResult::success(vec![ContentBlock::text(detail)]),
+            Err(e) => CallToolResult::error(vec![ContentBlock::text(e)]),
+        })
+    }
+}
+
+impl ServerHandler for TalariaServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("talaria", env!("CARGO_PKG_VERSION")))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(TalariaServer::tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let args = request.arguments.unwrap_or_default();
+        let result = match request.name.as_ref() {
+            "session_search" => self.search(&args).await?,
+            "send_message" => self.send(&args).await?,
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("no tool named `{other}`"),
+                    None,
+                ));
+            }
+        };
+        Ok(result.into())
+    }
+}
