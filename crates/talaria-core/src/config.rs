@@ -1123,7 +1123,13 @@ impl Config {
                 server
                     .headers
                     .values()
-                    .chain(server.env.iter().filter(|(k, _)| secret_name(k)).map(|(_, v)| v))
+                    .chain(
+                        server
+                            .env
+                            .iter()
+                            .filter(|(k, _)| secret_name(k))
+                            .map(|(_, v)| v),
+                    )
                     .filter(|v| v.len() >= 8 && !v.contains("${"))
                     .cloned(),
             );
