@@ -57,6 +57,7 @@ enum Action {
     Whoami,
     Help,
     Version,
+    ReloadMcp,
     Exit,
 }
 
@@ -77,6 +78,7 @@ fn action(name: &str) -> Option<Action> {
         "whoami" => Action::Whoami,
         "help" => Action::Help,
         "version" => Action::Version,
+        "reload-mcp" => Action::ReloadMcp,
         "exit" => Action::Exit,
         _ => return None,
     })
@@ -254,6 +256,7 @@ impl<'a> Commands<'a> {
             ),
             Action::Help => help(),
             Action::Version => format!("Talaria {}", env!("CARGO_PKG_VERSION")),
+            Action::ReloadMcp => self.agent.parts().registry.reload_sources().await,
         };
         Ok(Step::Say(text))
     }

@@ -65,7 +65,7 @@ impl Runtime {
             .context("store task failed")?
             .with_context(|| format!("cannot open {}", home.state_db().display()))?;
         let store = Arc::new(store);
-        let mcp = McpManager::new(&loaded.config, &loaded.env);
+        let mcp = McpManager::for_home(&loaded.config, &loaded.env, &home);
         Ok(Runtime {
             mcp,
             config: Arc::new(loaded.config.clone()),

@@ -259,6 +259,14 @@ pub static COMMANDS: &[CommandDef] = &[
         Both,
         Allowed,
     ),
+    def(
+        "reload-mcp",
+        &[],
+        "",
+        "Read the MCP servers from config.yaml again (restarts changed ones)",
+        Both,
+        Refused,
+    ),
     def("exit", &["quit"], "", "Leave the chat", CliOnly, Allowed),
 ];
 

@@ -1195,6 +1195,49 @@ mod tests {
     }
 
     #[test]
+    fn mcp_servers_are_read_and_checked() {
+        let (c, w) = parse(
+            "mcp_servers:\n  github:\n    command: npx\n    args: [-y, server-github]\n    env: {GITHUB_TOKEN: \"${GH_TOKEN}\"}\n    tools: {exclude: [delete_repo]}\n  remote:\n    url: https://mcp.example.com/mcp\n    headers: {Authorization: Bearer literal-token-123456}\n    lazy: true\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let gh = &c.mcp_servers["github"];
+        assert_eq!(gh.args, ["-y", "server-github"]);
+        assert!(gh.enabled && !gh.lazy && gh.timeout == 120);
+        assert!(gh.tools.admits("create_issue") && !gh.tools.admits("delete_repo"));
+        assert!(c.mcp_servers["remote"].lazy);
+        // A literal header is a secret; a `${VAR}` reference is not a value.
+        let secrets = c.secret_values();
+        assert!(secrets.contains(&"Bearer literal-token-123456".to_owned()));
+        assert!(!secrets.iter().any(|s| s.contains("${")));
+
+        for (bad, key) in [
+            ("mcp_servers:\n  x:\n    args: [a]\n", "mcp_servers.x"),
+            (
+                "mcp_servers:\n  x:\n    command: a\n    url: http://b\n",
+                "mcp_servers.x",
+            ),
+            (
+                "mcp_servers:\n  x:\n    url: ftp://b\n",
+                "mcp_servers.x.url",
+            ),
+            (
+                "mcp_servers:\n  bad name:\n    command: a\n",
+                "mcp_servers.bad name",
+            ),
+            (
+                "mcp_servers:\n  x:\n    command: a\n    timeout: 0\n",
+                "mcp_servers.x.timeout",
+            ),
+        ] {
+            match parse(bad) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{bad}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn empty_file_means_defaults() {
         let (c, w) = parse("").unwrap();
         assert_eq!(c, Config::default());

@@ -686,6 +686,7 @@ impl Runner {
             "whoami" => Some(self.cmd_whoami(key, event).await),
             "sethome" => Some(self.cmd_sethome(event)),
             "version" => Some(format!("Talaria {}", env!("CARGO_PKG_VERSION"))),
+            "reload-mcp" => Some(self.inner.agent.parts().registry.reload_sources().await),
             other => Some(format!(
                 "/{other} is not available in chat. Type /help to see what is."
             )),

@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 use talaria_agent::tools::{Tool, ToolSource};
 use talaria_core::config::McpServerConfig;
-use talaria_core::{Config, Env};
+use talaria_core::{Config, Env, Home};
 
 use crate::server::{Health, McpServer, Servers};
 use crate::tool::McpTool;
@@ -47,6 +47,9 @@ impl std::fmt::Display for ReloadReport {
 pub struct McpManager {
     servers: RwLock<Servers>,
     env: RwLock<Env>,
+    /// Where `/reload-mcp` reads the configuration from; `None` for a
+    /// manager built from a configuration in memory.
+    home: Option<Home>,
 }
 
 impl McpManager {
@@ -55,6 +58,17 @@ impl McpManager {
         Arc::new(McpManager {
             servers: RwLock::new(build(&config.mcp_servers, env)),
             env: RwLock::new(env.clone()),
+            home: None,
+        })
+    }
+
+    /// [`McpManager::new`], reloading from `home`'s `config.yaml` and
+    /// `.env` on `/reload-mcp`.
+    pub fn for_home(config: &Config, env: &Env, home: &Home) -> Arc<McpManager> {
+        Arc::new(McpManager {
+            servers: RwLock::new(build(&config.mcp_servers, env)),
+            env: RwLock::new(env.clone()),
+            home: Some(home.clone()),
         })
     }
 
@@ -175,6 +189,18 @@ fn build(config: &BTreeMap<String, McpServerConfig>, env: &Env) -> Servers {
 impl ToolSource for McpManager {
     fn name(&self) -> &str {
         "mcp"
+    }
+
+    async fn reload(&self) -> Result<String, String> {
+        let Some(home) = &self.home else {
+            return Err("this process has no configuration file to reload from".into());
+        };
+        let home = home.clone();
+        let loaded = tokio::task::spawn_blocking(move || talaria_core::config::load(&home))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("the configuration has an error, nothing was changed: {e}"))?;
+        Ok(self.reload(&loaded.config, &loaded.env).await.to_string())
     }
 
     /// Every server's tools, asked concurrently; a server that cannot

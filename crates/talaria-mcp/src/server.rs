@@ -29,6 +29,7 @@ use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, JsonObject,
 };
 use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::common::client_side_sse::ExponentialBackoff;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
@@ -489,6 +490,15 @@ impl McpServer {
                 .map_err(|e| format!("the handshake failed: {e}"))
         } else if let Some(url) = &self.config.url {
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.clone());
+            // The SDK's default reconnects a broken event stream forever,
+            // which would hold a call until its timeout after the server
+            // died; a few quick tries, then the call fails and the server
+            // is restarted like a crashed stdio one.
+            let mut retry = ExponentialBackoff::default();
+            retry.max_times = Some(3);
+            retry.base_duration = Duration::from_millis(200);
+            retry.max_delay = Some(Duration::from_secs(2));
+            config.retry_config = Arc::new(retry);
             let mut custom = std::collections::HashMap::new();
             for (key, value) in &self.config.headers {
                 let value = expand(value, &self.env).map_err(|e| format!("header {key}: {e}"))?;

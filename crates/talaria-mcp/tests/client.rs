@@ -491,7 +491,34 @@ async fn streamable_http_servers_list_and_call_with_a_bearer_token_from_env() {
         Env::from_pairs([("FIX_TOKEN", "not-the-token")]),
     ));
     assert!(wrong.connect().await.is_err());
-    fixture.child.kill().await.unwrap();
+
+    // A server that dies mid-call fails the call promptly, not at its
+    // timeout (the SDK's default would reconnect forever).
+    let right = Arc::new(McpServer::new(
+        "web",
+        McpServerConfig {
+            timeout: 30,
+            ..wrong.config().clone()
+        },
+        Env::from_pairs([("FIX_TOKEN", "fixture-token")]),
+    ));
+    right.connect().await.unwrap();
+    let started = Instant::now();
+    let e = right
+        .call("crash", args(json!({})), &CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(!matches!(e, CallError::Timeout { .. }), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    let status = tokio::time::timeout(WAIT, fixture.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(3));
 }
 
 fn agent_with(home: &Home, llm: &MockOpenAi, dir: &Path, manager: Arc<McpManager>) -> Agent {
@@ -659,4 +686,40 @@ async fn a_broken_server_costs_its_tools_not_the_turn() {
     let offered = llm.requests()[0].body["tools"].to_string();
     assert!(!offered.contains("mcp_gone"));
     assert!(offered.contains("terminal"));
+}
+
+#[tokio::test]
+async fn reload_mcp_reads_the_home_configuration_again() {
+    let state = State::new();
+    let dir = tempfile::tempdir().unwrap();
+    let home = home_in(dir.path());
+    std::fs::write(home.config_file(), "mcp_servers: {}\n").unwrap();
+    let manager = McpManager::for_home(&Config::default(), &Env::default(), &home);
+    assert!(manager.tools().await.is_empty());
+
+    // The user adds a server and says /reload-mcp.
+    std::fs::write(
+        home.config_file(),
+        format!(
+            "mcp_servers:\n  late:\n    command: {FIXTURE}\n    env:\n      FIXTURE_STATE_DIR: {}\n",
+            state.path().display()
+        ),
+    )
+    .unwrap();
+    let summary = ToolSource::reload(manager.as_ref()).await.unwrap();
+    assert!(summary.contains("Added: late"), "{summary}");
+    let names: Vec<String> = manager
+        .tools()
+        .await
+        .iter()
+        .map(|t| t.name().to_owned())
+        .collect();
+    assert!(names.iter().any(|n| n == "mcp_late_echo"), "{names:?}");
+
+    // A broken file changes nothing and says why.
+    std::fs::write(home.config_file(), "mcp_servers: [not, a, map\n").unwrap();
+    let e = ToolSource::reload(manager.as_ref()).await.unwrap_err();
+    assert!(e.contains("nothing was changed"), "{e}");
+    assert!(manager.server("late").is_some());
+    manager.shutdown().await;
 }

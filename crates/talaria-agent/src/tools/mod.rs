@@ -123,6 +123,11 @@ pub trait ToolSource: Send + Sync {
     /// is slow to start) and, when it cannot answer, logs why and returns
     /// what it has: a broken source costs its tools, never the turn.
     async fn tools(&self) -> Vec<Arc<dyn Tool>>;
+    /// Re-reads the source's configuration (`/reload-mcp`); says what
+    /// changed, or why it could not. Sources without one say so.
+    async fn reload(&self) -> Result<String, String> {
+        Ok(format!("{} has nothing to reload", self.name()))
+    }
 }
 
 /// The tools available to the model, by name.
@@ -186,6 +191,22 @@ impl Registry {
     /// Adds a source of tools that may change between turns.
     pub fn add_source(&mut self, source: Arc<dyn ToolSource>) {
         self.sources.push(source);
+    }
+
+    /// Reloads every source (`/reload-mcp`, the same in the terminal and
+    /// in chats): a line each, saying what changed or why it could not.
+    pub async fn reload_sources(&self) -> String {
+        if self.sources.is_empty() {
+            return "No MCP servers are configured (mcp_servers: in config.yaml).".to_owned();
+        }
+        let mut out = Vec::new();
+        for source in &self.sources {
+            out.push(match source.reload().await {
+                Ok(summary) => summary,
+                Err(e) => format!("{}: {e}", source.name()),
+            });
+        }
+        out.join("\n")
     }
 
     /// Whether any tool comes from a source (the turn must ask them).

@@ -189,11 +189,11 @@ impl Shared {
         self.tools.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn behaviour(&self, name: &str) -> Option<Behaviour> {
+    fn find(&self, name: &str) -> Option<(Tool, Behaviour)> {
         self.tools()
             .iter()
             .find(|(tool, _)| tool.name == name)
-            .map(|&(_, behaviour)| behaviour)
+            .cloned()
     }
 
     /// Adds an echo-like tool before the extras; false if the name is taken.
@@ -308,7 +308,8 @@ impl Fixture {
                 "tool {name} already exists"
             ))]));
         }
-        // Sent before the reply, so a client sees it no later than the result.
+        // On stdio this goes out before the reply; over Streamable HTTP rmcp
+        // routes it to the session's standalone GET stream, unordered with it.
         if let Err(error) = context.peer.notify_tool_list_changed().await {
             eprintln!("fixture: cannot send tools/list_changed: {error}");
         }
@@ -329,11 +330,7 @@ impl ServerHandler for Fixture {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.0
-            .tools()
-            .iter()
-            .find(|(tool, _)| tool.name == name)
-            .map(|(tool, _)| tool.clone())
+        self.0.find(name).map(|(tool, _)| tool)
     }
 
     async fn list_tools(
@@ -370,9 +367,9 @@ impl ServerHandler for Fixture {
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.as_ref();
         self.0.record("calls.log", name);
-        let behaviour = self
+        let (_, behaviour) = self
             .0
-            .behaviour(name)
+            .find(name)
             .ok_or_else(|| ErrorData::invalid_params(format!("tool not found: {name}"), None))?;
         let args = request.arguments.unwrap_or_default();
         let result = match behaviour {
@@ -521,8 +518,11 @@ async fn run(mode: Mode) -> Result<(), BoxError> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(mode) = parse_args(&args) else {
+    let args: Result<Vec<String>, _> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string())
+        .collect();
+    let Some(mode) = args.ok().as_deref().and_then(parse_args) else {
         eprintln!("usage: talaria-mcp-fixture [stdio | http [PORT]]");
         return ExitCode::from(2);
     };
