@@ -723,3 +723,18 @@ async fn reload_mcp_reads_the_home_configuration_again() {
     assert!(manager.server("late").is_some());
     manager.shutdown().await;
 }
+
+#[tokio::test]
+async fn resources_and_prompts_are_listed_where_the_server_has_them() {
+    let state = State::new();
+    let fix = server(state.stdio());
+    let offer = fix.offer().await.unwrap();
+    assert_eq!(offer.server, "talaria-fixture 1.0.0");
+    assert_eq!(
+        offer.resources,
+        [("fixture://readme".to_owned(), "readme".to_owned())]
+    );
+    assert_eq!(offer.prompts.len(), 1);
+    assert_eq!(offer.prompts[0].0, "greet");
+    assert_eq!(offer.tools.len(), 7);
+}
