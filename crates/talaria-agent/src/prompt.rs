@@ -67,7 +67,7 @@ pub fn build_system_prompt(inputs: &PromptInputs<'_>) -> String {
     let parts = [
         Some(identity(inputs.home)),
         tool_guidance(inputs.registry),
-        skills_index(inputs.home, inputs.config),
+        tool_blocks(inputs.registry),
         context_file(inputs.workdir),
         memory_block(inputs.home, inputs.config),
         Some(date_line(inputs.today)),
@@ -133,12 +133,15 @@ pub fn tool_guidance(registry: &Registry) -> Option<String> {
     Some(paragraphs.join("\n\n"))
 }
 
-/// The index of available skills.
-///
-/// Placeholder for the learning work: skills are not implemented yet, so
-/// there is never anything to list and nothing is emitted.
-pub fn skills_index(_home: &Home, _config: &Config) -> Option<String> {
-    None
+/// What the registered tools add to the prompt (the skills index), in
+/// tool-name order; `None` when none adds anything.
+pub fn tool_blocks(registry: &Registry) -> Option<String> {
+    let blocks: Vec<String> = registry
+        .tools()
+        .filter_map(|t| t.prompt_block())
+        .filter(|b| !b.trim().is_empty())
+        .collect();
+    (!blocks.is_empty()).then(|| blocks.join("\n\n"))
 }
 
 /// The first project instruction file found in `workdir`, rendered with a

@@ -91,8 +91,9 @@ enum Line<'a> {
     Prompt,
     /// A command the terminal runs, with its arguments.
     Command(&'static CommandDef, Action, &'a str),
-    /// A name the registry does not know, as typed.
-    Unknown(&'a str),
+    /// A name the registry does not know, as typed, with its arguments (a
+    /// skill's name loads the skill).
+    Unknown(&'a str, &'a str),
     /// A command only the gateway offers, as typed.
     GatewayOnly(&'a str),
     /// A command the registry offers here that this front end has not
@@ -105,7 +106,7 @@ fn classify(line: &str) -> Line<'_> {
         return Line::Prompt;
     };
     let Some(def) = commands::resolve(inv.name) else {
-        return Line::Unknown(inv.name);
+        return Line::Unknown(inv.name, inv.args);
     };
     if !def.availability.offered_on(Availability::CliOnly) {
         return Line::GatewayOnly(inv.name);
@@ -205,9 +206,14 @@ impl<'a> Commands<'a> {
     pub async fn handle(&mut self, line: &str) -> Outcome {
         let reply = match classify(line) {
             Line::Prompt => return Outcome::RunTurn(line.to_owned()),
-            Line::Unknown(name) => Ok(format!(
-                "Unknown command /{name}. Type /help to see the commands."
-            )),
+            Line::Unknown(name, args) => {
+                match talaria_learning::invoke::invocation(&self.rt.skills, name, args) {
+                    Some(message) => return Outcome::RunTurn(message),
+                    None => Ok(format!(
+                        "Unknown command /{name}. Type /help to see the commands, or ask for skills_list."
+                    )),
+                }
+            }
             Line::GatewayOnly(name) => Ok(format!(
                 "/{name} is only available in chats served by the gateway. Type /help to see the commands here."
             )),
@@ -502,8 +508,8 @@ mod tests {
 
     #[test]
     fn unknown_and_gateway_only_commands_are_answered_not_sent() {
-        assert_eq!(classify("/frobnicate"), Line::Unknown("frobnicate"));
-        assert_eq!(classify("/res"), Line::Unknown("res"));
+        assert_eq!(classify("/frobnicate"), Line::Unknown("frobnicate", ""));
+        assert_eq!(classify("/res now"), Line::Unknown("res", "now"));
         assert_eq!(classify("/sethome"), Line::GatewayOnly("sethome"));
         assert_eq!(classify("/set_home"), Line::GatewayOnly("set_home"));
         assert_eq!(classify("/approve always"), Line::GatewayOnly("approve"));

@@ -37,6 +37,8 @@ pub struct Runtime {
     pub gateway_store: Arc<dyn GatewayStore>,
     /// The configured MCP servers; started when an agent is built.
     pub mcp: Arc<McpManager>,
+    /// Bundled skills and the user's (the skill tools and `/skill-name`).
+    pub skills: Arc<talaria_learning::Library>,
 }
 
 impl Runtime {
@@ -67,6 +69,7 @@ impl Runtime {
         let store = Arc::new(store);
         let mcp = McpManager::for_home(&loaded.config, &loaded.env, &home);
         Ok(Runtime {
+            skills: Arc::new(talaria_learning::Library::new(&home)),
             mcp,
             config: Arc::new(loaded.config.clone()),
             home,
@@ -102,6 +105,9 @@ impl Runtime {
             None => std::env::current_dir().context("cannot read the current directory")?,
         };
         let mut registry = Registry::with_core_tools(&self.config);
+        for tool in talaria_learning::skill_tools(self.skills.clone()) {
+            registry.register(tool).map_err(anyhow::Error::msg)?;
+        }
         for tool in extra {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }

@@ -268,6 +268,28 @@ impl Runner {
                     self.command(&key, &event, def, &args).await;
                 }
                 _ => {
+                    // `/skill-name args` loads the skill for this turn.
+                    let home = inner.home.clone();
+                    let (skill, wanted) = (name.clone(), args.clone());
+                    let message = tokio::task::spawn_blocking(move || {
+                        let library = talaria_learning::Library::new(&home);
+                        talaria_learning::invoke::invocation(&library, &skill, &wanted)
+                    })
+                    .await
+                    .ok()
+                    .flatten();
+                    if let Some(message) = message {
+                        let mut event = event;
+                        event.text = message;
+                        self.submit(
+                            key,
+                            Queued {
+                                event,
+                                mergeable: false,
+                            },
+                        );
+                        return;
+                    }
                     let text =
                         format!("Unknown command /{name}. Type /help to see what I understand.");
                     inner

@@ -348,26 +348,14 @@ impl Tool for PatchTool {
                         path.display()
                     ))
                 })?;
-                let count = content.matches(old.as_str()).count();
-                if count == 0 {
-                    return Err(ToolError::new(format!(
-                        "old_string was not found in {}. {}",
-                        path.display(),
-                        not_found_hint(&content, &old)
-                    )));
-                }
-                if count > 1 && !replace_all {
-                    return Err(ToolError::new(format!(
-                        "old_string matches {count} places in {}; include more surrounding lines \
-                     so it matches exactly one, or set replace_all=true to change all {count}",
-                        path.display()
-                    )));
-                }
-                let updated = if replace_all {
-                    content.replace(old.as_str(), &new)
-                } else {
-                    content.replacen(old.as_str(), &new, 1)
-                };
+                let (updated, count) = replace_exact(
+                    &content,
+                    &old,
+                    &new,
+                    replace_all,
+                    &path.display().to_string(),
+                )
+                .map_err(ToolError::new)?;
                 super::atomic_write(&path, updated.as_bytes()).map_err(|e| io_error(&path, &e))?;
                 let diff = similar::TextDiff::from_lines(&content, &updated)
                     .unified_diff()
@@ -386,4 +374,39 @@ impl Tool for PatchTool {
         })
         .to_string())
     }
+}
+
+/// Replaces `old` with `new` in `content`: exactly one occurrence, or all
+/// with `replace_all`. The errors say what to do, naming `what` (a path).
+/// Returns the new text and how many places changed. Shared by `patch` and
+/// the skill tools, so both edit by the same rule.
+pub fn replace_exact(
+    content: &str,
+    old: &str,
+    new: &str,
+    replace_all: bool,
+    what: &str,
+) -> Result<(String, usize), String> {
+    if old.is_empty() {
+        return Err("old_string is empty".into());
+    }
+    let count = content.matches(old).count();
+    if count == 0 {
+        return Err(format!(
+            "old_string was not found in {what}. {}",
+            not_found_hint(content, old)
+        ));
+    }
+    if count > 1 && !replace_all {
+        return Err(format!(
+            "old_string matches {count} places in {what}; include more surrounding lines so it \
+             matches exactly one, or set replace_all=true to change all {count}"
+        ));
+    }
+    let updated = if replace_all {
+        content.replace(old, new)
+    } else {
+        content.replacen(old, new, 1)
+    };
+    Ok((updated, count))
 }

@@ -57,6 +57,12 @@ pub trait Tool: Send + Sync {
     /// Runs one call. `args` is already a JSON object.
     async fn call(&self, args: serde_json::Value, ctx: &ToolContext) -> ToolResult;
 
+    /// Text the tool adds to the system prompt of each new session (the
+    /// skills index), read when the session starts; `None` for most tools.
+    fn prompt_block(&self) -> Option<String> {
+        None
+    }
+
     /// The provider-facing description.
     fn spec(&self) -> ToolSpec {
         ToolSpec {
@@ -175,6 +181,11 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
+    }
+
+    /// The registered tools, in name order.
+    pub fn tools(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
+        self.tools.values()
     }
 
     /// This registry without the tools named in `names` (names it does not

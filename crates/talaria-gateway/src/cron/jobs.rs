@@ -1,8 +1,6 @@
 //! Creating and changing jobs: the validation shared by `talaria cron`
 //! and the agent's `cronjob` tool, so a job means the same whoever made it.
 
-use std::path::PathBuf;
-
 use chrono::{DateTime, Utc};
 use talaria_core::Home;
 use talaria_store::{CronJob, CronStore, JobOrigin, JobState, Misfire, NewCronJob, StoreError};
@@ -15,9 +13,6 @@ pub const MAX_PROMPT_CHARS: usize = 20_000;
 
 /// Longest job name, in chars.
 pub const MAX_NAME_CHARS: usize = 100;
-
-/// Longest SKILL.md a job loads, in chars (the skills format's own limit).
-pub const MAX_SKILL_CHARS: usize = 100_000;
 
 /// Skills a job may load.
 pub const MAX_SKILLS: usize = 8;
@@ -338,7 +333,11 @@ fn check_skills(home: &Home, skills: Vec<String>) -> Result<Vec<String>, CronErr
         if name.is_empty() || out.iter().any(|s| s == name) {
             continue;
         }
-        skill_file(home, name)?;
+        if talaria_learning::Library::new(home).find(name).is_none() {
+            return Err(CronError::Invalid(format!(
+                "no skill named `{name}` (the skills_list tool lists them)"
+            )));
+        }
         out.push(name.to_owned());
     }
     if out.len() > MAX_SKILLS {
@@ -349,57 +348,13 @@ fn check_skills(home: &Home, skills: Vec<String>) -> Result<Vec<String>, CronErr
     Ok(out)
 }
 
-/// A skill's name: `^[a-z0-9][a-z0-9._-]*$`, at most 64 chars (the Agent
-/// Skills format's rule), so it is always a safe folder name.
-pub fn valid_skill_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    name.len() <= 64
-        && chars
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
-}
-
-/// Where skill `name`'s SKILL.md is: `skills/<name>/SKILL.md` or
-/// `skills/<category>/<name>/SKILL.md` under the home.
-pub fn skill_file(home: &Home, name: &str) -> Result<PathBuf, CronError> {
-    if !valid_skill_name(name) {
-        return Err(CronError::Invalid(format!(
-            "`{name}` is not a skill name (lower-case letters, digits, `.`, `_` and `-`, at most 64)"
-        )));
-    }
-    let root = home.skills_dir();
-    let direct = root.join(name).join("SKILL.md");
-    if direct.is_file() {
-        return Ok(direct);
-    }
-    let mut categories: Vec<PathBuf> = std::fs::read_dir(&root)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
-    categories.sort();
-    categories
-        .into_iter()
-        .map(|c| c.join(name).join("SKILL.md"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| CronError::Invalid(format!("no skill named `{name}` in {}", root.display())))
-}
-
-/// A skill's SKILL.md text, for loading into a run.
+/// A skill's SKILL.md text (the user's skills or the bundled ones), for
+/// loading into a run.
 pub fn skill_text(home: &Home, name: &str) -> Result<String, CronError> {
-    let path = skill_file(home, name)?;
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| CronError::Invalid(format!("cannot read {}: {e}", path.display())))?;
-    if text.chars().count() > MAX_SKILL_CHARS {
-        return Err(CronError::Invalid(format!(
-            "{} is longer than {MAX_SKILL_CHARS} characters",
-            path.display()
-        )));
-    }
-    Ok(text)
+    talaria_learning::Library::new(home)
+        .read(name)
+        .map(|skill| skill.text)
+        .map_err(|e| CronError::Invalid(e.to_string()))
 }
 
 /// 12 random lower-case hex digits.
@@ -425,16 +380,6 @@ mod tests {
         );
         assert!(check_targets(vec!["origin".into()], false).is_err());
         assert!(check_targets(vec!["tele gram".into()], false).is_err());
-    }
-
-    #[test]
-    fn skill_names_follow_the_format() {
-        for good in ["a", "daily-report", "x1.2_b", "0abc"] {
-            assert!(valid_skill_name(good), "{good}");
-        }
-        for bad in ["", "-a", "A", "a/b", "..", "a b", &"a".repeat(65)] {
-            assert!(!valid_skill_name(bad), "{bad}");
-        }
     }
 
     #[test]

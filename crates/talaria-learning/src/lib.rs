@@ -1,0 +1,25 @@
+//! Talaria's learning loop: what the agent learns and keeps.
+//!
+//! # Layout
+//!
+//! - [`skills`]: the skills library: bundled skills and the user's,
+//!   SKILL.md parsing and validation, writes that stay inside their folder,
+//!   `.usage.json` telemetry, and the cached skills index for the prompt.
+//! - [`tools`]: `skills_list`, `skill_view` and `skill_manage` for the
+//!   model (`skills_list` carries the index into new sessions' prompts).
+//! - [`invoke`]: `/skill-name` in chat, the skill loaded for one turn.
+//!
+//! # Invariants
+//!
+//! - **Only the user's skills change**; bundled ones are read-only, and no
+//!   write leaves its skill folder.
+//! - **A session's prompt never changes**: the index is read when a
+//!   session starts; a skill written during it shows from the next.
+#![forbid(unsafe_code)]
+
+pub mod invoke;
+pub mod skills;
+pub mod tools;
+
+pub use skills::{Library, SkillError, SkillInfo};
+pub use tools::skill_tools;

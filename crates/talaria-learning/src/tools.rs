@@ -1,0 +1,279 @@
+//! The skill tools, with the ancestor's names and arguments:
+//! `skills_list`, `skill_view` and `skill_manage`. `skills_list` also
+//! carries the skills index into the system prompt of new sessions.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use serde_json::{Value, json};
+use talaria_agent::tools::{Tool, ToolContext, ToolError, ToolResult};
+
+use crate::skills::{Library, Origin, SkillError, SkillInfo};
+
+/// The three skill tools over one library.
+pub fn skill_tools(library: Arc<Library>) -> Vec<Arc<dyn Tool>> {
+    vec![
+        Arc::new(SkillsList {
+            library: library.clone(),
+        }),
+        Arc::new(SkillView {
+            library: library.clone(),
+        }),
+        Arc::new(SkillManage { library }),
+    ]
+}
+
+fn text_arg<'a>(args: &'a Value, name: &str) -> Result<Option<&'a str>, ToolError> {
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(ToolError::new(format!("`{name}` must be a string"))),
+    }
+}
+
+fn required<'a>(args: &'a Value, name: &str, action: &str) -> Result<&'a str, ToolError> {
+    text_arg(args, name)?.ok_or_else(|| ToolError::new(format!("`{action}` needs `{name}`")))
+}
+
+fn failed(e: SkillError) -> ToolError {
+    ToolError::new(e.0)
+}
+
+fn origin(info: &SkillInfo) -> &'static str {
+    match info.origin {
+        Origin::User => "yours",
+        Origin::Bundled => "bundled",
+    }
+}
+
+/// `skills_list`: names, descriptions and categories.
+pub struct SkillsList {
+    library: Arc<Library>,
+}
+
+#[async_trait]
+impl Tool for SkillsList {
+    fn name(&self) -> &str {
+        "skills_list"
+    }
+
+    fn description(&self) -> &str {
+        "List the available skills (tested procedures for recurring tasks), optionally of one category. Load one with skill_view."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "category": {"type": "string", "description": "only this category"}
+            }
+        })
+    }
+
+    fn parallel_safe(&self) -> bool {
+        true
+    }
+
+    async fn call(&self, args: Value, _ctx: &ToolContext) -> ToolResult {
+        let category = text_arg(&args, "category")?.map(str::to_owned);
+        let library = self.library.clone();
+        let all = tokio::task::spawn_blocking(move || library.list())
+            .await
+            .map_err(|e| ToolError::new(e.to_string()))?;
+        let mut categories: Vec<&str> = all.iter().map(|s| s.category.as_str()).collect();
+        categories.dedup();
+        let skills: Vec<Value> = all
+            .iter()
+            .filter(|s| category.as_deref().is_none_or(|c| s.category == c))
+            .map(|s| {
+                json!({
+                    "name": s.name,
+                    "description": s.description,
+                    "category": s.category,
+                    "source": origin(s),
+                })
+            })
+            .collect();
+        Ok(json!({
+            "success": true,
+            "count": skills.len(),
+            "skills": skills,
+            "categories": categories,
+            "hint": "skill_view(name) loads a skill's full instructions",
+        })
+        .to_string())
+    }
+
+    fn prompt_block(&self) -> Option<String> {
+        let index = self.library.index();
+        (!index.is_empty()).then_some(index)
+    }
+}
+
+/// `skill_view`: a skill's instructions, or one of its files.
+pub struct SkillView {
+    library: Arc<Library>,
+}
+
+#[async_trait]
+impl Tool for SkillView {
+    fn name(&self) -> &str {
+        "skill_view"
+    }
+
+    fn description(&self) -> &str {
+        "Load a skill's full instructions by name (and the list of its support files), or one support file with file_path (for example references/api.md)."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "description": "the skill's name"},
+                "file_path": {"type": "string", "description": "a support file inside the skill: references/..., templates/..., scripts/... or assets/..."}
+            },
+            "required": ["name"]
+        })
+    }
+
+    fn parallel_safe(&self) -> bool {
+        true
+    }
+
+    async fn call(&self, args: Value, _ctx: &ToolContext) -> ToolResult {
+        let name = required(&args, "name", "skill_view")?.trim().to_owned();
+        let file = text_arg(&args, "file_path")?
+            .map(str::to_owned)
+            .filter(|f| f != "SKILL.md");
+        let library = self.library.clone();
+        tokio::task::spawn_blocking(move || -> ToolResult {
+            if let Some(file) = file {
+                let content = library.read_file(&name, &file).map_err(failed)?;
+                library.viewed(&name, Utc::now());
+                return Ok(json!({
+                    "success": true,
+                    "name": name,
+                    "file_path": file,
+                    "content": content,
+                })
+                .to_string());
+            }
+            let skill = library.read(&name).map_err(failed)?;
+            library.viewed(&name, Utc::now());
+            Ok(json!({
+                "success": true,
+                "name": skill.info.name,
+                "description": skill.info.description,
+                "category": skill.info.category,
+                "source": origin(&skill.info),
+                "related_skills": skill.info.frontmatter.related_skills,
+                "content": skill.text,
+                "skill_dir": skill.info.dir.map(|d| d.display().to_string()),
+                "linked_files": skill.files,
+            })
+            .to_string())
+        })
+        .await
+        .map_err(|e| ToolError::new(e.to_string()))?
+    }
+}
+
+/// `skill_manage`: create, change and delete the user's skills.
+pub struct SkillManage {
+    library: Arc<Library>,
+}
+
+#[async_trait]
+impl Tool for SkillManage {
+    fn name(&self) -> &str {
+        "skill_manage"
+    }
+
+    fn description(&self) -> &str {
+        "Create, rewrite, patch or delete your own skills and their support files. A skill is a SKILL.md with YAML frontmatter (name, description) and step-by-step instructions. Read a skill with skill_view before changing it."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ["create", "edit", "patch", "delete", "write_file", "remove_file"]},
+                "name": {"type": "string", "description": "the skill: lower-case letters, digits, . _ -"},
+                "category": {"type": "string", "description": "create: a folder to group it in (same rules as the name)"},
+                "content": {"type": "string", "description": "create/edit: the whole SKILL.md, starting with ---\\nname: ...\\ndescription: ...\\n---"},
+                "old_string": {"type": "string", "description": "patch: the exact text to replace"},
+                "new_string": {"type": "string", "description": "patch: the replacement"},
+                "replace_all": {"type": "boolean", "description": "patch: replace every occurrence"},
+                "file_path": {"type": "string", "description": "patch/write_file/remove_file: a support file (references/..., templates/..., scripts/..., assets/...); patch defaults to SKILL.md"},
+                "file_content": {"type": "string", "description": "write_file: the file's content"}
+            },
+            "required": ["action", "name"]
+        })
+    }
+
+    async fn call(&self, args: Value, _ctx: &ToolContext) -> ToolResult {
+        let action = required(&args, "action", "skill_manage")?.to_owned();
+        let name = required(&args, "name", &action)?.trim().to_owned();
+        let args = args.clone();
+        let library = self.library.clone();
+        tokio::task::spawn_blocking(move || -> ToolResult {
+            let now = Utc::now();
+            let message = match action.as_str() {
+                "create" => {
+                    let content = required(&args, "content", "create")?;
+                    let category = text_arg(&args, "category")?.map(str::trim);
+                    let dir = library
+                        .create(&name, category, content, None, now)
+                        .map_err(failed)?;
+                    format!(
+                        "Skill '{name}' created at {}. It is in the skills index from the next session; skill_view works now.",
+                        dir.display()
+                    )
+                }
+                "edit" => {
+                    let content = required(&args, "content", "edit")?;
+                    library.edit(&name, content, now).map_err(failed)?;
+                    format!("Skill '{name}' updated (full rewrite).")
+                }
+                "patch" => {
+                    let old = required(&args, "old_string", "patch")?;
+                    let new = text_arg(&args, "new_string")?.unwrap_or_default();
+                    let all = matches!(args.get("replace_all"), Some(Value::Bool(true)));
+                    let file = text_arg(&args, "file_path")?;
+                    let count = library
+                        .patch(&name, file, old, new, all, now)
+                        .map_err(failed)?;
+                    format!(
+                        "Patched {} in skill '{name}' ({count} replacement{}).",
+                        file.unwrap_or("SKILL.md"),
+                        if count == 1 { "" } else { "s" }
+                    )
+                }
+                "delete" => {
+                    library.delete(&name).map_err(failed)?;
+                    format!("Skill '{name}' deleted.")
+                }
+                "write_file" => {
+                    let file = required(&args, "file_path", "write_file")?;
+                    let content = required(&args, "file_content", "write_file")?;
+                    library.write_file(&name, file, content, now).map_err(failed)?;
+                    format!("File '{file}' written to skill '{name}'.")
+                }
+                "remove_file" => {
+                    let file = required(&args, "file_path", "remove_file")?;
+                    library.remove_file(&name, file, now).map_err(failed)?;
+                    format!("File '{file}' removed from skill '{name}'.")
+                }
+                other => {
+                    return Err(ToolError::new(format!(
+                        "unknown action `{other}`: use create, edit, patch, delete, write_file or remove_file"
+                    )));
+                }
+            };
+            Ok(json!({"success": true, "message": message}).to_string())
+        })
+        .await
+        .map_err(|e| ToolError::new(e.to_string()))?
+    }
+}
