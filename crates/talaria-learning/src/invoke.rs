@@ -8,9 +8,19 @@ use crate::skills::usage::Event;
 
 /// The message a turn gets for `/name args`, or `None` when no skill has
 /// that name. Counts a use.
+///
+/// The name is matched as typed (lower-cased), then with `_` read as `-`,
+/// because Telegram's command menu allows only underscores
+/// (`/system_health` is the `system-health` skill).
 pub fn invocation(library: &Library, name: &str, args: &str) -> Option<String> {
-    let skill = library.read(name).ok()?;
-    library.usage().record(name, Event::Used, Utc::now());
+    let typed = name.to_ascii_lowercase();
+    let skill = library
+        .read(&typed)
+        .or_else(|_| library.read(&typed.replace('_', "-")))
+        .ok()?;
+    library
+        .usage()
+        .record(&skill.info.name, Event::Used, Utc::now());
     let mut message = format!(
         "[The user invoked the \"{}\" skill: follow its instructions, loaded below.]\n\n{}",
         skill.info.name,

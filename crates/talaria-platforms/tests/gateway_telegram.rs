@@ -334,6 +334,19 @@ async fn commands_are_answered_without_the_model() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skill_name_as_a_command_loads_the_skill_for_the_turn() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    rig.llm.push(Reply::text("Disks are fine."));
+    rig.tg
+        .push_private_text(42, "/system_health only the disks");
+    wait_for_text(&rig, "Disks are fine.").await;
+    let asked = rig.user_messages(0).last().unwrap().clone();
+    assert!(asked.contains("\"system-health\" skill"), "{asked}");
+    assert!(asked.contains("df -hP"), "{asked}");
+    assert!(asked.ends_with("only the disks"), "{asked}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_starts_afresh_and_a_restart_continues_the_conversation() {
     let mut rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
     rig.llm.push(Reply::text("Noted, Ada."));
