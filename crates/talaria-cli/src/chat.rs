@@ -42,6 +42,7 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    crate::skills_cmd::curate_at_start(&rt).await;
     let session = open_session(&rt, &agent, &args).await?;
     let result = match args.query {
         Some(prompt) => one_shot(&agent, &client, &session, &prompt, args.verbose).await,

@@ -56,10 +56,40 @@ pub enum Command {
         #[command(subcommand)]
         command: CronCommand,
     },
+    /// Skills: list, read, pin, archive and restore them.
+    Skills {
+        #[command(subcommand)]
+        command: SkillsCommand,
+    },
     /// MCP servers: what the configured ones offer, and Talaria as one.
     Mcp {
         #[command(subcommand)]
         command: McpCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SkillsCommand {
+    /// Every skill with its category, use count and notes.
+    List,
+    /// A skill's SKILL.md.
+    Show {
+        name: String,
+    },
+    /// Keep a skill: the curator leaves it alone and it cannot be deleted.
+    Pin {
+        name: String,
+    },
+    Unpin {
+        name: String,
+    },
+    /// Move one of your skills to skills/.archive/.
+    Archive {
+        name: String,
+    },
+    /// Bring an archived skill back.
+    Restore {
+        name: String,
     },
 }
 

@@ -11,6 +11,7 @@
 //! - [`gateway_cmd`]: `talaria gateway`, the messaging gateway's process.
 //! - [`pairing_cmd`]: approving strangers' pairing codes.
 //! - [`send_cmd`]: `talaria send`, through the running gateway or directly.
+//! - [`skills_cmd`]: `talaria skills`, and the curator's look at start-up.
 //! - [`mcp_cmd`]: `talaria mcp`, MCP servers' offers and Talaria as one.
 //! - [`cron_cmd`]: `talaria cron`, scheduled jobs (run here, or ticked by the gateway).
 //! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
@@ -31,6 +32,7 @@ mod runtime;
 mod send_cmd;
 mod sessions_cmd;
 mod setup;
+mod skills_cmd;
 
 use std::process::ExitCode;
 
@@ -116,5 +118,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Send { target, text } => send_cmd::run(home, &target, &text).await,
         Command::Cron { command } => cron_cmd::run(home, command).await,
         Command::Mcp { command } => mcp_cmd::run(home, command).await,
+        Command::Skills { command } => {
+            let rt = runtime::Runtime::load_without_model(home).await?;
+            skills_cmd::run(&rt, command).await
+        }
     }
 }

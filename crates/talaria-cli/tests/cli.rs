@@ -245,3 +245,54 @@ async fn setup_writes_a_config_that_chat_can_use() {
         "an existing config must not be overwritten silently"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn skills_are_listed_shown_pinned_archived_and_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    write_config(&home, "http://127.0.0.1:9", "");
+    let mine = home.join("skills/ops/rotate-logs");
+    std::fs::create_dir_all(&mine).unwrap();
+    std::fs::write(
+        mine.join("SKILL.md"),
+        "---\nname: rotate-logs\ndescription: Rotate the app logs.\n---\n1. gzip old logs.\n",
+    )
+    .unwrap();
+
+    let list = talaria(&home, &["skills", "list"]).await;
+    let listed = text(&list.stdout);
+    assert!(
+        listed.contains("rotate-logs") && listed.contains("yours"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("systematic-debugging") && listed.contains("bundled"),
+        "{listed}"
+    );
+    let show = talaria(&home, &["skills", "show", "rotate-logs"]).await;
+    assert!(text(&show.stdout).contains("gzip old logs"));
+
+    assert!(
+        talaria(&home, &["skills", "pin", "rotate-logs"])
+            .await
+            .status
+            .success()
+    );
+    assert!(text(&talaria(&home, &["skills", "list"]).await.stdout).contains("pinned"));
+    let archive = talaria(&home, &["skills", "archive", "rotate-logs"]).await;
+    assert!(archive.status.success(), "{}", text(&archive.stderr));
+    assert!(!text(&talaria(&home, &["skills", "list"]).await.stdout).contains("rotate-logs"));
+    assert!(
+        home.join("skills/.archive/ops/rotate-logs/SKILL.md")
+            .is_file()
+    );
+    let restore = talaria(&home, &["skills", "restore", "rotate-logs"]).await;
+    assert!(restore.status.success(), "{}", text(&restore.stderr));
+    assert!(mine.join("SKILL.md").is_file());
+
+    let bundled = talaria(&home, &["skills", "archive", "git-workflow"]).await;
+    assert!(!bundled.status.success());
+    let missing = talaria(&home, &["skills", "show", "nope"]).await;
+    assert!(!missing.status.success());
+    assert!(text(&missing.stderr).contains("no skill named"));
+}

@@ -371,6 +371,34 @@ pub struct Config {
     /// Model Context Protocol servers whose tools the agent may use, by
     /// name.
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
+    /// The lifecycle of skills the agent wrote itself.
+    pub curator: CuratorConfig,
+}
+
+/// `curator:`: agent-written skills that go unused turn stale, then are
+/// archived (restorable); pinned skills and skills a cron job uses are
+/// left alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CuratorConfig {
+    pub enabled: bool,
+    /// Hours between two runs.
+    pub interval_hours: u64,
+    /// Days without use before a skill is marked stale.
+    pub stale_after_days: u64,
+    /// Days without use before a skill is archived.
+    pub archive_after_days: u64,
+}
+
+impl Default for CuratorConfig {
+    fn default() -> CuratorConfig {
+        CuratorConfig {
+            enabled: true,
+            interval_hours: 168,
+            stale_after_days: 30,
+            archive_after_days: 90,
+        }
+    }
 }
 
 /// One entry of `mcp_servers:`: a local program spoken to over stdio
@@ -990,6 +1018,12 @@ impl Config {
                     "timeouts are whole seconds, at least 1",
                 ));
             }
+        }
+        if self.curator.archive_after_days <= self.curator.stale_after_days {
+            return Err(invalid(
+                "curator.archive_after_days",
+                "expected more days than curator.stale_after_days",
+            ));
         }
         if let Err(e) = self.cron.zone() {
             return Err(invalid("cron.timezone", &e));

@@ -46,6 +46,10 @@ const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 /// job starts within seconds of its time.
 const CRON_TICK: Duration = Duration::from_secs(10);
 
+/// How often the skills curator checks whether it is due (it runs at most
+/// once per `curator.interval_hours`).
+const CURATOR_INTERVAL: Duration = Duration::from_secs(3600);
+
 /// How often runs left `running` by a dead process are marked interrupted.
 const CRON_STALE_INTERVAL: Duration = Duration::from_secs(3600);
 
@@ -384,6 +388,16 @@ impl Gateway {
                 },
             ));
         }
+        if self.config.curator.enabled {
+            let (store, home, config) = (
+                self.store.clone(),
+                self.home.clone(),
+                self.config.curator.clone(),
+            );
+            tasks.push(PeriodicTask::new("curator", CURATOR_INTERVAL, move || {
+                curate(store.clone(), home.clone(), config.clone())
+            }));
+        }
         let policy = self.config.session_reset.clone();
         if policy.mode != talaria_core::config::ResetMode::None {
             let runner = self.runner.clone();
@@ -409,6 +423,30 @@ impl Gateway {
         }
         tasks
     }
+}
+
+/// One look by the skills curator (it runs when its interval has passed),
+/// sparing the skills a cron job loads.
+async fn curate(
+    store: Arc<dyn GatewayStore>,
+    home: Home,
+    config: talaria_core::config::CuratorConfig,
+) -> Result<(), String> {
+    let in_use: std::collections::HashSet<String> = store
+        .jobs()
+        .await
+        .map_err(|e| format!("cannot read the cron jobs: {e}"))?
+        .into_iter()
+        .flat_map(|j| j.skills)
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let library = talaria_learning::Library::new(&home);
+        talaria_learning::curator::run_if_due(&library, &config, &in_use, chrono::Utc::now())
+            .map(drop)
+            .map_err(|e| format!("the skills curator failed: {e}"))
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }
 
 /// One pruning of delivered and abandoned ledger rows.

@@ -8,6 +8,8 @@
 //! - [`tools`]: `skills_list`, `skill_view` and `skill_manage` for the
 //!   model (`skills_list` carries the index into new sessions' prompts).
 //! - [`invoke`]: `/skill-name` in chat, the skill loaded for one turn.
+//! - [`curator`]: agent-written skills that go unused turn stale, then
+//!   are archived (restorable), on an injected clock.
 //!
 //! # Invariants
 //!
@@ -17,6 +19,7 @@
 //!   session starts; a skill written during it shows from the next.
 #![forbid(unsafe_code)]
 
+pub mod curator;
 pub mod invoke;
 pub mod skills;
 pub mod tools;

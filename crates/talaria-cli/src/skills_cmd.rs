@@ -1,0 +1,114 @@
+//! `talaria skills list | show | pin | unpin | archive | restore`, and
+//! the curator's look at start-up.
+
+use std::collections::HashSet;
+use std::process::ExitCode;
+
+use chrono::Utc;
+use talaria_learning::curator;
+use talaria_learning::skills::Origin;
+
+use crate::cli::SkillsCommand;
+use crate::runtime::Runtime;
+
+pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCode> {
+    let lib = rt.skills.clone();
+    let result: Result<String, String> = match command {
+        SkillsCommand::List => {
+            let records = lib.usage().all();
+            let mut out = String::new();
+            for s in lib.list() {
+                let r = records.get(&s.name).cloned().unwrap_or_default();
+                let mut notes = vec![match s.origin {
+                    Origin::User => "yours",
+                    Origin::Bundled => "bundled",
+                }];
+                if r.created_by.as_deref() == Some("agent") {
+                    notes.push("by the agent");
+                }
+                if r.pinned {
+                    notes.push("pinned");
+                }
+                if r.state != talaria_learning::skills::usage::SkillState::Active {
+                    notes.push("stale");
+                }
+                out.push_str(&format!(
+                    "{:<12} {:<28} used {:>3}  ({})\n    {}\n",
+                    s.category,
+                    s.name,
+                    r.use_count,
+                    notes.join(", "),
+                    s.description
+                ));
+            }
+            Ok(out.trim_end().to_owned())
+        }
+        SkillsCommand::Show { name } => lib
+            .read(&name)
+            .map(|s| {
+                let mut text = s.text.trim_end().to_owned();
+                if !s.files.is_empty() {
+                    text.push_str(&format!("\n\n(files: {})", s.files.join(", ")));
+                }
+                text
+            })
+            .map_err(|e| e.to_string()),
+        SkillsCommand::Pin { name } | SkillsCommand::Unpin { name }
+            if lib.find(&name).is_none() =>
+        {
+            Err(format!("no skill named `{name}`"))
+        }
+        SkillsCommand::Pin { name } => {
+            lib.usage().change(&name, |r| r.pinned = true);
+            Ok(format!(
+                "pinned {name}: the curator leaves it alone and it cannot be deleted"
+            ))
+        }
+        SkillsCommand::Unpin { name } => {
+            lib.usage().change(&name, |r| r.pinned = false);
+            Ok(format!("unpinned {name}"))
+        }
+        SkillsCommand::Archive { name } => curator::archive(&lib, &name, Utc::now())
+            .map(|()| format!("archived {name}; `talaria skills restore {name}` brings it back"))
+            .map_err(|e| e.to_string()),
+        SkillsCommand::Restore { name } => curator::restore(&lib, &name, Utc::now())
+            .map(|dir| format!("restored {name} to {}", dir.display()))
+            .map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(text) => {
+            println!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("talaria: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// The curator's look when the CLI starts (it runs when its interval has
+/// passed); a failure is logged, never in the way.
+pub async fn curate_at_start(rt: &Runtime) {
+    if !rt.config.curator.enabled {
+        return;
+    }
+    let in_use: HashSet<String> = match rt.gateway_store.jobs().await {
+        Ok(jobs) => jobs.into_iter().flat_map(|j| j.skills).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "skills curator skipped: cannot read the cron jobs");
+            return;
+        }
+    };
+    let lib = rt.skills.clone();
+    let config = rt.config.curator.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        curator::run_if_due(&lib, &config, &in_use, Utc::now())
+    })
+    .await;
+    match outcome {
+        Ok(Ok(Some(report))) if !report.is_empty() => eprintln!("{}", report.summary()),
+        Ok(Err(e)) => tracing::warn!(error = %e, "the skills curator failed"),
+        _ => {}
+    }
+}
