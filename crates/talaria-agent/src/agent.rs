@@ -102,12 +102,30 @@ impl SessionHandle {
 /// per-conversation state of its own.
 pub struct Agent {
     pub(crate) parts: AgentParts,
+    /// Told about every finished turn (the background review); set once.
+    turn_hook: std::sync::OnceLock<Arc<dyn TurnHook>>,
+}
+
+/// Something that wants to know when a turn has finished, after its
+/// answer exists and before it is returned. It must not make the caller
+/// wait: anything slow belongs on a task of its own.
+pub trait TurnHook: Send + Sync {
+    fn turn_finished(&self, session: &SessionHandle, outcome: &TurnOutcome);
 }
 
 impl Agent {
     /// An agent over these parts.
     pub fn new(parts: AgentParts) -> Agent {
-        Agent { parts }
+        Agent {
+            parts,
+            turn_hook: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Sets the hook told about finished turns; a second call changes
+    /// nothing.
+    pub fn set_turn_hook(&self, hook: Arc<dyn TurnHook>) {
+        let _ = self.turn_hook.set(hook);
     }
 
     /// The parts the agent was built from.
@@ -204,10 +222,14 @@ impl Agent {
             .into_iter()
             .map(|row| row.message)
             .collect();
-        TurnRun::new(self, session, observer, cancel, history, interaction)
+        let outcome = TurnRun::new(self, session, observer, cancel, history, interaction)
             .with_registry(registry)
             .run(user_text)
-            .await
+            .await?;
+        if let Some(hook) = self.turn_hook.get() {
+            hook.turn_finished(session, &outcome);
+        }
+        Ok(outcome)
     }
 
     /// Compresses the session's transcript now (the `/compress` command),

@@ -44,6 +44,8 @@ pub mod spill;
 pub mod tools;
 pub mod turn;
 
-pub use agent::{Agent, AgentError, AgentParts, SessionHandle, TurnOptions, pick_session};
+pub use agent::{
+    Agent, AgentError, AgentParts, SessionHandle, TurnHook, TurnOptions, pick_session,
+};
 pub use observer::{NullObserver, TurnObserver};
 pub use turn::{TurnExit, TurnOutcome};

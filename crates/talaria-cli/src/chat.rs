@@ -42,13 +42,20 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    let review = rt.attach_review(
+        &agent,
+        client.clone(),
+        std::sync::Arc::new(|_session: &str, line: &str| eprintln!("  {line}")),
+    );
     crate::skills_cmd::curate_at_start(&rt).await;
     let session = open_session(&rt, &agent, &args).await?;
     let result = match args.query {
         Some(prompt) => one_shot(&agent, &client, &session, &prompt, args.verbose).await,
         None => repl(&rt, &agent, &client, session).await,
     };
-    // MCP servers started for this chat stop with it.
+    // A one-shot's review finishes before the process ends (bounded); MCP
+    // servers started for this chat stop with it.
+    let _ = tokio::time::timeout(Duration::from_secs(60), review.idle()).await;
     rt.mcp.shutdown().await;
     result
 }

@@ -74,7 +74,7 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         Arc::new(SendMessageTool::new(messenger.clone()));
     let zone = Zone::from_config(&rt.config.cron).map_err(anyhow::Error::msg)?;
     let cron_tool = CronTool::new(rt.gateway_store.clone(), rt.home.clone(), zone);
-    let (agent, _client) = rt.agent_with_tools(
+    let (agent, client) = rt.agent_with_tools(
         Arc::new(NoHuman),
         vec![
             send_message,
@@ -124,6 +124,37 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         hooks: Arc::new(Hooks::load(&rt.home)),
     });
     messenger.bind(gateway.delivery());
+    // What a background review learned is said in the chat it reviewed.
+    {
+        let delivery = gateway.delivery();
+        let store = rt.store.clone();
+        rt.attach_review(
+            &agent,
+            client,
+            Arc::new(move |session: &str, line: &str| {
+                let (delivery, store) = (delivery.clone(), store.clone());
+                let (session, line) = (session.to_owned(), line.to_owned());
+                tokio::spawn(async move {
+                    let Ok(Some(record)) = store.session(&session).await else {
+                        return;
+                    };
+                    let Some(chat_id) = record.chat_id else {
+                        return;
+                    };
+                    if delivery.adapter(&record.source).is_none() {
+                        return;
+                    }
+                    let to = talaria_gateway::delivery::Address {
+                        platform: record.source,
+                        chat_id,
+                        thread_id: record.thread_id,
+                        reply_to: None,
+                    };
+                    delivery.notify(&to, &line).await;
+                });
+            }),
+        );
+    }
     if let Some(scheduler) = gateway.scheduler() {
         cron_tool.bind(scheduler);
     }

@@ -127,4 +127,28 @@ impl Runtime {
         });
         Ok((agent, client))
     }
+
+    /// Starts background reviews after this agent's turns (see
+    /// `talaria_learning::review`); `notify` hears what each one learned.
+    pub fn attach_review(
+        &self,
+        agent: &Agent,
+        client: Arc<LlmClient>,
+        notify: talaria_learning::review::Notify,
+    ) -> Arc<talaria_learning::review::BackgroundReview> {
+        let review = talaria_learning::review::BackgroundReview::new(
+            talaria_learning::review::ReviewParts {
+                config: self.config.clone(),
+                home: self.home.clone(),
+                provider: client,
+                store: self.store.clone(),
+                library: self.skills.clone(),
+                redactor: self.redactor.clone(),
+                workdir: agent.parts().workdir.clone(),
+                notify,
+            },
+        );
+        agent.set_turn_hook(review.clone());
+        review
+    }
 }

@@ -257,12 +257,15 @@ pub struct MemoryConfig {
     pub memory_char_limit: usize,
     /// Limit on the whole joined text of USER.md.
     pub user_char_limit: usize,
+    /// User turns between two background memory reviews; 0 turns them off.
+    pub nudge_interval: u32,
 }
 
 impl Default for MemoryConfig {
     fn default() -> MemoryConfig {
         MemoryConfig {
             enabled: true,
+            nudge_interval: 10,
             memory_char_limit: 2200,
             user_char_limit: 1375,
         }
@@ -373,6 +376,46 @@ pub struct Config {
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// The lifecycle of skills the agent wrote itself.
     pub curator: CuratorConfig,
+    /// Skills and the background skill review.
+    pub skills: SkillsConfig,
+    /// What the user is shown besides answers.
+    pub display: DisplayConfig,
+}
+
+/// `skills:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SkillsConfig {
+    /// Model calls without a `skill_manage` call before a background skill
+    /// review; 0 turns it off.
+    pub creation_nudge_interval: u32,
+}
+
+impl Default for SkillsConfig {
+    fn default() -> SkillsConfig {
+        SkillsConfig {
+            creation_nudge_interval: 10,
+        }
+    }
+}
+
+/// How much the user hears of background learning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryNotifications {
+    Off,
+    /// One short line of what was learned.
+    #[default]
+    On,
+    /// The line with previews of what was written.
+    Verbose,
+}
+
+/// `display:`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DisplayConfig {
+    pub memory_notifications: MemoryNotifications,
 }
 
 /// `curator:`: agent-written skills that go unused turn stale, then are

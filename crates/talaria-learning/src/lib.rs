@@ -8,6 +8,9 @@
 //! - [`tools`]: `skills_list`, `skill_view` and `skill_manage` for the
 //!   model (`skills_list` carries the index into new sessions' prompts).
 //! - [`invoke`]: `/skill-name` in chat, the skill loaded for one turn.
+//! - [`review`]: the background review that distils conversations into
+//!   memory and skills after the answer is out, never delaying it.
+//! - [`scratch`]: an in-memory session store for reviews.
 //! - [`curator`]: agent-written skills that go unused turn stale, then
 //!   are archived (restorable), on an injected clock.
 //!
@@ -21,8 +24,10 @@
 
 pub mod curator;
 pub mod invoke;
+pub mod review;
+pub mod scratch;
 pub mod skills;
 pub mod tools;
 
 pub use skills::{Library, SkillError, SkillInfo};
-pub use tools::skill_tools;
+pub use tools::{review_skill_tools, skill_tools};

@@ -2,7 +2,8 @@
 //! `skills_list`, `skill_view` and `skill_manage`. `skills_list` also
 //! carries the skills index into the system prompt of new sessions.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::Utc;
@@ -13,15 +14,38 @@ use crate::skills::{Library, Origin, SkillError, SkillInfo};
 
 /// The three skill tools over one library.
 pub fn skill_tools(library: Arc<Library>) -> Vec<Arc<dyn Tool>> {
+    tools(library, None)
+}
+
+/// The skill tools as the background review gets them: what it creates is
+/// marked as the agent's own, and it may change only skills the agent
+/// created, and only after reading them with `skill_view` in this review
+/// (read before write).
+pub fn review_skill_tools(library: Arc<Library>) -> Vec<Arc<dyn Tool>> {
+    tools(library, Some(Arc::new(Mutex::new(HashSet::new()))))
+}
+
+fn tools(library: Arc<Library>, review: Option<Viewed>) -> Vec<Arc<dyn Tool>> {
     vec![
         Arc::new(SkillsList {
             library: library.clone(),
         }),
         Arc::new(SkillView {
             library: library.clone(),
+            review: review.clone(),
         }),
-        Arc::new(SkillManage { library }),
+        Arc::new(SkillManage { library, review }),
     ]
+}
+
+/// The skills (and files) the review has read: `name` or `name/path`.
+type Viewed = Arc<Mutex<HashSet<String>>>;
+
+fn viewed_key(name: &str, file: Option<&str>) -> String {
+    match file {
+        None | Some("SKILL.md") => name.to_owned(),
+        Some(f) => format!("{name}/{f}"),
+    }
 }
 
 fn text_arg<'a>(args: &'a Value, name: &str) -> Result<Option<&'a str>, ToolError> {
@@ -114,6 +138,7 @@ impl Tool for SkillsList {
 /// `skill_view`: a skill's instructions, or one of its files.
 pub struct SkillView {
     library: Arc<Library>,
+    review: Option<Viewed>,
 }
 
 #[async_trait]
@@ -147,7 +172,14 @@ impl Tool for SkillView {
             .map(str::to_owned)
             .filter(|f| f != "SKILL.md");
         let library = self.library.clone();
+        let review = self.review.clone();
         tokio::task::spawn_blocking(move || -> ToolResult {
+            if let Some(viewed) = &review {
+                viewed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(viewed_key(&name, file.as_deref()));
+            }
             if let Some(file) = file {
                 let content = library.read_file(&name, &file).map_err(failed)?;
                 library.viewed(&name, Utc::now());
@@ -182,6 +214,7 @@ impl Tool for SkillView {
 /// `skill_manage`: create, change and delete the user's skills.
 pub struct SkillManage {
     library: Arc<Library>,
+    review: Option<Viewed>,
 }
 
 #[async_trait]
@@ -217,14 +250,21 @@ impl Tool for SkillManage {
         let name = required(&args, "name", &action)?.trim().to_owned();
         let args = args.clone();
         let library = self.library.clone();
+        let review = self.review.clone();
         tokio::task::spawn_blocking(move || -> ToolResult {
             let now = Utc::now();
+            if let Some(viewed) = &review
+                && action != "create"
+            {
+                guard_review_write(&library, viewed, &name, &action, &args)?;
+            }
+            let by = review.as_ref().map(|_| "agent");
             let message = match action.as_str() {
                 "create" => {
                     let content = required(&args, "content", "create")?;
                     let category = text_arg(&args, "category")?.map(str::trim);
                     let dir = library
-                        .create(&name, category, content, None, now)
+                        .create(&name, category, content, by, now)
                         .map_err(failed)?;
                     format!(
                         "Skill '{name}' created at {}. It is in the skills index from the next session; skill_view works now.",
@@ -276,4 +316,44 @@ impl Tool for SkillManage {
         .await
         .map_err(|e| ToolError::new(e.to_string()))?
     }
+}
+
+/// What the background review may change: skills the agent created, after
+/// reading the very file it changes in this review.
+fn guard_review_write(
+    library: &Library,
+    viewed: &Viewed,
+    name: &str,
+    action: &str,
+    args: &Value,
+) -> Result<(), ToolError> {
+    let record = library.usage().get(name);
+    if record.created_by.as_deref() != Some("agent") {
+        return Err(ToolError::new(format!(
+            "`{name}` was not written by the agent; the review may only change skills the agent created"
+        )));
+    }
+    let file = match action {
+        "patch" | "write_file" | "remove_file" => text_arg(args, "file_path")?,
+        _ => None,
+    };
+    // A new support file has nothing to read; SKILL.md must have been read.
+    let key = if action == "write_file" {
+        name.to_owned()
+    } else {
+        viewed_key(name, file)
+    };
+    let seen = viewed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&key);
+    if !seen {
+        return Err(ToolError::new(format!(
+            "read it first: call skill_view(name=\"{name}\"{}) in this review before changing it",
+            file.filter(|f| *f != "SKILL.md" && action != "write_file")
+                .map(|f| format!(", file_path=\"{f}\""))
+                .unwrap_or_default()
+        )));
+    }
+    Ok(())
 }

@@ -1,0 +1,211 @@
+//! A session store in memory, for the background review: its turns run
+//! like any other, but nothing of them reaches `state.db`, so reviews never
+//! show up in session lists or searches. It holds one review's session and
+//! is dropped with it.
+
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use talaria_core::{Message, Usage};
+use talaria_store::{
+    NewSession, Result, SearchHit, SearchQuery, SessionFilter, SessionRecord, SessionStore,
+    StoreError, StoredMessage,
+};
+
+#[derive(Default)]
+struct Inner {
+    sessions: Vec<SessionRecord>,
+    messages: Vec<StoredMessage>,
+}
+
+/// Sessions and messages kept in memory.
+#[derive(Default)]
+pub struct ScratchStore {
+    inner: Mutex<Inner>,
+}
+
+impl ScratchStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn missing(id: &str) -> StoreError {
+    StoreError::NoSuchSession(id.to_owned())
+}
+
+#[async_trait]
+impl SessionStore for ScratchStore {
+    async fn create_session(&self, s: NewSession) -> Result<()> {
+        let mut inner = self.lock();
+        if inner.sessions.iter().any(|r| r.id == s.id) {
+            return Err(StoreError::Conflict(format!("session {} exists", s.id)));
+        }
+        inner.sessions.push(SessionRecord {
+            id: s.id,
+            source: s.source,
+            session_key: s.session_key,
+            chat_id: s.chat_id,
+            user_id: s.user_id,
+            thread_id: s.thread_id,
+            title: None,
+            model: s.model,
+            system_prompt: s.system_prompt,
+            parent_session_id: s.parent_session_id,
+            started_at: talaria_core::unix_now(),
+            ended_at: None,
+            end_reason: None,
+            message_count: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
+        });
+        Ok(())
+    }
+
+    async fn session(&self, id: &str) -> Result<Option<SessionRecord>> {
+        Ok(self.lock().sessions.iter().find(|r| r.id == id).cloned())
+    }
+
+    async fn set_title(&self, id: &str, title: &str) -> Result<()> {
+        let mut inner = self.lock();
+        let r = inner
+            .sessions
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or_else(|| missing(id))?;
+        r.title = Some(title.to_owned());
+        Ok(())
+    }
+
+    async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()> {
+        let mut inner = self.lock();
+        let r = inner
+            .sessions
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or_else(|| missing(id))?;
+        r.system_prompt = Some(prompt.to_owned());
+        Ok(())
+    }
+
+    async fn end_session(&self, id: &str, reason: &str) -> Result<()> {
+        let mut inner = self.lock();
+        let r = inner
+            .sessions
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or_else(|| missing(id))?;
+        r.ended_at = Some(talaria_core::unix_now());
+        r.end_reason = Some(reason.to_owned());
+        Ok(())
+    }
+
+    async fn append_message(&self, session_id: &str, message: &Message) -> Result<i64> {
+        let mut inner = self.lock();
+        let r = inner
+            .sessions
+            .iter_mut()
+            .find(|r| r.id == session_id)
+            .ok_or_else(|| missing(session_id))?;
+        r.message_count += 1;
+        let id = inner.messages.len() as i64 + 1;
+        inner.messages.push(StoredMessage {
+            id,
+            session_id: session_id.to_owned(),
+            message: message.clone(),
+            timestamp: talaria_core::unix_now(),
+            token_count: None,
+            active: true,
+        });
+        Ok(id)
+    }
+
+    async fn add_usage(&self, session_id: &str, usage: &Usage) -> Result<()> {
+        let mut inner = self.lock();
+        let r = inner
+            .sessions
+            .iter_mut()
+            .find(|r| r.id == session_id)
+            .ok_or_else(|| missing(session_id))?;
+        r.input_tokens += usage.input_tokens;
+        r.output_tokens += usage.output_tokens;
+        Ok(())
+    }
+
+    async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>> {
+        Ok(self
+            .lock()
+            .messages
+            .iter()
+            .filter(|m| m.session_id == session_id && m.active)
+            .cloned()
+            .collect())
+    }
+
+    async fn message_window(
+        &self,
+        session_id: &str,
+        around_id: i64,
+        before: usize,
+        after: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        let all: Vec<StoredMessage> = self
+            .lock()
+            .messages
+            .iter()
+            .filter(|m| m.session_id == session_id)
+            .cloned()
+            .collect();
+        let at = all.iter().position(|m| m.id == around_id).unwrap_or(0);
+        let start = at.saturating_sub(before);
+        let end = (at + after + 1).min(all.len());
+        Ok(all[start..end].to_vec())
+    }
+
+    async fn replace_active(&self, session_id: &str, replacement: &[Message]) -> Result<()> {
+        {
+            let mut inner = self.lock();
+            for m in inner
+                .messages
+                .iter_mut()
+                .filter(|m| m.session_id == session_id)
+            {
+                m.active = false;
+            }
+        }
+        for message in replacement {
+            self.append_message(session_id, message).await?;
+        }
+        Ok(())
+    }
+
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRecord>> {
+        let mut out: Vec<SessionRecord> = self
+            .lock()
+            .sessions
+            .iter()
+            .filter(|r| filter.source.as_ref().is_none_or(|s| &r.source == s))
+            .cloned()
+            .collect();
+        out.reverse();
+        Ok(out)
+    }
+
+    async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>> {
+        Ok(self
+            .lock()
+            .sessions
+            .iter()
+            .rev()
+            .find(|r| r.source == source)
+            .cloned())
+    }
+
+    async fn search(&self, _query: SearchQuery) -> Result<Vec<SearchHit>> {
+        // A review has no past to search.
+        Ok(Vec::new())
+    }
+}
