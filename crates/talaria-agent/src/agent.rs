@@ -104,6 +104,8 @@ pub struct Agent {
     pub(crate) parts: AgentParts,
     /// Told about every finished turn (the background review); set once.
     turn_hook: std::sync::OnceLock<Arc<dyn TurnHook>>,
+    /// An external memory provider's recall and sync; set once.
+    memory: std::sync::OnceLock<Arc<crate::memory_provider::MemoryManager>>,
 }
 
 /// Something that wants to know when a turn has finished, after its
@@ -119,7 +121,14 @@ impl Agent {
         Agent {
             parts,
             turn_hook: std::sync::OnceLock::new(),
+            memory: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets the manager of the external memory provider; a second call
+    /// changes nothing.
+    pub fn set_memory(&self, memory: Arc<crate::memory_provider::MemoryManager>) {
+        let _ = self.memory.set(memory);
     }
 
     /// Sets the hook told about finished turns; a second call changes
@@ -222,10 +231,20 @@ impl Agent {
             .into_iter()
             .map(|row| row.message)
             .collect();
+        let recall = match self.memory.get() {
+            Some(memory) => memory.recall(user_text, &session.id).await,
+            None => None,
+        };
         let outcome = TurnRun::new(self, session, observer, cancel, history, interaction)
             .with_registry(registry)
+            .with_recall(recall)
             .run(user_text)
             .await?;
+        if let Some(memory) = self.memory.get()
+            && outcome.exit == crate::TurnExit::Completed
+        {
+            memory.sync(user_text, &outcome.answer, &session.id);
+        }
         if let Some(hook) = self.turn_hook.get() {
             hook.turn_finished(session, &outcome);
         }

@@ -21,6 +21,10 @@
 //! - [`process_group`]: killing a child's whole process group on timeout or
 //!   abandonment.
 //! - [`observer`]: the [`TurnObserver`] progress trait.
+//! - [`memory_context`]: the `<memory-context>` fence for recalled memory,
+//!   its sanitizer and the streaming scrubber.
+//! - [`memory_provider`]: the external memory provider trait and the
+//!   manager that holds one and isolates its failures.
 //! - [`interaction`]: the seam to a human (approvals, clarifying questions).
 //! - [`tools`]: the [`tools::Tool`] trait, the registry, and the core tools.
 //!
@@ -36,6 +40,8 @@ pub mod agent;
 pub mod compress;
 pub mod dispatch;
 pub mod interaction;
+pub mod memory_context;
+pub mod memory_provider;
 pub mod observer;
 pub mod process_group;
 pub mod prompt;

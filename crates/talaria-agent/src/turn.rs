@@ -121,6 +121,11 @@ pub(crate) struct TurnRun<'a> {
     tools: Vec<ToolSpec>,
     /// The tools this turn may call (the specs above describe them).
     registry: std::sync::Arc<crate::tools::Registry>,
+    /// Fenced memory recalled for this turn: sent with the user's message,
+    /// never stored.
+    recall: Option<String>,
+    /// The user's message of this turn (where the recall goes).
+    user_text: String,
     /// A damaged transcript is repaired for every request; say so once.
     repair_logged: bool,
     /// Who tools ask for approvals in this turn.
@@ -150,8 +155,16 @@ impl<'a> TurnRun<'a> {
             compressions: 0,
             tools: agent.parts.registry.specs(),
             registry: agent.parts.registry.clone(),
+            recall: None,
+            user_text: String::new(),
             repair_logged: false,
         }
+    }
+
+    /// Sends `recall` (already fenced) with this turn's user message.
+    pub(crate) fn with_recall(mut self, recall: Option<String>) -> TurnRun<'a> {
+        self.recall = recall;
+        self
     }
 
     /// Offers and dispatches `registry`'s tools instead of the agent's.
@@ -173,6 +186,7 @@ impl<'a> TurnRun<'a> {
             self.registry = resolved;
         }
         // Stored before anything can fail, so the request is never lost.
+        self.user_text = crate::memory_context::sanitize(user_text);
         self.persist(Message::user(user_text)).await?;
         let budget = self.agent.parts.config.agent.max_turns.max(1);
         let mut iterations = 0;
@@ -289,7 +303,7 @@ impl<'a> TurnRun<'a> {
 
     fn outcome(&mut self, answer: String, exit: TurnExit) -> TurnOutcome {
         TurnOutcome {
-            answer,
+            answer: crate::memory_context::sanitize(&answer),
             exit,
             new_messages: std::mem::take(&mut self.new_messages),
             api_calls: self.api_calls,
@@ -297,7 +311,12 @@ impl<'a> TurnRun<'a> {
         }
     }
 
-    async fn persist(&mut self, message: Message) -> Result<(), AgentError> {
+    async fn persist(&mut self, mut message: Message) -> Result<(), AgentError> {
+        // Recalled memory is never stored (nor indexed), even when a model
+        // echoes its fence or a user pastes one.
+        if matches!(message.role, Role::User | Role::Assistant) {
+            message.content = crate::memory_context::sanitize(&message.content);
+        }
         self.agent
             .parts
             .store
@@ -339,13 +358,19 @@ impl<'a> TurnRun<'a> {
             let sent = self.messages.len();
             self.api_calls += 1;
             let streamed = Mutex::new(String::new());
+            let scrubber = Mutex::new(crate::memory_context::Scrubber::new());
             let observer = self.observer;
             let sink = |event: StreamEvent| match event {
                 StreamEvent::Text(t) => {
                     if let Ok(mut s) = streamed.lock() {
                         s.push_str(&t);
                     }
-                    observer.text(&t);
+                    // Fenced memory never reaches the screen, however the
+                    // stream is cut.
+                    let shown = scrubber.lock().map(|mut s| s.feed(&t)).unwrap_or_default();
+                    if !shown.is_empty() {
+                        observer.text(&shown);
+                    }
                 }
                 StreamEvent::Reasoning(r) => observer.reasoning(&r),
                 StreamEvent::ToolCallStarted { .. } => {}
@@ -355,12 +380,23 @@ impl<'a> TurnRun<'a> {
                     if let Ok(mut s) = streamed.lock() {
                         s.clear();
                     }
+                    if let Ok(mut s) = scrubber.lock() {
+                        *s = crate::memory_context::Scrubber::new();
+                    }
                     observer.text_restarted();
                     observer.notice("(the model connection dropped; the answer restarts below)");
                 }
             };
             let result = self.chat(&request, &sink).await;
+            let held = scrubber
+                .into_inner()
+                .map(|mut s| s.finish())
+                .unwrap_or_default();
+            if !held.is_empty() {
+                observer.text(&held);
+            }
             let partial = streamed.into_inner().unwrap_or_else(|e| e.into_inner());
+            let partial = crate::memory_context::sanitize(&partial);
             match result {
                 Ok(response) => {
                     self.record_usage(&response.usage).await?;
@@ -452,6 +488,14 @@ impl<'a> TurnRun<'a> {
         let mut messages = Vec::with_capacity(history.len() + 2);
         messages.push(Message::system(self.session.system_prompt()));
         messages.extend(history);
+        if let Some(recall) = &self.recall
+            && let Some(own) = messages
+                .iter_mut()
+                .rev()
+                .find(|m| m.role == Role::User && m.content == self.user_text)
+        {
+            own.content = format!("{recall}\n\n{}", own.content);
+        }
         if let Some(text) = nudge {
             messages.push(Message::user(text));
         }

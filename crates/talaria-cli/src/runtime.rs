@@ -125,6 +125,24 @@ impl Runtime {
             redactor: self.redactor.clone(),
             workdir,
         });
+        if let Some(name) = &self.config.memory.provider {
+            let provider: Arc<dyn talaria_agent::memory_provider::MemoryProvider> =
+                match name.as_str() {
+                    "mem0" => Arc::new(
+                        talaria_learning::mem0::Mem0::from_config(
+                            &self.config.memory.mem0,
+                            &self.loaded.env,
+                        )
+                        .map_err(anyhow::Error::msg)?,
+                    ),
+                    other => anyhow::bail!("memory.provider `{other}` is not one Talaria knows"),
+                };
+            let memory = Arc::new(talaria_agent::memory_provider::MemoryManager::new(
+                std::time::Duration::from_millis(self.config.memory.prefetch_timeout_ms),
+            ));
+            memory.add(provider).map_err(anyhow::Error::msg)?;
+            agent.set_memory(memory);
+        }
         Ok((agent, client))
     }
 

@@ -259,6 +259,37 @@ pub struct MemoryConfig {
     pub user_char_limit: usize,
     /// User turns between two background memory reviews; 0 turns them off.
     pub nudge_interval: u32,
+    /// The external memory provider, if any (`mem0`).
+    pub provider: Option<String>,
+    /// Milliseconds a provider's recall may take before the turn goes on
+    /// without it.
+    pub prefetch_timeout_ms: u64,
+    /// The mem0-compatible service, for `provider: mem0`.
+    pub mem0: Mem0Config,
+}
+
+/// `memory.mem0:`: a mem0-compatible memory service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Mem0Config {
+    pub base_url: String,
+    /// Whose memories: one user per Talaria home.
+    pub user_id: String,
+    /// Or `MEM0_API_KEY`.
+    pub api_key: Option<Secret>,
+    /// Memories recalled per turn.
+    pub limit: u32,
+}
+
+impl Default for Mem0Config {
+    fn default() -> Mem0Config {
+        Mem0Config {
+            base_url: "https://api.mem0.ai".into(),
+            user_id: "talaria".into(),
+            api_key: None,
+            limit: 5,
+        }
+    }
 }
 
 impl Default for MemoryConfig {
@@ -266,6 +297,9 @@ impl Default for MemoryConfig {
         MemoryConfig {
             enabled: true,
             nudge_interval: 10,
+            provider: None,
+            prefetch_timeout_ms: 1500,
+            mem0: Mem0Config::default(),
             memory_char_limit: 2200,
             user_char_limit: 1375,
         }
@@ -1068,6 +1102,21 @@ impl Config {
                 "expected more days than curator.stale_after_days",
             ));
         }
+        match self.memory.provider.as_deref() {
+            None | Some("mem0") => {}
+            Some(other) => {
+                return Err(invalid(
+                    "memory.provider",
+                    &format!("`{other}` is not a memory provider Talaria knows (mem0)"),
+                ));
+            }
+        }
+        if !url_ok(&self.memory.mem0.base_url) {
+            return Err(invalid(
+                "memory.mem0.base_url",
+                "expected an http:// or https:// URL",
+            ));
+        }
         if let Err(e) = self.cron.zone() {
             return Err(invalid("cron.timezone", &e));
         }
@@ -1184,6 +1233,7 @@ impl Config {
                     .iter()
                     .filter_map(|f| f.api_key.as_ref()),
             )
+            .chain(self.memory.mem0.api_key.iter())
             .map(|s| s.expose().to_owned())
             .collect();
         // Literal MCP credentials: header values, and env values whose name

@@ -11,6 +11,7 @@
 //! - [`review`]: the background review that distils conversations into
 //!   memory and skills after the answer is out, never delaying it.
 //! - [`scratch`]: an in-memory session store for reviews.
+//! - [`mem0`]: an external memory provider for mem0-compatible services.
 //! - [`curator`]: agent-written skills that go unused turn stale, then
 //!   are archived (restorable), on an injected clock.
 //!
@@ -24,6 +25,7 @@
 
 pub mod curator;
 pub mod invoke;
+pub mod mem0;
 pub mod review;
 pub mod scratch;
 pub mod skills;
