@@ -91,6 +91,15 @@ pub enum SkillsCommand {
     Restore {
         name: String,
     },
+    /// Changes to skills and memory by the agent and its reviews, oldest
+    /// first (all, or one skill's).
+    History {
+        name: Option<String>,
+    },
+    /// Undo the latest change the agent made to a skill.
+    Rollback {
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -108,6 +108,12 @@ impl Runtime {
         for tool in talaria_learning::skill_tools(self.skills.clone()) {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }
+        if self.config.memory.enabled {
+            // Memory writes go into the learning log too.
+            registry.replace(Arc::new(talaria_learning::log::LoggedMemory::new(
+                &self.home, "agent",
+            )));
+        }
         for tool in extra {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }

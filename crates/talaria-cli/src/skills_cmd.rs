@@ -74,6 +74,42 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
         SkillsCommand::Restore { name } => curator::restore(&lib, &name, Utc::now())
             .map(|dir| format!("restored {name} to {}", dir.display()))
             .map_err(|e| e.to_string()),
+        SkillsCommand::History { name } => {
+            let wanted = name.map(|n| format!("skill:{n}"));
+            let lines: Vec<String> = lib
+                .log()
+                .entries()
+                .into_iter()
+                .filter(|e| {
+                    wanted
+                        .as_ref()
+                        .is_none_or(|w| e.target == *w || e.target.starts_with(&format!("{w}/")))
+                })
+                .map(|e| {
+                    let short = |h: &Option<String>| {
+                        h.as_deref()
+                            .map_or("-".to_owned(), |h| h[..12.min(h.len())].to_owned())
+                    };
+                    format!(
+                        "{}  {:<7} {:<11} {:<32} {} -> {}",
+                        e.at.format("%Y-%m-%d %H:%M"),
+                        e.actor,
+                        e.action,
+                        e.target,
+                        short(&e.before),
+                        short(&e.after)
+                    )
+                })
+                .collect();
+            Ok(if lines.is_empty() {
+                "no changes recorded yet".to_owned()
+            } else {
+                lines.join("\n")
+            })
+        }
+        SkillsCommand::Rollback { name } => {
+            talaria_learning::log::rollback_skill(&lib, &name).map_err(|e| e.to_string())
+        }
     };
     match result {
         Ok(text) => {

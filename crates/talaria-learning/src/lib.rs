@@ -12,6 +12,8 @@
 //!   memory and skills after the answer is out, never delaying it.
 //! - [`scratch`]: an in-memory session store for reviews.
 //! - [`mem0`]: an external memory provider for mem0-compatible services.
+//! - [`log`]: the append-only learning log of every change to skills and
+//!   memory, with contents kept by hash for rollback.
 //! - [`curator`]: agent-written skills that go unused turn stale, then
 //!   are archived (restorable), on an injected clock.
 //!
@@ -25,6 +27,7 @@
 
 pub mod curator;
 pub mod invoke;
+pub mod log;
 pub mod mem0;
 pub mod review;
 pub mod scratch;

@@ -242,7 +242,8 @@ fn review_agent(p: &ReviewParts) -> Agent {
     let config = Arc::new(config);
     let mut registry = Registry::new();
     if config.memory.enabled
-        && let Err(e) = registry.register(Arc::new(talaria_agent::tools::memory::MemoryTool))
+        && let Err(e) =
+            registry.register(Arc::new(crate::log::LoggedMemory::new(&p.home, "review")))
     {
         tracing::error!("{e}");
     }

@@ -259,6 +259,15 @@ impl Tool for SkillManage {
                 guard_review_write(&library, viewed, &name, &action, &args)?;
             }
             let by = review.as_ref().map(|_| "agent");
+            let actor = if review.is_some() { "review" } else { "agent" };
+            // The file this action changes, read before and after for the
+            // learning log.
+            let file = match action.as_str() {
+                "patch" | "write_file" | "remove_file" => text_arg(&args, "file_path")?,
+                _ => None,
+            };
+            let known = library.file_of(&name, file);
+            let before = known.as_ref().and_then(|p| std::fs::read(p).ok());
             let message = match action.as_str() {
                 "create" => {
                     let content = required(&args, "content", "create")?;
@@ -311,6 +320,22 @@ impl Tool for SkillManage {
                     )));
                 }
             };
+            // After a delete the skill is gone: log where it was.
+            if let Some(path) = library.file_of(&name, file).or(known) {
+                let after = std::fs::read(&path).ok();
+                let target = match file {
+                    Some(f) if f != "SKILL.md" => format!("skill:{name}/{f}"),
+                    _ => format!("skill:{name}"),
+                };
+                library.log().record(
+                    actor,
+                    &action,
+                    &target,
+                    &path,
+                    before.as_deref(),
+                    after.as_deref(),
+                );
+            }
             Ok(json!({"success": true, "message": message}).to_string())
         })
         .await

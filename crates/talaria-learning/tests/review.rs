@@ -192,6 +192,22 @@ async fn a_review_after_the_answer_saves_a_skill_and_a_memory_entry() {
         "{}",
         lines[0].1
     );
+    // Both writes are in the learning log, as the review's.
+    let logged: Vec<(String, String)> = rig
+        .library
+        .log()
+        .entries()
+        .into_iter()
+        .map(|e| (e.actor, e.target))
+        .collect();
+    assert!(
+        logged.contains(&("review".into(), "memory:USER.md".into())),
+        "{logged:?}"
+    );
+    assert!(
+        logged.contains(&("review".into(), "skill:blue-green-deploy".into())),
+        "{logged:?}"
+    );
     // Nothing of the review is in the database.
     let sessions = rig
         .store

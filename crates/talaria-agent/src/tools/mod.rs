@@ -164,6 +164,12 @@ impl Registry {
         Ok(())
     }
 
+    /// Puts `tool` in place of the tool of the same name (or adds it): a
+    /// front end wrapping a core tool (the learning log wraps `memory`).
+    pub fn replace(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.insert(tool.name().to_owned(), tool);
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.tools.get(name)
     }

@@ -147,6 +147,7 @@ type Manifest = Vec<(PathBuf, Option<std::time::SystemTime>, u64)>;
 pub struct Library {
     root: PathBuf,
     usage: Usage,
+    log: crate::log::LearningLog,
     /// The prompt index and the state of the files it was built from.
     index: Mutex<Option<(Manifest, String)>>,
 }
@@ -156,6 +157,7 @@ impl Library {
         let root = home.skills_dir();
         Library {
             usage: Usage::new(&root),
+            log: crate::log::LearningLog::new(home),
             root,
             index: Mutex::new(None),
         }
@@ -168,6 +170,22 @@ impl Library {
 
     pub fn usage(&self) -> &Usage {
         &self.usage
+    }
+
+    /// The learning log changes are recorded in.
+    pub fn log(&self) -> &crate::log::LearningLog {
+        &self.log
+    }
+
+    /// The file a write to `name` touches: its SKILL.md, or `file` (a
+    /// support file) in its folder. `None` for a skill not (yet) the
+    /// user's.
+    pub fn file_of(&self, name: &str, file: Option<&str>) -> Option<PathBuf> {
+        let dir = self.find(name)?.dir?;
+        Some(match file {
+            None | Some("SKILL.md") => dir.join("SKILL.md"),
+            Some(rel) => dir.join(check_support_path(rel).ok()?),
+        })
     }
 
     /// Every skill, user skills first winning name clashes, sorted by

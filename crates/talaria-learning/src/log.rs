@@ -1,0 +1,281 @@
+//! The learning log: an append-only record of every change the agent (or
+//! its background review, or you) made to skills and memory, with the
+//! content before and after kept by hash, so any change can be inspected
+//! and undone (`talaria skills history`, `talaria skills rollback`).
+//!
+//! `$TALARIA_HOME/learning/log.jsonl` holds one JSON object per change;
+//! `learning/blobs/<sha256>` holds each distinct content once. Appends take
+//! an exclusive lock, so concurrent writers never interleave a line.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use talaria_core::Home;
+
+/// One change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub at: DateTime<Utc>,
+    /// `agent`, `review`, `user` or `curator`.
+    pub actor: String,
+    /// `create`, `edit`, `patch`, `delete`, `write_file`, `remove_file`,
+    /// `memory`, `rollback`, ...
+    pub action: String,
+    /// `skill:<name>`, `skill:<name>/<file>` or `memory:<FILE>.md`.
+    pub target: String,
+    /// Where the content lives, relative to the home.
+    pub path: String,
+    /// Hash of the content before (`None`: it did not exist).
+    pub before: Option<String>,
+    /// Hash of the content after (`None`: it no longer exists).
+    pub after: Option<String>,
+}
+
+/// The log of one home.
+#[derive(Debug, Clone)]
+pub struct LearningLog {
+    root: PathBuf,
+    home: PathBuf,
+}
+
+impl LearningLog {
+    pub fn new(home: &Home) -> LearningLog {
+        LearningLog {
+            root: home.root().join("learning"),
+            home: home.root().to_path_buf(),
+        }
+    }
+
+    /// Records a change of the file at `path`, whose content was `before`
+    /// and is now `after`. Nothing is recorded when nothing changed. A
+    /// failure is logged: the log never stops a write.
+    pub fn record(
+        &self,
+        actor: &str,
+        action: &str,
+        target: &str,
+        path: &Path,
+        before: Option<&[u8]>,
+        after: Option<&[u8]>,
+    ) {
+        if before == after {
+            return;
+        }
+        if let Err(e) = self.try_record(actor, action, target, path, before, after) {
+            tracing::warn!(error = %e, "could not write the learning log");
+        }
+    }
+
+    fn try_record(
+        &self,
+        actor: &str,
+        action: &str,
+        target: &str,
+        path: &Path,
+        before: Option<&[u8]>,
+        after: Option<&[u8]>,
+    ) -> std::io::Result<()> {
+        let entry = Entry {
+            at: Utc::now(),
+            actor: actor.to_owned(),
+            action: action.to_owned(),
+            target: target.to_owned(),
+            path: path
+                .strip_prefix(&self.home)
+                .unwrap_or(path)
+                .display()
+                .to_string(),
+            before: before.map(|b| self.store_blob(b)).transpose()?,
+            after: after.map(|b| self.store_blob(b)).transpose()?,
+        };
+        let mut line = serde_json::to_vec(&entry).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        std::fs::create_dir_all(&self.root)?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join("log.jsonl"))?;
+        fs4::fs_std::FileExt::lock_exclusive(&file)?;
+        file.write_all(&line)?;
+        file.sync_data()
+    }
+
+    /// Stores `content` under its hash; returns the hash.
+    fn store_blob(&self, content: &[u8]) -> std::io::Result<String> {
+        let hash: String = Sha256::digest(content)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let dir = self.root.join("blobs");
+        let path = dir.join(&hash);
+        if !path.exists() {
+            std::fs::create_dir_all(&dir)?;
+            let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
+            tmp.write_all(content)?;
+            tmp.persist(&path).map_err(|e| e.error)?;
+        }
+        Ok(hash)
+    }
+
+    /// A stored content by hash.
+    pub fn blob(&self, hash: &str) -> Option<Vec<u8>> {
+        if hash.len() != 64 || !hash.chars().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        std::fs::read(self.root.join("blobs").join(hash)).ok()
+    }
+
+    /// Every entry, oldest first; unreadable lines are skipped.
+    pub fn entries(&self) -> Vec<Entry> {
+        std::fs::read_to_string(self.root.join("log.jsonl"))
+            .map(|text| {
+                text.lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The home the paths are relative to.
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+}
+
+/// Undoes the latest change the agent or its review made to skill
+/// `name`'s SKILL.md: puts back the content before it (or removes a skill
+/// it created). The undo is logged too, as `user`. Returns what was done.
+pub fn rollback_skill(
+    library: &crate::skills::Library,
+    name: &str,
+) -> Result<String, crate::skills::SkillError> {
+    use crate::skills::SkillError;
+    let log = library.log();
+    let target = format!("skill:{name}");
+    let entry = log
+        .entries()
+        .into_iter()
+        .rev()
+        .find(|e| e.target == target && (e.actor == "agent" || e.actor == "review"))
+        .ok_or_else(|| {
+            SkillError(format!(
+                "the learning log has no change by the agent to `{name}`"
+            ))
+        })?;
+    let path = log.home().join(&entry.path);
+    let current = std::fs::read(&path).ok();
+    let message = match &entry.before {
+        None => {
+            let dir = path
+                .parent()
+                .ok_or_else(|| SkillError("the logged path has no folder".into()))?;
+            if dir.exists() {
+                std::fs::remove_dir_all(dir)
+                    .map_err(|e| SkillError(format!("cannot remove {}: {e}", dir.display())))?;
+            }
+            library.usage().forget(name);
+            format!("removed `{name}`, which the agent had created")
+        }
+        Some(hash) => {
+            let content = log.blob(hash).ok_or_else(|| {
+                SkillError(format!(
+                    "the content before is missing from the log ({hash})"
+                ))
+            })?;
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| SkillError(format!("cannot create {}: {e}", dir.display())))?;
+            }
+            std::fs::write(&path, &content)
+                .map_err(|e| SkillError(format!("cannot write {}: {e}", path.display())))?;
+            format!(
+                "restored `{name}` to before the {} by the {} at {}",
+                entry.action,
+                entry.actor,
+                entry.at.format("%Y-%m-%d %H:%M UTC")
+            )
+        }
+    };
+    let after = std::fs::read(&path).ok();
+    log.record(
+        "user",
+        "rollback",
+        &target,
+        &path,
+        current.as_deref(),
+        after.as_deref(),
+    );
+    library.invalidate();
+    Ok(message)
+}
+
+/// The `memory` tool with every change to MEMORY.md and USER.md recorded in
+/// the learning log.
+pub struct LoggedMemory {
+    inner: std::sync::Arc<dyn talaria_agent::tools::Tool>,
+    log: LearningLog,
+    files: Vec<(String, PathBuf)>,
+    actor: &'static str,
+}
+
+impl LoggedMemory {
+    /// Wraps the core memory tool for `actor` (`agent`, `review`).
+    pub fn new(home: &Home, actor: &'static str) -> LoggedMemory {
+        let dir = home.memories_dir();
+        LoggedMemory {
+            inner: std::sync::Arc::new(talaria_agent::tools::memory::MemoryTool),
+            log: LearningLog::new(home),
+            files: ["MEMORY.md", "USER.md"]
+                .iter()
+                .map(|f| ((*f).to_owned(), dir.join(f)))
+                .collect(),
+            actor,
+        }
+    }
+
+    fn contents(&self) -> Vec<Option<Vec<u8>>> {
+        self.files
+            .iter()
+            .map(|(_, p)| std::fs::read(p).ok())
+            .collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl talaria_agent::tools::Tool for LoggedMemory {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn description(&self) -> &str {
+        self.inner.description()
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        self.inner.parameters()
+    }
+
+    async fn call(
+        &self,
+        args: serde_json::Value,
+        ctx: &talaria_agent::tools::ToolContext,
+    ) -> talaria_agent::tools::ToolResult {
+        let before = self.contents();
+        let result = self.inner.call(args, ctx).await;
+        let after = self.contents();
+        for (i, (name, path)) in self.files.iter().enumerate() {
+            self.log.record(
+                self.actor,
+                "memory",
+                &format!("memory:{name}"),
+                path,
+                before[i].as_deref(),
+                after[i].as_deref(),
+            );
+        }
+        result
+    }
+}

@@ -1,0 +1,120 @@
+//! The learning log through real turns: the agent's skill and memory
+//! writes are recorded with their contents, and a skill change can be
+//! rolled back.
+
+use std::sync::Arc;
+
+use talaria_agent::interaction::NoHuman;
+use talaria_agent::tools::Registry;
+use talaria_agent::{Agent, AgentParts, NullObserver};
+use talaria_core::{Config, Endpoint, Home, ProviderKind, Redactor};
+use talaria_learning::log::{LoggedMemory, rollback_skill};
+use talaria_learning::skill_tools;
+use talaria_learning::skills::Library;
+use talaria_store::SqliteStore;
+use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
+use tokio_util::sync::CancellationToken;
+
+fn call(id: &str, tool: &str, args: serde_json::Value) -> ToolCallReply {
+    ToolCallReply::new(id, tool, args.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_logged_with_their_contents_and_a_skill_change_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = Home::at(dir.path().join("home"));
+    home.ensure().unwrap();
+    let llm = MockOpenAi::start().await;
+    let mut config = Config::default();
+    config.model.default = Some("test-model".into());
+    config.model.base_url = Some(llm.base_url());
+    config.agent.api_max_retries = 0;
+    let config = Arc::new(config);
+    let endpoint = Endpoint {
+        provider: ProviderKind::Custom,
+        model: "test-model".into(),
+        base_url: llm.base_url(),
+        api_key: None,
+    };
+    let library = Arc::new(Library::new(&home));
+    let mut registry = Registry::with_core_tools(&config);
+    for tool in skill_tools(library.clone()) {
+        registry.register(tool).unwrap();
+    }
+    registry.replace(Arc::new(LoggedMemory::new(&home, "agent")));
+    let agent = Agent::new(AgentParts {
+        config: config.clone(),
+        home: home.clone(),
+        provider: talaria_llm::provider_for(&endpoint, &config.agent),
+        store: Arc::new(SqliteStore::open(&home.state_db()).unwrap()),
+        registry: Arc::new(registry),
+        interaction: Arc::new(NoHuman),
+        redactor: Redactor::default(),
+        workdir: dir.path().to_path_buf(),
+    });
+    let session = agent.new_session("cli").await.unwrap();
+    let skill = "---\nname: backup\ndescription: Back up the database.\n---\n1. pg_dump nightly.\n";
+    llm.push(Reply::tool_calls(vec![call(
+        "c",
+        "skill_manage",
+        serde_json::json!({"action": "create", "name": "backup", "content": skill}),
+    )]));
+    llm.push(Reply::tool_calls(vec![call(
+        "p",
+        "skill_manage",
+        serde_json::json!({"action": "patch", "name": "backup", "old_string": "nightly", "new_string": "hourly"}),
+    )]));
+    llm.push(Reply::tool_calls(vec![call(
+        "m",
+        "memory",
+        serde_json::json!({"action": "add", "target": "memory", "content": "Backups run from the db host."}),
+    )]));
+    llm.push(Reply::text("Done."));
+    agent
+        .run_turn(
+            &session,
+            "set up backups",
+            &NullObserver,
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+
+    let log = library.log();
+    let entries = log.entries();
+    let summary: Vec<(String, String, String)> = entries
+        .iter()
+        .map(|e| (e.actor.clone(), e.action.clone(), e.target.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("agent".into(), "create".into(), "skill:backup".into()),
+            ("agent".into(), "patch".into(), "skill:backup".into()),
+            ("agent".into(), "memory".into(), "memory:MEMORY.md".into()),
+        ]
+    );
+    assert_eq!(entries[0].before, None);
+    let created = log.blob(entries[0].after.as_ref().unwrap()).unwrap();
+    assert_eq!(String::from_utf8(created).unwrap(), skill);
+    assert_eq!(entries[1].before, entries[0].after);
+    let memory = log.blob(entries[2].after.as_ref().unwrap()).unwrap();
+    assert!(String::from_utf8(memory).unwrap().contains("db host"));
+
+    // Undo the patch: back to nightly, and the undo is logged as yours.
+    let said = rollback_skill(&library, "backup").unwrap();
+    assert!(said.contains("before the patch"), "{said}");
+    assert!(
+        library
+            .read("backup")
+            .unwrap()
+            .text
+            .contains("pg_dump nightly")
+    );
+    let last = log.entries().pop().unwrap();
+    assert_eq!(
+        (last.actor.as_str(), last.action.as_str()),
+        ("user", "rollback")
+    );
+    assert!(rollback_skill(&library, "nothing-here").is_err());
+}
