@@ -56,6 +56,11 @@ pub enum Command {
         #[command(subcommand)]
         command: CronCommand,
     },
+    /// What the agent has learned.
+    Learn {
+        #[command(subcommand)]
+        command: LearnCommand,
+    },
     /// Skills: list, read, pin, archive and restore them.
     Skills {
         #[command(subcommand)]
@@ -66,6 +71,26 @@ pub enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LearnCommand {
+    /// The learning graph: learned skills and memory cards, and their links.
+    Graph {
+        /// json, dot, or html (one self-contained page to open in a browser).
+        #[arg(long, value_enum, default_value_t = GraphFormat::Json)]
+        format: GraphFormat,
+        /// Write here instead of standard output.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum GraphFormat {
+    Json,
+    Dot,
+    Html,
 }
 
 #[derive(Debug, Subcommand)]

@@ -58,6 +58,8 @@ enum Action {
     Help,
     Version,
     ReloadMcp,
+    Skills,
+    Learn,
     Exit,
 }
 
@@ -79,6 +81,8 @@ fn action(name: &str) -> Option<Action> {
         "help" => Action::Help,
         "version" => Action::Version,
         "reload-mcp" => Action::ReloadMcp,
+        "skills" => Action::Skills,
+        "learn" => Action::Learn,
         "exit" => Action::Exit,
         _ => return None,
     })
@@ -263,6 +267,15 @@ impl<'a> Commands<'a> {
             Action::Help => help(),
             Action::Version => format!("Talaria {}", env!("CARGO_PKG_VERSION")),
             Action::ReloadMcp => self.agent.parts().registry.reload_sources().await,
+            Action::Skills => talaria_learning::invoke::listing(&self.rt.skills),
+            Action::Learn if args.trim().is_empty() => {
+                "Usage: /learn <topic>, for example /learn rotating nginx logs".to_owned()
+            }
+            Action::Learn => {
+                return Ok(Step::Go(Outcome::RunTurn(
+                    talaria_learning::invoke::learn_prompt(args.trim()),
+                )));
+            }
         };
         Ok(Step::Say(text))
     }

@@ -148,3 +148,32 @@ pub async fn curate_at_start(rt: &Runtime) {
         _ => {}
     }
 }
+
+/// `talaria learn graph`.
+pub async fn graph(
+    rt: &Runtime,
+    format: crate::cli::GraphFormat,
+    output: Option<std::path::PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    use crate::cli::GraphFormat;
+    let g = talaria_learning::graph::build(&rt.skills, &rt.home);
+    let text = match format {
+        GraphFormat::Json => serde_json::to_string_pretty(&g)?,
+        GraphFormat::Dot => talaria_learning::graph::to_dot(&g),
+        GraphFormat::Html => talaria_learning::graph::to_html(&g),
+    };
+    match output {
+        Some(path) => {
+            std::fs::write(&path, text)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            eprintln!(
+                "wrote {} ({} learned skills, {} memory cards)",
+                path.display(),
+                g.stats.learned_skills,
+                g.stats.memory_nodes
+            );
+        }
+        None => println!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -260,6 +260,22 @@ pub static COMMANDS: &[CommandDef] = &[
         Allowed,
     ),
     def(
+        "skills",
+        &[],
+        "",
+        "List the skills (yours and the bundled ones)",
+        Both,
+        Allowed,
+    ),
+    def(
+        "learn",
+        &[],
+        "<topic>",
+        "Have the agent research a topic and write it down as a skill",
+        Both,
+        Refused,
+    ),
+    def(
         "reload-mcp",
         &[],
         "",

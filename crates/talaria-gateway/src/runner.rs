@@ -709,6 +709,29 @@ impl Runner {
             "sethome" => Some(self.cmd_sethome(event)),
             "version" => Some(format!("Talaria {}", env!("CARGO_PKG_VERSION"))),
             "reload-mcp" => Some(self.inner.agent.parts().registry.reload_sources().await),
+            "skills" => {
+                let home = inner.home.clone();
+                tokio::task::spawn_blocking(move || {
+                    talaria_learning::invoke::listing(&talaria_learning::Library::new(&home))
+                })
+                .await
+                .ok()
+            }
+            "learn" if args.trim().is_empty() => {
+                Some("Usage: /learn <topic>, for example /learn rotating nginx logs".to_owned())
+            }
+            "learn" => {
+                let mut turn = event.clone();
+                turn.text = talaria_learning::invoke::learn_prompt(args.trim());
+                self.submit(
+                    key.clone(),
+                    Queued {
+                        event: turn,
+                        mergeable: false,
+                    },
+                );
+                None
+            }
             other => Some(format!(
                 "/{other} is not available in chat. Type /help to see what is."
             )),

@@ -344,6 +344,19 @@ async fn a_skill_name_as_a_command_loads_the_skill_for_the_turn() {
     assert!(asked.contains("\"system-health\" skill"), "{asked}");
     assert!(asked.contains("df -hP"), "{asked}");
     assert!(asked.ends_with("only the disks"), "{asked}");
+
+    // /skills lists them without the model; /learn starts a turn that
+    // asks for a new skill.
+    rig.tg.push_private_text(42, "/skills");
+    let sent = wait_for_text(&rig, "/systematic-debugging").await;
+    let listing = sent.last().unwrap().rendered();
+    assert!(listing.contains("/learn"), "{listing}");
+    rig.llm.push(Reply::text("Learned it."));
+    rig.tg.push_private_text(42, "/learn rotating nginx logs");
+    wait_for_text(&rig, "Learned it.").await;
+    let asked = rig.user_messages(1).last().unwrap().clone();
+    assert!(asked.contains("learn a skill: rotating nginx logs"), "{asked}");
+    assert_eq!(rig.llm.requests().len(), 2, "/skills made no model call");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
