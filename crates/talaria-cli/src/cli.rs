@@ -56,6 +56,11 @@ pub enum Command {
         #[command(subcommand)]
         command: CronCommand,
     },
+    /// The agent's memory files (MEMORY.md: its notes; USER.md: about you).
+    Memory {
+        #[command(subcommand)]
+        command: MemoryCommand,
+    },
     /// What the agent has learned.
     Learn {
         #[command(subcommand)]
@@ -71,6 +76,23 @@ pub enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MemoryCommand {
+    /// Print both memory files, entry by entry.
+    Show,
+    /// Open one in $EDITOR (`memory`, the default, or `user`).
+    Edit {
+        #[arg(value_enum, default_value_t = MemoryFile::Memory)]
+        file: MemoryFile,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum MemoryFile {
+    Memory,
+    User,
 }
 
 #[derive(Debug, Subcommand)]

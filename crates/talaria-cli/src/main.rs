@@ -118,6 +118,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Send { target, text } => send_cmd::run(home, &target, &text).await,
         Command::Cron { command } => cron_cmd::run(home, command).await,
         Command::Mcp { command } => mcp_cmd::run(home, command).await,
+        Command::Memory { command } => {
+            let rt = runtime::Runtime::load_without_model(home).await?;
+            skills_cmd::memory(&rt, command).await
+        }
         Command::Learn {
             command: cli::LearnCommand::Graph { format, output },
         } => {

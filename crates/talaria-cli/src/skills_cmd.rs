@@ -177,3 +177,63 @@ pub async fn graph(
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `talaria memory show | edit`.
+pub async fn memory(rt: &Runtime, command: crate::cli::MemoryCommand) -> anyhow::Result<ExitCode> {
+    use crate::cli::{MemoryCommand, MemoryFile};
+    let dir = rt.home.memories_dir();
+    match command {
+        MemoryCommand::Show => {
+            for (file, title) in [("MEMORY.md", "Agent's notes"), ("USER.md", "About you")] {
+                let path = dir.join(file);
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let entries: Vec<&str> = text
+                    .split(talaria_agent::tools::memory::ENTRY_DELIMITER)
+                    .map(str::trim)
+                    .filter(|e| !e.is_empty())
+                    .collect();
+                println!("{title} ({}, {} entries):", path.display(), entries.len());
+                for entry in entries {
+                    println!("  - {}", entry.replace('\n', "\n    "));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        MemoryCommand::Edit { file } => {
+            let name = match file {
+                MemoryFile::Memory => "MEMORY.md",
+                MemoryFile::User => "USER.md",
+            };
+            std::fs::create_dir_all(&dir)?;
+            let path = dir.join(name);
+            if !path.exists() {
+                std::fs::write(&path, "")?;
+            }
+            let before = std::fs::read(&path).ok();
+            let editor = std::env::var("VISUAL")
+                .or_else(|_| std::env::var("EDITOR"))
+                .unwrap_or_else(|_| "vi".into());
+            let status = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("{editor} \"$1\""))
+                .arg("sh")
+                .arg(&path)
+                .status()
+                .map_err(|e| anyhow::anyhow!("cannot start the editor `{editor}`: {e}"))?;
+            if !status.success() {
+                anyhow::bail!("the editor `{editor}` failed ({status})");
+            }
+            let after = std::fs::read(&path).ok();
+            rt.skills.log().record(
+                "user",
+                "memory",
+                &format!("memory:{name}"),
+                &path,
+                before.as_deref(),
+                after.as_deref(),
+            );
+            println!("saved {}; new sessions will see it", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -296,3 +296,47 @@ async fn skills_are_listed_shown_pinned_archived_and_restored() {
     assert!(!missing.status.success());
     assert!(text(&missing.stderr).contains("no skill named"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_is_shown_and_edited_with_the_edit_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    write_config(&home, "http://127.0.0.1:9", "");
+    std::fs::create_dir_all(home.join("memories")).unwrap();
+    std::fs::write(
+        home.join("memories/MEMORY.md"),
+        "The build runs on the ci host.\n§\nDeploys need a ticket.",
+    )
+    .unwrap();
+    let show = talaria(&home, &["memory", "show"]).await;
+    let shown = text(&show.stdout);
+    assert!(
+        shown.contains("2 entries") && shown.contains("- Deploys need a ticket."),
+        "{shown}"
+    );
+
+    // An "editor" that appends a line, as a person would.
+    let editor = dir.path().join("editor.sh");
+    std::fs::write(&editor, "#!/bin/sh\nprintf 'Prefers tabs.' >> \"$1\"\n").unwrap();
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let edit = tokio::process::Command::new(env!("CARGO_BIN_EXE_talaria"))
+        .arg("--home")
+        .arg(&home)
+        .args(["memory", "edit", "user"])
+        .env("VISUAL", &editor)
+        .env_remove("TALARIA_HOME")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(edit.status.success(), "{}", text(&edit.stderr));
+    assert_eq!(
+        std::fs::read_to_string(home.join("memories/USER.md")).unwrap(),
+        "Prefers tabs."
+    );
+    let log = std::fs::read_to_string(home.join("learning/log.jsonl")).unwrap();
+    assert!(
+        log.contains("\"actor\":\"user\"") && log.contains("memory:USER.md"),
+        "{log}"
+    );
+}

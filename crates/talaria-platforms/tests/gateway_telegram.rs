@@ -355,7 +355,10 @@ async fn a_skill_name_as_a_command_loads_the_skill_for_the_turn() {
     rig.tg.push_private_text(42, "/learn rotating nginx logs");
     wait_for_text(&rig, "Learned it.").await;
     let asked = rig.user_messages(1).last().unwrap().clone();
-    assert!(asked.contains("learn a skill: rotating nginx logs"), "{asked}");
+    assert!(
+        asked.contains("learn a skill: rotating nginx logs"),
+        "{asked}"
+    );
     assert_eq!(rig.llm.requests().len(), 2, "/skills made no model call");
 }
 
