@@ -125,6 +125,11 @@ impl Agent {
         }
     }
 
+    /// The manager of the external memory provider, if one is set.
+    pub fn memory(&self) -> Option<&Arc<crate::memory_provider::MemoryManager>> {
+        self.memory.get()
+    }
+
     /// Sets the manager of the external memory provider; a second call
     /// changes nothing.
     pub fn set_memory(&self, memory: Arc<crate::memory_provider::MemoryManager>) {
@@ -332,7 +337,13 @@ impl Agent {
         let config = self.parts.config.clone();
         let registry = self.parts.registry.clone();
         let workdir = self.parts.workdir.clone();
-        tokio::task::spawn_blocking(move || {
+        let provider_block = self
+            .memory
+            .get()
+            .and_then(|m| m.provider())
+            .and_then(|p| p.system_prompt_block())
+            .filter(|b| !b.trim().is_empty());
+        let prompt = tokio::task::spawn_blocking(move || {
             build_system_prompt(&PromptInputs {
                 home: &home,
                 config: &config,
@@ -342,7 +353,12 @@ impl Agent {
             })
         })
         .await
-        .map_err(|e| AgentError::Prompt(e.to_string()))
+        .map_err(|e| AgentError::Prompt(e.to_string()))?;
+        // The external memory provider's own words close the prompt.
+        Ok(match provider_block {
+            Some(block) => format!("{prompt}\n\n{}", block.trim()),
+            None => prompt,
+        })
     }
 }
 

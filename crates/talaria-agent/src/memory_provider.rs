@@ -86,6 +86,40 @@ impl MemoryManager {
         self.provider.get()
     }
 
+    /// Initializes the provider; a failure is logged and the provider is
+    /// still asked later (a service that was down at start may come up).
+    pub async fn initialize(&self) {
+        if let Some(p) = self.provider.get()
+            && let Err(e) = p.initialize().await
+        {
+            tracing::warn!(provider = p.name(), error = %e, "the memory provider did not initialize; recall may fail until it is reachable");
+        }
+    }
+
+    /// Tells the provider a session ended (on its own task).
+    pub fn session_ended(&self, session_id: &str) {
+        let (Some(p), Ok(runtime)) = (
+            self.provider.get().cloned(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let session = session_id.to_owned();
+        runtime.spawn(async move { p.on_session_end(&session).await });
+    }
+
+    /// Stops the provider, waiting at most `limit`.
+    pub async fn shutdown(&self, limit: Duration) {
+        if let Some(p) = self.provider.get()
+            && tokio::time::timeout(limit, p.shutdown()).await.is_err()
+        {
+            tracing::warn!(
+                provider = p.name(),
+                "the memory provider did not stop in time"
+            );
+        }
+    }
+
     /// The provider's recall for `query`, fenced; `None` when there is
     /// none, or the provider failed or took longer than the timeout (which
     /// is logged).

@@ -42,6 +42,9 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    if let Some(memory) = agent.memory() {
+        memory.initialize().await;
+    }
     let review = rt.attach_review(
         &agent,
         client.clone(),
@@ -57,6 +60,9 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     // servers started for this chat stop with it.
     let _ = tokio::time::timeout(Duration::from_secs(60), review.idle()).await;
     rt.mcp.shutdown().await;
+    if let Some(memory) = agent.memory() {
+        memory.shutdown(Duration::from_secs(5)).await;
+    }
     result
 }
 

@@ -82,6 +82,9 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         ],
     )?;
     let agent = Arc::new(agent);
+    if let Some(memory) = agent.memory() {
+        memory.initialize().await;
+    }
 
     let mut adapters = chat_adapters(&rt)?;
     // Secrets are resolved from config and environment, then `bind` checks
@@ -189,6 +192,9 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         let _ = task.await;
     }
     rt.mcp.shutdown().await;
+    if let Some(memory) = agent.memory() {
+        memory.shutdown(Duration::from_secs(5)).await;
+    }
     drop(pid_file);
     Ok(ExitCode::SUCCESS)
 }

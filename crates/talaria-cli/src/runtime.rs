@@ -117,6 +117,33 @@ impl Runtime {
         for tool in extra {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }
+        // The external memory provider, if configured: its tools join the
+        // registry, and the agent recalls through it.
+        let memory = match &self.config.memory.provider {
+            None => None,
+            Some(name) => {
+                let provider: Arc<dyn talaria_agent::memory_provider::MemoryProvider> = match name
+                    .as_str()
+                {
+                    "mem0" => Arc::new(
+                        talaria_learning::mem0::Mem0::from_config(
+                            &self.config.memory.mem0,
+                            &self.loaded.env,
+                        )
+                        .map_err(anyhow::Error::msg)?,
+                    ),
+                    other => anyhow::bail!("memory.provider `{other}` is not one Talaria knows"),
+                };
+                for tool in provider.tools() {
+                    registry.register(tool).map_err(anyhow::Error::msg)?;
+                }
+                let memory = Arc::new(talaria_agent::memory_provider::MemoryManager::new(
+                    std::time::Duration::from_millis(self.config.memory.prefetch_timeout_ms),
+                ));
+                memory.add(provider).map_err(anyhow::Error::msg)?;
+                Some(memory)
+            }
+        };
         if !self.mcp.is_empty() {
             registry.add_source(self.mcp.clone());
             self.mcp.start_eager();
@@ -131,22 +158,7 @@ impl Runtime {
             redactor: self.redactor.clone(),
             workdir,
         });
-        if let Some(name) = &self.config.memory.provider {
-            let provider: Arc<dyn talaria_agent::memory_provider::MemoryProvider> =
-                match name.as_str() {
-                    "mem0" => Arc::new(
-                        talaria_learning::mem0::Mem0::from_config(
-                            &self.config.memory.mem0,
-                            &self.loaded.env,
-                        )
-                        .map_err(anyhow::Error::msg)?,
-                    ),
-                    other => anyhow::bail!("memory.provider `{other}` is not one Talaria knows"),
-                };
-            let memory = Arc::new(talaria_agent::memory_provider::MemoryManager::new(
-                std::time::Duration::from_millis(self.config.memory.prefetch_timeout_ms),
-            ));
-            memory.add(provider).map_err(anyhow::Error::msg)?;
+        if let Some(memory) = memory {
             agent.set_memory(memory);
         }
         Ok((agent, client))

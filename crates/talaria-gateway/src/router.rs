@@ -282,6 +282,9 @@ impl Router {
     /// and counts as ended: hooks still hear of the end.
     async fn end(&self, route: &Route, reason: &str) -> bool {
         self.lock().remove(&route.session_id);
+        if let Some(memory) = self.agent.memory() {
+            memory.session_ended(&route.session_id);
+        }
         match self.store.end_route_session(route, reason).await {
             Ok(ended) => ended,
             Err(e) => {

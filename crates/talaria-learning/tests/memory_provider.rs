@@ -299,3 +299,92 @@ fn only_one_external_provider_is_allowed() {
     );
     assert!(e.to_string().contains("only one"), "{e}");
 }
+
+/// A provider that records which lifecycle calls it got.
+#[derive(Default)]
+struct Recording {
+    calls: Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl talaria_agent::memory_provider::MemoryProvider for Recording {
+    fn name(&self) -> &str {
+        "recording"
+    }
+    async fn initialize(&self) -> Result<(), String> {
+        self.calls.lock().unwrap().push("initialize".into());
+        Ok(())
+    }
+    fn system_prompt_block(&self) -> Option<String> {
+        Some("## Long-term memory\nA memory service recalls facts for you.".into())
+    }
+    async fn prefetch(&self, _q: &str, _s: &str) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+    async fn sync_turn(&self, _u: &str, _a: &str, _s: &str) -> Result<(), String> {
+        self.calls.lock().unwrap().push("sync".into());
+        Ok(())
+    }
+    async fn on_session_end(&self, session_id: &str) {
+        self.calls.lock().unwrap().push(format!("end {session_id}"));
+    }
+    async fn shutdown(&self) {
+        self.calls.lock().unwrap().push("shutdown".into());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_lifecycle_and_its_prompt_block() {
+    let rig = rig(Duration::from_secs(5)).await;
+    // The rig's agent has mem0; a fresh agent gets the recording provider.
+    let provider = Arc::new(Recording::default());
+    let memory = Arc::new(MemoryManager::new(Duration::from_secs(1)));
+    memory.add(provider.clone()).unwrap();
+    let agent = Agent::new(AgentParts {
+        config: rig.agent.parts().config.clone(),
+        home: rig.agent.parts().home.clone(),
+        provider: rig.agent.parts().provider.clone(),
+        store: rig.store.clone(),
+        registry: rig.agent.parts().registry.clone(),
+        interaction: Arc::new(NoHuman),
+        redactor: Redactor::default(),
+        workdir: rig.agent.parts().workdir.clone(),
+    });
+    agent.set_memory(memory.clone());
+    memory.initialize().await;
+    let session = agent.new_session("cli").await.unwrap();
+    rig.llm.push(Reply::text("hi"));
+    agent
+        .run_turn(
+            &session,
+            "hello",
+            &Screen::default(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let prompt = rig.llm.requests().last().unwrap().body["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        prompt.ends_with("A memory service recalls facts for you."),
+        "{prompt}"
+    );
+    memory.session_ended(&session.id);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while provider.calls.lock().unwrap().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            provider.calls.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    memory.shutdown(Duration::from_secs(1)).await;
+    let calls = provider.calls.lock().unwrap().clone();
+    assert_eq!(calls[0], "initialize");
+    assert!(calls.contains(&"sync".to_owned()));
+    assert!(calls.contains(&format!("end {}", session.id)));
+    assert_eq!(calls.last().unwrap(), "shutdown");
+}
