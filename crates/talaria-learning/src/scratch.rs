@@ -28,6 +28,18 @@ impl ScratchStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Changes the session `id`, which must exist.
+    fn change(&self, id: &str, f: impl FnOnce(&mut SessionRecord)) -> Result<()> {
+        let mut inner = self.lock();
+        let record = inner
+            .sessions
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or_else(|| missing(id))?;
+        f(record);
+        Ok(())
+    }
 }
 
 fn missing(id: &str) -> StoreError {
@@ -70,37 +82,22 @@ impl SessionStore for ScratchStore {
     }
 
     async fn set_title(&self, id: &str, title: &str) -> Result<()> {
-        let mut inner = self.lock();
-        let r = inner
-            .sessions
-            .iter_mut()
-            .find(|r| r.id == id)
-            .ok_or_else(|| missing(id))?;
-        r.title = Some(title.to_owned());
-        Ok(())
+        self.change(id, |r| {
+            r.title = Some(title.to_owned());
+        })
     }
 
     async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()> {
-        let mut inner = self.lock();
-        let r = inner
-            .sessions
-            .iter_mut()
-            .find(|r| r.id == id)
-            .ok_or_else(|| missing(id))?;
-        r.system_prompt = Some(prompt.to_owned());
-        Ok(())
+        self.change(id, |r| {
+            r.system_prompt = Some(prompt.to_owned());
+        })
     }
 
     async fn end_session(&self, id: &str, reason: &str) -> Result<()> {
-        let mut inner = self.lock();
-        let r = inner
-            .sessions
-            .iter_mut()
-            .find(|r| r.id == id)
-            .ok_or_else(|| missing(id))?;
-        r.ended_at = Some(talaria_core::unix_now());
-        r.end_reason = Some(reason.to_owned());
-        Ok(())
+        self.change(id, |r| {
+            r.ended_at = Some(talaria_core::unix_now());
+            r.end_reason = Some(reason.to_owned());
+        })
     }
 
     async fn append_message(&self, session_id: &str, message: &Message) -> Result<i64> {
@@ -124,15 +121,10 @@ impl SessionStore for ScratchStore {
     }
 
     async fn add_usage(&self, session_id: &str, usage: &Usage) -> Result<()> {
-        let mut inner = self.lock();
-        let r = inner
-            .sessions
-            .iter_mut()
-            .find(|r| r.id == session_id)
-            .ok_or_else(|| missing(session_id))?;
-        r.input_tokens += usage.input_tokens;
-        r.output_tokens += usage.output_tokens;
-        Ok(())
+        self.change(session_id, |r| {
+            r.input_tokens += usage.input_tokens;
+            r.output_tokens += usage.output_tokens;
+        })
     }
 
     async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>> {
