@@ -47,6 +47,9 @@ pub struct TurnOptions {
     /// The tools offered in this turn, instead of [`AgentParts::registry`]
     /// (a scheduled job runs without `memory`, for one).
     pub registry: Option<Arc<Registry>>,
+    /// Leave the external memory provider out of this turn: no recall
+    /// before it, nothing handed over after it (scheduled jobs).
+    pub without_memory: bool,
 }
 
 /// Why a session could not be opened or a turn could not run.
@@ -236,7 +239,8 @@ impl Agent {
             .into_iter()
             .map(|row| row.message)
             .collect();
-        let recall = match self.memory.get() {
+        let memory = self.memory.get().filter(|_| !options.without_memory);
+        let recall = match memory {
             Some(memory) => memory.recall(user_text, &session.id).await,
             None => None,
         };
@@ -245,7 +249,7 @@ impl Agent {
             .with_recall(recall)
             .run(user_text)
             .await?;
-        if let Some(memory) = self.memory.get()
+        if let Some(memory) = memory
             && outcome.exit == crate::TurnExit::Completed
         {
             memory.sync(user_text, &outcome.answer, &session.id);

@@ -388,3 +388,47 @@ async fn the_provider_lifecycle_and_its_prompt_block() {
     assert!(calls.contains(&format!("end {}", session.id)));
     assert_eq!(calls.last().unwrap(), "shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_without_memory_neither_recalls_nor_hands_over() {
+    let rig = rig(Duration::from_secs(5)).await;
+    let session = rig.agent.new_session("cron").await.unwrap();
+    rig.llm.push(Reply::text("job done"));
+    let outcome = rig
+        .agent
+        .run_turn_with(
+            &session,
+            "scheduled work",
+            &Screen::default(),
+            CancellationToken::new(),
+            talaria_agent::TurnOptions {
+                without_memory: true,
+                ..talaria_agent::TurnOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.answer, "job done");
+    assert_eq!(last_user_message(&rig.llm), "scheduled work");
+    // A normal turn after it does hand over: so the first one's silence
+    // is the option's doing, not timing.
+    rig.llm.push(Reply::text("chat answer"));
+    rig.agent
+        .run_turn(
+            &session,
+            "chat",
+            &Screen::default(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.fake.adds.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let adds = rig.fake.adds.lock().unwrap().clone();
+    assert_eq!(adds.len(), 1, "{adds:?}");
+    assert_eq!(adds[0]["messages"][0]["content"], "chat");
+    assert_eq!(rig.fake.searches.lock().unwrap().len(), 1);
+}

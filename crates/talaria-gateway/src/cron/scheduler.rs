@@ -491,6 +491,8 @@ impl Scheduler {
         let options = TurnOptions {
             interaction: Some(Arc::new(NoHuman)),
             registry: Some(inner.registry.clone()),
+            // A job never feeds or reads the external memory either.
+            without_memory: true,
         };
         let run =
             inner
