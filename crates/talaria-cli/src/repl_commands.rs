@@ -302,11 +302,15 @@ impl<'a> Commands<'a> {
     }
 
     async fn new_session(&mut self, args: &str) -> anyhow::Result<String> {
+        let previous = self.session.id.clone();
         self.session = self
             .agent
             .new_session(SOURCE)
             .await
             .context("cannot start a new session")?;
+        if let Some(memory) = self.agent.memory() {
+            memory.session_ended(&previous);
+        }
         let Some(title) = clean_title(args) else {
             return Ok(format!("new session {}", self.session.id));
         };
