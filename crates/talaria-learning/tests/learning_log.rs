@@ -2,16 +2,15 @@
 //! writes are recorded with their contents, and a skill change can be
 //! rolled back.
 
+mod support;
+
 use std::sync::Arc;
 
-use talaria_agent::interaction::NoHuman;
+use talaria_agent::NullObserver;
 use talaria_agent::tools::Registry;
-use talaria_agent::{Agent, AgentParts, NullObserver};
-use talaria_core::{Config, Endpoint, Home, ProviderKind, Redactor};
 use talaria_learning::log::{LoggedMemory, rollback_skill};
 use talaria_learning::skill_tools;
 use talaria_learning::skills::Library;
-use talaria_store::SqliteStore;
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 use tokio_util::sync::CancellationToken;
 
@@ -21,37 +20,23 @@ fn call(id: &str, tool: &str, args: serde_json::Value) -> ToolCallReply {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_are_logged_with_their_contents_and_a_skill_change_rolls_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let home = Home::at(dir.path().join("home"));
-    home.ensure().unwrap();
+    let (dir, home) = support::home();
     let llm = MockOpenAi::start().await;
-    let mut config = Config::default();
-    config.model.default = Some("test-model".into());
-    config.model.base_url = Some(llm.base_url());
-    config.agent.api_max_retries = 0;
-    let config = Arc::new(config);
-    let endpoint = Endpoint {
-        provider: ProviderKind::Custom,
-        model: "test-model".into(),
-        base_url: llm.base_url(),
-        api_key: None,
-    };
+    let config = support::config(&llm, |_| {});
     let library = Arc::new(Library::new(&home));
     let mut registry = Registry::with_core_tools(&config);
     for tool in skill_tools(library.clone()) {
         registry.register(tool).unwrap();
     }
     registry.replace(Arc::new(LoggedMemory::new(&home, "agent")));
-    let agent = Agent::new(AgentParts {
-        config: config.clone(),
-        home: home.clone(),
-        provider: talaria_llm::provider_for(&endpoint, &config.agent),
-        store: Arc::new(SqliteStore::open(&home.state_db()).unwrap()),
-        registry: Arc::new(registry),
-        interaction: Arc::new(NoHuman),
-        redactor: Redactor::default(),
-        workdir: dir.path().to_path_buf(),
-    });
+    let agent = support::agent(
+        &config,
+        &home,
+        &llm,
+        support::store(&home),
+        registry,
+        dir.path(),
+    );
     let session = agent.new_session("cli").await.unwrap();
     let skill = "---\nname: backup\ndescription: Back up the database.\n---\n1. pg_dump nightly.\n";
     llm.push(Reply::tool_calls(vec![call(

@@ -4,6 +4,8 @@
 //! or failing service costs only its recall; only one provider is allowed;
 //! a model echoing the fence leaks nothing to the screen or the store.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +19,7 @@ use talaria_agent::memory_provider::{MemoryError, MemoryManager};
 use talaria_agent::tools::Registry;
 use talaria_agent::{Agent, AgentParts, TurnObserver};
 use talaria_core::config::Mem0Config;
-use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
+use talaria_core::{Env, Redactor};
 use talaria_learning::mem0::Mem0;
 use talaria_store::{SearchQuery, SessionStore, SqliteStore};
 use talaria_testkit::{MockOpenAi, Reply};
@@ -89,32 +91,18 @@ struct Rig {
 
 async fn rig(timeout: Duration) -> Rig {
     let (fake, url) = start_fake().await;
-    let dir = tempfile::tempdir().unwrap();
-    let home = Home::at(dir.path().join("home"));
-    home.ensure().unwrap();
+    let (dir, home) = support::home();
     let llm = MockOpenAi::start().await;
-    let mut config = Config::default();
-    config.model.default = Some("test-model".into());
-    config.model.base_url = Some(llm.base_url());
-    config.agent.api_max_retries = 0;
-    let config = Arc::new(config);
-    let endpoint = Endpoint {
-        provider: ProviderKind::Custom,
-        model: "test-model".into(),
-        base_url: llm.base_url(),
-        api_key: None,
-    };
-    let store = Arc::new(SqliteStore::open(&home.state_db()).unwrap());
-    let agent = Agent::new(AgentParts {
-        config: config.clone(),
-        home,
-        provider: talaria_llm::provider_for(&endpoint, &config.agent),
-        store: store.clone(),
-        registry: Arc::new(Registry::with_core_tools(&config)),
-        interaction: Arc::new(NoHuman),
-        redactor: Redactor::default(),
-        workdir: dir.path().to_path_buf(),
-    });
+    let config = support::config(&llm, |_| {});
+    let store = support::store(&home);
+    let agent = support::agent(
+        &config,
+        &home,
+        &llm,
+        store.clone(),
+        Registry::with_core_tools(&config),
+        dir.path(),
+    );
     let mem0 = Mem0::from_config(
         &Mem0Config {
             base_url: url,

@@ -4,13 +4,14 @@
 //! skill tools, must read a skill before changing it, and leaves no
 //! session in the database.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use talaria_agent::interaction::NoHuman;
 use talaria_agent::tools::Registry;
-use talaria_agent::{Agent, AgentParts, NullObserver, TurnExit};
-use talaria_core::{Config, Endpoint, Home, ProviderKind, Redactor};
+use talaria_agent::{Agent, NullObserver, TurnExit};
+use talaria_core::{Home, Redactor};
 use talaria_learning::review::{BackgroundReview, Focus, ReviewParts};
 use talaria_learning::skill_tools;
 use talaria_learning::skills::Library;
@@ -30,40 +31,27 @@ struct Rig {
 }
 
 async fn rig(memory_every: u32, skills_every: u32) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let home = Home::at(dir.path().join("home"));
-    home.ensure().unwrap();
+    let (dir, home) = support::home();
     let llm = MockOpenAi::start().await;
-    let mut config = Config::default();
-    config.model.default = Some("test-model".into());
-    config.model.base_url = Some(llm.base_url());
-    config.agent.api_max_retries = 0;
-    config.memory.nudge_interval = memory_every;
-    config.skills.creation_nudge_interval = skills_every;
-    let config = Arc::new(config);
-    let endpoint = Endpoint {
-        provider: ProviderKind::Custom,
-        model: "test-model".into(),
-        base_url: llm.base_url(),
-        api_key: None,
-    };
-    let provider = talaria_llm::provider_for(&endpoint, &config.agent);
-    let store = Arc::new(SqliteStore::open(&home.state_db()).unwrap());
+    let config = support::config(&llm, |c| {
+        c.memory.nudge_interval = memory_every;
+        c.skills.creation_nudge_interval = skills_every;
+    });
+    let provider = support::provider(&llm, &config);
+    let store = support::store(&home);
     let library = Arc::new(Library::new(&home));
     let mut registry = Registry::with_core_tools(&config);
     for tool in skill_tools(library.clone()) {
         registry.register(tool).unwrap();
     }
-    let agent = Arc::new(Agent::new(AgentParts {
-        config: config.clone(),
-        home: home.clone(),
-        provider: provider.clone(),
-        store: store.clone(),
-        registry: Arc::new(registry),
-        interaction: Arc::new(NoHuman),
-        redactor: Redactor::default(),
-        workdir: dir.path().to_path_buf(),
-    }));
+    let agent = Arc::new(support::agent(
+        &config,
+        &home,
+        &llm,
+        store.clone(),
+        registry,
+        dir.path(),
+    ));
     let lines: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let sink = lines.clone();
     let review = BackgroundReview::new(ReviewParts {

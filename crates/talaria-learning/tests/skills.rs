@@ -3,17 +3,17 @@
 //! bundled and user skills, usage counts, the index cache across sessions,
 //! and `/skill-name` invocations.
 
+mod support;
+
 use std::sync::Arc;
 
 use chrono::Utc;
-use talaria_agent::interaction::NoHuman;
 use talaria_agent::tools::Registry;
-use talaria_agent::{Agent, AgentParts, NullObserver};
-use talaria_core::{Config, Endpoint, Home, ProviderKind, Redactor};
+use talaria_agent::{Agent, NullObserver};
+use talaria_core::Home;
 use talaria_learning::skills::usage::SkillState;
 use talaria_learning::skills::{Library, Origin, check_support_path, valid_name};
 use talaria_learning::{invoke, skill_tools};
-use talaria_store::SqliteStore;
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 use tokio_util::sync::CancellationToken;
 
@@ -22,10 +22,7 @@ fn skill_md(name: &str, description: &str, body: &str) -> String {
 }
 
 fn home() -> (tempfile::TempDir, Home) {
-    let dir = tempfile::tempdir().unwrap();
-    let home = Home::at(dir.path().join("home"));
-    home.ensure().unwrap();
-    (dir, home)
+    support::home()
 }
 
 #[test]
@@ -160,31 +157,19 @@ fn bundled_skills_are_offered_read_only_and_a_user_skill_overrides_one() {
 }
 
 fn agent(home: &Home, llm: &MockOpenAi, lib: Arc<Library>) -> Agent {
-    let mut config = Config::default();
-    config.model.default = Some("test-model".into());
-    config.model.base_url = Some(llm.base_url());
-    config.agent.api_max_retries = 0;
-    let config = Arc::new(config);
-    let endpoint = Endpoint {
-        provider: ProviderKind::Custom,
-        model: "test-model".into(),
-        base_url: llm.base_url(),
-        api_key: None,
-    };
+    let config = support::config(llm, |_| {});
     let mut registry = Registry::with_core_tools(&config);
     for tool in skill_tools(lib) {
         registry.register(tool).unwrap();
     }
-    Agent::new(AgentParts {
-        config: config.clone(),
-        home: home.clone(),
-        provider: talaria_llm::provider_for(&endpoint, &config.agent),
-        store: Arc::new(SqliteStore::open(&home.state_db()).unwrap()),
-        registry: Arc::new(registry),
-        interaction: Arc::new(NoHuman),
-        redactor: Redactor::default(),
-        workdir: home.root().to_path_buf(),
-    })
+    support::agent(
+        &config,
+        home,
+        llm,
+        support::store(home),
+        registry,
+        home.root(),
+    )
 }
 
 fn system_prompt(llm: &MockOpenAi, request: usize) -> String {
