@@ -96,6 +96,24 @@ fn text_of(result: &Value) -> String {
     talaria_mcp::tool::render_result(result)
 }
 
+/// Calls `tool` and returns its text, failing the test on an error.
+async fn ok(fix: &McpServer, tool: &str, arguments: Value) -> String {
+    let result = fix
+        .call(tool, args(arguments), &CancellationToken::new())
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+    text_of(&result)
+}
+
+/// A manager over these servers, as a configuration would list them.
+fn manager(servers: BTreeMap<String, McpServerConfig>) -> Arc<McpManager> {
+    let config = Config {
+        mcp_servers: servers,
+        ..Config::default()
+    };
+    McpManager::new(&config, &Env::default())
+}
+
 fn alive(pid: &str) -> bool {
     // A zombie still has a /proc entry; its state letter says it is gone.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -120,24 +138,8 @@ async fn tools_are_listed_across_pages_and_called() {
         names.contains(&"echo") && names.contains(&"extra_7"),
         "{names:?}"
     );
-    let result = fix
-        .call(
-            "echo",
-            args(json!({"text": "hi"})),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(text_of(&result), "echo: hi");
-    let sum = fix
-        .call(
-            "add",
-            args(json!({"a": 2, "b": 3})),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(text_of(&sum), "5");
+    assert_eq!(ok(&fix, "echo", json!({"text": "hi"})).await, "echo: hi");
+    assert_eq!(ok(&fix, "add", json!({"a": 2, "b": 3})).await, "5");
     // A refusal by the server is an error naming it, not a crash.
     let refused = fix
         .call("no_such_tool", args(json!({})), &CancellationToken::new())
@@ -175,15 +177,10 @@ async fn a_slow_call_times_out_and_is_cancelled_at_the_server() {
     assert!(started.elapsed() < Duration::from_secs(15));
     assert_eq!(state.wait_lines("cancelled.log", 1).await, ["slow"]);
     // The server is still fine for the next call.
-    let ok = fix
-        .call(
-            "echo",
-            args(json!({"text": "after"})),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(text_of(&ok), "echo: after");
+    assert_eq!(
+        ok(&fix, "echo", json!({"text": "after"})).await,
+        "echo: after"
+    );
 }
 
 #[tokio::test]
@@ -227,15 +224,10 @@ async fn a_crashed_server_is_started_again_on_next_use() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The next call starts a new process and succeeds.
-    let ok = fix
-        .call(
-            "echo",
-            args(json!({"text": "back"})),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(text_of(&ok), "echo: back");
+    assert_eq!(
+        ok(&fix, "echo", json!({"text": "back"})).await,
+        "echo: back"
+    );
     let starts = state.lines("starts.log");
     assert_eq!(starts.len(), 2, "{starts:?}");
     assert_ne!(starts[0], starts[1]);
@@ -279,15 +271,7 @@ async fn a_list_changed_notification_is_picked_up_before_the_next_use() {
         assert!(Instant::now() < deadline, "the new tool never showed up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let r = fix
-        .call(
-            "fresh",
-            args(json!({"text": "new"})),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(text_of(&r), "echo: new");
+    assert_eq!(ok(&fix, "fresh", json!({"text": "new"})).await, "echo: new");
 }
 
 #[tokio::test]
@@ -298,13 +282,7 @@ async fn include_and_exclude_filters_decide_what_the_agent_sees() {
     config.tools.exclude = vec!["slow".into()];
     let mut servers = BTreeMap::new();
     servers.insert("fix".to_owned(), config);
-    let manager = McpManager::new(
-        &Config {
-            mcp_servers: servers,
-            ..Config::default()
-        },
-        &Env::default(),
-    );
+    let manager = manager(servers);
     let mut names: Vec<String> = manager
         .tools()
         .await
@@ -347,13 +325,7 @@ async fn lazy_servers_start_on_first_use_and_all_stop_with_the_manager() {
     let mut lazy_config = lazy.stdio();
     lazy_config.lazy = true;
     servers.insert("lazy".to_owned(), lazy_config);
-    let manager = McpManager::new(
-        &Config {
-            mcp_servers: servers,
-            ..Config::default()
-        },
-        &Env::default(),
-    );
+    let manager = manager(servers);
     manager.start_eager();
     let eager_pid = eager.wait_lines("starts.log", 1).await[0].clone();
     assert!(lazy.lines("starts.log").is_empty(), "lazy started early");
@@ -459,15 +431,7 @@ async fn streamable_http_servers_list_and_call_with_a_bearer_token_from_env() {
     let fix = Arc::new(McpServer::new("web", config.clone(), env));
     let tools = fix.tools().await.unwrap();
     assert!(tools.iter().any(|t| t.name == "schema_zoo"));
-    let r = fix
-        .call(
-            "add",
-            args(json!({"a": 40, "b": 2})),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(text_of(&r), "42");
+    assert_eq!(ok(&fix, "add", json!({"a": 40, "b": 2})).await, "42");
     let e = fix
         .call("slow", args(json!({"seconds": 30})), &{
             let c = CancellationToken::new();
@@ -560,13 +524,7 @@ async fn the_model_calls_an_mcp_tool_within_a_turn() {
     let llm = MockOpenAi::start().await;
     let mut servers = BTreeMap::new();
     servers.insert("fix".to_owned(), state.stdio());
-    let manager = McpManager::new(
-        &Config {
-            mcp_servers: servers,
-            ..Config::default()
-        },
-        &Env::default(),
-    );
+    let manager = manager(servers);
     let dir = tempfile::tempdir().unwrap();
     let home = home_in(dir.path());
     let agent = agent_with(&home, &llm, dir.path(), manager.clone());
@@ -666,13 +624,7 @@ async fn a_broken_server_costs_its_tools_not_the_turn() {
     config.command = Some("/nonexistent/mcp-server".into());
     let mut servers = BTreeMap::new();
     servers.insert("gone".to_owned(), config);
-    let manager = McpManager::new(
-        &Config {
-            mcp_servers: servers,
-            ..Config::default()
-        },
-        &Env::default(),
-    );
+    let manager = manager(servers);
     let dir = tempfile::tempdir().unwrap();
     let home = home_in(dir.path());
     let agent = agent_with(&home, &llm, dir.path(), manager);
