@@ -82,6 +82,8 @@ pub struct Gateway {
     store: Arc<dyn GatewayStore>,
     /// Runs scheduled jobs; `None` when `cron.enabled` is off.
     scheduler: Option<Scheduler>,
+    /// The agent, for what maintenance tells it (sessions ended).
+    agent: Arc<Agent>,
 }
 
 impl Gateway {
@@ -121,7 +123,7 @@ impl Gateway {
             let parts = SchedulerParts {
                 config: config.clone(),
                 home: home.clone(),
-                agent,
+                agent: agent.clone(),
                 store: store.clone(),
                 delivery: delivery.clone(),
                 hooks: hooks.clone(),
@@ -144,6 +146,7 @@ impl Gateway {
             hooks,
             store,
             scheduler,
+            agent,
         }
     }
 
@@ -401,12 +404,17 @@ impl Gateway {
         let policy = self.config.session_reset.clone();
         if policy.mode != talaria_core::config::ResetMode::None {
             let runner = self.runner.clone();
-            let watcher = Arc::new(ExpiryWatcher::new(
+            let mut watcher = ExpiryWatcher::new(
                 self.store.clone(),
                 policy,
                 self.hooks.clone(),
                 Arc::new(move |key: &str| runner.running_sessions().iter().any(|k| k == key)),
-            ));
+            );
+            if let Some(memory) = self.agent.memory().cloned() {
+                watcher = watcher
+                    .with_on_end(Arc::new(move |session: &str| memory.session_ended(session)));
+            }
+            let watcher = Arc::new(watcher);
             tasks.push(
                 PeriodicTask::new("session-expiry", EXPIRY_INTERVAL, move || {
                     let watcher = watcher.clone();

@@ -409,6 +409,9 @@ pub struct ExpiryWatcher {
     policy: SessionResetConfig,
     hooks: Arc<Hooks>,
     is_running: IsRunning,
+    /// Told each session this watcher ends (the external memory
+    /// provider's end-of-session call).
+    on_end: Option<Arc<dyn Fn(&str) + Send + Sync>>,
 }
 
 impl ExpiryWatcher {
@@ -425,7 +428,14 @@ impl ExpiryWatcher {
             policy,
             hooks,
             is_running,
+            on_end: None,
         }
+    }
+
+    /// Calls `on_end` with each session this watcher ends.
+    pub fn with_on_end(mut self, on_end: Arc<dyn Fn(&str) + Send + Sync>) -> ExpiryWatcher {
+        self.on_end = Some(on_end);
+        self
     }
 
     /// Ends the sessions expired at `now` (oldest first, a bounded number
@@ -461,6 +471,9 @@ impl ExpiryWatcher {
                 {
                     tracing::debug!(session = %route.session_id, reason = reason.reason(), "ended an expired session");
                     self.announce(&route, reason);
+                    if let Some(on_end) = &self.on_end {
+                        on_end(&route.session_id);
+                    }
                     report.ended.push((route.session_id, reason));
                 }
             }

@@ -210,6 +210,29 @@ async fn an_idle_session_is_ended_and_announced_once_and_its_route_kept() {
 }
 
 #[tokio::test]
+async fn the_watcher_tells_who_asked_which_sessions_it_ended() {
+    let rig = Rig::new();
+    rig.routed(KEY, "s1").await;
+    let route = rig.store.route(KEY).await.unwrap().unwrap();
+    let told: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let sink = told.clone();
+    let watcher = rig
+        .watcher(idle(60), nothing_running())
+        .with_on_end(Arc::new(move |id: &str| {
+            sink.lock().unwrap().push(id.to_owned())
+        }));
+    watcher
+        .pass(after(route.updated_at, 61.0 * 60.0))
+        .await
+        .unwrap();
+    watcher
+        .pass(after(route.updated_at, 62.0 * 60.0))
+        .await
+        .unwrap();
+    assert_eq!(*told.lock().unwrap(), ["s1"], "once, for the one it ended");
+}
+
+#[tokio::test]
 async fn only_routes_idle_past_the_limit_are_touched() {
     let rig = Rig::new();
     rig.routed("agent:main:telegram:dm:old", "s_old").await;
