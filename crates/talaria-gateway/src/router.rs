@@ -388,6 +388,9 @@ const EXPIRY_MAX_PAGES: usize = 10;
 /// Whether a session key (its string form) has a turn running now.
 pub type IsRunning = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
+/// Told the id of a session the watcher ended.
+pub type OnEnd = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// What one [`ExpiryWatcher::pass`] did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExpiryReport {
@@ -411,7 +414,7 @@ pub struct ExpiryWatcher {
     is_running: IsRunning,
     /// Told each session this watcher ends (the external memory
     /// provider's end-of-session call).
-    on_end: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    on_end: Option<OnEnd>,
 }
 
 impl ExpiryWatcher {
@@ -433,7 +436,7 @@ impl ExpiryWatcher {
     }
 
     /// Calls `on_end` with each session this watcher ends.
-    pub fn with_on_end(mut self, on_end: Arc<dyn Fn(&str) + Send + Sync>) -> ExpiryWatcher {
+    pub fn with_on_end(mut self, on_end: OnEnd) -> ExpiryWatcher {
         self.on_end = Some(on_end);
         self
     }
