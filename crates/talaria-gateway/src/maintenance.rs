@@ -82,21 +82,6 @@ impl PeriodicTask {
         self.initial_delay = delay;
         self
     }
-
-    /// The name logs and [`Maintenance::status`] use.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The time between two runs.
-    pub fn interval(&self) -> Duration {
-        self.interval
-    }
-
-    /// The time before the first run.
-    pub fn initial_delay(&self) -> Duration {
-        self.initial_delay
-    }
 }
 
 impl std::fmt::Debug for PeriodicTask {

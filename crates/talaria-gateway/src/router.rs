@@ -282,16 +282,18 @@ impl Router {
     /// and counts as ended: hooks still hear of the end.
     async fn end(&self, route: &Route, reason: &str) -> bool {
         self.lock().remove(&route.session_id);
-        if let Some(memory) = self.agent.memory() {
-            memory.session_ended(&route.session_id);
-        }
-        match self.store.end_route_session(route, reason).await {
+        let ended = match self.store.end_route_session(route, reason).await {
             Ok(ended) => ended,
             Err(e) => {
                 tracing::warn!(session = %route.session_id, error = %e, "could not mark the session ended");
                 true
             }
+        };
+        // Whoever ended the session tells the memory provider, once.
+        if ended && let Some(memory) = self.agent.memory() {
+            memory.session_ended(&route.session_id);
         }
+        ended
     }
 
     fn remember(&self, handle: &SessionHandle) {

@@ -155,11 +155,6 @@ impl McpTool {
             server,
         }
     }
-
-    /// The name the server knows the tool by.
-    pub fn remote_name(&self) -> &str {
-        &self.remote
-    }
 }
 
 #[async_trait]

@@ -162,11 +162,6 @@ impl Scheduler {
         })
     }
 
-    /// The zone schedules are read in.
-    pub fn zone(&self) -> Zone {
-        self.inner.zone
-    }
-
     /// Claims every occurrence due at `now` and starts its run in the
     /// background (see the module documentation); returns what it claimed.
     pub async fn tick(&self, now: DateTime<Utc>) -> Result<Vec<Claimed>, StoreError> {
