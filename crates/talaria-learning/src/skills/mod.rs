@@ -194,38 +194,13 @@ impl Library {
         let mut out: Vec<SkillInfo> = self
             .user_skill_files()
             .into_iter()
-            .filter_map(|(name, category, path)| {
-                let text = std::fs::read_to_string(&path).ok()?;
-                let parsed = match parse(&text) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "skill skipped");
-                        return None;
-                    }
-                };
-                Some(SkillInfo {
-                    description: parsed.frontmatter.description.trim().to_owned(),
-                    name,
-                    category,
-                    origin: Origin::User,
-                    dir: path.parent().map(Path::to_path_buf),
-                    frontmatter: parsed.frontmatter,
-                })
-            })
+            .filter_map(|(name, category, path)| user_info(name, category, &path))
             .collect();
         for b in bundled::SKILLS {
-            if out.iter().any(|s| s.name == b.name) {
-                continue;
-            }
-            if let Ok(parsed) = parse(b.text) {
-                out.push(SkillInfo {
-                    name: b.name.to_owned(),
-                    description: parsed.frontmatter.description.trim().to_owned(),
-                    category: b.category.to_owned(),
-                    origin: Origin::Bundled,
-                    dir: None,
-                    frontmatter: parsed.frontmatter,
-                });
+            if !out.iter().any(|s| s.name == b.name)
+                && let Some(info) = bundled_info(b)
+            {
+                out.push(info);
             }
         }
         out.retain(|s| runs_here(&s.frontmatter));
@@ -233,12 +208,34 @@ impl Library {
         out
     }
 
-    /// The skill called `name`.
+    /// The skill called `name`: the user's (directly under the root, else
+    /// in the first category folder holding it), else the bundled one.
+    /// Looks only where that skill can be, rather than reading them all.
     pub fn find(&self, name: &str) -> Option<SkillInfo> {
         if !valid_name(name) {
             return None;
         }
-        self.list().into_iter().find(|s| s.name == name)
+        let direct = self.root.join(name).join("SKILL.md");
+        let path = if direct.is_file() {
+            Some((direct, "general".to_owned()))
+        } else {
+            dirs(&self.root)
+                .into_iter()
+                .filter(|c| !c.join("SKILL.md").is_file())
+                .find_map(|c| {
+                    let md = c.join(name).join("SKILL.md");
+                    let category = c.file_name()?.to_string_lossy().into_owned();
+                    md.is_file().then_some((md, category))
+                })
+        };
+        let info = match path {
+            Some((md, category)) => user_info(name.to_owned(), category, &md),
+            None => bundled::SKILLS
+                .iter()
+                .find(|b| b.name == name)
+                .and_then(bundled_info),
+        }?;
+        runs_here(&info.frontmatter).then_some(info)
     }
 
     /// A skill's SKILL.md and its support files.
@@ -518,6 +515,40 @@ impl Library {
         files.sort();
         files
     }
+}
+
+/// A user skill's listing from its SKILL.md; a file that does not parse is
+/// skipped with a warning.
+fn user_info(name: String, category: String, path: &Path) -> Option<SkillInfo> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let parsed = match parse(&text) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "skill skipped");
+            return None;
+        }
+    };
+    Some(SkillInfo {
+        description: parsed.frontmatter.description.trim().to_owned(),
+        name,
+        category,
+        origin: Origin::User,
+        dir: path.parent().map(Path::to_path_buf),
+        frontmatter: parsed.frontmatter,
+    })
+}
+
+/// A bundled skill's listing.
+fn bundled_info(b: &bundled::BundledSkill) -> Option<SkillInfo> {
+    let parsed = parse(b.text).ok()?;
+    Some(SkillInfo {
+        name: b.name.to_owned(),
+        description: parsed.frontmatter.description.trim().to_owned(),
+        category: b.category.to_owned(),
+        origin: Origin::Bundled,
+        dir: None,
+        frontmatter: parsed.frontmatter,
+    })
 }
 
 /// Folders in `dir` that may hold skills.
