@@ -126,7 +126,8 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
 /// The curator's look when the CLI starts (it runs when its interval has
 /// passed); a failure is logged, never in the way.
 pub async fn curate_at_start(rt: &Runtime) {
-    if !rt.config.curator.enabled {
+    // Most starts are not due: skip reading the cron jobs then.
+    if !curator::is_due(&rt.skills, &rt.config.curator, Utc::now()) {
         return;
     }
     let in_use: HashSet<String> = match rt.gateway_store.jobs().await {

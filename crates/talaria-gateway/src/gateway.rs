@@ -440,6 +440,11 @@ async fn curate(
     home: Home,
     config: talaria_core::config::CuratorConfig,
 ) -> Result<(), String> {
+    let library = talaria_learning::Library::new(&home);
+    // It runs weekly; the hourly look reads the cron jobs only when due.
+    if !talaria_learning::curator::is_due(&library, &config, chrono::Utc::now()) {
+        return Ok(());
+    }
     let in_use: std::collections::HashSet<String> = store
         .jobs()
         .await
@@ -448,7 +453,6 @@ async fn curate(
         .flat_map(|j| j.skills)
         .collect();
     tokio::task::spawn_blocking(move || {
-        let library = talaria_learning::Library::new(&home);
         talaria_learning::curator::run_if_due(&library, &config, &in_use, chrono::Utc::now())
             .map(drop)
             .map_err(|e| format!("the skills curator failed: {e}"))

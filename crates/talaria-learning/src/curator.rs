@@ -77,6 +77,22 @@ impl Report {
     }
 }
 
+/// Whether [`run_if_due`] would do anything now (run, or note the time
+/// of its first look), so a caller can skip gathering what it needs.
+pub fn is_due(library: &Library, config: &CuratorConfig, now: DateTime<Utc>) -> bool {
+    if !config.enabled {
+        return false;
+    }
+    match read_state(&library.root().join(STATE_FILE)).last_run_at {
+        None => true,
+        Some(last) => now - last >= interval(config),
+    }
+}
+
+fn interval(config: &CuratorConfig) -> Duration {
+    Duration::hours(i64::try_from(config.interval_hours).unwrap_or(i64::MAX / 4000))
+}
+
 /// Runs the curator when it is due: `Ok(None)` when it is not (or is
 /// disabled, or this was the first look). `in_use_by_cron` names the
 /// skills a cron job loads.
@@ -96,8 +112,7 @@ pub fn run_if_due(
         write_state(&state_path, &state)?;
         return Ok(None);
     };
-    let interval = Duration::hours(i64::try_from(config.interval_hours).unwrap_or(i64::MAX / 4000));
-    if now - last < interval {
+    if now - last < interval(config) {
         return Ok(None);
     }
     let report = run(library, config, in_use_by_cron, now)?;

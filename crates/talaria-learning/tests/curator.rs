@@ -124,8 +124,12 @@ fn a_due_run_happens_once_per_interval_and_never_when_disabled() {
     };
     assert_eq!(curator::run_if_due(&lib, &off, &none, t0).unwrap(), None);
     let config = CuratorConfig::default();
+    assert!(!curator::is_due(&lib, &off, t0));
+    assert!(curator::is_due(&lib, &config, t0), "the first look is due");
     assert_eq!(curator::run_if_due(&lib, &config, &none, t0).unwrap(), None);
     let week = Duration::hours(168);
+    assert!(!curator::is_due(&lib, &config, t0 + Duration::hours(1)));
+    assert!(curator::is_due(&lib, &config, t0 + week));
     let report = curator::run_if_due(&lib, &config, &none, t0 + week)
         .unwrap()
         .expect("due after a week");
