@@ -151,7 +151,7 @@ async fn tools_are_listed_across_pages_and_called() {
         1,
         "one process for all of it"
     );
-    // The server's stderr is read (and logged), not left to fill a pipe.
+    // All of it on one connection, which the server's health shows.
     assert!(matches!(
         fix.health().await,
         Health::Connected { tools: 15 }
