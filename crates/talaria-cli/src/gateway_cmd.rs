@@ -128,36 +128,11 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     });
     messenger.bind(gateway.delivery());
     // What a background review learned is said in the chat it reviewed.
-    {
-        let delivery = gateway.delivery();
-        let store = rt.store.clone();
-        rt.attach_review(
-            &agent,
-            client,
-            Arc::new(move |session: &str, line: &str| {
-                let (delivery, store) = (delivery.clone(), store.clone());
-                let (session, line) = (session.to_owned(), line.to_owned());
-                tokio::spawn(async move {
-                    let Ok(Some(record)) = store.session(&session).await else {
-                        return;
-                    };
-                    let Some(chat_id) = record.chat_id else {
-                        return;
-                    };
-                    if delivery.adapter(&record.source).is_none() {
-                        return;
-                    }
-                    let to = talaria_gateway::delivery::Address {
-                        platform: record.source,
-                        chat_id,
-                        thread_id: record.thread_id,
-                        reply_to: None,
-                    };
-                    delivery.notify(&to, &line).await;
-                });
-            }),
-        );
-    }
+    rt.attach_review(
+        &agent,
+        client,
+        talaria_gateway::messenger::session_notifier(rt.store.clone(), gateway.delivery()),
+    );
     if let Some(scheduler) = gateway.scheduler() {
         cron_tool.bind(scheduler);
     }

@@ -47,20 +47,41 @@ impl GatewayMessenger {
             .get()
             .ok_or_else(|| "the gateway is still starting; try again in a moment".to_owned())
     }
+}
 
-    /// Where `session_id`'s messages came from, when that is a chat on a
-    /// connected platform.
-    async fn origin(&self, delivery: &Delivery, session_id: &str) -> Option<Address> {
-        let session = self.store.session(session_id).await.ok().flatten()?;
-        let chat_id = session.chat_id?;
-        delivery.adapter(&session.source)?;
-        Some(Address {
-            platform: session.source,
-            chat_id,
-            thread_id: session.thread_id,
-            reply_to: None,
-        })
-    }
+/// Where `session_id`'s messages came from, when that is a chat on a
+/// platform `delivery` is connected to.
+pub async fn session_chat(
+    store: &dyn SessionStore,
+    delivery: &Delivery,
+    session_id: &str,
+) -> Option<Address> {
+    let session = store.session(session_id).await.ok().flatten()?;
+    let chat_id = session.chat_id?;
+    delivery.adapter(&session.source)?;
+    Some(Address {
+        platform: session.source,
+        chat_id,
+        thread_id: session.thread_id,
+        reply_to: None,
+    })
+}
+
+/// Says a line in the chat a session belongs to, on a task of its own (the
+/// background review's notices); sessions of no chat are skipped.
+pub fn session_notifier(
+    store: Arc<dyn SessionStore>,
+    delivery: Delivery,
+) -> Arc<dyn Fn(&str, &str) + Send + Sync> {
+    Arc::new(move |session: &str, line: &str| {
+        let (store, delivery) = (store.clone(), delivery.clone());
+        let (session, line) = (session.to_owned(), line.to_owned());
+        tokio::spawn(async move {
+            if let Some(to) = session_chat(store.as_ref(), &delivery, &session).await {
+                delivery.notify(&to, &line).await;
+            }
+        });
+    })
 }
 
 /// How a destination reads in a tool result or on the command line.
@@ -104,7 +125,7 @@ impl Messenger for GatewayMessenger {
         let delivery = self.delivery()?;
         // Only `origin` needs the session's chat; skip the lookup otherwise.
         let origin = match target.parse::<Target>() {
-            Ok(Target::Origin) => self.origin(delivery, session_id).await,
+            Ok(Target::Origin) => session_chat(self.store.as_ref(), delivery, session_id).await,
             _ => None,
         };
         send_to_target(delivery, target, origin.as_ref(), message).await
