@@ -72,7 +72,7 @@ pub async fn session_chat(
 pub fn session_notifier(
     store: Arc<dyn SessionStore>,
     delivery: Delivery,
-) -> Arc<dyn Fn(&str, &str) + Send + Sync> {
+) -> talaria_learning::review::Notify {
     Arc::new(move |session: &str, line: &str| {
         let (store, delivery) = (store.clone(), delivery.clone());
         let (session, line) = (session.to_owned(), line.to_owned());
