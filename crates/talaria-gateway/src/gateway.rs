@@ -53,6 +53,11 @@ const CURATOR_INTERVAL: Duration = Duration::from_secs(3600);
 /// How often runs left `running` by a dead process are marked interrupted.
 const CRON_STALE_INTERVAL: Duration = Duration::from_secs(3600);
 
+/// How long an inbound id is remembered for dedupe. Platforms re-deliver
+/// within minutes (Slack) or on the next sync after a crash (Matrix); a
+/// week covers a gateway that was down over a long weekend.
+const INBOUND_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Everything a gateway is built from.
 pub struct GatewayParts {
     pub config: Arc<Config>,
@@ -357,6 +362,25 @@ impl Gateway {
                 move || prune_ledger(delivery.clone()),
             ));
         }
+        let store = self.store.clone();
+        tasks.push(PeriodicTask::new(
+            "inbound-prune",
+            PRUNE_INTERVAL,
+            move || {
+                let store = store.clone();
+                async move {
+                    let cutoff = talaria_core::unix_now() - INBOUND_RETENTION.as_secs_f64();
+                    match store.prune_inbound(cutoff).await {
+                        Ok(0) => Ok(()),
+                        Ok(n) => {
+                            tracing::info!(rows = n, "forgot old inbound message ids");
+                            Ok(())
+                        }
+                        Err(e) => Err(format!("cannot prune inbound message ids: {e}")),
+                    }
+                }
+            },
+        ));
         if let Some(scheduler) = &self.scheduler {
             let ticker = scheduler.clone();
             tasks.push(PeriodicTask::new("cron-tick", CRON_TICK, move || {

@@ -240,6 +240,9 @@ impl Runner {
         if !verified && !self.authorized(&event).await {
             return;
         }
+        if !self.first_delivery(&event).await {
+            return;
+        }
         inner.hook(events::MESSAGE_RECEIVED, || {
             let s = &event.source;
             serde_json::json!({
@@ -313,6 +316,37 @@ impl Runner {
                 mergeable: true,
             },
         );
+    }
+
+    /// Whether this is the first time the event arrives. Platforms
+    /// re-deliver what they think was missed (an unacknowledged envelope, a
+    /// replayed sync, a resumed stream); a repeat is dropped here, before
+    /// it can start a second turn. Message ids are unique per chat on most
+    /// platforms, so the chat is part of the id. When the store cannot
+    /// answer, the event goes through: a rare duplicate answer is better
+    /// than a lost message.
+    async fn first_delivery(&self, event: &MessageEvent) -> bool {
+        let Some(message_id) = &event.message_id else {
+            return true;
+        };
+        let source = &event.source;
+        let inbound_id = format!("{}\u{1f}{message_id}", source.chat_id);
+        match self
+            .inner
+            .store
+            .first_delivery(&source.platform, &inbound_id)
+            .await
+        {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::info!(platform = %source.platform, message_id = %message_id, "re-delivered message ignored");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(platform = %source.platform, error = %e, "cannot check for a re-delivered message; taking it");
+                true
+            }
+        }
     }
 
     /// Applies authorization; strangers in DMs may be offered a code.

@@ -464,3 +464,38 @@ async fn stop_interrupts_and_queue_runs_items_as_their_own_turns() {
     assert_eq!(rig.user_messages(2).last().unwrap(), "b");
     assert_eq!(rig.user_messages(3).last().unwrap(), "c");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_delivered_message_never_starts_a_second_turn() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    let message = |text: &str, id: i64| {
+        serde_json::json!({ "message": {
+            "message_id": id, "text": text,
+            "chat": {"id": 42, "type": "private", "first_name": "U"},
+            "from": {"id": 42, "is_bot": false, "first_name": "U"},
+        }})
+    };
+    rig.llm.push(Reply::text("First answer."));
+    rig.tg.push_update(message("only once", 777));
+    rig.sent(1).await;
+    // The same message again, in a new update: what a replayed poll or a
+    // second delivery path looks like. Then a genuinely new message with
+    // the same text, which must be answered.
+    rig.tg.push_update(message("only once", 777));
+    rig.llm.push(Reply::text("Second answer."));
+    rig.tg.push_update(message("only once", 778));
+    let sent = rig.sent(2).await;
+    assert_eq!(sent[1].rendered(), "Second answer.");
+    rig.settle().await;
+    assert_eq!(rig.llm.requests().len(), 2);
+    assert_eq!(rig.tg.sent().len(), 2);
+    // The same message id in another chat is another message.
+    rig.llm.push(Reply::text("Third answer."));
+    rig.tg.push_update(serde_json::json!({ "message": {
+        "message_id": 777, "text": "hello from 43",
+        "chat": {"id": 43, "type": "private", "first_name": "V"},
+        "from": {"id": 42, "is_bot": false, "first_name": "U"},
+    }}));
+    let sent = rig.sent(3).await;
+    assert_eq!(sent[2].rendered(), "Third answer.");
+}

@@ -308,13 +308,52 @@ pub trait PairingStore: Send + Sync {
     async fn pairing_snapshot(&self, limits: PairingLimits) -> Result<PairingSnapshot>;
 }
 
+/// Inbound events already taken, so a platform's re-delivery (an
+/// unacknowledged Slack envelope, a Matrix sync replayed after a crash, the
+/// same update reaching two gateways) never starts a second turn.
+#[async_trait]
+pub trait InboundStore: Send + Sync {
+    /// Records `inbound_id` for `platform` and returns `true`, or returns
+    /// `false` when it was recorded before. The check and the record are
+    /// one atomic step, so of two racing callers exactly one gets `true`.
+    async fn first_delivery(&self, platform: &str, inbound_id: &str) -> Result<bool>;
+    /// Forgets ids recorded before `cutoff`; returns how many. Platforms
+    /// stop re-delivering long before any sensible cutoff.
+    async fn prune_inbound(&self, cutoff: Timestamp) -> Result<u64>;
+}
+
+/// Small named values an adapter keeps across restarts: a sync token, a
+/// stream position. Kept in the store rather than in files so that, with a
+/// shared backend, whichever node takes over a connector resumes where the
+/// last one stopped.
+#[async_trait]
+pub trait CursorStore: Send + Sync {
+    /// The value last saved under (`platform`, `name`).
+    async fn cursor(&self, platform: &str, name: &str) -> Result<Option<String>>;
+    /// Saves `value` under (`platform`, `name`), replacing what was there.
+    async fn set_cursor(&self, platform: &str, name: &str, value: &str) -> Result<()>;
+}
+
 /// Everything the gateway needs from one backend.
 pub trait GatewayStore:
-    SessionStore + RouteStore + LedgerStore + PairingStore + crate::CronStore
+    SessionStore
+    + RouteStore
+    + LedgerStore
+    + PairingStore
+    + InboundStore
+    + CursorStore
+    + crate::CronStore
 {
 }
 
-impl<T: SessionStore + RouteStore + LedgerStore + PairingStore + crate::CronStore> GatewayStore
-    for T
+impl<
+    T: SessionStore
+        + RouteStore
+        + LedgerStore
+        + PairingStore
+        + InboundStore
+        + CursorStore
+        + crate::CronStore,
+> GatewayStore for T
 {
 }

@@ -25,9 +25,9 @@ pub mod gateway;
 pub mod sqlite;
 
 pub use gateway::{
-    ApproveOutcome, ApprovedUser, GatewayStore, LedgerStore, NewObligation, Obligation,
-    ObligationState, OfferOutcome, Owner, PairingLimits, PairingSnapshot, PairingStore,
-    PendingPairing, Route, RouteStore,
+    ApproveOutcome, ApprovedUser, CursorStore, GatewayStore, InboundStore, LedgerStore,
+    NewObligation, Obligation, ObligationState, OfferOutcome, Owner, PairingLimits,
+    PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore,
 };
 
 pub use cron::{

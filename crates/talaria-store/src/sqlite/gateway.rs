@@ -37,9 +37,9 @@ use super::SqliteStore;
 use super::conn::OpResult;
 use super::rows::{from_sql_count, from_sql_small_count, now, to_sql_count};
 use crate::gateway::{
-    ApproveOutcome, ApprovedUser, LedgerStore, NewObligation, Obligation, ObligationState,
-    OfferOutcome, Owner, PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route,
-    RouteStore, normalize_pairing_code,
+    ApproveOutcome, ApprovedUser, CursorStore, InboundStore, LedgerStore, NewObligation,
+    Obligation, ObligationState, OfferOutcome, Owner, PairingLimits, PairingSnapshot, PairingStore,
+    PendingPairing, Route, RouteStore, normalize_pairing_code,
 };
 use crate::{Result, StoreError, Timestamp};
 
@@ -745,6 +745,68 @@ impl PairingStore for SqliteStore {
                 approved,
                 lockouts,
             })
+        })
+        .await
+    }
+}
+
+// ---------------------------------------------------------------- inbound
+
+#[async_trait]
+impl InboundStore for SqliteStore {
+    async fn first_delivery(&self, platform: &str, inbound_id: &str) -> Result<bool> {
+        let (platform, id) = (platform.to_owned(), inbound_id.to_owned());
+        self.write(move |tx| {
+            let inserted = tx
+                .prepare_cached(
+                    "INSERT INTO inbound_seen (platform, inbound_id, seen_at) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (platform, inbound_id) DO NOTHING",
+                )?
+                .execute(params![platform, id, now()])?;
+            Ok(inserted == 1)
+        })
+        .await
+    }
+
+    async fn prune_inbound(&self, cutoff: Timestamp) -> Result<u64> {
+        self.write(move |tx| {
+            let deleted = tx
+                .prepare_cached("DELETE FROM inbound_seen WHERE seen_at < ?1")?
+                .execute(params![cutoff])?;
+            Ok(deleted as u64)
+        })
+        .await
+    }
+}
+
+// ---------------------------------------------------------------- cursors
+
+#[async_trait]
+impl CursorStore for SqliteStore {
+    async fn cursor(&self, platform: &str, name: &str) -> Result<Option<String>> {
+        let (platform, name) = (platform.to_owned(), name.to_owned());
+        self.read(move |tx| {
+            Ok(tx
+                .prepare_cached(
+                    "SELECT value FROM adapter_cursors WHERE platform = ?1 AND name = ?2",
+                )?
+                .query_row(params![platform, name], |r| r.get(0))
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn set_cursor(&self, platform: &str, name: &str, value: &str) -> Result<()> {
+        let (platform, name, value) = (platform.to_owned(), name.to_owned(), value.to_owned());
+        self.write(move |tx| {
+            tx.prepare_cached(
+                "INSERT INTO adapter_cursors (platform, name, value, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (platform, name) DO UPDATE SET \
+                 value = excluded.value, updated_at = excluded.updated_at",
+            )?
+            .execute(params![platform, name, value, now()])?;
+            Ok(())
         })
         .await
     }

@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1, V2, V3];
+const STEPS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -212,6 +212,26 @@ CREATE TABLE cron_occurrences (
 CREATE INDEX cron_occurrences_status ON cron_occurrences (status, started_at);
 
 CREATE INDEX gateway_routes_updated ON gateway_routes (updated_at);
+"#;
+
+/// Inbound dedupe and adapter cursors.
+const V4: &str = r#"
+-- One row per inbound event taken; the primary key is the dedupe.
+CREATE TABLE inbound_seen (
+    platform   TEXT NOT NULL,
+    inbound_id TEXT NOT NULL,
+    seen_at    REAL NOT NULL,
+    PRIMARY KEY (platform, inbound_id)
+) WITHOUT ROWID;
+CREATE INDEX inbound_seen_at ON inbound_seen (seen_at);
+
+CREATE TABLE adapter_cursors (
+    platform   TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (platform, name)
+) WITHOUT ROWID;
 "#;
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or
