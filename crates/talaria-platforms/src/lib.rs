@@ -16,3 +16,5 @@ mod listen;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+#[cfg(feature = "websocket")]
+mod ws;
