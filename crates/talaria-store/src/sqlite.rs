@@ -134,10 +134,15 @@ impl SqliteStore {
         T: Send + 'static,
         F: Fn(&rusqlite::Transaction<'_>) -> OpResult<T> + Send + 'static,
     {
-        let inner = Arc::clone(&self.inner);
-        // If the caller is cancelled the blocking task still runs to the
-        // end; that is fine, because each operation is one transaction.
-        join(tokio::task::spawn_blocking(move || inner.write(op)).await)
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        // If the caller is cancelled the operation still runs and commits;
+        // that is fine, because each operation is atomic on its own.
+        self.inner.write(op, reply);
+        outcome.await.unwrap_or_else(|_| {
+            Err(StoreError::Database(
+                "the database writer stopped before answering".to_owned(),
+            ))
+        })
     }
 
     async fn read<T, F>(&self, op: F) -> Result<T>

@@ -109,20 +109,22 @@ async fn routes_survive_a_reopen() {
 }
 
 #[test]
-fn a_fresh_database_is_at_version_3_with_the_gateway_and_cron_tables() {
+fn a_fresh_database_is_at_version_4_with_the_gateway_cron_and_inbound_tables() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 3);
-    for name in GATEWAY_TABLES
-        .iter()
-        .chain(&["cron_jobs", "cron_occurrences"])
-    {
+    assert_eq!(user_version(&path), 4);
+    for name in GATEWAY_TABLES.iter().chain(&[
+        "cron_jobs",
+        "cron_occurrences",
+        "inbound_seen",
+        "adapter_cursors",
+    ]) {
         assert!(has_object(&path, name), "{name} is missing");
     }
     // Reopening an up-to-date file migrates nothing and still works.
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 3);
+    assert_eq!(user_version(&path), 4);
 }
 
 #[tokio::test]
@@ -143,7 +145,8 @@ async fn a_version_1_database_is_upgraded_in_place() {
             "DROP TABLE cron_occurrences; DROP TABLE cron_jobs; \
              DROP TABLE gateway_routes; DROP TABLE delivery_obligations; \
              DROP TABLE pairing_pending; DROP TABLE pairing_approved; \
-             DROP TABLE pairing_stamps; PRAGMA user_version = 1;",
+             DROP TABLE pairing_stamps; DROP TABLE inbound_seen; \
+             DROP TABLE adapter_cursors; PRAGMA user_version = 1;",
         )
         .unwrap();
     }
@@ -151,8 +154,11 @@ async fn a_version_1_database_is_upgraded_in_place() {
     assert!(!has_object(&path, "gateway_routes"));
 
     let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(user_version(&path), 3);
-    for name in GATEWAY_TABLES {
+    assert_eq!(user_version(&path), 4);
+    for name in GATEWAY_TABLES
+        .iter()
+        .chain(&["inbound_seen", "adapter_cursors"])
+    {
         assert!(has_object(&path, name), "{name} is missing");
     }
     // V1 data is untouched and the new tables work.

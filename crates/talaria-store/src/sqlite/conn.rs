@@ -1,13 +1,17 @@
 //! Connections, the retry loop and error mapping.
 //!
 //! SQLite allows one writer at a time per database file, across processes.
-//! Inside this process the writer connection sits behind a mutex, so our own
-//! writes queue politely; other processes (a second gateway, the CLI) can
-//! still hold the lock, which is why every operation runs under a bounded,
-//! jittered retry on `SQLITE_BUSY` / `SQLITE_LOCKED`.
+//! Inside this process the writer connection belongs to one thread that
+//! takes write operations from a queue and commits whatever is waiting
+//! together (group commit, see [`Writer`]); other processes (a second
+//! gateway, the CLI) can still hold the lock, which is why every
+//! transaction runs under a bounded, jittered retry on `SQLITE_BUSY` /
+//! `SQLITE_LOCKED`.
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -122,36 +126,37 @@ pub(crate) fn configure(conn: &Connection, opts: &SqliteOptions) -> rusqlite::Re
 pub(crate) struct Connections {
     pub(crate) path: PathBuf,
     pub(crate) opts: SqliteOptions,
-    writer: Mutex<Connection>,
+    writer: Writer,
     idle_readers: Mutex<Vec<Connection>>,
 }
 
 impl Connections {
     pub(crate) fn new(path: PathBuf, opts: SqliteOptions, writer: Connection) -> Self {
         Connections {
+            writer: Writer::start(writer, path.clone(), opts.clone()),
             path,
             opts,
-            writer: Mutex::new(writer),
             idle_readers: Mutex::new(Vec::new()),
         }
     }
 
-    /// Runs `op` in an `IMMEDIATE` transaction on the writer and commits.
-    ///
-    /// `IMMEDIATE` takes the write lock up front: a deferred transaction
-    /// that reads first and upgrades later can hit a busy error that the
-    /// busy handler cannot wait out.
-    pub(crate) fn write<T>(
+    /// Queues `op` for the writer thread; it runs inside an `IMMEDIATE`
+    /// transaction (in its own savepoint, so its failure undoes only its
+    /// own changes) and `reply` gets the outcome once that transaction
+    /// committed.
+    pub(crate) fn write<T, F>(
         &self,
-        op: impl Fn(&Transaction<'_>) -> OpResult<T>,
-    ) -> Result<T, StoreError> {
-        let mut conn = lock(&self.writer);
-        with_retry(&self.opts, &self.path, || {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let value = op(&tx)?;
-            tx.commit()?;
-            Ok(value)
-        })
+        op: F,
+        reply: tokio::sync::oneshot::Sender<Result<T, StoreError>>,
+    ) where
+        T: Send + 'static,
+        F: Fn(&Transaction<'_>) -> OpResult<T> + Send + 'static,
+    {
+        self.writer.submit(Box::new(Job {
+            op,
+            outcome: None,
+            reply: Some(reply),
+        }));
     }
 
     /// Runs `op` in a read transaction on a pooled reader, so every
@@ -193,5 +198,270 @@ impl Connections {
         if idle.len() < self.opts.max_idle_readers {
             idle.push(conn);
         }
+    }
+}
+
+/// Most operations committed in one transaction. Bounds how long the first
+/// of them waits for the others to run.
+const MAX_BATCH: usize = 64;
+
+/// The thread that owns the write connection.
+///
+/// Operations arrive on a queue. The thread takes the first, then whatever
+/// else is already waiting (up to [`MAX_BATCH`]), runs them one after
+/// another in one `IMMEDIATE` transaction, each in its own savepoint, and
+/// commits once. An idle writer therefore commits a lone operation at once,
+/// while a busy one (concurrent turns) writes the pages they share (the
+/// message table's last page, the full-text index's new segment, the
+/// sessions row) once per batch instead of once per operation: fewer bytes
+/// to disk and less work per turn, with no added wait.
+///
+/// `IMMEDIATE` takes the write lock up front: a deferred transaction that
+/// reads first and upgrades later can hit a busy error that the busy
+/// handler cannot wait out.
+struct Writer {
+    queue: Mutex<Option<mpsc::Sender<Box<dyn WriteJob>>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Writer {
+    fn start(conn: Connection, path: PathBuf, opts: SqliteOptions) -> Writer {
+        let (tx, rx) = mpsc::channel::<Box<dyn WriteJob>>();
+        let spawned = std::thread::Builder::new()
+            .name("talaria-db-writer".to_owned())
+            .spawn(move || write_loop(conn, rx, &path, &opts));
+        let thread = match spawned {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                // Without its thread every write reports the failure below.
+                tracing::error!(error = %e, "cannot start the database writer thread");
+                None
+            }
+        };
+        Writer {
+            queue: Mutex::new(thread.is_some().then_some(tx)),
+            thread: Mutex::new(thread),
+        }
+    }
+
+    fn submit(&self, job: Box<dyn WriteJob>) {
+        let rejected = match &*lock(&self.queue) {
+            Some(queue) => queue.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = rejected {
+            job.finish(Err(StoreError::Database(
+                "the database writer has stopped".to_owned(),
+            )));
+        }
+    }
+}
+
+impl Drop for Writer {
+    /// Closes the queue and waits for the thread, so the connection is
+    /// closed (and the WAL checkpointed) when the last store handle is gone.
+    fn drop(&mut self) {
+        lock(&self.queue).take();
+        if let Some(thread) = lock(&self.thread).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn write_loop(
+    mut conn: Connection,
+    queue: mpsc::Receiver<Box<dyn WriteJob>>,
+    path: &Path,
+    opts: &SqliteOptions,
+) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let committed = with_retry(opts, path, || {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            for job in &mut batch {
+                job.run(&tx, path)?;
+            }
+            tx.commit()?;
+            Ok(())
+        });
+        let committed = committed.map_err(Arc::new);
+        for job in batch {
+            job.finish(match &committed {
+                Ok(()) => Ok(()),
+                Err(e) => Err(same_error(e)),
+            });
+        }
+    }
+}
+
+/// One batch failure told to each of its operations.
+fn same_error(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Busy => StoreError::Busy,
+        other => StoreError::Database(other.to_string()),
+    }
+}
+
+/// A queued write operation with its outcome and its reply.
+trait WriteJob: Send {
+    /// Runs the operation inside the batch's transaction and keeps its
+    /// outcome. Returns an error only when the whole batch must be retried
+    /// (the database was busy).
+    fn run(&mut self, tx: &Transaction<'_>, path: &Path) -> OpResult<()>;
+    /// Replies: the kept outcome if the batch committed, else `failed`.
+    fn finish(self: Box<Self>, committed: Result<(), StoreError>);
+}
+
+struct Job<T, F> {
+    op: F,
+    outcome: Option<Result<T, StoreError>>,
+    reply: Option<tokio::sync::oneshot::Sender<Result<T, StoreError>>>,
+}
+
+impl<T, F> WriteJob for Job<T, F>
+where
+    T: Send + 'static,
+    F: Fn(&Transaction<'_>) -> OpResult<T> + Send + 'static,
+{
+    fn run(&mut self, tx: &Transaction<'_>, path: &Path) -> OpResult<()> {
+        tx.execute_batch("SAVEPOINT op")?;
+        // A panicking operation is a bug; it must cost only its own write,
+        // not the writer thread every later write depends on.
+        let result =
+            std::panic::catch_unwind(AssertUnwindSafe(|| (self.op)(tx))).unwrap_or_else(|_| {
+                Err(OpError::Store(StoreError::Database(
+                    "a database operation panicked".to_owned(),
+                )))
+            });
+        match result {
+            Ok(value) => {
+                tx.execute_batch("RELEASE op")?;
+                self.outcome = Some(Ok(value));
+            }
+            Err(e) if is_busy(&e) => return Err(e),
+            Err(e) => {
+                tx.execute_batch("ROLLBACK TO op; RELEASE op")?;
+                self.outcome = Some(Err(match e {
+                    OpError::Store(e) => e,
+                    sql => to_store_error(sql, path),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>, committed: Result<(), StoreError>) {
+        let result = match committed {
+            Ok(()) => self.outcome.take().unwrap_or_else(|| {
+                Err(StoreError::Database(
+                    "a database operation did not run".to_owned(),
+                ))
+            }),
+            Err(e) => Err(e),
+        };
+        if let Some(reply) = self.reply.take() {
+            // The caller may have gone away; its write stands regardless.
+            let _ = reply.send(result);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connections(dir: &Path) -> Connections {
+        let path = dir.join("w.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (v TEXT UNIQUE);")
+            .unwrap();
+        Connections::new(path, SqliteOptions::default(), conn)
+    }
+
+    fn insert(v: &'static str) -> impl Fn(&Transaction<'_>) -> OpResult<usize> + Send + 'static {
+        move |tx| {
+            tx.execute("INSERT INTO t (v) VALUES (?1)", [v])?;
+            Ok(1)
+        }
+    }
+
+    #[tokio::test]
+    async fn one_batch_commits_the_good_operations_and_undoes_only_the_bad_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let conns = connections(dir.path());
+        // The first operation holds the writer a moment, so the rest queue
+        // up behind it and are committed together.
+        let (slow_tx, slow) = tokio::sync::oneshot::channel();
+        conns.write(
+            |tx: &Transaction<'_>| {
+                std::thread::sleep(Duration::from_millis(100));
+                tx.execute("INSERT INTO t (v) VALUES ('slow')", [])?;
+                Ok(())
+            },
+            slow_tx,
+        );
+        let mut replies = Vec::new();
+        for op in 0..4 {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            match op {
+                0 => conns.write(insert("a"), tx),
+                // Writes a row, then fails: its row must not survive.
+                1 => conns.write(
+                    |tx: &Transaction<'_>| -> OpResult<usize> {
+                        tx.execute("INSERT INTO t (v) VALUES ('half')", [])?;
+                        tx.execute("INSERT INTO t (v) VALUES ('a')", [])?;
+                        Ok(2)
+                    },
+                    tx,
+                ),
+                2 => conns.write(
+                    |_: &Transaction<'_>| -> OpResult<usize> { panic!("a bug in an operation") },
+                    tx,
+                ),
+                _ => conns.write(insert("b"), tx),
+            }
+            replies.push(rx);
+        }
+        slow.await.unwrap().unwrap();
+        let outcomes: Vec<bool> = futures_outcomes(replies).await;
+        assert_eq!(outcomes, vec![true, false, false, true]);
+        let (rx_tx, rx) = tokio::sync::oneshot::channel();
+        conns.write(
+            |tx: &Transaction<'_>| -> OpResult<Vec<String>> {
+                let mut stmt = tx.prepare("SELECT v FROM t ORDER BY v")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
+            },
+            rx_tx,
+        );
+        assert_eq!(rx.await.unwrap().unwrap(), vec!["a", "b", "slow"]);
+    }
+
+    async fn futures_outcomes(
+        replies: Vec<tokio::sync::oneshot::Receiver<Result<usize, StoreError>>>,
+    ) -> Vec<bool> {
+        let mut out = Vec::new();
+        for r in replies {
+            out.push(r.await.unwrap().is_ok());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn dropping_the_last_handle_closes_the_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let conns = connections(dir.path());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        conns.write(insert("x"), tx);
+        rx.await.unwrap().unwrap();
+        drop(conns);
+        // The writer closed the file: SQLite removed the WAL on close.
+        assert!(!dir.path().join("w.db-wal").exists());
     }
 }

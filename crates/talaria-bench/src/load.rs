@@ -1,0 +1,320 @@
+//! The closed-loop client: each simulated user sends a one-line message,
+//! waits for the whole answer, and sends the next.
+//!
+//! Users hold conversations of [`TURNS_PER_CONVERSATION`] turns (one
+//! session id each), then start a new one: history grows as it does in
+//! real chats, but never without bound, so figures do not drift with the
+//! length of the run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::mock::TOOL_MARKER;
+
+/// Turns in one conversation before a user starts a new session.
+pub const TURNS_PER_CONVERSATION: u64 = 10;
+
+/// What a turn asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A whole `chat.completion` answer.
+    Text,
+    /// A streamed answer (server-sent events).
+    Stream,
+    /// A whole answer after one tool call.
+    Tool,
+}
+
+/// One finished turn.
+#[derive(Debug, Clone, Copy)]
+pub struct Turn {
+    pub latency: Duration,
+    /// Time to the first byte of the body (streamed turns).
+    pub first_byte: Option<Duration>,
+}
+
+/// Where turns are sent: the gateway's API server or the mock itself.
+#[derive(Clone)]
+pub struct Target {
+    http: reqwest::Client,
+    url: String,
+    key: Option<String>,
+    /// For the mock alone: send the body a gateway would send (a system
+    /// prompt and tools), not the client's one-liner.
+    body_override: Option<Arc<Vec<u8>>>,
+}
+
+impl Target {
+    /// The gateway's `/v1/chat/completions` at `base`.
+    pub fn gateway(http: reqwest::Client, base: &str, key: &str) -> Target {
+        Target {
+            http,
+            url: format!("{base}/v1/chat/completions"),
+            key: Some(key.to_owned()),
+            body_override: None,
+        }
+    }
+
+    /// The mock's own endpoint, sent `body` (a request as a gateway makes
+    /// it) on every turn.
+    pub fn mock(http: reqwest::Client, base_url: &str, body: Vec<u8>) -> Target {
+        Target {
+            http,
+            url: format!("{base_url}/chat/completions"),
+            key: None,
+            body_override: Some(Arc::new(body)),
+        }
+    }
+
+    /// Runs one turn in `session` and checks the answer.
+    pub async fn turn(&self, session: &str, mode: Mode) -> anyhow::Result<Turn> {
+        let body = match &self.body_override {
+            Some(b) => b.as_ref().clone(),
+            None => {
+                let text = match mode {
+                    Mode::Tool => format!("Please note that the build passed. {TOOL_MARKER}"),
+                    _ => "Please note that the build passed.".to_owned(),
+                };
+                serde_json::to_vec(&json!({
+                    "model": "talaria",
+                    "messages": [{"role": "user", "content": text}],
+                    "stream": mode == Mode::Stream,
+                }))?
+            }
+        };
+        let mut request = self
+            .http
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("x-talaria-session-id", session)
+            .body(body);
+        if let Some(key) = &self.key {
+            request = request.bearer_auth(key);
+        }
+        let started = Instant::now();
+        let mut response = request.send().await.context("request failed")?;
+        let status = response.status();
+        let mut first_byte = None;
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.context("body failed")? {
+            first_byte.get_or_insert_with(|| started.elapsed());
+            body.extend_from_slice(&chunk);
+        }
+        let latency = started.elapsed();
+        if !status.is_success() {
+            bail!("HTTP {status}: {}", String::from_utf8_lossy(&body));
+        }
+        // The gateway streams from the model, so a replayed gateway request
+        // gets a stream from the mock whatever the mode.
+        check_answer(&body, body.starts_with(b"data:"))?;
+        Ok(Turn {
+            latency,
+            first_byte,
+        })
+    }
+}
+
+/// The answer must carry the mock's text; a 200 with an error inside does
+/// not count as a turn.
+fn check_answer(body: &[u8], streamed: bool) -> anyhow::Result<()> {
+    let text = String::from_utf8_lossy(body);
+    if streamed {
+        if !text.contains("[DONE]") {
+            bail!("the stream ended without [DONE]");
+        }
+        return Ok(());
+    }
+    let v: Value = serde_json::from_slice(body).context("the answer is not JSON")?;
+    match v["choices"][0]["message"]["content"].as_str() {
+        Some(t) if !t.is_empty() => Ok(()),
+        _ => bail!(
+            "the answer has no text: {}",
+            text.chars().take(300).collect::<String>()
+        ),
+    }
+}
+
+/// The session id for user `user`'s `turn`-th turn in a run tagged `tag`.
+fn session_for(tag: &str, user: usize, turn: u64) -> String {
+    format!("bench-{tag}-u{user}-c{}", turn / TURNS_PER_CONVERSATION)
+}
+
+/// `n` turns one after another.
+pub async fn sequential(
+    target: &Target,
+    tag: &str,
+    n: u64,
+    mode: Mode,
+) -> anyhow::Result<Vec<Turn>> {
+    let mut turns = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        turns.push(target.turn(&session_for(tag, 0, i), mode).await?);
+    }
+    Ok(turns)
+}
+
+/// What a concurrent run measured.
+#[derive(Debug, Clone)]
+pub struct LoadResult {
+    pub concurrency: usize,
+    pub turns: Vec<Turn>,
+    pub errors: u64,
+    /// The first error seen, to say why.
+    pub first_error: Option<String>,
+    pub elapsed: Duration,
+}
+
+impl LoadResult {
+    pub fn throughput(&self) -> f64 {
+        self.turns.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// How a concurrent run ends.
+#[derive(Debug, Clone, Copy)]
+pub enum Stop {
+    /// After this long.
+    After(Duration),
+    /// After this many turns in all.
+    Turns(u64),
+}
+
+/// `users` closed-loop users until `stop`.
+pub async fn concurrent(
+    target: &Target,
+    tag: &str,
+    users: usize,
+    mode: Mode,
+    stop: Stop,
+) -> LoadResult {
+    let done = Arc::new(AtomicBool::new(false));
+    let started_turns = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(users);
+    for user in 0..users {
+        let (target, tag, done, count) = (
+            target.clone(),
+            tag.to_owned(),
+            done.clone(),
+            started_turns.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut turns = Vec::new();
+            let mut errors = 0u64;
+            let mut first_error = None;
+            let mut i = 0u64;
+            loop {
+                let over = match stop {
+                    Stop::After(d) => started.elapsed() >= d,
+                    Stop::Turns(n) => count.fetch_add(1, Ordering::Relaxed) >= n,
+                };
+                if over || done.load(Ordering::Relaxed) {
+                    break;
+                }
+                match target.turn(&session_for(&tag, user, i), mode).await {
+                    Ok(t) => turns.push(t),
+                    Err(e) => {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| format!("{e:#}"));
+                    }
+                }
+                i += 1;
+            }
+            (turns, errors, first_error)
+        }));
+    }
+    let mut result = LoadResult {
+        concurrency: users,
+        turns: Vec::new(),
+        errors: 0,
+        first_error: None,
+        elapsed: Duration::ZERO,
+    };
+    for task in tasks {
+        match task.await {
+            Ok((turns, errors, first)) => {
+                result.turns.extend(turns);
+                result.errors += errors;
+                if result.first_error.is_none() {
+                    result.first_error = first;
+                }
+            }
+            Err(e) => {
+                result.errors += 1;
+                result.first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    result.elapsed = started.elapsed();
+    result
+}
+
+/// The `q` quantile (0..=1) of `values`, by nearest rank.
+pub fn quantile(values: &mut [Duration], q: f64) -> Duration {
+    if values.is_empty() {
+        return Duration::ZERO;
+    }
+    values.sort_unstable();
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+/// p50 and p99 of the turns' latencies.
+pub fn latency_percentiles(turns: &[Turn]) -> (Duration, Duration) {
+    let mut l: Vec<Duration> = turns.iter().map(|t| t.latency).collect();
+    (quantile(&mut l, 0.50), quantile(&mut l, 0.99))
+}
+
+/// The median of `values` (the middle one; the lower middle for an even
+/// count).
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let mut v: Vec<Duration> = (1..=100).rev().map(ms).collect();
+        assert_eq!(quantile(&mut v, 0.5), ms(50));
+        assert_eq!(quantile(&mut v, 0.99), ms(99));
+        assert_eq!(quantile(&mut v, 1.0), ms(100));
+        assert_eq!(quantile(&mut [], 0.5), Duration::ZERO);
+        assert_eq!(quantile(&mut [ms(7)], 0.99), ms(7));
+    }
+
+    #[test]
+    fn medians_pick_the_middle() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.0);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn conversations_rotate_every_ten_turns() {
+        assert_eq!(session_for("t", 3, 0), session_for("t", 3, 9));
+        assert_ne!(session_for("t", 3, 9), session_for("t", 3, 10));
+        assert_ne!(session_for("t", 3, 0), session_for("t", 4, 0));
+    }
+
+    #[test]
+    fn answers_without_text_are_errors() {
+        assert!(check_answer(br#"{"choices":[{"message":{"content":"hi"}}]}"#, false).is_ok());
+        assert!(check_answer(br#"{"error":{"message":"boom"}}"#, false).is_err());
+        assert!(check_answer(b"data: {}\n\ndata: [DONE]\n\n", true).is_ok());
+        assert!(check_answer(b"data: {}\n\n", true).is_err());
+    }
+}

@@ -1,0 +1,403 @@
+//! `talaria-bench`: Talaria's end-to-end load benchmark.
+//!
+//! Starts an instant mock LLM ([`mock`]) and `talaria gateway run` with
+//! only the API server, pointed at it, then measures cold start, memory,
+//! sequential and concurrent turns, disk writes and request sizes, with
+//! the mock alone under the same client as the ceiling. Everything runs on
+//! 127.0.0.1. `docs/PERFORMANCE.md` describes the method and the figures.
+//!
+//! # Layout
+//!
+//! - [`mock`]: the OpenAI-compatible model that answers at once.
+//! - [`gateway`]: the process under test and its `/proc` counters.
+//! - [`load`]: the closed-loop client and percentiles.
+//! - [`report`]: the figures, as Markdown, JSON and an SVG plot.
+#![forbid(unsafe_code)]
+
+mod gateway;
+mod load;
+mod mock;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+
+use gateway::{API_KEY, Gateway};
+use load::{Mode, Stop, Target, latency_percentiles, median};
+use report::{ConcurrencyFigure, CurvePoint, Figures, SequentialFigure};
+
+/// Talaria's end-to-end load benchmark (see docs/PERFORMANCE.md).
+#[derive(Debug, Parser)]
+#[command(name = "talaria-bench")]
+struct Args {
+    /// A few seconds in all, to check that everything works (CI).
+    #[arg(long)]
+    quick: bool,
+    /// Repeats of each measurement; the median is reported.
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// Seconds of each concurrent run at 8 and 32 users.
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Sequential turns per mode and repeat.
+    #[arg(long)]
+    turns: Option<u64>,
+    /// Turns of the memory soak (RSS after 1,000 turns against after this).
+    #[arg(long)]
+    soak_turns: Option<u64>,
+    /// The `talaria` binary; by default the one built next to this program
+    /// (built first when run through `cargo run`).
+    #[arg(long)]
+    talaria: Option<PathBuf>,
+    /// Where results.md, results.json and latency.svg are written.
+    #[arg(long, default_value = "target/talaria-bench")]
+    out: PathBuf,
+}
+
+/// How much of everything a run does.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    repeats: usize,
+    cold_starts: usize,
+    sequential_turns: u64,
+    concurrent: Duration,
+    curve_levels: &'static [usize],
+    curve_duration: Duration,
+    disk_turns: u64,
+    soak_turns: u64,
+    warmup_turns: u64,
+}
+
+impl Plan {
+    fn from_args(args: &Args) -> Plan {
+        let mut plan = if args.quick {
+            Plan {
+                repeats: 1,
+                cold_starts: 1,
+                sequential_turns: 20,
+                concurrent: Duration::from_millis(500),
+                curve_levels: &[1, 8, 32],
+                curve_duration: Duration::from_millis(300),
+                disk_turns: 200,
+                soak_turns: 1_200,
+                warmup_turns: 10,
+            }
+        } else {
+            Plan {
+                repeats: 3,
+                cold_starts: 5,
+                sequential_turns: 1_000,
+                concurrent: Duration::from_secs(20),
+                curve_levels: &[1, 2, 4, 8, 16, 32, 64],
+                curve_duration: Duration::from_secs(5),
+                disk_turns: 1_000,
+                soak_turns: 100_000,
+                warmup_turns: 200,
+            }
+        };
+        if let Some(r) = args.repeats {
+            plan.repeats = r.max(1);
+        }
+        if let Some(d) = args.duration {
+            plan.concurrent = Duration::from_secs(d.max(1));
+        }
+        if let Some(t) = args.turns {
+            plan.sequential_turns = t.max(1);
+        }
+        if let Some(t) = args.soak_turns {
+            plan.soak_turns = t.max(1_001);
+        }
+        plan
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let plan = Plan::from_args(&args);
+    let talaria = match &args.talaria {
+        Some(p) => p.clone(),
+        None => build_talaria()?,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let figures = runtime.block_on(run(&talaria, plan))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let markdown = report::markdown(&figures);
+    std::fs::write(args.out.join("results.md"), &markdown)?;
+    std::fs::write(
+        args.out.join("results.json"),
+        serde_json::to_string_pretty(&figures)?,
+    )?;
+    report::plot(&figures, &args.out.join("latency.svg"))?;
+    println!("{markdown}");
+    println!("written to {}", args.out.display());
+    Ok(())
+}
+
+/// The `talaria` binary next to this one, built first when this program
+/// runs under `cargo run` (which sets `CARGO`), so the figures are always
+/// of the current source in the same profile.
+fn build_talaria() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("no directory for this program")?;
+    if let Ok(cargo) = std::env::var("CARGO") {
+        let release = dir.ends_with("release");
+        let mut build = Command::new(cargo);
+        build.args(["build", "-p", "talaria-cli", "--bin", "talaria"]);
+        if release {
+            build.arg("--release");
+        }
+        let status = build.status().context("cannot run cargo build")?;
+        if !status.success() {
+            bail!("building talaria failed");
+        }
+    }
+    let talaria = dir.join("talaria");
+    if !talaria.is_file() {
+        bail!(
+            "{} not found: build it (cargo build --release -p talaria-cli) or pass --talaria",
+            talaria.display()
+        );
+    }
+    Ok(talaria)
+}
+
+async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
+    let mock = mock::Mock::start().await?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let mut figures = Figures::describe_machine();
+    figures.plan = format!("{plan:?}");
+
+    eprintln!("cold starts ({})", plan.cold_starts);
+    let (mut health, mut first, mut idle, mut request) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..plan.cold_starts {
+        let mut gw = Gateway::launch(talaria, &mock.base_url())?;
+        let to_health = gw.wait_healthy(&http, Duration::from_secs(30)).await?;
+        let target = Target::gateway(http.clone(), &gw.base, API_KEY);
+        target
+            .turn("bench-cold", Mode::Text)
+            .await
+            .with_context(|| format!("the first turn failed:\n{}", gw.log_tail()))?;
+        let to_answer = gw.launched.elapsed();
+        request.push(
+            mock.stats
+                .last_turn_request_bytes
+                .load(std::sync::atomic::Ordering::Relaxed) as f64,
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        idle.push(gw.sample()?.rss_bytes as f64);
+        health.push(ms(to_health));
+        first.push(ms(to_answer));
+        gw.stop();
+    }
+    figures.cold_health_ms = median(&health);
+    figures.cold_first_answer_ms = median(&first);
+    figures.idle_rss_mb = median(&idle) / MB;
+    figures.first_request_bytes = median(&request);
+
+    let mut gw = Gateway::launch(talaria, &mock.base_url())?;
+    gw.wait_healthy(&http, Duration::from_secs(30)).await?;
+    let target = Target::gateway(http.clone(), &gw.base, API_KEY);
+    load::sequential(&target, "warmup", plan.warmup_turns, Mode::Text).await?;
+    let replay = mock
+        .stats
+        .last_turn_request
+        .lock()
+        .ok()
+        .and_then(|b| b.clone())
+        .context("the mock saw no turn")?;
+    let mock_target = Target::mock(http.clone(), &mock.base_url(), replay.to_vec());
+
+    eprintln!(
+        "sequential turns ({} per mode and repeat)",
+        plan.sequential_turns
+    );
+    let mut mock_p50 = vec![];
+    for r in 0..plan.repeats {
+        let turns = load::sequential(
+            &mock_target,
+            &format!("mock{r}"),
+            plan.sequential_turns,
+            Mode::Text,
+        )
+        .await?;
+        mock_p50.push(ms(latency_percentiles(&turns).0));
+    }
+    figures.mock_sequential_p50_ms = median(&mock_p50);
+    for (mode, name, tag) in [
+        (Mode::Text, "whole answer", "text"),
+        (Mode::Stream, "streamed", "stream"),
+        (Mode::Tool, "one tool call", "tool"),
+    ] {
+        let (mut p50, mut p99, mut fb, mut cpu) = (vec![], vec![], vec![], vec![]);
+        for r in 0..plan.repeats {
+            let before = gw.sample()?;
+            let turns = load::sequential(
+                &target,
+                &format!("seq{r}{tag}"),
+                plan.sequential_turns,
+                mode,
+            )
+            .await?;
+            let after = gw.sample()?;
+            let (a, b) = latency_percentiles(&turns);
+            p50.push(ms(a));
+            p99.push(ms(b));
+            cpu.push((after.cpu_secs - before.cpu_secs) * 1000.0 / turns.len() as f64);
+            let mut first: Vec<Duration> = turns.iter().filter_map(|t| t.first_byte).collect();
+            fb.push(ms(load::quantile(&mut first, 0.5)));
+        }
+        figures.sequential.push(SequentialFigure {
+            mode: name.to_owned(),
+            p50_ms: median(&p50),
+            p99_ms: median(&p99),
+            first_byte_p50_ms: (mode == Mode::Stream).then(|| median(&fb)),
+            cpu_ms_per_turn: median(&cpu),
+        });
+    }
+
+    eprintln!("disk writes ({} turns at 8 users)", plan.disk_turns);
+    let (before, db_before) = (gw.sample()?, gw.db_bytes());
+    let run = load::concurrent(&target, "disk", 8, Mode::Text, Stop::Turns(plan.disk_turns)).await;
+    let (after, db_after) = (gw.sample()?, gw.db_bytes());
+    check_errors(&run, &gw)?;
+    let n = run.turns.len().max(1) as f64;
+    figures.disk_bytes_per_turn = (after.write_bytes - before.write_bytes) as f64 / n;
+    figures.db_growth_bytes_per_turn = (db_after as f64 - db_before as f64) / n;
+
+    for users in [8usize, 32] {
+        eprintln!("{users} users, {:?} per repeat", plan.concurrent);
+        let mut f = ConcurrencyFigure {
+            users,
+            ..ConcurrencyFigure::default()
+        };
+        let (mut tput, mut p50, mut p99, mut cpu) = (vec![], vec![], vec![], vec![]);
+        let (mut mtput, mut mp50, mut mp99) = (vec![], vec![], vec![]);
+        for r in 0..plan.repeats {
+            let before = gw.sample()?;
+            let run = load::concurrent(
+                &target,
+                &format!("c{users}r{r}"),
+                users,
+                Mode::Text,
+                Stop::After(plan.concurrent),
+            )
+            .await;
+            let after = gw.sample()?;
+            f.errors += run.errors;
+            if f.first_error.is_none() {
+                f.first_error.clone_from(&run.first_error);
+            }
+            let (a, b) = latency_percentiles(&run.turns);
+            tput.push(run.throughput());
+            p50.push(ms(a));
+            p99.push(ms(b));
+            cpu.push((after.cpu_secs - before.cpu_secs) * 1000.0 / run.turns.len().max(1) as f64);
+            let alone = load::concurrent(
+                &mock_target,
+                &format!("m{users}r{r}"),
+                users,
+                Mode::Text,
+                Stop::After(plan.concurrent),
+            )
+            .await;
+            let (a, b) = latency_percentiles(&alone.turns);
+            mtput.push(alone.throughput());
+            mp50.push(ms(a));
+            mp99.push(ms(b));
+        }
+        f.turns_per_sec = median(&tput);
+        f.p50_ms = median(&p50);
+        f.p99_ms = median(&p99);
+        f.cpu_ms_per_turn = median(&cpu);
+        f.mock_turns_per_sec = median(&mtput);
+        f.mock_p50_ms = median(&mp50);
+        f.mock_p99_ms = median(&mp99);
+        figures.concurrent.push(f);
+    }
+
+    eprintln!("latency against concurrency");
+    for &users in plan.curve_levels {
+        let run = load::concurrent(
+            &target,
+            &format!("curve{users}"),
+            users,
+            Mode::Text,
+            Stop::After(plan.curve_duration),
+        )
+        .await;
+        check_errors(&run, &gw)?;
+        let alone = load::concurrent(
+            &mock_target,
+            &format!("mcurve{users}"),
+            users,
+            Mode::Text,
+            Stop::After(plan.curve_duration),
+        )
+        .await;
+        let (p50, p99) = latency_percentiles(&run.turns);
+        let (mp50, mp99) = latency_percentiles(&alone.turns);
+        figures.curve.push(CurvePoint {
+            users,
+            p50_ms: ms(p50),
+            p99_ms: ms(p99),
+            turns_per_sec: run.throughput(),
+            mock_p50_ms: ms(mp50),
+            mock_p99_ms: ms(mp99),
+            mock_turns_per_sec: alone.throughput(),
+        });
+    }
+    figures.rss_after_load_mb = gw.sample()?.rss_bytes as f64 / MB;
+    gw.stop();
+
+    eprintln!("memory soak ({} turns at 32 users)", plan.soak_turns);
+    let mut gw = Gateway::launch(talaria, &mock.base_url())?;
+    gw.wait_healthy(&http, Duration::from_secs(30)).await?;
+    let target = Target::gateway(http.clone(), &gw.base, API_KEY);
+    let run = load::concurrent(&target, "soak1k", 32, Mode::Text, Stop::Turns(1_000)).await;
+    check_errors(&run, &gw)?;
+    figures.rss_after_1k_mb = gw.sample()?.rss_bytes as f64 / MB;
+    let run = load::concurrent(
+        &target,
+        "soak",
+        32,
+        Mode::Text,
+        Stop::Turns(plan.soak_turns - 1_000),
+    )
+    .await;
+    check_errors(&run, &gw)?;
+    figures.soak_turns = plan.soak_turns;
+    figures.rss_after_soak_mb = gw.sample()?.rss_bytes as f64 / MB;
+    gw.stop();
+    Ok(figures)
+}
+
+const MB: f64 = 1024.0 * 1024.0;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// A run that had errors makes its figures meaningless: stop and say why.
+fn check_errors(run: &load::LoadResult, gw: &Gateway) -> anyhow::Result<()> {
+    if run.errors > 0 {
+        bail!(
+            "{} of {} turns failed at {} users; first: {}\n{}",
+            run.errors,
+            run.errors + run.turns.len() as u64,
+            run.concurrency,
+            run.first_error.as_deref().unwrap_or("?"),
+            gw.log_tail()
+        );
+    }
+    Ok(())
+}

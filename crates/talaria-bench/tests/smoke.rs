@@ -1,0 +1,55 @@
+//! The load benchmark end to end in its quick mode, against the `talaria`
+//! binary of this build: keeps it compiling and working (CI runs this, not
+//! the full benchmark). No figure is judged here; only that every phase
+//! ran and wrote its results.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The `talaria` binary next to this test's directory (`target/<profile>`),
+/// which `cargo test --workspace` builds; built here when missing.
+fn talaria() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+    let bin = profile_dir.join("talaria");
+    if !bin.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "talaria-cli", "--bin", "talaria"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "cannot build talaria");
+    }
+    bin
+}
+
+#[test]
+fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_talaria-bench"))
+        .arg("--quick")
+        .arg("--talaria")
+        .arg(talaria())
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    // Every phase produced figures, and no turn failed.
+    assert!(results["cold_health_ms"].as_f64().unwrap() > 0.0);
+    assert!(results["idle_rss_mb"].as_f64().unwrap() > 0.0);
+    assert!(results["first_request_bytes"].as_f64().unwrap() > 1000.0);
+    assert_eq!(results["sequential"].as_array().unwrap().len(), 3);
+    for c in results["concurrent"].as_array().unwrap() {
+        assert_eq!(c["errors"], 0, "{c}");
+        assert!(c["turns_per_sec"].as_f64().unwrap() > 0.0, "{c}");
+    }
+    assert!(results["rss_after_soak_mb"].as_f64().unwrap() > 0.0);
+    let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
+    assert!(md.contains("| Budget | Figure | Target | Met |"), "{md}");
+    let svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
+    assert!(svg.contains("Talaria p99"));
+}
