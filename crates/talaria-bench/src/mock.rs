@@ -22,6 +22,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -65,6 +66,9 @@ impl Mock {
             .route("/v1/chat/completions", post(completions))
             .with_state(stats.clone());
         tokio::spawn(async move {
+            let listener = listener.tap_io(|tcp: &mut tokio::net::TcpStream| {
+                let _ = tcp.set_nodelay(true);
+            });
             let _ = axum::serve(listener, app).await;
         });
         Ok(Mock { addr, stats })

@@ -258,7 +258,7 @@ impl ApiServer {
     /// Only when the listener itself fails.
     pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let turns = self.turns;
-        axum::serve(self.listener, self.router)
+        axum::serve(crate::listen::no_delay(self.listener), self.router)
             .with_graceful_shutdown(async move {
                 shutdown.cancelled().await;
                 turns.cancel();

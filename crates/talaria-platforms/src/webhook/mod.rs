@@ -514,7 +514,7 @@ impl Adapter for WebhookAdapter {
         ctx.liveness.set(Liveness::Live);
         tracing::info!(addr = %self.addr, "webhook server listening");
         let stop = ctx.shutdown.clone();
-        let served = axum::serve(listener, app)
+        let served = axum::serve(crate::listen::no_delay(listener), app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await;
         match served {
