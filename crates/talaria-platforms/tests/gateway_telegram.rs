@@ -478,6 +478,9 @@ async fn a_re_delivered_message_never_starts_a_second_turn() {
     rig.llm.push(Reply::text("First answer."));
     rig.tg.push_update(message("only once", 777));
     rig.sent(1).await;
+    // The first turn is over (not merely sent), so the next message is not
+    // met by a busy notice.
+    wait_for_delivered(&rig, 1).await;
     // The same message again, in a new update: what a replayed poll or a
     // second delivery path looks like. Then a genuinely new message with
     // the same text, which must be answered.
@@ -489,6 +492,7 @@ async fn a_re_delivered_message_never_starts_a_second_turn() {
     rig.settle().await;
     assert_eq!(rig.llm.requests().len(), 2);
     assert_eq!(rig.tg.sent().len(), 2);
+    wait_for_delivered(&rig, 2).await;
     // The same message id in another chat is another message.
     rig.llm.push(Reply::text("Third answer."));
     rig.tg.push_update(serde_json::json!({ "message": {
