@@ -135,6 +135,13 @@ async fn identify_then_a_dm_becomes_an_event() {
         a.credential(),
         Some(("discord-bot-token", TOKEN.to_owned()))
     );
+
+    // A failing send degrades the connection; the next good one restores it.
+    fake.fail_next_send_with_status(503);
+    assert!(a.send(&out("55", None, None, "x")).await.is_err());
+    assert_eq!(*run.liveness.borrow(), Liveness::Degraded);
+    a.send(&out("55", None, None, "y")).await.unwrap();
+    assert_eq!(*run.liveness.borrow(), Liveness::Live);
     run.stop().await.unwrap();
 }
 
