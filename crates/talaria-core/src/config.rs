@@ -693,6 +693,7 @@ impl Default for SessionResetConfig {
 #[serde(default)]
 pub struct PlatformsConfig {
     pub telegram: TelegramConfig,
+    pub discord: DiscordConfig,
     pub api_server: ApiServerConfig,
     /// Signed HTTP deliveries from other services (GitHub, GitLab, Svix, ...).
     pub webhook: WebhookConfig,
@@ -726,6 +727,35 @@ impl Default for TelegramConfig {
             require_mention: false,
             streaming_edits: false,
             poll_timeout_secs: 30,
+        }
+    }
+}
+
+/// `platforms.discord:`. The token may instead come from
+/// `DISCORD_BOT_TOKEN`; setting it either way enables the platform unless
+/// `enabled: false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DiscordConfig {
+    /// `None` means "enabled when a token is set".
+    pub enabled: Option<bool>,
+    pub token: Option<Secret>,
+    /// The REST API root (`{api_base}/channels/{id}/messages`, ...).
+    pub api_base: String,
+    /// The gateway WebSocket URL; `None` asks `{api_base}/gateway/bot`.
+    pub gateway_url: Option<String>,
+    /// In guild channels, answer only messages that mention the bot.
+    pub require_mention: bool,
+}
+
+impl Default for DiscordConfig {
+    fn default() -> DiscordConfig {
+        DiscordConfig {
+            enabled: None,
+            token: None,
+            api_base: "https://discord.com/api/v10".to_owned(),
+            gateway_url: None,
+            require_mention: true,
         }
     }
 }

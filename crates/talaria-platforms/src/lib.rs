@@ -4,12 +4,15 @@
 //! # Layout
 //!
 //! - [`telegram`]: the Telegram Bot API over long polling.
+//! - [`discord`]: Discord's gateway WebSocket in, its REST API out.
 //! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
 //! - [`webhook`]: signed webhook deliveries as agent turns (port 8644).
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
 pub mod api_server;
+#[cfg(feature = "discord")]
+pub mod discord;
 #[cfg(any(feature = "api-server", feature = "webhook"))]
 mod listen;
 #[cfg(feature = "telegram")]

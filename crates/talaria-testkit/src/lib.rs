@@ -14,7 +14,9 @@
 //! Any other request gets one JSON object.
 #![forbid(unsafe_code)]
 
+pub mod discord;
 pub mod telegram;
+pub use discord::FakeDiscord;
 pub use telegram::FakeTelegram;
 
 use std::collections::VecDeque;

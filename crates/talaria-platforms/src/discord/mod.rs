@@ -1,0 +1,488 @@
+//! The Discord adapter: the gateway WebSocket (API v10, JSON) for inbound
+//! messages, REST for sending.
+//!
+//! [`DiscordAdapter::run`] connects, identifies (or resumes the previous
+//! session), heartbeats, and hands each `MESSAGE_CREATE` to the gateway's
+//! inbox. The session id, resume URL and last handled sequence number live
+//! in the adapter, not in one `run` call, so when the supervisor reconnects
+//! after a drop Discord replays what was missed instead of losing it.
+//! Liveness is `Live` only once `READY` or `RESUMED` arrived.
+//!
+//! Sends go to `POST /channels/{id}/messages` (a thread is its own
+//! channel), honouring Discord's per-bucket limits and 429 `retry_after`.
+
+mod format;
+mod gateway;
+mod mapping;
+mod rest;
+
+use std::fmt;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::Method;
+use serde_json::{Value, json};
+use talaria_core::Env;
+use talaria_core::config::DiscordConfig;
+use talaria_gateway::adapter::LengthUnit;
+use talaria_gateway::{
+    Adapter, AdapterContext, AdapterError, Liveness, LivenessReporter, MessageLimits,
+    OutboundMessage, SendError, SentMessage,
+};
+
+use gateway::End;
+use rest::{Rest, RestError};
+
+/// Discord's message limit, in characters.
+pub const MAX_MESSAGE_LEN: usize = 2000;
+
+/// Connections in a row that Discord ends by asking for another (op 7,
+/// op 9) before `run` lets the supervisor back off instead.
+const MAX_QUICK_RECONNECTS: u32 = 3;
+
+/// How long a send or typing request may take.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Timings, configurable so tests need not wait for Discord's real ones.
+/// The heartbeat interval is not here: Discord's Hello sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiscordTimings {
+    /// Opening the WebSocket, and waiting for Hello after it.
+    pub connect_timeout: Duration,
+    /// After a non-resumable Invalid Session, identify again after a
+    /// random wait of up to this long (Discord asks for 1-5 seconds).
+    pub reidentify_delay: Duration,
+}
+
+impl Default for DiscordTimings {
+    fn default() -> DiscordTimings {
+        DiscordTimings {
+            connect_timeout: Duration::from_secs(20),
+            reidentify_delay: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the adapter needs to connect.
+#[derive(Clone)]
+pub struct DiscordSettings {
+    /// The bot token from the Developer Portal. Never logged.
+    pub token: String,
+    /// The REST root, `https://discord.com/api/v10` unless testing.
+    pub api_base: String,
+    /// The gateway WebSocket URL; `None` asks `GET {api_base}/gateway/bot`.
+    pub gateway_url: Option<String>,
+    /// In guild channels, submit only messages that mention the bot.
+    pub require_mention: bool,
+    pub timings: DiscordTimings,
+}
+
+impl fmt::Debug for DiscordSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DiscordSettings")
+            .field("token", &talaria_core::config::mask(&self.token))
+            .field("api_base", &self.api_base)
+            .field("gateway_url", &self.gateway_url)
+            .field("require_mention", &self.require_mention)
+            .field("timings", &self.timings)
+            .finish()
+    }
+}
+
+impl DiscordSettings {
+    /// Settings from `platforms.discord` and the environment, or `None`
+    /// when Discord is off: `enabled: false`, or no token in
+    /// `platforms.discord.token` nor `DISCORD_BOT_TOKEN`.
+    pub fn from_config(config: &DiscordConfig, env: &Env) -> Option<DiscordSettings> {
+        if config.enabled == Some(false) {
+            return None;
+        }
+        let token = config
+            .token
+            .as_ref()
+            .map(|s| s.expose().trim().to_owned())
+            .filter(|t| !t.is_empty())
+            .or_else(|| {
+                env.get("DISCORD_BOT_TOKEN")
+                    .map(|t| t.trim().to_owned())
+                    .filter(|t| !t.is_empty())
+            });
+        let Some(token) = token else {
+            if config.enabled == Some(true) {
+                tracing::warn!(
+                    "platforms.discord.enabled is true but no token is set \
+                     (platforms.discord.token or DISCORD_BOT_TOKEN)"
+                );
+            }
+            return None;
+        };
+        Some(DiscordSettings {
+            token,
+            api_base: config.api_base.clone(),
+            gateway_url: config.gateway_url.clone().filter(|u| !u.trim().is_empty()),
+            require_mention: config.require_mention,
+            timings: DiscordTimings::default(),
+        })
+    }
+}
+
+/// Why the adapter could not be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DiscordError {
+    /// The token is empty or has characters a header cannot carry.
+    #[error("the Discord bot token is malformed")]
+    BadToken,
+    /// `api_base` is not an http(s) URL.
+    #[error("platforms.discord.api_base is not an http(s) URL: {0}")]
+    BadApiBase(String),
+    /// `gateway_url` is not a ws(s) URL.
+    #[error("platforms.discord.gateway_url is not a ws:// or wss:// URL: {0}")]
+    BadGatewayUrl(String),
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+/// A gateway session that can be resumed.
+#[derive(Debug, Clone)]
+struct Session {
+    id: String,
+    resume_url: String,
+    /// The last dispatch handled (handed to the inbox, or skipped).
+    seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    session: Option<Session>,
+    /// The bot's user id, from READY.
+    bot_id: Option<String>,
+    threads: mapping::Threads,
+    /// The running connection's reporter, so sends can mark it degraded.
+    liveness: Option<LivenessReporter>,
+}
+
+/// The Discord connector (see the module docs).
+pub struct DiscordAdapter {
+    rest: Rest,
+    token: String,
+    gateway_url: Option<String>,
+    require_mention: bool,
+    timings: DiscordTimings,
+    state: Mutex<State>,
+}
+
+impl fmt::Debug for DiscordAdapter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DiscordAdapter")
+            .field("rest", &self.rest)
+            .field("gateway_url", &self.gateway_url)
+            .field("require_mention", &self.require_mention)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiscordAdapter {
+    /// Checks the settings and builds the HTTP client; does not connect.
+    pub fn new(settings: DiscordSettings) -> Result<DiscordAdapter, DiscordError> {
+        let token = settings.token.trim().to_owned();
+        let token = token
+            .strip_prefix("Bot ")
+            .unwrap_or(&token)
+            .trim()
+            .to_owned();
+        if token.is_empty() || !token.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(DiscordError::BadToken);
+        }
+        let api_base = settings.api_base.trim().trim_end_matches('/').to_owned();
+        match reqwest::Url::parse(&api_base) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+            _ => return Err(DiscordError::BadApiBase(api_base)),
+        }
+        let gateway_url = settings.gateway_url.map(|u| u.trim().to_owned());
+        if let Some(u) = &gateway_url {
+            match reqwest::Url::parse(u) {
+                Ok(p) if matches!(p.scheme(), "ws" | "wss") => {}
+                _ => return Err(DiscordError::BadGatewayUrl(u.clone())),
+            }
+        }
+        let rest = Rest::new(&api_base, &token).map_err(DiscordError::Client)?;
+        Ok(DiscordAdapter {
+            rest,
+            token,
+            gateway_url,
+            require_mention: settings.require_mention,
+            timings: settings.timings,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// The bot's user id, once a session was READY.
+    pub fn bot_id(&self) -> Option<String> {
+        self.state().bot_id.clone()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the connection degraded after a failed request, and live
+    /// again after a good one (when a session is up).
+    fn note_request(&self, ok: bool) {
+        let state = self.state();
+        if let Some(l) = &state.liveness {
+            match (ok, l.get()) {
+                (false, Liveness::Live) => l.set(Liveness::Degraded),
+                (true, Liveness::Degraded) if state.session.is_some() => l.set(Liveness::Live),
+                _ => {}
+            }
+        }
+    }
+
+    async fn post(
+        &self,
+        channel: &str,
+        what: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, SendError> {
+        if channel.is_empty() || !channel.chars().all(|c| c.is_ascii_digit()) {
+            return Err(SendError::Rejected(format!(
+                "not a Discord channel id: {channel:?}"
+            )));
+        }
+        let result = self
+            .rest
+            .request(
+                Method::POST,
+                &format!("/channels/{channel}/{what}"),
+                &format!("POST /channels/{{id}}/{what}"),
+                channel,
+                body,
+                SEND_TIMEOUT,
+            )
+            .await;
+        let result = result.map_err(classify);
+        self.note_request(!matches!(
+            result,
+            Err(SendError::Transient(_) | SendError::Unavailable(_))
+        ));
+        result
+    }
+}
+
+/// Maps a failed request to what the gateway's ledger understands.
+fn classify(e: RestError) -> SendError {
+    match e {
+        RestError::Status { status, message } if (500..600).contains(&status) => {
+            SendError::Transient(format!("{status}: {message}"))
+        }
+        RestError::Status { status, message } => {
+            SendError::Rejected(format!("{status}: {message}"))
+        }
+        RestError::RateLimited(d) => SendError::RateLimited(d),
+        RestError::Connect(m) => SendError::Unavailable(m),
+        RestError::Timeout(m) | RestError::Other(m) => SendError::Ambiguous(m),
+    }
+}
+
+#[async_trait]
+impl Adapter for DiscordAdapter {
+    fn platform(&self) -> &'static str {
+        "discord"
+    }
+
+    fn limits(&self) -> MessageLimits {
+        MessageLimits {
+            max_len: MAX_MESSAGE_LEN,
+            unit: LengthUnit::Chars,
+        }
+    }
+
+    fn credential(&self) -> Option<(&'static str, String)> {
+        Some(("discord-bot-token", self.token.clone()))
+    }
+
+    async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
+        ctx.liveness.set(Liveness::Connecting);
+        self.state().liveness = Some(ctx.liveness.clone());
+        let mut quick = 0;
+        let result = loop {
+            match self.session(&ctx).await {
+                Ok(End::Shutdown) => break Ok(()),
+                Ok(End::Again { was_live, why }) => {
+                    quick = if was_live { 1 } else { quick + 1 };
+                    tracing::info!("{why}; reconnecting");
+                    if quick > MAX_QUICK_RECONNECTS {
+                        break Err(AdapterError::Disconnected(why));
+                    }
+                    ctx.liveness.set(Liveness::Connecting);
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.state().liveness = None;
+        result
+    }
+
+    async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
+        // A thread is a channel of its own.
+        let channel = message
+            .thread_id
+            .as_deref()
+            .filter(|t| !t.is_empty())
+            .unwrap_or(&message.chat_id)
+            .trim();
+        let formatted = format::to_discord(&message.text);
+        // The gateway split the plain text to fit; a conversion that grew
+        // it past the limit is sent as written instead.
+        let content = if formatted.chars().count() <= MAX_MESSAGE_LEN {
+            formatted
+        } else {
+            message.text.clone()
+        };
+        let mut body = json!({
+            "content": content,
+            // Answers may quote @everyone or a role; they never ping it.
+            "allowed_mentions": {"parse": ["users"], "replied_user": true},
+        });
+        if let Some(r) = message.reply_to.as_deref().filter(|r| !r.is_empty()) {
+            // The anchor may have been deleted meanwhile; answer anyway.
+            body["message_reference"] = json!({"message_id": r, "fail_if_not_exists": false});
+        }
+        let sent = self.post(channel, "messages", Some(&body)).await?;
+        Ok(SentMessage {
+            message_id: sent.get("id").and_then(Value::as_str).map(str::to_owned),
+        })
+    }
+
+    async fn typing(&self, chat_id: &str, thread_id: Option<&str>) -> Result<(), SendError> {
+        let channel = thread_id
+            .filter(|t| !t.is_empty())
+            .unwrap_or(chat_id)
+            .trim();
+        self.post(channel, "typing", None).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(token: &str) -> DiscordSettings {
+        DiscordSettings {
+            token: token.into(),
+            api_base: "http://127.0.0.1:1/api/v10".into(),
+            gateway_url: None,
+            require_mention: true,
+            timings: DiscordTimings::default(),
+        }
+    }
+
+    #[test]
+    fn from_config_reads_token_and_enabled() {
+        let empty = Env::from_pairs(Vec::<(String, String)>::new());
+        let env = Env::from_pairs([("DISCORD_BOT_TOKEN", " env.token ")]);
+        let mut cfg = DiscordConfig::default();
+        assert!(DiscordSettings::from_config(&cfg, &empty).is_none());
+        let s = DiscordSettings::from_config(&cfg, &env).unwrap();
+        assert_eq!(s.token, "env.token");
+        assert_eq!(s.api_base, "https://discord.com/api/v10");
+        assert!(s.require_mention);
+        assert_eq!(s.gateway_url, None);
+        cfg.token = Some(talaria_core::Secret::new("cfg.token"));
+        assert_eq!(
+            DiscordSettings::from_config(&cfg, &env).unwrap().token,
+            "cfg.token"
+        );
+        cfg.enabled = Some(false);
+        assert!(DiscordSettings::from_config(&cfg, &env).is_none());
+    }
+
+    #[test]
+    fn new_validates_and_debug_hides_the_token() {
+        assert_eq!(
+            DiscordAdapter::new(settings("")).err(),
+            Some(DiscordError::BadToken)
+        );
+        assert_eq!(
+            DiscordAdapter::new(settings("a b")).err(),
+            Some(DiscordError::BadToken)
+        );
+        let mut s = settings("SECRETSECRET.x.y");
+        s.api_base = "ftp://x".into();
+        assert!(matches!(
+            DiscordAdapter::new(s),
+            Err(DiscordError::BadApiBase(_))
+        ));
+        let mut s = settings("SECRETSECRET.x.y");
+        s.gateway_url = Some("http://x".into());
+        assert!(matches!(
+            DiscordAdapter::new(s),
+            Err(DiscordError::BadGatewayUrl(_))
+        ));
+        let s = settings("SECRETSECRET.x.y");
+        assert!(!format!("{s:?}").contains("SECRETSECRET"));
+        let a = DiscordAdapter::new(s).unwrap();
+        assert!(!format!("{a:?}").contains("SECRETSECRET"));
+        // A pasted "Bot " prefix is not part of the token.
+        let a = DiscordAdapter::new(settings("Bot abc.def")).unwrap();
+        assert_eq!(
+            a.credential(),
+            Some(("discord-bot-token", "abc.def".into()))
+        );
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        let status = |s: u16| RestError::Status {
+            status: s,
+            message: "x".into(),
+        };
+        for s in [400, 401, 403, 404] {
+            assert!(matches!(classify(status(s)), SendError::Rejected(_)), "{s}");
+        }
+        assert!(matches!(classify(status(502)), SendError::Transient(_)));
+        assert!(matches!(
+            classify(RestError::Connect("refused".into())),
+            SendError::Unavailable(_)
+        ));
+        assert!(matches!(
+            classify(RestError::Timeout("slow".into())),
+            SendError::Ambiguous(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_unavailable() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut s = settings("SECRETSECRET.x.y");
+        s.api_base = format!("http://127.0.0.1:{port}/api/v10");
+        let a = DiscordAdapter::new(s).unwrap();
+        let err = a
+            .send(&OutboundMessage {
+                chat_id: "1".into(),
+                thread_id: None,
+                reply_to: None,
+                text: "hi".into(),
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SendError::Unavailable(_)), "{err:?}");
+        assert!(!err.to_string().contains("SECRETSECRET"), "{err}");
+        assert!(matches!(
+            a.send(&OutboundMessage {
+                chat_id: "../x".into(),
+                thread_id: None,
+                reply_to: None,
+                text: "hi".into(),
+            })
+            .await,
+            Err(SendError::Rejected(_))
+        ));
+    }
+}

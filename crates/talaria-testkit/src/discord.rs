@@ -1,0 +1,1003 @@
+//! A fake Discord on 127.0.0.1: the REST API (v10) over HTTP and the
+//! gateway over a real WebSocket, for adapter and end-to-end tests.
+//!
+//! REST: `GET /api/v10/gateway/bot`, `POST /api/v10/channels/{id}/messages`
+//! and `POST /api/v10/channels/{id}/typing`, all requiring
+//! `Authorization: Bot <token>`, with `X-RateLimit-*` headers on answers.
+//!
+//! Gateway (`/gateway` as `/gateway/bot` names it, `/resume` as READY's
+//! `resume_gateway_url`): op 10 Hello, op 2 Identify (a wrong token is
+//! closed with 4004), op 1 Heartbeat answered by op 11, op 6 Resume
+//! replaying every dispatch of the session after the client's sequence
+//! number, then `RESUMED`. Each session keeps its dispatch log with
+//! sequence numbers; dispatches pushed while no connection is attached
+//! wait in the log for a resume.
+//!
+//! Tests push messages (`push_dm`, `push_guild_message`,
+//! `push_thread_message`, `push_message`), drive the connection
+//! (`drop_connection`, `close_connection`, `send_reconnect`,
+//! `invalidate_session`, `request_heartbeat`, `ack_heartbeats`), inject
+//! REST failures (`fail_next_send_with_429`, `exhaust_bucket_next`,
+//! `fail_next_send_with_status`, `hang_send`) and inspect what the bot did
+//! (`sent`, `typing`, `requests`, `frames`, `connections`).
+//!
+//! The server runs on its own thread with its own runtime, so it keeps
+//! answering while the test thread blocks, and stops when dropped.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+use crate::lock;
+
+/// The bot's username in READY.
+pub const BOT_USERNAME: &str = "talaria-test";
+
+/// The rate-limit bucket the fake names for sends.
+pub const SEND_BUCKET: &str = "fake-messages-bucket";
+
+/// One message the fake accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sent {
+    /// The channel posted to (a thread's own id for thread replies).
+    pub channel_id: String,
+    pub content: String,
+    /// `message_reference.message_id`, when given.
+    pub reply_to: Option<String>,
+    /// The request's `allowed_mentions`.
+    pub allowed_mentions: Value,
+    /// The id the fake assigned.
+    pub id: String,
+    pub at: Instant,
+}
+
+/// One typing request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Typing {
+    pub channel_id: String,
+    pub at: Instant,
+}
+
+/// Any REST request, recorded when it arrived (before injected failures
+/// or hangs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub method: String,
+    /// The path without `/api/v10`.
+    pub path: String,
+    pub body: Value,
+    /// `Authorization` was `Bot <the token>`.
+    pub authorized: bool,
+    pub at: Instant,
+}
+
+/// A gateway payload the client sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    pub op: u64,
+    pub d: Value,
+    /// Which connection (1, 2, ...) it came on.
+    pub connection: u64,
+    pub at: Instant,
+}
+
+/// A WebSocket connection the client opened.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Connection {
+    /// `/gateway` or `/resume`.
+    pub path: String,
+    pub query: String,
+    pub at: Instant,
+}
+
+enum Control {
+    Send(Value),
+    /// Close with this code, or (`None`) drop the TCP connection without
+    /// a close frame.
+    Close(Option<u16>),
+}
+
+struct Attached {
+    id: u64,
+    tx: mpsc::UnboundedSender<Control>,
+    /// The session this connection identified or resumed.
+    session: Option<String>,
+}
+
+#[derive(Default)]
+struct SessionLog {
+    /// Every dispatch payload, in sequence order.
+    events: Vec<Value>,
+    next_seq: u64,
+}
+
+#[derive(Default)]
+struct Book {
+    heartbeat_interval_ms: u64,
+    ack_heartbeats: bool,
+    next_id: u64,
+    next_session: u64,
+    next_connection: u64,
+    sessions: HashMap<String, SessionLog>,
+    /// The session new dispatches go to.
+    current: Option<String>,
+    attached: Option<Attached>,
+    /// Dispatches pushed before any session existed.
+    backlog: Vec<(String, Value)>,
+    /// Guild id -> its active threads (channel objects).
+    guilds: BTreeMap<String, Vec<Value>>,
+    sent: Vec<Sent>,
+    typing: Vec<Typing>,
+    requests: Vec<Request>,
+    frames: Vec<Frame>,
+    connections: Vec<Connection>,
+    readies: usize,
+    resumed: usize,
+    fail_429: VecDeque<(f64, bool)>,
+    fail_status: VecDeque<u16>,
+    exhaust_next: Option<f64>,
+}
+
+struct Shared {
+    token: String,
+    bot_id: String,
+    addr: SocketAddr,
+    state: Mutex<Book>,
+    version: watch::Sender<u64>,
+    hang: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+/// A fake Discord (see the module docs).
+pub struct FakeDiscord {
+    shared: Arc<Shared>,
+}
+
+impl FakeDiscord {
+    /// Starts the server on 127.0.0.1 with an ephemeral port, accepting
+    /// `token`, with a heartbeat interval of 45 s (see
+    /// [`Self::start_with_heartbeat`]).
+    ///
+    /// # Panics
+    /// When no local port can be bound (a broken test environment).
+    pub async fn start(token: &str) -> FakeDiscord {
+        Self::start_blocking(token, Duration::from_millis(45_000))
+    }
+
+    /// Like [`Self::start`] with Hello's `heartbeat_interval`.
+    ///
+    /// # Panics
+    /// When no local port can be bound.
+    pub async fn start_with_heartbeat(token: &str, interval: Duration) -> FakeDiscord {
+        Self::start_blocking(token, interval)
+    }
+
+    /// Like [`Self::start_with_heartbeat`], for tests without a runtime.
+    ///
+    /// # Panics
+    /// When no local port can be bound.
+    pub fn start_blocking(token: &str, interval: Duration) -> FakeDiscord {
+        match Self::try_start(token, interval) {
+            Ok(f) => f,
+            Err(e) => panic!("cannot start the fake Discord server on 127.0.0.1: {e}"),
+        }
+    }
+
+    /// Like [`Self::start_blocking`], returning the error instead.
+    pub fn try_start(token: &str, interval: Duration) -> std::io::Result<FakeDiscord> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            token: token.to_owned(),
+            bot_id: "900000000000000001".to_owned(),
+            addr,
+            state: Mutex::new(Book {
+                heartbeat_interval_ms: u64::try_from(interval.as_millis()).unwrap_or(45_000).max(1),
+                ack_heartbeats: true,
+                next_id: 1_200_000_000_000_000_000,
+                ..Book::default()
+            }),
+            version: watch::channel(0).0,
+            hang: watch::channel(false).0,
+            stop: watch::channel(false).0,
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let app = Router::new()
+            .route("/gateway", get(upgrade))
+            .route("/resume", get(upgrade))
+            .fallback(rest)
+            .with_state(shared.clone());
+        let mut stop = shared.stop.subscribe();
+        std::thread::Builder::new()
+            .name(format!("fake-discord-{}", addr.port()))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::warn!("fake Discord cannot listen: {e}");
+                            return;
+                        }
+                    };
+                    tokio::select! {
+                        r = axum::serve(listener, app) => {
+                            if let Err(e) = r {
+                                tracing::warn!("fake Discord stopped: {e}");
+                            }
+                        }
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                });
+            })?;
+        Ok(FakeDiscord { shared })
+    }
+
+    /// `http://127.0.0.1:PORT/api/v10`: the adapter's `api_base`.
+    pub fn api_base(&self) -> String {
+        format!("http://{}/api/v10", self.shared.addr)
+    }
+
+    /// `ws://127.0.0.1:PORT/gateway`: what `/gateway/bot` answers.
+    pub fn gateway_url(&self) -> String {
+        format!("ws://{}/gateway", self.shared.addr)
+    }
+
+    /// The accepted token.
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// The bot's user id (READY's `user.id`).
+    pub fn bot_id(&self) -> &str {
+        &self.shared.bot_id
+    }
+
+    /// `<@bot id>`: what a user's mention of the bot looks like.
+    pub fn mention(&self) -> String {
+        format!("<@{}>", self.shared.bot_id)
+    }
+
+    /// The DM channel the fake uses for `user_id`.
+    pub fn dm_channel(user_id: &str) -> String {
+        format!("77{user_id}")
+    }
+
+    fn next_id(&self) -> String {
+        let mut st = lock(&self.shared.state);
+        st.next_id += 1;
+        st.next_id.to_string()
+    }
+
+    /// Pushes a DM from `user_id` (in [`Self::dm_channel`]); returns the
+    /// message id.
+    pub fn push_dm(&self, user_id: &str, text: &str) -> String {
+        let d = json!({"channel_id": Self::dm_channel(user_id), "author": author(user_id), "content": text});
+        self.push_message(d)
+    }
+
+    /// Pushes a message in a guild channel; returns the message id.
+    pub fn push_guild_message(
+        &self,
+        guild_id: &str,
+        channel_id: &str,
+        user_id: &str,
+        text: &str,
+    ) -> String {
+        let d = json!({"guild_id": guild_id, "channel_id": channel_id, "author": author(user_id), "content": text});
+        self.push_message(d)
+    }
+
+    /// Pushes a message in thread `thread_id` of `parent_id`, announcing
+    /// the thread first (`THREAD_CREATE`) when it is new; returns the
+    /// message id.
+    pub fn push_thread_message(
+        &self,
+        guild_id: &str,
+        parent_id: &str,
+        thread_id: &str,
+        user_id: &str,
+        text: &str,
+    ) -> String {
+        let thread = json!({"id": thread_id, "parent_id": parent_id, "guild_id": guild_id,
+            "type": 11, "name": format!("thread {thread_id}")});
+        let new = {
+            let mut st = lock(&self.shared.state);
+            let threads = st.guilds.entry(guild_id.to_owned()).or_default();
+            let known = threads.iter().any(|t| t["id"] == thread_id);
+            if !known {
+                threads.push(thread.clone());
+            }
+            !known
+        };
+        if new {
+            self.push_dispatch("THREAD_CREATE", thread);
+        }
+        let d = json!({"guild_id": guild_id, "channel_id": thread_id, "author": author(user_id), "content": text});
+        self.push_message(d)
+    }
+
+    /// Pushes a `MESSAGE_CREATE` with `d`, adding an id, timestamp and the
+    /// `mentions` Discord derives from `<@id>` in the content unless
+    /// present. Returns the message id.
+    pub fn push_message(&self, mut d: Value) -> String {
+        let id = match d.get("id").and_then(Value::as_str) {
+            Some(id) => id.to_owned(),
+            None => self.next_id(),
+        };
+        if let Some(obj) = d.as_object_mut() {
+            obj.insert("id".into(), json!(id));
+            obj.entry("type").or_insert(json!(0));
+            obj.entry("timestamp")
+                .or_insert(json!("2024-01-01T00:00:00.000000+00:00"));
+            obj.entry("attachments").or_insert(json!([]));
+            let content = obj
+                .get("content")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            obj.entry("mentions")
+                .or_insert_with(|| Value::Array(mentions(&content, &self.shared.bot_id)));
+        }
+        self.push_dispatch("MESSAGE_CREATE", d);
+        id
+    }
+
+    /// Pushes any dispatch to the current session (sent at once when a
+    /// connection is attached to it, else kept for a resume). Before any
+    /// session exists it waits for the first READY.
+    pub fn push_dispatch(&self, kind: &str, d: Value) {
+        {
+            let mut st = lock(&self.shared.state);
+            match st.current.clone() {
+                Some(session) => {
+                    let payload = log_dispatch(&mut st, &session, kind, d);
+                    if let Some(a) = &st.attached
+                        && a.session.as_deref() == Some(session.as_str())
+                    {
+                        let _ = a.tx.send(Control::Send(payload));
+                    }
+                }
+                None => st.backlog.push((kind.to_owned(), d)),
+            }
+        }
+        self.shared.bump();
+    }
+
+    fn control(&self, c: Control) -> bool {
+        let st = lock(&self.shared.state);
+        st.attached.as_ref().is_some_and(|a| a.tx.send(c).is_ok())
+    }
+
+    /// Cuts the attached connection without a close frame. Returns whether
+    /// one was attached.
+    pub fn drop_connection(&self) -> bool {
+        self.control(Control::Close(None))
+    }
+
+    /// Closes the attached connection with `code`.
+    pub fn close_connection(&self, code: u16) -> bool {
+        self.control(Control::Close(Some(code)))
+    }
+
+    /// Sends op 7 Reconnect.
+    pub fn send_reconnect(&self) -> bool {
+        self.control(Control::Send(json!({"op": 7, "d": null})))
+    }
+
+    /// Sends op 1: the client must heartbeat at once.
+    pub fn request_heartbeat(&self) -> bool {
+        self.control(Control::Send(json!({"op": 1, "d": null})))
+    }
+
+    /// Sends op 9 Invalid Session. When not `resumable`, the session is
+    /// forgotten: a later Resume of it gets op 9 again.
+    pub fn invalidate_session(&self, resumable: bool) -> bool {
+        if !resumable {
+            let mut st = lock(&self.shared.state);
+            if let Some(s) = st.current.take() {
+                st.sessions.remove(&s);
+            }
+        }
+        self.control(Control::Send(json!({"op": 9, "d": resumable})))
+    }
+
+    /// Whether heartbeats get op 11 (default yes).
+    pub fn ack_heartbeats(&self, ack: bool) {
+        lock(&self.shared.state).ack_heartbeats = ack;
+    }
+
+    /// The next send gets 429 with `retry_after` seconds (and `global`).
+    /// Calls queue up.
+    pub fn fail_next_send_with_429(&self, retry_after: f64, global: bool) {
+        lock(&self.shared.state)
+            .fail_429
+            .push_back((retry_after, global));
+    }
+
+    /// The next send gets this HTTP status. Calls queue up.
+    pub fn fail_next_send_with_status(&self, status: u16) {
+        lock(&self.shared.state).fail_status.push_back(status);
+    }
+
+    /// The next successful send says `X-RateLimit-Remaining: 0` with this
+    /// `Reset-After`.
+    pub fn exhaust_bucket_next(&self, reset_after: f64) {
+        lock(&self.shared.state).exhaust_next = Some(reset_after);
+    }
+
+    /// While set, message sends are recorded as attempts but hang
+    /// unanswered and are never delivered; clearing it (or stopping the
+    /// server) answers them with a 502.
+    pub fn hang_send(&self, hang: bool) {
+        self.shared.hang.send_replace(hang);
+    }
+
+    /// Every message sent so far.
+    pub fn sent(&self) -> Vec<Sent> {
+        lock(&self.shared.state).sent.clone()
+    }
+
+    /// Every typing request so far.
+    pub fn typing(&self) -> Vec<Typing> {
+        lock(&self.shared.state).typing.clone()
+    }
+
+    /// Every REST request so far, including failed and hung ones.
+    pub fn requests(&self) -> Vec<Request> {
+        lock(&self.shared.state).requests.clone()
+    }
+
+    /// The message sends so far, answered or not.
+    pub fn send_attempts(&self) -> Vec<Request> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/messages"))
+            .collect()
+    }
+
+    /// Every gateway payload the client sent.
+    pub fn frames(&self) -> Vec<Frame> {
+        lock(&self.shared.state).frames.clone()
+    }
+
+    /// The client's payloads with opcode `op`.
+    pub fn frames_with_op(&self, op: u64) -> Vec<Frame> {
+        self.frames().into_iter().filter(|f| f.op == op).collect()
+    }
+
+    /// Every WebSocket connection opened so far.
+    pub fn connections(&self) -> Vec<Connection> {
+        lock(&self.shared.state).connections.clone()
+    }
+
+    /// How many READY and RESUMED dispatches were sent.
+    pub fn ready_and_resumed(&self) -> (usize, usize) {
+        let st = lock(&self.shared.state);
+        (st.readies, st.resumed)
+    }
+
+    /// Whether a connection is attached to a session right now.
+    pub fn attached(&self) -> bool {
+        lock(&self.shared.state)
+            .attached
+            .as_ref()
+            .is_some_and(|a| a.session.is_some())
+    }
+
+    /// Waits until READY + RESUMED were sent at least `n` times in total,
+    /// that is, until the client's `n`-th session start.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_sessions(&self, n: usize, timeout: Duration) {
+        self.wait_until(timeout, |st| st.readies + st.resumed >= n)
+            .await;
+        let (r, s) = self.ready_and_resumed();
+        assert!(
+            r + s >= n,
+            "waited {timeout:?} for {n} session starts, saw {r} READY and {s} RESUMED"
+        );
+    }
+
+    /// Waits until at least `n` messages were sent and returns them all.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
+        self.wait_until(timeout, |st| st.sent.len() >= n).await;
+        let sent = self.sent();
+        assert!(
+            sent.len() >= n,
+            "waited {timeout:?} for {n} sent messages, got {}: {sent:#?}",
+            sent.len()
+        );
+        sent
+    }
+
+    /// Waits until at least `n` message sends arrived (answered or not).
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
+        self.wait_until(timeout, |st| {
+            st.requests
+                .iter()
+                .filter(|r| r.method == "POST" && r.path.ends_with("/messages"))
+                .count()
+                >= n
+        })
+        .await;
+        let got = self.send_attempts();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} send attempts, got {}",
+            got.len()
+        );
+        got
+    }
+
+    /// Waits until the client sent at least `n` payloads with opcode `op`.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_frames(&self, op: u64, n: usize, timeout: Duration) -> Vec<Frame> {
+        self.wait_until(timeout, |st| {
+            st.frames.iter().filter(|f| f.op == op).count() >= n
+        })
+        .await;
+        let got = self.frames_with_op(op);
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} op {op} payloads, got {}",
+            got.len()
+        );
+        got
+    }
+
+    /// Waits until no connection is attached (the client went away).
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_detached(&self, timeout: Duration) {
+        self.wait_until(timeout, |st| st.attached.is_none()).await;
+        assert!(
+            lock(&self.shared.state).attached.is_none(),
+            "still connected after {timeout:?}"
+        );
+    }
+
+    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.shared.version.subscribe();
+        loop {
+            rx.borrow_and_update();
+            if done(&lock(&self.shared.state)) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Stops the server (also on drop). Open connections are cut.
+    pub fn shutdown(&self) {
+        self.shared.stop.send_replace(true);
+    }
+}
+
+impl Drop for FakeDiscord {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn author(user_id: &str) -> Value {
+    json!({"id": user_id, "username": format!("user{user_id}"),
+        "global_name": format!("User {user_id}"), "bot": false})
+}
+
+/// The users `<@id>` / `<@!id>` in `content` name, as Discord lists them.
+fn mentions(content: &str, bot_id: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut rest = content;
+    while let Some(at) = rest.find("<@") {
+        rest = &rest[at + 2..];
+        let body = rest.strip_prefix('!').unwrap_or(rest);
+        if let Some(end) = body.find('>') {
+            let id = &body[..end];
+            if !id.is_empty() && id.chars().all(|c| c.is_ascii_digit()) {
+                let bot = id == bot_id;
+                out.push(json!({"id": id, "username": if bot { BOT_USERNAME.to_owned() } else { format!("user{id}") }, "bot": bot}));
+            }
+        }
+    }
+    out
+}
+
+/// Appends a dispatch to `session`'s log and returns the payload.
+fn log_dispatch(st: &mut Book, session: &str, kind: &str, d: Value) -> Value {
+    let log = st.sessions.entry(session.to_owned()).or_default();
+    log.next_seq += 1;
+    let payload = json!({"op": 0, "s": log.next_seq, "t": kind, "d": d});
+    log.events.push(payload.clone());
+    payload
+}
+
+async fn upgrade(ws: WebSocketUpgrade, State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
+    lock(&shared.state).connections.push(Connection {
+        path: uri.path().to_owned(),
+        query: uri.query().unwrap_or("").to_owned(),
+        at: Instant::now(),
+    });
+    shared.bump();
+    ws.on_upgrade(move |socket| connection(shared, socket))
+}
+
+async fn connection(shared: Arc<Shared>, mut socket: WebSocket) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (id, interval) = {
+        let mut st = lock(&shared.state);
+        st.next_connection += 1;
+        let id = st.next_connection;
+        // A newer connection replaces an older one, as Discord does.
+        if let Some(old) = st.attached.replace(Attached {
+            id,
+            tx,
+            session: None,
+        }) {
+            let _ = old.tx.send(Control::Close(Some(4000)));
+        }
+        (id, st.heartbeat_interval_ms)
+    };
+    shared.bump();
+    let mut stop = shared.stop.subscribe();
+    let hello = json!({"op": 10, "d": {"heartbeat_interval": interval}});
+    if send(&mut socket, &hello).await {
+        loop {
+            tokio::select! {
+                msg = socket.recv() => match msg {
+                    Some(Ok(Message::Text(t))) => {
+                        if !on_payload(&shared, id, &mut socket, t.as_str()).await {
+                            break;
+                        }
+                    }
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                    Some(Ok(_)) => {}
+                },
+                ctl = rx.recv() => match ctl {
+                    Some(Control::Send(v)) => {
+                        if !send(&mut socket, &v).await {
+                            break;
+                        }
+                    }
+                    Some(Control::Close(Some(code))) => {
+                        let _ = socket
+                            .send(Message::Close(Some(CloseFrame { code, reason: "".into() })))
+                            .await;
+                        break;
+                    }
+                    Some(Control::Close(None)) | None => break,
+                },
+                // The guard `wait_for` returns is not Send: drop it inside.
+                _ = async { stop.wait_for(|s| *s).await.is_ok() } => break,
+            }
+        }
+    }
+    {
+        let mut st = lock(&shared.state);
+        if st.attached.as_ref().is_some_and(|a| a.id == id) {
+            st.attached = None;
+        }
+    }
+    shared.bump();
+}
+
+async fn send(socket: &mut WebSocket, v: &Value) -> bool {
+    socket
+        .send(Message::Text(v.to_string().into()))
+        .await
+        .is_ok()
+}
+
+/// Handles one client payload; `false` ends the connection.
+async fn on_payload(shared: &Shared, conn: u64, socket: &mut WebSocket, text: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        // Discord closes with 4002 on a payload it cannot decode.
+        let _ = socket
+            .send(Message::Close(Some(CloseFrame {
+                code: 4002,
+                reason: "decode error".into(),
+            })))
+            .await;
+        return false;
+    };
+    let op = v.get("op").and_then(Value::as_u64).unwrap_or(u64::MAX);
+    let d = v.get("d").cloned().unwrap_or(Value::Null);
+    lock(&shared.state).frames.push(Frame {
+        op,
+        d: d.clone(),
+        connection: conn,
+        at: Instant::now(),
+    });
+    shared.bump();
+    let token_ok = d.get("token").and_then(Value::as_str) == Some(shared.token.as_str());
+    let out: Vec<Value> = match op {
+        1 => {
+            if lock(&shared.state).ack_heartbeats {
+                vec![json!({"op": 11})]
+            } else {
+                Vec::new()
+            }
+        }
+        2 | 6 if !token_ok => {
+            let _ = socket
+                .send(Message::Close(Some(CloseFrame {
+                    code: 4004,
+                    reason: "Authentication failed.".into(),
+                })))
+                .await;
+            return false;
+        }
+        2 => identify(shared, conn),
+        6 => resume(shared, conn, &d),
+        _ => Vec::new(),
+    };
+    for payload in &out {
+        if !send(socket, payload).await {
+            return false;
+        }
+    }
+    if !out.is_empty() {
+        shared.bump();
+    }
+    true
+}
+
+/// A new session: READY, a GUILD_CREATE per known guild, then anything
+/// pushed before the first session.
+fn identify(shared: &Shared, conn: u64) -> Vec<Value> {
+    let mut st = lock(&shared.state);
+    st.next_session += 1;
+    let session = format!("fake-session-{}", st.next_session);
+    st.sessions.insert(session.clone(), SessionLog::default());
+    st.current = Some(session.clone());
+    if let Some(a) = st.attached.as_mut().filter(|a| a.id == conn) {
+        a.session = Some(session.clone());
+    }
+    let guilds: Vec<(String, Vec<Value>)> = st
+        .guilds
+        .iter()
+        .map(|(g, t)| (g.clone(), t.clone()))
+        .collect();
+    let ready = json!({
+        "v": 10,
+        "user": {"id": shared.bot_id, "username": BOT_USERNAME, "bot": true},
+        "session_id": session,
+        "resume_gateway_url": format!("ws://{}/resume", shared.addr),
+        "guilds": guilds.iter().map(|(g, _)| json!({"id": g, "unavailable": true})).collect::<Vec<_>>(),
+    });
+    let mut out = vec![log_dispatch(&mut st, &session, "READY", ready)];
+    st.readies += 1;
+    for (g, threads) in guilds {
+        let d = json!({"id": g, "name": format!("Guild {g}"), "channels": [], "threads": threads});
+        out.push(log_dispatch(&mut st, &session, "GUILD_CREATE", d));
+    }
+    for (kind, d) in std::mem::take(&mut st.backlog) {
+        out.push(log_dispatch(&mut st, &session, &kind, d));
+    }
+    out
+}
+
+/// Replays the session after the client's sequence number, then RESUMED;
+/// op 9 for a session the fake does not know (or forgot).
+fn resume(shared: &Shared, conn: u64, d: &Value) -> Vec<Value> {
+    let mut st = lock(&shared.state);
+    let session = d.get("session_id").and_then(Value::as_str).unwrap_or("");
+    let seq = d.get("seq").and_then(Value::as_u64).unwrap_or(0);
+    if !st.sessions.contains_key(session) {
+        return vec![json!({"op": 9, "d": false})];
+    }
+    st.current = Some(session.to_owned());
+    if let Some(a) = st.attached.as_mut().filter(|a| a.id == conn) {
+        a.session = Some(session.to_owned());
+    }
+    let mut out: Vec<Value> = st.sessions[session]
+        .events
+        .iter()
+        .filter(|e| e.get("s").and_then(Value::as_u64).is_some_and(|s| s > seq))
+        .cloned()
+        .collect();
+    out.push(log_dispatch(&mut st, session, "RESUMED", json!({})));
+    st.resumed += 1;
+    out
+}
+
+fn json_response(status: u16, v: &Value, headers: &[(&str, String)]) -> Response {
+    let mut r = crate::json_response(status, v);
+    for (k, val) in headers {
+        if let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(val),
+        ) {
+            r.headers_mut().insert(name, value);
+        }
+    }
+    r
+}
+
+async fn rest(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(path) = uri.path().strip_prefix("/api/v10") else {
+        return json_response(404, &json!({"message": "404: Not Found", "code": 0}), &[]);
+    };
+    let path = path.to_owned();
+    let authorized = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        == Some(format!("Bot {}", shared.token).as_str());
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    lock(&shared.state).requests.push(Request {
+        method: method.to_string(),
+        path: path.clone(),
+        body: body.clone(),
+        authorized,
+        at: Instant::now(),
+    });
+    shared.bump();
+    if !authorized {
+        return json_response(
+            401,
+            &json!({"message": "401: Unauthorized", "code": 0}),
+            &[],
+        );
+    }
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", ["gateway", "bot"]) => json_response(
+            200,
+            &json!({"url": format!("ws://{}/gateway", shared.addr), "shards": 1,
+                "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 1}}),
+            &[],
+        ),
+        ("POST", ["channels", channel, "typing"]) => {
+            lock(&shared.state).typing.push(Typing {
+                channel_id: (*channel).to_owned(),
+                at: Instant::now(),
+            });
+            shared.bump();
+            StatusCode::NO_CONTENT.into_response()
+        }
+        ("POST", ["channels", channel, "messages"]) => {
+            create_message(&shared, channel, &body).await
+        }
+        _ => json_response(404, &json!({"message": "404: Not Found", "code": 0}), &[]),
+    }
+}
+
+async fn create_message(shared: &Shared, channel: &str, body: &Value) -> Response {
+    let mut hang = shared.hang.subscribe();
+    if *hang.borrow_and_update() {
+        let mut stop = shared.stop.subscribe();
+        tokio::select! {
+            _ = hang.wait_for(|h| !*h) => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+        return json_response(502, &json!({"message": "502: Bad Gateway", "code": 0}), &[]);
+    }
+    let limit_headers = |remaining: u32, reset_after: f64| {
+        vec![
+            ("x-ratelimit-bucket", SEND_BUCKET.to_owned()),
+            ("x-ratelimit-limit", "5".to_owned()),
+            ("x-ratelimit-remaining", remaining.to_string()),
+            ("x-ratelimit-reset-after", format!("{reset_after:.3}")),
+        ]
+    };
+    let (fail_429, fail_status, exhaust) = {
+        let mut st = lock(&shared.state);
+        let f = st.fail_429.pop_front();
+        let s = if f.is_none() {
+            st.fail_status.pop_front()
+        } else {
+            None
+        };
+        let e = if f.is_none() && s.is_none() {
+            st.exhaust_next.take()
+        } else {
+            None
+        };
+        (f, s, e)
+    };
+    if let Some((retry_after, global)) = fail_429 {
+        let mut h = limit_headers(0, retry_after);
+        h.push(("retry-after", format!("{}", retry_after.ceil() as u64)));
+        if global {
+            h.push(("x-ratelimit-global", "true".to_owned()));
+        }
+        return json_response(
+            429,
+            &json!({"message": "You are being rate limited.", "retry_after": retry_after, "global": global}),
+            &h,
+        );
+    }
+    if let Some(status) = fail_status {
+        return json_response(
+            status,
+            &json!({"message": format!("{status}: injected"), "code": 0}),
+            &[],
+        );
+    }
+    let content = body.get("content").and_then(Value::as_str).unwrap_or("");
+    if content.is_empty() {
+        return json_response(
+            400,
+            &json!({"message": "Cannot send an empty message", "code": 50006}),
+            &[],
+        );
+    }
+    if content.chars().count() > 2000 {
+        return json_response(
+            400,
+            &json!({"message": "Invalid Form Body", "code": 50035,
+                "errors": {"content": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH", "message": "Must be 2000 or fewer in length."}]}}}),
+            &[],
+        );
+    }
+    let sent = {
+        let mut st = lock(&shared.state);
+        st.next_id += 1;
+        let sent = Sent {
+            channel_id: channel.to_owned(),
+            content: content.to_owned(),
+            reply_to: body
+                .pointer("/message_reference/message_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            allowed_mentions: body.get("allowed_mentions").cloned().unwrap_or(Value::Null),
+            id: st.next_id.to_string(),
+            at: Instant::now(),
+        };
+        st.sent.push(sent.clone());
+        sent
+    };
+    shared.bump();
+    let h = match exhaust {
+        Some(after) => limit_headers(0, after),
+        None => limit_headers(4, 1.0),
+    };
+    json_response(
+        200,
+        &json!({"id": sent.id, "channel_id": sent.channel_id, "content": sent.content,
+            "author": {"id": shared.bot_id, "username": BOT_USERNAME, "bot": true}, "type": 0}),
+        &h,
+    )
+}
