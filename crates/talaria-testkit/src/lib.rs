@@ -14,7 +14,9 @@
 //! Any other request gets one JSON object.
 #![forbid(unsafe_code)]
 
+pub mod mattermost;
 pub mod telegram;
+pub use mattermost::FakeMattermost;
 pub use telegram::FakeTelegram;
 
 use std::collections::VecDeque;
