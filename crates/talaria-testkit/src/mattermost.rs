@@ -202,6 +202,8 @@ struct Book {
     requests: Vec<Request>,
     pings: usize,
     next_conn: u64,
+    /// New connections are accepted and then say nothing.
+    mute: bool,
     fail_429: VecDeque<(u64, Option<u64>)>,
     fail_status: VecDeque<u16>,
 }
@@ -564,6 +566,12 @@ impl FakeMattermost {
         }
     }
 
+    /// While set, new WebSocket connections are accepted (and recorded)
+    /// but get no hello, no replayed events and no pongs.
+    pub fn mute_new_connections(&self, mute: bool) {
+        lock(&self.shared.state).mute = mute;
+    }
+
     /// Stops the server (also on drop). Open connections are cut.
     pub fn shutdown(&self) {
         self.shared.stop.send_replace(true);
@@ -854,8 +862,12 @@ async fn serve_socket(
         }
     }
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+    let mut silent = false;
     let conn_no = {
         let mut st = lock(&shared.state);
+        if st.mute {
+            silent = true;
+        }
         st.next_conn += 1;
         let conn_no = st.next_conn;
         let resumable = match (&st.session, &asked_id, asked_seq) {
@@ -906,7 +918,6 @@ async fn serve_socket(
         conn_no
     };
     shared.bump();
-    let mut silent = false;
     loop {
         if silent {
             tokio::select! {
