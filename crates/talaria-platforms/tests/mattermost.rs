@@ -309,6 +309,23 @@ async fn a_dropped_connection_is_resumed_without_losing_or_repeating_an_event() 
 }
 
 #[tokio::test]
+async fn events_sent_again_at_old_sequence_numbers_are_not_handed_over_twice() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    fake.push(NewPost::dm("alice", "one"));
+    fake.push(NewPost::dm("alice", "two"));
+    assert_eq!(run.next().await.text, "one");
+    assert_eq!(run.next().await.text, "two");
+    fake.resend_from(1);
+    fake.push(NewPost::dm("alice", "three"));
+    assert_eq!(run.next().await.text, "three");
+    assert!(run.events.try_recv().is_err());
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_connection_the_server_forgot_starts_afresh_with_a_new_hello() {
     let fake = FakeMattermost::start(TOKEN).await;
     let a = adapter(&fake);

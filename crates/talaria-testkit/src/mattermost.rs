@@ -387,6 +387,19 @@ impl FakeMattermost {
         }
     }
 
+    /// Sends the buffered events from sequence number `seq` on to the live
+    /// connection once more, as a confused proxy or server might.
+    pub fn resend_from(&self, seq: i64) {
+        let st = lock(&self.shared.state);
+        if let Some(s) = st.session.as_ref()
+            && let Some((_, tx)) = s.live.as_ref()
+        {
+            for (_, frame) in s.buffer.iter().filter(|(q, _)| *q >= seq) {
+                let _ = tx.send(Outgoing::Frame(frame.clone()));
+            }
+        }
+    }
+
     /// Every post the bot made, in order.
     pub fn posts(&self) -> Vec<CreatedPost> {
         lock(&self.shared.state).posts.clone()

@@ -139,10 +139,8 @@ impl Api {
             });
         }
         let message = match serde_json::from_slice::<AppError>(&body) {
-            Ok(e) if !e.message.is_empty() => match e.id.is_empty() {
-                true => e.message,
-                false => format!("{} ({})", e.message, e.id),
-            },
+            Ok(e) if !e.message.is_empty() && e.id.is_empty() => e.message,
+            Ok(e) if !e.message.is_empty() => format!("{} ({})", e.message, e.id),
             _ => format!("HTTP {status}"),
         };
         Err(ApiError::Status {

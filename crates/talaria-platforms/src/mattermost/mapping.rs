@@ -109,7 +109,7 @@ pub(crate) fn map_posted(
     let root = (!post.root_id.is_empty()).then(|| post.root_id.clone());
     let mut text = post.message.clone();
     if chat_type != ChatType::Dm {
-        let mentioned = mention_ids(data).iter().any(|id| *id == me.id)
+        let mentioned = mention_ids(data).contains(&me.id)
             || mentions(&text, &me.username)
             || root.as_deref().is_some_and(|r| threads.contains(r));
         if require_mention && !mentioned {

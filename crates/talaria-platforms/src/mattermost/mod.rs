@@ -568,10 +568,8 @@ impl Adapter for MattermostAdapter {
                     };
                     quiet_until = tokio::time::Instant::now() + silence;
                     match message {
-                        Message::Text(text) => {
-                            if !self.on_frame(text.as_str(), &me, &ctx).await {
-                                return Ok(());
-                            }
+                        Message::Text(text) if !self.on_frame(text.as_str(), &me, &ctx).await => {
+                            return Ok(());
                         }
                         Message::Close(frame) => {
                             return Err(AdapterError::Disconnected(format!(
