@@ -18,11 +18,16 @@ use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "mmtesttoken0123456789abcdef";
 const WAIT: Duration = Duration::from_secs(10);
-const PING: Duration = Duration::from_millis(100);
+/// The ping interval of tests about silence: a socket is given up after
+/// two of them.
+const PING: Duration = Duration::from_millis(150);
+/// The ping interval elsewhere, long enough that a loaded machine never
+/// makes a healthy socket look silent.
+const CALM_PING: Duration = Duration::from_secs(2);
 
 fn settings(fake: &FakeMattermost, token: &str) -> MattermostSettings {
     MattermostSettings {
-        ping_interval: PING,
+        ping_interval: CALM_PING,
         connect_timeout: Duration::from_secs(5),
         send_timeout: Duration::from_secs(5),
         ..MattermostSettings::new(fake.url(), token)
@@ -31,6 +36,15 @@ fn settings(fake: &FakeMattermost, token: &str) -> MattermostSettings {
 
 fn adapter(fake: &FakeMattermost) -> Arc<MattermostAdapter> {
     Arc::new(MattermostAdapter::new(settings(fake, TOKEN)).unwrap())
+}
+
+/// An adapter that pings every [`PING`].
+fn pinging_adapter(fake: &FakeMattermost) -> Arc<MattermostAdapter> {
+    let s = MattermostSettings {
+        ping_interval: PING,
+        ..settings(fake, TOKEN)
+    };
+    Arc::new(MattermostAdapter::new(s).unwrap())
 }
 
 struct Running {
@@ -126,7 +140,7 @@ async fn a_dm_becomes_an_event_once_the_hello_made_it_live() {
 async fn a_socket_without_a_hello_is_never_live_and_is_given_up() {
     let fake = FakeMattermost::start(TOKEN).await;
     fake.mute_new_connections(true);
-    let a = adapter(&fake);
+    let a = pinging_adapter(&fake);
     let run = spawn(&a);
     fake.wait_for_connections(1, WAIT).await;
     let liveness = run.liveness.clone();
@@ -350,7 +364,7 @@ async fn a_connection_the_server_forgot_starts_afresh_with_a_new_hello() {
 #[tokio::test]
 async fn a_silent_socket_is_rebuilt_and_what_came_meanwhile_is_replayed() {
     let fake = FakeMattermost::start(TOKEN).await;
-    let a = adapter(&fake);
+    let a = pinging_adapter(&fake);
     let mut run = spawn(&a);
     run.live().await;
     // Pings go out and their answers keep the connection up.
