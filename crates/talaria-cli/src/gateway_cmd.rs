@@ -20,6 +20,7 @@ use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
 use talaria_platforms::discord::{DiscordAdapter, DiscordSettings};
+use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
 use tokio_util::sync::CancellationToken;
@@ -40,6 +41,12 @@ pub fn chat_adapters(rt: &Runtime) -> anyhow::Result<Vec<Arc<dyn Adapter>>> {
         DiscordSettings::from_config(&rt.config.platforms.discord, &rt.loaded.env)
     {
         let adapter = DiscordAdapter::new(settings).context("cannot set up Discord")?;
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) =
+        MattermostSettings::from_config(&rt.config.platforms.mattermost, &rt.loaded.env)
+    {
+        let adapter = MattermostAdapter::new(settings).context("cannot set up Mattermost")?;
         adapters.push(Arc::new(adapter));
     }
     Ok(adapters)
@@ -115,10 +122,10 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     if adapters.is_empty() && api.is_none() {
         bail!(
             "nothing to serve: no platform is enabled.\n\
-             Set TELEGRAM_BOT_TOKEN (or platforms.telegram.token), DISCORD_BOT_TOKEN \
-             (or platforms.discord.token), or API_SERVER_KEY \
-             (or platforms.api_server.key) in {} or the environment, or configure \
-             platforms.webhook.routes in config.yaml.",
+             Set a platform's credentials (TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN, \
+             MATTERMOST_URL and MATTERMOST_TOKEN, or their platforms.<name> keys) or \
+             API_SERVER_KEY (or platforms.api_server.key) in {} or the environment, \
+             or configure platforms.webhook.routes in config.yaml.",
             rt.home.dotenv_file().display()
         );
     }

@@ -694,6 +694,7 @@ impl Default for SessionResetConfig {
 pub struct PlatformsConfig {
     pub telegram: TelegramConfig,
     pub discord: DiscordConfig,
+    pub mattermost: MattermostConfig,
     pub api_server: ApiServerConfig,
     /// Signed HTTP deliveries from other services (GitHub, GitLab, Svix, ...).
     pub webhook: WebhookConfig,
@@ -756,6 +757,38 @@ impl Default for DiscordConfig {
             api_base: "https://discord.com/api/v10".to_owned(),
             gateway_url: None,
             require_mention: true,
+        }
+    }
+}
+
+/// `platforms.mattermost:`. The server root may instead come from
+/// `MATTERMOST_URL` and the token from `MATTERMOST_TOKEN`; a token set
+/// either way enables the platform unless `enabled: false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MattermostConfig {
+    /// `None` means "enabled when a token is set".
+    pub enabled: Option<bool>,
+    /// The server root, e.g. `https://chat.example.com` (no `/api/v4`).
+    pub url: Option<String>,
+    /// A bot account's or a personal access token.
+    pub token: Option<Secret>,
+    /// In channels and group messages, answer only posts that mention the
+    /// bot (or continue a thread it answered in).
+    pub require_mention: bool,
+    /// Seconds between application-level pings on the WebSocket; a socket
+    /// silent for two of these is rebuilt.
+    pub ping_interval_secs: u64,
+}
+
+impl Default for MattermostConfig {
+    fn default() -> MattermostConfig {
+        MattermostConfig {
+            enabled: None,
+            url: None,
+            token: None,
+            require_mention: true,
+            ping_interval_secs: 30,
         }
     }
 }

@@ -5,6 +5,7 @@
 //!
 //! - [`telegram`]: the Telegram Bot API over long polling.
 //! - [`discord`]: Discord's gateway WebSocket in, its REST API out.
+//! - [`mattermost`]: Mattermost's API v4 and its WebSocket event stream.
 //! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
 //! - [`webhook`]: signed webhook deliveries as agent turns (port 8644).
 #![forbid(unsafe_code)]
@@ -15,6 +16,8 @@ pub mod api_server;
 pub mod discord;
 #[cfg(any(feature = "api-server", feature = "webhook"))]
 mod listen;
+#[cfg(feature = "mattermost")]
+pub mod mattermost;
 #[cfg(feature = "telegram")]
 pub mod telegram;
 #[cfg(feature = "webhook")]

@@ -15,8 +15,10 @@
 #![forbid(unsafe_code)]
 
 pub mod discord;
+pub mod mattermost;
 pub mod telegram;
 pub use discord::FakeDiscord;
+pub use mattermost::FakeMattermost;
 pub use telegram::FakeTelegram;
 
 use std::collections::VecDeque;

@@ -1,0 +1,168 @@
+//! An in-process gateway for end-to-end tests of the Mattermost adapter:
+//! the real runner, ledger and adapter against the fake Mattermost server,
+//! the real OpenAI provider against the mock LLM server, and a real SQLite
+//! file. The adapter is built the way `talaria gateway run` builds it:
+//! settings from `platforms.mattermost` and the environment.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use talaria_agent::interaction::NoHuman;
+use talaria_agent::tools::Registry;
+use talaria_agent::{Agent, AgentParts};
+use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
+use talaria_gateway::Adapter;
+use talaria_gateway::gateway::{Gateway, GatewayParts};
+use talaria_gateway::hooks::Hooks;
+use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
+use talaria_store::{LedgerStore, ObligationState, SqliteStore};
+use talaria_testkit::mattermost::CreatedPost;
+use talaria_testkit::{FakeMattermost, MockOpenAi};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const TOKEN: &str = "mmgatewaytoken0123456789ab";
+
+/// How long a test waits for something that should happen.
+pub const WAIT: Duration = Duration::from_secs(15);
+
+pub struct Rig {
+    pub mm: FakeMattermost,
+    pub llm: MockOpenAi,
+    pub dir: tempfile::TempDir,
+    pub home: Home,
+    pub env: Vec<(String, String)>,
+    pub config: Config,
+    running: Option<(CancellationToken, JoinHandle<()>)>,
+}
+
+impl Rig {
+    /// A rig with a gateway running and connected.
+    pub async fn started(env: &[(&str, &str)], configure: impl FnOnce(&mut Config)) -> Rig {
+        let mm = FakeMattermost::start(TOKEN).await;
+        let llm = MockOpenAi::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().join("home"));
+        home.ensure().unwrap();
+        let mut config = Config::default();
+        config.model.default = Some("test-model".into());
+        config.model.base_url = Some(llm.base_url());
+        config.platforms.mattermost.ping_interval_secs = 1;
+        config.gateway.typing_interval_secs = 1;
+        configure(&mut config);
+        let mut rig = Rig {
+            mm,
+            llm,
+            dir,
+            home,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            config,
+            running: None,
+        };
+        rig.start();
+        rig.mm.wait_for_connections(1, WAIT).await;
+        rig
+    }
+
+    /// Builds everything afresh from the home and runs the gateway.
+    pub fn start(&mut self) {
+        assert!(self.running.is_none());
+        let mut pairs = self.env.clone();
+        pairs.push(("MATTERMOST_TOKEN".into(), TOKEN.into()));
+        pairs.push(("MATTERMOST_URL".into(), self.mm.url()));
+        let env = Env::from_pairs(pairs);
+        let config = Arc::new(self.config.clone());
+        let store = Arc::new(SqliteStore::open(&self.home.state_db()).unwrap());
+        let endpoint = Endpoint {
+            provider: ProviderKind::Custom,
+            model: "test-model".into(),
+            base_url: self.llm.base_url(),
+            api_key: None,
+        };
+        let agent = Arc::new(Agent::new(AgentParts {
+            config: config.clone(),
+            home: self.home.clone(),
+            provider: talaria_llm::provider_for(&endpoint, &config.agent),
+            store: store.clone(),
+            registry: Arc::new(Registry::with_core_tools(&config)),
+            interaction: Arc::new(NoHuman),
+            redactor: Redactor::default(),
+            workdir: self.dir.path().to_path_buf(),
+        }));
+        let settings = MattermostSettings::from_config(&config.platforms.mattermost, &env).unwrap();
+        let adapter: Arc<dyn Adapter> = Arc::new(MattermostAdapter::new(settings).unwrap());
+        let gateway = Gateway::new(GatewayParts {
+            config,
+            env,
+            home: self.home.clone(),
+            agent,
+            store,
+            adapters: vec![adapter],
+            lock_dir: Some(self.dir.path().join("locks")),
+            hooks: Arc::new(Hooks::load(&self.home)),
+        });
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move { gateway.run(stop).await });
+        self.running = Some((shutdown, task));
+    }
+
+    /// The user messages of LLM request `i`.
+    pub fn user_messages(&self, i: usize) -> Vec<String> {
+        self.llm.requests()[i].body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap_or("").to_owned())
+            .collect()
+    }
+
+    /// Waits until some post contains `needle` and returns all posts.
+    pub async fn wait_for_text(&self, needle: &str) -> Vec<CreatedPost> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let posts = self.mm.posts();
+            if posts.iter().any(|p| p.message.contains(needle)) {
+                return posts;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no post containing {needle:?}; posts: {:?}",
+                posts.iter().map(|p| &p.message).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the ledger shows `n` delivered rows.
+    pub async fn wait_for_delivered(&self, n: u64) {
+        let store = SqliteStore::open(&self.home.state_db()).unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let counts = store.obligation_counts().await.unwrap();
+            if counts.get(&ObligationState::Delivered) == Some(&n) {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{counts:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Gives the gateway a moment to do something it should not do.
+    pub async fn settle(&self) {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some((shutdown, _)) = &self.running {
+            shutdown.cancel();
+        }
+    }
+}

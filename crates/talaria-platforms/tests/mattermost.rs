@@ -1,0 +1,420 @@
+//! The Mattermost adapter against the fake Mattermost server in
+//! talaria-testkit: real HTTP and a real WebSocket on 127.0.0.1.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use talaria_gateway::{
+    Adapter, AdapterContext, AdapterError, ChatType, Inbox, Liveness, LivenessReporter,
+    MessageEvent, OutboundMessage, SendError,
+};
+use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
+use talaria_testkit::FakeMattermost;
+use talaria_testkit::mattermost::NewPost;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "mmtesttoken0123456789abcdef";
+const WAIT: Duration = Duration::from_secs(10);
+/// The ping interval of tests about silence: a socket is given up after
+/// two of them.
+const PING: Duration = Duration::from_millis(150);
+/// The ping interval elsewhere, long enough that a loaded machine never
+/// makes a healthy socket look silent.
+const CALM_PING: Duration = Duration::from_secs(2);
+
+fn settings(fake: &FakeMattermost, token: &str) -> MattermostSettings {
+    MattermostSettings {
+        ping_interval: CALM_PING,
+        connect_timeout: Duration::from_secs(5),
+        send_timeout: Duration::from_secs(5),
+        ..MattermostSettings::new(fake.url(), token)
+    }
+}
+
+fn adapter(fake: &FakeMattermost) -> Arc<MattermostAdapter> {
+    Arc::new(MattermostAdapter::new(settings(fake, TOKEN)).unwrap())
+}
+
+/// An adapter that pings every [`PING`].
+fn pinging_adapter(fake: &FakeMattermost) -> Arc<MattermostAdapter> {
+    let s = MattermostSettings {
+        ping_interval: PING,
+        ..settings(fake, TOKEN)
+    };
+    Arc::new(MattermostAdapter::new(s).unwrap())
+}
+
+struct Running {
+    events: mpsc::Receiver<MessageEvent>,
+    liveness: watch::Receiver<Liveness>,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), AdapterError>>,
+}
+
+fn spawn(adapter: &Arc<MattermostAdapter>) -> Running {
+    let (inbox, events) = Inbox::channel(16);
+    let (reporter, liveness) = LivenessReporter::new();
+    let shutdown = CancellationToken::new();
+    let ctx = AdapterContext {
+        inbox,
+        liveness: reporter,
+        shutdown: shutdown.clone(),
+    };
+    let a = adapter.clone();
+    let task = tokio::spawn(async move { a.run(ctx).await });
+    Running {
+        events,
+        liveness,
+        shutdown,
+        task,
+    }
+}
+
+impl Running {
+    async fn next(&mut self) -> MessageEvent {
+        tokio::time::timeout(WAIT, self.events.recv())
+            .await
+            .expect("no event in time")
+            .expect("inbox closed")
+    }
+
+    async fn live(&mut self) {
+        tokio::time::timeout(WAIT, self.liveness.wait_for(|l| *l == Liveness::Live))
+            .await
+            .expect("never live")
+            .unwrap();
+    }
+
+    /// Waits for `run` to end by itself.
+    async fn ended(self) -> Result<(), AdapterError> {
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("run did not return")
+            .expect("run panicked")
+    }
+
+    async fn stop(self) -> Result<(), AdapterError> {
+        self.shutdown.cancel();
+        self.ended().await
+    }
+}
+
+fn out(chat_id: &str, thread_id: Option<&str>, text: &str) -> OutboundMessage {
+    OutboundMessage {
+        chat_id: chat_id.into(),
+        thread_id: thread_id.map(Into::into),
+        reply_to: None,
+        text: text.into(),
+    }
+}
+
+#[tokio::test]
+async fn a_dm_becomes_an_event_once_the_hello_made_it_live() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    let id = fake.push(NewPost::dm("alice", "hello there"));
+    let ev = run.next().await;
+    assert_eq!(ev.text, "hello there");
+    assert_eq!(ev.source.platform, "mattermost");
+    assert_eq!(ev.source.chat_id, "dmalice");
+    assert_eq!(ev.source.chat_type, ChatType::Dm);
+    assert_eq!(ev.source.user_id.as_deref(), Some("alice"));
+    assert_eq!(ev.source.user_name.as_deref(), Some("useralice"));
+    assert_eq!(ev.source.thread_id, None);
+    assert_eq!(ev.message_id.as_deref(), Some(id.as_str()));
+    assert_eq!(a.bot_username().as_deref(), Some(fake.bot_username()));
+    assert_eq!(a.credential(), Some(("mattermost-token", TOKEN.to_owned())));
+    let conns = fake.connections();
+    assert_eq!(conns.len(), 1);
+    assert!(conns[0].header_auth);
+    assert_eq!(a.connection_id(), Some(conns[0].connection_id.clone()));
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_socket_without_a_hello_is_never_live_and_is_given_up() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    fake.mute_new_connections(true);
+    let a = pinging_adapter(&fake);
+    let run = spawn(&a);
+    fake.wait_for_connections(1, WAIT).await;
+    let liveness = run.liveness.clone();
+    let started = Instant::now();
+    let err = run.ended().await.unwrap_err();
+    assert!(matches!(err, AdapterError::Disconnected(_)), "{err:?}");
+    assert!(err.to_string().contains("silent"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // TCP and the WebSocket handshake succeeded; that is not enough.
+    assert_ne!(*liveness.borrow(), Liveness::Live);
+
+    fake.mute_new_connections(false);
+    let mut run = spawn(&a);
+    run.live().await;
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn channels_need_a_mention_and_their_answers_go_to_a_thread() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    let bot = fake.bot_username();
+    fake.push(NewPost::channel("town", "bob", "just chatting"));
+    fake.push(NewPost::channel("town", "bob", "system stuff").of_kind("system_join_channel"));
+    let asked = fake.push(NewPost::channel(
+        "town",
+        "bob",
+        &format!("@{bot} what's up?"),
+    ));
+    let ev = run.next().await;
+    assert_eq!(ev.text, "what's up?");
+    assert_eq!(ev.source.chat_type, ChatType::Group);
+    assert_eq!(ev.source.chat_name.as_deref(), Some("Channel town"));
+    assert_eq!(ev.source.thread_id.as_deref(), Some(asked.as_str()));
+    assert_eq!(ev.message_id.as_deref(), Some(asked.as_str()));
+
+    // The answer lands in the thread; the server echoes it back as a
+    // `posted` event from the bot, which is not an event.
+    let sent = a
+        .send(&out("town", ev.source.thread_id.as_deref(), "all good"))
+        .await
+        .unwrap();
+    let posts = fake.wait_for_posts(1, WAIT).await;
+    assert_eq!(posts[0].root_id.as_deref(), Some(asked.as_str()));
+    assert_eq!(sent.message_id.as_deref(), Some(posts[0].id.as_str()));
+
+    // A follow-up in that thread needs no mention; one in another thread does.
+    let other = fake.push(NewPost::channel("town", "bob", "unrelated"));
+    fake.push(NewPost::channel("town", "bob", "in another thread").in_thread(&other));
+    fake.push(NewPost::channel("town", "bob", "and then?").in_thread(&asked));
+    let ev = run.next().await;
+    assert_eq!(ev.text, "and then?");
+    assert_eq!(ev.source.thread_id.as_deref(), Some(asked.as_str()));
+    // Private channels and group messages follow the same rule.
+    fake.push(NewPost::channel("priv", "bob", "quiet").of_channel_type("P"));
+    fake.push(NewPost::channel("grp", "bob", &format!("@{bot} hi")).of_channel_type("G"));
+    let ev = run.next().await;
+    assert_eq!(ev.source.chat_id, "grp");
+    assert_eq!(ev.text, "hi");
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn sends_keep_markdown_defuse_broadcasts_and_reply_in_threads() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    fake.add_channel("town", "O");
+    let a = adapter(&fake);
+    a.send(&out(
+        "town",
+        None,
+        "**Done** <br>ping @channel, see `@here`",
+    ))
+    .await
+    .unwrap();
+    let posts = fake.wait_for_posts(1, WAIT).await;
+    assert_eq!(
+        posts[0].message,
+        "**Done** \nping @\u{200B}channel, see `@here`"
+    );
+    assert_eq!(posts[0].root_id, None);
+    // A thread root the server does not know is refused for good.
+    let err = a
+        .send(&out("town", Some("nosuchpost0000000000000000"), "x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SendError::Rejected(_)), "{err:?}");
+    // So is an unknown channel (no permission), and a 5xx is transient.
+    let err = a.send(&out("elsewhere", None, "x")).await.unwrap_err();
+    assert!(matches!(err, SendError::Rejected(_)), "{err:?}");
+    fake.fail_next_post_with(503);
+    let err = a.send(&out("town", None, "x")).await.unwrap_err();
+    assert!(matches!(err, SendError::Transient(_)), "{err:?}");
+    // The longest post Mattermost takes goes through whole.
+    let long = "y".repeat(a.limits().max_len);
+    a.send(&out("town", None, &long)).await.unwrap();
+    assert_eq!(fake.wait_for_posts(2, WAIT).await[1].message, long);
+}
+
+#[tokio::test]
+async fn a_429_is_waited_out_as_the_headers_say_and_then_reported() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    fake.add_channel("town", "O");
+    let a = adapter(&fake);
+
+    fake.fail_next_posts_with_429(1, None);
+    let started = Instant::now();
+    a.send(&out("town", None, "after the reset")).await.unwrap();
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(950), "{waited:?}");
+    assert_eq!(fake.post_attempts().len(), 2);
+    assert_eq!(fake.posts().len(), 1);
+
+    // Retry-After wins over the reset header; too long a wait is reported
+    // at once rather than blocking the send.
+    fake.fail_next_posts_with_429(1, Some(600));
+    let started = Instant::now();
+    let err = a.send(&out("town", None, "x")).await.unwrap_err();
+    assert_eq!(err, SendError::RateLimited(Duration::from_secs(600)));
+    assert!(started.elapsed() < Duration::from_millis(500));
+
+    // Retries are bounded: three waits, then RateLimited.
+    let before = fake.post_attempts().len();
+    for _ in 0..4 {
+        fake.fail_next_posts_with_429(0, None);
+    }
+    let err = a.send(&out("town", None, "x")).await.unwrap_err();
+    assert!(matches!(err, SendError::RateLimited(_)), "{err:?}");
+    assert_eq!(fake.post_attempts().len() - before, 4);
+    assert_eq!(fake.posts().len(), 1);
+}
+
+#[tokio::test]
+async fn a_bad_token_is_fatal_for_run_and_rejected_for_send() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    fake.add_channel("town", "O");
+    let a = Arc::new(MattermostAdapter::new(settings(&fake, "wrongtoken")).unwrap());
+    let err = spawn(&a).ended().await.unwrap_err();
+    assert!(matches!(err, AdapterError::Fatal(_)), "{err:?}");
+    assert!(!err.to_string().contains("wrongtoken"));
+    let err = a.send(&out("town", None, "x")).await.unwrap_err();
+    assert!(matches!(err, SendError::Rejected(_)), "{err:?}");
+    assert!(fake.connections().is_empty());
+}
+
+#[tokio::test]
+async fn a_dropped_connection_is_resumed_without_losing_or_repeating_an_event() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    fake.push(NewPost::dm("alice", "one"));
+    assert_eq!(run.next().await.text, "one");
+
+    fake.drop_connection();
+    let err = run.ended().await.unwrap_err();
+    assert!(matches!(err, AdapterError::Disconnected(_)), "{err:?}");
+    // Posted while nobody listened: the server keeps them for a resume.
+    fake.push(NewPost::dm("alice", "two"));
+    fake.push(NewPost::dm("alice", "three"));
+
+    let mut run = spawn(&a);
+    run.live().await;
+    let conns = fake.connections();
+    assert_eq!(conns.len(), 2);
+    assert!(conns[1].resumed, "{conns:#?}");
+    assert_eq!(
+        conns[1].asked_id.as_deref(),
+        Some(conns[0].connection_id.as_str())
+    );
+    // hello was 0 and "one" 1: the next wanted is 2.
+    assert_eq!(conns[1].asked_seq, Some(2));
+    assert_eq!(run.next().await.text, "two");
+    assert_eq!(run.next().await.text, "three");
+    fake.push(NewPost::dm("alice", "four"));
+    assert_eq!(run.next().await.text, "four");
+    assert!(run.events.try_recv().is_err(), "nothing twice");
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn events_sent_again_at_old_sequence_numbers_are_not_handed_over_twice() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    fake.push(NewPost::dm("alice", "one"));
+    fake.push(NewPost::dm("alice", "two"));
+    assert_eq!(run.next().await.text, "one");
+    assert_eq!(run.next().await.text, "two");
+    fake.resend_from(1);
+    fake.push(NewPost::dm("alice", "three"));
+    assert_eq!(run.next().await.text, "three");
+    assert!(run.events.try_recv().is_err());
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_connection_the_server_forgot_starts_afresh_with_a_new_hello() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    let first = a.connection_id().unwrap();
+    fake.expire_connection();
+    run.ended().await.unwrap_err();
+    let mut run = spawn(&a);
+    run.live().await;
+    let conns = fake.connections();
+    assert!(!conns[1].resumed);
+    assert_eq!(conns[1].asked_id.as_deref(), Some(first.as_str()));
+    let second = a.connection_id().unwrap();
+    assert_ne!(first, second);
+    // Sequence numbers start over with the new connection.
+    fake.push(NewPost::dm("alice", "fresh"));
+    assert_eq!(run.next().await.text, "fresh");
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_silent_socket_is_rebuilt_and_what_came_meanwhile_is_replayed() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = pinging_adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    // Pings go out and their answers keep the connection up.
+    let pings = fake.pings();
+    tokio::time::sleep(PING * 4).await;
+    assert!(fake.pings() >= pings + 2);
+    assert!(!run.task.is_finished());
+
+    fake.go_silent();
+    fake.push(NewPost::dm("alice", "while silent"));
+    let started = Instant::now();
+    let err = run.ended().await.unwrap_err();
+    assert!(err.to_string().contains("silent"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let mut run = spawn(&a);
+    assert_eq!(run.next().await.text, "while silent");
+    run.live().await;
+    assert!(fake.connections()[1].resumed);
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn malformed_frames_and_posts_are_skipped_without_dropping_the_socket() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    fake.push_raw_frame("{this is not json");
+    fake.push_raw_frame("[1, 2, 3]");
+    fake.push_event("posted", json!({"channel_type": "D", "post": "{broken"}));
+    fake.push_event("posted", json!({"channel_type": "D", "post": 42}));
+    fake.push_event("typing", json!({"parent_id": ""}));
+    fake.push(NewPost::dm("alice", "still here"));
+    assert_eq!(run.next().await.text, "still here");
+    assert_eq!(fake.connections().len(), 1);
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn typing_is_shown_in_the_channel_and_thread() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    a.typing("town", Some("root1")).await.unwrap();
+    a.typing("dmalice", None).await.unwrap();
+    let t = fake.wait_for_typing(2, WAIT).await;
+    assert_eq!(t[0].user_id, fake.bot_id());
+    assert_eq!(t[0].channel_id, "town");
+    assert_eq!(t[0].parent_id.as_deref(), Some("root1"));
+    assert_eq!(t[1].parent_id, None);
+    run.stop().await.unwrap();
+}

@@ -1,0 +1,998 @@
+//! A fake Mattermost server on 127.0.0.1, for adapter and end-to-end tests.
+//!
+//! [`FakeMattermost`] speaks API v4 over real HTTP and the event stream
+//! over a real WebSocket:
+//!
+//! - `GET /api/v4/users/me`, `POST /api/v4/posts` and
+//!   `POST /api/v4/users/{user_id}/typing`, each requiring
+//!   `Authorization: Bearer <token>` (else 401 with Mattermost's error
+//!   body);
+//! - `GET /api/v4/websocket`, authenticated by the same header *or* by an
+//!   `authentication_challenge` action as the first frame (both are
+//!   accepted; [`Connection`] records which came). A new connection gets
+//!   `hello` (`data.connection_id`) at sequence 0, then events at 1, 2, ...
+//!   Reconnecting with `?connection_id=<id>&sequence_number=<n>` resumes
+//!   when the server still holds event `n` (or `n` is the next one):
+//!   the missed events are replayed and, as Mattermost does, no new
+//!   `hello` is sent. Otherwise the client gets a new connection, a new id
+//!   and a new `hello`. The `ping` action is answered with
+//!   `{"status":"OK","seq_reply":n,"data":{"text":"pong"}}`.
+//!
+//! Posts the bot creates come back on the socket as `posted` events, as
+//! they do from a real server. The server runs on its own thread with its
+//! own runtime (so it keeps answering while a test blocks on a child
+//! process) and stops when the [`FakeMattermost`] is dropped.
+//!
+//! Tests push posts ([`FakeMattermost::push`]), inspect what the bot did
+//! ([`posts`](FakeMattermost::posts), [`typing`](FakeMattermost::typing),
+//! [`connections`](FakeMattermost::connections)) and break things
+//! ([`drop_connection`](FakeMattermost::drop_connection),
+//! [`expire_connection`](FakeMattermost::expire_connection),
+//! [`go_silent`](FakeMattermost::go_silent),
+//! [`fail_next_posts_with_429`](FakeMattermost::fail_next_posts_with_429),
+//! [`hang_posts`](FakeMattermost::hang_posts)).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
+use axum::response::Response;
+use axum::routing::get;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+use crate::{json_response, lock};
+
+/// The bot's user id (`GET /users/me`).
+pub const BOT_USER_ID: &str = "talariabot0000000000000000";
+/// The bot's username, without `@`.
+pub const BOT_USERNAME: &str = "talaria-bot";
+/// Mattermost's default largest post, in characters.
+pub const MAX_POST_CHARS: usize = 16383;
+/// How many events the server keeps for resuming.
+const REPLAY_CAPACITY: usize = 256;
+
+/// A post for [`FakeMattermost::push`] to deliver as a `posted` event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewPost {
+    /// The post id; one is assigned when `None`.
+    pub id: Option<String>,
+    pub channel_id: String,
+    /// `D`, `G`, `O` or `P`.
+    pub channel_type: String,
+    pub user_id: String,
+    pub message: String,
+    /// The thread's root post, for a reply in a thread.
+    pub root_id: Option<String>,
+    /// Empty for ordinary posts (`system_join_channel`, ...).
+    pub kind: String,
+    /// Mentioned user ids; computed from `@username`s when `None`.
+    pub mentions: Option<Vec<String>>,
+}
+
+impl NewPost {
+    /// A direct message from `user_id`; its channel is `dm<user_id>`.
+    pub fn dm(user_id: &str, message: &str) -> NewPost {
+        NewPost {
+            id: None,
+            channel_id: format!("dm{user_id}"),
+            channel_type: "D".into(),
+            user_id: user_id.into(),
+            message: message.into(),
+            root_id: None,
+            kind: String::new(),
+            mentions: None,
+        }
+    }
+
+    /// A post in the public channel `channel_id`.
+    pub fn channel(channel_id: &str, user_id: &str, message: &str) -> NewPost {
+        NewPost {
+            channel_type: "O".into(),
+            channel_id: channel_id.into(),
+            ..NewPost::dm(user_id, message)
+        }
+    }
+
+    /// The same post in the thread under `root_id`.
+    pub fn in_thread(mut self, root_id: &str) -> NewPost {
+        self.root_id = Some(root_id.into());
+        self
+    }
+
+    /// The same post with a fixed id (to deliver one post twice).
+    pub fn with_id(mut self, id: &str) -> NewPost {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// The same post in a channel of another type (`G`, `P`).
+    pub fn of_channel_type(mut self, channel_type: &str) -> NewPost {
+        self.channel_type = channel_type.into();
+        self
+    }
+
+    /// The same post as a system message of `kind`.
+    pub fn of_kind(mut self, kind: &str) -> NewPost {
+        self.kind = kind.into();
+        self
+    }
+}
+
+/// One post the fake accepted from the bot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatedPost {
+    pub id: String,
+    pub channel_id: String,
+    pub message: String,
+    pub root_id: Option<String>,
+    pub at: Instant,
+}
+
+/// One typing call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Typing {
+    pub user_id: String,
+    pub channel_id: String,
+    pub parent_id: Option<String>,
+    pub at: Instant,
+}
+
+/// One accepted WebSocket connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Connection {
+    /// `connection_id` and `sequence_number` from the query, if given.
+    pub asked_id: Option<String>,
+    pub asked_seq: Option<i64>,
+    /// Whether the asked connection was resumed (no new hello).
+    pub resumed: bool,
+    /// The connection id in effect.
+    pub connection_id: String,
+    /// Authenticated by the `Authorization` header.
+    pub header_auth: bool,
+    pub at: Instant,
+}
+
+/// Any REST request, recorded when it arrived (before failures or hangs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub body: Value,
+    pub authorized: bool,
+    pub at: Instant,
+}
+
+/// What the connection task is told to do.
+enum Outgoing {
+    Frame(String),
+    /// Cut the TCP connection without a close frame.
+    Drop,
+    /// Stop reading and writing, as a hung server or a dead NAT would.
+    Silence,
+}
+
+struct Session {
+    id: String,
+    next_seq: i64,
+    buffer: VecDeque<(i64, String)>,
+    /// The connection serving it: its number and its queue.
+    live: Option<(u64, mpsc::UnboundedSender<Outgoing>)>,
+}
+
+#[derive(Default)]
+struct Book {
+    next_id: u64,
+    session: Option<Session>,
+    /// Events pushed before any connection, delivered after the first hello.
+    backlog: Vec<(String, Value, Value)>,
+    /// Channel id -> type, from pushed posts and `add_channel`.
+    channels: HashMap<String, String>,
+    /// Every post id the server knows (pushed or created).
+    known_posts: HashMap<String, String>,
+    posts: Vec<CreatedPost>,
+    typing: Vec<Typing>,
+    connections: Vec<Connection>,
+    requests: Vec<Request>,
+    pings: usize,
+    next_conn: u64,
+    /// New connections are accepted and then say nothing.
+    mute: bool,
+    fail_429: VecDeque<(u64, Option<u64>)>,
+    fail_status: VecDeque<u16>,
+}
+
+struct Shared {
+    token: String,
+    state: Mutex<Book>,
+    version: watch::Sender<u64>,
+    hang: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+/// A fake Mattermost server (see the module docs).
+pub struct FakeMattermost {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl FakeMattermost {
+    /// Starts the server on 127.0.0.1 with an ephemeral port, accepting
+    /// `token`.
+    ///
+    /// # Panics
+    /// When no local port can be bound (a broken test environment).
+    pub async fn start(token: &str) -> FakeMattermost {
+        Self::start_blocking(token)
+    }
+
+    /// Like [`Self::start`], for tests without a runtime.
+    ///
+    /// # Panics
+    /// When no local port can be bound.
+    pub fn start_blocking(token: &str) -> FakeMattermost {
+        match Self::try_start(token) {
+            Ok(f) => f,
+            Err(e) => panic!("cannot start the fake Mattermost server on 127.0.0.1: {e}"),
+        }
+    }
+
+    /// Like [`Self::start`], returning the error instead of panicking.
+    pub fn try_start(token: &str) -> std::io::Result<FakeMattermost> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            token: token.to_owned(),
+            state: Mutex::new(Book::default()),
+            version: watch::channel(0).0,
+            hang: watch::channel(false).0,
+            stop: watch::channel(false).0,
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let app = Router::new()
+            .route("/api/v4/websocket", get(websocket))
+            .fallback(rest)
+            .with_state(shared.clone());
+        let mut stop = shared.stop.subscribe();
+        std::thread::Builder::new()
+            .name(format!("fake-mattermost-{}", addr.port()))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::warn!("fake Mattermost cannot listen: {e}");
+                            return;
+                        }
+                    };
+                    tokio::select! {
+                        r = axum::serve(listener, app) => {
+                            if let Err(e) = r {
+                                tracing::warn!("fake Mattermost stopped: {e}");
+                            }
+                        }
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                });
+            })?;
+        Ok(FakeMattermost { addr, shared })
+    }
+
+    /// `http://127.0.0.1:PORT`: the server root (`MATTERMOST_URL`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The accepted token.
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// The bot's user id.
+    pub fn bot_id(&self) -> &'static str {
+        BOT_USER_ID
+    }
+
+    /// The bot's username, without `@`.
+    pub fn bot_username(&self) -> &'static str {
+        BOT_USERNAME
+    }
+
+    /// Makes a channel known (posting to an unknown channel gets 403).
+    /// Channels of pushed posts are known already.
+    pub fn add_channel(&self, channel_id: &str, channel_type: &str) {
+        lock(&self.shared.state)
+            .channels
+            .insert(channel_id.into(), channel_type.into());
+    }
+
+    /// Delivers `post` as a `posted` event (buffered for replay; held for
+    /// the first connection if none was made yet). Returns the post id.
+    pub fn push(&self, post: NewPost) -> String {
+        let id = {
+            let mut st = lock(&self.shared.state);
+            let id = post.id.clone().unwrap_or_else(|| new_id(&mut st, "p"));
+            st.channels
+                .insert(post.channel_id.clone(), post.channel_type.clone());
+            st.known_posts.insert(id.clone(), post.channel_id.clone());
+            let mentions = post.mentions.clone().unwrap_or_else(|| {
+                let lower = post.message.to_ascii_lowercase();
+                if lower.contains(&format!("@{BOT_USERNAME}")) {
+                    vec![BOT_USER_ID.to_owned()]
+                } else {
+                    Vec::new()
+                }
+            });
+            let body = json!({
+                "id": id, "create_at": unix_millis(), "update_at": unix_millis(),
+                "edit_at": 0, "delete_at": 0, "is_pinned": false,
+                "user_id": post.user_id, "channel_id": post.channel_id,
+                "root_id": post.root_id.clone().unwrap_or_default(),
+                "original_id": "", "message": post.message, "type": post.kind,
+                "props": {}, "hashtags": "", "pending_post_id": "", "metadata": {},
+            });
+            let mut data = json!({
+                "channel_display_name": display_name(&post.channel_id, &post.channel_type),
+                "channel_name": post.channel_id,
+                "channel_type": post.channel_type,
+                "post": body.to_string(),
+                "sender_name": format!("@user{}", post.user_id),
+                "team_id": "team1",
+            });
+            if !mentions.is_empty() {
+                data["mentions"] = json!(json!(mentions).to_string());
+            }
+            let broadcast = json!({"channel_id": post.channel_id, "omit_users": null,
+                                   "team_id": "", "user_id": ""});
+            emit(&mut st, "posted", data, broadcast);
+            id
+        };
+        self.shared.bump();
+        id
+    }
+
+    /// Delivers any event (`data` as given), with the next sequence number.
+    pub fn push_event(&self, event: &str, data: Value) {
+        emit(
+            &mut lock(&self.shared.state),
+            event,
+            data,
+            json!({"channel_id": "", "team_id": "", "user_id": ""}),
+        );
+        self.shared.bump();
+    }
+
+    /// Sends `text` as one frame to the live connection, outside the
+    /// sequence (for malformed-frame tests).
+    pub fn push_raw_frame(&self, text: &str) {
+        let st = lock(&self.shared.state);
+        if let Some((_, tx)) = st.session.as_ref().and_then(|s| s.live.as_ref()) {
+            let _ = tx.send(Outgoing::Frame(text.to_owned()));
+        }
+    }
+
+    /// Sends the buffered events from sequence number `seq` on to the live
+    /// connection once more, as a confused proxy or server might.
+    pub fn resend_from(&self, seq: i64) {
+        let st = lock(&self.shared.state);
+        if let Some(s) = st.session.as_ref()
+            && let Some((_, tx)) = s.live.as_ref()
+        {
+            for (_, frame) in s.buffer.iter().filter(|(q, _)| *q >= seq) {
+                let _ = tx.send(Outgoing::Frame(frame.clone()));
+            }
+        }
+    }
+
+    /// Every post the bot made, in order.
+    pub fn posts(&self) -> Vec<CreatedPost> {
+        lock(&self.shared.state).posts.clone()
+    }
+
+    /// Every `POST /posts` request, answered or not.
+    pub fn post_attempts(&self) -> Vec<Request> {
+        lock(&self.shared.state)
+            .requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == "/api/v4/posts")
+            .cloned()
+            .collect()
+    }
+
+    /// Every typing call.
+    pub fn typing(&self) -> Vec<Typing> {
+        lock(&self.shared.state).typing.clone()
+    }
+
+    /// Every accepted WebSocket connection.
+    pub fn connections(&self) -> Vec<Connection> {
+        lock(&self.shared.state).connections.clone()
+    }
+
+    /// Every REST request.
+    pub fn requests(&self) -> Vec<Request> {
+        lock(&self.shared.state).requests.clone()
+    }
+
+    /// `ping` actions received.
+    pub fn pings(&self) -> usize {
+        lock(&self.shared.state).pings
+    }
+
+    /// Whether a WebSocket connection is being served now.
+    pub fn is_connected(&self) -> bool {
+        lock(&self.shared.state)
+            .session
+            .as_ref()
+            .is_some_and(|s| s.live.is_some())
+    }
+
+    /// Waits until at least `n` posts were made and returns them all.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_posts(&self, n: usize, timeout: Duration) -> Vec<CreatedPost> {
+        self.wait_until(timeout, |st| st.posts.len() >= n).await;
+        let posts = self.posts();
+        assert!(
+            posts.len() >= n,
+            "waited {timeout:?} for {n} posts, got {}: {posts:#?}",
+            posts.len()
+        );
+        posts
+    }
+
+    /// Waits until at least `n` `POST /posts` requests arrived.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_post_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
+        self.wait_until(timeout, |st| {
+            st.requests
+                .iter()
+                .filter(|r| r.method == "POST" && r.path == "/api/v4/posts")
+                .count()
+                >= n
+        })
+        .await;
+        let got = self.post_attempts();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} post attempts, got {}",
+            got.len()
+        );
+        got
+    }
+
+    /// Waits until at least `n` WebSocket connections were accepted.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_connections(&self, n: usize, timeout: Duration) -> Vec<Connection> {
+        self.wait_until(timeout, |st| st.connections.len() >= n)
+            .await;
+        let got = self.connections();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} WebSocket connections, got {got:#?}"
+        );
+        got
+    }
+
+    /// Waits until at least `n` typing calls arrived.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_typing(&self, n: usize, timeout: Duration) -> Vec<Typing> {
+        self.wait_until(timeout, |st| st.typing.len() >= n).await;
+        let got = self.typing();
+        assert!(got.len() >= n, "waited {timeout:?} for {n} typing calls");
+        got
+    }
+
+    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.shared.version.subscribe();
+        loop {
+            rx.borrow_and_update();
+            if done(&lock(&self.shared.state)) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// The next `POST /posts` gets 429 with `X-Ratelimit-Reset:
+    /// reset_secs` (and `Retry-After` when given). Calls queue up.
+    pub fn fail_next_posts_with_429(&self, reset_secs: u64, retry_after: Option<u64>) {
+        lock(&self.shared.state)
+            .fail_429
+            .push_back((reset_secs, retry_after));
+    }
+
+    /// The next `POST /posts` gets `status` with an error body. Calls
+    /// queue up (after any queued 429s).
+    pub fn fail_next_post_with(&self, status: u16) {
+        lock(&self.shared.state).fail_status.push_back(status);
+    }
+
+    /// While set, `POST /posts` requests are recorded as attempts but hang
+    /// and are never delivered, like requests lost on the way; clearing it
+    /// (or stopping the server) answers them with a 502.
+    pub fn hang_posts(&self, hang: bool) {
+        self.shared.hang.send_replace(hang);
+    }
+
+    /// Cuts the live WebSocket without a close frame. The connection can
+    /// be resumed.
+    pub fn drop_connection(&self) {
+        let mut st = lock(&self.shared.state);
+        if let Some(s) = st.session.as_mut()
+            && let Some((_, tx)) = s.live.take()
+        {
+            let _ = tx.send(Outgoing::Drop);
+        }
+    }
+
+    /// Cuts the live WebSocket and forgets its buffered events, so the
+    /// next connection cannot resume and gets a new connection id; events
+    /// pushed until then are lost, as on a real server.
+    pub fn expire_connection(&self) {
+        let mut st = lock(&self.shared.state);
+        let fresh = new_id(&mut st, "expired");
+        if let Some(s) = st.session.as_mut() {
+            if let Some((_, tx)) = s.live.take() {
+                let _ = tx.send(Outgoing::Drop);
+            }
+            s.id = fresh;
+            s.buffer.clear();
+        }
+    }
+
+    /// The live WebSocket stops reading and writing (no pongs, no events)
+    /// while staying open. Events pushed meanwhile are kept for a resume.
+    pub fn go_silent(&self) {
+        let st = lock(&self.shared.state);
+        if let Some((_, tx)) = st.session.as_ref().and_then(|s| s.live.as_ref()) {
+            let _ = tx.send(Outgoing::Silence);
+        }
+    }
+
+    /// While set, new WebSocket connections are accepted (and recorded)
+    /// but get no hello, no replayed events and no pongs.
+    pub fn mute_new_connections(&self, mute: bool) {
+        lock(&self.shared.state).mute = mute;
+    }
+
+    /// Stops the server (also on drop). Open connections are cut.
+    pub fn shutdown(&self) {
+        self.shared.stop.send_replace(true);
+    }
+}
+
+impl Drop for FakeMattermost {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn unix_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A 26-character lowercase id, like Mattermost's.
+fn new_id(st: &mut Book, prefix: &str) -> String {
+    st.next_id += 1;
+    let mut id = format!("{prefix}{:x}", st.next_id);
+    while id.len() < 26 {
+        id.push('0');
+    }
+    id
+}
+
+fn display_name(channel_id: &str, channel_type: &str) -> String {
+    match channel_type {
+        "D" => String::new(),
+        _ => format!("Channel {channel_id}"),
+    }
+}
+
+/// Sequences an event into the session (and onto the live socket), or
+/// holds it for the first connection.
+fn emit(st: &mut Book, event: &str, data: Value, broadcast: Value) {
+    let Some(session) = st.session.as_mut() else {
+        st.backlog.push((event.to_owned(), data, broadcast));
+        return;
+    };
+    let seq = session.next_seq;
+    session.next_seq += 1;
+    let frame =
+        json!({"event": event, "data": data, "broadcast": broadcast, "seq": seq}).to_string();
+    session.buffer.push_back((seq, frame.clone()));
+    while session.buffer.len() > REPLAY_CAPACITY {
+        session.buffer.pop_front();
+    }
+    if let Some((_, tx)) = &session.live
+        && tx.send(Outgoing::Frame(frame)).is_err()
+    {
+        session.live = None;
+    }
+}
+
+fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| !t.is_empty() && t == shared.token)
+}
+
+fn app_error(status: u16, id: &str, message: &str) -> Response {
+    json_response(
+        status,
+        &json!({"id": id, "message": message, "detailed_error": "", "request_id": "fake", "status_code": status}),
+    )
+}
+
+async fn rest(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_owned();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let ok = authorized(&shared, &headers);
+    // Decided before the attempt is logged (and waiters woken): a test that
+    // sees the attempt and then clears the hang must find it hung.
+    let hung = *shared.hang.borrow();
+    lock(&shared.state).requests.push(Request {
+        method: method.to_string(),
+        path: path.clone(),
+        body: body.clone(),
+        authorized: ok,
+        at: Instant::now(),
+    });
+    shared.bump();
+    if !ok {
+        return app_error(
+            401,
+            "api.context.session_expired.app_error",
+            "Invalid or expired session, please login again.",
+        );
+    }
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (&method, segments.as_slice()) {
+        (&Method::GET, ["api", "v4", "users", "me"]) => json_response(
+            200,
+            &json!({"id": BOT_USER_ID, "username": BOT_USERNAME, "is_bot": true,
+                    "first_name": "", "last_name": "", "nickname": "", "roles": "system_user"}),
+        ),
+        (&Method::POST, ["api", "v4", "posts"]) => create_post(&shared, &body, hung).await,
+        (&Method::POST, ["api", "v4", "users", user, "typing"]) => {
+            if *user != BOT_USER_ID && *user != "me" {
+                return app_error(
+                    403,
+                    "api.context.permissions.app_error",
+                    "You do not have the appropriate permissions.",
+                );
+            }
+            let Some(channel_id) = body.get("channel_id").and_then(Value::as_str) else {
+                return app_error(
+                    400,
+                    "api.context.invalid_body_param.app_error",
+                    "Invalid or missing channel_id in request body.",
+                );
+            };
+            let parent = body
+                .get("parent_id")
+                .and_then(Value::as_str)
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned);
+            lock(&shared.state).typing.push(Typing {
+                user_id: (*user).to_owned(),
+                channel_id: channel_id.to_owned(),
+                parent_id: parent,
+                at: Instant::now(),
+            });
+            shared.bump();
+            json_response(200, &json!({"status": "OK"}))
+        }
+        _ => app_error(
+            404,
+            "api.context.404.app_error",
+            "Sorry, we could not find the page.",
+        ),
+    }
+}
+
+async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
+    if hung {
+        let mut hang = shared.hang.subscribe();
+        let mut stop = shared.stop.subscribe();
+        tokio::select! {
+            _ = hang.wait_for(|h| !*h) => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+        // Lost, never delivered: its client may be long gone.
+        return app_error(502, "fake.lost", "Bad Gateway: the request was lost");
+    }
+    let response = {
+        let mut st = lock(&shared.state);
+        if let Some((reset, retry_after)) = st.fail_429.pop_front() {
+            let mut r = app_error(
+                429,
+                "api.context.rate_limit.app_error",
+                "command failed: too many requests",
+            );
+            let h = r.headers_mut();
+            h.insert("x-ratelimit-limit", HeaderValue::from_static("10"));
+            h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
+            if let Ok(v) = HeaderValue::from_str(&reset.to_string()) {
+                h.insert("x-ratelimit-reset", v);
+            }
+            if let Some(secs) = retry_after
+                && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+            {
+                h.insert(header::RETRY_AFTER, v);
+            }
+            return r;
+        }
+        if let Some(status) = st.fail_status.pop_front() {
+            return app_error(status, "fake.injected", "injected failure");
+        }
+        let channel_id = body.get("channel_id").and_then(Value::as_str).unwrap_or("");
+        let message = body.get("message").and_then(Value::as_str).unwrap_or("");
+        let root_id = body
+            .get("root_id")
+            .and_then(Value::as_str)
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned);
+        let Some(channel_type) = st.channels.get(channel_id).cloned() else {
+            return app_error(
+                403,
+                "api.context.permissions.app_error",
+                "You do not have the appropriate permissions.",
+            );
+        };
+        if message.trim().is_empty() {
+            return app_error(
+                400,
+                "api.post.create_post.message.app_error",
+                "Message must not be empty.",
+            );
+        }
+        if message.chars().count() > MAX_POST_CHARS {
+            return app_error(
+                400,
+                "model.post.is_valid.message_length.app_error",
+                "Invalid message length.",
+            );
+        }
+        if let Some(root) = &root_id
+            && st.known_posts.get(root).map(String::as_str) != Some(channel_id)
+        {
+            return app_error(
+                400,
+                "api.post.create_post.root_id.app_error",
+                "Invalid RootId parameter.",
+            );
+        }
+        let id = new_id(&mut st, "b");
+        st.known_posts.insert(id.clone(), channel_id.to_owned());
+        st.posts.push(CreatedPost {
+            id: id.clone(),
+            channel_id: channel_id.to_owned(),
+            message: message.to_owned(),
+            root_id: root_id.clone(),
+            at: Instant::now(),
+        });
+        let post = json!({
+            "id": id, "create_at": unix_millis(), "update_at": unix_millis(), "edit_at": 0,
+            "delete_at": 0, "user_id": BOT_USER_ID, "channel_id": channel_id,
+            "root_id": root_id.unwrap_or_default(), "message": message, "type": "",
+            "props": {"from_bot": "true"}, "metadata": {},
+        });
+        // A real server tells every member, the author included.
+        let data = json!({
+            "channel_display_name": display_name(channel_id, &channel_type),
+            "channel_name": channel_id, "channel_type": channel_type,
+            "post": post.to_string(), "sender_name": format!("@{BOT_USERNAME}"), "team_id": "team1",
+        });
+        emit(
+            &mut st,
+            "posted",
+            data,
+            json!({"channel_id": channel_id, "team_id": "", "user_id": ""}),
+        );
+        json_response(201, &post)
+    };
+    shared.bump();
+    response
+}
+
+async fn websocket(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let header_auth = authorized(&shared, &headers);
+    let asked_id = query
+        .get("connection_id")
+        .cloned()
+        .filter(|s| !s.is_empty());
+    let asked_seq = query.get("sequence_number").and_then(|s| s.parse().ok());
+    upgrade.on_upgrade(move |socket| serve_socket(shared, socket, header_auth, asked_id, asked_seq))
+}
+
+async fn serve_socket(
+    shared: Arc<Shared>,
+    mut socket: WebSocket,
+    header_auth: bool,
+    asked_id: Option<String>,
+    asked_seq: Option<i64>,
+) {
+    let mut stop = shared.stop.subscribe();
+    if !header_auth {
+        // Without the header, the first frame must be the challenge.
+        let first = tokio::time::timeout(Duration::from_secs(5), socket.recv()).await;
+        let ok = match first {
+            Ok(Some(Ok(Message::Text(t)))) => serde_json::from_str::<Value>(t.as_str())
+                .ok()
+                .filter(|v| v["action"] == "authentication_challenge")
+                .and_then(|v| v["data"]["token"].as_str().map(|t| t == shared.token))
+                .unwrap_or(false),
+            _ => false,
+        };
+        if !ok {
+            let _ = socket.send(Message::Close(None)).await;
+            return;
+        }
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+    let mut silent = false;
+    let conn_no = {
+        let mut st = lock(&shared.state);
+        if st.mute {
+            silent = true;
+        }
+        st.next_conn += 1;
+        let conn_no = st.next_conn;
+        let resumable = match (&st.session, &asked_id, asked_seq) {
+            (Some(s), Some(id), Some(seq)) if *id == s.id => {
+                let oldest = s.buffer.front().map_or(s.next_seq, |(q, _)| *q);
+                seq >= oldest && seq <= s.next_seq
+            }
+            _ => false,
+        };
+        let fresh = new_id(&mut st, "c");
+        let backlog = std::mem::take(&mut st.backlog);
+        let session = st.session.get_or_insert_with(|| Session {
+            id: String::new(),
+            next_seq: 0,
+            buffer: VecDeque::new(),
+            live: None,
+        });
+        if let Some((_, old)) = session.live.take() {
+            let _ = old.send(Outgoing::Drop);
+        }
+        if resumable {
+            let from = asked_seq.unwrap_or(0);
+            for (_, frame) in session.buffer.iter().filter(|(q, _)| *q >= from) {
+                let _ = tx.send(Outgoing::Frame(frame.clone()));
+            }
+        } else {
+            session.id = fresh;
+            session.next_seq = 1;
+            session.buffer.clear();
+            let hello = json!({"event": "hello", "data": {"connection_id": session.id,
+                "server_version": "10.0.0.fake", "server_hostname": "fake"},
+                "broadcast": {"channel_id": "", "team_id": "", "user_id": BOT_USER_ID}, "seq": 0});
+            let _ = tx.send(Outgoing::Frame(hello.to_string()));
+        }
+        session.live = Some((conn_no, tx));
+        let connection_id = session.id.clone();
+        for (event, data, broadcast) in backlog {
+            emit(&mut st, &event, data, broadcast);
+        }
+        st.connections.push(Connection {
+            asked_id,
+            asked_seq,
+            resumed: resumable,
+            connection_id,
+            header_auth,
+            at: Instant::now(),
+        });
+        conn_no
+    };
+    shared.bump();
+    loop {
+        if silent {
+            tokio::select! {
+                out = rx.recv() => match out {
+                    None | Some(Outgoing::Drop) => break,
+                    _ => {}
+                },
+                _ = stopped(&mut stop) => break,
+            }
+            continue;
+        }
+        tokio::select! {
+            out = rx.recv() => match out {
+                None | Some(Outgoing::Drop) => break,
+                Some(Outgoing::Silence) => silent = true,
+                Some(Outgoing::Frame(f)) => {
+                    if socket.send(Message::text(f)).await.is_err() {
+                        break;
+                    }
+                }
+            },
+            incoming = socket.recv() => match incoming {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
+                Some(Ok(Message::Text(t))) => {
+                    let Ok(action) = serde_json::from_str::<Value>(t.as_str()) else {
+                        continue;
+                    };
+                    let seq = action["seq"].as_i64().unwrap_or(0);
+                    let reply = match action["action"].as_str() {
+                        Some("ping") => {
+                            lock(&shared.state).pings += 1;
+                            shared.bump();
+                            json!({"status": "OK", "seq_reply": seq,
+                                   "data": {"text": "pong", "version": "10.0.0.fake", "server_time": unix_millis()}})
+                        }
+                        Some("authentication_challenge") => json!({"status": "OK", "seq_reply": seq}),
+                        Some("user_typing") => json!({"status": "OK", "seq_reply": seq}),
+                        _ => json!({"status": "FAIL", "seq_reply": seq,
+                                    "error": {"id": "api.web_socket_router.bad_action.app_error"}}),
+                    };
+                    if socket.send(Message::text(reply.to_string())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(_)) => {}
+            },
+            _ = stopped(&mut stop) => break,
+        }
+    }
+    {
+        let mut st = lock(&shared.state);
+        if let Some(s) = st.session.as_mut()
+            && s.live.as_ref().is_some_and(|(n, _)| *n == conn_no)
+        {
+            s.live = None;
+        }
+    }
+    shared.bump();
+}
+
+/// Resolves once the server stops (the guard `wait_for` returns is not
+/// `Send`, so it must not live in the socket task's state).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
