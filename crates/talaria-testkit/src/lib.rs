@@ -14,7 +14,9 @@
 //! Any other request gets one JSON object.
 #![forbid(unsafe_code)]
 
+pub mod matrix;
 pub mod telegram;
+pub use matrix::FakeMatrix;
 pub use telegram::FakeTelegram;
 
 use std::collections::VecDeque;
