@@ -763,7 +763,7 @@ async fn sync(shared: &Shared, query: &HashMap<String, String>) -> Response {
             None => return error(400, "M_INVALID_PARAM", "Invalid since token"),
         },
     };
-    let drop_this = {
+    {
         let mut st = lock(&shared.state);
         st.syncs.push(SyncCall {
             since: since.clone(),
@@ -779,8 +779,7 @@ async fn sync(shared: &Shared, query: &HashMap<String, String>) -> Response {
             *r.status_mut() = StatusCode::BAD_GATEWAY;
             return r;
         }
-        st.drop_syncs > 0
-    };
+    }
     shared.bump();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms.unwrap_or(0));
     let mut changes = shared.version.subscribe();
@@ -803,7 +802,7 @@ async fn sync(shared: &Shared, query: &HashMap<String, String>) -> Response {
     let answer = {
         let mut st = lock(&shared.state);
         let has_news = st.log.len() > start;
-        if drop_this && has_news {
+        if st.drop_syncs > 0 && has_news {
             st.drop_syncs -= 1;
             None
         } else {
