@@ -19,6 +19,7 @@ use talaria_gateway::messenger::GatewayMessenger;
 use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
+use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +34,12 @@ pub fn chat_adapters(rt: &Runtime) -> anyhow::Result<Vec<Arc<dyn Adapter>>> {
         TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
     {
         let adapter = TelegramAdapter::new(settings).context("cannot set up Telegram")?;
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) = MatrixSettings::from_config(&rt.config.platforms.matrix, &rt.loaded.env)
+    {
+        let cursors: Arc<dyn talaria_store::CursorStore> = rt.gateway_store.clone();
+        let adapter = MatrixAdapter::new(settings, cursors).context("cannot set up Matrix")?;
         adapters.push(Arc::new(adapter));
     }
     Ok(adapters)
@@ -108,7 +115,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     if adapters.is_empty() && api.is_none() {
         bail!(
             "nothing to serve: no platform is enabled.\n\
-             Set TELEGRAM_BOT_TOKEN (or platforms.telegram.token), or API_SERVER_KEY \
+             Set TELEGRAM_BOT_TOKEN (or platforms.telegram.token), or MATRIX_HOMESERVER and \
+             MATRIX_ACCESS_TOKEN (or platforms.matrix), or API_SERVER_KEY \
              (or platforms.api_server.key) in {} or the environment, or configure \
              platforms.webhook.routes in config.yaml.",
             rt.home.dotenv_file().display()
