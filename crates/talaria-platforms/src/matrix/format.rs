@@ -130,9 +130,8 @@ pub(crate) fn to_html(text: &str) -> String {
                 TagEnd::Superscript => out.push_str("</sup>"),
                 TagEnd::Subscript => out.push_str("</sub>"),
                 TagEnd::Link => {
-                    if links.pop() == Some(true) {
-                        out.push_str("</a>");
-                    }
+                    let opened = links.pop() == Some(true);
+                    out.push_str(if opened { "</a>" } else { "" });
                 }
                 _ => {}
             },

@@ -391,7 +391,10 @@ impl MatrixAdapter {
             query.push(("since", s.to_owned()));
         }
         // The server holds the request for up to `timeout`; allow for that.
-        let http_timeout = timeout + Duration::from_secs(10);
+        // A first sync has no wait but may take a while to assemble on a
+        // big account.
+        let margin = if since.is_none() { 120 } else { 15 };
+        let http_timeout = timeout + Duration::from_secs(margin);
         self.api
             .request(Method::GET, "sync", &query, None, http_timeout)
             .await
