@@ -425,6 +425,19 @@ async fn a_retried_send_reuses_its_transaction_and_a_repeat_is_a_new_message() {
     assert_ne!(attempts[1].path, attempts[2].path);
     assert_eq!(fake.sent().len(), 2);
 
+    // A send that arrived but whose answer was lost: the retry is
+    // answered with the first event and posts nothing new.
+    fake.drop_next_send_answer();
+    let lost = out(&dm, None, Some("$other"), "lost answer");
+    let err = a.send(&lost).await.unwrap_err();
+    assert!(matches!(err, SendError::Ambiguous(_)), "{err:?}");
+    assert_eq!(fake.sent().len(), 3);
+    let again = a.send(&lost).await.unwrap();
+    assert_eq!(again.message_id, Some(fake.sent()[2].event_id.clone()));
+    assert_eq!(fake.sent().len(), 3, "the homeserver posted it once");
+    let attempts = fake.send_attempts();
+    assert_eq!(attempts[3].path, attempts[4].path);
+
     // Forbidden rooms are refused for good.
     let err = a
         .send(&out("!nowhere:localhost", None, None, "x"))

@@ -16,7 +16,8 @@
 //! `push_text`, `push_event`, `invite`), inspect what the bot did (`sent`,
 //! `send_attempts`, `typing`, `joins`, `sync_calls`, `requests`) and
 //! inject failures (`fail_next_send_with_429`, `hang_send`,
-//! `fail_next_syncs`, `drop_next_sync`, `revoke_token`).
+//! `fail_next_syncs`, `drop_next_sync`, `drop_next_send_answer`,
+//! `revoke_token`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -152,6 +153,7 @@ struct Book {
     fail_429: VecDeque<u64>,
     fail_syncs: usize,
     drop_syncs: usize,
+    drop_send_answers: usize,
     revoked: bool,
 }
 
@@ -542,6 +544,13 @@ impl FakeMatrix {
         lock(&self.shared.state).drop_syncs += 1;
     }
 
+    /// The next send that is accepted (recorded, its event in the log)
+    /// loses its answer: the connection drops before the client learns the
+    /// event id, as when a response is lost on the way back.
+    pub fn drop_next_send_answer(&self) {
+        lock(&self.shared.state).drop_send_answers += 1;
+    }
+
     /// From now on the token is refused with `M_UNKNOWN_TOKEN`.
     pub fn revoke_token(&self) {
         lock(&self.shared.state).revoked = true;
@@ -747,10 +756,32 @@ async fn send(
                 "unsigned": { "transaction_id": txn },
             }),
         });
-        json_response(200, &json!({ "event_id": event_id }))
+        if st.drop_send_answers > 0 {
+            st.drop_send_answers -= 1;
+            broken_body()
+        } else {
+            json_response(200, &json!({ "event_id": event_id }))
+        }
     };
     shared.bump();
     response
+}
+
+/// A 200 whose body breaks off: the client sees the connection drop.
+fn broken_body() -> Response {
+    let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+        Ok(Bytes::from_static(b"{\"event_id\":\"$")),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "dropped by the fake",
+        )),
+    ];
+    let mut r = Response::new(Body::from_stream(futures::stream::iter(chunks)));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 async fn sync(shared: &Shared, query: &HashMap<String, String>) -> Response {
@@ -811,22 +842,8 @@ async fn sync(shared: &Shared, query: &HashMap<String, String>) -> Response {
     };
     match answer {
         Some(v) => json_response(200, &v),
-        None => {
-            // Headers and half a body, then the connection breaks.
-            let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
-                Ok(Bytes::from_static(b"{\"next_batch\":\"s")),
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::ConnectionReset,
-                    "dropped by the fake",
-                )),
-            ];
-            let mut r = Response::new(Body::from_stream(futures::stream::iter(chunks)));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            r
-        }
+        // Headers and part of a body, then the connection breaks.
+        None => broken_body(),
     }
 }
 
