@@ -512,3 +512,28 @@ async fn invites_from_allowed_users_are_joined_and_others_ignored() {
     assert_eq!(ev.source.chat_type, ChatType::Dm);
     run.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn liveness_is_live_only_once_a_sync_was_answered() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let cursors = Arc::new(Cursors::default());
+    fake.create_dm(ALICE);
+    // whoami works, but the syncs fail: connected over TCP is not live.
+    fake.fail_next_syncs(2);
+    let a = adapter_with(settings(&fake), &cursors);
+    let run = spawn(&a);
+    let mut seen = Vec::new();
+    let mut liveness = run.liveness.clone();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while *liveness.borrow_and_update() != Liveness::Live {
+        seen.push(*liveness.borrow());
+        tokio::time::timeout_at(deadline, liveness.changed())
+            .await
+            .expect("never live")
+            .unwrap();
+    }
+    assert!(seen.contains(&Liveness::Degraded), "{seen:?}");
+    assert!(!seen.contains(&Liveness::Live));
+    assert!(fake.sync_calls().len() >= 3, "two failures, then an answer");
+    run.stop().await.unwrap();
+}
