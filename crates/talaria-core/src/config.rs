@@ -698,6 +698,8 @@ pub struct PlatformsConfig {
     pub api_server: ApiServerConfig,
     /// Signed HTTP deliveries from other services (GitHub, GitLab, Svix, ...).
     pub webhook: WebhookConfig,
+    /// A Matrix account, over the client-server API's `/sync`.
+    pub matrix: MatrixConfig,
 }
 
 /// `platforms.telegram:`. The token may instead come from
@@ -789,6 +791,41 @@ impl Default for MattermostConfig {
             token: None,
             require_mention: true,
             ping_interval_secs: 30,
+        }
+    }
+}
+
+/// `platforms.matrix:`. The homeserver, access token and user id may
+/// instead come from `MATRIX_HOMESERVER`, `MATRIX_ACCESS_TOKEN` and
+/// `MATRIX_USER_ID`; a homeserver and a token enable the platform unless
+/// `enabled: false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MatrixConfig {
+    /// `None` means "enabled when a homeserver and a token are set".
+    pub enabled: Option<bool>,
+    /// The homeserver's client-server API root (`https://matrix.example.org`).
+    pub homeserver: Option<String>,
+    pub access_token: Option<Secret>,
+    /// The bot's own user id (`@talaria:example.org`); asked from the
+    /// homeserver (`whoami`) when unset.
+    pub user_id: Option<String>,
+    /// In rooms with more than two members, answer only messages that
+    /// mention the bot (or reply to it, or continue a thread it is in).
+    pub require_mention: bool,
+    /// Milliseconds a `/sync` long poll waits on the server.
+    pub sync_timeout_ms: u64,
+}
+
+impl Default for MatrixConfig {
+    fn default() -> MatrixConfig {
+        MatrixConfig {
+            enabled: None,
+            homeserver: None,
+            access_token: None,
+            user_id: None,
+            require_mention: true,
+            sync_timeout_ms: 30_000,
         }
     }
 }
@@ -1102,6 +1139,18 @@ impl Config {
         if !url_ok(&self.platforms.telegram.base_url) {
             return Err(invalid(
                 "platforms.telegram.base_url",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if self
+            .platforms
+            .matrix
+            .homeserver
+            .as_deref()
+            .is_some_and(|u| !url_ok(u))
+        {
+            return Err(invalid(
+                "platforms.matrix.homeserver",
                 "expected an http:// or https:// URL",
             ));
         }

@@ -134,6 +134,13 @@ fn is_platform_name(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
+/// A chat id that is a whole value rather than part of a target string
+/// (`<PLATFORM>_HOME_CHANNEL`, which `/sethome` writes): colons are part of
+/// the id there, as in Matrix room ids (`!opaque:example.org`).
+fn is_whole_id(s: &str) -> bool {
+    !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
 /// A chat or thread id: not empty, no colon, no whitespace or control
 /// characters (which no platform uses and which would garble logs).
 fn is_id(s: &str) -> bool {
@@ -184,7 +191,7 @@ impl HomeChannels {
             let Some(chat) = env
                 .get(&platform_var(platform, "HOME_CHANNEL"))
                 .map(|c| c.trim().to_owned())
-                .filter(|c| is_id(c))
+                .filter(|c| is_whole_id(c))
             else {
                 continue;
             };
@@ -319,6 +326,12 @@ mod tests {
             })
         );
         assert_eq!(homes.get("slack"), None);
+        let env = Env::from_pairs([("MATRIX_HOME_CHANNEL", "!room:example.org")]);
+        let matrix = HomeChannels::load(&BTreeMap::new(), &env, &["matrix"]);
+        assert_eq!(
+            matrix.get("matrix").map(|h| h.chat_id),
+            Some("!room:example.org".to_owned())
+        );
         homes.set(
             "slack",
             HomeChannel {

@@ -6,6 +6,7 @@
 //! - [`telegram`]: the Telegram Bot API over long polling.
 //! - [`discord`]: Discord's gateway WebSocket in, its REST API out.
 //! - [`mattermost`]: Mattermost's API v4 and its WebSocket event stream.
+//! - [`matrix`]: a Matrix account over the client-server API's `/sync`.
 //! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
 //! - [`webhook`]: signed webhook deliveries as agent turns (port 8644).
 #![forbid(unsafe_code)]
@@ -16,6 +17,8 @@ pub mod api_server;
 pub mod discord;
 #[cfg(any(feature = "api-server", feature = "webhook"))]
 mod listen;
+#[cfg(feature = "matrix")]
+pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
 #[cfg(feature = "telegram")]

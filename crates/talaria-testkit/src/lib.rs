@@ -15,9 +15,11 @@
 #![forbid(unsafe_code)]
 
 pub mod discord;
+pub mod matrix;
 pub mod mattermost;
 pub mod telegram;
 pub use discord::FakeDiscord;
+pub use matrix::FakeMatrix;
 pub use mattermost::FakeMattermost;
 pub use telegram::FakeTelegram;
 
