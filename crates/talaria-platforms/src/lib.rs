@@ -4,6 +4,7 @@
 //! # Layout
 //!
 //! - [`telegram`]: the Telegram Bot API over long polling.
+//! - [`slack`]: Slack over Socket Mode, sending through the Web API.
 //! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
 //! - [`webhook`]: signed webhook deliveries as agent turns (port 8644).
 #![forbid(unsafe_code)]
@@ -12,6 +13,8 @@
 pub mod api_server;
 #[cfg(any(feature = "api-server", feature = "webhook"))]
 mod listen;
+#[cfg(feature = "slack")]
+pub mod slack;
 #[cfg(feature = "telegram")]
 pub mod telegram;
 #[cfg(feature = "webhook")]

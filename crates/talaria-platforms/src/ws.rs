@@ -1,9 +1,6 @@
 //! The WebSocket client shared by the adapters that hold a socket open
 //! (Discord's gateway, Slack's Socket Mode, Mattermost's event stream).
 
-// Until the first adapter that uses it lands (removed at that merge).
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use tokio::net::TcpStream;

@@ -14,7 +14,9 @@
 //! Any other request gets one JSON object.
 #![forbid(unsafe_code)]
 
+pub mod slack;
 pub mod telegram;
+pub use slack::FakeSlack;
 pub use telegram::FakeTelegram;
 
 use std::collections::VecDeque;
