@@ -19,6 +19,7 @@ use talaria_gateway::messenger::GatewayMessenger;
 use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
+use talaria_platforms::slack::{SlackAdapter, SlackSettings};
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +34,10 @@ pub fn chat_adapters(rt: &Runtime) -> anyhow::Result<Vec<Arc<dyn Adapter>>> {
         TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
     {
         let adapter = TelegramAdapter::new(settings).context("cannot set up Telegram")?;
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) = SlackSettings::from_config(&rt.config.platforms.slack, &rt.loaded.env) {
+        let adapter = SlackAdapter::new(settings).context("cannot set up Slack")?;
         adapters.push(Arc::new(adapter));
     }
     Ok(adapters)
@@ -108,7 +113,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     if adapters.is_empty() && api.is_none() {
         bail!(
             "nothing to serve: no platform is enabled.\n\
-             Set TELEGRAM_BOT_TOKEN (or platforms.telegram.token), or API_SERVER_KEY \
+             Set TELEGRAM_BOT_TOKEN (or platforms.telegram.token), SLACK_BOT_TOKEN and \
+             SLACK_APP_TOKEN (or platforms.slack.bot_token and app_token), or API_SERVER_KEY \
              (or platforms.api_server.key) in {} or the environment, or configure \
              platforms.webhook.routes in config.yaml.",
             rt.home.dotenv_file().display()

@@ -543,7 +543,9 @@ impl SlackAdapter {
             tracing::debug!(retry, "dropping a message already handed over");
             return true;
         }
-        let note = event.clone();
+        // Noted first: the runner may ask for the typing reaction as soon
+        // as it has the event.
+        self.note_working(&event);
         tokio::select! {
             biased;
             _ = ctx.shutdown.cancelled() => return false,
@@ -558,7 +560,6 @@ impl SlackAdapter {
             seen.insert(key);
         }
         drop(seen);
-        self.note_working(&note);
         true
     }
 
