@@ -695,6 +695,8 @@ pub struct PlatformsConfig {
     pub telegram: TelegramConfig,
     pub discord: DiscordConfig,
     pub mattermost: MattermostConfig,
+    /// Slack over Socket Mode and the Web API.
+    pub slack: SlackConfig,
     pub api_server: ApiServerConfig,
     /// Signed HTTP deliveries from other services (GitHub, GitLab, Svix, ...).
     pub webhook: WebhookConfig,
@@ -826,6 +828,48 @@ impl Default for MatrixConfig {
             user_id: None,
             require_mention: true,
             sync_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// `platforms.slack:`. The tokens may instead come from `SLACK_BOT_TOKEN`
+/// (`xoxb-...`) and `SLACK_APP_TOKEN` (`xapp-...`, for Socket Mode);
+/// setting both either way enables the platform unless `enabled: false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SlackConfig {
+    /// `None` means "enabled when both tokens are set".
+    pub enabled: Option<bool>,
+    /// The bot token (`xoxb-...`), for the Web API.
+    pub bot_token: Option<Secret>,
+    /// The app-level token (`xapp-...`) with `connections:write`, for
+    /// opening Socket Mode connections.
+    pub app_token: Option<Secret>,
+    /// The Web API root; requests go to `{api_base}/{method}`.
+    pub api_base: String,
+    /// In channels and group DMs, answer only messages that mention the bot.
+    pub require_mention: bool,
+    /// The reaction put on a message while its answer is being worked on
+    /// (bots cannot show "typing" in Slack); empty for none.
+    pub working_reaction: String,
+    /// Milliseconds between WebSocket pings on the Socket Mode connection.
+    pub ping_interval_ms: u64,
+    /// Milliseconds without any answer to a ping after which the connection
+    /// counts as dead and is rebuilt.
+    pub ping_timeout_ms: u64,
+}
+
+impl Default for SlackConfig {
+    fn default() -> SlackConfig {
+        SlackConfig {
+            enabled: None,
+            bot_token: None,
+            app_token: None,
+            api_base: "https://slack.com/api".to_owned(),
+            require_mention: true,
+            working_reaction: "eyes".to_owned(),
+            ping_interval_ms: 10_000,
+            ping_timeout_ms: 30_000,
         }
     }
 }
@@ -1151,6 +1195,12 @@ impl Config {
         {
             return Err(invalid(
                 "platforms.matrix.homeserver",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if !url_ok(&self.platforms.slack.api_base) {
+            return Err(invalid(
+                "platforms.slack.api_base",
                 "expected an http:// or https:// URL",
             ));
         }

@@ -7,6 +7,7 @@
 //! - [`discord`]: Discord's gateway WebSocket in, its REST API out.
 //! - [`mattermost`]: Mattermost's API v4 and its WebSocket event stream.
 //! - [`matrix`]: a Matrix account over the client-server API's `/sync`.
+//! - [`slack`]: Slack over Socket Mode, sending through the Web API.
 //! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
 //! - [`webhook`]: signed webhook deliveries as agent turns (port 8644).
 #![forbid(unsafe_code)]
@@ -21,6 +22,8 @@ mod listen;
 pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
+#[cfg(feature = "slack")]
+pub mod slack;
 #[cfg(feature = "telegram")]
 pub mod telegram;
 #[cfg(feature = "webhook")]

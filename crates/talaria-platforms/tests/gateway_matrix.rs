@@ -343,6 +343,9 @@ async fn a_re_delivered_event_never_starts_a_second_turn() {
     rig.llm.push(Reply::text("First answer."));
     rig.hs.push_raw(dm, message("$fixed-1"));
     rig.sent(1).await;
+    // The first turn is over (its answer recorded as delivered), so the
+    // next message is not met by a busy notice.
+    rig.wait_for_delivered(1).await;
     rig.hs.push_raw(dm, message("$fixed-1"));
     rig.llm.push(Reply::text("Second answer."));
     rig.hs.push_raw(dm, message("$fixed-2"));

@@ -197,6 +197,8 @@ async fn a_re_delivered_post_never_starts_a_second_turn() {
     rig.mm
         .push(NewPost::dm("alice", "only once").with_id("samepost00000000000000000a"));
     rig.wait_for_text("First answer.").await;
+    // The first turn is over, so the next post is not met by a busy notice.
+    rig.wait_for_delivered(1).await;
     // The same post again, as a new event: what a second delivery path
     // or a server replay looks like. Then a new post with the same text.
     rig.mm

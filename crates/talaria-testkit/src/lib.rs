@@ -17,10 +17,12 @@
 pub mod discord;
 pub mod matrix;
 pub mod mattermost;
+pub mod slack;
 pub mod telegram;
 pub use discord::FakeDiscord;
 pub use matrix::FakeMatrix;
 pub use mattermost::FakeMattermost;
+pub use slack::FakeSlack;
 pub use telegram::FakeTelegram;
 
 use std::collections::VecDeque;

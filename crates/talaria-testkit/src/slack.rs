@@ -1,0 +1,989 @@
+//! A fake Slack on 127.0.0.1: the Web API methods the adapter calls and a
+//! Socket Mode WebSocket, for adapter and end-to-end tests.
+//!
+//! [`FakeSlack`] answers `POST /api/{method}` for `auth.test` (bot token),
+//! `apps.connections.open` (app token; returns a `ws://` URL on this same
+//! server), `chat.postMessage`, `reactions.add` and `reactions.remove`,
+//! with Slack's `{"ok": ...}` answers. Parameters are read from a JSON or
+//! form-encoded body.
+//!
+//! The WebSocket sends `hello`, then every envelope tests push. Envelopes
+//! stay pending until the client acknowledges them (`{"envelope_id"}`);
+//! pending ones are sent again, with `retry_attempt` raised, on the next
+//! connection or when a test calls [`FakeSlack::redeliver_pending`]. Tests
+//! can also ask for a `disconnect` message, cut the connection, or make
+//! the server go silent (it stops reading, so pings go unanswered, and
+//! sends nothing) to exercise the client's watchdog.
+//!
+//! Like the other fakes, the server runs on its own thread and runtime and
+//! stops when the [`FakeSlack`] is dropped.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, post};
+use serde_json::{Map, Value, json};
+use tokio::sync::{mpsc, watch};
+
+use crate::{json_response, lock};
+
+/// The bot's user id as `auth.test` reports it.
+pub const BOT_USER_ID: &str = "UTALARIA";
+/// The bot's bot id.
+pub const BOT_ID: &str = "BTALARIA";
+
+/// One `chat.postMessage` the fake accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Posted {
+    pub channel: String,
+    /// The text exactly as sent (mrkdwn).
+    pub text: String,
+    pub thread_ts: Option<String>,
+    /// The `mrkdwn` flag, when given.
+    pub mrkdwn: Option<bool>,
+    /// The ts the fake assigned.
+    pub ts: String,
+    pub at: Instant,
+}
+
+impl Posted {
+    /// The text as a user would see it: Slack's three entities decoded.
+    pub fn rendered(&self) -> String {
+        self.text
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&")
+    }
+}
+
+/// One `reactions.add` or `reactions.remove`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reaction {
+    /// `true` for `reactions.add`.
+    pub added: bool,
+    pub channel: String,
+    pub timestamp: String,
+    pub name: String,
+}
+
+/// Any Web API request, recorded when it arrived (before injected failures
+/// or hangs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub method: String,
+    pub params: Value,
+    /// The bearer token was the right one for the method.
+    pub authorized: bool,
+    pub at: Instant,
+}
+
+/// A failure the next `chat.postMessage` answers with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostFailure {
+    /// HTTP 429 with `Retry-After: secs` and `error: ratelimited`.
+    RateLimited(u64),
+    /// HTTP 200 with `{"ok": false, "error": code}`.
+    Error(String),
+    /// This HTTP status with an empty body.
+    Status(u16),
+}
+
+/// One envelope the fake sent or will send.
+#[derive(Debug, Clone)]
+struct Envelope {
+    id: String,
+    payload: Value,
+    /// How many times it was sent so far.
+    sent: u64,
+    acked: bool,
+}
+
+/// What a test asks the live connection to do.
+#[derive(Debug)]
+enum Command {
+    Text(String),
+    Drop,
+    Silence,
+}
+
+#[derive(Default)]
+struct Book {
+    next_ts: u64,
+    next_envelope: u64,
+    envelopes: Vec<Envelope>,
+    acks: Vec<String>,
+    posted: Vec<Posted>,
+    reactions: Vec<Reaction>,
+    requests: Vec<Request>,
+    post_failures: VecDeque<PostFailure>,
+    open_failures: VecDeque<String>,
+    /// Socket Mode connections accepted so far.
+    connections: usize,
+    /// `ping` frames received from clients.
+    pings: usize,
+    send_hello: bool,
+    /// The live connection's command channel.
+    live: Option<mpsc::UnboundedSender<Command>>,
+    /// Frames the server sent, in order (hello, envelopes, disconnects).
+    frames: Vec<Value>,
+}
+
+struct Shared {
+    bot_token: String,
+    app_token: String,
+    addr: SocketAddr,
+    state: Mutex<Book>,
+    version: watch::Sender<u64>,
+    hang: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+/// A fake Slack (see the module docs).
+pub struct FakeSlack {
+    shared: Arc<Shared>,
+}
+
+impl FakeSlack {
+    /// Starts the server on 127.0.0.1 with an ephemeral port, accepting
+    /// `bot_token` for the Web API and `app_token` for Socket Mode.
+    ///
+    /// # Panics
+    /// When no local port can be bound (a broken test environment).
+    pub async fn start(bot_token: &str, app_token: &str) -> FakeSlack {
+        Self::start_blocking(bot_token, app_token)
+    }
+
+    /// Like [`Self::start`], for tests without a runtime.
+    ///
+    /// # Panics
+    /// When no local port can be bound.
+    pub fn start_blocking(bot_token: &str, app_token: &str) -> FakeSlack {
+        match Self::try_start(bot_token, app_token) {
+            Ok(f) => f,
+            Err(e) => panic!("cannot start the fake Slack server on 127.0.0.1: {e}"),
+        }
+    }
+
+    /// Like [`Self::start`], returning the error instead of panicking.
+    pub fn try_start(bot_token: &str, app_token: &str) -> std::io::Result<FakeSlack> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            bot_token: bot_token.to_owned(),
+            app_token: app_token.to_owned(),
+            addr,
+            state: Mutex::new(Book {
+                next_ts: 1,
+                next_envelope: 1,
+                send_hello: true,
+                ..Book::default()
+            }),
+            version: watch::channel(0).0,
+            hang: watch::channel(false).0,
+            stop: watch::channel(false).0,
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let app = Router::new()
+            .route("/api/{method}", post(api))
+            .route("/socket", any(socket))
+            .with_state(shared.clone());
+        let mut stop = shared.stop.subscribe();
+        std::thread::Builder::new()
+            .name(format!("fake-slack-{}", addr.port()))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::warn!("fake Slack cannot listen: {e}");
+                            return;
+                        }
+                    };
+                    tokio::select! {
+                        r = axum::serve(listener, app) => {
+                            if let Err(e) = r {
+                                tracing::warn!("fake Slack stopped: {e}");
+                            }
+                        }
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                });
+            })?;
+        Ok(FakeSlack { shared })
+    }
+
+    /// `http://127.0.0.1:PORT/api`: the Web API root.
+    pub fn api_base(&self) -> String {
+        format!("http://{}/api", self.shared.addr)
+    }
+
+    /// The bot's user id (`auth.test`).
+    pub fn bot_user_id(&self) -> &'static str {
+        BOT_USER_ID
+    }
+
+    /// Queues an `events_api` envelope carrying `event` (a Slack event
+    /// object); `ts` and `event_ts` are filled in when missing. Sent at once
+    /// when a client is connected. Returns the envelope id.
+    pub fn push_event(&self, mut event: Value) -> String {
+        let id = {
+            let mut st = lock(&self.shared.state);
+            if let Some(obj) = event.as_object_mut()
+                && !obj.contains_key("ts")
+                && obj.get("type").and_then(Value::as_str) != Some("reaction_added")
+            {
+                let ts = format!("1700000000.{:06}", st.next_ts);
+                st.next_ts += 1;
+                obj.insert("ts".into(), json!(ts));
+            }
+            let event_ts = event.get("ts").cloned().unwrap_or(Value::Null);
+            if let Some(obj) = event.as_object_mut() {
+                obj.entry("event_ts").or_insert(event_ts);
+            }
+            let n = st.next_envelope;
+            st.next_envelope += 1;
+            let id = format!("env-{n:04}");
+            let payload = json!({
+                "token": "verification-token-unused",
+                "team_id": "T0TALARIA",
+                "api_app_id": "A0TALARIA",
+                "event": event,
+                "type": "event_callback",
+                "event_id": format!("Ev{n:08}"),
+                "event_time": 1_700_000_000u64 + n,
+            });
+            st.envelopes.push(Envelope {
+                id: id.clone(),
+                payload,
+                sent: 0,
+                acked: false,
+            });
+            id
+        };
+        self.flush();
+        id
+    }
+
+    /// Queues a DM (`channel_type: im`) from `user` in channel `channel`.
+    /// Returns (envelope id, message ts).
+    pub fn push_dm(&self, channel: &str, user: &str, text: &str) -> (String, String) {
+        let ts = self.next_ts();
+        let env = self.push_event(json!({
+            "type": "message", "channel": channel, "channel_type": "im",
+            "user": user, "text": text, "ts": ts, "client_msg_id": format!("cm-{ts}"),
+        }));
+        (env, ts)
+    }
+
+    /// Queues a channel message (`channel_type: channel`), in a thread
+    /// when `thread_ts` is given. Returns (envelope id, message ts).
+    pub fn push_channel_message(
+        &self,
+        channel: &str,
+        user: &str,
+        text: &str,
+        thread_ts: Option<&str>,
+    ) -> (String, String) {
+        let ts = self.next_ts();
+        let mut event = json!({
+            "type": "message", "channel": channel, "channel_type": "channel",
+            "user": user, "text": text, "ts": ts, "client_msg_id": format!("cm-{ts}"),
+        });
+        if let Some(t) = thread_ts {
+            event["thread_ts"] = json!(t);
+        }
+        (self.push_event(event), ts)
+    }
+
+    /// Queues an `app_mention` for a message already pushed (same `ts`), as
+    /// Slack sends beside the `message` event when the bot is mentioned.
+    pub fn push_app_mention(
+        &self,
+        channel: &str,
+        user: &str,
+        text: &str,
+        ts: &str,
+        thread_ts: Option<&str>,
+    ) -> String {
+        let mut event = json!({
+            "type": "app_mention", "channel": channel, "user": user, "text": text, "ts": ts,
+        });
+        if let Some(t) = thread_ts {
+            event["thread_ts"] = json!(t);
+        }
+        self.push_event(event)
+    }
+
+    /// A fresh message ts.
+    pub fn next_ts(&self) -> String {
+        let mut st = lock(&self.shared.state);
+        let ts = format!("1700000000.{:06}", st.next_ts);
+        st.next_ts += 1;
+        ts
+    }
+
+    /// Sends every envelope again (acknowledged or not) when `all`, else
+    /// only the pending ones, with `retry_attempt` raised: what Slack does
+    /// when it thinks an ack was lost.
+    pub fn redeliver(&self, all: bool) {
+        let frames = {
+            let mut st = lock(&self.shared.state);
+            if st.live.is_none() {
+                return;
+            }
+            let mut out = Vec::new();
+            for e in st.envelopes.iter_mut().filter(|e| all || !e.acked) {
+                if e.sent > 0 {
+                    out.push(envelope_frame(e));
+                    e.sent += 1;
+                }
+            }
+            out
+        };
+        for f in frames {
+            self.send_frame(f);
+        }
+    }
+
+    /// Sends the pending (unacknowledged) envelopes again.
+    pub fn redeliver_pending(&self) {
+        self.redeliver(false);
+    }
+
+    /// Sends `{"type": "disconnect", "reason": reason}` on the live
+    /// connection (`refresh_requested`, `warning`, `link_disabled`).
+    pub fn send_disconnect(&self, reason: &str) {
+        self.send_frame(json!({
+            "type": "disconnect", "reason": reason,
+            "debug_info": {"host": "fake-slack"},
+        }));
+    }
+
+    /// Sends `text` as it is on the live connection (malformed frames).
+    pub fn send_raw(&self, text: &str) {
+        if let Some(tx) = &lock(&self.shared.state).live {
+            let _ = tx.send(Command::Text(text.to_owned()));
+        }
+        self.shared.bump();
+    }
+
+    /// Cuts the live connection without a close frame.
+    pub fn drop_connection(&self) {
+        if let Some(tx) = lock(&self.shared.state).live.take() {
+            let _ = tx.send(Command::Drop);
+        }
+        self.shared.bump();
+    }
+
+    /// The live connection stops reading and writing but stays open: pings
+    /// go unanswered, like a socket that died without telling anyone.
+    pub fn go_silent(&self) {
+        if let Some(tx) = lock(&self.shared.state).live.take() {
+            let _ = tx.send(Command::Silence);
+        }
+        self.shared.bump();
+    }
+
+    /// Whether new connections get `hello` (on by default).
+    pub fn set_send_hello(&self, on: bool) {
+        lock(&self.shared.state).send_hello = on;
+    }
+
+    /// The next `chat.postMessage` calls fail like this, one per entry.
+    pub fn fail_next_post(&self, failure: PostFailure) {
+        lock(&self.shared.state).post_failures.push_back(failure);
+    }
+
+    /// The next `apps.connections.open` answers `ok: false` with `error`.
+    pub fn fail_next_open(&self, error: &str) {
+        lock(&self.shared.state)
+            .open_failures
+            .push_back(error.to_owned());
+    }
+
+    /// While set, `chat.postMessage` requests are recorded but hang and are
+    /// never delivered; clearing it (or stopping) answers them with a 502.
+    pub fn hang_post(&self, hang: bool) {
+        self.shared.hang.send_replace(hang);
+    }
+
+    /// Every message posted so far, in order.
+    pub fn posted(&self) -> Vec<Posted> {
+        lock(&self.shared.state).posted.clone()
+    }
+
+    /// Every reaction added or removed so far.
+    pub fn reactions(&self) -> Vec<Reaction> {
+        lock(&self.shared.state).reactions.clone()
+    }
+
+    /// Every Web API request so far, including failed and hung ones.
+    pub fn requests(&self) -> Vec<Request> {
+        lock(&self.shared.state).requests.clone()
+    }
+
+    /// The `chat.postMessage` requests so far, answered or not.
+    pub fn post_attempts(&self) -> Vec<Request> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == "chat.postMessage")
+            .collect()
+    }
+
+    /// Envelope ids acknowledged so far, in order (repeats included).
+    pub fn acks(&self) -> Vec<String> {
+        lock(&self.shared.state).acks.clone()
+    }
+
+    /// Envelopes not yet acknowledged.
+    pub fn pending(&self) -> usize {
+        lock(&self.shared.state)
+            .envelopes
+            .iter()
+            .filter(|e| !e.acked)
+            .count()
+    }
+
+    /// Socket Mode connections accepted so far.
+    pub fn connections(&self) -> usize {
+        lock(&self.shared.state).connections
+    }
+
+    /// Whether a connection is live (connected and not silenced or cut).
+    pub fn connected(&self) -> bool {
+        lock(&self.shared.state).live.is_some()
+    }
+
+    /// WebSocket pings received from clients.
+    pub fn pings(&self) -> usize {
+        lock(&self.shared.state).pings
+    }
+
+    /// Every frame the server sent, in order.
+    pub fn frames(&self) -> Vec<Value> {
+        lock(&self.shared.state).frames.clone()
+    }
+
+    /// Waits until at least `n` messages were posted and returns them all.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_posts(&self, n: usize, timeout: Duration) -> Vec<Posted> {
+        self.wait_until(timeout, |st| st.posted.len() >= n).await;
+        let posted = self.posted();
+        assert!(
+            posted.len() >= n,
+            "waited {timeout:?} for {n} posted messages, got {}: {posted:#?}",
+            posted.len()
+        );
+        posted
+    }
+
+    /// Waits until at least `n` `chat.postMessage` requests arrived.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_post_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
+        self.wait_until(timeout, |st| {
+            st.requests
+                .iter()
+                .filter(|r| r.method == "chat.postMessage")
+                .count()
+                >= n
+        })
+        .await;
+        let got = self.post_attempts();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} chat.postMessage requests, got {}",
+            got.len()
+        );
+        got
+    }
+
+    /// Waits until every envelope pushed so far is acknowledged.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_all_acked(&self, timeout: Duration) {
+        self.wait_until(timeout, |st| st.envelopes.iter().all(|e| e.acked))
+            .await;
+        let left = self.pending();
+        assert_eq!(
+            left, 0,
+            "waited {timeout:?}; {left} envelopes unacknowledged"
+        );
+    }
+
+    /// Waits until at least `n` connections were made and the latest one is
+    /// live.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_connection(&self, n: usize, timeout: Duration) {
+        self.wait_until(timeout, |st| st.connections >= n && st.live.is_some())
+            .await;
+        let got = self.connections();
+        assert!(
+            got >= n && self.connected(),
+            "waited {timeout:?} for connection {n}; {got} made, live: {}",
+            self.connected()
+        );
+    }
+
+    /// Waits until at least `n` pings arrived.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_pings(&self, n: usize, timeout: Duration) {
+        self.wait_until(timeout, |st| st.pings >= n).await;
+        assert!(self.pings() >= n, "waited {timeout:?} for {n} pings");
+    }
+
+    /// Waits until `done` holds for the recorded reactions.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_reactions(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&[Reaction]) -> bool,
+    ) -> Vec<Reaction> {
+        self.wait_until(timeout, |st| done(&st.reactions)).await;
+        let got = self.reactions();
+        assert!(done(&got), "waited {timeout:?}; reactions: {got:#?}");
+        got
+    }
+
+    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.shared.version.subscribe();
+        loop {
+            rx.borrow_and_update();
+            if done(&lock(&self.shared.state)) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Sends the envelopes that were never sent, when a client is live.
+    fn flush(&self) {
+        let frames = {
+            let mut st = lock(&self.shared.state);
+            if st.live.is_none() {
+                return;
+            }
+            let mut out = Vec::new();
+            for e in st.envelopes.iter_mut().filter(|e| e.sent == 0) {
+                out.push(envelope_frame(e));
+                e.sent += 1;
+            }
+            out
+        };
+        for f in frames {
+            self.send_frame(f);
+        }
+    }
+
+    fn send_frame(&self, frame: Value) {
+        send_frame(&self.shared, frame);
+    }
+
+    /// Stops the server (also on drop). Open connections are cut.
+    pub fn shutdown(&self) {
+        self.shared.stop.send_replace(true);
+    }
+}
+
+impl Drop for FakeSlack {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn send_frame(shared: &Shared, frame: Value) {
+    let mut st = lock(&shared.state);
+    if let Some(tx) = &st.live
+        && tx.send(Command::Text(frame.to_string())).is_ok()
+    {
+        st.frames.push(frame);
+    }
+    drop(st);
+    shared.bump();
+}
+
+/// The wire form of an envelope on its next sending.
+fn envelope_frame(e: &Envelope) -> Value {
+    let mut frame = json!({
+        "envelope_id": e.id,
+        "type": "events_api",
+        "payload": e.payload,
+        "accepts_response_payload": false,
+        "retry_attempt": e.sent,
+        "retry_reason": "",
+    });
+    if e.sent > 0 {
+        frame["retry_reason"] = json!("timeout");
+    }
+    frame
+}
+
+async fn socket(State(shared): State<Arc<Shared>>, upgrade: WebSocketUpgrade) -> Response {
+    upgrade
+        .on_upgrade(move |ws| serve_socket(shared, ws))
+        .into_response()
+}
+
+async fn serve_socket(shared: Arc<Shared>, mut ws: WebSocket) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (hello, resend) = {
+        let mut st = lock(&shared.state);
+        st.connections += 1;
+        // A new connection replaces the old one, as Slack spreads events
+        // over connections; the old one hears nothing more.
+        st.live = Some(tx.clone());
+        let hello = st.send_hello;
+        // Everything unacknowledged comes again on a new connection.
+        let mut resend = Vec::new();
+        for e in st.envelopes.iter_mut().filter(|e| !e.acked) {
+            resend.push(envelope_frame(e));
+            e.sent += 1;
+        }
+        (hello, resend)
+    };
+    if hello {
+        send_frame(
+            &shared,
+            json!({
+                "type": "hello", "num_connections": 1,
+                "debug_info": {"host": "fake-slack", "approximate_connection_time": 18060},
+                "connection_info": {"app_id": "A0TALARIA"},
+            }),
+        );
+    }
+    for f in resend {
+        send_frame(&shared, f);
+    }
+    shared.bump();
+    loop {
+        tokio::select! {
+            _ = stopped(&shared) => return,
+            cmd = rx.recv() => match cmd {
+                Some(Command::Text(t)) => {
+                    if ws.send(Message::Text(t.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Command::Drop) | None => break,
+                Some(Command::Silence) => {
+                    // Hold the socket open, reading nothing, until the
+                    // client gives up or the server stops.
+                    stopped(&shared).await;
+                    return;
+                }
+            },
+            frame = ws.recv() => match frame {
+                None | Some(Err(_)) => break,
+                Some(Ok(Message::Text(t))) => on_client_text(&shared, t.as_str()),
+                Some(Ok(Message::Ping(_))) => {
+                    lock(&shared.state).pings += 1;
+                    shared.bump();
+                }
+                Some(Ok(Message::Close(_))) => break,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+    let mut st = lock(&shared.state);
+    if st.live.as_ref().is_some_and(|l| l.same_channel(&tx)) {
+        st.live = None;
+    }
+    drop(st);
+    shared.bump();
+}
+
+/// Resolves once the server stops.
+async fn stopped(shared: &Shared) {
+    let mut stop = shared.stop.subscribe();
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+fn on_client_text(shared: &Shared, text: &str) {
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        return;
+    };
+    let Some(id) = v.get("envelope_id").and_then(Value::as_str) else {
+        return;
+    };
+    let mut st = lock(&shared.state);
+    st.acks.push(id.to_owned());
+    if let Some(e) = st.envelopes.iter_mut().find(|e| e.id == id) {
+        e.acked = true;
+    }
+    drop(st);
+    shared.bump();
+}
+
+async fn api(
+    State(shared): State<Arc<Shared>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let expected = if method == "apps.connections.open" {
+        &shared.app_token
+    } else {
+        &shared.bot_token
+    };
+    let authorized = !token.is_empty() && token == expected;
+    let params = params(&headers, &body);
+    let hung = *shared.hang.borrow();
+    lock(&shared.state).requests.push(Request {
+        method: method.clone(),
+        params: Value::Object(params.clone()),
+        authorized,
+        at: Instant::now(),
+    });
+    shared.bump();
+    if !authorized {
+        // Slack says which token type is wrong when it is a real token of
+        // the other kind.
+        let error = if token == shared.bot_token || token == shared.app_token {
+            "not_allowed_token_type"
+        } else {
+            "invalid_auth"
+        };
+        return fail(error);
+    }
+    match method.as_str() {
+        "auth.test" => ok(json!({
+            "url": "https://talaria-test.slack.com/", "team": "Talaria Test",
+            "user": "talaria", "team_id": "T0TALARIA", "user_id": BOT_USER_ID,
+            "bot_id": BOT_ID, "is_enterprise_install": false,
+        })),
+        "apps.connections.open" => {
+            let failure = lock(&shared.state).open_failures.pop_front();
+            if let Some(error) = failure {
+                return fail(&error);
+            }
+            let n = lock(&shared.state).connections + 1;
+            ok(json!({ "url": format!("ws://{}/socket?ticket=t{n}", shared.addr) }))
+        }
+        "chat.postMessage" => post_message(&shared, &params, hung).await,
+        "reactions.add" | "reactions.remove" => {
+            let field = |k: &str| string(&params, k).unwrap_or_default();
+            let (channel, timestamp, name) = (field("channel"), field("timestamp"), field("name"));
+            if channel.is_empty() || timestamp.is_empty() || name.is_empty() {
+                return fail("invalid_arguments");
+            }
+            lock(&shared.state).reactions.push(Reaction {
+                added: method == "reactions.add",
+                channel,
+                timestamp,
+                name,
+            });
+            shared.bump();
+            ok(json!({}))
+        }
+        _ => fail("unknown_method"),
+    }
+}
+
+async fn post_message(shared: &Shared, params: &Map<String, Value>, hung: bool) -> Response {
+    if hung {
+        let mut hang = shared.hang.subscribe();
+        let mut stop = shared.stop.subscribe();
+        tokio::select! {
+            _ = hang.wait_for(|h| !*h) => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+        // Lost, never delivered: its client may be long gone.
+        return status(502);
+    }
+    let failure = lock(&shared.state).post_failures.pop_front();
+    match failure {
+        Some(PostFailure::RateLimited(secs)) => {
+            let mut r = json_response(429, &json!({ "ok": false, "error": "ratelimited" }));
+            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            return r;
+        }
+        Some(PostFailure::Error(e)) => return fail(&e),
+        Some(PostFailure::Status(s)) => return status(s),
+        None => {}
+    }
+    let Some(channel) = string(params, "channel").filter(|c| !c.is_empty()) else {
+        return fail("channel_not_found");
+    };
+    let text = string(params, "text").unwrap_or_default();
+    if text.trim().is_empty() {
+        return fail("no_text");
+    }
+    if text.chars().count() > 40_000 {
+        return fail("msg_too_long");
+    }
+    let thread_ts = string(params, "thread_ts").filter(|t| !t.is_empty());
+    let mrkdwn = match params.get("mrkdwn") {
+        Some(Value::Bool(b)) => Some(*b),
+        Some(Value::String(s)) => Some(s == "true"),
+        _ => None,
+    };
+    let ts = {
+        let mut st = lock(&shared.state);
+        let ts = format!("1700000000.{:06}", st.next_ts);
+        st.next_ts += 1;
+        st.posted.push(Posted {
+            channel: channel.clone(),
+            text: text.clone(),
+            thread_ts: thread_ts.clone(),
+            mrkdwn,
+            ts: ts.clone(),
+            at: Instant::now(),
+        });
+        ts
+    };
+    shared.bump();
+    let mut message = json!({
+        "type": "message", "user": BOT_USER_ID, "bot_id": BOT_ID, "text": text, "ts": ts,
+    });
+    if let Some(t) = thread_ts {
+        message["thread_ts"] = json!(t);
+    }
+    ok(json!({ "channel": channel, "ts": ts, "message": message }))
+}
+
+fn ok(mut fields: Value) -> Response {
+    if let Some(obj) = fields.as_object_mut() {
+        obj.insert("ok".into(), json!(true));
+    }
+    json_response(200, &fields)
+}
+
+fn fail(error: &str) -> Response {
+    json_response(200, &json!({ "ok": false, "error": error }))
+}
+
+fn status(code: u16) -> Response {
+    let mut r = Response::new(axum::body::Body::empty());
+    *r.status_mut() =
+        axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+    r
+}
+
+/// The body's parameters (JSON object or form).
+fn params(headers: &HeaderMap, body: &Bytes) -> Map<String, Value> {
+    let ctype = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ctype.starts_with("application/x-www-form-urlencoded") {
+        let text = String::from_utf8_lossy(body);
+        return text
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (decode(k), Value::String(decode(v)))
+            })
+            .collect();
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn string(params: &Map<String, Value>, key: &str) -> Option<String> {
+    match params.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        v => Some(v.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_carry_their_attempt() {
+        let e = Envelope {
+            id: "env-1".into(),
+            payload: json!({"event_id": "Ev1"}),
+            sent: 0,
+            acked: false,
+        };
+        assert_eq!(envelope_frame(&e)["retry_attempt"], 0);
+        let again = Envelope { sent: 2, ..e };
+        let f = envelope_frame(&again);
+        assert_eq!(f["retry_attempt"], 2);
+        assert_eq!(f["retry_reason"], "timeout");
+        assert_eq!(f["envelope_id"], "env-1");
+    }
+
+    #[test]
+    fn form_bodies_are_decoded() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        );
+        let p = params(&h, &Bytes::from_static(b"channel=C1&text=a+b%21"));
+        assert_eq!(p["channel"], "C1");
+        assert_eq!(p["text"], "a b!");
+    }
+}
