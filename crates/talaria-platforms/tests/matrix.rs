@@ -347,7 +347,7 @@ async fn a_restart_continues_from_the_saved_token() {
 async fn repeated_sync_failures_disconnect_and_a_revoked_token_is_fatal() {
     let fake = FakeMatrix::start(TOKEN).await;
     let cursors = Arc::new(Cursors::default());
-    fake.create_dm(ALICE);
+    let dm = fake.create_dm(ALICE);
     let a = adapter_with(settings(&fake), &cursors);
     let run = started(&fake, &a).await;
     let mut liveness = run.liveness.clone();
@@ -366,6 +366,14 @@ async fn repeated_sync_failures_disconnect_and_a_revoked_token_is_fatal() {
     fake.revoke_token();
     let err = spawn(&a).ended().await.unwrap_err();
     assert!(matches!(err, AdapterError::Fatal(_)), "{err:?}");
+    assert!(!err.to_string().contains(TOKEN));
+    // A send with the revoked token leaves the reply owed rather than
+    // giving it up: the token, not the message, is at fault.
+    let err = a
+        .send(&out(&dm, None, None, "still owed"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SendError::Unavailable(_)), "{err:?}");
     assert!(!err.to_string().contains(TOKEN));
 }
 

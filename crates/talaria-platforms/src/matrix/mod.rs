@@ -732,13 +732,12 @@ fn classify(e: ApiError) -> SendError {
             errcode,
             message,
             ..
-        } if status == 401
-            || matches!(
-                errcode.as_str(),
-                "M_UNKNOWN_TOKEN" | "M_MISSING_TOKEN" | "M_FORBIDDEN"
-            ) =>
-        {
-            SendError::Rejected(format!("{errcode}: {message}"))
+        } if status == 401 || matches!(errcode.as_str(), "M_UNKNOWN_TOKEN" | "M_MISSING_TOKEN") => {
+            // The account's token, not this message, is the problem: keep
+            // the reply owed until the operator fixes the token.
+            SendError::Unavailable(format!(
+                "the homeserver rejected the access token ({errcode}: {message})"
+            ))
         }
         ApiError::Api {
             status,
