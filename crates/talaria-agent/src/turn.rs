@@ -114,6 +114,9 @@ pub(crate) struct TurnRun<'a> {
     new_messages: Vec<Message>,
     api_calls: u32,
     usage: Usage,
+    /// Usage not yet written: it is stored with the next row (one write
+    /// instead of two), or when the turn ends.
+    pending_usage: Usage,
     /// The last real prompt size reported by the provider, and how many
     /// messages that request carried (rows after it are estimated).
     known_prompt: Option<(u64, usize)>,
@@ -151,6 +154,7 @@ impl<'a> TurnRun<'a> {
             new_messages: Vec::new(),
             api_calls: 0,
             usage: Usage::default(),
+            pending_usage: Usage::default(),
             known_prompt: None,
             compressions: 0,
             tools: agent.parts.registry.specs(),
@@ -178,6 +182,25 @@ impl<'a> TurnRun<'a> {
     }
 
     pub(crate) async fn run(mut self, user_text: &str) -> Result<TurnOutcome, AgentError> {
+        let result = self.steps(user_text).await;
+        // Usage of calls that produced no stored row (an interrupted or
+        // failed call, an empty reply, a compression summary).
+        if self.pending_usage != Usage::default() {
+            let usage = std::mem::take(&mut self.pending_usage);
+            if let Err(e) = self
+                .agent
+                .parts
+                .store
+                .add_usage(&self.session.id, &usage)
+                .await
+            {
+                tracing::warn!(session = %self.session.id, error = %e, "could not store the turn's token usage");
+            }
+        }
+        result
+    }
+
+    async fn steps(&mut self, user_text: &str) -> Result<TurnOutcome, AgentError> {
         // Tools from sources (MCP servers) are fixed for the whole turn, so
         // every request of it offers the same set.
         if self.registry.has_sources() {
@@ -317,10 +340,11 @@ impl<'a> TurnRun<'a> {
         if matches!(message.role, Role::User | Role::Assistant) {
             message.content = crate::memory_context::sanitize(&message.content);
         }
+        let usage = std::mem::take(&mut self.pending_usage);
         self.agent
             .parts
             .store
-            .append_message(&self.session.id, &message)
+            .append_message_with_usage(&self.session.id, &message, &usage)
             .await?;
         self.messages.push(message.clone());
         self.new_messages.push(message);
@@ -399,7 +423,7 @@ impl<'a> TurnRun<'a> {
             let partial = crate::memory_context::sanitize(&partial);
             match result {
                 Ok(response) => {
-                    self.record_usage(&response.usage).await?;
+                    self.record_usage(&response.usage);
                     // Providers report cached prompt tokens apart from the
                     // rest; the window holds all of them.
                     let u = &response.usage;
@@ -462,16 +486,10 @@ impl<'a> TurnRun<'a> {
         }
     }
 
-    async fn record_usage(&mut self, usage: &Usage) -> Result<(), AgentError> {
+    /// Counts a model call's usage; it is stored with the next row.
+    fn record_usage(&mut self, usage: &Usage) {
         self.usage.add(usage);
-        if *usage != Usage::default() {
-            self.agent
-                .parts
-                .store
-                .add_usage(&self.session.id, usage)
-                .await?;
-        }
-        Ok(())
+        self.pending_usage.add(usage);
     }
 
     /// The request for the current transcript: system prompt, repaired
@@ -561,7 +579,7 @@ impl<'a> TurnRun<'a> {
         let quiet = |_: StreamEvent| {};
         let summary = match self.chat(&request, &quiet).await {
             Ok(response) => {
-                self.record_usage(&response.usage).await?;
+                self.record_usage(&response.usage);
                 response.message.content
             }
             Err(_) if self.cancel.is_cancelled() => return Ok(false),

@@ -385,3 +385,36 @@ async fn the_agent_is_shareable_and_the_turn_future_is_send() {
     assert_send(&fut);
     drop(fut);
 }
+
+#[tokio::test]
+async fn every_calls_usage_is_stored_once_whether_or_not_it_left_a_row() {
+    let (echo, _) = Echo::new();
+    let r = rig(|_| {}, vec![echo]).await;
+    let s = r.agent.new_session("test").await.unwrap();
+    let turn = |text: &'static str| {
+        let (agent, s) = (&r.agent, &s);
+        async move {
+            agent
+                .run_turn(s, text, &NullObserver, CancellationToken::new())
+                .await
+                .unwrap()
+        }
+    };
+    // A tool round trip: each call's usage goes with its row.
+    r.mock
+        .push(Reply::tool_calls(vec![call("c1", "echo", r#"{"text":"x"}"#)]).with_usage(100, 7));
+    r.mock.push(Reply::text("Done.").with_usage(120, 9));
+    assert_eq!(turn("one").await.answer, "Done.");
+    // An empty reply leaves no row; its usage goes with the next one.
+    r.mock.push(Reply::text("").with_usage(50, 1));
+    r.mock.push(Reply::text("ok").with_usage(60, 2));
+    assert_eq!(turn("two").await.answer, "ok");
+    // No assistant row at all: stored when the turn ends.
+    r.mock.push(Reply::text("").with_usage(5, 1));
+    r.mock.push(Reply::text("").with_usage(6, 1));
+    assert_eq!(turn("three").await.answer, "(empty)");
+
+    let rec = r.store.session(&s.id).await.unwrap().unwrap();
+    assert_eq!(rec.input_tokens, 100 + 120 + 50 + 60 + 5 + 6);
+    assert_eq!(rec.output_tokens, 7 + 9 + 1 + 2 + 1 + 1);
+}

@@ -183,6 +183,23 @@ pub trait SessionStore: Send + Sync {
     async fn append_message(&self, session_id: &str, message: &Message) -> Result<i64>;
     /// Adds one request's token usage to the session's counters.
     async fn add_usage(&self, session_id: &str, usage: &talaria_core::Usage) -> Result<()>;
+    /// Appends one row and adds `usage` (what the model calls that led to
+    /// it cost) to the session's counters, as one write where the backend
+    /// can: a turn then costs one write per row instead of two per answer.
+    /// The default runs [`SessionStore::append_message`] and then
+    /// [`SessionStore::add_usage`] (skipped for zero usage).
+    async fn append_message_with_usage(
+        &self,
+        session_id: &str,
+        message: &Message,
+        usage: &talaria_core::Usage,
+    ) -> Result<i64> {
+        let row = self.append_message(session_id, message).await?;
+        if *usage != talaria_core::Usage::default() {
+            self.add_usage(session_id, usage).await?;
+        }
+        Ok(row)
+    }
     /// The active transcript in order.
     async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>>;
     /// Messages `[from_id - before, from_id + after]` of one session, by

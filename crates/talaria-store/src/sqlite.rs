@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OpenFlags, params};
+use rusqlite::{Connection, OpenFlags, Transaction, params};
 use talaria_core::ids::validate_path_component;
 use talaria_core::{Message, Usage};
 
@@ -180,6 +180,49 @@ fn open_writer(path: &Path, opts: &SqliteOptions) -> OpResult<Connection> {
     Ok(conn)
 }
 
+/// Inserts one message row and counts it on its session.
+fn append_row(tx: &Transaction<'_>, id: &str, message: &Message, timestamp: f64) -> OpResult<i64> {
+    require_session(tx, id)?;
+    let row = insert_message(tx, id, message, timestamp)?;
+    tx.prepare_cached("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?1")?
+        .execute(params![id])?;
+    Ok(row)
+}
+
+/// Adds `usage` to a session's token counters.
+fn add_usage_row(tx: &Transaction<'_>, id: &str, usage: &Usage) -> OpResult<()> {
+    // Read, add in Rust with saturation, write back: SQLite would silently
+    // turn an overflowing integer sum into a float.
+    let current = load_session(tx, id)?.ok_or_else(|| StoreError::NoSuchSession(id.to_owned()))?;
+    let total = Usage {
+        input_tokens: current.input_tokens.saturating_add(usage.input_tokens),
+        output_tokens: current.output_tokens.saturating_add(usage.output_tokens),
+        cache_read_tokens: current
+            .cache_read_tokens
+            .saturating_add(usage.cache_read_tokens),
+        cache_write_tokens: current
+            .cache_write_tokens
+            .saturating_add(usage.cache_write_tokens),
+        reasoning_tokens: current
+            .reasoning_tokens
+            .saturating_add(usage.reasoning_tokens),
+    };
+    tx.prepare_cached(
+        "UPDATE sessions SET input_tokens = ?2, output_tokens = ?3, \
+         cache_read_tokens = ?4, cache_write_tokens = ?5, reasoning_tokens = ?6 \
+         WHERE id = ?1",
+    )?
+    .execute(params![
+        id,
+        to_sql_count(total.input_tokens),
+        to_sql_count(total.output_tokens),
+        to_sql_count(total.cache_read_tokens),
+        to_sql_count(total.cache_write_tokens),
+        to_sql_count(total.reasoning_tokens),
+    ])?;
+    Ok(())
+}
+
 /// Fails with [`StoreError::NoSuchSession`] unless exactly one row changed.
 fn changed_one(changed: usize, id: &str) -> OpResult<()> {
     if changed == 0 {
@@ -273,57 +316,29 @@ impl SessionStore for SqliteStore {
     async fn append_message(&self, session_id: &str, message: &Message) -> Result<i64> {
         let (id, message) = (session_id.to_string(), message.clone());
         let timestamp = now();
-        self.write(move |tx| {
-            require_session(tx, &id)?;
-            let row = insert_message(tx, &id, &message, timestamp)?;
-            tx.prepare_cached(
-                "UPDATE sessions SET message_count = message_count + 1 WHERE id = ?1",
-            )?
-            .execute(params![id])?;
-            Ok(row)
-        })
-        .await
+        self.write(move |tx| append_row(tx, &id, &message, timestamp))
+            .await
     }
 
     async fn add_usage(&self, session_id: &str, usage: &Usage) -> Result<()> {
         let (id, usage) = (session_id.to_string(), *usage);
+        self.write(move |tx| add_usage_row(tx, &id, &usage)).await
+    }
+
+    async fn append_message_with_usage(
+        &self,
+        session_id: &str,
+        message: &Message,
+        usage: &Usage,
+    ) -> Result<i64> {
+        let (id, message, usage) = (session_id.to_string(), message.clone(), *usage);
+        let timestamp = now();
         self.write(move |tx| {
-            // Read, add in Rust with saturation, write back: SQLite would
-            // silently turn an overflowing integer sum into a float.
-            let current =
-                load_session(tx, &id)?.ok_or_else(|| StoreError::NoSuchSession(id.clone()))?;
-            let mut total = Usage {
-                input_tokens: current.input_tokens,
-                output_tokens: current.output_tokens,
-                cache_read_tokens: current.cache_read_tokens,
-                cache_write_tokens: current.cache_write_tokens,
-                reasoning_tokens: current.reasoning_tokens,
-            };
-            total.input_tokens = total.input_tokens.saturating_add(usage.input_tokens);
-            total.output_tokens = total.output_tokens.saturating_add(usage.output_tokens);
-            total.cache_read_tokens = total
-                .cache_read_tokens
-                .saturating_add(usage.cache_read_tokens);
-            total.cache_write_tokens = total
-                .cache_write_tokens
-                .saturating_add(usage.cache_write_tokens);
-            total.reasoning_tokens = total
-                .reasoning_tokens
-                .saturating_add(usage.reasoning_tokens);
-            tx.prepare_cached(
-                "UPDATE sessions SET input_tokens = ?2, output_tokens = ?3, \
-                 cache_read_tokens = ?4, cache_write_tokens = ?5, reasoning_tokens = ?6 \
-                 WHERE id = ?1",
-            )?
-            .execute(params![
-                id,
-                to_sql_count(total.input_tokens),
-                to_sql_count(total.output_tokens),
-                to_sql_count(total.cache_read_tokens),
-                to_sql_count(total.cache_write_tokens),
-                to_sql_count(total.reasoning_tokens),
-            ])?;
-            Ok(())
+            let row = append_row(tx, &id, &message, timestamp)?;
+            if usage != Usage::default() {
+                add_usage_row(tx, &id, &usage)?;
+            }
+            Ok(row)
         })
         .await
     }

@@ -370,3 +370,36 @@ async fn traversal_ids_are_refused() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn a_row_and_its_usage_are_stored_together() {
+    let (_dir, store) = temp_store();
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+    let usage = Usage {
+        input_tokens: 900,
+        output_tokens: 12,
+        ..Usage::default()
+    };
+    store
+        .append_message_with_usage("s1", &Message::assistant("first"), &usage)
+        .await
+        .unwrap();
+    // Zero usage adds nothing and still stores the row.
+    store
+        .append_message_with_usage("s1", &Message::assistant("second"), &Usage::default())
+        .await
+        .unwrap();
+    let rec = store.session("s1").await.unwrap().unwrap();
+    assert_eq!((rec.input_tokens, rec.output_tokens), (900, 12));
+    assert_eq!(rec.message_count, 2);
+    assert_eq!(store.messages("s1").await.unwrap().len(), 2);
+    // A missing session gets neither.
+    let err = store
+        .append_message_with_usage("ghost", &Message::assistant("x"), &usage)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NoSuchSession(_)), "{err:?}");
+}
