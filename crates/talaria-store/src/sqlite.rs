@@ -463,6 +463,9 @@ impl SessionStore for SqliteStore {
     }
 
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
+        // Rows written since the last batch are indexed first, so a search
+        // sees every stored message. Usually nothing or a few rows.
+        self.write(|tx| rows::index_pending(tx)).await?;
         self.read(move |tx| search::search(tx, &query)).await
     }
 }

@@ -109,11 +109,11 @@ async fn routes_survive_a_reopen() {
 }
 
 #[test]
-fn a_fresh_database_is_at_version_4_with_the_gateway_cron_and_inbound_tables() {
+fn a_fresh_database_is_at_version_5_with_the_gateway_cron_and_inbound_tables() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 4);
+    assert_eq!(user_version(&path), 5);
     for name in GATEWAY_TABLES.iter().chain(&[
         "cron_jobs",
         "cron_occurrences",
@@ -124,7 +124,7 @@ fn a_fresh_database_is_at_version_4_with_the_gateway_cron_and_inbound_tables() {
     }
     // Reopening an up-to-date file migrates nothing and still works.
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 4);
+    assert_eq!(user_version(&path), 5);
 }
 
 #[tokio::test]
@@ -146,7 +146,22 @@ async fn a_version_1_database_is_upgraded_in_place() {
              DROP TABLE gateway_routes; DROP TABLE delivery_obligations; \
              DROP TABLE pairing_pending; DROP TABLE pairing_approved; \
              DROP TABLE pairing_stamps; DROP TABLE inbound_seen; \
-             DROP TABLE adapter_cursors; PRAGMA user_version = 1;",
+             DROP TABLE adapter_cursors; DROP TABLE fts_progress; \
+             DROP TRIGGER messages_fts_delete; DROP TRIGGER messages_fts_update; \
+             CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN \
+               INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); \
+               INSERT INTO messages_fts_trigram (rowid, content) VALUES (new.id, new.content); \
+             END; \
+             CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN \
+               INSERT INTO messages_fts (messages_fts, rowid, content) \
+                 VALUES ('delete', old.id, old.content); \
+               INSERT INTO messages_fts_trigram (messages_fts_trigram, rowid, content) \
+                 VALUES ('delete', old.id, old.content); \
+             END; \
+             CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN \
+               SELECT 1; \
+             END; \
+             PRAGMA user_version = 1;",
         )
         .unwrap();
     }
@@ -154,7 +169,7 @@ async fn a_version_1_database_is_upgraded_in_place() {
     assert!(!has_object(&path, "gateway_routes"));
 
     let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(user_version(&path), 4);
+    assert_eq!(user_version(&path), 5);
     for name in GATEWAY_TABLES
         .iter()
         .chain(&["inbound_seen", "adapter_cursors"])

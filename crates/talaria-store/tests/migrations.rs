@@ -132,7 +132,7 @@ fn schema_has_the_documented_shape() {
         "sessions_source_started",
         "sessions_key",
         "messages_session",
-        "messages_fts_insert",
+        "fts_progress",
         "messages_fts_update",
         "messages_fts_delete",
     ] {
@@ -154,6 +154,16 @@ async fn fts_stays_in_sync_with_content_edits_and_deletes() {
         .unwrap();
     let id = store
         .append_message("s1", &Message::user("original wombat"))
+        .await
+        .unwrap();
+    // Rows are indexed in batches; a search brings the index up to date.
+    store
+        .search(talaria_store::SearchQuery {
+            text: "wombat".to_owned(),
+            sources: Vec::new(),
+            exclude_session: None,
+            limit: 1,
+        })
         .await
         .unwrap();
 

@@ -206,5 +206,46 @@ pub(crate) fn insert_message(
         message.finish_reason,
         message.reasoning,
     ])?;
-    Ok(conn.last_insert_rowid())
+    let id = conn.last_insert_rowid();
+    if id - indexed_through(conn)? >= FTS_BATCH {
+        index_pending(conn)?;
+    }
+    Ok(id)
+}
+
+/// Rows written between two runs of [`index_pending`] on the write path.
+/// Each run adds one segment to each full-text index; a run per row (what
+/// triggers did) wrote several index pages per message.
+pub(crate) const FTS_BATCH: i64 = 64;
+
+fn indexed_through(conn: &Connection) -> OpResult<i64> {
+    Ok(conn
+        .prepare_cached("SELECT indexed_through FROM fts_progress WHERE id = 1")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// Adds every message not yet in the full-text indexes to both; returns
+/// how many. Runs in the caller's (write) transaction.
+pub(crate) fn index_pending(conn: &Connection) -> OpResult<usize> {
+    let from = indexed_through(conn)?;
+    let to: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM messages")?
+        .query_row([], |r| r.get(0))?;
+    if to <= from {
+        return Ok(0);
+    }
+    let added = conn
+        .prepare_cached(
+            "INSERT INTO messages_fts (rowid, content) \
+             SELECT id, content FROM messages WHERE id > ?1 AND id <= ?2",
+        )?
+        .execute(params![from, to])?;
+    conn.prepare_cached(
+        "INSERT INTO messages_fts_trigram (rowid, content) \
+         SELECT id, content FROM messages WHERE id > ?1 AND id <= ?2",
+    )?
+    .execute(params![from, to])?;
+    conn.prepare_cached("UPDATE fts_progress SET indexed_through = ?1 WHERE id = 1")?
+        .execute(params![to])?;
+    Ok(added)
 }

@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1, V2, V3, V4];
+const STEPS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -232,6 +232,43 @@ CREATE TABLE adapter_cursors (
     updated_at REAL NOT NULL,
     PRIMARY KEY (platform, name)
 ) WITHOUT ROWID;
+"#;
+
+/// Full-text indexing in batches instead of row by row: a row's words reach
+/// the two indexes when [`super::rows::index_pending`] runs (every
+/// [`super::rows::FTS_BATCH`] rows, and before every search), so the
+/// indexes gain one segment per batch instead of one per message. Deleting
+/// or editing a row touches the indexes only if the row is already in them.
+const V5: &str = r#"
+CREATE TABLE fts_progress (
+    id              INTEGER PRIMARY KEY CHECK (id = 1),
+    -- Every message with an id up to this one is in both indexes; none
+    -- above it is (ids only grow: AUTOINCREMENT never reuses one).
+    indexed_through INTEGER NOT NULL
+);
+INSERT INTO fts_progress (id, indexed_through)
+    VALUES (1, (SELECT COALESCE(MAX(id), 0) FROM messages));
+
+DROP TRIGGER messages_fts_insert;
+DROP TRIGGER messages_fts_delete;
+DROP TRIGGER messages_fts_update;
+
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+WHEN old.id <= (SELECT indexed_through FROM fts_progress WHERE id = 1) BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts_trigram (messages_fts_trigram, rowid, content)
+        VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages
+WHEN old.id <= (SELECT indexed_through FROM fts_progress WHERE id = 1) BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts_trigram (messages_fts_trigram, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    INSERT INTO messages_fts_trigram (rowid, content) VALUES (new.id, new.content);
+END;
 "#;
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or
