@@ -68,6 +68,9 @@ impl Claimed {
     }
 }
 
+/// Rows claimed per transaction by a sweep.
+const CLAIM_CHUNK: usize = 1000;
+
 /// Decides whether an owner is alive. A trait so tests can stage owners
 /// that are alive or dead without real processes.
 pub trait Liveness: Send + Sync {
@@ -173,7 +176,7 @@ impl Ledger {
     /// attempt is spent while a platform is down.
     pub async fn sweep(&self, deliverable: &HashSet<String>) -> Result<Vec<Claimed>, StoreError> {
         let now = talaria_core::unix_now();
-        let mut claimed = Vec::new();
+        let mut candidates = Vec::new();
         for row in self.store.open_obligations().await? {
             let mine = row.owner == Some(self.me);
             let orphaned = match &row.owner {
@@ -194,14 +197,24 @@ impl Ledger {
                 self.store.abandon_obligation(&row.id, reason).await?;
                 continue;
             }
-            if !deliverable.contains(&row.platform) {
-                continue;
+            if deliverable.contains(&row.platform) {
+                candidates.push(row);
             }
-            if self
-                .store
-                .claim_obligation(&row.id, row.owner, self.me)
-                .await?
-            {
+        }
+        // Claimed in chunks, each one transaction: after a crash with many
+        // owed replies, a claim per transaction would take seconds per
+        // thousand rows. Each row is still guarded on its own owner.
+        let mut claimed = Vec::new();
+        let mut rows = candidates.into_iter().peekable();
+        while rows.peek().is_some() {
+            let chunk: Vec<Obligation> = rows.by_ref().take(CLAIM_CHUNK).collect();
+            let claims: Vec<(String, Option<Owner>)> =
+                chunk.iter().map(|r| (r.id.clone(), r.owner)).collect();
+            let won = self.store.claim_obligations(&claims, self.me).await?;
+            for (row, won) in chunk.into_iter().zip(won) {
+                if !won {
+                    continue;
+                }
                 let needs_marker = row.state != ObligationState::Pending;
                 claimed.push(Claimed {
                     obligation: Obligation {

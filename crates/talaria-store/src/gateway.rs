@@ -163,6 +163,21 @@ pub trait LedgerStore: Send + Sync {
         expected: Option<Owner>,
         new_owner: Owner,
     ) -> Result<bool>;
+    /// [`LedgerStore::claim_obligation`] for many rows at once, each
+    /// guarded on its own expected owner; returns one result per claim, in
+    /// order. Backends that can do it in one transaction should: a sweep
+    /// after a crash may claim thousands of rows.
+    async fn claim_obligations(
+        &self,
+        claims: &[(String, Option<Owner>)],
+        new_owner: Owner,
+    ) -> Result<Vec<bool>> {
+        let mut won = Vec::with_capacity(claims.len());
+        for (id, expected) in claims {
+            won.push(self.claim_obligation(id, *expected, new_owner).await?);
+        }
+        Ok(won)
+    }
     /// Deletes delivered and abandoned rows last updated before `cutoff`;
     /// returns how many.
     async fn prune_obligations(&self, cutoff: Timestamp) -> Result<u64>;

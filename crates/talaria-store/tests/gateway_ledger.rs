@@ -521,3 +521,35 @@ fn two_sweepers_racing_claim_each_row_exactly_once() {
         }
     });
 }
+
+#[tokio::test]
+async fn a_batch_claim_guards_each_row_on_its_own_owner() {
+    let (_dir, store) = temp_store();
+    let me = owner(7, 70);
+    for id in ["a", "b", "c", "d"] {
+        store.record_obligation(obligation(id, DEAD)).await.unwrap();
+    }
+    // Another sweeper took `b` first; `d` was never ours to expect.
+    assert!(
+        store
+            .claim_obligation("b", Some(DEAD), owner(8, 80))
+            .await
+            .unwrap()
+    );
+    let claims = vec![
+        ("a".to_owned(), Some(DEAD)),
+        ("b".to_owned(), Some(DEAD)),
+        ("c".to_owned(), Some(DEAD)),
+        ("d".to_owned(), Some(owner(9, 90))),
+        ("missing".to_owned(), Some(DEAD)),
+    ];
+    let won = store.claim_obligations(&claims, me).await.unwrap();
+    assert_eq!(won, vec![true, false, true, false, false]);
+    // A second batch of the same claims wins nothing.
+    let again = store.claim_obligations(&claims, me).await.unwrap();
+    assert_eq!(again, vec![false; 5]);
+    let a = store.obligation("a").await.unwrap().unwrap();
+    assert_eq!((a.owner, a.attempts), (Some(me), 1));
+    let b = store.obligation("b").await.unwrap().unwrap();
+    assert_eq!(b.owner, Some(owner(8, 80)));
+}

@@ -359,17 +359,27 @@ impl LedgerStore for SqliteStore {
         expected: Option<Owner>,
         new_owner: Owner,
     ) -> Result<bool> {
-        let id = id.to_string();
-        let (old_pid, old_started) = owner_to_sql(expected);
+        let claims = vec![(id.to_string(), expected)];
+        let won = self.claim_obligations(&claims, new_owner).await?;
+        Ok(won.first().copied().unwrap_or(false))
+    }
+
+    async fn claim_obligations(
+        &self,
+        claims: &[(String, Option<Owner>)],
+        new_owner: Owner,
+    ) -> Result<Vec<bool>> {
+        let claims = claims.to_vec();
         let (new_pid, new_started) = owner_to_sql(Some(new_owner));
         self.write(move |tx| {
-            // One guarded statement: whichever sweeper's UPDATE runs second
-            // no longer sees the owner it expected and changes nothing. `IS`
-            // makes NULL (no owner, unknown start time) compare equal. When
-            // a process re-claims its own row, expected and new owner are
-            // the same, so the owner test alone would let its second claim
-            // through; the first claim left the row `attempting` under that
-            // owner, which the last condition refuses.
+            // One guarded statement per row: whichever sweeper's UPDATE
+            // runs second no longer sees the owner it expected and changes
+            // nothing. `IS` makes NULL (no owner, unknown start time)
+            // compare equal. When a process re-claims its own row, expected
+            // and new owner are the same, so the owner test alone would let
+            // its second claim through; the first claim left the row
+            // `attempting` under that owner, which the last condition
+            // refuses.
             let sql = format!(
                 "UPDATE delivery_obligations SET owner_pid = ?2, owner_started_at = ?3, \
                  state = 'attempting', attempts = attempts + 1, updated_at = ?4 \
@@ -377,15 +387,16 @@ impl LedgerStore for SqliteStore {
                  AND owner_pid IS ?5 AND owner_started_at IS ?6 \
                  AND NOT (state = 'attempting' AND owner_pid IS ?2 AND owner_started_at IS ?3)"
             );
-            let changed = tx.prepare_cached(&sql)?.execute(params![
-                id,
-                new_pid,
-                new_started,
-                now(),
-                old_pid,
-                old_started
-            ])?;
-            Ok(changed == 1)
+            let mut update = tx.prepare_cached(&sql)?;
+            let at = now();
+            let mut won = Vec::with_capacity(claims.len());
+            for (id, expected) in &claims {
+                let (old_pid, old_started) = owner_to_sql(*expected);
+                let changed =
+                    update.execute(params![id, new_pid, new_started, at, old_pid, old_started])?;
+                won.push(changed == 1);
+            }
+            Ok(won)
         })
         .await
     }
