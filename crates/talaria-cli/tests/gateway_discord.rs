@@ -2,66 +2,23 @@
 //! Discord and the mock LLM: a crash (SIGKILL) while an answer is on the
 //! wire loses nothing, and the restarted gateway sends it exactly once.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod crash_support;
+
 use std::time::{Duration, Instant};
 
 use talaria_testkit::{FakeDiscord, MockOpenAi, Reply};
 
+use crash_support::{Home, spawn_gateway};
+
 const TOKEN: &str = "MjQyNDI0.process.discord-test-token";
 const WAIT: Duration = Duration::from_secs(20);
 
-struct Home {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    locks: PathBuf,
-}
-
 fn home(llm: &MockOpenAi, dc: &FakeDiscord) -> Home {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("home");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(
-        root.join("config.yaml"),
-        format!(
-            "model:\n  default: mock-model\n  provider: custom\n  base_url: {}\n  api_key: sk-test-secret-key-0123456789\nagent:\n  api_max_retries: 1\nplatforms:\n  discord:\n    api_base: {}\n",
-            llm.base_url(),
-            dc.api_base()
-        ),
+    crash_support::home(
+        llm,
+        &format!("  discord:\n    api_base: {}\n", dc.api_base()),
+        &format!("DISCORD_BOT_TOKEN={TOKEN}\nDISCORD_ALLOWED_USERS=42\n"),
     )
-    .unwrap();
-    std::fs::write(
-        root.join(".env"),
-        format!("DISCORD_BOT_TOKEN={TOKEN}\nDISCORD_ALLOWED_USERS=42\n"),
-    )
-    .unwrap();
-    let locks = dir.path().join("locks");
-    Home {
-        _dir: dir,
-        root,
-        locks,
-    }
-}
-
-fn spawn_gateway(home: &Home, log: &Path) -> Child {
-    let log = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_talaria"))
-        .arg("--home")
-        .arg(&home.root)
-        .args(["gateway", "run"])
-        .env_remove("TALARIA_HOME")
-        .env_remove("TELEGRAM_BOT_TOKEN")
-        .env_remove("DISCORD_BOT_TOKEN")
-        .env_remove("DISCORD_ALLOWED_USERS")
-        .env_remove("GATEWAY_ALLOW_ALL_USERS")
-        .env_remove("API_SERVER_KEY")
-        .env("TALARIA_GATEWAY_LOCK_DIR", &home.locks)
-        .env("TALARIA_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
 }
 
 /// The ledger's rows not yet delivered.

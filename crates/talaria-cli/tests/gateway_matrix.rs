@@ -2,69 +2,27 @@
 //! homeserver and the mock LLM: a crash (SIGKILL) in the middle of a send
 //! loses nothing and sends nothing twice.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod crash_support;
+
 use std::time::{Duration, Instant};
 
 use talaria_testkit::{FakeMatrix, MockOpenAi, Reply};
+
+use crash_support::{Home, spawn_gateway};
 
 const TOKEN: &str = "syt_cli_gateway_test_token_0123456789";
 const WAIT: Duration = Duration::from_secs(20);
 const ALICE: &str = "@alice:localhost";
 
-struct Home {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    locks: PathBuf,
-}
-
 fn home(llm: &MockOpenAi, hs: &FakeMatrix) -> Home {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("home");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(
-        root.join("config.yaml"),
-        format!(
-            "model:\n  default: mock-model\n  provider: custom\n  base_url: {}\n  api_key: sk-test-secret-key-0123456789\nagent:\n  api_max_retries: 1\nplatforms:\n  matrix:\n    homeserver: {}\n    sync_timeout_ms: 300\n",
-            llm.base_url(),
+    crash_support::home(
+        llm,
+        &format!(
+            "  matrix:\n    homeserver: {}\n    sync_timeout_ms: 300\n",
             hs.homeserver()
         ),
+        &format!("MATRIX_ACCESS_TOKEN={TOKEN}\nMATRIX_ALLOWED_USERS={ALICE}\n"),
     )
-    .unwrap();
-    std::fs::write(
-        root.join(".env"),
-        format!("MATRIX_ACCESS_TOKEN={TOKEN}\nMATRIX_ALLOWED_USERS={ALICE}\n"),
-    )
-    .unwrap();
-    let locks = dir.path().join("locks");
-    Home {
-        _dir: dir,
-        root,
-        locks,
-    }
-}
-
-fn spawn_gateway(home: &Home, log: &Path) -> Child {
-    let log = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_talaria"))
-        .arg("--home")
-        .arg(&home.root)
-        .args(["gateway", "run"])
-        .env_remove("TALARIA_HOME")
-        .env_remove("TELEGRAM_BOT_TOKEN")
-        .env_remove("MATRIX_HOMESERVER")
-        .env_remove("MATRIX_ACCESS_TOKEN")
-        .env_remove("MATRIX_USER_ID")
-        .env_remove("MATRIX_ALLOWED_USERS")
-        .env_remove("GATEWAY_ALLOW_ALL_USERS")
-        .env_remove("API_SERVER_KEY")
-        .env("TALARIA_GATEWAY_LOCK_DIR", &home.locks)
-        .env("TALARIA_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
 }
 
 fn logs(home: &Home) -> String {

@@ -3,69 +3,28 @@
 //! on the wire sends that answer exactly once after a restart, marked as
 //! recovered, and the conversation goes on.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod crash_support;
+
 use std::time::{Duration, Instant};
 
 use talaria_store::{LedgerStore, ObligationState, SqliteStore};
 use talaria_testkit::mattermost::NewPost;
+
+use crash_support::{Home, spawn_gateway};
 use talaria_testkit::{FakeMattermost, MockOpenAi, Reply};
 
 const TOKEN: &str = "mmcrashtesttoken0123456789";
 const WAIT: Duration = Duration::from_secs(20);
 
-struct Home {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    locks: PathBuf,
-}
-
 fn home(llm: &MockOpenAi, mm: &FakeMattermost) -> Home {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("home");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(
-        root.join("config.yaml"),
-        format!(
-            "model:\n  default: mock-model\n  provider: custom\n  base_url: {}\n  api_key: sk-test-secret-key-0123456789\nagent:\n  api_max_retries: 1\nplatforms:\n  mattermost:\n    url: {}\n    ping_interval_secs: 1\n",
-            llm.base_url(),
+    crash_support::home(
+        llm,
+        &format!(
+            "  mattermost:\n    url: {}\n    ping_interval_secs: 1\n",
             mm.url()
         ),
+        &format!("MATTERMOST_TOKEN={TOKEN}\nMATTERMOST_ALLOWED_USERS=alice\n"),
     )
-    .unwrap();
-    std::fs::write(
-        root.join(".env"),
-        format!("MATTERMOST_TOKEN={TOKEN}\nMATTERMOST_ALLOWED_USERS=alice\n"),
-    )
-    .unwrap();
-    let locks = dir.path().join("locks");
-    Home {
-        _dir: dir,
-        root,
-        locks,
-    }
-}
-
-fn spawn_gateway(home: &Home, log: &Path) -> Child {
-    let log = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_talaria"))
-        .arg("--home")
-        .arg(&home.root)
-        .args(["gateway", "run"])
-        .env_remove("TALARIA_HOME")
-        .env_remove("TELEGRAM_BOT_TOKEN")
-        .env_remove("MATTERMOST_TOKEN")
-        .env_remove("MATTERMOST_URL")
-        .env_remove("MATTERMOST_ALLOWED_USERS")
-        .env_remove("GATEWAY_ALLOW_ALL_USERS")
-        .env_remove("API_SERVER_KEY")
-        .env("TALARIA_GATEWAY_LOCK_DIR", &home.locks)
-        .env("TALARIA_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
 }
 
 async fn open_ledger_rows(home: &Home) -> Vec<String> {

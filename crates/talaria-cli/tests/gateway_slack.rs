@@ -3,70 +3,29 @@
 //! nothing, and the restarted gateway posts it exactly once, marked as
 //! recovered.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod crash_support;
+
 use std::time::{Duration, Instant};
 
 use talaria_testkit::{FakeSlack, MockOpenAi, Reply};
+
+use crash_support::{Home, spawn_gateway};
 
 const BOT_TOKEN: &str = "xoxb-cli-test-bot-token-0123456789";
 const APP_TOKEN: &str = "xapp-1-cli-test-app-token-0123456789";
 const WAIT: Duration = Duration::from_secs(20);
 
-struct Home {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    locks: PathBuf,
-}
-
 fn home(llm: &MockOpenAi, slack: &FakeSlack) -> Home {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("home");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(
-        root.join("config.yaml"),
-        format!(
-            "model:\n  default: mock-model\n  provider: custom\n  base_url: {}\n  api_key: sk-test-secret-key-0123456789\nagent:\n  api_max_retries: 1\nplatforms:\n  slack:\n    api_base: {}\n    ping_interval_ms: 100\n    ping_timeout_ms: 2000\n",
-            llm.base_url(),
+    crash_support::home(
+        llm,
+        &format!(
+            "  slack:\n    api_base: {}\n    ping_interval_ms: 100\n    ping_timeout_ms: 2000\n",
             slack.api_base()
         ),
-    )
-    .unwrap();
-    std::fs::write(
-        root.join(".env"),
-        format!(
+        &format!(
             "SLACK_BOT_TOKEN={BOT_TOKEN}\nSLACK_APP_TOKEN={APP_TOKEN}\nSLACK_ALLOWED_USERS=U42\n"
         ),
     )
-    .unwrap();
-    let locks = dir.path().join("locks");
-    Home {
-        _dir: dir,
-        root,
-        locks,
-    }
-}
-
-fn spawn_gateway(home: &Home, log: &Path) -> Child {
-    let log = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_talaria"))
-        .arg("--home")
-        .arg(&home.root)
-        .args(["gateway", "run"])
-        .env_remove("TALARIA_HOME")
-        .env_remove("TELEGRAM_BOT_TOKEN")
-        .env_remove("SLACK_BOT_TOKEN")
-        .env_remove("SLACK_APP_TOKEN")
-        .env_remove("SLACK_ALLOWED_USERS")
-        .env_remove("GATEWAY_ALLOW_ALL_USERS")
-        .env_remove("API_SERVER_KEY")
-        .env("TALARIA_GATEWAY_LOCK_DIR", &home.locks)
-        .env("TALARIA_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
 }
 
 /// The ledger's open rows.

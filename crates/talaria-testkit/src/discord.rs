@@ -219,37 +219,12 @@ impl FakeDiscord {
             hang: watch::channel(false).0,
             stop: watch::channel(false).0,
         });
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
         let app = Router::new()
             .route("/gateway", get(upgrade))
             .route("/resume", get(upgrade))
             .fallback(rest)
             .with_state(shared.clone());
-        let mut stop = shared.stop.subscribe();
-        std::thread::Builder::new()
-            .name(format!("fake-discord-{}", addr.port()))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::warn!("fake Discord cannot listen: {e}");
-                            return;
-                        }
-                    };
-                    tokio::select! {
-                        r = axum::serve(listener, app) => {
-                            if let Err(e) = r {
-                                tracing::warn!("fake Discord stopped: {e}");
-                            }
-                        }
-                        _ = stop.wait_for(|s| *s) => {}
-                    }
-                });
-            })?;
+        crate::serve_on_own_thread("fake-discord", listener, app, shared.stop.subscribe())?;
         Ok(FakeDiscord { shared })
     }
 

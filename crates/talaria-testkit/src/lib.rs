@@ -807,6 +807,47 @@ fn anthropic_json(reply: &Reply, model: &str) -> Value {
     })
 }
 
+/// Serves `app` on `listener` from a thread with its own runtime, so a fake
+/// keeps answering whatever the test's runtime is doing (blocked in a
+/// synchronous wait, shutting down). `stop` turning true ends it at once:
+/// not gracefully, since hung requests and long polls must not keep the
+/// thread alive once the test is done.
+pub(crate) fn serve_on_own_thread(
+    name: &str,
+    listener: std::net::TcpListener,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let label = name.to_owned();
+    let port = listener.local_addr()?.port();
+    std::thread::Builder::new()
+        .name(format!("{name}-{port}"))
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::warn!("{label} cannot listen: {e}");
+                        return;
+                    }
+                };
+                tokio::select! {
+                    r = axum::serve(listener, app) => {
+                        if let Err(e) = r {
+                            tracing::warn!("{label} stopped: {e}");
+                        }
+                    }
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+            });
+        })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -213,35 +213,8 @@ impl FakeMatrix {
             hang: watch::channel(false).0,
             stop: watch::channel(false).0,
         });
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let mut stop = shared.stop.subscribe();
-        std::thread::Builder::new()
-            .name(format!("fake-matrix-{}", addr.port()))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::warn!("fake Matrix cannot listen: {e}");
-                            return;
-                        }
-                    };
-                    // Not graceful: hung sends and long polls must not keep
-                    // the thread alive once the test is done.
-                    tokio::select! {
-                        r = axum::serve(listener, app) => {
-                            if let Err(e) = r {
-                                tracing::warn!("fake Matrix stopped: {e}");
-                            }
-                        }
-                        _ = stop.wait_for(|s| *s) => {}
-                    }
-                });
-            })?;
+        crate::serve_on_own_thread("fake-matrix", listener, app, shared.stop.subscribe())?;
         Ok(FakeMatrix { addr, shared })
     }
 

@@ -198,35 +198,8 @@ impl FakeTelegram {
             hang: watch::channel(false).0,
             stop: watch::channel(false).0,
         });
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let mut stop = shared.stop.subscribe();
-        std::thread::Builder::new()
-            .name(format!("fake-telegram-{}", addr.port()))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::warn!("fake Telegram cannot listen: {e}");
-                            return;
-                        }
-                    };
-                    // Not a graceful shutdown: hung sends and long polls
-                    // must not keep the thread alive once the test is done.
-                    tokio::select! {
-                        r = axum::serve(listener, app) => {
-                            if let Err(e) = r {
-                                tracing::warn!("fake Telegram stopped: {e}");
-                            }
-                        }
-                        _ = stop.wait_for(|s| *s) => {}
-                    }
-                });
-            })?;
+        crate::serve_on_own_thread("fake-telegram", listener, app, shared.stop.subscribe())?;
         Ok(FakeTelegram { addr, shared })
     }
 
