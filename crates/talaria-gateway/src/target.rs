@@ -9,8 +9,10 @@
 //! - `<platform>:<chat_id>`, `<platform>:<chat_id>:<thread_id>`.
 //!
 //! The platform is matched case-insensitively and printed lower-case; ids
-//! keep their case. The string is split on its first two colons, so ids
-//! cannot contain one. For every target `t`, `parse(print(t)) == t`, and for
+//! keep their case. An id that holds colons (a Matrix room id) is written
+//! in brackets, as IPv6 addresses are in URLs:
+//! `matrix:[!room:example.org]:[$event:example.org]`; ids never contain
+//! brackets. For every target `t`, `parse(print(t)) == t`, and for
 //! every canonical string `s` (lower-case platform), `print(parse(s)) == s`.
 //!
 //! Home channels come from `gateway.home_channels` in the config and from
@@ -79,29 +81,38 @@ impl FromStr for Target {
             return Err(TargetError::TooLong);
         }
         let malformed = || TargetError::Malformed(s.chars().take(80).collect());
-        let mut parts = s.splitn(3, ':');
-        let head = parts.next().unwrap_or_default();
+        let (head, rest) = match s.split_once(':') {
+            Some((head, rest)) => (head, Some(rest)),
+            None => (s, None),
+        };
         let platform = head.to_ascii_lowercase();
         if !is_platform_name(&platform) {
             return Err(malformed());
         }
-        let chat = parts.next();
-        let thread = parts.next();
+        let (chat, thread) = match rest {
+            None => (None, None),
+            Some(rest) => {
+                let (chat, after) = split_id(rest).ok_or_else(malformed)?;
+                let thread = match after {
+                    None => None,
+                    Some(after) => match split_id(after).ok_or_else(malformed)? {
+                        (thread, None) => Some(thread),
+                        (_, Some(_)) => return Err(malformed()),
+                    },
+                };
+                (Some(chat), thread)
+            }
+        };
         match (platform.as_str(), chat, thread) {
             ("origin", None, None) => Ok(Target::Origin),
             ("local", None, None) => Ok(Target::Local),
             ("origin" | "local", _, _) => Err(malformed()),
             (_, None, None) => Ok(Target::Home { platform }),
-            (_, Some(chat), thread) => {
-                if !is_id(chat) || thread.is_some_and(|t| !is_id(t)) {
-                    return Err(malformed());
-                }
-                Ok(Target::Chat {
-                    platform,
-                    chat_id: chat.to_owned(),
-                    thread_id: thread.map(str::to_owned),
-                })
-            }
+            (_, Some(chat), thread) => Ok(Target::Chat {
+                platform,
+                chat_id: chat.to_owned(),
+                thread_id: thread.map(str::to_owned),
+            }),
             (_, None, Some(_)) => Err(malformed()),
         }
     }
@@ -117,12 +128,12 @@ impl fmt::Display for Target {
                 platform,
                 chat_id,
                 thread_id: None,
-            } => write!(f, "{platform}:{chat_id}"),
+            } => write!(f, "{platform}:{}", Shown(chat_id)),
             Target::Chat {
                 platform,
                 chat_id,
                 thread_id: Some(thread),
-            } => write!(f, "{platform}:{chat_id}:{thread}"),
+            } => write!(f, "{platform}:{}:{}", Shown(chat_id), Shown(thread)),
         }
     }
 }
@@ -141,13 +152,50 @@ fn is_whole_id(s: &str) -> bool {
     !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c.is_control())
 }
 
-/// A chat or thread id: not empty, no colon, no whitespace or control
-/// characters (which no platform uses and which would garble logs).
+/// A chat or thread id as written bare: not empty, no colon, no bracket,
+/// no whitespace or control characters (which no platform uses and which
+/// would garble logs).
 fn is_id(s: &str) -> bool {
+    !s.contains(':') && is_bracketed_id(s)
+}
+
+/// An id written in brackets (`[!room:example.org]`): colons allowed.
+fn is_bracketed_id(s: &str) -> bool {
     !s.is_empty()
         && !s
             .chars()
-            .any(|c| c == ':' || c.is_whitespace() || c.is_control())
+            .any(|c| matches!(c, '[' | ']') || c.is_whitespace() || c.is_control())
+}
+
+/// Splits the id at the start of `text` (bare, or in brackets when it
+/// holds colons) from what follows its separating colon, if anything does.
+fn split_id(text: &str) -> Option<(&str, Option<&str>)> {
+    if let Some(inner) = text.strip_prefix('[') {
+        let (id, after) = inner.split_once(']')?;
+        let rest = match after {
+            "" => None,
+            after => Some(after.strip_prefix(':')?),
+        };
+        return is_bracketed_id(id).then_some((id, rest));
+    }
+    let (id, rest) = match text.split_once(':') {
+        Some((id, rest)) => (id, Some(rest)),
+        None => (text, None),
+    };
+    is_id(id).then_some((id, rest))
+}
+
+/// An id as a target string writes it: in brackets when it holds a colon.
+struct Shown<'a>(&'a str);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.contains(':') {
+            write!(f, "[{}]", self.0)
+        } else {
+            f.write_str(self.0)
+        }
+    }
 }
 
 /// A platform's home channel.
@@ -171,14 +219,19 @@ impl HomeChannels {
         let mut map = BTreeMap::new();
         for (platform, value) in config {
             let platform = platform.to_ascii_lowercase();
-            let (chat, thread) = match value.split_once(':') {
-                Some((c, t)) => (c.trim(), Some(t.trim())),
-                None => (value.trim(), None),
-            };
-            if !is_id(chat) || thread.is_some_and(|t| !is_id(t)) {
+            // The same id syntax as targets: brackets around an id with
+            // colons.
+            let parsed = split_id(value.trim()).and_then(|(chat, rest)| match rest {
+                None => Some((chat, None)),
+                Some(rest) => match split_id(rest)? {
+                    (thread, None) => Some((chat, Some(thread))),
+                    (_, Some(_)) => None,
+                },
+            });
+            let Some((chat, thread)) = parsed else {
                 tracing::warn!(platform = %platform, "gateway.home_channels has an unusable entry; ignored");
                 continue;
-            }
+            };
             map.insert(
                 platform,
                 HomeChannel {
@@ -275,6 +328,47 @@ mod tests {
     }
 
     #[test]
+    fn ids_with_colons_are_written_in_brackets() {
+        let room = Target::Chat {
+            platform: "matrix".into(),
+            chat_id: "!room:example.org".into(),
+            thread_id: Some("$root:example.org".into()),
+        };
+        assert_eq!(
+            room.to_string(),
+            "matrix:[!room:example.org]:[$root:example.org]"
+        );
+        assert_eq!(
+            parse("matrix:[!room:example.org]:[$root:example.org]"),
+            Ok(room)
+        );
+        assert_eq!(
+            parse("Matrix:[!room:example.org]"),
+            Ok(Target::Chat {
+                platform: "matrix".into(),
+                chat_id: "!room:example.org".into(),
+                thread_id: None,
+            })
+        );
+        // Brackets around a plain id are accepted and printed without.
+        assert_eq!(
+            parse("slack:[C0ABC]").map(|t| t.to_string()),
+            Ok("slack:C0ABC".to_owned())
+        );
+        for bad in [
+            "matrix:[!room:example.org",
+            "matrix:[]",
+            "matrix:[a]b",
+            "matrix:[a]:",
+            "matrix:[a]:[b]:[c]",
+            "matrix:[a[b]]",
+            "matrix:!room:example.org:extra",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn malformed_targets_are_refused_with_the_grammar() {
         for bad in [
             "",
@@ -343,7 +437,7 @@ mod tests {
     }
 
     fn id() -> impl Strategy<Value = String> {
-        "[A-Za-z0-9_.@!$+=/-]{1,20}"
+        "[A-Za-z0-9_.@!$+=/:-]{1,20}"
     }
 
     fn target() -> impl Strategy<Value = Target> {

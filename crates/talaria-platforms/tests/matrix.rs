@@ -545,3 +545,20 @@ async fn liveness_is_live_only_once_a_sync_was_answered() {
     assert!(fake.sync_calls().len() >= 3, "two failures, then an answer");
     run.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_bracketed_room_id_is_a_delivery_target() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let cursors = Arc::new(Cursors::default());
+    let room = fake.create_dm(ALICE);
+    let a = adapter_with(settings(&fake), &cursors);
+    let delivery = talaria_gateway::delivery::Delivery::new(vec![a as Arc<dyn Adapter>], None);
+    let target = format!("matrix:[{room}]");
+    talaria_gateway::messenger::send_to_target(&delivery, &target, None, "to the room")
+        .await
+        .unwrap();
+    let sent = fake.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].room_id, room);
+    assert_eq!(sent[0].body(), "to the room");
+}
