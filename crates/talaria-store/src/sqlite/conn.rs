@@ -220,8 +220,9 @@ const MAX_BATCH: usize = 64;
 /// reads first and upgrades later can hit a busy error that the busy
 /// handler cannot wait out.
 struct Writer {
-    queue: Mutex<Option<mpsc::Sender<Box<dyn WriteJob>>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// `None` when the thread could not start, and once dropping.
+    queue: Option<mpsc::Sender<Box<dyn WriteJob>>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Writer {
@@ -239,13 +240,13 @@ impl Writer {
             }
         };
         Writer {
-            queue: Mutex::new(thread.is_some().then_some(tx)),
-            thread: Mutex::new(thread),
+            queue: thread.is_some().then_some(tx),
+            thread,
         }
     }
 
     fn submit(&self, job: Box<dyn WriteJob>) {
-        let rejected = match &*lock(&self.queue) {
+        let rejected = match &self.queue {
             Some(queue) => queue.send(job).err().map(|e| e.0),
             None => Some(job),
         };
@@ -261,8 +262,8 @@ impl Drop for Writer {
     /// Closes the queue and waits for the thread, so the connection is
     /// closed (and the WAL checkpointed) when the last store handle is gone.
     fn drop(&mut self) {
-        lock(&self.queue).take();
-        if let Some(thread) = lock(&self.thread).take() {
+        self.queue.take();
+        if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
