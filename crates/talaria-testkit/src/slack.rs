@@ -683,7 +683,17 @@ async fn serve_socket(shared: Arc<Shared>, mut ws: WebSocket) {
             },
             frame = ws.recv() => match frame {
                 None | Some(Err(_)) => break,
-                Some(Ok(Message::Text(t))) => on_client_text(&shared, t.as_str()),
+                Some(Ok(Message::Text(t))) => {
+                    // A connection the test dropped is gone: what the
+                    // client wrote to it after that never reaches Slack.
+                    let live = lock(&shared.state)
+                        .live
+                        .as_ref()
+                        .is_some_and(|l| l.same_channel(&tx));
+                    if live {
+                        on_client_text(&shared, t.as_str());
+                    }
+                }
                 Some(Ok(Message::Ping(_))) => {
                     lock(&shared.state).pings += 1;
                     shared.bump();
