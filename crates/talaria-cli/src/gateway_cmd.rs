@@ -20,6 +20,7 @@ use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
 use talaria_platforms::discord::{DiscordAdapter, DiscordSettings};
+use talaria_platforms::ingress::{Ingress, Mount};
 use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
 use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
 use talaria_platforms::slack::{SlackAdapter, SlackSettings};
@@ -29,10 +30,20 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime::Runtime;
 
-/// The configured chat platforms' adapters (not yet connected): what the
-/// gateway serves, and what `talaria send` sends through without one.
-pub fn chat_adapters(rt: &Runtime) -> anyhow::Result<Vec<Arc<dyn Adapter>>> {
+/// The configured chat platforms (not yet connected).
+pub struct ConfiguredAdapters {
+    /// Every adapter: what the gateway serves, and what `talaria send`
+    /// sends through without one.
+    pub adapters: Vec<Arc<dyn Adapter>>,
+    /// The routes of those that receive by webhook, for the shared
+    /// listener (only a running gateway serves them).
+    pub mounts: Vec<Mount>,
+}
+
+/// The configured chat platforms' adapters (not yet connected).
+pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
+    let mounts: Vec<Mount> = Vec::new();
     if let Some(settings) =
         TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
     {
@@ -61,7 +72,7 @@ pub fn chat_adapters(rt: &Runtime) -> anyhow::Result<Vec<Arc<dyn Adapter>>> {
         let adapter = SlackAdapter::new(settings).context("cannot set up Slack")?;
         adapters.push(Arc::new(adapter));
     }
-    Ok(adapters)
+    Ok(ConfiguredAdapters { adapters, mounts })
 }
 
 /// Sending without a gateway (`talaria send`, `talaria cron run`): the
@@ -69,7 +80,7 @@ pub fn chat_adapters(rt: &Runtime) -> anyhow::Result<Vec<Arc<dyn Adapter>>> {
 /// channels and the ledger, so a send cut short here is finished by the
 /// next gateway.
 pub fn standalone_delivery(rt: &Runtime) -> anyhow::Result<Delivery> {
-    let adapters = chat_adapters(rt)?;
+    let adapters = configured_adapters(rt)?.adapters;
     let platforms: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
     let homes = HomeChannels::load(&rt.config.gateway.home_channels, &rt.loaded.env, &platforms);
     let ledger = rt
@@ -112,23 +123,39 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         memory.initialize().await;
     }
 
-    let mut adapters = chat_adapters(&rt)?;
-    // Secrets are resolved from config and environment, then `bind` checks
-    // every route (secret, name, deliver target) and binds, so a bad route
-    // or a busy port stops the start here; each check runs once.
+    let ConfiguredAdapters {
+        mut adapters,
+        mut mounts,
+    } = configured_adapters(&rt)?;
+    // Secrets are resolved from config and environment, then `new` checks
+    // every route (secret, name, deliver target), so a bad route stops the
+    // start here; each check runs once.
     if let Some(settings) =
         WebhookSettings::from_config(&rt.config.platforms.webhook, &rt.loaded.env)
             .context("the webhook routes are misconfigured")?
     {
-        let adapter = WebhookAdapter::bind(settings)
-            .await
-            .context("cannot start the webhook server")?;
-        eprintln!(
-            "talaria: webhooks listening on http://{}/webhooks/<route>",
-            adapter.local_addr()
-        );
+        let adapter = WebhookAdapter::new(settings).context("cannot set up the webhook routes")?;
+        mounts.push(adapter.mount());
         adapters.push(Arc::new(adapter));
     }
+    // Bound before anything runs, so a busy port stops the start here.
+    let ingress = if mounts.is_empty() {
+        None
+    } else {
+        let listen = &rt.config.platforms.webhook;
+        let mut ingress = Ingress::bind(listen.host.trim(), listen.port)
+            .await
+            .context("cannot start the webhook listener (platforms.webhook.host and port)")?;
+        for mount in mounts {
+            ingress.mount(mount);
+        }
+        eprintln!(
+            "talaria: webhook listener on http://{} for {}",
+            ingress.local_addr(),
+            ingress.platform_names().join(", ")
+        );
+        Some(ingress)
+    };
     let api = ApiServerSettings::from_config(&rt.config.platforms.api_server, &rt.loaded.env)
         .context("the API server is misconfigured")?;
     if adapters.is_empty() && api.is_none() {
@@ -188,11 +215,22 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
+    let ingress_task = ingress.map(|ingress| {
+        report_service(&gateway.board(), "webhook_listener", true, None);
+        let board = gateway.board();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = ingress.serve(stop).await {
+                tracing::error!(error = %e, "the webhook listener failed");
+                report_service(&board, "webhook_listener", false, Some(e.to_string()));
+            }
+        })
+    });
     if !names.is_empty() {
         eprintln!("talaria: gateway running for {}", names.join(", "));
     }
     gateway.run(shutdown).await;
-    if let Some(task) = api_task {
+    for task in [api_task, ingress_task].into_iter().flatten() {
         let _ = task.await;
     }
     rt.mcp.shutdown().await;

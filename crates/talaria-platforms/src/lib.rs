@@ -9,14 +9,18 @@
 //! - [`matrix`]: a Matrix account over the client-server API's `/sync`.
 //! - [`slack`]: Slack over Socket Mode, sending through the Web API.
 //! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
-//! - [`webhook`]: signed webhook deliveries as agent turns (port 8644).
+//! - [`webhook`]: signed webhook deliveries as agent turns.
+//! - [`ingress`]: the one HTTP listener (port 8644) that every platform
+//!   delivering by webhook is mounted on.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
 pub mod api_server;
 #[cfg(feature = "discord")]
 pub mod discord;
-#[cfg(any(feature = "api-server", feature = "webhook"))]
+#[cfg(feature = "ingress")]
+pub mod ingress;
+#[cfg(any(feature = "api-server", feature = "ingress"))]
 mod listen;
 #[cfg(feature = "matrix")]
 pub mod matrix;

@@ -3,6 +3,7 @@
 #![cfg(feature = "webhook")]
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -18,13 +19,14 @@ use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, ChatType, Inbox, KeyPolicy, Liveness, LivenessReporter,
     MessageEvent, OutboundMessage, SessionKey,
 };
+use talaria_platforms::ingress::Ingress;
 use talaria_platforms::webhook::{
     RouteSettings, TOLERANCE_SECS, WebhookAdapter, WebhookError, WebhookSettings,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 const WAIT: Duration = Duration::from_secs(10);
 const START: i64 = 1_750_000_000;
@@ -105,15 +107,21 @@ struct Running {
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), AdapterError>>,
     adapter: Arc<WebhookAdapter>,
+    addr: SocketAddr,
+    /// Stops the shared listener when the test ends.
+    _server: DropGuard,
 }
 
-async fn start_with(mut settings: WebhookSettings) -> Running {
-    settings.host = "127.0.0.1".to_owned();
-    settings.port = 0;
+async fn start_with(settings: WebhookSettings) -> Running {
     let clock = Arc::new(AtomicI64::new(START));
     let c = clock.clone();
     let settings = settings.with_clock(move || c.load(Ordering::SeqCst));
-    let adapter = Arc::new(WebhookAdapter::bind(settings).await.unwrap());
+    let adapter = Arc::new(WebhookAdapter::new(settings).unwrap());
+    let mut ingress = Ingress::bind("127.0.0.1", 0).await.unwrap();
+    ingress.mount(adapter.mount());
+    let addr = ingress.local_addr();
+    let server = CancellationToken::new();
+    tokio::spawn(ingress.serve(server.clone()));
     let (inbox, events) = Inbox::channel(16);
     let (reporter, mut liveness) = LivenessReporter::new();
     let shutdown = CancellationToken::new();
@@ -129,7 +137,9 @@ async fn start_with(mut settings: WebhookSettings) -> Running {
         .expect("never live")
         .expect("reporter dropped");
     Running {
-        base: format!("http://{}", adapter.local_addr()),
+        base: format!("http://{addr}"),
+        addr,
+        _server: server.drop_guard(),
         http: reqwest::Client::new(),
         clock,
         events,
@@ -174,7 +184,7 @@ impl Running {
     /// A request written byte for byte, for paths an HTTP client would
     /// normalise before sending (`%2e%2e` is `..` to a URL parser).
     async fn post_raw(&self, path: &str, body: &[u8]) -> (u16, Value) {
-        let addr = self.adapter.local_addr();
+        let addr = self.addr;
         let exchange = async {
             let mut conn = tokio::net::TcpStream::connect(addr).await?;
             let head = format!(
@@ -708,6 +718,9 @@ async fn a_closed_inbox_is_503_and_the_retry_is_not_a_duplicate() {
     // the sender's retry is accepted.
     run.shutdown.cancel();
     (&mut run.task).await.unwrap().unwrap();
+    // Between runs no inbox is attached: the listener still answers, 503.
+    let (status, _) = run.post("gh", &headers, &body).await;
+    assert_eq!(status, 503);
     let (inbox, mut events) = Inbox::channel(4);
     let (reporter, mut liveness) = LivenessReporter::new();
     let shutdown = CancellationToken::new();

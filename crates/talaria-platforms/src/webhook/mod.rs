@@ -3,15 +3,16 @@
 //! turns, each in a session of its own, whose answer goes to the route's
 //! delivery target.
 //!
-//! It listens on its own port (8644 by default, loopback unless configured
-//! otherwise) with `GET /health` and `POST /webhooks/<route>`.
+//! Deliveries arrive at `POST /webhooks/<route>` on the shared webhook
+//! listener ([`crate::ingress`]; 8644 by default, loopback unless
+//! configured otherwise).
 //!
 //! # Layout
 //!
 //! - this file: [`WebhookSettings`] (from `platforms.webhook` and the
 //!   environment), the injectable [`Clock`], and [`WebhookAdapter`] (every
-//!   route check and the bind, then [`Adapter::run`] serving until
-//!   shutdown).
+//!   route check, the routes to mount, and [`Adapter::run`] attaching the
+//!   inbox).
 //! - `server`: the router and the delivery handler, in processing order.
 //! - `signature`: the four signature schemes, compared in constant time.
 //! - `guard`: the per-route rate limit and the replay cache, both bounded.
@@ -37,7 +38,7 @@
 //!   the inbox is closed or stays full, or the rate limit refuses it, the
 //!   answer is 503 or 429 and the delivery is forgotten again, so the
 //!   sender's retry is not called a duplicate.
-//! - Every check of the settings is made once, in [`WebhookAdapter::bind`]
+//! - Every check of the settings is made once, in [`WebhookAdapter::new`]
 //!   (which the settings cannot skip, since it builds what is served);
 //!   [`WebhookSettings::from_config`] only resolves config and environment.
 //! - Secrets are never logged and never part of an error message.
@@ -49,8 +50,7 @@ mod template;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -59,24 +59,16 @@ use talaria_core::{Env, Secret};
 use talaria_gateway::adapter::LengthUnit;
 use talaria_gateway::target::{Target, TargetError};
 use talaria_gateway::{
-    Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
-    SentMessage,
+    Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
-use tokio::net::TcpListener;
 
+use crate::ingress::{InboxSlot, Mount};
 use template::MAX_PROMPT_CHARS;
 
 pub use signature::TOLERANCE_SECS;
 
 /// The platform name in session keys, logs and `gateway status`.
 pub const PLATFORM: &str = "webhook";
-
-/// The port used when the config sets none.
-pub const DEFAULT_PORT: u16 = 8644;
-
-/// The host used when the config sets none: loopback, so deliveries reach
-/// it only through a reverse proxy the operator set up.
-pub const DEFAULT_HOST: &str = "127.0.0.1";
 
 /// How long a delivery id is remembered for deduplication.
 pub const REPLAY_TTL_SECS: i64 = 3600;
@@ -165,14 +157,6 @@ pub enum WebhookError {
     /// `max_body_bytes` is 0, which would refuse every delivery.
     #[error("platforms.webhook.max_body_bytes must be at least 1")]
     ZeroBodyLimit,
-    /// The address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// `host:port` as configured.
-        addr: String,
-        /// What the operating system said.
-        source: std::io::Error,
-    },
 }
 
 /// One route, resolved: its secret read, its defaults applied.
@@ -211,10 +195,6 @@ impl RouteSettings {
 /// environment.
 #[derive(Clone)]
 pub struct WebhookSettings {
-    /// The interface to listen on (a name or an address).
-    pub host: String,
-    /// The TCP port; 0 picks a free one (see [`WebhookAdapter::local_addr`]).
-    pub port: u16,
     /// Larger bodies get 413.
     pub max_body_bytes: usize,
     /// Accepted deliveries per route per minute; 0 means no limit.
@@ -229,8 +209,6 @@ pub struct WebhookSettings {
 impl fmt::Debug for WebhookSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WebhookSettings")
-            .field("host", &self.host)
-            .field("port", &self.port)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("rate_limit_per_minute", &self.rate_limit_per_minute)
             .field("routes", &self.routes)
@@ -244,8 +222,6 @@ impl WebhookSettings {
     pub fn new(routes: BTreeMap<String, RouteSettings>) -> WebhookSettings {
         let defaults = WebhookConfig::default();
         WebhookSettings {
-            host: DEFAULT_HOST.to_owned(),
-            port: DEFAULT_PORT,
             max_body_bytes: defaults.max_body_bytes,
             rate_limit_per_minute: defaults.rate_limit_per_minute,
             routes,
@@ -254,9 +230,8 @@ impl WebhookSettings {
     }
 
     /// Resolves the settings, or `None` when webhooks are off: `enabled:
-    /// false`, or no `enabled` and no route configured. A host that is not
-    /// loopback is allowed but warned about. The resolved routes are
-    /// checked by [`WebhookAdapter::bind`], which settings built in code go
+    /// false`, or no `enabled` and no route configured. The resolved routes
+    /// are checked by [`WebhookAdapter::new`], which settings built in code go
     /// through as well.
     ///
     /// # Errors
@@ -294,20 +269,7 @@ impl WebhookSettings {
             };
             routes.insert(name.clone(), settings);
         }
-        let host = match config.host.trim() {
-            "" => DEFAULT_HOST.to_owned(),
-            h => h.to_owned(),
-        };
-        if !is_loopback(&host) {
-            tracing::warn!(
-                %host,
-                "the webhook server listens beyond this machine; prefer 127.0.0.1 behind a \
-                 reverse proxy with TLS"
-            );
-        }
         Ok(Some(WebhookSettings {
-            host,
-            port: config.port,
             max_body_bytes: config.max_body_bytes,
             rate_limit_per_minute: config.rate_limit_per_minute,
             routes,
@@ -394,42 +356,31 @@ fn check_deliver(deliver: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn is_loopback(host: &str) -> bool {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    bare.eq_ignore_ascii_case("localhost")
-        || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
 /// The webhook connector (see the module docs).
 pub struct WebhookAdapter {
     shared: Arc<server::Shared>,
-    addr: SocketAddr,
-    /// Bound by [`WebhookAdapter::bind`] and taken by the first `run`; a
-    /// later `run` (after the supervisor restarted it) binds `addr` again.
-    listener: Mutex<Option<TcpListener>>,
+    /// Where the handlers find the inbox of the current run.
+    slot: InboxSlot,
 }
 
 impl fmt::Debug for WebhookAdapter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WebhookAdapter")
-            .field("addr", &self.addr)
             .field("routes", &self.shared.route_names())
             .finish_non_exhaustive()
     }
 }
 
 impl WebhookAdapter {
-    /// Checks the settings and every route and binds the listener now, so
-    /// a bad secret, an unusable `deliver` or a busy port stops the gateway
-    /// at startup (and port 0 gets its real number); serving starts in
-    /// [`Adapter::run`].
+    /// Checks the settings and every route, so a bad secret or an unusable
+    /// `deliver` stops the gateway at startup. The routes are served once
+    /// [`WebhookAdapter::routes`] is mounted on the shared listener.
     ///
     /// # Errors
-    /// `max_body_bytes: 0`, a route that cannot be served (a name that is
-    /// not a strict id, an empty or malformed secret, an unusable
-    /// `deliver`; every message names the route), or
-    /// [`WebhookError::Bind`].
-    pub async fn bind(settings: WebhookSettings) -> Result<WebhookAdapter, WebhookError> {
+    /// `max_body_bytes: 0`, or a route that cannot be served (a name that
+    /// is not a strict id, an empty or malformed secret, an unusable
+    /// `deliver`; every message names the route).
+    pub fn new(settings: WebhookSettings) -> Result<WebhookAdapter, WebhookError> {
         if settings.max_body_bytes == 0 {
             return Err(WebhookError::ZeroBodyLimit);
         }
@@ -444,9 +395,6 @@ impl WebhookAdapter {
                 },
             );
         }
-        let (listener, addr) = crate::listen::bind_listener(&settings.host, settings.port)
-            .await
-            .map_err(|(addr, source)| WebhookError::Bind { addr, source })?;
         let shared = server::Shared::new(
             routes,
             settings.max_body_bytes,
@@ -455,27 +403,16 @@ impl WebhookAdapter {
         );
         Ok(WebhookAdapter {
             shared: Arc::new(shared),
-            addr,
-            listener: Mutex::new(Some(listener)),
+            slot: InboxSlot::new(),
         })
     }
 
-    /// The address actually bound.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    async fn listener(&self) -> Result<TcpListener, AdapterError> {
-        let bound = self
-            .listener
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        match bound {
-            Some(listener) => Ok(listener),
-            None => TcpListener::bind(self.addr).await.map_err(|e| {
-                AdapterError::Disconnected(format!("cannot listen on {}: {e}", self.addr))
-            }),
+    /// `POST /webhooks/<route>`, to mount on the shared listener.
+    pub fn mount(&self) -> Mount {
+        Mount {
+            platform: PLATFORM,
+            slot: self.slot.clone(),
+            routes: server::router(self.shared.clone(), self.slot.clone()),
         }
     }
 }
@@ -503,29 +440,7 @@ impl Adapter for WebhookAdapter {
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
-        ctx.liveness.set(Liveness::Connecting);
-        let listener = tokio::select! {
-            biased;
-            _ = ctx.shutdown.cancelled() => return Ok(()),
-            l = self.listener() => l?,
-        };
-        // The inbox exists only for this run, so the router is built here.
-        let app = server::router(self.shared.clone(), ctx.inbox.clone(), ctx.shutdown.clone());
-        ctx.liveness.set(Liveness::Live);
-        tracing::info!(addr = %self.addr, "webhook server listening");
-        let stop = ctx.shutdown.clone();
-        let served = axum::serve(crate::listen::no_delay(listener), app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        match served {
-            _ if ctx.shutdown.is_cancelled() => Ok(()),
-            Ok(()) => Err(AdapterError::Disconnected(
-                "the webhook server stopped".to_owned(),
-            )),
-            Err(e) => Err(AdapterError::Disconnected(format!(
-                "the webhook server failed: {e}"
-            ))),
-        }
+        self.slot.attach(&ctx).await
     }
 
     /// A webhook source cannot take a reply: answers go to the route's
@@ -556,12 +471,11 @@ mod tests {
     }
 
     /// What starting the gateway with this config says: resolving, then
-    /// checking and binding (on a free port).
-    async fn start(yaml: &str) -> Result<(), WebhookError> {
-        let mut settings =
+    /// checking every route.
+    fn start(yaml: &str) -> Result<(), WebhookError> {
+        let settings =
             WebhookSettings::from_config(&config(yaml), &no_env())?.expect("webhooks are on");
-        settings.port = 0;
-        WebhookAdapter::bind(settings).await.map(drop)
+        WebhookAdapter::new(settings).map(drop)
     }
 
     #[test]
@@ -576,7 +490,6 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(s.routes.is_empty());
-        assert_eq!((s.host.as_str(), s.port), ("127.0.0.1", 8644));
         let c = config(
             "platforms:\n  webhook:\n    enabled: false\n    routes:\n      a: {secret: s, scheme: github}\n",
         );
@@ -602,8 +515,8 @@ mod tests {
         assert!(!format!("{s:?}").contains("inline-secret"));
     }
 
-    #[tokio::test]
-    async fn every_secret_problem_names_the_route() {
+    #[test]
+    fn every_secret_problem_names_the_route() {
         let cases = [
             ("{scheme: github}", "MissingSecret"),
             ("{secret: '  ', scheme: github}", "MissingSecret"),
@@ -613,14 +526,14 @@ mod tests {
         ];
         for (route, kind) in cases {
             let yaml = format!("platforms:\n  webhook:\n    routes:\n      my-route: {route}\n");
-            let e = start(&yaml).await.unwrap_err();
+            let e = start(&yaml).unwrap_err();
             assert!(format!("{e:?}").starts_with(kind), "{route}: {e:?}");
             assert!(e.to_string().contains("my-route"), "{e}");
         }
     }
 
-    #[tokio::test]
-    async fn an_unusable_deliver_target_refuses_to_start() {
+    #[test]
+    fn an_unusable_deliver_target_refuses_to_start() {
         let route = |deliver: &str| {
             format!(
                 "platforms:\n  webhook:\n    routes:\n      my-route: {{secret: s, scheme: hmac, \
@@ -635,7 +548,7 @@ mod tests {
             "webhook",
             "WEBHOOK:my-route",
         ] {
-            let e = start(&route(bad)).await.unwrap_err();
+            let e = start(&route(bad)).unwrap_err();
             assert!(
                 matches!(&e, WebhookError::BadDeliver { route, .. } if route == "my-route"),
                 "{bad}: {e:?}"
@@ -650,9 +563,7 @@ mod tests {
             "telegram:42",
             "Telegram:-100:7",
         ] {
-            start(&route(good))
-                .await
-                .unwrap_or_else(|e| panic!("{good}: {e}"));
+            start(&route(good)).unwrap_or_else(|e| panic!("{good}: {e}"));
         }
         // Settings built in code are checked the same way.
         let mut routes = BTreeMap::new();
@@ -663,58 +574,43 @@ mod tests {
                 ..RouteSettings::new(WebhookScheme::Hmac, "k")
             },
         );
-        let mut s = WebhookSettings::new(routes);
-        s.port = 0;
         assert!(matches!(
-            WebhookAdapter::bind(s).await,
+            WebhookAdapter::new(WebhookSettings::new(routes)),
             Err(WebhookError::BadDeliver { .. })
         ));
     }
 
-    #[tokio::test]
-    async fn a_zero_body_limit_refuses_to_start() {
+    #[test]
+    fn a_zero_body_limit_refuses_to_start() {
         let e = start("platforms:\n  webhook:\n    enabled: true\n    max_body_bytes: 0\n")
-            .await
             .unwrap_err();
         assert!(matches!(e, WebhookError::ZeroBodyLimit), "{e:?}");
     }
 
     #[test]
-    fn loopback_hosts() {
-        for h in ["127.0.0.1", "::1", "[::1]", "localhost", "127.1.2.3"] {
-            assert!(is_loopback(h), "{h}");
-        }
-        for h in ["0.0.0.0", "::", "192.168.1.2", "example.com"] {
-            assert!(!is_loopback(h), "{h}");
-        }
-    }
-
-    #[tokio::test]
-    async fn bind_refuses_bad_routes_and_reports_the_port() {
+    fn new_refuses_bad_routes() {
         let mut routes = BTreeMap::new();
         routes.insert(
             "a b".to_owned(),
             RouteSettings::new(WebhookScheme::Hmac, "k"),
         );
         let mut s = WebhookSettings::new(routes);
-        s.port = 0;
         assert!(matches!(
-            WebhookAdapter::bind(s.clone()).await,
+            WebhookAdapter::new(s.clone()),
             Err(WebhookError::BadRouteName { .. })
         ));
         s.routes.clear();
         s.routes
             .insert("ok".to_owned(), RouteSettings::new(WebhookScheme::Hmac, ""));
         assert!(matches!(
-            WebhookAdapter::bind(s.clone()).await,
+            WebhookAdapter::new(s.clone()),
             Err(WebhookError::MissingSecret { .. })
         ));
         s.routes.insert(
             "ok".to_owned(),
             RouteSettings::new(WebhookScheme::Hmac, "k"),
         );
-        let a = WebhookAdapter::bind(s).await.unwrap();
-        assert_ne!(a.local_addr().port(), 0);
+        let a = WebhookAdapter::new(s).unwrap();
         assert!(a.verifies_senders());
         assert_eq!(a.platform(), "webhook");
     }

@@ -35,17 +35,17 @@ use axum::extract::{Path, State};
 use axum::http::header::{CONTENT_LENGTH, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use talaria_core::config::WebhookScheme;
-use talaria_gateway::{ChatType, Inbox, MessageEvent, SessionSource};
-use tokio_util::sync::CancellationToken;
+use talaria_gateway::{ChatType, MessageEvent, SessionSource};
 
 use super::guard::{RateLimiter, ReplayCache};
 use super::signature::{Signed, Verifier, encode_hex};
 use super::{Clock, MAX_REMEMBERED_DELIVERIES, PLATFORM, REPLAY_TTL_SECS, RouteSettings};
+use crate::ingress::InboxSlot;
 
 /// How long a delivery may wait for a saturated inbox before it is answered
 /// 503. Senders time out after about ten seconds (GitHub: 10) and retry.
@@ -104,32 +104,17 @@ impl Shared {
     }
 }
 
-/// What the handlers of one `run` share.
+/// What the handlers share.
 struct RunState {
     shared: Arc<Shared>,
-    inbox: Inbox,
-    shutdown: CancellationToken,
+    slot: InboxSlot,
 }
 
-pub(crate) fn router(shared: Arc<Shared>, inbox: Inbox, shutdown: CancellationToken) -> Router {
-    let state = Arc::new(RunState {
-        shared,
-        inbox,
-        shutdown,
-    });
+pub(crate) fn router(shared: Arc<Shared>, slot: InboxSlot) -> Router {
+    let state = Arc::new(RunState { shared, slot });
     Router::new()
-        .route("/health", get(health))
         .route("/webhooks/{route}", post(receive))
-        .fallback(not_found)
         .with_state(state)
-}
-
-async fn health() -> Response {
-    axum::Json(json!({"status": "ok", "platform": PLATFORM})).into_response()
-}
-
-async fn not_found() -> Response {
-    refuse(StatusCode::NOT_FOUND, "not found")
 }
 
 fn refuse(status: StatusCode, message: &str) -> Response {
@@ -221,12 +206,12 @@ async fn receive(
         reply_target: Some(route.settings.deliver.clone()),
         ..MessageEvent::text(source(&name, &delivery_id), text)
     };
-    let handed = tokio::select! {
-        biased;
-        _ = state.shutdown.cancelled() => false,
-        r = tokio::time::timeout(SUBMIT_TIMEOUT, state.inbox.submit(message)) => {
-            matches!(r, Ok(Ok(())))
-        }
+    let handed = match state.slot.inbox() {
+        Some(inbox) => matches!(
+            tokio::time::timeout(SUBMIT_TIMEOUT, inbox.submit(message)).await,
+            Ok(Ok(()))
+        ),
+        None => false,
     };
     if !handed {
         release_all(&shared.replays, &claims);

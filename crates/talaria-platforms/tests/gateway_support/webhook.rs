@@ -24,6 +24,7 @@ use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
+use talaria_platforms::ingress::Ingress;
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
 use talaria_store::{
@@ -182,10 +183,12 @@ impl WebhookRig {
         let settings = WebhookSettings::from_config(&config.platforms.webhook, &env)
             .expect("the webhook routes resolve")
             .expect("webhooks are on");
-        let webhook = WebhookAdapter::bind(settings)
+        let webhook = WebhookAdapter::new(settings).expect("the webhook routes are usable");
+        let mut ingress = Ingress::bind("127.0.0.1", 0)
             .await
-            .expect("the webhook server binds");
-        let base = format!("http://{}", webhook.local_addr());
+            .expect("the webhook listener binds");
+        ingress.mount(webhook.mount());
+        let base = format!("http://{}", ingress.local_addr());
         let webhook: Arc<dyn Adapter> = Arc::new(webhook);
 
         let gateway = Gateway::new(GatewayParts {
@@ -200,7 +203,12 @@ impl WebhookRig {
         });
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        let task = tokio::spawn(async move { gateway.run(stop).await });
+        let serving = shutdown.clone();
+        let task = tokio::spawn(async move {
+            let server = tokio::spawn(ingress.serve(serving));
+            gateway.run(stop).await;
+            let _ = server.await;
+        });
 
         let rig = WebhookRig {
             tg,
@@ -216,7 +224,8 @@ impl WebhookRig {
         rig
     }
 
-    /// Waits until the webhook server answers `/health` with 200.
+    /// Waits until the webhook listener answers `/health` with 200: the
+    /// adapter's run has attached the gateway's inbox.
     async fn wait_until_serving(&self) {
         let url = format!("{}/health", self.base);
         self.wait_for("the webhook server to answer /health", || async {
