@@ -36,6 +36,9 @@ pub use cron::{
 };
 pub use sqlite::{SqliteOptions, SqliteStore};
 
+/// Most matching messages one search ranks (the newest).
+pub const MAX_RANKED_MATCHES: usize = 2000;
+
 /// Errors from a store backend.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -218,6 +221,9 @@ pub trait SessionStore: Send + Sync {
     async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRecord>>;
     /// The most recently started session from `source`, if any.
     async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>>;
-    /// Full-text search: at most one hit per session, best first.
+    /// Full-text search: at most one hit per session, best first. Only the
+    /// newest [`MAX_RANKED_MATCHES`] matching messages are ranked, so a
+    /// query for very common words costs the same however long the
+    /// history grows.
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>>;
 }

@@ -254,3 +254,50 @@ async fn empty_and_hostile_queries_do_not_fail() {
     // Still intact afterwards.
     assert_eq!(store.search(query("backup")).await.unwrap().len(), 1);
 }
+
+/// Only the newest `MAX_RANKED_MATCHES` matches are ranked: an old message
+/// that would score best is found while it is among them, and no longer
+/// once that many newer messages match too.
+#[tokio::test]
+async fn only_the_newest_matches_are_ranked() {
+    let (_dir, store) = temp_store();
+    store
+        .create_session(new_session("old", "cli"))
+        .await
+        .unwrap();
+    store
+        .append_message(
+            "old",
+            &Message::user("zebra zebra zebra zebra zebra, all about zebra"),
+        )
+        .await
+        .unwrap();
+    store
+        .create_session(new_session("new", "cli"))
+        .await
+        .unwrap();
+    let filler = "a long message that mentions zebra once among many other words";
+    for _ in 0..talaria_store::MAX_RANKED_MATCHES - 1 {
+        store
+            .append_message("new", &Message::user(filler))
+            .await
+            .unwrap();
+    }
+    let hits = store.search(query("zebra")).await.unwrap();
+    assert_eq!(
+        ids(&hits),
+        ["old", "new"],
+        "the old message is still ranked"
+    );
+
+    store
+        .append_message("new", &Message::user(filler))
+        .await
+        .unwrap();
+    let hits = store.search(query("zebra")).await.unwrap();
+    assert_eq!(
+        ids(&hits),
+        ["new"],
+        "the old message fell out of the ranked set"
+    );
+}

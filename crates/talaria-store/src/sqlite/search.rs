@@ -24,6 +24,13 @@ pub(crate) const DEFAULT_LIMIT: usize = 10;
 /// bounded and prefers the newest rows.
 const LIKE_SCAN_LIMIT: i64 = 2000;
 
+// A term that occurs in a large share of all messages would otherwise
+// have every one of its (possibly hundreds of thousands of) rows scored
+// and joined, so search time would grow with the history. FTS5 walks the
+// matches newest first and the query stops at the limit; queries with
+// fewer matches, the usual case, rank all of them.
+use crate::MAX_RANKED_MATCHES;
+
 /// Characters of context either side of a `LIKE` match.
 const LIKE_SNIPPET_CONTEXT: usize = 60;
 
@@ -112,8 +119,9 @@ fn fts_search(
 ) -> OpResult<Vec<SearchHit>> {
     let table = index.table();
     let (filter_sql, filter_values) = filters(query);
-    // Best row per session (lowest bm25, newer row on a tie), then the best
-    // sessions (newer session on a tie).
+    // The newest matches (see MAX_RANKED_MATCHES), then the best row per
+    // session (lowest bm25, newer row on a tie), then the best sessions
+    // (newer session on a tie).
     let sql = format!(
         "WITH hits AS (
              SELECT m.id AS mid, m.session_id AS sid, m.role AS role,
@@ -122,6 +130,8 @@ fn fts_search(
              JOIN messages m ON m.id = {table}.rowid
              JOIN sessions s ON s.id = m.session_id
              WHERE {table} MATCH ?{filter_sql}
+             ORDER BY {table}.rowid DESC
+             LIMIT {MAX_RANKED_MATCHES}
          ),
          ranked AS (
              SELECT mid, sid, role, score, started,
