@@ -195,3 +195,41 @@ async fn fts_stays_in_sync_with_content_edits_and_deletes() {
     )
     .unwrap();
 }
+
+fn page_size(path: &std::path::Path) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// New databases get the smaller page size; a database created with
+/// SQLite's default keeps its pages and its data.
+#[tokio::test]
+async fn new_databases_get_small_pages_and_old_ones_keep_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("fresh.db");
+    drop(SqliteStore::open(&fresh).unwrap());
+    assert_eq!(page_size(&fresh), talaria_store::sqlite::PAGE_SIZE);
+
+    let old = dir.path().join("old.db");
+    {
+        let raw = rusqlite::Connection::open(&old).unwrap();
+        raw.execute_batch("PRAGMA page_size = 4096; CREATE TABLE before_talaria (x)")
+            .unwrap();
+    }
+    assert_eq!(page_size(&old), 4096);
+    let store = SqliteStore::open(&old).unwrap();
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+    store
+        .append_message("s1", &Message::user("still here"))
+        .await
+        .unwrap();
+    drop(store);
+    assert_eq!(page_size(&old), 4096);
+    let store = SqliteStore::open(&old).unwrap();
+    assert_eq!(store.messages("s1").await.unwrap().len(), 1);
+}

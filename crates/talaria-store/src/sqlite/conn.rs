@@ -121,6 +121,11 @@ pub(crate) fn configure(conn: &Connection, opts: &SqliteOptions) -> rusqlite::Re
     Ok(())
 }
 
+/// Bounds a connection's page cache (a negative `cache_size` is in KiB).
+pub(crate) fn set_cache_kib(conn: &Connection, kib: u32) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "cache_size", -i64::from(kib.max(64)))
+}
+
 /// The writer plus a small pool of readers. WAL lets the readers run while
 /// the writer commits, so searches never wait for appends.
 pub(crate) struct Connections {
@@ -187,6 +192,7 @@ impl Connections {
             let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
             let conn = Connection::open_with_flags(&self.path, flags)?;
             configure(&conn, &self.opts)?;
+            set_cache_kib(&conn, self.opts.reader_cache_kib)?;
             // Readers must never write; this turns a bug into an error.
             conn.pragma_update(None, "query_only", true)?;
             Ok(conn)
