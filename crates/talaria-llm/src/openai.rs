@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
+use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ToolCall, Usage};
 use tokio_util::sync::CancellationToken;
@@ -12,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 use crate::http::{Http, HttpOptions, rejects_streaming};
 use crate::repair::repair_json;
 use crate::sse::SseParser;
-use crate::{ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider, StreamEvent};
+use crate::{
+    ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider, StreamEvent, ToolSpec,
+};
 
 /// A Chat Completions endpoint.
 pub struct OpenAiProvider {
@@ -48,34 +51,21 @@ impl OpenAiProvider {
         self.stream.load(Ordering::Relaxed)
     }
 
-    /// The JSON body sent for `req`.
-    pub fn request_body(&self, req: &ChatRequest, stream: bool) -> Value {
-        let mut body = json!({
-            "model": self.model,
-            "messages": to_openai_messages(&req.messages),
-        });
-        if !req.tools.is_empty() {
-            body["tools"] = req
-                .tools
-                .iter()
-                .map(|t| {
-                    json!({"type": "function", "function": {
-                        "name": t.name, "description": t.description, "parameters": t.parameters,
-                    }})
-                })
-                .collect();
+    /// The JSON body sent for `req`, borrowing from it: serializing it
+    /// copies neither the transcript nor the tool schemas, which a turn
+    /// would otherwise do once per model call.
+    pub fn request_body<'a>(&'a self, req: &'a ChatRequest, stream: bool) -> RequestBody<'a> {
+        RequestBody {
+            model: &self.model,
+            messages: OpenAiMessages(&req.messages),
+            tools: OpenAiTools(&req.tools),
+            max_tokens: req.max_tokens.or(self.http.opts.default_max_tokens),
+            temperature: req.temperature.or(self.http.opts.default_temperature),
+            stream,
+            stream_options: stream.then_some(StreamOptions {
+                include_usage: true,
+            }),
         }
-        if let Some(m) = req.max_tokens.or(self.http.opts.default_max_tokens) {
-            body["max_tokens"] = json!(m);
-        }
-        if let Some(t) = req.temperature.or(self.http.opts.default_temperature) {
-            body["temperature"] = json!(t);
-        }
-        if stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
-        }
-        body
     }
 
     async fn run(&self, req: &ChatRequest, sink: EventSink<'_>) -> Result<ChatResponse, LlmError> {
@@ -206,36 +196,144 @@ impl Provider for OpenAiProvider {
     }
 }
 
-/// Converts the transcript to Chat Completions messages. Reasoning is not
-/// sent back: most servers reject or ignore it.
+/// A Chat Completions request body (see [`OpenAiProvider::request_body`]).
+#[derive(Debug, Serialize)]
+pub struct RequestBody<'a> {
+    model: &'a str,
+    messages: OpenAiMessages<'a>,
+    #[serde(skip_serializing_if = "OpenAiTools::is_empty")]
+    tools: OpenAiTools<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// The transcript as Chat Completions messages, serialized in place.
+#[derive(Debug)]
+struct OpenAiMessages<'a>(&'a [Message]);
+
+impl Serialize for OpenAiMessages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(OpenAiMessage::from))
+    }
+}
+
+/// One message in the Chat Completions shape. Reasoning is not sent back:
+/// most servers reject or ignore it.
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum OpenAiMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: &'a str,
+    },
+    Assistant {
+        /// `null` when the message is only tool calls.
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        tool_calls: Vec<OpenAiToolCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+impl<'a> From<&'a Message> for OpenAiMessage<'a> {
+    fn from(m: &'a Message) -> OpenAiMessage<'a> {
+        let content = m.content.as_str();
+        match m.role {
+            Role::System => OpenAiMessage::System { content },
+            Role::User => OpenAiMessage::User { content },
+            Role::Assistant => OpenAiMessage::Assistant {
+                content: (!(m.has_tool_calls() && content.is_empty())).then_some(content),
+                tool_calls: m
+                    .tool_calls
+                    .iter()
+                    .map(|c| OpenAiToolCall {
+                        id: &c.id,
+                        kind: "function",
+                        function: OpenAiFunctionCall {
+                            name: &c.name,
+                            arguments: &c.arguments,
+                        },
+                    })
+                    .collect(),
+            },
+            Role::Tool => OpenAiMessage::Tool {
+                tool_call_id: m.tool_call_id.as_deref().unwrap_or_default(),
+                content,
+            },
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct OpenAiToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OpenAiFunctionCall<'a>,
+}
+
+#[derive(Serialize)]
+struct OpenAiFunctionCall<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+/// The offered tools, serialized in place.
+#[derive(Debug)]
+struct OpenAiTools<'a>(&'a [ToolSpec]);
+
+impl OpenAiTools<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for OpenAiTools<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Tool<'a> {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            function: Function<'a>,
+        }
+        #[derive(Serialize)]
+        struct Function<'a> {
+            name: &'a str,
+            description: &'a str,
+            parameters: &'a Value,
+        }
+        s.collect_seq(self.0.iter().map(|t| Tool {
+            kind: "function",
+            function: Function {
+                name: &t.name,
+                description: &t.description,
+                parameters: &t.parameters,
+            },
+        }))
+    }
+}
+
+/// Converts the transcript to Chat Completions messages, as values.
 pub fn to_openai_messages(messages: &[Message]) -> Vec<Value> {
     messages
         .iter()
-        .map(|m| match m.role {
-            Role::System | Role::User => json!({"role": m.role.as_str(), "content": m.content}),
-            Role::Assistant => {
-                let mut v = json!({"role": "assistant", "content": m.content});
-                if m.has_tool_calls() {
-                    if m.content.is_empty() {
-                        v["content"] = Value::Null;
-                    }
-                    v["tool_calls"] = m
-                        .tool_calls
-                        .iter()
-                        .map(|c| {
-                            json!({"id": c.id, "type": "function",
-                                   "function": {"name": c.name, "arguments": c.arguments}})
-                        })
-                        .collect();
-                }
-                v
-            }
-            Role::Tool => json!({
-                "role": "tool",
-                "tool_call_id": m.tool_call_id.clone().unwrap_or_default(),
-                "content": m.content,
-            }),
-        })
+        .map(|m| serde_json::to_value(OpenAiMessage::from(m)).unwrap_or(Value::Null))
         .collect()
 }
 
@@ -696,5 +794,53 @@ mod tests {
             out[3],
             json!({"role": "tool", "tool_call_id": "c1", "content": "a b"})
         );
+    }
+
+    #[test]
+    fn the_request_body_has_the_chat_completions_shape() {
+        let endpoint = Endpoint {
+            provider: ProviderKind::Custom,
+            model: "m-1".into(),
+            base_url: "http://127.0.0.1:9/v1".into(),
+            api_key: None,
+        };
+        let p = OpenAiProvider::new(&endpoint, HttpOptions::default());
+        let req = ChatRequest {
+            messages: vec![Message::system("be brief"), Message::user("hi")],
+            tools: vec![ToolSpec {
+                name: "terminal".into(),
+                description: "Run a command.".into(),
+                parameters: json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+            }],
+            max_tokens: Some(64),
+            temperature: None,
+        };
+        let body = serde_json::to_value(p.request_body(&req, true)).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "m-1",
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "hi"},
+                ],
+                "tools": [{"type": "function", "function": {
+                    "name": "terminal",
+                    "description": "Run a command.",
+                    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+                }}],
+                "max_tokens": 64,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            })
+        );
+        let plain = ChatRequest {
+            tools: Vec::new(),
+            max_tokens: None,
+            ..req
+        };
+        let body = serde_json::to_value(p.request_body(&plain, false)).unwrap();
+        let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["messages", "model"], "nothing unset is sent");
     }
 }
