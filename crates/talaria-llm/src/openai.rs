@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use serde::{Serialize, Serializer};
-use serde_json::{Value, json};
+use serde_json::Value;
 use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ToolCall, Usage};
 use tokio_util::sync::CancellationToken;
 
@@ -621,6 +621,8 @@ impl ChunkAccumulator {
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
+
+    use serde_json::json;
 
     use super::*;
 
