@@ -702,6 +702,8 @@ pub struct PlatformsConfig {
     pub webhook: WebhookConfig,
     /// A Matrix account, over the client-server API's `/sync`.
     pub matrix: MatrixConfig,
+    /// A Signal account, through a signal-cli REST API server.
+    pub signal: SignalConfig,
 }
 
 /// `platforms.telegram:`. The token may instead come from
@@ -830,6 +832,53 @@ impl Default for MatrixConfig {
             sync_timeout_ms: 30_000,
         }
     }
+}
+
+/// `platforms.signal:`, a Signal account served by a signal-cli REST API
+/// server (`bbernhard/signal-cli-rest-api`). The server root may instead
+/// come from `SIGNAL_HTTP_URL` and the account from `SIGNAL_ACCOUNT`; both
+/// set either way enable the platform unless `enabled: false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SignalConfig {
+    /// `None` means "enabled when a server and an account are set".
+    pub enabled: Option<bool>,
+    /// The REST API root, e.g. `http://127.0.0.1:8080`.
+    pub http_url: Option<String>,
+    /// The bot's number as registered (or linked) on the server, in
+    /// international format (`+4915112345678`).
+    pub account: Option<String>,
+    /// How messages are received: `websocket` (the server's `json-rpc`
+    /// mode) or `poll` (its `normal` and `native` modes). When the server
+    /// says which mode it runs in, that wins.
+    pub receive_mode: SignalReceiveMode,
+    /// Seconds between two receive calls that found nothing (`poll`).
+    pub poll_interval_secs: u64,
+    /// In groups, answer only messages that mention the bot or quote it.
+    pub require_mention: bool,
+}
+
+impl Default for SignalConfig {
+    fn default() -> SignalConfig {
+        SignalConfig {
+            enabled: None,
+            http_url: None,
+            account: None,
+            receive_mode: SignalReceiveMode::Websocket,
+            poll_interval_secs: 2,
+            require_mention: true,
+        }
+    }
+}
+
+/// `platforms.signal.receive_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SignalReceiveMode {
+    /// `GET /v1/receive/{account}` as a WebSocket.
+    Websocket,
+    /// `GET /v1/receive/{account}` as plain requests, one after another.
+    Poll,
 }
 
 /// `platforms.slack:`. The tokens may instead come from `SLACK_BOT_TOKEN`
@@ -1195,6 +1244,18 @@ impl Config {
         {
             return Err(invalid(
                 "platforms.matrix.homeserver",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if self
+            .platforms
+            .signal
+            .http_url
+            .as_deref()
+            .is_some_and(|u| !url_ok(u))
+        {
+            return Err(invalid(
+                "platforms.signal.http_url",
                 "expected an http:// or https:// URL",
             ));
         }
