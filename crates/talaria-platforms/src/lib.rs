@@ -10,6 +10,7 @@
 //! - [`slack`]: Slack over Socket Mode, sending through the Web API.
 //! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
 //! - [`webhook`]: signed webhook deliveries as agent turns (port 8644).
+//! - [`signal`]: a Signal account through a signal-cli REST API server.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
@@ -22,6 +23,8 @@ mod listen;
 pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
+#[cfg(feature = "signal")]
+pub mod signal;
 #[cfg(feature = "slack")]
 pub mod slack;
 #[cfg(feature = "telegram")]
