@@ -846,7 +846,10 @@ pub struct SignalConfig {
     /// The REST API root, e.g. `http://127.0.0.1:8080`.
     pub http_url: Option<String>,
     /// The bot's number as registered (or linked) on the server, in
-    /// international format (`+4915112345678`).
+    /// international format (`+4915112345678`). YAML reads an unquoted
+    /// `+4915112345678` as a number; that is taken back as the number it
+    /// was written as.
+    #[serde(deserialize_with = "phone_number")]
     pub account: Option<String>,
     /// How messages are received: `websocket` (the server's `json-rpc`
     /// mode) or `poll` (its `normal` and `native` modes). When the server
@@ -869,6 +872,22 @@ impl Default for SignalConfig {
             require_mention: true,
         }
     }
+}
+
+/// A phone number written as text or, unquoted in YAML, as an integer
+/// (whose `+` the YAML reader dropped).
+fn phone_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Text(String),
+        Integer(u64),
+    }
+    Ok(match Option::<Number>::deserialize(d)? {
+        None => None,
+        Some(Number::Text(t)) => Some(t),
+        Some(Number::Integer(n)) => Some(format!("+{n}")),
+    })
 }
 
 /// `platforms.signal.receive_mode`.
@@ -1585,6 +1604,37 @@ mod tests {
                 other => panic!("{bad}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_signal_section_is_read_and_checked() {
+        let (c, w) = parse(
+            "platforms:\n  signal:\n    http_url: http://127.0.0.1:8080\n    account: \"+4915112345678\"\n    receive_mode: poll\n    poll_interval_secs: 5\n    require_mention: false\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let s = &c.platforms.signal;
+        assert_eq!(s.http_url.as_deref(), Some("http://127.0.0.1:8080"));
+        assert_eq!(s.account.as_deref(), Some("+4915112345678"));
+        assert_eq!(s.receive_mode, SignalReceiveMode::Poll);
+        assert_eq!((s.poll_interval_secs, s.require_mention), (5, false));
+        // Unquoted, YAML reads a number; it comes back with its `+`.
+        let (c, _) = parse("platforms:\n  signal:\n    account: +4915112345678\n").unwrap();
+        assert_eq!(
+            c.platforms.signal.account.as_deref(),
+            Some("+4915112345678")
+        );
+        let (c, _) = parse("platforms:\n  signal: {}\n").unwrap();
+        assert_eq!(c.platforms.signal, SignalConfig::default());
+        assert_eq!(
+            c.platforms.signal.receive_mode,
+            SignalReceiveMode::Websocket
+        );
+        match parse("platforms:\n  signal:\n    http_url: localhost:8080\n") {
+            Err(ConfigError::Invalid { key, .. }) => assert_eq!(key, "platforms.signal.http_url"),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse("platforms:\n  signal:\n    receive_mode: sse\n").is_err());
     }
 
     #[test]
