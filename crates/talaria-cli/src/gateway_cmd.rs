@@ -23,6 +23,7 @@ use talaria_platforms::discord::{DiscordAdapter, DiscordSettings};
 use talaria_platforms::ingress::{Ingress, Mount};
 use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
 use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
+use talaria_platforms::signal::{SignalAdapter, SignalSettings};
 use talaria_platforms::slack::{SlackAdapter, SlackSettings};
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
@@ -70,6 +71,11 @@ pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     }
     if let Some(settings) = SlackSettings::from_config(&rt.config.platforms.slack, &rt.loaded.env) {
         let adapter = SlackAdapter::new(settings).context("cannot set up Slack")?;
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) = SignalSettings::from_config(&rt.config.platforms.signal, &rt.loaded.env)
+    {
+        let adapter = SignalAdapter::new(settings).context("cannot set up Signal")?;
         adapters.push(Arc::new(adapter));
     }
     Ok(ConfiguredAdapters { adapters, mounts })
@@ -163,7 +169,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
             "nothing to serve: no platform is enabled.\n\
              Set a platform's credentials (TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN, \
              SLACK_BOT_TOKEN and SLACK_APP_TOKEN, MATTERMOST_URL and MATTERMOST_TOKEN, \
-             MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, or their platforms.<name> keys) \
+             MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, \
+             SIGNAL_HTTP_URL and SIGNAL_ACCOUNT, or their platforms.<name> keys) \
              or API_SERVER_KEY \
              (or platforms.api_server.key) in {} or the environment, or configure \
              platforms.webhook.routes in config.yaml.",

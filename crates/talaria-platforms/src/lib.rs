@@ -12,6 +12,7 @@
 //! - [`webhook`]: signed webhook deliveries as agent turns.
 //! - [`ingress`]: the one HTTP listener (port 8644) that every platform
 //!   delivering by webhook is mounted on.
+//! - [`signal`]: a Signal account through a signal-cli REST API server.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
@@ -26,6 +27,8 @@ mod listen;
 pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
+#[cfg(feature = "signal")]
+pub mod signal;
 #[cfg(feature = "slack")]
 pub mod slack;
 #[cfg(feature = "telegram")]

@@ -17,11 +17,13 @@
 pub mod discord;
 pub mod matrix;
 pub mod mattermost;
+pub mod signal;
 pub mod slack;
 pub mod telegram;
 pub use discord::FakeDiscord;
 pub use matrix::FakeMatrix;
 pub use mattermost::FakeMattermost;
+pub use signal::FakeSignal;
 pub use slack::FakeSlack;
 pub use telegram::FakeTelegram;
 

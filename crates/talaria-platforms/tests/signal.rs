@@ -1,0 +1,417 @@
+//! The Signal adapter against the fake signal-cli REST API in
+//! talaria-testkit: real HTTP and a real WebSocket on 127.0.0.1.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use talaria_gateway::{
+    Adapter, AdapterContext, AdapterError, ChatType, Inbox, Liveness, LivenessReporter,
+    MessageEvent, OutboundMessage, SendError,
+};
+use talaria_platforms::signal::{SignalAdapter, SignalReceiveMode, SignalSettings};
+use talaria_testkit::FakeSignal;
+use talaria_testkit::signal::{Mode, NewMessage, Person};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const BOT: &str = "+15550009999";
+const WAIT: Duration = Duration::from_secs(10);
+/// The ping interval of tests about silence: a socket is given up after
+/// two of them.
+const PING: Duration = Duration::from_millis(150);
+/// The ping interval elsewhere, long enough that a loaded machine never
+/// makes a healthy socket look silent.
+const CALM_PING: Duration = Duration::from_secs(2);
+
+fn alice() -> Person {
+    Person::numbered(1, "Alice")
+}
+
+fn settings(fake: &FakeSignal, account: &str) -> SignalSettings {
+    SignalSettings {
+        ping_interval: CALM_PING,
+        poll_interval: Duration::from_millis(50),
+        connect_timeout: Duration::from_secs(5),
+        send_timeout: Duration::from_secs(5),
+        ..SignalSettings::new(fake.url(), account)
+    }
+}
+
+fn adapter(fake: &FakeSignal) -> Arc<SignalAdapter> {
+    Arc::new(SignalAdapter::new(settings(fake, BOT)).unwrap())
+}
+
+struct Running {
+    events: mpsc::Receiver<MessageEvent>,
+    liveness: watch::Receiver<Liveness>,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), AdapterError>>,
+}
+
+fn spawn(adapter: &Arc<SignalAdapter>) -> Running {
+    let (inbox, events) = Inbox::channel(16);
+    let (reporter, liveness) = LivenessReporter::new();
+    let shutdown = CancellationToken::new();
+    let ctx = AdapterContext {
+        inbox,
+        liveness: reporter,
+        shutdown: shutdown.clone(),
+    };
+    let a = adapter.clone();
+    let task = tokio::spawn(async move { a.run(ctx).await });
+    Running {
+        events,
+        liveness,
+        shutdown,
+        task,
+    }
+}
+
+impl Running {
+    async fn next(&mut self) -> MessageEvent {
+        tokio::time::timeout(WAIT, self.events.recv())
+            .await
+            .expect("no event in time")
+            .expect("inbox closed")
+    }
+
+    async fn live(&mut self) {
+        tokio::time::timeout(WAIT, self.liveness.wait_for(|l| *l == Liveness::Live))
+            .await
+            .expect("never live")
+            .unwrap();
+    }
+
+    /// Waits for `run` to end by itself.
+    async fn ended(self) -> Result<(), AdapterError> {
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("run did not return")
+            .expect("run panicked")
+    }
+
+    async fn stop(self) -> Result<(), AdapterError> {
+        self.shutdown.cancel();
+        self.ended().await
+    }
+}
+
+fn out(chat_id: &str, reply_to: Option<&str>, text: &str) -> OutboundMessage {
+    OutboundMessage {
+        chat_id: chat_id.into(),
+        thread_id: None,
+        reply_to: reply_to.map(Into::into),
+        text: text.into(),
+    }
+}
+
+#[tokio::test]
+async fn a_dm_becomes_an_event_once_the_account_check_made_it_live() {
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    let ts = fake.push(NewMessage::dm(&alice(), "hello there"));
+    let ev = run.next().await;
+    assert_eq!(ev.text, "hello there");
+    assert_eq!(ev.source.platform, "signal");
+    assert_eq!(ev.source.chat_id, alice().uuid);
+    assert_eq!(ev.source.chat_type, ChatType::Dm);
+    assert_eq!(ev.source.user_id.as_deref(), Some(alice().uuid.as_str()));
+    assert_eq!(ev.source.user_name.as_deref(), Some("Alice"));
+    assert_eq!(ev.source.thread_id, None);
+    assert_eq!(
+        ev.message_id.as_deref(),
+        Some(format!("{ts}:{}", alice().uuid).as_str())
+    );
+    assert_eq!(a.credential(), Some(("signal-phone", BOT.to_owned())));
+    let paths: Vec<String> = fake.requests().into_iter().map(|r| r.path).collect();
+    let receive = format!("/v1/receive/{BOT}");
+    assert_eq!(paths[..3], ["/v1/about", "/v1/accounts", receive.as_str()]);
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_account_the_server_does_not_hold_is_fatal_and_never_live() {
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = Arc::new(SignalAdapter::new(settings(&fake, "+15550001234")).unwrap());
+    let run = spawn(&a);
+    fake.push(NewMessage::dm(&alice(), "anyone?"));
+    let liveness = run.liveness.clone();
+    let err = run.ended().await.unwrap_err();
+    assert!(
+        matches!(&err, AdapterError::Fatal(m) if m.contains("+15550001234")),
+        "{err}"
+    );
+    assert_ne!(*liveness.borrow(), Liveness::Live);
+    assert!(fake.connections().is_empty());
+    assert_eq!(fake.queued(), 1);
+
+    // Polling servers say the same through `receive` when they have no
+    // accounts list; here they have one.
+    let poller = FakeSignal::start(BOT, Mode::Normal).await;
+    let a = Arc::new(SignalAdapter::new(settings(&poller, "+15550001234")).unwrap());
+    let err = spawn(&a).ended().await.unwrap_err();
+    assert!(matches!(err, AdapterError::Fatal(_)), "{err}");
+    assert_eq!(poller.polls(), 0);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_disconnect_and_sends_are_unavailable() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let s = SignalSettings {
+        send_timeout: Duration::from_secs(5),
+        ..SignalSettings::new(url, BOT)
+    };
+    let a = Arc::new(SignalAdapter::new(s).unwrap());
+    let err = spawn(&a).ended().await.unwrap_err();
+    assert!(matches!(err, AdapterError::Disconnected(_)), "{err}");
+    let err = a.send(&out(&alice().uuid, None, "hi")).await.unwrap_err();
+    assert!(matches!(err, SendError::Unavailable(_)), "{err}");
+}
+
+#[tokio::test]
+async fn the_servers_mode_picks_polling_and_the_first_poll_makes_it_live() {
+    let fake = FakeSignal::start(BOT, Mode::Normal).await;
+    // Configured for the WebSocket: the server's `normal` mode wins.
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    assert!(fake.polls() >= 1);
+    let first = fake.push(NewMessage::dm(&alice(), "one"));
+    let second = fake.push(NewMessage::dm(&alice(), "two"));
+    let a1 = run.next().await;
+    let a2 = run.next().await;
+    assert_eq!((a1.text.as_str(), a2.text.as_str()), ("one", "two"));
+    assert!(a1.message_id.unwrap().starts_with(&first.to_string()));
+    assert!(a2.message_id.unwrap().starts_with(&second.to_string()));
+    assert!(fake.connections().is_empty());
+    assert_eq!(fake.queued(), 0);
+    run.stop().await.unwrap();
+
+    // A configured `poll` against a WebSocket server loses the same way.
+    let ws = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let s = SignalSettings {
+        receive_mode: SignalReceiveMode::Poll,
+        ..settings(&ws, BOT)
+    };
+    let mut run = spawn(&Arc::new(SignalAdapter::new(s).unwrap()));
+    run.live().await;
+    ws.wait_for_connections(1, WAIT).await;
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn group_messages_need_a_mention_and_answers_quote_them() {
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    let group = "R3JvdXAyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjI=";
+    fake.push(NewMessage::dm(&alice(), "chatting among ourselves").in_group(group, "Team"));
+    let ts = fake.push(
+        NewMessage::dm(&alice(), "what time is it?")
+            .in_group(group, "Team")
+            .mentioning(BOT),
+    );
+    let ev = run.next().await;
+    assert_eq!(ev.text, "what time is it?");
+    assert_eq!(ev.source.chat_type, ChatType::Group);
+    assert_eq!(ev.source.chat_id, FakeSignal::group_recipient(group));
+    assert_eq!(ev.source.chat_name.as_deref(), Some("Team"));
+    let reply_to = ev.message_id.clone().unwrap();
+    let sent = a
+        .send(&out(&ev.source.chat_id, Some(&reply_to), "It is **noon**."))
+        .await
+        .unwrap();
+    let got = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(got[0].recipients, vec![FakeSignal::group_recipient(group)]);
+    assert_eq!(got[0].message, "It is noon.");
+    assert_eq!(got[0].quote_timestamp, Some(ts));
+    assert_eq!(got[0].quote_author.as_deref(), Some(alice().uuid.as_str()));
+    assert_eq!(sent.message_id, Some(format!("{}:{BOT}", got[0].timestamp)));
+    // A DM answer quotes nothing.
+    a.send(&out(&alice().uuid, Some(&reply_to), "hi"))
+        .await
+        .unwrap();
+    let got = fake.wait_for_sent(2, WAIT).await;
+    assert_eq!(got[1].quote_timestamp, None);
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn attachments_are_listed_and_receipts_typing_sync_and_junk_are_skipped() {
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    let who = alice();
+    let envelope = |extra: serde_json::Value| {
+        let mut e = json!({"source": who.number, "sourceNumber": who.number,
+                           "sourceUuid": who.uuid, "sourceName": who.name,
+                           "sourceDevice": 1, "timestamp": 1700000000001_i64});
+        for (k, v) in extra.as_object().unwrap() {
+            e[k] = v.clone();
+        }
+        json!({"envelope": e, "account": BOT})
+    };
+    fake.push_raw(envelope(
+        json!({"receiptMessage": {"when": 1, "isDelivery": true,
+                                                      "isRead": false, "timestamps": [1]}}),
+    ));
+    fake.push_raw(envelope(
+        json!({"typingMessage": {"action": "STARTED", "timestamp": 1}}),
+    ));
+    fake.push_raw(envelope(
+        json!({"syncMessage": {"sentMessage": {"message": "from my phone",
+        "timestamp": 5, "destination": "+15550000002"}}}),
+    ));
+    fake.push_raw(envelope(
+        json!({"dataMessage": {"timestamp": 7, "message": null,
+        "reaction": {"emoji": "👍", "targetAuthor": BOT, "targetSentTimestamp": 3}}}),
+    ));
+    fake.push_raw(json!({"error": "signal-cli hiccup"}));
+    fake.push_raw(json!("not an object"));
+    fake.push(
+        NewMessage::dm(&alice(), "look")
+            .with_attachment("image/jpeg", "cat.jpg", 3000)
+            .with_attachment("application/pdf", "", 10),
+    );
+    let ev = run.next().await;
+    assert_eq!(ev.text, "look");
+    assert_eq!(
+        ev.attachments,
+        vec!["cat.jpg (image/jpeg, 3 kB)", "application/pdf, 1 kB"]
+    );
+    // Still the same socket: nothing above broke it.
+    assert_eq!(fake.connections().len(), 1);
+    assert!(run.events.try_recv().is_err());
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dropped_socket_loses_and_repeats_nothing() {
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    fake.push(NewMessage::dm(&alice(), "before"));
+    assert_eq!(run.next().await.text, "before");
+    fake.drop_connection();
+    let err = tokio::time::timeout(WAIT, &mut run.task)
+        .await
+        .expect("run did not notice")
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, AdapterError::Disconnected(_)), "{err}");
+    fake.push(NewMessage::dm(&alice(), "meanwhile"));
+    // What the supervisor does: run again.
+    let mut again = spawn(&a);
+    again.live().await;
+    fake.push(NewMessage::dm(&alice(), "after"));
+    assert_eq!(again.next().await.text, "meanwhile");
+    assert_eq!(again.next().await.text, "after");
+    assert_eq!(fake.connections().len(), 2);
+    assert!(again.events.try_recv().is_err());
+    assert!(run.events.try_recv().is_err());
+    again.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_silent_socket_is_given_up_and_what_came_meanwhile_is_not_lost() {
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let s = SignalSettings {
+        ping_interval: PING,
+        ..settings(&fake, BOT)
+    };
+    let a = Arc::new(SignalAdapter::new(s).unwrap());
+    let mut run = spawn(&a);
+    run.live().await;
+    // A hung server: the socket stays open but nothing comes back, not
+    // even pongs.
+    fake.go_silent();
+    let liveness = run.liveness.clone();
+    let err = run.ended().await.unwrap_err();
+    assert!(
+        matches!(&err, AdapterError::Disconnected(m) if m.contains("silent")),
+        "{err}"
+    );
+    assert_eq!(*liveness.borrow(), Liveness::Degraded);
+    fake.push(NewMessage::dm(&alice(), "are you there?"));
+    let mut again = spawn(&a);
+    assert_eq!(again.next().await.text, "are you there?");
+    again.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn send_errors_map_to_what_the_ledger_needs() {
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let s = SignalSettings {
+        rate_limit_retries: 1,
+        ..settings(&fake, BOT)
+    };
+    let a = Arc::new(SignalAdapter::new(s).unwrap());
+    // Nobody by that number ever wrote: the server refuses it for good.
+    let err = a.send(&out("+15550004321", None, "hi")).await.unwrap_err();
+    assert!(matches!(err, SendError::Rejected(_)), "{err}");
+    fake.add_contact("+15550004321");
+    fake.fail_next_send_with(500, "Internal error");
+    let err = a.send(&out("+15550004321", None, "hi")).await.unwrap_err();
+    assert!(matches!(err, SendError::Transient(_)), "{err}");
+    // One 429 is waited out; two exhaust the single retry.
+    fake.fail_next_sends_with_429(None);
+    a.send(&out("+15550004321", None, "after one"))
+        .await
+        .unwrap();
+    fake.fail_next_sends_with_429(None);
+    fake.fail_next_sends_with_429(Some(3));
+    let err = a
+        .send(&out("+15550004321", None, "after two"))
+        .await
+        .unwrap_err();
+    assert_eq!(err, SendError::RateLimited(Duration::from_secs(3)));
+    // signal-cli's own rate limit comes as a 400 with a telling text.
+    fake.fail_next_send_with(
+        400,
+        "Failed to send message: [429] Rate limit exceeded: RateLimitException",
+    );
+    fake.fail_next_send_with(
+        400,
+        "Failed to send message: [429] Rate limit exceeded: RateLimitException",
+    );
+    let err = a.send(&out("+15550004321", None, "hi")).await.unwrap_err();
+    assert!(matches!(err, SendError::RateLimited(_)), "{err}");
+    let sent = fake.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].message, "after one");
+}
+
+#[tokio::test]
+async fn typing_is_shown_to_the_chat() {
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    a.typing(&alice().uuid, None).await.unwrap();
+    let t = fake.wait_for_typing(1, WAIT).await;
+    assert_eq!(t[0].number, BOT);
+    assert_eq!(t[0].recipient, alice().uuid);
+    assert!(t[0].show);
+}
+
+#[tokio::test]
+async fn a_redelivered_envelope_carries_the_same_message_id() {
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    let ts = fake.push(NewMessage::dm(&alice(), "once"));
+    let first = run.next().await;
+    fake.redeliver(ts);
+    let second = run.next().await;
+    assert_eq!(first.message_id, second.message_id);
+    assert_eq!(first.source.chat_id, second.source.chat_id);
+    run.stop().await.unwrap();
+}

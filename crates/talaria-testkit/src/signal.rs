@@ -1,0 +1,904 @@
+//! A fake signal-cli REST API server (`bbernhard/signal-cli-rest-api`) on
+//! 127.0.0.1, for adapter and end-to-end tests.
+//!
+//! [`FakeSignal`] speaks the server's wire format over real HTTP and a
+//! real WebSocket, in either of its two receive styles (chosen at start,
+//! as the server's `MODE` is):
+//!
+//! - `GET /v1/about`: versions, build, `mode` (`json-rpc` or `normal`)
+//!   and capabilities;
+//! - `GET /v1/accounts`: the registered accounts;
+//! - `GET /v1/receive/{number}`: in [`Mode::JsonRpc`] a WebSocket on which
+//!   every message arrives as one text frame
+//!   (`{"envelope": {...}, "account": "+..."}`); in [`Mode::Normal`] a
+//!   plain request answered with the JSON array of what arrived since the
+//!   last call (`400 {"error": ...}` for an account the server does not
+//!   hold);
+//! - `POST /v2/send` (`number`, `recipients`, `message`, optional
+//!   `quote_timestamp`/`quote_author`): `201 {"timestamp": "..."}`, or
+//!   `400 {"error": ...}` for an unknown account or recipient;
+//! - `PUT`/`DELETE /v1/typing-indicator/{number}` (`recipient`): 204.
+//!
+//! Messages are queued per account until a receiver takes them: a socket
+//! that is connected gets them at once, otherwise they wait for the next
+//! socket or poll, so a receiver that reconnects finds what arrived
+//! meanwhile. A message handed to a socket or a poll is gone from the
+//! queue, as it is from signal-cli's. Recipients the server knows are the
+//! people and groups that wrote (plus [`FakeSignal::add_contact`]).
+//!
+//! The server runs on its own thread with its own runtime and stops when
+//! the [`FakeSignal`] is dropped. Tests push messages
+//! ([`push`](FakeSignal::push), [`push_raw`](FakeSignal::push_raw),
+//! [`redeliver`](FakeSignal::redeliver)), inspect what the bot did
+//! ([`sent`](FakeSignal::sent), [`typing`](FakeSignal::typing),
+//! [`connections`](FakeSignal::connections)) and break things
+//! ([`drop_connection`](FakeSignal::drop_connection),
+//! [`fail_next_sends_with_429`](FakeSignal::fail_next_sends_with_429),
+//! [`fail_next_send_with`](FakeSignal::fail_next_send_with)).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+use crate::{json_response, lock};
+
+/// The server's receive style (its `MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `json-rpc`: `/v1/receive/{number}` is a WebSocket.
+    JsonRpc,
+    /// `normal`: `/v1/receive/{number}` is polled.
+    Normal,
+}
+
+/// Someone who writes to the bot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Person {
+    pub number: String,
+    pub uuid: String,
+    pub name: String,
+}
+
+impl Person {
+    /// A person with a number and UUID derived from `n` (1 to 9999).
+    pub fn numbered(n: u32, name: &str) -> Person {
+        Person {
+            number: format!("+1555000{n:04}"),
+            uuid: format!("{n:08x}-aaaa-4bbb-8ccc-{n:012x}"),
+            name: name.to_owned(),
+        }
+    }
+}
+
+/// A message for [`FakeSignal::push`] to deliver.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewMessage {
+    pub from: Person,
+    pub text: String,
+    /// The group's internal id (base64) and name, for a group message.
+    pub group: Option<(String, String)>,
+    /// Assigned (increasing) when `None`.
+    pub timestamp: Option<i64>,
+    pub attachments: Vec<Value>,
+    pub mentions: Vec<Value>,
+    pub quote: Option<Value>,
+}
+
+impl NewMessage {
+    /// A direct message from `from`.
+    pub fn dm(from: &Person, text: &str) -> NewMessage {
+        NewMessage {
+            from: from.clone(),
+            text: text.to_owned(),
+            group: None,
+            timestamp: None,
+            attachments: Vec::new(),
+            mentions: Vec::new(),
+            quote: None,
+        }
+    }
+
+    /// The same message in the group with internal id `group_id`.
+    pub fn in_group(mut self, group_id: &str, name: &str) -> NewMessage {
+        self.group = Some((group_id.to_owned(), name.to_owned()));
+        self
+    }
+
+    /// The same message with a mention of `number` in front, as Signal
+    /// writes it: U+FFFC in the text and an entry in `mentions`.
+    pub fn mentioning(mut self, number: &str) -> NewMessage {
+        self.text = format!("\u{fffc} {}", self.text);
+        for m in &mut self.mentions {
+            if let Some(start) = m["start"].as_u64() {
+                m["start"] = json!(start + 2);
+            }
+        }
+        self.mentions.push(json!({"name": number, "number": number,
+                                  "uuid": null, "start": 0, "length": 1}));
+        self
+    }
+
+    /// The same message quoting the message `timestamp` by `author`.
+    pub fn quoting(mut self, timestamp: i64, author: &str, text: &str) -> NewMessage {
+        self.quote = Some(
+            json!({"id": timestamp, "author": author, "authorNumber": author,
+                                 "authorUuid": null, "text": text, "attachments": []}),
+        );
+        self
+    }
+
+    /// The same message with an attachment.
+    pub fn with_attachment(mut self, content_type: &str, filename: &str, size: u64) -> NewMessage {
+        self.attachments
+            .push(json!({"contentType": content_type, "filename": filename,
+            "id": format!("att{}", self.attachments.len()), "size": size,
+            "width": null, "height": null, "caption": null, "uploadTimestamp": null}));
+        self
+    }
+
+    /// The same message with a fixed timestamp.
+    pub fn at(mut self, timestamp: i64) -> NewMessage {
+        self.timestamp = Some(timestamp);
+        self
+    }
+}
+
+/// One message the fake accepted from the bot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sent {
+    pub number: String,
+    pub recipients: Vec<String>,
+    pub message: String,
+    pub quote_timestamp: Option<i64>,
+    pub quote_author: Option<String>,
+    /// The timestamp the fake gave the message.
+    pub timestamp: i64,
+    pub at: Instant,
+}
+
+/// One typing call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Typing {
+    pub number: String,
+    pub recipient: String,
+    /// `PUT` shows, `DELETE` hides.
+    pub show: bool,
+    pub at: Instant,
+}
+
+/// One accepted WebSocket connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Connection {
+    pub number: String,
+    pub at: Instant,
+}
+
+/// Any request, recorded when it arrived (before failures).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub body: Value,
+    pub at: Instant,
+}
+
+enum Outgoing {
+    Frame(String),
+    /// Cut the TCP connection without a close frame.
+    Drop,
+    /// Stop reading and writing, as a hung server or a dead NAT would.
+    Silence,
+}
+
+#[derive(Default)]
+struct Book {
+    accounts: Vec<String>,
+    /// Per account: frames not yet handed to a receiver.
+    queues: HashMap<String, VecDeque<String>>,
+    /// Per account: the socket receiving now (its number and queue).
+    live: HashMap<String, (u64, mpsc::UnboundedSender<Outgoing>)>,
+    /// Queues of silenced connections, held so they stay open.
+    silenced: Vec<mpsc::UnboundedSender<Outgoing>>,
+    /// Every frame pushed, by timestamp, for `redeliver`.
+    pushed: HashMap<i64, (String, String)>,
+    /// Frames handed over (to a socket or a poll), in order.
+    handed: Vec<String>,
+    contacts: HashSet<String>,
+    groups: HashSet<String>,
+    sent: Vec<Sent>,
+    typing: Vec<Typing>,
+    connections: Vec<Connection>,
+    requests: Vec<Request>,
+    polls: usize,
+    next_conn: u64,
+    last_ts: i64,
+    fail_429: VecDeque<Option<u64>>,
+    fail_status: VecDeque<(u16, String)>,
+}
+
+impl Book {
+    /// A new timestamp, later than every one before (Signal's ids).
+    fn timestamp(&mut self) -> i64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        self.last_ts = now.max(self.last_ts + 1);
+        self.last_ts
+    }
+
+    /// Hands `frame` to `account`'s socket, or queues it.
+    fn deliver(&mut self, account: &str, frame: String) {
+        if let Some((_, tx)) = self.live.get(account) {
+            if tx.send(Outgoing::Frame(frame.clone())).is_ok() {
+                self.handed.push(frame);
+                return;
+            }
+            self.live.remove(account);
+        }
+        self.queues
+            .entry(account.to_owned())
+            .or_default()
+            .push_back(frame);
+    }
+}
+
+struct Shared {
+    mode: Mode,
+    state: Mutex<Book>,
+    version: watch::Sender<u64>,
+    stop: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+/// A fake signal-cli REST API server (see the module docs).
+pub struct FakeSignal {
+    addr: SocketAddr,
+    account: String,
+    shared: Arc<Shared>,
+}
+
+impl FakeSignal {
+    /// Starts the server on 127.0.0.1 with an ephemeral port, holding
+    /// `account`.
+    ///
+    /// # Panics
+    /// When no local port can be bound (a broken test environment).
+    pub async fn start(account: &str, mode: Mode) -> FakeSignal {
+        match Self::try_start(account, mode) {
+            Ok(f) => f,
+            Err(e) => panic!("cannot start the fake Signal REST API on 127.0.0.1: {e}"),
+        }
+    }
+
+    /// Like [`Self::start`], returning the error instead of panicking.
+    pub fn try_start(account: &str, mode: Mode) -> std::io::Result<FakeSignal> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            mode,
+            state: Mutex::new(Book {
+                accounts: vec![account.to_owned()],
+                ..Book::default()
+            }),
+            version: watch::channel(0).0,
+            stop: watch::channel(false).0,
+        });
+        let receive = match mode {
+            Mode::JsonRpc => get(receive_socket),
+            Mode::Normal => get(receive_poll),
+        };
+        let app = Router::new()
+            .route("/v1/about", get(about))
+            .route("/v1/accounts", get(accounts))
+            .route("/v1/receive/{number}", receive)
+            .route("/v2/send", post(send))
+            .route("/v1/typing-indicator/{number}", put(typing).delete(typing))
+            .fallback(not_found)
+            .with_state(shared.clone());
+        crate::serve_on_own_thread("fake-signal", listener, app, shared.stop.subscribe())?;
+        Ok(FakeSignal {
+            addr,
+            account: account.to_owned(),
+            shared,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`: the REST API root (`SIGNAL_HTTP_URL`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The account the server holds.
+    pub fn account(&self) -> &str {
+        &self.account
+    }
+
+    /// The REST API's recipient name of the group with internal id
+    /// `group_id`: `group.` and the base64 of the id's text.
+    pub fn group_recipient(group_id: &str) -> String {
+        format!("group.{}", base64(group_id.as_bytes()))
+    }
+
+    /// Makes a number, UUID or group recipient known to sends.
+    pub fn add_contact(&self, recipient: &str) {
+        lock(&self.shared.state)
+            .contacts
+            .insert(recipient.to_owned());
+    }
+
+    /// Delivers `message` to the account (or queues it). Returns its
+    /// timestamp.
+    pub fn push(&self, message: NewMessage) -> i64 {
+        let ts = {
+            let mut st = lock(&self.shared.state);
+            let ts = message.timestamp.unwrap_or_else(|| st.timestamp());
+            st.last_ts = st.last_ts.max(ts);
+            st.contacts.insert(message.from.number.clone());
+            st.contacts.insert(message.from.uuid.clone());
+            let mut data = json!({
+                "timestamp": ts, "message": message.text, "expiresInSeconds": 0,
+                "viewOnce": false,
+            });
+            if let Some((id, name)) = &message.group {
+                st.groups.insert(FakeSignal::group_recipient(id));
+                data["groupInfo"] = json!({"groupId": id, "groupName": name,
+                                           "revision": 1, "type": "DELIVER"});
+            }
+            if !message.attachments.is_empty() {
+                data["attachments"] = json!(message.attachments);
+            }
+            if !message.mentions.is_empty() {
+                data["mentions"] = json!(message.mentions);
+            }
+            if let Some(q) = &message.quote {
+                data["quote"] = q.clone();
+            }
+            let item = json!({"envelope": {
+                "source": message.from.number, "sourceNumber": message.from.number,
+                "sourceUuid": message.from.uuid, "sourceName": message.from.name,
+                "sourceDevice": 1, "timestamp": ts, "serverReceivedTimestamp": ts + 5,
+                "serverDeliveredTimestamp": ts + 9, "dataMessage": data,
+            }, "account": self.account});
+            let frame = item.to_string();
+            st.pushed.insert(ts, (self.account.clone(), frame.clone()));
+            st.deliver(&self.account, frame);
+            ts
+        };
+        self.shared.bump();
+        ts
+    }
+
+    /// Delivers any item (an envelope of another kind, a malformed one) to
+    /// the account as it is.
+    pub fn push_raw(&self, item: Value) {
+        lock(&self.shared.state).deliver(&self.account, item.to_string());
+        self.shared.bump();
+    }
+
+    /// Delivers the message pushed with `timestamp` once more, as signal-cli
+    /// does when it could not confirm a message to the Signal servers.
+    ///
+    /// # Panics
+    /// When no such message was pushed.
+    pub fn redeliver(&self, timestamp: i64) {
+        {
+            let mut st = lock(&self.shared.state);
+            let Some((account, frame)) = st.pushed.get(&timestamp).cloned() else {
+                panic!("no message with timestamp {timestamp} was pushed");
+            };
+            st.deliver(&account, frame);
+        }
+        self.shared.bump();
+    }
+
+    /// Every message the bot sent, in order.
+    pub fn sent(&self) -> Vec<Sent> {
+        lock(&self.shared.state).sent.clone()
+    }
+
+    /// Every `POST /v2/send` request, answered or not.
+    pub fn send_attempts(&self) -> Vec<Request> {
+        lock(&self.shared.state)
+            .requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == "/v2/send")
+            .cloned()
+            .collect()
+    }
+
+    /// Every typing call.
+    pub fn typing(&self) -> Vec<Typing> {
+        lock(&self.shared.state).typing.clone()
+    }
+
+    /// Every accepted WebSocket connection.
+    pub fn connections(&self) -> Vec<Connection> {
+        lock(&self.shared.state).connections.clone()
+    }
+
+    /// Every request.
+    pub fn requests(&self) -> Vec<Request> {
+        lock(&self.shared.state).requests.clone()
+    }
+
+    /// `GET /v1/receive` calls answered in [`Mode::Normal`].
+    pub fn polls(&self) -> usize {
+        lock(&self.shared.state).polls
+    }
+
+    /// Frames handed to a receiver so far.
+    pub fn handed_over(&self) -> usize {
+        lock(&self.shared.state).handed.len()
+    }
+
+    /// Frames waiting for a receiver.
+    pub fn queued(&self) -> usize {
+        lock(&self.shared.state)
+            .queues
+            .values()
+            .map(VecDeque::len)
+            .sum()
+    }
+
+    /// Whether a WebSocket is receiving for the account now.
+    pub fn is_connected(&self) -> bool {
+        lock(&self.shared.state).live.contains_key(&self.account)
+    }
+
+    /// Waits until at least `n` messages were sent and returns them all.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
+        self.wait_until(timeout, |st| st.sent.len() >= n).await;
+        let got = self.sent();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} sent messages, got {}: {got:#?}",
+            got.len()
+        );
+        got
+    }
+
+    /// Waits until at least `n` WebSocket connections were accepted.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_connections(&self, n: usize, timeout: Duration) -> Vec<Connection> {
+        self.wait_until(timeout, |st| st.connections.len() >= n)
+            .await;
+        let got = self.connections();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} WebSocket connections, got {got:#?}"
+        );
+        got
+    }
+
+    /// Waits until at least `n` polls were answered.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_polls(&self, n: usize, timeout: Duration) -> usize {
+        self.wait_until(timeout, |st| st.polls >= n).await;
+        let got = self.polls();
+        assert!(got >= n, "waited {timeout:?} for {n} polls, got {got}");
+        got
+    }
+
+    /// Waits until at least `n` typing calls arrived.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_typing(&self, n: usize, timeout: Duration) -> Vec<Typing> {
+        self.wait_until(timeout, |st| st.typing.len() >= n).await;
+        let got = self.typing();
+        assert!(got.len() >= n, "waited {timeout:?} for {n} typing calls");
+        got
+    }
+
+    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.shared.version.subscribe();
+        loop {
+            rx.borrow_and_update();
+            if done(&lock(&self.shared.state)) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// The next `POST /v2/send` gets 429 (with `Retry-After` when given).
+    /// Calls queue up.
+    pub fn fail_next_sends_with_429(&self, retry_after: Option<u64>) {
+        lock(&self.shared.state).fail_429.push_back(retry_after);
+    }
+
+    /// The next `POST /v2/send` gets `status` with `{"error": text}`.
+    /// Calls queue up (after any queued 429s).
+    pub fn fail_next_send_with(&self, status: u16, text: &str) {
+        lock(&self.shared.state)
+            .fail_status
+            .push_back((status, text.to_owned()));
+    }
+
+    /// Cuts the account's WebSocket without a close frame. What is pushed
+    /// afterwards waits for the next connection.
+    pub fn drop_connection(&self) {
+        {
+            let mut st = lock(&self.shared.state);
+            if let Some((_, tx)) = st.live.remove(&self.account) {
+                let _ = tx.send(Outgoing::Drop);
+            }
+        }
+        self.shared.bump();
+    }
+
+    /// The account's WebSocket stops reading and writing (pings go
+    /// unanswered) but stays open, as with a hung server. It no longer
+    /// counts as receiving: what is pushed afterwards waits for the next
+    /// connection.
+    pub fn go_silent(&self) {
+        {
+            let mut st = lock(&self.shared.state);
+            if let Some((_, tx)) = st.live.remove(&self.account) {
+                let _ = tx.send(Outgoing::Silence);
+                // Kept, or the connection would see its queue close.
+                st.silenced.push(tx);
+            }
+        }
+        self.shared.bump();
+    }
+
+    /// Stops the server (also on drop). Open connections are cut.
+    pub fn shutdown(&self) {
+        self.shared.stop.send_replace(true);
+    }
+}
+
+impl Drop for FakeSignal {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Standard base64 with padding (the REST API's group names).
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn error(status: u16, text: &str) -> Response {
+    json_response(status, &json!({ "error": text }))
+}
+
+fn record(shared: &Shared, method: &str, path: &str, body: &Value) {
+    lock(&shared.state).requests.push(Request {
+        method: method.to_owned(),
+        path: path.to_owned(),
+        body: body.clone(),
+        at: Instant::now(),
+    });
+    shared.bump();
+}
+
+async fn about(State(shared): State<Arc<Shared>>) -> Response {
+    record(&shared, "GET", "/v1/about", &Value::Null);
+    let mode = match shared.mode {
+        Mode::JsonRpc => "json-rpc",
+        Mode::Normal => "normal",
+    };
+    json_response(
+        200,
+        &json!({"versions": ["v1", "v2"], "build": 2, "mode": mode, "version": "0.fake",
+                "capabilities": {"v2/send": ["quotes", "mentions"]}}),
+    )
+}
+
+async fn accounts(State(shared): State<Arc<Shared>>) -> Response {
+    record(&shared, "GET", "/v1/accounts", &Value::Null);
+    let accounts = lock(&shared.state).accounts.clone();
+    json_response(200, &json!(accounts))
+}
+
+async fn not_found(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: axum::http::Uri,
+) -> Response {
+    record(&shared, method.as_str(), uri.path(), &Value::Null);
+    (StatusCode::NOT_FOUND, "404 page not found").into_response()
+}
+
+async fn receive_poll(State(shared): State<Arc<Shared>>, Path(number): Path<String>) -> Response {
+    record(
+        &shared,
+        "GET",
+        &format!("/v1/receive/{number}"),
+        &Value::Null,
+    );
+    let response = {
+        let mut st = lock(&shared.state);
+        if !st.accounts.contains(&number) {
+            return error(400, &format!("User {number} is not registered."));
+        }
+        st.polls += 1;
+        let frames: Vec<String> = st
+            .queues
+            .get_mut(&number)
+            .map(|q| q.drain(..).collect())
+            .unwrap_or_default();
+        st.handed.extend(frames.iter().cloned());
+        let items: Vec<Value> = frames
+            .iter()
+            .filter_map(|f| serde_json::from_str(f).ok())
+            .collect();
+        json_response(200, &json!(items))
+    };
+    shared.bump();
+    response
+}
+
+async fn receive_socket(
+    State(shared): State<Arc<Shared>>,
+    Path(number): Path<String>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    record(
+        &shared,
+        "GET",
+        &format!("/v1/receive/{number}"),
+        &Value::Null,
+    );
+    upgrade.on_upgrade(move |socket| serve_socket(shared, socket, number))
+}
+
+async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String) {
+    let mut stop = shared.stop.subscribe();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+    let held = lock(&shared.state).accounts.contains(&number);
+    if !held {
+        // The real server logs "Couldn't get receive channel" and keeps
+        // the socket open, silent.
+        stopped(&mut stop).await;
+        return;
+    }
+    let conn_no = {
+        let mut st = lock(&shared.state);
+        st.next_conn += 1;
+        let conn_no = st.next_conn;
+        if let Some((_, old)) = st.live.remove(&number) {
+            let _ = old.send(Outgoing::Drop);
+        }
+        let waiting: Vec<String> = st
+            .queues
+            .get_mut(&number)
+            .map(|q| q.drain(..).collect())
+            .unwrap_or_default();
+        for frame in waiting {
+            let _ = tx.send(Outgoing::Frame(frame.clone()));
+            st.handed.push(frame);
+        }
+        st.live.insert(number.clone(), (conn_no, tx));
+        st.connections.push(Connection {
+            number: number.clone(),
+            at: Instant::now(),
+        });
+        conn_no
+    };
+    shared.bump();
+    let mut silent = false;
+    loop {
+        if silent {
+            // Neither read nor write: pings pile up unanswered.
+            tokio::select! {
+                out = rx.recv() => if matches!(out, None | Some(Outgoing::Drop)) { break },
+                _ = stopped(&mut stop) => break,
+            }
+            continue;
+        }
+        tokio::select! {
+            out = rx.recv() => match out {
+                None | Some(Outgoing::Drop) => break,
+                Some(Outgoing::Silence) => silent = true,
+                Some(Outgoing::Frame(f)) => {
+                    if socket.send(Message::text(f)).await.is_err() {
+                        break;
+                    }
+                }
+            },
+            incoming = socket.recv() => match incoming {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
+                Some(Ok(Message::Ping(payload))) => {
+                    if socket.send(Message::Pong(payload)).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(_)) => {}
+            },
+            _ = stopped(&mut stop) => break,
+        }
+    }
+    {
+        let mut st = lock(&shared.state);
+        if st.live.get(&number).is_some_and(|(n, _)| *n == conn_no) {
+            st.live.remove(&number);
+        }
+    }
+    shared.bump();
+}
+
+async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    record(&shared, "POST", "/v2/send", &body);
+    let response = {
+        let mut st = lock(&shared.state);
+        if let Some(retry_after) = st.fail_429.pop_front() {
+            let mut r = error(429, "Rate limit exceeded");
+            if let Some(secs) = retry_after
+                && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+            {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            return r;
+        }
+        if let Some((status, text)) = st.fail_status.pop_front() {
+            return error(status, &text);
+        }
+        let Some(number) = body["number"].as_str().map(str::to_owned) else {
+            return error(
+                400,
+                "Couldn't process request - please provide a valid number",
+            );
+        };
+        let recipients: Vec<String> = body["recipients"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|r| r.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if recipients.is_empty() {
+            return error(
+                400,
+                "Couldn't process request - please provide at least one recipient",
+            );
+        }
+        if !st.accounts.contains(&number) {
+            return error(400, &format!("User {number} is not registered."));
+        }
+        let groups = recipients
+            .iter()
+            .filter(|r| r.starts_with("group."))
+            .count();
+        if groups > 0 && groups < recipients.len() {
+            return error(
+                400,
+                "Signal Messenger Groups and phone numbers cannot be specified together in one request!",
+            );
+        }
+        for r in &recipients {
+            let known = if r.starts_with("group.") {
+                st.groups.contains(r) || st.contacts.contains(r)
+            } else {
+                st.contacts.contains(r)
+            };
+            if !known {
+                return error(
+                    400,
+                    &format!("Failed to send message: Unregistered user {r}"),
+                );
+            }
+        }
+        let message = body["message"].as_str().unwrap_or("").to_owned();
+        if message.trim().is_empty() {
+            return error(400, "Failed to send message: empty message");
+        }
+        let timestamp = st.timestamp();
+        st.sent.push(Sent {
+            number,
+            recipients,
+            message,
+            quote_timestamp: body["quote_timestamp"].as_i64(),
+            quote_author: body["quote_author"].as_str().map(str::to_owned),
+            timestamp,
+            at: Instant::now(),
+        });
+        json_response(201, &json!({ "timestamp": timestamp.to_string() }))
+    };
+    shared.bump();
+    response
+}
+
+async fn typing(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    Path(number): Path<String>,
+    body: Bytes,
+) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    record(
+        &shared,
+        method.as_str(),
+        &format!("/v1/typing-indicator/{number}"),
+        &body,
+    );
+    let response = {
+        let mut st = lock(&shared.state);
+        if !st.accounts.contains(&number) {
+            return error(400, &format!("User {number} is not registered."));
+        }
+        let Some(recipient) = body["recipient"].as_str().map(str::to_owned) else {
+            return error(400, "Couldn't process request - recipient missing");
+        };
+        st.typing.push(Typing {
+            number,
+            recipient,
+            show: method == Method::PUT,
+            at: Instant::now(),
+        });
+        StatusCode::NO_CONTENT.into_response()
+    };
+    shared.bump();
+    response
+}
+
+/// Resolves once the server stops (the guard `wait_for` returns is not
+/// `Send`, so it must not live in the socket task's state).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard_alphabet() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"Z3JvdXBpZA=="), "WjNKdmRYQnBaQT09");
+    }
+}
