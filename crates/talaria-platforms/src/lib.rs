@@ -12,6 +12,7 @@
 //! - [`webhook`]: signed webhook deliveries as agent turns.
 //! - [`ingress`]: the one HTTP listener (port 8644) that every platform
 //!   delivering by webhook is mounted on.
+//! - [`whatsapp`]: the WhatsApp Cloud API (Meta's webhook in, Graph out).
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
@@ -32,5 +33,7 @@ pub mod slack;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+#[cfg(feature = "whatsapp")]
+pub mod whatsapp;
 #[cfg(feature = "websocket")]
 mod ws;
