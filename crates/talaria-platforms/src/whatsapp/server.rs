@@ -228,8 +228,10 @@ async fn receive(State(hook): State<Arc<Hook>>, headers: HeaderMap, body: Body) 
     };
     let deadline = tokio::time::Instant::now() + SUBMIT_TIMEOUT;
     for event in mapped.events {
-        let chat = event.source.chat_id.clone();
         let message_id = event.message_id.clone().unwrap_or_default();
+        // Before the hand-over: the runner may ask for the typing
+        // indicator (which needs it) as soon as it has the event.
+        hook.remember(&event.source.chat_id, &message_id);
         let handed = matches!(
             tokio::time::timeout_at(deadline, inbox.submit(event)).await,
             Ok(Ok(()))
@@ -244,7 +246,6 @@ async fn receive(State(hook): State<Arc<Hook>>, headers: HeaderMap, body: Body) 
                 "the gateway is not taking deliveries right now; retry later",
             );
         }
-        hook.remember(&chat, &message_id);
     }
     tracing::debug!(messages = count, "WhatsApp delivery accepted");
     answer(StatusCode::OK, json!({"status": "ok", "messages": count}))
