@@ -117,13 +117,8 @@ impl fmt::Debug for WhatsappSettings {
 /// Why the adapter cannot be configured.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WhatsappError {
-    /// Enabled, but some credentials are not set.
-    #[error(
-        "WhatsApp Cloud is enabled but {} not set: set {} (or platforms.whatsapp_cloud.{})",
-        if .0.len() == 1 { "this is" } else { "these are" },
-        .0.iter().map(|k| talaria_core::config::platform_var(PLATFORM, &k.to_ascii_uppercase())).collect::<Vec<_>>().join(", "),
-        .0.join(", platforms.whatsapp_cloud.")
-    )]
+    /// Enabled, but some credentials are not set (their config keys).
+    #[error("{}", missing_message(.0))]
     Missing(Vec<&'static str>),
     /// The phone number id is not a Graph object id (digits).
     #[error(
@@ -143,6 +138,30 @@ pub enum WhatsappError {
     /// The HTTP client could not be built.
     #[error("cannot build the HTTP client: {0}")]
     Client(String),
+}
+
+/// Names every missing credential both ways it can be set.
+fn missing_message(keys: &[&str]) -> String {
+    let vars: Vec<String> = keys
+        .iter()
+        .map(|k| talaria_core::config::platform_var(PLATFORM, &k.to_ascii_uppercase()))
+        .collect();
+    let paths: Vec<String> = keys
+        .iter()
+        .map(|k| format!("platforms.whatsapp_cloud.{k}"))
+        .collect();
+    format!(
+        "WhatsApp Cloud is enabled but {} not set: {} (or {}). All four credentials are \
+         needed: the access token, the phone number id, the app secret and the verify token \
+         (see docs/platforms/whatsapp.md)",
+        if keys.len() == 1 {
+            "this is"
+        } else {
+            "these are"
+        },
+        vars.join(", "),
+        paths.join(", ")
+    )
 }
 
 impl WhatsappSettings {
