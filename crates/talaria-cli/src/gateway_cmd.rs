@@ -27,6 +27,7 @@ use talaria_platforms::signal::{SignalAdapter, SignalSettings};
 use talaria_platforms::slack::{SlackAdapter, SlackSettings};
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
+use talaria_platforms::whatsapp::{WhatsappAdapter, WhatsappSettings};
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::Runtime;
@@ -44,7 +45,7 @@ pub struct ConfiguredAdapters {
 /// The configured chat platforms' adapters (not yet connected).
 pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
-    let mounts: Vec<Mount> = Vec::new();
+    let mut mounts: Vec<Mount> = Vec::new();
     if let Some(settings) =
         TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
     {
@@ -76,6 +77,14 @@ pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     if let Some(settings) = SignalSettings::from_config(&rt.config.platforms.signal, &rt.loaded.env)
     {
         let adapter = SignalAdapter::new(settings).context("cannot set up Signal")?;
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) =
+        WhatsappSettings::from_config(&rt.config.platforms.whatsapp_cloud, &rt.loaded.env)
+            .context("WhatsApp Cloud is misconfigured")?
+    {
+        let adapter = WhatsappAdapter::new(settings).context("cannot set up WhatsApp Cloud")?;
+        mounts.push(adapter.mount());
         adapters.push(Arc::new(adapter));
     }
     Ok(ConfiguredAdapters { adapters, mounts })

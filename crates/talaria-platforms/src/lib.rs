@@ -13,6 +13,7 @@
 //! - [`ingress`]: the one HTTP listener (port 8644) that every platform
 //!   delivering by webhook is mounted on.
 //! - [`signal`]: a Signal account through a signal-cli REST API server.
+//! - [`whatsapp`]: the WhatsApp Cloud API (Meta's webhook in, Graph out).
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
@@ -35,5 +36,7 @@ pub mod slack;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+#[cfg(feature = "whatsapp")]
+pub mod whatsapp;
 #[cfg(feature = "websocket")]
 mod ws;

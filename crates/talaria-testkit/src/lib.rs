@@ -20,12 +20,14 @@ pub mod mattermost;
 pub mod signal;
 pub mod slack;
 pub mod telegram;
+pub mod whatsapp;
 pub use discord::FakeDiscord;
 pub use matrix::FakeMatrix;
 pub use mattermost::FakeMattermost;
 pub use signal::FakeSignal;
 pub use slack::FakeSlack;
 pub use telegram::FakeTelegram;
+pub use whatsapp::FakeGraph;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

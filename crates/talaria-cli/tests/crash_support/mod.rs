@@ -29,6 +29,11 @@ const PLATFORM_VARS: &[&str] = &[
     "GATEWAY_ALLOW_ALL_USERS",
     "GATEWAY_ALLOWED_USERS",
     "API_SERVER_KEY",
+    "WHATSAPP_CLOUD_TOKEN",
+    "WHATSAPP_CLOUD_PHONE_NUMBER_ID",
+    "WHATSAPP_CLOUD_APP_SECRET",
+    "WHATSAPP_CLOUD_VERIFY_TOKEN",
+    "WHATSAPP_CLOUD_ALLOWED_USERS",
 ];
 
 /// A temporary home and the directory for the per-machine token locks.
