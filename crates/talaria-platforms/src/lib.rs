@@ -12,6 +12,7 @@
 //! - [`webhook`]: signed webhook deliveries as agent turns.
 //! - [`ingress`]: the one HTTP listener (port 8644) that every platform
 //!   delivering by webhook is mounted on.
+//! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
@@ -28,6 +29,8 @@ pub mod matrix;
 pub mod mattermost;
 #[cfg(feature = "slack")]
 pub mod slack;
+#[cfg(feature = "sms")]
+pub mod sms;
 #[cfg(feature = "telegram")]
 pub mod telegram;
 #[cfg(feature = "webhook")]

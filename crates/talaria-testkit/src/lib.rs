@@ -19,11 +19,13 @@ pub mod matrix;
 pub mod mattermost;
 pub mod slack;
 pub mod telegram;
+pub mod twilio;
 pub use discord::FakeDiscord;
 pub use matrix::FakeMatrix;
 pub use mattermost::FakeMattermost;
 pub use slack::FakeSlack;
 pub use telegram::FakeTelegram;
+pub use twilio::FakeTwilio;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
