@@ -24,6 +24,7 @@ use talaria_platforms::ingress::{Ingress, Mount};
 use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
 use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
 use talaria_platforms::slack::{SlackAdapter, SlackSettings};
+use talaria_platforms::sms::{SmsAdapter, SmsSettings};
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
 use tokio_util::sync::CancellationToken;
@@ -43,7 +44,7 @@ pub struct ConfiguredAdapters {
 /// The configured chat platforms' adapters (not yet connected).
 pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
-    let mounts: Vec<Mount> = Vec::new();
+    let mut mounts: Vec<Mount> = Vec::new();
     if let Some(settings) =
         TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
     {
@@ -70,6 +71,13 @@ pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     }
     if let Some(settings) = SlackSettings::from_config(&rt.config.platforms.slack, &rt.loaded.env) {
         let adapter = SlackAdapter::new(settings).context("cannot set up Slack")?;
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) = SmsSettings::from_config(&rt.config.platforms.sms, &rt.loaded.env)
+        .context("SMS (Twilio) is misconfigured")?
+    {
+        let adapter = SmsAdapter::new(settings).context("cannot set up SMS (Twilio)")?;
+        mounts.push(adapter.mount());
         adapters.push(Arc::new(adapter));
     }
     Ok(ConfiguredAdapters { adapters, mounts })

@@ -22,7 +22,7 @@ use super::MAX_BODY_CHARS;
 
 /// `text` (Markdown) as plain text for an SMS.
 pub(crate) fn to_sms(text: &str) -> String {
-    let plain = plain(&separate_split_suffix(text));
+    let plain = as_part(text);
     let ascii = gsm_friendly(&plain, true);
     if ascii.chars().count() <= MAX_BODY_CHARS || plain.chars().count() > MAX_BODY_CHARS {
         ascii
@@ -31,27 +31,40 @@ pub(crate) fn to_sms(text: &str) -> String {
     }
 }
 
-/// The gateway's splitter closes a fence cut in two with a line "```" and
-/// then appends ` (i/n)` to it, which CommonMark does not take as a
-/// closing fence (a closing fence has no info string). Putting the suffix
-/// on its own line (same length) closes the fence again.
-fn separate_split_suffix(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for (i, line) in text.split('\n').enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        let ticks = line.chars().take_while(|c| *c == '`').count();
-        let rest = &line[ticks..];
-        if ticks >= 3 && is_part_suffix(rest) {
-            out.push_str(&line[..ticks]);
-            out.push('\n');
-            out.push_str(&rest[1..]);
-        } else {
-            out.push_str(line);
-        }
+/// [`plain`], keeping a part of a split answer joinable: the gateway's
+/// splitter ends every part with ` (i/n)` and leaves the break (a newline
+/// or a space) at the end of the earlier part. The part number is kept
+/// out of the Markdown (after a fence the splitter closed, CommonMark
+/// would not see the fence closing), and the whitespace at both ends of
+/// the part is kept, so the parts of a plain-text answer, their numbers
+/// taken off, join into the answer exactly.
+fn as_part(text: &str) -> String {
+    let Some((body, number)) = split_part_number(text) else {
+        return plain(text);
+    };
+    let trimmed = body.trim_matches([' ', '\n']);
+    if trimmed.is_empty() {
+        return text.to_owned();
     }
-    out
+    let lead = &body[..body.len() - body.trim_start_matches([' ', '\n']).len()];
+    let trail = &body[body.trim_end_matches([' ', '\n']).len()..];
+    let rendered = plain(trimmed);
+    // A part cut inside a fence ends with the fence the splitter closed;
+    // the number goes on a line of its own rather than onto the code.
+    let join = if trail.is_empty() && trimmed.ends_with("```") {
+        "\n"
+    } else {
+        trail
+    };
+    format!("{lead}{rendered}{join}{number}")
+}
+
+/// The text before ` (i/n)` and the suffix itself, when `text` ends with
+/// one.
+fn split_part_number(text: &str) -> Option<(&str, &str)> {
+    let open = text.rfind(" (")?;
+    let number = &text[open..];
+    is_part_suffix(number).then(|| (&text[..open], number))
 }
 
 /// ` (3/5)`.
@@ -252,16 +265,33 @@ mod tests {
     }
 
     #[test]
-    fn a_split_fence_closes_before_the_part_number() {
+    fn parts_of_a_split_answer_keep_their_number_and_their_ends() {
         // What the gateway's splitter makes of a fence cut in two.
         assert_eq!(
             to_sms("Here:\n```rust\nlet a = 1;\n``` (1/2)"),
-            "Here:\n\nlet a = 1;\n\n(1/2)"
+            "Here:\n\nlet a = 1;\n (1/2)"
         );
         assert_eq!(
             to_sms("```rust\nlet b = 2;\n```\nDone. (2/2)"),
             "let b = 2;\n\nDone. (2/2)"
         );
+        // Plain parts join back exactly once their numbers are taken off.
+        let answer = "First paragraph, **bold**.\n\nSecond one\nwith a line.\n\nThird.";
+        let parts = [
+            "First paragraph, **bold**.\n (1/3)",
+            "\nSecond one\nwith a line.\n\n (2/3)",
+            "Third. (3/3)",
+        ];
+        let joined: String = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let sms = to_sms(p);
+                let suffix = format!(" ({}/3)", i + 1);
+                sms.strip_suffix(&suffix).unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(joined, answer.replace("**", ""));
         assert!(!is_part_suffix(" (a/2)"));
         assert!(!is_part_suffix("(1/2)"));
     }
