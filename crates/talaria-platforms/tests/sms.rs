@@ -267,14 +267,19 @@ async fn short_codes_opt_out_keywords_and_empty_messages_are_acknowledged_but_no
     let mut r = start().await;
     let short_code = r.fake.inbound("12345", "promo reply");
     assert_twiml(&r.twilio.send(&short_code).await);
-    for keyword in ["STOP", " stop ", "Help"] {
+    for keyword in ["STOP", " stop ", "Unsubscribe"] {
         assert_twiml(&r.twilio.send(&sms(&r, keyword)).await);
     }
     let flagged = sms(&r, "Arrêt").with_field("OptOutType", "STOP");
     assert_twiml(&r.twilio.send(&flagged).await);
+    let help = sms(&r, "HELP").with_field("OptOutType", "HELP");
+    assert_twiml(&r.twilio.send(&help).await);
     assert_twiml(&r.twilio.send(&sms(&r, "   ")).await);
     assert_twiml(&r.twilio.send(&sms(&r, "a real question")).await);
     assert_eq!(r.next_event().await.text, "a real question");
+    // "yes" is an answer, not a keyword, unless Twilio flags it.
+    assert_twiml(&r.twilio.send(&sms(&r, "yes")).await);
+    assert_eq!(r.next_event().await.text, "yes");
     r.no_event();
 }
 

@@ -53,21 +53,13 @@ const MAX_MEDIA: usize = 10;
 /// Longest `MessageSid` taken (Twilio's are 34 characters).
 const MAX_SID_LEN: usize = 64;
 
-/// Keywords Twilio's opt-out handling answers itself on long codes; the
-/// message still reaches the webhook, but it is not for the agent.
-const OPT_OUT_KEYWORDS: &[&str] = &[
-    "STOP",
-    "STOPALL",
-    "UNSUBSCRIBE",
-    "CANCEL",
-    "END",
-    "QUIT",
-    "START",
-    "YES",
-    "UNSTOP",
-    "HELP",
-    "INFO",
-];
+/// The opt-out keywords Twilio's default handling acts on for long codes:
+/// the sender is unsubscribed (and told so by Twilio), so an answer could
+/// not reach them anyway. Opt-in and help keywords (`START`, `YES`,
+/// `HELP`, ...) are ordinary words in a conversation and go to the agent
+/// unless Twilio flags them (`OptOutType`, sent when Advanced Opt-Out is
+/// on).
+const OPT_OUT_KEYWORDS: &[&str] = &["STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT"];
 
 /// What the handler checks against.
 pub(crate) struct Inbound {
