@@ -25,6 +25,7 @@ use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
 use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
 use talaria_platforms::signal::{SignalAdapter, SignalSettings};
 use talaria_platforms::slack::{SlackAdapter, SlackSettings};
+use talaria_platforms::sms::{SmsAdapter, SmsSettings};
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
 use talaria_platforms::whatsapp::{WhatsappAdapter, WhatsappSettings};
@@ -84,6 +85,13 @@ pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
             .context("WhatsApp Cloud is misconfigured")?
     {
         let adapter = WhatsappAdapter::new(settings).context("cannot set up WhatsApp Cloud")?;
+        mounts.push(adapter.mount());
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) = SmsSettings::from_config(&rt.config.platforms.sms, &rt.loaded.env)
+        .context("SMS (Twilio) is misconfigured")?
+    {
+        let adapter = SmsAdapter::new(settings).context("cannot set up SMS (Twilio)")?;
         mounts.push(adapter.mount());
         adapters.push(Arc::new(adapter));
     }

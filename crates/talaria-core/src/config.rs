@@ -706,6 +706,8 @@ pub struct PlatformsConfig {
     pub signal: SignalConfig,
     /// The WhatsApp Cloud API: Meta's webhook in, the Graph API out.
     pub whatsapp_cloud: WhatsappCloudConfig,
+    /// SMS through a Twilio phone number (webhook in, REST out).
+    pub sms: SmsConfig,
 }
 
 /// `platforms.telegram:`. The token may instead come from
@@ -797,6 +799,48 @@ impl Default for MattermostConfig {
             token: None,
             require_mention: true,
             ping_interval_secs: 30,
+        }
+    }
+}
+
+/// `platforms.sms:`, text messages through a Twilio phone number. Each
+/// value may instead come from the environment: `TWILIO_ACCOUNT_SID`,
+/// `TWILIO_AUTH_TOKEN`, `TWILIO_PHONE_NUMBER` and `SMS_WEBHOOK_URL`. An
+/// account SID and an auth token set either way enable the platform unless
+/// `enabled: false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SmsConfig {
+    /// `None` means "enabled when an account SID and an auth token are set".
+    pub enabled: Option<bool>,
+    /// The Twilio account SID (`AC...`).
+    pub account_sid: Option<String>,
+    /// The account's auth token: it authenticates sends and is the key
+    /// Twilio signs webhooks with.
+    pub auth_token: Option<Secret>,
+    /// The Twilio number answers come from, in E.164 (`+15551234567`).
+    pub phone_number: Option<String>,
+    /// The public URL Twilio posts incoming messages to (as configured on
+    /// the number in Twilio's console); signatures are computed over it.
+    pub webhook_url: Option<String>,
+    /// The REST API root; sends go to
+    /// `{api_base}/2010-04-01/Accounts/{sid}/Messages.json`.
+    pub api_base: String,
+    /// The most segments one SMS may use; longer ones are shortened to
+    /// fit. `None` (or 0) means no cap.
+    pub max_segments: Option<u32>,
+}
+
+impl Default for SmsConfig {
+    fn default() -> SmsConfig {
+        SmsConfig {
+            enabled: None,
+            account_sid: None,
+            auth_token: None,
+            phone_number: None,
+            webhook_url: None,
+            api_base: "https://api.twilio.com".to_owned(),
+            max_segments: None,
         }
     }
 }
@@ -1326,6 +1370,12 @@ impl Config {
         if !url_ok(&self.platforms.slack.api_base) {
             return Err(invalid(
                 "platforms.slack.api_base",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if !url_ok(&self.platforms.sms.api_base) {
+            return Err(invalid(
+                "platforms.sms.api_base",
                 "expected an http:// or https:// URL",
             ));
         }

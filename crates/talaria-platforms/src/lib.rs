@@ -14,6 +14,7 @@
 //!   delivering by webhook is mounted on.
 //! - [`signal`]: a Signal account through a signal-cli REST API server.
 //! - [`whatsapp`]: the WhatsApp Cloud API (Meta's webhook in, Graph out).
+//! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
@@ -32,6 +33,8 @@ pub mod mattermost;
 pub mod signal;
 #[cfg(feature = "slack")]
 pub mod slack;
+#[cfg(feature = "sms")]
+pub mod sms;
 #[cfg(feature = "telegram")]
 pub mod telegram;
 #[cfg(feature = "webhook")]

@@ -21,6 +21,7 @@ pub mod signal;
 pub mod slack;
 pub mod telegram;
 pub mod whatsapp;
+pub mod twilio;
 pub use discord::FakeDiscord;
 pub use matrix::FakeMatrix;
 pub use mattermost::FakeMattermost;
@@ -28,6 +29,7 @@ pub use signal::FakeSignal;
 pub use slack::FakeSlack;
 pub use telegram::FakeTelegram;
 pub use whatsapp::FakeGraph;
+pub use twilio::FakeTwilio;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
