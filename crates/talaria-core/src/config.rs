@@ -702,6 +702,8 @@ pub struct PlatformsConfig {
     pub webhook: WebhookConfig,
     /// A Matrix account, over the client-server API's `/sync`.
     pub matrix: MatrixConfig,
+    /// A mailbox: IMAP in, SMTP out.
+    pub email: EmailConfig,
 }
 
 /// `platforms.telegram:`. The token may instead come from
@@ -828,6 +830,63 @@ impl Default for MatrixConfig {
             user_id: None,
             require_mention: true,
             sync_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// How a mail connection is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MailTls {
+    /// TLS from the first byte (IMAP on 993, SMTP on 465).
+    Implicit,
+    /// A plain connection upgraded with STARTTLS before logging in.
+    Starttls,
+    /// No encryption: refused for any host but a loopback address.
+    None,
+}
+
+/// `platforms.email:`. The account may instead come from `EMAIL_ADDRESS`,
+/// `EMAIL_PASSWORD`, `EMAIL_IMAP_HOST` and `EMAIL_SMTP_HOST` (each host
+/// may carry a `:port`); an address, a password and both hosts enable the
+/// platform unless `enabled: false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EmailConfig {
+    /// `None` means "enabled when the account and both hosts are set".
+    pub enabled: Option<bool>,
+    /// The bot's address: the IMAP and SMTP login and the `From` of replies.
+    pub address: Option<String>,
+    pub password: Option<Secret>,
+    /// The IMAP server (a host, or `host:port`).
+    pub imap_host: Option<String>,
+    pub imap_port: u16,
+    pub imap_tls: MailTls,
+    /// The SMTP submission server (a host, or `host:port`).
+    pub smtp_host: Option<String>,
+    pub smtp_port: u16,
+    pub smtp_tls: MailTls,
+    /// The mailbox read for new mail.
+    pub mailbox: String,
+    /// Seconds between checks for new mail when the server cannot IDLE
+    /// (and the longest an IDLE waits before it is renewed).
+    pub poll_interval_secs: u64,
+}
+
+impl Default for EmailConfig {
+    fn default() -> EmailConfig {
+        EmailConfig {
+            enabled: None,
+            address: None,
+            password: None,
+            imap_host: None,
+            imap_port: 993,
+            imap_tls: MailTls::Implicit,
+            smtp_host: None,
+            smtp_port: 587,
+            smtp_tls: MailTls::Starttls,
+            mailbox: "INBOX".to_owned(),
+            poll_interval_secs: 60,
         }
     }
 }
