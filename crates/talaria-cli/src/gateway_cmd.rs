@@ -20,6 +20,7 @@ use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
 use talaria_platforms::discord::{DiscordAdapter, DiscordSettings};
+use talaria_platforms::email::{EmailAdapter, EmailSettings};
 use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
 use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
 use talaria_platforms::slack::{SlackAdapter, SlackSettings};
@@ -59,6 +60,11 @@ pub fn chat_adapters(rt: &Runtime) -> anyhow::Result<Vec<Arc<dyn Adapter>>> {
     }
     if let Some(settings) = SlackSettings::from_config(&rt.config.platforms.slack, &rt.loaded.env) {
         let adapter = SlackAdapter::new(settings).context("cannot set up Slack")?;
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) = EmailSettings::from_config(&rt.config.platforms.email, &rt.loaded.env) {
+        let cursors: Arc<dyn talaria_store::CursorStore> = rt.gateway_store.clone();
+        let adapter = EmailAdapter::new(settings, cursors).context("cannot set up e-mail")?;
         adapters.push(Arc::new(adapter));
     }
     Ok(adapters)
@@ -136,7 +142,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
             "nothing to serve: no platform is enabled.\n\
              Set a platform's credentials (TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN, \
              SLACK_BOT_TOKEN and SLACK_APP_TOKEN, MATTERMOST_URL and MATTERMOST_TOKEN, \
-             MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, or their platforms.<name> keys) \
+             MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, EMAIL_ADDRESS, EMAIL_PASSWORD, \
+             EMAIL_IMAP_HOST and EMAIL_SMTP_HOST, or their platforms.<name> keys) \
              or API_SERVER_KEY \
              (or platforms.api_server.key) in {} or the environment, or configure \
              platforms.webhook.routes in config.yaml.",
