@@ -1745,4 +1745,24 @@ mod tests {
             assert!(e.contains("route name"), "{bad}: {e}");
         }
     }
+
+    #[test]
+    fn email_settings_and_tls_modes_are_read() {
+        let (c, w) = parse(
+            "platforms:\n  email:\n    address: bot@example.org\n    imap_host: imap.example.org\n    imap_tls: starttls\n    smtp_tls: none\n    poll_interval_secs: 30\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let e = &c.platforms.email;
+        assert_eq!(e.address.as_deref(), Some("bot@example.org"));
+        assert_eq!(e.imap_tls, MailTls::Starttls);
+        assert_eq!(e.smtp_tls, MailTls::None);
+        assert_eq!((e.imap_port, e.smtp_port), (993, 587));
+        assert_eq!(e.mailbox, "INBOX");
+        assert_eq!(e.poll_interval_secs, 30);
+        let err = parse("platforms:\n  email:\n    imap_tls: maybe\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("platforms.email.imap_tls"), "{err}");
+    }
 }
