@@ -59,6 +59,10 @@ pub const MAX_MESSAGE_LEN: usize = 50_000;
 /// 30 minutes (RFC 2177), and a renewal also shows the connection lives.
 const IDLE_RENEW: Duration = Duration::from_secs(9 * 60);
 
+/// Fetches in a row, while the server keeps announcing new mail, before
+/// the adapter waits (IDLE or the poll interval) anyway.
+const MAX_FETCH_ROUNDS: u32 = 5;
+
 /// Slots in the ring of saved reply contexts (see [`ReplyContexts`]).
 const CONTEXT_SLOTS: u64 = 2048;
 
@@ -552,8 +556,18 @@ impl EmailAdapter {
             "reading mail"
         );
         ctx.liveness.set(Liveness::Live);
+        let mut rounds = 0;
         loop {
             position = self.fetch_new(&mut session, position, ctx).await?;
+            // Mail that arrived while those commands ran was announced in
+            // their answers (an untagged EXISTS), and a server does not
+            // announce it again to the IDLE that follows: look once more
+            // first. Bounded, for a server that says EXISTS every time.
+            rounds += 1;
+            if announced_arrivals(&session) && rounds < MAX_FETCH_ROUNDS {
+                continue;
+            }
+            rounds = 0;
             if idle {
                 let mut handle = session.idle();
                 self.step("IDLE", handle.init()).await?;
@@ -764,6 +778,16 @@ impl EmailAdapter {
             .map_err(|e| SendError::Rejected(format!("cannot build the mail: {e}")))?;
         Ok((mail, own_id))
     }
+}
+
+/// Empties the session's queue of unsolicited answers (a full queue drops
+/// new ones) and says whether it announced new mail.
+fn announced_arrivals(session: &imap::Session) -> bool {
+    let mut arrived = false;
+    while let Ok(response) = session.unsolicited_responses.try_recv() {
+        arrived |= matches!(response, async_imap::types::UnsolicitedResponse::Exists(_));
+    }
+    arrived
 }
 
 /// Maps a failed SMTP send to what the gateway's ledger understands.
