@@ -21,6 +21,7 @@ use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
 use talaria_platforms::discord::{DiscordAdapter, DiscordSettings};
 use talaria_platforms::ingress::{Ingress, Mount};
+use talaria_platforms::email::{EmailAdapter, EmailSettings};
 use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
 use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
 use talaria_platforms::signal::{SignalAdapter, SignalSettings};
@@ -93,6 +94,11 @@ pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     {
         let adapter = SmsAdapter::new(settings).context("cannot set up SMS (Twilio)")?;
         mounts.push(adapter.mount());
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) = EmailSettings::from_config(&rt.config.platforms.email, &rt.loaded.env) {
+        let cursors: Arc<dyn talaria_store::CursorStore> = rt.gateway_store.clone();
+        let adapter = EmailAdapter::new(settings, cursors).context("cannot set up e-mail")?;
         adapters.push(Arc::new(adapter));
     }
     Ok(ConfiguredAdapters { adapters, mounts })
@@ -187,7 +193,10 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
              Set a platform's credentials (TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN, \
              SLACK_BOT_TOKEN and SLACK_APP_TOKEN, MATTERMOST_URL and MATTERMOST_TOKEN, \
              MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, \
-             SIGNAL_HTTP_URL and SIGNAL_ACCOUNT, or their platforms.<name> keys) \
+             SIGNAL_HTTP_URL and SIGNAL_ACCOUNT, EMAIL_ADDRESS, EMAIL_PASSWORD, \
+             EMAIL_IMAP_HOST and EMAIL_SMTP_HOST, WHATSAPP_CLOUD_TOKEN (with the three other \
+             WHATSAPP_CLOUD_ variables), TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN, \
+             or their platforms.<name> keys) \
              or API_SERVER_KEY \
              (or platforms.api_server.key) in {} or the environment, or configure \
              platforms.webhook.routes in config.yaml.",

@@ -708,6 +708,8 @@ pub struct PlatformsConfig {
     pub whatsapp_cloud: WhatsappCloudConfig,
     /// SMS through a Twilio phone number (webhook in, REST out).
     pub sms: SmsConfig,
+    /// A mailbox: IMAP in, SMTP out.
+    pub email: EmailConfig,
 }
 
 /// `platforms.telegram:`. The token may instead come from
@@ -916,6 +918,59 @@ impl Default for SignalConfig {
             receive_mode: SignalReceiveMode::Websocket,
             poll_interval_secs: 2,
             require_mention: true,
+/// How a mail connection is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MailTls {
+    /// TLS from the first byte (IMAP on 993, SMTP on 465).
+    Implicit,
+    /// A plain connection upgraded with STARTTLS before logging in.
+    Starttls,
+    /// No encryption: refused for any host but a loopback address.
+    None,
+}
+
+/// `platforms.email:`. The account may instead come from `EMAIL_ADDRESS`,
+/// `EMAIL_PASSWORD`, `EMAIL_IMAP_HOST` and `EMAIL_SMTP_HOST` (each host
+/// may carry a `:port`); an address, a password and both hosts enable the
+/// platform unless `enabled: false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EmailConfig {
+    /// `None` means "enabled when the account and both hosts are set".
+    pub enabled: Option<bool>,
+    /// The bot's address: the IMAP and SMTP login and the `From` of replies.
+    pub address: Option<String>,
+    pub password: Option<Secret>,
+    /// The IMAP server (a host, or `host:port`).
+    pub imap_host: Option<String>,
+    pub imap_port: u16,
+    pub imap_tls: MailTls,
+    /// The SMTP submission server (a host, or `host:port`).
+    pub smtp_host: Option<String>,
+    pub smtp_port: u16,
+    pub smtp_tls: MailTls,
+    /// The mailbox read for new mail.
+    pub mailbox: String,
+    /// Seconds between checks for new mail when the server cannot IDLE
+    /// (and the longest an IDLE waits before it is renewed).
+    pub poll_interval_secs: u64,
+}
+
+impl Default for EmailConfig {
+    fn default() -> EmailConfig {
+        EmailConfig {
+            enabled: None,
+            address: None,
+            password: None,
+            imap_host: None,
+            imap_port: 993,
+            imap_tls: MailTls::Implicit,
+            smtp_host: None,
+            smtp_port: 587,
+            smtp_tls: MailTls::Starttls,
+            mailbox: "INBOX".to_owned(),
+            poll_interval_secs: 60,
         }
     }
 }
@@ -1891,5 +1946,25 @@ mod tests {
             .to_string();
             assert!(e.contains("route name"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn email_settings_and_tls_modes_are_read() {
+        let (c, w) = parse(
+            "platforms:\n  email:\n    address: bot@example.org\n    imap_host: imap.example.org\n    imap_tls: starttls\n    smtp_tls: none\n    poll_interval_secs: 30\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let e = &c.platforms.email;
+        assert_eq!(e.address.as_deref(), Some("bot@example.org"));
+        assert_eq!(e.imap_tls, MailTls::Starttls);
+        assert_eq!(e.smtp_tls, MailTls::None);
+        assert_eq!((e.imap_port, e.smtp_port), (993, 587));
+        assert_eq!(e.mailbox, "INBOX");
+        assert_eq!(e.poll_interval_secs, 30);
+        let err = parse("platforms:\n  email:\n    imap_tls: maybe\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("platforms.email.imap_tls"), "{err}");
     }
 }

@@ -7,6 +7,7 @@
 //! - [`discord`]: Discord's gateway WebSocket in, its REST API out.
 //! - [`mattermost`]: Mattermost's API v4 and its WebSocket event stream.
 //! - [`matrix`]: a Matrix account over the client-server API's `/sync`.
+//! - [`email`]: a mailbox over IMAP (IDLE or polling), replies over SMTP.
 //! - [`slack`]: Slack over Socket Mode, sending through the Web API.
 //! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
 //! - [`webhook`]: signed webhook deliveries as agent turns.
@@ -21,6 +22,8 @@
 pub mod api_server;
 #[cfg(feature = "discord")]
 pub mod discord;
+#[cfg(feature = "email")]
+pub mod email;
 #[cfg(feature = "ingress")]
 pub mod ingress;
 #[cfg(any(feature = "api-server", feature = "ingress"))]

@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod discord;
+pub mod email;
 pub mod matrix;
 pub mod mattermost;
 pub mod signal;
@@ -23,6 +24,7 @@ pub mod telegram;
 pub mod whatsapp;
 pub mod twilio;
 pub use discord::FakeDiscord;
+pub use email::MailServer;
 pub use matrix::FakeMatrix;
 pub use mattermost::FakeMattermost;
 pub use signal::FakeSignal;
