@@ -702,6 +702,9 @@ pub struct PlatformsConfig {
     pub webhook: WebhookConfig,
     /// A Matrix account, over the client-server API's `/sync`.
     pub matrix: MatrixConfig,
+    /// Home Assistant: a conversation endpoint on the webhook listener,
+    /// and the `ha_*` tools.
+    pub homeassistant: HomeAssistantConfig,
 }
 
 /// `platforms.telegram:`. The token may instead come from
@@ -828,6 +831,44 @@ impl Default for MatrixConfig {
             user_id: None,
             require_mention: true,
             sync_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// `platforms.homeassistant:`. The URL and token may instead come from
+/// `HASS_URL` and `HASS_TOKEN` (they enable the `ha_*` tools), and the
+/// conversation secret from `HASS_CONVERSATION_TOKEN` (it enables the
+/// conversation endpoint); `enabled: false` turns both off.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HomeAssistantConfig {
+    /// `None` means "on when the credentials are set".
+    pub enabled: Option<bool>,
+    /// Home Assistant's root URL, e.g. `http://homeassistant.local:8123`.
+    pub url: Option<String>,
+    /// A long-lived access token (a user's profile page in Home Assistant).
+    pub token: Option<Secret>,
+    /// The bearer secret Home Assistant sends to
+    /// `POST /homeassistant/conversation`.
+    pub conversation_token: Option<Secret>,
+    /// Services `ha_call_service` may call without asking, as
+    /// `domain.service` patterns (`light.*`, `media_player.volume_set`);
+    /// empty: every call asks.
+    pub allowed_services: Vec<String>,
+    /// How long a conversation request waits for the answer before it is
+    /// answered "still working" (the answer then becomes a notification).
+    pub reply_timeout_secs: u64,
+}
+
+impl Default for HomeAssistantConfig {
+    fn default() -> HomeAssistantConfig {
+        HomeAssistantConfig {
+            enabled: None,
+            url: None,
+            token: None,
+            conversation_token: None,
+            allowed_services: Vec::new(),
+            reply_timeout_secs: 60,
         }
     }
 }

@@ -12,12 +12,16 @@
 //! - [`webhook`]: signed webhook deliveries as agent turns.
 //! - [`ingress`]: the one HTTP listener (port 8644) that every platform
 //!   delivering by webhook is mounted on.
+//! - [`homeassistant`]: Home Assistant's conversation endpoint and the
+//!   `ha_*` tools.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
 pub mod api_server;
 #[cfg(feature = "discord")]
 pub mod discord;
+#[cfg(feature = "homeassistant")]
+pub mod homeassistant;
 #[cfg(feature = "ingress")]
 pub mod ingress;
 #[cfg(any(feature = "api-server", feature = "ingress"))]
