@@ -15,11 +15,13 @@
 #![forbid(unsafe_code)]
 
 pub mod discord;
+pub mod homeassistant;
 pub mod matrix;
 pub mod mattermost;
 pub mod slack;
 pub mod telegram;
 pub use discord::FakeDiscord;
+pub use homeassistant::FakeHomeAssistant;
 pub use matrix::FakeMatrix;
 pub use mattermost::FakeMattermost;
 pub use slack::FakeSlack;
