@@ -20,6 +20,7 @@ use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
 use talaria_platforms::discord::{DiscordAdapter, DiscordSettings};
+use talaria_platforms::homeassistant::{HomeAssistantAdapter, HomeAssistantSettings};
 use talaria_platforms::ingress::{Ingress, Mount};
 use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
 use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
@@ -43,7 +44,7 @@ pub struct ConfiguredAdapters {
 /// The configured chat platforms' adapters (not yet connected).
 pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
-    let mounts: Vec<Mount> = Vec::new();
+    let mut mounts: Vec<Mount> = Vec::new();
     if let Some(settings) =
         TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
     {
@@ -70,6 +71,14 @@ pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     }
     if let Some(settings) = SlackSettings::from_config(&rt.config.platforms.slack, &rt.loaded.env) {
         let adapter = SlackAdapter::new(settings).context("cannot set up Slack")?;
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) =
+        HomeAssistantSettings::from_config(&rt.config.platforms.homeassistant, &rt.loaded.env)
+        && let Some(adapter) =
+            HomeAssistantAdapter::new(&settings).context("cannot set up Home Assistant")?
+    {
+        mounts.push(adapter.mount());
         adapters.push(Arc::new(adapter));
     }
     Ok(ConfiguredAdapters { adapters, mounts })
@@ -163,7 +172,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
             "nothing to serve: no platform is enabled.\n\
              Set a platform's credentials (TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN, \
              SLACK_BOT_TOKEN and SLACK_APP_TOKEN, MATTERMOST_URL and MATTERMOST_TOKEN, \
-             MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, or their platforms.<name> keys) \
+             MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, HASS_CONVERSATION_TOKEN, or their \
+             platforms.<name> keys) \
              or API_SERVER_KEY \
              (or platforms.api_server.key) in {} or the environment, or configure \
              platforms.webhook.routes in config.yaml.",
