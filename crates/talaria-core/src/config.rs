@@ -1437,6 +1437,8 @@ impl Config {
                     .filter_map(|f| f.api_key.as_ref()),
             )
             .chain(self.memory.mem0.api_key.iter())
+            .chain(self.platforms.homeassistant.token.iter())
+            .chain(self.platforms.homeassistant.conversation_token.iter())
             .map(|s| s.expose().to_owned())
             .collect();
         // Literal MCP credentials: header values, and env values whose name
@@ -1522,6 +1524,24 @@ mod tests {
 
     fn parse(text: &str) -> Result<(Config, Vec<String>), ConfigError> {
         Config::parse(text, Path::new("config.yaml"))
+    }
+
+    #[test]
+    fn homeassistant_keys_are_read_and_their_tokens_redacted() {
+        let (c, w) = parse(
+            "platforms:\n  homeassistant:\n    url: http://ha.local:8123\n    token: ha-token-0123456789\n    conversation_token: conv-secret-0123456789\n    allowed_services: [light.*]\n    reply_timeout_secs: 30\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let ha = &c.platforms.homeassistant;
+        assert_eq!(ha.url.as_deref(), Some("http://ha.local:8123"));
+        assert_eq!(ha.allowed_services, ["light.*"]);
+        assert_eq!(ha.reply_timeout_secs, 30);
+        assert_eq!(HomeAssistantConfig::default().reply_timeout_secs, 60);
+        let secrets = c.secret_values();
+        assert!(secrets.contains(&"ha-token-0123456789".to_owned()));
+        assert!(secrets.contains(&"conv-secret-0123456789".to_owned()));
+        assert!(!format!("{ha:?}").contains("ha-token-0123456789"));
     }
 
     #[test]
