@@ -36,8 +36,15 @@ struct Running {
     events: mpsc::Receiver<MessageEvent>,
     adapter: Arc<HomeAssistantAdapter>,
     ha: FakeHomeAssistant,
+    /// Stops the adapter's run, as the gateway does when it stops.
+    stop: CancellationToken,
     _server: DropGuard,
-    _run: DropGuard,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 async fn start_with(configure: impl FnOnce(&mut HomeAssistantSettings)) -> Running {
@@ -75,8 +82,8 @@ async fn start_with(configure: impl FnOnce(&mut HomeAssistantSettings)) -> Runni
         events,
         adapter,
         ha,
+        stop: shutdown,
         _server: server.drop_guard(),
-        _run: shutdown.drop_guard(),
     }
 }
 
@@ -325,6 +332,21 @@ async fn a_late_answer_is_pending_then_a_notification() {
     let (_, again) = rig.post(Some(CONV_SECRET), body).await;
     assert_eq!(again["status"], "pending");
     assert!(rig.events.try_recv().is_err());
+}
+
+#[tokio::test]
+async fn a_waiting_request_is_answered_pending_when_the_gateway_stops() {
+    let mut rig = start().await;
+    let request = tokio::spawn(rig.post(Some(CONV_SECRET), json!({"text": "long job"})));
+    let event = rig.next_event().await;
+    rig.stop.cancel();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body["status"], "pending");
+    // The answer, finished while stopping, is still shown.
+    rig.answer(&event, "finished after all").await;
+    let n = rig.ha.wait_for_notifications(1, WAIT).await;
+    assert_eq!(n[0].message, "finished after all");
 }
 
 // --- The tools -----------------------------------------------------------

@@ -236,6 +236,7 @@ impl HomeAssistantAdapter {
                 reply_timeout: settings.reply_timeout,
                 api,
                 waiting: Waiting::default(),
+                stopping: std::sync::Mutex::new(None),
             }),
             slot: InboxSlot::new(),
         }))
@@ -324,6 +325,13 @@ impl Adapter for HomeAssistantAdapter {
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
+        // Requests still waiting when the gateway stops are answered
+        // "pending" at once rather than holding the listener's shutdown.
+        *self
+            .shared
+            .stopping
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(ctx.shutdown.clone());
         self.slot.attach(&ctx).await
     }
 
@@ -336,9 +344,13 @@ impl Adapter for HomeAssistantAdapter {
             .part(chat, message.reply_to.as_deref(), &message.text, number)
         {
             Part::Collected => Ok(SentMessage::default()),
-            Part::Whole { reply_to, text } => {
+            Part::Whole {
+                reply_to,
+                text,
+                assembled,
+            } => {
                 let result = self.pass_on(chat, reply_to.as_deref(), &text).await;
-                if number.is_some_and(|(i, n)| i == n && n > 1) {
+                if assembled {
                     match &result {
                         Ok(_) => self.shared.waiting.close(chat),
                         Err(_) => self.shared.waiting.reopen_last(chat),

@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use talaria_gateway::{ChatType, MessageEvent, SessionSource};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::PLATFORM;
 use super::api::HassApi;
@@ -65,6 +66,8 @@ pub(crate) struct Shared {
     /// For notifications; `None` without `HASS_URL`/`HASS_TOKEN`.
     pub(crate) api: Option<HassApi>,
     pub(crate) waiting: Waiting,
+    /// The shutdown signal of the adapter's current run.
+    pub(crate) stopping: std::sync::Mutex<Option<CancellationToken>>,
 }
 
 struct RunState {
@@ -225,12 +228,21 @@ async fn converse(State(state): State<Arc<RunState>>, headers: HeaderMap, body: 
             (answer, deadline)
         }
     };
+    let stopping = shared
+        .stopping
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_default();
     let mut answer = answer;
-    let waited = tokio::time::timeout_at(deadline, answer.wait_for(Option::is_some)).await;
-    if let Ok(Ok(text)) = &waited
-        && let Some(text) = text.as_ref()
-    {
-        return reply.answered(text);
+    let answered = tokio::select! {
+        waited = tokio::time::timeout_at(deadline, answer.wait_for(Option::is_some)) => {
+            waited.ok().and_then(|r| r.ok()).and_then(|text| text.clone())
+        }
+        () = stopping.cancelled() => None,
+    };
+    if let Some(text) = answered {
+        return reply.answered(&text);
     }
     match shared.waiting.time_out(&key) {
         Some(text) => reply.answered(&text),

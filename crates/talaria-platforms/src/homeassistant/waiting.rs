@@ -90,10 +90,13 @@ pub struct Waiting {
 pub enum Part {
     /// More parts are to come; nothing to do yet.
     Collected,
-    /// A whole message for this chat, answering `reply_to` if given.
+    /// A whole message for this chat, answering `reply_to` if given;
+    /// `assembled` when it was joined from the chat's open split answer
+    /// (which [`Waiting::close`] or [`Waiting::reopen_last`] then settles).
     Whole {
         reply_to: Option<String>,
         text: String,
+        assembled: bool,
     },
 }
 
@@ -177,6 +180,7 @@ impl Waiting {
             None => Part::Whole {
                 reply_to: reply_to.map(str::to_owned),
                 text: text.to_owned(),
+                assembled: false,
             },
             // A first part starts a new answer in this chat; one left open
             // (a retried reply starts again from its first part) is dropped.
@@ -202,6 +206,7 @@ impl Waiting {
                     return Part::Whole {
                         reply_to: None,
                         text: text.to_owned(),
+                        assembled: false,
                     };
                 }
                 let Some(assembly) = book.assembling.get_mut(chat) else {
@@ -216,6 +221,7 @@ impl Waiting {
                 Part::Whole {
                     reply_to: assembly.reply_to.clone(),
                     text: joined,
+                    assembled: true,
                 }
             }
         }
@@ -349,14 +355,19 @@ mod tests {
             result,
             Some(Part::Whole {
                 reply_to: Some("m".into()),
-                text: text.clone()
+                text: text.clone(),
+                assembled: true,
             })
         );
         // A stray later part passes alone.
         w.close("c");
         assert!(matches!(
             w.part("c", None, &parts[1], Some((2, parts.len()))),
-            Part::Whole { reply_to: None, .. }
+            Part::Whole {
+                reply_to: None,
+                assembled: false,
+                ..
+            }
         ));
     }
 }
