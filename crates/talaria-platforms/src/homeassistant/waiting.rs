@@ -112,6 +112,9 @@ impl Waiting {
             return Begun::Seen(standing.clone());
         }
         if book.senders.len() >= MAX_WAITING {
+            book.forget_abandoned();
+        }
+        if book.senders.len() >= MAX_WAITING {
             return Begun::Full;
         }
         let (tx, rx) = watch::channel(None);
@@ -161,6 +164,12 @@ impl Waiting {
         let Some(tx) = book.senders.remove(&key) else {
             return false;
         };
+        if !has_listeners(&tx) {
+            // Home Assistant hung up (its own timeout): nobody would read
+            // the answer here.
+            book.finish(key, Standing::TimedOut);
+            return false;
+        }
         let _ = tx.send(Some(text.to_owned()));
         book.finish(key, Standing::Done(text.to_owned()));
         true
@@ -243,7 +252,28 @@ impl Waiting {
     }
 }
 
+/// Whether a request handler still holds a receiver: the book keeps one
+/// of its own (in [`Standing::Running`], for retries to clone).
+fn has_listeners(tx: &watch::Sender<Option<String>>) -> bool {
+    tx.receiver_count() > 1
+}
+
 impl Book {
+    /// Stops waiting for requests whose callers all went away, so they
+    /// neither hold a place nor swallow their answer.
+    fn forget_abandoned(&mut self) {
+        let gone: Vec<Key> = self
+            .senders
+            .iter()
+            .filter(|(_, tx)| !has_listeners(tx))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            self.senders.remove(&key);
+            self.finish(key, Standing::TimedOut);
+        }
+    }
+
     fn finish(&mut self, key: Key, standing: Standing) {
         self.requests.insert(key.clone(), standing);
         self.finished.push_back(key);
@@ -301,7 +331,9 @@ mod tests {
     fn a_timed_out_request_takes_no_answer() {
         let w = Waiting::default();
         let k = key("c", "m");
-        assert!(matches!(w.begin(&k, later()), Begun::New { .. }));
+        let Begun::New { answer: _held, .. } = w.begin(&k, later()) else {
+            panic!("new")
+        };
         assert_eq!(w.time_out(&k), None);
         assert!(!w.answer("c", Some("m"), "late"));
         assert!(matches!(
@@ -315,17 +347,28 @@ mod tests {
     #[test]
     fn waiting_is_bounded() {
         let w = Waiting::default();
+        let mut held = Vec::new();
         for i in 0..MAX_WAITING {
-            assert!(matches!(
-                w.begin(&key("c", &i.to_string()), later()),
-                Begun::New { .. }
-            ));
+            let Begun::New { answer, .. } = w.begin(&key("c", &i.to_string()), later()) else {
+                panic!("new")
+            };
+            held.push(answer);
         }
         assert!(matches!(w.begin(&key("c", "x"), later()), Begun::Full));
+        // A caller that went away frees its place, and its answer is for
+        // nobody here.
+        held.pop();
+        assert!(matches!(
+            w.begin(&key("c", "x"), later()),
+            Begun::New { .. }
+        ));
+        assert!(!w.answer("c", Some(&(MAX_WAITING - 1).to_string()), "late"));
         for i in 0..MAX_REMEMBERED + 10 {
             let k = key("d", &format!("f{i}"));
             w.book().senders.clear();
-            assert!(matches!(w.begin(&k, later()), Begun::New { .. }));
+            let Begun::New { answer: _held, .. } = w.begin(&k, later()) else {
+                panic!("new")
+            };
             assert!(w.answer("d", Some(&format!("f{i}")), "a"));
         }
         assert!(w.book().requests.len() <= MAX_REMEMBERED + MAX_WAITING);
