@@ -20,6 +20,7 @@ use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
 use talaria_platforms::discord::{DiscordAdapter, DiscordSettings};
+use talaria_platforms::homeassistant::{HomeAssistantAdapter, HomeAssistantSettings};
 use talaria_platforms::ingress::{Ingress, Mount};
 use talaria_platforms::email::{EmailAdapter, EmailSettings};
 use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
@@ -99,6 +100,14 @@ pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
     if let Some(settings) = EmailSettings::from_config(&rt.config.platforms.email, &rt.loaded.env) {
         let cursors: Arc<dyn talaria_store::CursorStore> = rt.gateway_store.clone();
         let adapter = EmailAdapter::new(settings, cursors).context("cannot set up e-mail")?;
+        adapters.push(Arc::new(adapter));
+    }
+    if let Some(settings) =
+        HomeAssistantSettings::from_config(&rt.config.platforms.homeassistant, &rt.loaded.env)
+        && let Some(adapter) =
+            HomeAssistantAdapter::new(&settings).context("cannot set up Home Assistant")?
+    {
+        mounts.push(adapter.mount());
         adapters.push(Arc::new(adapter));
     }
     Ok(ConfiguredAdapters { adapters, mounts })
@@ -195,7 +204,7 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
              MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, \
              SIGNAL_HTTP_URL and SIGNAL_ACCOUNT, EMAIL_ADDRESS, EMAIL_PASSWORD, \
              EMAIL_IMAP_HOST and EMAIL_SMTP_HOST, WHATSAPP_CLOUD_TOKEN (with the three other \
-             WHATSAPP_CLOUD_ variables), TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN, \
+             WHATSAPP_CLOUD_ variables), TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN, HASS_CONVERSATION_TOKEN, \
              or their platforms.<name> keys) \
              or API_SERVER_KEY \
              (or platforms.api_server.key) in {} or the environment, or configure \

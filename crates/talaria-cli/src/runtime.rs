@@ -117,6 +117,15 @@ impl Runtime {
         for tool in extra {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }
+        // Home Assistant's ha_* tools, when HASS_URL and HASS_TOKEN are set.
+        if let Some(settings) = talaria_platforms::homeassistant::HomeAssistantSettings::from_config(
+            &self.config.platforms.homeassistant,
+            &self.loaded.env,
+        ) {
+            for tool in talaria_platforms::homeassistant::tools::ha_tools(&settings)? {
+                registry.register(tool).map_err(anyhow::Error::msg)?;
+            }
+        }
         // The external memory provider, if configured: its tools join the
         // registry, and the agent recalls through it.
         let memory = match &self.config.memory.provider {

@@ -710,6 +710,9 @@ pub struct PlatformsConfig {
     pub sms: SmsConfig,
     /// A mailbox: IMAP in, SMTP out.
     pub email: EmailConfig,
+    /// Home Assistant: a conversation endpoint on the webhook listener,
+    /// and the `ha_*` tools.
+    pub homeassistant: HomeAssistantConfig,
 }
 
 /// `platforms.telegram:`. The token may instead come from
@@ -971,6 +974,40 @@ impl Default for EmailConfig {
             smtp_tls: MailTls::Starttls,
             mailbox: "INBOX".to_owned(),
             poll_interval_secs: 60,
+/// `platforms.homeassistant:`. The URL and token may instead come from
+/// `HASS_URL` and `HASS_TOKEN` (they enable the `ha_*` tools), and the
+/// conversation secret from `HASS_CONVERSATION_TOKEN` (it enables the
+/// conversation endpoint); `enabled: false` turns both off.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HomeAssistantConfig {
+    /// `None` means "on when the credentials are set".
+    pub enabled: Option<bool>,
+    /// Home Assistant's root URL, e.g. `http://homeassistant.local:8123`.
+    pub url: Option<String>,
+    /// A long-lived access token (a user's profile page in Home Assistant).
+    pub token: Option<Secret>,
+    /// The bearer secret Home Assistant sends to
+    /// `POST /homeassistant/conversation`.
+    pub conversation_token: Option<Secret>,
+    /// Services `ha_call_service` may call without asking, as
+    /// `domain.service` patterns (`light.*`, `media_player.volume_set`);
+    /// empty: every call asks.
+    pub allowed_services: Vec<String>,
+    /// How long a conversation request waits for the answer before it is
+    /// answered "still working" (the answer then becomes a notification).
+    pub reply_timeout_secs: u64,
+}
+
+impl Default for HomeAssistantConfig {
+    fn default() -> HomeAssistantConfig {
+        HomeAssistantConfig {
+            enabled: None,
+            url: None,
+            token: None,
+            conversation_token: None,
+            allowed_services: Vec::new(),
+            reply_timeout_secs: 60,
         }
     }
 }
@@ -1626,6 +1663,8 @@ impl Config {
                     .filter_map(|f| f.api_key.as_ref()),
             )
             .chain(self.memory.mem0.api_key.iter())
+            .chain(self.platforms.homeassistant.token.iter())
+            .chain(self.platforms.homeassistant.conversation_token.iter())
             .map(|s| s.expose().to_owned())
             .collect();
         // Literal MCP credentials: header values, and env values whose name
@@ -1711,6 +1750,24 @@ mod tests {
 
     fn parse(text: &str) -> Result<(Config, Vec<String>), ConfigError> {
         Config::parse(text, Path::new("config.yaml"))
+    }
+
+    #[test]
+    fn homeassistant_keys_are_read_and_their_tokens_redacted() {
+        let (c, w) = parse(
+            "platforms:\n  homeassistant:\n    url: http://ha.local:8123\n    token: ha-token-0123456789\n    conversation_token: conv-secret-0123456789\n    allowed_services: [light.*]\n    reply_timeout_secs: 30\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let ha = &c.platforms.homeassistant;
+        assert_eq!(ha.url.as_deref(), Some("http://ha.local:8123"));
+        assert_eq!(ha.allowed_services, ["light.*"]);
+        assert_eq!(ha.reply_timeout_secs, 30);
+        assert_eq!(HomeAssistantConfig::default().reply_timeout_secs, 60);
+        let secrets = c.secret_values();
+        assert!(secrets.contains(&"ha-token-0123456789".to_owned()));
+        assert!(secrets.contains(&"conv-secret-0123456789".to_owned()));
+        assert!(!format!("{ha:?}").contains("ha-token-0123456789"));
     }
 
     #[test]

@@ -61,6 +61,57 @@ fn suffix(i: usize, n: usize) -> String {
     format!(" ({i}/{n})")
 }
 
+/// Which part of a split answer `chunk` is, read back from the ` (i/n)`
+/// suffix [`split_message`] writes: `Some((i, n))` with `1 <= i <= n` and
+/// `n >= 2`, or `None` for a message that was not split. For adapters that
+/// must hand a whole answer on at once (an HTTP response) and so wait for
+/// the last part; [`join_parts`] then rebuilds the text.
+///
+/// A message that fits is sent unchanged, so an answer whose own text ends
+/// in something like ` (1/2)` reads as a part; callers bound their wait.
+pub fn part_number(chunk: &str) -> Option<(usize, usize)> {
+    let inner = chunk.strip_suffix(')')?;
+    let open = inner.rfind(" (")?;
+    let (i, n) = inner[open + 2..].split_once('/')?;
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(i) || !digits(n) || i.starts_with('0') || n.starts_with('0') {
+        return None;
+    }
+    let (i, n) = (i.parse::<usize>().ok()?, n.parse::<usize>().ok()?);
+    (n >= 2 && (1..=n).contains(&i)).then_some((i, n))
+}
+
+/// Undoes [`split_message`]: given every part of one split answer in
+/// order, strips the ` (i/n)` suffixes and the fence lines added at cuts,
+/// and returns the original text exactly. A single unsplit message comes
+/// back as it is. `None` when the parts are not a complete, ordered split
+/// (a part missing, or added text not where the split puts it).
+pub fn join_parts(parts: &[String]) -> Option<String> {
+    let n = parts.len();
+    if n == 1 {
+        return Some(parts[0].clone());
+    }
+    let mut text = String::new();
+    for (i, chunk) in parts.iter().enumerate() {
+        let mut body = chunk.strip_suffix(&suffix(i + 1, n))?;
+        if let Some(info) = fence_state(&text, 0, text.len(), None) {
+            body = body.strip_prefix(&format!("```{info}\n"))?;
+        }
+        // A cut inside a fence closed it; the text itself never ends a
+        // non-final chunk with "\n```" (see the module docs).
+        if i + 1 < n
+            && let Some(inner) = body.strip_suffix(FENCE_CLOSE)
+        {
+            let candidate = format!("{text}{inner}");
+            if fence_state(&candidate, 0, candidate.len(), None).is_some() {
+                body = inner;
+            }
+        }
+        text.push_str(body);
+    }
+    Some(text)
+}
+
 /// Room for a suffix whose numbers have at most `digits` digits (ASCII, so
 /// the same in every unit).
 fn suffix_reserve(digits: usize) -> usize {
@@ -288,36 +339,40 @@ mod tests {
         MessageLimits { max_len, unit }
     }
 
-    /// Undoes the split: strips suffixes and added fence lines, tracking
-    /// the fence state on the text rebuilt so far.
+    /// Undoes the split with the public helper, which must manage it.
     fn reassemble(chunks: &[String]) -> String {
-        let n = chunks.len();
-        if n == 1 {
-            return chunks[0].clone();
-        }
-        let mut text = String::new();
         for (i, chunk) in chunks.iter().enumerate() {
-            let suffix = suffix(i + 1, n);
-            let mut body = chunk
-                .strip_suffix(&suffix)
-                .unwrap_or_else(|| panic!("chunk {i} lacks {suffix:?}: {chunk:?}"));
-            if let Some(info) = fence_state(&text, 0, text.len(), None) {
-                let reopen = format!("```{info}\n");
-                body = body
-                    .strip_prefix(&reopen)
-                    .unwrap_or_else(|| panic!("chunk {i} lacks {reopen:?}: {chunk:?}"));
+            if chunks.len() > 1 {
+                assert_eq!(part_number(chunk), Some((i + 1, chunks.len())), "{chunk:?}");
             }
-            if i + 1 < n
-                && let Some(inner) = body.strip_suffix(FENCE_CLOSE)
-            {
-                let candidate = format!("{text}{inner}");
-                if fence_state(&candidate, 0, candidate.len(), None).is_some() {
-                    body = inner;
-                }
-            }
-            text.push_str(body);
         }
-        text
+        join_parts(chunks).unwrap_or_else(|| panic!("cannot join {chunks:?}"))
+    }
+
+    #[test]
+    fn part_numbers_are_read_back_only_from_a_suffix() {
+        assert_eq!(part_number("abc (1/2)"), Some((1, 2)));
+        assert_eq!(part_number("x (12/12)"), Some((12, 12)));
+        assert_eq!(part_number(" (3/10)"), Some((3, 10)));
+        for not in [
+            "abc",
+            "abc (1/1)",
+            "abc (0/2)",
+            "abc (3/2)",
+            "abc (1/2) ",
+            "abc(1/2)",
+            "abc (01/2)",
+            "abc (a/2)",
+            "abc (1/)",
+            "abc (/2)",
+            "abc (1/2/3)",
+            "(1/2)",
+        ] {
+            assert_eq!(part_number(not), None, "{not:?}");
+        }
+        assert_eq!(join_parts(&["a (1/2)".into()]), Some("a (1/2)".into()));
+        assert_eq!(join_parts(&["a (1/3)".into(), "b (2/3)".into()]), None);
+        assert_eq!(join_parts(&["a (2/2)".into(), "b (1/2)".into()]), None);
     }
 
     #[test]

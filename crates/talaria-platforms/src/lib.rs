@@ -16,6 +16,8 @@
 //! - [`signal`]: a Signal account through a signal-cli REST API server.
 //! - [`whatsapp`]: the WhatsApp Cloud API (Meta's webhook in, Graph out).
 //! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
+//! - [`homeassistant`]: Home Assistant's conversation endpoint and the
+//!   `ha_*` tools.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "api-server")]
@@ -24,6 +26,8 @@ pub mod api_server;
 pub mod discord;
 #[cfg(feature = "email")]
 pub mod email;
+#[cfg(feature = "homeassistant")]
+pub mod homeassistant;
 #[cfg(feature = "ingress")]
 pub mod ingress;
 #[cfg(any(feature = "api-server", feature = "ingress"))]

@@ -16,6 +16,7 @@
 
 pub mod discord;
 pub mod email;
+pub mod homeassistant;
 pub mod matrix;
 pub mod mattermost;
 pub mod signal;
@@ -25,6 +26,7 @@ pub mod whatsapp;
 pub mod twilio;
 pub use discord::FakeDiscord;
 pub use email::MailServer;
+pub use homeassistant::FakeHomeAssistant;
 pub use matrix::FakeMatrix;
 pub use mattermost::FakeMattermost;
 pub use signal::FakeSignal;

@@ -1,0 +1,423 @@
+//! A fake Home Assistant REST API on 127.0.0.1, for adapter, tool and
+//! end-to-end tests.
+//!
+//! [`FakeHomeAssistant`] answers the parts of `/api` Talaria uses, over
+//! real HTTP, each requiring `Authorization: Bearer <token>` (else 401 with
+//! Home Assistant's plain `401: Unauthorized`):
+//!
+//! - `GET /api/` → `{"message": "API running."}`;
+//! - `GET /api/states` → every entity's state object; `GET
+//!   /api/states/<entity_id>` → one, or 404 `{"message": "Entity not
+//!   found."}`;
+//! - `GET /api/services` → `[{"domain", "services": {name: {name,
+//!   description, fields}}}]`;
+//! - `POST /api/services/<domain>/<service>` with a JSON object → the
+//!   states that changed (as Home Assistant answers), 400 `{"message":
+//!   "Service <d>.<s> not found."}` for an unknown one. `turn_on`,
+//!   `turn_off` and `toggle` change the state of the entities named in
+//!   `entity_id`; every other call changes nothing. Every call is
+//!   recorded, `persistent_notification.create` also as a
+//!   [`Notification`].
+//!
+//! The house: `light.kitchen` (on), `light.living_room` (off),
+//! `switch.coffee_maker` (off), `lock.front_door` (locked),
+//! `sensor.outside_temperature` (12.5 °C). Services: `light.turn_on`,
+//! `light.turn_off`, `light.toggle`, `switch.turn_on`, `switch.turn_off`,
+//! `lock.lock`, `lock.unlock`, `persistent_notification.create`,
+//! `persistent_notification.dismiss`.
+//!
+//! Tests break it with [`FakeHomeAssistant::fail_next`] (the next requests
+//! to a path get a status of the test's choosing).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::{json_response, lock};
+
+/// One service call as the fake received it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceCall {
+    pub domain: String,
+    pub service: String,
+    /// The JSON body (the service data, with `entity_id` when given).
+    pub data: Value,
+}
+
+/// One `persistent_notification.create` call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    pub title: Option<String>,
+    pub message: String,
+    pub notification_id: Option<String>,
+}
+
+#[derive(Default)]
+struct Book {
+    /// entity_id → (state, attributes).
+    states: BTreeMap<String, (String, Value)>,
+    calls: Vec<ServiceCall>,
+    notifications: Vec<Notification>,
+    /// Path prefix → statuses to answer with, in order.
+    failures: Vec<(String, VecDeque<u16>)>,
+    /// Requests refused for their bearer.
+    unauthorized: usize,
+}
+
+struct Shared {
+    token: String,
+    addr: SocketAddr,
+    book: Mutex<Book>,
+    version: watch::Sender<u64>,
+    stop: watch::Sender<bool>,
+}
+
+/// A fake Home Assistant (see the module docs). Stops when dropped.
+pub struct FakeHomeAssistant {
+    shared: Arc<Shared>,
+}
+
+impl Drop for FakeHomeAssistant {
+    fn drop(&mut self) {
+        let _ = self.shared.stop.send(true);
+    }
+}
+
+/// A service: its name, description and field names.
+type ServiceSpec = (&'static str, &'static str, Vec<&'static str>);
+
+/// The services offered, by domain, with their fields.
+fn services() -> Vec<(&'static str, Vec<ServiceSpec>)> {
+    vec![
+        (
+            "light",
+            vec![
+                (
+                    "turn_on",
+                    "Turns on one or more lights.",
+                    vec!["brightness_pct", "color_name"],
+                ),
+                (
+                    "turn_off",
+                    "Turns off one or more lights.",
+                    vec!["transition"],
+                ),
+                ("toggle", "Toggles one or more lights.", vec![]),
+            ],
+        ),
+        (
+            "switch",
+            vec![
+                ("turn_on", "Turns a switch on.", vec![]),
+                ("turn_off", "Turns a switch off.", vec![]),
+            ],
+        ),
+        (
+            "lock",
+            vec![
+                ("lock", "Locks a lock.", vec!["code"]),
+                ("unlock", "Unlocks a lock.", vec!["code"]),
+            ],
+        ),
+        (
+            "persistent_notification",
+            vec![
+                (
+                    "create",
+                    "Shows a notification.",
+                    vec!["message", "title", "notification_id"],
+                ),
+                (
+                    "dismiss",
+                    "Removes a notification.",
+                    vec!["notification_id"],
+                ),
+            ],
+        ),
+    ]
+}
+
+impl FakeHomeAssistant {
+    /// Starts the server on 127.0.0.1 with an ephemeral port, accepting
+    /// `token`.
+    ///
+    /// # Panics
+    /// When no local port can be bound (a broken test environment).
+    pub async fn start(token: &str) -> FakeHomeAssistant {
+        match Self::try_start(token) {
+            Ok(f) => f,
+            Err(e) => panic!("cannot start the fake Home Assistant on 127.0.0.1: {e}"),
+        }
+    }
+
+    /// Like [`Self::start`], returning the error instead.
+    pub fn try_start(token: &str) -> std::io::Result<FakeHomeAssistant> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let mut book = Book::default();
+        for (id, state, attributes) in [
+            (
+                "light.kitchen",
+                "on",
+                json!({"friendly_name": "Kitchen Light", "brightness": 200}),
+            ),
+            (
+                "light.living_room",
+                "off",
+                json!({"friendly_name": "Living Room Light"}),
+            ),
+            (
+                "switch.coffee_maker",
+                "off",
+                json!({"friendly_name": "Coffee Maker"}),
+            ),
+            (
+                "lock.front_door",
+                "locked",
+                json!({"friendly_name": "Front Door"}),
+            ),
+            (
+                "sensor.outside_temperature",
+                "12.5",
+                json!({"friendly_name": "Outside Temperature", "unit_of_measurement": "°C"}),
+            ),
+        ] {
+            book.states
+                .insert(id.to_owned(), (state.to_owned(), attributes));
+        }
+        let shared = Arc::new(Shared {
+            token: token.to_owned(),
+            addr,
+            book: Mutex::new(book),
+            version: watch::channel(0).0,
+            stop: watch::channel(false).0,
+        });
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        crate::serve_on_own_thread("fake-homeassistant", listener, app, shared.stop.subscribe())?;
+        Ok(FakeHomeAssistant { shared })
+    }
+
+    /// `http://127.0.0.1:PORT`: the `HASS_URL`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.shared.addr)
+    }
+
+    /// The accepted token.
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// Every service call so far, oldest first (notifications included).
+    pub fn calls(&self) -> Vec<ServiceCall> {
+        lock(&self.shared.book).calls.clone()
+    }
+
+    /// Every notification created so far, oldest first.
+    pub fn notifications(&self) -> Vec<Notification> {
+        lock(&self.shared.book).notifications.clone()
+    }
+
+    /// How many requests were refused for their bearer.
+    pub fn unauthorized(&self) -> usize {
+        lock(&self.shared.book).unauthorized
+    }
+
+    /// An entity's current state.
+    pub fn state(&self, entity_id: &str) -> Option<String> {
+        lock(&self.shared.book)
+            .states
+            .get(entity_id)
+            .map(|(s, _)| s.clone())
+    }
+
+    /// The next requests whose path starts with `path_prefix` (`/api/services/
+    /// persistent_notification`) are answered with these statuses, one
+    /// each, without effect.
+    pub fn fail_next(&self, path_prefix: &str, statuses: &[u16]) {
+        lock(&self.shared.book)
+            .failures
+            .push((path_prefix.to_owned(), statuses.iter().copied().collect()));
+    }
+
+    /// Waits until `n` notifications exist, and returns them all.
+    ///
+    /// # Panics
+    /// When they do not come within `timeout`.
+    pub async fn wait_for_notifications(&self, n: usize, timeout: Duration) -> Vec<Notification> {
+        let mut version = self.shared.version.subscribe();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self.notifications();
+            if seen.len() >= n {
+                return seen;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "expected {n} notifications within {timeout:?}, saw {seen:?}"
+            );
+            let _ = tokio::time::timeout(left, version.changed()).await;
+        }
+    }
+}
+
+fn state_object(id: &str, state: &str, attributes: &Value) -> Value {
+    json!({
+        "entity_id": id,
+        "state": state,
+        "attributes": attributes,
+        "last_changed": "2026-01-01T00:00:00+00:00",
+        "last_updated": "2026-01-01T00:00:00+00:00",
+        "context": {"id": "01J0000000000000000000000", "parent_id": null, "user_id": null},
+    })
+}
+
+fn message(status: u16, text: &str) -> Response {
+    json_response(status, &json!({"message": text}))
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if bearer != Some(shared.token.as_str()) {
+        lock(&shared.book).unauthorized += 1;
+        let mut r = Response::new(Body::from("401: Unauthorized"));
+        *r.status_mut() = StatusCode::UNAUTHORIZED;
+        return r;
+    }
+    let path = uri.path().to_owned();
+    {
+        let mut book = lock(&shared.book);
+        let failure = book
+            .failures
+            .iter_mut()
+            .find(|(prefix, left)| path.starts_with(prefix.as_str()) && !left.is_empty())
+            .and_then(|(_, left)| left.pop_front());
+        if let Some(status) = failure {
+            return message(status, "scripted failure");
+        }
+    }
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let response = match (method.clone(), segments.as_slice()) {
+        (Method::GET, ["api", ""] | ["api"]) => message(200, "API running."),
+        (Method::GET, ["api", "states"]) => {
+            let book = lock(&shared.book);
+            let all: Vec<Value> = book
+                .states
+                .iter()
+                .map(|(id, (s, a))| state_object(id, s, a))
+                .collect();
+            json_response(200, &Value::Array(all))
+        }
+        (Method::GET, ["api", "states", id]) => match lock(&shared.book).states.get(*id) {
+            Some((s, a)) => json_response(200, &state_object(id, s, a)),
+            None => message(404, "Entity not found."),
+        },
+        (Method::GET, ["api", "services"]) => {
+            let list: Vec<Value> = services()
+                .into_iter()
+                .map(|(domain, list)| {
+                    let mut map = serde_json::Map::new();
+                    for (name, description, fields) in list {
+                        let fields: serde_json::Map<String, Value> = fields
+                            .into_iter()
+                            .map(|f| (f.to_owned(), json!({"name": f})))
+                            .collect();
+                        map.insert(
+                            name.to_owned(),
+                            json!({"name": name, "description": description, "fields": fields}),
+                        );
+                    }
+                    json!({"domain": domain, "services": map})
+                })
+                .collect();
+            json_response(200, &Value::Array(list))
+        }
+        (Method::POST, ["api", "services", domain, service]) => {
+            call_service(&shared, domain, service, &body)
+        }
+        _ => message(404, "Not found."),
+    };
+    shared.version.send_modify(|v| *v += 1);
+    response
+}
+
+fn call_service(shared: &Shared, domain: &str, service: &str, body: &[u8]) -> Response {
+    let known = services()
+        .iter()
+        .any(|(d, list)| *d == domain && list.iter().any(|(s, _, _)| *s == service));
+    if !known {
+        return message(400, &format!("Service {domain}.{service} not found."));
+    }
+    let data: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => return message(400, "Data should be valid JSON."),
+        }
+    };
+    let mut book = lock(&shared.book);
+    book.calls.push(ServiceCall {
+        domain: domain.to_owned(),
+        service: service.to_owned(),
+        data: data.clone(),
+    });
+    if (domain, service) == ("persistent_notification", "create") {
+        let Some(text) = data.get("message").and_then(Value::as_str) else {
+            return message(400, "message is required");
+        };
+        let field = |k: &str| data.get(k).and_then(Value::as_str).map(str::to_owned);
+        book.notifications.push(Notification {
+            title: field("title"),
+            message: text.to_owned(),
+            notification_id: field("notification_id"),
+        });
+        return json_response(200, &json!([]));
+    }
+    let targets: Vec<String> = match data.get("entity_id") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut changed = Vec::new();
+    for id in targets {
+        let Some((state, attributes)) = book.states.get_mut(&id) else {
+            continue;
+        };
+        let next = match (service, state.as_str()) {
+            ("turn_on", _) => "on",
+            ("turn_off", _) => "off",
+            ("toggle", "on") => "off",
+            ("toggle", _) => "on",
+            ("lock", _) => "locked",
+            ("unlock", _) => "unlocked",
+            _ => continue,
+        };
+        *state = next.to_owned();
+        changed.push(state_object(&id, state, attributes));
+    }
+    json_response(200, &Value::Array(changed))
+}
