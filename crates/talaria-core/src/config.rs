@@ -921,6 +921,10 @@ impl Default for SignalConfig {
             receive_mode: SignalReceiveMode::Websocket,
             poll_interval_secs: 2,
             require_mention: true,
+        }
+    }
+}
+
 /// How a mail connection is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -974,6 +978,10 @@ impl Default for EmailConfig {
             smtp_tls: MailTls::Starttls,
             mailbox: "INBOX".to_owned(),
             poll_interval_secs: 60,
+        }
+    }
+}
+
 /// `platforms.homeassistant:`. The URL and token may instead come from
 /// `HASS_URL` and `HASS_TOKEN` (they enable the `ha_*` tools), and the
 /// conversation secret from `HASS_CONVERSATION_TOKEN` (it enables the

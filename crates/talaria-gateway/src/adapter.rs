@@ -81,7 +81,8 @@ pub enum SendError {
     #[error("rate limited; retry after {0:?}")]
     RateLimited(Duration),
     /// The platform refused this message for good (unknown chat, blocked by
-    /// the user, too long): retrying cannot help.
+    /// the user, too long): retrying cannot help, so the ledger abandons
+    /// the reply at once with this reason.
     #[error("refused: {0}")]
     Rejected(String),
     /// The request failed in a way that may pass on a retry (5xx).

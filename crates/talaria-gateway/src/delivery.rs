@@ -340,10 +340,7 @@ impl Delivery {
         }
         let result = self.send_over(to, text, preview).await;
         if let (Some(ledger), Some(id)) = (&self.ledger, &id) {
-            match &result {
-                Ok(()) => ledger.delivered(id).await,
-                Err(e) => ledger.failed(id, &e.to_string()).await,
-            }
+            ledger.settle(id, &result).await;
         }
         if let Err(e) = &result {
             tracing::warn!(platform = %to.platform, error = %e, "could not deliver a reply");
@@ -370,13 +367,12 @@ impl Delivery {
         match &result {
             Ok(()) => {
                 tracing::info!(id = %row.id, platform = %row.platform, "recovered an undelivered reply");
-                ledger.delivered(&row.id).await;
             }
             Err(e) => {
                 tracing::warn!(id = %row.id, error = %e, "could not redeliver a recovered reply");
-                ledger.failed(&row.id, &e.to_string()).await;
             }
         }
+        ledger.settle(&row.id, &result).await;
         result
     }
 }

@@ -23,6 +23,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use talaria_store::{LedgerStore, NewObligation, Obligation, ObligationState, Owner, StoreError};
 
+use crate::adapter::SendError;
 use crate::owner;
 
 /// Sends allowed per obligation, counting the first.
@@ -162,6 +163,26 @@ impl Ledger {
 
     pub async fn failed(&self, id: &str, error: &str) {
         log_failure("mark failed", self.store.mark_failed(id, error).await);
+    }
+
+    /// Records a send the platform refused for good (an unknown chat, a
+    /// recipient who opted out, WhatsApp's 24-hour rule): trying again
+    /// cannot help, so the row is abandoned at once with the reason
+    /// rather than retried by later sweeps.
+    pub async fn refused(&self, id: &str, error: &str) {
+        log_failure(
+            "mark refused",
+            self.store.abandon_obligation(id, error).await,
+        );
+    }
+
+    /// Records how a send ended.
+    pub async fn settle(&self, id: &str, result: &Result<(), SendError>) {
+        match result {
+            Ok(()) => self.delivered(id).await,
+            Err(e @ SendError::Rejected(_)) => self.refused(id, &e.to_string()).await,
+            Err(e) => self.failed(id, &e.to_string()).await,
+        }
     }
 
     /// Claims what this process should (re)send on the `deliverable`

@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use talaria_gateway::SendError;
 use talaria_gateway::ledger::{Ledger, Liveness, MAX_ATTEMPTS, RECOVERY_MARKER, obligation_id};
 use talaria_gateway::owner;
 use talaria_store::{LedgerStore, NewObligation, ObligationState, Owner, SqliteStore};
@@ -267,4 +268,53 @@ async fn two_sweeps_of_one_process_retry_each_of_its_failed_rows_once() {
         assert_eq!(stored.attempts, 1, "{id}");
         assert_eq!(stored.state, ObligationState::Attempting, "{id}");
     }
+}
+
+/// A send the platform refused for good is abandoned at once with its
+/// reason, so no sweep spends attempts on it; other failures stay open
+/// for the next sweep.
+#[tokio::test]
+async fn a_refused_send_is_abandoned_and_a_failed_one_stays_open() {
+    let (_dir, store) = store();
+    let me = owner::current();
+    let refused = row("refused", "telegram", me);
+    let failed = row("failed", "telegram", me);
+    let sent = row("sent", "telegram", me);
+    for r in [&refused, &failed, &sent] {
+        store.record_obligation(r.clone()).await.unwrap();
+    }
+    let ledger = Ledger::new(store.clone());
+    let outcomes = [
+        (
+            &refused,
+            Err(SendError::Rejected("the user opted out".into())),
+        ),
+        (&failed, Err(SendError::Transient("502".into()))),
+        (&sent, Ok(())),
+    ];
+    for (r, outcome) in &outcomes {
+        ledger.settle(&r.id, outcome).await;
+    }
+    let state = |id: String| {
+        let store = store.clone();
+        async move { store.obligation(&id).await.unwrap().unwrap() }
+    };
+    let r = state(refused.id.clone()).await;
+    assert_eq!(r.state, ObligationState::Abandoned);
+    assert!(
+        r.last_error.as_deref().unwrap_or("").contains("opted out"),
+        "{r:?}"
+    );
+    assert_eq!(
+        state(failed.id.clone()).await.state,
+        ObligationState::Failed
+    );
+    assert_eq!(
+        state(sent.id.clone()).await.state,
+        ObligationState::Delivered
+    );
+    // Only the failed row is tried again.
+    let claimed = ledger.sweep(&telegram()).await.unwrap();
+    let ids: Vec<&str> = claimed.iter().map(|c| c.obligation.id.as_str()).collect();
+    assert_eq!(ids, [failed.id.as_str()]);
 }

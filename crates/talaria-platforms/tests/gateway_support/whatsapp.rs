@@ -203,6 +203,18 @@ impl Rig {
     }
 
     /// Waits until some ledger row is `failed` and returns the open rows.
+    /// Waits until the ledger abandoned a reply, and returns the open
+    /// rows left.
+    pub async fn wait_for_abandoned(&self) -> Vec<Obligation> {
+        let store = self.store();
+        self.wait_for("an abandoned ledger row", || async {
+            let counts = store.obligation_counts().await.expect("ledger counts");
+            counts.contains_key(&ObligationState::Abandoned)
+        })
+        .await;
+        store.open_obligations().await.expect("open obligations")
+    }
+
     pub async fn wait_for_failed(&self) -> Vec<Obligation> {
         let store = self.store();
         self.wait_for("a failed ledger row", || async {
