@@ -8,7 +8,6 @@
 mod support;
 
 use support::*;
-use talaria_store::ObligationState;
 use talaria_testkit::Reply;
 use talaria_testkit::whatsapp::{delivery, signature, text};
 
