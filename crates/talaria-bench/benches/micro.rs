@@ -16,6 +16,7 @@ use talaria_core::Message;
 use talaria_gateway::adapter::{LengthUnit, MessageLimits};
 use talaria_gateway::ledger::{Ledger, Liveness};
 use talaria_gateway::{KeyPolicy, SessionKey, SessionSource};
+use talaria_store::sqlite::PAGE_SIZE;
 use talaria_store::{
     LedgerStore, NewObligation, NewSession, Owner, SearchQuery, SessionStore, SqliteStore,
 };
@@ -128,9 +129,10 @@ const WORDS: &[&str] = &[
     "repair",
 ];
 
-/// A database with `n` messages in sessions of 20, built once per size.
+/// A database with `n` messages in sessions of 20, built once per size
+/// (and page size: a database keeps the page size it was created with).
 fn search_db(n: usize) -> PathBuf {
-    let path = data_dir().join(format!("search-{n}.db"));
+    let path = data_dir().join(format!("search-{n}-p{PAGE_SIZE}.db"));
     if path.exists() {
         return path;
     }
@@ -227,7 +229,7 @@ const SWEEPER: Owner = Owner {
 
 /// A ledger with `n` open obligations of a dead owner, built once.
 fn ledger_db(n: usize) -> PathBuf {
-    let path = data_dir().join(format!("ledger-{n}.db"));
+    let path = data_dir().join(format!("ledger-{n}-p{PAGE_SIZE}.db"));
     if path.exists() {
         return path;
     }
