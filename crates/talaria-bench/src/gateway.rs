@@ -32,6 +32,9 @@ pub struct Sample {
     pub cpu_secs: f64,
     /// Resident set size, in bytes.
     pub rss_bytes: u64,
+    /// Its anonymous part (heap, stacks), in bytes: what the process
+    /// itself holds, as opposed to mapped pages of its binary.
+    pub rss_anon_bytes: u64,
     /// Bytes the process caused to be written to storage (page-dirtying
     /// time, so rewriting an already dirty page is not counted twice).
     pub write_bytes: u64,
@@ -141,11 +144,13 @@ impl Gateway {
         let cpu_secs = (ticks(11)? + ticks(12)?) / TICKS_PER_SEC;
         let status = std::fs::read_to_string(proc.join("status"))?;
         let rss_kb = field_value(&status, "VmRSS:").context("no VmRSS")?;
+        let anon_kb = field_value(&status, "RssAnon:").context("no RssAnon")?;
         let io = std::fs::read_to_string(proc.join("io"))?;
         let write_bytes = field_value(&io, "write_bytes:").context("no write_bytes")?;
         Ok(Sample {
             cpu_secs,
             rss_bytes: rss_kb * 1024,
+            rss_anon_bytes: anon_kb * 1024,
             write_bytes,
         })
     }

@@ -179,6 +179,7 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
 
     eprintln!("cold starts ({})", plan.cold_starts);
     let (mut health, mut first, mut idle, mut request) = (vec![], vec![], vec![], vec![]);
+    let mut idle_anon = Vec::new();
     for _ in 0..plan.cold_starts {
         let mut gw = Gateway::launch(talaria, &mock.base_url())?;
         let to_health = gw.wait_healthy(&http, Duration::from_secs(30)).await?;
@@ -194,7 +195,9 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
                 .load(std::sync::atomic::Ordering::Relaxed) as f64,
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
-        idle.push(gw.sample()?.rss_bytes as f64);
+        let sample = gw.sample()?;
+        idle.push(sample.rss_bytes as f64);
+        idle_anon.push(sample.rss_anon_bytes as f64);
         health.push(ms(to_health));
         first.push(ms(to_answer));
         gw.stop();
@@ -202,6 +205,7 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
     figures.cold_health_ms = median(&health);
     figures.cold_first_answer_ms = median(&first);
     figures.idle_rss_mb = median(&idle) / MB;
+    figures.idle_rss_anon_mb = median(&idle_anon) / MB;
     figures.first_request_bytes = median(&request);
 
     let mut gw = Gateway::launch(talaria, &mock.base_url())?;
@@ -365,7 +369,9 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
     let target = Target::gateway(http.clone(), &gw.base, API_KEY);
     let run = load::concurrent(&target, "soak1k", 32, Mode::Text, Stop::Turns(1_000)).await;
     check_errors(&run, &gw)?;
-    figures.rss_after_1k_mb = gw.sample()?.rss_bytes as f64 / MB;
+    let sample = gw.sample()?;
+    figures.rss_after_1k_mb = sample.rss_bytes as f64 / MB;
+    figures.rss_after_1k_anon_mb = sample.rss_anon_bytes as f64 / MB;
     let run = load::concurrent(
         &target,
         "soak",
@@ -376,7 +382,9 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
     .await;
     check_errors(&run, &gw)?;
     figures.soak_turns = plan.soak_turns;
-    figures.rss_after_soak_mb = gw.sample()?.rss_bytes as f64 / MB;
+    let sample = gw.sample()?;
+    figures.rss_after_soak_mb = sample.rss_bytes as f64 / MB;
+    figures.rss_after_soak_anon_mb = sample.rss_anon_bytes as f64 / MB;
     gw.stop();
     Ok(figures)
 }

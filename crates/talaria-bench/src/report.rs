@@ -19,6 +19,11 @@ pub struct Figures {
     pub rss_after_load_mb: f64,
     pub rss_after_1k_mb: f64,
     pub rss_after_soak_mb: f64,
+    /// The anonymous part of the RSS figures (heap, stacks; not the
+    /// binary's mapped code and data, which the kernel can drop and share).
+    pub idle_rss_anon_mb: f64,
+    pub rss_after_1k_anon_mb: f64,
+    pub rss_after_soak_anon_mb: f64,
     pub soak_turns: u64,
     /// The mock alone, sequential, the same client: the harness's floor.
     pub mock_sequential_p50_ms: f64,
@@ -256,6 +261,11 @@ pub fn markdown(f: &Figures) -> String {
         f.disk_bytes_per_turn / 1000.0,
         f.db_growth_bytes_per_turn / 1000.0,
         f.first_request_bytes / 1000.0
+    ));
+    s.push_str(&format!(
+        "Anonymous memory (RssAnon): {:.1} MB idle, {:.1} MB after 1,000 soak turns, \
+         {:.1} MB after {}.\n",
+        f.idle_rss_anon_mb, f.rss_after_1k_anon_mb, f.rss_after_soak_anon_mb, f.soak_turns,
     ));
     s
 }
