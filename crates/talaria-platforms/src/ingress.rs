@@ -23,7 +23,7 @@
 //!   overlapping routes when they are merged, at startup.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use axum::Router;
@@ -142,7 +142,7 @@ impl Ingress {
     /// # Errors
     /// [`BindError`] with what the operating system said.
     pub async fn bind(host: &str, port: u16) -> Result<Ingress, BindError> {
-        if !is_loopback(host) {
+        if !crate::net::is_loopback(host) {
             tracing::warn!(
                 %host,
                 "the webhook listener is reachable beyond this machine; prefer 127.0.0.1 behind \
@@ -223,28 +223,11 @@ async fn not_found() -> Response {
         .into_response()
 }
 
-/// Whether `host` names this machine only.
-pub(crate) fn is_loopback(host: &str) -> bool {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    bare.eq_ignore_ascii_case("localhost")
-        || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::routing::post;
     use talaria_gateway::LivenessReporter;
-
-    #[test]
-    fn loopback_hosts() {
-        for host in ["127.0.0.1", "localhost", "::1", "[::1]", "LOCALHOST"] {
-            assert!(is_loopback(host), "{host}");
-        }
-        for host in ["0.0.0.0", "example.org", "192.168.1.2", "::"] {
-            assert!(!is_loopback(host), "{host}");
-        }
-    }
 
     #[tokio::test]
     async fn health_waits_for_every_platform_and_routes_reach_their_handlers() {

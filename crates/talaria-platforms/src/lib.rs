@@ -36,6 +36,7 @@ mod listen;
 pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
+mod net;
 #[cfg(feature = "signal")]
 pub mod signal;
 #[cfg(feature = "slack")]

@@ -24,7 +24,6 @@ pub mod parse;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -83,9 +82,7 @@ pub struct Endpoint {
 
 impl Endpoint {
     fn is_loopback(&self) -> bool {
-        let host = self.host.trim_start_matches('[').trim_end_matches(']');
-        host.eq_ignore_ascii_case("localhost")
-            || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        crate::net::is_loopback(&self.host)
     }
 }
 

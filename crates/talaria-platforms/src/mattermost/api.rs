@@ -183,15 +183,8 @@ impl Api {
 /// The wait a 429 asks for: `Retry-After`, else `X-Ratelimit-Reset`
 /// (Mattermost's: seconds until the quota resets), whichever is present.
 fn retry_after(headers: &HeaderMap) -> Option<u64> {
-    let secs = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(|s| s.ceil() as u64)
-    };
-    secs(RETRY_AFTER.as_str()).or_else(|| secs("x-ratelimit-reset"))
+    crate::net::header_secs(headers, RETRY_AFTER.as_str())
+        .or_else(|| crate::net::header_secs(headers, "x-ratelimit-reset"))
 }
 
 /// `GET /users/me`: the bot's own account.

@@ -224,12 +224,7 @@ fn clip(text: &str) -> String {
 /// The wait a 429 asks for, from `Retry-After` (whole or fractional
 /// seconds, rounded up).
 fn retry_after(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| s.ceil() as u64)
+    crate::net::header_secs(headers, RETRY_AFTER.as_str())
 }
 
 /// Percent-encodes one path segment (an account number keeps its `+`,

@@ -270,12 +270,7 @@ impl Api {
 
 /// `Retry-After` in whole seconds (Graph rarely sends one; proxies do).
 fn retry_after(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| s.ceil() as u64)
+    crate::net::header_secs(headers, RETRY_AFTER.as_str())
 }
 
 /// The id of the sent message in Graph's answer (`messages[0].id`).
