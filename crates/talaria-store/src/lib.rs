@@ -7,6 +7,8 @@
 //!   pairing), as traits the backends implement.
 //! - [`cron`]: scheduled jobs and the claimed record of their runs.
 //! - [`sqlite`]: the embedded backend (bundled SQLite, WAL, FTS5).
+//! - [`postgres`]: the shared backend for several nodes (PostgreSQL, a
+//!   connection pool, `tsvector` search, `SKIP LOCKED` claims).
 //! - [`fts`]: turning user text into a safe FTS5 query.
 //!
 //! # Invariant
@@ -22,6 +24,7 @@ use talaria_core::Message;
 pub mod cron;
 pub mod fts;
 pub mod gateway;
+pub mod postgres;
 pub mod sqlite;
 
 pub use gateway::{
@@ -34,6 +37,7 @@ pub use cron::{
     Advance, CronJob, CronStore, JobOrigin, JobState, Misfire, NewCronJob, Occurrence,
     OccurrenceClaim, OccurrenceEnd, OccurrenceStatus, Trigger,
 };
+pub use postgres::{PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore};
 
 /// Most matching messages one search ranks (the newest).
