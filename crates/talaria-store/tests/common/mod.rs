@@ -225,6 +225,7 @@ impl Fixture<PostgresStore> {
 
 /// Makes `sqlite::$name` and `postgres::$name` tests of each generic
 /// `async fn $name<S>(f: Fixture<S>)` listed.
+#[allow(unused_macros)]
 macro_rules! contract_tests {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
