@@ -14,11 +14,11 @@ use std::sync::Arc;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use talaria_core::Message;
 use talaria_gateway::adapter::{LengthUnit, MessageLimits};
-use talaria_gateway::ledger::{Ledger, Liveness};
+use talaria_gateway::ledger::Ledger;
 use talaria_gateway::{KeyPolicy, SessionKey, SessionSource};
 use talaria_store::sqlite::PAGE_SIZE;
 use talaria_store::{
-    LedgerStore, NewObligation, NewSession, Owner, SearchQuery, SessionStore, SqliteStore,
+    LedgerStore, NewObligation, NewSession, NodeId, SearchQuery, SessionStore, SqliteStore,
 };
 
 /// Full sizes under `cargo bench`, small ones in test mode.
@@ -214,22 +214,10 @@ fn search(c: &mut Criterion) {
 }
 
 /// Every owner but the sweeping one is dead.
-struct AllDead;
-
-impl Liveness for AllDead {
-    fn is_alive(&self, _owner: &Owner) -> bool {
-        false
-    }
-}
-
-const SWEEPER: Owner = Owner {
-    pid: 1,
-    started_at: Some(1),
-};
-
-/// A ledger with `n` open obligations of a dead owner, built once.
+/// A ledger with `n` open obligations of a node that is gone (it never
+/// announced itself, which a sweep reads as dead), built once.
 fn ledger_db(n: usize) -> PathBuf {
-    let path = data_dir().join(format!("ledger-{n}-p{PAGE_SIZE}.db"));
+    let path = data_dir().join(format!("ledger-nodes-{n}-p{PAGE_SIZE}.db"));
     if path.exists() {
         return path;
     }
@@ -248,10 +236,7 @@ fn ledger_db(n: usize) -> PathBuf {
                     thread_id: None,
                     reply_to: Some(format!("{i}")),
                     content: "An answer that was cut off by a crash.".to_owned(),
-                    owner: Owner {
-                        pid: 999_999,
-                        started_at: Some(7),
-                    },
+                    owner: NodeId::new("gone").expect("a node id"),
                 })
                 .await
                 .expect("record");
@@ -280,7 +265,10 @@ fn ledger_sweep(c: &mut Criterion) {
                 let path = dir.path().join("state.db");
                 std::fs::copy(&template, &path).expect("copy");
                 let store = Arc::new(SqliteStore::open(&path).expect("a store"));
-                (dir, Ledger::with_owner(store, SWEEPER, Arc::new(AllDead)))
+                (
+                    dir,
+                    Ledger::new(store, NodeId::new("sweeper").expect("a node id")),
+                )
             },
             |(_dir, ledger)| {
                 let claimed = rt.block_on(ledger.sweep(&deliverable)).expect("sweep");

@@ -16,6 +16,7 @@ use talaria_gateway::gateway::{Gateway, GatewayParts, report_service};
 use talaria_gateway::hooks::Hooks;
 use talaria_gateway::ledger::Ledger;
 use talaria_gateway::messenger::GatewayMessenger;
+use talaria_gateway::node::Node;
 use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
 use talaria_platforms::api_server::{ApiServer, ApiServerSettings};
@@ -125,7 +126,7 @@ pub fn standalone_delivery(rt: &Runtime) -> anyhow::Result<Delivery> {
         .config
         .gateway
         .delivery_ledger
-        .then(|| Ledger::new(rt.gateway_store.clone()));
+        .then(|| Ledger::new(rt.gateway_store.clone(), Node::current().id().clone()));
     Ok(Delivery::new(adapters, ledger)
         .with_homes(Arc::new(homes))
         .with_local_dir(rt.home.cron_output_dir()))

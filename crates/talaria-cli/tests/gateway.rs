@@ -322,16 +322,21 @@ async fn a_reply_cut_off_by_sigkill_is_sent_once_after_restart_with_the_recovery
     second.wait().unwrap();
 }
 
-/// The ledger's open rows (owner pid, content).
-async fn ledger_open_rows(home: &Home) -> Vec<(u32, String)> {
+/// The ledger's open rows (owner node, content).
+async fn ledger_open_rows(home: &Home) -> Vec<(String, String)> {
     use talaria_store::LedgerStore;
     let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
     store
-        .open_obligations()
+        .open_obligations(0)
         .await
         .unwrap()
         .into_iter()
-        .map(|o| (o.owner.map(|o| o.pid).unwrap_or(0), o.content))
+        .map(|o| {
+            (
+                o.owner.map(|o| o.to_string()).unwrap_or_default(),
+                o.content,
+            )
+        })
         .collect()
 }
 

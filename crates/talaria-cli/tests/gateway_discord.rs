@@ -25,7 +25,7 @@ fn home(llm: &MockOpenAi, dc: &FakeDiscord) -> Home {
 async fn open_rows(home: &Home) -> usize {
     use talaria_store::LedgerStore;
     let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
-    store.open_obligations().await.unwrap().len()
+    store.open_obligations(0).await.unwrap().len()
 }
 
 fn logs(home: &Home) -> String {

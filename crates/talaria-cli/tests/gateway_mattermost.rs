@@ -30,7 +30,7 @@ fn home(llm: &MockOpenAi, mm: &FakeMattermost) -> Home {
 async fn open_ledger_rows(home: &Home) -> Vec<String> {
     let store = SqliteStore::open(&home.root.join("state.db")).unwrap();
     store
-        .open_obligations()
+        .open_obligations(0)
         .await
         .unwrap()
         .into_iter()

@@ -33,7 +33,7 @@ async fn ledger_open_rows(home: &Home) -> Vec<String> {
     use talaria_store::LedgerStore;
     let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
     store
-        .open_obligations()
+        .open_obligations(0)
         .await
         .unwrap()
         .into_iter()

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::adapter::{Adapter, OutboundMessage, SendError};
 use crate::event::MessageEvent;
-use crate::ledger::{Claimed, Ledger};
+use crate::ledger::{Attempt, Claimed, Ledger};
 use crate::split::split_message;
 use crate::target::{HomeChannels, Target, TargetError};
 
@@ -319,7 +319,7 @@ impl Delivery {
         text: &str,
         preview: Option<&str>,
     ) -> Result<(), SendError> {
-        let id = match &self.ledger {
+        let attempt = match &self.ledger {
             Some(ledger) => {
                 ledger
                     .record(
@@ -335,12 +335,9 @@ impl Delivery {
             }
             None => None,
         };
-        if let (Some(ledger), Some(id)) = (&self.ledger, &id) {
-            ledger.attempting(id).await;
-        }
         let result = self.send_over(to, text, preview).await;
-        if let (Some(ledger), Some(id)) = (&self.ledger, &id) {
-            ledger.settle(id, &result).await;
+        if let (Some(ledger), Some(attempt)) = (&self.ledger, &attempt) {
+            ledger.settle(attempt, &result).await;
         }
         if let Err(e) = &result {
             tracing::warn!(platform = %to.platform, error = %e, "could not deliver a reply");
@@ -348,10 +345,10 @@ impl Delivery {
         result
     }
 
-    /// Sends an obligation claimed by a sweep. The claim already moved the
-    /// row to `attempting`, so a crash now leaves a row the next sweep marks
-    /// as a possible duplicate, and a second sweep by this process leaves
-    /// it alone.
+    /// Sends an obligation claimed by a sweep. The claim already started
+    /// its attempt, so a crash now leaves a row the next sweep marks as a
+    /// possible duplicate, and a second sweep leaves it alone while the
+    /// attempt's lease lasts.
     pub async fn redeliver(&self, claimed: &Claimed) -> Result<(), SendError> {
         let Some(ledger) = &self.ledger else {
             return Ok(());
@@ -372,7 +369,11 @@ impl Delivery {
                 tracing::warn!(id = %row.id, error = %e, "could not redeliver a recovered reply");
             }
         }
-        ledger.settle(&row.id, &result).await;
+        let attempt = Attempt {
+            id: row.id.clone(),
+            number: claimed.attempt(),
+        };
+        ledger.settle(&attempt, &result).await;
         result
     }
 }

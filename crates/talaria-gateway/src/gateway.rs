@@ -17,6 +17,7 @@ use crate::delivery::Delivery;
 use crate::hooks::{Hooks, events};
 use crate::ledger::Ledger;
 use crate::maintenance::{Maintenance, PeriodicTask};
+use crate::node::Node;
 use crate::process::{AdapterStatus, GatewayStatus, write_status};
 use crate::router::{EXPIRY_FIRST_RUN, EXPIRY_INTERVAL, ExpiryWatcher};
 use crate::runner::{Runner, RunnerParts};
@@ -38,6 +39,9 @@ const STATUS_DEBOUNCE: Duration = Duration::from_millis(50);
 /// How long a stopping gateway waits for its `gateway:shutdown` hooks;
 /// runs still going then are killed.
 const SHUTDOWN_HOOKS_WAIT: Duration = Duration::from_secs(15);
+
+/// How often the ledger is swept besides when adapters go live.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(15);
 
 /// How often delivered and abandoned ledger rows are pruned.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -75,6 +79,9 @@ pub struct GatewayParts {
 
 /// A gateway ready to run.
 pub struct Gateway {
+    /// This process as a node of the deployment: the owner of its ledger
+    /// rows, kept alive by a heartbeat while it runs.
+    node: Node,
     config: Arc<Config>,
     home: Home,
     adapters: Vec<Arc<dyn Adapter>>,
@@ -103,10 +110,11 @@ impl Gateway {
             lock_dir,
             hooks,
         } = parts;
+        let node = Node::current();
         let ledger = config
             .gateway
             .delivery_ledger
-            .then(|| Ledger::new(store.clone()));
+            .then(|| Ledger::new(store.clone(), node.id().clone()));
         let platforms: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
         let homes = HomeChannels::load(&config.gateway.home_channels, &env, &platforms);
         let delivery = Delivery::new(adapters.clone(), ledger)
@@ -141,6 +149,7 @@ impl Gateway {
             None
         };
         Gateway {
+            node,
             config,
             home,
             adapters,
@@ -177,6 +186,10 @@ impl Gateway {
         &self.runner
     }
 
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
     /// Runs until `shutdown` fires, then stops in order: adapters stop
     /// receiving, events already received are still taken, running turns
     /// get `gateway.drain_timeout_secs` to finish before they are
@@ -190,6 +203,17 @@ impl Gateway {
             events::GATEWAY_STARTUP,
             serde_json::json!({ "platforms": platforms }),
         );
+        // Alive before anything is recorded under this node's name; the
+        // heartbeat keeps it so until the very end of the stop.
+        if let Err(e) = self.node.announce(self.store.as_ref()).await {
+            tracing::warn!(error = %e, "cannot announce this gateway in the store; retrying with the heartbeat");
+        }
+        let beating = CancellationToken::new();
+        let heartbeat = tokio::spawn(crate::node::heartbeat(
+            self.store.clone(),
+            self.node.clone(),
+            beating.clone(),
+        ));
         let (inbox, events) = Inbox::channel(INBOX_CAPACITY);
         let receiving = CancellationToken::new();
         let mut supervisors = Vec::new();
@@ -261,6 +285,8 @@ impl Gateway {
         }
         background.cancel();
         let _ = status.await;
+        beating.cancel();
+        let _ = heartbeat.await;
         write_snapshot(
             &self.home,
             &self.runner,
@@ -361,7 +387,36 @@ impl Gateway {
                 PRUNE_INTERVAL,
                 move || prune_ledger(delivery.clone()),
             ));
+            // Sweeps happen when an adapter goes live; this one catches the
+            // rest: replies owed by a node that died while this one's
+            // adapters stayed up, and this node's own failed sends.
+            let (delivery, board) = (self.delivery.clone(), self.board.clone());
+            tasks.push(PeriodicTask::new(
+                "ledger-sweep",
+                SWEEP_INTERVAL,
+                move || {
+                    let (delivery, board) = (delivery.clone(), board.clone());
+                    async move {
+                        crate::supervisor::sweep_platforms(board.live(), &delivery).await;
+                        Ok(())
+                    }
+                },
+            ));
         }
+        let store = self.store.clone();
+        tasks.push(PeriodicTask::new(
+            "nodes-forget",
+            PRUNE_INTERVAL,
+            move || {
+                let store = store.clone();
+                async move {
+                    crate::node::forget_dead(store.as_ref())
+                        .await
+                        .map(drop)
+                        .map_err(|e| format!("cannot forget dead nodes: {e}"))
+                }
+            },
+        ));
         let store = self.store.clone();
         tasks.push(PeriodicTask::new(
             "inbound-prune",

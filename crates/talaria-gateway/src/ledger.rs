@@ -1,30 +1,31 @@
-//! The delivery ledger's policy: obligation ids, the dead-owner rule, the
-//! sweep, and pruning. The atomic parts (the guarded claim) are the
-//! store's.
+//! The delivery ledger's policy: obligation ids, the sweep, and pruning.
+//! The atomic parts (the claim, the fenced settlement) are the store's.
 //!
-//! Every final reply is recorded before it is sent and marked when the send
-//! ends. If the process dies in between, the row keeps a dead owner; the
-//! next gateway (at boot, and whenever an adapter reconnects) claims it and
-//! sends it again, first line saying it may be a duplicate unless the row
-//! was never handed to the platform. Two gateways sweeping at once cannot
-//! both claim a row: the claim is an update guarded on the owner read
-//! before it. Nor can two sweeps of one process (two adapters reconnecting
-//! together) both re-claim its own failed row, where the owner read is the
-//! owner written: the store refuses a claim of a row already `attempting`
-//! under the claimer.
+//! Every final reply is recorded before it is sent, owned by this node, and
+//! settled when the send ends. Each send is a numbered attempt, and only
+//! the latest attempt may settle the row. If the node dies in between, its
+//! lease in the store runs out (or, on the same host, its process is seen
+//! to be gone) and a sweep on any node (at boot, whenever an adapter
+//! reconnects, and periodically) claims the row and sends it again, first
+//! line saying it may be a duplicate unless the row was never handed to the
+//! platform. Two nodes sweeping at once never claim one row twice, and a
+//! node that lost a row can report on it late without effect.
 //!
-//! The ledger is best effort by design: a failure to record or mark a row
-//! is logged and the reply goes out anyway.
+//! The ledger is best effort by design: a failure to record or settle a
+//! row is logged and the reply goes out anyway.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use talaria_store::{LedgerStore, NewObligation, Obligation, ObligationState, Owner, StoreError};
+use talaria_store::{
+    ClaimedObligation, GatewayStore, NewObligation, NodeId, Obligation, ObligationState, OwedClaim,
+    StoreError,
+};
 
 use crate::adapter::SendError;
-use crate::owner;
+use crate::node;
 
 /// Sends allowed per obligation, counting the first.
 pub const MAX_ATTEMPTS: u32 = 3;
@@ -50,9 +51,15 @@ pub fn obligation_id(session_key: &str, message_ref: &str, content: &str) -> Str
     digest.iter().take(12).map(|b| format!("{b:02x}")).collect()
 }
 
-/// An obligation this process won in a sweep and must now send.
+/// How long one send attempt is its sender's. A send still unsettled then
+/// is presumed stuck, and another sweep may claim the row (its late report
+/// is fenced out).
+pub const ATTEMPT_LEASE: Duration = Duration::from_secs(120);
+
+/// An obligation this node won in a sweep and must now send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claimed {
+    /// The row as claimed: its `attempts` is this attempt's number.
     pub obligation: Obligation,
     /// The earlier send may have reached the user: say it may be a duplicate.
     pub needs_marker: bool,
@@ -67,61 +74,54 @@ impl Claimed {
             self.obligation.content.clone()
         }
     }
-}
 
-/// Rows claimed per transaction by a sweep.
-const CLAIM_CHUNK: usize = 1000;
-
-/// Decides whether an owner is alive. A trait so tests can stage owners
-/// that are alive or dead without real processes.
-pub trait Liveness: Send + Sync {
-    fn is_alive(&self, owner: &Owner) -> bool;
-}
-
-/// The real rule: the process exists and has the recorded start time.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ProcessLiveness;
-
-impl Liveness for ProcessLiveness {
-    fn is_alive(&self, owner: &Owner) -> bool {
-        owner::is_alive(owner)
+    /// The attempt number that settles it.
+    pub fn attempt(&self) -> u32 {
+        self.obligation.attempts
     }
 }
 
-/// The ledger, as this process uses it.
+impl From<ClaimedObligation> for Claimed {
+    fn from(c: ClaimedObligation) -> Claimed {
+        Claimed {
+            needs_marker: c.previous != ObligationState::Pending,
+            obligation: c.obligation,
+        }
+    }
+}
+
+/// Rows claimed per store call by a sweep.
+const CLAIM_CHUNK: usize = 1000;
+
+/// The ledger, as this node uses it.
 #[derive(Clone)]
 pub struct Ledger {
-    store: Arc<dyn LedgerStore>,
-    me: Owner,
-    liveness: Arc<dyn Liveness>,
+    store: Arc<dyn GatewayStore>,
+    /// This node: the owner of what it records.
+    me: NodeId,
+}
+
+/// A recorded reply this node is sending: its row and attempt number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub id: String,
+    pub number: u32,
 }
 
 impl Ledger {
-    /// A ledger owned by this process.
-    pub fn new(store: Arc<dyn LedgerStore>) -> Ledger {
-        Ledger::with_owner(store, owner::current(), Arc::new(ProcessLiveness))
+    /// The ledger of node `me`. The node must be announced (see
+    /// [`crate::node`]) before it records anything, or other nodes take its
+    /// rows for a dead node's.
+    pub fn new(store: Arc<dyn GatewayStore>, me: NodeId) -> Ledger {
+        Ledger { store, me }
     }
 
-    /// A ledger with an explicit owner identity and liveness rule (tests
-    /// that play several gateways in one process).
-    pub fn with_owner(
-        store: Arc<dyn LedgerStore>,
-        me: Owner,
-        liveness: Arc<dyn Liveness>,
-    ) -> Ledger {
-        Ledger {
-            store,
-            me,
-            liveness,
-        }
+    pub fn node(&self) -> &NodeId {
+        &self.me
     }
 
-    pub fn owner(&self) -> Owner {
-        self.me
-    }
-
-    /// Records a reply about to be sent; returns its id, or `None` when the
-    /// ledger is unavailable (the reply is sent anyway).
+    /// Records a reply about to be sent and starts its first attempt;
+    /// `None` when the ledger is unavailable (the reply is sent anyway).
     #[allow(clippy::too_many_arguments)]
     pub async fn record(
         &self,
@@ -132,7 +132,7 @@ impl Ledger {
         thread_id: Option<&str>,
         reply_to: Option<&str>,
         content: &str,
-    ) -> Option<String> {
+    ) -> Option<Attempt> {
         let id = obligation_id(session_key, message_ref, content);
         let row = NewObligation {
             id: id.clone(),
@@ -142,130 +142,112 @@ impl Ledger {
             thread_id: thread_id.map(str::to_owned),
             reply_to: reply_to.map(str::to_owned),
             content: content.to_owned(),
-            owner: self.me,
+            owner: self.me.clone(),
         };
-        match self.store.record_obligation(row).await {
-            Ok(()) => Some(id),
+        if let Err(e) = self.store.record_obligation(row).await {
+            tracing::warn!(error = %e, "could not record the reply in the delivery ledger; sending it anyway");
+            return None;
+        }
+        match self
+            .store
+            .begin_attempt(&id, &self.me, ATTEMPT_LEASE.as_secs_f64())
+            .await
+        {
+            Ok(Some(number)) => Some(Attempt { id, number }),
+            Ok(None) => {
+                // Recorded a moment ago as ours and pending: only a sweep
+                // that took us for dead can have moved it. It sends it.
+                tracing::warn!(id = %id, "a reply was claimed by another node before it was sent; leaving it to that node");
+                None
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "could not record the reply in the delivery ledger; sending it anyway");
+                tracing::warn!(error = %e, "could not start the reply's delivery in the ledger; sending it anyway");
                 None
             }
         }
     }
 
-    pub async fn attempting(&self, id: &str) {
-        log_failure("mark attempting", self.store.mark_attempting(id).await);
-    }
-
-    pub async fn delivered(&self, id: &str) {
-        log_failure("mark delivered", self.store.mark_delivered(id).await);
-    }
-
-    pub async fn failed(&self, id: &str, error: &str) {
-        log_failure("mark failed", self.store.mark_failed(id, error).await);
-    }
-
-    /// Records a send the platform refused for good (an unknown chat, a
-    /// recipient who opted out, WhatsApp's 24-hour rule): trying again
-    /// cannot help, so the row is abandoned at once with the reason
-    /// rather than retried by later sweeps.
-    pub async fn refused(&self, id: &str, error: &str) {
-        log_failure(
-            "mark refused",
-            self.store.abandon_obligation(id, error).await,
-        );
-    }
-
-    /// Records how a send ended.
-    pub async fn settle(&self, id: &str, result: &Result<(), SendError>) {
-        match result {
-            Ok(()) => self.delivered(id).await,
-            Err(e @ SendError::Rejected(_)) => self.refused(id, &e.to_string()).await,
-            Err(e) => self.failed(id, &e.to_string()).await,
+    /// Records how attempt `attempt` of a send ended. A send the platform
+    /// refused for good (an unknown chat, a recipient who opted out,
+    /// WhatsApp's 24-hour rule) is abandoned at once with the reason: trying
+    /// again cannot help.
+    pub async fn settle(&self, attempt: &Attempt, result: &Result<(), SendError>) {
+        let (id, n) = (attempt.id.as_str(), attempt.number);
+        let outcome = match result {
+            Ok(()) => self.store.mark_delivered(id, n).await,
+            Err(e @ SendError::Rejected(_)) => {
+                self.store
+                    .abandon_obligation(id, Some(n), &e.to_string())
+                    .await
+            }
+            Err(e) => self.store.mark_failed(id, n, &e.to_string()).await,
+        };
+        match outcome {
+            Ok(true) => {}
+            Ok(false) => tracing::info!(
+                id,
+                attempt = n,
+                "a send ended after another node took the reply over; its report is ignored"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "delivery ledger: could not record how a send ended")
+            }
         }
     }
 
-    /// Claims what this process should (re)send on the `deliverable`
+    /// Claims what this node should (re)send on the `deliverable`
     /// platforms, abandoning what is over budget.
     ///
-    /// Considered: open rows whose owner is dead, and this process's own
-    /// failed rows (a send that failed while the platform was down is tried
-    /// again when it comes back). Rows of live owners, including this
-    /// process's pending and attempting ones, are in someone's hands and are
-    /// skipped. Over-budget rows are abandoned whatever their platform;
-    /// rows of platforms not connected now are left untouched, so no
-    /// attempt is spent while a platform is down.
+    /// First declares dead the nodes of this host whose process is gone,
+    /// so a gateway restarted after a crash takes over at once. Then claims,
+    /// in chunks: rows of dead or unknown nodes, attempts that outlived
+    /// their lease, and this node's own failed rows (a send that failed
+    /// while the platform was down is tried again when it comes back).
+    /// Over-budget rows are abandoned whatever their platform; rows of
+    /// platforms not connected here are left for a node that has them.
     pub async fn sweep(&self, deliverable: &HashSet<String>) -> Result<Vec<Claimed>, StoreError> {
-        let now = talaria_core::unix_now();
-        let mut candidates = Vec::new();
-        for row in self.store.open_obligations().await? {
-            let mine = row.owner == Some(self.me);
-            let orphaned = match &row.owner {
-                None => true,
-                Some(_) if mine => row.state == ObligationState::Failed,
-                Some(o) => !self.liveness.is_alive(o),
-            };
-            if !orphaned {
-                continue;
-            }
-            if row.attempts >= MAX_ATTEMPTS || now - row.created_at > STALE_AFTER.as_secs_f64() {
-                let reason = if row.attempts >= MAX_ATTEMPTS {
-                    "gave up after the maximum number of attempts"
-                } else {
-                    "older than 24 hours"
-                };
-                tracing::warn!(id = %row.id, platform = %row.platform, reason, "abandoning an undelivered reply");
-                self.store.abandon_obligation(&row.id, reason).await?;
-                continue;
-            }
-            if deliverable.contains(&row.platform) {
-                candidates.push(row);
-            }
+        if let Err(e) = node::reap_local(self.store.as_ref(), &self.me).await {
+            tracing::warn!(error = %e, "could not check this host's gateways for dead ones");
         }
-        // Claimed in chunks, each one transaction: after a crash with many
-        // owed replies, a claim per transaction would take seconds per
-        // thousand rows. Each row is still guarded on its own owner.
+        let now = self.store.clock().await?;
+        let claim = OwedClaim {
+            claimer: self.me.clone(),
+            platforms: deliverable.iter().cloned().collect(),
+            limit: CLAIM_CHUNK,
+            lease: ATTEMPT_LEASE.as_secs_f64(),
+            max_attempts: MAX_ATTEMPTS,
+            stale_before: now - STALE_AFTER.as_secs_f64(),
+        };
         let mut claimed = Vec::new();
-        let mut rows = candidates.into_iter().peekable();
-        while rows.peek().is_some() {
-            let chunk: Vec<Obligation> = rows.by_ref().take(CLAIM_CHUNK).collect();
-            let claims: Vec<(String, Option<Owner>)> =
-                chunk.iter().map(|r| (r.id.clone(), r.owner)).collect();
-            let won = self.store.claim_obligations(&claims, self.me).await?;
-            for (row, won) in chunk.into_iter().zip(won) {
-                if !won {
-                    continue;
-                }
-                let needs_marker = row.state != ObligationState::Pending;
-                claimed.push(Claimed {
-                    obligation: Obligation {
-                        attempts: row.attempts + 1,
-                        owner: Some(self.me),
-                        ..row
-                    },
-                    needs_marker,
-                });
+        loop {
+            let batch = self.store.claim_owed(&claim).await?;
+            let done = batch.claimed.len() + batch.abandoned.len() < CLAIM_CHUNK;
+            for row in &batch.abandoned {
+                tracing::warn!(
+                    id = %row.id,
+                    platform = %row.platform,
+                    reason = row.last_error.as_deref().unwrap_or(""),
+                    "abandoning an undelivered reply"
+                );
+            }
+            claimed.extend(batch.claimed.into_iter().map(Claimed::from));
+            if done {
+                return Ok(claimed);
             }
         }
-        Ok(claimed)
     }
 
     /// Deletes delivered and abandoned rows past the retention period.
     pub async fn prune(&self) -> Result<u64, StoreError> {
+        let now = self.store.clock().await?;
         self.store
-            .prune_obligations(talaria_core::unix_now() - RETENTION.as_secs_f64())
+            .prune_obligations(now - RETENTION.as_secs_f64())
             .await
     }
 
     /// Rows per state, for `gateway status`.
     pub async fn counts(&self) -> Result<BTreeMap<ObligationState, u64>, StoreError> {
         self.store.obligation_counts().await
-    }
-}
-
-fn log_failure(what: &str, result: Result<(), StoreError>) {
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "delivery ledger: could not {what}");
     }
 }
 

@@ -25,8 +25,8 @@
 //! - [`messenger`]: the agent's `send_message` tool, delivered through
 //!   the ledger.
 //! - [`control`]: the local socket `talaria send` hands messages over.
-//! - [`ledger`]: the delivery ledger's policy: obligation ids, dead owners,
-//!   the sweep.
+//! - [`ledger`]: the delivery ledger's policy: obligation ids, fenced
+//!   attempts, the sweep.
 //! - [`preview`]: streaming previews, one message edited as the answer
 //!   grows.
 //! - [`target`]: the delivery-target grammar (`origin`, `local`,
@@ -51,6 +51,8 @@
 //!
 //! - [`owner`]: this process's identity (pid plus start time) and whether
 //!   another process is still alive.
+//! - [`node`]: this gateway as a node of its deployment: its id, its
+//!   heartbeat, and dead neighbours on the same host.
 //! - [`process`]: the PID file under an exclusive lock, and the state file
 //!   `talaria gateway status` reads.
 //! - [`token_lock`]: one gateway per bot credential on a machine.
@@ -69,6 +71,7 @@ pub mod key;
 pub mod ledger;
 pub mod maintenance;
 pub mod messenger;
+pub mod node;
 pub mod owner;
 pub mod pairing;
 pub mod preview;

@@ -13,7 +13,16 @@ use std::sync::OnceLock;
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
-pub use talaria_store::gateway::Owner;
+use serde::{Deserialize, Serialize};
+
+/// A process: its pid and its start time (clock ticks since boot, from
+/// `/proc/<pid>/stat`), so a recycled pid is not mistaken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Owner {
+    pub pid: u32,
+    /// `None` where the start time could not be read.
+    pub started_at: Option<u64>,
+}
 
 /// This process: its pid and its start time (read once, then cached).
 pub fn current() -> Owner {

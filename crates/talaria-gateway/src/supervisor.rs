@@ -202,24 +202,30 @@ async fn follow_liveness(
 
 /// Claims and re-sends what is owed to `platform`.
 pub async fn sweep(platform: &str, delivery: &Delivery) {
+    sweep_platforms([platform.to_owned()].into(), delivery).await;
+}
+
+/// Claims and re-sends what is owed to any of `platforms`, oldest first.
+pub async fn sweep_platforms(platforms: HashSet<String>, delivery: &Delivery) {
     let Some(ledger) = delivery.ledger() else {
         return;
     };
-    let deliverable: HashSet<String> = [platform.to_owned()].into();
-    match ledger.sweep(&deliverable).await {
+    if platforms.is_empty() {
+        return;
+    }
+    match ledger.sweep(&platforms).await {
         Ok(claimed) => {
             if !claimed.is_empty() {
                 tracing::info!(
-                    platform,
                     count = claimed.len(),
-                    "redelivering replies owed from before a restart"
+                    "redelivering replies owed by a failed send or a stopped gateway"
                 );
             }
             for row in &claimed {
                 let _ = delivery.redeliver(row).await;
             }
         }
-        Err(e) => tracing::warn!(platform, error = %e, "delivery ledger sweep failed"),
+        Err(e) => tracing::warn!(error = %e, "delivery ledger sweep failed"),
     }
 }
 

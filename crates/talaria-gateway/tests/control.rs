@@ -65,7 +65,7 @@ fn setup() -> Setup {
     let homes = HomeChannels::load(&Default::default(), &env, &["telegram"]);
     let delivery = Delivery::new(
         vec![adapter.clone() as Arc<dyn Adapter>],
-        Some(Ledger::new(store.clone())),
+        Some(Ledger::new(store.clone(), talaria_store::NodeId::random())),
     )
     .with_homes(Arc::new(homes))
     .with_local_dir(dir.path().join("cron/output"));

@@ -6,17 +6,47 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use talaria_gateway::SendError;
-use talaria_gateway::ledger::{Ledger, Liveness, MAX_ATTEMPTS, RECOVERY_MARKER, obligation_id};
+use talaria_gateway::ledger::{Ledger, MAX_ATTEMPTS, RECOVERY_MARKER, obligation_id};
+use talaria_gateway::node::{Node, host_name};
 use talaria_gateway::owner;
-use talaria_store::{LedgerStore, NewObligation, ObligationState, Owner, SqliteStore};
+use talaria_store::{
+    ClusterStore, GatewayStore, LedgerStore, NewObligation, NodeAnnouncement, NodeId,
+    ObligationState, OwedClaim, SqliteStore,
+};
 
 /// A process that existed and is gone: spawned, then reaped.
-fn dead_owner() -> Owner {
+fn dead_process() -> (u32, Option<u64>) {
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let pid = child.id();
     let started_at = owner::start_time(pid);
     child.wait().unwrap();
-    Owner { pid, started_at }
+    (pid, started_at)
+}
+
+/// Announces a node for process `pid` on `host`, alive for a minute as far
+/// as its lease goes.
+async fn announce(
+    store: &dyn ClusterStore,
+    name: &str,
+    host: &str,
+    (pid, started_at): (u32, Option<u64>),
+) -> NodeId {
+    let id = NodeId::new(name).unwrap();
+    let node = Node::with_announcement(NodeAnnouncement {
+        id: id.clone(),
+        host: host.to_owned(),
+        pid,
+        started_at,
+        version: "test".to_owned(),
+    });
+    store.heartbeat(node.announcement(), 60.0).await.unwrap();
+    id
+}
+
+/// This process as a live node with its own id.
+async fn me(store: &dyn ClusterStore, name: &str) -> NodeId {
+    let current = owner::current();
+    announce(store, name, &host_name(), (current.pid, current.started_at)).await
 }
 
 fn store() -> (tempfile::TempDir, Arc<SqliteStore>) {
@@ -25,7 +55,12 @@ fn store() -> (tempfile::TempDir, Arc<SqliteStore>) {
     (dir, store)
 }
 
-fn row(id_seed: &str, platform: &str, owner: Owner) -> NewObligation {
+fn ledger(store: &Arc<SqliteStore>, node: &NodeId) -> Ledger {
+    let store: Arc<dyn GatewayStore> = store.clone();
+    Ledger::new(store, node.clone())
+}
+
+fn row(id_seed: &str, platform: &str, owner: &NodeId) -> NewObligation {
     NewObligation {
         id: obligation_id("agent:main:telegram:dm:42", id_seed, "the answer"),
         session_key: "agent:main:telegram:dm:42".into(),
@@ -34,7 +69,7 @@ fn row(id_seed: &str, platform: &str, owner: Owner) -> NewObligation {
         thread_id: Some("17".into()),
         reply_to: Some(id_seed.into()),
         content: "the answer".into(),
-        owner,
+        owner: owner.clone(),
     }
 }
 
@@ -42,21 +77,31 @@ fn telegram() -> HashSet<String> {
     ["telegram".to_owned()].into()
 }
 
+/// The rows of a crashed gateway on this host are taken over at once,
+/// without waiting for its lease: its process is gone.
 #[tokio::test]
-async fn dead_owners_rows_are_claimed_with_the_marker_only_when_a_send_may_have_happened() {
+async fn a_dead_local_nodes_rows_are_claimed_with_the_marker_only_when_a_send_may_have_happened() {
     let (_dir, store) = store();
-    let dead = dead_owner();
-    let pending = row("1", "telegram", dead);
-    let attempting = row("2", "telegram", dead);
-    let failed = row("3", "telegram", dead);
+    let dead = announce(store.as_ref(), "crashed", &host_name(), dead_process()).await;
+    let pending = row("1", "telegram", &dead);
+    let attempting = row("2", "telegram", &dead);
+    let failed = row("3", "telegram", &dead);
     for r in [&pending, &attempting, &failed] {
         store.record_obligation(r.clone()).await.unwrap();
     }
-    store.mark_attempting(&attempting.id).await.unwrap();
-    store.mark_attempting(&failed.id).await.unwrap();
-    store.mark_failed(&failed.id, "boom").await.unwrap();
+    store
+        .begin_attempt(&attempting.id, &dead, 600.0)
+        .await
+        .unwrap();
+    let n = store
+        .begin_attempt(&failed.id, &dead, 600.0)
+        .await
+        .unwrap()
+        .unwrap();
+    store.mark_failed(&failed.id, n, "boom").await.unwrap();
 
-    let ledger = Ledger::new(store.clone());
+    let mine = me(store.as_ref(), "restarted").await;
+    let ledger = ledger(&store, &mine);
     let claimed = ledger.sweep(&telegram()).await.unwrap();
     assert_eq!(claimed.len(), 3);
     for c in &claimed {
@@ -68,141 +113,174 @@ async fn dead_owners_rows_are_claimed_with_the_marker_only_when_a_send_may_have_
         assert_eq!(c.obligation.thread_id.as_deref(), Some("17"));
         assert!(c.obligation.reply_to.is_some());
         let stored = store.obligation(&c.obligation.id).await.unwrap().unwrap();
-        assert_eq!(stored.owner, Some(owner::current()));
-        assert_eq!(stored.attempts, 1);
+        assert_eq!(stored.owner.as_ref(), Some(&mine));
+        assert_eq!(stored.attempts, c.attempt());
     }
-    // Claimed rows now belong to a live owner (us): a second sweep by the
-    // same process takes nothing.
+    // Claimed rows are in a live node's hands now: a second sweep takes
+    // nothing.
     assert!(ledger.sweep(&telegram()).await.unwrap().is_empty());
 }
 
 #[tokio::test]
-async fn live_owners_rows_are_left_and_a_reused_pid_counts_as_dead() {
+async fn a_live_local_nodes_rows_are_left_and_a_reused_pid_counts_as_dead() {
     let (_dir, store) = store();
     let mut child = std::process::Command::new("sleep")
         .arg("30")
         .spawn()
         .unwrap();
-    let live = Owner {
-        pid: child.id(),
-        started_at: owner::start_time(child.id()),
-    };
+    let live_process = (child.id(), owner::start_time(child.id()));
+    let live = announce(store.as_ref(), "live", &host_name(), live_process).await;
     store
-        .record_obligation(row("live", "telegram", live))
+        .record_obligation(row("live", "telegram", &live))
         .await
         .unwrap();
-    // Same pid as a live process, but another start time: the pid was
-    // reused, so the recorded owner is dead.
-    let me = owner::current();
-    let reused = Owner {
-        pid: me.pid,
-        started_at: me.started_at.map(|t| t + 1).or(Some(1)),
-    };
-    let reused_row = row("reused", "telegram", reused);
+    // Same pid as a live process (this one), but another start time: the
+    // pid was reused, so the node's process is gone.
+    let current = owner::current();
+    let reused_start = current.started_at.map(|t| t + 1).or(Some(1));
+    let reused = announce(
+        store.as_ref(),
+        "reused",
+        &host_name(),
+        (current.pid, reused_start),
+    )
+    .await;
+    let reused_row = row("reused", "telegram", &reused);
     store.record_obligation(reused_row.clone()).await.unwrap();
 
-    let claimed = Ledger::new(store.clone()).sweep(&telegram()).await.unwrap();
+    let mine = me(store.as_ref(), "sweeper").await;
+    let claimed = ledger(&store, &mine).sweep(&telegram()).await.unwrap();
     let ids: Vec<&str> = claimed.iter().map(|c| c.obligation.id.as_str()).collect();
     assert_eq!(ids, vec![reused_row.id.as_str()]);
 
-    // Once the live owner dies, its row is taken over too.
+    // Once the live process dies, its row is taken over too.
     child.kill().unwrap();
     child.wait().unwrap();
-    let claimed = Ledger::new(store.clone()).sweep(&telegram()).await.unwrap();
+    let claimed = ledger(&store, &mine).sweep(&telegram()).await.unwrap();
     assert_eq!(claimed.len(), 1);
+}
+
+/// A node on another host cannot be checked by pid: it is alive until its
+/// lease says otherwise.
+#[tokio::test]
+async fn a_node_elsewhere_is_trusted_until_its_lease_runs_out() {
+    let (_dir, store) = store();
+    // Its pid means nothing here (it is even a dead one on this host).
+    let remote = announce(store.as_ref(), "remote", "another-host", dead_process()).await;
+    store
+        .record_obligation(row("remote", "telegram", &remote))
+        .await
+        .unwrap();
+    let mine = me(store.as_ref(), "sweeper").await;
+    assert!(
+        ledger(&store, &mine)
+            .sweep(&telegram())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Its heartbeats stop; the lease lapses (declared here for speed).
+    store.expire_node(&remote).await.unwrap();
+    let claimed = ledger(&store, &mine).sweep(&telegram()).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert!(
+        !claimed[0].needs_marker,
+        "it was never handed to a platform"
+    );
 }
 
 #[tokio::test]
 async fn over_budget_rows_are_abandoned_and_down_platforms_spend_nothing() {
     let (_dir, store) = store();
-    let dead = dead_owner();
-    // Claimed and failed MAX_ATTEMPTS times by successive dead gateways.
-    let tired = row("tired", "discord", dead);
+    let gone = NodeId::new("never-announced").unwrap();
+    // Claimed MAX_ATTEMPTS times by successive gateways that died too.
+    let tired = row("tired", "discord", &gone);
     store.record_obligation(tired.clone()).await.unwrap();
-    let mut prev = dead;
     for i in 0..MAX_ATTEMPTS {
-        let next = Owner {
-            pid: 4_000_000 + i,
-            started_at: Some(1),
-        };
-        assert!(
-            store
-                .claim_obligation(&tired.id, Some(prev), next)
-                .await
-                .unwrap()
-        );
-        prev = next;
+        let claimer = NodeId::new(format!("died-{i}")).unwrap();
+        let batch = store
+            .claim_owed(&OwedClaim {
+                claimer,
+                platforms: vec!["discord".to_owned()],
+                limit: 10,
+                // Each claim's attempt is presumed stuck at once.
+                lease: -1.0,
+                max_attempts: MAX_ATTEMPTS,
+                stale_before: 0.0,
+            })
+            .await
+            .unwrap();
+        assert_eq!(batch.claimed.len(), 1);
     }
-    let waiting = row("waiting", "discord", dead);
+    let waiting = row("waiting", "discord", &gone);
     store.record_obligation(waiting.clone()).await.unwrap();
 
-    // Discord is not connected: the tired row is abandoned anyway (the
-    // budget is checked first); the other is not touched at all.
-    let claimed = Ledger::new(store.clone()).sweep(&telegram()).await.unwrap();
+    // Discord is not connected here: the tired row is abandoned anyway
+    // (the budget is checked first); the other is not touched at all.
+    let mine = me(store.as_ref(), "sweeper").await;
+    let claimed = ledger(&store, &mine).sweep(&telegram()).await.unwrap();
     assert!(claimed.is_empty());
     let t = store.obligation(&tired.id).await.unwrap().unwrap();
     assert_eq!(t.state, ObligationState::Abandoned);
     let w = store.obligation(&waiting.id).await.unwrap().unwrap();
     assert_eq!(w.state, ObligationState::Pending);
     assert_eq!(w.attempts, 0);
-    assert_eq!(w.owner, Some(dead));
+    assert_eq!(w.owner, Some(gone));
 }
 
 #[tokio::test]
-async fn this_process_retries_its_own_failed_rows_but_not_its_rows_in_flight() {
+async fn a_node_retries_its_own_failed_rows_but_not_its_sends_in_flight() {
     let (_dir, store) = store();
-    let me = owner::current();
-    let in_flight = row("flight", "telegram", me);
-    let failed = row("failed", "telegram", me);
-    store.record_obligation(in_flight.clone()).await.unwrap();
-    store.record_obligation(failed.clone()).await.unwrap();
-    store.mark_attempting(&in_flight.id).await.unwrap();
-    store
-        .mark_failed(&failed.id, "telegram was down")
-        .await
-        .unwrap();
-    let claimed = Ledger::new(store.clone()).sweep(&telegram()).await.unwrap();
+    let mine = me(store.as_ref(), "me").await;
+    let ledger = ledger(&store, &mine);
+    let record = |seed: &'static str| {
+        let ledger = ledger.clone();
+        async move {
+            ledger
+                .record(
+                    "agent:main:telegram:dm:42",
+                    seed,
+                    "telegram",
+                    "42",
+                    None,
+                    None,
+                    seed,
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let _in_flight = record("flight").await;
+    let failed = record("failed").await;
+    ledger
+        .settle(
+            &failed,
+            &Err(SendError::Transient("telegram was down".into())),
+        )
+        .await;
+    let claimed = ledger.sweep(&telegram()).await.unwrap();
     let ids: Vec<&str> = claimed.iter().map(|c| c.obligation.id.as_str()).collect();
     assert_eq!(ids, vec![failed.id.as_str()]);
-}
-
-/// Every owner but the dead one is alive: two "gateways" in one process.
-struct AllButDead(Owner);
-
-impl Liveness for AllButDead {
-    fn is_alive(&self, owner: &Owner) -> bool {
-        *owner != self.0
-    }
+    assert_eq!(claimed[0].attempt(), failed.number + 1);
+    assert!(claimed[0].needs_marker);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_sweepers_racing_claim_each_row_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
-    let dead = dead_owner();
-    let seed = SqliteStore::open(&path).unwrap();
+    let seed = Arc::new(SqliteStore::open(&path).unwrap());
+    let gone = NodeId::new("never-announced").unwrap();
     for i in 0..60 {
-        seed.record_obligation(row(&i.to_string(), "telegram", dead))
+        seed.record_obligation(row(&i.to_string(), "telegram", &gone))
             .await
             .unwrap();
     }
     // Two separate connections to one file, as two processes would have.
-    let a = Ledger::with_owner(
-        Arc::new(SqliteStore::open(&path).unwrap()),
-        Owner {
-            pid: 1_000_001,
-            started_at: Some(1),
-        },
-        Arc::new(AllButDead(dead)),
-    );
-    let b = Ledger::with_owner(
-        Arc::new(SqliteStore::open(&path).unwrap()),
-        Owner {
-            pid: 1_000_002,
-            started_at: Some(2),
-        },
-        Arc::new(AllButDead(dead)),
-    );
+    let a_store = Arc::new(SqliteStore::open(&path).unwrap());
+    let b_store = Arc::new(SqliteStore::open(&path).unwrap());
+    let a = ledger(&a_store, &me(a_store.as_ref(), "node-a").await);
+    let b = ledger(&b_store, &me(b_store.as_ref(), "node-b").await);
     let barrier = Arc::new(tokio::sync::Barrier::new(2));
     let run = |ledger: Ledger, barrier: Arc<tokio::sync::Barrier>| async move {
         barrier.wait().await;
@@ -224,31 +302,27 @@ async fn two_sweepers_racing_claim_each_row_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_sweeps_of_one_process_retry_each_of_its_failed_rows_once() {
+async fn two_sweeps_of_one_node_retry_each_of_its_failed_rows_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
-    // One owner for both sweeps: one process, two adapters reconnecting at
-    // once. Its own failed rows are the ones it retries, and there the
-    // owner a claim expects is the owner it writes.
-    let me = Owner {
-        pid: 1_000_003,
-        started_at: Some(3),
-    };
-    let seed = SqliteStore::open(&path).unwrap();
+    // One node for both sweeps: two adapters reconnecting at once.
+    let seed = Arc::new(SqliteStore::open(&path).unwrap());
+    let mine = me(seed.as_ref(), "me").await;
     let mut ids = Vec::new();
     for i in 0..60 {
-        let r = row(&format!("own{i}"), "telegram", me);
+        let r = row(&format!("own{i}"), "telegram", &mine);
         seed.record_obligation(r.clone()).await.unwrap();
-        seed.mark_failed(&r.id, "telegram was down").await.unwrap();
+        let n = seed
+            .begin_attempt(&r.id, &mine, 600.0)
+            .await
+            .unwrap()
+            .unwrap();
+        seed.mark_failed(&r.id, n, "telegram was down")
+            .await
+            .unwrap();
         ids.push(r.id);
     }
-    let sweeper = || {
-        Ledger::with_owner(
-            Arc::new(SqliteStore::open(&path).unwrap()),
-            me,
-            Arc::new(AllButDead(dead_owner())),
-        )
-    };
+    let sweeper = || ledger(&Arc::new(SqliteStore::open(&path).unwrap()), &mine);
     let barrier = Arc::new(tokio::sync::Barrier::new(2));
     let run = |ledger: Ledger, barrier: Arc<tokio::sync::Barrier>| async move {
         barrier.wait().await;
@@ -265,7 +339,7 @@ async fn two_sweeps_of_one_process_retry_each_of_its_failed_rows_once() {
     assert_eq!(ids_a.len() + ids_b.len(), 60, "every row was claimed");
     for id in &ids {
         let stored = seed.obligation(id).await.unwrap().unwrap();
-        assert_eq!(stored.attempts, 1, "{id}");
+        assert_eq!(stored.attempts, 2, "{id}");
         assert_eq!(stored.state, ObligationState::Attempting, "{id}");
     }
 }
@@ -276,45 +350,74 @@ async fn two_sweeps_of_one_process_retry_each_of_its_failed_rows_once() {
 #[tokio::test]
 async fn a_refused_send_is_abandoned_and_a_failed_one_stays_open() {
     let (_dir, store) = store();
-    let me = owner::current();
-    let refused = row("refused", "telegram", me);
-    let failed = row("failed", "telegram", me);
-    let sent = row("sent", "telegram", me);
-    for r in [&refused, &failed, &sent] {
-        store.record_obligation(r.clone()).await.unwrap();
+    let mine = me(store.as_ref(), "me").await;
+    let ledger = ledger(&store, &mine);
+    let mut attempts = Vec::new();
+    for seed in ["refused", "failed", "sent"] {
+        let a = ledger
+            .record(
+                "agent:main:telegram:dm:42",
+                seed,
+                "telegram",
+                "42",
+                None,
+                None,
+                seed,
+            )
+            .await
+            .unwrap();
+        attempts.push(a);
     }
-    let ledger = Ledger::new(store.clone());
     let outcomes = [
-        (
-            &refused,
-            Err(SendError::Rejected("the user opted out".into())),
-        ),
-        (&failed, Err(SendError::Transient("502".into()))),
-        (&sent, Ok(())),
+        Err(SendError::Rejected("the user opted out".into())),
+        Err(SendError::Transient("502".into())),
+        Ok(()),
     ];
-    for (r, outcome) in &outcomes {
-        ledger.settle(&r.id, outcome).await;
+    for (a, outcome) in attempts.iter().zip(&outcomes) {
+        ledger.settle(a, outcome).await;
     }
     let state = |id: String| {
         let store = store.clone();
         async move { store.obligation(&id).await.unwrap().unwrap() }
     };
-    let r = state(refused.id.clone()).await;
+    let r = state(attempts[0].id.clone()).await;
     assert_eq!(r.state, ObligationState::Abandoned);
     assert!(
         r.last_error.as_deref().unwrap_or("").contains("opted out"),
         "{r:?}"
     );
     assert_eq!(
-        state(failed.id.clone()).await.state,
+        state(attempts[1].id.clone()).await.state,
         ObligationState::Failed
     );
     assert_eq!(
-        state(sent.id.clone()).await.state,
+        state(attempts[2].id.clone()).await.state,
         ObligationState::Delivered
     );
     // Only the failed row is tried again.
     let claimed = ledger.sweep(&telegram()).await.unwrap();
     let ids: Vec<&str> = claimed.iter().map(|c| c.obligation.id.as_str()).collect();
-    assert_eq!(ids, [failed.id.as_str()]);
+    assert_eq!(ids, [attempts[1].id.as_str()]);
+}
+
+/// A send that ends after another node took the row over reports into the
+/// void: the row stays with the node that has it now.
+#[tokio::test]
+async fn a_late_report_after_a_takeover_changes_nothing() {
+    let (_dir, store) = store();
+    let slow = me(store.as_ref(), "slow").await;
+    let slow_ledger = ledger(&store, &slow);
+    let attempt = slow_ledger
+        .record("k", "m1", "telegram", "42", None, None, "hello")
+        .await
+        .unwrap();
+    // The slow node's lease runs out mid-send; another node takes over.
+    store.expire_node(&slow).await.unwrap();
+    let other = me(store.as_ref(), "other").await;
+    let claimed = ledger(&store, &other).sweep(&telegram()).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    slow_ledger.settle(&attempt, &Ok(())).await;
+    let stored = store.obligation(&attempt.id).await.unwrap().unwrap();
+    assert_eq!(stored.state, ObligationState::Attempting);
+    assert_eq!(stored.owner, Some(other));
 }

@@ -99,8 +99,14 @@ impl Rig {
             TelegramSettings::from_config(&self.config.platforms.telegram, &env).unwrap();
         let adapter: Arc<dyn Adapter> = Arc::new(TelegramAdapter::new(settings).unwrap());
         let gateway_store: Arc<dyn GatewayStore> = store.clone();
-        let delivery = Delivery::new(vec![adapter], Some(Ledger::new(gateway_store.clone())))
-            .with_local_dir(self.home.cron_output_dir());
+        let delivery = Delivery::new(
+            vec![adapter],
+            Some(Ledger::new(
+                gateway_store.clone(),
+                talaria_store::NodeId::random(),
+            )),
+        )
+        .with_local_dir(self.home.cron_output_dir());
         let scheduler = Scheduler::new(SchedulerParts {
             config: self.config.clone(),
             home: self.home.clone(),

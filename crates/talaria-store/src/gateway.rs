@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::NodeId;
 use crate::{Result, SessionStore, Timestamp};
 
 /// A session key's current conversation.
@@ -79,6 +80,19 @@ impl ObligationState {
         }
     }
 
+    /// The state named `s` (as [`ObligationState::as_str`] writes it).
+    pub fn parse(s: &str) -> Option<ObligationState> {
+        [
+            ObligationState::Pending,
+            ObligationState::Attempting,
+            ObligationState::Delivered,
+            ObligationState::Failed,
+            ObligationState::Abandoned,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == s)
+    }
+
     /// Pending, attempting and failed rows are still owed.
     pub fn is_open(self) -> bool {
         matches!(
@@ -86,16 +100,6 @@ impl ObligationState {
             ObligationState::Pending | ObligationState::Attempting | ObligationState::Failed
         )
     }
-}
-
-/// The process that owns an obligation: its pid and its start time (clock
-/// ticks since boot, from `/proc/<pid>/stat`), so a recycled pid is not
-/// mistaken for the owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Owner {
-    pub pid: u32,
-    /// `None` where the start time could not be read.
-    pub started_at: Option<u64>,
 }
 
 /// A reply about to be sent, with everything needed to send it again.
@@ -109,7 +113,8 @@ pub struct NewObligation {
     pub thread_id: Option<String>,
     pub reply_to: Option<String>,
     pub content: String,
-    pub owner: Owner,
+    /// The node that will send it.
+    pub owner: NodeId,
 }
 
 /// A stored obligation.
@@ -123,66 +128,127 @@ pub struct Obligation {
     pub reply_to: Option<String>,
     pub content: String,
     pub state: ObligationState,
-    /// Sends tried so far (a sweep's claim counts one).
+    /// Sends started so far. Each start (the owner's first send, a sweep's
+    /// claim) adds one, and its number fences the send's completion: only
+    /// the latest attempt may mark the row.
     pub attempts: u32,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
-    pub owner: Option<Owner>,
+    /// The node responsible for it; `None` when unknown.
+    pub owner: Option<NodeId>,
+    /// While `attempting`: until when the attempt is its sender's. A send
+    /// still unsettled then is presumed stuck and may be claimed.
+    pub lease_until: Option<Timestamp>,
     pub last_error: Option<String>,
+}
+
+/// What a sweep asks for: the owed rows one node should (re)send now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwedClaim {
+    /// The node claiming.
+    pub claimer: NodeId,
+    /// Platforms the claimer can deliver to now; rows of others are left
+    /// alone (no attempt is spent while a platform is down).
+    pub platforms: Vec<String>,
+    /// Most rows claimed (and most abandoned) by one call.
+    pub limit: usize,
+    /// Seconds a claimed row stays the claimer's before it counts as stuck.
+    pub lease: f64,
+    /// A row with this many attempts is abandoned instead of claimed.
+    pub max_attempts: u32,
+    /// A row created before this is abandoned instead of claimed.
+    pub stale_before: Timestamp,
+}
+
+/// A row a sweep won.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedObligation {
+    /// The row as it is now: `attempting`, owned by the claimer, its
+    /// `attempts` the fence of this attempt.
+    pub obligation: Obligation,
+    /// Its state before the claim: anything but `pending` means an earlier
+    /// send may have reached the user.
+    pub previous: ObligationState,
+}
+
+/// What one [`LedgerStore::claim_owed`] did.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OwedBatch {
+    pub claimed: Vec<ClaimedObligation>,
+    /// Rows given up (over the attempt budget or too old), as they are now.
+    pub abandoned: Vec<Obligation>,
 }
 
 /// The delivery ledger: final replies recorded before they are sent.
 ///
-/// State changes by id are unconditional; only [`LedgerStore::claim_obligation`]
-/// is guarded, because it is the one that can race another process.
+/// A row is owed while it is open (pending, attempting, failed). Its owner
+/// node sends it; if that node dies (its lease in the [`crate::ClusterStore`]
+/// runs out, or it has no node row at all) or an attempt outlives its
+/// lease, a sweep on any node may claim it. Every attempt has a number,
+/// and only the latest may settle the row, so a late report from a node
+/// that lost the row changes nothing.
 #[async_trait]
 pub trait LedgerStore: Send + Sync {
-    /// Records (or re-records, idempotently by id) an obligation as
-    /// `pending` with no attempts, owned by `owner`, created now.
+    /// Records an obligation as `pending`, owned by `owner`, created now.
+    /// Recording an id again starts the row over (pending, new owner,
+    /// no error) but keeps its attempt count, so fences stay unique.
     async fn record_obligation(&self, obligation: NewObligation) -> Result<()>;
-    async fn mark_attempting(&self, id: &str) -> Result<()>;
-    async fn mark_delivered(&self, id: &str) -> Result<()>;
-    /// Records a failed send; the error text is kept (at most 500 chars).
-    async fn mark_failed(&self, id: &str, error: &str) -> Result<()>;
-    /// Gives up on an obligation, saying why.
-    async fn abandon_obligation(&self, id: &str, reason: &str) -> Result<()>;
-    async fn obligation(&self, id: &str) -> Result<Option<Obligation>>;
-    /// Every open (pending, attempting, failed) obligation, oldest first.
-    async fn open_obligations(&self) -> Result<Vec<Obligation>>;
-    /// Takes over an open obligation: re-stamps the owner to `new_owner`,
-    /// moves it to `attempting` and adds one attempt, all in one guarded
-    /// statement, only if the stored owner still equals
-    /// `expected` (pid and start time, `None` matching a missing owner) and
-    /// the row is still open. A row already `attempting` under `new_owner`
-    /// itself is refused: a process re-claiming its own failed row expects
-    /// the owner it is about to write, so without this two sweeps of one
-    /// process could both win. Returns whether this caller won the claim.
-    async fn claim_obligation(
+    /// The owner starts sending its pending row: `attempting`, one more
+    /// attempt, leased for `lease` seconds. Returns the attempt number, or
+    /// `None` (changing nothing) when the row is not `owner`'s pending row.
+    async fn begin_attempt(&self, id: &str, owner: &NodeId, lease: f64) -> Result<Option<u32>>;
+    /// Marks attempt `attempt` delivered. `false`, changing nothing, when
+    /// that is not the row's current attempt or it is not `attempting`.
+    async fn mark_delivered(&self, id: &str, attempt: u32) -> Result<bool>;
+    /// Marks attempt `attempt` failed (a sweep may try again), keeping the
+    /// error (at most 500 chars). Fenced like [`LedgerStore::mark_delivered`].
+    async fn mark_failed(&self, id: &str, attempt: u32, error: &str) -> Result<bool>;
+    /// Gives up on a row, saying why: with `Some(attempt)`, fenced like
+    /// [`LedgerStore::mark_delivered`] (a send the platform refused); with
+    /// `None`, whatever open state it is in (an operator's decision).
+    async fn abandon_obligation(
         &self,
         id: &str,
-        expected: Option<Owner>,
-        new_owner: Owner,
+        attempt: Option<u32>,
+        reason: &str,
     ) -> Result<bool>;
-    /// [`LedgerStore::claim_obligation`] for many rows at once, each
-    /// guarded on its own expected owner; returns one result per claim, in
-    /// order. Backends that can do it in one transaction should: a sweep
-    /// after a crash may claim thousands of rows.
-    async fn claim_obligations(
-        &self,
-        claims: &[(String, Option<Owner>)],
-        new_owner: Owner,
-    ) -> Result<Vec<bool>> {
-        let mut won = Vec::with_capacity(claims.len());
-        for (id, expected) in claims {
-            won.push(self.claim_obligation(id, *expected, new_owner).await?);
-        }
-        Ok(won)
-    }
+    async fn obligation(&self, id: &str) -> Result<Option<Obligation>>;
+    /// Open rows, oldest first, at most `limit` (0: all).
+    async fn open_obligations(&self, limit: usize) -> Result<Vec<Obligation>>;
+    /// Claims what `claim.claimer` should send now, in one atomic step per
+    /// row, oldest first. An open row is claimable when its attempt
+    /// outlived its lease, when it is the claimer's own `failed` row, or
+    /// when another node owns it and that node is missing or dead (never
+    /// the claimer's own pending row: the claimer is about to send it). Claimable rows over budget are
+    /// abandoned, whatever their platform; the others of the claimer's
+    /// platforms are claimed: `attempting`, owned by the claimer, one more
+    /// attempt, leased. Two nodes sweeping together never claim one row
+    /// twice, and neither waits for the other.
+    async fn claim_owed(&self, claim: &OwedClaim) -> Result<OwedBatch>;
     /// Deletes delivered and abandoned rows last updated before `cutoff`;
     /// returns how many.
     async fn prune_obligations(&self, cutoff: Timestamp) -> Result<u64>;
     /// How many rows are in each state.
     async fn obligation_counts(&self) -> Result<BTreeMap<ObligationState, u64>>;
+}
+
+/// The states [`ObligationState::is_open`] accepts, as an SQL list (a test
+/// keeps the two in step).
+pub(crate) const OPEN_STATES_SQL: &str = "('pending', 'attempting', 'failed')";
+
+/// Longest error text kept on an obligation, in chars.
+pub(crate) const MAX_ERROR_CHARS: usize = 500;
+
+/// Why [`LedgerStore::claim_owed`] gave a row up.
+pub(crate) const GAVE_UP_ATTEMPTS: &str = "gave up after the maximum number of attempts";
+pub(crate) const GAVE_UP_AGE: &str = "too old to send (older than the ledger's cutoff)";
+
+/// At most `max` chars of `s`, cut on a char boundary.
+pub(crate) fn truncate_chars(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((end, _)) => &s[..end],
+        None => s,
+    }
 }
 
 /// The pairing rules, passed in so the store applies them atomically.
@@ -358,6 +424,7 @@ pub trait GatewayStore:
     + InboundStore
     + CursorStore
     + crate::CronStore
+    + crate::ClusterStore
 {
 }
 
@@ -368,7 +435,45 @@ impl<
         + PairingStore
         + InboundStore
         + CursorStore
-        + crate::CronStore,
+        + crate::CronStore
+        + crate::ClusterStore,
 > GatewayStore for T
 {
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [ObligationState; 5] = [
+        ObligationState::Pending,
+        ObligationState::Attempting,
+        ObligationState::Delivered,
+        ObligationState::Failed,
+        ObligationState::Abandoned,
+    ];
+
+    #[test]
+    fn every_state_parses_back() {
+        for s in ALL {
+            assert_eq!(ObligationState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(ObligationState::parse("lost"), None);
+    }
+
+    #[test]
+    fn the_open_states_list_is_what_is_open_means() {
+        for s in ALL {
+            let listed = OPEN_STATES_SQL.contains(&format!("'{}'", s.as_str()));
+            assert_eq!(listed, s.is_open(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn truncation_respects_char_boundaries() {
+        assert_eq!(truncate_chars("héllo", 2), "hé");
+        assert_eq!(truncate_chars("abc", 10), "abc");
+        let long = "é".repeat(600);
+        assert_eq!(truncate_chars(&long, 500).chars().count(), 500);
+    }
 }

@@ -5,6 +5,7 @@
 //! - this file: the backend-neutral types and the [`SessionStore`] trait.
 //! - [`gateway`]: what the gateway keeps (routes, the delivery ledger,
 //!   pairing), as traits the backends implement.
+//! - [`cluster`]: the nodes of a deployment and the leases they hold.
 //! - [`cron`]: scheduled jobs and the claimed record of their runs.
 //! - [`sqlite`]: the embedded backend (bundled SQLite, WAL, FTS5).
 //! - [`postgres`]: the shared backend for several nodes (PostgreSQL, a
@@ -21,6 +22,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use talaria_core::Message;
 
+pub mod cluster;
 pub mod cron;
 pub mod fts;
 pub mod gateway;
@@ -28,10 +30,12 @@ pub mod postgres;
 pub mod sqlite;
 
 pub use gateway::{
-    ApproveOutcome, ApprovedUser, CursorStore, GatewayStore, InboundStore, LedgerStore,
-    NewObligation, Obligation, ObligationState, OfferOutcome, Owner, PairingLimits,
-    PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore,
+    ApproveOutcome, ApprovedUser, ClaimedObligation, CursorStore, GatewayStore, InboundStore,
+    LedgerStore, NewObligation, Obligation, ObligationState, OfferOutcome, OwedBatch, OwedClaim,
+    PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore,
 };
+
+pub use cluster::{ClusterStore, LeaseGrant, LeaseRecord, NodeAnnouncement, NodeId, NodeRecord};
 
 pub use cron::{
     Advance, CronJob, CronStore, JobOrigin, JobState, Misfire, NewCronJob, Occurrence,

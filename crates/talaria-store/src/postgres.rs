@@ -20,8 +20,11 @@
 //! - this file: options, the pool, errors, the clock expression;
 //! - `schema`: versioned migrations, run under an advisory lock so nodes
 //!   starting together migrate once;
-//! - `tls`: libpq's `sslmode` semantics on rustls.
+//! - `tls`: libpq's `sslmode` semantics on rustls;
+//! - `cluster`: nodes and leases; `ledger`: the delivery ledger.
 
+mod cluster;
+mod ledger;
 mod schema;
 mod tls;
 
@@ -34,10 +37,10 @@ use tokio_postgres::error::SqlState;
 
 use crate::{Result, StoreError};
 
-/// SQL for "now" in Unix seconds, read from the server's clock at the
-/// moment the expression runs (not the transaction's start, so a lease
-/// granted late in a transaction is measured from when it is granted).
-pub(crate) const NOW: &str = "extract(epoch from clock_timestamp())::float8";
+/// SQL for "now" in Unix seconds on the server's clock: the start of the
+/// current statement, so one statement compares and stamps with one value,
+/// and a lease granted late in a transaction is measured from its grant.
+pub(crate) const NOW: &str = "extract(epoch from statement_timestamp())::float8";
 
 /// How to reach the database, and how many connections to keep.
 #[derive(Clone)]

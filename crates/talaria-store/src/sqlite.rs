@@ -4,9 +4,11 @@
 //! Every trait method runs on tokio's blocking pool: SQLite calls block (on
 //! disk, and on other processes' locks), and must not stall the runtime.
 
+mod cluster;
 mod conn;
 mod cron;
 mod gateway;
+mod ledger;
 mod rows;
 mod schema;
 mod search;

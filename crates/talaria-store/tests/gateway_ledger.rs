@@ -1,68 +1,93 @@
-//! The delivery ledger: every transition, guarded claims, pruning.
+//! The delivery ledger, on both backends: every transition, fenced
+//! attempts, what a sweep may claim, and racing sweepers.
 
+#[macro_use]
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
-use std::sync::{Arc, Barrier};
 
-use common::temp_store;
-use talaria_store::{LedgerStore, NewObligation, ObligationState, Owner, SqliteStore};
-
-const DEAD: Owner = Owner {
-    pid: 999_999,
-    started_at: Some(12_345),
+use common::{Backend, Fixture};
+use talaria_store::{
+    ClusterStore, LedgerStore, NewObligation, NodeAnnouncement, NodeId, ObligationState, OwedBatch,
+    OwedClaim,
 };
 
-fn owner(pid: u32, started_at: u64) -> Owner {
-    Owner {
-        pid,
-        started_at: Some(started_at),
-    }
+fn id(name: &str) -> NodeId {
+    NodeId::new(name).unwrap()
 }
 
-fn obligation(id: &str, who: Owner) -> NewObligation {
+fn obligation(row: &str, owner: &NodeId) -> NewObligation {
     NewObligation {
-        id: id.to_string(),
+        id: row.to_string(),
         session_key: "telegram:dm:42".to_string(),
         platform: "telegram".to_string(),
         chat_id: "42".to_string(),
         thread_id: Some("17".to_string()),
         reply_to: Some("1001".to_string()),
-        content: format!("the answer to {id}"),
-        owner: who,
+        content: format!("the answer to {row}"),
+        owner: owner.clone(),
     }
 }
 
-/// Moves a row's `created_at` and `updated_at` back by `secs`, as if it
-/// were recorded that much earlier: later stamps then differ however fast
-/// the clock reads, without sleeping.
-fn age(path: &Path, id: &str, secs: f64) {
-    let raw = rusqlite::Connection::open(path).unwrap();
-    raw.execute(
-        "UPDATE delivery_obligations SET created_at = created_at - ?2, \
-         updated_at = updated_at - ?2 WHERE id = ?1",
-        rusqlite::params![id, secs],
+/// Registers `name` as a live node (for a minute).
+async fn live<S: ClusterStore>(f: &Fixture<S>, name: &str) -> NodeId {
+    let node = id(name);
+    f.heartbeat(
+        &NodeAnnouncement {
+            id: node.clone(),
+            host: "host-a".to_owned(),
+            pid: 4242,
+            started_at: Some(1),
+            version: "test".to_owned(),
+        },
+        60.0,
     )
+    .await
     .unwrap();
+    node
 }
 
-/// Moves a row's `updated_at` back, as if it was last touched `secs` ago.
-fn age_updated(path: &Path, id: &str, secs: f64) {
-    let raw = rusqlite::Connection::open(path).unwrap();
-    raw.execute(
-        "UPDATE delivery_obligations SET updated_at = updated_at - ?2 WHERE id = ?1",
-        rusqlite::params![id, secs],
-    )
-    .unwrap();
+/// Registers `name` and then declares it dead.
+async fn dead<S: ClusterStore>(f: &Fixture<S>, name: &str) -> NodeId {
+    let node = live(f, name).await;
+    assert!(f.expire_node(&node).await.unwrap());
+    node
 }
 
-#[tokio::test]
-async fn record_stores_a_pending_row_with_the_full_address() {
-    let (_dir, store) = temp_store();
-    let me = owner(100, 7);
-    store.record_obligation(obligation("a", me)).await.unwrap();
-    let row = store.obligation("a").await.unwrap().unwrap();
+fn claim_for(claimer: &NodeId, platforms: &[&str]) -> OwedClaim {
+    OwedClaim {
+        claimer: claimer.clone(),
+        platforms: platforms.iter().map(|p| p.to_string()).collect(),
+        limit: 1000,
+        lease: 120.0,
+        max_attempts: 3,
+        stale_before: 0.0,
+    }
+}
+
+fn claimed_ids(batch: &OwedBatch) -> Vec<String> {
+    batch
+        .claimed
+        .iter()
+        .map(|c| c.obligation.id.clone())
+        .collect()
+}
+
+/// Moves a row's times back by `secs`, as if recorded that much earlier.
+async fn age<S>(f: &Fixture<S>, row: &str, secs: f64) {
+    f.execute(&format!(
+        "UPDATE delivery_obligations SET created_at = created_at - {secs}, \
+         updated_at = updated_at - {secs} WHERE id = '{row}'"
+    ))
+    .await;
+}
+
+async fn record_stores_a_pending_row_with_the_full_address<S: Backend + LedgerStore>(
+    f: Fixture<S>,
+) {
+    let me = id("node-a");
+    f.record_obligation(obligation("a", &me)).await.unwrap();
+    let row = f.obligation("a").await.unwrap().unwrap();
     assert_eq!(row.id, "a");
     assert_eq!(row.session_key, "telegram:dm:42");
     assert_eq!(row.platform, "telegram");
@@ -74,58 +99,67 @@ async fn record_stores_a_pending_row_with_the_full_address() {
     assert_eq!(row.attempts, 0);
     assert_eq!(row.created_at, row.updated_at);
     assert_eq!(row.owner, Some(me));
+    assert_eq!(row.lease_until, None);
     assert_eq!(row.last_error, None);
-    assert_eq!(store.obligation("missing").await.unwrap(), None);
+    assert_eq!(f.obligation("missing").await.unwrap(), None);
 }
 
-#[tokio::test]
-async fn every_transition_is_recorded() {
-    let (dir, store) = temp_store();
-    store
-        .record_obligation(obligation("a", owner(1, 1)))
-        .await
-        .unwrap();
-    age(&dir.path().join("state.db"), "a", 10.0);
-    let recorded = store.obligation("a").await.unwrap().unwrap();
+async fn every_transition_is_recorded<S: Backend + LedgerStore + ClusterStore>(f: Fixture<S>) {
+    let me = live(&f, "node-a").await;
+    f.record_obligation(obligation("a", &me)).await.unwrap();
+    age(&f, "a", 10.0).await;
+    let recorded = f.obligation("a").await.unwrap().unwrap();
 
-    store.mark_attempting("a").await.unwrap();
-    let row = store.obligation("a").await.unwrap().unwrap();
+    let attempt = f.begin_attempt("a", &me, 120.0).await.unwrap();
+    assert_eq!(attempt, Some(1));
+    let row = f.obligation("a").await.unwrap().unwrap();
     assert_eq!(row.state, ObligationState::Attempting);
-    // Only claims count attempts: a first send is not a retry.
-    assert_eq!(row.attempts, 0);
+    assert_eq!(row.attempts, 1);
     assert!(row.updated_at > recorded.updated_at);
     assert_eq!(row.created_at, recorded.created_at);
+    let lease = row.lease_until.unwrap();
+    assert!(
+        lease >= row.updated_at + 119.0,
+        "{lease} vs {}",
+        row.updated_at
+    );
 
-    store.mark_failed("a", "connection reset").await.unwrap();
-    let row = store.obligation("a").await.unwrap().unwrap();
+    assert!(f.mark_failed("a", 1, "connection reset").await.unwrap());
+    let row = f.obligation("a").await.unwrap().unwrap();
     assert_eq!(row.state, ObligationState::Failed);
     assert_eq!(row.last_error.as_deref(), Some("connection reset"));
+    assert_eq!(row.lease_until, None);
 
-    store.mark_delivered("a").await.unwrap();
-    let row = store.obligation("a").await.unwrap().unwrap();
+    // The owner's own failed row comes back in its sweep, as attempt 2.
+    let batch = f.claim_owed(&claim_for(&me, &["telegram"])).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["a"]);
+    assert_eq!(batch.claimed[0].previous, ObligationState::Failed);
+    assert_eq!(batch.claimed[0].obligation.attempts, 2);
+    assert!(f.mark_delivered("a", 2).await.unwrap());
+    let row = f.obligation("a").await.unwrap().unwrap();
     assert_eq!(row.state, ObligationState::Delivered);
+    // The error of the failed attempt stays for the post-mortem.
+    assert_eq!(row.last_error.as_deref(), Some("connection reset"));
 
-    store
-        .record_obligation(obligation("b", owner(1, 1)))
-        .await
-        .unwrap();
-    store.abandon_obligation("b", "too old").await.unwrap();
-    let row = store.obligation("b").await.unwrap().unwrap();
+    f.record_obligation(obligation("b", &me)).await.unwrap();
+    assert!(f.abandon_obligation("b", None, "too old").await.unwrap());
+    let row = f.obligation("b").await.unwrap().unwrap();
     assert_eq!(row.state, ObligationState::Abandoned);
     assert_eq!(row.last_error.as_deref(), Some("too old"));
+    // Closed rows stay closed.
+    assert!(!f.abandon_obligation("b", None, "again").await.unwrap());
 }
 
-#[tokio::test]
-async fn failure_text_is_cut_to_500_chars_on_a_char_boundary() {
-    let (_dir, store) = temp_store();
-    store
-        .record_obligation(obligation("a", owner(1, 1)))
-        .await
-        .unwrap();
+async fn failure_text_is_cut_to_500_chars_on_a_char_boundary<S: Backend + LedgerStore>(
+    f: Fixture<S>,
+) {
+    let me = id("node-a");
+    f.record_obligation(obligation("a", &me)).await.unwrap();
+    let attempt = f.begin_attempt("a", &me, 60.0).await.unwrap().unwrap();
     // Two-byte chars: a byte-based cut at 500 would split one.
     let error = "é".repeat(300) + &"x".repeat(300);
-    store.mark_failed("a", &error).await.unwrap();
-    let kept = store
+    assert!(f.mark_failed("a", attempt, &error).await.unwrap());
+    let kept = f
         .obligation("a")
         .await
         .unwrap()
@@ -134,313 +168,392 @@ async fn failure_text_is_cut_to_500_chars_on_a_char_boundary() {
         .unwrap();
     assert_eq!(kept.chars().count(), 500);
     assert_eq!(kept, "é".repeat(300) + &"x".repeat(200));
-
-    store.mark_failed("a", "short").await.unwrap();
-    let kept = store
-        .obligation("a")
-        .await
-        .unwrap()
-        .unwrap()
-        .last_error
-        .unwrap();
-    assert_eq!(kept, "short");
 }
 
-#[tokio::test]
-async fn marking_an_unknown_id_succeeds_and_changes_nothing() {
-    let (_dir, store) = temp_store();
-    store.mark_attempting("ghost").await.unwrap();
-    store.mark_delivered("ghost").await.unwrap();
-    store.mark_failed("ghost", "boom").await.unwrap();
-    store.abandon_obligation("ghost", "why").await.unwrap();
-    assert_eq!(store.obligation("ghost").await.unwrap(), None);
-    assert!(store.obligation_counts().await.unwrap().is_empty());
-}
+async fn a_late_report_from_a_lost_attempt_changes_nothing<
+    S: Backend + LedgerStore + ClusterStore,
+>(
+    f: Fixture<S>,
+) {
+    let a = live(&f, "node-a").await;
+    let b = live(&f, "node-b").await;
+    f.record_obligation(obligation("r", &a)).await.unwrap();
+    let first = f.begin_attempt("r", &a, 120.0).await.unwrap().unwrap();
+    // A stalls; its node lease runs out and B takes the row over.
+    f.expire_node(&a).await.unwrap();
+    let batch = f.claim_owed(&claim_for(&b, &["telegram"])).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["r"]);
+    let second = batch.claimed[0].obligation.attempts;
+    assert_eq!((first, second), (1, 2));
+    assert_eq!(batch.claimed[0].previous, ObligationState::Attempting);
 
-#[tokio::test]
-async fn re_recording_starts_the_obligation_over() {
-    let (dir, store) = temp_store();
-    let first = owner(1, 1);
-    store
-        .record_obligation(obligation("a", first))
-        .await
-        .unwrap();
+    // A wakes up and reports: fenced out, whatever it says.
+    assert!(!f.mark_delivered("r", first).await.unwrap());
+    assert!(!f.mark_failed("r", first, "late").await.unwrap());
     assert!(
-        store
-            .claim_obligation("a", Some(first), owner(2, 2))
+        !f.abandon_obligation("r", Some(first), "late")
             .await
             .unwrap()
     );
-    store.mark_failed("a", "boom").await.unwrap();
-    age(&dir.path().join("state.db"), "a", 10.0);
-    let before = store.obligation("a").await.unwrap().unwrap();
-    assert_eq!(before.attempts, 1);
+    let row = f.obligation("r").await.unwrap().unwrap();
+    assert_eq!(row.state, ObligationState::Attempting);
+    assert_eq!(row.owner, Some(b));
+    assert_eq!(row.last_error, None);
 
-    let again = owner(3, 3);
-    store
-        .record_obligation(obligation("a", again))
-        .await
-        .unwrap();
-    let row = store.obligation("a").await.unwrap().unwrap();
+    assert!(f.mark_delivered("r", second).await.unwrap());
+    assert_eq!(
+        f.obligation("r").await.unwrap().unwrap().state,
+        ObligationState::Delivered
+    );
+    // Settling twice, or an unknown row, changes nothing and is no error.
+    assert!(!f.mark_delivered("r", second).await.unwrap());
+    assert!(!f.mark_delivered("ghost", 1).await.unwrap());
+    assert!(!f.mark_failed("ghost", 1, "boom").await.unwrap());
+    assert!(!f.abandon_obligation("ghost", None, "why").await.unwrap());
+    assert_eq!(f.obligation("ghost").await.unwrap(), None);
+}
+
+async fn only_the_owner_begins_a_pending_row<S: Backend + LedgerStore>(f: Fixture<S>) {
+    let me = id("node-a");
+    let other = id("node-b");
+    f.record_obligation(obligation("a", &me)).await.unwrap();
+    assert_eq!(f.begin_attempt("a", &other, 60.0).await.unwrap(), None);
+    assert_eq!(f.begin_attempt("a", &me, 60.0).await.unwrap(), Some(1));
+    // Already under way: a second start is refused.
+    assert_eq!(f.begin_attempt("a", &me, 60.0).await.unwrap(), None);
+    assert!(f.mark_delivered("a", 1).await.unwrap());
+    assert_eq!(f.begin_attempt("a", &me, 60.0).await.unwrap(), None);
+    assert_eq!(f.begin_attempt("ghost", &me, 60.0).await.unwrap(), None);
+}
+
+async fn re_recording_starts_over_and_keeps_the_attempt_count<
+    S: Backend + LedgerStore + ClusterStore,
+>(
+    f: Fixture<S>,
+) {
+    let first = live(&f, "node-a").await;
+    f.record_obligation(obligation("a", &first)).await.unwrap();
+    let attempt = f.begin_attempt("a", &first, 60.0).await.unwrap().unwrap();
+    assert!(f.mark_failed("a", attempt, "boom").await.unwrap());
+    age(&f, "a", 10.0).await;
+    let before = f.obligation("a").await.unwrap().unwrap();
+
+    let again = id("node-c");
+    f.record_obligation(obligation("a", &again)).await.unwrap();
+    let row = f.obligation("a").await.unwrap().unwrap();
     assert_eq!(row.state, ObligationState::Pending);
-    assert_eq!(row.attempts, 0);
-    assert_eq!(row.owner, Some(again));
+    assert_eq!(row.owner, Some(again.clone()));
     assert_eq!(row.last_error, None);
     assert!(row.created_at > before.created_at);
-    assert_eq!(store.open_obligations().await.unwrap().len(), 1);
-}
-
-#[tokio::test]
-async fn a_claim_wins_once_and_a_stale_expectation_loses() {
-    let (_dir, store) = temp_store();
-    store
-        .record_obligation(obligation("a", DEAD))
-        .await
-        .unwrap();
-    store.mark_attempting("a").await.unwrap();
-    let a = owner(10, 10);
-    let b = owner(20, 20);
-    assert!(store.claim_obligation("a", Some(DEAD), a).await.unwrap());
-    // B read the row before A's claim and still expects the dead owner.
-    assert!(!store.claim_obligation("a", Some(DEAD), b).await.unwrap());
-
-    let row = store.obligation("a").await.unwrap().unwrap();
-    assert_eq!(row.owner, Some(a));
+    // Kept, so the next attempt's number was never used before.
     assert_eq!(row.attempts, 1);
-    // A claimed row is in the claimer's hands: attempting.
-    assert_eq!(row.state, ObligationState::Attempting);
-
-    // Expecting the current owner succeeds and counts another attempt.
-    assert!(store.claim_obligation("a", Some(a), b).await.unwrap());
-    let row = store.obligation("a").await.unwrap().unwrap();
-    assert_eq!(row.owner, Some(b));
-    assert_eq!(row.attempts, 2);
-
-    assert!(
-        !store
-            .claim_obligation("ghost", Some(DEAD), a)
-            .await
-            .unwrap()
-    );
+    assert_eq!(f.begin_attempt("a", &again, 60.0).await.unwrap(), Some(2));
+    assert_eq!(f.open_obligations(0).await.unwrap().len(), 1);
 }
 
-#[tokio::test]
-async fn two_claims_of_ones_own_failed_row_win_once() {
-    let (_dir, store) = temp_store();
-    let me = owner(10, 10);
-    store.record_obligation(obligation("a", me)).await.unwrap();
-    store.mark_failed("a", "platform down").await.unwrap();
-    // Two sweeps of one process read the failed row, both expecting (and
-    // claiming for) the same owner: the first claim leaves it attempting
-    // under `me`, which the second must not take again.
-    assert!(store.claim_obligation("a", Some(me), me).await.unwrap());
-    assert!(!store.claim_obligation("a", Some(me), me).await.unwrap());
-    let row = store.obligation("a").await.unwrap().unwrap();
-    assert_eq!(row.state, ObligationState::Attempting);
-    assert_eq!(row.attempts, 1);
-    assert_eq!(row.owner, Some(me));
+async fn a_sweep_claims_only_what_is_owed_to_it<S: Backend + LedgerStore + ClusterStore>(
+    f: Fixture<S>,
+) {
+    let me = live(&f, "node-me").await;
+    let alive = live(&f, "node-alive").await;
+    let gone = dead(&f, "node-gone").await;
+    let never = id("node-never-registered");
 
-    // Failed again, it can be re-claimed again, once.
-    store.mark_failed("a", "still down").await.unwrap();
-    assert!(store.claim_obligation("a", Some(me), me).await.unwrap());
-    assert!(!store.claim_obligation("a", Some(me), me).await.unwrap());
-    assert_eq!(store.obligation("a").await.unwrap().unwrap().attempts, 2);
-
-    // Another process may still take over a row attempting under `me`
-    // (that is how a dead owner's in-flight row is recovered).
-    assert!(
-        store
-            .claim_obligation("a", Some(me), owner(20, 20))
-            .await
-            .unwrap()
-    );
-
-    // The same holds for an owner whose start time is unknown (NULL).
-    let no_start = Owner {
-        pid: 30,
-        started_at: None,
-    };
-    store
-        .record_obligation(obligation("b", no_start))
+    // A live node's pending, attempting (within its lease) and failed rows
+    // are its own business.
+    f.record_obligation(obligation("live-pending", &alive))
         .await
         .unwrap();
-    store.mark_failed("b", "boom").await.unwrap();
-    assert!(
-        store
-            .claim_obligation("b", Some(no_start), no_start)
-            .await
-            .unwrap()
-    );
-    assert!(
-        !store
-            .claim_obligation("b", Some(no_start), no_start)
-            .await
-            .unwrap()
-    );
-}
-
-#[tokio::test]
-async fn a_claim_compares_the_start_time_too() {
-    let (_dir, store) = temp_store();
-    let original = owner(4242, 1000);
-    store
-        .record_obligation(obligation("a", original))
+    f.record_obligation(obligation("live-attempting", &alive))
         .await
         .unwrap();
-    let new = owner(1, 1);
-    // Same pid, another process (the pid was reused).
-    assert!(
-        !store
-            .claim_obligation("a", Some(owner(4242, 1001)), new)
-            .await
-            .unwrap()
-    );
-    let unknown_start = Owner {
-        pid: 4242,
-        started_at: None,
-    };
-    assert!(
-        !store
-            .claim_obligation("a", Some(unknown_start), new)
-            .await
-            .unwrap()
-    );
-    assert!(!store.claim_obligation("a", None, new).await.unwrap());
-    assert_eq!(store.obligation("a").await.unwrap().unwrap().attempts, 0);
-    assert!(
-        store
-            .claim_obligation("a", Some(original), new)
-            .await
-            .unwrap()
-    );
-}
-
-#[tokio::test]
-async fn a_missing_start_time_matches_only_a_missing_start_time() {
-    let (_dir, store) = temp_store();
-    let no_start = Owner {
-        pid: 77,
-        started_at: None,
-    };
-    store
-        .record_obligation(obligation("a", no_start))
+    f.begin_attempt("live-attempting", &alive, 600.0)
         .await
         .unwrap();
+    f.record_obligation(obligation("live-failed", &alive))
+        .await
+        .unwrap();
+    let n = f
+        .begin_attempt("live-failed", &alive, 600.0)
+        .await
+        .unwrap()
+        .unwrap();
+    f.mark_failed("live-failed", n, "down").await.unwrap();
+    // An attempt past its lease is presumed stuck, owner alive or not.
+    f.record_obligation(obligation("live-stuck", &alive))
+        .await
+        .unwrap();
+    f.begin_attempt("live-stuck", &alive, 600.0).await.unwrap();
+    f.execute(
+        "UPDATE delivery_obligations SET lease_until = lease_until - 1200 WHERE id = 'live-stuck'",
+    )
+    .await;
+    // A dead node's rows and an unknown node's rows are orphans.
+    f.record_obligation(obligation("dead-pending", &gone))
+        .await
+        .unwrap();
+    f.record_obligation(obligation("unknown-pending", &never))
+        .await
+        .unwrap();
+    // My own pending row is about to be sent by me; my failed row is
+    // mine to retry.
+    f.record_obligation(obligation("my-pending", &me))
+        .await
+        .unwrap();
+    f.record_obligation(obligation("my-failed", &me))
+        .await
+        .unwrap();
+    let n = f
+        .begin_attempt("my-failed", &me, 60.0)
+        .await
+        .unwrap()
+        .unwrap();
+    f.mark_failed("my-failed", n, "down").await.unwrap();
+
+    let batch = f.claim_owed(&claim_for(&me, &["telegram"])).await.unwrap();
+    let mut got = claimed_ids(&batch);
+    got.sort();
     assert_eq!(
-        store.obligation("a").await.unwrap().unwrap().owner,
-        Some(no_start)
+        got,
+        ["dead-pending", "live-stuck", "my-failed", "unknown-pending"]
     );
-    assert!(
-        !store
-            .claim_obligation("a", Some(owner(77, 0)), owner(1, 1))
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .claim_obligation("a", Some(no_start), owner(1, 1))
-            .await
-            .unwrap()
-    );
-}
+    assert!(batch.abandoned.is_empty());
+    for c in &batch.claimed {
+        assert_eq!(c.obligation.state, ObligationState::Attempting);
+        assert_eq!(c.obligation.owner, Some(me.clone()));
+        assert!(c.obligation.lease_until.is_some());
+        let stored = f.obligation(&c.obligation.id).await.unwrap().unwrap();
+        assert_eq!(stored, c.obligation, "the claim returns the row as stored");
+    }
+    let previous: HashMap<_, _> = batch
+        .claimed
+        .iter()
+        .map(|c| (c.obligation.id.as_str(), c.previous))
+        .collect();
+    assert_eq!(previous["dead-pending"], ObligationState::Pending);
+    assert_eq!(previous["live-stuck"], ObligationState::Attempting);
+    assert_eq!(previous["my-failed"], ObligationState::Failed);
 
-#[tokio::test]
-async fn delivered_and_abandoned_rows_cannot_be_claimed() {
-    let (_dir, store) = temp_store();
-    store
-        .record_obligation(obligation("d", DEAD))
-        .await
-        .unwrap();
-    store
-        .record_obligation(obligation("x", DEAD))
-        .await
-        .unwrap();
-    store
-        .record_obligation(obligation("f", DEAD))
-        .await
-        .unwrap();
-    store.mark_delivered("d").await.unwrap();
-    store.abandon_obligation("x", "gave up").await.unwrap();
-    store.mark_failed("f", "boom").await.unwrap();
-    let me = owner(1, 1);
-    assert!(!store.claim_obligation("d", Some(DEAD), me).await.unwrap());
-    assert!(!store.claim_obligation("x", Some(DEAD), me).await.unwrap());
-    assert!(store.claim_obligation("f", Some(DEAD), me).await.unwrap());
-    for id in ["d", "x"] {
-        let row = store.obligation(id).await.unwrap().unwrap();
-        assert_eq!(row.owner, Some(DEAD));
-        assert_eq!(row.attempts, 0);
+    // Nothing is claimed twice: a second sweep right after finds nothing.
+    let again = f.claim_owed(&claim_for(&me, &["telegram"])).await.unwrap();
+    assert!(again.claimed.is_empty() && again.abandoned.is_empty());
+    for (row, owner, state) in [
+        ("live-pending", &alive, ObligationState::Pending),
+        ("live-attempting", &alive, ObligationState::Attempting),
+        ("live-failed", &alive, ObligationState::Failed),
+        ("my-pending", &me, ObligationState::Pending),
+    ] {
+        let stored = f.obligation(row).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.owner.as_ref(), stored.state),
+            (Some(owner), state),
+            "{row}"
+        );
     }
 }
 
-#[tokio::test]
-async fn open_obligations_are_the_owed_ones_oldest_first() {
-    let (dir, store) = temp_store();
-    let path = dir.path().join("state.db");
+async fn a_node_never_claims_its_own_pending_row<S: Backend + LedgerStore + ClusterStore>(
+    f: Fixture<S>,
+) {
+    // Not even when its own node row is missing (its first heartbeat
+    // failed): it is about to send that row itself.
+    let me = id("node-unregistered");
+    f.record_obligation(obligation("mine", &me)).await.unwrap();
+    let batch = f.claim_owed(&claim_for(&me, &["telegram"])).await.unwrap();
+    assert!(batch.claimed.is_empty());
+    // Anyone else may: to them, an unregistered owner is a dead one.
+    let other = live(&f, "node-other").await;
+    let batch = f
+        .claim_owed(&claim_for(&other, &["telegram"]))
+        .await
+        .unwrap();
+    assert_eq!(claimed_ids(&batch), ["mine"]);
+}
+
+async fn a_sweep_keeps_to_its_platforms_its_limit_and_age_order<
+    S: Backend + LedgerStore + ClusterStore,
+>(
+    f: Fixture<S>,
+) {
+    let me = live(&f, "node-me").await;
+    let gone = dead(&f, "node-gone").await;
+    for (n, row) in ["t5", "t4", "t3", "t2", "t1"].into_iter().enumerate() {
+        f.record_obligation(obligation(row, &gone)).await.unwrap();
+        age(&f, row, 10.0 * (n + 1) as f64).await;
+    }
+    let mut discord = obligation("d1", &gone);
+    discord.platform = "discord".to_owned();
+    f.record_obligation(discord).await.unwrap();
+    age(&f, "d1", 100.0).await;
+
+    let mut claim = claim_for(&me, &["telegram"]);
+    claim.limit = 2;
+    let batch = f.claim_owed(&claim).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["t1", "t2"]);
+    let batch = f.claim_owed(&claim).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["t3", "t4"]);
+    let batch = f.claim_owed(&claim).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["t5"]);
+    // The discord row waits, untouched, for a node that can send it.
+    let d1 = f.obligation("d1").await.unwrap().unwrap();
+    assert_eq!((d1.state, d1.attempts), (ObligationState::Pending, 0));
+    let batch = f.claim_owed(&claim_for(&me, &["discord"])).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["d1"]);
+}
+
+async fn rows_over_budget_are_abandoned_whatever_their_platform<
+    S: Backend + LedgerStore + ClusterStore,
+>(
+    f: Fixture<S>,
+) {
+    let me = live(&f, "node-me").await;
+    let gone = dead(&f, "node-gone").await;
+    let mut spent = obligation("spent", &gone);
+    spent.platform = "discord".to_owned();
+    f.record_obligation(spent).await.unwrap();
+    f.execute("UPDATE delivery_obligations SET attempts = 3 WHERE id = 'spent'")
+        .await;
+    f.record_obligation(obligation("old", &gone)).await.unwrap();
+    age(&f, "old", 2.0 * 86_400.0).await;
+    f.record_obligation(obligation("fresh", &gone))
+        .await
+        .unwrap();
+
+    let mut claim = claim_for(&me, &["telegram"]);
+    claim.stale_before = f.clock().await.unwrap() - 86_400.0;
+    let batch = f.claim_owed(&claim).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["fresh"]);
+    let mut gave_up: Vec<_> = batch
+        .abandoned
+        .iter()
+        .map(|o| (o.id.as_str(), o.state, o.last_error.clone().unwrap()))
+        .collect();
+    gave_up.sort();
+    assert_eq!(gave_up.len(), 2);
+    assert_eq!(gave_up[0].0, "old");
+    assert!(gave_up[0].2.contains("too old"), "{}", gave_up[0].2);
+    assert_eq!(gave_up[1].0, "spent");
+    assert!(
+        gave_up[1].2.contains("maximum number of attempts"),
+        "{}",
+        gave_up[1].2
+    );
+    for (row, state, _) in &gave_up {
+        assert_eq!(*state, ObligationState::Abandoned);
+        assert_eq!(
+            f.obligation(row).await.unwrap().unwrap().state,
+            ObligationState::Abandoned
+        );
+    }
+    // The spent row kept its owner and count, for the post-mortem.
+    let spent = f.obligation("spent").await.unwrap().unwrap();
+    assert_eq!((spent.owner, spent.attempts), (Some(gone), 3));
+}
+
+async fn delivered_and_abandoned_rows_are_never_claimed<S: Backend + LedgerStore + ClusterStore>(
+    f: Fixture<S>,
+) {
+    let gone = live(&f, "node-gone").await;
+    for row in ["d", "x"] {
+        f.record_obligation(obligation(row, &gone)).await.unwrap();
+    }
+    let n = f.begin_attempt("d", &gone, 60.0).await.unwrap().unwrap();
+    f.mark_delivered("d", n).await.unwrap();
+    f.abandon_obligation("x", None, "gave up").await.unwrap();
+    f.expire_node(&gone).await.unwrap();
+    let me = live(&f, "node-me").await;
+    let batch = f.claim_owed(&claim_for(&me, &["telegram"])).await.unwrap();
+    assert!(batch.claimed.is_empty() && batch.abandoned.is_empty());
+    assert_eq!(
+        f.obligation("x")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_error
+            .as_deref(),
+        Some("gave up")
+    );
+}
+
+async fn open_obligations_are_the_owed_ones_oldest_first<S: Backend + LedgerStore>(f: Fixture<S>) {
+    let me = id("node-a");
     // Recorded newest first and aged so that "1" is the oldest: creation
     // order, not insertion order, decides.
-    for (n, id) in ["5", "4", "3", "2", "1"].into_iter().enumerate() {
-        store.record_obligation(obligation(id, DEAD)).await.unwrap();
-        age(&path, id, 10.0 * (n + 1) as f64);
+    for (n, row) in ["5", "4", "3", "2", "1"].into_iter().enumerate() {
+        f.record_obligation(obligation(row, &me)).await.unwrap();
+        age(&f, row, 10.0 * (n + 1) as f64).await;
     }
-    store.mark_attempting("2").await.unwrap();
-    store.mark_failed("3", "boom").await.unwrap();
-    store.mark_delivered("4").await.unwrap();
-    store.abandon_obligation("5", "old").await.unwrap();
+    f.begin_attempt("2", &me, 60.0).await.unwrap();
+    let n = f.begin_attempt("3", &me, 60.0).await.unwrap().unwrap();
+    f.mark_failed("3", n, "boom").await.unwrap();
+    let n = f.begin_attempt("4", &me, 60.0).await.unwrap().unwrap();
+    f.mark_delivered("4", n).await.unwrap();
+    f.abandon_obligation("5", None, "old").await.unwrap();
     // Touching an older row does not move it behind newer ones.
-    store.mark_attempting("1").await.unwrap();
-    let open: Vec<String> = store
-        .open_obligations()
+    f.begin_attempt("1", &me, 60.0).await.unwrap();
+    let open: Vec<String> = f
+        .open_obligations(0)
         .await
         .unwrap()
         .into_iter()
         .map(|o| o.id)
         .collect();
     assert_eq!(open, ["1", "2", "3"]);
-}
-
-#[tokio::test]
-async fn prune_deletes_only_old_closed_rows() {
-    let (dir, store) = temp_store();
-    let path = dir.path().join("state.db");
-    for id in ["old_done", "old_gone", "old_open", "old_failed", "new_done"] {
-        store.record_obligation(obligation(id, DEAD)).await.unwrap();
-    }
-    store.mark_delivered("old_done").await.unwrap();
-    store.abandon_obligation("old_gone", "x").await.unwrap();
-    store.mark_failed("old_failed", "x").await.unwrap();
-    store.mark_delivered("new_done").await.unwrap();
-    for id in ["old_done", "old_gone", "old_open", "old_failed"] {
-        age_updated(&path, id, 10.0 * 86_400.0);
-    }
-    let cutoff = store
-        .obligation("new_done")
+    let first_two: Vec<String> = f
+        .open_obligations(2)
         .await
         .unwrap()
-        .unwrap()
-        .updated_at
-        - 86_400.0;
-    assert_eq!(store.prune_obligations(cutoff).await.unwrap(), 2);
-    assert_eq!(store.obligation("old_done").await.unwrap(), None);
-    assert_eq!(store.obligation("old_gone").await.unwrap(), None);
-    for id in ["old_open", "old_failed", "new_done"] {
-        assert!(store.obligation(id).await.unwrap().is_some(), "{id}");
-    }
-    assert_eq!(store.prune_obligations(cutoff).await.unwrap(), 0);
+        .into_iter()
+        .map(|o| o.id)
+        .collect();
+    assert_eq!(first_two, ["1", "2"]);
 }
 
-#[tokio::test]
-async fn counts_group_rows_by_state() {
-    let (_dir, store) = temp_store();
-    for id in ["a", "b", "c", "d", "e", "f"] {
-        store.record_obligation(obligation(id, DEAD)).await.unwrap();
+async fn prune_deletes_only_old_closed_rows<S: Backend + LedgerStore>(f: Fixture<S>) {
+    let me = id("node-a");
+    for row in ["old_done", "old_gone", "old_open", "old_failed", "new_done"] {
+        f.record_obligation(obligation(row, &me)).await.unwrap();
     }
-    store.mark_attempting("b").await.unwrap();
-    store.mark_delivered("c").await.unwrap();
-    store.mark_delivered("d").await.unwrap();
-    store.mark_failed("e", "x").await.unwrap();
-    store.abandon_obligation("f", "x").await.unwrap();
-    let counts = store.obligation_counts().await.unwrap();
+    for row in ["old_done", "new_done"] {
+        let n = f.begin_attempt(row, &me, 60.0).await.unwrap().unwrap();
+        f.mark_delivered(row, n).await.unwrap();
+    }
+    f.abandon_obligation("old_gone", None, "x").await.unwrap();
+    let n = f
+        .begin_attempt("old_failed", &me, 60.0)
+        .await
+        .unwrap()
+        .unwrap();
+    f.mark_failed("old_failed", n, "x").await.unwrap();
+    for row in ["old_done", "old_gone", "old_open", "old_failed"] {
+        f.execute(&format!(
+            "UPDATE delivery_obligations SET updated_at = updated_at - 864000 WHERE id = '{row}'"
+        ))
+        .await;
+    }
+    let cutoff = f.obligation("new_done").await.unwrap().unwrap().updated_at - 86_400.0;
+    assert_eq!(f.prune_obligations(cutoff).await.unwrap(), 2);
+    assert_eq!(f.obligation("old_done").await.unwrap(), None);
+    assert_eq!(f.obligation("old_gone").await.unwrap(), None);
+    for row in ["old_open", "old_failed", "new_done"] {
+        assert!(f.obligation(row).await.unwrap().is_some(), "{row}");
+    }
+    assert_eq!(f.prune_obligations(cutoff).await.unwrap(), 0);
+}
+
+async fn counts_group_rows_by_state<S: Backend + LedgerStore>(f: Fixture<S>) {
+    let me = id("node-a");
+    for row in ["a", "b", "c", "d", "e", "f"] {
+        f.record_obligation(obligation(row, &me)).await.unwrap();
+    }
+    for row in ["b", "c", "d", "e"] {
+        f.begin_attempt(row, &me, 60.0).await.unwrap();
+    }
+    f.mark_delivered("c", 1).await.unwrap();
+    f.mark_delivered("d", 1).await.unwrap();
+    f.mark_failed("e", 1, "x").await.unwrap();
+    f.abandon_obligation("f", None, "x").await.unwrap();
+    let counts = f.obligation_counts().await.unwrap();
     let expected: BTreeMap<ObligationState, u64> = [
         (ObligationState::Pending, 1),
         (ObligationState::Attempting, 1),
@@ -452,104 +565,70 @@ async fn counts_group_rows_by_state() {
     assert_eq!(counts, expected);
 }
 
-/// Two handles on one file, as two gateway processes would have, race to
-/// claim the same dead owner's rows from two OS threads.
-#[test]
-fn two_sweepers_racing_claim_each_row_exactly_once() {
-    const ROWS: usize = 50;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
-    let seed = SqliteStore::open(&path).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        for i in 0..ROWS {
-            seed.record_obligation(obligation(&format!("row{i:02}"), DEAD))
-                .await
-                .unwrap();
-        }
-    });
-
-    let barrier = Arc::new(Barrier::new(2));
-    let sweepers: Vec<_> = [owner(1_000_001, 1), owner(1_000_002, 2)]
-        .into_iter()
-        .map(|me| {
-            let path = path.clone();
-            let barrier = Arc::clone(&barrier);
-            std::thread::spawn(move || {
-                let store = SqliteStore::open(&path).unwrap();
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .build()
-                    .unwrap();
-                barrier.wait();
-                rt.block_on(async {
-                    let mut won = Vec::new();
-                    // Each sweeper tries every row twice, so every row is
-                    // contested at least once after the other has won it.
-                    for _ in 0..2 {
-                        for i in 0..ROWS {
-                            let id = format!("row{i:02}");
-                            if store.claim_obligation(&id, Some(DEAD), me).await.unwrap() {
-                                won.push(id);
-                            }
-                        }
-                    }
-                    (me, won)
-                })
-            })
-        })
-        .collect();
-
-    let mut winners: HashMap<String, Owner> = HashMap::new();
-    for handle in sweepers {
-        let (me, won) = handle.join().unwrap();
-        for id in won {
+/// Three handles on one database, as three gateways would have, sweep a
+/// dead node's rows at once, a few rows per call: each row is claimed by
+/// exactly one of them, and all are claimed.
+async fn racing_sweepers_claim_each_row_exactly_once<S: Backend + LedgerStore + ClusterStore>(
+    f: Fixture<S>,
+) {
+    const ROWS: usize = 120;
+    let gone = dead(&f, "node-gone").await;
+    for i in 0..ROWS {
+        f.record_obligation(obligation(&format!("row{i:03}"), &gone))
+            .await
+            .unwrap();
+    }
+    let mut sweepers = Vec::new();
+    for n in 0..3 {
+        let store = f.reopen().await;
+        let me = live(&f, &format!("sweeper-{n}")).await;
+        sweepers.push(tokio::spawn(async move {
+            let mut claim = claim_for(&me, &["telegram"]);
+            claim.limit = 7;
+            let mut won = Vec::new();
+            loop {
+                let batch = store.claim_owed(&claim).await.unwrap();
+                if batch.claimed.is_empty() {
+                    break;
+                }
+                won.extend(batch.claimed.into_iter().map(|c| c.obligation.id));
+            }
+            (me, won)
+        }));
+    }
+    let mut winners: HashMap<String, NodeId> = HashMap::new();
+    for sweeper in sweepers {
+        let (me, won) = sweeper.await.unwrap();
+        for row in won {
             assert!(
-                winners.insert(id.clone(), me).is_none(),
-                "{id} was claimed twice"
+                winners.insert(row.clone(), me.clone()).is_none(),
+                "{row} was claimed twice"
             );
         }
     }
     assert_eq!(winners.len(), ROWS, "every row was claimed");
-    rt.block_on(async {
-        for (id, me) in &winners {
-            let row = seed.obligation(id).await.unwrap().unwrap();
-            assert_eq!(row.owner, Some(*me), "{id}");
-            assert_eq!(row.attempts, 1, "{id}");
-            assert_eq!(row.state, ObligationState::Attempting, "{id}");
-        }
-    });
+    for (row, me) in &winners {
+        let stored = f.obligation(row).await.unwrap().unwrap();
+        assert_eq!(stored.owner.as_ref(), Some(me), "{row}");
+        assert_eq!(stored.attempts, 1, "{row}");
+        assert_eq!(stored.state, ObligationState::Attempting, "{row}");
+    }
 }
 
-#[tokio::test]
-async fn a_batch_claim_guards_each_row_on_its_own_owner() {
-    let (_dir, store) = temp_store();
-    let me = owner(7, 70);
-    for id in ["a", "b", "c", "d"] {
-        store.record_obligation(obligation(id, DEAD)).await.unwrap();
-    }
-    // Another sweeper took `b` first; `d` was never ours to expect.
-    assert!(
-        store
-            .claim_obligation("b", Some(DEAD), owner(8, 80))
-            .await
-            .unwrap()
-    );
-    let claims = vec![
-        ("a".to_owned(), Some(DEAD)),
-        ("b".to_owned(), Some(DEAD)),
-        ("c".to_owned(), Some(DEAD)),
-        ("d".to_owned(), Some(owner(9, 90))),
-        ("missing".to_owned(), Some(DEAD)),
-    ];
-    let won = store.claim_obligations(&claims, me).await.unwrap();
-    assert_eq!(won, vec![true, false, true, false, false]);
-    // A second batch of the same claims wins nothing.
-    let again = store.claim_obligations(&claims, me).await.unwrap();
-    assert_eq!(again, vec![false; 5]);
-    let a = store.obligation("a").await.unwrap().unwrap();
-    assert_eq!((a.owner, a.attempts), (Some(me), 1));
-    let b = store.obligation("b").await.unwrap().unwrap();
-    assert_eq!(b.owner, Some(owner(8, 80)));
-}
+contract_tests!(
+    record_stores_a_pending_row_with_the_full_address,
+    every_transition_is_recorded,
+    failure_text_is_cut_to_500_chars_on_a_char_boundary,
+    a_late_report_from_a_lost_attempt_changes_nothing,
+    only_the_owner_begins_a_pending_row,
+    re_recording_starts_over_and_keeps_the_attempt_count,
+    a_sweep_claims_only_what_is_owed_to_it,
+    a_node_never_claims_its_own_pending_row,
+    a_sweep_keeps_to_its_platforms_its_limit_and_age_order,
+    rows_over_budget_are_abandoned_whatever_their_platform,
+    delivered_and_abandoned_rows_are_never_claimed,
+    open_obligations_are_the_owed_ones_oldest_first,
+    prune_deletes_only_old_closed_rows,
+    counts_group_rows_by_state,
+    racing_sweepers_claim_each_row_exactly_once,
+);

@@ -14,7 +14,7 @@ const GATEWAY_TABLES: [&str; 6] = [
     "pairing_approved",
     "pairing_stamps",
     // The ledger's state index, so sweeps do not scan delivered rows.
-    "delivery_obligations_state",
+    "delivery_obligations_open",
 ];
 
 /// Moves a route's stamps back by `secs`, so that the next stamp is later
@@ -109,22 +109,24 @@ async fn routes_survive_a_reopen() {
 }
 
 #[test]
-fn a_fresh_database_is_at_version_5_with_the_gateway_cron_and_inbound_tables() {
+fn a_fresh_database_is_at_version_6_with_the_gateway_cron_inbound_and_cluster_tables() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 5);
+    assert_eq!(user_version(&path), 6);
     for name in GATEWAY_TABLES.iter().chain(&[
         "cron_jobs",
         "cron_occurrences",
         "inbound_seen",
         "adapter_cursors",
+        "cluster_nodes",
+        "cluster_leases",
     ]) {
         assert!(has_object(&path, name), "{name} is missing");
     }
     // Reopening an up-to-date file migrates nothing and still works.
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 5);
+    assert_eq!(user_version(&path), 6);
 }
 
 #[tokio::test]
@@ -147,6 +149,7 @@ async fn a_version_1_database_is_upgraded_in_place() {
              DROP TABLE pairing_pending; DROP TABLE pairing_approved; \
              DROP TABLE pairing_stamps; DROP TABLE inbound_seen; \
              DROP TABLE adapter_cursors; DROP TABLE fts_progress; \
+             DROP TABLE cluster_nodes; DROP TABLE cluster_leases; \
              DROP TRIGGER messages_fts_delete; DROP TRIGGER messages_fts_update; \
              CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN \
                INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); \
@@ -169,10 +172,10 @@ async fn a_version_1_database_is_upgraded_in_place() {
     assert!(!has_object(&path, "gateway_routes"));
 
     let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(user_version(&path), 5);
+    assert_eq!(user_version(&path), 6);
     for name in GATEWAY_TABLES
         .iter()
-        .chain(&["inbound_seen", "adapter_cursors"])
+        .chain(&["inbound_seen", "adapter_cursors", "cluster_nodes"])
     {
         assert!(has_object(&path, name), "{name} is missing");
     }

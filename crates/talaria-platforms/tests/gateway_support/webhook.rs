@@ -315,7 +315,7 @@ impl WebhookRig {
             counts.get(&ObligationState::Delivered) == Some(&n) && total == n
         })
         .await;
-        let open = store.open_obligations().await.expect("open obligations");
+        let open = store.open_obligations(0).await.expect("open obligations");
         assert!(open.is_empty(), "obligations still open: {open:?}");
     }
 

@@ -212,7 +212,7 @@ impl Rig {
             counts.contains_key(&ObligationState::Abandoned)
         })
         .await;
-        store.open_obligations().await.expect("open obligations")
+        store.open_obligations(0).await.expect("open obligations")
     }
 
     pub async fn wait_for_failed(&self) -> Vec<Obligation> {
@@ -222,7 +222,7 @@ impl Rig {
             counts.contains_key(&ObligationState::Failed)
         })
         .await;
-        store.open_obligations().await.expect("open obligations")
+        store.open_obligations(0).await.expect("open obligations")
     }
 
     /// Stops the gateway gracefully and waits for it.

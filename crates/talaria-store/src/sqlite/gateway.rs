@@ -1,17 +1,10 @@
-//! The gateway's stores on SQLite: routes, the delivery ledger and pairing.
+//! The gateway's stores on SQLite: routes, pairing, inbound dedupe and
+//! adapter cursors (the delivery ledger is in `ledger`).
 //!
 //! Conventions beyond the traits' documentation:
 //! - [`RouteStore::touch_route`] on a key without a route does nothing;
 //! - [`RouteStore::stale_routes`] walks the `updated_at` index (schema
 //!   step 3) and joins each candidate to its session by primary key;
-//! - the ledger's state changes by id ([`LedgerStore::mark_attempting`] and
-//!   friends) succeed without effect on an unknown id: the ledger exists to
-//!   make replies survive crashes and must never be the reason one is lost;
-//! - [`LedgerStore::mark_attempting`] does not count an attempt; only a
-//!   claim does (a first send is not a retry);
-//! - [`LedgerStore::abandon_obligation`] keeps `reason` in `last_error`,
-//!   truncated like a send error;
-//! - [`LedgerStore::obligation_counts`] lists only states that have rows;
 //! - pairing codes go through [`normalize_pairing_code`] before hashing,
 //!   both when offered and when approved, so approval is case-insensitive;
 //! - an offer deletes the user's pending code on the platform before
@@ -24,12 +17,10 @@
 //!   the one that matched (at most one since offers replace, but a row
 //!   written before that rule must not outlive the approval either).
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use async_trait::async_trait;
 use rand::Rng;
-use rusqlite::types::Type;
 use rusqlite::{OptionalExtension, Row, Transaction, params};
 use sha2::{Digest, Sha256};
 
@@ -37,14 +28,10 @@ use super::SqliteStore;
 use super::conn::OpResult;
 use super::rows::{from_sql_count, from_sql_small_count, now, to_sql_count};
 use crate::gateway::{
-    ApproveOutcome, ApprovedUser, CursorStore, InboundStore, LedgerStore, NewObligation,
-    Obligation, ObligationState, OfferOutcome, Owner, PairingLimits, PairingSnapshot, PairingStore,
-    PendingPairing, Route, RouteStore, normalize_pairing_code,
+    ApproveOutcome, ApprovedUser, CursorStore, InboundStore, OfferOutcome, PairingLimits,
+    PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore, normalize_pairing_code,
 };
-use crate::{Result, StoreError, Timestamp};
-
-/// Longest error text kept on an obligation, in chars.
-const MAX_ERROR_CHARS: usize = 500;
+use crate::{Result, Timestamp};
 
 // ---------------------------------------------------------------- routes
 
@@ -134,300 +121,6 @@ impl RouteStore for SqliteStore {
                 )?
                 .execute(params![id, since, now(), reason])?;
             Ok(changed > 0)
-        })
-        .await
-    }
-}
-
-// ---------------------------------------------------------------- ledger
-
-/// The states [`ObligationState::is_open`] accepts, as an SQL list (a unit
-/// test keeps the two in step).
-const OPEN_STATES: &str = "('pending', 'attempting', 'failed')";
-
-/// Obligation columns in the order [`obligation_from_row`] reads them.
-const OBLIGATION_COLUMNS: &str = "id, session_key, platform, chat_id, thread_id, reply_to, \
-     content, state, attempts, created_at, updated_at, owner_pid, owner_started_at, last_error";
-
-fn parse_state(s: &str) -> Option<ObligationState> {
-    [
-        ObligationState::Pending,
-        ObligationState::Attempting,
-        ObligationState::Delivered,
-        ObligationState::Failed,
-        ObligationState::Abandoned,
-    ]
-    .into_iter()
-    .find(|state| state.as_str() == s)
-}
-
-fn conversion_error(column: usize, ty: Type, what: String) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(column, ty, Box::new(StoreError::Database(what)))
-}
-
-/// Start times are stored bit-for-bit as SQLite's signed integer: the
-/// round trip is exact, so equality (all a claim needs) is preserved even
-/// for values beyond `i64::MAX`.
-fn start_to_sql(started_at: u64) -> i64 {
-    started_at as i64
-}
-
-fn start_from_sql(started_at: i64) -> u64 {
-    started_at as u64
-}
-
-/// The owner as the two nullable columns, `None` being "no owner".
-fn owner_to_sql(owner: Option<Owner>) -> (Option<i64>, Option<i64>) {
-    match owner {
-        None => (None, None),
-        Some(o) => (Some(i64::from(o.pid)), o.started_at.map(start_to_sql)),
-    }
-}
-
-fn obligation_from_row(row: &Row<'_>) -> rusqlite::Result<Obligation> {
-    let state: String = row.get(7)?;
-    let state = parse_state(&state)
-        .ok_or_else(|| conversion_error(7, Type::Text, format!("unknown state `{state}`")))?;
-    let attempts: i64 = row.get(8)?;
-    let pid: Option<i64> = row.get(11)?;
-    let started_at: Option<i64> = row.get(12)?;
-    let owner = match pid {
-        None => None,
-        Some(pid) => Some(Owner {
-            pid: u32::try_from(pid).map_err(|_| {
-                conversion_error(
-                    11,
-                    Type::Integer,
-                    format!("owner pid {pid} is out of range"),
-                )
-            })?,
-            started_at: started_at.map(start_from_sql),
-        }),
-    };
-    Ok(Obligation {
-        id: row.get(0)?,
-        session_key: row.get(1)?,
-        platform: row.get(2)?,
-        chat_id: row.get(3)?,
-        thread_id: row.get(4)?,
-        reply_to: row.get(5)?,
-        content: row.get(6)?,
-        state,
-        // Clamped rather than failing a sweep over one odd row.
-        attempts: from_sql_small_count(attempts),
-        created_at: row.get(9)?,
-        updated_at: row.get(10)?,
-        owner,
-        last_error: row.get(13)?,
-    })
-}
-
-/// At most `max` chars of `s`, cut on a char boundary.
-fn truncate_chars(s: &str, max: usize) -> &str {
-    match s.char_indices().nth(max) {
-        Some((end, _)) => &s[..end],
-        None => s,
-    }
-}
-
-/// Sets a row's state (and optionally its error) by id; an unknown id is
-/// not an error (see the module docs).
-fn set_state(
-    tx: &Transaction<'_>,
-    id: &str,
-    state: ObligationState,
-    error: Option<&str>,
-) -> OpResult<()> {
-    match error {
-        None => tx
-            .prepare_cached(
-                "UPDATE delivery_obligations SET state = ?2, updated_at = ?3 WHERE id = ?1",
-            )?
-            .execute(params![id, state.as_str(), now()])?,
-        Some(error) => tx
-            .prepare_cached(
-                "UPDATE delivery_obligations SET state = ?2, updated_at = ?3, last_error = ?4 \
-                 WHERE id = ?1",
-            )?
-            .execute(params![
-                id,
-                state.as_str(),
-                now(),
-                truncate_chars(error, MAX_ERROR_CHARS)
-            ])?,
-    };
-    Ok(())
-}
-
-impl SqliteStore {
-    async fn set_obligation_state(
-        &self,
-        id: &str,
-        state: ObligationState,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let id = id.to_string();
-        let error = error.map(str::to_string);
-        self.write(move |tx| set_state(tx, &id, state, error.as_deref()))
-            .await
-    }
-}
-
-#[async_trait]
-impl LedgerStore for SqliteStore {
-    async fn record_obligation(&self, obligation: NewObligation) -> Result<()> {
-        self.write(move |tx| {
-            let o = &obligation;
-            let at = now();
-            let (pid, started_at) = owner_to_sql(Some(o.owner));
-            // REPLACE: re-recording the same reply starts it over, because
-            // the caller is about to send it again from scratch.
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO delivery_obligations (id, session_key, platform, \
-                 chat_id, thread_id, reply_to, content, state, attempts, created_at, \
-                 updated_at, owner_pid, owner_started_at, last_error) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?9, ?9, ?10, ?11, NULL)",
-            )?
-            .execute(params![
-                o.id,
-                o.session_key,
-                o.platform,
-                o.chat_id,
-                o.thread_id,
-                o.reply_to,
-                o.content,
-                ObligationState::Pending.as_str(),
-                at,
-                pid,
-                started_at,
-            ])?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn mark_attempting(&self, id: &str) -> Result<()> {
-        self.set_obligation_state(id, ObligationState::Attempting, None)
-            .await
-    }
-
-    async fn mark_delivered(&self, id: &str) -> Result<()> {
-        self.set_obligation_state(id, ObligationState::Delivered, None)
-            .await
-    }
-
-    async fn mark_failed(&self, id: &str, error: &str) -> Result<()> {
-        self.set_obligation_state(id, ObligationState::Failed, Some(error))
-            .await
-    }
-
-    async fn abandon_obligation(&self, id: &str, reason: &str) -> Result<()> {
-        self.set_obligation_state(id, ObligationState::Abandoned, Some(reason))
-            .await
-    }
-
-    async fn obligation(&self, id: &str) -> Result<Option<Obligation>> {
-        let id = id.to_string();
-        self.read(move |tx| {
-            let sql =
-                format!("SELECT {OBLIGATION_COLUMNS} FROM delivery_obligations WHERE id = ?1");
-            Ok(tx
-                .prepare_cached(&sql)?
-                .query_row(params![id], obligation_from_row)
-                .optional()?)
-        })
-        .await
-    }
-
-    async fn open_obligations(&self) -> Result<Vec<Obligation>> {
-        self.read(move |tx| {
-            let sql = format!(
-                "SELECT {OBLIGATION_COLUMNS} FROM delivery_obligations \
-                 WHERE state IN {OPEN_STATES} ORDER BY created_at, rowid"
-            );
-            Ok(tx
-                .prepare_cached(&sql)?
-                .query_map([], obligation_from_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-        .await
-    }
-
-    async fn claim_obligation(
-        &self,
-        id: &str,
-        expected: Option<Owner>,
-        new_owner: Owner,
-    ) -> Result<bool> {
-        let claims = vec![(id.to_string(), expected)];
-        let won = self.claim_obligations(&claims, new_owner).await?;
-        Ok(won.first().copied().unwrap_or(false))
-    }
-
-    async fn claim_obligations(
-        &self,
-        claims: &[(String, Option<Owner>)],
-        new_owner: Owner,
-    ) -> Result<Vec<bool>> {
-        let claims = claims.to_vec();
-        let (new_pid, new_started) = owner_to_sql(Some(new_owner));
-        self.write(move |tx| {
-            // One guarded statement per row: whichever sweeper's UPDATE
-            // runs second no longer sees the owner it expected and changes
-            // nothing. `IS` makes NULL (no owner, unknown start time)
-            // compare equal. When a process re-claims its own row, expected
-            // and new owner are the same, so the owner test alone would let
-            // its second claim through; the first claim left the row
-            // `attempting` under that owner, which the last condition
-            // refuses.
-            let sql = format!(
-                "UPDATE delivery_obligations SET owner_pid = ?2, owner_started_at = ?3, \
-                 state = 'attempting', attempts = attempts + 1, updated_at = ?4 \
-                 WHERE id = ?1 AND state IN {OPEN_STATES} \
-                 AND owner_pid IS ?5 AND owner_started_at IS ?6 \
-                 AND NOT (state = 'attempting' AND owner_pid IS ?2 AND owner_started_at IS ?3)"
-            );
-            let mut update = tx.prepare_cached(&sql)?;
-            let at = now();
-            let mut won = Vec::with_capacity(claims.len());
-            for (id, expected) in &claims {
-                let (old_pid, old_started) = owner_to_sql(*expected);
-                let changed =
-                    update.execute(params![id, new_pid, new_started, at, old_pid, old_started])?;
-                won.push(changed == 1);
-            }
-            Ok(won)
-        })
-        .await
-    }
-
-    async fn prune_obligations(&self, cutoff: Timestamp) -> Result<u64> {
-        self.write(move |tx| {
-            let deleted = tx
-                .prepare_cached(
-                    "DELETE FROM delivery_obligations \
-                     WHERE state IN ('delivered', 'abandoned') AND updated_at < ?1",
-                )?
-                .execute(params![cutoff])?;
-            Ok(deleted as u64)
-        })
-        .await
-    }
-
-    async fn obligation_counts(&self) -> Result<BTreeMap<ObligationState, u64>> {
-        self.read(move |tx| {
-            let rows = tx
-                .prepare_cached("SELECT state, COUNT(*) FROM delivery_obligations GROUP BY state")?
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let mut counts = BTreeMap::new();
-            for (state, n) in rows {
-                let state = parse_state(&state).ok_or_else(|| {
-                    StoreError::Database(format!("delivery ledger has an unknown state `{state}`"))
-                })?;
-                counts.insert(state, from_sql_count(n));
-            }
-            Ok(counts)
         })
         .await
     }
@@ -828,14 +521,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn truncation_respects_char_boundaries() {
-        assert_eq!(truncate_chars("héllo", 2), "hé");
-        assert_eq!(truncate_chars("abc", 10), "abc");
-        let long = "é".repeat(600);
-        assert_eq!(truncate_chars(&long, 500).chars().count(), 500);
-    }
-
-    #[test]
     fn hash_is_sha256_of_salt_text_then_code() {
         // sha256("00ABC") computed independently.
         let expected = to_hex(&Sha256::digest(b"00ABC"));
@@ -843,40 +528,5 @@ mod tests {
         assert_eq!(code_hash("00", "ABC").len(), 64);
         assert_eq!(random_hex(16).len(), 32);
         assert_eq!(to_hex(&[0x00, 0xab, 0x0f]), "00ab0f");
-    }
-
-    #[test]
-    fn every_state_parses_back() {
-        for s in [
-            ObligationState::Pending,
-            ObligationState::Attempting,
-            ObligationState::Delivered,
-            ObligationState::Failed,
-            ObligationState::Abandoned,
-        ] {
-            assert_eq!(parse_state(s.as_str()), Some(s));
-        }
-        assert_eq!(parse_state("lost"), None);
-    }
-
-    #[test]
-    fn the_open_states_list_is_what_is_open_means() {
-        for s in [
-            ObligationState::Pending,
-            ObligationState::Attempting,
-            ObligationState::Delivered,
-            ObligationState::Failed,
-            ObligationState::Abandoned,
-        ] {
-            let listed = OPEN_STATES.contains(&format!("'{}'", s.as_str()));
-            assert_eq!(listed, s.is_open(), "{s:?}");
-        }
-    }
-
-    #[test]
-    fn start_times_round_trip_exactly() {
-        for t in [0, 1, 123_456, u64::MAX, u64::MAX / 2 + 1] {
-            assert_eq!(start_from_sql(start_to_sql(t)), t);
-        }
     }
 }

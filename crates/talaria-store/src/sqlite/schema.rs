@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1, V2, V3, V4, V5];
+const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -271,6 +271,40 @@ WHEN old.id <= (SELECT indexed_through FROM fts_progress WHERE id = 1) BEGIN
 END;
 "#;
 
+/// Nodes and leases; ledger rows owned by a node, with a lease on each
+/// attempt. Rows owned by a process id (before nodes) keep no owner: that
+/// process is gone (this build is running in its place), and a sweep claims
+/// ownerless rows as it claimed a dead process's.
+const V6: &str = r#"
+CREATE TABLE cluster_nodes (
+    id           TEXT PRIMARY KEY NOT NULL,
+    host         TEXT NOT NULL,
+    pid          INTEGER NOT NULL,
+    started_at   INTEGER,
+    version      TEXT NOT NULL,
+    joined_at    REAL NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    lease_until  REAL NOT NULL
+) WITHOUT ROWID;
+
+-- A released or expired lease keeps its row, so the fence of the next
+-- holder is higher than every earlier one.
+CREATE TABLE cluster_leases (
+    name        TEXT PRIMARY KEY NOT NULL,
+    holder      TEXT NOT NULL,
+    fence       INTEGER NOT NULL,
+    acquired_at REAL NOT NULL,
+    lease_until REAL NOT NULL
+) WITHOUT ROWID;
+
+ALTER TABLE delivery_obligations ADD COLUMN owner_node TEXT;
+ALTER TABLE delivery_obligations ADD COLUMN lease_until REAL;
+ALTER TABLE delivery_obligations DROP COLUMN owner_pid;
+ALTER TABLE delivery_obligations DROP COLUMN owner_started_at;
+DROP INDEX delivery_obligations_state;
+CREATE INDEX delivery_obligations_open ON delivery_obligations (state, created_at);
+"#;
+
 /// Brings the database to [`LATEST`], refusing files that are not ours or
 /// are newer than this build.
 pub(crate) fn migrate(conn: &mut Connection) -> OpResult<()> {
@@ -304,4 +338,52 @@ pub(crate) fn migrate(conn: &mut Connection) -> OpResult<()> {
         tracing::info!(version = target, "migrated session database");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version-5 file with a row owned by a pid (as the ledger stored
+    /// owners before nodes) upgrades with the row kept and ownerless.
+    #[test]
+    fn ledger_rows_owned_by_a_pid_become_ownerless() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let mut conn = Connection::open(&path).unwrap();
+        for step in &STEPS[..5] {
+            conn.execute_batch(step).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 5).unwrap();
+        conn.execute(
+            "INSERT INTO delivery_obligations (id, session_key, platform, chat_id, content, \
+             state, attempts, created_at, updated_at, owner_pid, owner_started_at) \
+             VALUES ('r', 'k', 'telegram', '42', 'owed', 'attempting', 1, 1.0, 2.0, 4242, 7)",
+            [],
+        )
+        .unwrap();
+        migrate(&mut conn).map_err(|_| "migrate").unwrap();
+        let row: (String, i64, Option<String>, Option<f64>) = conn
+            .query_row(
+                "SELECT content, attempts, owner_node, lease_until FROM delivery_obligations",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap();
+        assert_eq!(row, ("owed".to_owned(), 1, None, None));
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, LATEST);
+        for table in ["cluster_nodes", "cluster_leases"] {
+            let n: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE name = ?1",
+                    [table],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(n, 1, "{table}");
+        }
+    }
 }
