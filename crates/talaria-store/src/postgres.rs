@@ -20,8 +20,12 @@
 //! - this file: options, the pool, errors, the clock expression;
 //! - `schema`: versioned migrations, run under an advisory lock so nodes
 //!   starting together migrate once;
-//! - `tls`: libpq's `sslmode` semantics on rustls.
+//! - `tls`: libpq's `sslmode` semantics on rustls;
+//! - `gateway`: DM pairing, inbound dedupe and adapter cursors;
+//! - `cron`: scheduled jobs and the claimed record of their runs.
 
+mod cron;
+mod gateway;
 mod schema;
 mod tls;
 
