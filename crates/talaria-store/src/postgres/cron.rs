@@ -121,8 +121,7 @@ fn job_from_row(row: &Row) -> Result<CronJob> {
         prompt: column(row, 2)?,
         skills: serde_json::from_str(&skills).map_err(|e| unreadable(&id, "skills list", e))?,
         schedule: column(row, 4)?,
-        deliver: serde_json::from_str(&deliver)
-            .map_err(|e| unreadable(&id, "delivery list", e))?,
+        deliver: serde_json::from_str(&deliver).map_err(|e| unreadable(&id, "delivery list", e))?,
         origin,
         repeat,
         completed: count_u32(column(row, 8)?, "a cron job's run count")?,

@@ -629,7 +629,10 @@ impl InboundStore for PostgresStore {
                      VALUES ($1, $2, {NOW}) ON CONFLICT (platform, inbound_id) DO NOTHING"
                 ))
                 .await?;
-            Ok(client.execute(&statement, &[&platform, &inbound_id]).await? == 1)
+            Ok(client
+                .execute(&statement, &[&platform, &inbound_id])
+                .await?
+                == 1)
         }
         .await;
         settle(self, step)
@@ -659,7 +662,9 @@ impl CursorStore for PostgresStore {
         let client = self.client().await?;
         let step: Step<Option<String>> = async {
             let statement = client
-                .prepare_cached("SELECT value FROM adapter_cursors WHERE platform = $1 AND name = $2")
+                .prepare_cached(
+                    "SELECT value FROM adapter_cursors WHERE platform = $1 AND name = $2",
+                )
                 .await?;
             match client.query_opt(&statement, &[&platform, &name]).await? {
                 Some(row) => Ok(Some(column(&row, 0)?)),
