@@ -674,7 +674,7 @@ async fn racing_approvals_of_one_code_approve_once<S: Backend + PairingStore>(f:
                 other => panic!("round {round}: {other:?}"),
             }
         }
-        assert_eq!(approved, [user.clone()], "round {round}");
+        assert_eq!(approved, [user.as_str()], "round {round}");
         // The approval came first (the code was there until it did) and
         // reset the count; each miss after it counted once.
         failures.sort_unstable();

@@ -423,14 +423,14 @@ async fn approve(
         let failures = add_failure(&tx, platform).await?;
         if failures >= limits.max_failures.max(1) {
             let until = at + limits.lockout;
-            let lock = tx
+            let lockout = tx
                 .prepare_cached(
                     "INSERT INTO pairing_stamps (platform, kind, subject, stamp) \
                      VALUES ($1, 'lockout', '', $2) \
                      ON CONFLICT (platform, kind, subject) DO UPDATE SET stamp = excluded.stamp",
                 )
                 .await?;
-            tx.execute(&lock, &[&platform, &until]).await?;
+            tx.execute(&lockout, &[&platform, &until]).await?;
             reset_failures(&tx, platform).await?;
             tx.commit().await?;
             return Ok(ApproveOutcome::LockedOut { until });
