@@ -21,9 +21,13 @@
 //! - `schema`: versioned migrations, run under an advisory lock so nodes
 //!   starting together migrate once;
 //! - `tls`: libpq's `sslmode` semantics on rustls;
+//! - `gateway`: DM pairing, inbound dedupe and adapter cursors;
+//! - `cron`: scheduled jobs and the claimed record of their runs;
 //! - `cluster`: nodes and leases; `ledger`: the delivery ledger.
 
 mod cluster;
+mod cron;
+mod gateway;
 mod ledger;
 mod schema;
 mod tls;

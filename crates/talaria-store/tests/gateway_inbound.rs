@@ -1,77 +1,66 @@
-//! Inbound dedupe and adapter cursors: one taker per event, even across
-//! two stores on one file; cursors survive a reopen.
+//! Inbound dedupe and adapter cursors, on both backends: one taker per
+//! event, even across two stores on one database; cursors survive a
+//! reopen.
 
+#[macro_use]
 mod common;
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 
-use common::temp_store;
-use talaria_store::{CursorStore, InboundStore, SqliteStore};
+use common::{Backend, Fixture};
+use talaria_store::{CursorStore, InboundStore};
+use tokio::sync::Barrier;
 
-#[tokio::test]
-async fn an_inbound_id_is_taken_once_per_platform() {
-    let (_dir, store) = temp_store();
-    assert!(store.first_delivery("slack", "C1:1700.01").await.unwrap());
-    assert!(!store.first_delivery("slack", "C1:1700.01").await.unwrap());
+async fn an_inbound_id_is_taken_once_per_platform<S: Backend + InboundStore>(f: Fixture<S>) {
+    assert!(f.first_delivery("slack", "C1:1700.01").await.unwrap());
+    assert!(!f.first_delivery("slack", "C1:1700.01").await.unwrap());
     // The same id on another platform is another event.
-    assert!(store.first_delivery("discord", "C1:1700.01").await.unwrap());
-    assert!(store.first_delivery("slack", "C1:1700.02").await.unwrap());
+    assert!(f.first_delivery("discord", "C1:1700.01").await.unwrap());
+    assert!(f.first_delivery("slack", "C1:1700.02").await.unwrap());
 }
 
-#[test]
-fn two_stores_racing_for_one_event_give_it_to_exactly_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
-    drop(SqliteStore::open(&path).unwrap());
-    for round in 0..20 {
-        let barrier = Arc::new(Barrier::new(2));
-        let takers: Vec<_> = (0..2)
-            .map(|_| {
-                let (path, barrier) = (path.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    let store = SqliteStore::open(&path).unwrap();
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .build()
-                        .unwrap();
-                    barrier.wait();
-                    rt.block_on(store.first_delivery("matrix", &format!("$event{round}")))
+/// Two handles on one database (two gateways) race for each event, two
+/// callers on each: exactly one of the four takes it.
+async fn two_stores_racing_for_one_event_give_it_to_exactly_one<S: Backend + InboundStore>(
+    f: Fixture<S>,
+) {
+    let handles: [Arc<S>; 2] = [f.store.clone(), Arc::new(f.reopen().await)];
+    for round in 0..40 {
+        let barrier = Arc::new(Barrier::new(4));
+        let takers: Vec<_> = (0..4)
+            .map(|i| {
+                let (store, barrier) = (handles[i % 2].clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store
+                        .first_delivery("matrix", &format!("$event{round}"))
+                        .await
                         .unwrap()
                 })
             })
             .collect();
-        let won: usize = takers
-            .into_iter()
-            .map(|t| usize::from(t.join().unwrap()))
-            .sum();
+        let mut won = 0;
+        for taker in takers {
+            won += usize::from(taker.await.unwrap());
+        }
         assert_eq!(won, 1, "round {round}");
     }
 }
 
-#[tokio::test]
-async fn pruning_forgets_only_old_ids() {
-    let (_dir, store) = temp_store();
-    assert!(store.first_delivery("slack", "old").await.unwrap());
+async fn pruning_forgets_only_old_ids<S: Backend + InboundStore>(f: Fixture<S>) {
+    assert!(f.first_delivery("slack", "old").await.unwrap());
     let cutoff = talaria_core::unix_now() + 1.0;
-    assert_eq!(store.prune_inbound(cutoff - 3600.0).await.unwrap(), 0);
-    assert_eq!(store.prune_inbound(cutoff).await.unwrap(), 1);
-    assert!(store.first_delivery("slack", "old").await.unwrap());
+    assert_eq!(f.prune_inbound(cutoff - 3600.0).await.unwrap(), 0);
+    assert_eq!(f.prune_inbound(cutoff).await.unwrap(), 1);
+    assert!(f.first_delivery("slack", "old").await.unwrap());
 }
 
-#[tokio::test]
-async fn cursors_are_replaced_and_survive_a_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
-    {
-        let store = SqliteStore::open(&path).unwrap();
-        assert_eq!(store.cursor("matrix", "since").await.unwrap(), None);
-        store.set_cursor("matrix", "since", "s1_2").await.unwrap();
-        store.set_cursor("matrix", "since", "s9_9").await.unwrap();
-        store
-            .set_cursor("mattermost", "since", "other")
-            .await
-            .unwrap();
-    }
-    let store = SqliteStore::open(&path).unwrap();
+async fn cursors_are_replaced_and_survive_a_reopen<S: Backend + CursorStore>(f: Fixture<S>) {
+    assert_eq!(f.cursor("matrix", "since").await.unwrap(), None);
+    f.set_cursor("matrix", "since", "s1_2").await.unwrap();
+    f.set_cursor("matrix", "since", "s9_9").await.unwrap();
+    f.set_cursor("mattermost", "since", "other").await.unwrap();
+    let store = f.reopen().await;
     assert_eq!(
         store.cursor("matrix", "since").await.unwrap().as_deref(),
         Some("s9_9")
@@ -85,3 +74,10 @@ async fn cursors_are_replaced_and_survive_a_reopen() {
         Some("other")
     );
 }
+
+contract_tests!(
+    an_inbound_id_is_taken_once_per_platform,
+    two_stores_racing_for_one_event_give_it_to_exactly_one,
+    pruning_forgets_only_old_ids,
+    cursors_are_replaced_and_survive_a_reopen,
+);

@@ -1,13 +1,15 @@
 //! DM pairing: offers and their limits, approvals, lockouts, and that the
 //! code itself is never written down.
 
+#[macro_use]
 mod common;
 
-use std::path::Path;
+use std::sync::Arc;
 
-use common::temp_store;
+use common::{Backend, Fixture, Place, raw_postgres};
 use sha2::{Digest, Sha256};
-use talaria_store::{ApproveOutcome, OfferOutcome, PairingLimits, PairingStore, SqliteStore};
+use talaria_store::{ApproveOutcome, OfferOutcome, PairingLimits, PairingStore};
+use tokio::sync::Barrier;
 
 const CODE: &str = "QZ7KX9WP";
 
@@ -23,271 +25,268 @@ fn no_interval() -> PairingLimits {
     }
 }
 
-fn raw(path: &Path) -> rusqlite::Connection {
-    rusqlite::Connection::open(path).unwrap()
-}
-
-fn db_path(dir: &tempfile::TempDir) -> std::path::PathBuf {
-    dir.path().join("state.db")
-}
-
 /// Makes every pending code `secs` older.
-fn age_pending(path: &Path, secs: f64) {
-    raw(path)
-        .execute(
-            "UPDATE pairing_pending SET created_at = created_at - ?1",
-            [secs],
-        )
-        .unwrap();
+async fn age_pending<S>(f: &Fixture<S>, secs: u32) {
+    f.execute(&format!(
+        "UPDATE pairing_pending SET created_at = created_at - {secs}"
+    ))
+    .await;
 }
 
-async fn offer(store: &SqliteStore, user: &str, code: &str, l: PairingLimits) -> OfferOutcome {
+/// Every row `sql` returns, its columns read as text, straight from the
+/// fixture's database.
+async fn text_rows<S>(f: &Fixture<S>, sql: &str) -> Vec<Vec<Option<String>>> {
+    match &f.place {
+        Place::Sqlite { path, .. } => {
+            let conn = rusqlite::Connection::open(path).unwrap();
+            let mut statement = conn.prepare(sql).unwrap();
+            let columns = statement.column_count();
+            statement
+                .query_map([], |r| (0..columns).map(|i| r.get(i)).collect())
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap()
+        }
+        Place::Postgres { schema } => {
+            let client = raw_postgres(Some(schema)).await;
+            client
+                .query(sql, &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (0..r.len()).map(|i| r.get(i)).collect())
+                .collect()
+        }
+    }
+}
+
+async fn offer<S: PairingStore + ?Sized>(
+    store: &S,
+    user: &str,
+    code: &str,
+    l: PairingLimits,
+) -> OfferOutcome {
     store
         .pairing_offer("telegram", user, Some("Ann"), code, l)
         .await
         .unwrap()
 }
 
-#[tokio::test]
-async fn an_offer_is_created_then_rate_limited_for_the_same_user() {
-    let (_dir, store) = temp_store();
+async fn an_offer_is_created_then_rate_limited_for_the_same_user<S: Backend + PairingStore>(
+    f: Fixture<S>,
+) {
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
     assert_eq!(
-        offer(&store, "u1", "OTHER234", limits()).await,
+        offer(&*f, "u1", "OTHER234", limits()).await,
         OfferOutcome::RateLimited
     );
     // Other users, and the same user on another platform, are not limited.
     assert_eq!(
-        offer(&store, "u2", "ABCD2345", limits()).await,
+        offer(&*f, "u2", "ABCD2345", limits()).await,
         OfferOutcome::Created
     );
     assert_eq!(
-        store
-            .pairing_offer("discord", "u1", None, "EFGH2345", limits())
+        f.pairing_offer("discord", "u1", None, "EFGH2345", limits())
             .await
             .unwrap(),
         OfferOutcome::Created
     );
-    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    let snap = f.pairing_snapshot(limits()).await.unwrap();
     assert_eq!(snap.pending.len(), 3);
 }
 
-#[tokio::test]
-async fn the_offer_interval_elapses() {
-    let (dir, store) = temp_store();
+async fn the_offer_interval_elapses<S: Backend + PairingStore>(f: Fixture<S>) {
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
-    raw(&db_path(&dir))
-        .execute(
-            "UPDATE pairing_stamps SET stamp = stamp - 601 WHERE kind = 'offer'",
-            [],
-        )
-        .unwrap();
+    f.execute("UPDATE pairing_stamps SET stamp = stamp - 601 WHERE kind = 'offer'")
+        .await;
     assert_eq!(
-        offer(&store, "u1", "ABCD2345", limits()).await,
+        offer(&*f, "u1", "ABCD2345", limits()).await,
         OfferOutcome::Created
     );
 }
 
-#[tokio::test]
-async fn too_many_pending_codes_refuse_new_ones_per_platform() {
-    let (_dir, store) = temp_store();
+async fn too_many_pending_codes_refuse_new_ones_per_platform<S: Backend + PairingStore>(
+    f: Fixture<S>,
+) {
     for user in ["u1", "u2", "u3"] {
         assert_eq!(
-            offer(&store, user, CODE, limits()).await,
+            offer(&*f, user, CODE, limits()).await,
             OfferOutcome::Created
         );
     }
     assert_eq!(
-        offer(&store, "u4", CODE, limits()).await,
+        offer(&*f, "u4", CODE, limits()).await,
         OfferOutcome::TooManyPending
     );
     // The refusal stamped the user: they are told once per interval.
     assert_eq!(
-        offer(&store, "u4", CODE, limits()).await,
+        offer(&*f, "u4", CODE, limits()).await,
         OfferOutcome::RateLimited
     );
     // Refused while there was no room: nothing of u4's is pending.
-    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    let snap = f.pairing_snapshot(limits()).await.unwrap();
     assert!(snap.pending.iter().all(|p| p.user_id != "u4"));
     assert_eq!(
-        store
-            .pairing_offer("discord", "u4", None, CODE, limits())
+        f.pairing_offer("discord", "u4", None, CODE, limits())
             .await
             .unwrap(),
         OfferOutcome::Created
     );
 }
 
-#[tokio::test]
-async fn one_user_holds_one_code_and_cannot_crowd_out_the_others() {
-    let (_dir, store) = temp_store();
+async fn one_user_holds_one_code_and_cannot_crowd_out_the_others<S: Backend + PairingStore>(
+    f: Fixture<S>,
+) {
     // Asking again after each interval replaces the code, never adds one.
     for code in [CODE, "ABCD2345", "EFGH2345", "JKLM2345"] {
         assert_eq!(
-            offer(&store, "u1", code, no_interval()).await,
+            offer(&*f, "u1", code, no_interval()).await,
             OfferOutcome::Created
         );
     }
-    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    let snap = f.pairing_snapshot(limits()).await.unwrap();
     let pending: Vec<&str> = snap.pending.iter().map(|p| p.user_id.as_str()).collect();
     assert_eq!(pending, ["u1"]);
     // So the platform still has room for two other strangers.
     for user in ["u2", "u3"] {
         assert_eq!(
-            offer(&store, user, CODE, limits()).await,
+            offer(&*f, user, CODE, limits()).await,
             OfferOutcome::Created
         );
     }
     assert_eq!(
-        offer(&store, "u4", CODE, limits()).await,
+        offer(&*f, "u4", CODE, limits()).await,
         OfferOutcome::TooManyPending
     );
     // A full platform still lets a holder replace their own code.
     assert_eq!(
-        offer(&store, "u1", "NPQR2345", no_interval()).await,
+        offer(&*f, "u1", "NPQR2345", no_interval()).await,
         OfferOutcome::Created
     );
     // Only the code shown last works.
     assert_eq!(
-        store
-            .pairing_approve("telegram", "JKLM2345", limits())
+        f.pairing_approve("telegram", "JKLM2345", limits())
             .await
             .unwrap(),
         ApproveOutcome::NoMatch { failures: 1 }
     );
     assert!(matches!(
-        store
-            .pairing_approve("telegram", "NPQR2345", limits())
+        f.pairing_approve("telegram", "NPQR2345", limits())
             .await
             .unwrap(),
         ApproveOutcome::Approved(_)
     ));
 }
 
-#[tokio::test]
-async fn during_a_lockout_a_stranger_is_told_once_per_interval() {
-    let (dir, store) = temp_store();
+async fn during_a_lockout_a_stranger_is_told_once_per_interval<S: Backend + PairingStore>(
+    f: Fixture<S>,
+) {
     let strict = PairingLimits {
         max_failures: 1,
         ..limits()
     };
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
     assert!(matches!(
-        store
-            .pairing_approve("telegram", "WRONG234", strict)
+        f.pairing_approve("telegram", "WRONG234", strict)
             .await
             .unwrap(),
         ApproveOutcome::LockedOut { .. }
     ));
     // Answered with a code within the interval: silent, lock or not.
     assert_eq!(
-        offer(&store, "u1", "ABCD2345", limits()).await,
+        offer(&*f, "u1", "ABCD2345", limits()).await,
         OfferOutcome::RateLimited
     );
     // A newcomer hears about the lock once, then nothing.
     assert_eq!(
-        offer(&store, "u2", "ABCD2345", limits()).await,
+        offer(&*f, "u2", "ABCD2345", limits()).await,
         OfferOutcome::LockedOut
     );
     for _ in 0..3 {
         assert_eq!(
-            offer(&store, "u2", "ABCD2345", limits()).await,
+            offer(&*f, "u2", "ABCD2345", limits()).await,
             OfferOutcome::RateLimited
         );
     }
     // After the interval (the lock lasting longer), once more.
-    raw(&db_path(&dir))
-        .execute(
-            "UPDATE pairing_stamps SET stamp = stamp - 601 WHERE kind = 'offer'",
-            [],
-        )
-        .unwrap();
+    f.execute("UPDATE pairing_stamps SET stamp = stamp - 601 WHERE kind = 'offer'")
+        .await;
     assert_eq!(
-        offer(&store, "u2", "ABCD2345", limits()).await,
+        offer(&*f, "u2", "ABCD2345", limits()).await,
         OfferOutcome::LockedOut
     );
     assert_eq!(
-        offer(&store, "u2", "ABCD2345", limits()).await,
+        offer(&*f, "u2", "ABCD2345", limits()).await,
         OfferOutcome::RateLimited
     );
     // The lock left u1's code alone.
-    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    let snap = f.pairing_snapshot(limits()).await.unwrap();
     let pending: Vec<&str> = snap.pending.iter().map(|p| p.user_id.as_str()).collect();
     assert_eq!(pending, ["u1"]);
 }
 
-#[tokio::test]
-async fn expired_codes_free_their_slot_and_cannot_be_approved() {
-    let (dir, store) = temp_store();
+async fn expired_codes_free_their_slot_and_cannot_be_approved<S: Backend + PairingStore>(
+    f: Fixture<S>,
+) {
     for user in ["u1", "u2", "u3"] {
         let code = format!("CODE{user}").to_uppercase();
         assert_eq!(
-            offer(&store, user, &code, limits()).await,
+            offer(&*f, user, &code, limits()).await,
             OfferOutcome::Created
         );
     }
-    age_pending(&db_path(&dir), 3601.0);
+    age_pending(&f, 3601).await;
     assert!(
-        store
-            .pairing_snapshot(limits())
+        f.pairing_snapshot(limits())
             .await
             .unwrap()
             .pending
             .is_empty()
     );
     assert_eq!(
-        store
-            .pairing_approve("telegram", "CODEU1", limits())
+        f.pairing_approve("telegram", "CODEU1", limits())
             .await
             .unwrap(),
         ApproveOutcome::NoMatch { failures: 1 }
     );
-    assert!(!store.pairing_is_approved("telegram", "u1").await.unwrap());
+    assert!(!f.pairing_is_approved("telegram", "u1").await.unwrap());
     // The expired codes no longer count against the limit.
     assert_eq!(
-        offer(&store, "u4", CODE, limits()).await,
+        offer(&*f, "u4", CODE, limits()).await,
         OfferOutcome::Created
     );
 }
 
-#[tokio::test]
-async fn the_code_is_never_stored() {
-    let (dir, store) = temp_store();
-    let path = db_path(&dir);
+async fn the_code_is_never_stored<S: Backend + PairingStore>(f: Fixture<S>) {
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
     // A refused request (rate-limited) writes nothing of its code either.
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::RateLimited
     );
 
     // Not in any column of any row...
-    let conn = raw(&path);
-    let (entry_id, user_id, user_name, salt, hash): (
-        String,
-        String,
-        Option<String>,
-        String,
-        String,
-    ) = conn
-        .query_row(
-            "SELECT entry_id, user_id, user_name, salt, code_hash FROM pairing_pending",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-        )
-        .unwrap();
+    let rows = text_rows(
+        &f,
+        "SELECT entry_id, user_id, user_name, salt, code_hash FROM pairing_pending",
+    )
+    .await;
+    assert_eq!(rows.len(), 1);
+    let text = |i: usize| rows[0][i].clone().unwrap();
+    let (entry_id, user_id, user_name, salt, hash) =
+        (text(0), text(1), rows[0][2].clone(), text(3), text(4));
     for value in [&entry_id, &user_id, &salt, &hash] {
         assert!(!value.to_uppercase().contains(CODE), "{value}");
     }
@@ -301,52 +300,72 @@ async fn the_code_is_never_stored() {
         .map(|b| format!("{b:02x}"))
         .collect();
     assert_eq!(hash, expected);
-    drop(conn);
 
-    // ...nor anywhere in the files (database, WAL, shared memory).
-    for entry in std::fs::read_dir(dir.path()).unwrap() {
-        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
-        assert!(
-            !bytes.windows(CODE.len()).any(|w| w == CODE.as_bytes()),
-            "the code was written to disk"
-        );
+    match &f.place {
+        // ...nor anywhere in the files (database, WAL, shared memory).
+        Place::Sqlite { dir, .. } => {
+            for entry in std::fs::read_dir(dir.path()).unwrap() {
+                let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+                assert!(
+                    !bytes.windows(CODE.len()).any(|w| w == CODE.as_bytes()),
+                    "the code was written to disk"
+                );
+            }
+        }
+        // ...nor in any row of any table of the store's schema.
+        Place::Postgres { schema } => {
+            let client = raw_postgres(Some(schema)).await;
+            let tables = client
+                .query(
+                    "SELECT table_name::text FROM information_schema.tables \
+                     WHERE table_schema = $1",
+                    &[schema],
+                )
+                .await
+                .unwrap();
+            assert!(tables.len() > 1);
+            for table in tables {
+                let table: String = table.get(0);
+                for row in client
+                    .query(&format!("SELECT t::text FROM {table} t"), &[])
+                    .await
+                    .unwrap()
+                {
+                    let row: String = row.get(0);
+                    assert!(!row.to_uppercase().contains(CODE), "{table}: {row}");
+                }
+            }
+        }
     }
 }
 
-#[tokio::test]
-async fn salts_differ_between_offers_of_the_same_code() {
-    let (dir, store) = temp_store();
+async fn salts_differ_between_offers_of_the_same_code<S: Backend + PairingStore>(f: Fixture<S>) {
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
     assert_eq!(
-        offer(&store, "u2", CODE, limits()).await,
+        offer(&*f, "u2", CODE, limits()).await,
         OfferOutcome::Created
     );
-    let conn = raw(&db_path(&dir));
-    let distinct: i64 = conn
-        .query_row(
-            "SELECT COUNT(DISTINCT salt) + COUNT(DISTINCT code_hash) FROM pairing_pending",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(distinct, 4);
+    let distinct = f
+        .query_f64("SELECT COUNT(DISTINCT salt) + COUNT(DISTINCT code_hash) FROM pairing_pending")
+        .await;
+    assert_eq!(distinct, Some(4.0));
 }
 
-#[tokio::test]
-async fn approval_is_case_insensitive_and_consumes_the_code() {
-    let (_dir, store) = temp_store();
+async fn approval_is_case_insensitive_and_consumes_the_code<S: Backend + PairingStore>(
+    f: Fixture<S>,
+) {
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
     assert_eq!(
-        offer(&store, "u2", "ABCD2345", limits()).await,
+        offer(&*f, "u2", "ABCD2345", limits()).await,
         OfferOutcome::Created
     );
-    let outcome = store
+    let outcome = f
         .pairing_approve("telegram", "  qz7kx9wp \n", limits())
         .await
         .unwrap();
@@ -356,56 +375,45 @@ async fn approval_is_case_insensitive_and_consumes_the_code() {
     assert_eq!(user.platform, "telegram");
     assert_eq!(user.user_id, "u1");
     assert_eq!(user.user_name.as_deref(), Some("Ann"));
-    assert!(store.pairing_is_approved("telegram", "u1").await.unwrap());
-    assert!(!store.pairing_is_approved("telegram", "u2").await.unwrap());
-    assert!(!store.pairing_is_approved("discord", "u1").await.unwrap());
+    assert!(f.pairing_is_approved("telegram", "u1").await.unwrap());
+    assert!(!f.pairing_is_approved("telegram", "u2").await.unwrap());
+    assert!(!f.pairing_is_approved("discord", "u1").await.unwrap());
 
-    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    let snap = f.pairing_snapshot(limits()).await.unwrap();
     assert_eq!(snap.approved, vec![user]);
     let pending: Vec<&str> = snap.pending.iter().map(|p| p.user_id.as_str()).collect();
     assert_eq!(pending, ["u2"]);
 
     // The code is spent.
     assert_eq!(
-        store
-            .pairing_approve("telegram", CODE, limits())
-            .await
-            .unwrap(),
+        f.pairing_approve("telegram", CODE, limits()).await.unwrap(),
         ApproveOutcome::NoMatch { failures: 1 }
     );
 }
 
-#[tokio::test]
-async fn a_code_only_works_on_its_platform() {
-    let (_dir, store) = temp_store();
+async fn a_code_only_works_on_its_platform<S: Backend + PairingStore>(f: Fixture<S>) {
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
     assert_eq!(
-        store
-            .pairing_approve("discord", CODE, limits())
-            .await
-            .unwrap(),
+        f.pairing_approve("discord", CODE, limits()).await.unwrap(),
         ApproveOutcome::NoMatch { failures: 1 }
     );
     assert!(matches!(
-        store
-            .pairing_approve("telegram", CODE, limits())
-            .await
-            .unwrap(),
+        f.pairing_approve("telegram", CODE, limits()).await.unwrap(),
         ApproveOutcome::Approved(_)
     ));
 }
 
-#[tokio::test]
-async fn approving_an_approved_user_again_refreshes_the_approval() {
-    let (dir, store) = temp_store();
+async fn approving_an_approved_user_again_refreshes_the_approval<S: Backend + PairingStore>(
+    f: Fixture<S>,
+) {
     assert_eq!(
-        offer(&store, "u1", CODE, no_interval()).await,
+        offer(&*f, "u1", CODE, no_interval()).await,
         OfferOutcome::Created
     );
-    let ApproveOutcome::Approved(first) = store
+    let ApproveOutcome::Approved(first) = f
         .pairing_approve("telegram", CODE, no_interval())
         .await
         .unwrap()
@@ -414,21 +422,16 @@ async fn approving_an_approved_user_again_refreshes_the_approval() {
     };
     // Age the stored approval, so a refresh shows however fast the clock
     // reads: not refreshed, it would stay 100 s before `first`.
-    raw(&db_path(&dir))
-        .execute(
-            "UPDATE pairing_approved SET approved_at = approved_at - 100",
-            [],
-        )
-        .unwrap();
+    f.execute("UPDATE pairing_approved SET approved_at = approved_at - 100")
+        .await;
     // A later code without a name keeps the known one.
     assert_eq!(
-        store
-            .pairing_offer("telegram", "u1", None, "ABCD2345", no_interval())
+        f.pairing_offer("telegram", "u1", None, "ABCD2345", no_interval())
             .await
             .unwrap(),
         OfferOutcome::Created
     );
-    let ApproveOutcome::Approved(second) = store
+    let ApproveOutcome::Approved(second) = f
         .pairing_approve("telegram", "abcd2345", no_interval())
         .await
         .unwrap()
@@ -437,61 +440,57 @@ async fn approving_an_approved_user_again_refreshes_the_approval() {
     };
     assert!(second.approved_at >= first.approved_at);
     assert_eq!(second.user_name.as_deref(), Some("Ann"));
-    let snap = store.pairing_snapshot(no_interval()).await.unwrap();
+    let snap = f.pairing_snapshot(no_interval()).await.unwrap();
     assert_eq!(snap.approved, vec![second]);
 }
 
-#[tokio::test]
-async fn approval_removes_all_the_users_pending_codes() {
-    let (dir, store) = temp_store();
+async fn approval_removes_all_the_users_pending_codes<S: Backend + PairingStore>(f: Fixture<S>) {
     assert_eq!(
-        offer(&store, "u1", CODE, no_interval()).await,
+        offer(&*f, "u1", CODE, no_interval()).await,
         OfferOutcome::Created
     );
     assert_eq!(
-        offer(&store, "u2", "EFGH2345", no_interval()).await,
+        offer(&*f, "u2", "EFGH2345", no_interval()).await,
         OfferOutcome::Created
     );
     // Offers keep one code per user, so a second code of u1's can only be
     // a row from before that rule; it must not outlive the approval.
-    raw(&db_path(&dir))
-        .execute(
-            "INSERT INTO pairing_pending (entry_id, platform, user_id, user_name, salt, \
-             code_hash, created_at) \
-             SELECT 'legacy0000000000', platform, user_id, user_name, salt, \
-             'not-a-real-hash', created_at FROM pairing_pending WHERE user_id = 'u1'",
-            [],
-        )
-        .unwrap();
+    f.execute(
+        "INSERT INTO pairing_pending (entry_id, platform, user_id, user_name, salt, \
+         code_hash, created_at) \
+         SELECT 'legacy0000000000', platform, user_id, user_name, salt, \
+         'not-a-real-hash', created_at FROM pairing_pending WHERE user_id = 'u1'",
+    )
+    .await;
     assert!(matches!(
-        store
-            .pairing_approve("telegram", CODE, no_interval())
+        f.pairing_approve("telegram", CODE, no_interval())
             .await
             .unwrap(),
         ApproveOutcome::Approved(_)
     ));
-    let snap = store.pairing_snapshot(no_interval()).await.unwrap();
+    let snap = f.pairing_snapshot(no_interval()).await.unwrap();
     let pending: Vec<&str> = snap.pending.iter().map(|p| p.user_id.as_str()).collect();
     assert_eq!(pending, ["u2"]);
 }
 
-#[tokio::test]
-async fn the_fifth_wrong_code_locks_the_platform_even_for_the_right_code() {
-    let (dir, store) = temp_store();
+async fn the_fifth_wrong_code_locks_the_platform_even_for_the_right_code<
+    S: Backend + PairingStore,
+>(
+    f: Fixture<S>,
+) {
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
     for n in 1..=4 {
         assert_eq!(
-            store
-                .pairing_approve("telegram", "WRONG234", limits())
+            f.pairing_approve("telegram", "WRONG234", limits())
                 .await
                 .unwrap(),
             ApproveOutcome::NoMatch { failures: n }
         );
     }
-    let ApproveOutcome::LockedOut { until } = store
+    let ApproveOutcome::LockedOut { until } = f
         .pairing_approve("telegram", "WRONG234", limits())
         .await
         .unwrap()
@@ -500,89 +499,69 @@ async fn the_fifth_wrong_code_locks_the_platform_even_for_the_right_code() {
     };
     // The right code is refused while locked, without counting a failure.
     assert_eq!(
-        store
-            .pairing_approve("telegram", CODE, limits())
-            .await
-            .unwrap(),
+        f.pairing_approve("telegram", CODE, limits()).await.unwrap(),
         ApproveOutcome::LockedOut { until }
     );
-    assert!(!store.pairing_is_approved("telegram", "u1").await.unwrap());
+    assert!(!f.pairing_is_approved("telegram", "u1").await.unwrap());
     // New codes are refused too; other platforms are unaffected.
     assert_eq!(
-        offer(&store, "u2", "ABCD2345", limits()).await,
+        offer(&*f, "u2", "ABCD2345", limits()).await,
         OfferOutcome::LockedOut
     );
     assert_eq!(
-        store
-            .pairing_approve("discord", "WRONG234", limits())
+        f.pairing_approve("discord", "WRONG234", limits())
             .await
             .unwrap(),
         ApproveOutcome::NoMatch { failures: 1 }
     );
-    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    let snap = f.pairing_snapshot(limits()).await.unwrap();
     assert_eq!(snap.lockouts, vec![("telegram".to_string(), until)]);
     let now = talaria_core::unix_now();
     assert!((until - now - 3600.0).abs() < 60.0, "{until} vs {now}");
 
     // Once the lock ends, the count starts from zero and the code works.
-    raw(&db_path(&dir))
-        .execute(
-            "UPDATE pairing_stamps SET stamp = stamp - 3601 WHERE kind = 'lockout'",
-            [],
-        )
-        .unwrap();
+    f.execute("UPDATE pairing_stamps SET stamp = stamp - 3601 WHERE kind = 'lockout'")
+        .await;
     assert!(
-        store
-            .pairing_snapshot(limits())
+        f.pairing_snapshot(limits())
             .await
             .unwrap()
             .lockouts
             .is_empty()
     );
     assert_eq!(
-        store
-            .pairing_approve("telegram", "WRONG234", limits())
+        f.pairing_approve("telegram", "WRONG234", limits())
             .await
             .unwrap(),
         ApproveOutcome::NoMatch { failures: 1 }
     );
     assert!(matches!(
-        store
-            .pairing_approve("telegram", CODE, limits())
-            .await
-            .unwrap(),
+        f.pairing_approve("telegram", CODE, limits()).await.unwrap(),
         ApproveOutcome::Approved(_)
     ));
     // A success resets the count.
     assert_eq!(
-        store
-            .pairing_approve("telegram", "WRONG234", limits())
+        f.pairing_approve("telegram", "WRONG234", limits())
             .await
             .unwrap(),
         ApproveOutcome::NoMatch { failures: 1 }
     );
 }
 
-#[tokio::test]
-async fn revoke_removes_an_approval_once() {
-    let (_dir, store) = temp_store();
+async fn revoke_removes_an_approval_once<S: Backend + PairingStore>(f: Fixture<S>) {
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
     assert!(matches!(
-        store
-            .pairing_approve("telegram", CODE, limits())
-            .await
-            .unwrap(),
+        f.pairing_approve("telegram", CODE, limits()).await.unwrap(),
         ApproveOutcome::Approved(_)
     ));
-    assert!(store.pairing_revoke("telegram", "u1").await.unwrap());
-    assert!(!store.pairing_is_approved("telegram", "u1").await.unwrap());
-    assert!(!store.pairing_revoke("telegram", "u1").await.unwrap());
+    assert!(f.pairing_revoke("telegram", "u1").await.unwrap());
+    assert!(!f.pairing_is_approved("telegram", "u1").await.unwrap());
+    assert!(!f.pairing_revoke("telegram", "u1").await.unwrap());
     assert!(
-        store
-            .pairing_snapshot(limits())
+        f.pairing_snapshot(limits())
             .await
             .unwrap()
             .approved
@@ -590,59 +569,48 @@ async fn revoke_removes_an_approval_once() {
     );
 }
 
-#[tokio::test]
-async fn clear_pending_by_platform_or_everywhere() {
-    let (_dir, store) = temp_store();
+async fn clear_pending_by_platform_or_everywhere<S: Backend + PairingStore>(f: Fixture<S>) {
     for user in ["u1", "u2"] {
         assert_eq!(
-            offer(&store, user, CODE, limits()).await,
+            offer(&*f, user, CODE, limits()).await,
             OfferOutcome::Created
         );
     }
     for user in ["d1", "d2", "d3"] {
-        store
-            .pairing_offer("discord", user, None, CODE, limits())
+        f.pairing_offer("discord", user, None, CODE, limits())
             .await
             .unwrap();
     }
-    store
-        .pairing_offer("slack", "s1", None, CODE, limits())
+    f.pairing_offer("slack", "s1", None, CODE, limits())
         .await
         .unwrap();
-    assert_eq!(
-        store.pairing_clear_pending(Some("telegram")).await.unwrap(),
-        2
-    );
-    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    assert_eq!(f.pairing_clear_pending(Some("telegram")).await.unwrap(), 2);
+    let snap = f.pairing_snapshot(limits()).await.unwrap();
     assert!(snap.pending.iter().all(|p| p.platform != "telegram"));
     assert_eq!(snap.pending.len(), 4);
-    assert_eq!(store.pairing_clear_pending(None).await.unwrap(), 4);
+    assert_eq!(f.pairing_clear_pending(None).await.unwrap(), 4);
     assert!(
-        store
-            .pairing_snapshot(limits())
+        f.pairing_snapshot(limits())
             .await
             .unwrap()
             .pending
             .is_empty()
     );
-    assert_eq!(store.pairing_clear_pending(None).await.unwrap(), 0);
+    assert_eq!(f.pairing_clear_pending(None).await.unwrap(), 0);
 }
 
-#[tokio::test]
-async fn the_snapshot_lists_pending_approved_and_locks() {
-    let (dir, store) = temp_store();
-    assert!(store.pairing_snapshot(limits()).await.unwrap() == Default::default());
+async fn the_snapshot_lists_pending_approved_and_locks<S: Backend + PairingStore>(f: Fixture<S>) {
+    assert!(f.pairing_snapshot(limits()).await.unwrap() == Default::default());
     assert_eq!(
-        offer(&store, "u1", CODE, limits()).await,
+        offer(&*f, "u1", CODE, limits()).await,
         OfferOutcome::Created
     );
     assert_eq!(
-        offer(&store, "u2", "ABCD2345", limits()).await,
+        offer(&*f, "u2", "ABCD2345", limits()).await,
         OfferOutcome::Created
     );
     assert!(matches!(
-        store
-            .pairing_approve("telegram", "ABCD2345", limits())
+        f.pairing_approve("telegram", "ABCD2345", limits())
             .await
             .unwrap(),
         ApproveOutcome::Approved(_)
@@ -651,11 +619,10 @@ async fn the_snapshot_lists_pending_approved_and_locks() {
         max_failures: 1,
         ..limits()
     };
-    store
-        .pairing_approve("discord", "NOPE2345", strict)
+    f.pairing_approve("discord", "NOPE2345", strict)
         .await
         .unwrap();
-    let snap = store.pairing_snapshot(limits()).await.unwrap();
+    let snap = f.pairing_snapshot(limits()).await.unwrap();
     assert_eq!(snap.pending.len(), 1);
     assert_eq!(snap.pending[0].platform, "telegram");
     assert_eq!(snap.pending[0].user_id, "u1");
@@ -669,22 +636,113 @@ async fn the_snapshot_lists_pending_approved_and_locks() {
         code_ttl: 60.0,
         ..limits()
     };
-    age_pending(&db_path(&dir), 61.0);
-    assert_eq!(
-        store
-            .pairing_snapshot(limits())
-            .await
-            .unwrap()
-            .pending
-            .len(),
-        1
-    );
-    assert!(
-        store
-            .pairing_snapshot(short)
-            .await
-            .unwrap()
-            .pending
-            .is_empty()
-    );
+    age_pending(&f, 61).await;
+    assert_eq!(f.pairing_snapshot(limits()).await.unwrap().pending.len(), 1);
+    assert!(f.pairing_snapshot(short).await.unwrap().pending.is_empty());
 }
+
+/// Two gateways approving one code at once, two callers on each: one
+/// approval, and the rest find no match (counting failures one at a time).
+async fn racing_approvals_of_one_code_approve_once<S: Backend + PairingStore>(f: Fixture<S>) {
+    let handles: [Arc<S>; 2] = [f.store.clone(), Arc::new(f.reopen().await)];
+    for round in 0..10 {
+        let (user, code) = (format!("u{round}"), format!("CODE{round}"));
+        assert_eq!(
+            offer(&*f, &user, &code, limits()).await,
+            OfferOutcome::Created
+        );
+        let barrier = Arc::new(Barrier::new(4));
+        let approvers: Vec<_> = (0..4)
+            .map(|i| {
+                let (store, barrier) = (handles[i % 2].clone(), barrier.clone());
+                let code = code.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store
+                        .pairing_approve("telegram", &code, limits())
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut approved = Vec::new();
+        let mut failures = Vec::new();
+        for approver in approvers {
+            match approver.await.unwrap() {
+                ApproveOutcome::Approved(who) => approved.push(who.user_id),
+                ApproveOutcome::NoMatch { failures: n } => failures.push(n),
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert_eq!(approved, [user.as_str()], "round {round}");
+        // The approval came first (the code was there until it did) and
+        // reset the count; each miss after it counted once.
+        failures.sort_unstable();
+        assert_eq!(failures, [1, 2, 3], "round {round}");
+        assert!(f.pairing_is_approved("telegram", &user).await.unwrap());
+    }
+}
+
+/// Strangers asking two gateways for codes at once never push a platform
+/// past its limit of pending codes.
+async fn racing_offers_never_pass_the_pending_limit<S: Backend + PairingStore>(f: Fixture<S>) {
+    let handles: [Arc<S>; 2] = [f.store.clone(), Arc::new(f.reopen().await)];
+    for round in 0..5 {
+        let platform = format!("platform{round}");
+        let barrier = Arc::new(Barrier::new(8));
+        let askers: Vec<_> = (0..8)
+            .map(|i| {
+                let (store, barrier) = (handles[i % 2].clone(), barrier.clone());
+                let platform = platform.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store
+                        .pairing_offer(&platform, &format!("u{i}"), None, CODE, limits())
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for asker in askers {
+            outcomes.push(asker.await.unwrap());
+        }
+        let created = outcomes
+            .iter()
+            .filter(|o| **o == OfferOutcome::Created)
+            .count();
+        let refused = outcomes
+            .iter()
+            .filter(|o| **o == OfferOutcome::TooManyPending)
+            .count();
+        assert_eq!((created, refused), (3, 5), "round {round}: {outcomes:?}");
+        let snap = f.pairing_snapshot(limits()).await.unwrap();
+        let pending = snap
+            .pending
+            .iter()
+            .filter(|p| p.platform == platform)
+            .count();
+        assert_eq!(pending, 3, "round {round}");
+    }
+}
+
+contract_tests!(
+    an_offer_is_created_then_rate_limited_for_the_same_user,
+    the_offer_interval_elapses,
+    too_many_pending_codes_refuse_new_ones_per_platform,
+    one_user_holds_one_code_and_cannot_crowd_out_the_others,
+    during_a_lockout_a_stranger_is_told_once_per_interval,
+    expired_codes_free_their_slot_and_cannot_be_approved,
+    the_code_is_never_stored,
+    salts_differ_between_offers_of_the_same_code,
+    approval_is_case_insensitive_and_consumes_the_code,
+    a_code_only_works_on_its_platform,
+    approving_an_approved_user_again_refreshes_the_approval,
+    approval_removes_all_the_users_pending_codes,
+    the_fifth_wrong_code_locks_the_platform_even_for_the_right_code,
+    revoke_removes_an_approval_once,
+    clear_pending_by_platform_or_everywhere,
+    the_snapshot_lists_pending_approved_and_locks,
+    racing_approvals_of_one_code_approve_once,
+    racing_offers_never_pass_the_pending_limit,
+);
