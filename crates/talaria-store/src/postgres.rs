@@ -20,9 +20,16 @@
 //! - this file: options, the pool, errors, the clock expression;
 //! - `schema`: versioned migrations, run under an advisory lock so nodes
 //!   starting together migrate once;
-//! - `tls`: libpq's `sslmode` semantics on rustls.
+//! - `tls`: libpq's `sslmode` semantics on rustls;
+//! - `sessions`: sessions and transcripts ([`crate::SessionStore`]);
+//! - `search`: full-text search (`tsvector`, and `pg_trgm` where it can
+//!   be installed);
+//! - `routes`: session routes ([`crate::RouteStore`]).
 
+mod routes;
 mod schema;
+mod search;
+mod sessions;
 mod tls;
 
 use std::fmt;
