@@ -387,35 +387,43 @@ fn hits_sql(
     order: Order,
     limit: &str,
 ) -> String {
-    let across = match order {
-        Order::Rank => "r.score, s.started_at DESC, r.id DESC",
-        Order::Recency => "r.id DESC",
+    let (across, across_chosen) = match order {
+        Order::Rank => (
+            "score, started_at DESC, id DESC",
+            "c.score, c.started_at DESC, c.id DESC",
+        ),
+        Order::Recency => ("id DESC", "c.id DESC"),
     };
     // The score is computed outside the LIMIT's subquery, so only the
-    // rows kept are ranked.
+    // rows kept are ranked; messages and sessions are joined for the
+    // chosen few only.
     format!(
         "WITH hits AS (
-             SELECT m.id, m.session_id, {body} AS body
+             SELECT m.id, m.session_id, s.started_at, {body} AS body
              FROM messages m JOIN sessions s ON s.id = m.session_id
              WHERE ({condition}){filters}
              ORDER BY m.id DESC
              LIMIT {scan_limit}
          ),
          scored AS (
-             SELECT id, session_id, ({score})::float8 AS score FROM hits
+             SELECT id, session_id, started_at, ({score})::float8 AS score FROM hits
          ),
          ranked AS (
-             SELECT id, session_id, score,
+             SELECT id, session_id, started_at, score,
                     row_number() OVER (PARTITION BY session_id ORDER BY score, id DESC) AS pick
              FROM scored
+         ),
+         chosen AS (
+             SELECT id, session_id, started_at, score FROM ranked
+             WHERE pick = 1
+             ORDER BY {across}
+             LIMIT {limit}
          )
-         SELECT r.id, r.score, m.role, m.content, {SESSION_COLUMNS}
-         FROM ranked r
-         JOIN messages m ON m.id = r.id
-         JOIN sessions s ON s.id = r.session_id
-         WHERE r.pick = 1
-         ORDER BY {across}
-         LIMIT {limit}"
+         SELECT c.id, c.score, m.role, m.content, {SESSION_COLUMNS}
+         FROM chosen c
+         JOIN messages m ON m.id = c.id
+         JOIN sessions s ON s.id = c.session_id
+         ORDER BY {across_chosen}"
     )
 }
 
