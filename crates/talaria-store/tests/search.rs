@@ -410,3 +410,37 @@ contract_tests!(
     accents_fold_both_ways_and_punctuation_splits_words,
     query_syntax_of_any_backend_is_plain_text,
 );
+
+/// What only the PostgreSQL backend has: its indexes, and a schema that
+/// may lack the trigram one.
+mod postgres_only {
+    use super::*;
+    use talaria_store::PostgresStore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_word_and_trigram_indexes_exist_where_pg_trgm_does() {
+        let f = PostgresStore::fresh().await;
+        let found = f
+            .query_f64(
+                "SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() \
+                 AND indexname IN ('messages_words', 'messages_trigrams')",
+            )
+            .await;
+        assert_eq!(found, Some(2.0));
+    }
+
+    /// Where `pg_trgm` could not be installed the migration makes no
+    /// trigram index; substring and CJK search give the same answers, by
+    /// scanning.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn substring_search_works_without_the_trigram_index() {
+        let f = PostgresStore::fresh().await;
+        seed(&*f).await;
+        f.execute("DROP INDEX messages_trigrams").await;
+        assert_eq!(ids(&f.search(query("eijin")).await.unwrap()), ["s4"]);
+        let hits = f.search(query("北京开会")).await.unwrap();
+        assert_eq!(ids(&hits), ["s3"]);
+        assert!(hits[0].snippet.contains(">>>北京开会<<<"), "{}", hits[0].snippet);
+        assert_eq!(ids(&f.search(query("北京")).await.unwrap()), ["s3"]);
+    }
+}

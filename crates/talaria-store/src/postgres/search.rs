@@ -595,13 +595,13 @@ async fn substring_search(
         .collect())
 }
 
-/// Decides which words of a hit to mark: a word is marked when one of
-/// its lexemes is one of the wanted terms' lexemes (or starts with one,
-/// for a prefix term). Both sides are folded the way the index folds.
+/// Decides which words of a hit to mark: the runs of words that spell one
+/// of the wanted terms, lexeme by lexeme (the last one as a prefix, for a
+/// prefix term). Both sides are folded the way the index folds.
 struct WordMarker {
-    exact: HashSet<String>,
-    prefixes: Vec<String>,
-    /// Lexemes of the non-ASCII words of the hits, as the server folds them.
+    /// Each wanted term's lexemes in order, and whether it is a prefix.
+    terms: Vec<(Vec<String>, bool)>,
+    /// Lexemes (in order) of the non-ASCII words, as the server folds them.
     folded: HashMap<String, Vec<String>>,
 }
 
@@ -639,7 +639,11 @@ impl WordMarker {
         if !pending.is_empty() {
             let statement = client
                 .prepare_cached(
-                    "SELECT tsvector_to_array(to_tsvector('simple', talaria_fold(u.t))) \
+                    "SELECT ARRAY(SELECT w.lexeme \
+                         FROM unnest(to_tsvector('simple', talaria_fold(u.t))) \
+                             AS w (lexeme, positions, weights), \
+                         unnest(w.positions) AS p (pos) \
+                         ORDER BY p.pos) \
                      FROM unnest($1::text[]) WITH ORDINALITY AS u (t, i) ORDER BY u.i",
                 )
                 .await
@@ -661,23 +665,18 @@ impl WordMarker {
             }
         }
         let mut marker = WordMarker {
-            exact: HashSet::new(),
-            prefixes: Vec::new(),
+            terms: Vec::new(),
             folded,
         };
-        for term in terms {
-            for lexeme in marker.lexemes(&term.text) {
-                if term.prefix {
-                    marker.prefixes.push(lexeme);
-                } else {
-                    marker.exact.insert(lexeme);
-                }
-            }
-        }
+        marker.terms = terms
+            .iter()
+            .map(|t| (marker.lexemes(&t.text), t.prefix))
+            .filter(|(lexemes, _)| !lexemes.is_empty())
+            .collect();
         Ok(marker)
     }
 
-    /// The lexemes of `text` as the index would have them.
+    /// The lexemes of `text` as the index would have them, in order.
     fn lexemes(&self, text: &str) -> Vec<String> {
         if text.is_ascii() {
             text.split(|c: char| !c.is_ascii_alphanumeric())
@@ -692,22 +691,45 @@ impl WordMarker {
         }
     }
 
-    fn matches(&self, word: &str) -> bool {
-        self.lexemes(word).iter().any(|lexeme| {
-            self.exact.contains(lexeme) || self.prefixes.iter().any(|p| lexeme.starts_with(p))
-        })
+    /// Runs of words to mark, as `[start, end)` word indexes: every place
+    /// a wanted term matches, overlapping runs merged.
+    fn runs(&self, content: &str, words: &Words) -> Vec<(usize, usize)> {
+        let lexemes: Vec<Vec<String>> = words
+            .spans
+            .iter()
+            .map(|&(start, end)| self.lexemes(&content[start..end]))
+            .collect();
+        let mut runs = Vec::new();
+        for (wanted, prefix) in &self.terms {
+            let len = wanted.len();
+            for at in 0..lexemes.len().saturating_sub(len - 1) {
+                let spelled = wanted.iter().enumerate().all(|(k, lexeme)| {
+                    lexemes[at + k].iter().any(|have| {
+                        have == lexeme || (*prefix && k == len - 1 && have.starts_with(lexeme))
+                    })
+                });
+                if spelled {
+                    runs.push((at, at + len));
+                }
+            }
+        }
+        runs.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(runs.len());
+        for (start, end) in runs {
+            match merged.last_mut() {
+                Some(last) if start < last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
     }
 
     /// An excerpt of about [`SNIPPET_TOKENS`] words, placed over the most
     /// marked words, marked like FTS5's snippets.
     fn snippet(&self, content: &str) -> String {
         let words = word_spans(content);
-        let marked: Vec<bool> = words
-            .spans
-            .iter()
-            .map(|&(start, end)| self.matches(&content[start..end]))
-            .collect();
-        word_snippet(content, &words, &marked)
+        let runs = self.runs(content, &words);
+        word_snippet(content, &words, &runs)
     }
 }
 
@@ -749,13 +771,18 @@ fn word_spans(content: &str) -> Words {
 }
 
 /// Cuts the window of [`SNIPPET_TOKENS`] words with the most marked ones
-/// (centred on them) out of `content`, marking each marked word. A window
-/// at either end of the text takes the punctuation there along.
-fn word_snippet(content: &str, words: &Words, marked: &[bool]) -> String {
+/// (centred on them) out of `content`, marking each run of `runs` (word
+/// index ranges, sorted, not overlapping) as one span. A window at either
+/// end of the text takes the punctuation there along.
+fn word_snippet(content: &str, words: &Words, runs: &[(usize, usize)]) -> String {
     let spans = &words.spans;
     let n = spans.len();
     if n == 0 {
         return substring_snippet(content, &[]);
+    }
+    let mut marked = vec![false; n];
+    for &(start, end) in runs {
+        marked[start..end].iter_mut().for_each(|m| *m = true);
     }
     let width = SNIPPET_TOKENS.min(n);
     // The first window with the most marks (a running count).
@@ -786,19 +813,28 @@ fn word_snippet(content: &str, words: &Words, marked: &[bool]) -> String {
     } else {
         spans[last].1
     };
+    let shown: Vec<(usize, usize)> = runs
+        .iter()
+        .copied()
+        .filter(|&(start, end)| start <= last && end > first)
+        .collect();
     let mut out = String::new();
     if from > 0 {
         out.push_str(ELLIPSIS);
     }
     let mut at = from;
-    for (&(start, end), &mark) in spans[first..=last].iter().zip(&marked[first..=last]) {
+    let mut open = false;
+    for (i, &(start, end)) in spans.iter().enumerate().take(last + 1).skip(first) {
         out.push_str(&content[at..start]);
-        if mark {
+        // A run cut by the window's start opens at its first word.
+        if !open && shown.iter().any(|&(s, e)| s <= i && i < e) {
             out.push_str(MARK_OPEN);
+            open = true;
         }
         out.push_str(&content[start..end]);
-        if mark {
+        if open && (i == last || shown.iter().any(|&(_, e)| e == i + 1)) {
             out.push_str(MARK_CLOSE);
+            open = false;
         }
         at = end;
     }
@@ -958,8 +994,35 @@ mod tests {
         assert!(s.starts_with("...") && s.ends_with("..."), "{s}");
         assert!(s.contains(">>>needle<<<"), "{s}");
         // Case folding that changes a character's width keeps offsets right.
-        let s = substring_snippet("İstanbul ẞtraße", &["straße".to_string()]);
+        let s = substring_snippet("İstanbul ẞtraße", &["ßtraße".to_string()]);
         assert_eq!(s, "İstanbul >>>ẞtraße<<<");
+    }
+
+    fn marker(terms: &[(&str, bool)]) -> WordMarker {
+        let mut marker = WordMarker {
+            terms: Vec::new(),
+            folded: HashMap::new(),
+        };
+        marker.terms = terms
+            .iter()
+            .map(|&(t, prefix)| (marker.lexemes(t), prefix))
+            .collect();
+        marker
+    }
+
+    #[test]
+    fn phrases_mark_as_one_run_and_prefixes_complete_words() {
+        let text = "Reverse the proxy; then reverse proxy-pass it, or reversed proxies";
+        let m = marker(&[("reverse proxy", false)]);
+        assert_eq!(
+            m.snippet(text),
+            "Reverse the proxy; then >>>reverse proxy<<<-pass it, or reversed proxies"
+        );
+        let m = marker(&[("reverse prox", true), ("it", false)]);
+        assert_eq!(
+            m.snippet(text),
+            "Reverse the proxy; then >>>reverse proxy<<<-pass >>>it<<<, or reversed proxies"
+        );
     }
 
     #[test]
@@ -969,21 +1032,20 @@ mod tests {
             .collect::<Vec<_>>()
             .join(" ");
         let words = word_spans(&text);
-        let marked: Vec<bool> = (0..100).map(|i| i == 50).collect();
-        let s = word_snippet(&text, &words, &marked);
+        let s = word_snippet(&text, &words, &[(50, 51)]);
         assert!(s.starts_with("...w39 ") && s.ends_with(" w62..."), "{s}");
         assert!(s.contains(">>>w50<<<"), "{s}");
         // A short text is shown whole, punctuation included.
         let text = "(Edit nginx.conf, then nginx!)";
         let words = word_spans(text);
-        let marked: Vec<bool> = words
-            .spans
-            .iter()
-            .map(|&(a, b)| &text[a..b] == "nginx")
-            .collect();
         assert_eq!(
-            word_snippet(text, &words, &marked),
+            word_snippet(text, &words, &[(1, 2), (4, 5)]),
             "(Edit >>>nginx<<<.conf, then >>>nginx<<<!)"
+        );
+        // A run is one span, however many words it covers.
+        assert_eq!(
+            word_snippet(text, &words, &[(1, 3)]),
+            "(Edit >>>nginx.conf<<<, then nginx!)"
         );
     }
 }
