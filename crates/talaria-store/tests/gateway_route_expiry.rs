@@ -99,7 +99,13 @@ async fn a_route_whose_session_ended_since_its_last_activity_is_left_out<S: Stor
     store.end_session("s1", "idle").await.unwrap();
 
     // Later than every stamp, by the store's clock.
-    let last = store.session("s1").await.unwrap().unwrap().ended_at.unwrap();
+    let last = store
+        .session("s1")
+        .await
+        .unwrap()
+        .unwrap()
+        .ended_at
+        .unwrap();
     let later = last + 1.0;
     let mut listed = keys(&store.stale_routes(later, 10).await.unwrap())
         .into_iter()
@@ -184,7 +190,9 @@ async fn nodes_racing_to_end_expired_sessions_end_each_once<S: Store>(f: Fixture
     const ROUTES: usize = 20;
     for i in 0..ROUTES {
         let (key, id) = (format!("k{i}"), format!("s{i}"));
-        f.create_session(new_session(&id, "telegram")).await.unwrap();
+        f.create_session(new_session(&id, "telegram"))
+            .await
+            .unwrap();
         f.set_route(&key, &id).await.unwrap();
         age_route(&f, &key, 100.0).await;
     }

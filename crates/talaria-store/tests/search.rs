@@ -176,7 +176,9 @@ async fn substring_fallback_finds_inside_words<S: Backend + SessionStore>(store:
     assert_eq!(ids(&store.search(query("🎉")).await.unwrap()), ["s5"]);
 }
 
-async fn best_hit_per_session_prefers_rank_then_newest<S: Backend + SessionStore>(store: Fixture<S>) {
+async fn best_hit_per_session_prefers_rank_then_newest<S: Backend + SessionStore>(
+    store: Fixture<S>,
+) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -314,6 +316,58 @@ async fn accents_fold_both_ways_and_punctuation_splits_words<S: Backend + Sessio
     assert_eq!(ids(&store.search(query("caf*")).await.unwrap()).len(), 2);
 }
 
+/// Operators bind as in FTS5: `NOT` tighter than `AND` (written or
+/// implied), `AND` tighter than `OR`. Each query below would answer
+/// differently under another precedence.
+async fn operator_precedence_is_fts5s<S: Backend + SessionStore>(store: Fixture<S>) {
+    seed(&*store).await;
+    let sorted = |hits: Vec<talaria_store::SearchHit>| {
+        let mut found = ids(&hits);
+        found.sort();
+        found
+    };
+    // (nginx NOT returning) OR keeps, not nginx NOT (returning OR keeps).
+    assert_eq!(
+        sorted(
+            store
+                .search(query("nginx NOT returning OR keeps"))
+                .await
+                .unwrap()
+        ),
+        ["s1", "s2"]
+    );
+    // (nginx returning) OR backup, not nginx (returning OR backup).
+    assert_eq!(
+        sorted(
+            store
+                .search(query("nginx returning OR backup"))
+                .await
+                .unwrap()
+        ),
+        ["s2", "s3"]
+    );
+    assert_eq!(
+        sorted(
+            store
+                .search(query("nginx AND returning OR backup"))
+                .await
+                .unwrap()
+        ),
+        ["s2", "s3"]
+    );
+    // backup OR (nginx NOT proxy NOT configure): s1's rows all name a
+    // proxy, so only s2 and s3.
+    assert_eq!(
+        sorted(
+            store
+                .search(query("backup OR nginx NOT proxy NOT configure"))
+                .await
+                .unwrap()
+        ),
+        ["s2", "s3"]
+    );
+}
+
 /// A deterministic generator, so a failing query can be reproduced.
 struct Lcg(u64);
 
@@ -344,10 +398,56 @@ async fn query_syntax_of_any_backend_is_plain_text<S: Backend + SessionStore>(st
         .await
         .unwrap();
     let pieces = [
-        "nginx", "a", "b", "x", "&", "|", "!", "!!", ":*", ":", "*", "'", "''", "\"", "(", ")",
-        "<->", "<2>", "<-2>", "\\", "%", "_", "AND", "OR", "NOT", "NEAR(", "col:", "^", "-", "+",
-        "北京", "é", "🎉", "\0", "\t", "$1", "::tsquery", "E'\\\\'", "'; DROP TABLE messages; --",
-        "&&", "||", "@@", ":A", ":*B", "a:1", "\u{301}", "\u{3000}", "\u{a0}", "'s", "\\'",
+        "nginx",
+        "a",
+        "b",
+        "x",
+        "&",
+        "|",
+        "!",
+        "!!",
+        ":*",
+        ":",
+        "*",
+        "'",
+        "''",
+        "\"",
+        "(",
+        ")",
+        "<->",
+        "<2>",
+        "<-2>",
+        "\\",
+        "%",
+        "_",
+        "AND",
+        "OR",
+        "NOT",
+        "NEAR(",
+        "col:",
+        "^",
+        "-",
+        "+",
+        "北京",
+        "é",
+        "🎉",
+        "\0",
+        "\t",
+        "$1",
+        "::tsquery",
+        "E'\\\\'",
+        "'; DROP TABLE messages; --",
+        "&&",
+        "||",
+        "@@",
+        ":A",
+        ":*B",
+        "a:1",
+        "\u{301}",
+        "\u{3000}",
+        "\u{a0}",
+        "'s",
+        "\\'",
     ];
     for q in [
         "a & b",
@@ -394,7 +494,10 @@ async fn query_syntax_of_any_backend_is_plain_text<S: Backend + SessionStore>(st
     assert_eq!(ids(&store.search(query("a&b|c")).await.unwrap()), ["s5"]);
     assert_eq!(ids(&store.search(query("<->")).await.unwrap()), ["s5"]);
     assert_eq!(ids(&store.search(query("100%")).await.unwrap()), ["s5"]);
-    assert_eq!(ids(&store.search(query("back\\slash")).await.unwrap()), ["s5"]);
+    assert_eq!(
+        ids(&store.search(query("back\\slash")).await.unwrap()),
+        ["s5"]
+    );
     assert_eq!(store.search(query("backup")).await.unwrap().len(), 1);
 }
 
@@ -408,6 +511,7 @@ contract_tests!(
     empty_and_hostile_queries_do_not_fail,
     only_the_newest_matches_are_ranked,
     accents_fold_both_ways_and_punctuation_splits_words,
+    operator_precedence_is_fts5s,
     query_syntax_of_any_backend_is_plain_text,
 );
 
@@ -440,7 +544,11 @@ mod postgres_only {
         assert_eq!(ids(&f.search(query("eijin")).await.unwrap()), ["s4"]);
         let hits = f.search(query("北京开会")).await.unwrap();
         assert_eq!(ids(&hits), ["s3"]);
-        assert!(hits[0].snippet.contains(">>>北京开会<<<"), "{}", hits[0].snippet);
+        assert!(
+            hits[0].snippet.contains(">>>北京开会<<<"),
+            "{}",
+            hits[0].snippet
+        );
         assert_eq!(ids(&f.search(query("北京")).await.unwrap()), ["s3"]);
     }
 }

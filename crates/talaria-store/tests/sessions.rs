@@ -233,7 +233,9 @@ async fn latest_and_listing<S: Backend + SessionStore>(store: Fixture<S>) {
     assert!(store.list_sessions(past_end).await.unwrap().is_empty());
 }
 
-async fn message_window_is_positional_and_includes_inactive_rows<S: Backend + SessionStore>(store: Fixture<S>) {
+async fn message_window_is_positional_and_includes_inactive_rows<S: Backend + SessionStore>(
+    store: Fixture<S>,
+) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -279,7 +281,11 @@ async fn message_window_is_positional_and_includes_inactive_rows<S: Backend + Se
     );
 }
 
-async fn replace_active_swaps_the_transcript_and_keeps_history_searchable<S: Backend + SessionStore>(store: Fixture<S>) {
+async fn replace_active_swaps_the_transcript_and_keeps_history_searchable<
+    S: Backend + SessionStore,
+>(
+    store: Fixture<S>,
+) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -416,9 +422,13 @@ async fn concurrent_appends_from_two_handles_keep_counts_exact<S: Backend + Sess
                     let text = format!("handle {handle} task {task} row {row}");
                     let message = Message::user(text);
                     let id = if handle == 0 {
-                        first.append_message_with_usage("s1", &message, &usage).await
+                        first
+                            .append_message_with_usage("s1", &message, &usage)
+                            .await
                     } else {
-                        second.append_message_with_usage("s1", &message, &usage).await
+                        second
+                            .append_message_with_usage("s1", &message, &usage)
+                            .await
                     };
                     ids.push(id.unwrap());
                 }
@@ -501,7 +511,11 @@ async fn replace_active_and_appends_interleave_cleanly<S: Backend + SessionStore
     let active = store.messages("s1").await.unwrap();
     assert_eq!(active[0].message.content, "sys");
     assert_eq!(active[1].message.content, "[summary 4]");
-    assert!(active[2..].iter().all(|m| m.message.content.starts_with("turn ")));
+    assert!(
+        active[2..]
+            .iter()
+            .all(|m| m.message.content.starts_with("turn "))
+    );
 }
 
 /// Text from tools can contain NUL characters. SQLite keeps them;
@@ -511,7 +525,7 @@ async fn nul_characters_do_not_fail_a_write<S: Backend + SessionStore>(store: Fi
     let mut new = new_session("s1", "cli");
     new.system_prompt = Some("be\0brief".into());
     store.create_session(new).await.unwrap();
-    let mut message = Message::tool_result("call\01", "term\0inal", "bin\0ary output");
+    let mut message = Message::tool_result("call\0_1", "term\0inal", "bin\0ary output");
     message.reasoning = Some("r\0".into());
     store.append_message("s1", &message).await.unwrap();
     store
@@ -530,12 +544,12 @@ async fn nul_characters_do_not_fail_a_write<S: Backend + SessionStore>(store: Fi
     assert_eq!(all.len(), 2);
     let first = &all[0].message;
     assert_eq!(restore(&first.content), "bin\0ary output");
-    assert_eq!(restore(first.tool_call_id.as_deref().unwrap()), "call\01");
+    assert_eq!(restore(first.tool_call_id.as_deref().unwrap()), "call\0_1");
     assert_eq!(restore(first.tool_name.as_deref().unwrap()), "term\0inal");
     assert_eq!(restore(first.reasoning.as_deref().unwrap()), "r\0");
     assert_eq!(restore(&all[1].message.content), "sum\0mary");
     // Lookups with a NUL are just lookups.
-    assert!(store.session("s\01").await.unwrap().is_none());
+    assert!(store.session("s\0_1").await.unwrap().is_none());
 }
 
 /// A message far larger than a PostgreSQL `tsvector` can hold (1 MB of

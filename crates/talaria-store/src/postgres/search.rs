@@ -51,7 +51,7 @@ use crate::{MAX_RANKED_MATCHES, Result, SearchHit, SearchQuery, StoreError};
 /// Characters of a message in the word index. A `tsvector` holds at most
 /// 1 MB of lexemes; at four bytes a character at worst this stays under
 /// it, so no message is refused for its size.
-pub(crate) const WORD_INDEX_CHARS: usize = 100_000;
+const WORD_INDEX_CHARS: usize = 100_000;
 
 /// DDL for search (part of schema step 1, after the sessions part).
 ///
@@ -70,15 +70,23 @@ pub(super) const SCHEMA: &str = r##"
 CREATE FUNCTION talaria_fold(t text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $fold$
-    SELECT normalize(
-        regexp_replace(
-            normalize(
-                regexp_replace(t,
-                    E'[\\u0021-\\u002f\\u003a-\\u0040\\u005b-\\u0060\\u007b-\\u007e\\u00a0\\u00ab\\u00b7\\u00bb\\u00bf\\u2000-\\u206f\\u3000-\\u3004\\u3008-\\u3020\\u3030]+',
-                    ' ', 'g'),
-                NFD),
-            E'[\\u0300-\\u036f]+', '', 'g'),
-        NFC)
+    SELECT CASE
+        -- Plain ASCII (most tool output) has no accents: the costly
+        -- normalisation is skipped.
+        WHEN octet_length(t) = char_length(t) THEN
+            regexp_replace(t,
+                E'[\\u0021-\\u002f\\u003a-\\u0040\\u005b-\\u0060\\u007b-\\u007e]+',
+                ' ', 'g')
+        ELSE normalize(
+            regexp_replace(
+                normalize(
+                    regexp_replace(t,
+                        E'[\\u0021-\\u002f\\u003a-\\u0040\\u005b-\\u0060\\u007b-\\u007e\\u00a0\\u00ab\\u00b7\\u00bb\\u00bf\\u2000-\\u206f\\u3000-\\u3004\\u3008-\\u3020\\u3030]+',
+                        ' ', 'g'),
+                    NFD),
+                E'[\\u0300-\\u036f]+', '', 'g'),
+            NFC)
+    END
 $fold$;
 
 -- A term with a trailing `*`: its lexemes as a phrase, the last one a
@@ -132,7 +140,9 @@ $trigrams$;
 /// Sessions returned when the query asks for `limit: 0` (as in SQLite).
 const DEFAULT_LIMIT: usize = 10;
 
-/// Most rows the short-term scan looks at, newest first (as in SQLite).
+/// Most matching rows the short-term scan collects, newest first. As in
+/// SQLite, this bounds the matches, not the rows read: a short term that
+/// matches little is looked for in every row.
 const LIKE_SCAN_LIMIT: usize = 2000;
 
 /// Tokens in a word-match snippet (FTS5's `snippet` gets 24 there).
@@ -941,6 +951,12 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    #[test]
+    fn the_index_covers_what_snippets_read() {
+        let limit = WORD_INDEX_CHARS.to_string();
+        assert!(SCHEMA.contains(&format!("left(content, {limit})")));
     }
 
     #[test]

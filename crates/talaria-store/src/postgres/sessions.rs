@@ -74,15 +74,15 @@ CREATE TABLE messages (
 CREATE INDEX messages_session ON messages (session_id, id);
 "#;
 
-/// Session columns (table alias `s`) in the order [`session_from_row`]
-/// reads them.
+/// Session columns (table alias `s`) in the order
+/// [`PostgresStore::session_from_row`] reads them.
 pub(super) const SESSION_COLUMNS: &str = "s.id, s.source, s.session_key, s.chat_id, \
      s.user_id, s.thread_id, s.title, s.model, s.system_prompt, s.parent_session_id, \
      s.started_at, s.ended_at, s.end_reason, s.message_count, s.input_tokens, \
      s.output_tokens, s.cache_read_tokens, s.cache_write_tokens, s.reasoning_tokens";
 
-/// Message columns (table alias `m`) in the order [`message_from_row`]
-/// reads them.
+/// Message columns (table alias `m`) in the order
+/// [`PostgresStore::message_from_row`] reads them.
 const MESSAGE_COLUMNS: &str = "m.id, m.session_id, m.role, m.content, m.tool_call_id, \
      m.tool_calls, m.tool_name, m.\"timestamp\", m.token_count, m.finish_reason, m.reasoning, \
      m.active";
@@ -552,11 +552,7 @@ impl SessionStore for PostgresStore {
                     "SELECT {MESSAGE_COLUMNS} FROM messages m \
                      WHERE m.session_id = $1 AND m.id >= $2 ORDER BY m.id LIMIT $3"
                 ),
-                &[
-                    &id.as_ref(),
-                    &around_id,
-                    &sql_len(after).saturating_add(1),
-                ],
+                &[&id.as_ref(), &around_id, &sql_len(after).saturating_add(1)],
             )
             .await?;
         earlier.extend(rest);
