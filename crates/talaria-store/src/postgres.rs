@@ -21,6 +21,10 @@
 //! - `schema`: versioned migrations, run under an advisory lock so nodes
 //!   starting together migrate once;
 //! - `tls`: libpq's `sslmode` semantics on rustls;
+//! - `sessions`: sessions and transcripts ([`crate::SessionStore`]);
+//! - `search`: full-text search (`tsvector`, and `pg_trgm` where it can
+//!   be installed);
+//! - `routes`: session routes ([`crate::RouteStore`]);
 //! - `gateway`: DM pairing, inbound dedupe and adapter cursors;
 //! - `cron`: scheduled jobs and the claimed record of their runs;
 //! - `cluster`: nodes and leases; `ledger`: the delivery ledger.
@@ -29,7 +33,10 @@ mod cluster;
 mod cron;
 mod gateway;
 mod ledger;
+mod routes;
 mod schema;
+mod search;
+mod sessions;
 mod tls;
 
 use std::fmt;
@@ -294,3 +301,10 @@ mod tests {
         }
     }
 }
+
+/// Both backends serve everything the gateway needs.
+const _: () = {
+    const fn gateway_store<T: crate::GatewayStore>() {}
+    gateway_store::<PostgresStore>();
+    gateway_store::<crate::SqliteStore>();
+};

@@ -1,10 +1,11 @@
-//! Full-text search through the store.
+//! Full-text search through the store, on both backends.
 
+#[macro_use]
 mod common;
 
-use common::{new_session, temp_store};
+use common::{Backend, Fixture, new_session};
 use talaria_core::{Message, Role};
-use talaria_store::{SearchQuery, SessionStore, SqliteStore};
+use talaria_store::{SearchQuery, SessionStore};
 
 fn query(text: &str) -> SearchQuery {
     SearchQuery {
@@ -15,7 +16,7 @@ fn query(text: &str) -> SearchQuery {
     }
 }
 
-async fn seed(store: &SqliteStore) {
+async fn seed<S: SessionStore>(store: &S) {
     let sessions: [(&str, &str, &[&str]); 4] = [
         (
             "s1",
@@ -59,10 +60,8 @@ fn ids(hits: &[talaria_store::SearchHit]) -> Vec<String> {
     hits.iter().map(|h| h.session.id.clone()).collect()
 }
 
-#[tokio::test]
-async fn english_search_gives_one_hit_per_session() {
-    let (_dir, store) = temp_store();
-    seed(&store).await;
+async fn english_search_gives_one_hit_per_session<S: Backend + SessionStore>(store: Fixture<S>) {
+    seed(&*store).await;
     let hits = store.search(query("nginx")).await.unwrap();
     let mut found = ids(&hits);
     found.sort();
@@ -84,10 +83,8 @@ async fn english_search_gives_one_hit_per_session() {
     assert!(window[0].message.content.contains("502"));
 }
 
-#[tokio::test]
-async fn filters_and_limit() {
-    let (_dir, store) = temp_store();
-    seed(&store).await;
+async fn filters_and_limit<S: Backend + SessionStore>(store: Fixture<S>) {
+    seed(&*store).await;
     let mut q = query("nginx");
     q.exclude_session = Some("s1".into());
     assert_eq!(ids(&store.search(q).await.unwrap()), ["s2"]);
@@ -105,10 +102,8 @@ async fn filters_and_limit() {
     assert_eq!(store.search(q).await.unwrap().len(), 1);
 }
 
-#[tokio::test]
-async fn prefix_phrase_operators_and_diacritics() {
-    let (_dir, store) = temp_store();
-    seed(&store).await;
+async fn prefix_phrase_operators_and_diacritics<S: Backend + SessionStore>(store: Fixture<S>) {
+    seed(&*store).await;
     assert_eq!(ids(&store.search(query("backu*")).await.unwrap()), ["s3"]);
     assert_eq!(
         ids(&store.search(query(r#""reverse proxy""#)).await.unwrap()),
@@ -133,10 +128,8 @@ async fn prefix_phrase_operators_and_diacritics() {
     assert_eq!(ids(&store.search(query("cafe")).await.unwrap()), ["s1"]);
 }
 
-#[tokio::test]
-async fn cjk_search_uses_trigrams_and_like() {
-    let (_dir, store) = temp_store();
-    seed(&store).await;
+async fn cjk_search_uses_trigrams_and_like<S: Backend + SessionStore>(store: Fixture<S>) {
+    seed(&*store).await;
     // Two characters: shorter than a trigram, found by the LIKE scan.
     let hits = store.search(query("北京")).await.unwrap();
     assert_eq!(ids(&hits), ["s3"]);
@@ -161,10 +154,8 @@ async fn cjk_search_uses_trigrams_and_like() {
     assert!(store.search(q).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn substring_fallback_finds_inside_words() {
-    let (_dir, store) = temp_store();
-    seed(&store).await;
+async fn substring_fallback_finds_inside_words<S: Backend + SessionStore>(store: Fixture<S>) {
+    seed(&*store).await;
     // "eijin" is inside "Beijing"; the word index has no such token.
     assert_eq!(ids(&store.search(query("eijin")).await.unwrap()), ["s4"]);
     // Symbols only the trigram index sees.
@@ -185,9 +176,9 @@ async fn substring_fallback_finds_inside_words() {
     assert_eq!(ids(&store.search(query("🎉")).await.unwrap()), ["s5"]);
 }
 
-#[tokio::test]
-async fn best_hit_per_session_prefers_rank_then_newest() {
-    let (_dir, store) = temp_store();
+async fn best_hit_per_session_prefers_rank_then_newest<S: Backend + SessionStore>(
+    store: Fixture<S>,
+) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -213,10 +204,8 @@ async fn best_hit_per_session_prefers_rank_then_newest() {
     assert_eq!(hits[0].message_id, second);
 }
 
-#[tokio::test]
-async fn empty_and_hostile_queries_do_not_fail() {
-    let (_dir, store) = temp_store();
-    seed(&store).await;
+async fn empty_and_hostile_queries_do_not_fail<S: Backend + SessionStore>(store: Fixture<S>) {
+    seed(&*store).await;
     for q in [
         "",
         "   ",
@@ -258,9 +247,7 @@ async fn empty_and_hostile_queries_do_not_fail() {
 /// Only the newest `MAX_RANKED_MATCHES` matches are ranked: an old message
 /// that would score best is found while it is among them, and no longer
 /// once that many newer messages match too.
-#[tokio::test]
-async fn only_the_newest_matches_are_ranked() {
-    let (_dir, store) = temp_store();
+async fn only_the_newest_matches_are_ranked<S: Backend + SessionStore>(store: Fixture<S>) {
     store
         .create_session(new_session("old", "cli"))
         .await
@@ -300,4 +287,268 @@ async fn only_the_newest_matches_are_ranked() {
         ["new"],
         "the old message fell out of the ranked set"
     );
+}
+
+/// Accents are folded on both sides of a word match, punctuation splits
+/// words (`nginx.conf`, `proxy_pass`), and the snippet marks the word as
+/// written.
+async fn accents_fold_both_ways_and_punctuation_splits_words<S: Backend + SessionStore>(
+    store: Fixture<S>,
+) {
+    seed(&*store).await;
+    store
+        .create_session(new_session("s5", "cli"))
+        .await
+        .unwrap();
+    store
+        .append_message("s5", &Message::user("meet me in Zurich at the cafe"))
+        .await
+        .unwrap();
+    let mut both = ids(&store.search(query("café")).await.unwrap());
+    both.sort();
+    assert_eq!(both, ["s1", "s5"]);
+    assert_eq!(ids(&store.search(query("ZÜRICH")).await.unwrap()), ["s5"]);
+    let hits = store.search(query("cafe")).await.unwrap();
+    let s1 = hits.iter().find(|h| h.session.id == "s1").unwrap();
+    assert!(s1.snippet.contains(">>>café<<<"), "{}", s1.snippet);
+    assert_eq!(ids(&store.search(query("conf")).await.unwrap()), ["s1"]);
+    assert_eq!(ids(&store.search(query("pass")).await.unwrap()), ["s1"]);
+    assert_eq!(ids(&store.search(query("caf*")).await.unwrap()).len(), 2);
+}
+
+/// Operators bind as in FTS5: `NOT` tighter than `AND` (written or
+/// implied), `AND` tighter than `OR`. Each query below would answer
+/// differently under another precedence.
+async fn operator_precedence_is_fts5s<S: Backend + SessionStore>(store: Fixture<S>) {
+    seed(&*store).await;
+    let sorted = |hits: Vec<talaria_store::SearchHit>| {
+        let mut found = ids(&hits);
+        found.sort();
+        found
+    };
+    // (nginx NOT returning) OR keeps, not nginx NOT (returning OR keeps).
+    assert_eq!(
+        sorted(
+            store
+                .search(query("nginx NOT returning OR keeps"))
+                .await
+                .unwrap()
+        ),
+        ["s1", "s2"]
+    );
+    // (nginx returning) OR backup, not nginx (returning OR backup).
+    assert_eq!(
+        sorted(
+            store
+                .search(query("nginx returning OR backup"))
+                .await
+                .unwrap()
+        ),
+        ["s2", "s3"]
+    );
+    assert_eq!(
+        sorted(
+            store
+                .search(query("nginx AND returning OR backup"))
+                .await
+                .unwrap()
+        ),
+        ["s2", "s3"]
+    );
+    // backup OR (nginx NOT proxy NOT configure): s1's rows all name a
+    // proxy, so only s2 and s3.
+    assert_eq!(
+        sorted(
+            store
+                .search(query("backup OR nginx NOT proxy NOT configure"))
+                .await
+                .unwrap()
+        ),
+        ["s2", "s3"]
+    );
+}
+
+/// A deterministic generator, so a failing query can be reproduced.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+}
+
+/// The syntax of every query language involved (FTS5, `tsquery`, `LIKE`,
+/// SQL) typed as a query is searched for as text, never parsed: no input
+/// fails, and the store still answers afterwards.
+async fn query_syntax_of_any_backend_is_plain_text<S: Backend + SessionStore>(store: Fixture<S>) {
+    seed(&*store).await;
+    store
+        .create_session(new_session("s5", "cli"))
+        .await
+        .unwrap();
+    store
+        .append_message(
+            "s5",
+            &Message::user("operators a&b|c !x <-> 'quoted' back\\slash 100% done_ok"),
+        )
+        .await
+        .unwrap();
+    let pieces = [
+        "nginx",
+        "a",
+        "b",
+        "x",
+        "&",
+        "|",
+        "!",
+        "!!",
+        ":*",
+        ":",
+        "*",
+        "'",
+        "''",
+        "\"",
+        "(",
+        ")",
+        "<->",
+        "<2>",
+        "<-2>",
+        "\\",
+        "%",
+        "_",
+        "AND",
+        "OR",
+        "NOT",
+        "NEAR(",
+        "col:",
+        "^",
+        "-",
+        "+",
+        "北京",
+        "é",
+        "🎉",
+        "\0",
+        "\t",
+        "$1",
+        "::tsquery",
+        "E'\\\\'",
+        "'; DROP TABLE messages; --",
+        "&&",
+        "||",
+        "@@",
+        ":A",
+        ":*B",
+        "a:1",
+        "\u{301}",
+        "\u{3000}",
+        "\u{a0}",
+        "'s",
+        "\\'",
+    ];
+    for q in [
+        "a & b",
+        "!x",
+        "a:*",
+        "'quoted'",
+        "a <-> b",
+        "a <2> b",
+        "(a | b) & !c",
+        "\\",
+        "' OR 1=1 --",
+        "nginx:*",
+        "nginx:A",
+        "x & (",
+        "!",
+        "<->",
+        ":*",
+        "''",
+        "E'\\x'",
+        "\u{301}",
+        "é\u{301}",
+    ] {
+        store
+            .search(query(q))
+            .await
+            .unwrap_or_else(|e| panic!("{q:?}: {e}"));
+    }
+    let mut rng = Lcg(0x5441_4C41);
+    for _ in 0..300 {
+        let n = 1 + rng.next(8);
+        let mut q = String::new();
+        for _ in 0..n {
+            if rng.next(2) == 0 {
+                q.push(' ');
+            }
+            q.push_str(pieces[rng.next(pieces.len())]);
+        }
+        store
+            .search(query(&q))
+            .await
+            .unwrap_or_else(|e| panic!("{q:?}: {e}"));
+    }
+    // Syntax characters are text: the trigram path finds them literally.
+    assert_eq!(ids(&store.search(query("a&b|c")).await.unwrap()), ["s5"]);
+    assert_eq!(ids(&store.search(query("<->")).await.unwrap()), ["s5"]);
+    assert_eq!(ids(&store.search(query("100%")).await.unwrap()), ["s5"]);
+    assert_eq!(
+        ids(&store.search(query("back\\slash")).await.unwrap()),
+        ["s5"]
+    );
+    assert_eq!(store.search(query("backup")).await.unwrap().len(), 1);
+}
+
+contract_tests!(
+    english_search_gives_one_hit_per_session,
+    filters_and_limit,
+    prefix_phrase_operators_and_diacritics,
+    cjk_search_uses_trigrams_and_like,
+    substring_fallback_finds_inside_words,
+    best_hit_per_session_prefers_rank_then_newest,
+    empty_and_hostile_queries_do_not_fail,
+    only_the_newest_matches_are_ranked,
+    accents_fold_both_ways_and_punctuation_splits_words,
+    operator_precedence_is_fts5s,
+    query_syntax_of_any_backend_is_plain_text,
+);
+
+/// What only the PostgreSQL backend has: its indexes, and a schema that
+/// may lack the trigram one.
+mod postgres_only {
+    use super::*;
+    use talaria_store::PostgresStore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_word_and_trigram_indexes_exist_where_pg_trgm_does() {
+        let f = PostgresStore::fresh().await;
+        let found = f
+            .query_f64(
+                "SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() \
+                 AND indexname IN ('messages_words', 'messages_trigrams')",
+            )
+            .await;
+        assert_eq!(found, Some(2.0));
+    }
+
+    /// Where `pg_trgm` could not be installed the migration makes no
+    /// trigram index; substring and CJK search give the same answers, by
+    /// scanning.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn substring_search_works_without_the_trigram_index() {
+        let f = PostgresStore::fresh().await;
+        seed(&*f).await;
+        f.execute("DROP INDEX messages_trigrams").await;
+        assert_eq!(ids(&f.search(query("eijin")).await.unwrap()), ["s4"]);
+        let hits = f.search(query("北京开会")).await.unwrap();
+        assert_eq!(ids(&hits), ["s3"]);
+        assert!(
+            hits[0].snippet.contains(">>>北京开会<<<"),
+            "{}",
+            hits[0].snippet
+        );
+        assert_eq!(ids(&f.search(query("北京")).await.unwrap()), ["s3"]);
+    }
 }

@@ -1,14 +1,14 @@
-//! Sessions and transcripts round-trip through a real database file.
+//! Sessions and transcripts round-trip through a real database, on both
+//! backends.
 
+#[macro_use]
 mod common;
 
-use common::{new_session, temp_store};
+use common::{Backend, Fixture, new_session};
 use talaria_core::{Message, Role, ToolCall, Usage};
 use talaria_store::{NewSession, SearchQuery, SessionFilter, SessionStore, StoreError};
 
-#[tokio::test]
-async fn session_fields_round_trip() {
-    let (_dir, store) = temp_store();
+async fn session_fields_round_trip<S: Backend + SessionStore>(store: Fixture<S>) {
     let new = NewSession {
         id: "20260101_120000_abcdef".into(),
         source: "telegram".into(),
@@ -39,9 +39,7 @@ async fn session_fields_round_trip() {
     assert!(store.session("nope").await.unwrap().is_none());
 }
 
-#[tokio::test]
-async fn duplicate_session_is_refused() {
-    let (_dir, store) = temp_store();
+async fn duplicate_session_is_refused<S: Backend + SessionStore>(store: Fixture<S>) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -56,9 +54,7 @@ async fn duplicate_session_is_refused() {
     );
 }
 
-#[tokio::test]
-async fn messages_round_trip_in_order() {
-    let (_dir, store) = temp_store();
+async fn messages_round_trip_in_order<S: Backend + SessionStore>(store: Fixture<S>) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -112,9 +108,7 @@ async fn messages_round_trip_in_order() {
     assert_eq!(rec.message_count, transcript.len() as u64);
 }
 
-#[tokio::test]
-async fn missing_sessions_are_reported() {
-    let (_dir, store) = temp_store();
+async fn missing_sessions_are_reported<S: Backend + SessionStore>(store: Fixture<S>) {
     let missing = |r: Result<(), StoreError>| {
         assert!(
             matches!(r, Err(StoreError::NoSuchSession(ref id)) if id == "ghost"),
@@ -136,9 +130,7 @@ async fn missing_sessions_are_reported() {
     missing(store.replace_active("ghost", &[]).await);
 }
 
-#[tokio::test]
-async fn usage_title_prompt_and_end() {
-    let (_dir, store) = temp_store();
+async fn usage_title_prompt_and_end<S: Backend + SessionStore>(store: Fixture<S>) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -186,9 +178,7 @@ async fn usage_title_prompt_and_end() {
     assert_eq!(rec.input_tokens, i64::MAX as u64);
 }
 
-#[tokio::test]
-async fn latest_and_listing() {
-    let (_dir, store) = temp_store();
+async fn latest_and_listing<S: Backend + SessionStore>(store: Fixture<S>) {
     assert!(store.latest_session("cli").await.unwrap().is_none());
     for (id, source) in [
         ("a1", "cli"),
@@ -243,9 +233,9 @@ async fn latest_and_listing() {
     assert!(store.list_sessions(past_end).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn message_window_is_positional_and_includes_inactive_rows() {
-    let (_dir, store) = temp_store();
+async fn message_window_is_positional_and_includes_inactive_rows<S: Backend + SessionStore>(
+    store: Fixture<S>,
+) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -291,9 +281,11 @@ async fn message_window_is_positional_and_includes_inactive_rows() {
     );
 }
 
-#[tokio::test]
-async fn replace_active_swaps_the_transcript_and_keeps_history_searchable() {
-    let (_dir, store) = temp_store();
+async fn replace_active_swaps_the_transcript_and_keeps_history_searchable<
+    S: Backend + SessionStore,
+>(
+    store: Fixture<S>,
+) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -344,9 +336,7 @@ async fn replace_active_swaps_the_transcript_and_keeps_history_searchable() {
     assert!(store.messages("s1").await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn traversal_ids_are_refused() {
-    let (_dir, store) = temp_store();
+async fn traversal_ids_are_refused<S: Backend + SessionStore>(store: Fixture<S>) {
     for bad in [
         "../x", "a/b", "..", "", ".hidden", "a\\b", "x/../y", "a b", "-rf",
     ] {
@@ -371,9 +361,7 @@ async fn traversal_ids_are_refused() {
     );
 }
 
-#[tokio::test]
-async fn a_row_and_its_usage_are_stored_together() {
-    let (_dir, store) = temp_store();
+async fn a_row_and_its_usage_are_stored_together<S: Backend + SessionStore>(store: Fixture<S>) {
     store
         .create_session(new_session("s1", "cli"))
         .await
@@ -403,3 +391,218 @@ async fn a_row_and_its_usage_are_stored_together() {
         .unwrap_err();
     assert!(matches!(err, StoreError::NoSuchSession(_)), "{err:?}");
 }
+
+/// Two handles on one database (two processes, or two gateway nodes)
+/// appending to the same session at once: every row lands once, ids are
+/// unique, and the counters add up exactly.
+async fn concurrent_appends_from_two_handles_keep_counts_exact<S: Backend + SessionStore>(
+    store: Fixture<S>,
+) {
+    const TASKS_PER_HANDLE: usize = 4;
+    const ROWS_PER_TASK: usize = 20;
+    store
+        .create_session(new_session("s1", "api"))
+        .await
+        .unwrap();
+    let other = std::sync::Arc::new(store.reopen().await);
+    let usage = Usage {
+        input_tokens: 3,
+        output_tokens: 2,
+        reasoning_tokens: 1,
+        ..Usage::default()
+    };
+    let mut tasks = Vec::new();
+    for handle in 0..2 {
+        for task in 0..TASKS_PER_HANDLE {
+            let first = store.store.clone();
+            let second = other.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for row in 0..ROWS_PER_TASK {
+                    let text = format!("handle {handle} task {task} row {row}");
+                    let message = Message::user(text);
+                    let id = if handle == 0 {
+                        first
+                            .append_message_with_usage("s1", &message, &usage)
+                            .await
+                    } else {
+                        second
+                            .append_message_with_usage("s1", &message, &usage)
+                            .await
+                    };
+                    ids.push(id.unwrap());
+                }
+                ids
+            }));
+        }
+    }
+    let mut all = std::collections::HashSet::new();
+    for task in tasks {
+        for id in task.await.unwrap() {
+            assert!(all.insert(id), "row id {id} handed out twice");
+        }
+    }
+    let total = 2 * TASKS_PER_HANDLE * ROWS_PER_TASK;
+    assert_eq!(all.len(), total);
+    let rec = store.session("s1").await.unwrap().unwrap();
+    assert_eq!(rec.message_count, total as u64);
+    assert_eq!(
+        (rec.input_tokens, rec.output_tokens, rec.reasoning_tokens),
+        (3 * total as u64, 2 * total as u64, total as u64)
+    );
+    let stored = store.messages("s1").await.unwrap();
+    assert_eq!(stored.len(), total);
+    // Each task's rows keep their order in the transcript.
+    for handle in 0..2 {
+        for task in 0..TASKS_PER_HANDLE {
+            let prefix = format!("handle {handle} task {task} row ");
+            let rows: Vec<usize> = stored
+                .iter()
+                .filter_map(|m| m.message.content.strip_prefix(&prefix))
+                .map(|n| n.parse().unwrap())
+                .collect();
+            assert_eq!(rows, (0..ROWS_PER_TASK).collect::<Vec<_>>());
+        }
+    }
+}
+
+/// Compression racing appends: whatever interleaving happens,
+/// `message_count` is the number of rows stored, and the active transcript
+/// is the last replacement plus whatever was appended after it.
+async fn replace_active_and_appends_interleave_cleanly<S: Backend + SessionStore>(
+    store: Fixture<S>,
+) {
+    store
+        .create_session(new_session("s1", "api"))
+        .await
+        .unwrap();
+    let other = store.reopen().await;
+    let appends = {
+        let store = store.store.clone();
+        tokio::spawn(async move {
+            for i in 0..40 {
+                store
+                    .append_message("s1", &Message::user(format!("turn {i}")))
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    for round in 0..5 {
+        other
+            .replace_active(
+                "s1",
+                &[
+                    Message::system("sys"),
+                    Message::user(format!("[summary {round}]")),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    appends.await.unwrap();
+    let rows = store
+        .query_f64("SELECT COUNT(*) FROM messages WHERE session_id = 's1'")
+        .await
+        .unwrap();
+    let rec = store.session("s1").await.unwrap().unwrap();
+    assert_eq!(rec.message_count as f64, rows);
+    assert_eq!(rec.message_count, 40 + 5 * 2);
+    let active = store.messages("s1").await.unwrap();
+    assert_eq!(active[0].message.content, "sys");
+    assert_eq!(active[1].message.content, "[summary 4]");
+    assert!(
+        active[2..]
+            .iter()
+            .all(|m| m.message.content.starts_with("turn "))
+    );
+}
+
+/// Text from tools can contain NUL characters. SQLite keeps them;
+/// PostgreSQL's `text` cannot, and stores U+FFFD in their place rather
+/// than refusing the row (which would lose the turn).
+async fn nul_characters_do_not_fail_a_write<S: Backend + SessionStore>(store: Fixture<S>) {
+    let mut new = new_session("s1", "cli");
+    new.system_prompt = Some("be\0brief".into());
+    store.create_session(new).await.unwrap();
+    let mut message = Message::tool_result("call\0_1", "term\0inal", "bin\0ary output");
+    message.reasoning = Some("r\0".into());
+    store.append_message("s1", &message).await.unwrap();
+    store
+        .replace_active("s1", &[Message::user("sum\0mary")])
+        .await
+        .unwrap();
+    store.set_title("s1", "ti\0tle").await.unwrap();
+    store.end_session("s1", "do\0ne").await.unwrap();
+
+    let restore = |s: &str| s.replace('\u{FFFD}', "\0");
+    let rec = store.session("s1").await.unwrap().unwrap();
+    assert_eq!(restore(rec.system_prompt.as_deref().unwrap()), "be\0brief");
+    assert_eq!(restore(rec.title.as_deref().unwrap()), "ti\0tle");
+    assert_eq!(restore(rec.end_reason.as_deref().unwrap()), "do\0ne");
+    let all = store.message_window("s1", 0, 0, 10).await.unwrap();
+    assert_eq!(all.len(), 2);
+    let first = &all[0].message;
+    assert_eq!(restore(&first.content), "bin\0ary output");
+    assert_eq!(restore(first.tool_call_id.as_deref().unwrap()), "call\0_1");
+    assert_eq!(restore(first.tool_name.as_deref().unwrap()), "term\0inal");
+    assert_eq!(restore(first.reasoning.as_deref().unwrap()), "r\0");
+    assert_eq!(restore(&all[1].message.content), "sum\0mary");
+    // Lookups with a NUL are just lookups.
+    assert!(store.session("s\0_1").await.unwrap().is_none());
+}
+
+/// A message far larger than a PostgreSQL `tsvector` can hold (1 MB of
+/// distinct words) is stored whole, and a word anywhere in it is found.
+async fn a_huge_message_is_stored_and_searchable_throughout<S: Backend + SessionStore>(
+    store: Fixture<S>,
+) {
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+    let text = (0..200_000)
+        .map(|i| format!("w{i:06}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    store
+        .append_message("s1", &Message::tool_result("c1", "terminal", &text))
+        .await
+        .unwrap();
+    let stored = store.messages("s1").await.unwrap();
+    assert_eq!(stored[0].message.content, text);
+    for word in ["w000007", "w199993"] {
+        let hits = store
+            .search(SearchQuery {
+                text: word.into(),
+                sources: vec![],
+                exclude_session: None,
+                limit: 5,
+            })
+            .await
+            .unwrap();
+        assert_eq!(hits.len(), 1, "{word}");
+        assert!(
+            hits[0].snippet.contains(&format!(">>>{word}<<<")),
+            "{word}: {}",
+            hits[0].snippet
+        );
+    }
+}
+
+contract_tests!(
+    session_fields_round_trip,
+    duplicate_session_is_refused,
+    messages_round_trip_in_order,
+    missing_sessions_are_reported,
+    usage_title_prompt_and_end,
+    latest_and_listing,
+    message_window_is_positional_and_includes_inactive_rows,
+    replace_active_swaps_the_transcript_and_keeps_history_searchable,
+    traversal_ids_are_refused,
+    a_row_and_its_usage_are_stored_together,
+    concurrent_appends_from_two_handles_keep_counts_exact,
+    replace_active_and_appends_interleave_cleanly,
+    nul_characters_do_not_fail_a_write,
+    a_huge_message_is_stored_and_searchable_throughout,
+);

@@ -17,6 +17,9 @@ const MIGRATION_LOCK: i64 = 0x5441_4C41_0001;
 /// `i` to `i + 1`. A step is the concatenation of its parts (one per area
 /// of the store, each kept beside the code that uses it).
 const STEPS: &[&[&str]] = &[&[
+    super::sessions::SCHEMA,
+    super::search::SCHEMA,
+    super::routes::SCHEMA,
     super::gateway::SCHEMA,
     super::cron::SCHEMA,
     super::cluster::SCHEMA,

@@ -1,0 +1,706 @@
+//! Sessions and transcripts on PostgreSQL.
+//!
+//! The tables mirror the SQLite schema (`src/sqlite/schema.rs`, step 1)
+//! column for column. Writes that must move together are one statement
+//! where they can be: appending a row bumps its session's counters in a
+//! data-modifying CTE, so the session row's lock orders concurrent appends
+//! (from any node) and `message_count` stays exact.
+
+use std::borrow::Cow;
+
+use async_trait::async_trait;
+use talaria_core::ids::validate_path_component;
+use talaria_core::{Message, ToolCall, Usage};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use super::{NOW, PostgresStore, search};
+use crate::{
+    NewSession, Result, SearchHit, SearchQuery, SessionFilter, SessionRecord, SessionStore,
+    StoreError, StoredMessage,
+};
+
+/// DDL for sessions and messages (part of schema step 1).
+pub(super) const SCHEMA: &str = r#"
+CREATE TABLE sessions (
+    id                 text PRIMARY KEY,
+    source             text NOT NULL,
+    session_key        text,
+    chat_id            text,
+    user_id            text,
+    thread_id          text,
+    title              text,
+    model              text,
+    system_prompt      text,
+    -- No foreign key: lineage is informational, and a parent may live in
+    -- another deployment's database or have been pruned.
+    parent_session_id  text,
+    started_at         double precision NOT NULL,
+    ended_at           double precision,
+    end_reason         text,
+    -- Counters are u64 in the API; a negative one could only come from a
+    -- foreign writer, so the database refuses it.
+    message_count      bigint NOT NULL DEFAULT 0 CHECK (message_count >= 0),
+    input_tokens       bigint NOT NULL DEFAULT 0 CHECK (input_tokens >= 0),
+    output_tokens      bigint NOT NULL DEFAULT 0 CHECK (output_tokens >= 0),
+    cache_read_tokens  bigint NOT NULL DEFAULT 0 CHECK (cache_read_tokens >= 0),
+    cache_write_tokens bigint NOT NULL DEFAULT 0 CHECK (cache_write_tokens >= 0),
+    reasoning_tokens   bigint NOT NULL DEFAULT 0 CHECK (reasoning_tokens >= 0),
+    -- Creation order: the tie-break SQLite's rowid gives listings, for
+    -- sessions started within one tick of the clock.
+    seq                bigint GENERATED ALWAYS AS IDENTITY
+);
+CREATE INDEX sessions_source_started ON sessions (source, started_at, seq);
+CREATE INDEX sessions_started ON sessions (started_at, seq);
+CREATE INDEX sessions_key ON sessions (session_key);
+CREATE INDEX sessions_parent ON sessions (parent_session_id);
+
+CREATE TABLE messages (
+    -- Orders the transcript: a row's id is drawn after its session row is
+    -- locked, so ids follow the order appends commit in.
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_id    text NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    role          text NOT NULL,
+    content       text NOT NULL DEFAULT '',
+    tool_call_id  text,
+    tool_calls    text,
+    tool_name     text,
+    "timestamp"   double precision NOT NULL,
+    token_count   bigint CHECK (token_count >= 0),
+    finish_reason text,
+    reasoning     text,
+    active        boolean NOT NULL DEFAULT true
+);
+CREATE INDEX messages_session ON messages (session_id, id);
+"#;
+
+/// Session columns (table alias `s`) in the order
+/// [`PostgresStore::session_from_row`] reads them.
+pub(super) const SESSION_COLUMNS: &str = "s.id, s.source, s.session_key, s.chat_id, \
+     s.user_id, s.thread_id, s.title, s.model, s.system_prompt, s.parent_session_id, \
+     s.started_at, s.ended_at, s.end_reason, s.message_count, s.input_tokens, \
+     s.output_tokens, s.cache_read_tokens, s.cache_write_tokens, s.reasoning_tokens";
+
+/// Message columns (table alias `m`) in the order
+/// [`PostgresStore::message_from_row`] reads them.
+const MESSAGE_COLUMNS: &str = "m.id, m.session_id, m.role, m.content, m.tool_call_id, \
+     m.tool_calls, m.tool_name, m.\"timestamp\", m.token_count, m.finish_reason, m.reasoning, \
+     m.active";
+
+/// The largest count a `bigint` holds, as SQL: token sums saturate here
+/// instead of failing the write (SQLite's backend clamps the same way).
+const MAX_COUNT_SQL: &str = "9223372036854775807";
+
+/// `text` as PostgreSQL can store it. A `text` value cannot hold U+0000
+/// (SQLite's can), and a tool's output sometimes contains one; refusing
+/// the write would lose the turn, so each NUL becomes U+FFFD, the usual
+/// stand-in for a character that could not be kept.
+pub(super) fn clean(text: &str) -> Cow<'_, str> {
+    if text.contains('\0') {
+        Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// [`clean`] for optional values.
+fn clean_opt(text: &Option<String>) -> Option<Cow<'_, str>> {
+    text.as_deref().map(clean)
+}
+
+/// A count from the caller as a `bigint`: beyond `i64::MAX` is not a real
+/// count, so clamping is the honest conversion.
+pub(super) fn to_sql_count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A length or offset from the caller as a `bigint`.
+pub(super) fn sql_len(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A counter read back. The columns refuse negative values, so a failure
+/// here means the schema was changed behind Talaria's back.
+fn from_sql_count(n: i64, what: &str, owner: &str) -> Result<u64> {
+    u64::try_from(n).map_err(|_| {
+        StoreError::Database(format!(
+            "{owner} has a negative {what} ({n}); the database was changed outside Talaria"
+        ))
+    })
+}
+
+impl PostgresStore {
+    /// Reads one column, reporting a type mismatch as a database error.
+    pub(super) fn column<'a, T>(&self, row: &'a Row, index: usize) -> Result<T>
+    where
+        T: tokio_postgres::types::FromSql<'a>,
+    {
+        row.try_get(index).map_err(|e| self.error(e))
+    }
+
+    /// A session read from `row`, starting at column `at` (see
+    /// [`SESSION_COLUMNS`]).
+    pub(super) fn session_from_row(&self, row: &Row, at: usize) -> Result<SessionRecord> {
+        let id: String = self.column(row, at)?;
+        let owner = format!("session `{id}`");
+        let count = |offset: usize, what: &str| -> Result<u64> {
+            from_sql_count(self.column(row, at + offset)?, what, &owner)
+        };
+        Ok(SessionRecord {
+            source: self.column(row, at + 1)?,
+            session_key: self.column(row, at + 2)?,
+            chat_id: self.column(row, at + 3)?,
+            user_id: self.column(row, at + 4)?,
+            thread_id: self.column(row, at + 5)?,
+            title: self.column(row, at + 6)?,
+            model: self.column(row, at + 7)?,
+            system_prompt: self.column(row, at + 8)?,
+            parent_session_id: self.column(row, at + 9)?,
+            started_at: self.column(row, at + 10)?,
+            ended_at: self.column(row, at + 11)?,
+            end_reason: self.column(row, at + 12)?,
+            message_count: count(13, "message_count")?,
+            input_tokens: count(14, "input_tokens")?,
+            output_tokens: count(15, "output_tokens")?,
+            cache_read_tokens: count(16, "cache_read_tokens")?,
+            cache_write_tokens: count(17, "cache_write_tokens")?,
+            reasoning_tokens: count(18, "reasoning_tokens")?,
+            id,
+        })
+    }
+
+    /// A transcript row read from `row` (see [`MESSAGE_COLUMNS`]).
+    fn message_from_row(&self, row: &Row) -> Result<StoredMessage> {
+        let id: i64 = self.column(row, 0)?;
+        let role: String = self.column(row, 2)?;
+        let role = parse_role(&role, id)?;
+        let tool_calls: Option<String> = self.column(row, 5)?;
+        // As in the SQLite backend: unreadable calls are reported, not
+        // dropped, since dropping them would orphan their tool results.
+        let tool_calls: Vec<ToolCall> = match tool_calls.as_deref() {
+            None | Some("") => Vec::new(),
+            Some(json) => serde_json::from_str(json).map_err(|e| {
+                StoreError::Database(format!("message {id} has unreadable tool_calls: {e}"))
+            })?,
+        };
+        let token_count: Option<i64> = self.column(row, 8)?;
+        Ok(StoredMessage {
+            id,
+            session_id: self.column(row, 1)?,
+            message: Message {
+                role,
+                content: self.column(row, 3)?,
+                tool_calls,
+                tool_call_id: self.column(row, 4)?,
+                tool_name: self.column(row, 6)?,
+                reasoning: self.column(row, 10)?,
+                finish_reason: self.column(row, 9)?,
+            },
+            timestamp: self.column(row, 7)?,
+            token_count: token_count
+                .map(|n| from_sql_count(n, "token_count", &format!("message {id}")))
+                .transpose()?,
+            active: self.column(row, 11)?,
+        })
+    }
+
+    /// Runs a message query and decodes every row.
+    async fn query_messages(
+        &self,
+        client: &deadpool_postgres::Object,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<StoredMessage>> {
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| self.error(e))?;
+        let rows = client
+            .query(&statement, params)
+            .await
+            .map_err(|e| self.error(e))?;
+        rows.iter().map(|row| self.message_from_row(row)).collect()
+    }
+
+    /// Fails with [`StoreError::NoSuchSession`] unless the session exists.
+    async fn require_session(&self, client: &deadpool_postgres::Object, id: &str) -> Result<()> {
+        let statement = client
+            .prepare_cached("SELECT 1 FROM sessions WHERE id = $1")
+            .await
+            .map_err(|e| self.error(e))?;
+        let found = client
+            .query_opt(&statement, &[&clean(id).as_ref()])
+            .await
+            .map_err(|e| self.error(e))?;
+        match found {
+            Some(_) => Ok(()),
+            None => Err(StoreError::NoSuchSession(id.to_owned())),
+        }
+    }
+
+    /// Appends one row and adds `usage` to its session's counters, in one
+    /// statement (so one implicit transaction): the `UPDATE` locks the
+    /// session row first, so concurrent appends to one session queue there
+    /// and the count stays exact; the row's id is drawn after the lock.
+    async fn append_row(&self, session_id: &str, message: &Message, usage: &Usage) -> Result<i64> {
+        let tool_calls = encode_tool_calls(&message.tool_calls)?;
+        let sql = format!(
+            "WITH s AS (\
+                 UPDATE sessions SET message_count = message_count + 1, \
+                 input_tokens = {input}, output_tokens = {output}, \
+                 cache_read_tokens = {cache_read}, cache_write_tokens = {cache_write}, \
+                 reasoning_tokens = {reasoning} \
+                 WHERE id = $1 RETURNING id) \
+             INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, \
+                 tool_name, \"timestamp\", finish_reason, reasoning) \
+             SELECT s.id, $2, $3, $4, $5, $6, {NOW}, $7, $8 FROM s \
+             RETURNING id",
+            input = saturating_add("input_tokens", 9),
+            output = saturating_add("output_tokens", 10),
+            cache_read = saturating_add("cache_read_tokens", 11),
+            cache_write = saturating_add("cache_write_tokens", 12),
+            reasoning = saturating_add("reasoning_tokens", 13),
+        );
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&sql)
+            .await
+            .map_err(|e| self.error(e))?;
+        let id = clean(session_id);
+        let content = clean(&message.content);
+        let tool_call_id = clean_opt(&message.tool_call_id);
+        let tool_name = clean_opt(&message.tool_name);
+        let finish_reason = clean_opt(&message.finish_reason);
+        let reasoning = clean_opt(&message.reasoning);
+        let counts = usage_params(usage);
+        let row = client
+            .query_opt(
+                &statement,
+                &[
+                    &id.as_ref(),
+                    &message.role.as_str(),
+                    &content.as_ref(),
+                    &tool_call_id.as_deref(),
+                    &tool_calls.as_deref(),
+                    &tool_name.as_deref(),
+                    &finish_reason.as_deref(),
+                    &reasoning.as_deref(),
+                    &counts[0],
+                    &counts[1],
+                    &counts[2],
+                    &counts[3],
+                    &counts[4],
+                ],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        match row {
+            Some(row) => self.column(&row, 0),
+            None => Err(StoreError::NoSuchSession(session_id.to_owned())),
+        }
+    }
+
+    /// Runs an update of one session by id (`$1`); no row changed means
+    /// no such session.
+    async fn update_session(
+        &self,
+        id: &str,
+        sql: &str,
+        rest: &[&(dyn ToSql + Sync)],
+    ) -> Result<()> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| self.error(e))?;
+        let key = clean(id);
+        let key = key.as_ref();
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(rest.len() + 1);
+        params.push(&key);
+        params.extend_from_slice(rest);
+        let changed = client
+            .execute(&statement, &params)
+            .await
+            .map_err(|e| self.error(e))?;
+        if changed == 0 {
+            Err(StoreError::NoSuchSession(id.to_owned()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// SQL for `column + $param`, saturating at the largest `bigint` (the sum
+/// is taken in `numeric`, which cannot overflow).
+fn saturating_add(column: &str, param: usize) -> String {
+    format!("LEAST({column}::numeric + ${param}::bigint, {MAX_COUNT_SQL})::bigint")
+}
+
+/// Tool calls as the JSON text the `tool_calls` column keeps; none is
+/// NULL.
+fn encode_tool_calls(calls: &[ToolCall]) -> Result<Option<String>> {
+    if calls.is_empty() {
+        return Ok(None);
+    }
+    serde_json::to_string(calls)
+        .map(Some)
+        .map_err(|e| StoreError::Database(format!("could not encode tool calls: {e}")))
+}
+
+/// The five token counters of `usage`, in column order.
+fn usage_params(usage: &Usage) -> [i64; 5] {
+    [
+        to_sql_count(usage.input_tokens),
+        to_sql_count(usage.output_tokens),
+        to_sql_count(usage.cache_read_tokens),
+        to_sql_count(usage.cache_write_tokens),
+        to_sql_count(usage.reasoning_tokens),
+    ]
+}
+
+/// A stored role name as the type, or a clear error naming the row.
+pub(super) fn parse_role(role: &str, message_id: i64) -> Result<talaria_core::Role> {
+    talaria_core::Role::parse(role).ok_or_else(|| {
+        StoreError::Database(format!("message {message_id} has an unknown role `{role}`"))
+    })
+}
+
+/// The conventions are [`crate::SqliteStore`]'s (`message_count` counts every
+/// stored row, `limit: 0` lists everything, inactive rows stay
+/// searchable, missing sessions are [`StoreError::NoSuchSession`] except
+/// for the two lookups). Where PostgreSQL differs:
+/// - times are the database server's clock;
+/// - a NUL character in stored text becomes U+FFFD (see `clean`): a
+///   PostgreSQL `text` value cannot hold one;
+/// - [`SessionStore::append_message_with_usage`] is a single statement, so
+///   the row and its usage always land together (SQLite's is one
+///   transaction too);
+/// - search is described in `postgres/search.rs`.
+#[async_trait]
+impl SessionStore for PostgresStore {
+    async fn create_session(&self, session: NewSession) -> Result<()> {
+        validate_path_component(&session.id)?;
+        if let Some(parent) = &session.parent_session_id {
+            validate_path_component(parent)?;
+        }
+        let client = self.client().await?;
+        let sql = format!(
+            "INSERT INTO sessions (id, source, session_key, chat_id, user_id, thread_id, \
+             model, system_prompt, parent_session_id, started_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, {NOW}) \
+             ON CONFLICT (id) DO NOTHING"
+        );
+        let statement = client
+            .prepare_cached(&sql)
+            .await
+            .map_err(|e| self.error(e))?;
+        let source = clean(&session.source);
+        let session_key = clean_opt(&session.session_key);
+        let chat_id = clean_opt(&session.chat_id);
+        let user_id = clean_opt(&session.user_id);
+        let thread_id = clean_opt(&session.thread_id);
+        let model = clean_opt(&session.model);
+        let system_prompt = clean_opt(&session.system_prompt);
+        let inserted = client
+            .execute(
+                &statement,
+                &[
+                    &session.id,
+                    &source.as_ref(),
+                    &session_key.as_deref(),
+                    &chat_id.as_deref(),
+                    &user_id.as_deref(),
+                    &thread_id.as_deref(),
+                    &model.as_deref(),
+                    &system_prompt.as_deref(),
+                    &session.parent_session_id,
+                ],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        if inserted == 0 {
+            return Err(StoreError::Database(format!(
+                "session `{}` already exists",
+                session.id
+            )));
+        }
+        Ok(())
+    }
+
+    async fn session(&self, id: &str) -> Result<Option<SessionRecord>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.id = $1"
+            ))
+            .await
+            .map_err(|e| self.error(e))?;
+        let row = client
+            .query_opt(&statement, &[&clean(id).as_ref()])
+            .await
+            .map_err(|e| self.error(e))?;
+        row.map(|row| self.session_from_row(&row, 0)).transpose()
+    }
+
+    async fn set_title(&self, id: &str, title: &str) -> Result<()> {
+        let title = clean(title);
+        self.update_session(
+            id,
+            "UPDATE sessions SET title = $2 WHERE id = $1",
+            &[&title.as_ref()],
+        )
+        .await
+    }
+
+    async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()> {
+        let prompt = clean(prompt);
+        self.update_session(
+            id,
+            "UPDATE sessions SET system_prompt = $2 WHERE id = $1",
+            &[&prompt.as_ref()],
+        )
+        .await
+    }
+
+    async fn end_session(&self, id: &str, reason: &str) -> Result<()> {
+        let reason = clean(reason);
+        self.update_session(
+            id,
+            &format!("UPDATE sessions SET ended_at = {NOW}, end_reason = $2 WHERE id = $1"),
+            &[&reason.as_ref()],
+        )
+        .await
+    }
+
+    async fn append_message(&self, session_id: &str, message: &Message) -> Result<i64> {
+        self.append_row(session_id, message, &Usage::default())
+            .await
+    }
+
+    async fn add_usage(&self, session_id: &str, usage: &Usage) -> Result<()> {
+        let sql = format!(
+            "UPDATE sessions SET input_tokens = {}, output_tokens = {}, \
+             cache_read_tokens = {}, cache_write_tokens = {}, reasoning_tokens = {} \
+             WHERE id = $1",
+            saturating_add("input_tokens", 2),
+            saturating_add("output_tokens", 3),
+            saturating_add("cache_read_tokens", 4),
+            saturating_add("cache_write_tokens", 5),
+            saturating_add("reasoning_tokens", 6),
+        );
+        let counts = usage_params(usage);
+        self.update_session(
+            session_id,
+            &sql,
+            &[&counts[0], &counts[1], &counts[2], &counts[3], &counts[4]],
+        )
+        .await
+    }
+
+    async fn append_message_with_usage(
+        &self,
+        session_id: &str,
+        message: &Message,
+        usage: &Usage,
+    ) -> Result<i64> {
+        // Zero usage adds zeros: the same statement either way.
+        self.append_row(session_id, message, usage).await
+    }
+
+    async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>> {
+        let client = self.client().await?;
+        self.require_session(&client, session_id).await?;
+        let id = clean(session_id);
+        self.query_messages(
+            &client,
+            &format!(
+                "SELECT {MESSAGE_COLUMNS} FROM messages m \
+                 WHERE m.session_id = $1 AND m.active ORDER BY m.id"
+            ),
+            &[&id.as_ref()],
+        )
+        .await
+    }
+
+    async fn message_window(
+        &self,
+        session_id: &str,
+        around_id: i64,
+        before: usize,
+        after: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        let client = self.client().await?;
+        self.require_session(&client, session_id).await?;
+        let id = clean(session_id);
+        let mut earlier = self
+            .query_messages(
+                &client,
+                &format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages m \
+                     WHERE m.session_id = $1 AND m.id < $2 ORDER BY m.id DESC LIMIT $3"
+                ),
+                &[&id.as_ref(), &around_id, &sql_len(before)],
+            )
+            .await?;
+        earlier.reverse();
+        // The anchor itself plus `after` rows; if the anchor id is not in
+        // this session, this is simply the next rows.
+        let rest = self
+            .query_messages(
+                &client,
+                &format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages m \
+                     WHERE m.session_id = $1 AND m.id >= $2 ORDER BY m.id LIMIT $3"
+                ),
+                &[&id.as_ref(), &around_id, &sql_len(after).saturating_add(1)],
+            )
+            .await?;
+        earlier.extend(rest);
+        Ok(earlier)
+    }
+
+    async fn replace_active(&self, session_id: &str, replacement: &[Message]) -> Result<()> {
+        let owned = |text: &Option<String>| clean_opt(text).map(Cow::into_owned);
+        let mut roles = Vec::with_capacity(replacement.len());
+        let mut contents = Vec::with_capacity(replacement.len());
+        let mut tool_call_ids = Vec::with_capacity(replacement.len());
+        let mut tool_calls = Vec::with_capacity(replacement.len());
+        let mut tool_names = Vec::with_capacity(replacement.len());
+        let mut finish_reasons = Vec::with_capacity(replacement.len());
+        let mut reasonings = Vec::with_capacity(replacement.len());
+        for message in replacement {
+            roles.push(message.role.as_str());
+            contents.push(clean(&message.content));
+            tool_call_ids.push(owned(&message.tool_call_id));
+            tool_calls.push(encode_tool_calls(&message.tool_calls)?);
+            tool_names.push(owned(&message.tool_name));
+            finish_reasons.push(owned(&message.finish_reason));
+            reasonings.push(owned(&message.reasoning));
+        }
+        let contents: Vec<&str> = contents.iter().map(AsRef::as_ref).collect();
+        let id = clean(session_id);
+        let count = sql_len(replacement.len());
+
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.error(e))?;
+        // The session row first: its lock queues this behind (and ahead
+        // of) appends to the same session, so no row lands between the
+        // deactivation and the replacement.
+        let counted = tx
+            .prepare_cached("UPDATE sessions SET message_count = message_count + $2 WHERE id = $1")
+            .await
+            .map_err(|e| self.error(e))?;
+        if tx
+            .execute(&counted, &[&id.as_ref(), &count])
+            .await
+            .map_err(|e| self.error(e))?
+            == 0
+        {
+            return Err(StoreError::NoSuchSession(session_id.to_owned()));
+        }
+        let deactivate = tx
+            .prepare_cached("UPDATE messages SET active = false WHERE session_id = $1 AND active")
+            .await
+            .map_err(|e| self.error(e))?;
+        tx.execute(&deactivate, &[&id.as_ref()])
+            .await
+            .map_err(|e| self.error(e))?;
+        if !replacement.is_empty() {
+            // One statement for all rows; rows are inserted (and their ids
+            // drawn) in the order of the list. One timestamp for all, as
+            // in the SQLite backend.
+            let insert = tx
+                .prepare_cached(&format!(
+                    "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, \
+                     tool_name, \"timestamp\", finish_reason, reasoning) \
+                     SELECT $1, r.role, r.content, r.tool_call_id, r.tool_calls, r.tool_name, \
+                     t.at, r.finish_reason, r.reasoning \
+                     FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+                     $7::text[], $8::text[]) WITH ORDINALITY \
+                     AS r (role, content, tool_call_id, tool_calls, tool_name, finish_reason, \
+                     reasoning, ord) \
+                     CROSS JOIN (SELECT {NOW} AS at) t \
+                     ORDER BY r.ord"
+                ))
+                .await
+                .map_err(|e| self.error(e))?;
+            tx.execute(
+                &insert,
+                &[
+                    &id.as_ref(),
+                    &roles,
+                    &contents,
+                    &tool_call_ids,
+                    &tool_calls,
+                    &tool_names,
+                    &finish_reasons,
+                    &reasonings,
+                ],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        }
+        tx.commit().await.map_err(|e| self.error(e))
+    }
+
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRecord>> {
+        // One statement per filter shape (four at most), so each shape is
+        // planned for its own index and stays in the statement cache.
+        let mut sql = format!("SELECT {SESSION_COLUMNS} FROM sessions s WHERE true");
+        let source = filter.source.as_deref().map(clean);
+        let key = filter.session_key.as_deref().map(clean);
+        let limit = (filter.limit != 0).then(|| sql_len(filter.limit));
+        let offset = sql_len(filter.offset);
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::new();
+        let source_ref = source.as_deref();
+        let key_ref = key.as_deref();
+        if source_ref.is_some() {
+            params.push(&source_ref);
+            sql.push_str(&format!(" AND s.source = ${}", params.len()));
+        }
+        if key_ref.is_some() {
+            params.push(&key_ref);
+            sql.push_str(&format!(" AND s.session_key = ${}", params.len()));
+        }
+        // A NULL limit is no limit.
+        params.push(&limit);
+        params.push(&offset);
+        sql.push_str(&format!(
+            " ORDER BY s.started_at DESC, s.seq DESC LIMIT ${}::bigint OFFSET ${}::bigint",
+            params.len() - 1,
+            params.len()
+        ));
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&sql)
+            .await
+            .map_err(|e| self.error(e))?;
+        let rows = client
+            .query(&statement, &params)
+            .await
+            .map_err(|e| self.error(e))?;
+        rows.iter()
+            .map(|row| self.session_from_row(row, 0))
+            .collect()
+    }
+
+    async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.source = $1 \
+                 ORDER BY s.started_at DESC, s.seq DESC LIMIT 1"
+            ))
+            .await
+            .map_err(|e| self.error(e))?;
+        let row = client
+            .query_opt(&statement, &[&clean(source).as_ref()])
+            .await
+            .map_err(|e| self.error(e))?;
+        row.map(|row| self.session_from_row(&row, 0)).transpose()
+    }
+
+    async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
+        search::search(self, &query).await
+    }
+}
