@@ -268,6 +268,13 @@ pub fn redact_url(url: &str) -> String {
         .join(" ")
 }
 
+/// Both backends serve everything the gateway needs.
+const _: () = {
+    const fn gateway_store<T: crate::GatewayStore>() {}
+    gateway_store::<PostgresStore>();
+    gateway_store::<crate::SqliteStore>();
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,10 +308,3 @@ mod tests {
         }
     }
 }
-
-/// Both backends serve everything the gateway needs.
-const _: () = {
-    const fn gateway_store<T: crate::GatewayStore>() {}
-    gateway_store::<PostgresStore>();
-    gateway_store::<crate::SqliteStore>();
-};
