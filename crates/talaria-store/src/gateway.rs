@@ -4,9 +4,12 @@
 //! atomicity (claims, limits checked and applied in one transaction) here.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use async_trait::async_trait;
+use rand::Rng;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::cluster::NodeId;
 use crate::{Result, SessionStore, Timestamp};
@@ -251,6 +254,34 @@ pub(crate) fn truncate_chars(s: &str, max: usize) -> &str {
     }
 }
 
+/// Lower-case hex of `bytes`.
+pub(crate) fn to_hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// `len_bytes` random bytes as hex: a pairing code's salt. The generator
+/// lives only inside this call, so no future holds it across an await.
+pub(crate) fn random_hex(len_bytes: usize) -> String {
+    let mut bytes = vec![0u8; len_bytes];
+    rand::rng().fill(bytes.as_mut_slice());
+    to_hex(&bytes)
+}
+
+/// How a pairing code is stored: hex sha256 of the salt (as its hex text)
+/// followed by the code. Both backends hash alike, so a database copied
+/// from one to the other keeps working codes.
+pub(crate) fn code_hash(salt_hex: &str, code: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(salt_hex.as_bytes());
+    hasher.update(code.as_bytes());
+    to_hex(&hasher.finalize())
+}
+
 /// The pairing rules, passed in so the store applies them atomically.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PairingLimits {
@@ -475,5 +506,15 @@ mod tests {
         assert_eq!(truncate_chars("abc", 10), "abc");
         let long = "é".repeat(600);
         assert_eq!(truncate_chars(&long, 500).chars().count(), 500);
+    }
+
+    #[test]
+    fn hash_is_sha256_of_salt_text_then_code() {
+        // sha256("00ABC") computed independently.
+        let expected = to_hex(&Sha256::digest(b"00ABC"));
+        assert_eq!(code_hash("00", "ABC"), expected);
+        assert_eq!(code_hash("00", "ABC").len(), 64);
+        assert_eq!(random_hex(16).len(), 32);
+        assert_eq!(to_hex(&[0x00, 0xab, 0x0f]), "00ab0f");
     }
 }

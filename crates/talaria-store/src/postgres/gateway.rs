@@ -28,19 +28,15 @@
 //!   count, written by hand) fails the call with a clear error instead of
 //!   being clamped.
 
-use std::fmt::Write as _;
-
 use async_trait::async_trait;
 use deadpool_postgres::{Object, Transaction};
-use rand::Rng;
-use sha2::{Digest, Sha256};
 use tokio_postgres::Row;
 use tokio_postgres::types::FromSql;
 
 use super::{NOW, PostgresStore};
 use crate::gateway::{
     ApproveOutcome, ApprovedUser, CursorStore, InboundStore, OfferOutcome, PairingLimits,
-    PairingSnapshot, PairingStore, PendingPairing, normalize_pairing_code,
+    PairingSnapshot, PairingStore, PendingPairing, code_hash, normalize_pairing_code, random_hex,
 };
 use crate::{Result, StoreError, Timestamp};
 
@@ -162,33 +158,6 @@ pub(super) fn sql_limit(n: usize) -> i64 {
 }
 
 // ---------------------------------------------------------------- pairing
-
-fn to_hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
-
-/// `len_bytes` random bytes as hex. The generator lives only inside this
-/// call, so no future holds it across an await.
-fn random_hex(len_bytes: usize) -> String {
-    let mut bytes = vec![0u8; len_bytes];
-    rand::rng().fill(bytes.as_mut_slice());
-    to_hex(&bytes)
-}
-
-/// Hex sha256 of the salt (as its hex text) followed by the code: the
-/// SQLite backend's hash, so a database moved between backends keeps
-/// working codes.
-fn code_hash(salt_hex: &str, code: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(salt_hex.as_bytes());
-    hasher.update(code.as_bytes());
-    to_hex(&hasher.finalize())
-}
 
 /// Serializes the pairing steps of `platform` across nodes until the
 /// transaction ends, then reads the server's clock: the one "now" the step
@@ -699,15 +668,6 @@ impl CursorStore for PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_hash_is_sha256_of_the_salt_text_then_the_code() {
-        let expected = to_hex(&Sha256::digest(b"00ABC"));
-        assert_eq!(code_hash("00", "ABC"), expected);
-        assert_eq!(code_hash("00", "ABC").len(), 64);
-        assert_eq!(random_hex(16).len(), 32);
-        assert_eq!(to_hex(&[0x00, 0xab, 0x0f]), "00ab0f");
-    }
 
     #[test]
     fn counts_that_do_not_fit_are_errors() {

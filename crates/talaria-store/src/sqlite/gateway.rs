@@ -17,19 +17,16 @@
 //!   the one that matched (at most one since offers replace, but a row
 //!   written before that rule must not outlive the approval either).
 
-use std::fmt::Write as _;
-
 use async_trait::async_trait;
-use rand::Rng;
 use rusqlite::{OptionalExtension, Row, Transaction, params};
-use sha2::{Digest, Sha256};
 
 use super::SqliteStore;
 use super::conn::OpResult;
 use super::rows::{from_sql_count, from_sql_small_count, now, to_sql_count};
 use crate::gateway::{
     ApproveOutcome, ApprovedUser, CursorStore, InboundStore, OfferOutcome, PairingLimits,
-    PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore, normalize_pairing_code,
+    PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore, code_hash,
+    normalize_pairing_code, random_hex,
 };
 use crate::{Result, Timestamp};
 
@@ -127,29 +124,6 @@ impl RouteStore for SqliteStore {
 }
 
 // ---------------------------------------------------------------- pairing
-
-fn to_hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
-
-fn random_hex(len_bytes: usize) -> String {
-    let mut bytes = vec![0u8; len_bytes];
-    rand::rng().fill(bytes.as_mut_slice());
-    to_hex(&bytes)
-}
-
-/// Hex sha256 of the salt (as its hex text) followed by the code.
-fn code_hash(salt_hex: &str, code: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(salt_hex.as_bytes());
-    hasher.update(code.as_bytes());
-    to_hex(&hasher.finalize())
-}
 
 /// The end of the platform's lock, if one is in force at `at`.
 fn active_lockout(tx: &Transaction<'_>, platform: &str, at: Timestamp) -> OpResult<Option<f64>> {
@@ -513,20 +487,5 @@ impl CursorStore for SqliteStore {
             Ok(())
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hash_is_sha256_of_salt_text_then_code() {
-        // sha256("00ABC") computed independently.
-        let expected = to_hex(&Sha256::digest(b"00ABC"));
-        assert_eq!(code_hash("00", "ABC"), expected);
-        assert_eq!(code_hash("00", "ABC").len(), 64);
-        assert_eq!(random_hex(16).len(), 32);
-        assert_eq!(to_hex(&[0x00, 0xab, 0x0f]), "00ab0f");
     }
 }
