@@ -9,10 +9,11 @@ use talaria_agent::interaction::Interaction;
 use talaria_agent::tools::Registry;
 use talaria_agent::{Agent, AgentParts};
 use talaria_core::config::{self, Loaded};
+use talaria_core::config::{DATABASE_URL_ENV, StoreBackend};
 use talaria_core::{Config, Home, Redactor};
 use talaria_llm::LlmClient;
 use talaria_mcp::McpManager;
-use talaria_store::{GatewayStore, SessionStore, SqliteStore};
+use talaria_store::{GatewayStore, PostgresOptions, PostgresStore, SessionStore, SqliteStore};
 
 /// Resolves `--home`, `TALARIA_HOME` or `~/.talaria`, creating it (0700).
 pub fn resolve_home(flag: Option<&Path>) -> anyhow::Result<Home> {
@@ -23,6 +24,46 @@ pub fn resolve_home(flag: Option<&Path>) -> anyhow::Result<Home> {
     home.ensure()
         .with_context(|| format!("cannot create {}", home.root().display()))?;
     Ok(home)
+}
+
+/// Opens the configured store: the home's `state.db`, or the PostgreSQL
+/// database `store.postgres_url` (or `TALARIA_DATABASE_URL`) names.
+pub async fn open_store(
+    home: &Home,
+    config: &Config,
+    env: &talaria_core::Env,
+) -> anyhow::Result<Arc<dyn GatewayStore>> {
+    match config.store.backend {
+        StoreBackend::Sqlite => {
+            if env.get(DATABASE_URL_ENV).is_some() {
+                tracing::warn!(
+                    "{DATABASE_URL_ENV} is set but store.backend is sqlite: using {} (set store.backend: postgres to use the database)",
+                    home.state_db().display()
+                );
+            }
+            let db = home.state_db();
+            let store = tokio::task::spawn_blocking(move || SqliteStore::open(&db))
+                .await
+                .context("store task failed")?
+                .with_context(|| format!("cannot open {}", home.state_db().display()))?;
+            Ok(Arc::new(store))
+        }
+        StoreBackend::Postgres => {
+            let Some(url) = config.store.postgres_url(env) else {
+                anyhow::bail!(
+                    "store.backend is postgres but no database is named: set {DATABASE_URL_ENV} or store.postgres_url in {}",
+                    home.config_file().display()
+                );
+            };
+            let mut options = PostgresOptions::new(url);
+            options.schema = config.store.postgres_schema.clone();
+            options.max_connections = config.store.postgres_max_connections;
+            let store = PostgresStore::connect(options)
+                .await
+                .context("cannot open the PostgreSQL store")?;
+            Ok(Arc::new(store))
+        }
+    }
 }
 
 /// A loaded home with its store. Cloning shares the store and servers.
@@ -61,12 +102,7 @@ impl Runtime {
         for w in &loaded.warnings {
             tracing::warn!("{w}");
         }
-        let db = home.state_db();
-        let store = tokio::task::spawn_blocking(move || SqliteStore::open(&db))
-            .await
-            .context("store task failed")?
-            .with_context(|| format!("cannot open {}", home.state_db().display()))?;
-        let store = Arc::new(store);
+        let store = open_store(&home, &loaded.config, &loaded.env).await?;
         let mcp = McpManager::for_home(&loaded.config, &loaded.env, &home);
         Ok(Runtime {
             skills: Arc::new(talaria_learning::Library::new(&home)),
@@ -75,7 +111,7 @@ impl Runtime {
             home,
             loaded,
             redactor,
-            store: store.clone(),
+            store: store.clone() as Arc<dyn SessionStore>,
             gateway_store: store,
         })
     }

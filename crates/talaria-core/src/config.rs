@@ -414,6 +414,57 @@ pub struct Config {
     pub skills: SkillsConfig,
     /// What the user is shown besides answers.
     pub display: DisplayConfig,
+    /// Where sessions, the ledger and the rest are kept.
+    pub store: StoreConfig,
+}
+
+/// Which database keeps Talaria's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// `state.db` in the home: one machine, no server to run.
+    #[default]
+    Sqlite,
+    /// A PostgreSQL database several gateways on several hosts share.
+    Postgres,
+}
+
+/// `store:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StoreConfig {
+    pub backend: StoreBackend,
+    /// `postgres://user:password@host:5432/db?sslmode=require`; the
+    /// `TALARIA_DATABASE_URL` environment variable takes precedence.
+    pub postgres_url: Option<Secret>,
+    /// The schema Talaria's tables live in (created if missing); unset,
+    /// the connection's default (`public`).
+    pub postgres_schema: Option<String>,
+    /// Most connections one process opens.
+    pub postgres_max_connections: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> StoreConfig {
+        StoreConfig {
+            backend: StoreBackend::Sqlite,
+            postgres_url: None,
+            postgres_schema: None,
+            postgres_max_connections: 16,
+        }
+    }
+}
+
+/// The environment variable that names the PostgreSQL database.
+pub const DATABASE_URL_ENV: &str = "TALARIA_DATABASE_URL";
+
+impl StoreConfig {
+    /// The PostgreSQL URL: `TALARIA_DATABASE_URL`, else `postgres_url`.
+    pub fn postgres_url(&self, env: &Env) -> Option<String> {
+        env.get(DATABASE_URL_ENV)
+            .map(str::to_owned)
+            .or_else(|| self.postgres_url.as_ref().map(|s| s.expose().to_owned()))
+    }
 }
 
 /// `skills:`.
@@ -1673,6 +1724,7 @@ impl Config {
             .chain(self.memory.mem0.api_key.iter())
             .chain(self.platforms.homeassistant.token.iter())
             .chain(self.platforms.homeassistant.conversation_token.iter())
+            .chain(self.store.postgres_url.iter())
             .map(|s| s.expose().to_owned())
             .collect();
         // Literal MCP credentials: header values, and env values whose name

@@ -118,6 +118,9 @@ pub enum Liveness {
     Degraded,
     /// Waiting before the next reconnect attempt.
     Backoff,
+    /// Not connected because another node of the deployment holds this
+    /// platform's credential; ready to take over if that node dies.
+    Standby,
 }
 
 impl fmt::Display for Liveness {
@@ -127,6 +130,7 @@ impl fmt::Display for Liveness {
             Liveness::Live => "live",
             Liveness::Degraded => "degraded",
             Liveness::Backoff => "backoff",
+            Liveness::Standby => "standby",
         })
     }
 }

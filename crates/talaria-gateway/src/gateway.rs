@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use talaria_agent::Agent;
+use talaria_core::config::StoreBackend;
 use talaria_core::{Config, Env, Home};
 use talaria_store::GatewayStore;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +22,7 @@ use crate::node::Node;
 use crate::process::{AdapterStatus, GatewayStatus, write_status};
 use crate::router::{EXPIRY_FIRST_RUN, EXPIRY_INTERVAL, ExpiryWatcher};
 use crate::runner::{Runner, RunnerParts};
-use crate::supervisor::{StatusBoard, supervise};
+use crate::supervisor::{Leadership, StatusBoard, supervise};
 use crate::target::HomeChannels;
 
 /// Events waiting for the runner; an adapter blocks (and so does not
@@ -190,6 +191,19 @@ impl Gateway {
         &self.node
     }
 
+    /// Lock files on one machine; leases when the store is shared by
+    /// several nodes (PostgreSQL), where a lock file would only see this
+    /// host.
+    fn leadership(&self) -> Leadership {
+        match self.config.store.backend {
+            StoreBackend::Sqlite => Leadership::MachineLock(self.lock_dir.clone()),
+            StoreBackend::Postgres => Leadership::StoreLease {
+                store: self.store.clone(),
+                node: self.node.id().clone(),
+            },
+        }
+    }
+
     /// Runs until `shutdown` fires, then stops in order: adapters stop
     /// receiving, events already received are still taken, running turns
     /// get `gateway.drain_timeout_secs` to finish before they are
@@ -223,7 +237,7 @@ impl Gateway {
                 inbox.clone(),
                 self.board.clone(),
                 self.delivery.clone(),
-                self.lock_dir.clone(),
+                self.leadership(),
                 receiving.clone(),
             )));
         }

@@ -73,8 +73,18 @@ impl Node {
     }
 }
 
-/// This machine's name, for `gateway status` and the same-host test.
+/// Overrides the host name a node reports: for containers whose host name
+/// changes with every start, or several nodes played on one machine.
+pub const NODE_HOST_ENV: &str = "TALARIA_NODE_HOST";
+
+/// This machine's name, for `gateway status` and the same-host test:
+/// `TALARIA_NODE_HOST`, else the kernel's host name.
 pub fn host_name() -> String {
+    if let Ok(host) = std::env::var(NODE_HOST_ENV)
+        && !host.trim().is_empty()
+    {
+        return host.trim().to_owned();
+    }
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())

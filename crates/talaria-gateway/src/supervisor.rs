@@ -1,15 +1,19 @@
 //! Adapter supervision: each adapter runs as its own task, reconnecting
 //! with backoff when its connection ends, with its liveness on a shared
-//! board. Whenever an adapter becomes live (at boot and after every
+//! board. A connector whose credential allows one reader runs only while
+//! this process holds the credential: a lock file on one machine, a lease
+//! in the shared store across a deployment ([`Leadership`]). Whenever an adapter becomes live (at boot and after every
 //! reconnect) the ledger is swept for that platform, so replies owed to it
 //! go out as soon as it can take them.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use talaria_store::{ClusterStore, LeaseGrant, NodeId};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -100,47 +104,245 @@ impl StatusBoard {
     }
 }
 
-/// Runs one adapter until `shutdown`: takes its credential lock, runs it,
-/// reconnects with jittered exponential backoff, keeps the board current
-/// and sweeps the ledger each time it goes live.
+/// Who may run a connector whose credential allows one reader.
+#[derive(Clone)]
+pub enum Leadership {
+    /// One machine: an exclusive lock file per credential in this
+    /// directory (`None`: the per-user default), held while the adapter
+    /// runs.
+    MachineLock(Option<std::path::PathBuf>),
+    /// A deployment sharing one store: a lease per credential in the store,
+    /// held by one node at a time and renewed while it runs the connector;
+    /// the other nodes stand by and take over when the lease lapses.
+    StoreLease {
+        store: Arc<dyn ClusterStore>,
+        node: NodeId,
+    },
+}
+
+/// How long a connector lease lasts without renewal: after its holder
+/// dies, another node takes the connector over within about this long.
+pub const CONNECTOR_LEASE: Duration = Duration::from_secs(10);
+
+/// How often the holder renews its connector lease.
+const LEASE_RENEW: Duration = Duration::from_secs(2);
+
+/// How often a standby node asks for the lease.
+const LEASE_POLL: Duration = Duration::from_secs(1);
+
+/// The holder stops its connector when its lease is this close to lapsing
+/// unrenewed, so it is off the platform before anyone else may take over.
+const LEASE_MARGIN: Duration = Duration::from_secs(3);
+
+/// The lease of one credential: named by a hash, so the credential itself
+/// never reaches the database.
+pub fn connector_lease_name(scope: &str, credential: &str) -> String {
+    let digest = Sha256::digest(credential.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("connector:{scope}:{hex}")
+}
+
+/// Runs one adapter until `shutdown`: takes its credential (a lock file or
+/// a lease, per `leadership`), runs it, reconnects with jittered exponential
+/// backoff, keeps the board current and sweeps the ledger each time it
+/// goes live.
 pub async fn supervise(
     adapter: Arc<dyn Adapter>,
     inbox: Inbox,
     board: Arc<StatusBoard>,
     delivery: Delivery,
-    lock_dir: Option<std::path::PathBuf>,
+    leadership: Leadership,
     shutdown: CancellationToken,
 ) {
     let platform = adapter.platform();
-    // Held for as long as the adapter runs; released when this returns.
-    let _lock = match adapter.credential() {
-        Some((scope, credential)) => loop {
-            // Taking a contended lock retries with short sleeps: keep that
-            // off the async workers.
-            let (dir, cred) = (lock_dir.clone(), credential.clone());
-            let lock = tokio::task::spawn_blocking(move || match &dir {
-                Some(dir) => TokenLock::acquire_in(dir, scope, &cred),
-                None => TokenLock::acquire(scope, &cred),
-            })
-            .await;
-            let lock = match lock {
-                Ok(result) => result.map_err(|e| e.to_string()),
-                Err(e) => Err(format!("the credential lock task failed: {e}")),
-            };
-            match lock {
-                Ok(lock) => break Some(lock),
-                Err(e) => {
-                    tracing::error!(platform, error = %e, "cannot start the adapter");
-                    board.set(platform, Liveness::Backoff, Some(e));
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(BACKOFF_MAX) => continue,
+    let Some((scope, credential)) = adapter.credential() else {
+        run_connected(adapter, inbox, board, delivery, shutdown).await;
+        return;
+    };
+    match leadership {
+        Leadership::MachineLock(lock_dir) => {
+            // Held for as long as the adapter runs; released on return.
+            let _lock = loop {
+                // Taking a contended lock retries with short sleeps: keep
+                // that off the async workers.
+                let (dir, cred) = (lock_dir.clone(), credential.clone());
+                let lock = tokio::task::spawn_blocking(move || match &dir {
+                    Some(dir) => TokenLock::acquire_in(dir, scope, &cred),
+                    None => TokenLock::acquire(scope, &cred),
+                })
+                .await;
+                let lock = match lock {
+                    Ok(result) => result.map_err(|e| e.to_string()),
+                    Err(e) => Err(format!("the credential lock task failed: {e}")),
+                };
+                match lock {
+                    Ok(lock) => break lock,
+                    Err(e) => {
+                        tracing::error!(platform, error = %e, "cannot start the adapter");
+                        board.set(platform, Liveness::Backoff, Some(e));
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(BACKOFF_MAX) => continue,
+                        }
                     }
                 }
+            };
+            run_connected(adapter, inbox, board, delivery, shutdown).await;
+        }
+        Leadership::StoreLease { store, node } => {
+            let name = connector_lease_name(scope, &credential);
+            loop {
+                let Some(held) =
+                    await_lease(store.as_ref(), &name, &node, platform, &board, &shutdown).await
+                else {
+                    return;
+                };
+                tracing::info!(platform, lease = %name, fence = held.fence, "this node now runs the connector");
+                let run = shutdown.child_token();
+                let keeper = tokio::spawn(keep_lease(
+                    store.clone(),
+                    name.clone(),
+                    node.clone(),
+                    held,
+                    run.clone(),
+                ));
+                run_connected(
+                    adapter.clone(),
+                    inbox.clone(),
+                    board.clone(),
+                    delivery.clone(),
+                    run.clone(),
+                )
+                .await;
+                run.cancel();
+                let _ = keeper.await;
+                if shutdown.is_cancelled() {
+                    if let Err(e) = store.release_lease(&name, &node).await {
+                        tracing::debug!(platform, error = %e, "could not release the connector lease; it lapses on its own");
+                    }
+                    return;
+                }
+                tracing::warn!(platform, "lost the connector lease; standing by");
             }
-        },
-        None => None,
-    };
+        }
+    }
+}
+
+/// Waits, standing by, until this node holds the lease `name`; `None` on
+/// shutdown.
+async fn await_lease(
+    store: &dyn ClusterStore,
+    name: &str,
+    node: &NodeId,
+    platform: &'static str,
+    board: &StatusBoard,
+    shutdown: &CancellationToken,
+) -> Option<Held> {
+    let mut announced = false;
+    loop {
+        let asked = Instant::now();
+        match store
+            .acquire_lease(name, node, CONNECTOR_LEASE.as_secs_f64())
+            .await
+        {
+            Ok(Some(grant)) => return Some(Held::from_grant(asked, grant)),
+            Ok(None) => {
+                if !announced {
+                    tracing::info!(platform, "another node runs this connector; standing by");
+                    announced = true;
+                }
+                board.set(platform, Liveness::Standby, None);
+            }
+            Err(e) => {
+                tracing::warn!(platform, error = %e, "cannot ask the store for the connector lease");
+                board.set(platform, Liveness::Backoff, Some(e.to_string()));
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(LEASE_POLL) => {}
+        }
+    }
+}
+
+/// A lease this node holds, and until when it may act on it by its own
+/// clock: the store's expiry carried over to a local instant, measured
+/// from when the request was sent (so the store answering late only makes
+/// the node more careful), less a margin.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    fence: u64,
+    act_until: Instant,
+}
+
+impl Held {
+    fn from_grant(asked: Instant, grant: LeaseGrant) -> Held {
+        let left = Duration::try_from_secs_f64(grant.until - grant.now).unwrap_or_default();
+        Held {
+            fence: grant.fence,
+            act_until: asked + left.saturating_sub(LEASE_MARGIN),
+        }
+    }
+}
+
+/// Renews the lease while the connector runs; cancels `run` as soon as
+/// the lease is lost or can no longer be known to be held.
+async fn keep_lease(
+    store: Arc<dyn ClusterStore>,
+    name: String,
+    node: NodeId,
+    mut held: Held,
+    run: CancellationToken,
+) {
+    loop {
+        let deadline = tokio::time::Instant::from_std(held.act_until);
+        tokio::select! {
+            _ = run.cancelled() => return,
+            _ = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(lease = %name, "could not renew the connector lease in time; stopping the connector");
+                run.cancel();
+                return;
+            }
+            _ = tokio::time::sleep(LEASE_RENEW) => {}
+        }
+        let asked = Instant::now();
+        match store
+            .acquire_lease(&name, &node, CONNECTOR_LEASE.as_secs_f64())
+            .await
+        {
+            Ok(Some(grant)) if grant.fence == held.fence => {
+                held = Held::from_grant(asked, grant);
+            }
+            Ok(Some(_)) => {
+                // Granted anew: it lapsed in between, and another node may
+                // have held it meanwhile. Start over as a new tenure.
+                tracing::warn!(lease = %name, "the connector lease lapsed before it was renewed");
+                run.cancel();
+                return;
+            }
+            Ok(None) => {
+                tracing::warn!(lease = %name, "another node took the connector lease");
+                run.cancel();
+                return;
+            }
+            Err(e) => {
+                // Keep trying until the deadline: a short outage of the
+                // store must not drop a healthy connector.
+                tracing::warn!(lease = %name, error = %e, "cannot renew the connector lease");
+            }
+        }
+    }
+}
+
+/// Runs the adapter, reconnecting with backoff, until `stop`.
+async fn run_connected(
+    adapter: Arc<dyn Adapter>,
+    inbox: Inbox,
+    board: Arc<StatusBoard>,
+    delivery: Delivery,
+    stop: CancellationToken,
+) {
+    let platform = adapter.platform();
     let mut failures: u32 = 0;
     loop {
         board.set(platform, Liveness::Connecting, None);
@@ -148,7 +350,7 @@ pub async fn supervise(
         let ctx = AdapterContext {
             inbox: inbox.clone(),
             liveness: reporter,
-            shutdown: shutdown.clone(),
+            shutdown: stop.clone(),
         };
         let follower = tokio::spawn(follow_liveness(
             platform,
@@ -159,7 +361,7 @@ pub async fn supervise(
         let started = std::time::Instant::now();
         let result = adapter.run(ctx).await;
         follower.abort();
-        if shutdown.is_cancelled() {
+        if stop.is_cancelled() {
             return;
         }
         if started.elapsed() >= HEALTHY_AFTER {
@@ -174,7 +376,7 @@ pub async fn supervise(
         tracing::warn!(platform, error = %error, retry_in = ?delay, "adapter disconnected");
         board.set(platform, Liveness::Backoff, Some(error));
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             _ = tokio::time::sleep(delay) => {}
         }
     }

@@ -132,6 +132,13 @@ struct Book {
     reject_entities: usize,
     fail_get_updates: usize,
     blocked: HashSet<i64>,
+    /// The newest long poll; an older one still waiting is ended with a
+    /// conflict, as Telegram does when two processes poll one bot.
+    current_poll: u64,
+    /// Long polls waiting now.
+    active_polls: usize,
+    /// Polls that started while another was waiting.
+    conflicts: usize,
 }
 
 struct Shared {
@@ -357,6 +364,13 @@ impl FakeTelegram {
     }
 
     /// Updates not yet confirmed by the bot.
+    /// Long polls that began while another was still waiting: two
+    /// processes reading one bot at once. Each ended the older poll with
+    /// Telegram's 409 Conflict.
+    pub fn poll_conflicts(&self) -> usize {
+        lock(&self.shared.state).conflicts
+    }
+
     pub fn pending_updates(&self) -> usize {
         lock(&self.shared.state).updates.len()
     }
@@ -587,6 +601,17 @@ async fn handle(
     }
 }
 
+/// A waiting long poll, counted while it lives (a client that hangs up
+/// drops the handler, and with it this).
+struct ActivePoll<'a>(&'a Shared);
+
+impl Drop for ActivePoll<'_> {
+    fn drop(&mut self) {
+        let mut st = lock(&self.0.state);
+        st.active_polls = st.active_polls.saturating_sub(1);
+    }
+}
+
 async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
     let offset = int(params, "offset");
     let timeout = int(params, "timeout").map(|t| t.max(0) as u64);
@@ -614,6 +639,9 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
             shared.bump();
             return error(500, "Internal Server Error", None);
         }
+        if st.active_polls > 0 {
+            st.conflicts += 1;
+        }
         // Telegram forgets an update once a later offset confirms it.
         match offset {
             Some(o) if o > 0 => st
@@ -628,18 +656,31 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
             _ => {}
         }
     }
+    let poll = {
+        let mut st = lock(&shared.state);
+        st.current_poll += 1;
+        st.active_polls += 1;
+        st.current_poll
+    };
+    let _active = ActivePoll(shared);
     shared.bump();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout.unwrap_or(0));
     let mut changes = shared.version.subscribe();
     let mut stop = shared.stop.subscribe();
     loop {
         changes.borrow_and_update();
-        let batch: Vec<Value> = lock(&shared.state)
-            .updates
-            .iter()
-            .take(limit)
-            .cloned()
-            .collect();
+        let (superseded, batch) = {
+            let st = lock(&shared.state);
+            let batch: Vec<Value> = st.updates.iter().take(limit).cloned().collect();
+            (st.current_poll != poll, batch)
+        };
+        if superseded {
+            return error(
+                409,
+                "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
+                None,
+            );
+        }
         if !batch.is_empty() || tokio::time::Instant::now() >= deadline {
             return ok(Value::Array(batch));
         }
