@@ -42,7 +42,7 @@ const STATUS_DEBOUNCE: Duration = Duration::from_millis(50);
 const SHUTDOWN_HOOKS_WAIT: Duration = Duration::from_secs(15);
 
 /// How often the ledger is swept besides when adapters go live.
-const SWEEP_INTERVAL: Duration = Duration::from_secs(15);
+const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How often delivered and abandoned ledger rows are pruned.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);

@@ -4,25 +4,20 @@
 #[macro_use]
 mod common;
 
-use common::{Backend, Place, postgres_url, raw_postgres};
+use common::{Backend, postgres_url, raw_postgres};
 use talaria_store::{PostgresOptions, PostgresStore, StoreError};
 
-fn schema_of(place: &Place) -> String {
-    match place {
-        Place::Postgres { schema } => schema.clone(),
-        Place::Sqlite { .. } => unreachable!(),
-    }
-}
-
+/// Six "nodes" open one schema that does not exist yet, all at once: the
+/// schema, the version table and every step are created exactly once,
+/// and none of them fails on the race.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_starting_together_migrate_once() {
-    let fixture = PostgresStore::fresh().await;
-    let schema = schema_of(&fixture.place);
-    // Four more "nodes" open the same schema at once.
-    let opens: Vec<_> = (0..4)
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    let opens: Vec<_> = (0..6)
         .map(|_| {
             let mut options = PostgresOptions::new(postgres_url());
             options.schema = Some(schema.clone());
+            options.max_connections = 1;
             tokio::spawn(PostgresStore::connect(options))
         })
         .collect();

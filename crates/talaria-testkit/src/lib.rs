@@ -19,6 +19,7 @@ pub mod email;
 pub mod homeassistant;
 pub mod matrix;
 pub mod mattermost;
+pub mod postgres;
 pub mod signal;
 pub mod slack;
 pub mod telegram;

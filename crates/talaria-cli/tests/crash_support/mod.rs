@@ -70,6 +70,11 @@ pub fn home(llm: &MockOpenAi, platforms: &str, dotenv: &str) -> Home {
 
 /// `talaria gateway run` in `home`, its log in `log`.
 pub fn spawn_gateway(home: &Home, log: &Path) -> Child {
+    gateway_command(home, log).spawn().unwrap()
+}
+
+/// The command [`spawn_gateway`] runs, for a test to add to.
+pub fn gateway_command(home: &Home, log: &Path) -> Command {
     let log = std::fs::File::create(log).unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_talaria"));
     command
@@ -80,11 +85,12 @@ pub fn spawn_gateway(home: &Home, log: &Path) -> Child {
         command.env_remove(var);
     }
     command
+        .env_remove("TALARIA_DATABASE_URL")
+        .env_remove("TALARIA_NODE_HOST")
         .env("TALARIA_GATEWAY_LOCK_DIR", &home.locks)
         .env("TALARIA_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
+        .stderr(log);
+    command
 }

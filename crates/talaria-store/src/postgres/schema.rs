@@ -39,21 +39,27 @@ pub(crate) async fn migrate(client: &mut Object, schema: Option<&str>) -> Result
         };
         StoreError::Database(format!("cannot migrate the PostgreSQL schema: {detail}"))
     };
+    // Even `IF NOT EXISTS` races when several nodes create the same
+    // object at once (the loser fails on the catalog's unique index), so
+    // the schema and the version table are made under the lock too.
+    let tx = client.transaction().await.map_err(db)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(db)?;
     if let Some(schema) = schema {
         // The name was validated as a plain identifier by the caller.
-        client
-            .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+        tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
             .await
             .map_err(db)?;
     }
-    client
-        .batch_execute(
-            "CREATE TABLE IF NOT EXISTS talaria_schema (\
-                 id integer PRIMARY KEY CHECK (id = 1), \
-                 version integer NOT NULL)",
-        )
-        .await
-        .map_err(db)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS talaria_schema (\
+             id integer PRIMARY KEY CHECK (id = 1), \
+             version integer NOT NULL)",
+    )
+    .await
+    .map_err(db)?;
+    tx.commit().await.map_err(db)?;
     let version = current_version(client).await.map_err(db)?;
     if version > LATEST {
         return Err(StoreError::Database(format!(

@@ -5,9 +5,8 @@
 //! A test written once as `async fn name<S: Backend + SomeStore>(f:
 //! Fixture<S>)` runs against both backends: list it in
 //! [`contract_tests!`] (with `#[macro_use] mod common;`), which makes `sqlite::name` and `postgres::name`.
-//! The PostgreSQL tests need a server: `TALARIA_TEST_POSTGRES_URL`, or
-//! `postgres://postgres@127.0.0.1:5432/test`. They fail (never skip) when
-//! it cannot be reached. Each fixture gets a schema of its own, so tests
+//! The PostgreSQL tests need a server (see `talaria_testkit::postgres`);
+//! they fail (never skip) when it cannot be reached. Each fixture gets a schema of its own, so tests
 //! run in parallel on one database.
 #![allow(dead_code)]
 
@@ -35,8 +34,7 @@ pub fn new_session(id: &str, source: &str) -> NewSession {
 
 /// The server the PostgreSQL tests use.
 pub fn postgres_url() -> String {
-    std::env::var("TALARIA_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    talaria_testkit::postgres::url()
 }
 
 /// Where a fixture's data lives, for raw SQL and for reopening.
@@ -116,52 +114,13 @@ async fn open_postgres(schema: &str) -> PostgresStore {
     }
 }
 
-/// A new schema name, after dropping the ones earlier runs left behind
-/// (older than an hour: a run still going keeps its own).
 async fn fresh_schema() -> String {
-    let client = raw_postgres(None).await;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let rows = client
-        .query(
-            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'talaria_test_%'",
-            &[],
-        )
-        .await
-        .unwrap();
-    for row in rows {
-        let name: String = row.get(0);
-        let born = name
-            .strip_prefix("talaria_test_")
-            .and_then(|rest| rest.split('_').next())
-            .and_then(|secs| secs.parse::<u64>().ok());
-        if born.is_some_and(|born| born + 3600 < now) {
-            // Another run may be dropping it too; either way it goes.
-            let _ = client
-                .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
-                .await;
-        }
-    }
-    format!("talaria_test_{now}_{:016x}", rand::random::<u64>())
+    talaria_testkit::postgres::fresh_schema().await
 }
 
 /// A plain connection, for raw SQL beside the store.
 pub async fn raw_postgres(schema: Option<&str>) -> tokio_postgres::Client {
-    let mut config: tokio_postgres::Config = postgres_url().parse().unwrap();
-    if let Some(schema) = schema {
-        config.options(format!("-c search_path={schema},public"));
-    }
-    let (client, connection) = match config.connect(tokio_postgres::NoTls).await {
-        Ok(pair) => pair,
-        Err(e) => panic!(
-            "the PostgreSQL contract tests need a server at {} (set TALARIA_TEST_POSTGRES_URL): {e}",
-            postgres_url()
-        ),
-    };
-    tokio::spawn(connection);
-    client
+    talaria_testkit::postgres::connect(schema).await
 }
 
 impl<S> Fixture<S> {

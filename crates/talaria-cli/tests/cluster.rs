@@ -1,0 +1,429 @@
+//! Several `talaria gateway run` processes sharing one PostgreSQL database,
+//! as nodes on several hosts would (each reports its own host name), with
+//! the fake Telegram and the mock LLM.
+//!
+//! - One node polls Telegram at a time; when it is SIGKILLed another takes
+//!   the connector over within 15 s, and no update is lost or answered
+//!   twice. The reply the dead node was sending when it died is sent again
+//!   by a survivor, once, marked as a possible duplicate.
+//! - Consecutive API-server turns of one session, served by different
+//!   nodes, see the same history.
+
+mod crash_support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use crash_support::{Home, gateway_command, home};
+use talaria_store::{ClusterStore, LedgerStore, ObligationState, PostgresOptions, PostgresStore};
+use talaria_testkit::{FakeTelegram, MockOpenAi};
+
+const TOKEN: &str = "424242:cluster-test-token-abcdefghij";
+const RECOVERY_MARKER: &str = "♻️ Recovered reply";
+
+/// A node: its home, its process and its log.
+struct Node {
+    home: Home,
+    log: PathBuf,
+    host: String,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn start(&mut self) {
+        if let Ok(mut logs) = LOGS.lock() {
+            logs.push(self.log.clone());
+        }
+        let mut command = gateway_command(&self.home, &self.log);
+        command.env("TALARIA_NODE_HOST", &self.host);
+        self.child = Some(command.spawn().unwrap());
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, and the exit status.
+    fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Appends the shared store to a node's configuration.
+fn use_postgres(home: &Home, schema: &str) {
+    let path = home.root.join("config.yaml");
+    let mut config = std::fs::read_to_string(&path).unwrap();
+    config.push_str(&format!(
+        "store:\n  backend: postgres\n  postgres_url: {}\n  postgres_schema: {schema}\n  postgres_max_connections: 4\n",
+        talaria_testkit::postgres::url()
+    ));
+    std::fs::write(path, config).unwrap();
+}
+
+async fn open_store(schema: &str) -> PostgresStore {
+    let mut options = PostgresOptions::new(talaria_testkit::postgres::url());
+    options.schema = Some(schema.to_owned());
+    options.max_connections = 2;
+    PostgresStore::connect(options).await.unwrap()
+}
+
+/// Waits for `check` to return something, up to `within`; on a timeout,
+/// fails showing the logs of the node processes in the system temp dir.
+async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            let logs = LOGS.lock().map(|l| l.clone()).unwrap_or_default();
+            let mut shown = String::new();
+            for path in logs {
+                shown.push_str(&format!(
+                    "--- {}\n{}\n",
+                    path.display(),
+                    std::fs::read_to_string(&path).unwrap_or_default()
+                ));
+            }
+            panic!("timed out waiting for {what}\n{shown}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every node log of this test binary, for failure messages.
+static LOGS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// The pid of the node holding the Telegram connector lease now.
+async fn connector_holder(store: &PostgresStore) -> Option<u32> {
+    let now = store.clock().await.ok()?;
+    let lease = store
+        .leases("connector:telegram")
+        .await
+        .ok()?
+        .into_iter()
+        .find(|l| l.lease_until > now)?;
+    let nodes = store.nodes().await.ok()?;
+    nodes
+        .into_iter()
+        .find(|n| n.id == lease.holder)
+        .map(|n| n.pid)
+}
+
+/// Replies per chat, as the fake Telegram received them.
+fn replies_by_chat(tg: &FakeTelegram) -> BTreeMap<i64, Vec<String>> {
+    let mut by_chat: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    for sent in tg.sent() {
+        by_chat
+            .entry(sent.chat_id)
+            .or_default()
+            .push(sent.rendered());
+    }
+    by_chat
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_telegram_connector_moves_to_a_survivor_and_nothing_is_lost_or_answered_twice() {
+    let llm = MockOpenAi::start().await;
+    let tg = FakeTelegram::start(TOKEN).await;
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    let users: Vec<i64> = (100..108).collect();
+    let allowed = users
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let home = home(
+                &llm,
+                &format!(
+                    "  telegram:\n    base_url: {}\n    poll_timeout_secs: 1\n",
+                    tg.base_url()
+                ),
+                &format!("TELEGRAM_BOT_TOKEN={TOKEN}\nTELEGRAM_ALLOWED_USERS={allowed}\n"),
+            );
+            use_postgres(&home, &schema);
+            let log = home.root.join("node.log");
+            Node {
+                home,
+                log,
+                host: format!("host-{i}"),
+                child: None,
+            }
+        })
+        .collect();
+    for node in &mut nodes {
+        node.start();
+    }
+    let store = eventually(Duration::from_secs(20), "the schema", || {
+        let schema = schema.clone();
+        async move {
+            let mut options = PostgresOptions::new(talaria_testkit::postgres::url());
+            options.schema = Some(schema);
+            PostgresStore::connect(options).await.ok()
+        }
+    })
+    .await;
+
+    // Exactly one node takes the connector; the others stand by.
+    let leader_pid = eventually(Duration::from_secs(20), "a connector leader", || {
+        connector_holder(&store)
+    })
+    .await;
+    let leader = nodes
+        .iter()
+        .position(|n| n.pid() == Some(leader_pid))
+        .expect("the leader is one of the three nodes");
+    eventually(Duration::from_secs(20), "three live nodes", || async {
+        let now = store.clock().await.ok()?;
+        let live = store.nodes().await.ok()?;
+        (live.iter().filter(|n| n.lease_until > now).count() == 3).then_some(())
+    })
+    .await;
+
+    // Phase 1: three messages, three answers.
+    for user in &users[..3] {
+        tg.push_private_text(*user, &format!("hello from {user}"));
+    }
+    tg.wait_for_sent(3, Duration::from_secs(30)).await;
+
+    // Phase 2: the leader dies while it sends the answer to the fourth
+    // message. The send hangs, so the row is `attempting` when it dies.
+    tg.hang_send(true);
+    let attempts_before = tg.send_attempts().len();
+    tg.push_private_text(users[3], "are you there?");
+    tg.wait_for_send_attempts(attempts_before + 1, Duration::from_secs(30))
+        .await;
+    let killed_at = Instant::now();
+    nodes[leader].kill();
+    tg.hang_send(false);
+    // Messages arriving while nobody polls.
+    for user in &users[4..] {
+        tg.push_private_text(*user, &format!("while you were away, {user}"));
+    }
+
+    // A survivor polls again within 15 s.
+    let takeover = eventually(Duration::from_secs(30), "a new poller", || async {
+        tg.get_updates_calls()
+            .iter()
+            .find(|c| c.at > killed_at)
+            .map(|c| c.at - killed_at)
+    })
+    .await;
+    eprintln!("the connector was taken over {takeover:?} after the leader died");
+    assert!(
+        takeover < Duration::from_secs(15),
+        "the connector was taken over after {takeover:?}"
+    );
+    let new_leader = eventually(Duration::from_secs(20), "the new leader's lease", || {
+        connector_holder(&store)
+    })
+    .await;
+    assert_ne!(new_leader, leader_pid);
+
+    // Every chat gets exactly one answer, the fourth from the survivor,
+    // marked as possibly sent before.
+    let all = users.len();
+    eventually(
+        Duration::from_secs(60),
+        "an answer in every chat",
+        || async { (replies_by_chat(&tg).len() == all).then_some(()) },
+    )
+    .await;
+    // Anything duplicated would arrive within a sweep or two.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let replies = replies_by_chat(&tg);
+    for user in &users {
+        let got = replies.get(user).cloned().unwrap_or_default();
+        assert_eq!(got.len(), 1, "chat {user} got {got:?}");
+    }
+    assert!(
+        replies[&users[3]][0].starts_with(RECOVERY_MARKER),
+        "{:?}",
+        replies[&users[3]]
+    );
+    for user in users.iter().filter(|u| **u != users[3]) {
+        assert!(!replies[user][0].starts_with(RECOVERY_MARKER));
+    }
+    // One model call per message: no update started a second turn.
+    assert_eq!(llm.requests().len(), all);
+    // Never two pollers at once.
+    assert_eq!(tg.poll_conflicts(), 0);
+
+    // The ledger agrees: every reply delivered, nothing owed.
+    let counts = store.obligation_counts().await.unwrap();
+    assert_eq!(
+        counts.get(&ObligationState::Delivered).copied(),
+        Some(all as u64),
+        "{counts:?}"
+    );
+    assert!(store.open_obligations(0).await.unwrap().is_empty());
+
+    // The survivors stop in order and leave the cluster.
+    for node in &mut nodes {
+        if let Some(status) = node.stop() {
+            assert!(status.success(), "{}", node.log());
+        }
+    }
+    let now = store.clock().await.unwrap();
+    let live = store.nodes().await.unwrap();
+    assert!(
+        live.iter().all(|n| n.lease_until <= now),
+        "nodes still alive after stopping: {live:?}"
+    );
+}
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_turns_of_one_session_on_different_nodes_see_the_same_history() {
+    let llm = MockOpenAi::start().await;
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    let key = "sk-cluster-api-key-0123456789";
+    let mut nodes: Vec<(Node, u16)> = (0..2)
+        .map(|i| {
+            let port = free_port();
+            let home = home(
+                &llm,
+                &format!(
+                    "  api_server:\n    enabled: true\n    host: 127.0.0.1\n    port: {port}\n"
+                ),
+                &format!("API_SERVER_KEY={key}\n"),
+            );
+            use_postgres(&home, &schema);
+            let log = home.root.join("node.log");
+            let node = Node {
+                home,
+                log,
+                host: format!("api-host-{i}"),
+                child: None,
+            };
+            (node, port)
+        })
+        .collect();
+    for (node, _) in &mut nodes {
+        node.start();
+    }
+    let http = reqwest::Client::new();
+    for (node, port) in &nodes {
+        let url = format!("http://127.0.0.1:{port}/health");
+        eventually(Duration::from_secs(20), "the API server", || {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let r = http.get(&url).send().await.ok()?;
+                r.status().is_success().then_some(())
+            }
+        })
+        .await;
+        assert!(node.pid().is_some());
+    }
+    let turn = |port: u16, text: &'static str| {
+        let http = http.clone();
+        async move {
+            let response = http
+                .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+                .bearer_auth(key)
+                .header("x-talaria-session-id", "cluster-session-1")
+                .json(&serde_json::json!({
+                    "model": "talaria",
+                    "messages": [{"role": "user", "content": text}],
+                }))
+                .send()
+                .await
+                .unwrap();
+            assert!(response.status().is_success(), "{}", response.status());
+            let body: serde_json::Value = response.json().await.unwrap();
+            body["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        }
+    };
+    llm.push(talaria_testkit::Reply::text("the llama is called Pablo"));
+    let first = turn(nodes[0].1, "remember: my llama is Pablo").await;
+    assert_eq!(first, "the llama is called Pablo");
+    llm.push(talaria_testkit::Reply::text("Pablo"));
+    let second = turn(nodes[1].1, "what is my llama called?").await;
+    assert_eq!(second, "Pablo");
+
+    // The second node's request to the model carried the first turn,
+    // which the first node stored.
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2);
+    let transcript: Vec<(String, String)> = requests[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] != "system")
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap_or_default().to_owned(),
+                m["content"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        transcript,
+        [
+            ("user".to_owned(), "remember: my llama is Pablo".to_owned()),
+            (
+                "assistant".to_owned(),
+                "the llama is called Pablo".to_owned()
+            ),
+            ("user".to_owned(), "what is my llama called?".to_owned()),
+        ]
+    );
+    let store = open_store(&schema).await;
+    let messages = talaria_store::SessionStore::messages(&store, "cluster-session-1")
+        .await
+        .unwrap();
+    assert_eq!(messages.len(), 4);
+    for (node, _) in &mut nodes {
+        let status = node.stop().unwrap();
+        assert!(status.success(), "{}", node.log());
+    }
+}
