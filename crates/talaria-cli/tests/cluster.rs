@@ -427,3 +427,133 @@ async fn api_turns_of_one_session_on_different_nodes_see_the_same_history() {
         assert!(status.success(), "{}", node.log());
     }
 }
+
+/// The listener's address, from the line a gateway prints at start.
+async fn listener_address(node: &Node) -> String {
+    eventually(Duration::from_secs(20), "a webhook listener", || async {
+        let text = node.log();
+        let rest = text.split("webhook listener on ").nth(1)?;
+        rest.split_whitespace().next().map(str::to_owned)
+    })
+    .await
+}
+
+/// WhatsApp Cloud is a webhook platform: every node serves it, so two
+/// messages of one chat can reach two nodes. The second node waits for the
+/// first one's turn, says so, and (the default busy mode being interrupt)
+/// interrupts it: only the answer to the newer message is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_busy_on_one_node_is_interrupted_by_a_message_reaching_another() {
+    use talaria_testkit::whatsapp::{API_VERSION, MetaWebhook, delivery, text};
+    const WA_TOKEN: &str = "EAAGclitest-access-token-0123456789";
+    const NUMBER: &str = "106540352242922";
+    const APP_SECRET: &str = "cli-app-secret-0123456789";
+    const VERIFY: &str = "cli-verify-token-0123";
+    const ADA: &str = "16505551234";
+
+    let llm = MockOpenAi::start().await;
+    let graph = talaria_testkit::FakeGraph::start(WA_TOKEN, NUMBER).await;
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    let mut nodes: Vec<Node> = (0..2)
+        .map(|i| {
+            let home = home(
+                &llm,
+                &format!(
+                    "  webhook:\n    port: 0\n  whatsapp_cloud:\n    graph_base: {}\n    \
+                     api_version: {API_VERSION}\n",
+                    graph.base_url()
+                ),
+                &format!(
+                    "WHATSAPP_CLOUD_TOKEN={WA_TOKEN}\nWHATSAPP_CLOUD_PHONE_NUMBER_ID={NUMBER}\n\
+                     WHATSAPP_CLOUD_APP_SECRET={APP_SECRET}\nWHATSAPP_CLOUD_VERIFY_TOKEN={VERIFY}\n\
+                     WHATSAPP_CLOUD_ALLOWED_USERS={ADA}\n"
+                ),
+            );
+            use_postgres(&home, &schema);
+            let log = home.root.join("node.log");
+            Node {
+                home,
+                log,
+                host: format!("wa-host-{i}"),
+                child: None,
+            }
+        })
+        .collect();
+    for node in &mut nodes {
+        node.start();
+    }
+    let mut hooks = Vec::new();
+    for node in &nodes {
+        hooks.push(MetaWebhook::new(&listener_address(node).await, APP_SECRET));
+    }
+    /// Delivers once; `Some` when the node took it (503 until its adapter
+    /// is attached, which Meta, and this test, retry).
+    async fn deliver(meta: &MetaWebhook, wamid: &str, body: &str) -> Option<()> {
+        let payload = delivery(
+            NUMBER,
+            &[(ADA, "Ada")],
+            vec![text(ADA, wamid, body)],
+            vec![],
+        );
+        let answer = meta.deliver(&payload).await;
+        (answer.status == 200).then_some(())
+    }
+
+    // The first turn is slow; the second message reaches the other node
+    // while it runs.
+    llm.push(talaria_testkit::Reply::text("the slow answer").with_delay(Duration::from_secs(8)));
+    llm.push(talaria_testkit::Reply::text(
+        "the answer to the newer message",
+    ));
+    eventually(
+        Duration::from_secs(20),
+        "node 0 to take the message",
+        || deliver(&hooks[0], "wamid.ONE", "tell me something slowly"),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "the first turn to call the model",
+        || async { (!llm.requests().is_empty()).then_some(()) },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "node 1 to take the message",
+        || deliver(&hooks[1], "wamid.TWO", "actually, never mind that"),
+    )
+    .await;
+
+    let sent = graph.wait_for_sent(2, Duration::from_secs(30)).await;
+    let bodies: Vec<&str> = sent.iter().map(|s| s.body.as_str()).collect();
+    assert!(
+        bodies[0].starts_with("⚡ Interrupting"),
+        "the waiting node says what happens: {bodies:?}"
+    );
+    assert_eq!(bodies[1], "the answer to the newer message");
+    // The slow answer would have come by now; it was dropped.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let bodies: Vec<String> = graph.sent().into_iter().map(|s| s.body).collect();
+    assert_eq!(bodies.len(), 2, "{bodies:?}");
+    assert!(!bodies.iter().any(|b| b == "the slow answer"));
+    // The newer turn ran after the first had stopped: its request carries
+    // both user messages of the session, in order.
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2);
+    let users: Vec<String> = requests[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        users.last().map(String::as_str),
+        Some("actually, never mind that"),
+        "{users:?}"
+    );
+    for node in &mut nodes {
+        let status = node.stop().unwrap();
+        assert!(status.success(), "{}", node.log());
+    }
+}

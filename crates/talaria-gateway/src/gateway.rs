@@ -24,6 +24,7 @@ use crate::router::{EXPIRY_FIRST_RUN, EXPIRY_INTERVAL, ExpiryWatcher};
 use crate::runner::{Runner, RunnerParts};
 use crate::supervisor::{Leadership, StatusBoard, supervise};
 use crate::target::HomeChannels;
+use crate::turn_lease::TurnLeases;
 
 /// Events waiting for the runner; an adapter blocks (and so does not
 /// acknowledge its platform) while this is full.
@@ -132,6 +133,8 @@ impl Gateway {
             delivery: delivery.clone(),
             board: board.clone(),
             hooks: hooks.clone(),
+            turn_leases: (config.store.backend == StoreBackend::Postgres)
+                .then(|| TurnLeases::new(store.clone(), node.id().clone())),
         });
         let scheduler = if config.cron.enabled {
             let parts = SchedulerParts {

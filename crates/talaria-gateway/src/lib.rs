@@ -17,6 +17,8 @@
 //! - [`pairing`]: DM pairing codes for strangers.
 //! - [`runner`]: the order every event goes through (authorization,
 //!   commands, the busy guard) and the per-chat lanes that run turns.
+//! - [`turn_lease`]: with a shared store, one running turn per session
+//!   across every node.
 //! - [`router`]: session key → current session, reset policies, `/new` and
 //!   `/resume`, and the watcher that ends expired sessions in the
 //!   background.
@@ -82,6 +84,7 @@ pub mod split;
 pub mod supervisor;
 pub mod target;
 pub mod token_lock;
+pub mod turn_lease;
 
 pub use adapter::{
     Adapter, AdapterContext, AdapterError, Inbox, Liveness, LivenessReporter, MessageLimits,

@@ -41,6 +41,7 @@ use crate::pairing::Pairing;
 use crate::preview::{Preview, PreviewSink};
 use crate::router::{AutoReset, Routed, Router};
 use crate::supervisor::StatusBoard;
+use crate::turn_lease::{HeldTurn, Taken, TurnLeases};
 
 /// Follow-ups waiting behind a busy turn; more are dropped (and logged):
 /// a flood must not grow memory without bound.
@@ -65,6 +66,9 @@ pub struct RunnerParts {
     pub board: Arc<StatusBoard>,
     /// Event hooks; the runner only ever fires them and moves on.
     pub hooks: Arc<Hooks>,
+    /// Set when several nodes share the store: each turn then holds the
+    /// session's lease there, so no two nodes run one session at once.
+    pub turn_leases: Option<TurnLeases>,
 }
 
 /// The runner. Cheap to clone; clones share all state.
@@ -85,6 +89,7 @@ struct Inner {
     delivery: Delivery,
     board: Arc<StatusBoard>,
     hooks: Arc<Hooks>,
+    turn_leases: Option<TurnLeases>,
     lanes: Mutex<HashMap<SessionKey, Lane>>,
     generations: AtomicU64,
     /// Set when the gateway stops: new work is refused.
@@ -138,6 +143,7 @@ impl Runner {
             delivery,
             board,
             hooks,
+            turn_leases,
         } = parts;
         let router = Router::new(agent.clone(), store.clone(), config.session_reset.clone());
         Runner {
@@ -153,6 +159,7 @@ impl Runner {
                 delivery,
                 board,
                 hooks,
+                turn_leases,
                 lanes: Mutex::new(HashMap::new()),
                 generations: AtomicU64::new(1),
                 draining: AtomicBool::new(false),
@@ -468,7 +475,16 @@ impl Runner {
     ) {
         let mut next = Some((first, generation, cancel));
         while let Some((item, generation, cancel)) = next.take() {
-            self.run_one(&key, item.event, generation, cancel).await;
+            match self
+                .take_turn_lease(&key, &item.event, generation, &cancel)
+                .await
+            {
+                Some(held) => {
+                    self.run_one(&key, item.event, generation, cancel).await;
+                    drop(held);
+                }
+                None => tracing::info!(key = %key, "stopped while waiting for another node's turn"),
+            }
             let inner = &self.inner;
             let mut lanes = inner.lanes();
             let Some(lane) = lanes.get_mut(&key) else {
@@ -489,6 +505,85 @@ impl Runner {
                 }
             }
         }
+    }
+
+    /// With a shared store, takes the session's turn lease, waiting while
+    /// another node runs a turn of it (telling the user once, as the busy
+    /// mode says). The run is interrupted, its answer dropped, if the
+    /// lease is lost, or, in interrupt mode, when another node waits.
+    /// `None` when the run was stopped while waiting; `Some(None)` on one
+    /// node.
+    async fn take_turn_lease(
+        &self,
+        key: &SessionKey,
+        event: &MessageEvent,
+        generation: u64,
+        cancel: &CancellationToken,
+    ) -> Option<Option<HeldTurn>> {
+        let inner = &self.inner;
+        let Some(leases) = &inner.turn_leases else {
+            return Some(None);
+        };
+        let mode = inner.config.gateway.busy_input_mode;
+        let on_wait = || {
+            let text = match mode {
+                BusyInputMode::Interrupt => {
+                    "⚡ Interrupting the current task to answer your new message."
+                }
+                BusyInputMode::Queue | BusyInputMode::Steer => {
+                    "⏳ Still working on your previous message; this one is queued for the next turn."
+                }
+            };
+            let due = inner.config.gateway.busy_ack && {
+                let mut lanes = inner.lanes();
+                lanes.get_mut(key).is_some_and(|lane| {
+                    let due = lane.last_ack.is_none_or(|t| t.elapsed() >= ACK_COOLDOWN);
+                    if due {
+                        lane.last_ack = Some(Instant::now());
+                    }
+                    due
+                })
+            };
+            if due {
+                let (delivery, to) = (inner.delivery.clone(), Address::reply_to(event));
+                tokio::spawn(async move { delivery.notify(&to, text).await });
+            }
+        };
+        let held = match leases
+            .take(
+                key.as_str(),
+                cancel,
+                mode == BusyInputMode::Interrupt,
+                on_wait,
+            )
+            .await
+        {
+            Taken::Held(held) => held,
+            Taken::Cancelled => return None,
+        };
+        let (runner, key, interrupted, cancel) = (
+            self.clone(),
+            key.clone(),
+            held.interrupted.clone(),
+            cancel.clone(),
+        );
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = interrupted.cancelled() => {
+                    let mut lanes = runner.inner.lanes();
+                    if let Some(run) = lanes
+                        .get_mut(&key)
+                        .and_then(|l| l.run.as_mut())
+                        .filter(|r| r.generation == generation)
+                    {
+                        run.discard = true;
+                        run.cancel.cancel();
+                    }
+                }
+                _ = cancel.cancelled() => {}
+            }
+        });
+        Some(Some(held))
     }
 
     /// One turn: route, run the agent with a typing indicator, deliver.

@@ -112,6 +112,9 @@ pub struct LeaseGrant {
     pub until: Timestamp,
     /// The store's clock when it was granted.
     pub now: Timestamp,
+    /// Another node asked for the lease during this tenure: someone is
+    /// waiting for it (a turn of the same session on another node).
+    pub wanted: bool,
 }
 
 /// A lease as stored.
@@ -146,8 +149,9 @@ pub trait ClusterStore: Send + Sync {
     /// Takes the lease `name` for `holder`, or renews it, for `ttl`
     /// seconds: granted when nobody holds it, when its holder's time ran
     /// out, or when `holder` holds it already. `None` while another node
-    /// holds it. One atomic step: of nodes racing for a free lease exactly
-    /// one gets it.
+    /// holds it, and the refusal is noted on the lease, so its holder sees
+    /// [`LeaseGrant::wanted`] at its next renewal. One atomic step: of
+    /// nodes racing for a free lease exactly one gets it.
     async fn acquire_lease(
         &self,
         name: &str,

@@ -272,7 +272,36 @@ async fn racing_nodes_get_each_lease_once<S: Backend + ClusterStore>(f: Fixture<
     }
 }
 
+async fn a_holder_learns_that_another_node_is_waiting<S: Backend + ClusterStore>(f: Fixture<S>) {
+    let a = NodeId::new("node-a").unwrap();
+    let b = NodeId::new("node-b").unwrap();
+    let grant = f.acquire_lease("turn:k", &a, 30.0).await.unwrap().unwrap();
+    assert!(!grant.wanted);
+    assert!(
+        !f.acquire_lease("turn:k", &a, 30.0)
+            .await
+            .unwrap()
+            .unwrap()
+            .wanted
+    );
+    // B asks and is refused; A's next renewal says someone waits.
+    assert_eq!(f.acquire_lease("turn:k", &b, 30.0).await.unwrap(), None);
+    assert!(
+        f.acquire_lease("turn:k", &a, 30.0)
+            .await
+            .unwrap()
+            .unwrap()
+            .wanted
+    );
+    // A new tenure starts with nobody waiting.
+    assert!(f.release_lease("turn:k", &a).await.unwrap());
+    let taken = f.acquire_lease("turn:k", &b, 30.0).await.unwrap().unwrap();
+    assert!(!taken.wanted);
+    assert_eq!(taken.fence, grant.fence + 1);
+}
+
 contract_tests!(
+    a_holder_learns_that_another_node_is_waiting,
     a_heartbeat_registers_then_refreshes_a_node,
     leases_go_to_one_holder_and_change_hands_with_a_higher_fence,
     leases_are_listed_by_prefix,

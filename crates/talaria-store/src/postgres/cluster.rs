@@ -27,7 +27,8 @@ CREATE TABLE cluster_leases (
     holder      text NOT NULL,
     fence       bigint NOT NULL,
     acquired_at double precision NOT NULL,
-    lease_until double precision NOT NULL
+    lease_until double precision NOT NULL,
+    wanted_at   double precision
 );
 "#;
 
@@ -169,9 +170,11 @@ impl ClusterStore for PostgresStore {
                        THEN l.fence ELSE l.fence + 1 END, \
                acquired_at = CASE WHEN l.holder = excluded.holder AND l.lease_until >= {NOW} \
                        THEN l.acquired_at ELSE excluded.acquired_at END, \
+               wanted_at = CASE WHEN l.holder = excluded.holder AND l.lease_until >= {NOW} \
+                       THEN l.wanted_at ELSE NULL END, \
                holder = excluded.holder, lease_until = excluded.lease_until \
              WHERE l.holder = excluded.holder OR l.lease_until < {NOW} \
-             RETURNING fence, lease_until, {NOW}"
+             RETURNING fence, lease_until, {NOW}, wanted_at IS NOT NULL"
         );
         let statement = client
             .prepare_cached(&sql)
@@ -181,10 +184,25 @@ impl ClusterStore for PostgresStore {
             .query_opt(&statement, &[&name, &holder.as_str(), &ttl])
             .await
             .map_err(|e| self.error(e))?;
-        Ok(row.map(|r| LeaseGrant {
+        let Some(r) = row else {
+            // Refused: leave word for the holder.
+            client
+                .execute(
+                    &format!(
+                        "UPDATE cluster_leases SET wanted_at = {NOW} \
+                         WHERE name = $1 AND holder <> $2"
+                    ),
+                    &[&name, &holder.as_str()],
+                )
+                .await
+                .map_err(|e| self.error(e))?;
+            return Ok(None);
+        };
+        Ok(Some(LeaseGrant {
             fence: u64::try_from(r.get::<_, i64>(0)).unwrap_or(0),
             until: r.get(1),
             now: r.get(2),
+            wanted: r.get(3),
         }))
     }
 

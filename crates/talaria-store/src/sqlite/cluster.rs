@@ -141,18 +141,33 @@ impl ClusterStore for SqliteStore {
                                THEN fence ELSE fence + 1 END, \
                        acquired_at = CASE WHEN holder = ?2 AND lease_until >= ?3 \
                                THEN acquired_at ELSE ?3 END, \
+                       wanted_at = CASE WHEN holder = ?2 AND lease_until >= ?3 \
+                               THEN wanted_at ELSE NULL END, \
                        holder = ?2, lease_until = ?3 + ?4 \
                      WHERE holder = ?2 OR lease_until < ?3 \
-                     RETURNING fence, lease_until",
+                     RETURNING fence, lease_until, wanted_at IS NOT NULL",
                 )?
                 .query_row(params![name, holder, at, ttl], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, f64>(1)?))
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, f64>(1)?,
+                        r.get::<_, bool>(2)?,
+                    ))
                 })
                 .optional()?;
-            Ok(granted.map(|(fence, until)| LeaseGrant {
+            let Some((fence, until, wanted)) = granted else {
+                // Refused: leave word for the holder.
+                tx.prepare_cached(
+                    "UPDATE cluster_leases SET wanted_at = ?3 WHERE name = ?1 AND holder <> ?2",
+                )?
+                .execute(params![name, holder, at])?;
+                return Ok(None);
+            };
+            Ok(Some(LeaseGrant {
                 fence: from_sql_count(fence),
                 until,
                 now: at,
+                wanted,
             }))
         })
         .await

@@ -294,7 +294,9 @@ CREATE TABLE cluster_leases (
     holder      TEXT NOT NULL,
     fence       INTEGER NOT NULL,
     acquired_at REAL NOT NULL,
-    lease_until REAL NOT NULL
+    lease_until REAL NOT NULL,
+    -- When another node last asked for it during this tenure.
+    wanted_at   REAL
 ) WITHOUT ROWID;
 
 ALTER TABLE delivery_obligations ADD COLUMN owner_node TEXT;
