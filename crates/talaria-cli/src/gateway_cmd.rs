@@ -380,8 +380,94 @@ pub async fn stop(home: Home) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `talaria gateway status`.
-pub fn status(home: &Home) -> anyhow::Result<ExitCode> {
+/// `talaria gateway status`: this home's gateway and, when the store is
+/// shared (PostgreSQL), the cluster: its nodes, and which connectors each
+/// runs. Exits 3 when this home's gateway is not running.
+pub async fn status(home: &Home) -> anyhow::Result<ExitCode> {
+    let code = local_status(home)?;
+    let loaded = talaria_core::config::load(home)?;
+    if loaded.config.store.backend == talaria_core::config::StoreBackend::Postgres {
+        let store = crate::runtime::open_store(home, &loaded.config, &loaded.env).await?;
+        print_cluster(store.as_ref()).await?;
+    }
+    Ok(code)
+}
+
+/// The nodes sharing the store and the connector leases they hold.
+async fn print_cluster(store: &dyn talaria_store::GatewayStore) -> anyhow::Result<()> {
+    let now = store
+        .clock()
+        .await
+        .context("cannot read the store's clock")?;
+    let nodes = store.nodes().await.context("cannot list the nodes")?;
+    let leases = store
+        .leases("connector:")
+        .await
+        .context("cannot list the connector leases")?;
+    let turns = store
+        .leases("turn:")
+        .await
+        .context("cannot list the turn leases")?;
+    let alive: Vec<_> = nodes.iter().filter(|n| n.lease_until > now).collect();
+    println!(
+        "Cluster: {} node{} alive{}",
+        alive.len(),
+        if alive.len() == 1 { "" } else { "s" },
+        match nodes.len() - alive.len() {
+            0 => String::new(),
+            dead => format!(", {dead} gone"),
+        }
+    );
+    for node in &nodes {
+        let held: Vec<&str> = leases
+            .iter()
+            .filter(|l| l.holder == node.id && l.lease_until > now)
+            .map(|l| connector_scope(&l.name))
+            .collect();
+        let running = turns
+            .iter()
+            .filter(|l| l.holder == node.id && l.lease_until > now)
+            .count();
+        let state = if node.lease_until > now {
+            format!(
+                "alive, beat {} ago",
+                human_duration(now - node.heartbeat_at)
+            )
+        } else {
+            format!("gone for {}", human_duration(now - node.lease_until))
+        };
+        println!(
+            "  {} {}  pid {}  v{}  {state}",
+            node.id, node.host, node.pid, node.version
+        );
+        if !held.is_empty() {
+            println!("    connectors: {}", held.join(", "));
+        }
+        if running > 0 {
+            println!("    turns running: {running}");
+        }
+    }
+    let unheld: Vec<&str> = leases
+        .iter()
+        .filter(|l| l.lease_until <= now)
+        .map(|l| connector_scope(&l.name))
+        .collect();
+    if !unheld.is_empty() {
+        println!("  not run by any node now: {}", unheld.join(", "));
+    }
+    Ok(())
+}
+
+/// `connector:telegram-bot-token:0a1b…` → `telegram-bot-token`.
+fn connector_scope(lease: &str) -> &str {
+    lease
+        .strip_prefix("connector:")
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or(lease)
+}
+
+/// This home's gateway, from its PID file and status file.
+fn local_status(home: &Home) -> anyhow::Result<ExitCode> {
     let Some(info) = process::running_gateway(home) else {
         println!("Gateway: not running");
         return Ok(ExitCode::from(3));
@@ -392,6 +478,9 @@ pub fn status(home: &Home) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
     let now = talaria_core::unix_now();
+    if let Some(node) = &status.node {
+        println!("Node: {node}");
+    }
     println!("State: {}", status.state);
     println!("Uptime: {}", human_duration(now - status.started_at_unix));
     if status.adapters.is_empty() {

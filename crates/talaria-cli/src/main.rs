@@ -97,7 +97,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             GatewayCommand::Run => gateway_cmd::run(home).await,
             GatewayCommand::Start => gateway_cmd::start(home).await,
             GatewayCommand::Stop => gateway_cmd::stop(home).await,
-            GatewayCommand::Status => gateway_cmd::status(&home),
+            GatewayCommand::Status => gateway_cmd::status(&home).await,
             GatewayCommand::Install { force } => gateway_cmd::install(&home, force),
         },
         Command::Pairing { command } => {

@@ -296,6 +296,32 @@ async fn the_telegram_connector_moves_to_a_survivor_and_nothing_is_lost_or_answe
     );
     assert!(store.open_obligations(0).await.unwrap().is_empty());
 
+    // `gateway status` on a survivor shows the cluster: two nodes alive,
+    // the dead one gone, and who runs Telegram now.
+    let survivor = nodes.iter().find(|n| n.pid() == Some(new_leader)).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_talaria"))
+        .arg("--home")
+        .arg(&survivor.home.root)
+        .args(["gateway", "status"])
+        .env_remove("TALARIA_DATABASE_URL")
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{shown}");
+    eprintln!("{shown}");
+    assert!(shown.contains("Cluster: 2 nodes alive, 1 gone"), "{shown}");
+    let leader_line = shown
+        .lines()
+        .position(|l| l.contains(&format!("pid {new_leader} ")))
+        .unwrap_or_else(|| panic!("no line for the leader in:\n{shown}"));
+    assert_eq!(
+        shown.lines().nth(leader_line + 1).map(str::trim),
+        Some("connectors: telegram-bot-token"),
+        "{shown}"
+    );
+    assert_eq!(shown.matches("connectors:").count(), 1, "{shown}");
+    assert!(!shown.contains(TOKEN), "the bot token was printed");
+
     // The survivors stop in order and leave the cluster.
     for node in &mut nodes {
         if let Some(status) = node.stop() {

@@ -359,6 +359,7 @@ async fn write_snapshot(
     };
     let me = crate::owner::current();
     let status = GatewayStatus {
+        node: delivery.ledger().map(|l| l.node().to_string()),
         pid: me.pid,
         started_at_unix: process_started_unix(),
         state: state.to_owned(),

@@ -194,6 +194,9 @@ pub struct AdapterStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GatewayStatus {
     pub pid: u32,
+    /// The gateway's node id in its store (see [`crate::node`]).
+    #[serde(default)]
+    pub node: Option<String>,
     /// Seconds since the Unix epoch.
     pub started_at_unix: f64,
     /// `starting`, `running`, `draining` or `stopped`.
@@ -738,6 +741,7 @@ mod tests {
         create_private_dir(home.root()).unwrap();
         assert_eq!(read_status(&home).unwrap(), None);
         let status = GatewayStatus {
+            node: None,
             pid: 42,
             started_at_unix: 1_700_000_000.25,
             state: "running".into(),
@@ -762,6 +766,7 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         // Overwriting leaves no temporary files behind.
         let stopped = GatewayStatus {
+            node: None,
             state: "stopped".into(),
             ..status
         };
