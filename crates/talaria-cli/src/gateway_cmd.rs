@@ -419,15 +419,17 @@ async fn print_cluster(store: &dyn talaria_store::GatewayStore) -> anyhow::Resul
         }
     );
     for node in &nodes {
+        // A dead node's leases are void (others may take them at once),
+        // so only a live node is shown holding anything.
+        let holds = |l: &&talaria_store::LeaseRecord| {
+            l.holder == node.id && l.lease_until > now && node.lease_until > now
+        };
         let held: Vec<&str> = leases
             .iter()
-            .filter(|l| l.holder == node.id && l.lease_until > now)
+            .filter(holds)
             .map(|l| connector_scope(&l.name))
             .collect();
-        let running = turns
-            .iter()
-            .filter(|l| l.holder == node.id && l.lease_until > now)
-            .count();
+        let running = turns.iter().filter(holds).count();
         let state = if node.lease_until > now {
             format!(
                 "alive, beat {} ago",
@@ -447,9 +449,10 @@ async fn print_cluster(store: &dyn talaria_store::GatewayStore) -> anyhow::Resul
             println!("    turns running: {running}");
         }
     }
+    let live = |id: &talaria_store::NodeId| alive.iter().any(|n| &n.id == id);
     let unheld: Vec<&str> = leases
         .iter()
-        .filter(|l| l.lease_until <= now)
+        .filter(|l| l.lease_until <= now || !live(&l.holder))
         .map(|l| connector_scope(&l.name))
         .collect();
     if !unheld.is_empty() {

@@ -148,7 +148,9 @@ pub trait ClusterStore: Send + Sync {
     async fn prune_nodes(&self, before: Timestamp) -> Result<u64>;
     /// Takes the lease `name` for `holder`, or renews it, for `ttl`
     /// seconds: granted when nobody holds it, when its holder's time ran
-    /// out, or when `holder` holds it already. `None` while another node
+    /// out, when its holder is a node whose own lease ran out (a dead
+    /// node's leases are free before they lapse), or when `holder` holds it
+    /// already. `None` while another node
     /// holds it, and the refusal is noted on the lease, so its holder sees
     /// [`LeaseGrant::wanted`] at its next renewal. One atomic step: of
     /// nodes racing for a free lease exactly one gets it.

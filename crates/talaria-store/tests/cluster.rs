@@ -300,7 +300,32 @@ async fn a_holder_learns_that_another_node_is_waiting<S: Backend + ClusterStore>
     assert_eq!(taken.fence, grant.fence + 1);
 }
 
+async fn a_dead_nodes_leases_are_free_before_they_lapse<S: Backend + ClusterStore>(f: Fixture<S>) {
+    let a = announcement("node-a", 1);
+    f.heartbeat(&a, 60.0).await.unwrap();
+    f.acquire_lease("turn:k", &a.id, 600.0)
+        .await
+        .unwrap()
+        .unwrap();
+    let b = NodeId::new("node-b").unwrap();
+    assert_eq!(f.acquire_lease("turn:k", &b, 30.0).await.unwrap(), None);
+    // A's heartbeats stop: its node lease runs out long before the turn
+    // lease would.
+    f.execute("UPDATE cluster_nodes SET lease_until = lease_until - 120 WHERE id = 'node-a'")
+        .await;
+    let taken = f.acquire_lease("turn:k", &b, 30.0).await.unwrap().unwrap();
+    assert_eq!(taken.fence, 2);
+    // A holder without a node row is judged by its lease alone.
+    let ghost = NodeId::new("never-registered").unwrap();
+    f.acquire_lease("turn:g", &ghost, 600.0)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(f.acquire_lease("turn:g", &b, 30.0).await.unwrap(), None);
+}
+
 contract_tests!(
+    a_dead_nodes_leases_are_free_before_they_lapse,
     a_holder_learns_that_another_node_is_waiting,
     a_heartbeat_registers_then_refreshes_a_node,
     leases_go_to_one_holder_and_change_hands_with_a_higher_fence,

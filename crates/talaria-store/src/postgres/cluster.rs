@@ -159,7 +159,8 @@ impl ClusterStore for PostgresStore {
         ttl: f64,
     ) -> Result<Option<LeaseGrant>> {
         let client = self.client().await?;
-        // Granted when free, expired, or already ours; a new tenure moves
+        // Granted when free, expired, held by a dead node, or already
+        // ours; a new tenure moves
         // the fence, a renewal keeps it. In the conflict branch the bare
         // column names are the existing row, `excluded` the proposed one.
         let sql = format!(
@@ -174,6 +175,8 @@ impl ClusterStore for PostgresStore {
                        THEN l.wanted_at ELSE NULL END, \
                holder = excluded.holder, lease_until = excluded.lease_until \
              WHERE l.holder = excluded.holder OR l.lease_until < {NOW} \
+                OR EXISTS (SELECT 1 FROM cluster_nodes n \
+                           WHERE n.id = l.holder AND n.lease_until < {NOW}) \
              RETURNING fence, lease_until, {NOW}, wanted_at IS NOT NULL"
         );
         let statement = client

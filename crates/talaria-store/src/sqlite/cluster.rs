@@ -128,7 +128,8 @@ impl ClusterStore for SqliteStore {
         let (name, holder) = (name.to_owned(), holder.as_str().to_owned());
         self.write(move |tx| {
             let at = now();
-            // Granted when free, expired, or already ours. A new tenure
+            // Granted when free, expired, held by a node that is dead, or
+            // already ours. A new tenure
             // (another holder, or ours after it lapsed) moves the fence;
             // a renewal keeps it. Every SET expression reads the row as it
             // was, so `holder = ?2` below compares with the old holder.
@@ -145,6 +146,8 @@ impl ClusterStore for SqliteStore {
                                THEN wanted_at ELSE NULL END, \
                        holder = ?2, lease_until = ?3 + ?4 \
                      WHERE holder = ?2 OR lease_until < ?3 \
+                        OR EXISTS (SELECT 1 FROM cluster_nodes n \
+                                   WHERE n.id = holder AND n.lease_until < ?3) \
                      RETURNING fence, lease_until, wanted_at IS NOT NULL",
                 )?
                 .query_row(params![name, holder, at, ttl], |r| {
