@@ -50,6 +50,26 @@ pub struct TurnOptions {
     /// Leave the external memory provider out of this turn: no recall
     /// before it, nothing handed over after it (scheduled jobs).
     pub without_memory: bool,
+    /// Where the final answer is stored when the front end owes it to
+    /// someone (the gateway's delivery ledger): the row and the debt in one
+    /// transaction. See [`TurnOutcome::owed`].
+    pub outbox: Option<Arc<dyn Outbox>>,
+}
+
+/// Stores a turn's final answer together with the obligation to deliver
+/// it, so no crash can leave an answer in the transcript that nobody owes.
+#[async_trait::async_trait]
+pub trait Outbox: Send + Sync {
+    /// Appends `message` (the final answer row) to `session_id` with
+    /// `usage`, and records `answer` (the text the user will be sent) as
+    /// owed, atomically. Returns the row id.
+    async fn append_answer(
+        &self,
+        session_id: &str,
+        message: &Message,
+        usage: &talaria_core::Usage,
+        answer: &str,
+    ) -> Result<i64, StoreError>;
 }
 
 /// Why a session could not be opened or a turn could not run.
@@ -247,6 +267,7 @@ impl Agent {
         let outcome = TurnRun::new(self, session, observer, cancel, history, interaction)
             .with_registry(registry)
             .with_recall(recall)
+            .with_outbox(options.outbox)
             .run(user_text)
             .await?;
         if let Some(memory) = memory

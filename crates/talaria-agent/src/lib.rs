@@ -51,7 +51,7 @@ pub mod tools;
 pub mod turn;
 
 pub use agent::{
-    Agent, AgentError, AgentParts, SessionHandle, TurnHook, TurnOptions, pick_session,
+    Agent, AgentError, AgentParts, Outbox, SessionHandle, TurnHook, TurnOptions, pick_session,
 };
 pub use observer::{NullObserver, TurnObserver};
 pub use turn::{TurnExit, TurnOutcome};

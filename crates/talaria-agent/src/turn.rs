@@ -57,6 +57,11 @@ pub struct TurnOutcome {
     pub api_calls: u32,
     /// Token usage summed over the turn's requests.
     pub usage: Usage,
+    /// The answer was stored through [`crate::TurnOptions::outbox`], so
+    /// its delivery is already owed; `false` when there was no outbox or
+    /// the turn ended without storing an answer (interrupted, failed,
+    /// empty).
+    pub owed: bool,
 }
 
 /// The answer when an interrupt came before any text.
@@ -133,6 +138,10 @@ pub(crate) struct TurnRun<'a> {
     repair_logged: bool,
     /// Who tools ask for approvals in this turn.
     interaction: std::sync::Arc<dyn crate::interaction::Interaction>,
+    /// Where the final answer goes with its obligation, if anywhere.
+    outbox: Option<std::sync::Arc<dyn crate::Outbox>>,
+    /// The final answer went through the outbox.
+    owed: bool,
 }
 
 impl<'a> TurnRun<'a> {
@@ -162,7 +171,18 @@ impl<'a> TurnRun<'a> {
             recall: None,
             user_text: String::new(),
             repair_logged: false,
+            outbox: None,
+            owed: false,
         }
+    }
+
+    /// Stores the final answer through `outbox`, with its obligation.
+    pub(crate) fn with_outbox(
+        mut self,
+        outbox: Option<std::sync::Arc<dyn crate::Outbox>>,
+    ) -> TurnRun<'a> {
+        self.outbox = outbox;
+        self
     }
 
     /// Sends `recall` (already fenced) with this turn's user message.
@@ -252,7 +272,7 @@ impl<'a> TurnRun<'a> {
                 return Ok(self.outcome(EMPTY_ANSWER.to_owned(), TurnExit::Completed));
             }
             let answer = reply.content.trim().to_owned();
-            self.persist(reply).await?;
+            self.persist_answer(reply, &answer).await?;
             return Ok(self.outcome(answer, TurnExit::Completed));
         }
     }
@@ -284,7 +304,7 @@ impl<'a> TurnRun<'a> {
                 if answer.is_empty() {
                     return Ok(self.outcome(EMPTY_ANSWER.to_owned(), TurnExit::BudgetExhausted));
                 }
-                self.persist(reply).await?;
+                self.persist_answer(reply, &answer).await?;
                 Ok(self.outcome(answer, TurnExit::BudgetExhausted))
             }
             Call::Interrupted(partial) => self.finish_interrupted(&partial).await,
@@ -331,7 +351,28 @@ impl<'a> TurnRun<'a> {
             new_messages: std::mem::take(&mut self.new_messages),
             api_calls: self.api_calls,
             usage: self.usage,
+            owed: self.owed,
         }
+    }
+
+    /// Stores the final answer row; through the outbox when there is one,
+    /// owing `answer` as the user will be sent it (sanitized as
+    /// [`TurnRun::outcome`] does, so the debt and the delivery agree).
+    async fn persist_answer(&mut self, message: Message, answer: &str) -> Result<(), AgentError> {
+        let Some(outbox) = self.outbox.clone() else {
+            return self.persist(message).await;
+        };
+        let mut message = message;
+        message.content = crate::memory_context::sanitize(&message.content);
+        let usage = std::mem::take(&mut self.pending_usage);
+        let owed = crate::memory_context::sanitize(answer);
+        outbox
+            .append_answer(&self.session.id, &message, &usage, &owed)
+            .await?;
+        self.owed = true;
+        self.messages.push(message.clone());
+        self.new_messages.push(message);
+        Ok(())
     }
 
     async fn persist(&mut self, mut message: Message) -> Result<(), AgentError> {

@@ -240,7 +240,7 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
 
     let api_task = match api {
         Some(settings) => {
-            let server = ApiServer::bind(settings, agent.clone())
+            let server = ApiServer::bind_with(settings, agent.clone(), gateway.turn_leases())
                 .await
                 .context("cannot start the API server")?;
             let addr = server.local_addr();

@@ -443,11 +443,42 @@ async fn api_turns_of_one_session_on_different_nodes_see_the_same_history() {
             ("user".to_owned(), "what is my llama called?".to_owned()),
         ]
     );
+
+    // Two requests of the session at once, on two nodes: the second turn
+    // waits for the first (the session's turn lease) and sees its answer.
+    llm.push(
+        talaria_testkit::Reply::text("a slow third answer").with_delay(Duration::from_secs(3)),
+    );
+    llm.push(talaria_testkit::Reply::text("the fourth answer"));
+    let (port0, port1) = (nodes[0].1, nodes[1].1);
+    let third = tokio::spawn(turn(port0, "third question"));
+    eventually(
+        Duration::from_secs(20),
+        "the third turn to reach the model",
+        || async { (llm.requests().len() == 3).then_some(()) },
+    )
+    .await;
+    let fourth = tokio::spawn(turn(port1, "fourth question"));
+    assert_eq!(third.await.unwrap(), "a slow third answer");
+    assert_eq!(fourth.await.unwrap(), "the fourth answer");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 4);
+    let last: Vec<String> = requests[3].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        last.iter().any(|c| c == "a slow third answer"),
+        "the fourth turn ran before the third had finished: {last:?}"
+    );
+
     let store = open_store(&schema).await;
     let messages = talaria_store::SessionStore::messages(&store, "cluster-session-1")
         .await
         .unwrap();
-    assert_eq!(messages.len(), 4);
+    assert_eq!(messages.len(), 8);
     for (node, _) in &mut nodes {
         let status = node.stop().unwrap();
         assert!(status.success(), "{}", node.log());

@@ -345,6 +345,38 @@ impl Delivery {
         result
     }
 
+    /// Sends a final reply whose obligation the turn's outbox already
+    /// recorded with the answer (see [`Ledger::outbox`]): starts its
+    /// attempt, sends, settles. A reply another node has taken over is
+    /// left to it.
+    pub async fn deliver_owed_reply(
+        &self,
+        session_key: &str,
+        message_ref: &str,
+        to: &Address,
+        text: &str,
+        preview: Option<&str>,
+    ) -> Result<(), SendError> {
+        let attempt = match &self.ledger {
+            Some(ledger) => {
+                let id = crate::ledger::obligation_id(session_key, message_ref, text);
+                match ledger.begin(&id).await {
+                    Ok(attempt) => attempt,
+                    Err(()) => return Ok(()),
+                }
+            }
+            None => None,
+        };
+        let result = self.send_over(to, text, preview).await;
+        if let (Some(ledger), Some(attempt)) = (&self.ledger, &attempt) {
+            ledger.settle(attempt, &result).await;
+        }
+        if let Err(e) = &result {
+            tracing::warn!(platform = %to.platform, error = %e, "could not deliver a reply");
+        }
+        result
+    }
+
     /// Sends an obligation claimed by a sweep. The claim already started
     /// its attempt, so a crash now leaves a row the next sweep marks as a
     /// possible duplicate, and a second sweep leaves it alone while the

@@ -194,6 +194,13 @@ impl Gateway {
         &self.node
     }
 
+    /// Turn leases for front ends that run turns themselves (the API
+    /// server), when the store is shared by several nodes.
+    pub fn turn_leases(&self) -> Option<TurnLeases> {
+        (self.config.store.backend == StoreBackend::Postgres)
+            .then(|| TurnLeases::new(self.store.clone(), self.node.id().clone()))
+    }
+
     /// Lock files on one machine; leases when the store is shared by
     /// several nodes (PostgreSQL), where a lock file would only see this
     /// host.

@@ -90,6 +90,51 @@ impl From<ClaimedObligation> for Claimed {
     }
 }
 
+/// Where a turn's answer goes, for the obligation its outbox records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyTo {
+    pub session_key: String,
+    /// The inbound message answered ("" when there is none).
+    pub message_ref: String,
+    pub platform: String,
+    pub chat_id: String,
+    pub thread_id: Option<String>,
+    pub reply_to: Option<String>,
+}
+
+/// [`Ledger::outbox`].
+struct ReplyOutbox {
+    ledger: Ledger,
+    reply: ReplyTo,
+}
+
+#[async_trait::async_trait]
+impl talaria_agent::Outbox for ReplyOutbox {
+    async fn append_answer(
+        &self,
+        session_id: &str,
+        message: &talaria_core::Message,
+        usage: &talaria_core::Usage,
+        answer: &str,
+    ) -> Result<i64, StoreError> {
+        let r = &self.reply;
+        let obligation = NewObligation {
+            id: obligation_id(&r.session_key, &r.message_ref, answer),
+            session_key: r.session_key.clone(),
+            platform: r.platform.clone(),
+            chat_id: r.chat_id.clone(),
+            thread_id: r.thread_id.clone(),
+            reply_to: r.reply_to.clone(),
+            content: answer.to_owned(),
+            owner: self.ledger.me.clone(),
+        };
+        self.ledger
+            .store
+            .append_reply(session_id, message, usage, obligation)
+            .await
+    }
+}
+
 /// Rows claimed per store call by a sweep.
 const CLAIM_CHUNK: usize = 1000;
 
@@ -163,6 +208,43 @@ impl Ledger {
             Err(e) => {
                 tracing::warn!(error = %e, "could not start the reply's delivery in the ledger; sending it anyway");
                 None
+            }
+        }
+    }
+
+    /// An outbox for one turn's answer: the answer row and this reply's
+    /// obligation are stored in one transaction (see
+    /// [`talaria_agent::Outbox`]); [`Ledger::begin`] then starts the send.
+    pub fn outbox(&self, reply: ReplyTo) -> Arc<dyn talaria_agent::Outbox> {
+        Arc::new(ReplyOutbox {
+            ledger: self.clone(),
+            reply,
+        })
+    }
+
+    /// Starts the first attempt of a reply the outbox recorded with its
+    /// answer. `Err(())` when this node may not send it: another node took
+    /// it over (it judged this one dead); that node sends it.
+    pub async fn begin(&self, id: &str) -> Result<Option<Attempt>, ()> {
+        match self
+            .store
+            .begin_attempt(id, &self.me, ATTEMPT_LEASE.as_secs_f64())
+            .await
+        {
+            Ok(Some(number)) => Ok(Some(Attempt {
+                id: id.to_owned(),
+                number,
+            })),
+            Ok(None) => {
+                tracing::warn!(
+                    id,
+                    "a reply was claimed by another node before it was sent; leaving it to that node"
+                );
+                Err(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start the reply's delivery in the ledger; sending it anyway");
+                Ok(None)
             }
         }
     }

@@ -37,6 +37,7 @@ use crate::delivery::{Address, Delivery};
 use crate::event::{MessageEvent, SessionSource};
 use crate::hooks::{Hooks, events};
 use crate::key::{KeyPolicy, SessionKey};
+use crate::ledger::ReplyTo;
 use crate::pairing::Pairing;
 use crate::preview::{Preview, PreviewSink};
 use crate::router::{AutoReset, Routed, Router};
@@ -653,6 +654,19 @@ impl Runner {
             preview: preview.as_ref().map(Preview::sink),
         };
         let text = prompt_text(&event);
+        let message_ref = event.message_id.clone().unwrap_or_default();
+        // With the ledger on, the answer and its obligation are stored in
+        // one transaction.
+        let outbox = inner.delivery.ledger().map(|ledger| {
+            ledger.outbox(ReplyTo {
+                session_key: key.as_str().to_owned(),
+                message_ref: message_ref.clone(),
+                platform: to.platform.clone(),
+                chat_id: to.chat_id.clone(),
+                thread_id: to.thread_id.clone(),
+                reply_to: to.reply_to.clone(),
+            })
+        });
         inner.hook(events::AGENT_START, || {
             serde_json::json!({
                 "platform": event.source.platform,
@@ -670,6 +684,7 @@ impl Runner {
                 cancel,
                 TurnOptions {
                     interaction: Some(interaction),
+                    outbox,
                     ..TurnOptions::default()
                 },
             )
@@ -735,18 +750,30 @@ impl Runner {
         match result {
             Ok(outcome) => match outcome.exit {
                 TurnExit::Completed | TurnExit::BudgetExhausted => {
-                    let message_ref = event.message_id.as_deref().unwrap_or("");
-                    let delivered = inner
-                        .delivery
-                        .deliver_reply(
-                            key.as_str(),
-                            message_ref,
-                            &to,
-                            &outcome.answer,
-                            preview_id.as_deref(),
-                        )
-                        .await
-                        .is_ok();
+                    let delivered = if outcome.owed {
+                        inner
+                            .delivery
+                            .deliver_owed_reply(
+                                key.as_str(),
+                                &message_ref,
+                                &to,
+                                &outcome.answer,
+                                preview_id.as_deref(),
+                            )
+                            .await
+                    } else {
+                        inner
+                            .delivery
+                            .deliver_reply(
+                                key.as_str(),
+                                &message_ref,
+                                &to,
+                                &outcome.answer,
+                                preview_id.as_deref(),
+                            )
+                            .await
+                    }
+                    .is_ok();
                     inner.board.touch();
                     if delivered {
                         inner.hook(events::MESSAGE_SENT, || {

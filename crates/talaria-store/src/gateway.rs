@@ -192,6 +192,19 @@ pub struct OwedBatch {
 /// that lost the row changes nothing.
 #[async_trait]
 pub trait LedgerStore: Send + Sync {
+    /// The transactional outbox: appends the final answer `message` to
+    /// `session_id` (adding `usage`, as
+    /// [`crate::SessionStore::append_message_with_usage`] does) and records
+    /// `obligation` for it, in one transaction. Either both are stored or
+    /// neither, so a reply in the transcript is always a reply owed.
+    /// Returns the message's row id.
+    async fn append_reply(
+        &self,
+        session_id: &str,
+        message: &talaria_core::Message,
+        usage: &talaria_core::Usage,
+        obligation: NewObligation,
+    ) -> Result<i64>;
     /// Records an obligation as `pending`, owned by `owner`, created now.
     /// Recording an id again starts the row over (pending, new owner,
     /// no error) but keeps its attempt count, so fences stay unique.

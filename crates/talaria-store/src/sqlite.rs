@@ -205,7 +205,12 @@ fn open_writer(path: &Path, opts: &SqliteOptions) -> OpResult<Connection> {
 }
 
 /// Inserts one message row and counts it on its session.
-fn append_row(tx: &Transaction<'_>, id: &str, message: &Message, timestamp: f64) -> OpResult<i64> {
+pub(crate) fn append_row(
+    tx: &Transaction<'_>,
+    id: &str,
+    message: &Message,
+    timestamp: f64,
+) -> OpResult<i64> {
     require_session(tx, id)?;
     let row = insert_message(tx, id, message, timestamp)?;
     tx.prepare_cached("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?1")?
@@ -214,7 +219,7 @@ fn append_row(tx: &Transaction<'_>, id: &str, message: &Message, timestamp: f64)
 }
 
 /// Adds `usage` to a session's token counters.
-fn add_usage_row(tx: &Transaction<'_>, id: &str, usage: &Usage) -> OpResult<()> {
+pub(crate) fn add_usage_row(tx: &Transaction<'_>, id: &str, usage: &Usage) -> OpResult<()> {
     // Read, add in Rust with saturation, write back: SQLite would silently
     // turn an overflowing integer sum into a float.
     let current = load_session(tx, id)?.ok_or_else(|| StoreError::NoSuchSession(id.to_owned()))?;

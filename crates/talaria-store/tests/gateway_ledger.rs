@@ -615,7 +615,61 @@ async fn racing_sweepers_claim_each_row_exactly_once<S: Backend + LedgerStore + 
     }
 }
 
+/// The outbox: the answer and its obligation are stored together, or,
+/// when the append fails, neither.
+async fn a_reply_and_its_obligation_are_stored_together<
+    S: Backend + LedgerStore + talaria_store::SessionStore,
+>(
+    f: Fixture<S>,
+) {
+    use talaria_core::{Message, Usage};
+    let me = id("node-a");
+    f.create_session(common::new_session("s1", "telegram"))
+        .await
+        .unwrap();
+    let usage = Usage {
+        input_tokens: 10,
+        output_tokens: 5,
+        ..Usage::default()
+    };
+    let row = f
+        .append_reply(
+            "s1",
+            &Message::assistant("the answer"),
+            &usage,
+            obligation("r1", &me),
+        )
+        .await
+        .unwrap();
+    let messages = f.messages("s1").await.unwrap();
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].id, row);
+    assert_eq!(messages[0].message.content, "the answer");
+    let session = f.session("s1").await.unwrap().unwrap();
+    assert_eq!((session.input_tokens, session.output_tokens), (10, 5));
+    let owed = f.obligation("r1").await.unwrap().unwrap();
+    assert_eq!(
+        (owed.state, owed.owner),
+        (ObligationState::Pending, Some(me.clone()))
+    );
+    // The owner sends it as usual.
+    assert_eq!(f.begin_attempt("r1", &me, 60.0).await.unwrap(), Some(1));
+
+    // A session that is not there: nothing is stored, nothing is owed.
+    let err = f
+        .append_reply(
+            "ghost",
+            &Message::assistant("lost"),
+            &usage,
+            obligation("r2", &me),
+        )
+        .await;
+    assert!(err.is_err());
+    assert_eq!(f.obligation("r2").await.unwrap(), None);
+}
+
 contract_tests!(
+    a_reply_and_its_obligation_are_stored_together,
     record_stores_a_pending_row_with_the_full_address,
     every_transition_is_recorded,
     failure_text_is_cut_to_500_chars_on_a_char_boundary,

@@ -488,6 +488,9 @@ impl Scheduler {
             registry: Some(inner.registry.clone()),
             // A job never feeds or reads the external memory either.
             without_memory: true,
+            // Its output may go to several targets (or none), each
+            // recorded when it is delivered.
+            outbox: None,
         };
         let run =
             inner

@@ -218,6 +218,8 @@ pub(crate) struct Admitted {
     pub(crate) permit: Option<OwnedSemaphorePermit>,
     /// Held by the turn task until the turn has ended.
     pub(crate) session_lock: tokio::sync::OwnedMutexGuard<()>,
+    /// The session's turn lease, with a shared store.
+    pub(crate) turn_lease: Option<talaria_gateway::turn_lease::HeldTurn>,
 }
 
 /// A turn running in its own task, which owns the run permit and the
@@ -240,6 +242,7 @@ impl Admitted {
             labels,
             permit,
             session_lock,
+            turn_lease,
             ..
         } = self;
         let cancel = state.turns.child_token();
@@ -248,7 +251,20 @@ impl Admitted {
         let task = tokio::spawn(async move {
             let _permit = permit;
             let _session_lock = session_lock;
-            agent.run_turn(&session, &input, &observer, cancel).await
+            // A lost lease (another node may run the session now) stops
+            // the turn.
+            if let Some(lease) = &turn_lease {
+                let (lost, cancel) = (lease.interrupted.clone(), cancel.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = lost.cancelled() => cancel.cancel(),
+                        _ = cancel.cancelled() => {}
+                    }
+                });
+            }
+            let outcome = agent.run_turn(&session, &input, &observer, cancel).await;
+            drop(turn_lease);
+            outcome
         });
         RunningTurn {
             labels,
@@ -330,6 +346,20 @@ async fn admit(
         "API chat completion"
     );
     let session_lock = state.locks.get(&session_id).lock_owned().await;
+    // Across nodes: wait for a turn of this session on another node.
+    let turn_lease = match &state.turn_leases {
+        None => None,
+        Some(leases) => {
+            use talaria_gateway::turn_lease::Taken;
+            let key = format!("api:{session_id}");
+            match leases.take(&key, &state.turns, false, || {}).await {
+                Taken::Held(held) => Some(held),
+                Taken::Cancelled => {
+                    return Err(ApiError::unavailable("The server is shutting down"));
+                }
+            }
+        }
+    };
     let session = session::open_session(&state.agent, &session_id, &seed)
         .await
         .map_err(|e| {
@@ -351,6 +381,7 @@ async fn admit(
         },
         permit,
         session_lock,
+        turn_lease,
     })
 }
 

@@ -93,6 +93,16 @@ impl ApiError {
         )
     }
 
+    /// 503: the server is stopping and takes no new turn.
+    pub(crate) fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            message,
+            "server_error",
+            Some("shutting_down"),
+        )
+    }
+
     /// 502: the turn ended without an answer (the model failed).
     pub(crate) fn incomplete(message: impl Into<String>) -> ApiError {
         ApiError::new(

@@ -198,6 +198,9 @@ pub(crate) struct AppState {
     /// so graceful shutdown is not held up by long turns or open streams.
     pub(crate) turns: CancellationToken,
     pub(crate) locks: SessionLocks,
+    /// With a store shared by several nodes: a turn also holds its
+    /// session's lease there, so two nodes never run one session at once.
+    pub(crate) turn_leases: Option<talaria_gateway::turn_lease::TurnLeases>,
 }
 
 /// A bound, not yet serving, API server.
@@ -226,6 +229,16 @@ impl ApiServer {
         settings: ApiServerSettings,
         agent: Arc<Agent>,
     ) -> Result<ApiServer, ApiServerError> {
+        ApiServer::bind_with(settings, agent, None).await
+    }
+
+    /// [`ApiServer::bind`] for a node of a deployment sharing its store:
+    /// each turn waits for, and holds, its session's turn lease.
+    pub async fn bind_with(
+        settings: ApiServerSettings,
+        agent: Arc<Agent>,
+        turn_leases: Option<talaria_gateway::turn_lease::TurnLeases>,
+    ) -> Result<ApiServer, ApiServerError> {
         let (listener, addr) = crate::listen::bind_listener(&settings.host, settings.port)
             .await
             .map_err(|(addr, source)| ApiServerError::Bind { addr, source })?;
@@ -237,6 +250,7 @@ impl ApiServer {
                 .then(|| Arc::new(Semaphore::new(settings.max_concurrent_runs))),
             turns: turns.clone(),
             locks: SessionLocks::default(),
+            turn_leases,
         });
         Ok(ApiServer {
             listener,

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
+use talaria_core::{Message, Usage};
 use tokio_postgres::Row;
 
 use super::{NOW, PostgresStore};
@@ -137,12 +138,11 @@ impl PostgresStore {
     }
 }
 
-#[async_trait]
-impl LedgerStore for PostgresStore {
-    async fn record_obligation(&self, o: NewObligation) -> Result<()> {
-        let client = self.client().await?;
-        let sql = format!(
-            "INSERT INTO delivery_obligations (id, session_key, platform, chat_id, thread_id, \
+/// Inserts (or starts over) an obligation row, pending, owned by its
+/// recorder.
+fn record_sql() -> String {
+    format!(
+        "INSERT INTO delivery_obligations (id, session_key, platform, chat_id, thread_id, \
              reply_to, content, state, attempts, created_at, updated_at, owner_node) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', 0, {NOW}, {NOW}, $8) \
              ON CONFLICT (id) DO UPDATE SET session_key = excluded.session_key, \
@@ -151,9 +151,18 @@ impl LedgerStore for PostgresStore {
              content = excluded.content, state = 'pending', created_at = excluded.created_at, \
              updated_at = excluded.updated_at, owner_node = excluded.owner_node, \
              lease_until = NULL, last_error = NULL"
-        );
+    )
+}
+
+impl PostgresStore {
+    /// Records `o` on `client` (a pooled connection or a transaction).
+    async fn record_on(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        o: &NewObligation,
+    ) -> Result<()> {
         let statement = client
-            .prepare_cached(&sql)
+            .prepare_cached(&record_sql())
             .await
             .map_err(|e| self.error(e))?;
         client
@@ -173,6 +182,29 @@ impl LedgerStore for PostgresStore {
             .await
             .map_err(|e| self.error(e))?;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl LedgerStore for PostgresStore {
+    async fn append_reply(
+        &self,
+        session_id: &str,
+        message: &Message,
+        usage: &Usage,
+        obligation: NewObligation,
+    ) -> Result<i64> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.error(e))?;
+        let row = self.append_row_on(&tx, session_id, message, usage).await?;
+        self.record_on(&tx, &obligation).await?;
+        tx.commit().await.map_err(|e| self.error(e))?;
+        Ok(row)
+    }
+
+    async fn record_obligation(&self, o: NewObligation) -> Result<()> {
+        let client = self.client().await?;
+        self.record_on(&client, &o).await
     }
 
     async fn begin_attempt(&self, id: &str, owner: &NodeId, lease: f64) -> Result<Option<u32>> {

@@ -243,6 +243,20 @@ impl PostgresStore {
     /// session row first, so concurrent appends to one session queue there
     /// and the count stays exact; the row's id is drawn after the lock.
     async fn append_row(&self, session_id: &str, message: &Message, usage: &Usage) -> Result<i64> {
+        let client = self.client().await?;
+        self.append_row_on(&client, session_id, message, usage)
+            .await
+    }
+
+    /// [`PostgresStore::append_row`] on `client`, which may be a
+    /// transaction (the ledger's outbox appends and records in one).
+    pub(super) async fn append_row_on(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        session_id: &str,
+        message: &Message,
+        usage: &Usage,
+    ) -> Result<i64> {
         let tool_calls = encode_tool_calls(&message.tool_calls)?;
         let sql = format!(
             "WITH s AS (\
@@ -261,7 +275,6 @@ impl PostgresStore {
             cache_write = saturating_add("cache_write_tokens", 12),
             reasoning = saturating_add("reasoning_tokens", 13),
         );
-        let client = self.client().await?;
         let statement = client
             .prepare_cached(&sql)
             .await

@@ -18,9 +18,12 @@ use async_trait::async_trait;
 use rusqlite::types::Type;
 use rusqlite::{OptionalExtension, Row, Transaction, params};
 
+use talaria_core::{Message, Usage};
+
 use super::SqliteStore;
 use super::conn::OpResult;
 use super::rows::{from_sql_count, from_sql_small_count, now};
+use super::{add_usage_row, append_row};
 use crate::cluster::NodeId;
 use crate::gateway::{
     ClaimedObligation, GAVE_UP_AGE, GAVE_UP_ATTEMPTS, LedgerStore, MAX_ERROR_CHARS, NewObligation,
@@ -103,14 +106,12 @@ fn settle(
     Ok(changed == 1)
 }
 
-#[async_trait]
-impl LedgerStore for SqliteStore {
-    async fn record_obligation(&self, obligation: NewObligation) -> Result<()> {
-        self.write(move |tx| {
-            let o = &obligation;
-            let at = now();
-            tx.prepare_cached(
-                "INSERT INTO delivery_obligations (id, session_key, platform, chat_id, \
+/// Inserts (or starts over) an obligation row, pending, owned by its
+/// recorder.
+fn record(tx: &Transaction<'_>, o: &NewObligation) -> OpResult<()> {
+    let at = now();
+    tx.prepare_cached(
+        "INSERT INTO delivery_obligations (id, session_key, platform, chat_id, \
                  thread_id, reply_to, content, state, attempts, created_at, updated_at, \
                  owner_node, lease_until, last_error) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', 0, ?8, ?8, ?9, NULL, NULL) \
@@ -120,21 +121,45 @@ impl LedgerStore for SqliteStore {
                  content = excluded.content, state = 'pending', \
                  created_at = excluded.created_at, updated_at = excluded.updated_at, \
                  owner_node = excluded.owner_node, lease_until = NULL, last_error = NULL",
-            )?
-            .execute(params![
-                o.id,
-                o.session_key,
-                o.platform,
-                o.chat_id,
-                o.thread_id,
-                o.reply_to,
-                o.content,
-                at,
-                o.owner.as_str(),
-            ])?;
-            Ok(())
+    )?
+    .execute(params![
+        o.id,
+        o.session_key,
+        o.platform,
+        o.chat_id,
+        o.thread_id,
+        o.reply_to,
+        o.content,
+        at,
+        o.owner.as_str(),
+    ])?;
+    Ok(())
+}
+
+#[async_trait]
+impl LedgerStore for SqliteStore {
+    async fn append_reply(
+        &self,
+        session_id: &str,
+        message: &Message,
+        usage: &Usage,
+        obligation: NewObligation,
+    ) -> Result<i64> {
+        let (id, message, usage) = (session_id.to_owned(), message.clone(), *usage);
+        let timestamp = now();
+        self.write(move |tx| {
+            let row = append_row(tx, &id, &message, timestamp)?;
+            if usage != Usage::default() {
+                add_usage_row(tx, &id, &usage)?;
+            }
+            record(tx, &obligation)?;
+            Ok(row)
         })
         .await
+    }
+
+    async fn record_obligation(&self, obligation: NewObligation) -> Result<()> {
+        self.write(move |tx| record(tx, &obligation)).await
     }
 
     async fn begin_attempt(&self, id: &str, owner: &NodeId, lease: f64) -> Result<Option<u32>> {
