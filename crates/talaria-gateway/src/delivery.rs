@@ -335,14 +335,7 @@ impl Delivery {
             }
             None => None,
         };
-        let result = self.send_over(to, text, preview).await;
-        if let (Some(ledger), Some(attempt)) = (&self.ledger, &attempt) {
-            ledger.settle(attempt, &result).await;
-        }
-        if let Err(e) = &result {
-            tracing::warn!(platform = %to.platform, error = %e, "could not deliver a reply");
-        }
-        result
+        self.send_attempt(attempt, to, text, preview).await
     }
 
     /// Sends a final reply whose obligation the turn's outbox already
@@ -367,6 +360,17 @@ impl Delivery {
             }
             None => None,
         };
+        self.send_attempt(attempt, to, text, preview).await
+    }
+
+    /// Sends a reply and settles its attempt (when the ledger has one).
+    async fn send_attempt(
+        &self,
+        attempt: Option<Attempt>,
+        to: &Address,
+        text: &str,
+        preview: Option<&str>,
+    ) -> Result<(), SendError> {
         let result = self.send_over(to, text, preview).await;
         if let (Some(ledger), Some(attempt)) = (&self.ledger, &attempt) {
             ledger.settle(attempt, &result).await;

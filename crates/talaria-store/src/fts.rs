@@ -268,6 +268,50 @@ fn is_cjk(c: char) -> bool {
     )
 }
 
+/// One `OR`-branch of a query for a substring scan: rows containing all of
+/// `include` and none of `exclude`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct ScanBranch {
+    pub(crate) include: Vec<String>,
+    pub(crate) exclude: Vec<String>,
+}
+
+/// Reads a parsed query the way FTS5 would, for the backends' substring
+/// scans: `NOT` binds to the next term, `OR` separates branches,
+/// everything else is `AND`; at most [`MAX_TERMS`] terms. A branch with
+/// nothing to include is dropped: it would match nearly every row.
+pub(crate) fn scan_branches(items: &[Item]) -> Vec<ScanBranch> {
+    let mut branches = vec![ScanBranch::default()];
+    let mut negate = false;
+    let mut terms = 0;
+    for item in items {
+        match item {
+            Item::Op(Op::Or) => {
+                branches.push(ScanBranch::default());
+                negate = false;
+            }
+            Item::Op(Op::Not) => negate = true,
+            Item::Op(Op::And) => {}
+            Item::Term { text, .. } => {
+                if text.trim().is_empty() || terms == MAX_TERMS {
+                    continue;
+                }
+                terms += 1;
+                if let Some(branch) = branches.last_mut() {
+                    if negate {
+                        branch.exclude.push(text.clone());
+                    } else {
+                        branch.include.push(text.clone());
+                    }
+                }
+                negate = false;
+            }
+        }
+    }
+    branches.retain(|b| !b.include.is_empty());
+    branches
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,5 +413,15 @@ mod tests {
         assert!(!contains_cjk("Zürich café"));
         assert!(has_short_term("北京"));
         assert!(!has_short_term("北京市 meeting"));
+    }
+
+    #[test]
+    fn scan_branches_follow_fts_precedence() {
+        let b = scan_branches(&parse("北京 NOT 上海 OR 东京"));
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[0].include, vec!["北京"]);
+        assert_eq!(b[0].exclude, vec!["上海"]);
+        assert_eq!(b[1].include, vec!["东京"]);
+        assert!(scan_branches(&parse("NOT x")).is_empty());
     }
 }

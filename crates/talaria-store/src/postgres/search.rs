@@ -216,40 +216,24 @@ fn rendered_branches(items: &[Item], keep: impl Fn(&str) -> bool, allow_prefix: 
     branches
 }
 
-/// The short-term scan's reading of a query, as the SQLite backend's
-/// `like_branches`: `NOT` binds to the next term, `OR` separates branches,
-/// and a branch with nothing to include is dropped (it would match nearly
-/// every row).
+/// The short-term scan's reading of a query ([`fts::scan_branches`], as
+/// the SQLite backend reads it), as terms.
 fn like_branches(items: &[Item]) -> Branches {
-    let mut branches: Branches = vec![Vec::new()];
-    let mut negate = false;
-    let mut terms = 0;
-    for item in items {
-        match item {
-            Item::Op(Op::Or) => {
-                branches.push(Vec::new());
-                negate = false;
-            }
-            Item::Op(Op::Not) => negate = true,
-            Item::Op(Op::And) => {}
-            Item::Term { text, .. } => {
-                if text.trim().is_empty() || terms == fts::MAX_TERMS {
-                    continue;
+    fts::scan_branches(items)
+        .into_iter()
+        .map(|branch| {
+            let term = |negated: bool| {
+                move |text: String| Term {
+                    text,
+                    prefix: false,
+                    negated,
                 }
-                terms += 1;
-                if let Some(branch) = branches.last_mut() {
-                    branch.push(Term {
-                        text: text.clone(),
-                        prefix: false,
-                        negated: negate,
-                    });
-                }
-                negate = false;
-            }
-        }
-    }
-    branches.retain(|branch| branch.iter().any(|t| !t.negated));
-    branches
+            };
+            let mut terms: Vec<Term> = branch.include.into_iter().map(term(false)).collect();
+            terms.extend(branch.exclude.into_iter().map(term(true)));
+            terms
+        })
+        .collect()
 }
 
 /// The texts of the terms a match must contain (the ones snippets mark).

@@ -14,7 +14,7 @@ use rusqlite::{Connection, params, params_from_iter};
 
 use super::conn::OpResult;
 use super::rows::{load_session, parse_role};
-use crate::fts::{self, Item, Op};
+use crate::fts;
 use crate::{SearchHit, SearchQuery, StoreError};
 
 /// Sessions returned when the query asks for `limit: 0`.
@@ -195,49 +195,6 @@ fn make_hit(
     })
 }
 
-/// One `OR`-branch of a query for the `LIKE` scan: all of `include` and
-/// none of `exclude`.
-#[derive(Default)]
-struct Branch {
-    include: Vec<String>,
-    exclude: Vec<String>,
-}
-
-/// Reads the parsed query the way FTS5 would (`NOT` binds to the next term,
-/// `OR` separates branches, everything else is `AND`).
-fn like_branches(text: &str) -> Vec<Branch> {
-    let mut branches = vec![Branch::default()];
-    let mut negate = false;
-    let mut terms = 0;
-    for item in fts::parse(text) {
-        match item {
-            Item::Op(Op::Or) => {
-                branches.push(Branch::default());
-                negate = false;
-            }
-            Item::Op(Op::Not) => negate = true,
-            Item::Op(Op::And) => {}
-            Item::Term { text, .. } => {
-                if text.trim().is_empty() || terms == fts::MAX_TERMS {
-                    continue;
-                }
-                terms += 1;
-                if let Some(branch) = branches.last_mut() {
-                    if negate {
-                        branch.exclude.push(text);
-                    } else {
-                        branch.include.push(text);
-                    }
-                }
-                negate = false;
-            }
-        }
-    }
-    // A branch with nothing to include would match nearly every row.
-    branches.retain(|b| !b.include.is_empty());
-    branches
-}
-
 /// A `LIKE` pattern matching `term` anywhere, with its wildcards escaped.
 fn like_pattern(term: &str) -> String {
     let mut out = String::with_capacity(term.len() + 2);
@@ -258,7 +215,7 @@ fn like_search(
     query: &SearchQuery,
     limit: usize,
 ) -> OpResult<Vec<SearchHit>> {
-    let branches = like_branches(text);
+    let branches = fts::scan_branches(&fts::parse(text));
     if branches.is_empty() {
         return Ok(Vec::new());
     }
@@ -377,15 +334,5 @@ mod tests {
         let s = like_snippet(&long, &[&"NEEDLE".to_string()]);
         assert!(s.starts_with("...") && s.ends_with("..."), "{s}");
         assert!(s.contains(">>>needle<<<"), "{s}");
-    }
-
-    #[test]
-    fn like_branches_follow_fts_precedence() {
-        let b = like_branches("北京 NOT 上海 OR 东京");
-        assert_eq!(b.len(), 2);
-        assert_eq!(b[0].include, vec!["北京"]);
-        assert_eq!(b[0].exclude, vec!["上海"]);
-        assert_eq!(b[1].include, vec!["东京"]);
-        assert!(like_branches("NOT x").is_empty());
     }
 }
