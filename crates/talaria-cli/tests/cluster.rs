@@ -614,3 +614,104 @@ async fn a_turn_busy_on_one_node_is_interrupted_by_a_message_reaching_another() 
         assert!(status.success(), "{}", node.log());
     }
 }
+
+/// Two nodes serving the same webhook platform both sweep the ledger when
+/// they start (and every few seconds after): replies owed by a node that
+/// is gone are each claimed, and sent, by exactly one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
+    use talaria_store::{LedgerStore, NewObligation, NodeId};
+    const WA_TOKEN: &str = "EAAGclitest-access-token-0123456789";
+    const NUMBER: &str = "106540352242922";
+    const OWED: usize = 60;
+
+    let llm = MockOpenAi::start().await;
+    let graph = talaria_testkit::FakeGraph::start(WA_TOKEN, NUMBER).await;
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    // A node that died owing replies (it never comes back).
+    let store = {
+        let mut options = PostgresOptions::new(talaria_testkit::postgres::url());
+        options.schema = Some(schema.clone());
+        PostgresStore::connect(options).await.unwrap()
+    };
+    let gone = NodeId::new("a-node-that-died").unwrap();
+    for i in 0..OWED {
+        store
+            .record_obligation(NewObligation {
+                id: format!("owed-{i:03}"),
+                session_key: format!("agent:main:whatsapp_cloud:dm:1650555{i:04}"),
+                platform: "whatsapp_cloud".to_owned(),
+                chat_id: format!("1650555{i:04}"),
+                thread_id: None,
+                reply_to: None,
+                content: format!("owed reply number {i}"),
+                owner: gone.clone(),
+            })
+            .await
+            .unwrap();
+    }
+    let mut nodes: Vec<Node> = (0..2)
+        .map(|i| {
+            let home = home(
+                &llm,
+                &format!(
+                    "  webhook:\n    port: 0\n  whatsapp_cloud:\n    graph_base: {}\n    \
+                     api_version: {}\n",
+                    graph.base_url(),
+                    talaria_testkit::whatsapp::API_VERSION
+                ),
+                &format!(
+                    "WHATSAPP_CLOUD_TOKEN={WA_TOKEN}\nWHATSAPP_CLOUD_PHONE_NUMBER_ID={NUMBER}\n\
+                     WHATSAPP_CLOUD_APP_SECRET=sweep-app-secret-0123\n\
+                     WHATSAPP_CLOUD_VERIFY_TOKEN=sweep-verify-0123\n\
+                     WHATSAPP_CLOUD_ALLOWED_USERS=16505550000\n"
+                ),
+            );
+            use_postgres(&home, &schema);
+            let log = home.root.join("node.log");
+            Node {
+                home,
+                log,
+                host: format!("sweep-host-{i}"),
+                child: None,
+            }
+        })
+        .collect();
+    // Started together, so their first sweeps race.
+    for node in &mut nodes {
+        node.start();
+    }
+    graph.wait_for_sent(OWED, Duration::from_secs(60)).await;
+    // Let a few periodic sweeps pass: nothing more may go out.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let mut bodies: Vec<String> = graph.sent().into_iter().map(|s| s.body).collect();
+    bodies.sort();
+    let mut expected: Vec<String> = (0..OWED)
+        .map(|i| format!("owed reply number {i}"))
+        .collect();
+    expected.sort();
+    assert_eq!(bodies, expected, "each owed reply exactly once");
+    let counts = store.obligation_counts().await.unwrap();
+    assert_eq!(
+        counts.get(&ObligationState::Delivered).copied(),
+        Some(OWED as u64),
+        "{counts:?}"
+    );
+    // Who sent what: every row was taken over by one of the two nodes.
+    let owners: std::collections::BTreeSet<String> = {
+        let client = talaria_testkit::postgres::connect(Some(&schema)).await;
+        client
+            .query("SELECT DISTINCT owner_node FROM delivery_obligations", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect()
+    };
+    assert!(!owners.contains(gone.as_str()), "{owners:?}");
+    eprintln!("the owed replies were sent by {} node(s)", owners.len());
+    for node in &mut nodes {
+        let status = node.stop().unwrap();
+        assert!(status.success(), "{}", node.log());
+    }
+}
