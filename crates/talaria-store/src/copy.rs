@@ -405,7 +405,8 @@ pub trait StoreCopy: Send + Sync {
     async fn dump(&self) -> Result<Box<dyn Dump>>;
     /// Starts writing a copy into this store. On PostgreSQL this holds a
     /// lock until the load is dropped, so two copies into one schema
-    /// cannot run at once ([`StoreError::Busy`] for the second).
+    /// cannot run at once (the second waits a few seconds, then fails
+    /// with [`StoreError::Conflict`]).
     async fn load(&self) -> Result<Box<dyn Load>>;
 }
 

@@ -12,7 +12,8 @@
 //!   than one oversized row beyond the limit;
 //! - a load holds a session-level advisory lock on `talaria-copy:<schema>`
 //!   for as long as it lives, so a second copy into the same schema is
-//!   refused rather than interleaved. Each page is one statement over
+//!   refused (after a short wait, in case the holder just died) rather
+//!   than interleaved. Each page is one statement over
 //!   arrays (`unnest`), one transaction: an upsert keyed on the primary
 //!   key, which leaves identical rows untouched. Messages keep their ids
 //!   (`OVERRIDING SYSTEM VALUE`); [`Load::finish`] then moves the identity
@@ -27,6 +28,7 @@
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
 use tokio_postgres::Row as PgRow;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::sessions::clean;
@@ -36,6 +38,9 @@ use crate::copy::{
     Value, column_list, quoted, upsert_clause, wrong_kind,
 };
 use crate::{Result, StoreError, Timestamp};
+
+/// How long a load waits for another copy into the same schema to let go.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The columns a table's pages are ordered and resumed by.
 fn order_columns(table: Table) -> &'static [&'static str] {
@@ -67,6 +72,18 @@ fn page_sql(table: Table) -> (String, String) {
         .map(|c| quoted(c))
         .collect::<Vec<_>>()
         .join(", ");
+    // The order columns again under names of their own: a key column is
+    // also a copied column, and the outer query must not find two `id`s.
+    let keys = order_columns(table)
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{} AS copy_key_{i}", quoted(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let outer_order = (0..order_columns(table).len())
+        .map(|i| format!("copy_key_{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let columns = table
         .columns()
         .iter()
@@ -74,33 +91,38 @@ fn page_sql(table: Table) -> (String, String) {
         .collect::<Vec<_>>()
         .join(", ");
     // The text in a row, for the byte limit.
-    let size = table
+    let mut size = table
         .columns()
         .iter()
         .filter(|c| c.kind == Kind::Text)
         .map(|c| format!("coalesce(octet_length({}), 0)", quoted(c.name)))
         .collect::<Vec<_>>()
         .join(" + ");
+    if size.is_empty() {
+        size = "0".to_owned();
+    }
     let name = quoted(table.name());
     let build = |filter: &str, first_limit: usize| {
         format!(
             "SELECT * FROM (\
-                 SELECT {order}, {columns}, \
+                 SELECT {keys}, {columns}, \
                  sum({size}) OVER (ORDER BY {order}) - ({size}) AS copy_bytes_before \
                  FROM {name} {filter} ORDER BY {order} LIMIT ${rows}) page \
-             WHERE copy_bytes_before < ${bytes} ORDER BY {order}",
+             WHERE copy_bytes_before < ${bytes} ORDER BY {outer_order}",
             rows = first_limit,
             bytes = first_limit + 1,
         )
     };
-    let keys = order_columns(table).len();
-    let marks = (1..=keys)
+    let marks = (1..=order_columns(table).len())
         .map(|i| format!("${i}"))
         .collect::<Vec<_>>()
         .join(", ");
     (
         build("", 1),
-        build(&format!("WHERE ({order}) > ({marks})"), keys + 1),
+        build(
+            &format!("WHERE ({order}) > ({marks})"),
+            order_columns(table).len() + 1,
+        ),
     )
 }
 
@@ -541,19 +563,31 @@ impl StoreCopy for PostgresStore {
     async fn load(&self) -> Result<Box<dyn Load>> {
         let client = own_connection(self).await?;
         let (schema, target) = describe(self, &client).await?;
-        let row = client
-            .query_one(
-                "SELECT pg_try_advisory_lock(hashtext('talaria-copy:' || $1::text))",
-                &[&schema],
-            )
+        // A copy that just died may still hold the lock until the server
+        // notices its connection is gone: wait a little before refusing.
+        client
+            .batch_execute(&format!("SET lock_timeout = '{}ms'", LOCK_WAIT.as_millis()))
             .await
             .map_err(|e| self.error(e))?;
-        let locked: bool = row.try_get(0).map_err(|e| self.error(e))?;
-        if !locked {
-            return Err(StoreError::Conflict(format!(
-                "another copy into {target} is running; wait for it to finish"
-            )));
+        let locked = client
+            .execute(
+                "SELECT pg_advisory_lock(hashtext('talaria-copy:' || $1::text))",
+                &[&schema],
+            )
+            .await;
+        match locked {
+            Ok(_) => {}
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                return Err(StoreError::Conflict(format!(
+                    "another copy into {target} is running; wait for it to finish"
+                )));
+            }
+            Err(e) => return Err(self.error(e)),
         }
+        client
+            .batch_execute("RESET lock_timeout")
+            .await
+            .map_err(|e| self.error(e))?;
         Ok(Box::new(PostgresLoad {
             store: self.clone(),
             client,
