@@ -71,6 +71,7 @@ pub enum Kind {
 pub struct Column {
     /// Its name in both backends.
     pub name: &'static str,
+    /// What it holds.
     pub kind: Kind,
 }
 
@@ -233,16 +234,27 @@ const CRON_OCCURRENCES_COLUMNS: &[Column] = &[
 /// A table a copy carries over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {
+    /// `sessions`: one row per conversation, with its counters.
     Sessions,
+    /// `messages`: every transcript row, active or compressed away.
     Messages,
+    /// `gateway_routes`: session key → current session.
     Routes,
+    /// `delivery_obligations`: the delivery ledger.
     Ledger,
+    /// `pairing_pending`: codes waiting for approval (salted hashes).
     PairingPending,
+    /// `pairing_approved`: users who may talk to the bot.
     PairingApproved,
+    /// `pairing_stamps`: offer times, failure counts, lockouts.
     PairingStamps,
+    /// `inbound_seen`: inbound event ids already taken.
     InboundSeen,
+    /// `adapter_cursors`: adapters' saved positions.
     AdapterCursors,
+    /// `cron_jobs`: scheduled jobs.
     CronJobs,
+    /// `cron_occurrences`: the record of their runs.
     CronOccurrences,
 }
 
@@ -343,10 +355,15 @@ pub const LEFT_OUT: &[(&str, &str)] = &[
 /// One stored value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
+    /// SQL `NULL`, in a column of any kind.
     Null,
+    /// For [`Kind::Int`].
     Int(i64),
+    /// For [`Kind::Real`].
     Real(f64),
+    /// For [`Kind::Text`].
     Text(String),
+    /// For [`Kind::Bool`].
     Bool(bool),
 }
 
@@ -382,6 +399,7 @@ pub struct Page {
 /// moves).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageLimit {
+    /// Most rows in a page.
     pub rows: usize,
     /// The sum of the text in the page, roughly its memory.
     pub bytes: usize,
@@ -437,19 +455,29 @@ pub enum TargetState {
     /// Nothing: the copy starts, and its marker is written.
     Empty,
     /// An unfinished copy of the same source: the copy resumes.
-    Resuming { started_at: Timestamp },
+    Resuming {
+        /// When the unfinished copy began.
+        started_at: Timestamp,
+    },
     /// An unfinished copy of another source; nothing was changed.
     PartialCopyOf {
+        /// What that copy reads from.
         source: String,
+        /// When it began.
         started_at: Timestamp,
     },
     /// A finished copy; nothing was changed.
     CopyOf {
+        /// What was copied.
         source: String,
+        /// When the copy was verified and marked finished.
         finished_at: Timestamp,
     },
     /// Rows not written by a copy (a database in use); nothing was changed.
-    InUse { rows: Vec<(Table, u64)> },
+    InUse {
+        /// The tables holding rows, and how many.
+        rows: Vec<(Table, u64)>,
+    },
 }
 
 /// Writing a copy into one store.
@@ -481,12 +509,14 @@ pub trait Load: Send {
 /// How [`copy_store`] pages.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CopyOptions {
+    /// The size of each page read and written.
     pub page: PageLimit,
 }
 
 /// Where a copy stands, after each page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
+    /// The table being copied.
     pub table: Table,
     /// Rows of the table written so far.
     pub copied: u64,
@@ -497,19 +527,24 @@ pub struct Progress {
 /// What a finished copy did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CopyReport {
+    /// What was read ([`Dump::source`]).
     pub source: String,
+    /// What was written ([`Load::target`]).
     pub target: String,
     /// Whether it finished a copy an earlier run had started.
     pub resumed: bool,
     /// Rows per table, the same on both sides (verified).
     pub tables: Vec<(Table, u64)>,
+    /// From the first check to the verified end.
     pub elapsed: Duration,
 }
 
 /// Which end of a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
+    /// The store read from.
     Source,
+    /// The store written into.
     Target,
 }
 
@@ -537,21 +572,29 @@ pub enum CopyError {
         until = when(*.until)
     )]
     GatewayRunning {
+        /// Which store it runs against.
         side: Side,
+        /// The node's id.
         node: String,
+        /// The host it announced.
         host: String,
+        /// Its process id there.
         pid: u32,
+        /// Until when it counts as alive.
         until: Timestamp,
     },
     /// The target holds rows that no copy wrote.
     #[error(
-        "{target} is not empty ({rows}): a copy only goes into an empty database, so nothing was \
+        "{target} is not empty (rows: {rows}): a copy only goes into an empty database, so nothing was \
          written. To start over: {start_over}",
         rows = describe_rows(rows)
     )]
     TargetInUse {
+        /// What was (or would have been) written into.
         target: String,
+        /// The tables holding rows, and how many.
         rows: Vec<(Table, u64)>,
+        /// How to empty the target ([`Load::start_over`]).
         start_over: String,
     },
     /// The target holds a finished copy.
@@ -561,9 +604,13 @@ pub enum CopyError {
         finished = when(*.finished_at)
     )]
     AlreadyCopied {
+        /// What was (or would have been) written into.
         target: String,
+        /// What the copy already there reads from.
         copy_of: String,
+        /// When that copy finished.
         finished_at: Timestamp,
+        /// How to empty the target ([`Load::start_over`]).
         start_over: String,
     },
     /// The target holds half a copy of something else.
@@ -573,10 +620,15 @@ pub enum CopyError {
         started = when(*.started_at)
     )]
     OtherCopyUnfinished {
+        /// What was (or would have been) written into.
         target: String,
+        /// What the copy already there reads from.
         copy_of: String,
+        /// What this copy reads from.
         this: String,
+        /// When that copy began.
         started_at: Timestamp,
+        /// How to empty the target ([`Load::start_over`]).
         start_over: String,
     },
     /// Every row was written but preparing the target for use (its id
@@ -586,8 +638,10 @@ pub enum CopyError {
          the same copy again to finish it"
     )]
     Finishing {
+        /// What was (or would have been) written into.
         target: String,
         #[source]
+        /// What failed.
         error: StoreError,
     },
     /// Writing (or reading a page) failed partway: what was written is kept.
@@ -597,11 +651,16 @@ pub enum CopyError {
          where it stopped (or start over: {start_over})"
     )]
     Interrupted {
+        /// The table concerned.
         table: Table,
+        /// Its rows written by this run before the failure.
         copied: u64,
+        /// What was (or would have been) written into.
         target: String,
+        /// How to empty the target ([`Load::start_over`]).
         start_over: String,
         #[source]
+        /// What failed.
         error: StoreError,
     },
     /// The counts differ after every page was written.
@@ -611,18 +670,23 @@ pub enum CopyError {
          the copy is not marked finished. Start over: {start_over}"
     )]
     Mismatch {
+        /// The table concerned.
         table: Table,
+        /// Its rows in the source.
         source_rows: u64,
+        /// Its rows in the target.
         target_rows: u64,
+        /// What was (or would have been) written into.
         target: String,
+        /// How to empty the target ([`Load::start_over`]).
         start_over: String,
     },
 }
 
-/// `rows` as `3 sessions, 12 messages`.
+/// `rows` as `sessions: 3, messages: 12`.
 fn describe_rows(rows: &[(Table, u64)]) -> String {
     rows.iter()
-        .map(|(table, n)| format!("{n} rows in {table}"))
+        .map(|(table, n)| format!("{table}: {n}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -879,7 +943,7 @@ mod tests {
             start_over: "drop it".into(),
         };
         let text = e.to_string();
-        assert!(text.contains("3 rows in sessions"), "{text}");
+        assert!(text.contains("rows: sessions: 3"), "{text}");
         assert!(text.contains("drop it"), "{text}");
         assert!(when(0.0).starts_with("1970-01-01 00:00:00"));
     }
