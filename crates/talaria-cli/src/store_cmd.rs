@@ -167,11 +167,12 @@ fn url_password(url: &str) -> Option<String> {
 
 /// The error, with the command to run again when running it again helps.
 fn explain(e: CopyError, args: &MigrateArgs) -> anyhow::Error {
-    let again = match &e {
-        CopyError::Interrupted { .. } | CopyError::Finishing { .. } => true,
-        CopyError::Store(talaria_store::StoreError::Busy) => true,
-        _ => false,
-    };
+    let again = matches!(
+        &e,
+        CopyError::Interrupted { .. }
+            | CopyError::Finishing { .. }
+            | CopyError::Store(talaria_store::StoreError::Busy)
+    );
     if !again {
         return anyhow::Error::new(e);
     }
