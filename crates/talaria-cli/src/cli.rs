@@ -76,6 +76,11 @@ pub enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+    /// The database: copy this home's SQLite file into PostgreSQL.
+    Store {
+        #[command(subcommand)]
+        command: crate::store_cmd::StoreCommand,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -14,6 +14,7 @@
 //! - [`skills_cmd`]: `talaria skills`, and the curator's look at start-up.
 //! - [`mcp_cmd`]: `talaria mcp`, MCP servers' offers and Talaria as one.
 //! - [`cron_cmd`]: `talaria cron`, scheduled jobs (run here, or ticked by the gateway).
+//! - [`store_cmd`]: `talaria store migrate`, copying the database into PostgreSQL.
 //! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
 //! - [`logging`]: tracing to stderr through the secret redactor.
 #![forbid(unsafe_code)]
@@ -33,6 +34,7 @@ mod send_cmd;
 mod sessions_cmd;
 mod setup;
 mod skills_cmd;
+mod store_cmd;
 
 use std::process::ExitCode;
 
@@ -118,6 +120,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Send { target, text } => send_cmd::run(home, &target, &text).await,
         Command::Cron { command } => cron_cmd::run(home, command).await,
         Command::Mcp { command } => mcp_cmd::run(home, command).await,
+        Command::Store { command } => store_cmd::run(home, command).await,
         Command::Memory { command } => {
             let rt = runtime::Runtime::load_without_model(home).await?;
             skills_cmd::memory(&rt, command).await

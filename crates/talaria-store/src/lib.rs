@@ -7,6 +7,7 @@
 //!   pairing), as traits the backends implement.
 //! - [`cluster`]: the nodes of a deployment and the leases they hold.
 //! - [`cron`]: scheduled jobs and the claimed record of their runs.
+//! - [`copy`]: copying everything a store holds into another backend.
 //! - [`sqlite`]: the embedded backend (bundled SQLite, WAL, FTS5).
 //! - [`postgres`]: the shared backend for several nodes (PostgreSQL, a
 //!   connection pool, `tsvector` search, `SKIP LOCKED` claims).
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use talaria_core::Message;
 
 pub mod cluster;
+pub mod copy;
 pub mod cron;
 pub mod fts;
 pub mod gateway;
@@ -36,6 +38,8 @@ pub use gateway::{
 };
 
 pub use cluster::{ClusterStore, LeaseGrant, LeaseRecord, NodeAnnouncement, NodeId, NodeRecord};
+
+pub use copy::{CopyError, CopyOptions, CopyReport, StoreCopy, copy_store};
 
 pub use cron::{
     Advance, CronJob, CronStore, JobOrigin, JobState, Misfire, NewCronJob, Occurrence,

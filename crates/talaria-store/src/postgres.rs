@@ -27,9 +27,11 @@
 //! - `routes`: session routes ([`crate::RouteStore`]);
 //! - `gateway`: DM pairing, inbound dedupe and adapter cursors;
 //! - `cron`: scheduled jobs and the claimed record of their runs;
-//! - `cluster`: nodes and leases; `ledger`: the delivery ledger.
+//! - `cluster`: nodes and leases; `ledger`: the delivery ledger;
+//! - `copy`: reading a store out and writing a copy in ([`crate::copy`]).
 
 mod cluster;
+mod copy;
 mod cron;
 mod gateway;
 mod ledger;

@@ -6,6 +6,7 @@
 
 mod cluster;
 mod conn;
+mod copy;
 mod cron;
 mod gateway;
 mod ledger;
