@@ -28,7 +28,12 @@ use crate::adapter::SendError;
 use crate::node;
 
 /// Sends allowed per obligation, counting the first.
-pub const MAX_ATTEMPTS: u32 = 3;
+pub const MAX_ATTEMPTS: u32 = 5;
+
+/// How long a failed send rests before a sweep tries it again: with
+/// [`MAX_ATTEMPTS`], a platform may fail for several minutes without a
+/// reply being given up.
+pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
 
 /// An obligation older than this is abandoned instead of sent: a reply a
 /// day late is more confusing than useful.
@@ -144,6 +149,8 @@ pub struct Ledger {
     store: Arc<dyn GatewayStore>,
     /// This node: the owner of what it records.
     me: NodeId,
+    /// [`RETRY_FAILED_AFTER`], or what a test chose.
+    retry_failed_after: Duration,
 }
 
 /// A recorded reply this node is sending: its row and attempt number.
@@ -158,7 +165,17 @@ impl Ledger {
     /// [`crate::node`]) before it records anything, or other nodes take its
     /// rows for a dead node's.
     pub fn new(store: Arc<dyn GatewayStore>, me: NodeId) -> Ledger {
-        Ledger { store, me }
+        Ledger {
+            store,
+            me,
+            retry_failed_after: RETRY_FAILED_AFTER,
+        }
+    }
+
+    /// The same ledger, letting failed sends rest `pause` before a retry.
+    pub fn retrying_failed_after(mut self, pause: Duration) -> Ledger {
+        self.retry_failed_after = pause;
+        self
     }
 
     pub fn node(&self) -> &NodeId {
@@ -283,8 +300,9 @@ impl Ledger {
     /// First declares dead the nodes of this host whose process is gone,
     /// so a gateway restarted after a crash takes over at once. Then claims,
     /// in chunks: rows of dead or unknown nodes, attempts that outlived
-    /// their lease, and this node's own failed rows (a send that failed
-    /// while the platform was down is tried again when it comes back).
+    /// their lease, and this node's own failed rows once they have rested
+    /// [`RETRY_FAILED_AFTER`] (a send that failed while the platform was
+    /// down is tried again when it is back).
     /// Over-budget rows are abandoned whatever their platform; rows of
     /// platforms not connected here are left for a node that has them.
     pub async fn sweep(&self, deliverable: &HashSet<String>) -> Result<Vec<Claimed>, StoreError> {
@@ -299,6 +317,7 @@ impl Ledger {
             lease: ATTEMPT_LEASE.as_secs_f64(),
             max_attempts: MAX_ATTEMPTS,
             stale_before: now - STALE_AFTER.as_secs_f64(),
+            retry_failed_after: self.retry_failed_after.as_secs_f64(),
         };
         let mut claimed = Vec::new();
         loop {

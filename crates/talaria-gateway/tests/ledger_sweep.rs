@@ -55,9 +55,11 @@ fn store() -> (tempfile::TempDir, Arc<SqliteStore>) {
     (dir, store)
 }
 
+/// A ledger that retries failed rows at once (the tests need not wait
+/// out the pause a running gateway keeps).
 fn ledger(store: &Arc<SqliteStore>, node: &NodeId) -> Ledger {
     let store: Arc<dyn GatewayStore> = store.clone();
-    Ledger::new(store, node.clone())
+    Ledger::new(store, node.clone()).retrying_failed_after(std::time::Duration::ZERO)
 }
 
 fn row(id_seed: &str, platform: &str, owner: &NodeId) -> NewObligation {
@@ -207,6 +209,7 @@ async fn over_budget_rows_are_abandoned_and_down_platforms_spend_nothing() {
                 lease: -1.0,
                 max_attempts: MAX_ATTEMPTS,
                 stale_before: 0.0,
+                retry_failed_after: 0.0,
             })
             .await
             .unwrap();
@@ -258,6 +261,9 @@ async fn a_node_retries_its_own_failed_rows_but_not_its_sends_in_flight() {
             &Err(SendError::Transient("telegram was down".into())),
         )
         .await;
+    // A gateway's ledger lets a failure rest before trying again.
+    let patient = Ledger::new(store.clone() as Arc<dyn GatewayStore>, mine.clone());
+    assert!(patient.sweep(&telegram()).await.unwrap().is_empty());
     let claimed = ledger.sweep(&telegram()).await.unwrap();
     let ids: Vec<&str> = claimed.iter().map(|c| c.obligation.id.as_str()).collect();
     assert_eq!(ids, vec![failed.id.as_str()]);

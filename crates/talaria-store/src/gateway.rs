@@ -161,6 +161,10 @@ pub struct OwedClaim {
     pub max_attempts: u32,
     /// A row created before this is abandoned instead of claimed.
     pub stale_before: Timestamp,
+    /// Seconds a `failed` row rests after its failure before it may be
+    /// claimed again, so a platform that is failing is not retried (and
+    /// the attempt budget spent) every sweep.
+    pub retry_failed_after: f64,
 }
 
 /// A row a sweep won.
@@ -235,7 +239,8 @@ pub trait LedgerStore: Send + Sync {
     /// row, oldest first. An open row is claimable when its attempt
     /// outlived its lease, when it is the claimer's own `failed` row, or
     /// when another node owns it and that node is missing or dead (never
-    /// the claimer's own pending row: the claimer is about to send it). Claimable rows over budget are
+    /// the claimer's own pending row: the claimer is about to send it).
+    /// A `failed` row waits [`OwedClaim::retry_failed_after`] first. Claimable rows over budget are
     /// abandoned, whatever their platform; the others of the claimer's
     /// platforms are claimed: `attempting`, owned by the claimer, one more
     /// attempt, leased. Two nodes sweeping together never claim one row

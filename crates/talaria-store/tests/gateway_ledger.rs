@@ -62,6 +62,7 @@ fn claim_for(claimer: &NodeId, platforms: &[&str]) -> OwedClaim {
         lease: 120.0,
         max_attempts: 3,
         stale_before: 0.0,
+        retry_failed_after: 0.0,
     }
 }
 
@@ -668,7 +669,27 @@ async fn a_reply_and_its_obligation_are_stored_together<
     assert_eq!(f.obligation("r2").await.unwrap(), None);
 }
 
+/// A failed row rests before it is tried again, whoever sweeps.
+async fn a_failed_row_waits_before_its_retry<S: Backend + LedgerStore + ClusterStore>(
+    f: Fixture<S>,
+) {
+    let me = live(&f, "node-me").await;
+    f.record_obligation(obligation("r", &me)).await.unwrap();
+    let n = f.begin_attempt("r", &me, 60.0).await.unwrap().unwrap();
+    f.mark_failed("r", n, "the platform answered 502")
+        .await
+        .unwrap();
+    let mut claim = claim_for(&me, &["telegram"]);
+    claim.retry_failed_after = 60.0;
+    assert!(f.claim_owed(&claim).await.unwrap().claimed.is_empty());
+    // A minute later it is due.
+    f.execute("UPDATE delivery_obligations SET updated_at = updated_at - 61 WHERE id = 'r'")
+        .await;
+    assert_eq!(claimed_ids(&f.claim_owed(&claim).await.unwrap()), ["r"]);
+}
+
 contract_tests!(
+    a_failed_row_waits_before_its_retry,
     a_reply_and_its_obligation_are_stored_together,
     record_stores_a_pending_row_with_the_full_address,
     every_transition_is_recorded,

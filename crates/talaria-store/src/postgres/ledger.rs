@@ -297,6 +297,7 @@ impl LedgerStore for PostgresStore {
                   OR (o.owner_node IS DISTINCT FROM $1 \
                    AND (o.owner_node IS NULL OR n.id IS NULL OR n.lease_until < {NOW} \
                         OR (o.state = 'attempting' AND o.lease_until < {NOW})))) \
+             AND (o.state <> 'failed' OR o.updated_at < {NOW} - $6) \
              AND (o.attempts >= $3 OR o.created_at < $4 OR o.platform = ANY($2))"
         );
         let pick = format!(
@@ -318,9 +319,9 @@ impl LedgerStore for PostgresStore {
                  state = CASE WHEN c.give_up THEN 'abandoned' ELSE 'attempting' END, \
                  attempts = CASE WHEN c.give_up THEN d.attempts ELSE d.attempts + 1 END, \
                  owner_node = CASE WHEN c.give_up THEN d.owner_node ELSE $1 END, \
-                 lease_until = CASE WHEN c.give_up THEN NULL ELSE {NOW} + $6 END, \
+                 lease_until = CASE WHEN c.give_up THEN NULL ELSE {NOW} + $7 END, \
                  last_error = CASE WHEN NOT c.give_up THEN d.last_error \
-                                   WHEN c.spent THEN $7 ELSE $8 END, \
+                                   WHEN c.spent THEN $8 ELSE $9 END, \
                  updated_at = {NOW} \
              FROM c WHERE d.id = c.id \
              RETURNING {D_COLUMNS}, c.previous, c.give_up"
@@ -338,6 +339,7 @@ impl LedgerStore for PostgresStore {
                     &max_attempts,
                     &claim.stale_before,
                     &limit,
+                    &claim.retry_failed_after,
                 ],
             )
             .await
@@ -359,6 +361,7 @@ impl LedgerStore for PostgresStore {
                     &max_attempts,
                     &claim.stale_before,
                     &picked,
+                    &claim.retry_failed_after,
                     &claim.lease,
                     &GAVE_UP_ATTEMPTS,
                     &GAVE_UP_AGE,

@@ -257,6 +257,7 @@ impl LedgerStore for SqliteStore {
                         OR (o.owner_node IS NOT ?2 \
                          AND (o.owner_node IS NULL OR n.id IS NULL OR n.lease_until < ?1 \
                               OR (o.state = 'attempting' AND o.lease_until < ?1)))) \
+                   AND (o.state <> 'failed' OR o.updated_at < ?1 - ?7) \
                    AND (o.attempts >= ?3 OR o.created_at < ?4 \
                         OR o.platform IN (SELECT value FROM json_each(?5))) \
                  ORDER BY o.created_at, o.id LIMIT ?6"
@@ -270,7 +271,8 @@ impl LedgerStore for SqliteStore {
                         claim.max_attempts,
                         claim.stale_before,
                         platforms,
-                        limit
+                        limit,
+                        claim.retry_failed_after
                     ],
                     |r| {
                         Ok((
