@@ -480,6 +480,30 @@ pub enum TargetState {
     },
 }
 
+impl TargetState {
+    /// What a target's marker says to a copy of `source`: the copy
+    /// `marked` began at `started_at` and, if it finished, at
+    /// `finished_at`.
+    pub(crate) fn from_marker(
+        source: &str,
+        marked: String,
+        started_at: Timestamp,
+        finished_at: Option<Timestamp>,
+    ) -> TargetState {
+        match finished_at {
+            Some(finished_at) => TargetState::CopyOf {
+                source: marked,
+                finished_at,
+            },
+            None if marked == source => TargetState::Resuming { started_at },
+            None => TargetState::PartialCopyOf {
+                source: marked,
+                started_at,
+            },
+        }
+    }
+}
+
 /// Writing a copy into one store.
 #[async_trait]
 pub trait Load: Send {

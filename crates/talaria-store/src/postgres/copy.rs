@@ -446,17 +446,12 @@ impl Load for PostgresLoad {
                 let started_at: Timestamp = row.try_get(1).map_err(err)?;
                 let finished_at: Option<Timestamp> = row.try_get(2).map_err(err)?;
                 tx.commit().await.map_err(err)?;
-                return Ok(match finished_at {
-                    Some(finished_at) => TargetState::CopyOf {
-                        source: marked,
-                        finished_at,
-                    },
-                    None if marked == source => TargetState::Resuming { started_at },
-                    None => TargetState::PartialCopyOf {
-                        source: marked,
-                        started_at,
-                    },
-                });
+                return Ok(TargetState::from_marker(
+                    source,
+                    marked,
+                    started_at,
+                    finished_at,
+                ));
             }
         }
         let mut rows = Vec::new();

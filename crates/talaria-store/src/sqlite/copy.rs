@@ -276,17 +276,12 @@ fn begin(tx: &Transaction<'_>, source: &str) -> OpResult<TargetState> {
             .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()?;
         if let Some((marked, started_at, finished_at)) = marker {
-            return Ok(match finished_at {
-                Some(finished_at) => TargetState::CopyOf {
-                    source: marked,
-                    finished_at,
-                },
-                None if marked == source => TargetState::Resuming { started_at },
-                None => TargetState::PartialCopyOf {
-                    source: marked,
-                    started_at,
-                },
-            });
+            return Ok(TargetState::from_marker(
+                source,
+                marked,
+                started_at,
+                finished_at,
+            ));
         }
     }
     let mut rows = Vec::new();
