@@ -188,12 +188,13 @@ impl ClusterStore for PostgresStore {
             .await
             .map_err(|e| self.error(e))?;
         let Some(r) = row else {
-            // Refused: leave word for the holder.
+            // Refused: leave word for the holder, once per tenure (a node
+            // standing by asks every second).
             client
                 .execute(
                     &format!(
                         "UPDATE cluster_leases SET wanted_at = {NOW} \
-                         WHERE name = $1 AND holder <> $2"
+                         WHERE name = $1 AND holder <> $2 AND wanted_at IS NULL"
                     ),
                     &[&name, &holder.as_str()],
                 )

@@ -159,9 +159,11 @@ impl ClusterStore for SqliteStore {
                 })
                 .optional()?;
             let Some((fence, until, wanted)) = granted else {
-                // Refused: leave word for the holder.
+                // Refused: leave word for the holder, once per tenure (a
+                // node standing by asks every second).
                 tx.prepare_cached(
-                    "UPDATE cluster_leases SET wanted_at = ?3 WHERE name = ?1 AND holder <> ?2",
+                    "UPDATE cluster_leases SET wanted_at = ?3 \
+                     WHERE name = ?1 AND holder <> ?2 AND wanted_at IS NULL",
                 )?
                 .execute(params![name, holder, at])?;
                 return Ok(None);
