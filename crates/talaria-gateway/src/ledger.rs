@@ -210,23 +210,9 @@ impl Ledger {
             tracing::warn!(error = %e, "could not record the reply in the delivery ledger; sending it anyway");
             return None;
         }
-        match self
-            .store
-            .begin_attempt(&id, &self.me, ATTEMPT_LEASE.as_secs_f64())
-            .await
-        {
-            Ok(Some(number)) => Some(Attempt { id, number }),
-            Ok(None) => {
-                // Recorded a moment ago as ours and pending: only a sweep
-                // that took us for dead can have moved it. It sends it.
-                tracing::warn!(id = %id, "a reply was claimed by another node before it was sent; leaving it to that node");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not start the reply's delivery in the ledger; sending it anyway");
-                None
-            }
-        }
+        // Recorded a moment ago as ours and pending: only a sweep that
+        // took this node for dead can have moved it, and that node sends it.
+        self.begin(&id).await.ok().flatten()
     }
 
     /// An outbox for one turn's answer: the answer row and this reply's

@@ -51,6 +51,13 @@ const MAX_QUEUED: usize = 32;
 /// At most one "busy" acknowledgement per chat in this window.
 const ACK_COOLDOWN: Duration = Duration::from_secs(30);
 
+/// The busy acknowledgement in queue (and steer-less) mode.
+const ACK_QUEUED: &str =
+    "⏳ Still working on your previous message; this one is queued for the next turn.";
+
+/// The busy acknowledgement in interrupt mode.
+const ACK_INTERRUPT: &str = "⚡ Interrupting the current task to answer your new message.";
+
 /// How long a clarifying question waits for its answer.
 const CLARIFY_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -123,6 +130,18 @@ struct Run {
     state: Option<Arc<SessionState>>,
     /// The tool running now, for `/status`.
     tool: Arc<Mutex<Option<String>>>,
+}
+
+impl Lane {
+    /// Whether a busy acknowledgement may be sent now (at most one per
+    /// [`ACK_COOLDOWN`]); if so, starts the cooldown.
+    fn ack_due(&mut self) -> bool {
+        let due = self.last_ack.is_none_or(|t| t.elapsed() >= ACK_COOLDOWN);
+        if due {
+            self.last_ack = Some(Instant::now());
+        }
+        due
+    }
 }
 
 /// A message waiting for its turn.
@@ -438,9 +457,7 @@ impl Runner {
             }
             BusyInputMode::Queue | BusyInputMode::Steer => {
                 enqueue(lane, item);
-                Some(
-                    "⏳ Still working on your previous message; this one is queued for the next turn.",
-                )
+                Some(ACK_QUEUED)
             }
             BusyInputMode::Interrupt => {
                 enqueue(lane, item);
@@ -448,17 +465,12 @@ impl Runner {
                     run.discard = true;
                     run.cancel.cancel();
                 }
-                (!already_stopping)
-                    .then_some("⚡ Interrupting the current task to answer your new message.")
+                (!already_stopping).then_some(ACK_INTERRUPT)
             }
         };
-        let ack = ack.filter(|_| inner.config.gateway.busy_ack).filter(|_| {
-            let due = lane.last_ack.is_none_or(|t| t.elapsed() >= ACK_COOLDOWN);
-            if due {
-                lane.last_ack = Some(Instant::now());
-            }
-            due
-        });
+        let ack = ack
+            .filter(|_| inner.config.gateway.busy_ack)
+            .filter(|_| lane.ack_due());
         drop(lanes);
         if let Some(text) = ack {
             let delivery = inner.delivery.clone();
@@ -528,23 +540,11 @@ impl Runner {
         let mode = inner.config.gateway.busy_input_mode;
         let on_wait = || {
             let text = match mode {
-                BusyInputMode::Interrupt => {
-                    "⚡ Interrupting the current task to answer your new message."
-                }
-                BusyInputMode::Queue | BusyInputMode::Steer => {
-                    "⏳ Still working on your previous message; this one is queued for the next turn."
-                }
+                BusyInputMode::Interrupt => ACK_INTERRUPT,
+                BusyInputMode::Queue | BusyInputMode::Steer => ACK_QUEUED,
             };
-            let due = inner.config.gateway.busy_ack && {
-                let mut lanes = inner.lanes();
-                lanes.get_mut(key).is_some_and(|lane| {
-                    let due = lane.last_ack.is_none_or(|t| t.elapsed() >= ACK_COOLDOWN);
-                    if due {
-                        lane.last_ack = Some(Instant::now());
-                    }
-                    due
-                })
-            };
+            let due = inner.config.gateway.busy_ack
+                && inner.lanes().get_mut(key).is_some_and(Lane::ack_due);
             if due {
                 let (delivery, to) = (inner.delivery.clone(), Address::reply_to(event));
                 tokio::spawn(async move { delivery.notify(&to, text).await });
