@@ -109,11 +109,11 @@ contract_tests!(
 // SQLite only from here: the file's schema versions.
 
 #[test]
-fn a_fresh_database_is_at_version_6_with_the_gateway_cron_inbound_and_cluster_tables() {
+fn a_fresh_database_is_at_the_latest_version_with_the_gateway_cron_inbound_and_cluster_tables() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 6);
+    assert_eq!(user_version(&path), 7);
     for name in GATEWAY_TABLES.iter().chain(&[
         "cron_jobs",
         "cron_occurrences",
@@ -126,7 +126,7 @@ fn a_fresh_database_is_at_version_6_with_the_gateway_cron_inbound_and_cluster_ta
     }
     // Reopening an up-to-date file migrates nothing and still works.
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 6);
+    assert_eq!(user_version(&path), 7);
 }
 
 #[tokio::test]
@@ -172,7 +172,7 @@ async fn a_version_1_database_is_upgraded_in_place() {
     assert!(!has_object(&path, "gateway_routes"));
 
     let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(user_version(&path), 6);
+    assert_eq!(user_version(&path), 7);
     for name in GATEWAY_TABLES
         .iter()
         .chain(&["inbound_seen", "adapter_cursors", "cluster_nodes"])

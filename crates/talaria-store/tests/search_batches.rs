@@ -106,3 +106,51 @@ async fn deleting_and_editing_rows_keeps_both_indexes_true() {
     let otters: usize = store.search(query("otter")).await.unwrap().len();
     assert_eq!(otters, 1);
 }
+
+/// Ids are not an `AUTOINCREMENT` sequence (its counter row cost a page
+/// per commit), so a row deleted at the tail after indexing must still
+/// never have its id given out again: the new row would pass for indexed.
+#[tokio::test]
+async fn an_indexed_id_deleted_at_the_tail_is_not_given_out_again() {
+    let (dir, store) = temp_store();
+    let path = dir.path().join("state.db");
+    store
+        .create_session(new_session("s1", "cli"))
+        .await
+        .unwrap();
+    append(&store, "s1", 3, "walrus").await;
+    store.search(query("walrus")).await.unwrap();
+    assert_eq!(indexed_through(&path), 3);
+    {
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        raw.execute("DELETE FROM messages WHERE id IN (2, 3)", [])
+            .unwrap();
+    }
+    let id = store
+        .append_message("s1", &Message::user("a puffin arrives"))
+        .await
+        .unwrap();
+    assert_eq!(id, 4);
+    let hits = store.search(query("puffin")).await.unwrap();
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    assert_indexes_match_the_table(&store, &path).await;
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let counters: i64 = raw
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let sequence_rows: i64 = if counters == 0 {
+        0
+    } else {
+        raw.query_row(
+            "SELECT count(*) FROM sqlite_sequence WHERE name = 'messages'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(sequence_rows, 0, "messages ids keep no counter row");
+}

@@ -190,10 +190,14 @@ pub(crate) fn insert_message(
                 .map_err(|e| StoreError::Database(format!("could not encode tool calls: {e}")))?,
         )
     };
+    // Above the full-text watermark as well as every row: an id at or
+    // below it would be taken for indexed and never reach the indexes.
+    let watermark = indexed_through(conn)?;
     conn.prepare_cached(
-        "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, \
+        "INSERT INTO messages (id, session_id, role, content, tool_call_id, tool_calls, \
          tool_name, timestamp, finish_reason, reasoning, active) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1)",
+         VALUES (MAX(?10, COALESCE((SELECT MAX(id) FROM messages), 0)) + 1, \
+         ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1)",
     )?
     .execute(params![
         session_id,
@@ -205,9 +209,10 @@ pub(crate) fn insert_message(
         timestamp,
         message.finish_reason,
         message.reasoning,
+        watermark,
     ])?;
     let id = conn.last_insert_rowid();
-    if id - indexed_through(conn)? >= FTS_BATCH {
+    if id - watermark >= FTS_BATCH {
         index_pending(conn)?;
     }
     Ok(id)

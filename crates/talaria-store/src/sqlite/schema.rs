@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -307,6 +307,56 @@ DROP INDEX delivery_obligations_state;
 CREATE INDEX delivery_obligations_open ON delivery_obligations (state, created_at);
 "#;
 
+/// Message ids without `AUTOINCREMENT`. Its counter lives in a row of
+/// `sqlite_sequence`, so every stored message also rewrote that page: one
+/// WAL frame of five per commit. A new row now takes the next id above both
+/// the highest id and the full-text watermark
+/// ([`super::rows::insert_message`]), which keeps what the watermark needs:
+/// no id at or below it is ever given out again. Only ids of rows deleted
+/// at the tail before they were indexed can come back.
+const V7: &str = r#"
+CREATE TABLE messages_v7 (
+    id            INTEGER PRIMARY KEY,
+    session_id    TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    role          TEXT NOT NULL,
+    content       TEXT NOT NULL DEFAULT '',
+    tool_call_id  TEXT,
+    tool_calls    TEXT,
+    tool_name     TEXT,
+    timestamp     REAL NOT NULL,
+    token_count   INTEGER,
+    finish_reason TEXT,
+    reasoning     TEXT,
+    active        INTEGER NOT NULL DEFAULT 1
+);
+INSERT INTO messages_v7 (id, session_id, role, content, tool_call_id, tool_calls,
+                         tool_name, timestamp, token_count, finish_reason, reasoning, active)
+    SELECT id, session_id, role, content, tool_call_id, tool_calls,
+           tool_name, timestamp, token_count, finish_reason, reasoning, active
+    FROM messages ORDER BY id;
+DROP TABLE messages;
+ALTER TABLE messages_v7 RENAME TO messages;
+DELETE FROM sqlite_sequence WHERE name = 'messages';
+CREATE INDEX messages_session ON messages (session_id, id);
+
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+WHEN old.id <= (SELECT indexed_through FROM fts_progress WHERE id = 1) BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts_trigram (messages_fts_trigram, rowid, content)
+        VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages
+WHEN old.id <= (SELECT indexed_through FROM fts_progress WHERE id = 1) BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts_trigram (messages_fts_trigram, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    INSERT INTO messages_fts_trigram (rowid, content) VALUES (new.id, new.content);
+END;
+"#;
+
 /// Brings the database to [`LATEST`], refusing files that are not ours or
 /// are newer than this build.
 pub(crate) fn migrate(conn: &mut Connection) -> OpResult<()> {
@@ -386,6 +436,76 @@ mod tests {
                 )
                 .unwrap();
             assert_eq!(n, 1, "{table}");
+        }
+    }
+
+    /// A version-6 file keeps its messages, their ids and their index
+    /// entries when the table loses `AUTOINCREMENT`.
+    #[test]
+    fn messages_keep_their_ids_and_index_without_autoincrement() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let mut conn = Connection::open(&path).unwrap();
+        for step in &STEPS[..6] {
+            conn.execute_batch(step).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 6).unwrap();
+        conn.execute_batch(
+            "INSERT INTO sessions (id, source, started_at) VALUES ('s', 'cli', 1.0);
+             INSERT INTO messages (session_id, role, content, timestamp)
+                 VALUES ('s', 'user', 'first otter', 1.0), ('s', 'user', 'gone', 2.0),
+                        ('s', 'assistant', 'second otter', 3.0);
+             DELETE FROM messages WHERE id = 2;",
+        )
+        .unwrap();
+        super::super::rows::index_pending(&conn)
+            .map_err(|_| "index")
+            .unwrap();
+        migrate(&mut conn).map_err(|_| "migrate").unwrap();
+        let sql: String = conn
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = 'messages'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(!sql.contains("AUTOINCREMENT"), "{sql}");
+        let ids: Vec<(i64, String)> = conn
+            .prepare("SELECT id, content FROM messages ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            ids,
+            [
+                (1, "first otter".to_owned()),
+                (3, "second otter".to_owned())
+            ]
+        );
+        let found: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'otter'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(found, 2);
+        let triggers: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(triggers, 2);
+        for table in ["messages_fts", "messages_fts_trigram"] {
+            conn.execute(
+                &format!("INSERT INTO {table} ({table}, rank) VALUES ('integrity-check', 1)"),
+                [],
+            )
+            .unwrap_or_else(|e| panic!("{table}: {e}"));
         }
     }
 }
