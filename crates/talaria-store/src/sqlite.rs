@@ -45,8 +45,9 @@ pub struct SqliteOptions {
     /// Total time one operation may spend retrying before it fails with
     /// [`StoreError::Busy`].
     pub retry_budget: Duration,
-    /// Read connections kept open between calls.
-    pub max_idle_readers: usize,
+    /// Threads that run reads, each with a connection of its own (at
+    /// least one). Reads beyond them wait their turn.
+    pub readers: usize,
     /// Page cache of the writer connection, in KiB. It holds the pages
     /// every commit touches (the newest leaves, the index roots).
     pub writer_cache_kib: u32,
@@ -63,7 +64,7 @@ impl Default for SqliteOptions {
             busy_timeout: Duration::from_secs(1),
             max_attempts: 10,
             retry_budget: Duration::from_secs(5),
-            max_idle_readers: 4,
+            readers: 4,
             writer_cache_kib: 2048,
             reader_cache_kib: 512,
         }
@@ -163,8 +164,13 @@ impl SqliteStore {
         T: Send + 'static,
         F: Fn(&rusqlite::Transaction<'_>) -> OpResult<T> + Send + 'static,
     {
-        let inner = Arc::clone(&self.inner);
-        join(tokio::task::spawn_blocking(move || inner.read(op)).await)
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        self.inner.read(op, reply);
+        outcome.await.unwrap_or_else(|_| {
+            Err(StoreError::Database(
+                "the database readers stopped before answering".to_owned(),
+            ))
+        })
     }
 }
 

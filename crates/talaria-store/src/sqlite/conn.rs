@@ -126,22 +126,23 @@ pub(crate) fn set_cache_kib(conn: &Connection, kib: u32) -> rusqlite::Result<()>
     conn.pragma_update(None, "cache_size", -i64::from(kib.max(64)))
 }
 
-/// The writer plus a small pool of readers. WAL lets the readers run while
-/// the writer commits, so searches never wait for appends.
+/// The writer thread plus a fixed set of reader threads. WAL lets the
+/// readers run while the writer commits, so searches never wait for
+/// appends.
 pub(crate) struct Connections {
     pub(crate) path: PathBuf,
     pub(crate) opts: SqliteOptions,
     writer: Writer,
-    idle_readers: Mutex<Vec<Connection>>,
+    readers: Readers,
 }
 
 impl Connections {
     pub(crate) fn new(path: PathBuf, opts: SqliteOptions, writer: Connection) -> Self {
         Connections {
             writer: Writer::start(writer, path.clone(), opts.clone()),
+            readers: Readers::start(&path, &opts),
             path,
             opts,
-            idle_readers: Mutex::new(Vec::new()),
         }
     }
 
@@ -164,46 +165,152 @@ impl Connections {
         }));
     }
 
-    /// Runs `op` in a read transaction on a pooled reader, so every
-    /// statement in it sees the same snapshot.
-    pub(crate) fn read<T>(
+    /// Queues `op` for a reader thread; it runs in one read transaction,
+    /// so every statement in it sees the same snapshot, and `reply` gets
+    /// the outcome.
+    pub(crate) fn read<T, F>(
         &self,
-        op: impl Fn(&Transaction<'_>) -> OpResult<T>,
-    ) -> Result<T, StoreError> {
-        let mut conn = self.take_reader()?;
-        let result = with_retry(&self.opts, &self.path, || {
-            let tx = conn.transaction()?;
-            let value = op(&tx)?;
-            // Ending a read transaction only releases the snapshot.
-            tx.commit()?;
-            Ok(value)
-        });
-        self.return_reader(conn);
-        result
+        op: F,
+        reply: tokio::sync::oneshot::Sender<Result<T, StoreError>>,
+    ) where
+        T: Send + 'static,
+        F: Fn(&Transaction<'_>) -> OpResult<T> + Send + 'static,
+    {
+        self.readers.submit(Box::new(ReadOp { op, reply }));
+    }
+}
+
+/// The threads that run read operations, each on a connection of its own
+/// that it keeps for life.
+///
+/// Reads used to run on tokio's blocking pool with connections borrowed
+/// from a pool: under load that meant dozens of short-lived threads, each
+/// given its own malloc arena that kept what it freed, and connections
+/// opened (schema parsed, cache refilled) and closed whenever more reads
+/// ran at once than the pool kept. The memory of a gateway grew by
+/// megabytes over a long run. A fixed set of threads bounds both; reads
+/// beyond it wait in the queue, which at this size costs less than the
+/// thread hand-offs it saves.
+struct Readers {
+    /// `None` when no thread could start, and once dropping.
+    queue: Option<mpsc::Sender<Box<dyn ReadJob>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Readers {
+    fn start(path: &Path, opts: &SqliteOptions) -> Readers {
+        let (tx, rx) = mpsc::channel::<Box<dyn ReadJob>>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = Vec::new();
+        for i in 0..opts.readers.max(1) {
+            let (rx, path, opts) = (Arc::clone(&rx), path.to_path_buf(), opts.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("talaria-db-reader-{i}"))
+                .spawn(move || read_loop(&rx, &path, &opts));
+            match spawned {
+                Ok(handle) => threads.push(handle),
+                Err(e) => tracing::error!(error = %e, "cannot start a database reader thread"),
+            }
+        }
+        Readers {
+            queue: (!threads.is_empty()).then_some(tx),
+            threads,
+        }
     }
 
-    fn take_reader(&self) -> Result<Connection, StoreError> {
-        if let Some(conn) = lock(&self.idle_readers).pop() {
-            return Ok(conn);
+    fn submit(&self, job: Box<dyn ReadJob>) {
+        let rejected = match &self.queue {
+            Some(queue) => queue.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = rejected {
+            job.refuse(StoreError::Database(
+                "the database readers have stopped".to_owned(),
+            ));
         }
-        with_retry(&self.opts, &self.path, || {
-            // No CREATE flag: if the file vanished, fail instead of quietly
-            // reading a fresh empty database.
-            let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-            let conn = Connection::open_with_flags(&self.path, flags)?;
-            configure(&conn, &self.opts)?;
-            set_cache_kib(&conn, self.opts.reader_cache_kib)?;
-            // Readers must never write; this turns a bug into an error.
-            conn.pragma_update(None, "query_only", true)?;
-            Ok(conn)
-        })
+    }
+}
+
+impl Drop for Readers {
+    /// Closes the queue and waits for the threads, so their connections
+    /// are closed with the last store handle.
+    fn drop(&mut self) {
+        self.queue.take();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn read_loop(queue: &Mutex<mpsc::Receiver<Box<dyn ReadJob>>>, path: &Path, opts: &SqliteOptions) {
+    let mut conn: Option<Connection> = None;
+    loop {
+        // One thread waits on the queue at a time, the others for the lock.
+        let Ok(job) = lock(queue).recv() else {
+            return;
+        };
+        // Opened at the first read, and again after a failed open.
+        let ready = match conn {
+            Some(ref mut c) => Ok(c),
+            None => open_reader(path, opts).map(|c| conn.insert(c)),
+        };
+        match ready {
+            Ok(c) => job.run(c, path, opts),
+            Err(e) => job.refuse(e),
+        }
+    }
+}
+
+fn open_reader(path: &Path, opts: &SqliteOptions) -> Result<Connection, StoreError> {
+    with_retry(opts, path, || {
+        // No CREATE flag: if the file vanished, fail instead of quietly
+        // reading a fresh empty database.
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags)?;
+        configure(&conn, opts)?;
+        set_cache_kib(&conn, opts.reader_cache_kib)?;
+        // Readers must never write; this turns a bug into an error.
+        conn.pragma_update(None, "query_only", true)?;
+        Ok(conn)
+    })
+}
+
+/// A queued read operation and its reply.
+trait ReadJob: Send {
+    fn run(self: Box<Self>, conn: &mut Connection, path: &Path, opts: &SqliteOptions);
+    /// Replies with `error` without running.
+    fn refuse(self: Box<Self>, error: StoreError);
+}
+
+struct ReadOp<T, F> {
+    op: F,
+    reply: tokio::sync::oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> ReadJob for ReadOp<T, F>
+where
+    T: Send + 'static,
+    F: Fn(&Transaction<'_>) -> OpResult<T> + Send + 'static,
+{
+    fn run(self: Box<Self>, conn: &mut Connection, path: &Path, opts: &SqliteOptions) {
+        // A panicking operation is a bug; it must cost only its own read,
+        // not a thread every later read depends on.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            with_retry(opts, path, || {
+                let tx = conn.transaction()?;
+                let value = (self.op)(&tx)?;
+                // Ending a read transaction only releases the snapshot.
+                tx.commit()?;
+                Ok(value)
+            })
+        }))
+        .unwrap_or_else(|_| Err(StoreError::Database("a database read panicked".to_owned())));
+        // The caller may have gone away.
+        let _ = self.reply.send(result);
     }
 
-    fn return_reader(&self, conn: Connection) {
-        let mut idle = lock(&self.idle_readers);
-        if idle.len() < self.opts.max_idle_readers {
-            idle.push(conn);
-        }
+    fn refuse(self: Box<Self>, error: StoreError) {
+        let _ = self.reply.send(Err(error));
     }
 }
 
@@ -395,6 +502,71 @@ mod tests {
         move |tx| {
             tx.execute("INSERT INTO t (v) VALUES (?1)", [v])?;
             Ok(1)
+        }
+    }
+
+    fn read_now<T: Send + 'static>(
+        conns: &Connections,
+        op: impl Fn(&Transaction<'_>) -> OpResult<T> + Send + 'static,
+    ) -> tokio::sync::oneshot::Receiver<Result<T, StoreError>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        conns.read(op, tx);
+        rx
+    }
+
+    /// However many reads arrive at once, they run on the reader threads
+    /// and nowhere else: the number of threads touching SQLite (and their
+    /// allocator arenas) stays fixed.
+    #[tokio::test]
+    async fn reads_run_on_the_fixed_reader_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let conns = connections(dir.path());
+        let pending: Vec<_> = (0..64)
+            .map(|_| {
+                read_now(&conns, |tx| {
+                    std::thread::sleep(Duration::from_millis(1));
+                    let n: i64 = tx.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
+                    Ok((std::thread::current().name().map(str::to_owned), n))
+                })
+            })
+            .collect();
+        let mut threads = std::collections::HashSet::new();
+        for reply in pending {
+            let (name, n) = reply.await.unwrap().unwrap();
+            assert_eq!(n, 0);
+            threads.insert(name.unwrap_or_default());
+        }
+        assert!(
+            !threads.is_empty() && threads.len() <= SqliteOptions::default().readers,
+            "{threads:?}"
+        );
+        assert!(
+            threads.iter().all(|t| t.starts_with("talaria-db-reader-")),
+            "{threads:?}"
+        );
+    }
+
+    /// A read that panics (a bug) fails alone; the thread it ran on goes
+    /// on serving reads.
+    #[tokio::test]
+    async fn a_panicking_read_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let conns = connections(dir.path());
+        let failed = read_now(&conns, |_tx| -> OpResult<()> { panic!("a bug in a read") })
+            .await
+            .unwrap();
+        match failed {
+            Err(StoreError::Database(msg)) => assert!(msg.contains("panicked"), "{msg}"),
+            other => panic!("expected a database error, got {other:?}"),
+        }
+        for _ in 0..2 * SqliteOptions::default().readers {
+            let n = read_now(&conns, |tx| {
+                Ok(tx.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))?)
+            })
+            .await
+            .unwrap()
+            .unwrap();
+            assert_eq!(n, 0);
         }
     }
 
