@@ -236,6 +236,8 @@ pub trait SessionStore: Send + Sync {
     /// Full-text search: at most one hit per session, best first. Only the
     /// newest [`MAX_RANKED_MATCHES`] matching messages are ranked, so a
     /// query for very common words costs the same however long the
-    /// history grows.
+    /// history grows. When more messages than that match, a backend whose
+    /// relevance score needs counts over every match (SQLite's bm25) puts
+    /// the newest sessions first instead.
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>>;
 }

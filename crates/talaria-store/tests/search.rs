@@ -515,6 +515,50 @@ contract_tests!(
     query_syntax_of_any_backend_is_plain_text,
 );
 
+/// What only the SQLite backend does.
+mod sqlite_only {
+    use super::*;
+
+    /// When more messages match than are ranked, bm25 would need a walk
+    /// over every match to weigh the words; SQLite orders the newest
+    /// matches by age instead, so a session whose message would score
+    /// better comes after a newer one.
+    #[tokio::test]
+    async fn words_in_more_messages_than_are_ranked_give_the_newest_first() {
+        let (_dir, store) = common::temp_store();
+        for id in ["older", "newer"] {
+            store.create_session(new_session(id, "cli")).await.unwrap();
+        }
+        let focused = "zebra zebra zebra, all about zebra";
+        let filler = "a long message that mentions zebra once among many other words";
+        let add = |session: &'static str, text: &'static str| {
+            let store = store.clone();
+            async move {
+                store
+                    .append_message(session, &Message::user(text))
+                    .await
+                    .unwrap()
+            }
+        };
+        add("older", focused).await;
+        add("newer", filler).await;
+        assert_eq!(
+            ids(&store.search(query("zebra")).await.unwrap()),
+            ["older", "newer"],
+            "few matches are ranked by bm25"
+        );
+        for _ in 0..talaria_store::MAX_RANKED_MATCHES {
+            add("newer", filler).await;
+        }
+        // Among the newest matches, and the best of them by bm25.
+        add("older", focused).await;
+        let newest = add("newer", filler).await;
+        let hits = store.search(query("zebra")).await.unwrap();
+        assert_eq!(ids(&hits), ["newer", "older"], "newest first");
+        assert_eq!(hits[0].message_id, newest);
+    }
+}
+
 /// What only the PostgreSQL backend has: its indexes, and a schema that
 /// may lack the trigram one.
 mod postgres_only {

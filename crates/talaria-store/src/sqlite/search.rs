@@ -119,13 +119,24 @@ fn fts_search(
 ) -> OpResult<Vec<SearchHit>> {
     let table = index.table();
     let (filter_sql, filter_values) = filters(query);
+    // bm25 weighs each term by how many rows hold it, and FTS5 counts
+    // those by walking every match of the term once per query: for a term
+    // in a third of a million-row history that walk alone took tens of
+    // milliseconds. A query with more matches than are ranked is made of
+    // words too common to tell rows apart, so its newest matches come
+    // first and nothing is counted.
+    let score = if matches_more_than_ranked(conn, table, expr)? {
+        "0.0".to_owned()
+    } else {
+        format!("{table}.rank")
+    };
     // The newest matches (see MAX_RANKED_MATCHES), then the best row per
-    // session (lowest bm25, newer row on a tie), then the best sessions
+    // session (lowest score, newer row on a tie), then the best sessions
     // (newer session on a tie).
     let sql = format!(
         "WITH hits AS (
              SELECT m.id AS mid, m.session_id AS sid, m.role AS role,
-                    {table}.rank AS score, s.started_at AS started
+                    {score} AS score, s.started_at AS started
              FROM {table}
              JOIN messages m ON m.id = {table}.rowid
              JOIN sessions s ON s.id = m.session_id
@@ -173,6 +184,17 @@ fn fts_search(
         )?);
     }
     Ok(hits)
+}
+
+/// Whether `expr` matches more rows than one search ranks. Stops reading
+/// matches at the first one past the bound.
+fn matches_more_than_ranked(conn: &Connection, table: &str, expr: &str) -> OpResult<bool> {
+    let sql = format!(
+        "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ?1 LIMIT {})",
+        MAX_RANKED_MATCHES + 1
+    );
+    let found: i64 = conn.prepare_cached(&sql)?.query_row([expr], |r| r.get(0))?;
+    Ok(usize::try_from(found).is_ok_and(|n| n > MAX_RANKED_MATCHES))
 }
 
 fn make_hit(
