@@ -40,6 +40,14 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+// Rust's allocations go to mimalloc rather than glibc's malloc: glibc gives
+// each thread that allocates (every blocking store read runs on one) an
+// arena of its own and keeps what is freed in it, so a gateway under load
+// grew by megabytes it never used again (docs/PERFORMANCE.md). SQLite's
+// own allocations stay with the C library.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use crate::cli::{Cli, Command, ConfigCommand, GatewayCommand, PairingCommand, SessionsCommand};
 
 fn main() -> ExitCode {
