@@ -237,7 +237,8 @@ pub trait SessionStore: Send + Sync {
     /// newest [`MAX_RANKED_MATCHES`] matching messages are ranked, so a
     /// query for very common words costs the same however long the
     /// history grows. When more messages than that match, a backend whose
-    /// relevance score needs counts over every match (SQLite's bm25) puts
-    /// the newest sessions first instead.
+    /// relevance score needs counts over every match (SQLite's bm25)
+    /// answers by recency instead: the sessions of the newest matches,
+    /// newest first, each with its newest match.
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>>;
 }

@@ -520,9 +520,9 @@ mod sqlite_only {
     use super::*;
 
     /// When more messages match than are ranked, bm25 would need a walk
-    /// over every match to weigh the words; SQLite orders the newest
-    /// matches by age instead, so a session whose message would score
-    /// better comes after a newer one.
+    /// over every match to weigh the words; SQLite answers by recency
+    /// instead, so a session whose message would score better comes after
+    /// one with a newer match.
     #[tokio::test]
     async fn words_in_more_messages_than_are_ranked_give_the_newest_first() {
         let (_dir, store) = common::temp_store();
@@ -555,6 +555,11 @@ mod sqlite_only {
         let newest = add("newer", filler).await;
         let hits = store.search(query("zebra")).await.unwrap();
         assert_eq!(ids(&hits), ["newer", "older"], "newest first");
+        assert_eq!(hits[0].message_id, newest);
+        // Recency of the match, not of the session's start.
+        let newest = add("older", filler).await;
+        let hits = store.search(query("zebra")).await.unwrap();
+        assert_eq!(ids(&hits), ["older", "newer"]);
         assert_eq!(hits[0].message_id, newest);
     }
 }

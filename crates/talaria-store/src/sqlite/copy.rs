@@ -9,8 +9,8 @@
 //! primary key for the two `WITHOUT ROWID` tables.
 //!
 //! A load writes each page as one write operation of the store, so it
-//! commits in one transaction. Message ids are written as they come;
-//! `AUTOINCREMENT` then continues above the highest. Each page of messages
+//! commits in one transaction. Message ids are written as they come; new
+//! messages then take ids above the highest. Each page of messages
 //! is added to the full-text indexes in the same transaction
 //! ([`super::rows::index_pending`]), so the indexes never lag behind what
 //! was committed.

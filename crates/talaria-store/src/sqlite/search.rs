@@ -123,20 +123,17 @@ fn fts_search(
     // those by walking every match of the term once per query: for a term
     // in a third of a million-row history that walk alone took tens of
     // milliseconds. A query with more matches than are ranked is made of
-    // words too common to tell rows apart, so its newest matches come
-    // first and nothing is counted.
-    let score = if matches_more_than_ranked(conn, table, expr)? {
-        "0.0".to_owned()
-    } else {
-        format!("{table}.rank")
-    };
+    // words too common to tell rows apart, so it is answered by recency.
+    if matches_more_than_ranked(conn, table, expr)? {
+        return newest_matches(conn, index, expr, query, limit);
+    }
     // The newest matches (see MAX_RANKED_MATCHES), then the best row per
     // session (lowest score, newer row on a tie), then the best sessions
     // (newer session on a tie).
     let sql = format!(
         "WITH hits AS (
              SELECT m.id AS mid, m.session_id AS sid, m.role AS role,
-                    {score} AS score, s.started_at AS started
+                    {table}.rank AS score, s.started_at AS started
              FROM {table}
              JOIN messages m ON m.id = {table}.rowid
              JOIN sessions s ON s.id = m.session_id
@@ -165,6 +162,58 @@ fn fts_search(
         })?
         .collect::<rusqlite::Result<_>>()?;
 
+    with_snippets(conn, index, expr, rows)
+}
+
+/// The sessions of the newest matches, each with its newest matching
+/// message, newest first. Reads matches newest first and stops as soon as
+/// `limit` sessions are found (or [`MAX_RANKED_MATCHES`] rows were read),
+/// so a query for the commonest words costs about as much as a rare one.
+/// Every hit has rank 0: nothing was scored.
+fn newest_matches(
+    conn: &Connection,
+    index: Index,
+    expr: &str,
+    query: &SearchQuery,
+    limit: usize,
+) -> OpResult<Vec<SearchHit>> {
+    let table = index.table();
+    let (filter_sql, filter_values) = filters(query);
+    let sql = format!(
+        "SELECT m.id, m.session_id, m.role
+         FROM {table}
+         JOIN messages m ON m.id = {table}.rowid
+         JOIN sessions s ON s.id = m.session_id
+         WHERE {table} MATCH ?{filter_sql}
+         ORDER BY {table}.rowid DESC
+         LIMIT {MAX_RANKED_MATCHES}"
+    );
+    let mut values = vec![Value::Text(expr.to_string())];
+    values.extend(filter_values);
+    let mut stmt = conn.prepare(&sql)?;
+    let mut matches = stmt.query(params_from_iter(values))?;
+    let mut seen = HashSet::new();
+    let mut rows = Vec::new();
+    while rows.len() < limit
+        && let Some(row) = matches.next()?
+    {
+        let session_id: String = row.get(1)?;
+        if seen.insert(session_id.clone()) {
+            rows.push((row.get(0)?, session_id, row.get(2)?, 0.0));
+        }
+    }
+    with_snippets(conn, index, expr, rows)
+}
+
+/// The hits for `rows` (message id, session id, role, rank), with the
+/// snippet of each message around what matched.
+fn with_snippets(
+    conn: &Connection,
+    index: Index,
+    expr: &str,
+    rows: Vec<(i64, String, String, f64)>,
+) -> OpResult<Vec<SearchHit>> {
+    let table = index.table();
     let snippet_sql = format!(
         "SELECT snippet({table}, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '{ELLIPSIS}', {tokens})
          FROM {table} WHERE {table} MATCH ?1 AND rowid = ?2",
