@@ -898,10 +898,21 @@ pub(crate) fn column_list(table: Table) -> String {
 /// `IS NOT` in SQLite, both NULL-safe), so writing a page again leaves
 /// unchanged rows alone. `None` when every column is in the key.
 pub(crate) fn upsert_clause(table: Table, alias: &str, differs: &str) -> Option<(String, String)> {
-    let rest: Vec<&str> = table
-        .columns()
+    let names: Vec<&str> = table.columns().iter().map(|c| c.name).collect();
+    upsert_clause_of(table, &names, alias, differs)
+}
+
+/// [`upsert_clause`] over some of `table`'s columns (a backend that keeps
+/// one of them elsewhere leaves it out).
+pub(crate) fn upsert_clause_of(
+    table: Table,
+    names: &[&str],
+    alias: &str,
+    differs: &str,
+) -> Option<(String, String)> {
+    let rest: Vec<&str> = names
         .iter()
-        .map(|c| c.name)
+        .copied()
         .filter(|name| !table.key().contains(name))
         .collect();
     if rest.is_empty() {

@@ -20,14 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OpenFlags, Transaction, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 use talaria_core::ids::validate_path_component;
 use talaria_core::{Message, Usage};
 
 use self::conn::{Connections, OpResult, configure, set_cache_kib, with_retry};
 use self::rows::{
-    MESSAGE_COLUMNS, SESSION_COLUMNS, insert_message, load_session, now, query_messages,
-    require_session, session_exists, session_from_row, to_sql_count,
+    MESSAGE_COLUMNS, SESSION_COLUMNS, from_sql_count, insert_message, load_session, now,
+    query_messages, require_session, session_exists, session_from_row, to_sql_count,
 };
 use crate::{
     NewSession, Result, SearchHit, SearchQuery, SessionFilter, SessionRecord, SessionStore,
@@ -76,8 +76,9 @@ impl Default for SqliteOptions {
 /// Cloning is cheap and clones share the same connections.
 ///
 /// Conventions beyond the trait's documentation:
-/// - `message_count` counts every row stored for the session, so
-///   [`SessionStore::replace_active`] adds the replacement rows to it;
+/// - `message_count` counts every row stored for the session (it is
+///   counted from them), so [`SessionStore::replace_active`] adds the
+///   replacement rows to it;
 /// - a [`SessionFilter`] with `limit: 0` lists every match;
 /// - a [`SearchQuery`] with `limit: 0` returns up to ten sessions;
 /// - search covers inactive (compressed-away) rows too;
@@ -211,7 +212,7 @@ fn open_writer(path: &Path, opts: &SqliteOptions) -> OpResult<Connection> {
     Ok(conn)
 }
 
-/// Inserts one message row and counts it on its session.
+/// Inserts one message row of an existing session.
 pub(crate) fn append_row(
     tx: &Transaction<'_>,
     id: &str,
@@ -219,17 +220,29 @@ pub(crate) fn append_row(
     timestamp: f64,
 ) -> OpResult<i64> {
     require_session(tx, id)?;
-    let row = insert_message(tx, id, message, timestamp)?;
-    tx.prepare_cached("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?1")?
-        .execute(params![id])?;
-    Ok(row)
+    insert_message(tx, id, message, timestamp)
 }
 
 /// Adds `usage` to a session's token counters.
 pub(crate) fn add_usage_row(tx: &Transaction<'_>, id: &str, usage: &Usage) -> OpResult<()> {
     // Read, add in Rust with saturation, write back: SQLite would silently
     // turn an overflowing integer sum into a float.
-    let current = load_session(tx, id)?.ok_or_else(|| StoreError::NoSuchSession(id.to_owned()))?;
+    let current = tx
+        .prepare_cached(
+            "SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
+             reasoning_tokens FROM sessions WHERE id = ?1",
+        )?
+        .query_row(params![id], |r| {
+            Ok(Usage {
+                input_tokens: from_sql_count(r.get(0)?),
+                output_tokens: from_sql_count(r.get(1)?),
+                cache_read_tokens: from_sql_count(r.get(2)?),
+                cache_write_tokens: from_sql_count(r.get(3)?),
+                reasoning_tokens: from_sql_count(r.get(4)?),
+            })
+        })
+        .optional()?
+        .ok_or_else(|| StoreError::NoSuchSession(id.to_owned()))?;
     let total = Usage {
         input_tokens: current.input_tokens.saturating_add(usage.input_tokens),
         output_tokens: current.output_tokens.saturating_add(usage.output_tokens),
@@ -442,10 +455,6 @@ impl SessionStore for SqliteStore {
             for message in &replacement {
                 insert_message(tx, &id, message, timestamp)?;
             }
-            tx.prepare_cached(
-                "UPDATE sessions SET message_count = message_count + ?2 WHERE id = ?1",
-            )?
-            .execute(params![id, sql_len(replacement.len())])?;
             Ok(())
         })
         .await

@@ -150,6 +150,7 @@ async fn a_version_1_database_is_upgraded_in_place() {
              DROP TABLE pairing_stamps; DROP TABLE inbound_seen; \
              DROP TABLE adapter_cursors; DROP TABLE fts_progress; \
              DROP TABLE cluster_nodes; DROP TABLE cluster_leases; \
+             ALTER TABLE sessions ADD COLUMN message_count INTEGER NOT NULL DEFAULT 0; \
              DROP TRIGGER messages_fts_delete; DROP TRIGGER messages_fts_update; \
              CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN \
                INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); \

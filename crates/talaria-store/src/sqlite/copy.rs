@@ -24,10 +24,10 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params, pa
 
 use super::SqliteStore;
 use super::conn::{OpError, OpResult, configure, lock, to_store_error};
-use super::rows::{index_pending, now};
+use super::rows::{MESSAGE_COUNT, index_pending, now};
 use crate::copy::{
     Column, Dump, Kind, Load, MARKER_TABLE, Page, PageKey, PageLimit, Row, StoreCopy, Table,
-    TargetState, Value, column_list, quoted, upsert_clause, wrong_kind,
+    TargetState, Value, quoted, upsert_clause_of, wrong_kind,
 };
 use crate::{Result, StoreError, Timestamp};
 
@@ -37,6 +37,22 @@ fn order_columns(table: Table) -> Vec<&'static str> {
         // `WITHOUT ROWID`: the primary key is all there is.
         Table::InboundSeen | Table::AdapterCursors => table.key().to_vec(),
         _ => vec!["rowid"],
+    }
+}
+
+/// Whether this file holds `column` of `table` as a column. The one it
+/// does not, `sessions.message_count`, is counted from `messages` when
+/// read ([`MESSAGE_COUNT`]) and needs no writing.
+fn stored(table: Table, column: &str) -> bool {
+    !(table == Table::Sessions && column == "message_count")
+}
+
+/// What a dump selects for `column`.
+fn select_expr(table: Table, column: &str) -> String {
+    if stored(table, column) {
+        quoted(column)
+    } else {
+        MESSAGE_COUNT.to_owned()
     }
 }
 
@@ -63,9 +79,14 @@ fn page_sql(table: Table, resume: bool) -> String {
     } else {
         String::new()
     };
+    let columns = table
+        .columns()
+        .iter()
+        .map(|c| select_expr(table, c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         "SELECT {order}, {columns} FROM {name} {filter} ORDER BY {order}",
-        columns = column_list(table),
         name = quoted(table.name()),
     )
 }
@@ -302,10 +323,16 @@ fn begin(tx: &Transaction<'_>, source: &str) -> OpResult<TargetState> {
     Ok(TargetState::Empty)
 }
 
-/// The upsert for one row of `table`.
+/// The upsert for one row of `table`, over the columns this file stores.
 fn insert_sql(table: Table) -> String {
     let name = quoted(table.name());
-    let marks = (1..=table.columns().len())
+    let names: Vec<&str> = table
+        .columns()
+        .iter()
+        .map(|c| c.name)
+        .filter(|c| stored(table, c))
+        .collect();
+    let marks = (1..=names.len())
         .map(|i| format!("?{i}"))
         .collect::<Vec<_>>()
         .join(", ");
@@ -315,14 +342,16 @@ fn insert_sql(table: Table) -> String {
         .map(|k| quoted(k))
         .collect::<Vec<_>>()
         .join(", ");
-    let conflict = match upsert_clause(table, &name, "IS NOT") {
+    let conflict = match upsert_clause_of(table, &names, &name, "IS NOT") {
         Some((set, changed)) => format!("DO UPDATE SET {set} WHERE {changed}"),
         None => "DO NOTHING".to_owned(),
     };
-    format!(
-        "INSERT INTO {name} ({columns}) VALUES ({marks}) ON CONFLICT ({key}) {conflict}",
-        columns = column_list(table),
-    )
+    let columns = names
+        .iter()
+        .map(|c| quoted(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("INSERT INTO {name} ({columns}) VALUES ({marks}) ON CONFLICT ({key}) {conflict}")
 }
 
 fn write_rows(tx: &Transaction<'_>, table: Table, rows: &[Row]) -> OpResult<()> {
@@ -335,7 +364,12 @@ fn write_rows(tx: &Transaction<'_>, table: Table, rows: &[Row]) -> OpResult<()> 
                 row.len()
             ))));
         }
-        stmt.execute(params_from_iter(row.iter().map(to_sql)))?;
+        let values = row
+            .iter()
+            .zip(table.columns())
+            .filter(|(_, c)| stored(table, c.name))
+            .map(|(v, _)| to_sql(v));
+        stmt.execute(params_from_iter(values))?;
     }
     if table == Table::Messages {
         index_pending(tx)?;

@@ -6,11 +6,26 @@ use talaria_core::{Message, Role, ToolCall};
 use super::conn::OpResult;
 use crate::{SessionRecord, StoreError, StoredMessage, Timestamp};
 
-/// Session columns in the order [`session_from_row`] reads them.
-pub(crate) const SESSION_COLUMNS: &str = "id, source, session_key, chat_id, user_id, thread_id, \
-     title, model, system_prompt, parent_session_id, started_at, ended_at, end_reason, \
-     message_count, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
-     reasoning_tokens";
+/// Every row stored for a session, counted through the `messages_session`
+/// index (no column holds it: see schema version 7). A macro so the two
+/// constants below can share it.
+macro_rules! message_count {
+    () => {
+        "(SELECT count(*) FROM messages WHERE messages.session_id = sessions.id)"
+    };
+}
+
+/// [`message_count!`] as a constant, for other modules' queries.
+pub(crate) const MESSAGE_COUNT: &str = message_count!();
+
+/// Session columns in the order [`session_from_row`] reads them, for a
+/// query over `sessions`.
+pub(crate) const SESSION_COLUMNS: &str = concat!(
+    "id, source, session_key, chat_id, user_id, thread_id, title, model, system_prompt, \
+     parent_session_id, started_at, ended_at, end_reason, ",
+    message_count!(),
+    ", input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens"
+);
 
 /// Message columns in the order [`message_from_row`] reads them.
 pub(crate) const MESSAGE_COLUMNS: &str = "id, session_id, role, content, tool_call_id, \
@@ -175,7 +190,7 @@ pub(crate) fn require_session(conn: &Connection, id: &str) -> OpResult<()> {
     }
 }
 
-/// Inserts one message row; the caller bumps `message_count`.
+/// Inserts one message row.
 pub(crate) fn insert_message(
     conn: &Connection,
     session_id: &str,

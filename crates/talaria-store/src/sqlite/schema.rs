@@ -307,6 +307,8 @@ DROP INDEX delivery_obligations_state;
 CREATE INDEX delivery_obligations_open ON delivery_obligations (state, created_at);
 "#;
 
+/// Two writes less per stored message.
+///
 /// Message ids without `AUTOINCREMENT`. Its counter lives in a row of
 /// `sqlite_sequence`, so every stored message also rewrote that page: one
 /// WAL frame of five per commit. A new row now takes the next id above both
@@ -314,7 +316,14 @@ CREATE INDEX delivery_obligations_open ON delivery_obligations (state, created_a
 /// ([`super::rows::insert_message`]), which keeps what the watermark needs:
 /// no id at or below it is ever given out again. Only ids of rows deleted
 /// at the tail before they were indexed can come back.
+///
+/// No `sessions.message_count`: bumping it rewrote the session's page in
+/// the commit of every message. The count is read from `messages` (the
+/// `messages_session` index) instead; it was always every row stored for
+/// the session, which is what counting them gives.
 const V7: &str = r#"
+ALTER TABLE sessions DROP COLUMN message_count;
+
 CREATE TABLE messages_v7 (
     id            INTEGER PRIMARY KEY,
     session_id    TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
@@ -500,6 +509,12 @@ mod tests {
             )
             .unwrap();
         assert_eq!(triggers, 2);
+        // The count of a session's rows is read from them now.
+        let session = super::super::rows::load_session(&conn, "s")
+            .map_err(|_| "load")
+            .unwrap()
+            .unwrap();
+        assert_eq!(session.message_count, 2);
         for table in ["messages_fts", "messages_fts_trigram"] {
             conn.execute(
                 &format!("INSERT INTO {table} ({table}, rank) VALUES ('integrity-check', 1)"),
