@@ -46,6 +46,9 @@ struct Args {
     /// Sequential turns per mode and repeat.
     #[arg(long)]
     turns: Option<u64>,
+    /// Turns of the disk-write measurement at 8 users.
+    #[arg(long)]
+    disk_turns: Option<u64>,
     /// Turns of the memory soak (RSS after 1,000 turns against after this).
     #[arg(long)]
     soak_turns: Option<u64>,
@@ -107,6 +110,9 @@ impl Plan {
         }
         if let Some(t) = args.turns {
             plan.sequential_turns = t.max(1);
+        }
+        if let Some(t) = args.disk_turns {
+            plan.disk_turns = t.max(1);
         }
         if let Some(t) = args.soak_turns {
             plan.soak_turns = t.max(1_001);

@@ -296,7 +296,7 @@ impl Ledger {
             tracing::warn!(error = %e, "could not check this host's gateways for dead ones");
         }
         let now = self.store.clock().await?;
-        let claim = OwedClaim {
+        let mut claim = OwedClaim {
             claimer: self.me.clone(),
             platforms: deliverable.iter().cloned().collect(),
             limit: CLAIM_CHUNK,
@@ -304,10 +304,12 @@ impl Ledger {
             max_attempts: MAX_ATTEMPTS,
             stale_before: now - STALE_AFTER.as_secs_f64(),
             retry_failed_after: self.retry_failed_after.as_secs_f64(),
+            after: None,
         };
         let mut claimed = Vec::new();
         loop {
             let batch = self.store.claim_owed(&claim).await?;
+            claim.after.clone_from(&batch.last);
             let done = batch.claimed.len() + batch.abandoned.len() < CLAIM_CHUNK;
             for row in &batch.abandoned {
                 tracing::warn!(

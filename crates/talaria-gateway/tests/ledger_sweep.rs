@@ -210,6 +210,7 @@ async fn over_budget_rows_are_abandoned_and_down_platforms_spend_nothing() {
                 max_attempts: MAX_ATTEMPTS,
                 stale_before: 0.0,
                 retry_failed_after: 0.0,
+                after: None,
             })
             .await
             .unwrap();

@@ -165,6 +165,17 @@ pub struct OwedClaim {
     /// claimed again, so a platform that is failing is not retried (and
     /// the attempt budget spent) every sweep.
     pub retry_failed_after: f64,
+    /// Only rows after this one in claim order: the previous call's
+    /// [`OwedBatch::last`], so a sweep of many calls reads each row once
+    /// instead of passing over every row it already claimed on each call.
+    pub after: Option<OwedCursor>,
+}
+
+/// A place in claim order (oldest first, then by id).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwedCursor {
+    pub created_at: Timestamp,
+    pub id: String,
 }
 
 /// A row a sweep won.
@@ -184,6 +195,9 @@ pub struct OwedBatch {
     pub claimed: Vec<ClaimedObligation>,
     /// Rows given up (over the attempt budget or too old), as they are now.
     pub abandoned: Vec<Obligation>,
+    /// The last row this call decided on, for the next call's
+    /// [`OwedClaim::after`]; `None` when it found none.
+    pub last: Option<OwedCursor>,
 }
 
 /// The delivery ledger: final replies recorded before they are sent.

@@ -34,7 +34,7 @@ pub mod sqlite;
 pub use gateway::{
     ApproveOutcome, ApprovedUser, ClaimedObligation, CursorStore, GatewayStore, InboundStore,
     LedgerStore, NewObligation, Obligation, ObligationState, OfferOutcome, OwedBatch, OwedClaim,
-    PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore,
+    OwedCursor, PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore,
 };
 
 pub use cluster::{ClusterStore, LeaseGrant, LeaseRecord, NodeAnnouncement, NodeId, NodeRecord};

@@ -63,6 +63,7 @@ fn claim_for(claimer: &NodeId, platforms: &[&str]) -> OwedClaim {
         max_attempts: 3,
         stale_before: 0.0,
         retry_failed_after: 0.0,
+        after: None,
     }
 }
 
@@ -616,6 +617,44 @@ async fn racing_sweepers_claim_each_row_exactly_once<S: Backend + LedgerStore + 
     }
 }
 
+/// A sweep of several calls hands each call the last row of the one
+/// before, and each call starts after it. The leases here end at once, so
+/// every row claimed is claimable again: only the cursor keeps a call from
+/// taking the first rows over and over.
+async fn claims_page_through_the_rows_after_the_cursor<S: Backend + LedgerStore + ClusterStore>(
+    f: Fixture<S>,
+) {
+    let gone = dead(&f, "node-gone").await;
+    for i in 0..5 {
+        f.record_obligation(obligation(&format!("row{i}"), &gone))
+            .await
+            .unwrap();
+    }
+    let me = live(&f, "sweeper").await;
+    let mut claim = claim_for(&me, &["telegram"]);
+    claim.limit = 2;
+    claim.lease = -1.0;
+    let mut pages = Vec::new();
+    while pages.len() < 10 {
+        let batch = f.claim_owed(&claim).await.unwrap();
+        let Some(last) = batch.last.clone() else {
+            break;
+        };
+        let ids = claimed_ids(&batch);
+        assert_eq!(ids.last(), Some(&last.id));
+        pages.push(ids);
+        claim.after = Some(last);
+    }
+    assert_eq!(
+        pages,
+        [vec!["row0", "row1"], vec!["row2", "row3"], vec!["row4"]]
+    );
+    // A new sweep starts from the beginning.
+    claim.after = None;
+    let batch = f.claim_owed(&claim).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["row0", "row1"]);
+}
+
 /// The outbox: the answer and its obligation are stored together, or,
 /// when the append fails, neither.
 async fn a_reply_and_its_obligation_are_stored_together<
@@ -706,4 +745,5 @@ contract_tests!(
     prune_deletes_only_old_closed_rows,
     counts_group_rows_by_state,
     racing_sweepers_claim_each_row_exactly_once,
+    claims_page_through_the_rows_after_the_cursor,
 );

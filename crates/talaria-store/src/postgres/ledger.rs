@@ -19,7 +19,7 @@ use super::{NOW, PostgresStore};
 use crate::cluster::NodeId;
 use crate::gateway::{
     ClaimedObligation, GAVE_UP_AGE, GAVE_UP_ATTEMPTS, LedgerStore, MAX_ERROR_CHARS, NewObligation,
-    OPEN_STATES_SQL, Obligation, ObligationState, OwedBatch, OwedClaim, truncate_chars,
+    OPEN_STATES_SQL, Obligation, ObligationState, OwedBatch, OwedClaim, OwedCursor, truncate_chars,
 };
 use crate::{Result, StoreError, Timestamp};
 
@@ -300,10 +300,12 @@ impl LedgerStore for PostgresStore {
              AND (o.state <> 'failed' OR o.updated_at < {NOW} - $6) \
              AND (o.attempts >= $3 OR o.created_at < $4 OR o.platform = ANY($2))"
         );
+        // From the previous call's last row on (`claim.after`).
         let pick = format!(
-            "SELECT o.id FROM delivery_obligations o \
+            "SELECT o.id, o.created_at FROM delivery_obligations o \
              LEFT JOIN cluster_nodes n ON n.id = o.owner_node \
              WHERE {claimable} \
+               AND ($7::float8 IS NULL OR (o.created_at, o.id) > ($7::float8, $8::text)) \
              ORDER BY o.created_at, o.id LIMIT $5 \
              FOR UPDATE OF o SKIP LOCKED"
         );
@@ -330,7 +332,7 @@ impl LedgerStore for PostgresStore {
         let max_attempts = attempt_sql(claim.max_attempts);
         let me = claim.claimer.as_str();
         let pick = tx.prepare_cached(&pick).await.map_err(|e| self.error(e))?;
-        let picked: Vec<String> = tx
+        let picked_rows = tx
             .query(
                 &pick,
                 &[
@@ -340,13 +342,17 @@ impl LedgerStore for PostgresStore {
                     &claim.stale_before,
                     &limit,
                     &claim.retry_failed_after,
+                    &claim.after.as_ref().map(|a| a.created_at),
+                    &claim.after.as_ref().map(|a| a.id.as_str()),
                 ],
             )
             .await
-            .map_err(|e| self.error(e))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .map_err(|e| self.error(e))?;
+        let last = picked_rows.last().map(|r| OwedCursor {
+            id: r.get(0),
+            created_at: r.get(1),
+        });
+        let picked: Vec<String> = picked_rows.iter().map(|r| r.get(0)).collect();
         if picked.is_empty() {
             tx.commit().await.map_err(|e| self.error(e))?;
             return Ok(OwedBatch::default());
@@ -370,7 +376,10 @@ impl LedgerStore for PostgresStore {
             .await
             .map_err(|e| self.error(e))?;
         tx.commit().await.map_err(|e| self.error(e))?;
-        let mut batch = OwedBatch::default();
+        let mut batch = OwedBatch {
+            last,
+            ..OwedBatch::default()
+        };
         for row in &rows {
             let obligation = obligation_from_row(row)?;
             let previous: String = row.get(14);

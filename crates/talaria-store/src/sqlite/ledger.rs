@@ -27,7 +27,7 @@ use super::{add_usage_row, append_row};
 use crate::cluster::NodeId;
 use crate::gateway::{
     ClaimedObligation, GAVE_UP_AGE, GAVE_UP_ATTEMPTS, LedgerStore, MAX_ERROR_CHARS, NewObligation,
-    OPEN_STATES_SQL, Obligation, ObligationState, OwedBatch, OwedClaim, truncate_chars,
+    OPEN_STATES_SQL, Obligation, ObligationState, OwedBatch, OwedClaim, OwedCursor, truncate_chars,
 };
 use crate::{Result, StoreError, Timestamp};
 
@@ -245,12 +245,21 @@ impl LedgerStore for SqliteStore {
             // missing or dead or whose attempt outlived its lease. Of
             // those, the ones over budget (any platform) and the ones the
             // claimer can deliver.
+            // In claim order through `delivery_obligations_owed`, whose
+            // condition is the first term here, from the previous call's
+            // last row on: each call reads about `limit` rows, not every
+            // open row again.
+            let after = if claim.after.is_some() {
+                "AND (o.created_at, o.id) > (?8, ?9)"
+            } else {
+                "AND ?8 IS NULL AND ?9 IS NULL"
+            };
             let sql = format!(
                 "SELECT o.id, o.state, \
                      (o.attempts >= ?3 OR o.created_at < ?4) AS give_up, \
-                     o.attempts >= ?3 AS spent \
+                     o.attempts >= ?3 AS spent, o.created_at \
                  FROM delivery_obligations o LEFT JOIN cluster_nodes n ON n.id = o.owner_node \
-                 WHERE o.state IN {OPEN_STATES_SQL} \
+                 WHERE o.state IN {OPEN_STATES_SQL} {after} \
                    AND ((o.owner_node IS ?2 \
                          AND (o.state = 'failed' \
                               OR (o.state = 'attempting' AND o.lease_until < ?1))) \
@@ -272,7 +281,9 @@ impl LedgerStore for SqliteStore {
                         claim.stale_before,
                         platforms,
                         limit,
-                        claim.retry_failed_after
+                        claim.retry_failed_after,
+                        claim.after.as_ref().map(|a| a.created_at),
+                        claim.after.as_ref().map(|a| a.id.as_str()),
                     ],
                     |r| {
                         Ok((
@@ -280,12 +291,21 @@ impl LedgerStore for SqliteStore {
                             r.get::<_, String>(1)?,
                             r.get::<_, bool>(2)?,
                             r.get::<_, bool>(3)?,
+                            r.get::<_, Timestamp>(4)?,
                         ))
                     },
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            let mut batch = OwedBatch::default();
-            for (id, previous, give_up, spent) in candidates {
+            let mut batch = OwedBatch {
+                last: candidates
+                    .last()
+                    .map(|(id, _, _, _, created_at)| OwedCursor {
+                        created_at: *created_at,
+                        id: id.clone(),
+                    }),
+                ..OwedBatch::default()
+            };
+            for (id, previous, give_up, spent, _) in candidates {
                 let previous = ObligationState::parse(&previous).ok_or_else(|| {
                     StoreError::Database(format!(
                         "delivery ledger has an unknown state `{previous}`"

@@ -317,12 +317,20 @@ CREATE INDEX delivery_obligations_open ON delivery_obligations (state, created_a
 /// no id at or below it is ever given out again. Only ids of rows deleted
 /// at the tail before they were indexed can come back.
 ///
+/// An index for sweeps that claim many obligations in several calls.
+///
 /// No `sessions.message_count`: bumping it rewrote the session's page in
 /// the commit of every message. The count is read from `messages` (the
 /// `messages_session` index) instead; it was always every row stored for
 /// the session, which is what counting them gives.
 const V7: &str = r#"
 ALTER TABLE sessions DROP COLUMN message_count;
+
+-- Open obligations in the order a sweep claims them, so each of its calls
+-- starts where the previous one stopped. The condition is the sweep
+-- query's own first term, which is what lets SQLite use the index.
+CREATE INDEX delivery_obligations_owed ON delivery_obligations (created_at, id)
+    WHERE state IN ('pending', 'attempting', 'failed');
 
 CREATE TABLE messages_v7 (
     id            INTEGER PRIMARY KEY,
