@@ -13,8 +13,8 @@ const GATEWAY_TABLES: [&str; 6] = [
     "pairing_pending",
     "pairing_approved",
     "pairing_stamps",
-    // The ledger's state index, so sweeps do not scan delivered rows.
-    "delivery_obligations_open",
+    // The ledger's index of open rows, so sweeps do not scan delivered ones.
+    "delivery_obligations_owed",
 ];
 
 /// Moves a route's stamps back by `secs`, so that the next stamp is later

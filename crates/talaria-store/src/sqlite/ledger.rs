@@ -12,7 +12,7 @@
 //!   truncated like a send error;
 //! - [`LedgerStore::obligation_counts`] lists only states that have rows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use rusqlite::types::Type;
@@ -245,10 +245,11 @@ impl LedgerStore for SqliteStore {
             // missing or dead or whose attempt outlived its lease. Of
             // those, the ones over budget (any platform) and the ones the
             // claimer can deliver.
-            // In claim order through `delivery_obligations_owed`, whose
-            // condition is the first term here, from the previous call's
-            // last row on: each call reads about `limit` rows, not every
-            // open row again.
+            // In claim order through `delivery_obligations_owed` (named:
+            // left to itself the planner takes the `(state, created_at)`
+            // index and sorts every open row on each call), from the
+            // previous call's last row on: each call reads about `limit`
+            // rows, not every open row again.
             let after = if claim.after.is_some() {
                 "AND (o.created_at, o.id) > (?8, ?9)"
             } else {
@@ -257,8 +258,9 @@ impl LedgerStore for SqliteStore {
             let sql = format!(
                 "SELECT o.id, o.state, \
                      (o.attempts >= ?3 OR o.created_at < ?4) AS give_up, \
-                     o.attempts >= ?3 AS spent, o.created_at \
-                 FROM delivery_obligations o LEFT JOIN cluster_nodes n ON n.id = o.owner_node \
+                     o.attempts >= ?3 AS spent, o.created_at, o.rowid \
+                 FROM delivery_obligations o INDEXED BY delivery_obligations_owed \
+                 LEFT JOIN cluster_nodes n ON n.id = o.owner_node \
                  WHERE o.state IN {OPEN_STATES_SQL} {after} \
                    AND ((o.owner_node IS ?2 \
                          AND (o.state = 'failed' \
@@ -292,6 +294,7 @@ impl LedgerStore for SqliteStore {
                             r.get::<_, bool>(2)?,
                             r.get::<_, bool>(3)?,
                             r.get::<_, Timestamp>(4)?,
+                            r.get::<_, i64>(5)?,
                         ))
                     },
                 )?
@@ -299,13 +302,15 @@ impl LedgerStore for SqliteStore {
             let mut batch = OwedBatch {
                 last: candidates
                     .last()
-                    .map(|(id, _, _, _, created_at)| OwedCursor {
+                    .map(|(id, _, _, _, created_at, _)| OwedCursor {
                         created_at: *created_at,
                         id: id.clone(),
                     }),
                 ..OwedBatch::default()
             };
-            for (id, previous, give_up, spent, _) in candidates {
+            let mut previous_of = HashMap::new();
+            let mut claiming = Vec::new();
+            for (id, previous, give_up, spent, _, rowid) in candidates {
                 let previous = ObligationState::parse(&previous).ok_or_else(|| {
                     StoreError::Database(format!(
                         "delivery ledger has an unknown state `{previous}`"
@@ -313,29 +318,58 @@ impl LedgerStore for SqliteStore {
                 })?;
                 if give_up {
                     let reason = if spent { GAVE_UP_ATTEMPTS } else { GAVE_UP_AGE };
-                    tx.prepare_cached(
+                    // RETURNING: the row as it is now, without reading it again.
+                    let sql = format!(
                         "UPDATE delivery_obligations SET state = 'abandoned', updated_at = ?2, \
-                         lease_until = NULL, last_error = ?3 WHERE id = ?1",
-                    )?
-                    .execute(params![id, at, reason])?;
-                    if let Some(row) = load(tx, &id)? {
+                         lease_until = NULL, last_error = ?3 WHERE rowid = ?1 RETURNING {COLUMNS}"
+                    );
+                    if let Some(row) = tx
+                        .prepare_cached(&sql)?
+                        .query_row(params![rowid, at, reason], obligation_from_row)
+                        .optional()?
+                    {
                         batch.abandoned.push(row);
                     }
                 } else {
-                    tx.prepare_cached(
-                        "UPDATE delivery_obligations SET state = 'attempting', \
-                         attempts = attempts + 1, owner_node = ?2, updated_at = ?3, \
-                         lease_until = ?3 + ?4 WHERE id = ?1",
-                    )?
-                    .execute(params![id, me, at, claim.lease])?;
-                    if let Some(obligation) = load(tx, &id)? {
-                        batch.claimed.push(ClaimedObligation {
-                            obligation,
-                            previous,
-                        });
-                    }
+                    previous_of.insert(id, previous);
+                    claiming.push(rowid);
                 }
             }
+            if claiming.is_empty() {
+                return Ok(batch);
+            }
+            // The claimed rows in one statement: a statement per row cost
+            // more than the change it made.
+            let rowids = serde_json::to_string(&claiming)
+                .map_err(|e| StoreError::Database(format!("cannot encode row ids: {e}")))?;
+            let sql = format!(
+                "UPDATE delivery_obligations SET state = 'attempting', \
+                 attempts = attempts + 1, owner_node = ?2, updated_at = ?3, \
+                 lease_until = ?3 + ?4 \
+                 WHERE rowid IN (SELECT value FROM json_each(?1)) RETURNING {COLUMNS}"
+            );
+            let mut stmt = tx.prepare_cached(&sql)?;
+            let mut rows = stmt.query(params![rowids, me, at, claim.lease])?;
+            while let Some(row) = rows.next()? {
+                let obligation = obligation_from_row(row)?;
+                // Every returned row was a candidate; were one not, calling
+                // it attempted before marks its send as possibly repeated,
+                // the safe side.
+                let previous = previous_of
+                    .get(&obligation.id)
+                    .copied()
+                    .unwrap_or(ObligationState::Attempting);
+                batch.claimed.push(ClaimedObligation {
+                    obligation,
+                    previous,
+                });
+            }
+            // RETURNING gives no order: oldest first, as the sweep sends them.
+            batch.claimed.sort_by(|a, b| {
+                (a.obligation.created_at, &a.obligation.id)
+                    .partial_cmp(&(b.obligation.created_at, &b.obligation.id))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            });
             Ok(batch)
         })
         .await

@@ -331,6 +331,10 @@ ALTER TABLE sessions DROP COLUMN message_count;
 -- query's own first term, which is what lets SQLite use the index.
 CREATE INDEX delivery_obligations_owed ON delivery_obligations (created_at, id)
     WHERE state IN ('pending', 'attempting', 'failed');
+-- Every state change rewrote an entry of this one too; what read it (open
+-- rows, and pruning old closed ones now and then) reads the index above or
+-- the table.
+DROP INDEX delivery_obligations_open;
 
 CREATE TABLE messages_v7 (
     id            INTEGER PRIMARY KEY,
