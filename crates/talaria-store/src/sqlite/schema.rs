@@ -307,22 +307,21 @@ DROP INDEX delivery_obligations_state;
 CREATE INDEX delivery_obligations_open ON delivery_obligations (state, created_at);
 "#;
 
-/// Two writes less per stored message.
+/// Fewer writes per stored message, and a ledger index sweeps can walk.
 ///
-/// Message ids without `AUTOINCREMENT`. Its counter lives in a row of
-/// `sqlite_sequence`, so every stored message also rewrote that page: one
-/// WAL frame of five per commit. A new row now takes the next id above both
-/// the highest id and the full-text watermark
-/// ([`super::rows::insert_message`]), which keeps what the watermark needs:
-/// no id at or below it is ever given out again. Only ids of rows deleted
-/// at the tail before they were indexed can come back.
-///
-/// An index for sweeps that claim many obligations in several calls.
-///
-/// No `sessions.message_count`: bumping it rewrote the session's page in
-/// the commit of every message. The count is read from `messages` (the
-/// `messages_session` index) instead; it was always every row stored for
-/// the session, which is what counting them gives.
+/// - Message ids without `AUTOINCREMENT`. Its counter lives in a row of
+///   `sqlite_sequence`, so every stored message also rewrote that page: one
+///   WAL frame of five per commit. A new row now takes the next id above
+///   both the highest id and the full-text watermark
+///   ([`super::rows::insert_message`]), which keeps what the watermark
+///   needs: no id at or below it is ever given out again. Only ids of rows
+///   deleted at the tail before they were indexed can come back.
+/// - No `sessions.message_count`: bumping it rewrote the session's page in
+///   the commit of every message. The count is read from `messages` (the
+///   `messages_session` index) instead; it was always every row stored for
+///   the session, which is what counting them gives.
+/// - Open obligations indexed in claim order (`delivery_obligations_owed`),
+///   replacing the `(state, created_at)` index.
 const V7: &str = r#"
 ALTER TABLE sessions DROP COLUMN message_count;
 
