@@ -234,25 +234,12 @@ CREATE TABLE adapter_cursors (
 ) WITHOUT ROWID;
 "#;
 
-/// Full-text indexing in batches instead of row by row: a row's words reach
-/// the two indexes when [`super::rows::index_pending`] runs (every
-/// [`super::rows::FTS_BATCH`] rows, and before every search), so the
-/// indexes gain one segment per batch instead of one per message. Deleting
-/// or editing a row touches the indexes only if the row is already in them.
-const V5: &str = r#"
-CREATE TABLE fts_progress (
-    id              INTEGER PRIMARY KEY CHECK (id = 1),
-    -- Every message with an id up to this one is in both indexes; none
-    -- above it is (ids only grow: AUTOINCREMENT never reuses one).
-    indexed_through INTEGER NOT NULL
-);
-INSERT INTO fts_progress (id, indexed_through)
-    VALUES (1, (SELECT COALESCE(MAX(id), 0) FROM messages));
-
-DROP TRIGGER messages_fts_insert;
-DROP TRIGGER messages_fts_delete;
-DROP TRIGGER messages_fts_update;
-
+/// The triggers that keep the full-text indexes equal to `messages` for
+/// rows already in them (version 5), created again when version 7 rebuilt
+/// the table. A macro so both migrations can spell them once.
+macro_rules! fts_triggers {
+    () => {
+        r#"
 CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
 WHEN old.id <= (SELECT indexed_through FROM fts_progress WHERE id = 1) BEGIN
     INSERT INTO messages_fts (messages_fts, rowid, content)
@@ -269,7 +256,33 @@ WHEN old.id <= (SELECT indexed_through FROM fts_progress WHERE id = 1) BEGIN
     INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
     INSERT INTO messages_fts_trigram (rowid, content) VALUES (new.id, new.content);
 END;
-"#;
+"#
+    };
+}
+
+/// Full-text indexing in batches instead of row by row: a row's words reach
+/// the two indexes when [`super::rows::index_pending`] runs (every
+/// [`super::rows::FTS_BATCH`] rows, and before every search), so the
+/// indexes gain one segment per batch instead of one per message. Deleting
+/// or editing a row touches the indexes only if the row is already in them.
+const V5: &str = concat!(
+    r#"
+CREATE TABLE fts_progress (
+    id              INTEGER PRIMARY KEY CHECK (id = 1),
+    -- Every message with an id up to this one is in both indexes; none
+    -- above it is (ids only grow: AUTOINCREMENT never reuses one).
+    indexed_through INTEGER NOT NULL
+);
+INSERT INTO fts_progress (id, indexed_through)
+    VALUES (1, (SELECT COALESCE(MAX(id), 0) FROM messages));
+
+DROP TRIGGER messages_fts_insert;
+DROP TRIGGER messages_fts_delete;
+DROP TRIGGER messages_fts_update;
+
+"#,
+    fts_triggers!()
+);
 
 /// Nodes and leases; ledger rows owned by a node, with a lease on each
 /// attempt. Rows owned by a process id (before nodes) keep no owner: that
@@ -322,7 +335,8 @@ CREATE INDEX delivery_obligations_open ON delivery_obligations (state, created_a
 ///   the session, which is what counting them gives.
 /// - Open obligations indexed in claim order (`delivery_obligations_owed`),
 ///   replacing the `(state, created_at)` index.
-const V7: &str = r#"
+const V7: &str = concat!(
+    r#"
 ALTER TABLE sessions DROP COLUMN message_count;
 
 -- Open obligations in the order a sweep claims them, so each of its calls
@@ -359,23 +373,9 @@ ALTER TABLE messages_v7 RENAME TO messages;
 DELETE FROM sqlite_sequence WHERE name = 'messages';
 CREATE INDEX messages_session ON messages (session_id, id);
 
-CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
-WHEN old.id <= (SELECT indexed_through FROM fts_progress WHERE id = 1) BEGIN
-    INSERT INTO messages_fts (messages_fts, rowid, content)
-        VALUES ('delete', old.id, old.content);
-    INSERT INTO messages_fts_trigram (messages_fts_trigram, rowid, content)
-        VALUES ('delete', old.id, old.content);
-END;
-CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages
-WHEN old.id <= (SELECT indexed_through FROM fts_progress WHERE id = 1) BEGIN
-    INSERT INTO messages_fts (messages_fts, rowid, content)
-        VALUES ('delete', old.id, old.content);
-    INSERT INTO messages_fts_trigram (messages_fts_trigram, rowid, content)
-        VALUES ('delete', old.id, old.content);
-    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
-    INSERT INTO messages_fts_trigram (rowid, content) VALUES (new.id, new.content);
-END;
-"#;
+"#,
+    fts_triggers!()
+);
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or
 /// are newer than this build.
