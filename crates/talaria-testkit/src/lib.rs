@@ -20,6 +20,7 @@ pub mod homeassistant;
 pub mod matrix;
 pub mod mattermost;
 pub mod postgres;
+pub mod python;
 pub mod signal;
 pub mod slack;
 pub mod telegram;

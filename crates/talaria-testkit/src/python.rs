@@ -1,0 +1,66 @@
+//! The Python environment that holds the third-party software the tests
+//! drive Talaria with: the official OpenAI SDK (`openai`), the Synapse
+//! homeserver (`matrix-synapse`), the MCP Python SDK (`mcp`) and the
+//! reference MCP servers (`mcp-server-time`).
+//!
+//! `.ci/run` installs them into a virtual environment at
+//! [`DEFAULT_VENV`] (or wherever `TALARIA_TEST_VENV` points). A test that
+//! needs one of them fails, never skips, when it is missing: a green run
+//! must mean the real thing was exercised.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Where `.ci/run` puts the virtual environment unless told otherwise.
+pub const DEFAULT_VENV: &str = "/opt/talaria-py";
+
+/// The virtual environment's root: `TALARIA_TEST_VENV`, else
+/// [`DEFAULT_VENV`].
+pub fn venv() -> PathBuf {
+    std::env::var_os("TALARIA_TEST_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_VENV))
+}
+
+/// The path of `name` in the environment's `bin/` (an interpreter or an
+/// installed console script such as `mcp-server-time`).
+///
+/// # Panics
+/// When it is not there, with the command that installs it.
+pub fn venv_bin(name: &str) -> PathBuf {
+    let path = venv().join("bin").join(name);
+    if !path.exists() {
+        missing(&path, name);
+    }
+    path
+}
+
+/// The environment's interpreter, checked to import every module of
+/// `modules`.
+///
+/// # Panics
+/// When the interpreter is missing or a module does not import, saying how
+/// to install it.
+pub fn python_with(modules: &[&str]) -> PathBuf {
+    let python = venv_bin("python");
+    for module in modules {
+        let ok = Command::new(&python)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !ok {
+            missing(&python, module);
+        }
+    }
+    python
+}
+
+fn missing(path: &Path, what: &str) -> ! {
+    panic!(
+        "{what} is needed by this test and is not installed in {} (looked for {}). \
+         `.ci/run` installs it: python3 -m venv {0} && {0}/bin/pip install \
+         openai matrix-synapse mcp mcp-server-time",
+        venv().display(),
+        path.display(),
+    )
+}
