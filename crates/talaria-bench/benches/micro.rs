@@ -237,6 +237,7 @@ fn ledger_db(n: usize) -> PathBuf {
                     reply_to: Some(format!("{i}")),
                     content: "An answer that was cut off by a crash.".to_owned(),
                     owner: NodeId::new("gone").expect("a node id"),
+                    settles: Vec::new(),
                 })
                 .await
                 .expect("record");

@@ -646,6 +646,7 @@ async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
                 reply_to: None,
                 content: format!("owed reply number {i}"),
                 owner: gone.clone(),
+                settles: Vec::new(),
             })
             .await
             .unwrap();

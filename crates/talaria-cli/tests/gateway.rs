@@ -407,3 +407,236 @@ async fn talaria_send_goes_directly_without_a_gateway_and_through_it_with_one() 
     assert!(wait_exit(&mut gateway).success());
     assert!(!home.root.join("gateway.sock").exists());
 }
+
+/// Waits until the model has received `n` requests.
+async fn model_requests(llm: &MockOpenAi, n: usize) {
+    let deadline = Instant::now() + WAIT;
+    while llm.requests().len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the model got {} of {n} requests",
+            llm.requests().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How many messages each chat was sent.
+fn sent_per_chat(tg: &FakeTelegram) -> std::collections::BTreeMap<i64, Vec<String>> {
+    let mut out = std::collections::BTreeMap::<i64, Vec<String>>::new();
+    for sent in tg.sent() {
+        out.entry(sent.chat_id).or_default().push(sent.rendered());
+    }
+    out
+}
+
+/// Messages accepted and not yet answered, as the store holds them.
+async fn owed_turns(home: &Home) -> u64 {
+    let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
+    talaria_store::OwedTurnStore::owed_turn_count(&store)
+        .await
+        .unwrap()
+}
+
+/// Waits until every chat of `chats` was sent at least one message.
+async fn every_chat_answered(tg: &FakeTelegram, chats: &[i64], within: Duration, logs: &[&Path]) {
+    let deadline = Instant::now() + within;
+    loop {
+        let per_chat = sent_per_chat(tg);
+        let missing: Vec<i64> = chats
+            .iter()
+            .copied()
+            .filter(|c| !per_chat.contains_key(c))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = logs
+                .iter()
+                .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+                .collect();
+            panic!(
+                "{} chats never got an answer: {missing:?}\n{}",
+                missing.len(),
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_cut_off_by_sigkill_mid_turn_are_answered_once_after_restart() {
+    let llm = MockOpenAi::start().await;
+    let tg = FakeTelegram::start(TOKEN).await;
+    let home = home(&llm, &tg, "TELEGRAM_ALLOWED_USERS=1,2,3,4,5\n");
+    let log = home.root.join("test-gateway.log");
+    let chats = [1, 2, 3, 4, 5];
+
+    let mut first = spawn_gateway(&home, &log);
+    polling(&tg, 0).await;
+    // The model is thinking when the process dies.
+    for _ in chats {
+        llm.push(Reply::text("never seen").with_delay(Duration::from_secs(60)));
+    }
+    for chat in chats {
+        tg.push_private_text(chat, &format!("question {chat}"));
+    }
+    model_requests(&llm, chats.len()).await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(tg.sent().is_empty());
+    assert_eq!(owed_turns(&home).await, 5, "each accepted message is owed");
+
+    for _ in chats {
+        llm.push(Reply::text("The answer after the restart."));
+    }
+    let seen = tg.get_updates_calls().len();
+    let log2 = home.root.join("test-gateway-2.log");
+    let mut second = spawn_gateway(&home, &log2);
+    polling(&tg, seen).await;
+    every_chat_answered(&tg, &chats, WAIT, &[&log, &log2]).await;
+    // Exactly once: a second answer would come from a second recovery,
+    // which runs when a platform goes live and every 5 s; wait past one.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for (chat, texts) in sent_per_chat(&tg) {
+        assert_eq!(
+            texts,
+            vec!["The answer after the restart.".to_owned()],
+            "chat {chat}"
+        );
+    }
+    assert_eq!(llm.requests().len(), 10);
+    // The turn ran again from the same transcript: the message once, not
+    // twice (what the dead process wrote of its turn was removed).
+    for request in &llm.requests()[5..] {
+        let users: Vec<&str> = request.body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(users.len(), 1, "{users:?}");
+        assert!(users[0].starts_with("question "), "{users:?}");
+    }
+    assert_eq!(owed_turns(&home).await, 0);
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_model_slower_than_the_drain_leaves_turns_owed_for_the_restart() {
+    let llm = MockOpenAi::start().await;
+    let tg = FakeTelegram::start(TOKEN).await;
+    let home = home(&llm, &tg, "TELEGRAM_ALLOWED_USERS=1,2,3,4,5\n");
+    let config = home.root.join("config.yaml");
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    yaml.push_str("gateway:\n  drain_timeout_secs: 1\n");
+    std::fs::write(&config, yaml).unwrap();
+    let log = home.root.join("test-gateway.log");
+    let chats = [1, 2, 3, 4, 5];
+
+    let mut first = spawn_gateway(&home, &log);
+    polling(&tg, 0).await;
+    for _ in chats {
+        llm.push(Reply::text("too slow").with_delay(Duration::from_secs(60)));
+    }
+    for chat in chats {
+        tg.push_private_text(chat, &format!("question {chat}"));
+    }
+    model_requests(&llm, chats.len()).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = wait_exit(&mut first);
+    assert!(status.success(), "{status:?}");
+    assert!(tg.sent().is_empty());
+    assert_eq!(owed_turns(&home).await, 5);
+
+    for _ in chats {
+        llm.push(Reply::text("Answered after all."));
+    }
+    let seen = tg.get_updates_calls().len();
+    let log2 = home.root.join("test-gateway-2.log");
+    let mut second = spawn_gateway(&home, &log2);
+    polling(&tg, seen).await;
+    every_chat_answered(&tg, &chats, WAIT, &[&log, &log2]).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for (chat, texts) in sent_per_chat(&tg) {
+        assert_eq!(texts, vec!["Answered after all.".to_owned()], "chat {chat}");
+    }
+    assert_eq!(owed_turns(&home).await, 0);
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
+
+/// The fault injector's run: messages keep arriving while the gateway is
+/// killed again and again in the middle of its turns. Every message is
+/// answered exactly once, or its sender is told it was lost: never
+/// silence, never a second answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_messages_through_ten_sigkills_are_each_answered_once_or_said_lost() {
+    const MESSAGES: i64 = 200;
+    const KILLS: usize = 10;
+    let llm = MockOpenAi::start().await;
+    let tg = FakeTelegram::start(TOKEN).await;
+    let home = home(&llm, &tg, "GATEWAY_ALLOW_ALL_USERS=true\n");
+    // Every turn takes a while, so each kill finds turns in flight. The
+    // script is longer than any run needs (re-runs take more replies).
+    for _ in 0..(MESSAGES * 4) {
+        llm.push(Reply::text("answer").with_delay(Duration::from_millis(300)));
+    }
+    let chats: Vec<i64> = (1..=MESSAGES).collect();
+    let per_round = MESSAGES as usize / KILLS;
+    let mut logs = Vec::new();
+    let mut next = chats.iter();
+    for round in 0..=KILLS {
+        let log = home.root.join(format!("test-gateway-{round}.log"));
+        let seen = tg.get_updates_calls().len();
+        let mut gateway = spawn_gateway(&home, &log);
+        logs.push(log);
+        polling(&tg, seen).await;
+        if round == KILLS {
+            every_chat_answered(
+                &tg,
+                &chats,
+                Duration::from_secs(90),
+                &logs.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            gateway.kill().unwrap();
+            gateway.wait().unwrap();
+            break;
+        }
+        for chat in next.by_ref().take(per_round) {
+            tg.push_private_text(*chat, &format!("message {chat}"));
+        }
+        // Killed while the round's turns (and maybe earlier re-runs) run.
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        gateway.kill().unwrap();
+        gateway.wait().unwrap();
+    }
+    let per_chat = sent_per_chat(&tg);
+    let mut lost = 0;
+    for chat in &chats {
+        let texts = &per_chat[chat];
+        assert_eq!(texts.len(), 1, "chat {chat} got {texts:?}");
+        let text = &texts[0];
+        if text.contains("I lost your message") {
+            lost += 1;
+        } else {
+            assert!(text.ends_with("answer"), "chat {chat}: {text:?}");
+        }
+    }
+    eprintln!(
+        "{MESSAGES} messages, {KILLS} kills: {} answered, {lost} said lost, {} model requests",
+        MESSAGES - lost,
+        llm.requests().len()
+    );
+    assert_eq!(owed_turns(&home).await, 0);
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::event::MessageEvent;
@@ -137,29 +137,128 @@ impl fmt::Display for Liveness {
 
 /// Where an adapter hands inbound events to the runner.
 ///
-/// [`Inbox::submit`] returns once the runner has accepted the event: an
-/// adapter that acknowledges receipt to its platform (Telegram's update
-/// offset, Slack's envelope ack) does so only after it returns.
+/// [`Inbox::submit`] returns once the runner has taken the event: recorded
+/// in the store as owed an answer (or recognised as a repeat, or refused).
+/// An adapter that acknowledges receipt to its platform (Telegram's update
+/// offset, Slack's envelope ack) does so only after it returns `Ok`, so a
+/// gateway that dies a moment later still owes the message and answers it
+/// after a restart; on `Err` it must not acknowledge, and the platform
+/// delivers the message again.
 #[derive(Debug, Clone)]
 pub struct Inbox {
-    tx: mpsc::Sender<MessageEvent>,
+    tx: InboxTx,
 }
 
-/// The runner is gone (the gateway is shutting down).
+#[derive(Debug, Clone)]
+enum InboxTx {
+    /// The gateway's: each event waits for the runner's [`Admission`].
+    Admitting(mpsc::Sender<Admit>),
+    /// A bare queue, for adapter tests that read events themselves:
+    /// queued counts as accepted.
+    Plain(mpsc::Sender<MessageEvent>),
+}
+
+/// The runner is gone (the gateway is shutting down), or it did not take
+/// the event: the adapter must not acknowledge it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the gateway is shutting down")]
 pub struct InboxClosed;
 
-impl Inbox {
-    /// An inbox and the receiving end the runner reads.
-    pub fn channel(capacity: usize) -> (Inbox, mpsc::Receiver<MessageEvent>) {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
-        (Inbox { tx }, rx)
+/// What the runner did with an event handed to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Taken: a message is now owed an answer (or a command was run).
+    Accepted,
+    /// The same message was taken before (by this node or another, before
+    /// or after a restart); nothing more happens.
+    Duplicate,
+    /// Dropped on purpose: an unauthorized sender, an unusable chat id.
+    /// Delivering it again would not change that.
+    Refused,
+}
+
+/// An event on its way to the runner, with the way back for its
+/// [`Admission`].
+#[derive(Debug)]
+pub struct Admit {
+    pub event: MessageEvent,
+    reply: oneshot::Sender<Admission>,
+}
+
+impl Admit {
+    /// Tells the adapter what became of the event.
+    pub fn answer(self, admission: Admission) -> MessageEvent {
+        let _ = self.reply.send(admission);
+        self.event
     }
 
-    /// Hands an event to the runner, waiting while the runner is saturated.
+    /// Splits the event from its reply, so the runner can answer once it
+    /// has taken the event and before it works on it.
+    pub fn into_parts(self) -> (MessageEvent, AdmitReply) {
+        (self.event, AdmitReply(self.reply))
+    }
+}
+
+/// The way back to the adapter waiting in [`Inbox::admit`]. Dropping it
+/// unanswered tells the adapter the event was not taken.
+#[derive(Debug)]
+pub struct AdmitReply(oneshot::Sender<Admission>);
+
+impl AdmitReply {
+    pub fn send(self, admission: Admission) {
+        let _ = self.0.send(admission);
+    }
+}
+
+impl Inbox {
+    /// A bare inbox and the receiving end: events are accepted once queued.
+    /// For adapter tests that read the events themselves.
+    pub fn channel(capacity: usize) -> (Inbox, mpsc::Receiver<MessageEvent>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (
+            Inbox {
+                tx: InboxTx::Plain(tx),
+            },
+            rx,
+        )
+    }
+
+    /// The gateway's inbox: every event waits for the runner's admission
+    /// (`Runner::serve` reads the receiving end).
+    pub fn admitting(capacity: usize) -> (Inbox, mpsc::Receiver<Admit>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (
+            Inbox {
+                tx: InboxTx::Admitting(tx),
+            },
+            rx,
+        )
+    }
+
+    /// Hands an event to the runner and waits until it is taken, a repeat
+    /// or refused. `Err` when it was not taken: the runner is gone or
+    /// stopping.
+    pub async fn admit(&self, event: MessageEvent) -> Result<Admission, InboxClosed> {
+        match &self.tx {
+            InboxTx::Plain(tx) => tx
+                .send(event)
+                .await
+                .map(|()| Admission::Accepted)
+                .map_err(|_| InboxClosed),
+            InboxTx::Admitting(tx) => {
+                let (reply, answer) = oneshot::channel();
+                tx.send(Admit { event, reply })
+                    .await
+                    .map_err(|_| InboxClosed)?;
+                answer.await.map_err(|_| InboxClosed)
+            }
+        }
+    }
+
+    /// [`Inbox::admit`] for adapters that only need to know whether they
+    /// may acknowledge the event: `Ok` for taken, repeated and refused.
     pub async fn submit(&self, event: MessageEvent) -> Result<(), InboxClosed> {
-        self.tx.send(event).await.map_err(|_| InboxClosed)
+        self.admit(event).await.map(|_| ())
     }
 }
 

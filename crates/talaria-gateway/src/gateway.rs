@@ -135,6 +135,7 @@ impl Gateway {
             hooks: hooks.clone(),
             turn_leases: (config.store.backend == StoreBackend::Postgres)
                 .then(|| TurnLeases::new(store.clone(), node.id().clone())),
+            node: node.id().clone(),
         });
         let scheduler = if config.cron.enabled {
             let parts = SchedulerParts {
@@ -238,7 +239,7 @@ impl Gateway {
             self.node.clone(),
             beating.clone(),
         ));
-        let (inbox, events) = Inbox::channel(INBOX_CAPACITY);
+        let (inbox, events) = Inbox::admitting(INBOX_CAPACITY);
         let receiving = CancellationToken::new();
         let mut supervisors = Vec::new();
         for adapter in &self.adapters {
@@ -267,6 +268,11 @@ impl Gateway {
             background.clone(),
         ));
         let maintenance = Maintenance::start(self.maintenance_tasks());
+        let recovery = tokio::spawn(recover_owed_turns(
+            self.runner.clone(),
+            self.board.clone(),
+            receiving.clone(),
+        ));
         // `talaria send` hands messages over here; taken until the stop
         // begins, like messages from the platforms.
         let control = {
@@ -287,6 +293,7 @@ impl Gateway {
             let _ = task.await;
         }
         let _ = control.await;
+        let _ = recovery.await;
         let _ = reader.await;
         let grace = Duration::from_secs(self.config.gateway.drain_timeout_secs);
         self.runner.drain(grace).await;
@@ -320,6 +327,22 @@ impl Gateway {
         )
         .await;
         tracing::info!("gateway stopped");
+    }
+}
+
+/// Takes up the messages dead nodes accepted and never answered (see
+/// [`crate::owed`]): whenever a platform goes live (a restart's first
+/// connection included, so the previous process's messages are taken up
+/// at once) and every [`SWEEP_INTERVAL`] (another node that died while
+/// this one stayed up), until the stop begins.
+async fn recover_owed_turns(runner: Runner, board: Arc<StatusBoard>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = board.went_live() => {}
+            _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
+        }
+        runner.recover_owed(&board.live()).await;
     }
 }
 

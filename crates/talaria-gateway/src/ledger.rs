@@ -105,6 +105,8 @@ pub struct ReplyTo {
     pub chat_id: String,
     pub thread_id: Option<String>,
     pub reply_to: Option<String>,
+    /// The owed turns this answer settles (see `talaria_store::owed`).
+    pub settles: Vec<String>,
 }
 
 /// [`Ledger::outbox`].
@@ -132,6 +134,7 @@ impl talaria_agent::Outbox for ReplyOutbox {
             reply_to: r.reply_to.clone(),
             content: answer.to_owned(),
             owner: self.ledger.me.clone(),
+            settles: r.settles.clone(),
         };
         self.ledger
             .store
@@ -205,6 +208,7 @@ impl Ledger {
             reply_to: reply_to.map(str::to_owned),
             content: content.to_owned(),
             owner: self.me.clone(),
+            settles: Vec::new(),
         };
         if let Err(e) = self.store.record_obligation(row).await {
             tracing::warn!(error = %e, "could not record the reply in the delivery ledger; sending it anyway");

@@ -17,6 +17,8 @@
 //! - [`pairing`]: DM pairing codes for strangers.
 //! - [`runner`]: the order every event goes through (authorization,
 //!   commands, the busy guard) and the per-chat lanes that run turns.
+//! - [`owed`]: every accepted message owed an answer until one is stored;
+//!   what a dead node left unanswered runs again or is said lost.
 //! - [`turn_lease`]: with a shared store, one running turn per session
 //!   across every node.
 //! - [`router`]: session key → current session, reset policies, `/new` and
@@ -74,6 +76,7 @@ pub mod ledger;
 pub mod maintenance;
 pub mod messenger;
 pub mod node;
+pub mod owed;
 pub mod owner;
 pub mod pairing;
 pub mod preview;
@@ -87,8 +90,8 @@ pub mod token_lock;
 pub mod turn_lease;
 
 pub use adapter::{
-    Adapter, AdapterContext, AdapterError, Inbox, Liveness, LivenessReporter, MessageLimits,
-    OutboundMessage, SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Admission, Admit, AdmitReply, Inbox, Liveness,
+    LivenessReporter, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
 pub use event::{ChatType, Invocation, MessageEvent, SessionSource};
 pub use key::{KeyPolicy, SessionKey};

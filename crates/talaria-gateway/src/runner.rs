@@ -15,7 +15,7 @@
 //! two turns never touch one transcript at once. Lanes of different keys
 //! run concurrently.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -24,20 +24,23 @@ use async_trait::async_trait;
 use talaria_agent::interaction::{ApprovalDecision, ApprovalRequest, ClarifyRequest, Interaction};
 use talaria_agent::tools::SessionState;
 use talaria_agent::{Agent, TurnExit, TurnObserver, TurnOptions};
+use talaria_core::Role;
 use talaria_core::commands::{self, CommandDef, WhileRunning};
 use talaria_core::config::BusyInputMode;
 use talaria_core::{Config, Env, Home};
-use talaria_store::{GatewayStore, SessionFilter};
+use talaria_store::{GatewayStore, NodeId, OwedTurn, SessionFilter};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::adapter::{Admission, Admit, AdmitReply};
 use crate::auth::{AuthPolicy, Decision};
 use crate::delivery::{Address, Delivery};
 use crate::event::{MessageEvent, SessionSource};
 use crate::hooks::{Hooks, events};
 use crate::key::{KeyPolicy, SessionKey};
 use crate::ledger::ReplyTo;
+use crate::owed;
 use crate::pairing::Pairing;
 use crate::preview::{Preview, PreviewSink};
 use crate::router::{AutoReset, Routed, Router};
@@ -51,12 +54,24 @@ const MAX_QUEUED: usize = 32;
 /// At most one "busy" acknowledgement per chat in this window.
 const ACK_COOLDOWN: Duration = Duration::from_secs(30);
 
+/// Chats whose acknowledgement time is kept before the expired ones are
+/// swept out.
+const MAX_ACK_ENTRIES: usize = 1024;
+
 /// The busy acknowledgement in queue (and steer-less) mode.
 const ACK_QUEUED: &str =
     "⏳ Still working on your previous message; this one is queued for the next turn.";
 
 /// The busy acknowledgement in interrupt mode.
 const ACK_INTERRUPT: &str = "⚡ Interrupting the current task to answer your new message.";
+
+/// In interrupt mode, after a turn was superseded, the next one waits
+/// until no new message arrived for this long, so a burst of messages
+/// becomes one turn instead of one interrupted model call each.
+const COALESCE_QUIET: Duration = Duration::from_millis(400);
+
+/// The longest a superseding turn waits for a burst to end.
+const COALESCE_MAX: Duration = Duration::from_secs(3);
 
 /// How long a clarifying question waits for its answer.
 const CLARIFY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -77,6 +92,8 @@ pub struct RunnerParts {
     /// Set when several nodes share the store: each turn then holds the
     /// session's lease there, so no two nodes run one session at once.
     pub turn_leases: Option<TurnLeases>,
+    /// This process as a node: the owner of the turns it owes.
+    pub node: NodeId,
 }
 
 /// The runner. Cheap to clone; clones share all state.
@@ -98,7 +115,12 @@ struct Inner {
     board: Arc<StatusBoard>,
     hooks: Arc<Hooks>,
     turn_leases: Option<TurnLeases>,
+    node: NodeId,
     lanes: Mutex<HashMap<SessionKey, Lane>>,
+    /// When each key was last sent a busy acknowledgement. Kept apart from
+    /// the lanes, which go when their queue empties: the cooldown must
+    /// outlive them (at most one acknowledgement per chat per window).
+    acks: Mutex<HashMap<SessionKey, Instant>>,
     generations: AtomicU64,
     /// Set when the gateway stops: new work is refused.
     draining: AtomicBool,
@@ -112,7 +134,13 @@ struct Inner {
 struct Lane {
     run: Option<Run>,
     queue: VecDeque<Queued>,
-    last_ack: Option<Instant>,
+    /// Owed turns whose message is already in the transcript and will be
+    /// answered by the lane's next turn: a superseded run's, a steered
+    /// message's. The next run settles them with its answer.
+    carried: Vec<String>,
+    /// Messages handed to the lane so far: how a superseding turn tells
+    /// that a burst is still arriving.
+    arrivals: u64,
     /// A dangerous command waiting for `/approve` or `/deny`.
     approval: Option<oneshot::Sender<ApprovalDecision>>,
     /// A clarifying question waiting for the next plain message.
@@ -132,16 +160,13 @@ struct Run {
     tool: Arc<Mutex<Option<String>>>,
 }
 
-impl Lane {
-    /// Whether a busy acknowledgement may be sent now (at most one per
-    /// [`ACK_COOLDOWN`]); if so, starts the cooldown.
-    fn ack_due(&mut self) -> bool {
-        let due = self.last_ack.is_none_or(|t| t.elapsed() >= ACK_COOLDOWN);
-        if due {
-            self.last_ack = Some(Instant::now());
-        }
-        due
-    }
+/// How a run ended, for what becomes of the turns it owed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunEnd {
+    /// Answered, or failed and said so: its owed turns are settled.
+    Done,
+    /// Stopped before an answer (superseded, stopped, shutting down).
+    Superseded,
 }
 
 /// A message waiting for its turn.
@@ -150,6 +175,8 @@ struct Queued {
     /// Plain follow-ups in queue mode merge into one turn; `/queue` items
     /// are each their own.
     mergeable: bool,
+    /// The owed turns its answer settles (one per merged message).
+    owed: Vec<String>,
 }
 
 impl Runner {
@@ -164,6 +191,7 @@ impl Runner {
             board,
             hooks,
             turn_leases,
+            node,
         } = parts;
         let router = Router::new(agent.clone(), store.clone(), config.session_reset.clone());
         Runner {
@@ -180,7 +208,9 @@ impl Runner {
                 board,
                 hooks,
                 turn_leases,
+                node,
                 lanes: Mutex::new(HashMap::new()),
+                acks: Mutex::new(HashMap::new()),
                 generations: AtomicU64::new(1),
                 draining: AtomicBool::new(false),
                 tasks: TaskTracker::new(),
@@ -189,21 +219,24 @@ impl Runner {
         }
     }
 
-    /// Reads events until the inbox closes or `shutdown` fires.
+    /// Reads events until the inbox closes or `shutdown` fires. Each is
+    /// answered with its [`Admission`] as soon as it is taken, before any
+    /// command or turn runs, so the adapter can acknowledge it.
     pub async fn serve(
         &self,
-        mut inbox: tokio::sync::mpsc::Receiver<MessageEvent>,
+        mut inbox: tokio::sync::mpsc::Receiver<Admit>,
         shutdown: CancellationToken,
     ) {
         loop {
-            let event = tokio::select! {
+            let admit = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                event = inbox.recv() => match event {
-                    Some(e) => e,
+                admit = inbox.recv() => match admit {
+                    Some(a) => a,
                     None => break,
                 },
             };
-            self.accept(event).await;
+            let (event, reply) = admit.into_parts();
+            self.accept(event, reply).await;
         }
     }
 
@@ -245,11 +278,137 @@ impl Runner {
         }
     }
 
-    /// Handles one inbound event. Returns once the event is routed: turns
-    /// run on their own tasks.
-    pub async fn accept(&self, event: MessageEvent) {
+    /// Takes over the owed turns (see [`crate::owed`]) of nodes that died
+    /// (this one's previous process, or another node of the deployment) on
+    /// `platforms`, where their answers can be sent now, and runs each
+    /// again, or tells its user it was lost.
+    pub async fn recover_owed(&self, platforms: &HashSet<String>) {
+        let inner = &self.inner;
+        if platforms.is_empty() || inner.draining.load(Ordering::SeqCst) {
+            return;
+        }
+        // A crashed predecessor on this host is declared dead now, not when
+        // its heartbeat lease runs out.
+        if let Err(e) = crate::node::reap_local(inner.store.as_ref(), &inner.node).await {
+            tracing::warn!(error = %e, "could not check this host's gateways for dead ones");
+        }
+        let platforms: Vec<String> = platforms.iter().cloned().collect();
+        let claimed = match inner
+            .store
+            .claim_owed_turns(&inner.node, &platforms, owed::CLAIM_LIMIT)
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for unanswered messages of a stopped gateway");
+                return;
+            }
+        };
+        if !claimed.is_empty() {
+            tracing::info!(
+                count = claimed.len(),
+                "taking over messages a stopped gateway had not answered"
+            );
+        }
+        for turn in claimed {
+            self.resume_owed(turn).await;
+        }
+    }
+
+    /// Runs a claimed owed turn again, or says it was lost.
+    async fn resume_owed(&self, turn: OwedTurn) {
+        let inner = &self.inner;
+        let event: MessageEvent = match serde_json::from_str(&turn.event) {
+            Ok(event) => event,
+            Err(e) => {
+                // Written by this code; unreadable only after a downgrade.
+                tracing::error!(id = %turn.id, error = %e, "an unanswered message cannot be read back; dropping it");
+                self.settle(&[turn.id]).await;
+                return;
+            }
+        };
+        let key = match SessionKey::for_source(&event.source, inner.policy) {
+            Ok(key) => key,
+            Err(e) => {
+                tracing::warn!(error = %e, "an unanswered message has an unusable chat id; dropping it");
+                self.settle(&[turn.id]).await;
+                return;
+            }
+        };
+        let age = talaria_core::unix_now() - turn.accepted_at;
+        if turn.claims > owed::MAX_CLAIMS || age > owed::MAX_AGE.as_secs_f64() {
+            tracing::warn!(key = %key, claims = turn.claims, age_secs = age, "giving up on an unanswered message; telling its sender");
+            // Through the ledger: the notice is owed like an answer.
+            let to = inner.delivery.answer_address(&event);
+            let reference = format!("lost:{}", turn.id);
+            let _ = inner
+                .delivery
+                .deliver_reply(
+                    key.as_str(),
+                    &reference,
+                    &to,
+                    &owed::lost_notice(&event.text),
+                    None,
+                )
+                .await;
+            self.settle(&[turn.id]).await;
+            return;
+        }
+        tracing::info!(key = %key, claims = turn.claims, "running an unanswered message again");
+        self.rewind_unanswered(&key, &prompt_text(&event)).await;
+        self.submit(
+            key,
+            Queued {
+                event,
+                mergeable: false,
+                owed: vec![turn.id],
+            },
+        );
+    }
+
+    /// Removes what a dead process wrote of a turn it did not finish (the
+    /// user row, tool calls and results after it), so the turn run again
+    /// starts from the same transcript instead of seeing its message twice.
+    /// Only when the transcript ends in that very message's turn.
+    async fn rewind_unanswered(&self, key: &SessionKey, prompt: &str) {
+        let inner = &self.inner;
+        let session = match inner.router.peek(key).await {
+            Ok(Some(session)) => session,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "cannot read the conversation of an unanswered message");
+                return;
+            }
+        };
+        let rows = match inner.store.messages(&session.id).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "cannot read the conversation of an unanswered message");
+                return;
+            }
+        };
+        let Some(last_user) = rows.iter().rposition(|r| r.message.role == Role::User) else {
+            return;
+        };
+        let answered = rows[last_user + 1..]
+            .iter()
+            .any(|r| r.message.role == Role::Assistant && r.message.tool_calls.is_empty());
+        if rows[last_user].message.content == prompt && !answered {
+            if let Err(e) = inner.agent.rewind(&session.id, 1).await {
+                tracing::warn!(key = %key, error = %e, "cannot remove an unfinished turn; running it again after it");
+            }
+        }
+    }
+
+    /// Handles one inbound event: answers `reply` once the event is taken
+    /// (or refused, or known), then runs its command or hands it to its
+    /// lane. Returns once the event is routed: turns run on their own
+    /// tasks.
+    async fn accept(&self, event: MessageEvent, reply: AdmitReply) {
         let inner = &self.inner;
         if inner.draining.load(Ordering::SeqCst) {
+            // Not taken: the adapter does not acknowledge it, and the
+            // platform delivers it again to whichever process runs next.
             tracing::info!(platform = %event.source.platform, "gateway stopping; message not taken");
             return;
         }
@@ -257,6 +416,7 @@ impl Runner {
             Ok(k) => k,
             Err(e) => {
                 tracing::warn!(platform = %event.source.platform, error = %e, "message with an unusable chat id dropped");
+                reply.send(Admission::Refused);
                 return;
             }
         };
@@ -265,11 +425,30 @@ impl Runner {
             .adapter(&event.source.platform)
             .is_some_and(|a| a.verifies_senders());
         if !verified && !self.authorized(&event).await {
+            reply.send(Admission::Refused);
             return;
         }
-        if !self.first_delivery(&event).await {
-            return;
-        }
+        // A message that will start a turn is recorded as owed before the
+        // adapter may acknowledge it; commands and answers to a waiting
+        // question are only deduplicated.
+        let starts_turn = event.command().is_none()
+            && !inner.lanes().get(&key).is_some_and(|l| l.clarify.is_some());
+        let owed = if starts_turn {
+            match self.take_owed(&key, &event).await {
+                Some(owed) => owed,
+                None => {
+                    reply.send(Admission::Duplicate);
+                    return;
+                }
+            }
+        } else {
+            if !self.first_delivery(&event).await {
+                reply.send(Admission::Duplicate);
+                return;
+            }
+            Vec::new()
+        };
+        reply.send(Admission::Accepted);
         inner.hook(events::MESSAGE_RECEIVED, || {
             let s = &event.source;
             serde_json::json!({
@@ -316,6 +495,7 @@ impl Runner {
                             Queued {
                                 event,
                                 mergeable: false,
+                                owed,
                             },
                         );
                         return;
@@ -330,7 +510,9 @@ impl Runner {
             }
             return;
         }
-        if let Some(answer) = inner.lanes().get_mut(&key).and_then(|l| l.clarify.take()) {
+        if !starts_turn
+            && let Some(answer) = inner.lanes().get_mut(&key).and_then(|l| l.clarify.take())
+        {
             // The answer to a question the agent asked: it goes to the
             // waiting tool, not into a new turn.
             let _ = answer.send(event.text.clone());
@@ -341,8 +523,48 @@ impl Runner {
             Queued {
                 event,
                 mergeable: true,
+                owed,
             },
         );
+    }
+
+    /// Records a message that will start a turn as owed (and, when it has
+    /// an id, as seen, in the same step). `None` for a repeat; otherwise
+    /// the owed turn's id, or none when the store cannot record it (the
+    /// message is taken anyway, as [`Runner::first_delivery`] does).
+    async fn take_owed(&self, key: &SessionKey, event: &MessageEvent) -> Option<Vec<String>> {
+        let inner = &self.inner;
+        let source = &event.source;
+        let inbound_id = event
+            .message_id
+            .as_ref()
+            .map(|id| format!("{}\u{1f}{id}", source.chat_id));
+        let serialized = match serde_json::to_string(event) {
+            Ok(json) => json,
+            Err(e) => {
+                tracing::warn!(platform = %source.platform, error = %e, "cannot record a message as owed; taking it anyway");
+                return self.first_delivery(event).await.then(Vec::new);
+            }
+        };
+        let id = crate::owed::turn_id(&source.platform, inbound_id.as_deref());
+        let turn = talaria_store::NewOwedTurn {
+            id: id.clone(),
+            session_key: key.as_str().to_owned(),
+            platform: source.platform.clone(),
+            event: serialized,
+            owner: inner.node.clone(),
+        };
+        match inner.store.accept_turn(inbound_id.as_deref(), turn).await {
+            Ok(true) => Some(vec![id]),
+            Ok(false) => {
+                tracing::info!(platform = %source.platform, "re-delivered message ignored");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(platform = %source.platform, error = %e, "cannot record a message as owed; taking it anyway");
+                Some(Vec::new())
+            }
+        }
     }
 
     /// Whether this is the first time the event arrives. Platforms
@@ -435,6 +657,7 @@ impl Runner {
         let inner = &self.inner;
         let mut lanes = inner.lanes();
         let lane = lanes.entry(key.clone()).or_default();
+        lane.arrivals += 1;
         let Some(run) = &mut lane.run else {
             let (generation, cancel) = inner.new_run(lane);
             drop(lanes);
@@ -446,21 +669,25 @@ impl Runner {
         };
         let to = Address::reply_to(&item.event);
         let already_stopping = run.discard;
+        let mut dropped = None;
         let ack = match inner.config.gateway.busy_input_mode {
             BusyInputMode::Steer if run.state.is_some() && item.mergeable => {
                 if let Some(state) = &run.state {
                     state.push_steer(&item.event.text);
                 }
+                // The running turn (or, if it ends first, the next one)
+                // answers it.
+                lane.carried.extend(item.owed);
                 Some(
                     "⏩ Passed your message to the running task; it will see it after its current step.",
                 )
             }
             BusyInputMode::Queue | BusyInputMode::Steer => {
-                enqueue(lane, item);
+                dropped = enqueue(lane, item);
                 Some(ACK_QUEUED)
             }
             BusyInputMode::Interrupt => {
-                enqueue(lane, item);
+                dropped = enqueue(lane, item);
                 if let Some(run) = &mut lane.run {
                     run.discard = true;
                     run.cancel.cancel();
@@ -468,13 +695,37 @@ impl Runner {
                 (!already_stopping).then_some(ACK_INTERRUPT)
             }
         };
+        drop(lanes);
         let ack = ack
             .filter(|_| inner.config.gateway.busy_ack)
-            .filter(|_| lane.ack_due());
-        drop(lanes);
+            .filter(|_| inner.ack_due(&key));
         if let Some(text) = ack {
             let delivery = inner.delivery.clone();
             tokio::spawn(async move { delivery.notify(&to, text).await });
+        }
+        if let Some(item) = dropped {
+            // Said, and settled: a message nobody will answer must not wait
+            // in the store to be run after a restart either.
+            let this = self.clone();
+            tokio::spawn(async move {
+                let to = Address::reply_to(&item.event);
+                this.inner
+                    .delivery
+                    .notify(&to, "⚠️ Too many messages are waiting for this chat; this one was dropped. Send it again once I have answered.")
+                    .await;
+                this.settle(&item.owed).await;
+            });
+        }
+    }
+
+    /// Forgets owed turns that are over (answered without the outbox,
+    /// failed and said so, stopped by the user).
+    async fn settle(&self, owed: &[String]) {
+        if owed.is_empty() {
+            return;
+        }
+        if let Err(e) = self.inner.store.settle_turns(owed).await {
+            tracing::warn!(error = %e, "cannot mark answered messages; a restart may run them again");
         }
     }
 
@@ -486,36 +737,113 @@ impl Runner {
         generation: u64,
         cancel: CancellationToken,
     ) {
+        let inner = &self.inner;
         let mut next = Some((first, generation, cancel));
         while let Some((item, generation, cancel)) = next.take() {
-            match self
-                .take_turn_lease(&key, &item.event, generation, &cancel)
+            let Queued {
+                event, mut owed, ..
+            } = item;
+            if let Some(lane) = inner.lanes().get_mut(&key) {
+                owed.append(&mut lane.carried);
+            }
+            let end = match self
+                .take_turn_lease(&key, &event, generation, &cancel)
                 .await
             {
                 Some(held) => {
-                    self.run_one(&key, item.event, generation, cancel).await;
+                    let end = self.run_one(&key, event, generation, cancel, &owed).await;
                     drop(held);
+                    end
                 }
-                None => tracing::info!(key = %key, "stopped while waiting for another node's turn"),
-            }
-            let inner = &self.inner;
-            let mut lanes = inner.lanes();
-            let Some(lane) = lanes.get_mut(&key) else {
-                break;
+                None => {
+                    tracing::info!(key = %key, "stopped while waiting for another node's turn");
+                    RunEnd::Superseded
+                }
             };
-            match lane.queue.pop_front() {
-                Some(item) if !inner.draining.load(Ordering::SeqCst) => {
-                    let (generation, cancel) = inner.new_run(lane);
-                    next = Some((item, generation, cancel));
-                }
-                _ => {
-                    lane.run = None;
-                    inner.board.touch();
-                    lane.queue.clear();
-                    if lane.approval.is_none() && lane.clarify.is_none() {
-                        lanes.remove(&key);
+            let mut settle = Vec::new();
+            let coalesce = {
+                let mut lanes = inner.lanes();
+                let Some(lane) = lanes.get_mut(&key) else {
+                    break;
+                };
+                // A stopping gateway settles nothing it did not answer:
+                // those turns run again after the restart.
+                let draining = inner.draining.load(Ordering::SeqCst);
+                if end == RunEnd::Superseded && !draining {
+                    if lane.queue.is_empty() {
+                        // Stopped by the user (`/stop`, `/new`): nothing
+                        // will answer these, and nothing should.
+                        settle = owed;
+                    } else {
+                        // Superseded by a newer message: its message is in
+                        // the transcript, so the next turn answers it.
+                        lane.carried.append(&mut owed);
                     }
                 }
+                end == RunEnd::Superseded
+                    && inner.config.gateway.busy_input_mode == BusyInputMode::Interrupt
+                    && !lane.queue.is_empty()
+                    && !draining
+            };
+            self.settle(&settle).await;
+            if coalesce {
+                self.await_quiet(&key).await;
+            }
+            let leftover = {
+                let mut lanes = inner.lanes();
+                let Some(lane) = lanes.get_mut(&key) else {
+                    break;
+                };
+                match lane.queue.pop_front() {
+                    Some(item) if !inner.draining.load(Ordering::SeqCst) => {
+                        let (generation, cancel) = inner.new_run(lane);
+                        next = Some((item, generation, cancel));
+                        Vec::new()
+                    }
+                    _ => {
+                        lane.run = None;
+                        inner.board.touch();
+                        lane.queue.clear();
+                        let leftover = if inner.draining.load(Ordering::SeqCst) {
+                            Vec::new()
+                        } else {
+                            std::mem::take(&mut lane.carried)
+                        };
+                        if lane.approval.is_none() && lane.clarify.is_none() {
+                            lanes.remove(&key);
+                        }
+                        leftover
+                    }
+                }
+            };
+            // Carried turns with no turn left to answer them: a steered
+            // message its turn already saw.
+            self.settle(&leftover).await;
+        }
+    }
+
+    /// Waits, while messages keep arriving for `key`, until none came for
+    /// [`COALESCE_QUIET`] (at most [`COALESCE_MAX`]): the superseded run
+    /// stays in place meanwhile, so what arrives is queued (and merged)
+    /// rather than starting and interrupting a turn each.
+    async fn await_quiet(&self, key: &SessionKey) {
+        let started = Instant::now();
+        loop {
+            let seen = match self.inner.lanes().get(key) {
+                Some(lane) => lane.arrivals,
+                None => return,
+            };
+            tokio::time::sleep(COALESCE_QUIET).await;
+            let quiet = self
+                .inner
+                .lanes()
+                .get(key)
+                .is_none_or(|lane| lane.arrivals == seen);
+            if quiet
+                || started.elapsed() >= COALESCE_MAX
+                || self.inner.draining.load(Ordering::SeqCst)
+            {
+                return;
             }
         }
     }
@@ -543,8 +871,7 @@ impl Runner {
                 BusyInputMode::Interrupt => ACK_INTERRUPT,
                 BusyInputMode::Queue | BusyInputMode::Steer => ACK_QUEUED,
             };
-            let due = inner.config.gateway.busy_ack
-                && inner.lanes().get_mut(key).is_some_and(Lane::ack_due);
+            let due = inner.config.gateway.busy_ack && inner.ack_due(key);
             if due {
                 let (delivery, to) = (inner.delivery.clone(), Address::reply_to(event));
                 tokio::spawn(async move { delivery.notify(&to, text).await });
@@ -588,13 +915,15 @@ impl Runner {
     }
 
     /// One turn: route, run the agent with a typing indicator, deliver.
+    /// `owed` are the owed turns its answer settles.
     async fn run_one(
         &self,
         key: &SessionKey,
         event: MessageEvent,
         generation: u64,
         cancel: CancellationToken,
-    ) {
+        owed: &[String],
+    ) -> RunEnd {
         let inner = &self.inner;
         let to = inner.delivery.answer_address(&event);
         let routed = match inner.router.current(key, &event.source).await {
@@ -605,7 +934,8 @@ impl Runner {
                     .delivery
                     .notify(&to, "⚠️ I could not open this conversation's history (the database may be busy). Please try again in a moment.")
                     .await;
-                return;
+                self.settle(owed).await;
+                return RunEnd::Done;
             }
         };
         inner.session_hooks(key, &event.source, &routed);
@@ -665,6 +995,7 @@ impl Runner {
                 chat_id: to.chat_id.clone(),
                 thread_id: to.thread_id.clone(),
                 reply_to: to.reply_to.clone(),
+                settles: owed.to_vec(),
             })
         });
         inner.hook(events::AGENT_START, || {
@@ -709,6 +1040,7 @@ impl Runner {
                 lane.queue.push_front(Queued {
                     event: follow,
                     mergeable: true,
+                    owed: Vec::new(),
                 });
             }
             discard
@@ -745,11 +1077,16 @@ impl Runner {
         };
         if discard {
             tracing::info!(key = %key, "a superseded turn finished; its answer is dropped");
-            return;
+            return RunEnd::Superseded;
         }
         match result {
             Ok(outcome) => match outcome.exit {
                 TurnExit::Completed | TurnExit::BudgetExhausted => {
+                    if !outcome.owed {
+                        // No outbox stored the answer (the ledger is off):
+                        // it is settled here, as it goes out.
+                        self.settle(owed).await;
+                    }
                     let delivered = if outcome.owed {
                         inner
                             .delivery
@@ -785,12 +1122,13 @@ impl Runner {
                         });
                     }
                 }
-                TurnExit::Interrupted => {}
+                TurnExit::Interrupted => return RunEnd::Superseded,
                 TurnExit::Failed(reason) => {
                     let text = format!(
                         "⚠️ The model could not answer: {reason}\nYour message is saved; send it again or try /retry."
                     );
                     inner.delivery.notify(&to, &text).await;
+                    self.settle(owed).await;
                 }
             },
             Err(e) => {
@@ -799,8 +1137,10 @@ impl Runner {
                     .delivery
                     .notify(&to, "⚠️ Something went wrong while working on that (the database may be busy). Please try again.")
                     .await;
+                self.settle(owed).await;
             }
         }
+        RunEnd::Done
     }
 
     /// Sends "typing…" every few seconds until the returned token fires.
@@ -884,6 +1224,7 @@ impl Runner {
                     Queued {
                         event: turn,
                         mergeable: false,
+                        owed: Vec::new(),
                     },
                 );
                 None
@@ -1028,6 +1369,7 @@ impl Runner {
             lane.queue.push_back(Queued {
                 event: follow,
                 mergeable: false,
+                owed: Vec::new(),
             });
             let n = lane.queue.len();
             return Some(if n == 1 {
@@ -1042,6 +1384,7 @@ impl Runner {
             Queued {
                 event: follow,
                 mergeable: false,
+                owed: Vec::new(),
             },
         );
         None
@@ -1072,6 +1415,7 @@ impl Runner {
             Queued {
                 event: follow,
                 mergeable: true,
+                owed: Vec::new(),
             },
         );
         None
@@ -1218,6 +1562,7 @@ impl Runner {
                     Queued {
                         event: again,
                         mergeable: false,
+                        owed: Vec::new(),
                     },
                 );
                 None
@@ -1360,6 +1705,25 @@ impl Inner {
         self.lanes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether a busy acknowledgement may go to `key` now (at most one per
+    /// [`ACK_COOLDOWN`]); if so, starts the cooldown.
+    fn ack_due(&self, key: &SessionKey) -> bool {
+        let mut acks = self.acks.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if acks.len() >= MAX_ACK_ENTRIES {
+            // Only entries still cooling down matter; the rest can go, so
+            // the map stays as small as the chats acknowledged recently.
+            acks.retain(|_, at| now.duration_since(*at) < ACK_COOLDOWN);
+        }
+        let due = acks
+            .get(key)
+            .is_none_or(|at| now.duration_since(*at) >= ACK_COOLDOWN);
+        if due {
+            acks.insert(key.clone(), now);
+        }
+        due
+    }
+
     /// Installs a new run on the lane; returns its generation and token.
     fn new_run(&self, lane: &mut Lane) -> (u64, CancellationToken) {
         let generation = self.generations.fetch_add(1, Ordering::SeqCst);
@@ -1380,7 +1744,7 @@ impl Inner {
 /// Adds a follow-up to the lane's queue: merged into the last waiting
 /// message from the same sender when both allow it (queue mode's "one next
 /// turn"), otherwise appended, and dropped when the queue is full.
-fn enqueue(lane: &mut Lane, item: Queued) {
+fn enqueue(lane: &mut Lane, item: Queued) -> Option<Queued> {
     if let Some(last) = lane.queue.back_mut()
         && last.mergeable
         && item.mergeable
@@ -1390,13 +1754,15 @@ fn enqueue(lane: &mut Lane, item: Queued) {
         last.event.text.push_str(&item.event.text);
         last.event.attachments.extend(item.event.attachments);
         last.event.message_id = item.event.message_id.or(last.event.message_id.take());
-        return;
+        last.owed.extend(item.owed);
+        return None;
     }
     if lane.queue.len() >= MAX_QUEUED {
         tracing::warn!("follow-up queue full; message dropped");
-        return;
+        return Some(item);
     }
     lane.queue.push_back(item);
+    None
 }
 
 fn approval_from_args(args: &str) -> ApprovalDecision {

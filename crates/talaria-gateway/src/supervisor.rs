@@ -46,11 +46,16 @@ pub struct StatusBoard {
     /// moments instead of at the next periodic rewrite. A `Notify` keeps one
     /// permit, so a change made while the writer is busy is not lost.
     changed: Notify,
+    /// Wakes whoever waits for a platform to go live (the recovery of
+    /// owed turns), with the same one-permit guarantee.
+    went_live: Notify,
 }
 
 impl StatusBoard {
     pub fn set(&self, platform: &str, liveness: Liveness, error: Option<String>) {
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
+        let rose = liveness == Liveness::Live
+            && states.get(platform).map(|s| s.liveness) != Some(Liveness::Live);
         let mut changed = false;
         let entry = states.entry(platform.to_owned()).or_insert_with(|| {
             changed = true;
@@ -73,6 +78,15 @@ impl StatusBoard {
         if changed {
             self.touch();
         }
+        if rose {
+            self.went_live.notify_one();
+        }
+    }
+
+    /// Resolves the next time a platform goes live (or at once if one did
+    /// since the last call).
+    pub async fn went_live(&self) {
+        self.went_live.notified().await;
     }
 
     /// Says that something `gateway status` shows (a turn, a delivery)

@@ -72,6 +72,7 @@ fn row(id_seed: &str, platform: &str, owner: &NodeId) -> NewObligation {
         reply_to: Some(id_seed.into()),
         content: "the answer".into(),
         owner: owner.clone(),
+        settles: Vec::new(),
     }
 }
 

@@ -8,7 +8,7 @@
 //! identity: sessions keep their ids, counters, titles and system
 //! prompts; messages keep their ids (so their order), their active flag,
 //! tool calls and reasoning; the ledger, pairing (codes as their salted
-//! hashes), inbound ids, cursors, cron jobs and occurrences keep every
+//! hashes), inbound ids, owed turns, cursors, cron jobs and occurrences keep every
 //! column. What describes running processes (nodes, leases) or is derived
 //! from the rows (full-text indexes) is not copied: [`LEFT_OUT`] lists it,
 //! and a test checks that every table a backend holds is in one list or
@@ -191,6 +191,16 @@ const PAIRING_STAMPS_COLUMNS: &[Column] = &[
 
 const INBOUND_SEEN_COLUMNS: &[Column] = &[text("platform"), text("inbound_id"), real("seen_at")];
 
+const OWED_TURNS_COLUMNS: &[Column] = &[
+    text("id"),
+    text("session_key"),
+    text("platform"),
+    text("event"),
+    text("owner_node"),
+    real("accepted_at"),
+    int("claims"),
+];
+
 const ADAPTER_CURSORS_COLUMNS: &[Column] = &[
     text("platform"),
     text("name"),
@@ -250,6 +260,8 @@ pub enum Table {
     PairingStamps,
     /// `inbound_seen`: inbound event ids already taken.
     InboundSeen,
+    /// `owed_turns`: messages accepted and not yet answered.
+    OwedTurns,
     /// `adapter_cursors`: adapters' saved positions.
     AdapterCursors,
     /// `cron_jobs`: scheduled jobs.
@@ -261,7 +273,7 @@ pub enum Table {
 impl Table {
     /// Every copied table, in the order a copy writes them: a table comes
     /// after the ones its foreign keys point at.
-    pub const ALL: [Table; 11] = [
+    pub const ALL: [Table; 12] = [
         Table::Sessions,
         Table::Messages,
         Table::Routes,
@@ -270,6 +282,7 @@ impl Table {
         Table::PairingApproved,
         Table::PairingStamps,
         Table::InboundSeen,
+        Table::OwedTurns,
         Table::AdapterCursors,
         Table::CronJobs,
         Table::CronOccurrences,
@@ -286,6 +299,7 @@ impl Table {
             Table::PairingApproved => "pairing_approved",
             Table::PairingStamps => "pairing_stamps",
             Table::InboundSeen => "inbound_seen",
+            Table::OwedTurns => "owed_turns",
             Table::AdapterCursors => "adapter_cursors",
             Table::CronJobs => "cron_jobs",
             Table::CronOccurrences => "cron_occurrences",
@@ -305,6 +319,7 @@ impl Table {
             Table::PairingApproved => PAIRING_APPROVED_COLUMNS,
             Table::PairingStamps => PAIRING_STAMPS_COLUMNS,
             Table::InboundSeen => INBOUND_SEEN_COLUMNS,
+            Table::OwedTurns => OWED_TURNS_COLUMNS,
             Table::AdapterCursors => ADAPTER_CURSORS_COLUMNS,
             Table::CronJobs => CRON_JOBS_COLUMNS,
             Table::CronOccurrences => CRON_OCCURRENCES_COLUMNS,
@@ -314,7 +329,11 @@ impl Table {
     /// The primary key's columns: what identifies a row on both sides.
     pub fn key(self) -> &'static [&'static str] {
         match self {
-            Table::Sessions | Table::Messages | Table::Ledger | Table::CronJobs => &["id"],
+            Table::Sessions
+            | Table::Messages
+            | Table::Ledger
+            | Table::CronJobs
+            | Table::OwedTurns => &["id"],
             Table::Routes => &["session_key"],
             Table::PairingPending => &["entry_id"],
             Table::PairingApproved => &["platform", "user_id"],

@@ -118,6 +118,10 @@ pub struct NewObligation {
     pub content: String,
     /// The node that will send it.
     pub owner: NodeId,
+    /// Owed turns (see [`crate::owed`]) this reply answers: settled in the
+    /// transaction that stores it, so an answered message is never run
+    /// again and an unanswered one is never forgotten.
+    pub settles: Vec<String>,
 }
 
 /// A stored obligation.
@@ -485,6 +489,7 @@ pub trait GatewayStore:
     + LedgerStore
     + PairingStore
     + InboundStore
+    + crate::OwedTurnStore
     + CursorStore
     + crate::CronStore
     + crate::ClusterStore
@@ -497,6 +502,7 @@ impl<
         + LedgerStore
         + PairingStore
         + InboundStore
+        + crate::OwedTurnStore
         + CursorStore
         + crate::CronStore
         + crate::ClusterStore,

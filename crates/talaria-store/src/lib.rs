@@ -5,6 +5,7 @@
 //! - this file: the backend-neutral types and the [`SessionStore`] trait.
 //! - [`gateway`]: what the gateway keeps (routes, the delivery ledger,
 //!   pairing), as traits the backends implement.
+//! - [`owed`]: messages accepted and not yet answered (owed turns).
 //! - [`cluster`]: the nodes of a deployment and the leases they hold.
 //! - [`cron`]: scheduled jobs and the claimed record of their runs.
 //! - [`copy`]: copying everything a store holds into another backend.
@@ -28,6 +29,7 @@ pub mod copy;
 pub mod cron;
 pub mod fts;
 pub mod gateway;
+pub mod owed;
 pub mod postgres;
 pub mod sqlite;
 
@@ -36,6 +38,8 @@ pub use gateway::{
     LedgerStore, NewObligation, Obligation, ObligationState, OfferOutcome, OwedBatch, OwedClaim,
     OwedCursor, PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore,
 };
+
+pub use owed::{NewOwedTurn, OwedTurn, OwedTurnStore};
 
 pub use cluster::{ClusterStore, LeaseGrant, LeaseRecord, NodeAnnouncement, NodeId, NodeRecord};
 

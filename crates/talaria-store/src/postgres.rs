@@ -35,6 +35,7 @@ mod copy;
 mod cron;
 mod gateway;
 mod ledger;
+mod owed;
 mod routes;
 mod schema;
 mod search;

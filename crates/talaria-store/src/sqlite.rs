@@ -10,6 +10,7 @@ mod copy;
 mod cron;
 mod gateway;
 mod ledger;
+mod owed;
 mod rows;
 mod schema;
 mod search;

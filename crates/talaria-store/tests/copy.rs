@@ -70,6 +70,7 @@ fn obligation(id: &str) -> NewObligation {
         reply_to: (id != "pending").then(|| "1001".to_owned()),
         content: format!("the reply {id}"),
         owner: owner(),
+        settles: Vec::new(),
     }
 }
 

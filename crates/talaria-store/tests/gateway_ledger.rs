@@ -26,6 +26,7 @@ fn obligation(row: &str, owner: &NodeId) -> NewObligation {
         reply_to: Some("1001".to_string()),
         content: format!("the answer to {row}"),
         owner: owner.clone(),
+        settles: Vec::new(),
     }
 }
 

@@ -198,6 +198,7 @@ impl LedgerStore for PostgresStore {
         let tx = client.transaction().await.map_err(|e| self.error(e))?;
         let row = self.append_row_on(&tx, session_id, message, usage).await?;
         self.record_on(&tx, &obligation).await?;
+        self.settle_turns_on(&tx, &obligation.settles).await?;
         tx.commit().await.map_err(|e| self.error(e))?;
         Ok(row)
     }

@@ -16,15 +16,18 @@ const MIGRATION_LOCK: i64 = 0x5441_4C41_0001;
 /// The migration steps, in order; step `i` moves the schema from version
 /// `i` to `i + 1`. A step is the concatenation of its parts (one per area
 /// of the store, each kept beside the code that uses it).
-const STEPS: &[&[&str]] = &[&[
-    super::sessions::SCHEMA,
-    super::search::SCHEMA,
-    super::routes::SCHEMA,
-    super::gateway::SCHEMA,
-    super::cron::SCHEMA,
-    super::cluster::SCHEMA,
-    super::ledger::SCHEMA,
-]];
+const STEPS: &[&[&str]] = &[
+    &[
+        super::sessions::SCHEMA,
+        super::search::SCHEMA,
+        super::routes::SCHEMA,
+        super::gateway::SCHEMA,
+        super::cron::SCHEMA,
+        super::cluster::SCHEMA,
+        super::ledger::SCHEMA,
+    ],
+    &[super::owed::SCHEMA],
+];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i32 = STEPS.len() as i32;

@@ -35,7 +35,7 @@ use crate::{Result, StoreError, Timestamp};
 fn order_columns(table: Table) -> Vec<&'static str> {
     match table {
         // `WITHOUT ROWID`: the primary key is all there is.
-        Table::InboundSeen | Table::AdapterCursors => table.key().to_vec(),
+        Table::InboundSeen | Table::AdapterCursors | Table::OwedTurns => table.key().to_vec(),
         _ => vec!["rowid"],
     }
 }

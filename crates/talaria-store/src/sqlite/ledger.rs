@@ -153,6 +153,7 @@ impl LedgerStore for SqliteStore {
                 add_usage_row(tx, &id, &usage)?;
             }
             record(tx, &obligation)?;
+            super::owed::settle(tx, &obligation.settles)?;
             Ok(row)
         })
         .await

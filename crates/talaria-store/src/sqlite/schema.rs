@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -376,6 +376,21 @@ CREATE INDEX messages_session ON messages (session_id, id);
 "#,
     fts_triggers!()
 );
+
+/// Owed turns: each accepted message until its answer is stored (see the
+/// crate's `owed` module). Small: rows leave as turns finish.
+const V8: &str = r#"
+CREATE TABLE owed_turns (
+    id          TEXT PRIMARY KEY,
+    session_key TEXT NOT NULL,
+    platform    TEXT NOT NULL,
+    event       TEXT NOT NULL,
+    owner_node  TEXT,
+    accepted_at REAL NOT NULL,
+    claims      INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX owed_turns_accepted ON owed_turns (accepted_at);
+"#;
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or
 /// are newer than this build.
