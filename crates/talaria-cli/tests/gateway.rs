@@ -622,19 +622,30 @@ async fn two_hundred_messages_through_ten_sigkills_are_each_answered_once_or_sai
         gateway.wait().unwrap();
     }
     let per_chat = sent_per_chat(&tg);
-    let mut lost = 0;
+    let (mut lost, mut resent) = (0, 0);
     for chat in &chats {
+        // A send cut off by a kill may have reached the chat before the
+        // ledger heard so: the ledger sends it again marked as a possible
+        // duplicate (its documented recovery). What must never happen is
+        // a second, different answer, or an unmarked repeat.
         let texts = &per_chat[chat];
-        assert_eq!(texts.len(), 1, "chat {chat} got {texts:?}");
-        let text = &texts[0];
+        let unmarked: Vec<&String> = texts.iter().filter(|t| !t.starts_with("♻️")).collect();
+        assert!(unmarked.len() <= 1, "chat {chat} got {texts:?}");
+        let contents: std::collections::BTreeSet<&str> = texts
+            .iter()
+            .map(|t| t.rsplit("\n\n").next().unwrap_or(t))
+            .collect();
+        assert_eq!(contents.len(), 1, "chat {chat} got {texts:?}");
+        resent += texts.len() - 1;
+        let text = contents.into_iter().next().unwrap();
         if text.contains("I lost your message") {
             lost += 1;
         } else {
-            assert!(text.ends_with("answer"), "chat {chat}: {text:?}");
+            assert_eq!(text, "answer", "chat {chat}: {texts:?}");
         }
     }
     eprintln!(
-        "{MESSAGES} messages, {KILLS} kills: {} answered, {lost} said lost, {} model requests",
+        "{MESSAGES} messages, {KILLS} kills: {} answered, {lost} said lost, {resent} marked re-sends, {} model requests",
         MESSAGES - lost,
         llm.requests().len()
     );

@@ -319,6 +319,23 @@ impl Delivery {
         text: &str,
         preview: Option<&str>,
     ) -> Result<(), SendError> {
+        self.deliver_reply_settling(session_key, message_ref, to, text, preview, &[])
+            .await
+    }
+
+    /// [`Delivery::deliver_reply`] for a reply that ends owed turns (a
+    /// message said lost): the ledger records it and settles them in one
+    /// transaction, so a crash leaves either both or neither. Without a
+    /// ledger the caller settles them.
+    pub async fn deliver_reply_settling(
+        &self,
+        session_key: &str,
+        message_ref: &str,
+        to: &Address,
+        text: &str,
+        preview: Option<&str>,
+        settles: &[String],
+    ) -> Result<(), SendError> {
         let attempt = match &self.ledger {
             Some(ledger) => {
                 ledger
@@ -330,6 +347,7 @@ impl Delivery {
                         to.thread_id.as_deref(),
                         to.reply_to.as_deref(),
                         text,
+                        settles,
                     )
                     .await
             }

@@ -185,8 +185,9 @@ impl Ledger {
         &self.me
     }
 
-    /// Records a reply about to be sent and starts its first attempt;
-    /// `None` when the ledger is unavailable (the reply is sent anyway).
+    /// Records a reply about to be sent (settling the owed turns `settles`
+    /// in the same transaction) and starts its first attempt; `None` when
+    /// the ledger is unavailable (the reply is sent anyway).
     #[allow(clippy::too_many_arguments)]
     pub async fn record(
         &self,
@@ -197,6 +198,7 @@ impl Ledger {
         thread_id: Option<&str>,
         reply_to: Option<&str>,
         content: &str,
+        settles: &[String],
     ) -> Option<Attempt> {
         let id = obligation_id(session_key, message_ref, content);
         let row = NewObligation {
@@ -208,7 +210,7 @@ impl Ledger {
             reply_to: reply_to.map(str::to_owned),
             content: content.to_owned(),
             owner: self.me.clone(),
-            settles: Vec::new(),
+            settles: settles.to_vec(),
         };
         if let Err(e) = self.store.record_obligation(row).await {
             tracing::warn!(error = %e, "could not record the reply in the delivery ledger; sending it anyway");

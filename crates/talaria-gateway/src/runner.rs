@@ -338,20 +338,26 @@ impl Runner {
         let age = talaria_core::unix_now() - turn.accepted_at;
         if turn.claims > owed::MAX_CLAIMS || age > owed::MAX_AGE.as_secs_f64() {
             tracing::warn!(key = %key, claims = turn.claims, age_secs = age, "giving up on an unanswered message; telling its sender");
-            // Through the ledger: the notice is owed like an answer.
+            // Through the ledger, which settles the turn in the transaction
+            // that records the notice: a crash now neither loses the notice
+            // nor sends a second one.
             let to = inner.delivery.answer_address(&event);
             let reference = format!("lost:{}", turn.id);
+            let settles = [turn.id];
             let _ = inner
                 .delivery
-                .deliver_reply(
+                .deliver_reply_settling(
                     key.as_str(),
                     &reference,
                     &to,
                     &owed::lost_notice(&event.text),
                     None,
+                    &settles,
                 )
                 .await;
-            self.settle(&[turn.id]).await;
+            if inner.delivery.ledger().is_none() {
+                self.settle(&settles).await;
+            }
             return;
         }
         tracing::info!(key = %key, claims = turn.claims, "running an unanswered message again");
@@ -393,10 +399,11 @@ impl Runner {
         let answered = rows[last_user + 1..]
             .iter()
             .any(|r| r.message.role == Role::Assistant && r.message.tool_calls.is_empty());
-        if rows[last_user].message.content == prompt && !answered {
-            if let Err(e) = inner.agent.rewind(&session.id, 1).await {
-                tracing::warn!(key = %key, error = %e, "cannot remove an unfinished turn; running it again after it");
-            }
+        if rows[last_user].message.content == prompt
+            && !answered
+            && let Err(e) = inner.agent.rewind(&session.id, 1).await
+        {
+            tracing::warn!(key = %key, error = %e, "cannot remove an unfinished turn; running it again after it");
         }
     }
 
@@ -432,7 +439,7 @@ impl Runner {
         // adapter may acknowledge it; commands and answers to a waiting
         // question are only deduplicated.
         let starts_turn = event.command().is_none()
-            && !inner.lanes().get(&key).is_some_and(|l| l.clarify.is_some());
+            && inner.lanes().get(&key).is_none_or(|l| l.clarify.is_none());
         let owed = if starts_turn {
             match self.take_owed(&key, &event).await {
                 Some(owed) => owed,

@@ -250,6 +250,7 @@ async fn a_node_retries_its_own_failed_rows_but_not_its_sends_in_flight() {
                     None,
                     None,
                     seed,
+                    &[],
                 )
                 .await
                 .unwrap()
@@ -371,6 +372,7 @@ async fn a_refused_send_is_abandoned_and_a_failed_one_stays_open() {
                 None,
                 None,
                 seed,
+                &[],
             )
             .await
             .unwrap();
@@ -416,7 +418,7 @@ async fn a_late_report_after_a_takeover_changes_nothing() {
     let slow = me(store.as_ref(), "slow").await;
     let slow_ledger = ledger(&store, &slow);
     let attempt = slow_ledger
-        .record("k", "m1", "telegram", "42", None, None, "hello")
+        .record("k", "m1", "telegram", "42", None, None, "hello", &[])
         .await
         .unwrap();
     // The slow node's lease runs out mid-send; another node takes over.

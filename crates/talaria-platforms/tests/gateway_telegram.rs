@@ -503,3 +503,81 @@ async fn a_re_delivered_message_never_starts_a_second_turn() {
     let sent = rig.sent(3).await;
     assert_eq!(sent[2].rendered(), "Third answer.");
 }
+
+/// The cooldown belongs to the chat, not to its lane: a lane goes when its
+/// queue empties, and the notice used to come again with the next lane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_busy_notice_comes_once_per_cooldown_even_when_the_lane_empties_between() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |c| {
+        c.gateway.busy_input_mode = BusyInputMode::Queue;
+    })
+    .await;
+    for round in 0..3 {
+        rig.llm
+            .push(Reply::text(format!("answer {round}")).with_delay(Duration::from_millis(600)));
+        rig.llm.push(Reply::text(format!("follow-up {round}")));
+        rig.tg.push_private_text(42, &format!("question {round}"));
+        rig.llm_requests(round * 2 + 1).await;
+        rig.tg.push_private_text(42, &format!("and also {round}"));
+        wait_for_text(&rig, &format!("follow-up {round}")).await;
+        // The lane is gone once both answers are out.
+        wait_for_delivered(&rig, (round * 2 + 2) as u64).await;
+    }
+    let notices = rig
+        .tg
+        .sent()
+        .iter()
+        .filter(|s| s.rendered().contains("Still working"))
+        .count();
+    assert_eq!(notices, 1, "three busy chats within seconds, one notice");
+}
+
+/// A burst in interrupt mode: each message used to interrupt the turn the
+/// one before it had just started, one model call per message. The turn
+/// after an interruption now waits for the burst to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_in_interrupt_mode_becomes_a_few_turns_not_one_per_message() {
+    const BURST: usize = 40;
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |c| {
+        c.gateway.busy_ack = false;
+    })
+    .await;
+    for _ in 0..BURST {
+        rig.llm
+            .push(Reply::text("burst answer").with_delay(Duration::from_millis(100)));
+    }
+    for i in 0..BURST {
+        rig.tg.push_private_text(42, &format!("part {i}"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for_text(&rig, "burst answer").await;
+    rig.settle().await;
+    let requests = rig.llm.requests();
+    assert!(
+        requests.len() <= 4,
+        "{} model calls for a burst of {BURST} messages",
+        requests.len()
+    );
+    let answers = rig
+        .tg
+        .sent()
+        .iter()
+        .filter(|s| s.rendered() == "burst answer")
+        .count();
+    assert_eq!(answers, 1);
+    // Nothing was lost on the way: every part is in what the model saw.
+    let seen: String = requests.last().unwrap().body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for i in 0..BURST {
+        assert!(
+            seen.lines().any(|l| l == format!("part {i}")),
+            "part {i} missing from {seen:?}"
+        );
+    }
+}

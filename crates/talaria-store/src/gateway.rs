@@ -227,7 +227,8 @@ pub trait LedgerStore: Send + Sync {
         usage: &talaria_core::Usage,
         obligation: NewObligation,
     ) -> Result<i64>;
-    /// Records an obligation as `pending`, owned by `owner`, created now.
+    /// Records an obligation as `pending`, owned by `owner`, created now,
+    /// and settles the owed turns it names, in one transaction.
     /// Recording an id again starts the row over (pending, new owner,
     /// no error) but keeps its attempt count, so fences stay unique.
     async fn record_obligation(&self, obligation: NewObligation) -> Result<()>;

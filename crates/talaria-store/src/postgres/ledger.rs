@@ -204,8 +204,15 @@ impl LedgerStore for PostgresStore {
     }
 
     async fn record_obligation(&self, o: NewObligation) -> Result<()> {
-        let client = self.client().await?;
-        self.record_on(&client, &o).await
+        if o.settles.is_empty() {
+            let client = self.client().await?;
+            return self.record_on(&client, &o).await;
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.error(e))?;
+        self.record_on(&tx, &o).await?;
+        self.settle_turns_on(&tx, &o.settles).await?;
+        tx.commit().await.map_err(|e| self.error(e))
     }
 
     async fn begin_attempt(&self, id: &str, owner: &NodeId, lease: f64) -> Result<Option<u32>> {

@@ -160,7 +160,12 @@ impl LedgerStore for SqliteStore {
     }
 
     async fn record_obligation(&self, obligation: NewObligation) -> Result<()> {
-        self.write(move |tx| record(tx, &obligation)).await
+        self.write(move |tx| {
+            record(tx, &obligation)?;
+            super::owed::settle(tx, &obligation.settles)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn begin_attempt(&self, id: &str, owner: &NodeId, lease: f64) -> Result<Option<u32>> {
