@@ -128,9 +128,17 @@ pub fn collect_secrets<T: Serialize>(value: &T) -> Vec<String> {
 /// `Authorization`).
 fn names_a_credential(key: &str) -> bool {
     let k = key.to_ascii_uppercase();
-    ["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "AUTH", "CREDENTIAL"]
-        .iter()
-        .any(|m| k.contains(m))
+    [
+        "KEY",
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "AUTH",
+        "CREDENTIAL",
+    ]
+    .iter()
+    .any(|m| k.contains(m))
 }
 
 fn walk_secrets(v: &serde_json::Value, key: Option<&str>, out: &mut Vec<String>) {
@@ -2103,7 +2111,10 @@ mod tests {
                         .collect();
                     let leaf = v.is_null() || v.is_string();
                     let low = k.to_ascii_lowercase();
-                    if leaf && (path.ends_with(".headers") || names_a_credential(k)) && !low.ends_with("_env") {
+                    if leaf
+                        && (path.ends_with(".headers") || names_a_credential(k))
+                        && !low.ends_with("_env")
+                    {
                         let value = format!("planted{tag}-0123456789");
                         *v = Value::String(value.clone());
                         planted.push((here, value, false));
@@ -2113,7 +2124,9 @@ mod tests {
                         && (v.is_string() || !path.starts_with(".mcp_servers"))
                         && (low.contains("url") || low.ends_with("base") || low == "homeserver")
                     {
-                        let value = format!("https://bot:pw{tag}-0123456789@h.example/v1?api-key=qk{tag}-0123456789");
+                        let value = format!(
+                            "https://bot:pw{tag}-0123456789@h.example/v1?api-key=qk{tag}-0123456789"
+                        );
                         *v = Value::String(value.clone());
                         planted.push((here, value, true));
                     } else {
@@ -2188,14 +2201,23 @@ mod tests {
             };
             let shown = redactor.redact(&format!("the model read: {value}."));
             for part in &parts {
-                assert!(!shown.contains(part.as_str()), "{path}: {part} survives as {shown}");
+                assert!(
+                    !shown.contains(part.as_str()),
+                    "{path}: {part} survives as {shown}"
+                );
             }
             // A credential held by name must be a `Secret` (an MCP map's
             // values excepted: they may be `${VAR}` references): printing
             // or logging the config masks it.
             if !is_url && !path.starts_with(".mcp_servers") {
-                assert!(!printed.contains(value.as_str()), "{path} is printed in plain: not a Secret");
-                assert!(!debugged.contains(value.as_str()), "{path} is in Debug in plain: not a Secret");
+                assert!(
+                    !printed.contains(value.as_str()),
+                    "{path} is printed in plain: not a Secret"
+                );
+                assert!(
+                    !debugged.contains(value.as_str()),
+                    "{path} is in Debug in plain: not a Secret"
+                );
             }
         }
         // An MCP env value not named as a credential is not redacted.

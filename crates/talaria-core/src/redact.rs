@@ -190,7 +190,9 @@ mod tests {
     fn url_credentials_are_redacted_and_the_url_kept() {
         let r = Redactor::default();
         assert_eq!(
-            r.redact("error sending request for url (http://127.0.0.1:9/v1/x?api-key=k3y-in/query)"),
+            r.redact(
+                "error sending request for url (http://127.0.0.1:9/v1/x?api-key=k3y-in/query)"
+            ),
             "error sending request for url (http://127.0.0.1:9/v1/x?api-key=[REDACTED])"
         );
         assert_eq!(
@@ -202,7 +204,10 @@ mod tests {
             "postgres://talaria:[REDACTED]@db:5432/x"
         );
         // No userinfo password, no credential parameter: untouched.
-        for t in ["https://user@host/p?page=2", "see http://a.b/c?q=rust&lang=en"] {
+        for t in [
+            "https://user@host/p?page=2",
+            "see http://a.b/c?q=rust&lang=en",
+        ] {
             assert_eq!(r.redact(t), t);
         }
         assert!(is_credential_param("api-key") && is_credential_param("X-Amz-Signature"));

@@ -150,8 +150,7 @@ fn mentions_file_name(text: &str, word: &str) -> bool {
         let after = text[at + word.len()..].chars().next();
         // A leading `.` of `.env` may follow a path separator or a quote;
         // what matters is that the name is not part of a longer name.
-        !before.is_some_and(|c| name_char(c) && c != '.')
-            && !after.is_some_and(name_char)
+        !before.is_some_and(|c| name_char(c) && c != '.') && !after.is_some_and(name_char)
     })
 }
 
@@ -180,7 +179,9 @@ pub fn command_reaches(home: &Home, command: &str, workdir: &Path) -> Option<&'s
             // end of the word: `cat ~/.talaria/*`, `tar c ~/.talaria`.
             let rest = rest.strip_prefix('/').unwrap_or(rest);
             let word_end = rest
-                .find(|c: char| c.is_whitespace() || matches!(c, ';' | '|' | '&' | ')' | '\'' | '"'))
+                .find(|c: char| {
+                    c.is_whitespace() || matches!(c, ';' | '|' | '&' | ')' | '\'' | '"')
+                })
                 .unwrap_or(rest.len());
             let word = &rest[..word_end];
             if let Some(n) = names.first() {
@@ -227,13 +228,19 @@ mod tests {
             assert!(command_reaches(&home, &cmd, elsewhere).is_some(), "{cmd}");
         }
         // Inside the home, the bare names are enough.
-        assert_eq!(command_reaches(&home, "base64 .env", home.root()), Some(".env"));
+        assert_eq!(
+            command_reaches(&home, "base64 .env", home.root()),
+            Some(".env")
+        );
         assert_eq!(
             command_reaches(&home, "cat config.yaml", home.root()),
             Some("config.yaml")
         );
         // Elsewhere, a project's own .env or config.yaml is the user's.
-        assert_eq!(command_reaches(&home, "cat .env config.yaml", elsewhere), None);
+        assert_eq!(
+            command_reaches(&home, "cat .env config.yaml", elsewhere),
+            None
+        );
         assert_eq!(
             command_reaches(&home, &format!("ls {root}/skills"), elsewhere),
             None

@@ -56,7 +56,10 @@ pub const BASE_ENV: &[&str] = &[
 
 /// The environment a command starts with: the allowlisted variables of
 /// `from` (the process environment) and the names `passthrough` adds.
-pub fn child_env<I>(from: I, passthrough: &[String]) -> Vec<(std::ffi::OsString, std::ffi::OsString)>
+pub fn child_env<I>(
+    from: I,
+    passthrough: &[String],
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)>
 where
     I: IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
 {
@@ -532,7 +535,10 @@ mod tests {
             os("GITHUB_TOKEN", "ghp_wanted"),
         ];
         let got = child_env(from, &["GITHUB_TOKEN".to_owned()]);
-        let names: Vec<_> = got.iter().map(|(k, _)| k.to_string_lossy().into_owned()).collect();
+        let names: Vec<_> = got
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
         assert_eq!(names, ["PATH", "HOME", "LC_ALL", "GITHUB_TOKEN"]);
     }
 
