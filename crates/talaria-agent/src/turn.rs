@@ -42,6 +42,8 @@ pub enum TurnExit {
     Interrupted,
     /// The model could not be reached or refused the request (after the
     /// provider's own retries and fallbacks). The user message stays stored.
+    /// The reason is one short sentence safe to show anyone
+    /// ([`talaria_llm::LlmError::summary`]): no URL, key or server text.
     Failed(String),
 }
 
@@ -489,16 +491,23 @@ impl<'a> TurnRun<'a> {
                         "request too large for the model ({e}); compressing and retrying"
                     );
                     if !self.compress().await? {
-                        return Ok(Call::Failed(
-                            self.agent.parts.redactor.redact(&e.to_string()),
-                        ));
+                        tracing::warn!(
+                            "model call failed: {}",
+                            self.agent.parts.redactor.redact(&e.to_string())
+                        );
+                        return Ok(Call::Failed(e.summary()));
                     }
                 }
+                // The reason reaches the user (a chat, an API response), so
+                // it is the short sentence; the details, which may hold the
+                // server's words and the endpoint's URL, go to the log,
+                // whose writer redacts.
                 Err(e) => {
-                    tracing::warn!("model call failed: {e}");
-                    return Ok(Call::Failed(
-                        self.agent.parts.redactor.redact(&e.to_string()),
-                    ));
+                    tracing::warn!(
+                        "model call failed: {}",
+                        self.agent.parts.redactor.redact(&e.to_string())
+                    );
+                    return Ok(Call::Failed(e.summary()));
                 }
             }
         }

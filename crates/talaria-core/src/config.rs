@@ -67,8 +67,146 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// A secret string. Its `Debug` and `Serialize` forms are masked so that
 /// printing a config (or logging one by accident) never shows the value.
+///
+/// Every credential in the configuration is held in this type: that is
+/// what [`Config::secret_values`] finds (by walking the configuration, not
+/// by a list of fields), so a new `Secret` field is redacted everywhere
+/// without anyone remembering to add it.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct Secret(String);
+
+/// The key of the one-entry object a [`Secret`] becomes while
+/// [`collect_secrets`] walks a value. A NUL byte keeps it from ever being a
+/// name anybody writes in a config file.
+const SECRET_MARK: &str = "\0talaria:secret";
+
+thread_local! {
+    /// Set only while [`collect_secrets`] serializes on this thread: then,
+    /// and only then, a [`Secret`] serializes its real value (marked).
+    static REVEAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clears [`REVEAL`] however the walk ends (a panic included).
+struct RevealGuard;
+
+impl Drop for RevealGuard {
+    fn drop(&mut self) {
+        REVEAL.with(|r| r.set(false));
+    }
+}
+
+/// Every secret value inside `value`: each [`Secret`] anywhere in its
+/// serialized form, plus the credentials written into URLs (a password in
+/// `scheme://user:password@host`, a `?api-key=...` query value) and the
+/// values of maps that hold credentials by name (an MCP server's `env`
+/// entries named like `*_TOKEN`, its `headers`), which stay plain strings
+/// because they may be `${VAR}` references.
+///
+/// `Secret`'s ordinary serialization is masked, so printing a config never
+/// shows a value; this walk alone turns the masking off, on this thread,
+/// for its own duration.
+pub fn collect_secrets<T: Serialize>(value: &T) -> Vec<String> {
+    let tree = {
+        REVEAL.with(|r| r.set(true));
+        let _guard = RevealGuard;
+        serde_json::to_value(value)
+    };
+    let mut out = Vec::new();
+    match tree {
+        Ok(tree) => walk_secrets(&tree, None, &mut out),
+        // Only a map with non-string keys fails to serialize, and the
+        // configuration has none; say so loudly rather than redact nothing.
+        Err(e) => tracing::error!("cannot walk the configuration for secrets: {e}"),
+    }
+    out.retain(|v| !v.is_empty());
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether a map key names a credential (`GITHUB_TOKEN`, `X-Api-Key`,
+/// `Authorization`).
+fn names_a_credential(key: &str) -> bool {
+    let k = key.to_ascii_uppercase();
+    [
+        "KEY",
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "AUTH",
+        "CREDENTIAL",
+    ]
+    .iter()
+    .any(|m| k.contains(m))
+}
+
+fn walk_secrets(v: &serde_json::Value, key: Option<&str>, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            if map.len() == 1
+                && let Some(Value::String(secret)) = map.get(SECRET_MARK)
+            {
+                out.push(secret.clone());
+                return;
+            }
+            // Header values are credentials whatever the header's name.
+            let all_secret = key == Some("headers");
+            for (k, child) in map {
+                match child {
+                    Value::String(s)
+                        if (all_secret || names_a_credential(k))
+                            && !k.ends_with("_env")
+                            && !s.contains("${") =>
+                    {
+                        out.push(s.clone());
+                    }
+                    _ => walk_secrets(child, Some(k), out),
+                }
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                walk_secrets(item, key, out);
+            }
+        }
+        Value::String(s) => out.extend(url_secrets(s)),
+        _ => {}
+    }
+}
+
+/// The credentials written into a URL: the password of its userinfo
+/// (`scheme://user:password@host`) and the values of query parameters whose
+/// name says credential (`?api-key=...`, `&token=...`, `&sig=...`). Not a
+/// URL, or none of those: nothing.
+pub fn url_secrets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(scheme_end) = text.find("://") else {
+        return out;
+    };
+    let rest = &text[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    if let Some((userinfo, _host)) = authority.rsplit_once('@')
+        && let Some((_user, password)) = userinfo.split_once(':')
+    {
+        out.push(password.to_owned());
+    }
+    if let Some(q) = rest.find('?') {
+        let query = &rest[q + 1..];
+        let query = query.split('#').next().unwrap_or_default();
+        for pair in query.split('&') {
+            if let Some((name, value)) = pair.split_once('=')
+                && crate::redact::is_credential_param(name)
+            {
+                out.push(value.to_owned());
+            }
+        }
+    }
+    out.retain(|v| !v.is_empty());
+    out
+}
 
 impl Secret {
     pub fn new(value: impl Into<String>) -> Secret {
@@ -105,7 +243,14 @@ impl fmt::Debug for Secret {
 
 impl Serialize for Secret {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.masked())
+        if REVEAL.with(std::cell::Cell::get) {
+            use serde::ser::SerializeMap;
+            let mut map = s.serialize_map(Some(1))?;
+            map.serialize_entry(SECRET_MARK, &self.0)?;
+            map.end()
+        } else {
+            s.serialize_str(&self.masked())
+        }
     }
 }
 
@@ -371,6 +516,11 @@ pub struct TerminalConfig {
     pub max_output_chars: usize,
     /// Working directory; `None` means the directory Talaria was started in.
     pub cwd: Option<PathBuf>,
+    /// Names of environment variables a command inherits besides the
+    /// harmless base set (`PATH`, `HOME`, `LANG`, ...). Nothing else of
+    /// Talaria's environment reaches a command, so provider keys and bot
+    /// tokens stay out of `env` unless named here.
+    pub env_passthrough: Vec<String>,
 }
 
 impl Default for TerminalConfig {
@@ -380,6 +530,7 @@ impl Default for TerminalConfig {
             max_timeout_secs: 3600,
             max_output_chars: 50_000,
             cwd: None,
+            env_passthrough: Vec::new(),
         }
     }
 }
@@ -1710,50 +1861,13 @@ impl Config {
         (out, warnings)
     }
 
-    /// Every secret value written in the file itself.
+    /// Every secret value written in the file itself: every [`Secret`]
+    /// field, wherever it is (found by [`collect_secrets`], so no list of
+    /// fields can fall behind the schema), the credentials inside URLs, and
+    /// literal MCP credentials (`${VAR}` references are resolved, and
+    /// redacted, from the environment instead).
     pub fn secret_values(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .model
-            .api_key
-            .iter()
-            .chain(
-                self.fallback_providers
-                    .iter()
-                    .filter_map(|f| f.api_key.as_ref()),
-            )
-            .chain(self.memory.mem0.api_key.iter())
-            .chain(self.platforms.homeassistant.token.iter())
-            .chain(self.platforms.homeassistant.conversation_token.iter())
-            .chain(self.store.postgres_url.iter())
-            .map(|s| s.expose().to_owned())
-            .collect();
-        // Literal MCP credentials: header values, and env values whose name
-        // says secret (`${VAR}` references are resolved, and redacted, from
-        // the environment instead).
-        let secret_name = |k: &str| {
-            let k = k.to_ascii_uppercase();
-            ["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "AUTH"]
-                .iter()
-                .any(|m| k.contains(m))
-        };
-        for server in self.mcp_servers.values() {
-            out.extend(
-                server
-                    .headers
-                    .values()
-                    .chain(
-                        server
-                            .env
-                            .iter()
-                            .filter(|(k, _)| secret_name(k))
-                            .map(|(_, v)| v),
-                    )
-                    .filter(|v| v.len() >= 8 && !v.contains("${"))
-                    .cloned(),
-            );
-        }
-        out.retain(|v| !v.is_empty());
-        out
+        collect_secrets(self)
     }
 }
 
@@ -1978,6 +2092,146 @@ mod tests {
             .primary_endpoint(&Env::from_pairs([("ANTHROPIC_API_KEY", "k-123456789")]))
             .unwrap();
         assert_eq!(ep.base_url, "https://api.anthropic.com");
+    }
+
+    /// Plants a distinct value in every leaf of `tree` that holds a
+    /// credential by its name (and a URL with credentials in every URL
+    /// leaf), recording `(path, value, is_url)`. The leaves come from the
+    /// serialized configuration itself, so a field added to the schema is
+    /// planted without this test naming it.
+    fn plant(tree: &mut serde_json::Value, path: &str, planted: &mut Vec<(String, String, bool)>) {
+        use serde_json::Value;
+        match tree {
+            Value::Object(map) => {
+                for (k, v) in map.iter_mut() {
+                    let here = format!("{path}.{k}");
+                    let tag: String = here
+                        .chars()
+                        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                        .collect();
+                    let leaf = v.is_null() || v.is_string();
+                    let low = k.to_ascii_lowercase();
+                    if leaf
+                        && (path.ends_with(".headers") || names_a_credential(k))
+                        && !low.ends_with("_env")
+                    {
+                        let value = format!("planted{tag}-0123456789");
+                        *v = Value::String(value.clone());
+                        planted.push((here, value, false));
+                    } else if leaf
+                        // An unset MCP `url` stays unset: a server has
+                        // `command` or `url`, not both.
+                        && (v.is_string() || !path.starts_with(".mcp_servers"))
+                        && (low.contains("url") || low.ends_with("base") || low == "homeserver")
+                    {
+                        let value = format!(
+                            "https://bot:pw{tag}-0123456789@h.example/v1?api-key=qk{tag}-0123456789"
+                        );
+                        *v = Value::String(value.clone());
+                        planted.push((here, value, true));
+                    } else {
+                        plant(v, &here, planted);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter_mut().enumerate() {
+                    plant(item, &format!("{path}[{i}]"), planted);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_credential_in_the_config_is_a_secret_and_redacted() {
+        // One entry in every map and list, so their fields are walked too;
+        // numbers set where a field's name only sounds like a credential
+        // (`max_tokens`).
+        let (base, w) = parse(
+            "model:\n  max_tokens: 100\nfallback_providers:\n  - {provider: openai, model: m}\nmcp_servers:\n  s:\n    command: x\n    env: {SOME_TOKEN: a, PLAIN: b}\n    headers: {X-Trace: c}\n  h: {url: \"https://mcp.example/mcp\"}\nplatforms:\n  webhook:\n    routes:\n      r: {scheme: github}\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let mut tree = serde_json::to_value(&base).unwrap();
+        let mut planted = Vec::new();
+        plant(&mut tree, "", &mut planted);
+        let paths: Vec<&str> = planted.iter().map(|(p, _, _)| p.as_str()).collect();
+        // The walk reaches every kind of credential the issue names.
+        for want in [
+            ".model.api_key",
+            ".model.base_url",
+            ".fallback_providers[0].api_key",
+            ".memory.mem0.api_key",
+            ".store.postgres_url",
+            ".platforms.telegram.token",
+            ".platforms.discord.token",
+            ".platforms.mattermost.token",
+            ".platforms.slack.bot_token",
+            ".platforms.slack.app_token",
+            ".platforms.api_server.key",
+            ".platforms.webhook.routes.r.secret",
+            ".platforms.matrix.access_token",
+            ".platforms.whatsapp_cloud.token",
+            ".platforms.whatsapp_cloud.app_secret",
+            ".platforms.whatsapp_cloud.verify_token",
+            ".platforms.sms.auth_token",
+            ".platforms.email.password",
+            ".platforms.homeassistant.token",
+            ".platforms.homeassistant.conversation_token",
+            ".mcp_servers.s.env.SOME_TOKEN",
+            ".mcp_servers.s.headers.X-Trace",
+            ".mcp_servers.h.url",
+        ] {
+            assert!(paths.contains(&want), "{want} was not planted: {paths:?}");
+        }
+        let text = serde_json::to_string(&tree).unwrap();
+        let (c, w) = parse(&text).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let redactor = crate::Redactor::new(c.secret_values());
+        let printed = serde_saphyr::to_string(&c).unwrap();
+        let debugged = format!("{c:?}");
+        for (path, value, is_url) in &planted {
+            let parts: Vec<String> = if *is_url {
+                let url = url_secrets(value);
+                assert_eq!(url.len(), 2, "{path}: {url:?}");
+                url
+            } else {
+                vec![value.clone()]
+            };
+            let shown = redactor.redact(&format!("the model read: {value}."));
+            for part in &parts {
+                assert!(
+                    !shown.contains(part.as_str()),
+                    "{path}: {part} survives as {shown}"
+                );
+            }
+            // A credential held by name must be a `Secret` (an MCP map's
+            // values excepted: they may be `${VAR}` references): printing
+            // or logging the config masks it.
+            if !is_url && !path.starts_with(".mcp_servers") {
+                assert!(
+                    !printed.contains(value.as_str()),
+                    "{path} is printed in plain: not a Secret"
+                );
+                assert!(
+                    !debugged.contains(value.as_str()),
+                    "{path} is in Debug in plain: not a Secret"
+                );
+            }
+        }
+        // An MCP env value not named as a credential is not redacted.
+        assert!(!c.secret_values().iter().any(|v| v == "b"));
+    }
+
+    #[test]
+    fn the_secret_walk_leaves_printing_masked() {
+        let (c, _) = parse("platforms:\n  telegram:\n    token: tg-token-0123456789\n").unwrap();
+        assert_eq!(c.secret_values(), ["tg-token-0123456789"]);
+        // The walk turned revealing off again.
+        let shown = serde_saphyr::to_string(&c).unwrap();
+        assert!(!shown.contains("tg-token-0123456789"), "{shown}");
+        assert!(shown.contains("****6789"), "{shown}");
     }
 
     #[test]

@@ -59,8 +59,39 @@ static PATTERNS: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
         p(r"(?-u:\b)[0-9]{6,12}:[A-Za-z0-9_\-]{35}(?-u:\b)", 0),
         // Google API keys.
         p(r"(?-u:\b)AIza[0-9A-Za-z_\-]{35}(?-u:\b)", 0),
+        // The password in a URL's userinfo: `scheme://user:password@host`.
+        p(
+            r"(?i)(?-u:\b)[a-z][a-z0-9+.\-]*://[^\s/?#@:]*:([^\s/?#@]+)@",
+            1,
+        ),
+        // Credential query parameters: `?api-key=...`, `&access_token=...`,
+        // `&sig=...` (the names [`is_credential_param`] accepts).
+        p(
+            r"(?i)[?&](?:[a-z0-9_.\-]*(?:key|token|secret|passw|pwd|sig|auth|credential)[a-z0-9_.\-]*|code)=([^&#\s'\x22<>)]+)",
+            1,
+        ),
     ]
 });
+
+/// Whether a URL query parameter of this name carries a credential
+/// (`api-key`, `access_token`, `sig`, `code`, ...). The redaction pattern
+/// for query strings accepts the same names.
+pub fn is_credential_param(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n == "code"
+        || [
+            "key",
+            "token",
+            "secret",
+            "passw",
+            "pwd",
+            "sig",
+            "auth",
+            "credential",
+        ]
+        .iter()
+        .any(|m| n.contains(m))
+}
 
 const MARK: &str = "[REDACTED]";
 
@@ -153,6 +184,34 @@ mod tests {
     fn exact_values_are_redacted_and_short_ones_ignored() {
         let r = Redactor::new(["my-private-value-42".to_owned(), "abc".to_owned()]);
         assert_eq!(r.redact("x my-private-value-42 abc"), "x [REDACTED] abc");
+    }
+
+    #[test]
+    fn url_credentials_are_redacted_and_the_url_kept() {
+        let r = Redactor::default();
+        assert_eq!(
+            r.redact(
+                "error sending request for url (http://127.0.0.1:9/v1/x?api-key=k3y-in/query)"
+            ),
+            "error sending request for url (http://127.0.0.1:9/v1/x?api-key=[REDACTED])"
+        );
+        assert_eq!(
+            r.redact("GET https://h/x?api-version=2024-02-01&token=abc&sig=def#frag"),
+            "GET https://h/x?api-version=2024-02-01&token=[REDACTED]&sig=[REDACTED]#frag"
+        );
+        assert_eq!(
+            r.redact("postgres://talaria:pa55word@db:5432/x"),
+            "postgres://talaria:[REDACTED]@db:5432/x"
+        );
+        // No userinfo password, no credential parameter: untouched.
+        for t in [
+            "https://user@host/p?page=2",
+            "see http://a.b/c?q=rust&lang=en",
+        ] {
+            assert_eq!(r.redact(t), t);
+        }
+        assert!(is_credential_param("api-key") && is_credential_param("X-Amz-Signature"));
+        assert!(!is_credential_param("api-version") && !is_credential_param("page"));
     }
 
     #[test]

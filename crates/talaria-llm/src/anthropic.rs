@@ -9,7 +9,7 @@ use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ToolCall, Usag
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::classify_anthropic_error_type;
-use crate::http::{Http, HttpOptions, rejects_streaming};
+use crate::http::{Http, HttpOptions, join_url, rejects_streaming};
 use crate::repair::repair_json;
 use crate::sse::SseParser;
 use crate::{ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider, StreamEvent};
@@ -34,15 +34,18 @@ impl AnthropicProvider {
     pub fn new(endpoint: &Endpoint, opts: HttpOptions) -> AnthropicProvider {
         let label = format!("{}:{}", endpoint.provider.as_str(), endpoint.model);
         let stream = opts.stream;
-        let base = endpoint.base_url.trim_end_matches('/');
+        let base = &endpoint.base_url;
+        let (head, query) = base.split_at(base.find(['?', '#']).unwrap_or(base.len()));
+        let head = head.trim_end_matches('/');
         // Tolerate a base URL written with the version suffix.
-        let base = base.strip_suffix("/v1").unwrap_or(base);
+        let head = head.strip_suffix("/v1").unwrap_or(head);
+        let url = join_url(&format!("{head}{query}"), "/v1/messages");
         AnthropicProvider {
             kind: endpoint.provider,
             model: endpoint.model.clone(),
-            url: format!("{base}/v1/messages"),
+            url,
             key: endpoint.api_key.clone(),
-            http: Http::new(label, endpoint.api_key.as_ref(), opts),
+            http: Http::new(label, endpoint.api_key.as_ref(), &endpoint.base_url, opts),
             stream: AtomicBool::new(stream),
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use talaria_core::config::AgentConfig;
+use talaria_core::config::url_secrets;
 use talaria_core::{Redactor, Secret};
 
 use crate::classify::{classify, classify_transport};
@@ -88,14 +89,28 @@ pub(crate) struct Http {
 }
 
 impl Http {
-    pub(crate) fn new(label: String, key: Option<&Secret>, opts: HttpOptions) -> Http {
+    /// `base_url` is the endpoint's: credentials written into it (a
+    /// `?api-key=...`, a `user:password@`) are scrubbed like the key, since
+    /// a transport error names the URL.
+    pub(crate) fn new(
+        label: String,
+        key: Option<&Secret>,
+        base_url: &str,
+        opts: HttpOptions,
+    ) -> Http {
         let client = reqwest::Client::builder()
             .connect_timeout(opts.connect_timeout)
             .user_agent(concat!("talaria/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"));
         let key = key.map(|k| k.expose().to_owned()).filter(|k| !k.is_empty());
-        let redactor = Redactor::new(opts.secrets.iter().cloned().chain(key.clone()));
+        let redactor = Redactor::new(
+            opts.secrets
+                .iter()
+                .cloned()
+                .chain(key.clone())
+                .chain(url_secrets(base_url)),
+        );
         Http {
             client,
             opts,
@@ -244,6 +259,15 @@ impl Http {
     }
 }
 
+/// `base` with `path` (which starts with `/`) appended to its path. A
+/// query string in `base` (`.../v1?api-version=...&api-key=...`, as
+/// Azure-style endpoints are written) stays at the end, where it belongs,
+/// instead of swallowing the path.
+pub(crate) fn join_url(base: &str, path: &str) -> String {
+    let (head, query) = base.split_at(base.find(['?', '#']).unwrap_or(base.len()));
+    format!("{}{path}{query}", head.trim_end_matches('/'))
+}
+
 /// `Retry-After` in seconds (fractions allowed); HTTP dates are ignored
 /// because model servers do not send them and the backoff covers it.
 pub(crate) fn parse_retry_after(v: &str) -> Option<Duration> {
@@ -322,6 +346,37 @@ mod tests {
     }
 
     #[test]
+    fn paths_go_before_the_query() {
+        assert_eq!(
+            join_url("http://h/v1?api-key=abc", "/chat/completions"),
+            "http://h/v1/chat/completions?api-key=abc"
+        );
+        assert_eq!(
+            join_url("http://h/v1/", "/chat/completions"),
+            "http://h/v1/chat/completions"
+        );
+    }
+
+    #[test]
+    fn credentials_in_the_base_url_are_scrubbed() {
+        let h = Http::new(
+            "p:m".into(),
+            None,
+            "http://bot:pw-0123456789@127.0.0.1:9/v1?api-version=1",
+            HttpOptions::default(),
+        );
+        let e = h.error(
+            ErrorKind::Network,
+            None,
+            "error sending request for url (http://bot:pw-0123456789@127.0.0.1:9/v1/chat/completions?api-key=in-query-0123456789)",
+        );
+        let shown = e.to_string();
+        assert!(!shown.contains("pw-0123456789"), "{shown}");
+        assert!(!shown.contains("in-query-0123456789"), "{shown}");
+        assert!(shown.contains("127.0.0.1:9/v1/chat/completions"), "{shown}");
+    }
+
+    #[test]
     fn options_debug_hides_secrets() {
         let o = HttpOptions {
             secrets: vec!["hunter2-very-secret".into()],
@@ -335,6 +390,7 @@ mod tests {
         let h = Http::new(
             "p:m".into(),
             Some(&Secret::new("k3y!")),
+            "http://127.0.0.1:9/v1",
             HttpOptions::default(),
         );
         assert_eq!(h.scrub("got k3y! here"), "got [REDACTED] here");

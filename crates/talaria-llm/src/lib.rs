@@ -115,6 +115,55 @@ pub struct LlmError {
     pub provider: String,
 }
 
+impl LlmError {
+    /// What went wrong as one short sentence for the person waiting for the
+    /// answer: the kind of failure in words and the HTTP status when there
+    /// was one. Nothing the server wrote and nothing of the request (no
+    /// URL, no key, no body) is in it, so it is safe to send to any chat;
+    /// the details belong in the log ([`LlmError`]'s `Display`, scrubbed).
+    pub fn summary(&self) -> String {
+        let status = self
+            .status
+            .map(|s| format!(" (HTTP {s})"))
+            .unwrap_or_default();
+        match self.kind {
+            ErrorKind::Auth => {
+                format!("the model server refused the request{status}; check the API key")
+            }
+            ErrorKind::Billing => format!(
+                "the model provider refused the request for billing or quota reasons{status}"
+            ),
+            ErrorKind::RateLimit => {
+                format!("the model server is limiting requests{status}; try again in a moment")
+            }
+            ErrorKind::Overloaded => {
+                format!("the model server is overloaded{status}; try again in a moment")
+            }
+            ErrorKind::ServerError => format!("the model server had an internal error{status}"),
+            ErrorKind::Timeout => format!("the model server did not answer in time{status}"),
+            ErrorKind::ContextOverflow => format!(
+                "the conversation is too long for the model's context window{status}; start a \
+                 new conversation"
+            ),
+            ErrorKind::PayloadTooLarge => {
+                format!("the request was too large for the model server{status}")
+            }
+            ErrorKind::ModelNotFound => {
+                format!("the model server does not know the configured model{status}")
+            }
+            ErrorKind::FormatError => {
+                format!("the model server could not use the request or its answer{status}")
+            }
+            ErrorKind::Network => "could not reach the model server".to_owned(),
+            ErrorKind::Interrupted => "the model request was interrupted".to_owned(),
+            ErrorKind::Unknown if self.status.is_some() => {
+                format!("the model server refused the request{status}")
+            }
+            ErrorKind::Unknown => "the model call failed".to_owned(),
+        }
+    }
+}
+
 /// Receives stream events; called from the task that drives the request.
 pub type EventSink<'a> = &'a (dyn Fn(StreamEvent) + Send + Sync);
 

@@ -10,7 +10,7 @@ use serde_json::Value;
 use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ToolCall, Usage};
 use tokio_util::sync::CancellationToken;
 
-use crate::http::{Http, HttpOptions, rejects_streaming};
+use crate::http::{Http, HttpOptions, join_url, rejects_streaming};
 use crate::repair::repair_json;
 use crate::sse::SseParser;
 use crate::{
@@ -36,12 +36,9 @@ impl OpenAiProvider {
         OpenAiProvider {
             kind: endpoint.provider,
             model: endpoint.model.clone(),
-            url: format!(
-                "{}/chat/completions",
-                endpoint.base_url.trim_end_matches('/')
-            ),
+            url: join_url(&endpoint.base_url, "/chat/completions"),
             key: endpoint.api_key.clone(),
-            http: Http::new(label, endpoint.api_key.as_ref(), opts),
+            http: Http::new(label, endpoint.api_key.as_ref(), &endpoint.base_url, opts),
             stream: AtomicBool::new(stream),
         }
     }

@@ -1,7 +1,8 @@
 //! File tools: `read_file`, `write_file` and `patch`.
 //!
 //! Paths may point anywhere the user could (the agent edits the user's
-//! machine on their behalf); relative ones resolve against the session's
+//! machine on their behalf) except the home's credential files
+//! ([`super::secret_files`]); relative ones resolve against the session's
 //! working directory. Writes are atomic so an interrupted call never leaves
 //! a half-written file.
 
@@ -35,6 +36,14 @@ fn io_error(path: &Path, e: &std::io::Error) -> ToolError {
             ToolError::new(format!("permission denied: {}", path.display()))
         }
         _ => ToolError::new(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Refuses the home's credential files (see [`super::secret_files`]).
+fn refuse_protected(ctx: &ToolContext, path: &Path) -> Result<(), ToolError> {
+    match super::secret_files::protected(&ctx.home, path) {
+        Some(file) => Err(ToolError::new(super::secret_files::refusal(&file))),
+        None => Ok(()),
     }
 }
 
@@ -180,6 +189,7 @@ impl Tool for ReadFileTool {
             .unwrap_or(DEFAULT_READ_LIMIT as u64)
             .clamp(1, MAX_READ_LIMIT as u64) as usize;
         let path = super::resolve_path(ctx, raw);
+        refuse_protected(ctx, &path)?;
         let text = tokio::task::spawn_blocking(move || read_numbered(&path, offset, limit))
             .await
             .map_err(join_error)??;
@@ -220,6 +230,7 @@ impl Tool for WriteFileTool {
         }
         let content = req_str(&args, "content")?.to_owned();
         let path = super::resolve_path(ctx, raw);
+        refuse_protected(ctx, &path)?;
         let shown = path.display().to_string();
         let bytes = content.len();
         let lines = content.lines().count();
@@ -324,6 +335,7 @@ impl Tool for PatchTool {
             ));
         }
         let path = super::resolve_path(ctx, raw);
+        refuse_protected(ctx, &path)?;
         let shown = raw.to_owned();
         let (diff, count) =
             tokio::task::spawn_blocking(move || -> Result<(String, usize), ToolError> {

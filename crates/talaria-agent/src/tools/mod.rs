@@ -21,6 +21,7 @@ pub mod files;
 pub mod guard;
 pub mod memory;
 pub mod search_files;
+pub mod secret_files;
 pub mod send_message;
 pub mod session_search;
 pub mod terminal;

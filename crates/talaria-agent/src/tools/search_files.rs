@@ -4,7 +4,8 @@
 //!
 //! The walk honours `.gitignore`/`.ignore` files and skips hidden entries,
 //! like ripgrep, so build output and dependency folders do not drown the
-//! results.
+//! results. The contents of the home's credential files are never searched
+//! ([`super::secret_files`]).
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +43,9 @@ struct Request {
     limit: usize,
     offset: usize,
     context: usize,
+    /// The home's credential files, whose contents are never searched (a
+    /// count of matches for `token: a.*` would spell a secret out).
+    protected: Vec<PathBuf>,
 }
 
 /// Collects one file's output lines.
@@ -217,6 +221,13 @@ fn search(req: &Request, cancel: &CancellationToken) -> Result<Value, ToolError>
             continue;
         }
         let Some(matcher) = &matcher else { continue };
+        if req
+            .protected
+            .iter()
+            .any(|p| super::secret_files::same_file(p, path))
+        {
+            continue;
+        }
         let mut sink = FileSink {
             shown_path: &shown_path,
             lines: Vec::new(),
@@ -412,6 +423,7 @@ impl Tool for SearchFilesTool {
             context: opt_u64(&args, "context")?
                 .unwrap_or(0)
                 .min(MAX_CONTEXT as u64) as usize,
+            protected: super::secret_files::protected_files(&ctx.home).to_vec(),
         };
         let cancel = ctx.cancel.clone();
         let value = tokio::task::spawn_blocking(move || search(&req, &cancel))

@@ -6,6 +6,13 @@
 //! Output (stdout and stderr merged, in the order written) is capped, head
 //! and tail kept, and redacted.
 //!
+//! A command inherits only an allowlisted environment ([`BASE_ENV`], the
+//! `LC_*` locale variables and the names in `terminal.env_passthrough`),
+//! never Talaria's whole one: provider keys and bot tokens would otherwise
+//! leave through `env | base64`, which no redaction of the output can
+//! recognise. For the same reason a command that names the home's `.env`
+//! or `config.yaml` is refused ([`super::secret_files`]).
+//!
 //! "Always" approvals are persisted to `$TALARIA_HOME/command_allowlist.txt`
 //! (one pattern key or command glob per line, `#` comments) rather than into
 //! `config.yaml`: rewriting a hand-edited YAML file risks losing comments
@@ -38,6 +45,32 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// The start of every message for a command the user refused.
 pub const DENIED_PREFIX: &str = "BLOCKED: User denied this command.";
+
+/// Variables a command inherits from Talaria's environment whatever the
+/// configuration says: where programs are, who and where the user is, the
+/// language and the terminal. None of them carries a credential. The
+/// `LC_*` locale variables come too.
+pub const BASE_ENV: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
+];
+
+/// The environment a command starts with: the allowlisted variables of
+/// `from` (the process environment) and the names `passthrough` adds.
+pub fn child_env<I>(
+    from: I,
+    passthrough: &[String],
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)>
+where
+    I: IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+{
+    from.into_iter()
+        .filter(|(k, _)| {
+            k.to_str().is_some_and(|k| {
+                BASE_ENV.contains(&k) || k.starts_with("LC_") || passthrough.iter().any(|p| p == k)
+            })
+        })
+        .collect()
+}
 
 /// The persisted allowlist path for `home`.
 pub fn allowlist_path(home: &Home) -> PathBuf {
@@ -98,7 +131,15 @@ pub fn persist_allowlist_entry(home: &Home, entry: &str) -> std::io::Result<()> 
 
 /// Decides whether `command` may run, asking the human when the guard says
 /// so. `Err` holds the message for the model when it may not.
-pub async fn authorize(command: &str, ctx: &ToolContext) -> Result<(), String> {
+pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Result<(), String> {
+    if let Some(file) = super::secret_files::command_reaches(&ctx.home, command, workdir) {
+        return Err(format!(
+            "BLOCKED: this command reaches {file}, where Talaria keeps its credentials (API \
+             keys, bot tokens). No command may read, copy or encode those files, whatever the \
+             approval settings. Do not retry it or reach the files another way; if the user \
+             needs something from them, tell them to look themselves."
+        ));
+    }
     let findings = match guard::check(command) {
         GuardVerdict::Allow => return Ok(()),
         GuardVerdict::Hardline { reason } => {
@@ -293,6 +334,11 @@ async fn run(command: &str, workdir: &Path, timeout: Duration, ctx: &ToolContext
         .stdin(Stdio::null())
         .stdout(Stdio::from(write_end))
         .stderr(Stdio::from(write_end2))
+        .env_clear()
+        .envs(child_env(
+            std::env::vars_os(),
+            &ctx.config.terminal.env_passthrough,
+        ))
         // Pagers would wait forever on a pipe with nobody at the keyboard.
         .env("PAGER", "cat")
         .env("GIT_PAGER", "cat")
@@ -453,7 +499,7 @@ impl Tool for TerminalTool {
                 workdir.display()
             )));
         }
-        if let Err(blocked) = authorize(command, ctx).await {
+        if let Err(blocked) = authorize(command, &workdir, ctx).await {
             return Ok(blocked);
         }
         run(command, &workdir, Duration::from_secs(secs), ctx).await
@@ -475,6 +521,25 @@ mod tests {
         assert!(out.ends_with("line 999\n"), "{out}");
         assert!(out.contains("output truncated"), "{out}");
         assert!(out.chars().count() < 200, "{out}");
+    }
+
+    #[test]
+    fn children_get_the_allowlist_and_the_passthrough_only() {
+        let os = |k: &str, v: &str| (std::ffi::OsString::from(k), std::ffi::OsString::from(v));
+        let from = vec![
+            os("PATH", "/usr/bin"),
+            os("HOME", "/home/u"),
+            os("LC_ALL", "C.UTF-8"),
+            os("OPENAI_API_KEY", "sk-leak"),
+            os("TELEGRAM_BOT_TOKEN", "123:leak"),
+            os("GITHUB_TOKEN", "ghp_wanted"),
+        ];
+        let got = child_env(from, &["GITHUB_TOKEN".to_owned()]);
+        let names: Vec<_> = got
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["PATH", "HOME", "LC_ALL", "GITHUB_TOKEN"]);
     }
 
     #[test]
