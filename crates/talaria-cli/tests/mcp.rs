@@ -181,9 +181,17 @@ async fn the_reference_time_server_answers_the_model_in_chat_and_its_errors_reac
         .unwrap()
         .iter()
         .map(|t| &t["function"])
-        .filter(|f| f["name"].as_str().unwrap_or_default().starts_with("mcp_time_"))
+        .filter(|f| {
+            f["name"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("mcp_time_")
+        })
         .collect();
-    let names: Vec<&str> = offered.iter().map(|f| f["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = offered
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
     assert_eq!(
         names.len(),
         2,
@@ -195,8 +203,14 @@ async fn the_reference_time_server_answers_the_model_in_chat_and_its_errors_reac
         .iter()
         .find(|f| f["name"] == "mcp_time_get_current_time")
         .unwrap();
-    assert_eq!(get["parameters"]["required"], serde_json::json!(["timezone"]));
-    assert_eq!(get["parameters"]["properties"]["timezone"]["type"], "string");
+    assert_eq!(
+        get["parameters"]["required"],
+        serde_json::json!(["timezone"])
+    );
+    assert_eq!(
+        get["parameters"]["properties"]["timezone"]["type"],
+        "string"
+    );
     assert!(
         get["description"]
             .as_str()
@@ -226,10 +240,7 @@ async fn the_reference_time_server_answers_the_model_in_chat_and_its_errors_reac
     llm.push(Reply::text("Mars has no time zone I know."));
     let wrong = talaria(&home, &["chat", "-q", "what time is it on Mars?"]).await;
     assert!(wrong.status.success(), "{}", text(&wrong.stderr));
-    assert_eq!(
-        text(&wrong.stdout).trim(),
-        "Mars has no time zone I know."
-    );
+    assert_eq!(text(&wrong.stdout).trim(), "Mars has no time zone I know.");
     let results = tool_results(&llm, 3);
     assert_eq!(results.len(), 1, "{results:?}");
     let error: Value = serde_json::from_str(&results[0])
@@ -294,7 +305,9 @@ async fn the_mcp_python_sdk_client_searches_and_sends_through_talaria_mcp_serve(
     .unwrap();
     std::fs::write(
         home.join(".env"),
-        format!("TELEGRAM_BOT_TOKEN={TOKEN}\nTELEGRAM_ALLOWED_USERS=42\nTELEGRAM_HOME_CHANNEL=42\n"),
+        format!(
+            "TELEGRAM_BOT_TOKEN={TOKEN}\nTELEGRAM_ALLOWED_USERS=42\nTELEGRAM_HOME_CHANNEL=42\n"
+        ),
     )
     .unwrap();
 

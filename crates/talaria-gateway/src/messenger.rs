@@ -131,7 +131,12 @@ pub fn delivery_targets(delivery: &Delivery) -> Vec<TargetInfo> {
         .into_iter()
         .filter_map(|platform| {
             let to = delivery
-                .resolve(&Target::Home { platform: platform.clone() }, None)
+                .resolve(
+                    &Target::Home {
+                        platform: platform.clone(),
+                    },
+                    None,
+                )
                 .ok()?;
             Some(TargetInfo {
                 description: format!("{platform}'s home channel ({})", describe(&to)),
