@@ -8,7 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use talaria_agent::tools::send_message::{Messenger, TargetInfo};
 use talaria_core::Home;
-use talaria_gateway::messenger::GatewayMessenger;
+use talaria_gateway::messenger::delivery_targets;
 use talaria_mcp::serve::TalariaServer;
 use talaria_mcp::tool::tool_name;
 use talaria_mcp::{Health, McpServer};
@@ -183,11 +183,11 @@ impl Messenger for CliMessenger {
         }
     }
 
+    /// What `talaria send` can reach. `origin` is not among them: an MCP
+    /// client is in no conversation of Talaria's.
     async fn targets(&self) -> Result<Vec<TargetInfo>, String> {
         let delivery = gateway_cmd::standalone_delivery(&self.rt).map_err(|e| format!("{e:#}"))?;
-        GatewayMessenger::bound(self.rt.store.clone(), delivery)
-            .targets()
-            .await
+        Ok(delivery_targets(&delivery))
     }
 }
 

@@ -119,6 +119,38 @@ pub async fn send_to_target(
     Ok(format!("sent to {}", describe(&to)))
 }
 
+/// Where `delivery` can send for any caller: each connected platform's
+/// home channel, and `local`. A platform is listed only when
+/// [`Delivery::resolve`], the check every send makes, takes it, so a
+/// listed target is never refused for where it points (a platform with no
+/// home channel is reached as `<platform>:<chat_id>`, not by its name).
+/// `origin` is not here: only a caller in a conversation has one.
+pub fn delivery_targets(delivery: &Delivery) -> Vec<TargetInfo> {
+    let mut out: Vec<TargetInfo> = delivery
+        .platforms()
+        .into_iter()
+        .filter_map(|platform| {
+            let to = delivery
+                .resolve(
+                    &Target::Home {
+                        platform: platform.clone(),
+                    },
+                    None,
+                )
+                .ok()?;
+            Some(TargetInfo {
+                description: format!("{platform}'s home channel ({})", describe(&to)),
+                target: platform,
+            })
+        })
+        .collect();
+    out.push(TargetInfo {
+        target: "local".into(),
+        description: "a file under cron/output in the Talaria home".into(),
+    });
+    out
+}
+
 #[async_trait]
 impl Messenger for GatewayMessenger {
     async fn send(&self, target: &str, message: &str, session_id: &str) -> Result<String, String> {
@@ -132,39 +164,11 @@ impl Messenger for GatewayMessenger {
     }
 
     async fn targets(&self) -> Result<Vec<TargetInfo>, String> {
-        let delivery = self.delivery()?;
-        let homes = delivery.homes().all();
-        let mut out: Vec<TargetInfo> = delivery
-            .platforms()
-            .into_iter()
-            .map(|platform| {
-                let description = match homes.get(&platform) {
-                    Some(home) => format!(
-                        "{platform}'s home channel ({})",
-                        describe(&Address {
-                            platform: platform.clone(),
-                            chat_id: home.chat_id.clone(),
-                            thread_id: home.thread_id.clone(),
-                            reply_to: None,
-                        })
-                    ),
-                    None => format!(
-                        "{platform} is connected but has no home channel; name a chat as {platform}:<chat_id>"
-                    ),
-                };
-                TargetInfo {
-                    target: platform,
-                    description,
-                }
-            })
-            .collect();
+        let mut out = delivery_targets(self.delivery()?);
+        // The agent calls from a conversation, so it has an origin.
         out.push(TargetInfo {
             target: "origin".into(),
             description: "the chat this conversation is in".into(),
-        });
-        out.push(TargetInfo {
-            target: "local".into(),
-            description: "a file under cron/output in the Talaria home".into(),
         });
         Ok(out)
     }

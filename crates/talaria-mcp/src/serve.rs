@@ -59,7 +59,7 @@ impl TalariaServer {
                     "type": "object",
                     "properties": {
                         "query": {"type": "string", "description": "words to look for"},
-                        "limit": {"type": "integer", "description": "most sessions to return (default 5, at most 20)"}
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 20, "description": "most sessions to return (default 5)"}
                     },
                     "required": ["query"]
                 })),
@@ -79,18 +79,30 @@ impl TalariaServer {
         ]
     }
 
-    async fn search(&self, args: &JsonObject) -> Result<CallToolResult, ErrorData> {
-        let query = args
+    /// `session_search`. A wrong argument is an error result (`isError`),
+    /// not a protocol error: the MCP specification has a model see input
+    /// mistakes so it can correct itself, and keeps JSON-RPC errors for
+    /// calls that are malformed as requests (an unknown tool).
+    async fn search(&self, args: &JsonObject) -> CallToolResult {
+        let Some(query) = args
             .get("query")
             .and_then(Value::as_str)
             .filter(|q| !q.trim().is_empty())
-            .ok_or_else(|| ErrorData::invalid_params("`query` is required (a string)", None))?;
-        let limit = args
-            .get("limit")
-            .and_then(Value::as_u64)
-            .unwrap_or(5)
-            .clamp(1, MAX_RESULTS) as usize;
-        let hits = self
+        else {
+            return refused("`query` is required: the words to look for (a non-empty string)");
+        };
+        let limit = match args.get("limit") {
+            None | Some(Value::Null) => 5,
+            Some(v) => match v.as_u64() {
+                Some(n) => n.clamp(1, MAX_RESULTS) as usize,
+                None => {
+                    return refused(&format!(
+                        "`limit` must be a whole number from 1 to {MAX_RESULTS}"
+                    ));
+                }
+            },
+        };
+        let hits = match self
             .store
             .search(SearchQuery {
                 text: query.to_owned(),
@@ -99,7 +111,10 @@ impl TalariaServer {
                 limit,
             })
             .await
-            .map_err(|e| ErrorData::internal_error(format!("the search failed: {e}"), None))?;
+        {
+            Ok(hits) => hits,
+            Err(e) => return refused(&format!("the search failed: {e}")),
+        };
         let results: Vec<Value> = hits
             .iter()
             .map(|h| {
@@ -113,53 +128,66 @@ impl TalariaServer {
                 })
             })
             .collect();
-        Ok(CallToolResult::success(vec![ContentBlock::text(
+        CallToolResult::success(vec![ContentBlock::text(
             json!({"query": query, "count": results.len(), "results": results}).to_string(),
-        )]))
+        )])
     }
 
-    async fn send(&self, args: &JsonObject) -> Result<CallToolResult, ErrorData> {
-        let action = args.get("action").and_then(Value::as_str).unwrap_or("send");
+    /// `send_message`. Targets are listed and accepted by the same rule:
+    /// what the messenger can reach, less `origin` (see [`names_origin`]).
+    async fn send(&self, args: &JsonObject) -> CallToolResult {
+        let action = match args.get("action") {
+            None | Some(Value::Null) => "send",
+            Some(v) => v.as_str().unwrap_or_default(),
+        };
         if action == "list" {
-            let targets = self
-                .messenger
-                .targets()
-                .await
-                .map_err(|e| ErrorData::internal_error(e, None))?;
+            let targets = match self.messenger.targets().await {
+                Ok(targets) => targets,
+                Err(e) => return refused(&format!("the targets cannot be listed: {e}")),
+            };
             let listed: Vec<Value> = targets
                 .iter()
+                .filter(|t| !names_origin(&t.target))
                 .map(|t| json!({"target": t.target, "description": t.description}))
                 .collect();
-            return Ok(CallToolResult::success(vec![ContentBlock::text(
+            return CallToolResult::success(vec![ContentBlock::text(
                 json!({"targets": listed}).to_string(),
-            )]));
+            )]);
         }
         if action != "send" {
-            return Err(ErrorData::invalid_params(
-                format!("unknown action `{action}`: use send or list"),
-                None,
-            ));
+            return refused(&format!("unknown action `{action}`: use send or list"));
         }
         let target = args.get("target").and_then(Value::as_str);
         let message = args.get("message").and_then(Value::as_str);
         let (Some(target), Some(message)) = (target, message) else {
-            return Err(ErrorData::invalid_params(
-                "`send` needs `target` and `message` (strings)",
-                None,
-            ));
+            return refused(
+                "`send` needs `target` and `message` (strings); action `list` shows the targets",
+            );
         };
-        // There is no conversation on this side, so `origin` means nothing.
-        if target.trim().eq_ignore_ascii_case("origin") {
-            return Err(ErrorData::invalid_params(
-                "`origin` has no meaning here; name a platform or chat",
-                None,
-            ));
+        if names_origin(target) {
+            return refused(
+                "`origin` is the chat a conversation takes place in, and a caller over MCP has none: \
+                 name a platform (its home channel), <platform>:<chat_id> or local; action `list` shows them",
+            );
         }
-        Ok(match self.messenger.send(target, message, "").await {
+        match self.messenger.send(target, message, "").await {
             Ok(detail) => CallToolResult::success(vec![ContentBlock::text(detail)]),
-            Err(e) => CallToolResult::error(vec![ContentBlock::text(e)]),
-        })
+            Err(e) => refused(&e),
+        }
     }
+}
+
+/// Whether `target` is `origin`, the chat the calling conversation is in.
+/// An MCP client is outside every conversation of Talaria's, so `origin`
+/// has nothing to point at here: it is neither offered nor accepted (the
+/// messenger would quietly take it for `local`).
+fn names_origin(target: &str) -> bool {
+    target.trim().eq_ignore_ascii_case("origin")
+}
+
+/// A call that ran and failed, as the client's model should see it.
+fn refused(why: &str) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(why.to_owned())])
 }
 
 impl ServerHandler for TalariaServer {
@@ -183,8 +211,8 @@ impl ServerHandler for TalariaServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.unwrap_or_default();
         let result = match request.name.as_ref() {
-            "session_search" => self.search(&args).await?,
-            "send_message" => self.send(&args).await?,
+            "session_search" => self.search(&args).await,
+            "send_message" => self.send(&args).await,
             other => {
                 return Err(ErrorData::invalid_params(
                     format!("no tool named `{other}`"),
