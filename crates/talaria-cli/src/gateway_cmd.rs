@@ -247,10 +247,9 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
 
     let api_task = match api {
         Some(settings) => {
-            let mut server =
-                ApiServer::bind_with(settings, agent.clone(), gateway.turn_leases())
-                    .await
-                    .context("cannot start the API server")?;
+            let mut server = ApiServer::bind_with(settings, agent.clone(), gateway.turn_leases())
+                .await
+                .context("cannot start the API server")?;
             let config = &rt.config.platforms.api_server;
             server.set_connection_limits(
                 server

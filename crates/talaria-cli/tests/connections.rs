@@ -72,7 +72,10 @@ impl Gateway {
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!("the gateway exited ({status}):\n{log}");
             }
-            assert!(Instant::now() < deadline, "no `{marker}` in the log:\n{log}");
+            assert!(
+                Instant::now() < deadline,
+                "no `{marker}` in the log:\n{log}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -210,9 +210,15 @@ impl Ingress {
             get(move || health(platforms.clone()))
         };
         let app = self.router.route("/health", health).fallback(not_found);
-        crate::listen::serve("webhook listener", self.listener, app, self.limits, async move {
-            shutdown.cancelled().await;
-        })
+        crate::listen::serve(
+            "webhook listener",
+            self.listener,
+            app,
+            self.limits,
+            async move {
+                shutdown.cancelled().await;
+            },
+        )
         .await
     }
 }

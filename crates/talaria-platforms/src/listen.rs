@@ -503,6 +503,134 @@ impl http_body::Body for Deadline {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::routing::{get, post};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::time::timeout;
+
+    const WAIT: Duration = Duration::from_secs(20);
+
+    async fn start(app: Router, limits: ConnectionLimits) -> (SocketAddr, CancellationToken) {
+        let (listener, addr) = bind_listener("127.0.0.1", 0).await.unwrap();
+        let stop = CancellationToken::new();
+        let done = stop.clone();
+        tokio::spawn(serve("test", listener, app, limits, async move {
+            done.cancelled().await;
+        }));
+        (addr, stop)
+    }
+
+    /// What the server sends on `s` until it closes it, within [`WAIT`].
+    async fn until_closed(s: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            match timeout(WAIT, s.read(&mut buf)).await {
+                Err(_) => panic!("not closed within {WAIT:?}; got {out:?}"),
+                Ok(Ok(0) | Err(_)) => return String::from_utf8_lossy(&out).into_owned(),
+                Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            }
+            assert!(out.len() < 64 * 1024);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stalled_head_and_a_stalled_body_are_cut_off() {
+        let app = Router::new().route(
+            "/echo",
+            post(|body: Bytes| async move { body.len().to_string() }),
+        );
+        let limits = ConnectionLimits {
+            header_timeout: Duration::from_millis(300),
+            body_timeout: Duration::from_millis(300),
+            max_connections: 8,
+        };
+        let (addr, stop) = start(app, limits).await;
+
+        // Nothing at all, then half a head: both closed.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let mut half = TcpStream::connect(addr).await.unwrap();
+        half.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        until_closed(&mut silent).await;
+        until_closed(&mut half).await;
+
+        // A body declared as 10 bytes of which 3 arrive: the request
+        // fails and the connection is closed.
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+            .await
+            .unwrap();
+        let answer = until_closed(&mut slow).await;
+        assert!(answer.starts_with("HTTP/1.1 4"), "{answer:?}");
+
+        // A whole request is served.
+        let mut whole = TcpStream::connect(addr).await.unwrap();
+        whole
+            .write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
+            .await
+            .unwrap();
+        let answer = until_closed(&mut whole).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("3"),
+            "{answer:?}"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_full_listener_closes_an_idle_connection_never_one_serving_a_request() {
+        let release = Arc::new(tokio::sync::Notify::new());
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let (held, inside) = (release.clone(), entered.clone());
+        let app = Router::new()
+            .route(
+                "/slow",
+                get(move || {
+                    let (held, inside) = (held.clone(), inside.clone());
+                    async move {
+                        inside.notify_one();
+                        held.notified().await;
+                        "slow done"
+                    }
+                }),
+            )
+            .route("/fast", get(|| async { "fast" }));
+        let limits = ConnectionLimits {
+            header_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 2,
+        };
+        let (addr, stop) = start(app, limits).await;
+
+        // The oldest connection is serving a request; the second idles
+        // with half a head.
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        busy.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        timeout(WAIT, entered.notified()).await.unwrap();
+        // Accepted after the busy one and before the third (the backlog
+        // is first in, first out).
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /fast HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET /fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = until_closed(&mut third).await;
+        assert!(answer.ends_with("fast"), "{answer:?}");
+        assert_eq!(until_closed(&mut idle).await, "", "the idle one was closed");
+
+        release.notify_one();
+        let answer = until_closed(&mut busy).await;
+        assert!(answer.ends_with("slow done"), "{answer:?}");
+        stop.cancel();
+    }
 
     #[test]
     fn the_cap_leaves_a_reserve_and_splits_the_rest() {

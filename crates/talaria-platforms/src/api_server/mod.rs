@@ -50,8 +50,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use self::error::ApiError;
-use crate::listen::ConnectionLimits;
 use self::session::SessionLocks;
+use crate::listen::ConnectionLimits;
 
 /// The port used when neither the config nor `API_SERVER_PORT` sets one.
 pub const DEFAULT_PORT: u16 = 8642;
