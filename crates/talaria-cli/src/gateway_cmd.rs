@@ -135,6 +135,7 @@ pub fn standalone_delivery(rt: &Runtime) -> anyhow::Result<Delivery> {
 /// `talaria gateway run`: serves in the foreground until SIGTERM or SIGINT.
 pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     let rt = Runtime::load(home, "info").await?;
+    log_open_file_limit();
     let pid_file = match PidFile::acquire(&rt.home) {
         Ok(f) => f,
         Err(PidFileError::AlreadyRunning { pid }) => bail!(
@@ -185,6 +186,12 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         let mut ingress = Ingress::bind(listen.host.trim(), listen.port)
             .await
             .context("cannot start the webhook listener (platforms.webhook.host and port)")?;
+        ingress.set_connection_limits(
+            ingress
+                .connection_limits()
+                .with_timeouts(listen.header_timeout_secs, listen.body_timeout_secs)
+                .context("platforms.webhook is misconfigured")?,
+        );
         for mount in mounts {
             ingress.mount(mount);
         }
@@ -240,9 +247,16 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
 
     let api_task = match api {
         Some(settings) => {
-            let server = ApiServer::bind_with(settings, agent.clone(), gateway.turn_leases())
+            let mut server = ApiServer::bind_with(settings, agent.clone(), gateway.turn_leases())
                 .await
                 .context("cannot start the API server")?;
+            let config = &rt.config.platforms.api_server;
+            server.set_connection_limits(
+                server
+                    .connection_limits()
+                    .with_timeouts(config.header_timeout_secs, config.body_timeout_secs)
+                    .context("platforms.api_server is misconfigured")?,
+            );
             let addr = server.local_addr();
             tracing::info!(%addr, "API server listening");
             eprintln!("talaria: API server listening on http://{addr}");
@@ -282,6 +296,28 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     }
     drop(pid_file);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says what the open-file limit is (raised at start, see `main`): the
+/// listeners' connection caps derive from it, and a low one explains
+/// "Too many open files".
+fn log_open_file_limit() {
+    let Some(limit) = crate::open_files() else {
+        return;
+    };
+    match &limit.error {
+        Some(error) => tracing::warn!(
+            soft = limit.soft,
+            hard = limit.hard,
+            "{error}; the listeners' connection caps are derived from the soft limit"
+        ),
+        None => tracing::info!(
+            soft = limit.soft,
+            hard = limit.hard,
+            was = limit.was,
+            "open-file limit"
+        ),
+    }
 }
 
 /// SIGTERM and SIGINT both stop the gateway gracefully; a second signal

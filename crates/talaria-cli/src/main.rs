@@ -52,6 +52,9 @@ use crate::cli::{Cli, Command, ConfigCommand, GatewayCommand, PairingCommand, Se
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread or descriptor exists; logged by the gateway once
+    // logging is set up.
+    let _ = OPEN_FILES.set(raise_open_file_limit());
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -71,6 +74,61 @@ fn main() -> ExitCode {
             eprintln!("talaria: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The soft open-file limit as found at start and as raised.
+#[derive(Debug, Clone)]
+pub(crate) struct OpenFiles {
+    /// The soft limit the process started with.
+    pub was: u64,
+    /// The soft limit now.
+    pub soft: u64,
+    /// The hard limit, the most the soft one may be raised to.
+    pub hard: u64,
+    /// Why the limit could not be read or raised, if it could not.
+    pub error: Option<String>,
+}
+
+static OPEN_FILES: std::sync::OnceLock<OpenFiles> = std::sync::OnceLock::new();
+
+/// What [`raise_open_file_limit`] did at start.
+pub(crate) fn open_files() -> Option<&'static OpenFiles> {
+    OPEN_FILES.get()
+}
+
+/// Raises the soft open-file limit to the hard one. Every connection, to
+/// the gateway's listeners and from it to the model and the platforms,
+/// costs a descriptor, and a systemd user unit starts with a soft limit
+/// of 1,024 (the hard one is usually far higher): the listeners derive
+/// their connection caps from the raised limit.
+fn raise_open_file_limit() -> OpenFiles {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (was, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok(limits) => limits,
+        Err(e) => {
+            return OpenFiles {
+                was: 0,
+                soft: 0,
+                hard: 0,
+                error: Some(format!("cannot read the open-file limit: {e}")),
+            };
+        }
+    };
+    let mut error = None;
+    if was < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        error = Some(format!(
+            "cannot raise the open-file limit from {was} to {hard}: {e}"
+        ));
+    }
+    let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(was, |(soft, _)| soft);
+    OpenFiles {
+        was,
+        soft,
+        hard,
+        error,
     }
 }
 

@@ -1303,6 +1303,12 @@ pub struct ApiServerConfig {
     pub key: Option<Secret>,
     /// Turns running at once; more get 429. 0 means no cap.
     pub max_concurrent_runs: usize,
+    /// Seconds a client may take to send a request head (also the most a
+    /// kept-alive connection idles); then the connection is closed.
+    pub header_timeout_secs: u64,
+    /// Seconds a client may take to send a request body; then the
+    /// request fails and the connection is closed.
+    pub body_timeout_secs: u64,
 }
 
 impl Default for ApiServerConfig {
@@ -1313,6 +1319,8 @@ impl Default for ApiServerConfig {
             port: None,
             key: None,
             max_concurrent_runs: 10,
+            header_timeout_secs: 10,
+            body_timeout_secs: 30,
         }
     }
 }
@@ -1376,6 +1384,11 @@ pub struct WebhookConfig {
     /// Accepted deliveries per route in any 60 s; more get 429. 0 means no
     /// limit.
     pub rate_limit_per_minute: u32,
+    /// Seconds a client may take to send a request head to the listener
+    /// (also the most a kept-alive connection idles).
+    pub header_timeout_secs: u64,
+    /// Seconds a client may take to send a request body.
+    pub body_timeout_secs: u64,
     /// The routes by name; each is served at `/webhooks/<name>`. Names pass
     /// the strict id validator, since they become part of a URL path and of
     /// session keys.
@@ -1391,6 +1404,8 @@ impl Default for WebhookConfig {
             port: 8644,
             max_body_bytes: 1024 * 1024,
             rate_limit_per_minute: 30,
+            header_timeout_secs: 10,
+            body_timeout_secs: 30,
             routes: BTreeMap::new(),
         }
     }
@@ -2267,6 +2282,9 @@ mod tests {
         assert_eq!(wh.port, 8644);
         assert_eq!(wh.max_body_bytes, 1024 * 1024);
         assert_eq!(wh.rate_limit_per_minute, 30);
+        assert_eq!((wh.header_timeout_secs, wh.body_timeout_secs), (10, 30));
+        let api = &c.platforms.api_server;
+        assert_eq!((api.header_timeout_secs, api.body_timeout_secs), (10, 30));
         assert!(wh.routes.is_empty());
 
         let (c, w) = parse(

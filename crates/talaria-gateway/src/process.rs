@@ -267,6 +267,9 @@ pub fn systemd_unit(exe: &Path, home: &Home) -> String {
          RestartSec=5\n\
          KillSignal=SIGTERM\n\
          TimeoutStopSec=60\n\
+         # A user unit's soft open-file limit is 1,024; the gateway raises\n\
+         # its soft limit to this hard one at start, for its connections.\n\
+         LimitNOFILE=65536\n\
          \n\
          [Install]\n\
          WantedBy=default.target\n"
@@ -800,6 +803,7 @@ mod tests {
             "RestartSec=5",
             "KillSignal=SIGTERM",
             "TimeoutStopSec=60",
+            "LimitNOFILE=65536",
             "[Install]",
             "WantedBy=default.target",
         ] {

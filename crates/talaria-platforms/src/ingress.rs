@@ -21,6 +21,9 @@
 //!   inbox attached, so "healthy" means deliveries would be taken.
 //! - Each platform mounts routes under a prefix of its own; axum refuses
 //!   overlapping routes when they are merged, at startup.
+//! - Connections are served within the timeouts and the connection cap of
+//!   [`crate::listen`]; each platform's handler refuses a body declared
+//!   larger than its own limit (413) before reading any of it.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -34,6 +37,8 @@ use serde_json::json;
 use talaria_gateway::{AdapterContext, AdapterError, Inbox, Liveness};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+use crate::listen::ConnectionLimits;
 
 /// The port used when the config sets none.
 pub const DEFAULT_PORT: u16 = 8644;
@@ -120,6 +125,7 @@ impl fmt::Debug for Mount {
 pub struct Ingress {
     listener: TcpListener,
     addr: SocketAddr,
+    limits: ConnectionLimits,
     router: Router,
     /// Every mounted platform and its slot, for `/health`.
     platforms: Vec<(&'static str, InboxSlot)>,
@@ -155,6 +161,7 @@ impl Ingress {
         Ok(Ingress {
             listener,
             addr,
+            limits: ConnectionLimits::for_this_process(),
             router: Router::new(),
             platforms: Vec::new(),
         })
@@ -163,6 +170,17 @@ impl Ingress {
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The limits the connections are served within.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        self.limits
+    }
+
+    /// Serves connections within `limits` instead of the defaults (the
+    /// configured timeouts, say).
+    pub fn set_connection_limits(&mut self, limits: ConnectionLimits) {
+        self.limits = limits;
     }
 
     /// The platforms mounted so far.
@@ -181,7 +199,8 @@ impl Ingress {
         self.platforms.push((mount.platform, mount.slot));
     }
 
-    /// Serves until `shutdown` fires, then finishes the requests in flight.
+    /// Serves (within the connection limits, see [`crate::listen`]) until
+    /// `shutdown` fires, then finishes the requests in flight.
     ///
     /// # Errors
     /// What the server failed with before `shutdown`.
@@ -191,9 +210,16 @@ impl Ingress {
             get(move || health(platforms.clone()))
         };
         let app = self.router.route("/health", health).fallback(not_found);
-        axum::serve(crate::listen::no_delay(self.listener), app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
+        crate::listen::serve(
+            "webhook listener",
+            self.listener,
+            app,
+            self.limits,
+            async move {
+                shutdown.cancelled().await;
+            },
+        )
+        .await
     }
 }
 

@@ -13,6 +13,8 @@
 //! - [`webhook`]: signed webhook deliveries as agent turns.
 //! - [`ingress`]: the one HTTP listener (port 8644) that every platform
 //!   delivering by webhook is mounted on.
+//! - [`listen`]: serving those two listeners within timeouts and a
+//!   connection cap derived from the open-file limit.
 //! - [`signal`]: a Signal account through a signal-cli REST API server.
 //! - [`whatsapp`]: the WhatsApp Cloud API (Meta's webhook in, Graph out).
 //! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
@@ -31,7 +33,7 @@ pub mod homeassistant;
 #[cfg(feature = "ingress")]
 pub mod ingress;
 #[cfg(any(feature = "api-server", feature = "ingress"))]
-mod listen;
+pub mod listen;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 #[cfg(feature = "mattermost")]

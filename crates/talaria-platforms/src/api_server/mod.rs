@@ -51,6 +51,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::error::ApiError;
 use self::session::SessionLocks;
+use crate::listen::ConnectionLimits;
 
 /// The port used when neither the config nor `API_SERVER_PORT` sets one.
 pub const DEFAULT_PORT: u16 = 8642;
@@ -209,6 +210,7 @@ pub struct ApiServer {
     addr: SocketAddr,
     router: Router,
     turns: CancellationToken,
+    limits: ConnectionLimits,
 }
 
 impl std::fmt::Debug for ApiServer {
@@ -257,6 +259,7 @@ impl ApiServer {
             addr,
             router: router(state),
             turns,
+            limits: ConnectionLimits::for_this_process(),
         })
     }
 
@@ -265,20 +268,54 @@ impl ApiServer {
         self.addr
     }
 
-    /// Serves until `shutdown` is cancelled, then interrupts running turns,
-    /// stops accepting connections and waits for open responses to finish.
+    /// The limits the connections are served within.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        self.limits
+    }
+
+    /// Serves connections within `limits` instead of the defaults (the
+    /// configured timeouts, say).
+    pub fn set_connection_limits(&mut self, limits: ConnectionLimits) {
+        self.limits = limits;
+    }
+
+    /// Serves (within the connection limits, see [`crate::listen`]) until
+    /// `shutdown` is cancelled, then interrupts running turns, stops
+    /// accepting connections and waits for open responses to finish.
     ///
     /// # Errors
     /// Only when the listener itself fails.
     pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let turns = self.turns;
-        axum::serve(crate::listen::no_delay(self.listener), self.router)
-            .with_graceful_shutdown(async move {
-                shutdown.cancelled().await;
-                turns.cancel();
-            })
-            .await
+        let app = self
+            .router
+            .layer(axum::middleware::from_fn(refuse_declared_too_large));
+        crate::listen::serve("API server", self.listener, app, self.limits, async move {
+            shutdown.cancelled().await;
+            turns.cancel();
+        })
+        .await
     }
+}
+
+/// 413 for a request whose `Content-Length` declares more than
+/// [`MAX_BODY_BYTES`], before any of the body is read: the routes' body
+/// limit only finds out after reading that much, and a client declaring
+/// 100 MB and sending nothing would hold the request until the body
+/// timeout.
+async fn refuse_declared_too_large(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return ApiError::too_large().into_response();
+    }
+    next.run(request).await
 }
 
 fn router(state: Arc<AppState>) -> Router {
