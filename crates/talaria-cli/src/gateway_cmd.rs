@@ -242,7 +242,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         Some(settings) => {
             let server = ApiServer::bind_with(settings, agent.clone(), gateway.turn_leases())
                 .await
-                .context("cannot start the API server")?;
+                .context("cannot start the API server")?
+                .with_transcript_store(rt.gateway_store.clone());
             let addr = server.local_addr();
             tracing::info!(%addr, "API server listening");
             eprintln!("talaria: API server listening on http://{addr}");
