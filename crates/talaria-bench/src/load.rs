@@ -91,13 +91,17 @@ impl Target {
 
     /// Runs one turn in `session` and checks the answer.
     pub async fn turn(&self, session: &str, mode: Mode) -> anyhow::Result<Turn> {
-        self.send(Some(session), None, mode).await.map(|(turn, _)| turn)
+        self.send(Some(session), None, mode)
+            .await
+            .map(|(turn, _)| turn)
     }
 
     /// One header-less turn: sends `history` (which ends with the new user
     /// message) and, on success, appends the answer to it.
     pub async fn turn_without_header(&self, history: &mut Vec<Value>) -> anyhow::Result<Turn> {
-        let (turn, answer) = self.send(None, Some(history.as_slice()), Mode::Text).await?;
+        let (turn, answer) = self
+            .send(None, Some(history.as_slice()), Mode::Text)
+            .await?;
         history.push(json!({"role": "assistant", "content": answer}));
         Ok(turn)
     }
@@ -276,7 +280,8 @@ pub async fn concurrent(
                     if i % TURNS_PER_CONVERSATION == 0 {
                         history.clear();
                     }
-                    history.push(json!({"role": "user", "content": next_message(&history, user, i)}));
+                    history
+                        .push(json!({"role": "user", "content": next_message(&history, user, i)}));
                     let result = target.turn_without_header(&mut history).await;
                     if result.is_err() {
                         // A failed turn leaves no answer to resend: the

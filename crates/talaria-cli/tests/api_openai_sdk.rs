@@ -187,7 +187,11 @@ async fn the_official_openai_sdk_drives_the_api_server() {
 
     let before = llm.requests().len();
     run_case(&python, &gateway, "bad_key").await;
-    assert_eq!(llm.requests().len(), before, "a wrong key reached the model");
+    assert_eq!(
+        llm.requests().len(),
+        before,
+        "a wrong key reached the model"
+    );
 
     // The model fails after part of its answer has streamed.
     llm.push(Reply::raw_sse(vec![

@@ -330,7 +330,12 @@ async fn a_stream_whose_model_fails_midway_ends_with_an_error_frame() {
     let data: Vec<&str> = frames.iter().filter_map(|f| f.data.as_deref()).collect();
     assert!(!data.contains(&"[DONE]"), "{text}");
     assert!(!text.contains(r#""finish_reason":"error""#), "{text}");
-    let last = frames.iter().rev().find(|f| f.data.is_some()).unwrap().json();
+    let last = frames
+        .iter()
+        .rev()
+        .find(|f| f.data.is_some())
+        .unwrap()
+        .json();
     assert_eq!(last["error"]["code"], "agent_incomplete", "{text}");
     assert_eq!(last["error"]["type"], "server_error");
     assert!(last.get("choices").is_none(), "{text}");
@@ -644,7 +649,10 @@ async fn a_new_client_opening_with_hi_gets_nothing_of_another_clients_conversati
     assert_eq!(resp.status(), 200);
     let bob = session_header(&resp).unwrap();
     assert_ne!(bob, alice);
-    assert_eq!(conversation(&rig.sent_messages(2)), pairs(&[("user", "hi")]));
+    assert_eq!(
+        conversation(&rig.sent_messages(2)),
+        pairs(&[("user", "hi")])
+    );
     let sent = serde_json::to_string(&rig.mock.requests()[2].body).unwrap();
     assert!(!sent.contains("4711"), "{sent}");
 
@@ -746,7 +754,10 @@ async fn the_model_request_does_not_grow_with_unrelated_traffic() {
         .collect();
     assert!(sizes.iter().all(|s| *s == sizes[0]), "{sizes:?}");
     for i in 0..12 {
-        assert_eq!(conversation(&rig.sent_messages(i)), pairs(&[("user", "hello")]));
+        assert_eq!(
+            conversation(&rig.sent_messages(i)),
+            pairs(&[("user", "hello")])
+        );
     }
     rig.stop().await;
 }
@@ -758,7 +769,10 @@ async fn a_conversation_continues_after_the_server_restarts() {
     let rig = rig(0).await;
     rig.mock.push(Reply::text("first answer"));
     let resp = rig
-        .chat(&json!({"messages": [{"role": "user", "content": "remember 17"}]}), &[])
+        .chat(
+            &json!({"messages": [{"role": "user", "content": "remember 17"}]}),
+            &[],
+        )
         .await;
     let id = session_header(&resp).unwrap();
     let rig = rig.restart().await;

@@ -18,9 +18,7 @@ use tokio_util::sync::DropGuard;
 
 use super::AppState;
 use super::error::ApiError;
-use super::session::{
-    self, Continuation, HERMES_SESSION_HEADER, SESSION_HEADER, TranscriptDigest,
-};
+use super::session::{self, Continuation, HERMES_SESSION_HEADER, SESSION_HEADER, TranscriptDigest};
 
 /// A request after parsing: what the turn needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -313,7 +311,10 @@ async fn remember_answer(
     mut digest: TranscriptDigest,
     outcome: &TurnOutcome,
 ) {
-    if !matches!(outcome.exit, TurnExit::Completed | TurnExit::BudgetExhausted) {
+    if !matches!(
+        outcome.exit,
+        TurnExit::Completed | TurnExit::BudgetExhausted
+    ) {
         return;
     }
     let Some(rows) = session::stored_rows(&state.agent, session_id).await else {

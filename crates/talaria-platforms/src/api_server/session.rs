@@ -355,11 +355,23 @@ mod tests {
         let opening = [(Role::User, "hi"), (Role::Assistant, "Hello!")];
         let a = key("sys", &opening);
         assert_eq!(a, key("sys", &opening));
-        assert_eq!(a, key(" sys", &[(Role::User, "hi "), (Role::Assistant, "\nHello!")]));
+        assert_eq!(
+            a,
+            key(
+                " sys",
+                &[(Role::User, "hi "), (Role::Assistant, "\nHello!")]
+            )
+        );
         // A different answer, system text, role or boundary is another key.
-        assert_ne!(a, key("sys", &[(Role::User, "hi"), (Role::Assistant, "Hey!")]));
+        assert_ne!(
+            a,
+            key("sys", &[(Role::User, "hi"), (Role::Assistant, "Hey!")])
+        );
         assert_ne!(a, key("", &opening));
-        assert_ne!(a, key("sys", &[(Role::Assistant, "hi"), (Role::User, "Hello!")]));
+        assert_ne!(
+            a,
+            key("sys", &[(Role::Assistant, "hi"), (Role::User, "Hello!")])
+        );
         assert_ne!(a, key("sys", &[(Role::User, "hiHello!")]));
         assert_ne!(a, key("sys", &opening[..1]));
         // Pushing one by one is extending at once.
