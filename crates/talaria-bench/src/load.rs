@@ -277,7 +277,7 @@ pub async fn concurrent(
                     break;
                 }
                 let result = if target.headerless {
-                    if i % TURNS_PER_CONVERSATION == 0 {
+                    if i.is_multiple_of(TURNS_PER_CONVERSATION) {
                         history.clear();
                     }
                     history
