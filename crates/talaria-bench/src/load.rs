@@ -5,6 +5,11 @@
 //! session id each), then start a new one: history grows as it does in
 //! real chats, but never without bound, so figures do not drift with the
 //! length of the run.
+//!
+//! A target made [`Target::without_header`] is driven as plain OpenAI
+//! clients drive it: no session header; every conversation opens with the
+//! same word ([`OPENING`]), and each request carries the whole history so
+//! far, the server's answers included.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +22,9 @@ use crate::mock::TOOL_MARKER;
 
 /// Turns in one conversation before a user starts a new session.
 pub const TURNS_PER_CONVERSATION: u64 = 10;
+
+/// How every header-less conversation opens.
+pub const OPENING: &str = "hello";
 
 /// What a turn asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +54,8 @@ pub struct Target {
     /// For the mock alone: send the body a gateway would send (a system
     /// prompt and tools), not the client's one-liner.
     body_override: Option<Arc<Vec<u8>>>,
+    /// No session header: the request's messages are the conversation.
+    headerless: bool,
 }
 
 impl Target {
@@ -56,7 +66,15 @@ impl Target {
             url: format!("{base}/v1/chat/completions"),
             key: Some(key.to_owned()),
             body_override: None,
+            headerless: false,
         }
+    }
+
+    /// The same target driven without the session header, each request
+    /// carrying its conversation's history.
+    pub fn without_header(mut self) -> Target {
+        self.headerless = true;
+        self
     }
 
     /// The mock's own endpoint, sent `body` (a request as a gateway makes
@@ -67,13 +85,40 @@ impl Target {
             url: format!("{base_url}/chat/completions"),
             key: None,
             body_override: Some(Arc::new(body)),
+            headerless: false,
         }
     }
 
     /// Runs one turn in `session` and checks the answer.
     pub async fn turn(&self, session: &str, mode: Mode) -> anyhow::Result<Turn> {
+        self.send(Some(session), None, mode)
+            .await
+            .map(|(turn, _)| turn)
+    }
+
+    /// One header-less turn: sends `history` (which ends with the new user
+    /// message) and, on success, appends the answer to it.
+    pub async fn turn_without_header(&self, history: &mut Vec<Value>) -> anyhow::Result<Turn> {
+        let (turn, answer) = self
+            .send(None, Some(history.as_slice()), Mode::Text)
+            .await?;
+        history.push(json!({"role": "assistant", "content": answer}));
+        Ok(turn)
+    }
+
+    /// Sends one turn; returns it with the answer's text (whole answers).
+    async fn send(
+        &self,
+        session: Option<&str>,
+        history: Option<&[Value]>,
+        mode: Mode,
+    ) -> anyhow::Result<(Turn, String)> {
         let body = match &self.body_override {
             Some(b) => b.as_ref().clone(),
+            None if history.is_some() => serde_json::to_vec(&json!({
+                "model": "talaria",
+                "messages": history,
+            }))?,
             None => {
                 let text = match mode {
                     Mode::Tool => format!("Please note that the build passed. {TOOL_MARKER}"),
@@ -90,8 +135,10 @@ impl Target {
             .http
             .post(&self.url)
             .header("content-type", "application/json")
-            .header("x-talaria-session-id", session)
             .body(body);
+        if let Some(session) = session {
+            request = request.header("x-talaria-session-id", session);
+        }
         if let Some(key) = &self.key {
             request = request.bearer_auth(key);
         }
@@ -110,27 +157,31 @@ impl Target {
         }
         // The gateway streams from the model, so a replayed gateway request
         // gets a stream from the mock whatever the mode.
-        check_answer(&body, body.starts_with(b"data:"))?;
-        Ok(Turn {
-            latency,
-            first_byte,
-        })
+        let answer = check_answer(&body, body.starts_with(b"data:"))?;
+        Ok((
+            Turn {
+                latency,
+                first_byte,
+            },
+            answer,
+        ))
     }
 }
 
 /// The answer must carry the mock's text; a 200 with an error inside does
-/// not count as a turn.
-fn check_answer(body: &[u8], streamed: bool) -> anyhow::Result<()> {
+/// not count as a turn. Returns the text of a whole answer (empty for a
+/// stream, which is not read further).
+fn check_answer(body: &[u8], streamed: bool) -> anyhow::Result<String> {
     let text = String::from_utf8_lossy(body);
     if streamed {
         if !text.contains("[DONE]") {
             bail!("the stream ended without [DONE]");
         }
-        return Ok(());
+        return Ok(String::new());
     }
     let v: Value = serde_json::from_slice(body).context("the answer is not JSON")?;
     match v["choices"][0]["message"]["content"].as_str() {
-        Some(t) if !t.is_empty() => Ok(()),
+        Some(t) if !t.is_empty() => Ok(t.to_owned()),
         _ => bail!(
             "the answer has no text: {}",
             text.chars().take(300).collect::<String>()
@@ -141,6 +192,15 @@ fn check_answer(body: &[u8], streamed: bool) -> anyhow::Result<()> {
 /// The session id for user `user`'s `turn`-th turn in a run tagged `tag`.
 fn session_for(tag: &str, user: usize, turn: u64) -> String {
     format!("bench-{tag}-u{user}-c{}", turn / TURNS_PER_CONVERSATION)
+}
+
+/// What user `user` says next in a header-less run after `history`: the
+/// same opening for everyone, then words of their own.
+fn next_message(history: &[Value], user: usize, turn: u64) -> String {
+    if history.is_empty() {
+        return OPENING.to_owned();
+    }
+    format!("User {user} asks question {turn}: please note that the build passed.")
 }
 
 /// `n` turns one after another.
@@ -207,6 +267,7 @@ pub async fn concurrent(
             let mut errors = 0u64;
             let mut first_error = None;
             let mut i = 0u64;
+            let mut history: Vec<Value> = Vec::new();
             loop {
                 let over = match stop {
                     Stop::After(d) => started.elapsed() >= d,
@@ -215,7 +276,23 @@ pub async fn concurrent(
                 if over || done.load(Ordering::Relaxed) {
                     break;
                 }
-                match target.turn(&session_for(&tag, user, i), mode).await {
+                let result = if target.headerless {
+                    if i.is_multiple_of(TURNS_PER_CONVERSATION) {
+                        history.clear();
+                    }
+                    history
+                        .push(json!({"role": "user", "content": next_message(&history, user, i)}));
+                    let result = target.turn_without_header(&mut history).await;
+                    if result.is_err() {
+                        // A failed turn leaves no answer to resend: the
+                        // next turn opens a new conversation.
+                        history.clear();
+                    }
+                    result
+                } else {
+                    target.turn(&session_for(&tag, user, i), mode).await
+                };
+                match result {
                     Ok(t) => turns.push(t),
                     Err(e) => {
                         errors += 1;
@@ -311,8 +388,20 @@ mod tests {
     }
 
     #[test]
+    fn headerless_conversations_open_alike_then_diverge() {
+        let said = [json!({"role": "user", "content": OPENING})];
+        assert_eq!(next_message(&[], 0, 0), OPENING);
+        assert_eq!(next_message(&[], 5, 10), OPENING);
+        assert_ne!(next_message(&said, 0, 1), next_message(&said, 1, 1));
+        assert_ne!(next_message(&said, 0, 1), next_message(&said, 0, 2));
+    }
+
+    #[test]
     fn answers_without_text_are_errors() {
-        assert!(check_answer(br#"{"choices":[{"message":{"content":"hi"}}]}"#, false).is_ok());
+        assert_eq!(
+            check_answer(br#"{"choices":[{"message":{"content":"hi"}}]}"#, false).ok(),
+            Some("hi".to_owned())
+        );
         assert!(check_answer(br#"{"error":{"message":"boom"}}"#, false).is_err());
         assert!(check_answer(b"data: {}\n\ndata: [DONE]\n\n", true).is_ok());
         assert!(check_answer(b"data: {}\n\n", true).is_err());

@@ -249,7 +249,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         Some(settings) => {
             let mut server = ApiServer::bind_with(settings, agent.clone(), gateway.turn_leases())
                 .await
-                .context("cannot start the API server")?;
+                .context("cannot start the API server")?
+                .with_transcript_store(rt.gateway_store.clone());
             let config = &rt.config.platforms.api_server;
             server.set_connection_limits(
                 server

@@ -216,18 +216,24 @@ async fn streaming_sends_role_first_then_deltas_then_done() {
     rig.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn streaming_a_tool_call_reports_tool_progress() {
-    let rig = rig(0).await;
-    rig.mock.push(Reply::tool_calls(vec![ToolCallReply::new(
+fn todo_call() -> Reply {
+    Reply::tool_calls(vec![ToolCallReply::new(
         "call_1",
         "todo",
         r#"{"todos":[{"id":"1","content":"write the tests","status":"in_progress"}]}"#,
-    )]));
+    )])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streaming_a_tool_call_reports_tool_progress_to_clients_that_ask() {
+    let rig = rig(0).await;
+    rig.mock.push(todo_call());
     rig.mock.push(Reply::text("Planned."));
     let mut body = user("plan the work");
     body["stream"] = json!(true);
-    let resp = rig.chat(&body, &[]).await;
+    let resp = rig
+        .chat(&body, &[("X-Talaria-Tool-Progress", "true")])
+        .await;
     assert_eq!(resp.status(), 200);
     let text = resp.text().await.unwrap();
     let frames = parse_sse(&text);
@@ -256,6 +262,128 @@ async fn streaming_a_tool_call_reports_tool_progress() {
     assert_eq!(content, "Planned.");
     assert_eq!(frames.last().unwrap().data.as_deref(), Some("[DONE]"));
     assert_eq!(rig.mock.requests().len(), 2);
+    rig.stop().await;
+}
+
+/// What the official OpenAI SDK found: it turns every named event into a
+/// chunk, so a progress event became a chunk with `choices: None` and the
+/// standard `chunk.choices[0].delta.content` loop crashed. By default every
+/// data frame is a chunk with a choice (or `[DONE]`), and progress travels
+/// as comments.
+#[tokio::test(flavor = "multi_thread")]
+async fn by_default_a_streamed_tool_turn_sends_only_chunks() {
+    let rig = rig(0).await;
+    rig.mock.push(todo_call());
+    rig.mock.push(Reply::text("Planned."));
+    let mut body = user("plan the work");
+    body["stream"] = json!(true);
+    let resp = rig.chat(&body, &[]).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let frames = parse_sse(&text);
+    assert!(frames.iter().all(|f| f.event.is_none()), "{text}");
+    let mut content = String::new();
+    for f in frames.iter().filter(|f| f.data.is_some()) {
+        if f.data.as_deref() == Some("[DONE]") {
+            continue;
+        }
+        let chunk = f.json();
+        assert_eq!(chunk["object"], "chat.completion.chunk", "{text}");
+        let delta = &chunk["choices"][0]["delta"];
+        assert!(delta.is_object(), "a chunk without a choice: {text}");
+        content.push_str(delta["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(content, "Planned.");
+    let progress: Vec<Value> = frames
+        .iter()
+        .filter_map(|f| f.comment.as_deref()?.strip_prefix("talaria.tool.progress "))
+        .map(|c| serde_json::from_str(c).unwrap())
+        .collect();
+    assert_eq!(
+        progress,
+        vec![
+            json!({"tool": "todo", "status": "running"}),
+            json!({"tool": "todo", "status": "completed", "ok": true}),
+        ],
+        "{text}"
+    );
+    assert_eq!(frames.last().unwrap().data.as_deref(), Some("[DONE]"));
+    rig.stop().await;
+}
+
+/// A failed stream used to end with `finish_reason: "error"`, which is not
+/// one of OpenAI's values. It now ends as OpenAI's does: an error frame,
+/// no invented finish reason, no `[DONE]`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_whose_model_fails_midway_ends_with_an_error_frame() {
+    let rig = rig(0).await;
+    rig.mock.push(Reply::raw_sse(vec![
+        json!({"choices": [{"index": 0, "delta": {"content": "Half an ans"}}]}).to_string(),
+        json!({"error": {"message": "the model fell over", "code": 400}}).to_string(),
+    ]));
+    let mut body = user("answer me");
+    body["stream"] = json!(true);
+    let resp = rig.chat(&body, &[]).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let frames = parse_sse(&text);
+    let data: Vec<&str> = frames.iter().filter_map(|f| f.data.as_deref()).collect();
+    assert!(!data.contains(&"[DONE]"), "{text}");
+    assert!(!text.contains(r#""finish_reason":"error""#), "{text}");
+    let last = frames
+        .iter()
+        .rev()
+        .find(|f| f.data.is_some())
+        .unwrap()
+        .json();
+    assert_eq!(last["error"]["code"], "agent_incomplete", "{text}");
+    assert_eq!(last["error"]["type"], "server_error");
+    assert!(last.get("choices").is_none(), "{text}");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the model fell over"),
+        "{text}"
+    );
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_is_retrieved_by_id_and_an_unknown_one_is_404() {
+    let rig = rig(0).await;
+    let get = |id: &str| {
+        rig.client
+            .get(rig.url(&format!("/v1/models/{id}")))
+            .bearer_auth(KEY)
+            .send()
+    };
+    let resp = get("test-model").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["id"], "test-model");
+    assert_eq!(body["object"], "model");
+    assert_eq!(body["owned_by"], "talaria");
+    assert!(body["created"].as_u64().unwrap() > 0);
+
+    let resp = get("gpt-unknown").await.unwrap();
+    assert_eq!(resp.status(), 404);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_not_found");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("gpt-unknown")
+    );
+    let unauthorized = rig
+        .client
+        .get(rig.url("/v1/models/test-model"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthorized.status(), 401);
     rig.stop().await;
 }
 
@@ -397,7 +525,7 @@ async fn invalid_requests_are_400_and_oversized_ones_413() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn derived_sessions_continue_across_requests() {
+async fn a_resent_history_continues_its_stored_session() {
     let rig = rig(0).await;
     rig.mock.push(Reply::text("answer A"));
     rig.mock.push(Reply::text("answer B"));
@@ -418,11 +546,6 @@ async fn derived_sessions_continue_across_requests() {
     assert_eq!(session_header(&resp), Some(id.clone()));
     // The earlier turns come from the store, once each.
     let sent = conversation(&rig.sent_messages(1));
-    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
-        v.iter()
-            .map(|(r, c)| ((*r).to_owned(), (*c).to_owned()))
-            .collect()
-    };
     assert_eq!(
         sent,
         pairs(&[
@@ -468,6 +591,205 @@ async fn derived_sessions_continue_across_requests() {
         ])
     );
     assert_eq!(rig.stored(&fresh_id).await.len(), 4);
+
+    // A history that continues the first conversation but with an answer
+    // we never gave is another conversation: it is not stored in the first.
+    rig.mock.push(Reply::text("answer E"));
+    let edited = json!({"messages": [
+        system,
+        {"role": "user", "content": "question A"},
+        {"role": "assistant", "content": "an answer the client edited"},
+        {"role": "user", "content": "question E"},
+    ]});
+    let resp = rig.chat(&edited, &[]).await;
+    assert_eq!(resp.status(), 200);
+    assert_ne!(session_header(&resp), Some(id.clone()));
+    assert_eq!(
+        conversation(&rig.sent_messages(3)),
+        pairs(&[
+            ("user", "question A"),
+            ("assistant", "an answer the client edited"),
+            ("user", "question E"),
+        ])
+    );
+    assert_eq!(rig.stored(&id).await.len(), 4);
+    rig.stop().await;
+}
+
+fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(r, c)| ((*r).to_owned(), (*c).to_owned()))
+        .collect()
+}
+
+/// The privacy bug as found: every header-less request that opened with the
+/// same words was mapped to one stored session, so a new client opening
+/// with "hi" got another client's whole conversation in its model request.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_client_opening_with_hi_gets_nothing_of_another_clients_conversation() {
+    let rig = rig(0).await;
+    rig.mock.push(Reply::text("Hello! How can I help?"));
+    rig.mock.push(Reply::text("Noted."));
+    let first = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let resp = rig.chat(&first, &[]).await;
+    assert_eq!(resp.status(), 200);
+    let alice = session_header(&resp).unwrap();
+    let secret = json!({"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "my bank PIN is 4711"},
+    ]});
+    let resp = rig.chat(&secret, &[]).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(session_header(&resp), Some(alice.clone()));
+
+    // Bob opens the same way.
+    rig.mock.push(Reply::text("Hello! How can I help?"));
+    let resp = rig.chat(&first, &[]).await;
+    assert_eq!(resp.status(), 200);
+    let bob = session_header(&resp).unwrap();
+    assert_ne!(bob, alice);
+    assert_eq!(
+        conversation(&rig.sent_messages(2)),
+        pairs(&[("user", "hi")])
+    );
+    let sent = serde_json::to_string(&rig.mock.requests()[2].body).unwrap();
+    assert!(!sent.contains("4711"), "{sent}");
+
+    // Carol resends Alice's opening exchange word for word, then goes
+    // elsewhere: the stored session has moved on since that answer, so she
+    // gets exactly what she sent, not Alice's later turns.
+    rig.mock.push(Reply::text("Sunny."));
+    let carol = json!({"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "what is the weather?"},
+    ]});
+    let resp = rig.chat(&carol, &[]).await;
+    assert_eq!(resp.status(), 200);
+    assert_ne!(session_header(&resp), Some(alice.clone()));
+    assert_eq!(
+        conversation(&rig.sent_messages(3)),
+        pairs(&[
+            ("user", "hi"),
+            ("assistant", "Hello! How can I help?"),
+            ("user", "what is the weather?"),
+        ])
+    );
+    let sent = serde_json::to_string(&rig.mock.requests()[3].body).unwrap();
+    assert!(!sent.contains("4711"), "{sent}");
+    assert_eq!(rig.stored(&alice).await.len(), 4);
+    rig.stop().await;
+}
+
+/// The contention as found: 32 clients sending "hello" waited for each
+/// other on one session lock. Each client's model request is held by the
+/// mock; all of them reaching the mock while none has been answered means
+/// they were in flight at once (one at a time, the second would arrive only
+/// after the first answer).
+#[tokio::test(flavor = "multi_thread")]
+async fn identical_openings_run_in_parallel() {
+    const CLIENTS: usize = 8;
+    let rig = rig(0).await;
+    for _ in 0..CLIENTS {
+        rig.mock
+            .push(Reply::text("Hello there.").with_delay(Duration::from_secs(4)));
+    }
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let client = rig.client.clone();
+            let url = rig.url("/v1/chat/completions");
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .bearer_auth(KEY)
+                    .json(&json!({"messages": [{"role": "user", "content": "hello"}]}))
+                    .send()
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rig.mock.requests().len() < CLIENTS {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {CLIENTS} model requests arrived",
+            rig.mock.requests().len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let answered = tasks.iter().filter(|t| t.is_finished()).count();
+    assert_eq!(
+        answered, 0,
+        "{CLIENTS} model requests were not in flight at once"
+    );
+    let mut sessions = std::collections::HashSet::new();
+    for task in tasks {
+        let resp = task.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        sessions.insert(session_header(&resp).unwrap());
+    }
+    assert_eq!(sessions.len(), CLIENTS);
+    rig.stop().await;
+}
+
+/// The cost as found: each "hello" turn carried every earlier "hello"
+/// conversation (the model request grew to 93 kB). Unrelated traffic now
+/// leaves a new conversation's model request the same size.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_model_request_does_not_grow_with_unrelated_traffic() {
+    let rig = rig(0).await;
+    let hello = json!({"messages": [{"role": "user", "content": "hello"}]});
+    for i in 0..12 {
+        rig.mock.push(Reply::text("Hello! How can I help?"));
+        let resp = rig.chat(&hello, &[]).await;
+        assert_eq!(resp.status(), 200, "turn {i}");
+    }
+    let sizes: Vec<usize> = rig
+        .mock
+        .requests()
+        .iter()
+        .map(|r| serde_json::to_string(&r.body["messages"]).unwrap().len())
+        .collect();
+    assert!(sizes.iter().all(|s| *s == sizes[0]), "{sizes:?}");
+    for i in 0..12 {
+        assert_eq!(
+            conversation(&rig.sent_messages(i)),
+            pairs(&[("user", "hello")])
+        );
+    }
+    rig.stop().await;
+}
+
+/// A resent history continues its session across a restart: the index
+/// lives in the store, not in the server's memory.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conversation_continues_after_the_server_restarts() {
+    let rig = rig(0).await;
+    rig.mock.push(Reply::text("first answer"));
+    let resp = rig
+        .chat(
+            &json!({"messages": [{"role": "user", "content": "remember 17"}]}),
+            &[],
+        )
+        .await;
+    let id = session_header(&resp).unwrap();
+    let rig = rig.restart().await;
+    rig.mock.push(Reply::text("second answer"));
+    let resp = rig
+        .chat(
+            &json!({"messages": [
+                {"role": "user", "content": "remember 17"},
+                {"role": "assistant", "content": "first answer"},
+                {"role": "user", "content": "which number?"},
+            ]}),
+            &[],
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(session_header(&resp), Some(id.clone()));
+    assert_eq!(rig.stored(&id).await.len(), 4);
     rig.stop().await;
 }
 

@@ -37,6 +37,14 @@ impl CursorStore for MemCursors {
             .insert((p.into(), n.into()), v.into());
         Ok(())
     }
+    async fn delete_cursor(&self, p: &str, n: &str) -> talaria_store::Result<bool> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .remove(&(p.to_owned(), n.to_owned()))
+            .is_some())
+    }
 }
 
 async fn servers() -> MailServer {

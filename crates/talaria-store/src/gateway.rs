@@ -481,6 +481,8 @@ pub trait CursorStore: Send + Sync {
     async fn cursor(&self, platform: &str, name: &str) -> Result<Option<String>>;
     /// Saves `value` under (`platform`, `name`), replacing what was there.
     async fn set_cursor(&self, platform: &str, name: &str, value: &str) -> Result<()>;
+    /// Forgets (`platform`, `name`); returns whether it was there.
+    async fn delete_cursor(&self, platform: &str, name: &str) -> Result<bool>;
 }
 
 /// Everything the gateway needs from one backend.

@@ -73,6 +73,10 @@ async fn cursors_are_replaced_and_survive_a_reopen<S: Backend + CursorStore>(f: 
             .as_deref(),
         Some("other")
     );
+    assert!(store.delete_cursor("matrix", "since").await.unwrap());
+    assert!(!store.delete_cursor("matrix", "since").await.unwrap());
+    assert_eq!(store.cursor("matrix", "since").await.unwrap(), None);
+    assert!(store.cursor("mattermost", "since").await.unwrap().is_some());
 }
 
 contract_tests!(

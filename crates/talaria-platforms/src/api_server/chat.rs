@@ -11,14 +11,14 @@ use axum::response::{IntoResponse, Response};
 use rand::Rng;
 use serde_json::{Value, json};
 use talaria_agent::{AgentError, NullObserver, TurnExit, TurnObserver, TurnOutcome};
-use talaria_core::{Message, Usage};
+use talaria_core::{Message, Role, Usage};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 use tokio_util::sync::DropGuard;
 
 use super::AppState;
 use super::error::ApiError;
-use super::session::{self, HERMES_SESSION_HEADER, SESSION_HEADER};
+use super::session::{self, Continuation, HERMES_SESSION_HEADER, SESSION_HEADER, TranscriptDigest};
 
 /// A request after parsing: what the turn needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,10 +26,10 @@ pub(crate) struct ChatInput {
     /// The model name the client asked for; echoed back, not used to route.
     pub(crate) model: Option<String>,
     pub(crate) stream: bool,
-    /// The system messages joined with newlines (keys derived sessions).
+    /// The system messages joined with newlines. Not sent to the model
+    /// (the agent keeps its own system prompt), but part of what makes two
+    /// header-less conversations the same one.
     pub(crate) system: String,
-    /// The text of the first user message (keys derived sessions).
-    pub(crate) first_user: String,
     /// The new input: the last user message.
     pub(crate) last_user: String,
     /// User and assistant messages before the last user message.
@@ -94,16 +94,12 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
         .collect::<Vec<_>>()
         .join("\n");
     let is_user = |(role, text): &&(&str, String)| *role == "user" && !text.trim().is_empty();
-    let (Some(first), Some(last_index)) = (
-        parsed.iter().find(is_user),
-        parsed.iter().rposition(|m| is_user(&m)),
-    ) else {
+    let Some(last_index) = parsed.iter().rposition(|m| is_user(&m)) else {
         return Err(ApiError::bad_request(
             "No user message found in 'messages'",
             "no_user_message",
         ));
     };
-    let first_user = first.1.clone();
     let last_user = parsed[last_index].1.clone();
     // Tool rows and system rows are not replayed: the agent has its own
     // system prompt, and a tool row without its call would be invalid.
@@ -120,7 +116,6 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
         model,
         stream,
         system,
-        first_user,
         last_user,
         earlier,
     })
@@ -174,13 +169,33 @@ pub(crate) struct Labels {
     pub(crate) model: String,
 }
 
-/// OpenAI's `finish_reason` for how the turn ended.
-pub(crate) fn finish_reason(exit: &TurnExit) -> &'static str {
+/// OpenAI's `finish_reason` for how the turn ended; `None` for a failed
+/// turn, which OpenAI ends with an error instead (OpenAI has no "error"
+/// finish reason, and clients do not expect one).
+pub(crate) fn finish_reason(exit: &TurnExit) -> Option<&'static str> {
     match exit {
-        TurnExit::Completed | TurnExit::Interrupted => "stop",
-        TurnExit::BudgetExhausted => "length",
-        TurnExit::Failed(_) => "error",
+        TurnExit::Completed | TurnExit::Interrupted => Some("stop"),
+        TurnExit::BudgetExhausted => Some("length"),
+        TurnExit::Failed(_) => None,
     }
+}
+
+/// The request header that asks for tool progress as named SSE events.
+pub(crate) const TOOL_PROGRESS_HEADER: &str = "x-talaria-tool-progress";
+
+/// Whether the client asked for tool progress events: the header with a
+/// true value. Off by default because OpenAI's SDKs turn every named event
+/// into a chunk, and a chunk without `choices` crashes the usual loop.
+fn wants_tool_progress(headers: &HeaderMap) -> bool {
+    headers
+        .get(TOOL_PROGRESS_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        })
 }
 
 /// OpenAI's `usage` object from the turn's summed usage.
@@ -212,7 +227,13 @@ pub(crate) struct Admitted {
     /// The new user text.
     pub(crate) input: String,
     pub(crate) stream: bool,
+    /// Tool progress as `event:` frames (asked for by header); otherwise
+    /// as SSE comments, which every client skips.
+    pub(crate) tool_progress: bool,
     pub(crate) labels: Labels,
+    /// For a header-less request: the conversation up to and including the
+    /// new user message, recorded with the answer once the turn has one.
+    pub(crate) remember: Option<TranscriptDigest>,
     /// Held by the turn task: the run counts against the cap until the turn
     /// has really ended, not merely until the response is sent.
     pub(crate) permit: Option<OwnedSemaphorePermit>,
@@ -243,6 +264,7 @@ impl Admitted {
             permit,
             session_lock,
             turn_lease,
+            remember,
             ..
         } = self;
         let cancel = state.turns.child_token();
@@ -263,6 +285,11 @@ impl Admitted {
                 });
             }
             let outcome = agent.run_turn(&session, &input, &observer, cancel).await;
+            // Recorded while the session is still ours (lock and lease), so
+            // the row count is the one this answer left.
+            if let (Some(digest), Ok(outcome)) = (remember, &outcome) {
+                remember_answer(&state, &session.id, digest, outcome).await;
+            }
             drop(turn_lease);
             outcome
         });
@@ -272,6 +299,36 @@ impl Admitted {
             task,
         }
     }
+}
+
+/// Records where a header-less conversation stands after an answer the
+/// client can resend: its history plus this answer now continues this
+/// session. A failed or interrupted turn records nothing; the client's
+/// retry then starts a session of its own, seeded with what it sends.
+async fn remember_answer(
+    state: &AppState,
+    session_id: &str,
+    mut digest: TranscriptDigest,
+    outcome: &TurnOutcome,
+) {
+    if !matches!(
+        outcome.exit,
+        TurnExit::Completed | TurnExit::BudgetExhausted
+    ) {
+        return;
+    }
+    let Some(rows) = session::stored_rows(&state.agent, session_id).await else {
+        return;
+    };
+    digest.push(Role::Assistant, &outcome.answer);
+    let at = Continuation {
+        session_id: session_id.to_owned(),
+        rows,
+    };
+    state
+        .index
+        .record(&digest.key(), &at, digest.replaces())
+        .await;
 }
 
 impl Labels {
@@ -333,56 +390,141 @@ async fn admit(
                 .map_err(|_| ApiError::too_many_runs())?,
         ),
     };
-    let session_id = header_id
-        .unwrap_or_else(|| session::derived_session_id(&request.system, &request.first_user));
-    // The request's earlier messages seed a session only when it is new
-    // (`open_session` decides): for a known one the store holds the history
-    // and they are the client's copy of it, not stored twice.
-    let seed = request.earlier;
     tracing::debug!(
-        session = %session_id,
+        session = header_id.as_deref().unwrap_or("(from the messages)"),
         stream = request.stream,
         chars = request.last_user.len(),
         "API chat completion"
     );
-    let session_lock = state.locks.get(&session_id).lock_owned().await;
-    // Across nodes: wait for a turn of this session on another node.
-    let turn_lease = match &state.turn_leases {
-        None => None,
-        Some(leases) => {
-            use talaria_gateway::turn_lease::Taken;
-            let key = format!("api:{session_id}");
-            match leases.take(&key, &state.turns, false, || {}).await {
-                Taken::Held(held) => Some(held),
-                Taken::Cancelled => {
-                    return Err(ApiError::unavailable("The server is shutting down"));
-                }
-            }
-        }
+    let opened = match header_id {
+        Some(id) => open_named(&state, id, &request.earlier).await?,
+        None => open_conversation(&state, &request).await?,
     };
-    let session = session::open_session(&state.agent, &session_id, &seed)
-        .await
-        .map_err(|e| {
-            tracing::warn!(session = %session_id, error = %e, "cannot open API session");
-            ApiError::internal(format!("Cannot open session: {e}"))
-        })?;
     let model = request
         .model
         .unwrap_or_else(|| state.agent.parts().provider.model().to_owned());
     Ok(Admitted {
         state,
-        session,
+        session: opened.session,
         input: request.last_user,
         stream: request.stream,
+        tool_progress: wants_tool_progress(headers),
         labels: Labels {
             id: completion_id(),
             created: unix_now(),
             model,
         },
+        remember: opened.remember,
         permit,
-        session_lock,
-        turn_lease,
+        session_lock: opened.lock,
+        turn_lease: opened.lease,
     })
+}
+
+/// A session opened for a turn, with what keeps it ours.
+struct Opened {
+    session: talaria_agent::SessionHandle,
+    lock: tokio::sync::OwnedMutexGuard<()>,
+    lease: Option<talaria_gateway::turn_lease::HeldTurn>,
+    remember: Option<TranscriptDigest>,
+}
+
+/// The session the client named: waits for its lock (two requests for one
+/// session take turns), then opens it, or creates it seeded with the
+/// request's earlier messages. For a known session the store holds the
+/// history and those messages are the client's copy of it, not stored
+/// twice.
+async fn open_named(state: &AppState, id: String, earlier: &[Message]) -> Result<Opened, ApiError> {
+    let lock = state.locks.get(&id).lock_owned().await;
+    let lease = take_lease(state, &id).await?;
+    let session = session::open_session(&state.agent, &id, earlier)
+        .await
+        .map_err(|e| cannot_open(&id, &e))?;
+    Ok(Opened {
+        session,
+        lock,
+        lease,
+        remember: None,
+    })
+}
+
+/// A header-less request: the request's messages are the conversation.
+///
+/// When the earlier messages are exactly a conversation this server
+/// answered (the digest of the client's history, which ends with our last
+/// answer, is in the index) and its session has not moved on since, the
+/// turn continues that session. Anything else (a new conversation, an
+/// edited history, a session another client with the same history is
+/// using or has continued) gets a session of its own, seeded with what the
+/// client sent. So the model sees only the conversation the client sent,
+/// and unrelated conversations never wait for each other.
+async fn open_conversation(state: &AppState, request: &ChatInput) -> Result<Opened, ApiError> {
+    let mut digest = TranscriptDigest::new(&request.system);
+    digest.extend(&request.earlier);
+    let prior = (!request.earlier.is_empty()).then(|| digest.key());
+    digest.push(Role::User, &request.last_user);
+
+    if let Some(key) = prior
+        && let Some(at) = state.index.lookup(&key).await
+        // A session busy with a turn is about to move on: waiting for it
+        // would only serialize identical conversations to then not match.
+        && let Ok(lock) = state.locks.get(&at.session_id).try_lock_owned()
+    {
+        let lease = take_lease(state, &at.session_id).await?;
+        match session::continue_if_unchanged(&state.agent, &at).await {
+            Ok(Some(session)) => {
+                // The session moves on: the conversation's old key will
+                // never match again, so the answer's record replaces it
+                // (one record per conversation, not one per turn).
+                return Ok(Opened {
+                    session,
+                    lock,
+                    lease,
+                    remember: Some(digest.replacing(key)),
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(session = %at.session_id, error = %e, "cannot reopen an API conversation; starting a new session");
+            }
+        }
+    }
+
+    let id = session::new_conversation_id();
+    // Nobody else knows this id yet: the lock and the lease are free.
+    let lock = state.locks.get(&id).lock_owned().await;
+    let lease = take_lease(state, &id).await?;
+    let session = session::start_conversation(&state.agent, &id, &request.earlier)
+        .await
+        .map_err(|e| cannot_open(&id, &e))?;
+    Ok(Opened {
+        session,
+        lock,
+        lease,
+        remember: Some(digest),
+    })
+}
+
+fn cannot_open(id: &str, e: &AgentError) -> ApiError {
+    tracing::warn!(session = %id, error = %e, "cannot open API session");
+    ApiError::internal(format!("Cannot open session: {e}"))
+}
+
+/// Across nodes sharing a store: waits for, and takes, the session's turn
+/// lease, so two nodes never run one session at once.
+async fn take_lease(
+    state: &AppState,
+    session_id: &str,
+) -> Result<Option<talaria_gateway::turn_lease::HeldTurn>, ApiError> {
+    let Some(leases) = &state.turn_leases else {
+        return Ok(None);
+    };
+    use talaria_gateway::turn_lease::Taken;
+    let key = format!("api:{session_id}");
+    match leases.take(&key, &state.turns, false, || {}).await {
+        Taken::Held(held) => Ok(Some(held)),
+        Taken::Cancelled => Err(ApiError::unavailable("The server is shutting down")),
+    }
 }
 
 /// Runs the turn in its own task and answers with one `chat.completion`.
@@ -407,14 +549,17 @@ async fn complete(admitted: Admitted) -> Response {
     }
 }
 
-/// The `chat.completion` object, or 502 when the turn produced no answer.
+/// The `chat.completion` object, or 502 when the turn failed (with or
+/// without partial text: OpenAI answers a failed request with an error,
+/// never with a completion cut short).
 fn completion_response(labels: &Labels, outcome: &TurnOutcome) -> Response {
-    if let TurnExit::Failed(reason) = &outcome.exit
-        && outcome.answer.trim().is_empty()
-    {
-        return ApiError::incomplete(format!("The agent did not complete: {reason}"))
-            .into_response();
-    }
+    let Some(reason) = finish_reason(&outcome.exit) else {
+        let why = match &outcome.exit {
+            TurnExit::Failed(why) => why.as_str(),
+            _ => "unknown",
+        };
+        return ApiError::incomplete(format!("The agent did not complete: {why}")).into_response();
+    };
     axum::Json(json!({
         "id": labels.id,
         "object": "chat.completion",
@@ -423,7 +568,7 @@ fn completion_response(labels: &Labels, outcome: &TurnOutcome) -> Response {
         "choices": [{
             "index": 0,
             "message": {"role": "assistant", "content": outcome.answer},
-            "finish_reason": finish_reason(&outcome.exit),
+            "finish_reason": reason,
         }],
         "usage": usage_json(&outcome.usage),
     }))
@@ -456,7 +601,6 @@ mod tests {
                 model: Some("m".into()),
                 stream: false,
                 system: "be brief".into(),
-                first_user: "A".into(),
                 last_user: "B".into(),
                 earlier: vec![Message::user("A"), Message::assistant("a")],
             })
@@ -494,8 +638,10 @@ mod tests {
 
     #[test]
     fn finish_reasons_follow_the_exit() {
-        assert_eq!(finish_reason(&TurnExit::Completed), "stop");
-        assert_eq!(finish_reason(&TurnExit::BudgetExhausted), "length");
-        assert_eq!(finish_reason(&TurnExit::Failed("x".into())), "error");
+        assert_eq!(finish_reason(&TurnExit::Completed), Some("stop"));
+        assert_eq!(finish_reason(&TurnExit::Interrupted), Some("stop"));
+        assert_eq!(finish_reason(&TurnExit::BudgetExhausted), Some("length"));
+        // OpenAI has no "error" finish reason: a failed turn ends in an error.
+        assert_eq!(finish_reason(&TurnExit::Failed("x".into())), None);
     }
 }

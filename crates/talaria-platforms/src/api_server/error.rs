@@ -60,6 +60,19 @@ impl ApiError {
         )
     }
 
+    /// 404 for a model this server does not serve.
+    pub(crate) fn model_not_found(id: &str) -> ApiError {
+        // The id comes from the client: quoted with escapes, cut short, so
+        // the message stays one readable line.
+        let shown: String = id.chars().take(100).collect();
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("The model {shown:?} does not exist"),
+            "invalid_request_error",
+            Some("model_not_found"),
+        )
+    }
+
     /// 413: the body is over the limit.
     pub(crate) fn too_large() -> ApiError {
         ApiError::new(

@@ -12,8 +12,9 @@
 //!   `/v1/models`.
 //! - `auth`: the bearer-key check, compared in constant time.
 //! - `error`: OpenAI-style error bodies.
-//! - `session`: the session-id header, derived ids, per-session locks and
-//!   opening (or creating and seeding) the stored session.
+//! - `session`: the session-id header, per-session locks, the index that
+//!   lets a header-less client that resends its history continue its
+//!   stored session, and opening (or creating and seeding) sessions.
 //! - `chat`: `/v1/chat/completions`: request parsing, admission, the turn
 //!   task and the non-streamed answer.
 //! - `sse`: the streamed answer.
@@ -26,6 +27,11 @@
 //!   interrupts its turn.
 //! - Two turns never run at once on one session in this process: each
 //!   request holds that session's lock from opening it to the end of the turn.
+//! - Without the session header the model gets the conversation the client
+//!   sent and nothing else: a request continues a stored session only when
+//!   its earlier messages are that session's whole conversation, ending
+//!   with our last answer, and no turn has run on it since; otherwise it
+//!   gets a new session. The opening alone never picks a session.
 //! - The API key is never logged.
 
 mod auth;
@@ -50,7 +56,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use self::error::ApiError;
-use self::session::SessionLocks;
+use self::session::{SessionLocks, TranscriptIndex};
 use crate::listen::ConnectionLimits;
 
 /// The port used when neither the config nor `API_SERVER_PORT` sets one.
@@ -199,6 +205,9 @@ pub(crate) struct AppState {
     /// so graceful shutdown is not held up by long turns or open streams.
     pub(crate) turns: CancellationToken,
     pub(crate) locks: SessionLocks,
+    /// Which session a header-less conversation the client resends
+    /// continues.
+    pub(crate) index: TranscriptIndex,
     /// With a store shared by several nodes: a turn also holds its
     /// session's lease there, so two nodes never run one session at once.
     pub(crate) turn_leases: Option<talaria_gateway::turn_lease::TurnLeases>,
@@ -211,6 +220,7 @@ pub struct ApiServer {
     router: Router,
     turns: CancellationToken,
     limits: ConnectionLimits,
+    state: Arc<AppState>,
 }
 
 impl std::fmt::Debug for ApiServer {
@@ -252,15 +262,27 @@ impl ApiServer {
                 .then(|| Arc::new(Semaphore::new(settings.max_concurrent_runs))),
             turns: turns.clone(),
             locks: SessionLocks::default(),
+            index: TranscriptIndex::default(),
             turn_leases,
         });
         Ok(ApiServer {
             listener,
             addr,
-            router: router(state),
+            router: router(state.clone()),
             turns,
             limits: ConnectionLimits::for_this_process(),
+            state,
         })
+    }
+
+    /// Keeps the index of header-less conversations in `store` (the
+    /// gateway's store), so a client that resends its history continues
+    /// the stored session after a restart and on every node of a shared
+    /// store. Without it each header-less request gets a session of its
+    /// own.
+    pub fn with_transcript_store(self, store: Arc<dyn talaria_store::CursorStore>) -> ApiServer {
+        self.state.index.attach(store);
+        self
     }
 
     /// The address actually bound.
@@ -321,6 +343,7 @@ async fn refuse_declared_too_large(
 fn router(state: Arc<AppState>) -> Router {
     let protected = Router::new()
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -344,17 +367,35 @@ async fn health() -> Response {
     .into_response()
 }
 
+/// The one model the server answers with, as OpenAI describes a model.
+fn model_object(state: &AppState) -> serde_json::Value {
+    json!({
+        "id": state.agent.parts().provider.model(),
+        "object": "model",
+        "created": chat::unix_now(),
+        "owned_by": "talaria",
+    })
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(json!({
         "object": "list",
-        "data": [{
-            "id": state.agent.parts().provider.model(),
-            "object": "model",
-            "created": chat::unix_now(),
-            "owned_by": "talaria",
-        }],
+        "data": [model_object(&state)],
     }))
     .into_response()
+}
+
+/// `GET /v1/models/{id}`: the model when `id` is the one listed, else 404
+/// with OpenAI's `model_not_found`.
+async fn model(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id == state.agent.parts().provider.model() {
+        axum::Json(model_object(&state)).into_response()
+    } else {
+        ApiError::model_not_found(&id).into_response()
+    }
 }
 
 async fn not_found() -> Response {

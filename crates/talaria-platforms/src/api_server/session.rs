@@ -1,13 +1,14 @@
 //! Which stored session a request continues, and opening it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use axum::http::HeaderMap;
+use rand::Rng;
 use sha2::{Digest, Sha256};
 use talaria_agent::{Agent, AgentError, SessionHandle};
-use talaria_core::Message;
-use talaria_store::NewSession;
+use talaria_core::{Message, Role};
+use talaria_store::{CursorStore, NewSession};
 
 use super::error::ApiError;
 
@@ -58,12 +59,150 @@ pub(crate) fn header_session_id(headers: &HeaderMap) -> Result<Option<String>, A
     Ok(Some(raw.to_owned()))
 }
 
-/// `api-` + the first 16 hex digits of SHA-256(`<system>\n<first user>`):
-/// the same conversation resent with one more turn maps to the same session.
-pub(crate) fn derived_session_id(system: &str, first_user: &str) -> String {
-    let digest = Sha256::digest(format!("{system}\n{first_user}").as_bytes());
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    format!("api-{hex}")
+/// A fresh id for a header-less conversation: `api-` + 32 random hex
+/// digits. Never derived from the request: a conversation the server has
+/// not seen must not land in a session someone else's request created.
+pub(crate) fn new_conversation_id() -> String {
+    let n: u128 = rand::rng().random();
+    format!("api-{n:032x}")
+}
+
+/// A running SHA-256 over a header-less conversation as the client sends
+/// it: the client's system text, then each user and assistant message.
+/// Each field is length-prefixed, so no two different conversations hash
+/// the same bytes; contents are trimmed, so a client that strips the
+/// whitespace around an answer it was sent still matches.
+#[derive(Clone)]
+pub(crate) struct TranscriptDigest {
+    hasher: Sha256,
+    /// The index key this conversation continued from, which its next
+    /// record replaces.
+    replaces: Option<String>,
+}
+
+impl TranscriptDigest {
+    /// The digest of a conversation with this system text and no message.
+    pub(crate) fn new(system: &str) -> TranscriptDigest {
+        let mut digest = TranscriptDigest {
+            hasher: Sha256::new(),
+            replaces: None,
+        };
+        digest.field(b"talaria.api.transcript.v1");
+        digest.field(system.trim().as_bytes());
+        digest
+    }
+
+    fn field(&mut self, bytes: &[u8]) {
+        self.hasher.update((bytes.len() as u64).to_be_bytes());
+        self.hasher.update(bytes);
+    }
+
+    /// The same digest, whose record will replace the index entry `key`.
+    pub(crate) fn replacing(mut self, key: String) -> TranscriptDigest {
+        self.replaces = Some(key);
+        self
+    }
+
+    /// The index key this digest's record replaces, if any.
+    pub(crate) fn replaces(&self) -> Option<&str> {
+        self.replaces.as_deref()
+    }
+
+    /// Adds one message.&mut self, role: Role, content: &str) {
+        self.field(role.as_str().as_bytes());
+        self.field(content.trim().as_bytes());
+    }
+
+    /// Adds every message.
+    pub(crate) fn extend(&mut self, messages: &[Message]) {
+        for m in messages {
+            self.push(m.role, &m.content);
+        }
+    }
+
+    /// The index key of the conversation so far.
+    pub(crate) fn key(&self) -> String {
+        let digest = self.hasher.clone().finalize();
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        format!("transcript:{hex}")
+    }
+}
+
+/// Where a header-less conversation was left: its session, and how many
+/// rows that session held when the answer the client resends was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Continuation {
+    pub(crate) session_id: String,
+    pub(crate) rows: u64,
+}
+
+impl Continuation {
+    fn encode(&self) -> String {
+        format!("{} {}", self.rows, self.session_id)
+    }
+
+    fn decode(value: &str) -> Option<Continuation> {
+        let (rows, id) = value.split_once(' ')?;
+        talaria_core::ids::validate_path_component(id).ok()?;
+        Some(Continuation {
+            session_id: id.to_owned(),
+            rows: rows.parse().ok()?,
+        })
+    }
+}
+
+/// The cursor namespace the index lives under.
+const INDEX_NAMESPACE: &str = "api_server";
+
+/// Maps the digest of a whole conversation (up to and including an answer
+/// the server gave) to the session holding it, so a client that resends
+/// its history continues that session. Kept in the store, so continuity
+/// survives a restart and spans the nodes of a shared store. Without a
+/// store every header-less request starts a session of its own, which is
+/// still correct: the model gets what the client sent.
+#[derive(Default)]
+pub(crate) struct TranscriptIndex {
+    store: OnceLock<Arc<dyn CursorStore>>,
+}
+
+impl TranscriptIndex {
+    /// Keeps the index in `store` from now on; a second call changes
+    /// nothing.
+    pub(crate) fn attach(&self, store: Arc<dyn CursorStore>) {
+        let _ = self.store.set(store);
+    }
+
+    /// Where the conversation with this key was left, if anywhere. A store
+    /// failure reads as "nowhere": the request then starts a session of its
+    /// own, which loses continuity but never mixes conversations.
+    pub(crate) async fn lookup(&self, key: &str) -> Option<Continuation> {
+        let store = self.store.get()?;
+        match store.cursor(INDEX_NAMESPACE, key).await {
+            Ok(value) => value.as_deref().and_then(Continuation::decode),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the API transcript index");
+                None
+            }
+        }
+    }
+
+    /// Records that the conversation with this key is `at`, forgetting
+    /// the entry `replaces` it continued from, so the index holds one
+    /// entry per conversation however many turns it has.
+    pub(crate) async fn record(&self, key: &str, at: &Continuation, replaces: Option<&str>) {
+        let Some(store) = self.store.get() else {
+            return;
+        };
+        if let Err(e) = store.set_cursor(INDEX_NAMESPACE, key, &at.encode()).await {
+            tracing::warn!(session = %at.session_id, error = %e, "cannot record the API transcript index");
+            return;
+        }
+        if let Some(old) = replaces
+            && let Err(e) = store.delete_cursor(INDEX_NAMESPACE, old).await
+        {
+            tracing::warn!(session = %at.session_id, error = %e, "cannot drop an old API transcript index entry");
+        }
+    }
 }
 
 /// One async lock per session id, so two requests for the same session
@@ -123,6 +262,60 @@ pub(crate) async fn open_session(
     Ok(handle)
 }
 
+/// Starts session `id` (new, never stored before) with `seed`, the
+/// conversation the client already had, stored first.
+pub(crate) async fn start_conversation(
+    agent: &Agent,
+    id: &str,
+    seed: &[Message],
+) -> Result<SessionHandle, AgentError> {
+    let handle = agent
+        .start_session(NewSession {
+            id: id.to_owned(),
+            source: SOURCE.to_owned(),
+            ..NewSession::default()
+        })
+        .await?;
+    let store = &agent.parts().store;
+    for message in seed {
+        store.append_message(id, message).await?;
+    }
+    Ok(handle)
+}
+
+/// Reopens the session `at` names when it still holds exactly the rows it
+/// held when the index entry was recorded: no turn has run on it since, so
+/// its transcript is the conversation the client resends. `None` when it
+/// moved on (another client with the same history continued it) or is
+/// gone. The caller holds the session's lock.
+pub(crate) async fn continue_if_unchanged(
+    agent: &Agent,
+    at: &Continuation,
+) -> Result<Option<SessionHandle>, AgentError> {
+    let Some(record) = agent.parts().store.session(&at.session_id).await? else {
+        return Ok(None);
+    };
+    if record.message_count != at.rows {
+        return Ok(None);
+    }
+    match agent.resume_session(&at.session_id).await {
+        Ok(handle) => Ok(Some(handle)),
+        Err(AgentError::NoSuchSession(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// How many rows session `id` holds now.
+pub(crate) async fn stored_rows(agent: &Agent, id: &str) -> Option<u64> {
+    match agent.parts().store.session(id).await {
+        Ok(record) => record.map(|r| r.message_count),
+        Err(e) => {
+            tracing::warn!(session = %id, error = %e, "cannot read the API session");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,13 +357,61 @@ mod tests {
     }
 
     #[test]
-    fn derived_ids_are_stable_and_safe() {
-        let a = derived_session_id("sys", "hello");
-        assert_eq!(a, derived_session_id("sys", "hello"));
-        assert_ne!(a, derived_session_id("sys", "hello!"));
-        assert_ne!(a, derived_session_id("", "sys\nhello!"));
-        assert_eq!(a.len(), "api-".len() + 16);
+    fn conversation_ids_are_fresh_and_safe() {
+        let a = new_conversation_id();
+        assert_ne!(a, new_conversation_id());
+        assert_eq!(a.len(), "api-".len() + 32);
         assert!(talaria_core::ids::validate_path_component(&a).is_ok());
+    }
+
+    fn key(system: &str, messages: &[(Role, &str)]) -> String {
+        let mut d = TranscriptDigest::new(system);
+        for (role, text) in messages {
+            d.push(*role, text);
+        }
+        d.key()
+    }
+
+    #[test]
+    fn transcript_keys_cover_the_whole_conversation() {
+        let opening = [(Role::User, "hi"), (Role::Assistant, "Hello!")];
+        let a = key("sys", &opening);
+        assert_eq!(a, key("sys", &opening));
+        assert_eq!(
+            a,
+            key(
+                " sys",
+                &[(Role::User, "hi "), (Role::Assistant, "\nHello!")]
+            )
+        );
+        // A different answer, system text, role or boundary is another key.
+        assert_ne!(
+            a,
+            key("sys", &[(Role::User, "hi"), (Role::Assistant, "Hey!")])
+        );
+        assert_ne!(a, key("", &opening));
+        assert_ne!(
+            a,
+            key("sys", &[(Role::Assistant, "hi"), (Role::User, "Hello!")])
+        );
+        assert_ne!(a, key("sys", &[(Role::User, "hiHello!")]));
+        assert_ne!(a, key("sys", &opening[..1]));
+        // Pushing one by one is extending at once.
+        let mut d = TranscriptDigest::new("sys");
+        d.extend(&[Message::user("hi"), Message::assistant("Hello!")]);
+        assert_eq!(d.key(), a);
+    }
+
+    #[test]
+    fn continuations_round_trip_and_refuse_unsafe_ids() {
+        let at = Continuation {
+            session_id: "api-00ff".into(),
+            rows: 12,
+        };
+        assert_eq!(Continuation::decode(&at.encode()), Some(at));
+        assert_eq!(Continuation::decode("12 ../x"), None);
+        assert_eq!(Continuation::decode("x api-1"), None);
+        assert_eq!(Continuation::decode("12"), None);
     }
 
     #[test]

@@ -1,10 +1,22 @@
 //! The streamed answer: `chat.completion.chunk` events over SSE.
 //!
 //! Frames, in order: a role chunk; one content chunk per text delta, with
-//! `event: talaria.tool.progress` frames in between while tools run; a
-//! final chunk with an empty delta, the finish reason and the usage; then
-//! `data: [DONE]`. A `: keepalive` comment goes out after
-//! [`KEEPALIVE`] of silence so proxies do not close a quiet stream.
+//! tool progress in between while tools run; a final chunk with an empty
+//! delta, the finish reason and the usage; then `data: [DONE]`. A
+//! `: keepalive` comment goes out after [`KEEPALIVE`] of silence so proxies
+//! do not close a quiet stream.
+//!
+//! Tool progress is a comment (`: talaria.tool.progress {...}`) unless the
+//! client sent `X-Talaria-Tool-Progress: true`, which makes it a named
+//! `event: talaria.tool.progress` frame (the hermes-agent way). Named
+//! events are opt-in because OpenAI's SDKs turn every event into a chunk,
+//! and a chunk without `choices` breaks the usual
+//! `chunk.choices[0].delta.content` loop.
+//!
+//! A turn that fails ends as OpenAI ends a failed stream: one
+//! `data: {"error": {...}}` frame, then the connection closes, with no
+//! final chunk and no `[DONE]` (OpenAI has no "error" finish reason; its
+//! SDKs raise the error frame as an `APIError`).
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -73,8 +85,9 @@ impl TurnObserver for ChannelObserver {
 /// Starts the turn and answers with its event stream.
 pub(crate) fn respond(admitted: Admitted) -> Response {
     let (tx, rx) = mpsc::unbounded_channel();
+    let named_progress = admitted.tool_progress;
     let turn = admitted.spawn_turn(ChannelObserver { tx });
-    let sse = Sse::new(events(turn, rx))
+    let sse = Sse::new(events(turn, rx, named_progress))
         .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"));
     let mut response = sse.into_response();
     // Tells nginx-style proxies not to buffer the stream.
@@ -93,6 +106,7 @@ pub(crate) fn respond(admitted: Admitted) -> Response {
 fn events(
     turn: RunningTurn,
     rx: mpsc::UnboundedReceiver<Progress>,
+    named_progress: bool,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let RunningTurn {
         labels,
@@ -102,7 +116,7 @@ fn events(
     let role = chunk(&labels, json!({"role": "assistant"}));
     let progress = UnboundedReceiverStream::new(rx).map({
         let labels = labels.clone();
-        move |p| progress_event(&labels, p)
+        move |p| progress_event(&labels, p, named_progress)
     });
     let end = stream::once(async move {
         let result = match task.await {
@@ -116,10 +130,7 @@ fn events(
             Err(_) => Err("the turn stopped unexpectedly".to_owned()),
         };
         drop(guard);
-        stream::iter([
-            final_chunk(&labels, result),
-            Event::default().data("[DONE]"),
-        ])
+        stream::iter(last_frames(&labels, result))
     })
     .flatten();
     stream::once(async move { role })
@@ -128,13 +139,16 @@ fn events(
         .map(Ok)
 }
 
-fn progress_event(labels: &Labels, progress: Progress) -> Event {
+fn progress_event(labels: &Labels, progress: Progress, named: bool) -> Event {
     match progress {
         Progress::Text(delta) => chunk(labels, json!({"content": delta})),
-        Progress::ToolStarted(name) => tool_event(json!({"tool": name, "status": "running"})),
-        Progress::ToolFinished { name, ok } => {
-            tool_event(json!({"tool": name, "status": "completed", "ok": ok}))
+        Progress::ToolStarted(name) => {
+            tool_event(json!({"tool": name, "status": "running"}), named)
         }
+        Progress::ToolFinished { name, ok } => tool_event(
+            json!({"tool": name, "status": "completed", "ok": ok}),
+            named,
+        ),
     }
 }
 
@@ -143,41 +157,45 @@ fn chunk(labels: &Labels, delta: Value) -> Event {
     Event::default().data(labels.chunk(delta, None).to_string())
 }
 
-fn tool_event(data: Value) -> Event {
-    Event::default()
-        .event(TOOL_PROGRESS_EVENT)
-        .data(data.to_string())
+/// A named event for clients that asked for one; otherwise a comment,
+/// which SSE clients skip (and which still tells a proxy the stream is
+/// alive while a long tool runs). JSON from `to_string` has no newline, so
+/// it fits on one comment line.
+fn tool_event(data: Value, named: bool) -> Event {
+    if named {
+        Event::default()
+            .event(TOOL_PROGRESS_EVENT)
+            .data(data.to_string())
+    } else {
+        Event::default().comment(format!("{TOOL_PROGRESS_EVENT} {data}"))
+    }
 }
 
-/// The last chunk: finish reason and usage, plus an error object when the
-/// turn did not produce an answer.
-fn final_chunk(labels: &Labels, result: Result<TurnOutcome, String>) -> Event {
-    let (reason, usage, error) = match &result {
-        Ok(outcome) => {
-            let error = match &outcome.exit {
-                TurnExit::Failed(why) => Some(ApiError::incomplete(format!(
-                    "The agent did not complete: {why}"
-                ))),
-                _ => None,
-            };
-            (
-                finish_reason(&outcome.exit),
-                usage_json(&outcome.usage),
-                error,
-            )
-        }
-        Err(why) => (
-            "error",
-            usage_json(&talaria_core::Usage::default()),
-            Some(ApiError::internal(format!("The turn failed: {why}"))),
-        ),
+/// How the stream ends: the final chunk (finish reason and usage) and
+/// `[DONE]` when the turn produced its answer (or was interrupted); a lone
+/// error frame when it failed.
+fn last_frames(labels: &Labels, result: Result<TurnOutcome, String>) -> Vec<Event> {
+    let error = match &result {
+        Ok(outcome) => match finish_reason(&outcome.exit) {
+            Some(reason) => {
+                let mut event = labels.chunk(json!({}), Some(reason));
+                if let Some(object) = event.as_object_mut() {
+                    object.insert("usage".to_owned(), usage_json(&outcome.usage));
+                }
+                return vec![
+                    Event::default().data(event.to_string()),
+                    Event::default().data("[DONE]"),
+                ];
+            }
+            None => {
+                let why = match &outcome.exit {
+                    TurnExit::Failed(why) => why.as_str(),
+                    _ => "unknown",
+                };
+                ApiError::incomplete(format!("The agent did not complete: {why}"))
+            }
+        },
+        Err(why) => ApiError::internal(format!("The turn failed: {why}")),
     };
-    let mut event = labels.chunk(json!({}), Some(reason));
-    if let Some(object) = event.as_object_mut() {
-        object.insert("usage".to_owned(), usage);
-        if let Some(inner) = error.and_then(|e| e.body().get("error").cloned()) {
-            object.insert("error".to_owned(), inner);
-        }
-    }
-    Event::default().data(event.to_string())
+    vec![Event::default().data(error.body().to_string())]
 }

@@ -874,6 +874,9 @@ mod tests {
         async fn set_cursor(&self, _: &str, _: &str, _: &str) -> talaria_store::Result<()> {
             Ok(())
         }
+        async fn delete_cursor(&self, _: &str, _: &str) -> talaria_store::Result<bool> {
+            Ok(false)
+        }
     }
 
     fn settings(imap_host: &str, tls: MailTls) -> EmailSettings {

@@ -940,6 +940,9 @@ mod tests {
         async fn set_cursor(&self, _: &str, _: &str, _: &str) -> talaria_store::Result<()> {
             Ok(())
         }
+        async fn delete_cursor(&self, _: &str, _: &str) -> talaria_store::Result<bool> {
+            Ok(false)
+        }
     }
 
     fn settings(token: &str, homeserver: &str) -> MatrixSettings {

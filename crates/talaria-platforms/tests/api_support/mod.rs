@@ -28,7 +28,8 @@ pub struct Rig {
     pub base: String,
     pub client: reqwest::Client,
     shutdown: CancellationToken,
-    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    task: Option<ServerTask>,
+    max_runs: usize,
 }
 
 /// Starts a server whose runs are capped at `max_runs` (0 = no cap).
@@ -62,16 +63,7 @@ pub async fn rig(max_runs: usize) -> Rig {
         redactor: Redactor::default(),
         workdir,
     }));
-    let settings = ApiServerSettings {
-        host: "127.0.0.1".into(),
-        port: 0,
-        key: Secret::new(KEY),
-        max_concurrent_runs: max_runs,
-    };
-    let server = ApiServer::bind(settings, agent.clone()).await.unwrap();
-    let base = format!("http://{}", server.local_addr());
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(server.serve(shutdown.clone()));
+    let (base, shutdown, task) = serve(&agent, &store, max_runs).await;
     Rig {
         mock,
         dir,
@@ -84,7 +76,33 @@ pub async fn rig(max_runs: usize) -> Rig {
             .unwrap(),
         shutdown,
         task: Some(task),
+        max_runs,
     }
+}
+
+type ServerTask = tokio::task::JoinHandle<std::io::Result<()>>;
+
+/// Binds and serves a server over `agent`, with its transcript index in
+/// `store`, as the gateway does.
+async fn serve(
+    agent: &Arc<Agent>,
+    store: &Arc<SqliteStore>,
+    max_runs: usize,
+) -> (String, CancellationToken, ServerTask) {
+    let settings = ApiServerSettings {
+        host: "127.0.0.1".into(),
+        port: 0,
+        key: Secret::new(KEY),
+        max_concurrent_runs: max_runs,
+    };
+    let server = ApiServer::bind(settings, agent.clone())
+        .await
+        .unwrap()
+        .with_transcript_store(store.clone());
+    let base = format!("http://{}", server.local_addr());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server.serve(shutdown.clone()));
+    (base, shutdown, task)
 }
 
 impl Rig {
@@ -129,8 +147,23 @@ impl Rig {
             .clone()
     }
 
+    /// Stops the server and starts a new one (a new port, nothing in
+    /// memory) over the same store and home.
+    pub async fn restart(mut self) -> Rig {
+        self.halt().await;
+        let (base, shutdown, task) = serve(&self.agent, &self.store, self.max_runs).await;
+        self.base = base;
+        self.shutdown = shutdown;
+        self.task = Some(task);
+        self
+    }
+
     /// Stops the server and waits for it to finish.
     pub async fn stop(mut self) {
+        self.halt().await;
+    }
+
+    async fn halt(&mut self) {
         self.shutdown.cancel();
         if let Some(task) = self.task.take() {
             tokio::time::timeout(Duration::from_secs(10), task)

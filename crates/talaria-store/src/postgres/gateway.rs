@@ -663,6 +663,18 @@ impl CursorStore for PostgresStore {
         .await;
         settle(self, step)
     }
+
+    async fn delete_cursor(&self, platform: &str, name: &str) -> Result<bool> {
+        let client = self.client().await?;
+        let step: Step<bool> = async {
+            let statement = client
+                .prepare_cached("DELETE FROM adapter_cursors WHERE platform = $1 AND name = $2")
+                .await?;
+            Ok(client.execute(&statement, &[&platform, &name]).await? == 1)
+        }
+        .await;
+        settle(self, step)
+    }
 }
 
 #[cfg(test)]

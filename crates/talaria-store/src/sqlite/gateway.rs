@@ -474,6 +474,17 @@ impl CursorStore for SqliteStore {
         .await
     }
 
+    async fn delete_cursor(&self, platform: &str, name: &str) -> Result<bool> {
+        let (platform, name) = (platform.to_owned(), name.to_owned());
+        self.write(move |tx| {
+            let gone = tx
+                .prepare_cached("DELETE FROM adapter_cursors WHERE platform = ?1 AND name = ?2")?
+                .execute(params![platform, name])?;
+            Ok(gone == 1)
+        })
+        .await
+    }
+
     async fn set_cursor(&self, platform: &str, name: &str, value: &str) -> Result<()> {
         let (platform, name, value) = (platform.to_owned(), name.to_owned(), value.to_owned());
         self.write(move |tx| {
