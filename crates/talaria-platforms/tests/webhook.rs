@@ -16,8 +16,8 @@ use sha2::Sha256;
 use talaria_core::config::{WebhookConfig, WebhookRouteConfig, WebhookScheme};
 use talaria_core::{Env, Secret};
 use talaria_gateway::{
-    Adapter, AdapterContext, AdapterError, Admission, ChatType, Inbox, KeyPolicy, Liveness, LivenessReporter,
-    MessageEvent, OutboundMessage, SessionKey,
+    Adapter, AdapterContext, AdapterError, Admission, ChatType, Inbox, KeyPolicy, Liveness,
+    LivenessReporter, MessageEvent, OutboundMessage, SessionKey,
 };
 use talaria_platforms::ingress::Ingress;
 use talaria_platforms::webhook::{
@@ -847,7 +847,11 @@ type Taken = Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>;
 async fn process(
     taken: Taken,
     rate_limit_per_minute: u32,
-) -> (String, mpsc::UnboundedReceiver<MessageEvent>, CancellationToken) {
+) -> (
+    String,
+    mpsc::UnboundedReceiver<MessageEvent>,
+    CancellationToken,
+) {
     let mut settings = WebhookSettings::new(routes()).with_clock(|| START);
     settings.rate_limit_per_minute = rate_limit_per_minute;
     let adapter = Arc::new(WebhookAdapter::new(settings).unwrap());
@@ -952,6 +956,9 @@ async fn a_replay_after_a_restart_is_the_gateways_duplicate_not_accepted() {
     ];
     let (status, json) = post_to(&base, "gh", &headers, &other).await;
     assert_eq!((status, json["status"].as_str()), (202, Some("accepted")));
-    let ev = tokio::time::timeout(WAIT, fresh.recv()).await.unwrap().unwrap();
+    let ev = tokio::time::timeout(WAIT, fresh.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(ev.message_id, Some(signed_key("gh", None, &other)));
 }

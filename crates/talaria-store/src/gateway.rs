@@ -355,9 +355,7 @@ impl PairingLimits {
     /// spends the whole budget gets a correct code refused, until the lock
     /// ends.
     pub fn guess_budget(&self) -> u32 {
-        self.max_failures
-            .max(1)
-            .saturating_mul(LOCKED_GUESS_FACTOR)
+        self.max_failures.max(1).saturating_mul(LOCKED_GUESS_FACTOR)
     }
 }
 

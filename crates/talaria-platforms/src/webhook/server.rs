@@ -606,10 +606,7 @@ mod tests {
     #[test]
     fn keys_come_from_what_is_signed_and_the_route() {
         // The same bytes on two routes are two deliveries.
-        assert_ne!(
-            signed_key("a", None, b"{}"),
-            signed_key("b", None, b"{}")
-        );
+        assert_ne!(signed_key("a", None, b"{}"), signed_key("b", None, b"{}"));
         // The separator keeps the route and the signed bytes apart.
         assert_ne!(signed_key("a", None, b"b{}"), signed_key("ab", None, b"{}"));
         // (A timestamp is digits, so `<timestamp>.<body>` reads one way;
@@ -633,7 +630,10 @@ mod tests {
         // Svix's key is its signed id, whatever else the headers say.
         let noisy = headers(&[("X-GitHub-Delivery", "other"), ("X-Webhook-Id", "x")]);
         let svix = identity(WebhookScheme::Svix, &noisy, b"{}", SVIX_SIGNED);
-        assert_eq!((svix.id.as_str(), svix.key.as_str()), ("msg_2Lh9", "msg_2Lh9"));
+        assert_eq!(
+            (svix.id.as_str(), svix.key.as_str()),
+            ("msg_2Lh9", "msg_2Lh9")
+        );
     }
 
     #[test]
