@@ -78,7 +78,10 @@ pub async fn approve(rt: &Runtime, platform: &str, code: &str) -> anyhow::Result
             )
         }
         ApproveOutcome::LockedOut { until } => bail!(
-            "approvals on {platform} are locked until {} after too many wrong codes",
+            "{} was not approved: approvals on {platform} are locked until {} after too many \
+             wrong codes (a pending code is still accepted, unless so many wrong ones were \
+             tried that none is checked until then)",
+            normalize_pairing_code(code),
             when(until)
         ),
     }

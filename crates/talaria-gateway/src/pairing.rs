@@ -10,6 +10,12 @@
 //! user (a new offer replaces it) and normalises codes itself
 //! ([`talaria_store::gateway::normalize_pairing_code`]), so nothing here
 //! does.
+//!
+//! Neither limit can be used to shut a genuine user out (see
+//! [`talaria_store::PairingStore`]): a full platform drops its oldest
+//! pending code for a newcomer rather than refusing them, and a platform
+//! locked after wrong codes still approves a correct one (the lock stops
+//! guessing; its budget of wrong codes is what bounds it).
 
 use std::sync::Arc;
 

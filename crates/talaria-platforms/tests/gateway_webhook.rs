@@ -68,6 +68,17 @@ async fn post_pr(rig: &WebhookRig, body: &[u8], delivery: &str) -> Answer {
     rig.post("gh-prs", &headers, body).await
 }
 
+/// The key a GitHub delivery is named by: the hex SHA-256 of the route, a
+/// 0x1f byte and the signed body.
+fn signed_key(route: &str, body: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(route.as_bytes());
+    h.update([0x1f]);
+    h.update(body);
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn texts(sent: &[talaria_testkit::telegram::Sent]) -> Vec<String> {
     sent.iter().map(|s| s.rendered()).collect()
 }
@@ -189,9 +200,11 @@ async fn each_delivery_is_a_session_of_its_own() {
     let second = pr_prompt(2, "Second change", "ada");
 
     let body = pull_request(1, "First change", "ada");
+    let first_chat = format!("gh-prs:{}", signed_key("gh-prs", &body));
     assert_eq!(post_pr(&rig, &body, "d-1").await.status, 202);
     rig.sent(1).await;
     let body = pull_request(2, "Second change", "ada");
+    let second_chat = format!("gh-prs:{}", signed_key("gh-prs", &body));
     assert_eq!(post_pr(&rig, &body, "d-2").await.status, 202);
     let sent = rig.sent(2).await;
     assert_eq!(texts(&sent), vec!["answer one", "answer two"]);
@@ -212,17 +225,18 @@ async fn each_delivery_is_a_session_of_its_own() {
     assert_eq!(sessions.len(), 2, "{sessions:#?}");
     assert_ne!(sessions[0].id, sessions[1].id);
     assert_ne!(sessions[0].session_key, sessions[1].session_key);
+    // Each named by what its sender signed, not by the delivery header.
     let mut chats: Vec<Option<String>> = sessions.iter().map(|s| s.chat_id.clone()).collect();
     chats.sort();
-    assert_eq!(
-        chats,
-        vec![Some("gh-prs:d-1".to_owned()), Some("gh-prs:d-2".to_owned())]
-    );
+    let mut expected_chats = vec![Some(first_chat.clone()), Some(second_chat.clone())];
+    expected_chats.sort();
+    assert_eq!(chats, expected_chats);
     let store = rig.store();
     for session in &sessions {
-        let expected = match session.chat_id.as_deref() {
-            Some("gh-prs:d-1") => vec![first.clone(), "answer one".to_owned()],
-            _ => vec![second.clone(), "answer two".to_owned()],
+        let expected = if session.chat_id.as_deref() == Some(first_chat.as_str()) {
+            vec![first.clone(), "answer one".to_owned()]
+        } else {
+            vec![second.clone(), "answer two".to_owned()]
         };
         let stored = store
             .messages(&session.id)

@@ -16,8 +16,8 @@ use sha2::Sha256;
 use talaria_core::config::{WebhookConfig, WebhookRouteConfig, WebhookScheme};
 use talaria_core::{Env, Secret};
 use talaria_gateway::{
-    Adapter, AdapterContext, AdapterError, ChatType, Inbox, KeyPolicy, Liveness, LivenessReporter,
-    MessageEvent, OutboundMessage, SessionKey,
+    Adapter, AdapterContext, AdapterError, Admission, ChatType, Inbox, KeyPolicy, Liveness,
+    LivenessReporter, MessageEvent, OutboundMessage, SessionKey,
 };
 use talaria_platforms::ingress::Ingress;
 use talaria_platforms::webhook::{
@@ -43,6 +43,22 @@ fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A delivery's key as the adapter documents it: the hex SHA-256 of the
+/// route, a 0x1f byte, and what the scheme signs (`<timestamp>.<body>`, or
+/// the body when no timestamp is signed). It is the event's message id and
+/// the tail of its chat id, whatever id header came with it.
+fn signed_key(route: &str, timestamp: Option<i64>, body: &[u8]) -> String {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(route.as_bytes());
+    h.update([0x1f]);
+    if let Some(ts) = timestamp {
+        h.update(format!("{ts}.").as_bytes());
+    }
+    h.update(body);
+    hex(&h.finalize())
 }
 
 fn route(scheme: WebhookScheme, secret: &str) -> RouteSettings {
@@ -318,18 +334,20 @@ async fn github_delivery_becomes_an_event() {
          {payload.missing}"
     );
     assert_eq!(ev.reply_target.as_deref(), Some("telegram:12345"));
-    assert_eq!(ev.message_id.as_deref(), Some(delivery));
+    // Named by what is signed, not by the unsigned delivery header.
+    let key = signed_key("gh", None, &body);
+    assert_eq!(ev.message_id.as_deref(), Some(key.as_str()));
     let s = &ev.source;
     assert_eq!(s.platform, "webhook");
-    assert_eq!(s.chat_id, format!("gh:{delivery}"));
+    assert_eq!(s.chat_id, format!("gh:{key}"));
     assert_eq!(s.chat_type, ChatType::Dm);
     assert_eq!(s.user_id.as_deref(), Some("webhook:gh"));
     assert_eq!(s.user_name.as_deref(), Some("webhook gh"));
     assert_eq!(s.chat_name.as_deref(), Some("gh"));
     assert_eq!(s.thread_id, None);
     assert!(!s.is_bot);
-    let key = SessionKey::for_source(s, KeyPolicy::default()).unwrap();
-    assert_eq!(key.as_str(), format!("agent:main:webhook:dm:gh:{delivery}"));
+    let session = SessionKey::for_source(s, KeyPolicy::default()).unwrap();
+    assert_eq!(session.as_str(), format!("agent:main:webhook:dm:gh:{key}"));
     assert!(run.adapter.verifies_senders());
     run.stop().await.unwrap();
 }
@@ -363,9 +381,11 @@ async fn github_bad_signatures_are_refused() {
     assert_eq!(status, 401);
     run.assert_no_event();
     // The refused attempts spent nothing: the real delivery goes through.
-    let (status, _) = run.post("gh", &good, &body).await;
+    let (status, json) = run.post("gh", &good, &body).await;
     assert_eq!(status, 202);
-    assert_eq!(run.next().await.message_id.as_deref(), Some("d-1"));
+    assert_eq!(json["delivery_id"], "d-1");
+    let key = signed_key("gh", None, &body);
+    assert_eq!(run.next().await.message_id, Some(key));
     run.stop().await.unwrap();
 }
 
@@ -392,7 +412,11 @@ async fn gitlab_token_is_checked() {
     let ev = run.next().await;
     assert_eq!(ev.text, "GitLab Push Hook: talaria");
     assert_eq!(ev.reply_target.as_deref(), Some("telegram"));
-    assert_eq!(ev.source.chat_id, "gl:gl-uuid-1");
+    assert_eq!(json["delivery_id"], "gl-uuid-1");
+    assert_eq!(
+        ev.source.chat_id,
+        format!("gl:{}", signed_key("gl", None, &body))
+    );
     run.stop().await.unwrap();
 }
 
@@ -473,10 +497,11 @@ async fn generic_hmac_signatures_and_their_window() {
     assert_eq!(json["event"], "alert");
     let ev = run.next().await;
     assert_eq!(ev.text, "Alert: disk = 97");
-    // Without an id header, the id is the digest of timestamp and body.
-    let id = ev.message_id.unwrap();
-    assert_eq!(id.len(), 64);
-    assert_eq!(ev.source.chat_id, format!("generic:{id}"));
+    // The key covers the signed timestamp and body.
+    let key = signed_key("generic", Some(run.now()), &body);
+    assert_eq!(json["delivery_id"], key.as_str());
+    assert_eq!(ev.message_id.as_deref(), Some(key.as_str()));
+    assert_eq!(ev.source.chat_id, format!("generic:{key}"));
     run.stop().await.unwrap();
 }
 
@@ -495,7 +520,8 @@ async fn a_replayed_delivery_is_a_duplicate() {
     let renamed = run.github(&body, "pull_request", "fresh-id");
     let (status, json) = run.post("gh", &renamed, &body).await;
     assert_eq!((status, json["status"].as_str()), (200, Some("duplicate")));
-    assert_eq!(run.next().await.message_id.as_deref(), Some("same-id"));
+    let key = signed_key("gh", None, &body);
+    assert_eq!(run.next().await.message_id, Some(key));
     run.assert_no_event();
     // After an hour the id is forgotten.
     run.advance(3601);
@@ -579,7 +605,8 @@ async fn only_deliveries_handed_over_spend_the_rate_limit() {
     run.advance(60);
     let (status, json) = run.post("gh", &third, &third_body).await;
     assert_eq!(status, 202, "{json}");
-    assert_eq!(run.next().await.message_id.as_deref(), Some("third"));
+    let key = signed_key("gh", None, &third_body);
+    assert_eq!(run.next().await.message_id, Some(key));
     run.stop().await.unwrap();
 }
 
@@ -741,7 +768,7 @@ async fn a_closed_inbox_is_503_and_the_retry_is_not_a_duplicate() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(ev.message_id.as_deref(), Some("retry-me"));
+    assert_eq!(ev.message_id, Some(signed_key("gh", None, &body)));
     shutdown.cancel();
     tokio::time::timeout(WAIT, task)
         .await
@@ -807,4 +834,131 @@ async fn a_route_without_a_secret_refuses_to_start() {
         settings.routes["deploys"].secret.expose(),
         "from-env-secret"
     );
+}
+
+/// What the gateway's inbound dedupe holds across restarts: (chat id,
+/// message id) pairs, answered the way the runner answers
+/// [`Inbox::admit`].
+type Taken = Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>;
+
+/// A fresh adapter (a process's worth of memory: its replay cache and rate
+/// limit start empty) serving on its own listener, whose events are
+/// admitted against `taken`. Returns the base URL and the events taken.
+async fn process(
+    taken: Taken,
+    rate_limit_per_minute: u32,
+) -> (
+    String,
+    mpsc::UnboundedReceiver<MessageEvent>,
+    CancellationToken,
+) {
+    let mut settings = WebhookSettings::new(routes()).with_clock(|| START);
+    settings.rate_limit_per_minute = rate_limit_per_minute;
+    let adapter = Arc::new(WebhookAdapter::new(settings).unwrap());
+    let mut ingress = Ingress::bind("127.0.0.1", 0).await.unwrap();
+    ingress.mount(adapter.mount());
+    let base = format!("http://{}", ingress.local_addr());
+    let stop = CancellationToken::new();
+    tokio::spawn(ingress.serve(stop.clone()));
+    let (inbox, mut admits) = Inbox::admitting(4);
+    let (fresh_tx, fresh) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(admit) = admits.recv().await {
+            let id = (
+                admit.event.source.chat_id.clone(),
+                admit.event.message_id.clone().unwrap_or_default(),
+            );
+            let first = taken.lock().unwrap().insert(id);
+            let admission = if first {
+                Admission::Accepted
+            } else {
+                Admission::Duplicate
+            };
+            let event = admit.answer(admission);
+            if first {
+                let _ = fresh_tx.send(event);
+            }
+        }
+    });
+    let (reporter, mut liveness) = LivenessReporter::new();
+    let ctx = AdapterContext {
+        inbox,
+        liveness: reporter,
+        shutdown: stop.clone(),
+    };
+    tokio::spawn(async move { adapter.run(ctx).await });
+    tokio::time::timeout(WAIT, liveness.wait_for(|l| *l == Liveness::Live))
+        .await
+        .unwrap()
+        .unwrap();
+    (base, fresh, stop)
+}
+
+async fn post_to(base: &str, route: &str, headers: &[(&str, String)], body: &[u8]) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/webhooks/{route}"))
+        .body(body.to_vec());
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Found: after a restart, a captured signed GitHub delivery resent with a
+/// new `X-GitHub-Delivery` became a second turn, because the event was
+/// named by that unsigned header. Now the event is named by what is
+/// signed, so the gateway's dedupe (which survives the restart) knows it,
+/// and the adapter answers 200 `duplicate`, not 202, without spending the
+/// rate limit.
+#[tokio::test]
+async fn a_replay_after_a_restart_is_the_gateways_duplicate_not_accepted() {
+    let taken: Taken = Arc::default();
+    let body = pr_body();
+    let gh = |delivery: &str| {
+        let sig = format!("sha256={}", hex(&hmac(GH_SECRET.as_bytes(), &body)));
+        vec![
+            ("X-GitHub-Event", "pull_request".to_owned()),
+            ("X-GitHub-Delivery", delivery.to_owned()),
+            ("X-Hub-Signature-256", sig),
+        ]
+    };
+    let (base, mut fresh, first_run) = process(taken.clone(), 1).await;
+    let (status, json) = post_to(&base, "gh", &gh("d-original"), &body).await;
+    assert_eq!((status, json["status"].as_str()), (202, Some("accepted")));
+    assert!(fresh.recv().await.is_some());
+    first_run.cancel();
+
+    // The restarted process remembers nothing itself; a budget of one
+    // delivery a minute, so a replay that spent it would refuse the next.
+    let (base, mut fresh, _second_run) = process(taken.clone(), 1).await;
+    for delivery in ["d-forged-1", "d-forged-2"] {
+        let (status, json) = post_to(&base, "gh", &gh(delivery), &body).await;
+        assert_eq!(status, 200, "{json}");
+        assert_eq!(json["status"], "duplicate");
+        assert_eq!(json["delivery_id"], delivery);
+    }
+    let mut without_id = gh("");
+    without_id.retain(|(k, _)| *k != "X-GitHub-Delivery");
+    let (status, json) = post_to(&base, "gh", &without_id, &body).await;
+    assert_eq!((status, json["status"].as_str()), (200, Some("duplicate")));
+    assert_eq!(taken.lock().unwrap().len(), 1);
+    assert!(fresh.try_recv().is_err(), "a replay became a turn");
+
+    // A genuinely new delivery still gets the route's one unit.
+    let other = serde_json::to_vec(&json!({"number": 43})).unwrap();
+    let sig = format!("sha256={}", hex(&hmac(GH_SECRET.as_bytes(), &other)));
+    let headers = vec![
+        ("X-GitHub-Event", "pull_request".to_owned()),
+        ("X-GitHub-Delivery", "d-new".to_owned()),
+        ("X-Hub-Signature-256", sig),
+    ];
+    let (status, json) = post_to(&base, "gh", &headers, &other).await;
+    assert_eq!((status, json["status"].as_str()), (202, Some("accepted")));
+    let ev = tokio::time::timeout(WAIT, fresh.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ev.message_id, Some(signed_key("gh", None, &other)));
 }

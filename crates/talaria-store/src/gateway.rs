@@ -324,7 +324,9 @@ pub(crate) fn code_hash(salt_hex: &str, code: &str) -> String {
 pub struct PairingLimits {
     /// Seconds a code stays valid.
     pub code_ttl: f64,
-    /// Codes pending at once per platform (a user holds at most one).
+    /// Codes pending at once per platform (a user holds at most one). A
+    /// new offer on a full platform drops the oldest code; 0 refuses
+    /// every offer.
     pub max_pending: usize,
     /// Seconds between two offers to the same user.
     pub offer_interval: f64,
@@ -332,6 +334,30 @@ pub struct PairingLimits {
     pub max_failures: u32,
     /// Seconds a lock lasts.
     pub lockout: f64,
+}
+
+/// How many times [`PairingLimits::max_failures`] a platform's failed
+/// approvals may reach, counting those during its lock, before the lock
+/// refuses even a correct code (see [`PairingLimits::guess_budget`]).
+pub const LOCKED_GUESS_FACTOR: u32 = 20;
+
+impl PairingLimits {
+    /// Failed approvals after which a locked platform compares no code at
+    /// all until its lock ends: `max_failures` × [`LOCKED_GUESS_FACTOR`]
+    /// (100 by default).
+    ///
+    /// Why a lock still compares codes below this: the lock is there to
+    /// stop guessing, and a correct code is no guess, so the operator
+    /// approving a genuinely pending user is not refused because someone
+    /// (or a typo) spent the failures first. What bounds guessing is this
+    /// budget: a guess hits one of at most `max_pending` codes of 32^8
+    /// (3 / 2^40 ≈ 2.7e-12 by default), so 100 guesses per lock (an hour)
+    /// leave a chance of about 3e-10 an hour. Only an active guesser who
+    /// spends the whole budget gets a correct code refused, until the lock
+    /// ends.
+    pub fn guess_budget(&self) -> u32 {
+        self.max_failures.max(1).saturating_mul(LOCKED_GUESS_FACTOR)
+    }
 }
 
 impl Default for PairingLimits {
@@ -354,7 +380,8 @@ pub enum OfferOutcome {
     /// This user was offered a code (or refused) within the interval: say
     /// nothing.
     RateLimited,
-    /// The platform has too many codes pending. The user's offer time is
+    /// The platform takes no codes at all (`max_pending` is 0; a full
+    /// platform drops its oldest code instead). The user's offer time is
     /// stamped, so this is reported at most once per interval.
     TooManyPending,
     /// The platform's approvals are locked after failed attempts. Stamped
@@ -388,7 +415,9 @@ pub enum ApproveOutcome {
     NoMatch {
         failures: u32,
     },
-    /// Approvals on this platform are locked until the given time.
+    /// The platform is locked until the given time after too many wrong
+    /// codes: this code matched nothing (or, once the lock's guess budget
+    /// is spent, was not compared at all).
     LockedOut {
         until: Timestamp,
     },
@@ -417,18 +446,34 @@ pub fn normalize_pairing_code(code: &str) -> String {
 /// A user holds at most one pending code per platform: a new offer replaces
 /// the user's pending code, so the code they were shown last is the only
 /// one that works, and one user cannot fill the platform's
-/// [`PairingLimits::max_pending`] slots and lock every other stranger out.
+/// [`PairingLimits::max_pending`] slots.
+///
+/// Nor can a few users: a new offer on a full platform drops the oldest
+/// pending code to make room, so a newcomer always gets a code and nobody
+/// can lock strangers out by holding every slot for an hour. Whoever's
+/// code was dropped can ask again once their offer interval has passed;
+/// pushing a particular code out takes `max_pending` newer offers, each
+/// from a user of its own who may ask once per interval. (The ancestor
+/// refused newcomers while the slots were full instead.)
+///
+/// A platform locked after [`PairingLimits::max_failures`] wrong codes
+/// refuses new offers and wrong codes, but still approves a correct one
+/// until its [`PairingLimits::guess_budget`] is spent: the lock is there
+/// to stop guessing, and a correct code is no guess. (The ancestor refused
+/// every code during a lock.)
 #[async_trait]
 pub trait PairingStore: Send + Sync {
     /// In one transaction: drops expired codes; answers
     /// [`OfferOutcome::RateLimited`] when the user was offered (or refused)
     /// within the interval, checked first so a user is answered at most
     /// once per interval whatever else holds; refuses (stamping the user's
-    /// offer time) when the platform is locked or, after dropping the
-    /// user's own pending code, too many codes are pending; otherwise
-    /// replaces the user's pending code with a fresh salt and the salted
-    /// hash of `code` (never `code` itself) and stamps the user's offer
-    /// time. `code` is normalised with [`normalize_pairing_code`].
+    /// offer time) when the platform is locked, or with
+    /// [`OfferOutcome::TooManyPending`] when `max_pending` is 0; otherwise
+    /// drops the user's own pending code and, while the platform still
+    /// holds `max_pending` codes, its oldest (by creation, then entry id),
+    /// stores a fresh salt and the salted hash of `code` (never `code`
+    /// itself) and stamps the user's offer time. `code` is normalised with
+    /// [`normalize_pairing_code`].
     async fn pairing_offer(
         &self,
         platform: &str,
@@ -439,9 +484,13 @@ pub trait PairingStore: Send + Sync {
     ) -> Result<OfferOutcome>;
     /// Approves the user whose pending code matches `code` (normalised with
     /// [`normalize_pairing_code`], then compared in constant time against
-    /// every unexpired code of the platform); a miss
-    /// counts a failure and the failure that reaches the limit locks the
-    /// platform (and resets the count).
+    /// every unexpired code of the platform); a miss counts a failure and
+    /// the failure that reaches `max_failures` locks the platform
+    /// ([`ApproveOutcome::LockedOut`]). During a lock a match still
+    /// approves and a miss still counts, answered `LockedOut`; once the
+    /// count reaches [`PairingLimits::guess_budget`] nothing is compared
+    /// until the lock ends. The count is reset by a success outside a lock
+    /// and by the end of a lock.
     async fn pairing_approve(
         &self,
         platform: &str,

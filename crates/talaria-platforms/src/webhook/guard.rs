@@ -1,5 +1,7 @@
 //! The two bounded memories in front of the inbox: a per-route rate limit
-//! and the cache of delivery ids already accepted.
+//! and the cache of deliveries already accepted by this process (a fast
+//! path: the gateway's inbound dedupe in the store is what survives a
+//! restart, see `server`).
 //!
 //! Both take the time as an argument (unix seconds from the adapter's
 //! clock), so tests move time instead of sleeping. Both hold their lock
@@ -50,6 +52,21 @@ impl RateLimiter {
         }
         window.push_back(now);
         Ok(())
+    }
+
+    /// Gives back the unit a delivery admitted at `at` spent, when it did
+    /// not become a turn after all (the gateway had taken it before, or did
+    /// not take it): only turns count against a route's budget.
+    pub fn refund(&self, route: &str, at: i64) {
+        if self.limit == 0 {
+            return;
+        }
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(window) = windows.get_mut(route)
+            && let Some(i) = window.iter().rposition(|&t| t == at)
+        {
+            window.remove(i);
+        }
     }
 }
 
@@ -177,6 +194,21 @@ mod tests {
         assert_eq!(r.admit("a", 160), Ok(()));
         assert_eq!(r.admit("a", 161), Err(29));
         assert_eq!(r.admit("a", 190), Ok(()));
+    }
+
+    #[test]
+    fn a_refund_frees_the_unit_it_spent() {
+        let r = RateLimiter::new(2);
+        assert_eq!(r.admit("a", 100), Ok(()));
+        assert_eq!(r.admit("a", 110), Ok(()));
+        assert_eq!(r.admit("a", 120), Err(40));
+        r.refund("a", 110);
+        assert_eq!(r.admit("a", 120), Ok(()));
+        assert_eq!(r.admit("a", 121), Err(39));
+        // Refunding what was never spent changes nothing.
+        r.refund("a", 5);
+        r.refund("b", 100);
+        assert_eq!(r.admit("a", 121), Err(39));
     }
 
     #[test]

@@ -30,14 +30,19 @@
 //! - Replays are caught on what the signature covers (Svix's id, the
 //!   generic scheme's timestamp and body, GitHub's and GitLab's body), so
 //!   adding or changing an unsigned id header does not make a captured
-//!   delivery new.
+//!   delivery new. The event's `message_id` and chat id derive from that
+//!   signed material, so the gateway's inbound dedupe in the store catches
+//!   a replay after a restart (or on another node) too; the in-memory
+//!   replay cache is only the fast path in front of it.
 //! - Memory is bounded: bodies are read up to `max_body_bytes` and no
 //!   further, the rate limit keeps at most its limit of timestamps per
 //!   route, and the replay cache at most [`MAX_REMEMBERED_DELIVERIES`] ids.
-//! - A delivery is answered 202 only after the gateway's inbox took it; if
-//!   the inbox is closed or stays full, or the rate limit refuses it, the
-//!   answer is 503 or 429 and the delivery is forgotten again, so the
-//!   sender's retry is not called a duplicate.
+//! - A delivery is answered 202 only after the gateway took it as a new
+//!   turn; one it had taken before is answered 200 `duplicate` (2xx, so
+//!   the sender neither retries nor counts a failure). If the inbox is
+//!   closed or stays full, or the rate limit refuses it, the answer is 503
+//!   or 429 and the delivery is forgotten again, so the sender's retry is
+//!   not called a duplicate.
 //! - Every check of the settings is made once, in [`WebhookAdapter::new`]
 //!   (which the settings cannot skip, since it builds what is served);
 //!   [`WebhookSettings::from_config`] only resolves config and environment.
@@ -70,10 +75,12 @@ pub use signature::TOLERANCE_SECS;
 /// The platform name in session keys, logs and `gateway status`.
 pub const PLATFORM: &str = "webhook";
 
-/// How long a delivery id is remembered for deduplication.
+/// How long this process's replay cache remembers a delivery (the
+/// gateway's inbound dedupe in the store keeps it for a week).
 pub const REPLAY_TTL_SECS: i64 = 3600;
 
-/// The most delivery ids remembered at once; the oldest go first.
+/// The most deliveries the replay cache remembers at once; the oldest go
+/// first.
 pub const MAX_REMEMBERED_DELIVERIES: usize = 10_000;
 
 /// The time, in unix seconds. Injected so tests of timestamp windows, the

@@ -8,22 +8,39 @@
 //! 3. signature → 401, the same answer whatever was wrong
 //! 4. the body as JSON → 400
 //! 5. event type not in the route's `events` → 200 `ignored`
-//! 6. delivery seen within the hour → 200 `duplicate`
+//! 6. delivery in this process's replay cache → 200 `duplicate`
 //! 7. the route's rate limit → 429 with `Retry-After`
-//! 8. render the prompt, hand the event to the inbox → 202 `accepted`
-//!    (503 when the gateway is stopping or does not take it in time)
+//! 8. render the prompt, hand the event to the gateway, which answers
+//!    with its [`Admission`]: taken → 202 `accepted`; already taken
+//!    before (by this process, an earlier one or another node) → 200
+//!    `duplicate`; refused → 200 `refused`; not taken because the gateway
+//!    is stopping or did not answer in time → 503
 //!
 //! The signature comes before the rate limit so that only authentic
 //! deliveries spend a route's budget: a stranger hammering a route cannot
 //! get the real sender's deliveries refused. The event filter and the
 //! replay check come before it too, so that only deliveries that would
 //! become turns spend it: a chatty sender's unsubscribed events or retries
-//! do not crowd out the ones it acts on. A delivery the rate limit (or the
-//! inbox) refuses is forgotten by the replay cache again, so its retry is
-//! not called a duplicate.
+//! do not crowd out the ones it acts on. A delivery that does not become a
+//! turn after all (a duplicate the gateway caught, a 503) gives its unit of
+//! the rate limit back; one that was not taken is also forgotten by the
+//! replay cache again, so its retry is not called a duplicate.
 //!
-//! What a delivery claims in the replay cache depends on the scheme,
-//! because each signs something different (see [`identify`]).
+//! # Replays
+//!
+//! What makes a delivery "the same" is what its signature covers, never a
+//! header the signature leaves out (see [`identify`]). That signed
+//! material names the event: its `message_id` and its session's chat id
+//! derive from it, so the gateway's inbound dedupe, which is in the store
+//! and survives restarts (kept a week), refuses a captured delivery resent
+//! after a restart, under a new `X-GitHub-Delivery` or none. The replay
+//! cache here is only a fast path in front of it: it answers a repeat
+//! without a trip through the store, and it also catches an honest sender
+//! retrying under the same (unsigned) id header.
+//!
+//! Repeats are answered 2xx on purpose: every sender reads anything else
+//! as a failed delivery and retries it (Svix for days), and GitLab
+//! disables a hook after four failures in a row.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -40,7 +57,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use talaria_core::config::WebhookScheme;
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_gateway::{Admission, ChatType, MessageEvent, SessionSource};
 
 use super::guard::{RateLimiter, ReplayCache};
 use super::signature::{Signed, Verifier, encode_hex};
@@ -61,7 +78,8 @@ const GITLAB_ID_HEADER: &str = "X-Gitlab-Event-UUID";
 const HMAC_ID_HEADER: &str = "X-Webhook-Id";
 
 /// Longest delivery id used as given; longer ones (or ones with other
-/// characters) are replaced by their hash, which is this long.
+/// characters) are replaced by their hash, which is this long (as is a
+/// delivery's key, see [`identify`]).
 const MAX_DELIVERY_ID_LEN: usize = 64;
 
 /// Longest event type kept.
@@ -179,14 +197,18 @@ async fn receive(
     }
     let Identity {
         id: delivery_id,
+        key,
         claims,
     } = identify(&name, route.settings.scheme, &headers, &body, signed);
-    if !claim_all(&shared.replays, &claims, now) {
-        tracing::info!(route = %name, %delivery_id, "webhook delivery already seen");
-        return answer(
+    let duplicate = || {
+        answer(
             StatusCode::OK,
             json!({"status": "duplicate", "route": name, "delivery_id": delivery_id}),
-        );
+        )
+    };
+    if !claim_all(&shared.replays, &claims, now) {
+        tracing::info!(route = %name, %delivery_id, "webhook delivery already seen");
+        return duplicate();
     }
     if let Err(wait) = shared.limiter.admit(&name, now) {
         release_all(&shared.replays, &claims);
@@ -201,36 +223,63 @@ async fn receive(
         return response;
     }
     let text = prompt(&route.settings.prompt, &payload, &event, &name);
+    // The event's id is the signed key, never the id header: the gateway's
+    // persistent dedupe keys on it (with the chat id, which carries it too).
     let message = MessageEvent {
-        message_id: Some(delivery_id.clone()),
+        message_id: Some(key.clone()),
         reply_target: Some(route.settings.deliver.clone()),
-        ..MessageEvent::text(source(&name, &delivery_id), text)
+        ..MessageEvent::text(source(&name, &key), text)
     };
-    let handed = match state.slot.inbox() {
-        Some(inbox) => matches!(
-            tokio::time::timeout(SUBMIT_TIMEOUT, inbox.submit(message)).await,
-            Ok(Ok(()))
-        ),
-        None => false,
+    let admission = match state.slot.inbox() {
+        Some(inbox) => tokio::time::timeout(SUBMIT_TIMEOUT, inbox.admit(message))
+            .await
+            .ok()
+            .and_then(Result::ok),
+        None => None,
     };
-    if !handed {
-        release_all(&shared.replays, &claims);
-        tracing::warn!(route = %name, %delivery_id, "the gateway did not take a webhook delivery");
-        return refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the gateway is not taking deliveries right now; retry later",
-        );
+    match admission {
+        Some(Admission::Accepted) => {
+            tracing::info!(route = %name, %event, %delivery_id, "webhook delivery accepted");
+            answer(
+                StatusCode::ACCEPTED,
+                json!({
+                    "status": "accepted",
+                    "route": name,
+                    "event": event,
+                    "delivery_id": delivery_id,
+                }),
+            )
+        }
+        Some(Admission::Duplicate) => {
+            // Taken before this process's cache remembers: before a
+            // restart, or by another node. The claims stay, so the next
+            // repeat is answered here.
+            shared.limiter.refund(&name, now);
+            tracing::info!(route = %name, %delivery_id, "webhook delivery already taken before");
+            duplicate()
+        }
+        Some(Admission::Refused) => {
+            // Sending it again cannot change a refusal, so it is answered
+            // 2xx (no retries, no disabled hook) and forgotten, so a
+            // retry hears the same.
+            release_all(&shared.replays, &claims);
+            shared.limiter.refund(&name, now);
+            tracing::warn!(route = %name, %delivery_id, "the gateway refused a webhook delivery");
+            answer(
+                StatusCode::OK,
+                json!({"status": "refused", "route": name, "delivery_id": delivery_id}),
+            )
+        }
+        None => {
+            release_all(&shared.replays, &claims);
+            shared.limiter.refund(&name, now);
+            tracing::warn!(route = %name, %delivery_id, "the gateway did not take a webhook delivery");
+            refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the gateway is not taking deliveries right now; retry later",
+            )
+        }
     }
-    tracing::info!(route = %name, %event, %delivery_id, "webhook delivery accepted");
-    answer(
-        StatusCode::ACCEPTED,
-        json!({
-            "status": "accepted",
-            "route": name,
-            "event": event,
-            "delivery_id": delivery_id,
-        }),
-    )
 }
 
 enum BodyError {
@@ -293,33 +342,43 @@ fn event_type(headers: &HeaderMap, payload: &Value) -> String {
     }
 }
 
-/// How a delivery is named (in its session and in answers) and what it
-/// claims in the replay cache.
+/// How a delivery is named and what it claims in the replay cache.
 #[derive(Debug, PartialEq, Eq)]
 struct Identity {
+    /// What answers and logs call the delivery: the sender's id (the
+    /// scheme's id header, Svix's signed id), else the key. Not trusted
+    /// for anything else where it is not signed.
     id: String,
+    /// The delivery's identity from what is signed: the event's
+    /// `message_id` and the tail of its chat id, so the gateway's
+    /// persistent inbound dedupe keys on it.
+    key: String,
+    /// Replay cache keys: the key, and the id header where there is one.
     claims: Vec<String>,
 }
 
-/// The delivery's id and replay claims, per scheme. Only the scheme's own
-/// id header is read: taking the first of a list would let a replayer add
-/// a header another scheme reads (an `X-GitHub-Delivery` on a Svix route)
-/// and get a fresh id. Where the id is not signed, what is signed is
-/// claimed as well, so a captured delivery resent under a new id (or none)
-/// is still a duplicate:
+/// The delivery's key, id and replay claims, per scheme. The key comes from
+/// what the signature covers, so a captured delivery resent under a new id
+/// header (or none) has the same key and is a duplicate, in this process
+/// and after a restart:
 ///
-/// - `github`, `gitlab`: the id header (`X-GitHub-Delivery`,
-///   `X-Gitlab-Event-UUID`), and the body's digest, since neither signs an
-///   id or a timestamp;
-/// - `svix`: the id the signature covers (`svix-id` or `webhook-id`), which
-///   cannot be changed without breaking it;
-/// - `hmac`: `X-Webhook-Id` when present, and the digest of the signed
-///   `<timestamp>.<body>`, so two identical bodies sent on purpose at
-///   different times are not duplicates.
+/// - `github`, `gitlab`: the digest of the route and the body, since
+///   neither signs an id or a timestamp;
+/// - `hmac`: the digest of the route and the signed `<timestamp>.<body>`,
+///   so two identical bodies sent on purpose at different times are not
+///   duplicates;
+/// - `svix`: the id the signature covers (`svix-id` or `webhook-id`),
+///   which cannot be changed without breaking it and which Svix keeps
+///   when it retries with a fresh timestamp.
 ///
-/// Without an id header, the id is the digest that is claimed. Claims are
-/// namespaced (`id:`, `body:`, `signed:`) so an id header cannot be chosen
-/// to collide with another delivery's digest.
+/// The route is in the digest so that the same bytes delivered to two
+/// routes are two deliveries. Only the scheme's own id header is read:
+/// taking the first of a list would let a replayer add a header another
+/// scheme reads. That header is claimed in the replay cache besides the
+/// key (a sender retrying under the same id is a duplicate even when it
+/// signed anew), but it never names the event: being unsigned, it cannot
+/// make a delivery new. Claims are namespaced (`id:`, `key:`) so an id
+/// header cannot be chosen to collide with another delivery's key.
 fn identify(
     route: &str,
     scheme: WebhookScheme,
@@ -327,37 +386,43 @@ fn identify(
     body: &[u8],
     signed: Signed<'_>,
 ) -> Identity {
-    let (header, (kind, digest)) = match scheme {
-        WebhookScheme::Github => (id_header(headers, GITHUB_ID_HEADER), ("body", sha256(body))),
-        WebhookScheme::Gitlab => (id_header(headers, GITLAB_ID_HEADER), ("body", sha256(body))),
+    let (header, key) = match scheme {
+        WebhookScheme::Github => (
+            id_header(headers, GITHUB_ID_HEADER),
+            signed_key(route, None, body),
+        ),
+        WebhookScheme::Gitlab => (
+            id_header(headers, GITLAB_ID_HEADER),
+            signed_key(route, None, body),
+        ),
         WebhookScheme::Hmac => (
             id_header(headers, HMAC_ID_HEADER),
-            ("signed", signed_digest(signed, body)),
+            signed_key(route, signed.timestamp, body),
         ),
         WebhookScheme::Svix => match signed.id {
             Some(id) => {
                 let id = clean_id(id);
                 return Identity {
-                    claims: vec![format!("{route}:id:{id}")],
+                    claims: vec![format!("{route}:key:{id}")],
+                    key: id.clone(),
                     id,
                 };
             }
             // A passing Svix check always reports its id; should it not,
             // what it signed still names the delivery.
-            None => (None, ("signed", signed_digest(signed, body))),
+            None => (None, signed_key(route, signed.timestamp, body)),
         },
     };
-    let mut claims = Vec::with_capacity(2);
+    let mut claims = vec![format!("{route}:key:{key}")];
     let id = match header {
         Some(raw) => {
             let id = clean_id(raw);
             claims.push(format!("{route}:id:{id}"));
             id
         }
-        None => digest.clone(),
+        None => key.clone(),
     };
-    claims.push(format!("{route}:{kind}:{digest}"));
-    Identity { id, claims }
+    Identity { id, key, claims }
 }
 
 /// A header's value, trimmed, when present and not empty.
@@ -384,11 +449,14 @@ fn clean_id(raw: &str) -> String {
     }
 }
 
-/// The digest of `<timestamp>.<body>` as signed (the body alone when no
-/// timestamp was signed).
-fn signed_digest(signed: Signed<'_>, body: &[u8]) -> String {
+/// The hex SHA-256 of the route and what was signed (`<timestamp>.<body>`,
+/// or the body alone when no timestamp was signed). The route comes first,
+/// ended by a byte no route name contains.
+fn signed_key(route: &str, timestamp: Option<&str>, body: &[u8]) -> String {
     let mut hasher = Sha256::new();
-    if let Some(ts) = signed.timestamp {
+    hasher.update(route.as_bytes());
+    hasher.update([0x1f]);
+    if let Some(ts) = timestamp {
         hasher.update(ts.as_bytes());
         hasher.update(b".");
     }
@@ -434,11 +502,12 @@ fn prompt(template: &str, payload: &Value, event: &str, route: &str) -> String {
     }
 }
 
-/// One session per delivery, named after the route.
-fn source(route: &str, delivery_id: &str) -> SessionSource {
+/// One session per delivery, named after the route and the delivery's
+/// signed key (see [`identify`]).
+fn source(route: &str, key: &str) -> SessionSource {
     SessionSource {
         platform: PLATFORM.to_owned(),
-        chat_id: format!("{route}:{delivery_id}"),
+        chat_id: format!("{route}:{key}"),
         chat_name: Some(route.to_owned()),
         chat_type: ChatType::Dm,
         user_id: Some(format!("webhook:{route}")),
@@ -498,40 +567,73 @@ mod tests {
     };
 
     #[test]
-    fn delivery_ids_are_safe_in_session_keys() {
+    fn delivery_ids_and_keys_are_safe_in_session_keys() {
         let h = headers(&[("X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958")]);
-        assert_eq!(
-            identity(WebhookScheme::Github, &h, b"{}", Signed::default()).id,
-            "72d3162e-cc78-11e3-81ab-4c9367dc0958"
-        );
+        let github = identity(WebhookScheme::Github, &h, b"{}", Signed::default());
+        assert_eq!(github.id, "72d3162e-cc78-11e3-81ab-4c9367dc0958");
+        assert_eq!(github.key, signed_key("r", None, b"{}"));
         for raw in ["../../etc", "a:b", "a/b", "x y", &"z".repeat(65)] {
             let h = headers(&[("X-Webhook-Id", raw)]);
             let id = identity(WebhookScheme::Hmac, &h, b"", Signed::default()).id;
             assert_eq!(id.len(), 64, "{raw}");
             assert!(id.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
         }
-        let body = identity(
+        // Without an id header, the key names the delivery.
+        let bare = identity(
             WebhookScheme::Github,
             &HeaderMap::new(),
             b"{}",
             Signed::default(),
-        )
-        .id;
-        assert_eq!(body, sha256(b"{}"));
+        );
+        assert_eq!(bare.id, bare.key);
         // The generic scheme's timestamp tells two identical bodies apart.
         let at = |ts| {
             let signed = Signed {
                 id: None,
                 timestamp: Some(ts),
             };
-            identity(WebhookScheme::Hmac, &HeaderMap::new(), b"{}", signed).id
+            identity(WebhookScheme::Hmac, &HeaderMap::new(), b"{}", signed).key
         };
         assert_ne!(at("1"), at("2"));
-        assert_eq!(at("1"), sha256(b"1.{}"));
-        for id in ["72d3162e-cc78", "msg_1", &body, "a.b"] {
-            let s = source("gh-push", id);
+        assert_eq!(at("1"), signed_key("r", Some("1"), b"{}"));
+        for key in [github.key.as_str(), "msg_1", &at("1")] {
+            assert_eq!(key.len().max(64), 64);
+            let s = source("gh-push", key);
             SessionKey::for_source(&s, KeyPolicy::default()).unwrap();
         }
+    }
+
+    #[test]
+    fn keys_come_from_what_is_signed_and_the_route() {
+        // The same bytes on two routes are two deliveries.
+        assert_ne!(signed_key("a", None, b"{}"), signed_key("b", None, b"{}"));
+        // The separator keeps the route and the signed bytes apart.
+        assert_ne!(signed_key("a", None, b"b{}"), signed_key("ab", None, b"{}"));
+        // (A timestamp is digits, so `<timestamp>.<body>` reads one way;
+        // a route has one scheme, so it never meets a key made without.)
+        assert_ne!(
+            signed_key("r", Some("1"), b"2.{}"),
+            signed_key("r", Some("12"), b"{}")
+        );
+        assert_eq!(signed_key("r", None, b"{}").len(), MAX_DELIVERY_ID_LEN);
+        // Changing or adding id headers never changes the key.
+        let keys: Vec<String> = [
+            headers(&[("X-GitHub-Delivery", "a")]),
+            headers(&[("X-GitHub-Delivery", "b")]),
+            headers(&[("X-GitHub-Delivery", "b"), ("X-Request-Id", "c")]),
+            HeaderMap::new(),
+        ]
+        .iter()
+        .map(|h| identity(WebhookScheme::Github, h, b"{}", Signed::default()).key)
+        .collect();
+        assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
+        // Svix's key is its signed id, whatever else the headers say.
+        let noisy = headers(&[("X-GitHub-Delivery", "other"), ("X-Webhook-Id", "x")]);
+        let svix = identity(WebhookScheme::Svix, &noisy, b"{}", SVIX_SIGNED);
+        assert_eq!(
+            (svix.id.as_str(), svix.key.as_str()),
+            ("msg_2Lh9", "msg_2Lh9")
+        );
     }
 
     #[test]
@@ -558,17 +660,17 @@ mod tests {
         };
         assert_eq!(
             identity(WebhookScheme::Hmac, &h, b"{}", signed).id,
-            sha256(b"1.{}")
+            signed_key("r", Some("1"), b"{}")
         );
     }
 
     #[test]
     fn replays_are_claimed_on_what_is_signed() {
-        let digest = sha256(b"{}");
+        let key = signed_key("r", None, b"{}");
         let h = headers(&[("X-GitHub-Delivery", "a")]);
         assert_eq!(
             identity(WebhookScheme::Github, &h, b"{}", Signed::default()).claims,
-            vec!["r:id:a".to_owned(), format!("r:body:{digest}")]
+            vec![format!("r:key:{key}"), "r:id:a".to_owned()]
         );
         assert_eq!(
             identity(
@@ -578,14 +680,14 @@ mod tests {
                 Signed::default()
             )
             .claims,
-            vec![format!("r:body:{digest}")]
+            vec![format!("r:key:{key}")]
         );
         // Svix signs its id: that alone is claimed, and headers do not
         // change it.
         let noisy = headers(&[("X-GitHub-Delivery", "other"), ("X-Webhook-Id", "x")]);
         assert_eq!(
             identity(WebhookScheme::Svix, &noisy, b"{}", SVIX_SIGNED).claims,
-            vec!["r:id:msg_2Lh9".to_owned()]
+            vec!["r:key:msg_2Lh9".to_owned()]
         );
         // The generic scheme always claims its signed timestamp and body,
         // with or without an id header.
@@ -593,16 +695,16 @@ mod tests {
             id: None,
             timestamp: Some("1"),
         };
-        let signed_key = format!("r:signed:{}", sha256(b"1.{}"));
+        let signed_claim = format!("r:key:{}", signed_key("r", Some("1"), b"{}"));
         let bare = identity(WebhookScheme::Hmac, &HeaderMap::new(), b"{}", signed);
-        assert_eq!(bare.claims, vec![signed_key.clone()]);
+        assert_eq!(bare.claims, vec![signed_claim.clone()]);
         let named = identity(
             WebhookScheme::Hmac,
             &headers(&[("X-Webhook-Id", "w")]),
             b"{}",
             signed,
         );
-        assert_eq!(named.claims, vec!["r:id:w".to_owned(), signed_key]);
+        assert_eq!(named.claims, vec![signed_claim, "r:id:w".to_owned()]);
 
         let cache = ReplayCache::new(3600, 100);
         assert!(claim_all(&cache, &bare.claims, 0));
@@ -610,7 +712,7 @@ mod tests {
         assert!(!claim_all(&cache, &named.claims, 0));
         // ...and the refused claim left nothing behind.
         assert!(cache.claim("r:id:w", 0));
-        // A GitHub delivery resent under a fresh id is caught by its body.
+        // A GitHub delivery resent under a fresh id is caught by its key.
         let first = identity(WebhookScheme::Github, &h, b"{}", Signed::default());
         assert!(claim_all(&cache, &first.claims, 0));
         let renamed = headers(&[("X-GitHub-Delivery", "b")]);
@@ -624,8 +726,8 @@ mod tests {
             Signed::default(),
         );
         assert!(!claim_all(&cache, &bare.claims, 0));
-        // An id header cannot be picked to collide with a digest claim.
-        let forged = headers(&[("X-GitHub-Delivery", digest.as_str())]);
+        // An id header cannot be picked to collide with a key claim.
+        let forged = headers(&[("X-GitHub-Delivery", key.as_str())]);
         let other = identity(WebhookScheme::Github, &forged, b"[]", Signed::default());
         assert!(claim_all(&cache, &other.claims, 0));
     }

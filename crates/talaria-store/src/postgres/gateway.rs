@@ -173,14 +173,25 @@ async fn lock_platform(tx: &Transaction<'_>, platform: &str) -> Step<Timestamp> 
 }
 
 /// Drops what can no longer matter on `platform` (see the module docs for
-/// why only there): expired codes, ended locks and offer stamps older
-/// than the interval.
+/// why only there): expired codes, an ended lock with the failure count
+/// that led to it (a lock's end starts the count afresh) and offer stamps
+/// older than the interval.
 async fn drop_expired(
     tx: &Transaction<'_>,
     platform: &str,
     at: Timestamp,
     limits: &PairingLimits,
 ) -> Step<()> {
+    // Its own statement, before the lock row goes: a data-modifying CTE
+    // would not see the other's deletions.
+    let failures = tx
+        .prepare_cached(
+            "DELETE FROM pairing_stamps WHERE platform = $1 AND kind = 'failures' \
+             AND EXISTS (SELECT 1 FROM pairing_stamps \
+             WHERE platform = $1 AND kind = 'lockout' AND stamp <= $2)",
+        )
+        .await?;
+    tx.execute(&failures, &[&platform, &at]).await?;
     let statement = tx
         .prepare_cached(
             "WITH codes AS (\
@@ -249,6 +260,20 @@ async fn reset_failures(tx: &Transaction<'_>, platform: &str) -> Step<()> {
     Ok(())
 }
 
+/// The platform's failed approvals since its count was last reset.
+async fn failure_count(tx: &Transaction<'_>, platform: &str) -> Step<u32> {
+    let statement = tx
+        .prepare_cached(
+            "SELECT count FROM pairing_stamps \
+             WHERE platform = $1 AND kind = 'failures' AND subject = ''",
+        )
+        .await?;
+    match tx.query_opt(&statement, &[&platform]).await? {
+        Some(row) => Ok(count_u32(column(&row, 0)?, "the failed-approval count")?),
+        None => Ok(0),
+    }
+}
+
 /// Counts one failed approval; returns the new count.
 async fn add_failure(tx: &Transaction<'_>, platform: &str) -> Step<u32> {
     let statement = tx
@@ -303,15 +328,29 @@ async fn offer(
         .prepare_cached("DELETE FROM pairing_pending WHERE platform = $1 AND user_id = $2")
         .await?;
     tx.execute(&drop_own, &[&platform, &user_id]).await?;
+    if limits.max_pending == 0 {
+        stamp_offer(&tx, platform, user_id, at).await?;
+        tx.commit().await?;
+        return Ok(OfferOutcome::TooManyPending);
+    }
+    // A full platform makes room by dropping its oldest codes, so a few
+    // strangers cannot hold every slot (see the trait).
     let count = tx
         .prepare_cached("SELECT COUNT(*) FROM pairing_pending WHERE platform = $1")
         .await?;
     let row = tx.query_one(&count, &[&platform]).await?;
     let pending = count_u64(column(&row, 0)?, "the count of pending codes")?;
-    if pending >= u64::try_from(limits.max_pending).unwrap_or(u64::MAX) {
-        stamp_offer(&tx, platform, user_id, at).await?;
-        tx.commit().await?;
-        return Ok(OfferOutcome::TooManyPending);
+    let max = u64::try_from(limits.max_pending).unwrap_or(u64::MAX);
+    if pending >= max {
+        let excess = i64::try_from(pending - max + 1).unwrap_or(i64::MAX);
+        let evict = tx
+            .prepare_cached(
+                "DELETE FROM pairing_pending WHERE entry_id IN (SELECT entry_id \
+                 FROM pairing_pending WHERE platform = $1 \
+                 ORDER BY created_at, entry_id LIMIT $2)",
+            )
+            .await?;
+        tx.execute(&evict, &[&platform, &excess]).await?;
     }
     let salt = random_hex(16);
     let hash = code_hash(&salt, code);
@@ -356,7 +395,13 @@ async fn approve(
     let tx = client.transaction().await?;
     let at = lock_platform(&tx, platform).await?;
     drop_expired(&tx, platform, at, &limits).await?;
-    if let Some(until) = active_lockout(&tx, platform, at).await? {
+    // A lock stops guessing, not the operator: while it holds, codes are
+    // still compared (a match is no guess), until the lock's guess budget
+    // is spent too.
+    let locked = active_lockout(&tx, platform, at).await?;
+    if let Some(until) = locked
+        && failure_count(&tx, platform).await? >= limits.guess_budget()
+    {
         tx.commit().await?;
         return Ok(ApproveOutcome::LockedOut { until });
     }
@@ -389,7 +434,13 @@ async fn approve(
         }
     }
     let Some(row) = found else {
+        // The count goes on during a lock, toward its guess budget; it
+        // starts afresh when the lock ends.
         let failures = add_failure(&tx, platform).await?;
+        if let Some(until) = locked {
+            tx.commit().await?;
+            return Ok(ApproveOutcome::LockedOut { until });
+        }
         if failures >= limits.max_failures.max(1) {
             let until = at + limits.lockout;
             let lockout = tx
@@ -400,7 +451,6 @@ async fn approve(
                 )
                 .await?;
             tx.execute(&lockout, &[&platform, &until]).await?;
-            reset_failures(&tx, platform).await?;
             tx.commit().await?;
             return Ok(ApproveOutcome::LockedOut { until });
         }
@@ -427,7 +477,11 @@ async fn approve(
         .query_one(&upsert, &[&platform, &row.user_id, &row.user_name, &at])
         .await?;
     let user_name: Option<String> = column(&approved, 0)?;
-    reset_failures(&tx, platform).await?;
+    // A success clears the count, except during a lock: the misses that
+    // caused it keep counting toward its guess budget.
+    if locked.is_none() {
+        reset_failures(&tx, platform).await?;
+    }
     tx.commit().await?;
     Ok(ApproveOutcome::Approved(ApprovedUser {
         platform: platform.to_owned(),

@@ -22,7 +22,7 @@ use rusqlite::{OptionalExtension, Row, Transaction, params};
 
 use super::SqliteStore;
 use super::conn::OpResult;
-use super::rows::{from_sql_count, from_sql_small_count, now, to_sql_count};
+use super::rows::{from_sql_small_count, now, to_sql_count};
 use crate::gateway::{
     ApproveOutcome, ApprovedUser, CursorStore, InboundStore, OfferOutcome, PairingLimits,
     PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore, code_hash,
@@ -136,11 +136,17 @@ fn active_lockout(tx: &Transaction<'_>, platform: &str, at: Timestamp) -> OpResu
         .optional()?)
 }
 
-/// Drops what can no longer matter: expired codes, ended locks and offer
-/// stamps older than the interval.
+/// Drops what can no longer matter: expired codes, ended locks with the
+/// failure counts that led to them (a lock's end starts the count afresh)
+/// and offer stamps older than the interval.
 fn drop_expired(tx: &Transaction<'_>, at: Timestamp, limits: &PairingLimits) -> OpResult<()> {
     tx.prepare_cached("DELETE FROM pairing_pending WHERE created_at < ?1")?
         .execute(params![at - limits.code_ttl])?;
+    tx.prepare_cached(
+        "DELETE FROM pairing_stamps WHERE kind = 'failures' AND platform IN \
+         (SELECT platform FROM pairing_stamps WHERE kind = 'lockout' AND stamp <= ?1)",
+    )?
+    .execute(params![at])?;
     tx.prepare_cached("DELETE FROM pairing_stamps WHERE kind = 'lockout' AND stamp <= ?1")?
         .execute(params![at])?;
     tx.prepare_cached("DELETE FROM pairing_stamps WHERE kind = 'offer' AND stamp < ?1")?
@@ -166,6 +172,18 @@ fn reset_failures(tx: &Transaction<'_>, platform: &str) -> OpResult<()> {
     )?
     .execute(params![platform])?;
     Ok(())
+}
+
+/// The platform's failed approvals since its count was last reset.
+fn failure_count(tx: &Transaction<'_>, platform: &str) -> OpResult<u32> {
+    let count: Option<i64> = tx
+        .prepare_cached(
+            "SELECT count FROM pairing_stamps \
+             WHERE platform = ?1 AND kind = 'failures' AND subject = ''",
+        )?
+        .query_row(params![platform], |r| r.get(0))
+        .optional()?;
+    Ok(count.map_or(0, from_sql_small_count))
 }
 
 /// Counts one failed approval; returns the new count.
@@ -229,12 +247,23 @@ impl PairingStore for SqliteStore {
             // does not count against the platform's limit.
             tx.prepare_cached("DELETE FROM pairing_pending WHERE platform = ?1 AND user_id = ?2")?
                 .execute(params![platform, user_id])?;
+            if limits.max_pending == 0 {
+                stamp_offer(tx, &platform, &user_id, at)?;
+                return Ok(OfferOutcome::TooManyPending);
+            }
+            // A full platform makes room by dropping its oldest codes, so
+            // a few strangers cannot hold every slot (see the trait).
             let pending: i64 = tx
                 .prepare_cached("SELECT COUNT(*) FROM pairing_pending WHERE platform = ?1")?
                 .query_row(params![platform], |r| r.get(0))?;
-            if from_sql_count(pending) >= limits.max_pending as u64 {
-                stamp_offer(tx, &platform, &user_id, at)?;
-                return Ok(OfferOutcome::TooManyPending);
+            let max = i64::try_from(limits.max_pending).unwrap_or(i64::MAX);
+            if pending >= max {
+                tx.prepare_cached(
+                    "DELETE FROM pairing_pending WHERE entry_id IN (SELECT entry_id \
+                     FROM pairing_pending WHERE platform = ?1 \
+                     ORDER BY created_at, entry_id LIMIT ?2)",
+                )?
+                .execute(params![platform, pending - max + 1])?;
             }
             let salt = random_hex(16);
             let hash = code_hash(&salt, &code);
@@ -268,7 +297,13 @@ impl PairingStore for SqliteStore {
         self.write(move |tx| {
             let at = now();
             drop_expired(tx, at, &limits)?;
-            if let Some(until) = active_lockout(tx, &platform, at)? {
+            // A lock stops guessing, not the operator: while it holds,
+            // codes are still compared (a match is no guess), until the
+            // lock's guess budget is spent too.
+            let locked = active_lockout(tx, &platform, at)?;
+            if let Some(until) = locked
+                && failure_count(tx, &platform)? >= limits.guess_budget()
+            {
                 return Ok(ApproveOutcome::LockedOut { until });
             }
             let rows = tx
@@ -296,7 +331,12 @@ impl PairingStore for SqliteStore {
                 }
             }
             let Some(row) = found else {
+                // The count goes on during a lock, toward its guess budget;
+                // it starts afresh when the lock ends.
                 let failures = add_failure(tx, &platform)?;
+                if let Some(until) = locked {
+                    return Ok(ApproveOutcome::LockedOut { until });
+                }
                 if failures >= limits.max_failures.max(1) {
                     let until = at + limits.lockout;
                     tx.prepare_cached(
@@ -305,7 +345,6 @@ impl PairingStore for SqliteStore {
                          ON CONFLICT (platform, kind, subject) DO UPDATE SET stamp = excluded.stamp",
                     )?
                     .execute(params![platform, until])?;
-                    reset_failures(tx, &platform)?;
                     return Ok(ApproveOutcome::LockedOut { until });
                 }
                 return Ok(ApproveOutcome::NoMatch { failures });
@@ -326,7 +365,11 @@ impl PairingStore for SqliteStore {
                 .query_row(params![platform, row.user_id, row.user_name, at], |r| {
                     r.get(0)
                 })?;
-            reset_failures(tx, &platform)?;
+            // A success clears the count, except during a lock: the misses
+            // that caused it keep counting toward its guess budget.
+            if locked.is_none() {
+                reset_failures(tx, &platform)?;
+            }
             Ok(ApproveOutcome::Approved(ApprovedUser {
                 platform: platform.clone(),
                 user_id: row.user_id.clone(),
