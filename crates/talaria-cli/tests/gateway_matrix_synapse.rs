@@ -76,7 +76,12 @@ async fn wait_for_delivered(home: &Home, n: u64) {
     let deadline = Instant::now() + WAIT;
     loop {
         let counts = store.obligation_counts().await.unwrap();
-        if counts.get(&ObligationState::Delivered).copied().unwrap_or(0) >= n {
+        if counts
+            .get(&ObligationState::Delivered)
+            .copied()
+            .unwrap_or(0)
+            >= n
+        {
             return;
         }
         assert!(
@@ -209,7 +214,10 @@ async fn direct_chats_are_answered_across_a_sigkill_and_a_plain_stop() {
     );
     let logged = logs(&home);
     assert!(!logged.contains(FALSE_GAP_WARNING), "{logged}");
-    assert!(!logged.contains(&bot.access_token), "the token must not be logged");
+    assert!(
+        !logged.contains(&bot.access_token),
+        "the token must not be logged"
+    );
     sigterm(&mut gateway);
 }
 
@@ -234,7 +242,10 @@ async fn a_group_joined_on_invite_answers_only_what_follows_the_join() {
     bob.join(&room).await;
     // Talk from before the bot was there, some of it naming it.
     alice
-        .send_text(&room, &format!("{}: what did I say yesterday?", bot.user_id))
+        .send_text(
+            &room,
+            &format!("{}: what did I say yesterday?", bot.user_id),
+        )
         .await;
     bob.send_text(&room, "lunch at noon").await;
     alice.invite(&room, &bot.user_id).await;

@@ -699,7 +699,12 @@ async fn handle(
                     let joined: Map<String, Value> = r
                         .members
                         .iter()
-                        .map(|m| (m.clone(), json!({ "display_name": null, "avatar_url": null })))
+                        .map(|m| {
+                            (
+                                m.clone(),
+                                json!({ "display_name": null, "avatar_url": null }),
+                            )
+                        })
                         .collect();
                     json_response(200, &json!({ "joined": joined }))
                 }
@@ -712,7 +717,11 @@ async fn handle(
         }
         (&Method::GET, ["user", user, "account_data", kind]) => {
             if *user != BOT_USER_ID {
-                return error(403, "M_FORBIDDEN", "Cannot get account data for other users.");
+                return error(
+                    403,
+                    "M_FORBIDDEN",
+                    "Cannot get account data for other users.",
+                );
             }
             match (&lock(&shared.state).direct, *kind) {
                 (Some(d), "m.direct") => json_response(200, d),
@@ -1005,10 +1014,7 @@ fn sync_body(st: &Book, start: usize, initial: bool) -> Value {
                             unsigned.insert("membership".into(), json!(membership));
                         }
                     }
-                    timelines
-                        .entry(room_id.as_str())
-                        .or_default()
-                        .push(event);
+                    timelines.entry(room_id.as_str()).or_default().push(event);
                 }
             }
             Entry::Invite { room_id } if position >= start => {

@@ -104,7 +104,10 @@ impl Synapse {
         // A free port is found by binding and releasing it; another
         // process may take it before Synapse binds, hence the retries.
         for _ in 0..3 {
-            let dir = match tempfile::Builder::new().prefix("talaria-synapse-").tempdir() {
+            let dir = match tempfile::Builder::new()
+                .prefix("talaria-synapse-")
+                .tempdir()
+            {
                 Ok(d) => d,
                 Err(e) => panic!("cannot create a directory for Synapse: {e}"),
             };

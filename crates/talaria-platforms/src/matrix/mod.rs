@@ -470,11 +470,14 @@ impl MatrixAdapter {
                 Some(members) => {
                     rooms.set_joined(room_id, members.len() as u64);
                 }
-                None => tracing::warn!(room = %room_id, "joined_members answered without a member list"),
+                None => {
+                    tracing::warn!(room = %room_id, "joined_members answered without a member list")
+                }
             },
-            Err(e) if matches!(&e, ApiError::Api { status, .. } if (400..500).contains(status))
-                && !e.is_rate_limit()
-                && !e.is_bad_token() =>
+            Err(e)
+                if matches!(&e, ApiError::Api { status, .. } if (400..500).contains(status))
+                    && !e.is_rate_limit()
+                    && !e.is_bad_token() =>
             {
                 // Refused for good (the bot is no longer in the room, a
                 // server without the endpoint): decide without the count.
@@ -668,8 +671,7 @@ impl MatrixAdapter {
                 // A group's talk from before the bot was invited was not
                 // meant for it; in a direct chat, what the user wrote
                 // while the invite was pending is.
-                if !is_dm
-                    && (joined_at.is_some_and(|j| i < j) || rooms::written_before_joining(ev))
+                if !is_dm && (joined_at.is_some_and(|j| i < j) || rooms::written_before_joining(ev))
                 {
                     tracing::debug!(room = %room_id, "skipping an event: written in a group before the bot joined");
                     continue;

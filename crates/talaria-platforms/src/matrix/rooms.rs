@@ -76,7 +76,9 @@ impl Rooms {
                     self.facts.entry(room).or_insert(facts);
                 }
             }
-            Err(e) => tracing::warn!("the saved Matrix room record is unreadable ({e}); starting over"),
+            Err(e) => {
+                tracing::warn!("the saved Matrix room record is unreadable ({e}); starting over")
+            }
         }
     }
 
@@ -298,10 +300,16 @@ mod tests {
                    "content": {"membership": "join"}, "unsigned": {"prev_content": prev}})
         };
         assert!(is_fresh_join(&join(json!({"membership": "invite"})), &me()));
-        assert!(is_fresh_join(&json!({"type": "m.room.member", "state_key": "@bot:hs",
-            "content": {"membership": "join"}}), &me()));
+        assert!(is_fresh_join(
+            &json!({"type": "m.room.member", "state_key": "@bot:hs",
+            "content": {"membership": "join"}}),
+            &me()
+        ));
         assert!(
-            !is_fresh_join(&join(json!({"membership": "join", "displayname": "x"})), &me()),
+            !is_fresh_join(
+                &join(json!({"membership": "join", "displayname": "x"})),
+                &me()
+            ),
             "a rename is no join"
         );
         let mut other = join(json!({"membership": "invite"}));
