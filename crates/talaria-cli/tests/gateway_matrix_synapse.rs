@@ -268,8 +268,11 @@ async fn a_group_joined_on_invite_answers_only_what_follows_the_join() {
     wait_for_delivered(&home, 2).await;
 
     assert_eq!(llm.requests().len(), 2, "{}", logs(&home));
-    assert_eq!(user_turns(&llm, 0), ["what is 2+2?"]);
-    assert_eq!(user_turns(&llm, 1), ["what is 2+2?", "and 2+3?"]);
+    // Group turns name their sender: "[name · id] text".
+    let turns = user_turns(&llm, 1);
+    assert_eq!(turns.len(), 2, "{turns:?}");
+    assert!(turns[0].ends_with("] what is 2+2?"), "{turns:?}");
+    assert!(turns[1].ends_with("] and 2+3?"), "{turns:?}");
     let logged = logs(&home);
     assert!(
         !logged.contains(FALSE_GAP_WARNING),
