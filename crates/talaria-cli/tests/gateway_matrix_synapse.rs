@@ -93,6 +93,16 @@ async fn wait_for_delivered(home: &Home, n: u64) {
     }
 }
 
+/// A gateway process, killed when a failed test unwinds.
+struct Gateway(Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn sigterm(child: &mut Child) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -150,7 +160,7 @@ async fn direct_chats_are_answered_across_a_sigkill_and_a_plain_stop() {
     let llm = MockOpenAi::start().await;
     let home = home(&llm, hs, &bot, &[&alice.user_id]);
 
-    let mut gateway = spawn_gateway(&home, &log_of(&home, 1));
+    let mut gateway = Gateway(spawn_gateway(&home, &log_of(&home, 1)));
     wait_for_log(&log_of(&home, 1), "first Matrix sync").await;
     // A DM as clients make it, and a plain two-member room.
     let dm = alice.create_room(&[&bot.user_id], true).await;
@@ -172,11 +182,11 @@ async fn direct_chats_are_answered_across_a_sigkill_and_a_plain_stop() {
     wait_for_delivered(&home, 2).await;
 
     // A crash; a message arrives while nothing runs.
-    sigkill(&mut gateway);
+    sigkill(&mut gateway.0);
     alice.send_text(&dm, "written while you were down").await;
     llm.push(Reply::text("Answer three."));
     llm.push(Reply::text("Answer four."));
-    let mut gateway = spawn_gateway(&home, &log_of(&home, 2));
+    let mut gateway = Gateway(spawn_gateway(&home, &log_of(&home, 2)));
     assert_eq!(
         replies(&alice, &dm, &bot, 2).await,
         ["Answer one.", "Answer three."],
@@ -193,8 +203,8 @@ async fn direct_chats_are_answered_across_a_sigkill_and_a_plain_stop() {
     wait_for_delivered(&home, 4).await;
 
     // A plain stop, then a message after the next start.
-    sigterm(&mut gateway);
-    let mut gateway = spawn_gateway(&home, &log_of(&home, 3));
+    sigterm(&mut gateway.0);
+    let mut gateway = Gateway(spawn_gateway(&home, &log_of(&home, 3)));
     wait_for_log(&log_of(&home, 3), "connected to the Matrix homeserver").await;
     llm.push(Reply::text("Answer five."));
     alice.send_text(&dm, "after the stop").await;
@@ -218,7 +228,7 @@ async fn direct_chats_are_answered_across_a_sigkill_and_a_plain_stop() {
         !logged.contains(&bot.access_token),
         "the token must not be logged"
     );
-    sigterm(&mut gateway);
+    sigterm(&mut gateway.0);
 }
 
 /// Issue 19, item 7: after joining a group on invite, the messages written
@@ -236,7 +246,7 @@ async fn a_group_joined_on_invite_answers_only_what_follows_the_join() {
     let llm = MockOpenAi::start().await;
     let home = home(&llm, hs, &bot, &[&alice.user_id, &bob.user_id]);
 
-    let mut gateway = spawn_gateway(&home, &log_of(&home, 1));
+    let mut gateway = Gateway(spawn_gateway(&home, &log_of(&home, 1)));
     wait_for_log(&log_of(&home, 1), "first Matrix sync").await;
     let room = alice.create_room(&[&bob.user_id], false).await;
     bob.join(&room).await;
@@ -278,5 +288,5 @@ async fn a_group_joined_on_invite_answers_only_what_follows_the_join() {
         !logged.contains(FALSE_GAP_WARNING),
         "a fresh join is not a gap: {logged}"
     );
-    sigterm(&mut gateway);
+    sigterm(&mut gateway.0);
 }
