@@ -562,3 +562,124 @@ async fn a_bracketed_room_id_is_a_delivery_target() {
     assert_eq!(sent[0].room_id, room);
     assert_eq!(sent[0].body(), "to the room");
 }
+
+fn joined_members_asked(fake: &FakeMatrix, room: &str) -> usize {
+    fake.requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == format!("rooms/{room}/joined_members"))
+        .count()
+}
+
+/// Issue 19, item 7: the adapter took "direct" from a sync's member count,
+/// which Synapse (like the fake now) does not send, and from what it saw
+/// in memory. A two-member room is a direct chat however it was made, and
+/// a restarted adapter knows it from the store without asking again.
+#[tokio::test]
+async fn a_two_member_room_is_a_dm_before_and_after_a_restart() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let cursors = Arc::new(Cursors::default());
+    let room = "!pair:localhost";
+    fake.create_room(room, None, &[ALICE]);
+    let a = adapter_with(settings(&fake), &cursors);
+    let mut run = started(&fake, &a).await;
+    fake.push_text(room, ALICE, "no mention needed");
+    let ev = run.next().await;
+    assert_eq!(ev.text, "no mention needed");
+    assert_eq!(ev.source.chat_type, ChatType::Dm);
+    run.nothing_more(&fake).await;
+    assert_eq!(joined_members_asked(&fake, room), 1);
+    run.stop().await.unwrap();
+
+    let b = adapter_with(settings(&fake), &cursors);
+    let mut run = spawn(&b);
+    fake.push_text(room, ALICE, "after the restart");
+    let ev = run.next().await;
+    assert_eq!(ev.text, "after the restart");
+    assert_eq!(ev.source.chat_type, ChatType::Dm);
+    run.nothing_more(&fake).await;
+    assert_eq!(
+        joined_members_asked(&fake, room),
+        1,
+        "the count came from the store"
+    );
+    run.stop().await.unwrap();
+}
+
+/// A member joining turns a direct chat into a group: the count is asked
+/// again, and messages then need a mention.
+#[tokio::test]
+async fn a_third_member_makes_a_dm_a_group() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let cursors = Arc::new(Cursors::default());
+    let dm = fake.create_dm(ALICE);
+    let a = adapter_with(settings(&fake), &cursors);
+    let mut run = started(&fake, &a).await;
+    fake.push_text(&dm, ALICE, "just us");
+    assert_eq!(run.next().await.source.chat_type, ChatType::Dm);
+    fake.add_member(&dm, BOB);
+    fake.push_text(&dm, ALICE, "hello bob");
+    let asked = fake.push_text(&dm, ALICE, "Talaria: now with bob");
+    let ev = run.next().await;
+    assert_eq!(ev.message_id.as_deref(), Some(asked.as_str()));
+    assert_eq!(ev.source.chat_type, ChatType::Group);
+    run.nothing_more(&fake).await;
+    assert_eq!(joined_members_asked(&fake, &dm), 2);
+    run.stop().await.unwrap();
+}
+
+/// A homeserver that cannot say who is in a room does not make the
+/// adapter guess: the batch is fetched again once it can.
+#[tokio::test]
+async fn an_unanswered_member_count_retries_the_batch_instead_of_guessing() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let cursors = Arc::new(Cursors::default());
+    let dm = fake.create_dm(ALICE);
+    let a = adapter_with(settings(&fake), &cursors);
+    let mut run = started(&fake, &a).await;
+    let before = cursors.saved();
+    fake.fail_next_joined_members(2);
+    let id = fake.push_text(&dm, ALICE, "hello");
+    let ev = run.next().await;
+    assert_eq!(ev.message_id.as_deref(), Some(id.as_str()));
+    assert_eq!(ev.source.chat_type, ChatType::Dm);
+    assert_eq!(joined_members_asked(&fake, &dm), 3);
+    let sinces: Vec<Option<String>> = fake.sync_calls().iter().map(|c| c.since.clone()).collect();
+    assert!(
+        sinces.iter().filter(|s| **s == before).count() >= 3,
+        "the batch was fetched again from the same token: {sinces:?}"
+    );
+    run.nothing_more(&fake).await;
+    run.stop().await.unwrap();
+}
+
+/// Issue 19, item 7: after joining a group on invite, what was written
+/// there before the bot came was answered. Only direct chats answer what
+/// was written while the invite was pending.
+#[tokio::test]
+async fn a_group_joined_on_invite_skips_what_came_before_the_join() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let cursors = Arc::new(Cursors::default());
+    let a = adapter_with(settings(&fake), &cursors);
+    let mut run = started(&fake, &a).await;
+
+    let group = "!team:localhost";
+    fake.room_without_bot(group, Some("Team"), &[ALICE, BOB]);
+    fake.push_text(group, ALICE, "Talaria: did you read this?");
+    fake.invite_into(group, ALICE, &[BOB], false);
+    fake.push_text(group, BOB, "Talaria: or this, while invited?");
+    fake.wait_for_joins(1, WAIT).await;
+    let asked = fake.push_text(group, ALICE, "Talaria: welcome!");
+    let ev = run.next().await;
+    assert_eq!(ev.message_id.as_deref(), Some(asked.as_str()));
+    assert_eq!(ev.source.chat_type, ChatType::Group);
+    run.nothing_more(&fake).await;
+
+    // A direct chat answers what the user wrote before the bot joined.
+    fake.invite("!new-dm:localhost", ALICE, true);
+    let early = fake.push_text("!new-dm:localhost", ALICE, "hi, are you there?");
+    let ev = run.next().await;
+    assert_eq!(ev.message_id.as_deref(), Some(early.as_str()));
+    assert_eq!(ev.source.chat_type, ChatType::Dm);
+    run.nothing_more(&fake).await;
+    run.stop().await.unwrap();
+}

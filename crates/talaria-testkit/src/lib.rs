@@ -23,6 +23,7 @@ pub mod postgres;
 pub mod python;
 pub mod signal;
 pub mod slack;
+pub mod synapse;
 pub mod telegram;
 pub mod twilio;
 pub mod whatsapp;

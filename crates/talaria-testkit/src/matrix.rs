@@ -6,8 +6,16 @@
 //! `next_batch` tokens are positions in one event log, so a `since`
 //! returns exactly what came after it), `join/{room}` and
 //! `rooms/{room}/join`, `rooms/{room}/send/{type}/{txn}` (idempotent per
-//! transaction id, as the spec requires) and `rooms/{room}/typing/{user}`.
+//! transaction id, as the spec requires), `rooms/{room}/typing/{user}`,
+//! `rooms/{room}/joined_members` and `user/{user}/account_data/{type}`.
 //! Every request needs `Authorization: Bearer <token>`.
+//!
+//! Where the adapter depends on it, the fake answers as Synapse does: a
+//! sync carries no `summary.m.joined_member_count` (Synapse sends it only
+//! with lazy-loaded members), a room's state comes only with the first
+//! sync and when the bot newly joined it, a fresh join's timeline is
+//! `limited` and holds the bot's own join event, and every timeline event
+//! says the bot's membership when it was written (`unsigned.membership`).
 //!
 //! Like the fake Telegram server it runs on its own thread and runtime, so
 //! it keeps answering while a test blocks, and stops when dropped.
@@ -16,8 +24,8 @@
 //! `push_text`, `push_event`, `invite`), inspect what the bot did (`sent`,
 //! `send_attempts`, `typing`, `joins`, `sync_calls`, `requests`) and
 //! inject failures (`fail_next_send_with_429`, `hang_send`,
-//! `fail_next_syncs`, `drop_next_sync`, `drop_next_send_answer`,
-//! `revoke_token`).
+//! `fail_next_syncs`, `fail_next_joined_members`, `drop_next_sync`,
+//! `drop_next_send_answer`, `revoke_token`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -135,6 +143,9 @@ struct Room {
     bot_joined: bool,
     /// (inviter, is_direct) of a pending invite for the bot.
     invite: Option<(String, bool)>,
+    /// The log position from which the bot was invited, and joined.
+    invited_at: Option<usize>,
+    joined_at: Option<usize>,
 }
 
 #[derive(Default)]
@@ -152,6 +163,7 @@ struct Book {
     direct: Option<Value>,
     fail_429: VecDeque<u64>,
     fail_syncs: usize,
+    fail_joined_members: usize,
     drop_syncs: usize,
     drop_send_answers: usize,
     revoked: bool,
@@ -237,15 +249,20 @@ impl FakeMatrix {
     pub fn create_room(&self, room_id: &str, name: Option<&str>, members: &[&str]) {
         let mut all: Vec<String> = members.iter().map(|m| (*m).to_owned()).collect();
         all.push(BOT_USER_ID.to_owned());
-        lock(&self.shared.state).rooms.insert(
+        let mut st = lock(&self.shared.state);
+        let now = st.log.len();
+        st.rooms.insert(
             room_id.to_owned(),
             Room {
                 name: name.map(str::to_owned),
                 members: all,
                 bot_joined: true,
                 invite: None,
+                invited_at: None,
+                joined_at: Some(now),
             },
         );
+        drop(st);
         self.shared.bump();
     }
 
@@ -270,19 +287,69 @@ impl FakeMatrix {
 
     /// An invite for the bot into a new room that has `inviter` in it.
     pub fn invite(&self, room_id: &str, inviter: &str, is_direct: bool) {
+        self.invite_into(room_id, inviter, &[], is_direct);
+    }
+
+    /// An invite for the bot from `inviter` into a room with `inviter` and
+    /// `others` in it, new or existing (made with [`Self::room_without_bot`]).
+    pub fn invite_into(&self, room_id: &str, inviter: &str, others: &[&str], is_direct: bool) {
         {
             let mut st = lock(&self.shared.state);
-            st.rooms.insert(
-                room_id.to_owned(),
-                Room {
-                    name: None,
-                    members: vec![inviter.to_owned()],
-                    bot_joined: false,
-                    invite: Some((inviter.to_owned(), is_direct)),
-                },
-            );
+            let now = st.log.len();
+            let room = st.rooms.entry(room_id.to_owned()).or_insert_with(|| Room {
+                name: None,
+                members: Vec::new(),
+                bot_joined: false,
+                invite: None,
+                invited_at: None,
+                joined_at: None,
+            });
+            for m in std::iter::once(inviter).chain(others.iter().copied()) {
+                if !room.members.iter().any(|x| x == m) {
+                    room.members.push(m.to_owned());
+                }
+            }
+            room.invite = Some((inviter.to_owned(), is_direct));
+            room.invited_at = Some(now);
             st.log.push(Entry::Invite {
                 room_id: room_id.to_owned(),
+            });
+        }
+        self.shared.bump();
+    }
+
+    /// A room the bot is not in (yet), with `members`: its messages reach
+    /// the bot only once it joined, as history.
+    pub fn room_without_bot(&self, room_id: &str, name: Option<&str>, members: &[&str]) {
+        lock(&self.shared.state).rooms.insert(
+            room_id.to_owned(),
+            Room {
+                name: name.map(str::to_owned),
+                members: members.iter().map(|m| (*m).to_owned()).collect(),
+                bot_joined: false,
+                invite: None,
+                invited_at: None,
+                joined_at: None,
+            },
+        );
+        self.shared.bump();
+    }
+
+    /// `user` joins `room_id`: a membership event in its timeline.
+    pub fn add_member(&self, room_id: &str, user: &str) {
+        {
+            let mut st = lock(&self.shared.state);
+            if let Some(room) = st.rooms.get_mut(room_id)
+                && !room.members.iter().any(|m| m == user)
+            {
+                room.members.push(user.to_owned());
+            }
+            let mut event = member_event(room_id, user, "join");
+            event["event_id"] = json!(format!("$ev{}", st.next_event));
+            st.next_event += 1;
+            st.log.push(Entry::Timeline {
+                room_id: room_id.to_owned(),
+                event,
             });
         }
         self.shared.bump();
@@ -511,6 +578,11 @@ impl FakeMatrix {
         lock(&self.shared.state).fail_syncs = n;
     }
 
+    /// The next `n` `joined_members` requests get a 502 from "a proxy".
+    pub fn fail_next_joined_members(&self, n: usize) {
+        lock(&self.shared.state).fail_joined_members = n;
+    }
+
     /// The next `/sync` that has something to return is cut off mid-body:
     /// the connection drops after part of the answer went out.
     pub fn drop_next_sync(&self) {
@@ -614,6 +686,48 @@ async fn handle(
             }
         }
         (&Method::GET, ["sync"]) => sync(&shared, &query).await,
+        (&Method::GET, ["rooms", room, "joined_members"]) => {
+            let mut st = lock(&shared.state);
+            if st.fail_joined_members > 0 {
+                st.fail_joined_members -= 1;
+                let mut r = Response::new(Body::from("<html><body>502 Bad Gateway</body></html>"));
+                *r.status_mut() = StatusCode::BAD_GATEWAY;
+                return r;
+            }
+            match st.rooms.get(*room) {
+                Some(r) if r.bot_joined => {
+                    let joined: Map<String, Value> = r
+                        .members
+                        .iter()
+                        .map(|m| {
+                            (
+                                m.clone(),
+                                json!({ "display_name": null, "avatar_url": null }),
+                            )
+                        })
+                        .collect();
+                    json_response(200, &json!({ "joined": joined }))
+                }
+                _ => error(
+                    403,
+                    "M_FORBIDDEN",
+                    "User not in room and not an admin of the room",
+                ),
+            }
+        }
+        (&Method::GET, ["user", user, "account_data", kind]) => {
+            if *user != BOT_USER_ID {
+                return error(
+                    403,
+                    "M_FORBIDDEN",
+                    "Cannot get account data for other users.",
+                );
+            }
+            match (&lock(&shared.state).direct, *kind) {
+                (Some(d), "m.direct") => json_response(200, d),
+                _ => error(404, "M_NOT_FOUND", "Account data not found"),
+            }
+        }
         (&Method::POST, ["join", room]) | (&Method::POST, ["rooms", room, "join"]) => {
             join(&shared, room)
         }
@@ -644,14 +758,29 @@ fn join(shared: &Shared, room_id: &str) -> Response {
         let Some(room) = st.rooms.get_mut(room_id) else {
             return error(404, "M_NOT_FOUND", "No known servers");
         };
+        let mut fresh = false;
         if !room.bot_joined {
             if room.invite.take().is_none() {
                 return error(403, "M_FORBIDDEN", "You are not invited to this room.");
             }
             room.bot_joined = true;
             room.members.push(BOT_USER_ID.to_owned());
+            fresh = true;
         }
         st.joins.push(room_id.to_owned());
+        if fresh {
+            // The homeserver's join event, seen by the bot's next sync.
+            let position = st.log.len();
+            if let Some(room) = st.rooms.get_mut(room_id) {
+                room.joined_at = Some(position);
+            }
+            let mut event = member_event(room_id, BOT_USER_ID, "join");
+            event["unsigned"] = json!({ "prev_content": { "membership": "invite" } });
+            st.log.push(Entry::Timeline {
+                room_id: room_id.to_owned(),
+                event,
+            });
+        }
         json_response(200, &json!({ "room_id": room_id }))
     };
     shared.bump();
@@ -850,17 +979,45 @@ fn sync_body(st: &Book, start: usize, initial: bool) -> Value {
             }
         }
     }
-    for entry in &st.log[start..] {
+    // A room the bot joined on invite since `start` comes with its recent
+    // history, from before `start` too, as Synapse hands a fresh join.
+    let fresh_join = |room: &Room| {
+        !initial && room.invited_at.is_some() && room.joined_at.is_some_and(|j| j >= start)
+    };
+    let first = if st.rooms.values().any(|r| r.bot_joined && fresh_join(r)) {
+        0
+    } else {
+        start
+    };
+    for (position, entry) in st.log.iter().enumerate().skip(first) {
         match entry {
             Entry::Timeline { room_id, event } => {
-                if st.rooms.get(room_id).is_some_and(|r| r.bot_joined) {
-                    timelines
-                        .entry(room_id.as_str())
-                        .or_default()
-                        .push(event.clone());
+                if let Some(room) = st
+                    .rooms
+                    .get(room_id)
+                    .filter(|r| r.bot_joined && (position >= start || fresh_join(r)))
+                {
+                    // Synapse's `unsigned.membership`: the reader's
+                    // membership when the event was written.
+                    let membership = if room.joined_at.is_some_and(|j| position >= j) {
+                        "join"
+                    } else if room.invited_at.is_some_and(|i| position >= i) {
+                        "invite"
+                    } else {
+                        "leave"
+                    };
+                    let mut event = event.clone();
+                    // A test's malformed event is passed on as it is.
+                    if let Some(obj) = event.as_object_mut() {
+                        let unsigned = obj.entry("unsigned").or_insert_with(|| json!({}));
+                        if let Some(unsigned) = unsigned.as_object_mut() {
+                            unsigned.insert("membership".into(), json!(membership));
+                        }
+                    }
+                    timelines.entry(room_id.as_str()).or_default().push(event);
                 }
             }
-            Entry::Invite { room_id } => {
+            Entry::Invite { room_id } if position >= start => {
                 if let Some(room) = st.rooms.get(room_id)
                     && let Some((inviter, is_direct)) = &room.invite
                 {
@@ -876,30 +1033,41 @@ fn sync_body(st: &Book, start: usize, initial: bool) -> Value {
                     );
                 }
             }
+            Entry::Invite { .. } => {}
         }
     }
     for (room_id, events) in timelines {
         let Some(room) = st.rooms.get(room_id) else {
             continue;
         };
-        let mut state: Vec<Value> = room
-            .members
-            .iter()
-            .map(|m| member_event(room_id, m, "join"))
-            .collect();
-        if let Some(n) = &room.name {
-            state.push(json!({
-                "type": "m.room.name", "state_key": "", "sender": BOT_USER_ID,
-                "event_id": format!("$name-{room_id}"), "origin_server_ts": 0,
-                "content": { "name": n },
-            }));
+        // Synapse sends a room's state with the first sync and when the
+        // bot newly joined it (or it appeared: `create_room` after the
+        // start); an ordinary incremental sync has only the timeline.
+        let fresh = room.joined_at.is_some_and(|j| j >= start) && !initial;
+        let mut state: Vec<Value> = Vec::new();
+        if initial || fresh {
+            state.extend(
+                room.members
+                    .iter()
+                    .map(|m| member_event(room_id, m, "join")),
+            );
+            if let Some(n) = &room.name {
+                state.push(json!({
+                    "type": "m.room.name", "state_key": "", "sender": BOT_USER_ID,
+                    "event_id": format!("$name-{room_id}"), "origin_server_ts": 0,
+                    "content": { "name": n },
+                }));
+            }
         }
+        // A fresh join's timeline is always marked limited by Synapse.
+        let joined_in_range = room.invited_at.is_some() && fresh;
         join.insert(
             room_id.to_owned(),
             json!({
-                "summary": { "m.joined_member_count": room.members.len() },
+                // Without lazy-loaded members Synapse sends an empty one.
+                "summary": {},
                 "state": { "events": state },
-                "timeline": { "events": events, "limited": false, "prev_batch": token_at(start) },
+                "timeline": { "events": events, "limited": joined_in_range, "prev_batch": token_at(start) },
                 "ephemeral": { "events": [] },
                 "account_data": { "events": [] },
             }),

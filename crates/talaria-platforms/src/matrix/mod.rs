@@ -16,6 +16,7 @@
 mod api;
 mod format;
 mod mapping;
+mod rooms;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -37,7 +38,8 @@ use talaria_gateway::{
 use talaria_store::CursorStore;
 
 use api::{Api, ApiError, segment};
-use mapping::{Conversation, Me, RoomView};
+use mapping::{Conversation, Me};
+use rooms::Rooms;
 
 /// The platform's name in keys, config and environment variables.
 pub const PLATFORM: &str = "matrix";
@@ -180,35 +182,6 @@ pub enum MatrixError {
     Client(String),
 }
 
-/// Per-room facts gathered from sync responses.
-#[derive(Default)]
-struct Rooms {
-    joined_counts: HashMap<String, u64>,
-    names: HashMap<String, String>,
-    /// room -> user -> display name.
-    members: HashMap<String, HashMap<String, String>>,
-    /// Rooms marked direct in the account's `m.direct` data.
-    direct: HashSet<String>,
-    /// Rooms whose encrypted messages were already warned about.
-    warned_encrypted: HashSet<String>,
-}
-
-impl Rooms {
-    fn view(&self, room_id: &str, sender: Option<&str>) -> RoomView {
-        let is_dm = match self.joined_counts.get(room_id) {
-            Some(n) => *n <= 2,
-            None => self.direct.contains(room_id),
-        };
-        RoomView {
-            room_id: room_id.to_owned(),
-            name: self.names.get(room_id).cloned(),
-            is_dm,
-            sender_name: sender
-                .and_then(|s| self.members.get(room_id).and_then(|m| m.get(s)).cloned()),
-        }
-    }
-}
-
 /// What the bot itself wrote: its event ids and the threads it is in.
 #[derive(Default)]
 struct Own {
@@ -264,6 +237,16 @@ impl fmt::Debug for MatrixAdapter {
             .field("require_mention", &self.require_mention)
             .finish_non_exhaustive()
     }
+}
+
+/// How handing over a sync batch ended.
+enum HandOver {
+    /// Every message of the batch was taken: its token may be saved.
+    Done,
+    /// Shutdown, or the runner is gone: the batch was not finished.
+    Stopped,
+    /// A room could not be classified; the batch is synced again.
+    Retry(ApiError),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -400,8 +383,9 @@ impl MatrixAdapter {
             .await
     }
 
-    /// Reads what later messages need from a sync response: member
-    /// counts, room and member names, direct rooms, the bot's own events.
+    /// Reads what later messages need from a sync response: room and
+    /// member names, direct rooms, the bot's own events, and which rooms'
+    /// member counts a membership change made stale.
     fn absorb(&self, sync: &Value, me: &Me) {
         let mut rooms = lock(&self.rooms);
         if let Some(events) = sync
@@ -410,16 +394,15 @@ impl MatrixAdapter {
         {
             for ev in events {
                 if ev.get("type").and_then(Value::as_str) == Some("m.direct")
-                    && let Some(map) = ev.get("content").and_then(Value::as_object)
+                    && let Some(content) = ev.get("content")
                 {
-                    rooms.direct = map
-                        .values()
-                        .filter_map(Value::as_array)
-                        .flatten()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect();
+                    rooms.set_account_direct(content);
                 }
+            }
+        }
+        if let Some(left) = sync.pointer("/rooms/leave").and_then(Value::as_object) {
+            for room_id in left.keys() {
+                rooms.left(room_id);
             }
         }
         let Some(joined) = sync.pointer("/rooms/join").and_then(Value::as_object) else {
@@ -427,12 +410,6 @@ impl MatrixAdapter {
         };
         let mut own = lock(&self.own);
         for (room_id, room) in joined {
-            if let Some(n) = room
-                .pointer("/summary/m.joined_member_count")
-                .and_then(Value::as_u64)
-            {
-                rooms.joined_counts.insert(room_id.clone(), n);
-            }
             let state = room.pointer("/state/events").and_then(Value::as_array);
             let timeline = room.pointer("/timeline/events").and_then(Value::as_array);
             for ev in state.into_iter().chain(timeline).flatten() {
@@ -440,19 +417,18 @@ impl MatrixAdapter {
                 match kind {
                     "m.room.name" => {
                         if let Some(n) = ev.pointer("/content/name").and_then(Value::as_str) {
-                            rooms.names.insert(room_id.clone(), n.to_owned());
+                            rooms.set_name(room_id, n);
                         }
                     }
                     "m.room.member" => {
+                        // Someone joined, left, was invited or renamed:
+                        // the count is asked again when a message needs it.
+                        rooms.forget_joined(room_id);
                         if let (Some(user), Some(name)) = (
                             ev.get("state_key").and_then(Value::as_str),
                             ev.pointer("/content/displayname").and_then(Value::as_str),
                         ) {
-                            rooms
-                                .members
-                                .entry(room_id.clone())
-                                .or_default()
-                                .insert(user.to_owned(), name.to_owned());
+                            rooms.set_member_name(room_id, user, name);
                         }
                     }
                     _ => {}
@@ -463,6 +439,99 @@ impl MatrixAdapter {
                     remember(&mut own.events, id);
                 }
             }
+            // When the homeserver sends a count (with lazy-loaded members,
+            // after a change) it is the count at the end of this batch.
+            if let Some(n) = room
+                .pointer("/summary/m.joined_member_count")
+                .and_then(Value::as_u64)
+            {
+                rooms.set_joined(room_id, n);
+            }
+        }
+    }
+
+    /// Whether `room_id` is a direct chat, asking the homeserver for its
+    /// member count when it is not known. `Err` is a failure worth a retry
+    /// of the whole batch (the homeserver is unreachable or busy): a guess
+    /// would drop the messages for good.
+    async fn room_is_dm(&self, room_id: &str, ctx: &AdapterContext) -> Result<bool, ApiError> {
+        if lock(&self.rooms).joined(room_id).is_some() {
+            return Ok(lock(&self.rooms).is_dm(room_id));
+        }
+        let path = format!("rooms/{}/joined_members", segment(room_id));
+        let answer = tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return Ok(lock(&self.rooms).is_dm(room_id)),
+            r = self.api.request::<Value>(Method::GET, &path, &[], None, REQUEST_TIMEOUT) => r,
+        };
+        let mut rooms = lock(&self.rooms);
+        match answer {
+            Ok(v) => match v.get("joined").and_then(Value::as_object) {
+                Some(members) => {
+                    rooms.set_joined(room_id, members.len() as u64);
+                }
+                None => {
+                    tracing::warn!(room = %room_id, "joined_members answered without a member list")
+                }
+            },
+            Err(e)
+                if matches!(&e, ApiError::Api { status, .. } if (400..500).contains(status))
+                    && !e.is_rate_limit()
+                    && !e.is_bad_token() =>
+            {
+                // Refused for good (the bot is no longer in the room, a
+                // server without the endpoint): decide without the count.
+                tracing::warn!(room = %room_id, "cannot ask the room's members: {e}");
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(rooms.is_dm(room_id))
+    }
+
+    /// Reads the saved room record, once per process.
+    async fn load_rooms(&self, me: &Me) -> Result<(), AdapterError> {
+        let saved = self
+            .cursors
+            .cursor(PLATFORM, &Rooms::record_name(&me.user_id))
+            .await
+            .map_err(|e| {
+                AdapterError::Disconnected(format!("cannot read the saved Matrix rooms: {e}"))
+            })?;
+        if let Some(record) = saved {
+            lock(&self.rooms).load(&record);
+        }
+        Ok(())
+    }
+
+    /// Asks for the account's `m.direct` data, which a sync with a token
+    /// only carries when it changed. Best effort: the member counts decide
+    /// first anyway.
+    async fn load_account_direct(&self, me: &Me) {
+        let path = format!("user/{}/account_data/m.direct", segment(&me.user_id));
+        match self
+            .api
+            .request::<Value>(Method::GET, &path, &[], None, REQUEST_TIMEOUT)
+            .await
+        {
+            Ok(content) => lock(&self.rooms).set_account_direct(&content),
+            Err(ApiError::Api { status: 404, .. }) => {}
+            Err(e) => tracing::debug!("cannot read the account's m.direct data: {e}"),
+        }
+    }
+
+    /// Saves the room record when it changed.
+    async fn save_rooms(&self, me: &Me) {
+        let Some(record) = lock(&self.rooms).record() else {
+            return;
+        };
+        match self
+            .cursors
+            .set_cursor(PLATFORM, &Rooms::record_name(&me.user_id), &record)
+            .await
+        {
+            Ok(()) => lock(&self.rooms).saved(),
+            // Still dirty: the next batch tries again.
+            Err(e) => tracing::warn!("cannot save what is known of the Matrix rooms: {e}"),
         }
     }
 
@@ -505,7 +574,7 @@ impl MatrixAdapter {
                 Ok(_) => {
                     tracing::info!(room = %room_id, inviter, "joined a room on invite");
                     if is_direct {
-                        lock(&self.rooms).direct.insert(room_id.clone());
+                        lock(&self.rooms).set_direct(room_id);
                     }
                 }
                 Err(e) => tracing::warn!(room = %room_id, "cannot join the room: {e}"),
@@ -545,22 +614,50 @@ impl MatrixAdapter {
         )
     }
 
-    /// Hands over the messages of one sync batch. `false` means stop
-    /// (shutdown, or the runner is gone) before the batch was complete.
-    async fn hand_over(&self, sync: &Value, me: &Me, ctx: &AdapterContext) -> bool {
+    /// Hands over the messages of one sync batch.
+    async fn hand_over(&self, sync: &Value, me: &Me, ctx: &AdapterContext) -> HandOver {
         let Some(joined) = sync.pointer("/rooms/join").and_then(Value::as_object) else {
-            return true;
+            return HandOver::Done;
         };
         for (room_id, room) in joined {
-            if room.pointer("/timeline/limited").and_then(Value::as_bool) == Some(true) {
-                tracing::warn!(room = %room_id, "the homeserver left out older messages of this room (more than the sync limit arrived at once)");
-            }
             let events = room
                 .pointer("/timeline/events")
                 .and_then(Value::as_array)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            for ev in events {
+            // Where the bot joined in this batch: what comes before was
+            // written before it was there.
+            let joined_at = events.iter().rposition(|e| rooms::is_fresh_join(e, me));
+            let fresh_join = joined_at.is_some()
+                || room
+                    .pointer("/state/events")
+                    .and_then(Value::as_array)
+                    .is_some_and(|s| s.iter().any(|e| rooms::is_fresh_join(e, me)));
+            // A fresh join's timeline is always "limited" (Synapse marks
+            // it so): the older messages left out are the room's history
+            // from before the bot, not messages it missed.
+            if room.pointer("/timeline/limited").and_then(Value::as_bool) == Some(true)
+                && !fresh_join
+            {
+                tracing::warn!(room = %room_id, "the homeserver left out older messages of this room (more than the sync limit arrived at once)");
+            }
+            let has_messages = events
+                .iter()
+                .any(|e| e.get("type").and_then(Value::as_str) == Some("m.room.message"));
+            if !has_messages {
+                continue;
+            }
+            let is_dm = match self.room_is_dm(room_id, ctx).await {
+                Ok(dm) => dm,
+                Err(e) => {
+                    tracing::warn!(room = %room_id, "cannot ask whether this room is a direct chat; the batch is fetched again: {e}");
+                    return HandOver::Retry(e);
+                }
+            };
+            if ctx.shutdown.is_cancelled() {
+                return HandOver::Stopped;
+            }
+            for (i, ev) in events.iter().enumerate() {
                 let kind = ev.get("type").and_then(Value::as_str).unwrap_or("");
                 if kind == "m.room.encrypted" {
                     if lock(&self.rooms).warned_encrypted.insert(room_id.clone()) {
@@ -571,8 +668,16 @@ impl MatrixAdapter {
                 if kind != "m.room.message" {
                     continue;
                 }
+                // A group's talk from before the bot was invited was not
+                // meant for it; in a direct chat, what the user wrote
+                // while the invite was pending is.
+                if !is_dm && (joined_at.is_some_and(|j| i < j) || rooms::written_before_joining(ev))
+                {
+                    tracing::debug!(room = %room_id, "skipping an event: written in a group before the bot joined");
+                    continue;
+                }
                 let sender = ev.get("sender").and_then(Value::as_str);
-                let view = lock(&self.rooms).view(room_id, sender);
+                let view = lock(&self.rooms).view(room_id, sender, is_dm);
                 let mapped = {
                     let own = lock(&self.own);
                     mapping::map_event(ev, &view, me, self.require_mention, &*own)
@@ -586,16 +691,16 @@ impl MatrixAdapter {
                 };
                 tokio::select! {
                     biased;
-                    _ = ctx.shutdown.cancelled() => return false,
+                    _ = ctx.shutdown.cancelled() => return HandOver::Stopped,
                     r = ctx.inbox.submit(event) => {
                         if r.is_err() {
-                            return false;
+                            return HandOver::Stopped;
                         }
                     }
                 }
             }
         }
-        true
+        HandOver::Done
     }
 
     /// Saves the token of a batch that was fully handed over.
@@ -785,6 +890,8 @@ impl Adapter for MatrixAdapter {
         tracing::info!(user = %me.user_id, "connected to the Matrix homeserver");
         let mut since = lock(&self.since).clone();
         if since.is_none() {
+            // The first run of this process: what earlier ones knew.
+            self.load_rooms(&me).await?;
             since = self
                 .cursors
                 .cursor(PLATFORM, &Self::cursor_name(&me.user_id))
@@ -794,6 +901,11 @@ impl Adapter for MatrixAdapter {
                         "cannot read the saved Matrix sync token: {e}"
                     ))
                 })?;
+        }
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return Ok(()),
+            () = self.load_account_direct(&me) => {}
         }
         let mut failures = 0u32;
         loop {
@@ -811,11 +923,10 @@ impl Adapter for MatrixAdapter {
             let error = match synced {
                 Ok(batch) => match batch.get("next_batch").and_then(Value::as_str) {
                     Some(next) => {
-                        failures = 0;
                         ctx.liveness.set(Liveness::Live);
                         self.absorb(&batch, &me);
                         self.accept_invites(&batch, &me, &ctx).await;
-                        if initial {
+                        let handed = if initial {
                             let skipped = batch
                                 .pointer("/rooms/join")
                                 .and_then(Value::as_object)
@@ -831,12 +942,23 @@ impl Adapter for MatrixAdapter {
                                 skipped,
                                 "first Matrix sync: older messages are not answered, only newer ones"
                             );
-                        } else if !self.hand_over(&batch, &me, &ctx).await {
-                            return Ok(());
+                            HandOver::Done
+                        } else {
+                            self.hand_over(&batch, &me, &ctx).await
+                        };
+                        match handed {
+                            HandOver::Done => {
+                                failures = 0;
+                                // Before the token: a crash in between
+                                // re-delivers the batch, never skips it.
+                                self.save_rooms(&me).await;
+                                self.advance(next, &me).await;
+                                since = Some(next.to_owned());
+                                continue;
+                            }
+                            HandOver::Stopped => return Ok(()),
+                            HandOver::Retry(e) => e,
                         }
-                        self.advance(next, &me).await;
-                        since = Some(next.to_owned());
-                        continue;
                     }
                     None => ApiError::Other("a sync answer without next_batch".into()),
                 },
