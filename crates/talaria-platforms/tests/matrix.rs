@@ -52,6 +52,14 @@ impl CursorStore for Cursors {
             .insert((platform.to_owned(), name.to_owned()), value.to_owned());
         Ok(())
     }
+    async fn delete_cursor(&self, platform: &str, name: &str) -> talaria_store::Result<bool> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .remove(&(platform.to_owned(), name.to_owned()))
+            .is_some())
+    }
 }
 
 impl Cursors {
