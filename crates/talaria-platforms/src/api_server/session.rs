@@ -108,7 +108,8 @@ impl TranscriptDigest {
         self.replaces.as_deref()
     }
 
-    /// Adds one message.&mut self, role: Role, content: &str) {
+    /// Adds one message.
+    pub(crate) fn push(&mut self, role: Role, content: &str) {
         self.field(role.as_str().as_bytes());
         self.field(content.trim().as_bytes());
     }
