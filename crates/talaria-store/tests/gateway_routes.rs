@@ -113,11 +113,12 @@ fn a_fresh_database_is_at_the_latest_version_with_the_gateway_cron_inbound_and_c
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 7);
+    assert_eq!(user_version(&path), 8);
     for name in GATEWAY_TABLES.iter().chain(&[
         "cron_jobs",
         "cron_occurrences",
         "inbound_seen",
+        "owed_turns",
         "adapter_cursors",
         "cluster_nodes",
         "cluster_leases",
@@ -126,7 +127,7 @@ fn a_fresh_database_is_at_the_latest_version_with_the_gateway_cron_inbound_and_c
     }
     // Reopening an up-to-date file migrates nothing and still works.
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 7);
+    assert_eq!(user_version(&path), 8);
 }
 
 #[tokio::test]
@@ -150,6 +151,7 @@ async fn a_version_1_database_is_upgraded_in_place() {
              DROP TABLE pairing_stamps; DROP TABLE inbound_seen; \
              DROP TABLE adapter_cursors; DROP TABLE fts_progress; \
              DROP TABLE cluster_nodes; DROP TABLE cluster_leases; \
+             DROP TABLE owed_turns; \
              ALTER TABLE sessions ADD COLUMN message_count INTEGER NOT NULL DEFAULT 0; \
              DROP TRIGGER messages_fts_delete; DROP TRIGGER messages_fts_update; \
              CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN \
@@ -173,11 +175,13 @@ async fn a_version_1_database_is_upgraded_in_place() {
     assert!(!has_object(&path, "gateway_routes"));
 
     let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(user_version(&path), 7);
-    for name in GATEWAY_TABLES
-        .iter()
-        .chain(&["inbound_seen", "adapter_cursors", "cluster_nodes"])
-    {
+    assert_eq!(user_version(&path), 8);
+    for name in GATEWAY_TABLES.iter().chain(&[
+        "inbound_seen",
+        "adapter_cursors",
+        "cluster_nodes",
+        "owed_turns",
+    ]) {
         assert!(has_object(&path, name), "{name} is missing");
     }
     // V1 data is untouched and the new tables work.

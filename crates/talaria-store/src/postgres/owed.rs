@@ -118,32 +118,50 @@ impl OwedTurnStore for PostgresStore {
              AND (t.owner_node IS NULL OR n.id IS NULL OR n.lease_until < {NOW}) \
              AND t.platform = ANY($2)"
         );
-        let sql = format!(
-            "WITH picked AS ( \
-                 SELECT t.id FROM owed_turns t \
-                 LEFT JOIN cluster_nodes n ON n.id = t.owner_node \
-                 WHERE {orphaned} \
-                 ORDER BY t.accepted_at, t.id LIMIT $3 \
-                 FOR UPDATE OF t SKIP LOCKED), \
-             checked AS ( \
-                 SELECT t.id FROM owed_turns t \
-                 LEFT JOIN cluster_nodes n ON n.id = t.owner_node \
-                 WHERE t.id IN (SELECT id FROM picked) AND {orphaned}) \
-             UPDATE owed_turns o SET owner_node = $1, claims = o.claims + 1 \
-             FROM checked WHERE o.id = checked.id \
-             RETURNING o.id, o.session_key, o.platform, o.event, o.owner_node, \
-                       o.accepted_at, o.claims"
+        // Two statements in one transaction, as the ledger's claim: the
+        // pick locks candidates (passing over rows another node is
+        // claiming), but its re-check of a row it waited for does not see
+        // the node row joined to it anew, so a row another node claimed a
+        // moment ago could still look orphaned. The second statement runs
+        // on a fresh snapshot with the rows locked and decides from what is
+        // committed.
+        let pick = format!(
+            "SELECT t.id FROM owed_turns t \
+             LEFT JOIN cluster_nodes n ON n.id = t.owner_node \
+             WHERE {orphaned} \
+             ORDER BY t.accepted_at, t.id LIMIT $3 \
+             FOR UPDATE OF t SKIP LOCKED"
+        );
+        let apply = format!(
+            "UPDATE owed_turns t SET owner_node = $1, claims = t.claims + 1 \
+             WHERE t.id = ANY($3) AND t.owner_node IS DISTINCT FROM $1 \
+               AND t.platform = ANY($2) \
+               AND NOT EXISTS (SELECT 1 FROM cluster_nodes n \
+                               WHERE n.id = t.owner_node AND n.lease_until >= {NOW}) \
+             RETURNING t.id, t.session_key, t.platform, t.event, t.owner_node, \
+                       t.accepted_at, t.claims"
         );
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&sql)
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.error(e))?;
+        let pick = tx.prepare_cached(&pick).await.map_err(|e| self.error(e))?;
+        let picked: Vec<String> = tx
+            .query(&pick, &[&claimer.as_str(), &platforms, &limit])
+            .await
+            .map_err(|e| self.error(e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if picked.is_empty() {
+            tx.commit().await.map_err(|e| self.error(e))?;
+            return Ok(Vec::new());
+        }
+        let apply = tx.prepare_cached(&apply).await.map_err(|e| self.error(e))?;
+        let rows = tx
+            .query(&apply, &[&claimer.as_str(), &platforms, &picked])
             .await
             .map_err(|e| self.error(e))?;
-        let rows = client
-            .query(&statement, &[&claimer.as_str(), &platforms, &limit])
-            .await
-            .map_err(|e| self.error(e))?;
+        tx.commit().await.map_err(|e| self.error(e))?;
         let mut turns: Vec<OwedTurn> = rows
             .iter()
             .map(|r| OwedTurn {
