@@ -194,13 +194,22 @@ impl TranscriptIndex {
         let Some(store) = self.store.get() else {
             return;
         };
-        if let Err(e) = store.set_cursor(INDEX_NAMESPACE, key, &at.encode()).await {
+        // Both at once: they touch different entries, and the store's
+        // writer commits what is queued together, so the answer waits for
+        // one commit rather than two.
+        let value = at.encode();
+        let set = store.set_cursor(INDEX_NAMESPACE, key, &value);
+        let drop_old = async {
+            match replaces {
+                Some(old) => store.delete_cursor(INDEX_NAMESPACE, old).await.map(drop),
+                None => Ok(()),
+            }
+        };
+        let (set, dropped) = tokio::join!(set, drop_old);
+        if let Err(e) = set {
             tracing::warn!(session = %at.session_id, error = %e, "cannot record the API transcript index");
-            return;
         }
-        if let Some(old) = replaces
-            && let Err(e) = store.delete_cursor(INDEX_NAMESPACE, old).await
-        {
+        if let Err(e) = dropped {
             tracing::warn!(session = %at.session_id, error = %e, "cannot drop an old API transcript index entry");
         }
     }
