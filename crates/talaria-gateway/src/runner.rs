@@ -542,10 +542,7 @@ impl Runner {
     async fn take_owed(&self, key: &SessionKey, event: &MessageEvent) -> Option<Vec<String>> {
         let inner = &self.inner;
         let source = &event.source;
-        let inbound_id = event
-            .message_id
-            .as_ref()
-            .map(|id| format!("{}\u{1f}{id}", source.chat_id));
+        let inbound_id = inbound_id(event);
         let serialized = match serde_json::to_string(event) {
             Ok(json) => json,
             Err(e) => {
@@ -582,11 +579,10 @@ impl Runner {
     /// answer, the event goes through: a rare duplicate answer is better
     /// than a lost message.
     async fn first_delivery(&self, event: &MessageEvent) -> bool {
-        let Some(message_id) = &event.message_id else {
+        let Some(inbound_id) = inbound_id(event) else {
             return true;
         };
-        let source = &event.source;
-        let inbound_id = format!("{}\u{1f}{message_id}", source.chat_id);
+        let (source, message_id) = (&event.source, &inbound_id);
         match self
             .inner
             .store
@@ -1770,6 +1766,13 @@ fn enqueue(lane: &mut Lane, item: Queued) -> Option<Queued> {
     }
     lane.queue.push_back(item);
     None
+}
+
+/// The id an event is deduplicated (and its owed turn named) by: message
+/// ids are unique per chat on most platforms, so the chat is part of it.
+fn inbound_id(event: &MessageEvent) -> Option<String> {
+    let id = event.message_id.as_ref()?;
+    Some(format!("{}\u{1f}{id}", event.source.chat_id))
 }
 
 fn approval_from_args(args: &str) -> ApprovalDecision {

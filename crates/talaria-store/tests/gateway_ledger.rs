@@ -8,12 +8,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use common::{Backend, Fixture};
 use talaria_store::{
-    ClusterStore, LedgerStore, NewObligation, NodeAnnouncement, NodeId, ObligationState, OwedBatch,
-    OwedClaim,
+    ClusterStore, LedgerStore, NewObligation, NodeId, ObligationState, OwedBatch, OwedClaim,
 };
 
 fn id(name: &str) -> NodeId {
-    NodeId::new(name).unwrap()
+    common::node_id(name)
 }
 
 fn obligation(row: &str, owner: &NodeId) -> NewObligation {
@@ -32,20 +31,7 @@ fn obligation(row: &str, owner: &NodeId) -> NewObligation {
 
 /// Registers `name` as a live node (for a minute).
 async fn live<S: ClusterStore>(f: &Fixture<S>, name: &str) -> NodeId {
-    let node = id(name);
-    f.heartbeat(
-        &NodeAnnouncement {
-            id: node.clone(),
-            host: "host-a".to_owned(),
-            pid: 4242,
-            started_at: Some(1),
-            version: "test".to_owned(),
-        },
-        60.0,
-    )
-    .await
-    .unwrap();
-    node
+    common::live_node(&**f, name).await
 }
 
 /// Registers `name` and then declares it dead.

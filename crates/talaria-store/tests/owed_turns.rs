@@ -11,13 +11,12 @@ use std::sync::Arc;
 use common::{Backend, Fixture, new_session};
 use talaria_core::{Message, Usage};
 use talaria_store::{
-    ClusterStore, GatewayStore, InboundStore, NewObligation, NewOwedTurn, NodeAnnouncement, NodeId,
-    OwedTurnStore,
+    ClusterStore, GatewayStore, InboundStore, NewObligation, NewOwedTurn, NodeId, OwedTurnStore,
 };
 use tokio::sync::Barrier;
 
 fn id(name: &str) -> NodeId {
-    NodeId::new(name).unwrap()
+    common::node_id(name)
 }
 
 fn turn(id: &str, platform: &str, owner: &NodeId) -> NewOwedTurn {
@@ -32,20 +31,7 @@ fn turn(id: &str, platform: &str, owner: &NodeId) -> NewOwedTurn {
 
 /// Registers `name` as a live node (for a minute).
 async fn live<S: ClusterStore>(f: &Fixture<S>, name: &str) -> NodeId {
-    let node = id(name);
-    f.heartbeat(
-        &NodeAnnouncement {
-            id: node.clone(),
-            host: "host-a".to_owned(),
-            pid: 4242,
-            started_at: Some(1),
-            version: "test".to_owned(),
-        },
-        60.0,
-    )
-    .await
-    .unwrap();
-    node
+    common::live_node(&**f, name).await
 }
 
 fn platforms(names: &[&str]) -> Vec<String> {

@@ -207,3 +207,30 @@ macro_rules! contract_tests {
         }
     };
 }
+
+/// A node id, checked.
+pub fn node_id(name: &str) -> talaria_store::NodeId {
+    talaria_store::NodeId::new(name).unwrap()
+}
+
+/// Registers `name` as a live node (for a minute) in `store`.
+pub async fn live_node<S: talaria_store::ClusterStore>(
+    store: &S,
+    name: &str,
+) -> talaria_store::NodeId {
+    let node = node_id(name);
+    store
+        .heartbeat(
+            &talaria_store::NodeAnnouncement {
+                id: node.clone(),
+                host: "host-a".to_owned(),
+                pid: 4242,
+                started_at: Some(1),
+                version: "test".to_owned(),
+            },
+            60.0,
+        )
+        .await
+        .unwrap();
+    node
+}
