@@ -205,11 +205,17 @@ impl Agent {
             .session(id)
             .await?
             .ok_or_else(|| AgentError::NoSuchSession(id.to_owned()))?;
+        self.resume_record(record).await
+    }
+
+    /// [`Agent::resume_session`] for a session record the caller has
+    /// already read (and checked), saving a second read.
+    pub async fn resume_record(&self, record: SessionRecord) -> Result<SessionHandle, AgentError> {
         let prompt = match record.system_prompt {
             Some(p) => p,
             None => {
                 let p = self.build_prompt().await?;
-                self.parts.store.set_system_prompt(id, &p).await?;
+                self.parts.store.set_system_prompt(&record.id, &p).await?;
                 p
             }
         };
@@ -251,7 +257,7 @@ impl Agent {
             .registry
             .unwrap_or_else(|| self.parts.registry.clone());
         let _one_at_a_time = session.turn_lock.lock().await;
-        let history = self
+        let history: Vec<Message> = self
             .parts
             .store
             .messages(&session.id)
@@ -259,6 +265,15 @@ impl Agent {
             .into_iter()
             .map(|row| row.message)
             .collect();
+        // The first answer names the session (unless a person already
+        // did), from the conversation's first message, so lists read as
+        // conversations rather than a column of "(untitled)".
+        let first_exchange = !history.iter().any(|m| m.role == Role::Assistant);
+        let title_from = history
+            .iter()
+            .find(|m| m.role == Role::User)
+            .map_or(user_text, |m| m.content.as_str());
+        let title = first_exchange.then(|| session_title(title_from)).flatten();
         let memory = self.memory.get().filter(|_| !options.without_memory);
         let recall = match memory {
             Some(memory) => memory.recall(user_text, &session.id).await,
@@ -270,6 +285,16 @@ impl Agent {
             .with_outbox(options.outbox)
             .run(user_text)
             .await?;
+        if let Some(title) = title
+            && outcome.exit == crate::TurnExit::Completed
+            && let Err(e) = self
+                .parts
+                .store
+                .set_title_if_unset(&session.id, &title)
+                .await
+        {
+            tracing::warn!(session = %session.id, error = %e, "cannot store the session's title");
+        }
         if let Some(memory) = memory
             && outcome.exit == crate::TurnExit::Completed
         {
@@ -387,6 +412,38 @@ impl Agent {
     }
 }
 
+/// Longest automatic title, in characters.
+const MAX_TITLE_CHARS: usize = 48;
+
+/// A short title for a session from its first message: the first line
+/// with text, spaces collapsed, cut at a word boundary with an ellipsis
+/// when long. `None` for a message with nothing to show.
+pub fn session_title(first_message: &str) -> Option<String> {
+    let line = first_message.lines().find(|l| !l.trim().is_empty())?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let mut title = String::new();
+    for word in &words {
+        let extra = usize::from(!title.is_empty()) + word.chars().count();
+        if title.chars().count() + extra > MAX_TITLE_CHARS {
+            if title.is_empty() {
+                // One very long word: cut inside it.
+                title = word.chars().take(MAX_TITLE_CHARS - 1).collect();
+            }
+            title.push('…');
+            return Some(title);
+        }
+        if !title.is_empty() {
+            title.push(' ');
+        }
+        title.push_str(word);
+    }
+    let cut_lines = first_message.trim().lines().count() > 1;
+    if cut_lines {
+        title.push('…');
+    }
+    Some(title)
+}
+
 /// The session `/resume <wanted>` means in `list` (the front end's recent
 /// sessions, newest first, as `/sessions` numbers them): by number, by id,
 /// or by title ignoring case; with nothing wanted, the newest that is not
@@ -410,6 +467,31 @@ pub fn pick_session<'s>(
                 .as_deref()
                 .is_some_and(|t| t.to_lowercase() == lower)
     })
+}
+
+#[cfg(test)]
+mod title_tests {
+    use super::session_title;
+
+    #[test]
+    fn titles_are_the_first_line_cut_at_a_word() {
+        assert_eq!(
+            session_title("  fix   the build \n").as_deref(),
+            Some("fix the build")
+        );
+        assert_eq!(
+            session_title("\n\nplan the trip\nwith details").as_deref(),
+            Some("plan the trip…")
+        );
+        let long = "please write a function that parses the configuration file and reports errors";
+        let title = session_title(long).unwrap();
+        assert_eq!(title, "please write a function that parses the…");
+        assert!(title.chars().count() <= 48);
+        let word = "x".repeat(100);
+        assert_eq!(session_title(&word).unwrap().chars().count(), 48);
+        assert_eq!(session_title(" \n  "), None);
+        assert_eq!(session_title("héllo wörld").as_deref(), Some("héllo wörld"));
+    }
 }
 
 #[cfg(test)]

@@ -52,6 +52,7 @@ pub mod turn;
 
 pub use agent::{
     Agent, AgentError, AgentParts, Outbox, SessionHandle, TurnHook, TurnOptions, pick_session,
+    session_title,
 };
 pub use observer::{NullObserver, TurnObserver};
 pub use turn::{TurnExit, TurnOutcome};

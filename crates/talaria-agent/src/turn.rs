@@ -59,6 +59,9 @@ pub struct TurnOutcome {
     pub api_calls: u32,
     /// Token usage summed over the turn's requests.
     pub usage: Usage,
+    /// The turn replaced the session's active transcript (compressed it),
+    /// storing rows beyond `new_messages`.
+    pub compressed: bool,
     /// The answer was stored through [`crate::TurnOptions::outbox`], so
     /// its delivery is already owed; `false` when there was no outbox or
     /// the turn ended without storing an answer (interrupted, failed,
@@ -128,6 +131,8 @@ pub(crate) struct TurnRun<'a> {
     /// messages that request carried (rows after it are estimated).
     known_prompt: Option<(u64, usize)>,
     compressions: u32,
+    /// A compression replaced the active transcript in this turn.
+    compressed: bool,
     tools: Vec<ToolSpec>,
     /// The tools this turn may call (the specs above describe them).
     registry: std::sync::Arc<crate::tools::Registry>,
@@ -168,6 +173,7 @@ impl<'a> TurnRun<'a> {
             pending_usage: Usage::default(),
             known_prompt: None,
             compressions: 0,
+            compressed: false,
             tools: agent.parts.registry.specs(),
             registry: agent.parts.registry.clone(),
             recall: None,
@@ -353,6 +359,7 @@ impl<'a> TurnRun<'a> {
             new_messages: std::mem::take(&mut self.new_messages),
             api_calls: self.api_calls,
             usage: self.usage,
+            compressed: self.compressed,
             owed: self.owed,
         }
     }
@@ -657,6 +664,7 @@ impl<'a> TurnRun<'a> {
             "compressed the conversation"
         );
         self.messages = active;
+        self.compressed = true;
         // Real usage described the old transcript.
         self.known_prompt = None;
         Ok(true)

@@ -22,6 +22,10 @@ use crate::runtime::Runtime;
 /// for it).
 pub(crate) const SOURCE: &str = "cli";
 
+/// The source recorded for one-shot `-q` sessions: listed and resumable
+/// by id, but not where `--continue` or a bare `/resume` goes back to.
+pub(crate) const ONE_SHOT_SOURCE: &str = "cli-oneshot";
+
 pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     let rt = Runtime::load_without_model(home).await?;
     let interactive = io::stdin().is_terminal();
@@ -71,22 +75,66 @@ async fn open_session(
     agent: &Agent,
     args: &ChatArgs,
 ) -> anyhow::Result<SessionHandle> {
-    if let Some(id) = &args.resume {
+    if let Some(wanted) = &args.resume {
+        let id = resume_target(rt, wanted).await?;
         return agent
-            .resume_session(id)
+            .resume_session(&id)
             .await
             .with_context(|| format!("cannot resume session `{id}`"));
     }
     if args.continue_last {
-        let Some(last) = rt.store.latest_session(SOURCE).await? else {
-            bail!("there is no previous CLI session to continue");
+        let Some(last) = rt.store.last_answered_session(SOURCE).await? else {
+            bail!(
+                "there is no earlier conversation to continue (`talaria sessions list` shows every session)"
+            );
         };
         return agent
             .resume_session(&last.id)
             .await
             .with_context(|| format!("cannot resume session `{}`", last.id));
     }
-    Ok(agent.new_session(SOURCE).await?)
+    let source = if args.query.is_some() {
+        ONE_SHOT_SOURCE
+    } else {
+        SOURCE
+    };
+    Ok(agent.new_session(source).await?)
+}
+
+/// How many recent CLI sessions `--resume <title>` looks through.
+const TITLE_SEARCH_DEPTH: usize = 200;
+
+/// The session `--resume` names: an id, or the title of a recent CLI
+/// session (ignoring case), as `/resume` takes them.
+async fn resume_target(rt: &Runtime, wanted: &str) -> anyhow::Result<String> {
+    let wanted = wanted.trim();
+    if rt.store.session(wanted).await?.is_some() {
+        return Ok(wanted.to_owned());
+    }
+    let mut recent = Vec::new();
+    for source in [SOURCE, ONE_SHOT_SOURCE] {
+        recent.extend(
+            rt.store
+                .list_sessions(talaria_store::SessionFilter {
+                    source: Some(source.to_owned()),
+                    limit: TITLE_SEARCH_DEPTH,
+                    ..Default::default()
+                })
+                .await?,
+        );
+    }
+    recent.sort_by(|a, b| b.started_at.total_cmp(&a.started_at));
+    let lower = wanted.to_lowercase();
+    match recent.iter().find(|s| {
+        s.title
+            .as_deref()
+            .is_some_and(|t| t.to_lowercase() == lower)
+    }) {
+        Some(s) => Ok(s.id.clone()),
+        None => {
+            bail!("no session has the id or title `{wanted}` (`talaria sessions list` shows them)")
+        }
+    }
 }
 
 /// Runs one turn, interrupting it (not the program) on Ctrl-C.

@@ -265,11 +265,12 @@ pub struct ChatArgs {
     /// Ask one question, print only the answer on stdout, and exit.
     #[arg(short = 'q', long = "query", value_name = "PROMPT")]
     pub query: Option<String>,
-    /// Continue the most recent CLI session.
+    /// Continue the last conversation you had here (the CLI session
+    /// answered last; one-shot `-q` sessions are skipped).
     #[arg(short = 'c', long = "continue", conflicts_with = "resume")]
     pub continue_last: bool,
-    /// Resume a session by id.
-    #[arg(short = 'r', long, value_name = "SESSION_ID")]
+    /// Resume a session by id or by title.
+    #[arg(short = 'r', long, value_name = "ID_OR_TITLE")]
     pub resume: Option<String>,
     /// Show tool calls on stderr in one-shot mode.
     #[arg(short, long)]

@@ -52,6 +52,7 @@ use crate::cli::{Cli, Command, ConfigCommand, GatewayCommand, PairingCommand, Se
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    end_quietly_on_a_closed_stdout();
     // Before any thread or descriptor exists; logged by the gateway once
     // logging is set up.
     let _ = OPEN_FILES.set(raise_open_file_limit());
@@ -70,11 +71,49 @@ fn main() -> ExitCode {
     rt.shutdown_background();
     match result {
         Ok(code) => code,
+        Err(e) if closed_pipe(&e) => ExitCode::from(CLOSED_PIPE_STATUS),
         Err(e) => {
             eprintln!("talaria: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The status of a command whose reader went away (`talaria sessions show
+/// ID | head`): what a Unix tool killed by SIGPIPE reports (128 + 13), so
+/// `set -o pipefail` scripts see the usual value and a supervisor sees a
+/// failure, not success.
+const CLOSED_PIPE_STATUS: u8 = 141;
+
+/// Makes a closed stdout end the command quietly. Rust ignores SIGPIPE,
+/// so writing to a pipe whose reader has gone fails, and `println!` turns
+/// that failure into a panic with a backtrace. Every command prints with
+/// `println!`, so the one place to catch it is the panic hook: that panic,
+/// and only that one, exits with [`CLOSED_PIPE_STATUS`] and says nothing.
+fn end_quietly_on_a_closed_stdout() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        // std's wording: "failed printing to stdout: Broken pipe (os error 32)".
+        if message.starts_with("failed printing to stdout") && message.contains("os error 32") {
+            std::process::exit(i32::from(CLOSED_PIPE_STATUS));
+        }
+        default_hook(info);
+    }));
+}
+
+/// Whether `error` is a write to a pipe whose reader went away.
+fn closed_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The soft open-file limit as found at start and as raised.

@@ -1798,21 +1798,21 @@ impl Config {
     /// The primary endpoint, or a message saying exactly what to set.
     pub fn primary_endpoint(&self, env: &Env) -> Result<Endpoint, String> {
         let provider = self.model.provider;
-        let model = self
-            .model
-            .default
-            .clone()
-            .or_else(|| env.get("TALARIA_MODEL").map(str::to_owned))
+        // The environment wins over the file, so one run can point at
+        // another model or server without editing config.yaml.
+        let model = env
+            .get("TALARIA_MODEL")
+            .map(str::to_owned)
+            .or_else(|| self.model.default.clone())
             .ok_or_else(|| {
                 "no model is configured: set `model.default` (and `model.base_url` for a \
                  custom OpenAI-compatible server) in config.yaml, or run `talaria setup`"
                     .to_owned()
             })?;
-        let base_url = self
-            .model
-            .base_url
-            .clone()
-            .or_else(|| env.get("TALARIA_BASE_URL").map(str::to_owned))
+        let base_url = env
+            .get("TALARIA_BASE_URL")
+            .map(str::to_owned)
+            .or_else(|| self.model.base_url.clone())
             .or_else(|| provider.default_base_url().map(str::to_owned))
             .ok_or_else(|| {
                 "provider `custom` needs `model.base_url` in config.yaml, for example \
@@ -2107,6 +2107,30 @@ mod tests {
             .primary_endpoint(&Env::from_pairs([("ANTHROPIC_API_KEY", "k-123456789")]))
             .unwrap();
         assert_eq!(ep.base_url, "https://api.anthropic.com");
+    }
+
+    #[test]
+    fn the_environment_overrides_the_files_model_and_server() {
+        let mut c = Config::default();
+        c.model.default = Some("from-file".into());
+        c.model.base_url = Some("http://127.0.0.1:8080/v1".into());
+        let ep = c.primary_endpoint(&Env::default()).unwrap();
+        assert_eq!(
+            (ep.model.as_str(), ep.base_url.as_str()),
+            ("from-file", "http://127.0.0.1:8080/v1")
+        );
+        let env = Env::from_pairs([
+            ("TALARIA_MODEL", "from-env"),
+            ("TALARIA_BASE_URL", "http://127.0.0.1:9999/v1"),
+        ]);
+        let ep = c.primary_endpoint(&env).unwrap();
+        assert_eq!(
+            (ep.model.as_str(), ep.base_url.as_str()),
+            ("from-env", "http://127.0.0.1:9999/v1")
+        );
+        // Set but empty is not set.
+        let env = Env::from_pairs([("TALARIA_MODEL", "")]);
+        assert_eq!(c.primary_endpoint(&env).unwrap().model, "from-file");
     }
 
     /// Plants a distinct value in every leaf of `tree` that holds a

@@ -1300,6 +1300,31 @@ impl Runner {
         }
     }
 
+    /// How many messages a person is shown for each session: the active
+    /// transcript, not rows `/undo`, `/retry` or a compression replaced.
+    /// `?` when the store cannot say.
+    async fn shown_counts(&self, ids: &[String]) -> Vec<String> {
+        match self
+            .inner
+            .agent
+            .parts()
+            .store
+            .active_message_counts(ids)
+            .await
+        {
+            Ok(counts) => counts.iter().map(u64::to_string).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot count the sessions' messages");
+                vec!["?".to_owned(); ids.len()]
+            }
+        }
+    }
+
+    async fn shown_count(&self, id: &str) -> String {
+        let mut counts = self.shown_counts(&[id.to_owned()]).await;
+        counts.pop().unwrap_or_else(|| "?".to_owned())
+    }
+
     async fn cmd_status(&self, key: &SessionKey) -> String {
         let inner = &self.inner;
         let mut lines = Vec::new();
@@ -1316,7 +1341,9 @@ impl Runner {
                 ));
                 lines.push(format!(
                     "Messages: {} · tokens in {} / out {}",
-                    session.message_count, session.input_tokens, session.output_tokens
+                    self.shown_count(&session.id).await,
+                    session.input_tokens,
+                    session.output_tokens
                 ));
             }
             Ok(None) => lines.push("Conversation: none yet".to_owned()),
@@ -1475,9 +1502,11 @@ impl Runner {
         match self.key_sessions(key).await {
             Ok(list) if list.is_empty() => "No conversations yet.".to_owned(),
             Ok(list) => {
+                let ids: Vec<String> = list.iter().map(|s| s.id.clone()).collect();
+                let counts = self.shown_counts(&ids).await;
                 let mut out =
                     vec!["Recent conversations (/resume <number> to go back):".to_owned()];
-                for (i, s) in list.iter().enumerate() {
+                for ((i, s), count) in list.iter().enumerate().zip(counts) {
                     let when = chrono::DateTime::from_timestamp(s.started_at as i64, 0)
                         .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
                         .unwrap_or_default();
@@ -1486,7 +1515,7 @@ impl Runner {
                         i + 1,
                         s.title.as_deref().unwrap_or(&s.id),
                         when,
-                        s.message_count,
+                        count,
                         if current.as_deref() == Some(s.id.as_str()) {
                             " (current)"
                         } else {
@@ -1616,7 +1645,7 @@ impl Runner {
         match self.inner.router.peek(key).await {
             Ok(Some(s)) => format!(
                 "This conversation: {} messages; tokens in {}, out {}, cache read {}, cache write {}, reasoning {}.",
-                s.message_count,
+                self.shown_count(&s.id).await,
                 s.input_tokens,
                 s.output_tokens,
                 s.cache_read_tokens,

@@ -186,14 +186,20 @@ impl SessionStore for ScratchStore {
         Ok(out)
     }
 
-    async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>> {
-        Ok(self
-            .lock()
-            .sessions
+    async fn last_answered_session(&self, source: &str) -> Result<Option<SessionRecord>> {
+        let inner = self.lock();
+        let answered = inner
+            .messages
             .iter()
             .rev()
-            .find(|r| r.source == source)
-            .cloned())
+            .filter(|m| m.active && m.message.role == talaria_core::Role::Assistant)
+            .find_map(|m| {
+                inner
+                    .sessions
+                    .iter()
+                    .find(|r| r.id == m.session_id && r.source == source)
+            });
+        Ok(answered.cloned())
     }
 
     async fn search(&self, _query: SearchQuery) -> Result<Vec<SearchHit>> {

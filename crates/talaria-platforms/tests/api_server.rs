@@ -6,7 +6,7 @@ mod api_support;
 
 use std::time::{Duration, Instant};
 
-use api_support::{KEY, conversation, parse_sse, rig};
+use api_support::{KEY, conversation, parse_sse, rig, rig_with};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use talaria_core::config::ApiServerConfig;
@@ -616,6 +616,80 @@ async fn a_resent_history_continues_its_stored_session() {
         ])
     );
     assert_eq!(rig.stored(&id).await.len(), 4);
+    rig.stop().await;
+}
+
+/// The session's row count is worked out from the turn, not read back:
+/// a turn of several rows (a tool call) on a seeded new session must still
+/// leave an index entry the client's resend matches.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resent_history_continues_after_a_tool_turn_on_a_seeded_session() {
+    let rig = rig(0).await;
+    rig.mock.push(todo_call());
+    rig.mock.push(Reply::text("planned"));
+    let opening = vec![
+        json!({"role": "user", "content": "hello"}),
+        json!({"role": "assistant", "content": "hi"}),
+        json!({"role": "user", "content": "make a plan"}),
+    ];
+    let resp = rig.chat(&json!({"messages": opening}), &[]).await;
+    assert_eq!(resp.status(), 200);
+    let id = session_header(&resp).unwrap();
+    // Two seeded rows, then user, tool call, tool result, answer.
+    assert_eq!(rig.store_session(&id).await.message_count, 6);
+
+    rig.mock.push(Reply::text("done"));
+    let mut resend = opening.clone();
+    resend.push(json!({"role": "assistant", "content": "planned"}));
+    resend.push(json!({"role": "user", "content": "go on"}));
+    let resp = rig.chat(&json!({"messages": resend}), &[]).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(session_header(&resp), Some(id.clone()));
+    assert_eq!(rig.store_session(&id).await.message_count, 8);
+    rig.stop().await;
+}
+
+/// A compression rewrites the transcript, adding rows no count of the
+/// turn's own knows about: the conversation still continues its session.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resent_history_continues_after_its_turn_compressed_the_session() {
+    let rig = rig_with(0, |c| {
+        c.model.context_length = 4096;
+        c.compression.threshold = 0.5;
+        c.compression.protect_first_n = 1;
+        c.compression.protect_last_n = 2;
+    })
+    .await;
+    rig.mock.push(Reply::text(
+        "## Goal\nChat.\n## Progress\nA long answer was given.",
+    ));
+    rig.mock.push(Reply::text("answer three"));
+    let opening = vec![
+        json!({"role": "user", "content": "one"}),
+        json!({"role": "assistant", "content": "y".repeat(10_000)}),
+        json!({"role": "user", "content": "two"}),
+        json!({"role": "assistant", "content": "ok"}),
+        json!({"role": "user", "content": "three"}),
+    ];
+    let resp = rig.chat(&json!({"messages": opening}), &[]).await;
+    assert_eq!(resp.status(), 200);
+    let id = session_header(&resp).unwrap();
+    // The first request was the summary: the turn compressed.
+    assert!(rig.mock.requests()[0].body.get("tools").is_none());
+
+    rig.mock.push(Reply::text("answer four"));
+    let mut resend = opening.clone();
+    resend.push(json!({"role": "assistant", "content": "answer three"}));
+    resend.push(json!({"role": "user", "content": "four"}));
+    let resp = rig.chat(&json!({"messages": resend}), &[]).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(session_header(&resp), Some(id));
+    // The model got the compressed transcript, not the long answer again.
+    let sent = rig.sent_messages(2);
+    assert!(
+        sent.iter()
+            .all(|m| m["content"].as_str().is_none_or(|c| c.len() < 5_000))
+    );
     rig.stop().await;
 }
 

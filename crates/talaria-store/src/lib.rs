@@ -119,6 +119,9 @@ pub struct SessionRecord {
     pub started_at: Timestamp,
     pub ended_at: Option<Timestamp>,
     pub end_reason: Option<String>,
+    /// Every row ever stored for the session, replaced ones included: it
+    /// changes with every append, so it tells whether a session moved on.
+    /// People are shown [`SessionStore::active_message_counts`].
     pub message_count: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -194,6 +197,18 @@ pub trait SessionStore: Send + Sync {
     async fn session(&self, id: &str) -> Result<Option<SessionRecord>>;
     /// Sets (or replaces) the session's title.
     async fn set_title(&self, id: &str, title: &str) -> Result<()>;
+    /// Sets the session's title unless it has one, returning whether it
+    /// did: an automatic title never overwrites one a person chose. The
+    /// default reads, then writes; backends do both in one statement.
+    async fn set_title_if_unset(&self, id: &str, title: &str) -> Result<bool> {
+        match self.session(id).await? {
+            Some(record) if record.title.is_none() => {
+                self.set_title(id, title).await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
     /// Replaces the stored system prompt.
     async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()>;
     /// Marks the session ended now, for `reason`.
@@ -235,8 +250,35 @@ pub trait SessionStore: Send + Sync {
     async fn replace_active(&self, session_id: &str, replacement: &[Message]) -> Result<()>;
     /// Sessions matching `filter`, most recently started first.
     async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRecord>>;
-    /// The most recently started session from `source`, if any.
-    async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>>;
+    /// The session from `source` that was answered last (whose newest
+    /// active assistant row is the newest of them all), if any: where a
+    /// person left off, skipping sessions started but never used and
+    /// exchanges taken back with `/undo`.
+    async fn last_answered_session(&self, source: &str) -> Result<Option<SessionRecord>>;
+    /// Every source sessions were recorded from, with how many sessions
+    /// each has, most first (for pointing out a mistyped source). The
+    /// default lists every session.
+    async fn session_sources(&self) -> Result<Vec<(String, u64)>> {
+        let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+        for s in self.list_sessions(SessionFilter::default()).await? {
+            *counts.entry(s.source).or_default() += 1;
+        }
+        let mut sources: Vec<(String, u64)> = counts.into_iter().collect();
+        sources.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(sources)
+    }
+    /// How many active rows each session in `ids` holds, in order: the
+    /// transcript as it stands, without rows that `/undo`, `/retry` or a
+    /// compression replaced ([`SessionRecord::message_count`] counts every
+    /// row ever stored). 0 for an unknown id. For lists shown to people,
+    /// not for every turn: the default reads each transcript.
+    async fn active_message_counts(&self, ids: &[String]) -> Result<Vec<u64>> {
+        let mut counts = Vec::with_capacity(ids.len());
+        for id in ids {
+            counts.push(self.messages(id).await?.len() as u64);
+        }
+        Ok(counts)
+    }
     /// Full-text search: at most one hit per session, best first. Only the
     /// newest [`MAX_RANKED_MATCHES`] matching messages are ranked, so a
     /// query for very common words costs the same however long the

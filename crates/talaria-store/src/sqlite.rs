@@ -85,7 +85,9 @@ impl Default for SqliteOptions {
 /// - search covers inactive (compressed-away) rows too;
 /// - methods that name a missing session fail with
 ///   [`StoreError::NoSuchSession`], except [`SessionStore::session`] and
-///   [`SessionStore::latest_session`], which return `None`.
+///   [`SessionStore::last_answered_session`], which return `None`, and
+///   [`SessionStore::set_title_if_unset`] and
+///   [`SessionStore::active_message_counts`] (`false`, 0).
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Connections>,
@@ -350,6 +352,17 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn set_title_if_unset(&self, id: &str, title: &str) -> Result<bool> {
+        let (id, title) = (id.to_string(), title.to_string());
+        self.write(move |tx| {
+            let n = tx
+                .prepare_cached("UPDATE sessions SET title = ?2 WHERE id = ?1 AND title IS NULL")?
+                .execute(params![id, title])?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
     async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()> {
         let (id, prompt) = (id.to_string(), prompt.to_string());
         self.write(move |tx| {
@@ -502,18 +515,55 @@ impl SessionStore for SqliteStore {
         .await
     }
 
-    async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>> {
+    async fn last_answered_session(&self, source: &str) -> Result<Option<SessionRecord>> {
         let source = source.to_string();
         self.read(move |tx| {
             use rusqlite::OptionalExtension;
+            // Newest rows first: the answer sought is usually among the
+            // last few rows written.
             let sql = format!(
-                "SELECT {SESSION_COLUMNS} FROM sessions WHERE source = ?1 \
-                 ORDER BY started_at DESC, rowid DESC LIMIT 1"
+                "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ( \
+                   SELECT m.session_id FROM messages m JOIN sessions s ON s.id = m.session_id \
+                   WHERE s.source = ?1 AND m.role = 'assistant' AND m.active = 1 \
+                   ORDER BY m.id DESC LIMIT 1)"
             );
             Ok(tx
                 .prepare_cached(&sql)?
                 .query_row(params![source], session_from_row)
                 .optional()?)
+        })
+        .await
+    }
+
+    async fn session_sources(&self) -> Result<Vec<(String, u64)>> {
+        self.read(|tx| {
+            let sources = tx
+                .prepare_cached(
+                    "SELECT source, count(*) AS n FROM sessions GROUP BY source \
+                     ORDER BY n DESC, source",
+                )?
+                .query_map([], |row| {
+                    let n: i64 = row.get(1)?;
+                    Ok((row.get::<_, String>(0)?, u64::try_from(n).unwrap_or(0)))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(sources)
+        })
+        .await
+    }
+
+    async fn active_message_counts(&self, ids: &[String]) -> Result<Vec<u64>> {
+        let ids = ids.to_vec();
+        self.read(move |tx| {
+            let mut count = tx.prepare_cached(
+                "SELECT count(*) FROM messages WHERE session_id = ?1 AND active = 1",
+            )?;
+            ids.iter()
+                .map(|id| {
+                    let n: i64 = count.query_row(params![id], |row| row.get(0))?;
+                    Ok(u64::try_from(n).unwrap_or(0))
+                })
+                .collect()
         })
         .await
     }

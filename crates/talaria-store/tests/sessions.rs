@@ -179,7 +179,7 @@ async fn usage_title_prompt_and_end<S: Backend + SessionStore>(store: Fixture<S>
 }
 
 async fn latest_and_listing<S: Backend + SessionStore>(store: Fixture<S>) {
-    assert!(store.latest_session("cli").await.unwrap().is_none());
+    assert!(store.last_answered_session("cli").await.unwrap().is_none());
     for (id, source) in [
         ("a1", "cli"),
         ("b1", "telegram"),
@@ -193,12 +193,59 @@ async fn latest_and_listing<S: Backend + SessionStore>(store: Fixture<S>) {
         }
         store.create_session(s).await.unwrap();
     }
-    assert_eq!(store.latest_session("cli").await.unwrap().unwrap().id, "a3");
+    // Started but never answered: nothing to go back to.
+    assert!(store.last_answered_session("cli").await.unwrap().is_none());
+    let answer = |text: &str| Message::assistant(text);
+    store
+        .append_message("a2", &Message::user("q"))
+        .await
+        .unwrap();
+    store.append_message("a2", &answer("a")).await.unwrap();
+    store.append_message("b1", &answer("a")).await.unwrap();
+    store.append_message("a1", &answer("a")).await.unwrap();
+    // a1 was answered last, though a3 (empty) and a2 started later.
+    let last = |source: &'static str| {
+        let store = &store;
+        async move {
+            store
+                .last_answered_session(source)
+                .await
+                .unwrap()
+                .map(|s| s.id)
+        }
+    };
+    assert_eq!(last("cli").await.as_deref(), Some("a1"));
+    assert_eq!(last("telegram").await.as_deref(), Some("b1"));
+    assert_eq!(last("cron").await, None);
+    // An answer taken back (/undo) no longer counts.
+    store
+        .replace_active("a1", &[Message::user("only a question")])
+        .await
+        .unwrap();
+    assert_eq!(last("cli").await.as_deref(), Some("a2"));
+    // Counts shown to people leave out replaced rows; message_count does not.
+    let ids_asked: Vec<String> = ["a1", "a2", "a3", "nope"].map(String::from).to_vec();
     assert_eq!(
-        store.latest_session("telegram").await.unwrap().unwrap().id,
-        "b2"
+        store.active_message_counts(&ids_asked).await.unwrap(),
+        [1, 2, 0, 0]
     );
-    assert!(store.latest_session("cron").await.unwrap().is_none());
+    assert_eq!(store.session("a1").await.unwrap().unwrap().message_count, 2);
+    // The automatic title never overwrites a chosen one.
+    assert!(store.set_title_if_unset("a2", "auto").await.unwrap());
+    assert!(!store.set_title_if_unset("a2", "again").await.unwrap());
+    store.set_title("a3", "chosen").await.unwrap();
+    assert!(!store.set_title_if_unset("a3", "auto").await.unwrap());
+    assert!(!store.set_title_if_unset("nope", "auto").await.unwrap());
+    let title = |id: &'static str| {
+        let store = &store;
+        async move { store.session(id).await.unwrap().unwrap().title }
+    };
+    assert_eq!(title("a2").await.as_deref(), Some("auto"));
+    assert_eq!(title("a3").await.as_deref(), Some("chosen"));
+    assert_eq!(
+        store.session_sources().await.unwrap(),
+        [("cli".to_owned(), 3), ("telegram".to_owned(), 2)]
+    );
 
     let ids =
         |v: Vec<talaria_store::SessionRecord>| v.into_iter().map(|s| s.id).collect::<Vec<_>>();

@@ -231,9 +231,9 @@ pub(crate) struct Admitted {
     /// as SSE comments, which every client skips.
     pub(crate) tool_progress: bool,
     pub(crate) labels: Labels,
-    /// For a header-less request: the conversation up to and including the
-    /// new user message, recorded with the answer once the turn has one.
-    pub(crate) remember: Option<TranscriptDigest>,
+    /// For a header-less request: what to record with the answer once the
+    /// turn has one.
+    pub(crate) remember: Option<Remember>,
     /// Held by the turn task: the run counts against the cap until the turn
     /// has really ended, not merely until the response is sent.
     pub(crate) permit: Option<OwnedSemaphorePermit>,
@@ -287,8 +287,8 @@ impl Admitted {
             let outcome = agent.run_turn(&session, &input, &observer, cancel).await;
             // Recorded while the session is still ours (lock and lease), so
             // the row count is the one this answer left.
-            if let (Some(digest), Ok(outcome)) = (remember, &outcome) {
-                remember_answer(&state, &session.id, digest, outcome).await;
+            if let (Some(remember), Ok(outcome)) = (remember, &outcome) {
+                remember_answer(&state, &session.id, remember, outcome).await;
             }
             drop(turn_lease);
             outcome
@@ -301,6 +301,14 @@ impl Admitted {
     }
 }
 
+/// A header-less conversation as the turn found it: the digest of the
+/// conversation up to and including the new user message, and how many
+/// rows its session held before the turn.
+pub(crate) struct Remember {
+    digest: TranscriptDigest,
+    rows_before: u64,
+}
+
 /// Records where a header-less conversation stands after an answer the
 /// client can resend: its history plus this answer now continues this
 /// session. A failed or interrupted turn records nothing; the client's
@@ -308,7 +316,7 @@ impl Admitted {
 async fn remember_answer(
     state: &AppState,
     session_id: &str,
-    mut digest: TranscriptDigest,
+    remember: Remember,
     outcome: &TurnOutcome,
 ) {
     if !matches!(
@@ -317,9 +325,18 @@ async fn remember_answer(
     ) {
         return;
     }
-    let Some(rows) = session::stored_rows(&state.agent, session_id).await else {
-        return;
+    // The session is still ours (lock and lease), so its rows are the ones
+    // it held plus the turn's, unless a compression rewrote the transcript:
+    // only then is the count read back.
+    let rows = if outcome.compressed {
+        match session::stored_rows(&state.agent, session_id).await {
+            Some(rows) => rows,
+            None => return,
+        }
+    } else {
+        remember.rows_before + outcome.new_messages.len() as u64
     };
+    let Remember { mut digest, .. } = remember;
     digest.push(Role::Assistant, &outcome.answer);
     let at = Continuation {
         session_id: session_id.to_owned(),
@@ -426,7 +443,7 @@ struct Opened {
     session: talaria_agent::SessionHandle,
     lock: tokio::sync::OwnedMutexGuard<()>,
     lease: Option<talaria_gateway::turn_lease::HeldTurn>,
-    remember: Option<TranscriptDigest>,
+    remember: Option<Remember>,
 }
 
 /// The session the client named: waits for its lock (two requests for one
@@ -480,7 +497,10 @@ async fn open_conversation(state: &AppState, request: &ChatInput) -> Result<Open
                     session,
                     lock,
                     lease,
-                    remember: Some(digest.replacing(key)),
+                    remember: Some(Remember {
+                        digest: digest.replacing(key),
+                        rows_before: at.rows,
+                    }),
                 });
             }
             Ok(None) => {}
@@ -501,7 +521,10 @@ async fn open_conversation(state: &AppState, request: &ChatInput) -> Result<Open
         session,
         lock,
         lease,
-        remember: Some(digest),
+        remember: Some(Remember {
+            digest,
+            rows_before: request.earlier.len() as u64,
+        }),
     })
 }
 

@@ -308,11 +308,7 @@ pub(crate) async fn continue_if_unchanged(
     if record.message_count != at.rows {
         return Ok(None);
     }
-    match agent.resume_session(&at.session_id).await {
-        Ok(handle) => Ok(Some(handle)),
-        Err(AgentError::NoSuchSession(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
+    agent.resume_record(record).await.map(Some)
 }
 
 /// How many rows session `id` holds now.

@@ -34,6 +34,11 @@ pub struct Rig {
 
 /// Starts a server whose runs are capped at `max_runs` (0 = no cap).
 pub async fn rig(max_runs: usize) -> Rig {
+    rig_with(max_runs, |_| {}).await
+}
+
+/// [`rig`] with the agent's configuration changed by `configure`.
+pub async fn rig_with(max_runs: usize, configure: impl FnOnce(&mut Config)) -> Rig {
     let mock = MockOpenAi::start().await;
     let dir = tempfile::tempdir().unwrap();
     let home = Home::at(dir.path().join("home"));
@@ -44,6 +49,7 @@ pub async fn rig(max_runs: usize) -> Rig {
     config.model.default = Some("test-model".into());
     config.model.base_url = Some(mock.base_url());
     config.agent.api_max_retries = 0;
+    configure(&mut config);
     let config = Arc::new(config);
     let endpoint = Endpoint {
         provider: ProviderKind::Custom,

@@ -465,6 +465,19 @@ impl SessionStore for PostgresStore {
         .await
     }
 
+    async fn set_title_if_unset(&self, id: &str, title: &str) -> Result<bool> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached("UPDATE sessions SET title = $2 WHERE id = $1 AND title IS NULL")
+            .await
+            .map_err(|e| self.error(e))?;
+        let changed = client
+            .execute(&statement, &[&clean(id).as_ref(), &clean(title).as_ref()])
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(changed == 1)
+    }
+
     async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()> {
         let prompt = clean(prompt);
         self.update_session(
@@ -697,12 +710,16 @@ impl SessionStore for PostgresStore {
             .collect()
     }
 
-    async fn latest_session(&self, source: &str) -> Result<Option<SessionRecord>> {
+    async fn last_answered_session(&self, source: &str) -> Result<Option<SessionRecord>> {
         let client = self.client().await?;
+        // Newest rows first: the answer sought is usually among the last
+        // few rows written.
         let statement = client
             .prepare_cached(&format!(
-                "SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.source = $1 \
-                 ORDER BY s.started_at DESC, s.seq DESC LIMIT 1"
+                "SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.id = ( \
+                   SELECT m.session_id FROM messages m JOIN sessions o ON o.id = m.session_id \
+                   WHERE o.source = $1 AND m.role = 'assistant' AND m.active \
+                   ORDER BY m.id DESC LIMIT 1)"
             ))
             .await
             .map_err(|e| self.error(e))?;
@@ -711,6 +728,54 @@ impl SessionStore for PostgresStore {
             .await
             .map_err(|e| self.error(e))?;
         row.map(|row| self.session_from_row(&row, 0)).transpose()
+    }
+
+    async fn session_sources(&self) -> Result<Vec<(String, u64)>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT source, count(*) AS n FROM sessions GROUP BY source ORDER BY n DESC, source",
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        let rows = client
+            .query(&statement, &[])
+            .await
+            .map_err(|e| self.error(e))?;
+        rows.iter()
+            .map(|row| {
+                let source: String = row.try_get(0).map_err(|e| self.error(e))?;
+                let n: i64 = row.try_get(1).map_err(|e| self.error(e))?;
+                Ok((source, u64::try_from(n).unwrap_or(0)))
+            })
+            .collect()
+    }
+
+    async fn active_message_counts(&self, ids: &[String]) -> Result<Vec<u64>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT i.id, (SELECT count(*) FROM messages m \
+                   WHERE m.session_id = i.id AND m.active) \
+                 FROM unnest($1::text[]) AS i(id)",
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        let keys: Vec<String> = ids.iter().map(|id| clean(id).into_owned()).collect();
+        let rows = client
+            .query(&statement, &[&keys])
+            .await
+            .map_err(|e| self.error(e))?;
+        let mut by_id = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let id: String = row.try_get(0).map_err(|e| self.error(e))?;
+            let n: i64 = row.try_get(1).map_err(|e| self.error(e))?;
+            by_id.insert(id, u64::try_from(n).unwrap_or(0));
+        }
+        Ok(keys
+            .iter()
+            .map(|id| by_id.get(id).copied().unwrap_or(0))
+            .collect())
     }
 
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
