@@ -447,15 +447,23 @@ pub fn session_title(first_message: &str) -> Option<String> {
 /// The session `/resume <wanted>` means in `list` (the front end's recent
 /// sessions, newest first, as `/sessions` numbers them): by number, by id,
 /// or by title ignoring case; with nothing wanted, the newest that is not
-/// `current`. Shared by the REPL and the gateway so `/resume` picks alike.
+/// `current` and holds a conversation (`counts`, the active message count
+/// of each session in `list`, is above zero: a session started and left
+/// empty is no place to go back to). Shared by the REPL and the gateway so
+/// `/resume` picks alike.
 pub fn pick_session<'s>(
     list: &'s [SessionRecord],
+    counts: &[u64],
     current: Option<&str>,
     wanted: &str,
 ) -> Option<&'s SessionRecord> {
     let wanted = wanted.trim();
     if wanted.is_empty() {
-        return list.iter().find(|s| Some(s.id.as_str()) != current);
+        return list
+            .iter()
+            .zip(counts)
+            .find(|(s, count)| Some(s.id.as_str()) != current && **count > 0)
+            .map(|(s, _)| s);
     }
     if let Ok(n) = wanted.parse::<usize>() {
         return n.checked_sub(1).and_then(|i| list.get(i));
@@ -525,22 +533,26 @@ mod pick_tests {
     #[test]
     fn resume_picks_by_number_id_title_or_the_newest_other() {
         let list = vec![
+            record("s4", None),
             record("s3", None),
             record("s2", Some("Trip Plans")),
             record("s1", Some("Notes")),
         ];
-        let pick = |wanted| pick_session(&list, Some("s3"), wanted).map(|s| s.id.as_str());
+        // s3 was started and left empty.
+        let counts = [2, 0, 6, 4];
+        let pick = |wanted| pick_session(&list, &counts, Some("s4"), wanted).map(|s| s.id.as_str());
         assert_eq!(pick(""), Some("s2"));
-        assert_eq!(pick("3"), Some("s1"));
+        assert_eq!(pick("4"), Some("s1"));
+        assert_eq!(pick("2"), Some("s3"));
         assert_eq!(pick("0"), None);
-        assert_eq!(pick("4"), None);
+        assert_eq!(pick("5"), None);
         assert_eq!(pick("s1"), Some("s1"));
         assert_eq!(pick("trip plans"), Some("s2"));
         assert_eq!(pick("nothing"), None);
-        assert_eq!(pick_session(&list[..1], Some("s3"), ""), None);
+        assert_eq!(pick_session(&list[..2], &counts, Some("s4"), ""), None);
         assert_eq!(
-            pick_session(&list, None, "").map(|s| s.id.as_str()),
-            Some("s3")
+            pick_session(&list, &counts, None, "").map(|s| s.id.as_str()),
+            Some("s4")
         );
     }
 }

@@ -149,19 +149,21 @@ fn exchange_count(args: &str) -> Option<usize> {
     args.parse::<usize>().ok().filter(|&n| n > 0)
 }
 
-fn format_sessions(list: &[SessionRecord], current: &str) -> String {
+/// `/sessions`: `list` numbered, with each session's active message count
+/// from `counts`.
+fn format_sessions(list: &[SessionRecord], counts: &[u64], current: &str) -> String {
     if list.is_empty() {
         return "No sessions yet.".to_owned();
     }
     let mut out = vec!["Recent sessions (/resume <number> switches):".to_owned()];
-    for (i, s) in list.iter().enumerate() {
+    for ((i, s), count) in list.iter().enumerate().zip(counts) {
         out.push(format!(
             "{:>2}. {} · {} · {} · {} messages{}",
             i + 1,
             s.title.as_deref().unwrap_or("(untitled)"),
             s.id,
             when(s.started_at),
-            s.message_count,
+            count,
             if s.id == current { " (current)" } else { "" }
         ));
     }
@@ -253,7 +255,11 @@ impl<'a> Commands<'a> {
                              Press Ctrl-C while a turn runs to interrupt it."
                 .to_owned(),
             Action::Status => self.status().await?,
-            Action::Sessions => format_sessions(&self.recent().await?, &self.session.id),
+            Action::Sessions => {
+                let list = self.recent().await?;
+                let counts = self.counts(&list).await?;
+                format_sessions(&list, &counts, &self.session.id)
+            }
             Action::Resume => self.resume(args).await?,
             Action::Title => self.title(args).await?,
             Action::Undo => self.undo(def, args).await?,
@@ -287,6 +293,27 @@ impl<'a> Commands<'a> {
             .await
             .context("cannot read the session")?
             .ok_or_else(|| anyhow!("session {} is not in the store", self.session.id))
+    }
+
+    /// Each session's message count as a person sees it (the active
+    /// transcript).
+    async fn counts(&self, list: &[SessionRecord]) -> anyhow::Result<Vec<u64>> {
+        let ids: Vec<String> = list.iter().map(|s| s.id.clone()).collect();
+        self.rt
+            .store
+            .active_message_counts(&ids)
+            .await
+            .context("cannot count the sessions' messages")
+    }
+
+    /// The current session's message count as a person sees it.
+    async fn count(&self) -> anyhow::Result<u64> {
+        let counts = self
+            .rt
+            .store
+            .active_message_counts(&[self.session.id.clone()])
+            .await?;
+        Ok(counts.first().copied().unwrap_or(0))
     }
 
     async fn recent(&self) -> anyhow::Result<Vec<SessionRecord>> {
@@ -328,7 +355,7 @@ impl<'a> Commands<'a> {
             "Session: {}{}\nMessages: {} · tokens in {} / out {}\nModel: {}",
             s.id,
             s.title.map(|t| format!(" ({t})")).unwrap_or_default(),
-            s.message_count,
+            self.count().await?,
             s.input_tokens,
             s.output_tokens,
             self.agent.parts().provider.model()
@@ -337,12 +364,16 @@ impl<'a> Commands<'a> {
 
     async fn resume(&mut self, args: &str) -> anyhow::Result<String> {
         let list = self.recent().await?;
-        let picked =
-            talaria_agent::pick_session(&list, Some(&self.session.id), args).map(|s| s.id.clone());
+        let counts = self.counts(&list).await?;
+        let picked = talaria_agent::pick_session(&list, &counts, Some(&self.session.id), args)
+            .map(|s| s.id.clone());
         let id = match picked {
             Some(id) => id,
             None if args.is_empty() => {
-                return Ok("There is no other session to resume. /sessions lists them.".to_owned());
+                return Ok(
+                    "No other session has a conversation to go back to. /sessions lists them; /resume <number> opens any of them."
+                        .to_owned(),
+                );
             }
             // An id from `talaria sessions list`, perhaps older than the
             // recent list or from another source: `--resume` takes those too.
@@ -367,7 +398,7 @@ impl<'a> Commands<'a> {
         Ok(format!(
             "Resumed {} ({} messages).",
             name_of(&s),
-            s.message_count
+            self.count().await?
         ))
     }
 
@@ -445,7 +476,7 @@ impl<'a> Commands<'a> {
         let s = self.record().await?;
         Ok(format!(
             "This session: {} messages; tokens in {}, out {}, cache read {}, cache write {}, reasoning {}.",
-            s.message_count,
+            self.count().await?,
             s.input_tokens,
             s.output_tokens,
             s.cache_read_tokens,
@@ -587,13 +618,13 @@ mod tests {
     #[test]
     fn session_list_is_numbered_and_marks_the_current_one() {
         let list = vec![record("s2", Some("Trip")), record("s1", None)];
-        let out = format_sessions(&list, "s1");
+        let out = format_sessions(&list, &[7, 4], "s1");
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 3, "{out}");
         assert!(lines[1].starts_with(" 1. Trip · s2 · "), "{out}");
         assert!(!lines[1].contains("(current)"), "{out}");
         assert!(lines[2].starts_with(" 2. (untitled) · s1 · "), "{out}");
         assert!(lines[2].ends_with("4 messages (current)"), "{out}");
-        assert_eq!(format_sessions(&[], "s1"), "No sessions yet.");
+        assert_eq!(format_sessions(&[], &[], "s1"), "No sessions yet.");
     }
 }

@@ -162,7 +162,10 @@ fn sessions_resume_new_and_the_prompt_only_commands() {
     assert!(rest.contains(" 2. Older"), "{rest}");
     assert!(rest.contains("(Fresh start)"), "{rest}");
 
-    c.ask("/resume", "Resumed Older");
+    // Both sessions are empty: a bare /resume has nowhere to go back to,
+    // but a title (or number) opens one anyway.
+    c.ask("/resume", "No other session has a conversation");
+    c.ask("/resume older", "Resumed Older");
     c.ask("/status", "(Older)");
     c.ask("/resume fresh START", "Resumed Fresh start");
     c.ask("/resume 1", "That is the current session.");

@@ -245,3 +245,24 @@ async fn a_reader_that_stops_early_ends_every_printing_command_quietly() {
         }
     }
 }
+
+/// A bare `/resume` goes back to the last session with a conversation in
+/// it, past sessions started with `/new` and left empty.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bare_resume_skips_sessions_left_empty() {
+    let mock = MockOpenAi::start().await;
+    let dir = setup(&mock);
+    let home = dir.path();
+    mock.push(Reply::text("Ferries leave hourly."));
+    let out = repl(
+        home,
+        &[],
+        "when do ferries leave\n/new\n/new\n/resume\n/status\n/exit\n",
+    );
+    let said = ok(&out);
+    assert!(
+        said.contains("Resumed when do ferries leave (2 messages)."),
+        "{said}"
+    );
+    assert!(said.contains("Messages: 2 "), "{said}");
+}

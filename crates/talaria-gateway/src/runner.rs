@@ -1535,7 +1535,19 @@ impl Runner {
             Err(e) => return format!("⚠️ Cannot list conversations: {e}"),
         };
         let current = self.current_id(key).await;
-        let pick = talaria_agent::pick_session(&list, current.as_deref(), args);
+        let ids: Vec<String> = list.iter().map(|s| s.id.clone()).collect();
+        let counts = match self
+            .inner
+            .agent
+            .parts()
+            .store
+            .active_message_counts(&ids)
+            .await
+        {
+            Ok(counts) => counts,
+            Err(e) => return format!("⚠️ Cannot list conversations: {e}"),
+        };
+        let pick = talaria_agent::pick_session(&list, &counts, current.as_deref(), args);
         let Some(session) = pick else {
             return "No such conversation here. /sessions lists them.".to_owned();
         };
