@@ -5,8 +5,9 @@ use std::process::ExitCode;
 use talaria_core::config;
 use talaria_core::{Config, Home};
 
-/// Prints the effective configuration (file merged over defaults) as YAML,
-/// with secrets masked, followed by where the model key comes from.
+/// Prints the effective configuration (file merged over defaults, values
+/// from the environment filled in) as YAML, with secrets masked, followed
+/// by where those values and the model endpoint come from.
 pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
     let loaded = config::load(home)?;
     for w in &loaded.warnings {
@@ -19,7 +20,27 @@ pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
             home.config_file().display()
         ),
     }
-    print!("{}", serde_saphyr::to_string(&loaded.config)?);
+    // The file merged over the defaults, with what the environment
+    // supplies filled in (masked), so a token kept in .env shows as set.
+    let (tree, from_env) = talaria_core::effective::effective(&loaded.config, &loaded.env);
+    print!("{}", serde_saphyr::to_string(&tree)?);
+    if !from_env.is_empty() {
+        println!("# from the environment:");
+        for v in &from_env {
+            println!(
+                "#   {} = {} ({} from {}{})",
+                v.key,
+                v.shown,
+                v.var,
+                v.origin,
+                if v.overrode {
+                    ", over the file's value"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
     println!("# resolved model endpoint:");
     match loaded.config.primary_endpoint(&loaded.env) {
         Ok(ep) => {

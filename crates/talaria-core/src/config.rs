@@ -1562,6 +1562,16 @@ impl Env {
             .filter(|v| !v.is_empty())
     }
 
+    /// Where variable `key` came from, for people: `.env` when the file
+    /// set it and the process did not, else `the environment`.
+    pub fn origin(&self, key: &str) -> &'static str {
+        if self.from_file.iter().any(|k| k == key) && std::env::var_os(key).is_none() {
+            ".env"
+        } else {
+            "the environment"
+        }
+    }
+
     /// Values that must never appear in output: everything loaded from
     /// `.env` and every variable whose name marks it as a credential.
     pub fn secret_values(&self) -> Vec<String> {

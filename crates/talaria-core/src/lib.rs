@@ -16,6 +16,7 @@
 
 pub mod commands;
 pub mod config;
+pub mod effective;
 pub mod home;
 pub mod ids;
 pub mod message;
