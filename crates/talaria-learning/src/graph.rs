@@ -1,12 +1,16 @@
-//! The learning graph: what the agent has learned, as nodes and edges.
+//! The learning graph: the skills Talaria knows and what it remembers, as
+//! nodes and links.
 //!
-//! Nodes are the learned skills (the user's skills that the agent created
-//! or that were used at least once; bundled ones are built in, not learned)
-//! and the memory cards (each entry of MEMORY.md and USER.md). Edges come
-//! from `related_skills` between learned skills, and from each memory card
-//! to the (at most four) learned skills whose names share the most words
-//! with it. Rendered as JSON (the ancestor's payload shape), Graphviz DOT,
-//! or one self-contained HTML page that draws the graph with no network.
+//! Every skill is a node, in one of three groups: **learned** (the agent
+//! wrote it, of its own accord or because you asked it to: see
+//! [`crate::log::written_by_agent`]), **yours** (a skill you put in the
+//! skills folder yourself) and **bundled** (shipped with Talaria). Each
+//! entry of MEMORY.md and USER.md is a **memory** card. Links come from a
+//! skill's `related_skills` (to any skill, bundled ones included) and from
+//! each memory card to the (at most four) skills whose names share the
+//! most words with it. Rendered as JSON (the ancestor's payload shape, with
+//! the group added), Graphviz DOT, or one self-contained HTML page that
+//! lays the graph out itself and needs no network.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -18,6 +22,20 @@ use crate::skills::{Library, Origin};
 /// Memory→skill edges per card.
 const EDGES_PER_CARD: usize = 4;
 
+/// Which kind of node, as the legend names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Group {
+    /// A skill the agent wrote.
+    Learned,
+    /// A skill the user wrote.
+    Yours,
+    /// A skill shipped with Talaria.
+    Bundled,
+    /// An entry of MEMORY.md or USER.md.
+    Memory,
+}
+
 /// A node as drawn.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -26,6 +44,7 @@ pub struct Node {
     pub label: String,
     /// `skill` or `memory`.
     pub kind: String,
+    pub group: Group,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_source: Option<String>,
     /// Unix seconds of the last activity (skills) or the file (memory).
@@ -33,6 +52,7 @@ pub struct Node {
     pub category: String,
     pub use_count: u64,
     pub state: String,
+    /// `agent`, `user`, `bundled` or `memory`.
     pub created_by: String,
     pub pinned: bool,
 }
@@ -60,20 +80,39 @@ pub struct Card {
     pub body: String,
 }
 
+/// The graph's counts; the page's legend shows them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Stats {
+    /// Every node: skills of each group and memory cards.
     pub nodes: usize,
+    /// Links between two skills.
     pub related_edges: usize,
-    pub edges_per_node: f64,
-    pub linked_nodes: usize,
-    pub isolated_pct: f64,
-    pub categories: usize,
-    pub agent_created: usize,
-    pub used: usize,
-    pub top_categories: Vec<(String, usize)>,
-    pub memory_nodes: usize,
+    /// Links from a memory card to a skill.
     pub memory_skill_edges: usize,
+    /// Every link.
+    pub links: usize,
+    /// Links per node.
+    pub edges_per_node: f64,
+    /// Nodes with at least one link.
+    pub linked_nodes: usize,
+    /// Share of nodes without a link, in percent.
+    pub isolated_pct: f64,
+    /// Skill categories.
+    pub categories: usize,
+    /// Skills used at least once.
+    pub used: usize,
+    /// The eight largest skill categories.
+    pub top_categories: Vec<(String, usize)>,
+    /// Skills the agent wrote (the ancestor's name for `learned_skills`).
+    pub agent_created: usize,
+    /// Skills the agent wrote.
     pub learned_skills: usize,
+    /// Skills the user wrote.
+    pub your_skills: usize,
+    /// Skills shipped with Talaria.
+    pub bundled_skills: usize,
+    /// Memory cards.
+    pub memory_nodes: usize,
 }
 
 /// The whole graph.
@@ -89,17 +128,16 @@ pub struct Graph {
 /// Builds the graph of `home`.
 pub fn build(library: &Library, home: &Home) -> Graph {
     let records = library.usage().all();
+    let by_agent = crate::log::written_by_agent(library);
     let mut nodes = Vec::new();
     let mut related: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for skill in library.list() {
-        if skill.origin != Origin::User {
-            continue;
-        }
         let r = records.get(&skill.name).cloned().unwrap_or_default();
-        let learned = r.created_by.as_deref() == Some("agent") || r.use_count > 0;
-        if !learned {
-            continue;
-        }
+        let (group, created_by) = match skill.origin {
+            Origin::Bundled => (Group::Bundled, "bundled"),
+            Origin::User if by_agent.contains(&skill.name) => (Group::Learned, "agent"),
+            Origin::User => (Group::Yours, "user"),
+        };
         let timestamp = r
             .last_activity()
             .or(r.created_at)
@@ -115,6 +153,7 @@ pub fn build(library: &Library, home: &Home) -> Graph {
             id: skill.name.clone(),
             label: skill.name.clone(),
             kind: "skill".into(),
+            group,
             memory_source: None,
             timestamp,
             category: skill.category.clone(),
@@ -123,16 +162,17 @@ pub fn build(library: &Library, home: &Home) -> Graph {
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_else(|| "active".into()),
-            created_by: r.created_by.clone().unwrap_or_else(|| "user".into()),
+            created_by: created_by.into(),
             pinned: r.pinned,
         });
     }
-    let learned: HashSet<&str> = nodes.iter().map(|n| n.id.as_str()).collect();
+    let skills: HashSet<&str> = nodes.iter().map(|n| n.id.as_str()).collect();
+    // A link between two skills when either names the other, once per pair.
     let mut skill_edges: BTreeSet<Edge> = BTreeSet::new();
     for (name, others) in &related {
         for other in others {
             let other = other.trim();
-            if other != name && learned.contains(other) {
+            if other != name && skills.contains(other) {
                 let (a, b) = if name.as_str() < other {
                     (name.as_str(), other)
                 } else {
@@ -151,7 +191,7 @@ pub fn build(library: &Library, home: &Home) -> Graph {
         let text = format!("{}\n{}", card.title, card.body);
         let words = tokens(&text);
         let lower = text.to_lowercase();
-        let mut scored: Vec<(usize, &str)> = learned
+        let mut scored: Vec<(usize, &str)> = skills
             .iter()
             .map(|name| {
                 let named = if lower.contains(&name.to_lowercase()) {
@@ -172,7 +212,6 @@ pub fn build(library: &Library, home: &Home) -> Graph {
             });
         }
     }
-    let stats = stats(&nodes, &skill_edges, cards.len(), memory_edges.len());
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for n in &nodes {
         *counts.entry(n.category.clone()).or_default() += 1;
@@ -190,6 +229,7 @@ pub fn build(library: &Library, home: &Home) -> Graph {
             id: card.id.clone(),
             label: card.title.clone(),
             kind: "memory".into(),
+            group: Group::Memory,
             memory_source: Some(card.source.clone()),
             timestamp: card.timestamp,
             category: "memory".into(),
@@ -199,8 +239,10 @@ pub fn build(library: &Library, home: &Home) -> Graph {
             pinned: false,
         });
     }
+    let related_edges = skill_edges.len();
     let mut edges: Vec<Edge> = skill_edges.into_iter().collect();
     edges.extend(memory_edges);
+    let stats = stats(&nodes, &edges, related_edges);
     Graph {
         nodes,
         edges,
@@ -255,14 +297,15 @@ fn memory_cards(home: &Home) -> Vec<Card> {
     cards
 }
 
-fn stats(nodes: &[Node], edges: &BTreeSet<Edge>, cards: usize, memory_edges: usize) -> Stats {
+fn stats(nodes: &[Node], edges: &[Edge], related_edges: usize) -> Stats {
     let n = nodes.len().max(1);
     let linked: HashSet<&str> = edges
         .iter()
         .flat_map(|e| [e.source.as_str(), e.target.as_str()])
         .collect();
+    let skills: Vec<&Node> = nodes.iter().filter(|n| n.kind == "skill").collect();
     let mut per_category: BTreeMap<&str, usize> = BTreeMap::new();
-    for node in nodes {
+    for node in &skills {
         *per_category.entry(node.category.as_str()).or_default() += 1;
     }
     let mut top: Vec<(String, usize)> = per_category
@@ -272,34 +315,39 @@ fn stats(nodes: &[Node], edges: &BTreeSet<Edge>, cards: usize, memory_edges: usi
     top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     top.truncate(8);
     let round = |x: f64, places: i32| (x * 10f64.powi(places)).round() / 10f64.powi(places);
+    let in_group = |g: Group| nodes.iter().filter(|n| n.group == g).count();
     Stats {
         nodes: nodes.len(),
-        related_edges: edges.len(),
+        related_edges,
+        memory_skill_edges: edges.len() - related_edges,
+        links: edges.len(),
         edges_per_node: round(edges.len() as f64 / n as f64, 3),
         linked_nodes: linked.len(),
         isolated_pct: round(100.0 * (n - linked.len().min(n)) as f64 / n as f64, 1),
         categories: per_category.len(),
-        agent_created: nodes.iter().filter(|n| n.created_by == "agent").count(),
-        used: nodes.iter().filter(|n| n.use_count > 0).count(),
+        used: skills.iter().filter(|n| n.use_count > 0).count(),
         top_categories: top,
-        memory_nodes: cards,
-        memory_skill_edges: memory_edges,
-        learned_skills: nodes.len(),
+        agent_created: in_group(Group::Learned),
+        learned_skills: in_group(Group::Learned),
+        your_skills: in_group(Group::Yours),
+        bundled_skills: in_group(Group::Bundled),
+        memory_nodes: in_group(Group::Memory),
     }
 }
 
-/// Graphviz DOT.
+/// Graphviz DOT: memory cards as notes, bundled skills dashed.
 pub fn to_dot(graph: &Graph) -> String {
     let quote = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
     let mut out = String::from("graph learning {\n  node [fontname=\"Helvetica\"];\n");
     for n in &graph.nodes {
-        let shape = if n.kind == "memory" {
-            "note"
-        } else {
-            "ellipse"
+        let style = match n.group {
+            Group::Memory => "shape=note",
+            Group::Bundled => "shape=ellipse, style=dashed",
+            Group::Learned => "shape=ellipse, style=bold",
+            Group::Yours => "shape=ellipse",
         };
         out.push_str(&format!(
-            "  {} [label={}, shape={shape}];\n",
+            "  {} [label={}, {style}];\n",
             quote(&n.id),
             quote(&n.label)
         ));
@@ -315,8 +363,10 @@ pub fn to_dot(graph: &Graph) -> String {
     out
 }
 
-/// One self-contained HTML page drawing the graph (an SVG laid out by a
-/// small force simulation), with no request to any network.
+/// One self-contained HTML page drawing the graph: an SVG laid out in the
+/// page by a small seeded force simulation that keeps every node and label
+/// inside the canvas and apart, with a legend of the counts. It makes no
+/// request to any network.
 pub fn to_html(graph: &Graph) -> String {
     // `</` inside the embedded JSON would end the script element early.
     let data = serde_json::to_string(graph)
@@ -325,110 +375,4 @@ pub fn to_html(graph: &Graph) -> String {
     HTML.replace("__GRAPH_JSON__", &data)
 }
 
-const HTML: &str = r##"<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'">
-<title>Talaria: what I have learned</title>
-<style>
-  body { margin: 0; font: 14px system-ui, sans-serif; background: #fbfaf7; color: #222; }
-  header { padding: 12px 16px; border-bottom: 1px solid #ddd; }
-  header h1 { font-size: 16px; margin: 0 0 4px; }
-  #stats { color: #666; }
-  svg { display: block; width: 100vw; height: calc(100vh - 64px); }
-  .skill circle { fill: #3b7dd8; }
-  .memory circle { fill: #e0a526; }
-  .node text { font-size: 11px; fill: #333; pointer-events: none; }
-  line { stroke: #999; stroke-opacity: .6; }
-  #tip { position: fixed; max-width: 360px; padding: 6px 8px; background: #fff; border: 1px solid #ccc; display: none; white-space: pre-wrap; }
-</style>
-</head>
-<body>
-<header><h1>What Talaria has learned</h1><div id="stats"></div></header>
-<svg id="graph" role="img" aria-label="learning graph"></svg>
-<div id="tip"></div>
-<script>
-"use strict";
-const graph = __GRAPH_JSON__;
-const svg = document.getElementById("graph");
-const tip = document.getElementById("tip");
-const NS = "http://www.w3.org/2000/svg";
-const s = graph.stats || {};
-document.getElementById("stats").textContent =
-  `${s.learned_skills || 0} learned skills · ${s.memory_nodes || 0} memory cards · ` +
-  `${(graph.edges || []).length} links`;
-const width = svg.clientWidth || 1000, height = svg.clientHeight || 700;
-const nodes = graph.nodes.map((n, i) => ({
-  ...n,
-  x: width / 2 + Math.cos(i * 2.4) * (60 + 12 * i),
-  y: height / 2 + Math.sin(i * 2.4) * (60 + 12 * i),
-  vx: 0, vy: 0,
-}));
-const byId = new Map(nodes.map(n => [n.id, n]));
-const links = graph.edges.map(e => ({ a: byId.get(e.source), b: byId.get(e.target) })).filter(l => l.a && l.b);
-// Fruchterman-Reingold: every pair repels, links pull, a mild pull to
-// the centre keeps loose nodes in view, and the step shrinks as it cools.
-const k = Math.sqrt((width * height) / Math.max(nodes.length, 1)) * 0.45;
-let heat = width / 8;
-for (let step = 0; step < 300; step++) {
-  for (const n of nodes) { n.vx = 0; n.vy = 0; }
-  for (let i = 0; i < nodes.length; i++) {
-    for (let j = i + 1; j < nodes.length; j++) {
-      const a = nodes[i], b = nodes[j];
-      const dx = a.x - b.x, dy = a.y - b.y;
-      const d = Math.max(0.01, Math.hypot(dx, dy));
-      const f = (k * k) / d;
-      a.vx += (dx / d) * f; a.vy += (dy / d) * f;
-      b.vx -= (dx / d) * f; b.vy -= (dy / d) * f;
-    }
-  }
-  for (const l of links) {
-    const dx = l.a.x - l.b.x, dy = l.a.y - l.b.y;
-    const d = Math.max(0.01, Math.hypot(dx, dy));
-    const f = (d * d) / k;
-    l.a.vx -= (dx / d) * f; l.a.vy -= (dy / d) * f;
-    l.b.vx += (dx / d) * f; l.b.vy += (dy / d) * f;
-  }
-  for (const n of nodes) {
-    n.vx += (width / 2 - n.x) * 0.05; n.vy += (height / 2 - n.y) * 0.05;
-    const d = Math.max(0.01, Math.hypot(n.vx, n.vy));
-    n.x += (n.vx / d) * Math.min(d, heat);
-    n.y += (n.vy / d) * Math.min(d, heat);
-    n.x = Math.max(30, Math.min(width - 180, n.x));
-    n.y = Math.max(30, Math.min(height - 30, n.y));
-  }
-  heat *= 0.97;
-}
-for (const l of links) {
-  const line = document.createElementNS(NS, "line");
-  line.setAttribute("x1", l.a.x); line.setAttribute("y1", l.a.y);
-  line.setAttribute("x2", l.b.x); line.setAttribute("y2", l.b.y);
-  svg.appendChild(line);
-}
-for (const n of nodes) {
-  const g = document.createElementNS(NS, "g");
-  g.setAttribute("class", "node " + n.kind);
-  g.setAttribute("data-id", n.id);
-  const c = document.createElementNS(NS, "circle");
-  c.setAttribute("cx", n.x); c.setAttribute("cy", n.y);
-  c.setAttribute("r", n.kind === "memory" ? 7 : 6 + Math.min(10, Math.sqrt(n.useCount || 0) * 2));
-  const t = document.createElementNS(NS, "text");
-  t.setAttribute("x", n.x + 10); t.setAttribute("y", n.y + 4);
-  t.textContent = n.label.length > 40 ? n.label.slice(0, 39) + "…" : n.label;
-  g.append(c, t);
-  g.addEventListener("mouseenter", ev => {
-    tip.style.display = "block";
-    tip.style.left = (ev.clientX + 12) + "px"; tip.style.top = (ev.clientY + 12) + "px";
-    tip.textContent = n.kind === "skill"
-      ? `${n.label}\ncategory: ${n.category}\nused: ${n.useCount}\nstate: ${n.state}`
-      : n.label;
-  });
-  g.addEventListener("mouseleave", () => { tip.style.display = "none"; });
-  svg.appendChild(g);
-}
-document.body.setAttribute("data-drawn", String(nodes.length));
-</script>
-</body>
-</html>
-"##;
+const HTML: &str = include_str!("graph.html");

@@ -14,8 +14,8 @@
 //! - [`mem0`]: an external memory provider for mem0-compatible services.
 //! - [`log`]: the append-only learning log of every change to skills and
 //!   memory, with contents kept by hash for rollback.
-//! - [`graph`]: the learning graph (learned skills and memory cards) as
-//!   JSON, DOT or a self-contained HTML page.
+//! - [`graph`]: the learning graph (every skill by who wrote it, memory
+//!   cards, their links) as JSON, DOT or a self-contained HTML page.
 //! - [`curator`]: agent-written skills that go unused turn stale, then
 //!   are archived (restorable), on an injected clock.
 //!

@@ -7,6 +7,7 @@
 //! `learning/blobs/<sha256>` holds each distinct content once. Appends take
 //! an exclusive lock, so concurrent writers never interleave a line.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -143,6 +144,50 @@ impl LearningLog {
     pub fn home(&self) -> &Path {
         &self.home
     }
+
+    /// The skills whose SKILL.md the agent created (in a conversation or
+    /// in its background review) and that have not been removed since. A
+    /// skill the agent wrote because you asked it to is among them: the
+    /// agent wrote it. Removing the skill (a delete, or undoing its
+    /// creation) takes it out again.
+    pub fn skills_created_by_agent(&self) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for entry in self.entries() {
+            // `skill:<name>` is the SKILL.md; `skill:<name>/<file>` a
+            // support file, which says nothing about who wrote the skill.
+            let Some(name) = entry.target.strip_prefix("skill:") else {
+                continue;
+            };
+            if name.contains('/') {
+                continue;
+            }
+            if entry.after.is_none() {
+                names.remove(name);
+            } else if entry.action == "create"
+                && (entry.actor == "agent" || entry.actor == "review")
+            {
+                names.insert(name.to_owned());
+            }
+        }
+        names
+    }
+}
+
+/// The user's skills the agent wrote: those its background review made of
+/// its own accord (`created_by: agent` in the usage file, which the curator
+/// manages) and those it made in a conversation, asked or not (from the
+/// learning log). Every other skill in the user's folder is the user's own.
+pub fn written_by_agent(library: &crate::skills::Library) -> BTreeSet<String> {
+    let mut names = library.log().skills_created_by_agent();
+    names.extend(
+        library
+            .usage()
+            .all()
+            .into_iter()
+            .filter(|(_, r)| r.created_by.as_deref() == Some("agent"))
+            .map(|(name, _)| name),
+    );
+    names
 }
 
 /// Undoes the latest change the agent or its review made to skill
@@ -277,5 +322,90 @@ impl talaria_agent::tools::Tool for LoggedMemory {
             );
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_wrote_the_skills_it_created_until_they_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().join("home"));
+        let log = LearningLog::new(&home);
+        let md = |name: &str| home.skills_dir().join(name).join("SKILL.md");
+        // Asked for in a conversation, or of the review's own accord.
+        log.record(
+            "agent",
+            "create",
+            "skill:asked",
+            &md("asked"),
+            None,
+            Some(b"a"),
+        );
+        log.record(
+            "review",
+            "create",
+            "skill:own",
+            &md("own"),
+            None,
+            Some(b"o"),
+        );
+        // A support file's creation says nothing about who wrote the skill.
+        let notes = home.skills_dir().join("mine/references/notes.md");
+        log.record(
+            "agent",
+            "write_file",
+            "skill:mine/references/notes.md",
+            &notes,
+            None,
+            Some(b"n"),
+        );
+        // The agent patching the user's skill does not make it the agent's.
+        log.record(
+            "agent",
+            "patch",
+            "skill:mine",
+            &md("mine"),
+            Some(b"m"),
+            Some(b"m2"),
+        );
+        // Created, then deleted: gone from the set.
+        log.record(
+            "agent",
+            "create",
+            "skill:gone",
+            &md("gone"),
+            None,
+            Some(b"g"),
+        );
+        log.record(
+            "agent",
+            "delete",
+            "skill:gone",
+            &md("gone"),
+            Some(b"g"),
+            None,
+        );
+        // Created, then the creation undone: gone too.
+        log.record(
+            "agent",
+            "create",
+            "skill:undone",
+            &md("undone"),
+            None,
+            Some(b"u"),
+        );
+        log.record(
+            "user",
+            "rollback",
+            "skill:undone",
+            &md("undone"),
+            Some(b"u"),
+            None,
+        );
+        let names: Vec<String> = log.skills_created_by_agent().into_iter().collect();
+        assert_eq!(names, ["asked", "own"]);
     }
 }
