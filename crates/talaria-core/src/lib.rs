@@ -6,6 +6,8 @@
 //!
 //! - [`message`]: transcript rows ([`Message`], [`ToolCall`], [`Role`]) and [`Usage`].
 //! - [`config`]: the typed `config.yaml` schema with its defaults, and `.env` loading.
+//! - [`effective`]: the configuration as it takes effect, with the values the
+//!   environment supplies filled in (what `config show` prints).
 //! - [`home`]: `TALARIA_HOME` and the paths inside it.
 //! - [`redact`]: secret redaction for tool output, logs and stored text.
 //! - [`ids`]: session ids, hashed platform ids, path and key validators.
