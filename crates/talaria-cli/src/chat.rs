@@ -24,6 +24,7 @@ pub(crate) const SOURCE: &str = "cli";
 
 pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     let rt = Runtime::load_without_model(home).await?;
+    retire_old_approvals(&rt.home);
     let interactive = io::stdin().is_terminal();
     let interaction = Arc::new(CliInteraction::new(
         interactive,
@@ -64,6 +65,22 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
         memory.shutdown(Duration::from_secs(5)).await;
     }
     result
+}
+
+/// Upgrades an allowlist file an older version wrote, telling the person
+/// once that its "always" entries for whole kinds of command are no longer
+/// honoured.
+fn retire_old_approvals(home: &Home) {
+    match talaria_agent::tools::terminal::upgrade_allowlist(home) {
+        Ok(keys) if !keys.is_empty() => {
+            eprintln!(
+                "{} `talaria approvals list` shows what stays allowed.",
+                talaria_agent::tools::terminal::retired_notice(&keys)
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot upgrade the command allowlist: {e}"),
+    }
 }
 
 async fn open_session(
@@ -109,10 +126,9 @@ async fn turn(
                     // No signal handling available: just wait for the turn.
                     return Ok((&mut run).await?);
                 }
-                if !cancel.is_cancelled() {
-                    eprintln!("\n(interrupting…)");
-                    cancel.cancel();
-                }
+                // The outcome says "interrupted" once the turn has
+                // stopped; nothing more to print here.
+                cancel.cancel();
             }
         }
     }
@@ -238,10 +254,12 @@ impl StreamingObserver {
         }
     }
 
-    /// Prints what streaming did not already show.
+    /// Prints what streaming did not already show. An interrupted turn's
+    /// stand-in answer is not shown: "(interrupted)" says it once.
     fn finish(&self, outcome: &TurnOutcome) {
         let streamed = self.state.lock().map(|s| s.streamed).unwrap_or(false);
-        if !streamed && !outcome.answer.is_empty() {
+        let interrupted = matches!(outcome.exit, TurnExit::Interrupted);
+        if !streamed && !interrupted && !outcome.answer.is_empty() {
             println!("{}", outcome.answer);
         } else {
             self.newline_if_needed();
