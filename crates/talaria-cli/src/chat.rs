@@ -54,7 +54,7 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     crate::skills_cmd::curate_at_start(&rt).await;
     let session = open_session(&rt, &agent, &args).await?;
     let result = match args.query {
-        Some(prompt) => one_shot(&agent, &client, &session, &prompt, args.verbose).await,
+        Some(prompt) => one_shot(&rt, &agent, &client, session, &prompt, args.verbose).await,
         None => repl(&rt, &agent, &client, session).await,
     };
     // A one-shot's review finishes before the process ends (bounded); MCP
@@ -134,15 +134,25 @@ async fn turn(
     }
 }
 
+/// `chat -q`: a slash command runs as it would at the prompt (a command
+/// answered here makes no model call; `/<skill>`, `/retry` and the like run
+/// their turn), anything else is one turn.
 async fn one_shot(
+    rt: &Runtime,
     agent: &Agent,
     client: &LlmClient,
-    session: &SessionHandle,
+    session: SessionHandle,
     prompt: &str,
     verbose: bool,
 ) -> anyhow::Result<ExitCode> {
+    let mut commands = Commands::new(rt, agent, client, session);
+    let prompt = match commands.handle(prompt).await {
+        Outcome::Handled | Outcome::Exit => return Ok(ExitCode::SUCCESS),
+        Outcome::Refused => return Ok(ExitCode::FAILURE),
+        Outcome::RunTurn(prompt) => prompt,
+    };
     let observer = QuietObserver { verbose };
-    let outcome = turn(agent, client, session, prompt, &observer).await?;
+    let outcome = turn(agent, client, commands.session(), &prompt, &observer).await?;
     match outcome.exit {
         TurnExit::Completed | TurnExit::BudgetExhausted => {
             if matches!(outcome.exit, TurnExit::BudgetExhausted) {
@@ -191,7 +201,7 @@ async fn repl(
         }
         let _ = editor.add_history_entry(text);
         let prompt = match commands.handle(text).await {
-            Outcome::Handled => continue,
+            Outcome::Handled | Outcome::Refused => continue,
             Outcome::Exit => break,
             Outcome::RunTurn(prompt) => prompt,
         };
