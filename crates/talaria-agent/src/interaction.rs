@@ -11,8 +11,13 @@ pub struct ApprovalRequest {
     pub command: String,
     /// Why it needs approval (the matched pattern's description).
     pub reason: String,
-    /// Stable key of the matched pattern, remembered for "session"/"always".
+    /// Stable key of the matched pattern, remembered for "session".
     pub pattern_key: String,
+    /// What "always" would remember from now on: exactly this command line.
+    /// `None` when this request cannot be remembered beyond the session (a
+    /// multi-line command, one holding a secret, or an action that is not a
+    /// command): a front end then does not offer "always".
+    pub always: Option<String>,
 }
 
 /// The human's answer.
@@ -20,9 +25,11 @@ pub struct ApprovalRequest {
 pub enum ApprovalDecision {
     /// Run it this once.
     Once,
-    /// Run it and allow this pattern for the rest of the session.
+    /// Run it and allow every command of its kind (the matched patterns)
+    /// for the rest of the session.
     Session,
-    /// Run it and add the pattern to the permanent allowlist.
+    /// Run it and allow exactly this command from now on (see
+    /// [`ApprovalRequest::always`]).
     Always,
     Deny,
     /// Nobody answered in time: treated as a denial.

@@ -380,23 +380,21 @@ async fn session_approval_is_remembered_for_the_session_only() {
 }
 
 #[tokio::test]
-async fn always_approval_is_persisted_for_later_sessions() {
+async fn always_approval_is_the_exact_command_for_later_sessions() {
     let human = Scripted::with(&[ApprovalDecision::Always]);
     let env = Env::with(Config::default(), human.clone());
     let dir = victim(&env);
     run(&env, "rm -r victim").await;
     assert!(!dir.exists());
+    assert_eq!(human.asked()[0].always.as_deref(), Some("rm -r victim"));
     let path = terminal::allowlist_path(&env.ctx.home);
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(
-        text.lines().any(|l| l == "recursive delete (rm -r)"),
-        "{text}"
-    );
+    assert!(text.starts_with(terminal::ALLOWLIST_HEADER), "{text}");
     assert_eq!(
         terminal::persisted_allowlist(&env.ctx.home),
-        ["recursive delete (rm -r)"]
+        ["rm -r victim"]
     );
-    // A new session in the same home runs it without asking.
+    // A new session in the same home runs exactly that command without asking...
     let mut ctx2 = env.ctx.clone();
     ctx2.session = Default::default();
     let dir = victim(&env);
@@ -407,22 +405,98 @@ async fn always_approval_is_persisted_for_later_sessions() {
     assert!(out.contains("\"exit_code\":0"), "{out}");
     assert!(!dir.exists());
     assert_eq!(human.asked().len(), 1);
-    // ...but not when chained with other commands.
+    // ...but asks for any other recursive delete (the script now denies)...
+    let other = env.work().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let out = TerminalTool
+        .call(json!({"command": "rm -r other"}), &ctx2)
+        .await
+        .unwrap();
+    assert!(out.starts_with(terminal::DENIED_PREFIX), "{out}");
+    assert!(other.exists());
+    // ...and for the same command chained with another.
     victim(&env);
     let out = TerminalTool
         .call(json!({"command": "rm -r victim && echo done"}), &ctx2)
         .await
         .unwrap();
     assert!(out.starts_with(terminal::DENIED_PREFIX), "{out}");
-    // Persisting twice keeps one line.
-    terminal::persist_allowlist_entry(&env.ctx.home, "recursive delete (rm -r)").unwrap();
+    assert_eq!(human.asked().len(), 3);
+    // Persisting twice keeps one line; revoking removes it.
+    terminal::persist_allowlist_entry(&env.ctx.home, "rm -r victim").unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.lines().filter(|l| *l == "rm -r victim").count(), 1);
+    assert!(terminal::revoke_allowlist_entry(&env.ctx.home, "rm -r victim").unwrap());
+    assert!(!terminal::revoke_allowlist_entry(&env.ctx.home, "rm -r victim").unwrap());
+    assert!(terminal::persisted_allowlist(&env.ctx.home).is_empty());
+}
+
+#[tokio::test]
+async fn always_with_a_secret_in_the_command_is_not_written_down() {
+    let human = Scripted::with(&[ApprovalDecision::Always]);
+    let env = Env::with(Config::default(), human.clone());
+    victim(&env);
+    let command = "rm -r victim sk-abcdefghijklmnopqrstuvwx";
+    run(&env, command).await;
+    assert_eq!(human.asked()[0].always, None, "always is not offered");
+    assert!(terminal::persisted_allowlist(&env.ctx.home).is_empty());
+}
+
+#[tokio::test]
+async fn pattern_keys_from_an_old_allowlist_are_retired_not_honoured() {
+    let human = Scripted::with(&[ApprovalDecision::Deny]);
+    let env = Env::with(Config::default(), human.clone());
+    let path = terminal::allowlist_path(&env.ctx.home);
+    std::fs::create_dir_all(env.ctx.home.root()).unwrap();
+    std::fs::write(
+        &path,
+        "# Command patterns approved with \"always\"; commands matching them run\n\
+         # without asking. One pattern key or command glob per line.\n\
+         recursive delete (rm -r)\n\
+         git reset --hard\n\
+         ls -la /tmp\n",
+    )
+    .unwrap();
+    // The old key no longer lets every `rm -r` through.
+    let dir = victim(&env);
+    let out = run(&env, "rm -r victim").await;
+    assert!(out.starts_with(terminal::DENIED_PREFIX), "{out}");
+    assert!(dir.exists());
+    let stored = terminal::read_allowlist(&env.ctx.home).unwrap();
     assert_eq!(
-        text.lines()
-            .filter(|l| *l == "recursive delete (rm -r)")
-            .count(),
-        1
+        stored.retired,
+        ["recursive delete (rm -r)", "git reset --hard"]
     );
+    assert_eq!(stored.commands, ["ls -la /tmp"]);
+
+    // Upgrading turns them into comments, once.
+    assert_eq!(
+        terminal::upgrade_allowlist(&env.ctx.home).unwrap(),
+        ["recursive delete (rm -r)", "git reset --hard"]
+    );
+    assert!(
+        terminal::upgrade_allowlist(&env.ctx.home)
+            .unwrap()
+            .is_empty()
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with(terminal::ALLOWLIST_HEADER), "{text}");
+    assert!(!text.contains("One pattern key"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with('#') && l.ends_with("recursive delete (rm -r)")),
+        "{text}"
+    );
+    assert_eq!(
+        terminal::persisted_allowlist(&env.ctx.home),
+        ["ls -la /tmp"]
+    );
+
+    // In the new format a line that reads like a key is the exact command.
+    terminal::persist_allowlist_entry(&env.ctx.home, "git reset --hard").unwrap();
+    let stored = terminal::read_allowlist(&env.ctx.home).unwrap();
+    assert!(stored.retired.is_empty());
+    assert_eq!(stored.commands, ["ls -la /tmp", "git reset --hard"]);
 }
 
 #[tokio::test]

@@ -28,6 +28,7 @@ pub(crate) const ONE_SHOT_SOURCE: &str = "cli-oneshot";
 
 pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     let rt = Runtime::load_without_model(home).await?;
+    retire_old_approvals(&rt.home);
     let interactive = io::stdin().is_terminal();
     let interaction = Arc::new(CliInteraction::new(
         interactive,
@@ -57,7 +58,7 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     crate::skills_cmd::curate_at_start(&rt).await;
     let session = open_session(&rt, &agent, &args).await?;
     let result = match args.query {
-        Some(prompt) => one_shot(&agent, &client, &session, &prompt, args.verbose).await,
+        Some(prompt) => one_shot(&rt, &agent, &client, session, &prompt, args.verbose).await,
         None => repl(&rt, &agent, &client, session).await,
     };
     // A one-shot's review finishes before the process ends (bounded); MCP
@@ -68,6 +69,22 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
         memory.shutdown(Duration::from_secs(5)).await;
     }
     result
+}
+
+/// Upgrades an allowlist file an older version wrote, telling the person
+/// once that its "always" entries for whole kinds of command are no longer
+/// honoured.
+fn retire_old_approvals(home: &Home) {
+    match talaria_agent::tools::terminal::upgrade_allowlist(home) {
+        Ok(keys) if !keys.is_empty() => {
+            eprintln!(
+                "{} `talaria approvals list` shows what stays allowed.",
+                talaria_agent::tools::terminal::retired_notice(&keys)
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot upgrade the command allowlist: {e}"),
+    }
 }
 
 async fn open_session(
@@ -157,24 +174,33 @@ async fn turn(
                     // No signal handling available: just wait for the turn.
                     return Ok((&mut run).await?);
                 }
-                if !cancel.is_cancelled() {
-                    eprintln!("\n(interrupting…)");
-                    cancel.cancel();
-                }
+                // The outcome says "interrupted" once the turn has
+                // stopped; nothing more to print here.
+                cancel.cancel();
             }
         }
     }
 }
 
+/// `chat -q`: a slash command runs as it would at the prompt (a command
+/// answered here makes no model call; `/<skill>`, `/retry` and the like run
+/// their turn), anything else is one turn.
 async fn one_shot(
+    rt: &Runtime,
     agent: &Agent,
     client: &LlmClient,
-    session: &SessionHandle,
+    session: SessionHandle,
     prompt: &str,
     verbose: bool,
 ) -> anyhow::Result<ExitCode> {
+    let mut commands = Commands::new(rt, agent, client, session);
+    let prompt = match commands.handle(prompt).await {
+        Outcome::Handled | Outcome::Exit => return Ok(ExitCode::SUCCESS),
+        Outcome::Refused => return Ok(ExitCode::FAILURE),
+        Outcome::RunTurn(prompt) => prompt,
+    };
     let observer = QuietObserver { verbose };
-    let outcome = turn(agent, client, session, prompt, &observer).await?;
+    let outcome = turn(agent, client, commands.session(), &prompt, &observer).await?;
     match outcome.exit {
         TurnExit::Completed | TurnExit::BudgetExhausted => {
             if matches!(outcome.exit, TurnExit::BudgetExhausted) {
@@ -223,7 +249,7 @@ async fn repl(
         }
         let _ = editor.add_history_entry(text);
         let prompt = match commands.handle(text).await {
-            Outcome::Handled => continue,
+            Outcome::Handled | Outcome::Refused => continue,
             Outcome::Exit => break,
             Outcome::RunTurn(prompt) => prompt,
         };
@@ -286,10 +312,12 @@ impl StreamingObserver {
         }
     }
 
-    /// Prints what streaming did not already show.
+    /// Prints what streaming did not already show. An interrupted turn's
+    /// stand-in answer is not shown: "(interrupted)" says it once.
     fn finish(&self, outcome: &TurnOutcome) {
         let streamed = self.state.lock().map(|s| s.streamed).unwrap_or(false);
-        if !streamed && !outcome.answer.is_empty() {
+        let interrupted = matches!(outcome.exit, TurnExit::Interrupted);
+        if !streamed && !interrupted && !outcome.answer.is_empty() {
             println!("{}", outcome.answer);
         } else {
             self.newline_if_needed();

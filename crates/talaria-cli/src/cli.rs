@@ -36,6 +36,11 @@ pub enum Command {
         #[command(subcommand)]
         command: GatewayCommand,
     },
+    /// Commands approved with "always": list them, take one back.
+    Approvals {
+        #[command(subcommand)]
+        command: crate::approvals_cmd::ApprovalsCommand,
+    },
     /// Approve strangers who asked for access with a pairing code.
     Pairing {
         #[command(subcommand)]

@@ -10,6 +10,7 @@
 //! - [`interact`]: terminal prompts for approvals and clarifying questions.
 //! - [`gateway_cmd`]: `talaria gateway`, the messaging gateway's process.
 //! - [`pairing_cmd`]: approving strangers' pairing codes.
+//! - [`approvals_cmd`]: `talaria approvals`, the commands approved with "always".
 //! - [`send_cmd`]: `talaria send`, through the running gateway or directly.
 //! - [`skills_cmd`]: `talaria skills`, and the curator's look at start-up.
 //! - [`mcp_cmd`]: `talaria mcp`, MCP servers' offers and Talaria as one.
@@ -19,6 +20,7 @@
 //! - [`logging`]: tracing to stderr through the secret redactor.
 #![forbid(unsafe_code)]
 
+mod approvals_cmd;
 mod chat;
 mod cli;
 mod config_cmd;
@@ -222,6 +224,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::Approvals { command } => approvals_cmd::run(&home, command),
         Command::Send { target, text } => send_cmd::run(home, &target, &text).await,
         Command::Cron { command } => cron_cmd::run(home, command).await,
         Command::Mcp { command } => mcp_cmd::run(home, command).await,

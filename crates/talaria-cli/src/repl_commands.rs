@@ -5,6 +5,10 @@
 //! `/help` mean the same in both, and a mistyped command is answered here
 //! instead of being sent to the model as a question.
 //!
+//! `talaria chat -q` hands its text here too, so a one-shot slash command
+//! runs the command (or the skill's turn) instead of reaching the model, and
+//! an unknown one fails the same way.
+//!
 //! The REPL only reads a line between turns (Ctrl-C is what interrupts a
 //! running one), so nothing here meets a turn in progress: `/stop` has
 //! nothing to stop, `/queue` and `/steer` run their prompt now, and the
@@ -31,6 +35,10 @@ const MAX_TITLE: usize = 100;
 pub enum Outcome {
     /// The line was answered here; show the prompt again.
     Handled,
+    /// The line was refused here (an unknown command, wrong usage, or a
+    /// command that failed), with the reason on stderr. The REPL goes on;
+    /// a one-shot `-q` exits non-zero.
+    Refused,
     /// Run this text as a turn in the current session.
     RunTurn(String),
     /// Leave the REPL.
@@ -204,39 +212,46 @@ impl<'a> Commands<'a> {
         &self.session
     }
 
-    /// Handles one typed, trimmed, non-empty line: answers a command here,
-    /// or says which text to run as a turn.
+    /// Handles one typed, non-empty line: answers a command here, or says
+    /// which text to run as a turn (text that is not a command comes back
+    /// as it was given).
     ///
     /// A failing command is reported and the REPL goes on: a store hiccup
     /// in `/sessions` is no reason to end the chat.
     pub async fn handle(&mut self, line: &str) -> Outcome {
-        let reply = match classify(line) {
+        let step = match classify(line) {
             Line::Prompt => return Outcome::RunTurn(line.to_owned()),
             Line::Unknown(name, args) => {
                 match talaria_learning::invoke::invocation(&self.rt.skills, name, args) {
                     Some(message) => return Outcome::RunTurn(message),
-                    None => Ok(format!(
-                        "Unknown command /{name}. Type /help to see the commands, or ask for skills_list."
-                    )),
+                    None => Ok(Step::Refuse(format!(
+                        "Unknown command /{name}. Type /help to see the commands, or /skills to see the skills."
+                    ))),
                 }
             }
-            Line::GatewayOnly(name) => Ok(format!(
+            Line::GatewayOnly(name) => Ok(Step::Refuse(format!(
                 "/{name} is only available in chats served by the gateway. Type /help to see the commands here."
-            )),
-            Line::Unsupported(name) => Ok(format!(
+            ))),
+            Line::Unsupported(name) => Ok(Step::Refuse(format!(
                 "/{name} is not available in the terminal yet. Type /help to see the commands here."
-            )),
-            Line::Command(def, action, args) => match self.run(def, action, args).await {
-                Ok(Step::Say(text)) => Ok(text),
-                Ok(Step::Go(outcome)) => return outcome,
-                Err(e) => Err(e),
-            },
+            ))),
+            Line::Command(def, action, args) => self.run(def, action, args).await,
         };
-        match reply {
-            Ok(text) => println!("{text}"),
-            Err(e) => eprintln!("error: {e:#}"),
+        match step {
+            Ok(Step::Say(text)) => {
+                println!("{text}");
+                Outcome::Handled
+            }
+            Ok(Step::Refuse(text)) => {
+                eprintln!("{text}");
+                Outcome::Refused
+            }
+            Ok(Step::Go(outcome)) => outcome,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                Outcome::Refused
+            }
         }
-        Outcome::Handled
     }
 
     async fn run(
@@ -247,7 +262,9 @@ impl<'a> Commands<'a> {
     ) -> anyhow::Result<Step> {
         let text = match action {
             Action::Exit => return Ok(Step::Go(Outcome::Exit)),
-            Action::RunNow if args.is_empty() => format!("Usage: {}", def.usage()),
+            Action::RunNow if args.is_empty() => {
+                return Ok(Step::Refuse(format!("Usage: {}", def.usage())));
+            }
             Action::RunNow => return Ok(Step::Go(Outcome::RunTurn(args.to_owned()))),
             Action::Retry => return self.retry().await,
             Action::New => self.new_session(args).await?,
@@ -261,8 +278,8 @@ impl<'a> Commands<'a> {
                 format_sessions(&list, &counts, &self.session.id)
             }
             Action::Resume => self.resume(args).await?,
-            Action::Title => self.title(args).await?,
-            Action::Undo => self.undo(def, args).await?,
+            Action::Title => return self.title(args).await,
+            Action::Undo => return self.undo(def, args).await,
             Action::Compress => self.compress().await?,
             Action::Model => self.model(args),
             Action::Usage => self.usage().await?,
@@ -275,7 +292,9 @@ impl<'a> Commands<'a> {
             Action::ReloadMcp => self.agent.parts().registry.reload_sources().await,
             Action::Skills => talaria_learning::invoke::listing(&self.rt.skills),
             Action::Learn if args.trim().is_empty() => {
-                "Usage: /learn <topic>, for example /learn rotating nginx logs".to_owned()
+                return Ok(Step::Refuse(
+                    "Usage: /learn <topic>, for example /learn rotating nginx logs".to_owned(),
+                ));
             }
             Action::Learn => {
                 return Ok(Step::Go(Outcome::RunTurn(
@@ -402,22 +421,22 @@ impl<'a> Commands<'a> {
         ))
     }
 
-    async fn title(&self, args: &str) -> anyhow::Result<String> {
+    async fn title(&self, args: &str) -> anyhow::Result<Step> {
         if args.is_empty() {
-            return Ok(match self.record().await?.title {
+            return Ok(Step::Say(match self.record().await?.title {
                 Some(t) => format!("Title: {t}"),
                 None => "This session has no title. /title <name> sets one.".to_owned(),
-            });
+            }));
         }
         let Some(title) = clean_title(args) else {
-            return Ok("Usage: /title [name]".to_owned());
+            return Ok(Step::Refuse("Usage: /title [name]".to_owned()));
         };
         self.rt
             .store
             .set_title(&self.session.id, &title)
             .await
             .context("cannot set the title")?;
-        Ok(format!("Title set: {title}"))
+        Ok(Step::Say(format!("Title set: {title}")))
     }
 
     async fn retry(&self) -> anyhow::Result<Step> {
@@ -428,21 +447,21 @@ impl<'a> Commands<'a> {
         }
     }
 
-    async fn undo(&self, def: &CommandDef, args: &str) -> anyhow::Result<String> {
+    async fn undo(&self, def: &CommandDef, args: &str) -> anyhow::Result<Step> {
         let Some(n) = exchange_count(args) else {
-            return Ok(format!("Usage: {}", def.usage()));
+            return Ok(Step::Refuse(format!("Usage: {}", def.usage())));
         };
         let removed = self
             .agent
             .rewind(&self.session.id, n)
             .await
             .context("cannot undo")?;
-        Ok(match (removed, n) {
+        Ok(Step::Say(match (removed, n) {
             (Some(_), 1) => "Removed the last exchange from this session.".to_owned(),
             (Some(_), n) => format!("Removed the last {n} exchanges from this session."),
             (None, 1) => "There is nothing to undo.".to_owned(),
             (None, n) => format!("This session has fewer than {n} exchanges; nothing was removed."),
-        })
+        }))
     }
 
     async fn compress(&self) -> anyhow::Result<String> {
@@ -466,7 +485,7 @@ impl<'a> Commands<'a> {
             format!("Model: {model}")
         } else {
             format!(
-                "Model: {model}. Switching models here is not supported; set model.default in {} and restart talaria chat.",
+                "Model: {model}. /model only shows the model; to use another, set model.default in {} and start talaria chat again.",
                 self.rt.home.config_file().display()
             )
         }
@@ -490,6 +509,8 @@ impl<'a> Commands<'a> {
 enum Step {
     /// Print this and prompt again.
     Say(String),
+    /// Print this on stderr: the line was refused (wrong usage).
+    Refuse(String),
     /// Hand this to the REPL loop.
     Go(Outcome),
 }

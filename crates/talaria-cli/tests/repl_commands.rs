@@ -183,3 +183,111 @@ fn sessions_resume_new_and_the_prompt_only_commands() {
     assert_eq!(c.user_texts(0), vec!["do this now"]);
     c.exit();
 }
+
+/// `talaria chat -q <text>` in a home wired to `mock`, without a terminal.
+fn one_shot(home: &std::path::Path, text: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_talaria"))
+        .arg("--home")
+        .arg(home)
+        .args(["chat", "-q", text])
+        .env_remove("TALARIA_HOME")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn one_shot_home(mock: &MockOpenAi) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("config.yaml"),
+        format!(
+            "model:\n  default: mock-model\n  base_url: {}\n",
+            mock.base_url()
+        ),
+    )
+    .unwrap();
+    (dir, home)
+}
+
+#[test]
+fn a_one_shot_slash_command_runs_the_command_without_the_model() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mock = rt.block_on(MockOpenAi::start());
+    let (_dir, home) = one_shot_home(&mock);
+
+    let help = one_shot(&home, "/help");
+    let out = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{help:?}");
+    assert!(out.contains("/exit (also /quit)"), "{out}");
+    assert!(out.contains("/model — Show the model\n"), "{out}");
+
+    let version = one_shot(&home, "/version");
+    assert!(version.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout),
+        format!("Talaria {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    assert!(mock.requests().is_empty(), "a command reached the model");
+}
+
+#[test]
+fn an_unknown_one_shot_command_points_to_help_and_fails() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mock = rt.block_on(MockOpenAi::start());
+    let (_dir, home) = one_shot_home(&mock);
+    for (line, says) in [
+        ("/frobnicate now", "Unknown command /frobnicate. Type /help"),
+        ("/sethome", "only available in chats served by the gateway"),
+        ("/queue", "Usage: /queue <prompt>"),
+    ] {
+        let out = one_shot(&home, line);
+        assert!(!out.status.success(), "{line}: {out:?}");
+        assert!(out.stdout.is_empty(), "{line}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{line}: {err}");
+    }
+    assert!(mock.requests().is_empty(), "a command reached the model");
+}
+
+#[test]
+fn a_one_shot_skill_command_runs_the_skill_turn() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mock = rt.block_on(MockOpenAi::start());
+    let (_dir, home) = one_shot_home(&mock);
+    let skill = home.join("skills/ops/rotate-logs");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(
+        skill.join("SKILL.md"),
+        "---\nname: rotate-logs\ndescription: Rotate the app logs.\n---\n1. gzip old logs.\n",
+    )
+    .unwrap();
+    mock.push(Reply::text("logs rotated"));
+    let out = one_shot(&home, "/rotate-logs only nginx");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "logs rotated\n");
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), 1);
+    let user: Vec<&str> = reqs[0].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert_eq!(user.len(), 1, "{user:?}");
+    assert!(
+        user[0].contains("invoked the \"rotate-logs\" skill")
+            && user[0].contains("1. gzip old logs.")
+            && user[0].contains("The user's instruction with the skill: only nginx"),
+        "{}",
+        user[0]
+    );
+
+    // Text that only looks like a command still goes to the model as is.
+    mock.push(Reply::text("a path"));
+    let out = one_shot(&home, "/usr/bin/ls -la");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(mock.requests().len(), 2);
+}

@@ -213,8 +213,9 @@ pub static COMMANDS: &[CommandDef] = &[
     def(
         "model",
         &[],
-        "[name]",
-        "Show or change the model",
+        "",
+        // Switching is not implemented: say only what the command does.
+        "Show the model",
         Both,
         Refused,
     ),

@@ -545,7 +545,10 @@ pub struct Config {
     pub memory: MemoryConfig,
     pub compression: CompressionConfig,
     pub approvals: ApprovalsConfig,
-    /// Command patterns approved with "always"; they run without asking.
+    /// Commands that run without asking, written by hand: a command glob
+    /// (`git push origin *`) or a guard pattern key (every command of that
+    /// kind). Only commands without shell operators match. "Always" answers
+    /// are not added here but to `command_allowlist.txt`, as exact commands.
     pub command_allowlist: Vec<String>,
     pub terminal: TerminalConfig,
     /// `talaria gateway run`: routing, busy handling, shutdown.

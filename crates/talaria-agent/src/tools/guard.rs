@@ -5,7 +5,8 @@
 //! the approval mode or allowlist says. The pattern list names commands that
 //! are often fine but destructive when wrong (recursive deletes, force
 //! pushes, `DROP TABLE`); those need a human's approval unless approvals are
-//! off or the pattern was approved before.
+//! off, the pattern was approved for the session, or the exact command was
+//! approved "always" (see [`super::terminal::authorize`]).
 //!
 //! Matching runs over several de-obfuscated spellings of the command
 //! (quotes and backslashes stripped, `sudo`/`env`/`command` wrappers and
@@ -38,8 +39,9 @@ pub enum GuardVerdict {
 /// One matched approval pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
-    /// Stable key, remembered for "session" and "always" approvals. It is
-    /// the description itself, so an allowlist stays readable.
+    /// Stable key, remembered for "session" approvals and usable in the
+    /// configuration's `command_allowlist`. It is the description itself,
+    /// so an allowlist stays readable.
     pub key: &'static str,
 }
 

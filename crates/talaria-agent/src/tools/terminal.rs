@@ -14,10 +14,13 @@
 //! or `config.yaml` is refused ([`super::secret_files`]).
 //!
 //! "Always" approvals are persisted to `$TALARIA_HOME/command_allowlist.txt`
-//! (one pattern key or command glob per line, `#` comments) rather than into
+//! (one exact command per line, `#` comments) rather than into
 //! `config.yaml`: rewriting a hand-edited YAML file risks losing comments
 //! and formatting, while a dedicated file is trivially safe to append to.
-//! Entries from both places are honoured.
+//! "Always" means the command shown and nothing more; patterns (globs, or a
+//! guard pattern key for every command of a kind) are written by hand in
+//! `command_allowlist` in `config.yaml`. Older versions stored the pattern
+//! key on "always"; such lines are retired, not honoured ([`upgrade_allowlist`]).
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
@@ -38,6 +41,30 @@ use crate::process_group::GroupKiller;
 
 /// File name of the persisted allowlist inside the home.
 pub const ALLOWLIST_FILE: &str = "command_allowlist.txt";
+
+/// First line of an allowlist file whose entries are exact commands. A file
+/// without it was written by an older Talaria, whose "always" stored the
+/// guard's pattern key: one answer allowed every command of that kind.
+pub const ALLOWLIST_HEADER: &str = "# Talaria command allowlist (format 2)";
+
+/// The explanation written under [`ALLOWLIST_HEADER`].
+const ALLOWLIST_PREAMBLE: &[&str] = &[
+    "# Each line is one command approved with \"always\" (in talaria chat, or with",
+    "# /approve always in a chat app): exactly that command runs again without",
+    "# asking. `talaria approvals list` shows them, `talaria approvals revoke`",
+    "# removes one. Patterns belong in command_allowlist in config.yaml.",
+];
+
+/// The comment lines older versions started the file with; replaced by the
+/// new header when the file is upgraded.
+const OLD_PREAMBLE: &[&str] = &[
+    "# Command patterns approved with \"always\"; commands matching them run",
+    "# without asking. One pattern key or command glob per line.",
+];
+
+/// How an upgraded file keeps an old pattern-key line, so the person who
+/// reads it sees what happened.
+const RETIRED_PREFIX: &str = "# no longer honoured (it allowed every command of this kind): ";
 
 /// How long to keep reading after the shell exits while something it left
 /// in the background still holds the output pipe open.
@@ -77,30 +104,82 @@ pub fn allowlist_path(home: &Home) -> PathBuf {
     home.root().join(ALLOWLIST_FILE)
 }
 
-/// Entries of the persisted allowlist (empty when the file is missing).
-pub fn persisted_allowlist(home: &Home) -> Vec<String> {
+/// What the persisted allowlist holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredAllowlist {
+    /// Exact commands approved with "always", in the order they were added.
+    pub commands: Vec<String>,
+    /// Pattern keys an older version stored there. They are not honoured:
+    /// each allowed every command of its kind, far more than the one
+    /// command the person saw.
+    pub retired: Vec<String>,
+}
+
+/// Whether `text` is an allowlist file in the current format.
+fn is_current(text: &str) -> bool {
+    text.lines()
+        .next()
+        .is_some_and(|l| l.trim() == ALLOWLIST_HEADER)
+}
+
+fn parse_allowlist(text: &str) -> StoredAllowlist {
+    let current = is_current(text);
+    let keys = guard::pattern_keys();
+    let mut out = StoredAllowlist::default();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        // Some keys read like commands (`git reset --hard`): only an old
+        // file's lines are taken for keys.
+        if !current && keys.contains(&line) {
+            out.retired.push(line.to_owned());
+        } else if !out.commands.iter().any(|c| c == line) {
+            out.commands.push(line.to_owned());
+        }
+    }
+    out
+}
+
+/// Reads the persisted allowlist (empty when the file is missing).
+pub fn read_allowlist(home: &Home) -> std::io::Result<StoredAllowlist> {
     match std::fs::read_to_string(allowlist_path(home)) {
-        Ok(text) => text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(str::to_owned)
-            .collect(),
-        Err(_) => Vec::new(),
+        Ok(text) => Ok(parse_allowlist(&text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(StoredAllowlist::default()),
+        Err(e) => Err(e),
     }
 }
 
-/// Appends `entry` to the persisted allowlist (no-op if present), under a
-/// file lock and with an atomic replace so concurrent sessions cannot lose
-/// each other's entries.
-pub fn persist_allowlist_entry(home: &Home, entry: &str) -> std::io::Result<()> {
-    let entry = entry.trim();
-    if entry.is_empty() || entry.contains(['\n', '\r']) {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "an allowlist entry must be one non-empty line",
-        ));
-    }
+/// The commands of the persisted allowlist (empty when the file is missing
+/// or unreadable).
+pub fn persisted_allowlist(home: &Home) -> Vec<String> {
+    read_allowlist(home).map(|a| a.commands).unwrap_or_default()
+}
+
+/// The entry "always" stores for `command`, given the command as the human
+/// was shown it; `None` when it cannot be stored: it spans lines (the file
+/// holds one a line), starts like a comment, or holds something the
+/// redactor hides (a secret must not be written to a plain file, and the
+/// human did not see the command in full).
+pub fn always_entry(command: &str, shown: &str) -> Option<String> {
+    let entry = command.trim();
+    let storable = !entry.is_empty()
+        && !entry.contains(['\n', '\r'])
+        && !entry.starts_with('#')
+        && shown.trim() == entry;
+    storable.then(|| entry.to_owned())
+}
+
+/// Runs `change` on the allowlist file's lines under the file lock, and
+/// writes the result back atomically if it differs, so concurrent sessions
+/// cannot lose each other's entries. A file from an older version is
+/// upgraded first: its pattern keys become comments. A missing file stays
+/// missing unless `change` adds an entry. Returns what `change` returned
+/// and the pattern keys this call retired.
+fn edit_allowlist<R>(
+    home: &Home,
+    change: impl FnOnce(&mut Vec<String>) -> R,
+) -> std::io::Result<(R, Vec<String>)> {
     std::fs::create_dir_all(home.root())?;
     let path = allowlist_path(home);
     let lock = OpenOptions::new()
@@ -110,27 +189,131 @@ pub fn persist_allowlist_entry(home: &Home, entry: &str) -> std::io::Result<()> 
         .write(true)
         .open(home.root().join(format!("{ALLOWLIST_FILE}.lock")))?;
     fs4::fs_std::FileExt::lock_exclusive(&lock)?;
-    let mut text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::from(
-            "# Command patterns approved with \"always\"; commands matching them run\n\
-             # without asking. One pattern key or command glob per line.\n",
-        ),
+    let (before, existed) = match std::fs::read_to_string(&path) {
+        Ok(t) => (t, true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), false),
         Err(e) => return Err(e),
     };
-    if text.lines().any(|l| l.trim() == entry) {
-        return Ok(());
+    let mut retired = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
+    if is_current(&before) {
+        lines.extend(before.lines().map(str::to_owned));
+    } else {
+        lines.push(ALLOWLIST_HEADER.to_owned());
+        lines.extend(ALLOWLIST_PREAMBLE.iter().map(|l| (*l).to_owned()));
+        let keys = guard::pattern_keys();
+        for line in before.lines() {
+            let t = line.trim();
+            if OLD_PREAMBLE.contains(&t) {
+                continue;
+            }
+            if keys.contains(&t) {
+                retired.push(t.to_owned());
+                lines.push(format!("{RETIRED_PREFIX}{t}"));
+            } else {
+                lines.push(line.to_owned());
+            }
+        }
     }
-    if !text.is_empty() && !text.ends_with('\n') {
-        text.push('\n');
+    let result = change(&mut lines);
+    let has_entries = lines.iter().any(|l| {
+        let t = l.trim();
+        !t.is_empty() && !t.starts_with('#')
+    });
+    let mut after = lines.join("\n");
+    after.push('\n');
+    if after != before && (existed || has_entries) {
+        super::atomic_write(&path, after.as_bytes())?;
     }
-    text.push_str(entry);
-    text.push('\n');
-    super::atomic_write(&path, text.as_bytes())
+    Ok((result, retired))
+}
+
+/// Whether `line` is the entry `entry` (not a comment).
+fn is_entry(line: &str, entry: &str) -> bool {
+    let t = line.trim();
+    !t.starts_with('#') && t == entry
+}
+
+/// Upgrades an allowlist file written by an older version: its pattern
+/// keys, which allowed every command of a kind, become comments. Returns
+/// the keys retired now (empty when there was nothing to do), for a
+/// one-time notice.
+pub fn upgrade_allowlist(home: &Home) -> std::io::Result<Vec<String>> {
+    match std::fs::read_to_string(allowlist_path(home)) {
+        Ok(text) if !is_current(&text) => Ok(edit_allowlist(home, |_| ())?.1),
+        Ok(_) => Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What to tell a person whose allowlist held retired pattern keys.
+pub fn retired_notice(keys: &[String]) -> String {
+    format!(
+        "Note: {} listed kinds of command ({}) that an earlier \"always\" allowed \
+         wholesale. They are no longer honoured: such commands ask again, and \
+         \"always\" now remembers only the exact command you approve.",
+        ALLOWLIST_FILE,
+        keys.join("; ")
+    )
+}
+
+/// Adds `command` to the persisted allowlist (no-op if present).
+pub fn persist_allowlist_entry(home: &Home, command: &str) -> std::io::Result<()> {
+    let entry = command.trim();
+    if entry.is_empty() || entry.contains(['\n', '\r']) || entry.starts_with('#') {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "an allowlist entry must be one non-empty line that does not start with #",
+        ));
+    }
+    let ((), retired) = edit_allowlist(home, |lines| {
+        if !lines.iter().any(|l| is_entry(l, entry)) {
+            lines.push(entry.to_owned());
+        }
+    })?;
+    if !retired.is_empty() {
+        tracing::warn!("{}", retired_notice(&retired));
+    }
+    Ok(())
+}
+
+/// Removes `command` from the persisted allowlist; whether it was there.
+pub fn revoke_allowlist_entry(home: &Home, command: &str) -> std::io::Result<bool> {
+    let entry = command.trim();
+    if entry.is_empty() || !allowlist_path(home).exists() {
+        return Ok(false);
+    }
+    let (removed, _) = edit_allowlist(home, |lines| {
+        let before = lines.len();
+        lines.retain(|l| !is_entry(l, entry));
+        lines.len() != before
+    })?;
+    Ok(removed)
+}
+
+/// The key under which a session remembers one exact command approved with
+/// "always" (it holds for the session even when the file cannot be
+/// written). Pattern keys never start like this.
+fn session_command_key(command: &str) -> String {
+    format!("command:{}", command.trim())
+}
+
+/// Warns once per process about retired entries an old file still holds
+/// (the gateway may run without anyone upgrading the file).
+fn warn_retired_once(keys: &[String]) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| tracing::warn!("{}", retired_notice(keys)));
 }
 
 /// Decides whether `command` may run, asking the human when the guard says
 /// so. `Err` holds the message for the model when it may not.
+///
+/// What lets a flagged command run without asking: approvals off; the exact
+/// command approved with "always" (the file) or earlier in the session; a
+/// `command_allowlist` entry of the configuration (a glob or a pattern key,
+/// only for commands without shell operators); every matched pattern
+/// approved for the session.
 pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Result<(), String> {
     if let Some(file) = super::secret_files::command_reaches(&ctx.home, command, workdir) {
         return Err(format!(
@@ -155,22 +338,43 @@ pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Resu
     if ctx.config.approvals.mode == ApprovalMode::Off {
         return Ok(());
     }
+    let exact = command.trim();
+    let session_key = session_command_key(exact);
+    if ctx
+        .session
+        .approved_patterns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&session_key)
+    {
+        return Ok(());
+    }
+    // An exact command the human saw and allowed: shell operators in it
+    // were part of what they approved.
+    let home = ctx.home.clone();
+    let stored = match tokio::task::spawn_blocking(move || read_allowlist(&home)).await {
+        Ok(Ok(stored)) => stored,
+        Ok(Err(e)) => {
+            tracing::warn!("cannot read the command allowlist: {e}");
+            StoredAllowlist::default()
+        }
+        Err(e) => {
+            tracing::warn!("cannot read the command allowlist: {e}");
+            StoredAllowlist::default()
+        }
+    };
+    if !stored.retired.is_empty() {
+        warn_retired_once(&stored.retired);
+    }
+    if stored.commands.iter().any(|c| c == exact) {
+        return Ok(());
+    }
     let mut remaining: Vec<&'static str> = findings.iter().map(|f| f.key).collect();
     if !guard::has_shell_operators(command) {
-        let home = ctx.home.clone();
-        let persisted = tokio::task::spawn_blocking(move || persisted_allowlist(&home))
-            .await
-            .unwrap_or_default();
-        let allow: Vec<&String> = ctx
-            .config
-            .command_allowlist
-            .iter()
-            .chain(persisted.iter())
-            .collect();
-        let trimmed = command.trim();
+        let allow = &ctx.config.command_allowlist;
         if allow
             .iter()
-            .any(|a| a.as_str() == trimmed || guard::glob_match(a, trimmed))
+            .any(|a| a.as_str() == exact || guard::glob_match(a, exact))
         {
             return Ok(());
         }
@@ -187,10 +391,13 @@ pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Resu
     let Some(first) = remaining.first() else {
         return Ok(());
     };
+    let shown = ctx.redactor.redact(command);
+    let always = always_entry(command, &shown);
     let request = ApprovalRequest {
-        command: ctx.redactor.redact(command),
+        command: shown,
         reason: remaining.join("; "),
         pattern_key: (*first).to_owned(),
+        always: always.clone(),
     };
     let wait = Duration::from_secs(ctx.config.approvals.timeout_secs.max(1));
     let decision = tokio::select! {
@@ -202,23 +409,28 @@ pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Resu
     };
     match decision {
         ApprovalDecision::Once => Ok(()),
-        ApprovalDecision::Session | ApprovalDecision::Always => {
-            {
-                let mut approved = ctx
-                    .session
-                    .approved_patterns
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                approved.extend(remaining.iter().map(|k| (*k).to_owned()));
-            }
-            if decision == ApprovalDecision::Always {
+        ApprovalDecision::Session => {
+            ctx.session
+                .approved_patterns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(remaining.iter().map(|k| (*k).to_owned()));
+            Ok(())
+        }
+        // "Always" is this exact command and nothing else. It also holds
+        // for the rest of the session in case the file cannot be written
+        // (or, for a command that cannot be stored, only there).
+        ApprovalDecision::Always => {
+            ctx.session
+                .approved_patterns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(session_key);
+            if let Some(entry) = always {
                 let home = ctx.home.clone();
-                let keys: Vec<String> = remaining.iter().map(|k| (*k).to_owned()).collect();
-                let saved = tokio::task::spawn_blocking(move || {
-                    keys.iter()
-                        .try_for_each(|k| persist_allowlist_entry(&home, k))
-                })
-                .await;
+                let saved =
+                    tokio::task::spawn_blocking(move || persist_allowlist_entry(&home, &entry))
+                        .await;
                 match saved {
                     Ok(Ok(())) => {}
                     // The user said yes; failing to remember it for next

@@ -409,6 +409,7 @@ impl CallService {
                  platforms.homeassistant.allowed_services)"
             ),
             pattern_key: key.clone(),
+            always: None,
         };
         let wait = Duration::from_secs(ctx.config.approvals.timeout_secs.max(1));
         let decision = tokio::select! {
