@@ -29,7 +29,8 @@ pub enum Command {
         #[command(subcommand)]
         command: SessionsCommand,
     },
-    /// Write config.yaml interactively (or from flags).
+    /// Set up the model (config.yaml) and optionally a Telegram bot (.env),
+    /// interactively or from flags.
     Setup(SetupArgs),
     /// Run and manage the messaging gateway.
     Gateway {
@@ -327,6 +328,12 @@ pub struct SetupArgs {
     /// API key; stored in $TALARIA_HOME/.env, not in config.yaml.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// A Telegram bot's token from @BotFather; stored in .env.
+    #[arg(long, value_name = "TOKEN")]
+    pub telegram_token: Option<String>,
+    /// Your numeric Telegram user id: the bot answers you (TELEGRAM_ALLOWED_USERS).
+    #[arg(long, value_name = "ID")]
+    pub telegram_user: Option<String>,
     /// Don't ask anything; use the flags and defaults.
     #[arg(long)]
     pub non_interactive: bool,

@@ -132,32 +132,90 @@ pub fn standalone_delivery(rt: &Runtime) -> anyhow::Result<Delivery> {
         .with_local_dir(rt.home.cron_output_dir()))
 }
 
+/// Why `gateway run` stopped early: an unusable configuration (exits with
+/// [`process::EXIT_BAD_CONFIG`], which the systemd unit does not restart
+/// on), or anything else (worth a restart: a busy port, a database that
+/// is down).
+enum RunError {
+    Config(anyhow::Error),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for RunError {
+    fn from(e: anyhow::Error) -> RunError {
+        RunError::Other(e)
+    }
+}
+
+/// Marks an error as the configuration's fault.
+fn bad_config<E: Into<anyhow::Error>>(e: E) -> RunError {
+    RunError::Config(e.into())
+}
+
+/// How `gateway run` starts the line saying why it stopped early, so that
+/// `gateway start` finds it in the log among the other lines.
+const ERROR_PREFIX: &str = "talaria: error: ";
+
 /// `talaria gateway run`: serves in the foreground until SIGTERM or SIGINT.
 pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
+    let config_file = home.config_file();
+    match serve(home).await {
+        Ok(code) => Ok(code),
+        Err(RunError::Other(e)) => {
+            eprintln!("{ERROR_PREFIX}{e:#}");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(RunError::Config(e)) => {
+            eprintln!("{ERROR_PREFIX}{e:#}");
+            eprintln!(
+                "The configuration is not usable: fix {} or the .env beside it \
+                 (`talaria config check` checks the model settings), then start the gateway again.",
+                config_file.display()
+            );
+            Ok(ExitCode::from(process::EXIT_BAD_CONFIG))
+        }
+    }
+}
+
+async fn serve(home: Home) -> Result<ExitCode, RunError> {
+    // Read once before the runtime (which also opens the store) so that a
+    // broken file is told apart from a database that is down.
+    talaria_core::config::load(&home).map_err(bad_config)?;
     let rt = Runtime::load(home, "info").await?;
     log_open_file_limit();
     let pid_file = match PidFile::acquire(&rt.home) {
         Ok(f) => f,
-        Err(PidFileError::AlreadyRunning { pid }) => bail!(
-            "a gateway is already running for {} (pid {pid}); stop it with `talaria gateway stop`",
-            rt.home.root().display()
-        ),
-        Err(e) => return Err(e).context("cannot take the gateway PID file"),
+        Err(PidFileError::AlreadyRunning { pid }) => {
+            return Err(anyhow::anyhow!(
+                "a gateway is already running for {} (pid {pid}); stop it with `talaria gateway stop`",
+                rt.home.root().display()
+            )
+            .into());
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context("cannot take the gateway PID file")
+                .into());
+        }
     };
     // Approvals are asked in each chat by the runner; this is only the
     // fallback for work that has no chat.
     let messenger = GatewayMessenger::new(rt.store.clone());
     let send_message: Arc<dyn talaria_agent::tools::Tool> =
         Arc::new(SendMessageTool::new(messenger.clone()));
-    let zone = Zone::from_config(&rt.config.cron).map_err(anyhow::Error::msg)?;
+    let zone = Zone::from_config(&rt.config.cron)
+        .map_err(anyhow::Error::msg)
+        .map_err(bad_config)?;
     let cron_tool = CronTool::new(rt.gateway_store.clone(), rt.home.clone(), zone);
-    let (agent, client) = rt.agent_with_tools(
-        Arc::new(NoHuman),
-        vec![
-            send_message,
-            cron_tool.clone() as Arc<dyn talaria_agent::tools::Tool>,
-        ],
-    )?;
+    let (agent, client) = rt
+        .agent_with_tools(
+            Arc::new(NoHuman),
+            vec![
+                send_message,
+                cron_tool.clone() as Arc<dyn talaria_agent::tools::Tool>,
+            ],
+        )
+        .map_err(bad_config)?;
     let agent = Arc::new(agent);
     if let Some(memory) = agent.memory() {
         memory.initialize().await;
@@ -166,15 +224,18 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
     let ConfiguredAdapters {
         mut adapters,
         mut mounts,
-    } = configured_adapters(&rt)?;
+    } = configured_adapters(&rt).map_err(bad_config)?;
     // Secrets are resolved from config and environment, then `new` checks
     // every route (secret, name, deliver target), so a bad route stops the
     // start here; each check runs once.
     if let Some(settings) =
         WebhookSettings::from_config(&rt.config.platforms.webhook, &rt.loaded.env)
-            .context("the webhook routes are misconfigured")?
+            .context("the webhook routes are misconfigured")
+            .map_err(bad_config)?
     {
-        let adapter = WebhookAdapter::new(settings).context("cannot set up the webhook routes")?;
+        let adapter = WebhookAdapter::new(settings)
+            .context("cannot set up the webhook routes")
+            .map_err(bad_config)?;
         mounts.push(adapter.mount());
         adapters.push(Arc::new(adapter));
     }
@@ -190,7 +251,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
             ingress
                 .connection_limits()
                 .with_timeouts(listen.header_timeout_secs, listen.body_timeout_secs)
-                .context("platforms.webhook is misconfigured")?,
+                .context("platforms.webhook is misconfigured")
+                .map_err(bad_config)?,
         );
         for mount in mounts {
             ingress.mount(mount);
@@ -203,9 +265,10 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
         Some(ingress)
     };
     let api = ApiServerSettings::from_config(&rt.config.platforms.api_server, &rt.loaded.env)
-        .context("the API server is misconfigured")?;
+        .context("the API server is misconfigured")
+        .map_err(bad_config)?;
     if adapters.is_empty() && api.is_none() {
-        bail!(
+        return Err(bad_config(anyhow::anyhow!(
             "nothing to serve: no platform is enabled.\n\
              Set a platform's credentials (TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN, \
              SLACK_BOT_TOKEN and SLACK_APP_TOKEN, MATTERMOST_URL and MATTERMOST_TOKEN, \
@@ -218,7 +281,7 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
              (or platforms.api_server.key) in {} or the environment, or configure \
              platforms.webhook.routes in config.yaml.",
             rt.home.dotenv_file().display()
-        );
+        )));
     }
     let names: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
 
@@ -256,7 +319,8 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
                 server
                     .connection_limits()
                     .with_timeouts(config.header_timeout_secs, config.body_timeout_secs)
-                    .context("platforms.api_server is misconfigured")?,
+                    .context("platforms.api_server is misconfigured")
+                    .map_err(bad_config)?,
             );
             let addr = server.local_addr();
             tracing::info!(%addr, "API server listening");
@@ -345,7 +409,8 @@ fn spawn_signal_handler(shutdown: CancellationToken) -> anyhow::Result<()> {
 }
 
 /// `talaria gateway start`: runs the gateway in the background, logging to
-/// `$TALARIA_HOME/logs/gateway.log`.
+/// `$TALARIA_HOME/logs/gateway.log`. When it does not come up, says why,
+/// from what it wrote to the log.
 pub async fn start(home: Home) -> anyhow::Result<ExitCode> {
     if let Some(info) = process::running_gateway(&home) {
         println!("The gateway is already running (pid {}).", info.pid);
@@ -360,6 +425,8 @@ pub async fn start(home: Home) -> anyhow::Result<ExitCode> {
         .append(true)
         .open(&log_path)
         .with_context(|| format!("cannot open {}", log_path.display()))?;
+    // Where this run's lines begin: earlier runs' lines are not its reasons.
+    let log_start = log.metadata().map_or(0, |m| m.len());
     let mut command = std::process::Command::new(exe);
     command
         .arg("--home")
@@ -374,8 +441,9 @@ pub async fn start(home: Home) -> anyhow::Result<ExitCode> {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while std::time::Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
+            let reason = startup_reason(&log_path, log_start);
             bail!(
-                "the gateway exited at once ({status}); see {}",
+                "the gateway did not start ({status}). It said:\n{reason}\n(the full log: {})",
                 log_path.display()
             );
         }
@@ -390,30 +458,103 @@ pub async fn start(home: Home) -> anyhow::Result<ExitCode> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     bail!(
-        "the gateway did not come up within 15 s; see {}",
+        "the gateway did not come up within 15 s (it may still be starting; \
+         `talaria gateway status` tells). Its log so far:\n{}\n(the full log: {})",
+        startup_reason(&log_path, log_start),
         log_path.display()
     )
 }
 
-/// `talaria gateway stop`: SIGTERM, then waits for a graceful exit.
+/// Lines kept from a failed start's log.
+const REASON_LINES: usize = 8;
+
+/// What the gateway wrote to its log since `from`: the error it stopped
+/// with (from its [`ERROR_PREFIX`] line on, without the prefix or the log
+/// lines that follow) when there is one, else its last few lines.
+/// Indented, for printing under a headline.
+fn startup_reason(log_path: &std::path::Path, from: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut text = String::new();
+    let read = std::fs::File::open(log_path).and_then(|mut f| {
+        f.seek(SeekFrom::Start(from))?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)?;
+        text = String::from_utf8_lossy(&bytes).into_owned();
+        Ok(())
+    });
+    if let Err(e) = read {
+        return format!("  (cannot read the log: {e})");
+    }
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let chosen: Vec<&str> = match lines.iter().rposition(|l| l.starts_with(ERROR_PREFIX)) {
+        Some(at) => {
+            let mut error = vec![&lines[at][ERROR_PREFIX.len()..]];
+            error.extend(lines[at + 1..].iter().filter(|l| !is_log_record(l)));
+            error
+        }
+        None => lines[lines.len().saturating_sub(REASON_LINES)..].to_vec(),
+    };
+    if chosen.is_empty() {
+        return "  (it wrote nothing to its log)".to_owned();
+    }
+    chosen
+        .iter()
+        .map(|l| format!("  {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A line the logger wrote (it starts with a timestamp, `2025-06-01T...`)
+/// rather than part of an error message.
+fn is_log_record(line: &str) -> bool {
+    let b = line.as_bytes();
+    b.len() > 10 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-' && b[10] == b'T'
+}
+
+/// `talaria gateway stop`: SIGTERM, then waits for a graceful exit. Running
+/// turns get `gateway.drain_timeout_secs` to finish; the wait says so.
 pub async fn stop(home: Home) -> anyhow::Result<ExitCode> {
     let Some(info) = process::running_gateway(&home) else {
         println!("The gateway is not running.");
         return Ok(ExitCode::SUCCESS);
     };
     let pid = info.pid;
+    // The running gateway read the same file; a broken one cannot have
+    // started it, so the default is the best guess then.
+    let drain = talaria_core::config::load(&home).map_or_else(
+        |_| talaria_core::Config::default().gateway.drain_timeout_secs,
+        |l| l.config.gateway.drain_timeout_secs,
+    );
+    let running = process::read_status(&home)
+        .ok()
+        .flatten()
+        .map_or(0, |s| s.running_sessions.len());
     let pinned = process::pin(pid);
     process::signal_stop(pid).context("cannot signal the gateway")?;
-    let exited = tokio::task::spawn_blocking(move || {
-        process::wait_for_exit(&pinned, Duration::from_secs(90))
-    })
-    .await
-    .unwrap_or(false);
+    if running > 0 {
+        println!(
+            "Waiting for {running} running turn{s} to finish: at most {drain} s \
+             (gateway.drain_timeout_secs), then {it} interrupted.",
+            s = if running == 1 { "" } else { "s" },
+            it = if running == 1 { "it is" } else { "they are" },
+        );
+    }
+    // Turns and then scheduled jobs each get the grace, shutdown hooks a
+    // little more.
+    let wait = Duration::from_secs((2 * drain + 30).max(90));
+    let exited = tokio::task::spawn_blocking(move || process::wait_for_exit(&pinned, wait))
+        .await
+        .unwrap_or(false);
     if exited {
         println!("Gateway stopped (pid {pid}).");
         Ok(ExitCode::SUCCESS)
     } else {
-        bail!("the gateway (pid {pid}) did not stop within 90 s")
+        bail!(
+            "the gateway (pid {pid}) did not stop within {} s; its log says what it is doing \
+             ({})",
+            wait.as_secs(),
+            home.logs_dir().join("gateway.log").display()
+        )
     }
 }
 

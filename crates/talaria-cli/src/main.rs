@@ -201,7 +201,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Setup(args) => setup::run(&home, args),
+        Command::Setup(args) => setup::run(&home, args).await,
         Command::Gateway { command } => match command {
             GatewayCommand::Run => gateway_cmd::run(home).await,
             GatewayCommand::Start => gateway_cmd::start(home).await,

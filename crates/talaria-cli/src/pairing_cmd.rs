@@ -10,6 +10,34 @@ use talaria_store::{ApproveOutcome, PairingLimits};
 use crate::runtime::Runtime;
 use crate::sessions_cmd::when;
 
+/// The platforms on which a stranger can be given a pairing code: those
+/// with direct messages (e-mail, webhooks and Home Assistant identify their
+/// senders otherwise).
+const PAIRING_PLATFORMS: &[&str] = &[
+    "telegram",
+    "discord",
+    "slack",
+    "mattermost",
+    "matrix",
+    "signal",
+    "whatsapp_cloud",
+    "sms",
+];
+
+/// `platform` as pairing stores it, or an error naming the known ones: a
+/// typo must not be taken for a wrong code (those count toward the lock).
+fn pairing_platform(platform: &str) -> anyhow::Result<String> {
+    let name = platform.trim().to_ascii_lowercase();
+    if PAIRING_PLATFORMS.contains(&name.as_str()) {
+        Ok(name)
+    } else {
+        bail!(
+            "unknown platform `{platform}`: pairing works on {}",
+            PAIRING_PLATFORMS.join(", ")
+        )
+    }
+}
+
 pub async fn list(rt: &Runtime) -> anyhow::Result<ExitCode> {
     let snapshot = rt
         .gateway_store
@@ -53,17 +81,20 @@ pub async fn list(rt: &Runtime) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn approve(rt: &Runtime, platform: &str, code: &str) -> anyhow::Result<ExitCode> {
+    let platform = pairing_platform(platform)?;
     let pairing = Pairing::new(rt.gateway_store.clone());
-    match pairing
-        .approve(&platform.to_ascii_lowercase(), code)
-        .await?
-    {
+    match pairing.approve(&platform, code).await? {
         ApproveOutcome::Approved(user) => {
             println!(
                 "Approved {} ({}) on {}. They can talk to the bot now.",
                 user.user_id,
                 user.user_name.as_deref().unwrap_or("no name"),
                 user.platform
+            );
+            // The running gateway finds the approval in the store and says
+            // so in their chat; a stopped one does when it next starts.
+            println!(
+                "The gateway tells them in their chat within seconds (if it is not running, when it next starts)."
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -88,11 +119,8 @@ pub async fn approve(rt: &Runtime, platform: &str, code: &str) -> anyhow::Result
 }
 
 pub async fn revoke(rt: &Runtime, platform: &str, user_id: &str) -> anyhow::Result<ExitCode> {
-    if rt
-        .gateway_store
-        .pairing_revoke(&platform.to_ascii_lowercase(), user_id)
-        .await?
-    {
+    let platform = pairing_platform(platform)?;
+    if rt.gateway_store.pairing_revoke(&platform, user_id).await? {
         println!("Revoked {user_id} on {platform}.");
         Ok(ExitCode::SUCCESS)
     } else {
@@ -101,7 +129,7 @@ pub async fn revoke(rt: &Runtime, platform: &str, user_id: &str) -> anyhow::Resu
 }
 
 pub async fn clear_pending(rt: &Runtime, platform: Option<&str>) -> anyhow::Result<ExitCode> {
-    let platform = platform.map(str::to_ascii_lowercase);
+    let platform = platform.map(pairing_platform).transpose()?;
     let n = rt
         .gateway_store
         .pairing_clear_pending(platform.as_deref())

@@ -125,7 +125,11 @@ async fn a_code_approved_from_the_cli_lets_a_stranger_in_and_sigterm_stops_clean
         .lines()
         .find_map(|l| l.strip_prefix("Your pairing code: "))
         .unwrap_or_else(|| panic!("no code in {offer:?}"))
+        .trim_matches('`')
         .to_owned();
+    // The stranger learns their numeric id, which is what an allowlist
+    // takes: an owner writing to their own bot finds it this way.
+    assert!(offer.contains("Your telegram user id: 7"), "{offer:?}");
     assert!(
         llm.requests().is_empty(),
         "a stranger never reaches the model"
@@ -152,6 +156,24 @@ async fn a_code_approved_from_the_cli_lets_a_stranger_in_and_sigterm_stops_clean
             file.display()
         );
     }
+
+    // A misspelt platform is refused by name, and is not a wrong code:
+    // five of them would lock a platform called "telegramm" otherwise.
+    for _ in 0..5 {
+        let typo = talaria(&home, &["pairing", "approve", "telegramm", &code]);
+        assert!(!typo.status.success());
+        let err = text(&typo.stderr);
+        assert!(
+            err.contains("unknown platform `telegramm`") && err.contains("telegram, discord"),
+            "{err}"
+        );
+    }
+    let list = talaria(&home, &["pairing", "list"]);
+    assert!(
+        !text(&list.stdout).contains("Locked"),
+        "{}",
+        text(&list.stdout)
+    );
 
     let wrong = talaria(&home, &["pairing", "approve", "telegram", "ZZZZZZZZ"]);
     assert!(!wrong.status.success());
@@ -188,10 +210,19 @@ async fn a_code_approved_from_the_cli_lets_a_stranger_in_and_sigterm_stops_clean
     // The code was spent by the approval.
     assert!(listed.contains("Pending: none"), "{listed}");
 
+    // The running gateway finds the approval in the store and tells them.
+    let sent = tg.wait_for_sent(2, WAIT).await;
+    assert_eq!(sent[1].chat_id, 7);
+    assert!(
+        sent[1].rendered().contains("You have been approved"),
+        "{:?}",
+        sent[1].rendered()
+    );
+
     llm.push(Reply::text("Welcome aboard."));
     tg.push_private_text(7, "am I in?");
-    let sent = tg.wait_for_sent(2, WAIT).await;
-    assert_eq!(sent[1].rendered(), "Welcome aboard.");
+    let sent = tg.wait_for_sent(3, WAIT).await;
+    assert_eq!(sent[2].rendered(), "Welcome aboard.");
 
     // The state file follows changes within moments, not at once: ask
     // until it shows the delivery.
@@ -200,14 +231,15 @@ async fn a_code_approved_from_the_cli_lets_a_stranger_in_and_sigterm_stops_clean
         let status = talaria(&home, &["gateway", "status"]);
         let out = text(&status.stdout);
         assert!(status.status.success(), "{out}");
-        if out.contains("delivered 1") || Instant::now() >= deadline {
+        if out.contains("delivered 2") || Instant::now() >= deadline {
             break out;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(out.contains(&format!("pid {}", gateway.id())), "{out}");
     assert!(out.contains("telegram") && out.contains("live"), "{out}");
-    assert!(out.contains("delivered 1"), "{out}");
+    // The notice and the answer.
+    assert!(out.contains("delivered 2"), "{out}");
 
     // A second gateway on the same home is refused.
     let second = talaria(&home, &["gateway", "run"]);
@@ -234,6 +266,15 @@ async fn a_code_approved_from_the_cli_lets_a_stranger_in_and_sigterm_stops_clean
     assert!(text(&status.stdout).contains("not running"));
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(!logged.contains(&code), "the code must not be logged");
+    // The log says what happened to the stranger, with their id, and does
+    // not call a code sent a message dropped.
+    assert!(
+        logged
+            .lines()
+            .any(|l| l.contains("sent a pairing code") && l.contains("user_id=7")),
+        "{logged}"
+    );
+    assert!(!logged.contains("unauthorized sender dropped"), "{logged}");
     assert!(
         !logged.contains("gateway-test-token"),
         "the token must not be logged"

@@ -45,6 +45,10 @@ const SHUTDOWN_HOOKS_WAIT: Duration = Duration::from_secs(15);
 /// How often the ledger is swept besides when adapters go live.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How often approvals made from the command line are looked for, to tell
+/// the approved users (see [`crate::pairing::tell_approved`]).
+const APPROVAL_NOTICE_INTERVAL: Duration = Duration::from_secs(3);
+
 /// How often delivered and abandoned ledger rows are pruned.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 
@@ -451,6 +455,20 @@ impl Gateway {
                 },
             ));
         }
+        let (store, delivery) = (self.store.clone(), self.delivery.clone());
+        tasks.push(PeriodicTask::new(
+            "pairing-notices",
+            APPROVAL_NOTICE_INTERVAL,
+            move || {
+                let (store, delivery) = (store.clone(), delivery.clone());
+                async move {
+                    crate::pairing::tell_approved(store.as_ref(), &delivery)
+                        .await
+                        .map(drop)
+                        .map_err(|e| format!("cannot look for approvals to announce: {e}"))
+                }
+            },
+        ));
         let store = self.store.clone();
         tasks.push(PeriodicTask::new(
             "nodes-forget",

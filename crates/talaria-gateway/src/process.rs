@@ -243,7 +243,16 @@ pub fn read_status(home: &Home) -> io::Result<Option<GatewayStatus>> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
+/// The exit status of `talaria gateway run` when its configuration is
+/// unusable (sysexits' `EX_CONFIG`). The unit does not restart on it: the
+/// same files would fail the same way, every few seconds, forever.
+pub const EXIT_BAD_CONFIG: u8 = 78;
+
 /// A systemd **user** unit that runs `exe gateway run` for `home`.
+///
+/// It waits for the network to be up (where the manager knows of
+/// `network-online.target`), restarts the gateway when it fails, except
+/// for a configuration error ([`EXIT_BAD_CONFIG`]).
 ///
 /// Paths are quoted the way systemd parses them: `%` is doubled (it starts
 /// a specifier), `$` in the command line is doubled (it starts a variable),
@@ -257,6 +266,7 @@ pub fn systemd_unit(exe: &Path, home: &Home) -> String {
     format!(
         "[Unit]\n\
          Description=Talaria gateway\n\
+         Wants=network-online.target\n\
          After=network-online.target\n\
          \n\
          [Service]\n\
@@ -265,6 +275,8 @@ pub fn systemd_unit(exe: &Path, home: &Home) -> String {
          Environment={env}\n\
          Restart=on-failure\n\
          RestartSec=5\n\
+         # A configuration error is not retried: fix it, then start again.\n\
+         RestartPreventExitStatus={bad_config}\n\
          KillSignal=SIGTERM\n\
          TimeoutStopSec=60\n\
          # A user unit's soft open-file limit is 1,024; the gateway raises\n\
@@ -272,7 +284,8 @@ pub fn systemd_unit(exe: &Path, home: &Home) -> String {
          LimitNOFILE=65536\n\
          \n\
          [Install]\n\
-         WantedBy=default.target\n"
+         WantedBy=default.target\n",
+        bad_config = EXIT_BAD_CONFIG
     )
 }
 
@@ -797,7 +810,9 @@ mod tests {
         for line in [
             "[Unit]",
             "Description=Talaria gateway",
+            "Wants=network-online.target",
             "After=network-online.target",
+            "RestartPreventExitStatus=78",
             "[Service]",
             "Restart=on-failure",
             "RestartSec=5",

@@ -41,7 +41,7 @@ use crate::hooks::{Hooks, events};
 use crate::key::{KeyPolicy, SessionKey};
 use crate::ledger::ReplyTo;
 use crate::owed;
-use crate::pairing::Pairing;
+use crate::pairing::{OfferReply, Pairing};
 use crate::preview::{Preview, PreviewSink};
 use crate::router::{AutoReset, Routed, Router};
 use crate::supervisor::StatusBoard;
@@ -629,25 +629,53 @@ impl Runner {
         match decision {
             Decision::Allow(_) => true,
             Decision::Deny { offer_pairing } => {
-                tracing::info!(
-                    platform = %source.platform,
-                    chat_type = %source.chat_type,
-                    "message from an unauthorized sender dropped"
-                );
-                if offer_pairing && let Some(user) = &source.user_id {
-                    match inner
-                        .pairing
-                        .offer(&source.platform, user, source.user_name.as_deref())
-                        .await
-                    {
-                        Ok(Some(text)) => {
-                            inner
-                                .delivery
-                                .notify(&Address::reply_to(event), &text)
-                                .await;
+                // The user id is logged so an owner who wrote to their own
+                // bot can find what to put in its allowlist.
+                let user = source.user_id.as_deref().unwrap_or("-");
+                if !(offer_pairing && source.user_id.is_some()) {
+                    tracing::info!(
+                        platform = %source.platform,
+                        chat_type = %source.chat_type,
+                        user_id = %user,
+                        "message from an unauthorized sender dropped (to let them in, add their user id to the platform's allowlist)"
+                    );
+                    return false;
+                }
+                match inner
+                    .pairing
+                    .offer(
+                        &source.platform,
+                        user,
+                        source.user_name.as_deref(),
+                        &source.chat_id,
+                    )
+                    .await
+                {
+                    Ok(Some(reply)) => {
+                        match &reply {
+                            OfferReply::Code(_) => tracing::info!(
+                                platform = %source.platform,
+                                user_id = %user,
+                                "an unknown sender was sent a pairing code (approve it with `talaria pairing approve`)"
+                            ),
+                            OfferReply::Refusal(_) => tracing::info!(
+                                platform = %source.platform,
+                                user_id = %user,
+                                "an unknown sender was told to try pairing later: too many requests, or approvals are locked"
+                            ),
                         }
-                        Ok(None) => {}
-                        Err(e) => tracing::warn!(error = %e, "cannot offer a pairing code"),
+                        inner
+                            .delivery
+                            .notify(&Address::reply_to(event), reply.text())
+                            .await;
+                    }
+                    Ok(None) => tracing::info!(
+                        platform = %source.platform,
+                        user_id = %user,
+                        "message from an unknown sender dropped: they were answered with a pairing code within the last minutes"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(platform = %source.platform, user_id = %user, error = %e, "cannot offer a pairing code; message dropped");
                     }
                 }
                 false

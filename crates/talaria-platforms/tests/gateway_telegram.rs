@@ -145,6 +145,58 @@ async fn a_stranger_gets_one_code_and_gets_in_once_it_is_approved() {
     wait_for_text(&rig, "Nice to meet you.").await;
 }
 
+/// The code's reply carries the stranger's numeric id (what an allowlist
+/// takes); an approval made while no gateway runs is told to the user in
+/// their chat when the gateway next starts, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_made_while_the_gateway_is_down_is_told_when_it_starts() {
+    let mut rig = Rig::started(&[], |_| {}).await;
+    rig.tg.push_private_text(7001, "hello?");
+    let sent = rig.sent(1).await;
+    let offer = sent[0].rendered();
+    assert!(offer.contains("Your telegram user id: 7001"), "{offer:?}");
+    assert!(offer.contains("TELEGRAM_ALLOWED_USERS"), "{offer:?}");
+    let code = offer
+        .lines()
+        .find_map(|l| l.strip_prefix("Your pairing code: "))
+        .unwrap_or_else(|| panic!("no code in {offer:?}"))
+        .to_owned();
+    rig.stop().await;
+
+    let store = Arc::new(SqliteStore::open(&rig.home.state_db()).unwrap());
+    let outcome = Pairing::new(store)
+        .approve("telegram", &code)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, talaria_store::ApproveOutcome::Approved(_)),
+        "{outcome:?}"
+    );
+    assert_eq!(rig.tg.sent().len(), 1, "nobody runs to tell them yet");
+
+    rig.start();
+    let sent = wait_for_text(&rig, "You have been approved").await;
+    let notice = sent
+        .iter()
+        .find(|s| s.rendered().contains("You have been approved"))
+        .unwrap();
+    assert_eq!(notice.chat_id, 7001);
+    // Told once, however many maintenance runs pass.
+    rig.settle().await;
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let notices = rig
+        .tg
+        .sent()
+        .iter()
+        .filter(|s| s.rendered().contains("You have been approved"))
+        .count();
+    assert_eq!(notices, 1);
+
+    rig.llm.push(Reply::text("Glad you're here."));
+    rig.tg.push_private_text(7001, "so I'm in?");
+    wait_for_text(&rig, "Glad you're here.").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forum_topic_replies_land_in_their_topic() {
     let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;

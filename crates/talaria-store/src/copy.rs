@@ -172,6 +172,7 @@ const PAIRING_PENDING_COLUMNS: &[Column] = &[
     text("salt"),
     text("code_hash"),
     real("created_at"),
+    text("chat_id"),
 ];
 
 const PAIRING_APPROVED_COLUMNS: &[Column] = &[
@@ -179,6 +180,7 @@ const PAIRING_APPROVED_COLUMNS: &[Column] = &[
     text("user_id"),
     text("user_name"),
     real("approved_at"),
+    text("notice_chat"),
 ];
 
 const PAIRING_STAMPS_COLUMNS: &[Column] = &[

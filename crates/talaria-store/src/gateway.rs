@@ -398,6 +398,17 @@ pub struct ApprovedUser {
     pub approved_at: Timestamp,
 }
 
+/// An approved user who has not been told yet, and the chat where they
+/// asked for their code: the gateway says so there (see
+/// [`PairingStore::pairing_take_notices`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalNotice {
+    pub platform: String,
+    pub user_id: String,
+    pub user_name: Option<String>,
+    pub chat_id: String,
+}
+
 /// A code waiting for approval (the code itself is never stored).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingPairing {
@@ -472,13 +483,15 @@ pub trait PairingStore: Send + Sync {
     /// drops the user's own pending code and, while the platform still
     /// holds `max_pending` codes, its oldest (by creation, then entry id),
     /// stores a fresh salt and the salted hash of `code` (never `code`
-    /// itself) and stamps the user's offer time. `code` is normalised with
-    /// [`normalize_pairing_code`].
+    /// itself) with the chat it was shown in (`chat_id`, where the user is
+    /// told of their approval) and stamps the user's offer time. `code` is
+    /// normalised with [`normalize_pairing_code`].
     async fn pairing_offer(
         &self,
         platform: &str,
         user_id: &str,
         user_name: Option<&str>,
+        chat_id: &str,
         code: &str,
         limits: PairingLimits,
     ) -> Result<OfferOutcome>;
@@ -490,7 +503,8 @@ pub trait PairingStore: Send + Sync {
     /// approves and a miss still counts, answered `LockedOut`; once the
     /// count reaches [`PairingLimits::guess_budget`] nothing is compared
     /// until the lock ends. The count is reset by a success outside a lock
-    /// and by the end of a lock.
+    /// and by the end of a lock. An approval owes the user a notice in the
+    /// chat their code was shown in ([`Self::pairing_take_notices`]).
     async fn pairing_approve(
         &self,
         platform: &str,
@@ -498,6 +512,16 @@ pub trait PairingStore: Send + Sync {
         limits: PairingLimits,
     ) -> Result<ApproveOutcome>;
     async fn pairing_is_approved(&self, platform: &str, user_id: &str) -> Result<bool>;
+    /// Takes up to `limit` approvals on `platforms` whose user has not been
+    /// told yet, oldest first. A notice is handed out once: of callers
+    /// racing on any number of nodes, one gets it, and no later call
+    /// returns it again. Approvals whose code was offered by a release
+    /// that did not record the chat owe no notice.
+    async fn pairing_take_notices(
+        &self,
+        platforms: &[String],
+        limit: usize,
+    ) -> Result<Vec<ApprovalNotice>>;
     /// Removes an approval; returns whether there was one.
     async fn pairing_revoke(&self, platform: &str, user_id: &str) -> Result<bool>;
     /// Drops pending codes (of one platform, or all); returns how many.

@@ -34,9 +34,10 @@ pub mod postgres;
 pub mod sqlite;
 
 pub use gateway::{
-    ApproveOutcome, ApprovedUser, ClaimedObligation, CursorStore, GatewayStore, InboundStore,
-    LedgerStore, NewObligation, Obligation, ObligationState, OfferOutcome, OwedBatch, OwedClaim,
-    OwedCursor, PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore,
+    ApprovalNotice, ApproveOutcome, ApprovedUser, ClaimedObligation, CursorStore, GatewayStore,
+    InboundStore, LedgerStore, NewObligation, Obligation, ObligationState, OfferOutcome, OwedBatch,
+    OwedClaim, OwedCursor, PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route,
+    RouteStore,
 };
 
 pub use owed::{NewOwedTurn, OwedTurn, OwedTurnStore};

@@ -236,14 +236,14 @@ async fn fill<S: GatewayStore + ?Sized>(store: &S) {
     // Pairing: a pending code, an approval, a failure count, a lockout.
     assert_eq!(
         store
-            .pairing_offer("telegram", "ann", Some("Ann"), ANN_CODE, limits())
+            .pairing_offer("telegram", "ann", Some("Ann"), "chat-1", ANN_CODE, limits())
             .await
             .unwrap(),
         OfferOutcome::Created
     );
     assert_eq!(
         store
-            .pairing_offer("telegram", "bob", None, "EFGH2345", limits())
+            .pairing_offer("telegram", "bob", None, "chat-1", "EFGH2345", limits())
             .await
             .unwrap(),
         OfferOutcome::Created
@@ -513,9 +513,16 @@ where
     // The pairing code works (its salted hash came along), the offer
     // stamp still rate-limits, and inbound ids are still known.
     assert_eq!(
-        f.pairing_offer("telegram", "ann", Some("Ann"), "ZZZZ2345", limits())
-            .await
-            .unwrap(),
+        f.pairing_offer(
+            "telegram",
+            "ann",
+            Some("Ann"),
+            "chat-1",
+            "ZZZZ2345",
+            limits()
+        )
+        .await
+        .unwrap(),
         OfferOutcome::RateLimited
     );
     assert!(matches!(

@@ -67,7 +67,14 @@ async fn offer<S: PairingStore + ?Sized>(
     l: PairingLimits,
 ) -> OfferOutcome {
     store
-        .pairing_offer("telegram", user, Some("Ann"), code, l)
+        .pairing_offer(
+            "telegram",
+            user,
+            Some("Ann"),
+            &format!("chat-{user}"),
+            code,
+            l,
+        )
         .await
         .unwrap()
 }
@@ -89,7 +96,7 @@ async fn an_offer_is_created_then_rate_limited_for_the_same_user<S: Backend + Pa
         OfferOutcome::Created
     );
     assert_eq!(
-        f.pairing_offer("discord", "u1", None, "EFGH2345", limits())
+        f.pairing_offer("discord", "u1", None, "chat-1", "EFGH2345", limits())
             .await
             .unwrap(),
         OfferOutcome::Created
@@ -165,7 +172,7 @@ async fn three_strangers_cannot_lock_a_newcomer_out_of_pairing<S: Backend + Pair
     assert_eq!(pending, ["u1", "u3", "u4"]);
     // Other platforms have their own slots.
     assert_eq!(
-        f.pairing_offer("discord", "u2", None, CODE, limits())
+        f.pairing_offer("discord", "u2", None, "chat-1", CODE, limits())
             .await
             .unwrap(),
         OfferOutcome::Created
@@ -486,7 +493,7 @@ async fn approving_an_approved_user_again_refreshes_the_approval<S: Backend + Pa
         .await;
     // A later code without a name keeps the known one.
     assert_eq!(
-        f.pairing_offer("telegram", "u1", None, "ABCD2345", no_interval())
+        f.pairing_offer("telegram", "u1", None, "chat-1", "ABCD2345", no_interval())
             .await
             .unwrap(),
         OfferOutcome::Created
@@ -502,6 +509,74 @@ async fn approving_an_approved_user_again_refreshes_the_approval<S: Backend + Pa
     assert_eq!(second.user_name.as_deref(), Some("Ann"));
     let snap = f.pairing_snapshot(no_interval()).await.unwrap();
     assert_eq!(snap.approved, vec![second]);
+}
+
+/// The gateway tells an approved user so, in the chat their code was shown
+/// in: each approval is handed out once, only for the platforms asked
+/// about, and not at all once revoked.
+async fn an_approval_is_owed_to_its_chat_and_taken_once<S: Backend + PairingStore>(f: Fixture<S>) {
+    let telegram = vec!["telegram".to_owned()];
+    assert_eq!(
+        offer(&*f, "u1", CODE, no_interval()).await,
+        OfferOutcome::Created
+    );
+    assert_eq!(
+        offer(&*f, "u2", "EFGH2345", no_interval()).await,
+        OfferOutcome::Created
+    );
+    assert_eq!(
+        f.pairing_offer("discord", "d1", None, "dm-9", "JKLM2345", no_interval())
+            .await
+            .unwrap(),
+        OfferOutcome::Created
+    );
+    // Nothing is owed before an approval.
+    assert!(
+        f.pairing_take_notices(&telegram, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for (platform, code) in [
+        ("telegram", CODE),
+        ("telegram", "EFGH2345"),
+        ("discord", "JKLM2345"),
+    ] {
+        assert!(matches!(
+            f.pairing_approve(platform, code, no_interval())
+                .await
+                .unwrap(),
+            ApproveOutcome::Approved(_)
+        ));
+    }
+    // A revoked user is owed nothing.
+    assert!(f.pairing_revoke("telegram", "u2").await.unwrap());
+
+    let taken = f.pairing_take_notices(&telegram, 10).await.unwrap();
+    assert_eq!(
+        taken,
+        vec![talaria_store::ApprovalNotice {
+            platform: "telegram".into(),
+            user_id: "u1".into(),
+            user_name: Some("Ann".into()),
+            chat_id: "chat-u1".into(),
+        }]
+    );
+    assert!(
+        f.pairing_take_notices(&telegram, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Another platform's notice waited for a caller serving it.
+    let discord = f
+        .pairing_take_notices(&["discord".to_owned()], 10)
+        .await
+        .unwrap();
+    assert_eq!(discord.len(), 1);
+    assert_eq!(discord[0].chat_id, "dm-9");
+    // The approval itself stays.
+    assert!(f.pairing_is_approved("telegram", "u1").await.unwrap());
 }
 
 async fn approval_removes_all_the_users_pending_codes<S: Backend + PairingStore>(f: Fixture<S>) {
@@ -674,11 +749,11 @@ async fn clear_pending_by_platform_or_everywhere<S: Backend + PairingStore>(f: F
         );
     }
     for user in ["d1", "d2", "d3"] {
-        f.pairing_offer("discord", user, None, CODE, limits())
+        f.pairing_offer("discord", user, None, "chat-1", CODE, limits())
             .await
             .unwrap();
     }
-    f.pairing_offer("slack", "s1", None, CODE, limits())
+    f.pairing_offer("slack", "s1", None, "chat-1", CODE, limits())
         .await
         .unwrap();
     assert_eq!(f.pairing_clear_pending(Some("telegram")).await.unwrap(), 2);
@@ -794,7 +869,7 @@ async fn racing_offers_never_pass_the_pending_limit<S: Backend + PairingStore>(f
                 tokio::spawn(async move {
                     barrier.wait().await;
                     store
-                        .pairing_offer(&platform, &format!("u{i}"), None, CODE, limits())
+                        .pairing_offer(&platform, &format!("u{i}"), None, "chat-1", CODE, limits())
                         .await
                         .unwrap()
                 })
@@ -819,6 +894,7 @@ async fn racing_offers_never_pass_the_pending_limit<S: Backend + PairingStore>(f
 }
 
 contract_tests!(
+    an_approval_is_owed_to_its_chat_and_taken_once,
     an_offer_is_created_then_rate_limited_for_the_same_user,
     the_offer_interval_elapses,
     three_strangers_cannot_lock_a_newcomer_out_of_pairing,

@@ -228,6 +228,8 @@ enum Flavor {
 
 struct Shared {
     flavor: Flavor,
+    /// What `GET /v1/models` lists.
+    models: Mutex<Vec<String>>,
     script: Mutex<VecDeque<Reply>>,
     recorded: Mutex<Vec<Recorded>>,
     shutdown: watch::Receiver<bool>,
@@ -253,6 +255,7 @@ impl Server {
         let (stop, shutdown) = watch::channel(false);
         let shared = Arc::new(Shared {
             flavor,
+            models: Mutex::new(vec!["mock-model".to_owned()]),
             script: Mutex::new(VecDeque::new()),
             recorded: Mutex::new(Vec::new()),
             shutdown: shutdown.clone(),
@@ -346,6 +349,12 @@ macro_rules! mock_api {
                 self.server.requests()
             }
 
+            /// Sets the models `GET /v1/models` lists (`mock-model` until
+            /// set).
+            pub fn set_models(&self, ids: &[&str]) {
+                *lock(&self.server.shared.models) = ids.iter().map(|m| (*m).to_owned()).collect();
+            }
+
             /// Scripted replies not yet consumed.
             pub fn pending(&self) -> usize {
                 self.server.pending()
@@ -413,10 +422,11 @@ async fn handle(
     let path = uri.path();
     match (shared.flavor, &method, path) {
         (Flavor::OpenAi, &Method::GET, "/v1/models") => {
-            return json_response(
-                200,
-                &json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "owned_by": "talaria-testkit"}]}),
-            );
+            let data: Vec<Value> = lock(&shared.models)
+                .iter()
+                .map(|id| json!({"id": id, "object": "model", "owned_by": "talaria-testkit"}))
+                .collect();
+            return json_response(200, &json!({"object": "list", "data": data}));
         }
         (Flavor::OpenAi, &Method::POST, "/v1/chat/completions")
         | (Flavor::Anthropic, &Method::POST, "/v1/messages") => {}

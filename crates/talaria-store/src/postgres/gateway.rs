@@ -35,8 +35,9 @@ use tokio_postgres::types::FromSql;
 
 use super::{NOW, PostgresStore};
 use crate::gateway::{
-    ApproveOutcome, ApprovedUser, CursorStore, InboundStore, OfferOutcome, PairingLimits,
-    PairingSnapshot, PairingStore, PendingPairing, code_hash, normalize_pairing_code, random_hex,
+    ApprovalNotice, ApproveOutcome, ApprovedUser, CursorStore, InboundStore, OfferOutcome,
+    PairingLimits, PairingSnapshot, PairingStore, PendingPairing, code_hash,
+    normalize_pairing_code, random_hex,
 };
 use crate::{Result, StoreError, Timestamp};
 
@@ -156,6 +157,14 @@ pub(super) fn count_u32(n: i32, what: &str) -> Result<u32> {
 pub(super) fn sql_limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
+
+/// Approval notices (SQLite schema step 9): the chat a pairing code was
+/// shown in, and on an approval the chat still owed the news (NULL once
+/// told, or when the code came from a release that did not record it).
+pub(super) const NOTICE_SCHEMA: &str = r#"
+ALTER TABLE pairing_pending ADD COLUMN chat_id text;
+ALTER TABLE pairing_approved ADD COLUMN notice_chat text;
+"#;
 
 // ---------------------------------------------------------------- pairing
 
@@ -294,6 +303,7 @@ async fn offer(
     platform: &str,
     user_id: &str,
     user_name: Option<&str>,
+    chat_id: &str,
     code: &str,
     limits: PairingLimits,
 ) -> Step<OfferOutcome> {
@@ -357,7 +367,7 @@ async fn offer(
     let insert = tx
         .prepare_cached(
             "INSERT INTO pairing_pending (entry_id, platform, user_id, user_name, salt, \
-             code_hash, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             code_hash, created_at, chat_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .await?;
     tx.execute(
@@ -370,6 +380,7 @@ async fn offer(
             &salt,
             &hash,
             &at,
+            &chat_id,
         ],
     )
     .await?;
@@ -382,6 +393,7 @@ async fn offer(
 struct PendingRow {
     user_id: String,
     user_name: Option<String>,
+    chat_id: Option<String>,
     salt: String,
     code_hash: String,
 }
@@ -407,7 +419,7 @@ async fn approve(
     }
     let select = tx
         .prepare_cached(
-            "SELECT user_id, user_name, salt, code_hash FROM pairing_pending \
+            "SELECT user_id, user_name, salt, code_hash, chat_id FROM pairing_pending \
              WHERE platform = $1 AND created_at >= $2 ORDER BY created_at, entry_id",
         )
         .await?;
@@ -421,6 +433,7 @@ async fn approve(
             user_name: column(&row, 1)?,
             salt: column(&row, 2)?,
             code_hash: column(&row, 3)?,
+            chat_id: column(&row, 4)?,
         });
     }
     // Every row is hashed and compared, match or not, so the time taken
@@ -462,19 +475,25 @@ async fn approve(
         .await?;
     tx.execute(&drop_codes, &[&platform, &row.user_id]).await?;
     // Approving someone already approved refreshes the stamp; a known name
-    // is not forgotten because this code lacked one.
+    // is not forgotten because this code lacked one. The user is owed word
+    // of it in the chat the code was shown in.
     let upsert = tx
         .prepare_cached(
-            "INSERT INTO pairing_approved (platform, user_id, user_name, approved_at) \
-             VALUES ($1, $2, $3, $4) \
+            "INSERT INTO pairing_approved \
+             (platform, user_id, user_name, approved_at, notice_chat) \
+             VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (platform, user_id) DO UPDATE SET \
              user_name = COALESCE(excluded.user_name, pairing_approved.user_name), \
-             approved_at = excluded.approved_at \
+             approved_at = excluded.approved_at, \
+             notice_chat = COALESCE(excluded.notice_chat, pairing_approved.notice_chat) \
              RETURNING user_name",
         )
         .await?;
     let approved = tx
-        .query_one(&upsert, &[&platform, &row.user_id, &row.user_name, &at])
+        .query_one(
+            &upsert,
+            &[&platform, &row.user_id, &row.user_name, &at, &row.chat_id],
+        )
         .await?;
     let user_name: Option<String> = column(&approved, 0)?;
     // A success clears the count, except during a lock: the misses that
@@ -557,12 +576,22 @@ impl PairingStore for PostgresStore {
         platform: &str,
         user_id: &str,
         user_name: Option<&str>,
+        chat_id: &str,
         code: &str,
         limits: PairingLimits,
     ) -> Result<OfferOutcome> {
         let code = normalize_pairing_code(code);
         let mut client = self.client().await?;
-        let step = offer(&mut client, platform, user_id, user_name, &code, limits).await;
+        let step = offer(
+            &mut client,
+            platform,
+            user_id,
+            user_name,
+            chat_id,
+            &code,
+            limits,
+        )
+        .await;
         settle(self, step)
     }
 
@@ -592,6 +621,43 @@ impl PairingStore for PostgresStore {
                 .await?;
             let row = client.query_one(&statement, &[&platform, &user_id]).await?;
             Ok(column(&row, 0)?)
+        }
+        .await;
+        settle(self, step)
+    }
+
+    /// One `UPDATE` over rows locked `FOR UPDATE SKIP LOCKED`: nodes
+    /// asking at once take different notices, and each is cleared in the
+    /// statement that returns it.
+    async fn pairing_take_notices(
+        &self,
+        platforms: &[String],
+        limit: usize,
+    ) -> Result<Vec<ApprovalNotice>> {
+        let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let step: Step<Vec<ApprovalNotice>> = async {
+            let statement = client
+                .prepare_cached(
+                    "UPDATE pairing_approved AS a SET notice_chat = NULL \
+                     FROM (SELECT platform, user_id, notice_chat FROM pairing_approved \
+                           WHERE notice_chat IS NOT NULL AND platform = ANY($1) \
+                           ORDER BY approved_at, platform, user_id LIMIT $2 \
+                           FOR UPDATE SKIP LOCKED) AS owed \
+                     WHERE a.platform = owed.platform AND a.user_id = owed.user_id \
+                     RETURNING a.platform, a.user_id, a.user_name, owed.notice_chat",
+                )
+                .await?;
+            let mut taken = Vec::new();
+            for row in client.query(&statement, &[&platforms, &limit]).await? {
+                taken.push(ApprovalNotice {
+                    platform: column(&row, 0)?,
+                    user_id: column(&row, 1)?,
+                    user_name: column(&row, 2)?,
+                    chat_id: column(&row, 3)?,
+                });
+            }
+            Ok(taken)
         }
         .await;
         settle(self, step)

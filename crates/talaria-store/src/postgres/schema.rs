@@ -27,6 +27,7 @@ const STEPS: &[&[&str]] = &[
         super::ledger::SCHEMA,
     ],
     &[super::owed::SCHEMA],
+    &[super::gateway::NOTICE_SCHEMA],
 ];
 
 /// The schema version this build writes.

@@ -24,8 +24,8 @@ use super::SqliteStore;
 use super::conn::OpResult;
 use super::rows::{from_sql_small_count, now, to_sql_count};
 use crate::gateway::{
-    ApproveOutcome, ApprovedUser, CursorStore, InboundStore, OfferOutcome, PairingLimits,
-    PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore, code_hash,
+    ApprovalNotice, ApproveOutcome, ApprovedUser, CursorStore, InboundStore, OfferOutcome,
+    PairingLimits, PairingSnapshot, PairingStore, PendingPairing, Route, RouteStore, code_hash,
     normalize_pairing_code, random_hex,
 };
 use crate::{Result, Timestamp};
@@ -203,6 +203,7 @@ fn add_failure(tx: &Transaction<'_>, platform: &str) -> OpResult<u32> {
 struct PendingRow {
     user_id: String,
     user_name: Option<String>,
+    chat_id: Option<String>,
     salt: String,
     code_hash: String,
 }
@@ -214,12 +215,14 @@ impl PairingStore for SqliteStore {
         platform: &str,
         user_id: &str,
         user_name: Option<&str>,
+        chat_id: &str,
         code: &str,
         limits: PairingLimits,
     ) -> Result<OfferOutcome> {
         let platform = platform.to_string();
         let user_id = user_id.to_string();
         let user_name = user_name.map(str::to_string);
+        let chat_id = chat_id.to_string();
         let code = normalize_pairing_code(code);
         // Every check, the stamp and the insert share one IMMEDIATE
         // transaction, so two gateways on one database cannot both pass a
@@ -269,7 +272,7 @@ impl PairingStore for SqliteStore {
             let hash = code_hash(&salt, &code);
             tx.prepare_cached(
                 "INSERT INTO pairing_pending (entry_id, platform, user_id, user_name, salt, \
-                 code_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                 code_hash, created_at, chat_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )?
             .execute(params![
                 random_hex(8),
@@ -278,7 +281,8 @@ impl PairingStore for SqliteStore {
                 user_name,
                 salt,
                 hash,
-                at
+                at,
+                chat_id
             ])?;
             stamp_offer(tx, &platform, &user_id, at)?;
             Ok(OfferOutcome::Created)
@@ -308,7 +312,7 @@ impl PairingStore for SqliteStore {
             }
             let rows = tx
                 .prepare_cached(
-                    "SELECT user_id, user_name, salt, code_hash FROM pairing_pending \
+                    "SELECT user_id, user_name, salt, code_hash, chat_id FROM pairing_pending \
                      WHERE platform = ?1 AND created_at >= ?2 ORDER BY created_at, entry_id",
                 )?
                 .query_map(params![platform, at - limits.code_ttl], |r| {
@@ -317,6 +321,7 @@ impl PairingStore for SqliteStore {
                         user_name: r.get(1)?,
                         salt: r.get(2)?,
                         code_hash: r.get(3)?,
+                        chat_id: r.get(4)?,
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -353,18 +358,22 @@ impl PairingStore for SqliteStore {
                 .execute(params![platform, row.user_id])?;
             // Approving someone already approved refreshes the stamp; a
             // known name is not forgotten because this code lacked one.
+            // The user is owed word of it in the chat the code was shown in.
             let user_name: Option<String> = tx
                 .prepare_cached(
-                    "INSERT INTO pairing_approved (platform, user_id, user_name, approved_at) \
-                     VALUES (?1, ?2, ?3, ?4) \
+                    "INSERT INTO pairing_approved \
+                     (platform, user_id, user_name, approved_at, notice_chat) \
+                     VALUES (?1, ?2, ?3, ?4, ?5) \
                      ON CONFLICT (platform, user_id) DO UPDATE SET \
                      user_name = COALESCE(excluded.user_name, user_name), \
-                     approved_at = excluded.approved_at \
+                     approved_at = excluded.approved_at, \
+                     notice_chat = COALESCE(excluded.notice_chat, notice_chat) \
                      RETURNING user_name",
                 )?
-                .query_row(params![platform, row.user_id, row.user_name, at], |r| {
-                    r.get(0)
-                })?;
+                .query_row(
+                    params![platform, row.user_id, row.user_name, at, row.chat_id],
+                    |r| r.get(0),
+                )?;
             // A success clears the count, except during a lock: the misses
             // that caused it keep counting toward its guess budget.
             if locked.is_none() {
@@ -389,6 +398,46 @@ impl PairingStore for SqliteStore {
                     "SELECT 1 FROM pairing_approved WHERE platform = ?1 AND user_id = ?2",
                 )?
                 .exists(params![platform, user_id])?)
+        })
+        .await
+    }
+
+    async fn pairing_take_notices(
+        &self,
+        platforms: &[String],
+        limit: usize,
+    ) -> Result<Vec<ApprovalNotice>> {
+        let platforms = platforms.to_vec();
+        // The read and the clearing share the single writer's
+        // transaction, so no two callers take the same notice.
+        self.write(move |tx| {
+            let owed = tx
+                .prepare_cached(
+                    "SELECT platform, user_id, user_name, notice_chat FROM pairing_approved \
+                     WHERE notice_chat IS NOT NULL ORDER BY approved_at, platform, user_id",
+                )?
+                .query_map([], |r| {
+                    Ok(ApprovalNotice {
+                        platform: r.get(0)?,
+                        user_id: r.get(1)?,
+                        user_name: r.get(2)?,
+                        chat_id: r.get(3)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let taken: Vec<ApprovalNotice> = owed
+                .into_iter()
+                .filter(|n| platforms.contains(&n.platform))
+                .take(limit)
+                .collect();
+            for notice in &taken {
+                tx.prepare_cached(
+                    "UPDATE pairing_approved SET notice_chat = NULL \
+                     WHERE platform = ?1 AND user_id = ?2",
+                )?
+                .execute(params![notice.platform, notice.user_id])?;
+            }
+            Ok(taken)
         })
         .await
     }

@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
+const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -390,6 +390,14 @@ CREATE TABLE owed_turns (
     claims      INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE INDEX owed_turns_accepted ON owed_turns (accepted_at);
+"#;
+
+/// Approval notices: the chat a pairing code was shown in, and on an
+/// approval the chat still owed the news (NULL once told, or when the code
+/// came from a release that did not record its chat).
+const V9: &str = r#"
+ALTER TABLE pairing_pending ADD COLUMN chat_id TEXT;
+ALTER TABLE pairing_approved ADD COLUMN notice_chat TEXT;
 "#;
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or
