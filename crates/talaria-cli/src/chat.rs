@@ -100,7 +100,15 @@ async fn open_session(
             .with_context(|| format!("cannot resume session `{id}`"));
     }
     if args.continue_last {
-        let Some(last) = rt.store.last_answered_session(SOURCE).await? else {
+        // A person reopening the chat goes back to their conversation; a
+        // script chaining one-shots (`-q`, then `-q --continue`) goes back
+        // to whichever was answered last, its own chain included.
+        let sources: &[&str] = if args.query.is_some() {
+            &[SOURCE, ONE_SHOT_SOURCE]
+        } else {
+            &[SOURCE]
+        };
+        let Some(last) = rt.store.last_answered_session(sources).await? else {
             bail!(
                 "there is no earlier conversation to continue (`talaria sessions list` shows every session)"
             );

@@ -271,8 +271,9 @@ pub struct ChatArgs {
     /// Ask one question, print only the answer on stdout, and exit.
     #[arg(short = 'q', long = "query", value_name = "PROMPT")]
     pub query: Option<String>,
-    /// Continue the last conversation you had here (the CLI session
-    /// answered last; one-shot `-q` sessions are skipped).
+    /// Continue the last conversation you had here: the chat session
+    /// answered last (with `-q`, one-shot sessions count too, so a script
+    /// can chain them).
     #[arg(short = 'c', long = "continue", conflicts_with = "resume")]
     pub continue_last: bool,
     /// Resume a session by id or by title.

@@ -106,11 +106,21 @@ async fn continue_goes_back_to_the_last_conversation_not_an_empty_or_one_shot_se
         "4"
     );
 
-    // --continue returns to the trip, with its history.
+    // A script chaining one-shots continues its own chain.
+    mock.push(Reply::text("5"));
+    let out = talaria(home, &["chat", "--continue", "-q", "and plus one?"]);
+    assert_eq!(ok(&out).trim(), "5");
+    let said = mock.requests()[2].body["messages"].to_string();
+    assert!(
+        said.contains("what is 2+2") && !said.contains("France"),
+        "{said}"
+    );
+
+    // The REPL's --continue returns to the trip, past the one-shots.
     mock.push(Reply::text("Lyon next."));
-    let out = talaria(home, &["chat", "--continue", "-q", "and after Paris?"]);
-    assert_eq!(ok(&out).trim(), "Lyon next.");
-    let sent = &mock.requests()[2].body["messages"];
+    let out = repl(home, &["--continue"], "and after Paris?\n/exit\n");
+    assert!(ok(&out).contains("Lyon next."));
+    let sent = &mock.requests()[3].body["messages"];
     let said: Vec<&str> = sent
         .as_array()
         .unwrap()

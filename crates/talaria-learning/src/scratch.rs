@@ -186,7 +186,7 @@ impl SessionStore for ScratchStore {
         Ok(out)
     }
 
-    async fn last_answered_session(&self, source: &str) -> Result<Option<SessionRecord>> {
+    async fn last_answered_session(&self, sources: &[&str]) -> Result<Option<SessionRecord>> {
         let inner = self.lock();
         let answered = inner
             .messages
@@ -197,7 +197,7 @@ impl SessionStore for ScratchStore {
                 inner
                     .sessions
                     .iter()
-                    .find(|r| r.id == m.session_id && r.source == source)
+                    .find(|r| r.id == m.session_id && sources.contains(&r.source.as_str()))
             });
         Ok(answered.cloned())
     }

@@ -251,11 +251,11 @@ pub trait SessionStore: Send + Sync {
     async fn replace_active(&self, session_id: &str, replacement: &[Message]) -> Result<()>;
     /// Sessions matching `filter`, most recently started first.
     async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRecord>>;
-    /// The session from `source` that was answered last (whose newest
-    /// active assistant row is the newest of them all), if any: where a
-    /// person left off, skipping sessions started but never used and
-    /// exchanges taken back with `/undo`.
-    async fn last_answered_session(&self, source: &str) -> Result<Option<SessionRecord>>;
+    /// The session from one of `sources` that was answered last (whose
+    /// newest active assistant row is the newest of them all), if any:
+    /// where a person left off, skipping sessions started but never used
+    /// and exchanges taken back with `/undo`.
+    async fn last_answered_session(&self, sources: &[&str]) -> Result<Option<SessionRecord>>;
     /// Every source sessions were recorded from, with how many sessions
     /// each has, most first (for pointing out a mistyped source). The
     /// default lists every session.

@@ -515,21 +515,25 @@ impl SessionStore for SqliteStore {
         .await
     }
 
-    async fn last_answered_session(&self, source: &str) -> Result<Option<SessionRecord>> {
-        let source = source.to_string();
+    async fn last_answered_session(&self, sources: &[&str]) -> Result<Option<SessionRecord>> {
+        let sources: Vec<String> = sources.iter().map(|s| (*s).to_owned()).collect();
         self.read(move |tx| {
             use rusqlite::OptionalExtension;
+            if sources.is_empty() {
+                return Ok(None);
+            }
+            let marks = vec!["?"; sources.len()].join(", ");
             // Newest rows first: the answer sought is usually among the
             // last few rows written.
             let sql = format!(
                 "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ( \
                    SELECT m.session_id FROM messages m JOIN sessions s ON s.id = m.session_id \
-                   WHERE s.source = ?1 AND m.role = 'assistant' AND m.active = 1 \
+                   WHERE s.source IN ({marks}) AND m.role = 'assistant' AND m.active = 1 \
                    ORDER BY m.id DESC LIMIT 1)"
             );
             Ok(tx
                 .prepare_cached(&sql)?
-                .query_row(params![source], session_from_row)
+                .query_row(rusqlite::params_from_iter(&sources), session_from_row)
                 .optional()?)
         })
         .await

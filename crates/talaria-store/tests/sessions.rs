@@ -179,7 +179,13 @@ async fn usage_title_prompt_and_end<S: Backend + SessionStore>(store: Fixture<S>
 }
 
 async fn latest_and_listing<S: Backend + SessionStore>(store: Fixture<S>) {
-    assert!(store.last_answered_session("cli").await.unwrap().is_none());
+    assert!(
+        store
+            .last_answered_session(&["cli"])
+            .await
+            .unwrap()
+            .is_none()
+    );
     for (id, source) in [
         ("a1", "cli"),
         ("b1", "telegram"),
@@ -194,7 +200,13 @@ async fn latest_and_listing<S: Backend + SessionStore>(store: Fixture<S>) {
         store.create_session(s).await.unwrap();
     }
     // Started but never answered: nothing to go back to.
-    assert!(store.last_answered_session("cli").await.unwrap().is_none());
+    assert!(
+        store
+            .last_answered_session(&["cli"])
+            .await
+            .unwrap()
+            .is_none()
+    );
     let answer = |text: &str| Message::assistant(text);
     store
         .append_message("a2", &Message::user("q"))
@@ -204,25 +216,28 @@ async fn latest_and_listing<S: Backend + SessionStore>(store: Fixture<S>) {
     store.append_message("b1", &answer("a")).await.unwrap();
     store.append_message("a1", &answer("a")).await.unwrap();
     // a1 was answered last, though a3 (empty) and a2 started later.
-    let last = |source: &'static str| {
+    let last = |sources: &'static [&'static str]| {
         let store = &store;
         async move {
             store
-                .last_answered_session(source)
+                .last_answered_session(sources)
                 .await
                 .unwrap()
                 .map(|s| s.id)
         }
     };
-    assert_eq!(last("cli").await.as_deref(), Some("a1"));
-    assert_eq!(last("telegram").await.as_deref(), Some("b1"));
-    assert_eq!(last("cron").await, None);
+    assert_eq!(last(&["cli"]).await.as_deref(), Some("a1"));
+    assert_eq!(last(&["telegram"]).await.as_deref(), Some("b1"));
+    assert_eq!(last(&["cli", "telegram"]).await.as_deref(), Some("a1"));
+    assert_eq!(last(&["telegram", "cron"]).await.as_deref(), Some("b1"));
+    assert_eq!(last(&["cron"]).await, None);
+    assert_eq!(last(&[]).await, None);
     // An answer taken back (/undo) no longer counts.
     store
         .replace_active("a1", &[Message::user("only a question")])
         .await
         .unwrap();
-    assert_eq!(last("cli").await.as_deref(), Some("a2"));
+    assert_eq!(last(&["cli"]).await.as_deref(), Some("a2"));
     // Counts shown to people leave out replaced rows; message_count does not.
     let ids_asked: Vec<String> = ["a1", "a2", "a3", "nope"].map(String::from).to_vec();
     assert_eq!(

@@ -190,7 +190,10 @@ impl SessionStore for MemStore {
             .take(f.limit.max(1))
             .collect())
     }
-    async fn last_answered_session(&self, _: &str) -> talaria_store::Result<Option<SessionRecord>> {
+    async fn last_answered_session(
+        &self,
+        _: &[&str],
+    ) -> talaria_store::Result<Option<SessionRecord>> {
         Ok(None)
     }
     async fn search(&self, q: SearchQuery) -> talaria_store::Result<Vec<SearchHit>> {

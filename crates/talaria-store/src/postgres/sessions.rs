@@ -710,7 +710,7 @@ impl SessionStore for PostgresStore {
             .collect()
     }
 
-    async fn last_answered_session(&self, source: &str) -> Result<Option<SessionRecord>> {
+    async fn last_answered_session(&self, sources: &[&str]) -> Result<Option<SessionRecord>> {
         let client = self.client().await?;
         // Newest rows first: the answer sought is usually among the last
         // few rows written.
@@ -718,13 +718,13 @@ impl SessionStore for PostgresStore {
             .prepare_cached(&format!(
                 "SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.id = ( \
                    SELECT m.session_id FROM messages m JOIN sessions o ON o.id = m.session_id \
-                   WHERE o.source = $1 AND m.role = 'assistant' AND m.active \
+                   WHERE o.source = ANY($1) AND m.role = 'assistant' AND m.active \
                    ORDER BY m.id DESC LIMIT 1)"
             ))
             .await
             .map_err(|e| self.error(e))?;
         let row = client
-            .query_opt(&statement, &[&clean(source).as_ref()])
+            .query_opt(&statement, &[&sources])
             .await
             .map_err(|e| self.error(e))?;
         row.map(|row| self.session_from_row(&row, 0)).transpose()
