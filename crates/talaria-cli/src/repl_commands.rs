@@ -330,7 +330,7 @@ impl<'a> Commands<'a> {
         let counts = self
             .rt
             .store
-            .active_message_counts(&[self.session.id.clone()])
+            .active_message_counts(std::slice::from_ref(&self.session.id))
             .await?;
         Ok(counts.first().copied().unwrap_or(0))
     }
