@@ -16,7 +16,7 @@
 //! - [`cron_cmd`]: `talaria cron`, scheduled jobs (run here, or ticked by the gateway).
 //! - [`store_cmd`]: `talaria store migrate`, copying the database into PostgreSQL.
 //! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
-//! - [`logging`]: tracing to stderr through the secret redactor.
+//! - [`logging`]: the log (a file, or the gateway's stderr) through the secret redactor.
 #![forbid(unsafe_code)]
 
 mod chat;
@@ -134,6 +134,17 @@ fn raise_open_file_limit() -> OpenFiles {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let home = runtime::resolve_home(cli.home.as_deref())?;
+    // The gateway's stderr is its log; every other command keeps the
+    // terminal for the person and logs to a file.
+    logging::choose(
+        &home,
+        matches!(
+            cli.command,
+            Command::Gateway {
+                command: GatewayCommand::Run
+            }
+        ),
+    );
     match cli.command {
         Command::Chat(args) => chat::run(home, args).await,
         Command::Config {
