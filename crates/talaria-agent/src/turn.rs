@@ -210,7 +210,23 @@ impl<'a> TurnRun<'a> {
     }
 
     pub(crate) async fn run(mut self, user_text: &str) -> Result<TurnOutcome, AgentError> {
+        // The turn's life at debug: sizes and names, never the words.
+        tracing::debug!(
+            session = %self.session.id,
+            chars = user_text.chars().count(),
+            "turn started"
+        );
         let result = self.steps(user_text).await;
+        match &result {
+            Ok(outcome) => tracing::debug!(
+                session = %self.session.id,
+                exit = ?outcome.exit,
+                model_calls = outcome.api_calls,
+                answer_chars = outcome.answer.chars().count(),
+                "turn finished"
+            ),
+            Err(e) => tracing::debug!(session = %self.session.id, error = %e, "turn failed"),
+        }
         // Usage of calls that produced no stored row (an interrupted or
         // failed call, an empty reply, a compression summary).
         if self.pending_usage != Usage::default() {
@@ -461,6 +477,13 @@ impl<'a> TurnRun<'a> {
                     observer.notice("(the model connection dropped; the answer restarts below)");
                 }
             };
+            tracing::debug!(
+                session = %self.session.id,
+                call = self.api_calls,
+                messages = request.messages.len(),
+                tools = request.tools.len(),
+                "model call"
+            );
             let result = self.chat(&request, &sink).await;
             let held = scrubber
                 .into_inner()
@@ -473,6 +496,14 @@ impl<'a> TurnRun<'a> {
             let partial = crate::memory_context::sanitize(&partial);
             match result {
                 Ok(response) => {
+                    tracing::debug!(
+                        session = %self.session.id,
+                        call = self.api_calls,
+                        model = %response.model,
+                        tool_calls = response.message.tool_calls.len(),
+                        answer_chars = response.message.content.chars().count(),
+                        "model answered"
+                    );
                     self.record_usage(&response.usage);
                     // Providers report cached prompt tokens apart from the
                     // rest; the window holds all of them.
@@ -748,6 +779,7 @@ impl<'a> TurnRun<'a> {
                 (text.clone(), Status::Error)
             }
             Action::Run { tool, args } => {
+                tracing::debug!(session = %self.session.id, tool = %name, "tool call");
                 self.observer.tool_started(name, &entry.call.arguments);
                 let (output, ok) = dispatch::execute(tool.clone(), args.clone(), ctx.clone()).await;
                 let status = if ok { Status::Ok } else { Status::Error };
@@ -781,6 +813,13 @@ impl<'a> TurnRun<'a> {
         call: &ToolCall,
         (content, status): &Done,
     ) -> Result<(), AgentError> {
+        tracing::debug!(
+            session = %self.session.id,
+            tool = %call.name,
+            status = ?status,
+            result_chars = content.chars().count(),
+            "tool call finished"
+        );
         if *status != Status::Skipped {
             self.observer
                 .tool_finished(&call.name, *status == Status::Ok, &preview(content, 200));

@@ -5,8 +5,14 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 /// Talaria: a self-hosted AI agent that lives in your terminal and chat apps.
+///
+/// It talks to any OpenAI-compatible model server or to Anthropic, runs
+/// tools on your machine, remembers across sessions, and keeps every
+/// conversation searchable. Start with `talaria setup`, then `talaria chat`.
+// No bare `about` here: it would show the crate's description
+// ("The `talaria` command.") instead of the words above.
 #[derive(Debug, Parser)]
-#[command(name = "talaria", version, about, propagate_version = true)]
+#[command(name = "talaria", version, propagate_version = true)]
 pub struct Cli {
     /// The Talaria home (config, database, memories). Default: $TALARIA_HOME or ~/.talaria.
     #[arg(long, global = true, value_name = "DIR")]
@@ -216,13 +222,15 @@ pub struct CronAddArgs {
     /// How many runs in all (default: forever; once for one-shot schedules).
     #[arg(long)]
     pub repeat: Option<u32>,
-    /// After downtime: run once late (default) or skip the missed run.
+    /// After downtime: run once late (`run-once`, the default) or skip the missed run.
     #[arg(long, value_enum)]
     pub misfire: Option<MisfireArg>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum MisfireArg {
+    /// `run_once` too: the spelling the database and the cronjob tool use.
+    #[value(alias = "run_once")]
     RunOnce,
     Skip,
 }
@@ -282,6 +290,10 @@ pub struct ChatArgs {
     /// Show tool calls on stderr in one-shot mode.
     #[arg(short, long)]
     pub verbose: bool,
+    /// Words after `chat` without `-q`: not accepted, but answered with a
+    /// hint at `-q` rather than clap's "unexpected argument".
+    #[arg(hide = true)]
+    pub stray: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -17,9 +17,9 @@ use talaria_gateway::hooks::Hooks;
 use talaria_store::{CronJob, CronStore, OccurrenceStatus};
 
 use crate::cli::{CronAddArgs, CronCommand};
-use crate::gateway_cmd;
 use crate::runtime::Runtime;
 use crate::sessions_cmd::when;
+use crate::{clip_words, gateway_cmd};
 
 pub async fn run(home: Home, command: CronCommand) -> anyhow::Result<ExitCode> {
     let rt = Runtime::load_without_model(home).await?;
@@ -81,32 +81,29 @@ async fn list(store: &dyn CronStore, zone: Zone) -> anyhow::Result<ExitCode> {
         println!("no cron jobs; add one with `talaria cron add \"every 1d\" \"...\"`");
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:<12}  {:<24}  {:<16}  {:<10}  {:<22}  {:<8}  deliver",
-        "id", "name", "schedule", "state", "next run", "last"
-    );
+    let mut rows = vec![
+        [
+            "id", "name", "schedule", "state", "next run", "last", "deliver",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
     for job in all {
-        println!(
-            "{:<12}  {:<24}  {:<16}  {:<10}  {:<22}  {:<8}  {}",
-            job.id,
-            clip(&job.name, 24),
-            clip(&job.schedule, 16),
-            job.state.as_str(),
+        rows.push(vec![
+            job.id.clone(),
+            clip_words(&job.name, 32),
+            job.schedule.clone(),
+            job.state.as_str().to_owned(),
             next_run(&job, zone),
-            job.last_status.map(|s| s.as_str()).unwrap_or("-"),
-            job.deliver.join(",")
-        );
+            job.last_status
+                .map(|s| s.as_str())
+                .unwrap_or("-")
+                .to_owned(),
+            job.deliver.join(","),
+        ]);
     }
+    print!("{}", crate::columns(&rows));
     Ok(ExitCode::SUCCESS)
-}
-
-fn clip(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_owned()
-    } else {
-        let cut: String = s.chars().take(max.saturating_sub(1)).collect();
-        format!("{cut}…")
-    }
 }
 
 async fn add(
@@ -116,6 +113,13 @@ async fn add(
     args: CronAddArgs,
     now: DateTime<Utc>,
 ) -> Result<(), CronError> {
+    // Checked here so the message names the command that lists skills
+    // (the scheduler's own names the agent's tool).
+    if let Some(name) = args.skill.iter().find(|s| rt.skills.find(s).is_none()) {
+        return Err(CronError::Invalid(format!(
+            "no skill named `{name}`; `talaria skills list` shows them"
+        )));
+    }
     let prompt = (!args.prompt.is_empty()).then(|| args.prompt.join(" "));
     let spec = JobSpec {
         name: args.name,
@@ -229,10 +233,10 @@ async fn logs(
             when(run.started_at)
         );
         if let Some(e) = &run.error {
-            line.push_str(&format!("  error: {}", clip(e, 120)));
+            line.push_str(&format!("  error: {}", clip_words(e, 120)));
         }
         if let Some(e) = &run.delivery_error {
-            line.push_str(&format!("  not delivered: {}", clip(e, 120)));
+            line.push_str(&format!("  not delivered: {}", clip_words(e, 120)));
         }
         println!("{line}");
     }

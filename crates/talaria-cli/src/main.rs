@@ -17,7 +17,7 @@
 //! - [`cron_cmd`]: `talaria cron`, scheduled jobs (run here, or ticked by the gateway).
 //! - [`store_cmd`]: `talaria store migrate`, copying the database into PostgreSQL.
 //! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
-//! - [`logging`]: tracing to stderr through the secret redactor.
+//! - [`logging`]: the log (a file, or the gateway's stderr) through the secret redactor.
 #![forbid(unsafe_code)]
 
 mod approvals_cmd;
@@ -175,7 +175,27 @@ fn raise_open_file_limit() -> OpenFiles {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let home = runtime::resolve_home(cli.home.as_deref())?;
+    // The gateway's stderr is its log; every other command keeps the
+    // terminal for the person and logs to a file.
+    logging::choose(
+        &home,
+        matches!(
+            cli.command,
+            Command::Gateway {
+                command: GatewayCommand::Run
+            }
+        ),
+    );
     match cli.command {
+        Command::Chat(args) if !args.stray.is_empty() => {
+            let words = args.stray.join(" ");
+            eprintln!(
+                "talaria: `talaria chat` starts a conversation and takes no message of its own.\n\
+                 To ask one question and get the answer, use -q:\n  talaria chat -q {}",
+                shell_quote(&words)
+            );
+            Ok(ExitCode::from(2))
+        }
         Command::Chat(args) => chat::run(home, args).await,
         Command::Config {
             command: ConfigCommand::Show,
@@ -243,5 +263,107 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let rt = runtime::Runtime::load_without_model(home).await?;
             skills_cmd::run(&rt, command).await
         }
+    }
+}
+
+/// `text` quoted for a POSIX shell, for commands shown to people.
+fn shell_quote(text: &str) -> String {
+    if !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:@".contains(c))
+    {
+        return text.to_owned();
+    }
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// `n` and the noun that goes with it: `1 entry`, `2 entries`, `0 entries`.
+pub(crate) fn count(n: usize, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
+/// Rows laid out in columns, each as wide as its widest cell, two spaces
+/// apart; the last column is not padded. Long ids widen their column
+/// instead of pushing the rest of their row out of line.
+pub(crate) fn columns(rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = Vec::new();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            let w = cell.chars().count();
+            match widths.get_mut(i) {
+                Some(width) => *width = (*width).max(w),
+                None => widths.push(w),
+            }
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `text` on one line, at most `max` characters, cut at a word boundary
+/// with an ellipsis when it is longer.
+pub(crate) fn clip_words(text: &str, max: usize) -> String {
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= max {
+        return flat;
+    }
+    let head: String = flat.chars().take(max.saturating_sub(1)).collect();
+    // Back to the last space, unless that would leave almost nothing.
+    let cut = match head.rfind(' ') {
+        Some(i) if i >= head.len() / 2 => &head[..i],
+        _ => head.as_str(),
+    };
+    format!("{}…", cut.trim_end_matches([',', ';', ':', '.', ' ']))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_widen_to_the_longest_cell() {
+        let rows = vec![
+            vec!["id".to_owned(), "name".to_owned(), "state".to_owned()],
+            vec![
+                "a-very-long-identifier".to_owned(),
+                "x".to_owned(),
+                "on".to_owned(),
+            ],
+            vec!["b".to_owned(), "longer name".to_owned(), "off".to_owned()],
+        ];
+        let text = columns(&rows);
+        let starts: Vec<usize> = text.lines().map(|l| l.rfind(' ').unwrap()).collect();
+        assert!(starts.windows(2).all(|w| w[0] == w[1]), "{text}");
+    }
+
+    #[test]
+    fn clipping_stops_at_a_word() {
+        assert_eq!(clip_words("short", 10), "short");
+        assert_eq!(clip_words("one two three four", 12), "one two…");
+        assert_eq!(clip_words("averyveryverylongword", 8), "averyve…");
+        assert_eq!(count(1, "entry", "entries"), "1 entry");
+        assert_eq!(count(0, "entry", "entries"), "0 entries");
+        assert_eq!(shell_quote("hello"), "hello");
+        assert_eq!(shell_quote("it's here"), r"'it'\''s here'");
     }
 }

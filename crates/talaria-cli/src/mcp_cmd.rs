@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use talaria_agent::tools::send_message::{Messenger, TargetInfo};
 use talaria_core::Home;
 use talaria_gateway::messenger::delivery_targets;
+use talaria_mcp::McpServer;
 use talaria_mcp::serve::TalariaServer;
 use talaria_mcp::tool::tool_name;
-use talaria_mcp::{Health, McpServer};
 
 use crate::cli::McpCommand;
 use crate::runtime::Runtime;
@@ -59,6 +59,13 @@ async fn list(rt: &Runtime) -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
+    let width = rt
+        .config
+        .mcp_servers
+        .keys()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0);
     for (name, server) in &rt.config.mcp_servers {
         let how = match (&server.command, &server.url) {
             (Some(command), _) => format!("stdio: {command} {}", server.args.join(" ")),
@@ -83,7 +90,7 @@ async fn list(rt: &Runtime) -> ExitCode {
         } else {
             format!("  ({})", notes.join("; "))
         };
-        println!("{name:<16} {}{notes}", how.trim_end());
+        println!("{name:<width$}  {}{notes}", how.trim_end());
     }
     ExitCode::SUCCESS
 }
@@ -124,9 +131,13 @@ async fn test(server: &McpServer) -> ExitCode {
                 "talaria: cannot use the MCP server `{}`: {e}",
                 server.name()
             );
-            if let Health::Failing { failures, .. } = server.health().await {
+            // A program's stderr goes to the log: point there.
+            if let (Some(command), Some(log)) =
+                (&server.config().command, crate::logging::log_file())
+            {
                 eprintln!(
-                    "(failed {failures} time(s); its stderr is in the log with TALARIA_LOG=info)"
+                    "What `{command}` wrote to its standard error is in {}.",
+                    log.display()
                 );
             }
             ExitCode::FAILURE

@@ -85,7 +85,7 @@ pub struct Runtime {
 impl Runtime {
     /// Loads configuration and opens the store; no model is needed.
     pub async fn load_without_model(home: Home) -> anyhow::Result<Runtime> {
-        Runtime::load(home, "warn").await
+        Runtime::load(home, crate::logging::DEFAULT_LEVEL).await
     }
 
     /// [`Runtime::load_without_model`] with a default log level.

@@ -7,13 +7,16 @@
 //! records the message in the same ledger: a send cut short here is
 //! finished by the next gateway that starts.
 
+use std::collections::BTreeSet;
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use talaria_core::Home;
 use talaria_gateway::control::{self, ClientError, Request, Response};
 use talaria_gateway::process;
+use talaria_gateway::target::Target;
 
 use crate::gateway_cmd;
 use crate::runtime::Runtime;
@@ -28,6 +31,14 @@ pub async fn run(home: Home, target: &str, words: &[String]) -> anyhow::Result<E
     } else {
         words.join(" ")
     };
+    // A `local` send writes a file; the files there before tell which.
+    let local = matches!(target.parse::<Target>(), Ok(Target::Local));
+    let before = if local {
+        files_under(&home.cron_output_dir())
+    } else {
+        BTreeSet::new()
+    };
+    let output_dir = home.cron_output_dir();
     let response = match via_gateway(&home, target, &text).await? {
         Some(response) => response,
         None => {
@@ -36,7 +47,18 @@ pub async fn run(home: Home, target: &str, words: &[String]) -> anyhow::Result<E
         }
     };
     if response.ok {
-        println!("{}", response.detail.unwrap_or_else(|| "sent".into()));
+        let written: Vec<PathBuf> = if local {
+            files_under(&output_dir)
+                .difference(&before)
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        match written.as_slice() {
+            [path] => println!("wrote {}", path.display()),
+            _ => println!("{}", response.detail.unwrap_or_else(|| "sent".into())),
+        }
         Ok(ExitCode::SUCCESS)
     } else {
         eprintln!(
@@ -47,6 +69,27 @@ pub async fn run(home: Home, target: &str, words: &[String]) -> anyhow::Result<E
         );
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// Every file under `dir`, at any depth (none when it does not exist).
+fn files_under(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut found = BTreeSet::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => pending.push(entry.path()),
+                Ok(t) if t.is_file() => {
+                    found.insert(entry.path());
+                }
+                _ => {}
+            }
+        }
+    }
+    found
 }
 
 /// Through the running gateway; `None` when no gateway listens.

@@ -16,8 +16,13 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
     let result: Result<String, String> = match command {
         SkillsCommand::List => {
             let records = lib.usage().all();
+            let skills = lib.list();
+            // Columns as wide as the longest category and name, so a long
+            // name does not push its row out of line.
+            let category_width = skills.iter().map(|s| s.category.chars().count()).max();
+            let name_width = skills.iter().map(|s| s.name.chars().count()).max();
             let mut out = String::new();
-            for s in lib.list() {
+            for s in &skills {
                 let r = records.get(&s.name).cloned().unwrap_or_default();
                 let mut notes = vec![match s.origin {
                     Origin::User => "yours",
@@ -33,16 +38,21 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
                     notes.push("stale");
                 }
                 out.push_str(&format!(
-                    "{:<12} {:<28} used {:>3}  ({})\n    {}\n",
+                    "{:<cw$}  {:<nw$}  used {:>3}  ({})\n    {}\n",
                     s.category,
                     s.name,
                     r.use_count,
                     notes.join(", "),
-                    s.description
+                    s.description,
+                    cw = category_width.unwrap_or(0),
+                    nw = name_width.unwrap_or(0),
                 ));
             }
             Ok(out.trim_end().to_owned())
         }
+        // The library's own message names the agent's tool; a person
+        // lists skills with the command.
+        SkillsCommand::Show { name } if lib.find(&name).is_none() => Err(no_such_skill(&name)),
         SkillsCommand::Show { name } => lib
             .read(&name)
             .map(|s| {
@@ -56,7 +66,7 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
         SkillsCommand::Pin { name } | SkillsCommand::Unpin { name }
             if lib.find(&name).is_none() =>
         {
-            Err(format!("no skill named `{name}`"))
+            Err(no_such_skill(&name))
         }
         SkillsCommand::Pin { name } => {
             lib.usage().change(&name, |r| r.pinned = true);
@@ -123,6 +133,10 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
     }
 }
 
+fn no_such_skill(name: &str) -> String {
+    format!("no skill named `{name}`; `talaria skills list` shows them")
+}
+
 /// The curator's look when the CLI starts (it runs when its interval has
 /// passed); a failure is logged, never in the way.
 pub async fn curate_at_start(rt: &Runtime) {
@@ -133,7 +147,7 @@ pub async fn curate_at_start(rt: &Runtime) {
     let in_use: HashSet<String> = match rt.gateway_store.jobs().await {
         Ok(jobs) => jobs.into_iter().flat_map(|j| j.skills).collect(),
         Err(e) => {
-            tracing::warn!(error = %e, "skills curator skipped: cannot read the cron jobs");
+            tracing::warn!("the skills curator was skipped: cannot read the cron jobs ({e})");
             return;
         }
     };
@@ -145,7 +159,7 @@ pub async fn curate_at_start(rt: &Runtime) {
     .await;
     match outcome {
         Ok(Ok(Some(report))) if !report.is_empty() => eprintln!("{}", report.summary()),
-        Ok(Err(e)) => tracing::warn!(error = %e, "the skills curator failed"),
+        Ok(Err(e)) => tracing::warn!("the skills curator failed: {e}"),
         _ => {}
     }
 }
@@ -168,10 +182,10 @@ pub async fn graph(
             std::fs::write(&path, text)
                 .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
             eprintln!(
-                "wrote {} ({} learned skills, {} memory cards)",
+                "wrote {} ({}, {})",
                 path.display(),
-                g.stats.learned_skills,
-                g.stats.memory_nodes
+                crate::count(g.stats.learned_skills, "learned skill", "learned skills"),
+                crate::count(g.stats.memory_nodes, "memory card", "memory cards")
             );
         }
         None => println!("{text}"),
@@ -193,7 +207,11 @@ pub async fn memory(rt: &Runtime, command: crate::cli::MemoryCommand) -> anyhow:
                     .map(str::trim)
                     .filter(|e| !e.is_empty())
                     .collect();
-                println!("{title} ({}, {} entries):", path.display(), entries.len());
+                println!(
+                    "{title} ({}, {}):",
+                    path.display(),
+                    crate::count(entries.len(), "entry", "entries")
+                );
                 for entry in entries {
                     println!("  - {}", entry.replace('\n', "\n    "));
                 }

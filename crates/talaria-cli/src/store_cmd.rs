@@ -95,7 +95,7 @@ async fn migrate(home: Home, args: MigrateArgs) -> anyhow::Result<ExitCode> {
             .chain([url.clone()])
             .chain(url_password(&url)),
     );
-    crate::logging::init(redactor, "warn");
+    crate::logging::init(redactor, crate::logging::DEFAULT_LEVEL);
     let shown_url = redact_url(&url);
 
     if let Some(info) = process::running_gateway(&home) {

@@ -422,7 +422,9 @@ async fn a_model_url_with_a_key_in_its_query_fails_without_showing_it() {
         assert!(!shown.contains(QUERY_KEY), "{shown}");
     }
     // The log still says where the request went, minus the key.
-    assert!(stderr.contains("api-key=[REDACTED]"), "{stderr}");
+    let log = std::fs::read_to_string(home.join("logs/talaria.log")).unwrap();
+    assert!(log.contains("api-key=[REDACTED]"), "{log}");
+    assert!(!log.contains(QUERY_KEY), "{log}");
 }
 
 fn free_port() -> u16 {

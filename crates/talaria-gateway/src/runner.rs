@@ -427,6 +427,13 @@ impl Runner {
                 return;
             }
         };
+        // The message's life at debug: ids and sizes, never the words.
+        tracing::debug!(
+            platform = %event.source.platform,
+            key = %key,
+            chars = event.text.chars().count(),
+            "message received"
+        );
         let verified = inner
             .delivery
             .adapter(&event.source.platform)
@@ -435,6 +442,11 @@ impl Runner {
             reply.send(Admission::Refused);
             return;
         }
+        tracing::debug!(
+            key = %key,
+            by = if verified { "the platform" } else { "the allowlist or pairing" },
+            "sender authorized"
+        );
         // A message that will start a turn is recorded as owed before the
         // adapter may acknowledge it; commands and answers to a waiting
         // question are only deduplicated.
@@ -1037,6 +1049,7 @@ impl Runner {
                 "message": clip(&event.text),
             })
         });
+        tracing::debug!(key = %key, session = %handle.id, "turn starting");
         let result = inner
             .agent
             .run_turn_with(
@@ -1142,6 +1155,17 @@ impl Runner {
                             .await
                     }
                     .is_ok();
+                    tracing::debug!(
+                        key = %key,
+                        platform = %to.platform,
+                        chars = outcome.answer.chars().count(),
+                        "{}",
+                        if delivered {
+                            "answer delivered"
+                        } else {
+                            "answer not delivered"
+                        }
+                    );
                     inner.board.touch();
                     if delivered {
                         inner.hook(events::MESSAGE_SENT, || {

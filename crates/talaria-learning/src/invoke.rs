@@ -53,6 +53,21 @@ pub fn learn_prompt(topic: &str) -> String {
 }
 
 /// `/skills`: the skills by category, one line each.
+/// At most `max` characters on one line, cut after a whole word with an
+/// ellipsis when the text is longer.
+fn clip_at_word(text: &str, max: usize) -> String {
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= max {
+        return flat;
+    }
+    let head: String = flat.chars().take(max.saturating_sub(1)).collect();
+    let cut = match head.rfind(' ') {
+        Some(i) if i >= head.len() / 2 => &head[..i],
+        _ => head.as_str(),
+    };
+    format!("{}…", cut.trim_end_matches([',', ';', ':', '.', ' ']))
+}
+
 pub fn listing(library: &Library) -> String {
     let skills = library.list();
     if skills.is_empty() {
@@ -65,9 +80,24 @@ pub fn listing(library: &Library) -> String {
             category = &s.category;
             out.push_str(&format!("{category}:\n"));
         }
-        let description: String = s.description.chars().take(80).collect();
-        out.push_str(&format!("  /{} - {description}\n", s.name));
+        out.push_str(&format!(
+            "  /{} - {}\n",
+            s.name,
+            clip_at_word(&s.description, 80)
+        ));
     }
     out.push_str("Type /<name> to use one, or /learn <topic> to have me write a new one.");
     out
+}
+
+#[cfg(test)]
+mod clip_tests {
+    use super::clip_at_word;
+
+    #[test]
+    fn long_descriptions_are_cut_after_a_whole_word() {
+        assert_eq!(clip_at_word("Short one.", 80), "Short one.");
+        let cut = clip_at_word("Find the cause of a failing test, then fix it properly", 30);
+        assert_eq!(cut, "Find the cause of a failing…");
+    }
 }

@@ -196,10 +196,12 @@ impl Provider for LlmClient {
         };
         for (idx, provider) in self.providers.iter().enumerate().skip(start) {
             if idx != start {
+                // A notice: the person at a terminal sees this line too.
                 tracing::warn!(
+                    target: "talaria::notice",
                     from = %self.providers[idx - 1].describe(),
-                    to = %provider.describe(),
-                    "falling back to the next provider for the rest of this turn"
+                    "Switching to the fallback model {} for the rest of this turn.",
+                    provider.describe()
                 );
                 self.current.store(idx, Ordering::Relaxed);
             }
@@ -220,15 +222,13 @@ impl Provider for LlmClient {
                     Next::Retry if attempt >= self.policy.max_attempts => Next::Fallback,
                     n => n,
                 };
-                tracing::warn!(
-                    provider = %provider.describe(),
-                    attempt,
-                    kind = ?err.kind,
-                    "model call failed: {}", err.message
-                );
                 match next {
-                    Next::GiveUp => return Err(err),
+                    Next::GiveUp => {
+                        log_failure(provider.as_ref(), attempt, &err);
+                        return Err(err);
+                    }
                     Next::Fallback => {
+                        log_failure(provider.as_ref(), attempt, &err);
                         let mut err = err;
                         if attempt > 1 {
                             err.message =
@@ -239,7 +239,21 @@ impl Provider for LlmClient {
                     }
                     Next::Retry => {
                         let wait = self.policy.wait_for(attempt, &err);
-                        tracing::info!(provider = %provider.describe(), "retrying in {:.1}s", wait.as_secs_f64());
+                        // One event, two readers: the person at a terminal
+                        // sees the sentence alone (a notice), the log gets
+                        // it with the server's own words and the provider.
+                        tracing::warn!(
+                            target: "talaria::notice",
+                            provider = %provider.describe(),
+                            attempt,
+                            kind = ?err.kind,
+                            error = %err.message,
+                            "{}; trying again in {} (attempt {} of {}).",
+                            capitalized(short_reason(&err)),
+                            seconds(wait),
+                            attempt + 1,
+                            self.policy.max_attempts
+                        );
                         if !sleep_or_cancel(wait, cancel).await {
                             return Err(interrupted(&err));
                         }
@@ -254,6 +268,46 @@ impl Provider for LlmClient {
             retry_after: None,
             provider: "talaria".to_owned(),
         }))
+    }
+}
+
+/// Logs a failed attempt after which this provider is not asked again.
+fn log_failure(provider: &dyn Provider, attempt: u32, err: &LlmError) {
+    tracing::warn!(
+        provider = %provider.describe(),
+        attempt,
+        kind = ?err.kind,
+        "model call failed: {}", err.message
+    );
+}
+
+/// The reason for a retry notice: the error's summary without its advice
+/// ("try again in a moment" would contradict the notice's own).
+fn short_reason(err: &LlmError) -> String {
+    let summary = err.summary();
+    summary
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+fn capitalized(text: String) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => text,
+    }
+}
+
+/// A wait for people: whole seconds, at least one.
+fn seconds(wait: std::time::Duration) -> String {
+    let secs = wait.as_secs_f64().round().max(1.0);
+    if secs == 1.0 {
+        "1 second".to_owned()
+    } else {
+        format!("{secs:.0} seconds")
     }
 }
 

@@ -28,6 +28,7 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, JsonObject,
 };
+use rmcp::service::ClientInitializeError;
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::common::client_side_sse::ExponentialBackoff;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -342,14 +343,14 @@ impl McpServer {
             Ok(Err(e)) => {
                 let mut state = self.state.lock().await;
                 if self.is_dead(&state) {
-                    self.mark_dead(&mut state, &e.to_string());
+                    self.mark_dead(&mut state, &service_failure(&e));
                     Err(CallError::Died {
                         server: self.name.clone(),
                     })
                 } else {
                     Err(CallError::Refused {
                         server: self.name.clone(),
-                        message: e.to_string(),
+                        message: service_failure(&e),
                     })
                 }
             }
@@ -484,10 +485,13 @@ impl McpServer {
                     }
                 });
             }
-            listener
-                .serve(transport)
-                .await
-                .map_err(|e| format!("the handshake failed: {e}"))
+            listener.serve(transport).await.map_err(|e| {
+                tracing::debug!(server = %self.name, "MCP handshake failed: {e}");
+                format!(
+                    "`{command}` started but the MCP handshake failed: {}",
+                    handshake_failure(&e, true)
+                )
+            })
         } else if let Some(url) = &self.config.url {
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.clone());
             // The SDK's default reconnects a broken event stream forever,
@@ -516,10 +520,13 @@ impl McpServer {
             }
             let transport =
                 StreamableHttpClientTransport::from_config(config.custom_headers(custom));
-            listener
-                .serve(transport)
-                .await
-                .map_err(|e| format!("the handshake with {url} failed: {e}"))
+            listener.serve(transport).await.map_err(|e| {
+                tracing::debug!(server = %self.name, "MCP handshake failed: {e}");
+                format!(
+                    "the MCP handshake with {url} failed: {}",
+                    handshake_failure(&e, false)
+                )
+            })
         } else {
             Err("neither `command` nor `url` is configured".into())
         }
@@ -529,7 +536,7 @@ impl McpServer {
         let tools = session
             .list_all_tools()
             .await
-            .map_err(|e| format!("cannot list its tools: {e}"))?;
+            .map_err(|e| format!("cannot list its tools: {}", service_failure(&e)))?;
         Ok(tools
             .into_iter()
             .map(|t| RemoteTool {
@@ -539,6 +546,75 @@ impl McpServer {
             })
             .collect())
     }
+}
+
+/// Why a handshake failed, in words: rmcp's own text names Rust types
+/// (`Transport [rmcp::transport::worker::WorkerTransport<…>] error`).
+/// `program` is whether the server is a program Talaria started.
+fn handshake_failure(e: &ClientInitializeError, program: bool) -> String {
+    let closed = if program {
+        "the program ended (or closed its output) before answering"
+    } else {
+        "the server closed the connection before answering"
+    };
+    match e {
+        ClientInitializeError::ConnectionClosed(_) => closed.to_owned(),
+        ClientInitializeError::TransportError { error, .. } => {
+            let cause = without_type_names(&error.error.to_string());
+            if program || cause.is_empty() {
+                closed.to_owned()
+            } else {
+                format!("the connection failed ({cause})")
+            }
+        }
+        ClientInitializeError::JsonRpcError(data) => {
+            format!("the server refused to start a session: {}", data.message)
+        }
+        ClientInitializeError::NoCompatibleProtocolVersion { .. } => {
+            "the server speaks no version of the MCP protocol Talaria knows".to_owned()
+        }
+        ClientInitializeError::Cancelled => "the start was cancelled".to_owned(),
+        ClientInitializeError::LegacyFallbackFailed { fallback, .. } => {
+            handshake_failure(fallback, program)
+        }
+        _ => "the server's answer to the handshake is not MCP (is this an MCP server?)".to_owned(),
+    }
+}
+
+/// Why a request to a connected server failed, in words.
+fn service_failure(e: &ServiceError) -> String {
+    match e {
+        ServiceError::McpError(data) => data.message.to_string(),
+        ServiceError::TransportSend(error) => {
+            let cause = without_type_names(&error.error.to_string());
+            if cause.is_empty() {
+                "the connection failed".to_owned()
+            } else {
+                format!("the connection failed ({cause})")
+            }
+        }
+        ServiceError::TransportClosed => "the connection closed".to_owned(),
+        ServiceError::UnexpectedResponse => {
+            "the server answered something other than what was asked".to_owned()
+        }
+        ServiceError::Timeout { timeout } => {
+            format!("no answer within {} s", timeout.as_secs())
+        }
+        ServiceError::Cancelled { .. } => "the request was cancelled".to_owned(),
+        other => without_type_names(&other.to_string()),
+    }
+}
+
+/// A transport's error text without the Rust paths and generics some of
+/// them carry (`Transport [a::b::C<D>] error: …`).
+fn without_type_names(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|word| !(word.contains("::") || word.contains('<') || word.starts_with('[')))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_start_matches("error:")
+        .trim()
+        .to_owned()
 }
 
 /// The wait before attempt `failures + 1`: none after the first failure

@@ -117,6 +117,94 @@ const FORMS: &str = "expected `every 30m` (m, h or d), a five-field cron express
 `0 9 * * 1-5`, `in 2h` or `2h` (once, that long from now), or a time like `2026-12-24T18:00` \
 (once)";
 
+/// The five fields of a cron expression and their ranges.
+const CRON_FIELDS: &str = "its five fields are minute (0-59), hour (0-23), day of the month \
+(1-31), month (1-12 or jan-dec) and day of the week (0-7 or sun-sat; 0 and 7 are Sunday)";
+
+/// One field of a cron expression: its name for people and its range.
+struct Field {
+    name: &'static str,
+    min: u32,
+    max: u32,
+    /// How the range is said (`0 to 59`, `0 to 7, where 0 and 7 are Sunday`).
+    range: &'static str,
+}
+
+const FIELDS: [Field; 5] = [
+    Field {
+        name: "minute",
+        min: 0,
+        max: 59,
+        range: "from 0 to 59",
+    },
+    Field {
+        name: "hour",
+        min: 0,
+        max: 23,
+        range: "from 0 to 23",
+    },
+    Field {
+        name: "day of the month",
+        min: 1,
+        max: 31,
+        range: "from 1 to 31",
+    },
+    Field {
+        name: "month",
+        min: 1,
+        max: 12,
+        range: "from 1 to 12 (or jan to dec)",
+    },
+    Field {
+        name: "day of the week",
+        min: 0,
+        max: 7,
+        range: "from 0 to 7 (or sun to sat; 0 and 7 are Sunday)",
+    },
+];
+
+/// Checks every number of a five-field expression against its field's
+/// range, so that an hour of 25 is refused by name ("the hour field")
+/// rather than by croner's "Number out of bounds".
+fn check_fields(expression: &str) -> Result<(), ScheduleError> {
+    for (value, field) in expression.split_whitespace().zip(FIELDS.iter()) {
+        for item in value.split(',') {
+            // `a-b/step`, `*/step`, `5#2` (the second Friday), `5L`.
+            let (range, step) = match item.split_once('/') {
+                Some((range, step)) => (range, Some(step)),
+                None => (item, None),
+            };
+            let range = range.split('#').next().unwrap_or_default();
+            for bound in range.split('-') {
+                let digits = bound.trim_end_matches(['L', 'l', 'W', 'w']);
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    continue;
+                }
+                let n: u64 = digits.parse().unwrap_or(u64::MAX);
+                if n < u64::from(field.min) || n > u64::from(field.max) {
+                    return Err(ScheduleError::new(format!(
+                        "`{expression}`: the {} field is {digits}, but it must be {}",
+                        field.name, field.range
+                    )));
+                }
+            }
+            if let Some(step) = step
+                && step.bytes().all(|b| b.is_ascii_digit())
+            {
+                let n: u64 = step.parse().unwrap_or(u64::MAX);
+                if n == 0 || n > u64::from(field.max.max(1)) {
+                    return Err(ScheduleError::new(format!(
+                        "`{expression}`: the step `/{step}` of the {} field must be from 1 to {}",
+                        field.name,
+                        field.max.max(1)
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Schedule {
     /// Parses what a user wrote. `now` and `zone` give meaning to relative
     /// delays and to times without an offset.
@@ -154,8 +242,21 @@ impl Schedule {
         let fields = text.split_whitespace().count();
         if fields == 5 || text.starts_with('@') {
             let normalised = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            if fields == 5 {
+                check_fields(&normalised)?;
+            }
+            // croner's own words name its types ("CronPattern contains
+            // illegal character"); the ranges were checked above, so what
+            // is left is the form.
             let cron = Cron::from_str(&normalised).map_err(|e| {
-                ScheduleError::new(format!("`{text}` is not a cron expression: {e}"))
+                let what = match e {
+                    croner::errors::CronError::IllegalCharacters(_) => {
+                        "has something a cron field cannot hold (fields are written with digits, \
+                         names, `*`, `,`, `-`, `/`, and `L`, `W`, `#` where they apply)"
+                    }
+                    _ => "is not a cron expression",
+                };
+                ScheduleError::new(format!("`{text}` {what}; {CRON_FIELDS}"))
             })?;
             return Ok(Schedule::Cron {
                 cron: Box::new(cron),
@@ -369,6 +470,47 @@ mod tests {
         assert!(e.to_string().contains("expected `every 30m`"), "{e}");
         let e = Schedule::parse("every 0m", now, berlin()).unwrap_err();
         assert!(e.to_string().contains("expected"), "{e}");
+    }
+
+    #[test]
+    fn a_number_out_of_range_names_its_field_and_the_range() {
+        let now = utc(2026, 12, 4, 12, 0);
+        let said = |text: &str| {
+            Schedule::parse(text, now, berlin())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = said("0 25 * * *");
+        assert!(
+            e.contains("hour field is 25") && e.contains("0 to 23"),
+            "{e}"
+        );
+        let e = said("61 * * * *");
+        assert!(
+            e.contains("minute field is 61") && e.contains("0 to 59"),
+            "{e}"
+        );
+        let e = said("0 9 0 * *");
+        assert!(e.contains("day of the month field is 0"), "{e}");
+        let e = said("0 9 * 13 *");
+        assert!(
+            e.contains("month field is 13") && e.contains("1 to 12"),
+            "{e}"
+        );
+        let e = said("0 9 * * 1-9");
+        assert!(e.contains("day of the week field is 9"), "{e}");
+        let e = said("*/0 * * * *");
+        assert!(e.contains("step `/0` of the minute field"), "{e}");
+        for good in [
+            "0 9 * * 1-5",
+            "*/15 * * * *",
+            "0 0 L * *",
+            "0 9 * * 5#2",
+            "0 9 * jan mon-fri",
+            "0 0 * * 7",
+        ] {
+            assert!(Schedule::parse(good, now, berlin()).is_ok(), "{good}");
+        }
     }
 
     #[test]
