@@ -134,6 +134,10 @@ pub async fn clear_pending(rt: &Runtime, platform: Option<&str>) -> anyhow::Resu
         .gateway_store
         .pairing_clear_pending(platform.as_deref())
         .await?;
-    println!("Cleared {n} pending code(s).");
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    println!(
+        "Cleared {}.",
+        crate::count(n, "pending code", "pending codes")
+    );
     Ok(ExitCode::SUCCESS)
 }

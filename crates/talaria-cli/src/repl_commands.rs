@@ -166,16 +166,25 @@ fn format_sessions(list: &[SessionRecord], counts: &[u64], current: &str) -> Str
     let mut out = vec!["Recent sessions (/resume <number> switches):".to_owned()];
     for ((i, s), count) in list.iter().enumerate().zip(counts) {
         out.push(format!(
-            "{:>2}. {} · {} · {} · {} messages{}",
+            "{:>2}. {} · {} · {} · {}{}",
             i + 1,
             s.title.as_deref().unwrap_or("(untitled)"),
             s.id,
             when(s.started_at),
-            count,
+            messages(*count),
             if s.id == current { " (current)" } else { "" }
         ));
     }
     out.join("\n")
+}
+
+/// "1 message", "4 messages".
+fn messages(n: u64) -> String {
+    crate::count(
+        usize::try_from(n).unwrap_or(usize::MAX),
+        "message",
+        "messages",
+    )
 }
 
 fn name_of(s: &SessionRecord) -> &str {
@@ -415,9 +424,9 @@ impl<'a> Commands<'a> {
             .with_context(|| format!("cannot resume session {id}"))?;
         let s = self.record().await?;
         Ok(format!(
-            "Resumed {} ({} messages).",
+            "Resumed {} ({}).",
             name_of(&s),
-            self.count().await?
+            messages(self.count().await?)
         ))
     }
 
@@ -494,8 +503,8 @@ impl<'a> Commands<'a> {
     async fn usage(&self) -> anyhow::Result<String> {
         let s = self.record().await?;
         Ok(format!(
-            "This session: {} messages; tokens in {}, out {}, cache read {}, cache write {}, reasoning {}.",
-            self.count().await?,
+            "This session: {}; tokens in {}, out {}, cache read {}, cache write {}, reasoning {}.",
+            messages(self.count().await?),
             s.input_tokens,
             s.output_tokens,
             s.cache_read_tokens,

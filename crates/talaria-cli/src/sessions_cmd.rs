@@ -51,27 +51,21 @@ pub async fn list(rt: &Runtime, limit: usize, source: Option<String>) -> anyhow:
     }
     let ids: Vec<String> = sessions.iter().map(|s| s.id.clone()).collect();
     let counts = rt.store.active_message_counts(&ids).await?;
-    let rows: Vec<[String; 5]> = sessions
-        .iter()
-        .zip(counts)
-        .map(|(s, count)| {
-            [
-                s.id.clone(),
-                when(s.started_at),
-                count.to_string(),
-                s.source.clone(),
-                one_line(&title(s), 60),
-            ]
-        })
-        .collect();
-    print!(
-        "{}",
-        table(
-            &["ID", "STARTED", "MESSAGES", "SOURCE", "TITLE"],
-            &rows,
-            &[2]
-        )
-    );
+    let mut rows = vec![
+        ["ID", "STARTED", "MESSAGES", "SOURCE", "TITLE"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
+    rows.extend(sessions.iter().zip(counts).map(|(s, count)| {
+        vec![
+            s.id.clone(),
+            when(s.started_at),
+            count.to_string(),
+            s.source.clone(),
+            one_line(&title(s), 60),
+        ]
+    }));
+    print!("{}", crate::columns(&rows));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -95,47 +89,6 @@ async fn nothing_listed(rt: &Runtime, source: Option<&str>) -> anyhow::Result<St
         "No sessions from `{source}`. Sessions come from: {}.",
         names.join(", ")
     ))
-}
-
-/// Rows under a header, each column as wide as its widest cell (counted in
-/// characters, so titles with accents line up); `right` names the columns
-/// aligned right (numbers). The last column is not padded.
-pub(crate) fn table<const N: usize>(
-    header: &[&str; N],
-    rows: &[[String; N]],
-    right: &[usize],
-) -> String {
-    let mut widths = header.map(|h| h.chars().count());
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut out = String::new();
-        for (i, cell) in cells.enumerate() {
-            let pad = widths[i].saturating_sub(cell.chars().count());
-            if i > 0 {
-                out.push_str("  ");
-            }
-            if right.contains(&i) {
-                out.push_str(&" ".repeat(pad));
-                out.push_str(cell);
-            } else {
-                out.push_str(cell);
-                if i + 1 < N {
-                    out.push_str(&" ".repeat(pad));
-                }
-            }
-        }
-        out.push('\n');
-        out
-    };
-    let mut out = line(&mut header.iter().copied());
-    for row in rows {
-        out.push_str(&line(&mut row.iter().map(String::as_str)));
-    }
-    out
 }
 
 pub async fn show(rt: &Runtime, id: &str) -> anyhow::Result<ExitCode> {
@@ -201,26 +154,4 @@ pub async fn search(rt: &Runtime, query: &str, limit: usize) -> anyhow::Result<E
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::table;
-
-    #[test]
-    fn table_columns_line_up_whatever_the_cell_widths() {
-        let rows = [
-            [
-                "a-very-long-session-id-1234".to_owned(),
-                "7".to_owned(),
-                "café".to_owned(),
-            ],
-            ["short".to_owned(), "1234".to_owned(), "x".to_owned()],
-        ];
-        let out = table(&["ID", "N", "TITLE"], &rows, &[1]);
-        let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines[0], "ID                              N  TITLE");
-        assert_eq!(lines[1], "a-very-long-session-id-1234     7  café");
-        assert_eq!(lines[2], "short                        1234  x");
-    }
 }

@@ -17,6 +17,9 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
         SkillsCommand::List => {
             let records = lib.usage().all();
             let skills = lib.list();
+            // The learning log says who wrote a skill: one the agent wrote
+            // (even when asked to) is learned, as the learning graph shows.
+            let learned = talaria_learning::log::written_by_agent(&lib);
             // Columns as wide as the longest category and name, so a long
             // name does not push its row out of line.
             let category_width = skills.iter().map(|s| s.category.chars().count()).max();
@@ -25,12 +28,10 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
             for s in &skills {
                 let r = records.get(&s.name).cloned().unwrap_or_default();
                 let mut notes = vec![match s.origin {
+                    Origin::User if learned.contains(&s.name) => "learned by the agent",
                     Origin::User => "yours",
                     Origin::Bundled => "bundled",
                 }];
-                if r.created_by.as_deref() == Some("agent") {
-                    notes.push("by the agent");
-                }
                 if r.pinned {
                     notes.push("pinned");
                 }

@@ -276,3 +276,34 @@ async fn a_bare_resume_skips_sessions_left_empty() {
     );
     assert!(said.contains("Messages: 2 "), "{said}");
 }
+
+/// A skill the agent wrote because the user asked is listed as learned,
+/// as the learning graph counts it, not as the user's own.
+#[tokio::test(flavor = "multi_thread")]
+async fn skills_list_calls_a_skill_the_agent_wrote_on_request_learned() {
+    let mock = MockOpenAi::start().await;
+    let dir = setup(&mock);
+    let home = dir.path();
+    let content = "---\nname: rotate-logs\ndescription: Rotate the service logs.\n---\n\n# Rotate logs\n\n1. Run logrotate.\n";
+    let args = serde_json::json!({
+        "action": "create",
+        "name": "rotate-logs",
+        "category": "ops",
+        "content": content,
+    });
+    mock.push(Reply::tool_calls(vec![
+        talaria_testkit::ToolCallReply::new("c1", "skill_manage", args.to_string()),
+    ]));
+    mock.push(Reply::text("Saved."));
+    ok(&talaria(
+        home,
+        &["chat", "-q", "please save how to rotate logs as a skill"],
+    ));
+    let list = ok(&talaria(home, &["skills", "list"]));
+    let line = list
+        .lines()
+        .find(|l| l.contains("rotate-logs"))
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(line.contains("learned by the agent"), "{list}");
+    assert!(!line.contains("yours"), "{list}");
+}
