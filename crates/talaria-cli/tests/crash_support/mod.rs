@@ -88,7 +88,10 @@ pub fn gateway_command(home: &Home, log: &Path) -> Command {
         .env_remove("TALARIA_DATABASE_URL")
         .env_remove("TALARIA_NODE_HOST")
         .env("TALARIA_GATEWAY_LOCK_DIR", &home.locks)
-        .env("TALARIA_LOG", "info")
+        .env(
+            "TALARIA_LOG",
+            std::env::var("TALARIA_TEST_GATEWAY_LOG").unwrap_or_else(|_| "info".to_owned()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
