@@ -9,32 +9,8 @@ use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 
 #[test]
 fn repl_streams_shows_tools_and_survives_ctrl_c() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let mock = rt.block_on(MockOpenAi::start());
-    let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::write(
-        home.join("config.yaml"),
-        format!(
-            "model:\n  default: mock-model\n  base_url: {}\n",
-            mock.base_url()
-        ),
-    )
-    .unwrap();
-
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_talaria"));
-    cmd.arg("--home").arg(&home).arg("chat");
-    cmd.env_remove("TALARIA_HOME");
-    cmd.current_dir(dir.path());
-    let mut p = spawn_with_options(
-        cmd,
-        Options::new()
-            .timeout_ms(Some(20_000))
-            .strip_ansi_escape_codes(true),
-    )
-    .unwrap();
-    p.exp_string("Type /help").unwrap();
+    let mut chat = start();
+    let Chat { p, mock, .. } = &mut chat;
 
     // A streamed answer.
     mock.push(Reply::text("streamed hello world"));

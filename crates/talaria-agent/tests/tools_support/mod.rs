@@ -192,9 +192,20 @@ impl SessionStore for MemStore {
     }
     async fn last_answered_session(
         &self,
-        _: &[&str],
+        sources: &[&str],
     ) -> talaria_store::Result<Option<SessionRecord>> {
-        Ok(None)
+        let sessions = self.sessions.lock().unwrap();
+        let messages = self.messages.lock().unwrap();
+        Ok(messages
+            .iter()
+            .rev()
+            .filter(|m| m.active && m.message.role == talaria_core::Role::Assistant)
+            .find_map(|m| {
+                sessions
+                    .iter()
+                    .find(|s| s.id == m.session_id && sources.contains(&s.source.as_str()))
+            })
+            .cloned())
     }
     async fn search(&self, q: SearchQuery) -> talaria_store::Result<Vec<SearchHit>> {
         let words: Vec<String> = q.text.split_whitespace().map(str::to_lowercase).collect();
