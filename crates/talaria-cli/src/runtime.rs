@@ -158,7 +158,7 @@ impl Runtime {
             &self.config.platforms.homeassistant,
             &self.loaded.env,
         ) {
-            for tool in talaria_platforms::homeassistant::tools::ha_tools(&settings)? {
+            for tool in talaria_tools::homeassistant::ha_tools(&settings)? {
                 registry.register(tool).map_err(anyhow::Error::msg)?;
             }
         }

@@ -4,16 +4,13 @@
 //!
 //! # Layout
 //!
+//! The adapter contract (the `Adapter` trait, events, session keys,
+//! authorization, splitting and delivery targets) lives in
+//! `talaria-adapter`, so platforms build without the gateway; its modules
+//! are re-exported here under their old names.
+//!
 //! The data path, in order:
 //!
-//! - [`adapter`]: the contract every platform connector implements, and
-//!   the [`adapter::Inbox`] it hands [`event::MessageEvent`]s to.
-//! - [`event`]: [`event::MessageEvent`], [`event::SessionSource`], and
-//!   slash-command parsing.
-//! - [`key`]: the one function that turns a source into a
-//!   [`key::SessionKey`].
-//! - [`auth`]: who may talk to the bot (allow-all flags, allowlists, the
-//!   pairing store), evaluated in a fixed order.
 //! - [`pairing`]: DM pairing codes for strangers.
 //! - [`runner`]: the order every event goes through (authorization,
 //!   commands, the busy guard) and the per-chat lanes that run turns.
@@ -33,10 +30,6 @@
 //!   attempts, the sweep.
 //! - [`preview`]: streaming previews, one message edited as the answer
 //!   grows.
-//! - [`target`]: the delivery-target grammar (`origin`, `local`,
-//!   `<platform>[:<chat>[:<thread>]]`) and home channels.
-//! - [`split`]: cutting long answers to a platform's limit without breaking
-//!   code fences.
 //! - [`supervisor`]: adapters as supervised tasks with reconnect backoff and
 //!   a liveness board; a ledger sweep each time one goes live.
 //! - [`gateway`]: all of the above assembled, with an orderly stop.
@@ -62,16 +55,12 @@
 //! - [`token_lock`]: one gateway per bot credential on a machine.
 #![forbid(unsafe_code)]
 
-pub mod adapter;
-pub mod auth;
 pub mod control;
 pub mod cron;
 pub mod delivery;
 pub mod dotenv;
-pub mod event;
 pub mod gateway;
 pub mod hooks;
-pub mod key;
 pub mod ledger;
 pub mod maintenance;
 pub mod messenger;
@@ -83,15 +72,16 @@ pub mod preview;
 pub mod process;
 pub mod router;
 pub mod runner;
-pub mod split;
 pub mod supervisor;
-pub mod target;
 pub mod token_lock;
 pub mod turn_lease;
 
-pub use adapter::{
-    Adapter, AdapterContext, AdapterError, Admission, Admit, AdmitReply, Inbox, Liveness,
-    LivenessReporter, MessageLimits, OutboundMessage, SendError, SentMessage,
+pub use talaria_adapter::contract as adapter;
+pub use talaria_adapter::{
+    Adapter, AdapterContext, AdapterError, Admission, Admit, AdmitReply, Capabilities, Inbox,
+    Liveness, LivenessReporter, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
-pub use event::{ChatType, Invocation, MessageEvent, SessionSource};
-pub use key::{KeyPolicy, SessionKey};
+pub use talaria_adapter::{
+    ChatType, Invocation, KeyPolicy, MessageEvent, SessionKey, SessionSource,
+};
+pub use talaria_adapter::{auth, event, key, split, target};

@@ -35,6 +35,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::adapter::{Admission, Admit, AdmitReply};
 use crate::auth::{AuthPolicy, Decision};
+use talaria_adapter::{Capabilities, LengthUnit, MessageLimits};
+
+/// How an event is judged whose platform has no adapter in this gateway
+/// (only tests hand the runner such events): a chat with opaque sender ids.
+const UNREGISTERED: Capabilities = Capabilities::chat(MessageLimits {
+    max_len: 4096,
+    unit: LengthUnit::Chars,
+});
 use crate::delivery::{Address, Delivery};
 use crate::event::{MessageEvent, SessionSource};
 use crate::hooks::{Hooks, events};
@@ -622,13 +630,17 @@ impl Runner {
         // allowlisted users cost no query per message (the auth proptest
         // `pairing_admits_humans_with_an_id_only` holds this equivalence).
         // Bots are never admitted by pairing, so they cost no query either.
-        let mut decision = inner.auth.decide(source, false);
+        let caps = inner
+            .delivery
+            .adapter(&source.platform)
+            .map_or(UNREGISTERED, |a| a.capabilities());
+        let mut decision = inner.auth.decide(source, &caps, false);
         if matches!(decision, Decision::Deny { .. })
             && !source.is_bot
             && let Some(user) = &source.user_id
         {
             match inner.pairing.is_approved(&source.platform, user).await {
-                Ok(true) => decision = inner.auth.decide(source, true),
+                Ok(true) => decision = inner.auth.decide(source, &caps, true),
                 Ok(false) => {}
                 Err(e) => {
                     // Unknown is not "unpaired": offering a fresh code to a

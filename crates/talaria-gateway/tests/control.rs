@@ -15,7 +15,8 @@ use talaria_gateway::ledger::Ledger;
 use talaria_gateway::messenger::GatewayMessenger;
 use talaria_gateway::target::HomeChannels;
 use talaria_gateway::{
-    Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Capabilities, MessageLimits, OutboundMessage, SendError,
+    SentMessage,
 };
 use talaria_store::{LedgerStore, NewSession, ObligationState, SessionStore, SqliteStore};
 use tokio_util::sync::CancellationToken;
@@ -32,11 +33,11 @@ impl Adapter for Recorder {
         "telegram"
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::chat(MessageLimits {
             max_len: 4096,
             unit: talaria_gateway::adapter::LengthUnit::Utf16,
-        }
+        })
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {

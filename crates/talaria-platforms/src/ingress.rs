@@ -9,7 +9,7 @@
 //!
 //! The listener and the adapters have separate lives: the listener is
 //! bound at startup and serves until the gateway stops, while each
-//! adapter's [`Adapter::run`](talaria_gateway::Adapter::run) only
+//! adapter's [`Adapter::run`](talaria_adapter::Adapter::run) only
 //! [attaches](InboxSlot::attach) the inbox of that run to the platform's
 //! [`InboxSlot`]. A handler finds its inbox there; while none is attached
 //! (before the gateway's runner started, or while it stops) it answers 503,
@@ -34,7 +34,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
-use talaria_gateway::{AdapterContext, AdapterError, Inbox, Liveness};
+use talaria_adapter::{AdapterContext, AdapterError, Inbox, Liveness};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -253,7 +253,7 @@ async fn not_found() -> Response {
 mod tests {
     use super::*;
     use axum::routing::post;
-    use talaria_gateway::LivenessReporter;
+    use talaria_adapter::LivenessReporter;
 
     #[tokio::test]
     async fn health_waits_for_every_platform_and_routes_reach_their_handlers() {

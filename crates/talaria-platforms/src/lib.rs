@@ -1,6 +1,11 @@
 //! Talaria's platform adapters. Each lives behind a cargo feature that is
 //! on by default and keeps everything platform-specific inside itself.
 //!
+//! This crate builds against the adapter contract (`talaria-adapter`),
+//! core and the store's traits only: never the gateway, the agent, the
+//! learning loop or a model client (`scripts/check-deps` fails CI if that
+//! changes).
+//!
 //! # Layout
 //!
 //! - [`telegram`]: the Telegram Bot API over long polling.
@@ -9,12 +14,12 @@
 //! - [`matrix`]: a Matrix account over the client-server API's `/sync`.
 //! - [`email`]: a mailbox over IMAP (IDLE or polling), replies over SMTP.
 //! - [`slack`]: Slack over Socket Mode, sending through the Web API.
-//! - [`api_server`]: the OpenAI-compatible HTTP server (port 8642).
 //! - [`webhook`]: signed webhook deliveries as agent turns.
 //! - [`ingress`]: the one HTTP listener (port 8644) that every platform
 //!   delivering by webhook is mounted on.
-//! - [`listen`]: serving those two listeners within timeouts and a
-//!   connection cap derived from the open-file limit.
+//! - [`listen`]: serving an HTTP listener (the ingress, and the API
+//!   server of `talaria-api`) within timeouts and a connection cap
+//!   derived from the open-file limit.
 //! - [`signal`]: a Signal account through a signal-cli REST API server.
 //! - [`whatsapp`]: the WhatsApp Cloud API (Meta's webhook in, Graph out).
 //! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
@@ -22,8 +27,6 @@
 //!   `ha_*` tools.
 #![forbid(unsafe_code)]
 
-#[cfg(feature = "api-server")]
-pub mod api_server;
 #[cfg(feature = "discord")]
 pub mod discord;
 #[cfg(feature = "email")]
@@ -32,7 +35,6 @@ pub mod email;
 pub mod homeassistant;
 #[cfg(feature = "ingress")]
 pub mod ingress;
-#[cfg(any(feature = "api-server", feature = "ingress"))]
 pub mod listen;
 #[cfg(feature = "matrix")]
 pub mod matrix;

@@ -162,7 +162,7 @@ pub fn connections_for(soft: u64) -> usize {
 /// # Errors
 /// `host:port` as configured, for the caller's error message, with what
 /// the operating system said (in use, not permitted, unknown host).
-pub(crate) async fn bind_listener(
+pub async fn bind_listener(
     host: &str,
     port: u16,
 ) -> Result<(TcpListener, SocketAddr), (String, std::io::Error)> {
@@ -180,7 +180,7 @@ pub(crate) async fn bind_listener(
 /// None today: failures to accept are logged and retried, since they
 /// come and go with the process's descriptors. The `Result` is kept for
 /// the callers' signatures.
-pub(crate) async fn serve(
+pub async fn serve(
     name: &'static str,
     listener: TcpListener,
     app: Router,

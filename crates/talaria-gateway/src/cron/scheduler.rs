@@ -301,6 +301,11 @@ impl Scheduler {
 
     /// Starts [`Scheduler::run_now`] in the background (the `cronjob`
     /// tool's `run`, which must not hold up the turn that asked).
+    /// Where runs are delivered: the gateway's adapters.
+    pub fn delivery(&self) -> &Delivery {
+        &self.inner.delivery
+    }
+
     pub fn spawn_run_now(&self, id_or_name: String, now: DateTime<Utc>) {
         let this = self.clone();
         self.inner.tracker.spawn(async move {

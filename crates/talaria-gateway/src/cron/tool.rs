@@ -17,9 +17,6 @@ use super::jobs::{self, CronError, JobChanges, JobSpec};
 use super::schedule::Zone;
 use super::scheduler::{self, Scheduler};
 
-/// Sources whose sessions are not chats a job could deliver back to.
-const NOT_CHATS: &[&str] = &["cli", "cron", "api", "webhook", "local"];
-
 /// The `cronjob` tool.
 pub struct CronTool {
     store: Arc<dyn CronStore>,
@@ -49,7 +46,15 @@ impl CronTool {
     /// The chat a session belongs to, when it is one.
     async fn origin(&self, ctx: &ToolContext) -> Option<JobOrigin> {
         let session = ctx.store.session(&ctx.session_id).await.ok().flatten()?;
-        if NOT_CHATS.contains(&session.source.as_str()) {
+        // Only a platform adapter that says it is a chat can take the
+        // answer later; the terminal, cron itself and the API server have
+        // no adapter, and a webhook's adapter is not a chat.
+        let scheduler = self.scheduler.get()?;
+        let is_chat = scheduler
+            .delivery()
+            .adapter(&session.source)
+            .is_some_and(|a| a.capabilities().chat);
+        if !is_chat {
             return None;
         }
         Some(JobOrigin {

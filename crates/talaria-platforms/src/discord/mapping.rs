@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::Value;
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 
 /// Why a message was not turned into an event (logged, never an error).
 pub(crate) type Skip = &'static str;

@@ -23,13 +23,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::{Value, json};
-use talaria_core::Env;
-use talaria_core::config::DiscordConfig;
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::{
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Liveness, LivenessReporter, MessageLimits,
     OutboundMessage, SendError, SentMessage,
 };
+use talaria_adapter::{Capabilities, LengthUnit, Markup};
+use talaria_core::Env;
+use talaria_core::config::DiscordConfig;
 
 use gateway::End;
 use rest::{Rest, RestError};
@@ -292,10 +292,14 @@ impl Adapter for DiscordAdapter {
         "discord"
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_MESSAGE_LEN,
-            unit: LengthUnit::Chars,
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            threads: true,
+            markup: Markup::Markdown,
+            ..Capabilities::chat(MessageLimits {
+                max_len: MAX_MESSAGE_LEN,
+                unit: LengthUnit::Chars,
+            })
         }
     }
 

@@ -36,13 +36,13 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::{Address, AsyncTransport, Tokio1Executor};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use talaria_core::Env;
-use talaria_core::config::{EmailConfig, MailTls};
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::{
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, ChatType, Liveness, MessageEvent, MessageLimits,
     OutboundMessage, SendError, SentMessage, SessionSource,
 };
+use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
+use talaria_core::Env;
+use talaria_core::config::{EmailConfig, MailTls};
 use talaria_store::CursorStore;
 
 use parse::{Inbound, Skip};
@@ -815,10 +815,13 @@ impl Adapter for EmailAdapter {
         PLATFORM
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_MESSAGE_LEN,
-            unit: LengthUnit::Chars,
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            sender_ids: SenderIds::Email,
+            ..Capabilities::chat(MessageLimits {
+                max_len: MAX_MESSAGE_LEN,
+                unit: LengthUnit::Chars,
+            })
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::Value;
-use talaria_gateway::SendError;
+use talaria_adapter::SendError;
 
 /// Largest response body read from Home Assistant; `/api/states` of a big
 /// installation is a few megabytes, more is not worth holding.

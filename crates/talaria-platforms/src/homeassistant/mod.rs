@@ -8,8 +8,9 @@
 //!   the sentence becomes a turn of the conversation's session through the
 //!   normal runner path, and the HTTP response carries the answer in the
 //!   shape of Home Assistant's conversation result.
-//! - The `ha_*` tools ([`tools`]) use Home Assistant's REST API with a
-//!   long-lived token (`HASS_URL`, `HASS_TOKEN`).
+//! - The `ha_*` tools (in `talaria-tools`, so this crate never links the
+//!   agent) use this module's REST client with a long-lived token
+//!   (`HASS_URL`, `HASS_TOKEN`).
 //!
 //! # Layout
 //!
@@ -18,9 +19,7 @@
 //! - `server`: the conversation handler, in processing order.
 //! - `waiting`: requests waiting for their answer, answers kept for
 //!   retries, split answers being put back together.
-//! - `api`: the REST client.
-//! - [`tools`]: `ha_list_entities`, `ha_get_state`, `ha_list_services`,
-//!   `ha_call_service`.
+//! - `api`: the REST client, shared with the `ha_*` tools.
 //!
 //! # Invariants
 //!
@@ -35,7 +34,6 @@
 
 mod api;
 mod server;
-pub mod tools;
 mod waiting;
 
 use std::fmt;
@@ -45,12 +43,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use talaria_core::Env;
-use talaria_core::config::HomeAssistantConfig;
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::{
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
+use talaria_adapter::{Capabilities, LengthUnit};
+use talaria_core::Env;
+use talaria_core::config::HomeAssistantConfig;
 
 use crate::ingress::{InboxSlot, Mount};
 pub use api::{ApiError, HassApi};
@@ -310,18 +308,17 @@ impl Adapter for HomeAssistantAdapter {
         PLATFORM
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_MESSAGE_CHARS,
-            unit: LengthUnit::Chars,
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // Every request carries the conversation secret: that is the
+            // caller's authentication (Home Assistant decides who may talk to
+            // its agent), so user allowlists do not apply.
+            verifies_senders: true,
+            ..Capabilities::chat(MessageLimits {
+                max_len: MAX_MESSAGE_CHARS,
+                unit: LengthUnit::Chars,
+            })
         }
-    }
-
-    /// Every request carries the conversation secret: that is the caller's
-    /// authentication (Home Assistant decides who may talk to its agent),
-    /// so user allowlists do not apply.
-    fn verifies_senders(&self) -> bool {
-        true
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
@@ -337,7 +334,7 @@ impl Adapter for HomeAssistantAdapter {
 
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
         let chat = message.chat_id.as_str();
-        let number = talaria_gateway::split::part_number(&message.text);
+        let number = talaria_adapter::split::part_number(&message.text);
         match self
             .shared
             .waiting

@@ -32,7 +32,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -350,7 +350,7 @@ fn source(chat: &str, request: &Request) -> SessionSource {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
-    use talaria_gateway::{KeyPolicy, SessionKey};
+    use talaria_adapter::{KeyPolicy, SessionKey};
 
     #[test]
     fn the_bearer_must_match_exactly() {

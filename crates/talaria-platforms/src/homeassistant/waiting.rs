@@ -176,7 +176,7 @@ impl Waiting {
     }
 
     /// Takes one sent part: `number` is what
-    /// [`talaria_gateway::split::part_number`] read from it.
+    /// [`talaria_adapter::split::part_number`] read from it.
     pub fn part(
         &self,
         chat: &str,
@@ -225,7 +225,7 @@ impl Waiting {
                 if i < total {
                     return Part::Collected;
                 }
-                let joined = talaria_gateway::split::join_parts(&assembly.parts)
+                let joined = talaria_adapter::split::join_parts(&assembly.parts)
                     .unwrap_or_else(|| assembly.parts.concat());
                 Part::Whole {
                     reply_to: assembly.reply_to.clone(),
@@ -377,17 +377,17 @@ mod tests {
     #[test]
     fn split_parts_come_back_whole() {
         let text = "word ".repeat(60);
-        let limits = talaria_gateway::MessageLimits {
+        let limits = talaria_adapter::MessageLimits {
             max_len: 50,
-            unit: talaria_gateway::adapter::LengthUnit::Chars,
+            unit: talaria_adapter::LengthUnit::Chars,
         };
-        let parts = talaria_gateway::split::split_message(&text, limits);
+        let parts = talaria_adapter::split::split_message(&text, limits);
         assert!(parts.len() > 2);
         let w = Waiting::default();
         let mut result = None;
         for (i, p) in parts.iter().enumerate() {
             let reply_to = (i == 0).then_some("m");
-            let got = w.part("c", reply_to, p, talaria_gateway::split::part_number(p));
+            let got = w.part("c", reply_to, p, talaria_adapter::split::part_number(p));
             if i + 1 < parts.len() {
                 assert_eq!(got, Part::Collected);
             } else {

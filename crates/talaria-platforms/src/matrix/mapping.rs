@@ -4,7 +4,7 @@
 //! reason, never a reason to drop the rest of a sync batch.
 
 use serde_json::Value;
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 
 /// The bot's own account: mentions are matched against it and its own
 /// messages are never taken as input.

@@ -27,14 +27,14 @@ use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use talaria_core::Env;
-use talaria_core::config::MatrixConfig;
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::auth::{AuthPolicy, Decision};
-use talaria_gateway::{
+use talaria_adapter::auth::{AuthPolicy, Decision};
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, ChatType, Liveness, MessageLimits, OutboundMessage,
     SendError, SentMessage, SessionSource,
 };
+use talaria_adapter::{Capabilities, LengthUnit, Markup};
+use talaria_core::Env;
+use talaria_core::config::MatrixConfig;
 use talaria_store::CursorStore;
 
 use api::{Api, ApiError, segment};
@@ -49,6 +49,16 @@ pub const PLATFORM: &str = "matrix";
 /// at this length even text of four-byte characters fits once the HTML is
 /// dropped (see [`MAX_CONTENT_BYTES`]).
 pub const MAX_MESSAGE_LEN: usize = 14_000;
+
+/// What a Matrix room can do; also used to judge inviters.
+const CAPABILITIES: Capabilities = Capabilities {
+    threads: true,
+    markup: Markup::Html,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_MESSAGE_LEN,
+        unit: LengthUnit::Chars,
+    })
+};
 
 /// The largest message content sent with its HTML; above this only the
 /// plain body goes, and above it again the message is refused rather than
@@ -606,7 +616,7 @@ impl MatrixAdapter {
         // A stranger who could pair must be able to reach the bot to get a
         // code; the runner still decides about every message.
         matches!(
-            policy.decide(&source, false),
+            policy.decide(&source, &CAPABILITIES, false),
             Decision::Allow(_)
                 | Decision::Deny {
                     offer_pairing: true
@@ -869,11 +879,8 @@ impl Adapter for MatrixAdapter {
         PLATFORM
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_MESSAGE_LEN,
-            unit: LengthUnit::Chars,
-        }
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {

@@ -9,7 +9,7 @@ use std::collections::{HashSet, VecDeque};
 
 use serde::Deserialize;
 use serde_json::Value;
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 
 use super::api::Post;
 

@@ -30,13 +30,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use talaria_core::Env;
-use talaria_core::config::MattermostConfig;
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::{
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
     SentMessage,
 };
+use talaria_adapter::{Capabilities, LengthUnit, Markup};
+use talaria_core::Env;
+use talaria_core::config::MattermostConfig;
 use tokio_tungstenite::tungstenite::Message;
 
 use api::{Api, ApiError, Post, User};
@@ -470,10 +470,14 @@ impl Adapter for MattermostAdapter {
         "mattermost"
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_POST_CHARS,
-            unit: LengthUnit::Chars,
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            threads: true,
+            markup: Markup::Markdown,
+            ..Capabilities::chat(MessageLimits {
+                max_len: MAX_POST_CHARS,
+                unit: LengthUnit::Chars,
+            })
         }
     }
 

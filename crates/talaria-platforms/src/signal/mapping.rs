@@ -12,7 +12,7 @@
 
 use base64::Engine;
 use serde::Deserialize;
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 
 /// Why an envelope was not turned into an event (logged, never an error).
 pub(crate) type Skip = &'static str;

@@ -38,14 +38,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use talaria_core::Env;
-use talaria_core::config::SignalConfig;
-pub use talaria_core::config::SignalReceiveMode;
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::{
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
     SentMessage,
 };
+use talaria_adapter::{Capabilities, LengthUnit};
+use talaria_core::Env;
+use talaria_core::config::SignalConfig;
+pub use talaria_core::config::SignalReceiveMode;
 use tokio_tungstenite::tungstenite::Message;
 
 use api::{About, Api, ApiError, SendResponse, path_segment};
@@ -550,11 +550,11 @@ impl Adapter for SignalAdapter {
         "signal"
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::chat(MessageLimits {
             max_len: MAX_MESSAGE_CHARS,
             unit: LengthUnit::Chars,
-        }
+        })
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {

@@ -1,7 +1,7 @@
 //! Events API payloads (`message`, `app_mention`) to [`MessageEvent`]s.
 
 use serde::Deserialize;
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 
 use super::format::unescape;
 

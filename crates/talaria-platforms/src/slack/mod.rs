@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use talaria_core::Env;
-use talaria_core::config::{SlackConfig, mask};
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::{
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Liveness, MessageEvent, MessageLimits, OutboundMessage,
     SendError, SentMessage,
 };
+use talaria_adapter::{Capabilities, LengthUnit, Markup};
+use talaria_core::Env;
+use talaria_core::config::{SlackConfig, mask};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::ws;
@@ -661,10 +661,14 @@ impl Adapter for SlackAdapter {
         "slack"
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_MESSAGE_LEN,
-            unit: LengthUnit::Chars,
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            threads: true,
+            markup: Markup::Mrkdwn,
+            ..Capabilities::chat(MessageLimits {
+                max_len: MAX_MESSAGE_LEN,
+                unit: LengthUnit::Chars,
+            })
         }
     }
 

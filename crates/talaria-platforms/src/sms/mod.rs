@@ -38,13 +38,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use talaria_core::Env;
-use talaria_core::config::SmsConfig;
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::{
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
     SentMessage,
 };
+use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
+use talaria_core::Env;
+use talaria_core::config::SmsConfig;
 
 use crate::ingress::{InboxSlot, Mount};
 use api::{Api, ApiError};
@@ -437,10 +437,13 @@ impl Adapter for SmsAdapter {
 
     /// Twilio's largest Body. The gateway splits longer answers into
     /// several messages; each is billed per segment (see [`segments`]).
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_BODY_CHARS,
-            unit: LengthUnit::Chars,
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            sender_ids: SenderIds::Phone,
+            ..Capabilities::chat(MessageLimits {
+                max_len: MAX_BODY_CHARS,
+                unit: LengthUnit::Chars,
+            })
         }
     }
 

@@ -29,7 +29,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 
 use super::signature::{HEADER, Verifier};
 use super::{PLATFORM, is_e164};
@@ -258,7 +258,7 @@ async fn read_limited(body: Body, headers: &HeaderMap) -> Result<Bytes, StatusCo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use talaria_gateway::{KeyPolicy, SessionKey};
+    use talaria_adapter::{KeyPolicy, SessionKey};
 
     #[test]
     fn sids_and_sources() {

@@ -1,6 +1,6 @@
 //! Bot API messages to [`MessageEvent`]s.
 
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 
 use super::api::{Chat, Message, User};
 

@@ -18,13 +18,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use talaria_core::Env;
-use talaria_core::config::TelegramConfig;
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::{
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
     SentMessage,
 };
+use talaria_adapter::{Capabilities, LengthUnit, Markup};
+use talaria_core::Env;
+use talaria_core::config::TelegramConfig;
 
 use api::{Api, ApiError, SentResult, Update, User};
 use mapping::{GENERAL_TOPIC, Me};
@@ -361,10 +361,16 @@ impl Adapter for TelegramAdapter {
         "telegram"
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_MESSAGE_LEN,
-            unit: LengthUnit::Utf16,
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            threads: true,
+            edits: true,
+            markup: Markup::Html,
+            group_chat_allowlist: true,
+            ..Capabilities::chat(MessageLimits {
+                max_len: MAX_MESSAGE_LEN,
+                unit: LengthUnit::Utf16,
+            })
         }
     }
 

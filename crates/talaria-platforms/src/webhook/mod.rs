@@ -59,13 +59,13 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use talaria_core::config::{WebhookConfig, WebhookRouteConfig, WebhookScheme};
-use talaria_core::{Env, Secret};
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::target::{Target, TargetError};
-use talaria_gateway::{
+use talaria_adapter::target::{Target, TargetError};
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
+use talaria_adapter::{Capabilities, LengthUnit};
+use talaria_core::config::{WebhookConfig, WebhookRouteConfig, WebhookScheme};
+use talaria_core::{Env, Secret};
 
 use crate::ingress::{InboxSlot, Mount};
 use template::MAX_PROMPT_CHARS;
@@ -433,17 +433,18 @@ impl Adapter for WebhookAdapter {
         PLATFORM
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_PROMPT_CHARS,
-            unit: LengthUnit::Chars,
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // Each delivery's checked signature is its sender's
+            // authentication, so user allowlists do not apply; its answer goes
+            // to the route's target, never back to a chat.
+            chat: false,
+            verifies_senders: true,
+            ..Capabilities::chat(MessageLimits {
+                max_len: MAX_PROMPT_CHARS,
+                unit: LengthUnit::Chars,
+            })
         }
-    }
-
-    /// Every event carries a checked signature: that is the sender's
-    /// authentication, so user allowlists do not apply.
-    fn verifies_senders(&self) -> bool {
-        true
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {

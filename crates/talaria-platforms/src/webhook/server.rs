@@ -56,8 +56,8 @@ use axum::routing::post;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use talaria_adapter::{Admission, ChatType, MessageEvent, SessionSource};
 use talaria_core::config::WebhookScheme;
-use talaria_gateway::{Admission, ChatType, MessageEvent, SessionSource};
 
 use super::guard::{RateLimiter, ReplayCache};
 use super::signature::{Signed, Verifier, encode_hex};
@@ -520,7 +520,7 @@ fn source(route: &str, key: &str) -> SessionSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use talaria_gateway::{KeyPolicy, SessionKey};
+    use talaria_adapter::{KeyPolicy, SessionKey};
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

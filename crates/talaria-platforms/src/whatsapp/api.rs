@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::header::{AUTHORIZATION, HeaderMap, RETRY_AFTER};
 use serde::Deserialize;
 use serde_json::Value;
-use talaria_gateway::SendError;
+use talaria_adapter::SendError;
 
 /// Graph's code for a message sent outside the 24-hour customer service
 /// window ("Re-engagement message").

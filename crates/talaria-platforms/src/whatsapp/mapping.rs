@@ -14,7 +14,7 @@
 
 use serde::Deserialize;
 use serde_json::Value;
-use talaria_gateway::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 
 use super::PLATFORM;
 use super::api::OUTSIDE_WINDOW;

@@ -45,12 +45,12 @@ use async_trait::async_trait;
 use hmac::Mac;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use talaria_core::config::WhatsappCloudConfig;
-use talaria_core::{Env, Secret};
-use talaria_gateway::adapter::LengthUnit;
-use talaria_gateway::{
+use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
+use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
+use talaria_core::config::WhatsappCloudConfig;
+use talaria_core::{Env, Secret};
 
 use crate::ingress::{InboxSlot, Mount};
 use api::{Api, ApiError};
@@ -408,10 +408,13 @@ impl Adapter for WhatsappAdapter {
         PLATFORM
     }
 
-    fn limits(&self) -> MessageLimits {
-        MessageLimits {
-            max_len: MAX_TEXT_CHARS,
-            unit: LengthUnit::Chars,
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            sender_ids: SenderIds::Phone,
+            ..Capabilities::chat(MessageLimits {
+                max_len: MAX_TEXT_CHARS,
+                unit: LengthUnit::Chars,
+            })
         }
     }
 

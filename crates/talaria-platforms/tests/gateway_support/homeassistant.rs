@@ -21,11 +21,11 @@ use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
-use talaria_platforms::homeassistant::tools::ha_tools;
 use talaria_platforms::homeassistant::{HomeAssistantAdapter, HomeAssistantSettings};
 use talaria_platforms::ingress::Ingress;
 use talaria_store::{LedgerStore, ObligationState, SqliteStore};
 use talaria_testkit::{FakeHomeAssistant, MockOpenAi};
+use talaria_tools::homeassistant::ha_tools;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -22,8 +22,8 @@ use talaria_agent::tools::terminal::DENIED_PREFIX;
 use talaria_agent::tools::{Tool, ToolContext, ToolError, ToolResult};
 use talaria_core::config::ApprovalMode;
 
-use super::api::{ApiError, HassApi};
-use super::{HomeAssistantError, HomeAssistantSettings};
+use talaria_platforms::homeassistant::{ApiError, HassApi};
+use talaria_platforms::homeassistant::{HomeAssistantError, HomeAssistantSettings};
 
 /// Most characters a tool result holds.
 pub const MAX_OUTPUT_CHARS: usize = 8_000;

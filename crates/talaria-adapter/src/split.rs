@@ -2,7 +2,7 @@
 //!
 //! [`split_message`] returns the text unchanged when it fits. Otherwise
 //! every chunk fits [`MessageLimits::max_len`] (measured in its
-//! [`LengthUnit`](crate::adapter::LengthUnit)), including three kinds of
+//! [`LengthUnit`](crate::contract::LengthUnit)), including three kinds of
 //! added text:
 //!
 //! - a ` (i/n)` suffix on every chunk;
@@ -20,7 +20,7 @@
 //! the added text, or a fence line longer than a whole chunk; chunks then
 //! still make progress but may exceed the limit.
 
-use crate::adapter::MessageLimits;
+use crate::contract::MessageLimits;
 
 /// Added at the end of a chunk cut inside a code fence.
 const FENCE_CLOSE: &str = "\n```";
@@ -332,7 +332,7 @@ fn fence_state(text: &str, from: usize, to: usize, mut open: Option<String>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapter::LengthUnit;
+    use crate::contract::LengthUnit;
     use proptest::prelude::*;
 
     fn lim(max_len: usize, unit: LengthUnit) -> MessageLimits {

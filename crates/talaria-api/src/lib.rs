@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::error::ApiError;
 use self::session::{SessionLocks, TranscriptIndex};
-use crate::listen::ConnectionLimits;
+use talaria_platforms::listen::ConnectionLimits;
 
 /// The port used when neither the config nor `API_SERVER_PORT` sets one.
 pub const DEFAULT_PORT: u16 = 8642;
@@ -251,9 +251,10 @@ impl ApiServer {
         agent: Arc<Agent>,
         turn_leases: Option<talaria_gateway::turn_lease::TurnLeases>,
     ) -> Result<ApiServer, ApiServerError> {
-        let (listener, addr) = crate::listen::bind_listener(&settings.host, settings.port)
-            .await
-            .map_err(|(addr, source)| ApiServerError::Bind { addr, source })?;
+        let (listener, addr) =
+            talaria_platforms::listen::bind_listener(&settings.host, settings.port)
+                .await
+                .map_err(|(addr, source)| ApiServerError::Bind { addr, source })?;
         let turns = CancellationToken::new();
         let state = Arc::new(AppState {
             agent,
@@ -312,10 +313,16 @@ impl ApiServer {
         let app = self
             .router
             .layer(axum::middleware::from_fn(refuse_declared_too_large));
-        crate::listen::serve("API server", self.listener, app, self.limits, async move {
-            shutdown.cancelled().await;
-            turns.cancel();
-        })
+        talaria_platforms::listen::serve(
+            "API server",
+            self.listener,
+            app,
+            self.limits,
+            async move {
+                shutdown.cancelled().await;
+                turns.cancel();
+            },
+        )
         .await
     }
 }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::capabilities::Capabilities;
 use crate::event::MessageEvent;
 
 /// How a platform measures message length.
@@ -303,8 +304,14 @@ pub trait Adapter: Send + Sync + 'static {
     /// The platform's name in keys and config (`telegram`).
     fn platform(&self) -> &'static str;
 
+    /// What the platform can do and what its ids are. The gateway decides
+    /// from this, never from the platform's name.
+    fn capabilities(&self) -> Capabilities;
+
     /// The largest message the platform accepts.
-    fn limits(&self) -> MessageLimits;
+    fn limits(&self) -> MessageLimits {
+        self.capabilities().limits
+    }
 
     /// For platforms that allow one reader per credential: the lock scope
     /// and the credential, so two gateways on one machine cannot both use
@@ -322,15 +329,13 @@ pub trait Adapter: Send + Sync + 'static {
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError>;
 
     /// Whether this adapter authenticates every event it submits itself
-    /// (a webhook checks each delivery's signature), so the runner's user
-    /// authorization (allowlists, pairing) does not apply to its events.
-    /// Chat adapters must leave this `false`.
+    /// ([`Capabilities::verifies_senders`]).
     fn verifies_senders(&self) -> bool {
-        false
+        self.capabilities().verifies_senders
     }
 
     /// Whether answers should be shown growing while they stream, by
-    /// editing one message ([`crate::preview`]). Only adapters that can
+    /// editing one message (the gateway's streaming preview). Only adapters that can
     /// [`Adapter::edit`] should say yes, and only when configured to.
     fn streaming_edits(&self) -> bool {
         false

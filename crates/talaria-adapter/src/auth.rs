@@ -1,0 +1,252 @@
+//! Who may talk to the bot: allow-all flags, allowlists and the pairing
+//! store's approvals, evaluated in one fixed order.
+//!
+//! This is pure policy. The caller looks up whether the sender is paired,
+//! calls [`AuthPolicy::decide`] and acts on the [`Decision`] (drop the
+//! message, offer a pairing code). Keeping I/O out makes every rule
+//! testable from a table.
+//!
+//! # Configuration
+//!
+//! For a platform `p` the variables are named after `P`, the platform name
+//! upper-cased with anything but letters and digits turned into `_`
+//! (`whatsapp_cloud` → `WHATSAPP_CLOUD`):
+//!
+//! - `<P>_ALLOW_ALL_USERS`: `true`, `1` or `yes` (any case) lets every
+//!   user of that platform in.
+//! - `<P>_ALLOWED_USERS`: comma-separated user ids; `*` means everyone.
+//! - `GATEWAY_ALLOWED_USERS`: the same, for every platform.
+//! - `GATEWAY_ALLOW_ALL_USERS`: lets everyone in, but only while no
+//!   allowlist applies to the message; one configured list switches it off.
+//! - `<P>_GROUP_ALLOWED_CHATS`, on platforms whose adapter declares
+//!   [`Capabilities::group_chat_allowlist`] (Telegram): group, forum and
+//!   channel chat ids (or `*`) in which every message is accepted,
+//!   anonymous ones too.
+//!
+//! Ids are compared exactly (after trimming list entries); where the
+//! adapter declares [`SenderIds::Email`], case-insensitively. Unlike the system this one descends
+//! from, an entry `alice` does not admit `alice@anywhere`: a local part is
+//! not an identity.
+
+use std::fmt;
+
+use talaria_core::Env;
+
+use crate::capabilities::{Capabilities, SenderIds};
+use crate::event::{ChatType, SessionSource};
+
+/// Which rule let a message in; for logs and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The chat is on `TELEGRAM_GROUP_ALLOWED_CHATS` (by id or `*`).
+    GroupChat,
+    /// `<P>_ALLOW_ALL_USERS` is set.
+    PlatformAllowAll,
+    /// The operator approved the sender's pairing code.
+    Paired,
+    /// `GATEWAY_ALLOW_ALL_USERS` is set and no allowlist applies.
+    GlobalAllowAll,
+    /// An applicable allowlist contains `*`.
+    Wildcard,
+    /// The sender's id is on `<P>_ALLOWED_USERS` or `GATEWAY_ALLOWED_USERS`.
+    Allowlisted,
+}
+
+impl Reason {
+    /// A short stable name for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::GroupChat => "group_chat",
+            Reason::PlatformAllowAll => "platform_allow_all",
+            Reason::Paired => "paired",
+            Reason::GlobalAllowAll => "global_allow_all",
+            Reason::Wildcard => "wildcard",
+            Reason::Allowlisted => "allowlisted",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The outcome of [`AuthPolicy::decide`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Decision {
+    /// Handle the message.
+    Allow(Reason),
+    /// Drop the message.
+    Deny {
+        /// Whether the sender should be offered a pairing code: only in a
+        /// DM, only to a human, only on a platform with no user allowlist
+        /// (an operator who wrote a list has said who may talk) and never
+        /// by e-mail (any address can write, so codes would go to spammers).
+        offer_pairing: bool,
+    },
+}
+
+impl Decision {
+    /// Whether the message may be handled.
+    pub fn is_allowed(self) -> bool {
+        matches!(self, Decision::Allow(_))
+    }
+}
+
+/// The authorization rules read from the environment.
+///
+/// Platforms are open-ended (adapters may be added without touching this
+/// module), so variables are looked up per message for the message's
+/// platform rather than pre-read for a fixed list.
+#[derive(Clone)]
+pub struct AuthPolicy {
+    env: Env,
+}
+
+// Hand-written so that printing a policy (or a struct holding one) never
+// prints the environment snapshot, which also holds API keys.
+impl fmt::Debug for AuthPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AuthPolicy")
+            .field(
+                "gateway_allow_all_users",
+                &self.flag("GATEWAY_ALLOW_ALL_USERS"),
+            )
+            .field("gateway_allowed_users", &self.list("GATEWAY_ALLOWED_USERS"))
+            .finish_non_exhaustive()
+    }
+}
+
+const GLOBAL_LIST_KEY: &str = "GATEWAY_ALLOWED_USERS";
+const GLOBAL_ALLOW_ALL_KEY: &str = "GATEWAY_ALLOW_ALL_USERS";
+
+impl AuthPolicy {
+    /// A policy over a snapshot of `env`; later changes to the environment
+    /// need a new policy.
+    pub fn from_env(env: &Env) -> AuthPolicy {
+        AuthPolicy { env: env.clone() }
+    }
+
+    /// Decides whether the message from `source` may be handled. `caps`
+    /// are the source platform's; `paired` says whether the pairing store
+    /// holds an approval for this sender on this platform (the caller looks
+    /// it up).
+    pub fn decide(&self, source: &SessionSource, caps: &Capabilities, paired: bool) -> Decision {
+        let platform = source.platform.to_ascii_lowercase();
+        let is_email = caps.sender_ids == SenderIds::Email;
+
+        // Checked before the sender because channel posts and anonymous
+        // group admins carry no usable user id, and Telegram shows the
+        // latter as a bot; the operator vouched for the whole chat.
+        let group_chats = if caps.group_chat_allowlist && is_group_scoped(source.chat_type) {
+            self.list(&talaria_core::config::platform_var(
+                &platform,
+                "GROUP_ALLOWED_CHATS",
+            ))
+        } else {
+            Vec::new()
+        };
+        if !source.chat_id.is_empty()
+            && group_chats
+                .iter()
+                .any(|c| *c == "*" || *c == source.chat_id)
+        {
+            return Decision::Allow(Reason::GroupChat);
+        }
+
+        let Some(user) = source.user_id.as_deref().filter(|u| !u.trim().is_empty()) else {
+            return Decision::Deny {
+                offer_pairing: false,
+            };
+        };
+
+        let mut users = self.list(&talaria_core::config::platform_var(
+            &platform,
+            "ALLOWED_USERS",
+        ));
+        users.extend(self.list(GLOBAL_LIST_KEY));
+        let listed = |e: &&str| {
+            if is_email {
+                e.to_lowercase() == user.to_lowercase()
+            } else {
+                *e == user
+            }
+        };
+
+        // Bots (including other agents) are not users: allow-all flags,
+        // pairing and `*` are about people, so a bot needs its own entry.
+        if source.is_bot {
+            return if users.iter().any(listed) {
+                Decision::Allow(Reason::Allowlisted)
+            } else {
+                Decision::Deny {
+                    offer_pairing: false,
+                }
+            };
+        }
+
+        let deny = Decision::Deny {
+            offer_pairing: source.chat_type == ChatType::Dm && users.is_empty() && !is_email,
+        };
+
+        if self.flag(&talaria_core::config::platform_var(
+            &platform,
+            "ALLOW_ALL_USERS",
+        )) {
+            return Decision::Allow(Reason::PlatformAllowAll);
+        }
+        if paired {
+            return Decision::Allow(Reason::Paired);
+        }
+        if users.is_empty() && group_chats.is_empty() {
+            // Any applicable list switches the global flag off, so adding
+            // one user to a list can never widen access.
+            return if self.flag(GLOBAL_ALLOW_ALL_KEY) {
+                Decision::Allow(Reason::GlobalAllowAll)
+            } else {
+                deny
+            };
+        }
+        if users.contains(&"*") {
+            return Decision::Allow(Reason::Wildcard);
+        }
+        if users.iter().any(listed) {
+            return Decision::Allow(Reason::Allowlisted);
+        }
+        deny
+    }
+
+    /// The non-empty, trimmed entries of a comma-separated variable.
+    fn list(&self, key: &str) -> Vec<&str> {
+        self.env
+            .get(key)
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|e| !e.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        self.env.get(key).is_some_and(|v| {
+            let v = v.trim();
+            ["true", "1", "yes"]
+                .iter()
+                .any(|t| v.eq_ignore_ascii_case(t))
+        })
+    }
+}
+
+/// Chat types in which `<P>_GROUP_ALLOWED_CHATS` applies.
+fn is_group_scoped(chat_type: ChatType) -> bool {
+    matches!(
+        chat_type,
+        ChatType::Group | ChatType::Forum | ChatType::Channel
+    )
+}
+
+#[cfg(test)]
+mod tests;

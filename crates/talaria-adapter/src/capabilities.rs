@@ -1,0 +1,93 @@
+//! What a platform can do, declared once by its adapter.
+//!
+//! The gateway decides by asking these, never by comparing platform names:
+//! how to cut an answer, whether a sender id is an e-mail address (compared
+//! without case, never offered a pairing code), whether a chat allowlist
+//! applies, whether a source is a chat a scheduled job could answer in.
+
+use crate::contract::MessageLimits;
+
+/// A platform's abilities and the shape of its ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The largest message it accepts, and how it counts.
+    pub limits: MessageLimits,
+    /// Replies can go into a thread (or forum topic) of a chat.
+    pub threads: bool,
+    /// A sent message can be edited later (streaming previews need this).
+    pub edits: bool,
+    /// The formatting its messages are rendered in.
+    pub markup: Markup,
+    /// Media kinds it hands the gateway as attachments.
+    pub receives: &'static [MediaKind],
+    /// Media kinds it can send.
+    pub sends: &'static [MediaKind],
+    /// What a sender's id is.
+    pub sender_ids: SenderIds,
+    /// People converse with the bot here and an answer can be sent back
+    /// to the chat later (a scheduled job's origin). `false` for sources
+    /// that only hand in work: a signed webhook, a voice assistant's
+    /// request that waits for its answer.
+    pub chat: bool,
+    /// The adapter authenticates every event itself (a webhook checks each
+    /// delivery's signature), so user allowlists and pairing do not apply.
+    /// Chat platforms leave this `false`.
+    pub verifies_senders: bool,
+    /// `<P>_GROUP_ALLOWED_CHATS` is honoured: group chats the operator
+    /// vouched for as a whole, anonymous posts included.
+    pub group_chat_allowlist: bool,
+}
+
+impl Capabilities {
+    /// A plain-text chat with opaque sender ids and no threads, edits or
+    /// media: the baseline an adapter adjusts with struct update syntax.
+    pub const fn chat(limits: MessageLimits) -> Capabilities {
+        Capabilities {
+            limits,
+            threads: false,
+            edits: false,
+            markup: Markup::Plain,
+            receives: &[],
+            sends: &[],
+            sender_ids: SenderIds::Opaque,
+            chat: true,
+            verifies_senders: false,
+            group_chat_allowlist: false,
+        }
+    }
+}
+
+/// The formatting dialect a platform renders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Markup {
+    /// No formatting: markdown is shown as typed.
+    Plain,
+    /// CommonMark-style markdown (Discord, Mattermost).
+    Markdown,
+    /// Slack's mrkdwn.
+    Mrkdwn,
+    /// A subset of HTML (Telegram's, Matrix's `formatted_body`).
+    Html,
+}
+
+/// What a sender's platform id is, which decides how ids are compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SenderIds {
+    /// An opaque id, compared exactly.
+    Opaque,
+    /// A phone number in E.164 form.
+    Phone,
+    /// An e-mail address: compared without case, and never offered a
+    /// pairing code, since anyone can write from any address.
+    Email,
+}
+
+/// A kind of media a platform can carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MediaKind {
+    Image,
+    Voice,
+    Audio,
+    Video,
+    Document,
+}
