@@ -3,15 +3,29 @@
 //! and Telegram adapter between them.
 
 mod gateway_support;
+#[macro_use]
+mod contract;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use gateway_support::*;
 use talaria_core::config::BusyInputMode;
+use talaria_gateway::Adapter;
 use talaria_gateway::pairing::Pairing;
 use talaria_store::{LedgerStore, ObligationState, SqliteStore};
 use talaria_testkit::Reply;
+use talaria_testkit::kit::telegram::TelegramKit;
+
+impl contract::AdapterKit for TelegramKit {
+    fn adapter(&self, config: &talaria_core::Config, env: &talaria_core::Env) -> Arc<dyn Adapter> {
+        telegram_adapter(config, env)
+    }
+}
+
+adapter_contract!(TelegramKit;
+    run: dm_turn, thread_reply, long_answer_split, redelivery, rate_limit, unauthorized;
+    skip: dropped_connection => contract::Skip::Connectionless);
 
 fn has(sent: &[talaria_testkit::telegram::Sent], needle: &str) -> bool {
     sent.iter().any(|s| s.rendered().contains(needle))
@@ -51,54 +65,53 @@ async fn wait_for_text(rig: &Rig, needle: &str) -> Vec<talaria_testkit::telegram
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dm_turn_is_answered_and_recorded_as_delivered() {
+async fn the_general_topic_has_no_thread_id_and_topics_are_conversations_of_their_own() {
     let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
-    rig.llm.push(Reply::text("Hello from Talaria."));
-    let update = rig.tg.push_private_text(42, "hi there");
-    let sent = rig.sent(1).await;
-    assert_eq!(sent[0].chat_id, 42);
-    assert_eq!(sent[0].rendered(), "Hello from Talaria.");
+    rig.llm.push(Reply::text("topic answer"));
+    rig.tg
+        .push_group_text(-100500, 42, "in topic 17", Some(17), true);
+    wait_for_text(&rig, "topic answer").await;
+
+    // The General topic has no thread id on the wire.
+    rig.llm.push(Reply::text("general answer"));
+    rig.tg
+        .push_group_text(-100500, 42, "in general", None, true);
+    let sent = wait_for_text(&rig, "general answer").await;
+    let reply = sent
+        .iter()
+        .find(|s| s.rendered() == "general answer")
+        .unwrap();
+    assert_eq!(reply.chat_id, -100500);
+    assert_eq!(reply.thread_id, None);
+
+    // Topics are separate conversations: topic 17's history is not in the
+    // General topic's request.
+    let general = rig.user_messages(1);
     assert!(
-        sent[0].reply_to.is_some(),
-        "the answer replies to the message"
+        !general.iter().any(|m| m.contains("in topic 17")),
+        "{general:?}"
     );
-    assert_eq!(rig.user_messages(0).last().unwrap(), "hi there");
-    assert!(
-        rig.tg
-            .chat_actions()
-            .iter()
-            .any(|a| a.chat_id == 42 && a.action == "typing")
-    );
-    assert!(update > 0);
-    wait_for_delivered(&rig, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn strangers_never_reach_the_model_when_an_allowlist_exists() {
-    // The global allow-all flag does not apply once an allowlist exists.
-    let rig = Rig::started(
-        &[
-            ("TELEGRAM_ALLOWED_USERS", "42"),
-            ("GATEWAY_ALLOW_ALL_USERS", "true"),
-        ],
-        |_| {},
-    )
-    .await;
-    rig.tg.push_private_text(7, "let me in");
-    rig.tg
-        .push_group_text(-100500, 7, "hello group", None, false);
-    rig.settle().await;
-    assert!(
-        rig.tg.sent().is_empty(),
-        "no pairing offer when an allowlist is set"
-    );
-    assert!(rig.llm.requests().is_empty());
-
-    rig.llm.push(Reply::text("Welcome back."));
-    rig.tg.push_private_text(42, "it's me");
-    let sent = rig.sent(1).await;
-    assert_eq!(sent[0].chat_id, 42);
-    assert_eq!(rig.llm.requests().len(), 1);
+async fn the_same_message_id_in_another_chat_is_another_message() {
+    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
+    let message = |chat: i64, text: &str| {
+        serde_json::json!({ "message": {
+            "message_id": 777, "text": text,
+            "chat": {"id": chat, "type": "private", "first_name": "U"},
+            "from": {"id": 42, "is_bot": false, "first_name": "U"},
+        }})
+    };
+    rig.llm.push(Reply::text("First answer."));
+    rig.tg.push_update(message(42, "only once"));
+    rig.sent(1).await;
+    wait_for_delivered(&rig, 1).await;
+    rig.llm.push(Reply::text("Second answer."));
+    rig.tg.push_update(message(43, "hello from 43"));
+    let sent = rig.sent(2).await;
+    assert_eq!(sent[1].rendered(), "Second answer.");
+    assert_eq!(sent[1].chat_id, 43);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,40 +210,6 @@ async fn an_approval_made_while_the_gateway_is_down_is_told_when_it_starts() {
     wait_for_text(&rig, "Glad you're here.").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forum_topic_replies_land_in_their_topic() {
-    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
-    rig.llm.push(Reply::text("topic answer"));
-    rig.tg
-        .push_group_text(-100500, 42, "in topic 17", Some(17), true);
-    let sent = wait_for_text(&rig, "topic answer").await;
-    let reply = sent
-        .iter()
-        .find(|s| s.rendered() == "topic answer")
-        .unwrap();
-    assert_eq!(reply.chat_id, -100500);
-    assert_eq!(reply.thread_id, Some(17));
-
-    // The General topic has no thread id on the wire.
-    rig.llm.push(Reply::text("general answer"));
-    rig.tg
-        .push_group_text(-100500, 42, "in general", None, true);
-    let sent = wait_for_text(&rig, "general answer").await;
-    let reply = sent
-        .iter()
-        .find(|s| s.rendered() == "general answer")
-        .unwrap();
-    assert_eq!(reply.thread_id, None);
-
-    // Topics are separate conversations: topic 17's history is not in the
-    // General topic's request.
-    let general = rig.user_messages(1);
-    assert!(
-        !general.iter().any(|m| m.contains("in topic 17")),
-        "{general:?}"
-    );
-}
-
 /// Waits until the last edit of the first sent message renders as `text`.
 async fn wait_for_final_edit(rig: &Rig, text: &str) -> Vec<talaria_testkit::telegram::Edit> {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -314,42 +293,6 @@ async fn without_streaming_edits_nothing_is_edited() {
     let sent = rig.sent(1).await;
     assert_eq!(sent[0].rendered(), "Sent whole, once it is done.");
     assert!(rig.tg.edits().is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_answer_arrives_in_parts_that_reassemble() {
-    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
-    let mut answer = String::new();
-    let mut i = 0;
-    while answer.chars().count() < 10_000 {
-        answer.push_str(&format!(
-            "Paragraph {i}: the quick brown fox jumps over the lazy dog, again and again.\n\n"
-        ));
-        i += 1;
-    }
-    let answer = answer.trim_end().to_owned();
-    rig.llm.push(Reply::text(answer.clone()));
-    rig.tg.push_private_text(42, "write a lot");
-    // Parts are sent one after another; wait until the stream stops.
-    let first = rig.sent(1).await;
-    let total: usize = first[0]
-        .rendered()
-        .rsplit_once(" (1/")
-        .and_then(|(_, n)| n.trim_end_matches(')').parse().ok())
-        .expect("the first part carries (1/n)");
-    let sent = rig.sent(total).await;
-    assert!(total >= 3, "{total} parts");
-    let mut joined = String::new();
-    for (i, part) in sent.iter().enumerate() {
-        assert!(part.text.encode_utf16().count() <= 4096);
-        let text = part.rendered();
-        let suffix = format!(" ({}/{total})", i + 1);
-        joined.push_str(text.strip_suffix(&suffix).expect("numbered part"));
-    }
-    assert_eq!(joined, answer);
-    // Only the first part is a reply.
-    assert!(sent[0].reply_to.is_some());
-    assert!(sent[1..].iter().all(|s| s.reply_to.is_none()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,47 +460,6 @@ async fn stop_interrupts_and_queue_runs_items_as_their_own_turns() {
     assert_eq!(rig.user_messages(3).last().unwrap(), "c");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_re_delivered_message_never_starts_a_second_turn() {
-    let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
-    let message = |text: &str, id: i64| {
-        serde_json::json!({ "message": {
-            "message_id": id, "text": text,
-            "chat": {"id": 42, "type": "private", "first_name": "U"},
-            "from": {"id": 42, "is_bot": false, "first_name": "U"},
-        }})
-    };
-    rig.llm.push(Reply::text("First answer."));
-    rig.tg.push_update(message("only once", 777));
-    rig.sent(1).await;
-    // The first turn is over (not merely sent), so the next message is not
-    // met by a busy notice.
-    wait_for_delivered(&rig, 1).await;
-    // The same message again, in a new update: what a replayed poll or a
-    // second delivery path looks like. Then a genuinely new message with
-    // the same text, which must be answered.
-    rig.tg.push_update(message("only once", 777));
-    rig.llm.push(Reply::text("Second answer."));
-    rig.tg.push_update(message("only once", 778));
-    let sent = rig.sent(2).await;
-    assert_eq!(sent[1].rendered(), "Second answer.");
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 2);
-    assert_eq!(rig.tg.sent().len(), 2);
-    wait_for_delivered(&rig, 2).await;
-    // The same message id in another chat is another message.
-    rig.llm.push(Reply::text("Third answer."));
-    rig.tg.push_update(serde_json::json!({ "message": {
-        "message_id": 777, "text": "hello from 43",
-        "chat": {"id": 43, "type": "private", "first_name": "V"},
-        "from": {"id": 42, "is_bot": false, "first_name": "U"},
-    }}));
-    let sent = rig.sent(3).await;
-    assert_eq!(sent[2].rendered(), "Third answer.");
-}
-
-/// The cooldown belongs to the chat, not to its lane: a lane goes when its
-/// queue empties, and the notice used to come again with the next lane.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_busy_notice_comes_once_per_cooldown_even_when_the_lane_empties_between() {
     let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |c| {

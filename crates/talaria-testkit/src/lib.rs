@@ -12,11 +12,16 @@
 //! several chunks, tool-call arguments split across several deltas, and (for
 //! OpenAI, when `stream_options.include_usage` is set) a usage-only chunk.
 //! Any other request gets one JSON object.
+//!
+//! Beside the fakes: `wait`, the one waiting policy every fake and suite
+//! shares, and `kit`, each platform's fake behind one interface for the
+//! adapter contract suite and the crash tests.
 #![forbid(unsafe_code)]
 
 pub mod discord;
 pub mod email;
 pub mod homeassistant;
+pub mod kit;
 pub mod matrix;
 pub mod mattermost;
 pub mod postgres;
@@ -26,6 +31,7 @@ pub mod slack;
 pub mod synapse;
 pub mod telegram;
 pub mod twilio;
+pub mod wait;
 pub mod whatsapp;
 pub use discord::FakeDiscord;
 pub use email::MailServer;

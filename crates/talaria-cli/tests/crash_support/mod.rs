@@ -1,12 +1,17 @@
 //! What the process-level crash tests of every platform share: a home
 //! pointed at the mock LLM and a fake platform, and a `talaria gateway run`
-//! process whose environment cannot leak a developer's real credentials.
+//! process whose environment cannot leak a developer's real credentials;
+//! and the crash re-send scenario every platform's kit runs through.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
-use talaria_testkit::MockOpenAi;
+use talaria_store::{LedgerStore, ObligationState};
+use talaria_testkit::kit::{PlatformKit, Who};
+use talaria_testkit::wait::wait_for;
+use talaria_testkit::{MockOpenAi, Reply};
 
 /// Platform variables removed from every spawned gateway's environment, so
 /// only the test's home decides what it connects to.
@@ -96,4 +101,107 @@ pub fn gateway_command(home: &Home, log: &Path) -> Command {
         .stdout(Stdio::null())
         .stderr(log);
     command
+}
+
+/// A home for `kit`'s platform: its section and its `.env` lines.
+pub fn kit_home<K: PlatformKit>(llm: &MockOpenAi, kit: &K) -> Home {
+    let dotenv: String = kit
+        .dotenv()
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}\n"))
+        .collect();
+    home(llm, &kit.section(), &dotenv)
+}
+
+/// Both gateways' logs, for a failure message.
+pub fn logs(home: &Home) -> String {
+    ["test-gateway.log", "test-gateway-2.log"]
+        .iter()
+        .map(|f| std::fs::read_to_string(home.root.join(f)).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+/// The crash re-send, for any platform: a gateway killed (SIGKILL) while
+/// its answer is on the wire loses nothing; the restarted gateway sends it
+/// exactly once, with the recovery line, to the chat it was owed to,
+/// without asking the model again, and the conversation goes on.
+pub async fn reply_cut_off_by_sigkill_is_sent_once_after_restart<K: PlatformKit>() {
+    let llm = MockOpenAi::start().await;
+    let kit = K::start().await;
+    let home = kit_home(&llm, &kit);
+
+    let mut first = spawn_gateway(&home, &home.root.join("test-gateway.log"));
+    kit.wait_connected(1).await;
+    llm.push(Reply::text("The precious answer."));
+    kit.hang_send(true);
+    let asked = kit.push_dm(Who::Friend, "important question");
+    kit.wait_send_attempts(1).await;
+    // The answer is on the wire and the platform has not answered: crash.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(kit.sent().is_empty());
+    assert_eq!(llm.requests().len(), 1);
+    if let Some(held) = kit.unacknowledged() {
+        // The message was acknowledged before the turn ran: the platform
+        // does not re-deliver it, the ledger is what owes the answer.
+        assert_eq!(held, 0, "{}", logs(&home));
+    }
+
+    kit.hang_send(false);
+    let seen = kit.connections();
+    let mut second = spawn_gateway(&home, &home.root.join("test-gateway-2.log"));
+    kit.wait_connected(seen + 1).await;
+    let sent = kit.wait_sent(1).await;
+    let text = &sent[0].text;
+    assert!(
+        text.starts_with("♻️ Recovered reply"),
+        "{text:?}\n{}",
+        logs(&home)
+    );
+    assert!(text.ends_with("The precious answer."), "{text:?}");
+    assert_eq!(sent[0].chat, kit.dm_chat(Who::Friend));
+    if K::DM_REPLY_QUOTES {
+        assert_eq!(sent[0].reply_to.as_deref(), Some(asked.as_str()));
+    }
+    // Exactly once, and the model was not asked again. A duplicate could
+    // only come from a second sweep, which runs at startup or when the
+    // adapter reconnects, both within moments of the first send: a short
+    // settle catches it here, and the counts after the follow-up below
+    // catch one that came later still.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(kit.sent().len(), 1);
+    assert_eq!(llm.requests().len(), 1);
+
+    // The conversation goes on where it was.
+    llm.push(Reply::text("Next answer."));
+    kit.push_dm(Who::Friend, "and then?");
+    let sent = kit.wait_sent(2).await;
+    assert_eq!(sent[1].text, "Next answer.");
+    // Both replies are delivered in the ledger and nothing is owed. The
+    // follow-up is marked just after its send returns: wait for that.
+    let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
+    wait_for("every reply delivered in the ledger", || async {
+        let open = store.open_obligations(0).await.unwrap();
+        let counts = store.obligation_counts().await.unwrap();
+        if open.is_empty() && counts.get(&ObligationState::Delivered) == Some(&2) {
+            Ok(())
+        } else {
+            Err((open, counts))
+        }
+    })
+    .await;
+    assert_eq!(kit.sent().len(), 2, "the recovered reply was sent again");
+    let users: Vec<String> = llm.requests()[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(users, vec!["important question", "and then?"]);
+    assert!(!logs(&home).contains(kit.secret()), "the token was logged");
+
+    second.kill().unwrap();
+    second.wait().unwrap();
 }

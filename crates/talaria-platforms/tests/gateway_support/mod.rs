@@ -96,8 +96,7 @@ impl Rig {
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
         }));
-        let settings = TelegramSettings::from_config(&config.platforms.telegram, &env).unwrap();
-        let adapter: Arc<dyn Adapter> = Arc::new(TelegramAdapter::new(settings).unwrap());
+        let adapter = telegram_adapter(&config, &env);
         let gateway = Gateway::new(GatewayParts {
             config,
             env,
@@ -161,6 +160,13 @@ impl Rig {
     pub async fn settle(&self) {
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
+}
+
+/// The Telegram adapter as `talaria gateway run` builds it: the one place
+/// the tests construct it.
+pub fn telegram_adapter(config: &Config, env: &Env) -> Arc<dyn Adapter> {
+    let settings = TelegramSettings::from_config(&config.platforms.telegram, env).unwrap();
+    Arc::new(TelegramAdapter::new(settings).unwrap())
 }
 
 impl Drop for Rig {

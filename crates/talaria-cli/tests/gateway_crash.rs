@@ -1,0 +1,33 @@
+//! `talaria gateway run` as real processes, one platform after another
+//! through its kit: a gateway killed (SIGKILL) while an answer is on the
+//! wire loses nothing, and the restarted gateway sends it exactly once
+//! with the recovery line (see `crash_support`).
+
+mod crash_support;
+
+use talaria_testkit::kit::discord::DiscordKit;
+use talaria_testkit::kit::mattermost::MattermostKit;
+use talaria_testkit::kit::slack::SlackKit;
+use talaria_testkit::kit::telegram::TelegramKit;
+
+/// One crash test per platform kit.
+macro_rules! crash_resend {
+    ($($platform:ident: $kit:ty),* $(,)?) => {
+        $(
+            mod $platform {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_reply_cut_off_by_sigkill_is_sent_once_after_restart_with_the_recovery_line() {
+                    crate::crash_support::reply_cut_off_by_sigkill_is_sent_once_after_restart::<$kit>()
+                        .await;
+                }
+            }
+        )*
+    };
+}
+
+crash_resend!(
+    telegram: super::TelegramKit,
+    discord: super::DiscordKit,
+    slack: super::SlackKit,
+    mattermost: super::MattermostKit,
+);

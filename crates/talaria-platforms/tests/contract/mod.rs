@@ -1,0 +1,262 @@
+//! The adapter contract suite: one in-process rig and one set of scenarios
+//! that every adapter runs through its fake, in the spirit of the store's
+//! `contract_tests!`.
+//!
+//! A platform's test file names its kit ([`talaria_testkit::kit`]), says
+//! how its adapter is built ([`AdapterKit`], the one place per platform)
+//! and invokes [`adapter_contract!`] with the scenarios it runs and the
+//! ones it cannot have, each with its reason. A skipped scenario is a
+//! declaration checked against the adapter's capabilities, never a test
+//! that passes without doing anything.
+#![allow(dead_code)]
+
+pub mod scenarios;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use talaria_agent::interaction::NoHuman;
+use talaria_agent::tools::Registry;
+use talaria_agent::{Agent, AgentParts};
+use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
+use talaria_gateway::Adapter;
+use talaria_gateway::gateway::{Gateway, GatewayParts};
+use talaria_gateway::hooks::Hooks;
+use talaria_store::{LedgerStore, ObligationState, SqliteStore};
+use talaria_testkit::MockOpenAi;
+use talaria_testkit::kit::{Out, PlatformKit};
+pub use talaria_testkit::wait::WAIT;
+use talaria_testkit::wait::wait_for;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A kit whose adapter the suite can build in process.
+pub trait AdapterKit: PlatformKit {
+    /// The adapter as `talaria gateway run` builds it from `config` and
+    /// `env`, with test timings where the platform has them.
+    fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter>;
+}
+
+/// The real runner, ledger and agent around one adapter and its fake, the
+/// real OpenAI provider against the mock LLM, and a real SQLite file.
+pub struct Rig<K> {
+    pub kit: K,
+    pub llm: MockOpenAi,
+    pub dir: tempfile::TempDir,
+    pub home: Home,
+    pub env: Vec<(String, String)>,
+    pub config: Config,
+    running: Option<(CancellationToken, JoinHandle<()>)>,
+}
+
+impl<K: AdapterKit> Rig<K> {
+    /// A rig whose gateway is not started yet: the kit's section and
+    /// `.env`, then `env` on top, then `configure`.
+    pub async fn new(env: &[(&str, &str)], configure: impl FnOnce(&mut Config)) -> Rig<K> {
+        let kit = K::start().await;
+        let llm = MockOpenAi::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().join("home"));
+        home.ensure().unwrap();
+        let yaml = format!("platforms:\n{}", kit.section());
+        let (mut config, unknown) = Config::parse(&yaml, Path::new("kit.yaml")).unwrap();
+        assert!(
+            unknown.is_empty(),
+            "the kit's section has unknown keys: {unknown:?}"
+        );
+        config.model.default = Some("test-model".into());
+        config.model.base_url = Some(llm.base_url());
+        config.gateway.typing_interval_secs = 1;
+        configure(&mut config);
+        let mut pairs = kit.dotenv();
+        for (k, v) in env {
+            pairs.retain(|(old, _)| old != k);
+            pairs.push((k.to_string(), v.to_string()));
+        }
+        Rig {
+            kit,
+            llm,
+            dir,
+            home,
+            env: pairs,
+            config,
+            running: None,
+        }
+    }
+
+    /// A rig whose gateway runs and has connected (or polled) once.
+    pub async fn started(env: &[(&str, &str)], configure: impl FnOnce(&mut Config)) -> Rig<K> {
+        let mut rig = Rig::<K>::new(env, configure).await;
+        let seen = rig.kit.connections();
+        rig.start();
+        rig.kit.wait_connected(seen + 1).await;
+        rig
+    }
+
+    /// Builds everything afresh from the home (as a new process would) and
+    /// runs the gateway.
+    pub fn start(&mut self) {
+        assert!(self.running.is_none());
+        let env = Env::from_pairs(self.env.clone());
+        let config = Arc::new(self.config.clone());
+        let store = Arc::new(SqliteStore::open(&self.home.state_db()).unwrap());
+        let endpoint = Endpoint {
+            provider: ProviderKind::Custom,
+            model: "test-model".into(),
+            base_url: self.llm.base_url(),
+            api_key: None,
+        };
+        let agent = Arc::new(Agent::new(AgentParts {
+            config: config.clone(),
+            home: self.home.clone(),
+            provider: talaria_llm::provider_for(&endpoint, &config.agent),
+            store: store.clone(),
+            registry: Arc::new(Registry::with_core_tools(&config)),
+            interaction: Arc::new(NoHuman),
+            redactor: Redactor::default(),
+            workdir: self.dir.path().to_path_buf(),
+        }));
+        let adapter = self.kit.adapter(&config, &env);
+        let gateway = Gateway::new(GatewayParts {
+            config,
+            env,
+            home: self.home.clone(),
+            agent,
+            store,
+            adapters: vec![adapter],
+            lock_dir: Some(self.dir.path().join("locks")),
+            hooks: Arc::new(Hooks::load(&self.home)),
+        });
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move { gateway.run(stop).await });
+        self.running = Some((shutdown, task));
+    }
+
+    /// Stops the gateway gracefully and waits for it.
+    pub async fn stop(&mut self) {
+        if let Some((shutdown, task)) = self.running.take() {
+            shutdown.cancel();
+            tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+        }
+    }
+
+    /// Stops the gateway and starts a new one on the same home, waiting
+    /// for its first connection.
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        let seen = self.kit.connections();
+        self.start();
+        self.kit.wait_connected(seen + 1).await;
+    }
+
+    /// The user messages of LLM request `i`.
+    pub fn user_messages(&self, i: usize) -> Vec<String> {
+        self.llm.requests()[i].body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap_or("").to_owned())
+            .collect()
+    }
+
+    /// Waits for `n` sent messages in total and returns them.
+    pub async fn sent(&self, n: usize) -> Vec<Out> {
+        self.kit.wait_sent(n).await
+    }
+
+    /// Waits until some sent message contains `needle`; returns them all.
+    pub async fn wait_for_text(&self, needle: &str) -> Vec<Out> {
+        talaria_testkit::kit::wait_for_text(&self.kit, needle).await
+    }
+
+    /// Waits for `n` LLM requests in total.
+    pub async fn llm_requests(&self, n: usize) {
+        wait_for(&format!("{n} LLM requests"), || async {
+            let got = self.llm.requests().len();
+            if got >= n { Ok(()) } else { Err(got) }
+        })
+        .await;
+    }
+
+    /// Waits until the ledger shows exactly `n` delivered rows.
+    pub async fn wait_for_delivered(&self, n: u64) {
+        let store = SqliteStore::open(&self.home.state_db()).unwrap();
+        wait_for(&format!("{n} delivered ledger rows"), || async {
+            let counts = store.obligation_counts().await.unwrap();
+            if counts.get(&ObligationState::Delivered) == Some(&n) {
+                Ok(())
+            } else {
+                Err(counts)
+            }
+        })
+        .await;
+    }
+
+    /// Gives the gateway a moment to do something it should not do.
+    pub async fn settle(&self) {
+        talaria_testkit::wait::settle().await;
+    }
+
+    /// The adapter's declared capabilities.
+    pub fn capabilities(&self) -> talaria_adapter::capabilities::Capabilities {
+        let env = Env::from_pairs(self.env.clone());
+        self.kit.adapter(&self.config, &env).capabilities()
+    }
+}
+
+impl<K> Drop for Rig<K> {
+    fn drop(&mut self) {
+        if let Some((shutdown, _)) = &self.running {
+            shutdown.cancel();
+        }
+    }
+}
+
+/// Why a platform cannot have a scenario; checked against the adapter's
+/// capabilities where they say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// The platform has no threads (`Capabilities::threads` is false).
+    Threadless,
+    /// Deliveries arrive by webhook or polling: no connection to drop.
+    Connectionless,
+    /// The fake cannot rate-limit sends the way the platform does.
+    UnlimitedSends,
+    /// The platform never delivers one event twice.
+    DeliversOnce,
+}
+
+/// Generates one test per scenario a kit runs, and one test that checks
+/// the kit's declared skips against its adapter's capabilities.
+///
+/// ```ignore
+/// adapter_contract!(DiscordKit;
+///     run: dm_turn, thread_reply, long_answer, redelivery,
+///          dropped_connection, rate_limit, unauthorized;
+///     skip: );
+/// ```
+macro_rules! adapter_contract {
+    ($kit:ty; run: $($scenario:ident),* ; skip: $($skipped:ident => $why:expr),* $(,)?) => {
+        mod adapter_contract {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    crate::contract::scenarios::$scenario::<$kit>().await;
+                }
+            )*
+
+            /// Every scenario is either run or skipped with its reason.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn skipped_scenarios_are_declared_and_agree_with_the_capabilities() {
+                let run: &[&str] = &[$(stringify!($scenario)),*];
+                let skipped: &[(&str, crate::contract::Skip)] =
+                    &[$((stringify!($skipped), $why)),*];
+                crate::contract::scenarios::check_declaration::<$kit>(run, skipped).await;
+            }
+        }
+    };
+}

@@ -1,0 +1,194 @@
+//! Platform kits: each platform's fake seen through one interface, so one
+//! scenario suite can drive every adapter (in process, from
+//! `talaria-platforms`' tests) and every `talaria gateway run` (as a
+//! process, from the CLI's crash tests).
+//!
+//! A kit is the one place a platform's test configuration is written: the
+//! `platforms.<name>` section pointing at its fake and the `.env` lines
+//! holding its credentials and allowlist. The suites never name a
+//! platform; they ask the kit. Scenarios a platform cannot have (no
+//! threads, no connection to drop) are not methods the kit fakes: the
+//! suite declares them skipped, with the reason, per platform.
+
+pub mod discord;
+pub mod mattermost;
+pub mod slack;
+pub mod telegram;
+
+use std::time::{Duration, Instant};
+
+/// Who writes to the bot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Who {
+    /// A user on the platform's allowlist.
+    Friend,
+    /// A user on no list.
+    Stranger,
+}
+
+/// One message the bot sent, as every platform's fake can say it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Out {
+    /// The chat (channel, room, DM) it went to.
+    pub chat: String,
+    /// The thread it went to, when the platform has threads.
+    pub thread: Option<String>,
+    /// The text as a user reads it (markup rendered, entities decoded).
+    pub text: String,
+    /// The text as sent on the wire, for the length limit.
+    pub wire: String,
+    /// The message it answers, when the platform shows that.
+    pub reply_to: Option<String>,
+    /// When the fake accepted it.
+    pub at: Instant,
+}
+
+/// A message pushed in a thread, and where its answer must land.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Threaded {
+    /// The pushed message's id.
+    pub id: String,
+    /// The chat the answer goes to.
+    pub chat: String,
+    /// The thread the answer goes to; `None` where a thread is a chat of
+    /// its own (Discord).
+    pub thread: Option<String>,
+}
+
+/// A platform's fake as the suites drive it (see the module docs).
+#[allow(async_fn_in_trait)]
+pub trait PlatformKit: Sized {
+    /// The platform's section name under `platforms:`.
+    const NAME: &'static str;
+    /// Whether a reply in a DM names the message it answers.
+    const DM_REPLY_QUOTES: bool;
+
+    /// Starts the fake.
+    async fn start() -> Self;
+
+    /// The `platforms.<name>` section, indented under `platforms:`.
+    fn section(&self) -> String;
+
+    /// The `.env` pairs: credentials, and [`Who::Friend`] on the allowlist.
+    fn dotenv(&self) -> Vec<(String, String)>;
+
+    /// A credential that must never appear in a log.
+    fn secret(&self) -> &str;
+
+    /// How many times a gateway connected (or, for polling, polled).
+    fn connections(&self) -> usize;
+
+    /// Waits until a gateway connected (or polled) `n` times in total.
+    async fn wait_connected(&self, n: usize);
+
+    /// A direct message from `who`; returns its id.
+    fn push_dm(&self, who: Who, text: &str) -> String;
+
+    /// The chat a DM from `who` is answered in.
+    fn dm_chat(&self, who: Who) -> String;
+
+    /// Every message sent so far, in order.
+    fn sent(&self) -> Vec<Out>;
+
+    /// Waits until at least `n` messages were sent; returns them all.
+    async fn wait_sent(&self, n: usize) -> Vec<Out>;
+
+    /// When each send request arrived, answered or not.
+    fn send_attempts(&self) -> Vec<Instant>;
+
+    /// Waits until at least `n` send requests arrived.
+    async fn wait_send_attempts(&self, n: usize);
+
+    /// While set, sends hang unanswered and are never delivered.
+    fn hang_send(&self, hang: bool);
+
+    /// A message in a thread, addressed to the bot as the platform needs.
+    ///
+    /// # Panics
+    /// On a kit whose platform has no threads (the suite never calls it).
+    fn push_in_thread(&self, _text: &str) -> Threaded {
+        panic!("{} declares no threads", Self::NAME)
+    }
+
+    /// Delivers the message `id` (from [`PlatformKit::push_dm`]) again, as
+    /// the platform does when it thinks a delivery was lost.
+    ///
+    /// # Panics
+    /// On a kit whose platform never re-delivers.
+    fn redeliver(&self, _id: &str, _text: &str) {
+        panic!("{} declares no re-deliveries", Self::NAME)
+    }
+
+    /// Cuts the gateway's connection; the fake keeps what arrives meanwhile.
+    ///
+    /// # Panics
+    /// On a kit whose platform holds no connection.
+    async fn drop_connection(&self) {
+        panic!("{} declares no connection to drop", Self::NAME)
+    }
+
+    /// The next send is refused as rate-limited, asking to wait `after`.
+    ///
+    /// # Panics
+    /// On a kit whose fake cannot rate-limit.
+    fn rate_limit_next_send(&self, _after: Duration) {
+        panic!("{} declares no rate limit", Self::NAME)
+    }
+
+    /// Pushes a message from [`Who::Stranger`] where the bot would answer
+    /// a friend in a shared chat (mentioning it, where that is needed).
+    fn push_stranger_in_group(&self, _text: &str) {}
+
+    /// Whether the bot showed it was typing in `chat`; `None` where the
+    /// fake cannot tell.
+    fn typed_in(&self, _chat: &str) -> Option<bool> {
+        None
+    }
+
+    /// Whether the newest connection resumed the one before it (rather
+    /// than starting afresh); `None` where the platform has no resume.
+    fn last_connection_resumed(&self) -> Option<bool> {
+        None
+    }
+
+    /// Inbound events the platform still holds for lack of an
+    /// acknowledgement; `None` where the platform does not acknowledge.
+    fn unacknowledged(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Finds the `(i/n)` part counter the splitter appends and returns `n`.
+pub fn part_count(text: &str) -> Option<usize> {
+    text.rsplit_once(" (1/")
+        .and_then(|(_, n)| n.trim_end_matches(')').parse().ok())
+}
+
+/// An answer of whole paragraphs at least `min_chars` long.
+pub fn long_answer(min_chars: usize) -> String {
+    let mut answer = String::new();
+    let mut i = 0;
+    while answer.chars().count() < min_chars {
+        answer.push_str(&format!(
+            "Paragraph {i}: the quick brown fox jumps over the lazy dog, again and again.\n\n"
+        ));
+        i += 1;
+    }
+    answer.trim_end().to_owned()
+}
+
+/// Waits until some sent message contains `needle`; returns them all.
+///
+/// # Panics
+/// When [`crate::wait::WAIT`] passes first.
+pub async fn wait_for_text<K: PlatformKit>(kit: &K, needle: &str) -> Vec<Out> {
+    crate::wait::wait_for(&format!("a message containing {needle:?}"), || async {
+        let sent = kit.sent();
+        if sent.iter().any(|o| o.text.contains(needle)) {
+            Ok(sent)
+        } else {
+            Err(sent.into_iter().map(|o| o.text).collect::<Vec<_>>())
+        }
+    })
+    .await
+}

@@ -1,0 +1,162 @@
+//! Telegram's kit: the fake Bot API, long-polled.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{Out, PlatformKit, Threaded, Who};
+use crate::FakeTelegram;
+use crate::wait::WAIT;
+
+/// The bot token the gateway is given.
+pub const TOKEN: &str = "424242:kit-test-token-abcdefghijklmnop";
+
+/// The fake Telegram with a friend (user `42`) and a stranger (`7`).
+pub struct TelegramKit {
+    /// The fake itself, for platform-specific tests.
+    pub fake: FakeTelegram,
+    /// Message ids the kit assigns, so a test knows what a reply names.
+    next_message: AtomicI64,
+}
+
+fn user(who: Who) -> i64 {
+    match who {
+        Who::Friend => 42,
+        Who::Stranger => 7,
+    }
+}
+
+impl PlatformKit for TelegramKit {
+    const NAME: &'static str = "telegram";
+    const DM_REPLY_QUOTES: bool = true;
+
+    async fn start() -> TelegramKit {
+        TelegramKit {
+            fake: FakeTelegram::start(TOKEN).await,
+            next_message: AtomicI64::new(5_000),
+        }
+    }
+
+    fn section(&self) -> String {
+        format!(
+            "  telegram:\n    base_url: {}\n    poll_timeout_secs: 1\n",
+            self.fake.base_url()
+        )
+    }
+
+    fn dotenv(&self) -> Vec<(String, String)> {
+        vec![
+            ("TELEGRAM_BOT_TOKEN".into(), TOKEN.into()),
+            (
+                "TELEGRAM_ALLOWED_USERS".into(),
+                user(Who::Friend).to_string(),
+            ),
+        ]
+    }
+
+    fn secret(&self) -> &str {
+        TOKEN
+    }
+
+    fn connections(&self) -> usize {
+        self.fake.get_updates_calls().len()
+    }
+
+    async fn wait_connected(&self, n: usize) {
+        self.fake.wait_for_get_updates_calls(n, WAIT).await;
+    }
+
+    fn push_dm(&self, who: Who, text: &str) -> String {
+        let id = self.next_message.fetch_add(1, Ordering::Relaxed);
+        self.push_private(who, id, text);
+        id.to_string()
+    }
+
+    fn dm_chat(&self, who: Who) -> String {
+        user(who).to_string()
+    }
+
+    fn sent(&self) -> Vec<Out> {
+        self.fake
+            .sent()
+            .into_iter()
+            .map(|s| Out {
+                chat: s.chat_id.to_string(),
+                thread: s.thread_id.map(|t| t.to_string()),
+                text: s.rendered(),
+                wire: s.text,
+                reply_to: s.reply_to.map(|r| r.to_string()),
+                at: s.at,
+            })
+            .collect()
+    }
+
+    async fn wait_sent(&self, n: usize) -> Vec<Out> {
+        self.fake.wait_for_sent(n, WAIT).await;
+        self.sent()
+    }
+
+    fn send_attempts(&self) -> Vec<Instant> {
+        self.fake.send_attempts().iter().map(|r| r.at).collect()
+    }
+
+    async fn wait_send_attempts(&self, n: usize) {
+        self.fake.wait_for_send_attempts(n, WAIT).await;
+    }
+
+    fn hang_send(&self, hang: bool) {
+        self.fake.hang_send(hang);
+    }
+
+    fn push_in_thread(&self, text: &str) -> Threaded {
+        // A forum topic is Telegram's thread.
+        let id = self.next_message.fetch_add(1, Ordering::Relaxed);
+        let message = json!({
+            "message_id": id, "text": text, "message_thread_id": 17, "is_topic_message": true,
+            "chat": {"id": -100500, "type": "supergroup", "title": "Group", "is_forum": true},
+            "from": {"id": user(Who::Friend), "is_bot": false, "first_name": "U"},
+        });
+        self.fake.push_update(json!({ "message": message }));
+        Threaded {
+            id: id.to_string(),
+            chat: "-100500".into(),
+            thread: Some("17".into()),
+        }
+    }
+
+    fn redeliver(&self, id: &str, text: &str) {
+        // The same message in a new update: a replayed poll.
+        let id = id.parse().unwrap_or_default();
+        self.push_private(Who::Friend, id, text);
+    }
+
+    fn rate_limit_next_send(&self, after: Duration) {
+        self.fake.fail_next_send_with_429(after.as_secs().max(1));
+    }
+
+    fn push_stranger_in_group(&self, text: &str) {
+        self.fake
+            .push_group_text(-100500, user(Who::Stranger), text, None, false);
+    }
+
+    fn typed_in(&self, chat: &str) -> Option<bool> {
+        Some(
+            self.fake
+                .chat_actions()
+                .iter()
+                .any(|a| a.chat_id.to_string() == chat && a.action == "typing"),
+        )
+    }
+}
+
+impl TelegramKit {
+    fn push_private(&self, who: Who, id: i64, text: &str) {
+        let from = user(who);
+        self.fake.push_update(json!({ "message": {
+            "message_id": id, "text": text,
+            "chat": {"id": from, "type": "private", "first_name": "U"},
+            "from": {"id": from, "is_bot": false, "first_name": "U"},
+        }}));
+    }
+}

@@ -1,0 +1,121 @@
+//! The one waiting policy every fake and every suite shares.
+//!
+//! A test waits for something that should happen; on a loaded machine it
+//! can take a while, so the patience is generous ([`WAIT`]) and the failure
+//! says what was awaited and what was seen instead. Fakes wake their
+//! waiters through a [`Changes`] counter instead of polling, so a wait ends
+//! the moment its condition turns true.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+/// How long a test waits for something that should happen.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// How long a test watches for something that should *not* happen (a
+/// second answer, a turn for a stranger) before deciding it did not.
+pub const SETTLE: Duration = Duration::from_millis(700);
+
+/// A counter a fake bumps on every change a test may be waiting for.
+#[derive(Debug)]
+pub struct Changes(watch::Sender<u64>);
+
+impl Default for Changes {
+    fn default() -> Changes {
+        Changes(watch::channel(0).0)
+    }
+}
+
+impl Changes {
+    /// Wakes every waiter.
+    pub fn bump(&self) {
+        self.0.send_modify(|v| *v += 1);
+    }
+
+    /// Waits up to `timeout` until `probe` answers; `None` when it never did.
+    /// The probe runs at once and after every change.
+    pub async fn until<T>(
+        &self,
+        timeout: Duration,
+        mut probe: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.0.subscribe();
+        loop {
+            rx.borrow_and_update();
+            if let Some(v) = probe() {
+                return Some(v);
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                return None;
+            }
+        }
+    }
+
+    /// Waits until `probe` answers, or panics after `timeout` saying what
+    /// was awaited and what `seen` shows then.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn expect<T, S: Debug>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        probe: impl FnMut() -> Option<T>,
+        seen: impl FnOnce() -> S,
+    ) -> T {
+        match self.until(timeout, probe).await {
+            Some(v) => v,
+            None => panic!("waited {timeout:?} for {what}; saw {:#?}", seen()),
+        }
+    }
+}
+
+/// Waits until `probe` answers, polling (for state no fake bumps: a
+/// database, a file, a process), or panics after [`WAIT`] with `what` and
+/// the last value `probe` saw.
+///
+/// # Panics
+/// When [`WAIT`] passes first.
+pub async fn wait_for<T, S: Debug>(what: &str, mut probe: impl AsyncProbe<T, S>) -> T {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match probe.check().await {
+            Ok(v) => return v,
+            Err(seen) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "waited {WAIT:?} for {what}; saw {seen:#?}"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A condition [`wait_for`] checks: `Ok` with the awaited value, or `Err`
+/// with what it saw instead.
+pub trait AsyncProbe<T, S> {
+    /// One check.
+    fn check(&mut self) -> impl std::future::Future<Output = Result<T, S>>;
+}
+
+impl<T, S, F, Fut> AsyncProbe<T, S> for F
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, S>>,
+{
+    fn check(&mut self) -> impl std::future::Future<Output = Result<T, S>> {
+        self()
+    }
+}
+
+/// Lets whatever should not happen have its chance to (see [`SETTLE`]).
+pub async fn settle() {
+    tokio::time::sleep(SETTLE).await;
+}
