@@ -156,6 +156,17 @@ pub trait PlatformKit: Sized {
     fn unacknowledged(&self) -> Option<usize> {
         None
     }
+
+    /// Waits until the platform holds no inbound event unacknowledged
+    /// (panics after the wait); nothing to wait for where the platform
+    /// does not acknowledge.
+    async fn wait_acknowledged(&self) {}
+
+    /// Reactions the bot put on messages (Slack's working indicator);
+    /// `None` where the platform shows none.
+    fn reactions(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Finds the `(i/n)` part counter the splitter appends and returns `n`.

@@ -156,4 +156,12 @@ impl PlatformKit for SlackKit {
     fn unacknowledged(&self) -> Option<usize> {
         Some(self.fake.pending())
     }
+
+    async fn wait_acknowledged(&self) {
+        self.fake.wait_for_all_acked(WAIT).await;
+    }
+
+    fn reactions(&self) -> Option<usize> {
+        Some(self.fake.reactions().len())
+    }
 }
