@@ -20,18 +20,8 @@ use talaria_gateway::messenger::GatewayMessenger;
 use talaria_gateway::node::Node;
 use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
-use talaria_platforms::discord::{DiscordAdapter, DiscordSettings};
-use talaria_platforms::email::{EmailAdapter, EmailSettings};
-use talaria_platforms::homeassistant::{HomeAssistantAdapter, HomeAssistantSettings};
 use talaria_platforms::ingress::{Ingress, Mount};
-use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
-use talaria_platforms::mattermost::{MattermostAdapter, MattermostSettings};
-use talaria_platforms::signal::{SignalAdapter, SignalSettings};
-use talaria_platforms::slack::{SlackAdapter, SlackSettings};
-use talaria_platforms::sms::{SmsAdapter, SmsSettings};
-use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
-use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
-use talaria_platforms::whatsapp::{WhatsappAdapter, WhatsappSettings};
+use talaria_platforms::registry::{BuildError, PLATFORMS, Platform, Setup};
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::Runtime;
@@ -46,70 +36,39 @@ pub struct ConfiguredAdapters {
     pub mounts: Vec<Mount>,
 }
 
-/// The configured chat platforms' adapters (not yet connected).
+/// The configured chat platforms' adapters (not yet connected): those
+/// that can deliver without a running gateway.
 pub fn configured_adapters(rt: &Runtime) -> anyhow::Result<ConfiguredAdapters> {
+    build_platforms(rt, |p| p.standalone)
+}
+
+/// Every registered platform `wanted` picks that its settings turn on,
+/// set up in the registry's order; the first that cannot be set up stops
+/// the walk.
+fn build_platforms(
+    rt: &Runtime,
+    wanted: impl Fn(&Platform) -> bool,
+) -> anyhow::Result<ConfiguredAdapters> {
+    let setup = Setup {
+        config: &rt.config,
+        env: &rt.loaded.env,
+        cursors: rt.gateway_store.clone(),
+    };
     let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
     let mut mounts: Vec<Mount> = Vec::new();
-    if let Some(settings) =
-        TelegramSettings::from_config(&rt.config.platforms.telegram, &rt.loaded.env)
-    {
-        let adapter = TelegramAdapter::new(settings).context("cannot set up Telegram")?;
-        adapters.push(Arc::new(adapter));
-    }
-    if let Some(settings) =
-        DiscordSettings::from_config(&rt.config.platforms.discord, &rt.loaded.env)
-    {
-        let adapter = DiscordAdapter::new(settings).context("cannot set up Discord")?;
-        adapters.push(Arc::new(adapter));
-    }
-    if let Some(settings) =
-        MattermostSettings::from_config(&rt.config.platforms.mattermost, &rt.loaded.env)
-    {
-        let adapter = MattermostAdapter::new(settings).context("cannot set up Mattermost")?;
-        adapters.push(Arc::new(adapter));
-    }
-    if let Some(settings) = MatrixSettings::from_config(&rt.config.platforms.matrix, &rt.loaded.env)
-    {
-        let cursors: Arc<dyn talaria_store::CursorStore> = rt.gateway_store.clone();
-        let adapter = MatrixAdapter::new(settings, cursors).context("cannot set up Matrix")?;
-        adapters.push(Arc::new(adapter));
-    }
-    if let Some(settings) = SlackSettings::from_config(&rt.config.platforms.slack, &rt.loaded.env) {
-        let adapter = SlackAdapter::new(settings).context("cannot set up Slack")?;
-        adapters.push(Arc::new(adapter));
-    }
-    if let Some(settings) = SignalSettings::from_config(&rt.config.platforms.signal, &rt.loaded.env)
-    {
-        let adapter = SignalAdapter::new(settings).context("cannot set up Signal")?;
-        adapters.push(Arc::new(adapter));
-    }
-    if let Some(settings) =
-        WhatsappSettings::from_config(&rt.config.platforms.whatsapp_cloud, &rt.loaded.env)
-            .context("WhatsApp Cloud is misconfigured")?
-    {
-        let adapter = WhatsappAdapter::new(settings).context("cannot set up WhatsApp Cloud")?;
-        mounts.push(adapter.mount());
-        adapters.push(Arc::new(adapter));
-    }
-    if let Some(settings) = SmsSettings::from_config(&rt.config.platforms.sms, &rt.loaded.env)
-        .context("SMS (Twilio) is misconfigured")?
-    {
-        let adapter = SmsAdapter::new(settings).context("cannot set up SMS (Twilio)")?;
-        mounts.push(adapter.mount());
-        adapters.push(Arc::new(adapter));
-    }
-    if let Some(settings) = EmailSettings::from_config(&rt.config.platforms.email, &rt.loaded.env) {
-        let cursors: Arc<dyn talaria_store::CursorStore> = rt.gateway_store.clone();
-        let adapter = EmailAdapter::new(settings, cursors).context("cannot set up e-mail")?;
-        adapters.push(Arc::new(adapter));
-    }
-    if let Some(settings) =
-        HomeAssistantSettings::from_config(&rt.config.platforms.homeassistant, &rt.loaded.env)
-        && let Some(adapter) =
-            HomeAssistantAdapter::new(&settings).context("cannot set up Home Assistant")?
-    {
-        mounts.push(adapter.mount());
-        adapters.push(Arc::new(adapter));
+    for platform in PLATFORMS.iter().filter(|p| wanted(p)) {
+        let built = (platform.build)(&setup).map_err(|e| match e {
+            BuildError::Misconfigured(e) => {
+                anyhow::anyhow!(e).context(format!("{} is misconfigured", platform.title))
+            }
+            BuildError::SetUp(e) => {
+                anyhow::anyhow!(e).context(format!("cannot set up {}", platform.title))
+            }
+        })?;
+        if let Some(built) = built {
+            mounts.extend(built.mount);
+            adapters.push(built.adapter);
+        }
     }
     Ok(ConfiguredAdapters { adapters, mounts })
 }
@@ -221,24 +180,10 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
         memory.initialize().await;
     }
 
-    let ConfiguredAdapters {
-        mut adapters,
-        mut mounts,
-    } = configured_adapters(&rt).map_err(bad_config)?;
-    // Secrets are resolved from config and environment, then `new` checks
-    // every route (secret, name, deliver target), so a bad route stops the
-    // start here; each check runs once.
-    if let Some(settings) =
-        WebhookSettings::from_config(&rt.config.platforms.webhook, &rt.loaded.env)
-            .context("the webhook routes are misconfigured")
-            .map_err(bad_config)?
-    {
-        let adapter = WebhookAdapter::new(settings)
-            .context("cannot set up the webhook routes")
-            .map_err(bad_config)?;
-        mounts.push(adapter.mount());
-        adapters.push(Arc::new(adapter));
-    }
+    // Every platform, the webhook routes included: a bad route stops the
+    // start here.
+    let ConfiguredAdapters { adapters, mounts } =
+        build_platforms(&rt, |_| true).map_err(bad_config)?;
     // Bound before anything runs, so a busy port stops the start here.
     let ingress = if mounts.is_empty() {
         None

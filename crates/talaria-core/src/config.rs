@@ -240,6 +240,53 @@ impl Secret {
     }
 }
 
+impl From<&str> for Secret {
+    fn from(value: &str) -> Secret {
+        Secret(value.to_owned())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Secret {
+        Secret(value)
+    }
+}
+
+// Tests and settings compare a held credential with the text expected.
+impl PartialEq<str> for Secret {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Secret {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for Secret {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
+/// A credential from the configuration file, else from the environment
+/// variable `var`: each trimmed, and a blank one counts as unset (an empty
+/// `token: ""` left in a file must not hide the variable).
+pub fn secret_or_env(configured: Option<&Secret>, env: &Env, var: &str) -> Option<Secret> {
+    text_or_env(configured.map(Secret::expose), env, var).map(Secret)
+}
+
+/// [`secret_or_env`] for a value that is not a secret (a server URL, an
+/// account name).
+pub fn text_or_env(configured: Option<&str>, env: &Env, var: &str) -> Option<String> {
+    let pick = |v: &str| Some(v.trim().to_owned()).filter(|v| !v.is_empty());
+    configured
+        .and_then(pick)
+        .or_else(|| env.get(var).and_then(pick))
+}
+
 /// Masks a secret value: short ones entirely, long ones but the last four.
 pub fn mask(value: &str) -> String {
     let n = value.chars().count();
@@ -1580,6 +1627,16 @@ impl Env {
             .get(key)
             .map(String::as_str)
             .filter(|v| !v.is_empty())
+    }
+
+    /// A yes/no variable: `1`, `true`, `yes`, `on` or `0`, `false`, `no`,
+    /// `off` (any case); anything else, or unset, is `None`.
+    pub fn flag(&self, key: &str) -> Option<bool> {
+        match self.get(key)?.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Some(true),
+            "0" | "false" | "no" | "off" => Some(false),
+            _ => None,
+        }
     }
 
     /// Where variable `key` came from, for people: `.env` when the file

@@ -8,6 +8,8 @@
 //!
 //! # Layout
 //!
+//! - [`registry`]: every platform of this build as one entry (name,
+//!   title, constructor); the CLI and the docs walk it.
 //! - [`telegram`]: the Telegram Bot API over long polling.
 //! - [`discord`]: Discord's gateway WebSocket in, its REST API out.
 //! - [`mattermost`]: Mattermost's API v4 and its WebSocket event stream.
@@ -25,6 +27,8 @@
 //! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
 //! - [`homeassistant`]: Home Assistant's conversation endpoint and the
 //!   `ha_*` tools.
+//! - `http`: the client, error type and default send-error reading every
+//!   REST-speaking adapter shares; `net`: the loopback check.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "discord")]
@@ -33,6 +37,17 @@ pub mod discord;
 pub mod email;
 #[cfg(feature = "homeassistant")]
 pub mod homeassistant;
+#[cfg(any(
+    feature = "telegram",
+    feature = "discord",
+    feature = "slack",
+    feature = "mattermost",
+    feature = "matrix",
+    feature = "signal",
+    feature = "whatsapp",
+    feature = "sms"
+))]
+mod http;
 #[cfg(feature = "ingress")]
 pub mod ingress;
 pub mod listen;
@@ -41,6 +56,7 @@ pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
 mod net;
+pub mod registry;
 #[cfg(feature = "signal")]
 pub mod signal;
 #[cfg(feature = "slack")]

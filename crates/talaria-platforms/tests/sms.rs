@@ -383,7 +383,7 @@ async fn twilio_errors_map_to_what_the_ledger_needs() {
 async fn a_wrong_token_is_unavailable_for_sends_and_fatal_for_run() {
     let fake = FakeTwilio::start(SID, TOKEN, NUMBER);
     let adapter = SmsAdapter::new(SmsSettings {
-        auth_token: "wrong-token-0000".to_owned(),
+        auth_token: "wrong-token-0000".into(),
         ..settings(&fake)
     })
     .unwrap();

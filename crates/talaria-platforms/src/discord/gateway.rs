@@ -162,10 +162,10 @@ impl DiscordAdapter {
 
         let hello = match &resuming {
             Some(s) => json!({"op": 6, "d": {
-                "token": self.token, "session_id": s.id, "seq": s.seq,
+                "token": self.token.expose(), "session_id": s.id, "seq": s.seq,
             }}),
             None => json!({"op": 2, "d": {
-                "token": self.token,
+                "token": self.token.expose(),
                 "intents": INTENTS,
                 "properties": {"os": std::env::consts::OS, "browser": "talaria", "device": "talaria"},
             }}),

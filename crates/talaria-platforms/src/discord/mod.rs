@@ -16,6 +16,7 @@ mod gateway;
 mod mapping;
 mod rest;
 
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -28,8 +29,8 @@ use talaria_adapter::{
     OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::Env;
-use talaria_core::config::DiscordConfig;
+use talaria_core::config::{DiscordConfig, secret_or_env};
+use talaria_core::{Env, Secret};
 
 use gateway::End;
 use rest::{Rest, RestError};
@@ -65,10 +66,10 @@ impl Default for DiscordTimings {
 }
 
 /// What the adapter needs to connect.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct DiscordSettings {
     /// The bot token from the Developer Portal. Never logged.
-    pub token: String,
+    pub token: Secret,
     /// The REST root, `https://discord.com/api/v10` unless testing.
     pub api_base: String,
     /// The gateway WebSocket URL; `None` asks `GET {api_base}/gateway/bot`.
@@ -76,18 +77,6 @@ pub struct DiscordSettings {
     /// In guild channels, submit only messages that mention the bot.
     pub require_mention: bool,
     pub timings: DiscordTimings,
-}
-
-impl fmt::Debug for DiscordSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DiscordSettings")
-            .field("token", &talaria_core::config::mask(&self.token))
-            .field("api_base", &self.api_base)
-            .field("gateway_url", &self.gateway_url)
-            .field("require_mention", &self.require_mention)
-            .field("timings", &self.timings)
-            .finish()
-    }
 }
 
 impl DiscordSettings {
@@ -98,17 +87,7 @@ impl DiscordSettings {
         if config.enabled == Some(false) {
             return None;
         }
-        let token = config
-            .token
-            .as_ref()
-            .map(|s| s.expose().trim().to_owned())
-            .filter(|t| !t.is_empty())
-            .or_else(|| {
-                env.get("DISCORD_BOT_TOKEN")
-                    .map(|t| t.trim().to_owned())
-                    .filter(|t| !t.is_empty())
-            });
-        let Some(token) = token else {
+        let Some(token) = secret_or_env(config.token.as_ref(), env, "DISCORD_BOT_TOKEN") else {
             if config.enabled == Some(true) {
                 tracing::warn!(
                     "platforms.discord.enabled is true but no token is set \
@@ -166,7 +145,7 @@ struct State {
 /// The Discord connector (see the module docs).
 pub struct DiscordAdapter {
     rest: Rest,
-    token: String,
+    token: Secret,
     gateway_url: Option<String>,
     require_mention: bool,
     timings: DiscordTimings,
@@ -186,13 +165,9 @@ impl fmt::Debug for DiscordAdapter {
 impl DiscordAdapter {
     /// Checks the settings and builds the HTTP client; does not connect.
     pub fn new(settings: DiscordSettings) -> Result<DiscordAdapter, DiscordError> {
-        let token = settings.token.trim().to_owned();
-        let token = token
-            .strip_prefix("Bot ")
-            .unwrap_or(&token)
-            .trim()
-            .to_owned();
-        if token.is_empty() || !token.chars().all(|c| c.is_ascii_graphic()) {
+        let given = settings.token.expose().trim();
+        let token = Secret::new(given.strip_prefix("Bot ").unwrap_or(given).trim());
+        if token.expose().is_empty() || !token.expose().chars().all(|c| c.is_ascii_graphic()) {
             return Err(DiscordError::BadToken);
         }
         let api_base = settings.api_base.trim().trim_end_matches('/').to_owned();
@@ -262,27 +237,12 @@ impl DiscordAdapter {
                 SEND_TIMEOUT,
             )
             .await;
-        let result = result.map_err(classify);
+        let result = result.map_err(RestError::classify);
         self.note_request(!matches!(
             result,
             Err(SendError::Transient(_) | SendError::Unavailable(_))
         ));
         result
-    }
-}
-
-/// Maps a failed request to what the gateway's ledger understands.
-fn classify(e: RestError) -> SendError {
-    match e {
-        RestError::Status { status, message } if (500..600).contains(&status) => {
-            SendError::Transient(format!("{status}: {message}"))
-        }
-        RestError::Status { status, message } => {
-            SendError::Rejected(format!("{status}: {message}"))
-        }
-        RestError::RateLimited(d) => SendError::RateLimited(d),
-        RestError::Connect(m) => SendError::Unavailable(m),
-        RestError::Timeout(m) | RestError::Other(m) => SendError::Ambiguous(m),
     }
 }
 
@@ -304,7 +264,7 @@ impl Adapter for DiscordAdapter {
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
-        Some(("discord-bot-token", self.token.clone()))
+        Some(("discord-bot-token", self.token.expose().to_owned()))
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
@@ -369,9 +329,27 @@ impl Adapter for DiscordAdapter {
     }
 }
 
+/// The registry's entry for Discord.
+pub const ENTRY: Platform = Platform {
+    name: "discord",
+    title: "Discord",
+    standalone: true,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) = DiscordSettings::from_config(&setup.config.platforms.discord, setup.env)
+    else {
+        return Ok(None);
+    };
+    let adapter = DiscordAdapter::new(settings).map_err(BuildError::set_up)?;
+    Ok(Some(Built::connected(adapter)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::Failure;
 
     fn settings(token: &str) -> DiscordSettings {
         DiscordSettings {
@@ -439,20 +417,26 @@ mod tests {
 
     #[test]
     fn errors_are_classified() {
-        let status = |s: u16| RestError::Status {
-            status: s,
-            message: "x".into(),
+        let failed = |failure| RestError::new(rest::DISCORD, failure);
+        let status = |s: u16| {
+            failed(Failure::Status {
+                status: s,
+                code: None,
+                message: "x".into(),
+                retry_after: None,
+            })
         };
+        let classify = RestError::classify;
         for s in [400, 401, 403, 404] {
             assert!(matches!(classify(status(s)), SendError::Rejected(_)), "{s}");
         }
         assert!(matches!(classify(status(502)), SendError::Transient(_)));
         assert!(matches!(
-            classify(RestError::Connect("refused".into())),
+            classify(failed(Failure::Connect("refused".into()))),
             SendError::Unavailable(_)
         ));
         assert!(matches!(
-            classify(RestError::Timeout("slow".into())),
+            classify(failed(Failure::Timeout("slow".into()))),
             SendError::Ambiguous(_)
         ));
     }

@@ -14,7 +14,10 @@ use std::time::Duration;
 use reqwest::Method;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
+use talaria_core::Secret;
 use tokio::time::Instant;
+
+use crate::http::{Failure, Http, HttpError, Service};
 
 /// Retries after a 429 before the caller hears about it.
 const MAX_RATE_LIMIT_RETRIES: u32 = 3;
@@ -22,45 +25,18 @@ const MAX_RATE_LIMIT_RETRIES: u32 = 3;
 /// Longer waits than this are not worth blocking a send for.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// What a failed request looked like.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum RestError {
-    /// Discord answered with an error status.
-    Status { status: u16, message: String },
-    /// Still rate limited after the retries, or asked to wait too long.
-    RateLimited(Duration),
-    /// No connection was made: nothing was sent.
-    Connect(String),
-    /// The request timed out after it left; it may have been processed.
-    Timeout(String),
-    /// Anything else after the request left.
-    Other(String),
-}
+/// How errors name Discord.
+pub(crate) const DISCORD: Service = Service {
+    name: "Discord",
+    request: "Discord request",
+    code_label: None,
+};
 
-impl std::fmt::Display for RestError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RestError::Status { status, message } => {
-                write!(f, "Discord answered {status}: {message}")
-            }
-            RestError::RateLimited(d) => write!(f, "Discord rate limit; retry after {d:?}"),
-            RestError::Connect(e) => write!(f, "cannot connect to Discord: {e}"),
-            RestError::Timeout(e) => write!(f, "Discord request timed out: {e}"),
-            RestError::Other(e) => write!(f, "Discord request failed: {e}"),
-        }
-    }
-}
+/// What a failed request looked like; a rate limit still in force after
+/// the retries (or asking too long a wait) is a 429 naming its wait.
+pub(crate) type RestError = HttpError;
 
-impl RestError {
-    pub(crate) fn status(&self) -> Option<u16> {
-        match self {
-            RestError::Status { status, .. } => Some(*status),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Limits {
     /// Route (method and path template) -> the bucket Discord named for it.
     buckets: HashMap<String, String>,
@@ -71,36 +47,26 @@ struct Limits {
 }
 
 /// A REST client bound to one bot token.
+#[derive(Debug)]
 pub(crate) struct Rest {
-    client: reqwest::Client,
+    http: Http,
     api_base: String,
-    auth: String,
+    /// `Bot <token>`, the `Authorization` header.
+    auth: Secret,
     limits: Mutex<Limits>,
 }
 
-impl std::fmt::Debug for Rest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rest")
-            .field("api_base", &self.api_base)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Rest {
-    pub(crate) fn new(api_base: &str, token: &str) -> Result<Rest, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .user_agent(concat!(
-                "DiscordBot (talaria, ",
-                env!("CARGO_PKG_VERSION"),
-                ")"
-            ))
-            .build()
-            .map_err(|e| e.without_url().to_string())?;
+    pub(crate) fn new(api_base: &str, token: &Secret) -> Result<Rest, String> {
+        let builder = reqwest::Client::builder().user_agent(concat!(
+            "DiscordBot (talaria, ",
+            env!("CARGO_PKG_VERSION"),
+            ")"
+        ));
         Ok(Rest {
-            client,
+            http: Http::with(DISCORD, builder)?.hiding(token, "<token>"),
             api_base: api_base.trim_end_matches('/').to_owned(),
-            auth: format!("Bot {token}"),
+            auth: Secret::new(format!("Bot {}", token.expose())),
             limits: Mutex::new(Limits::default()),
         })
     }
@@ -123,18 +89,18 @@ impl Rest {
         loop {
             self.wait_for_bucket(route, major).await?;
             let mut req = self
-                .client
+                .http
+                .client()
                 .request(method.clone(), format!("{}{path}", self.api_base))
-                .header(reqwest::header::AUTHORIZATION, &self.auth)
-                .timeout(timeout);
+                .header(reqwest::header::AUTHORIZATION, self.auth.expose());
             if let Some(b) = body {
                 req = req.json(b);
             }
-            let response = req.send().await.map_err(network_error)?;
-            let status = response.status().as_u16();
-            self.remember_limits(route, major, response.headers());
-            let headers = response.headers().clone();
-            let bytes = response.bytes().await.map_err(network_error)?;
+            let answer = self.http.send(req, timeout).await?;
+            let status = answer.status;
+            self.remember_limits(route, major, &answer.headers);
+            let headers = answer.headers;
+            let bytes = answer.body;
             let json: Option<Value> = serde_json::from_slice(&bytes).ok();
             if status == 429 {
                 let wait = retry_after(json.as_ref(), &headers);
@@ -150,7 +116,7 @@ impl Rest {
                     self.lock().global = Some(Instant::now() + wait);
                 }
                 if retries >= MAX_RATE_LIMIT_RETRIES || wait > MAX_WAIT {
-                    return Err(RestError::RateLimited(wait));
+                    return Err(self.rate_limited(wait));
                 }
                 retries += 1;
                 tracing::info!(route, ?wait, global, "Discord rate limit; waiting");
@@ -163,9 +129,9 @@ impl Rest {
                     None if bytes.is_empty() => Ok(Value::Null),
                     // A success with a garbled body may still mean the
                     // message went out: ambiguous, never transient.
-                    None => Err(RestError::Other(format!(
+                    None => Err(self.http.fail(Failure::Other(format!(
                         "HTTP {status} without a readable answer"
-                    ))),
+                    )))),
                 };
             }
             let message = json
@@ -174,8 +140,13 @@ impl Rest {
                 .and_then(Value::as_str)
                 .map(str::to_owned)
                 .unwrap_or_else(|| format!("HTTP {status}"));
-            return Err(RestError::Status { status, message });
+            return Err(self.http.refused(status, None, &message, None));
         }
+    }
+
+    /// A rate limit the caller hears about, with the wait it asks for.
+    fn rate_limited(&self, wait: Duration) -> RestError {
+        self.http.refused(429, None, "rate limited", Some(wait))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Limits> {
@@ -201,7 +172,7 @@ impl Rest {
         if let Some(until) = until {
             let wait = until.saturating_duration_since(Instant::now());
             if wait > MAX_WAIT {
-                return Err(RestError::RateLimited(wait));
+                return Err(self.rate_limited(wait));
             }
             if !wait.is_zero() {
                 tracing::debug!(route, ?wait, "Discord bucket exhausted; waiting");
@@ -253,28 +224,6 @@ fn retry_after(body: Option<&Value>, headers: &HeaderMap) -> Duration {
                 .and_then(seconds)
         })
         .unwrap_or(Duration::from_secs(1))
-}
-
-fn network_error(e: reqwest::Error) -> RestError {
-    let connect = e.is_connect();
-    let timeout = e.is_timeout();
-    // The token is in a header, not the URL; still, keep errors to one
-    // line without the URL.
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    if connect {
-        RestError::Connect(text)
-    } else if timeout {
-        RestError::Timeout(text)
-    } else {
-        RestError::Other(text)
-    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@
 mod imap;
 pub mod parse;
 
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -41,8 +42,8 @@ use talaria_adapter::{
     OutboundMessage, SendError, SentMessage, SessionSource,
 };
 use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
-use talaria_core::Env;
-use talaria_core::config::{EmailConfig, MailTls};
+use talaria_core::config::{EmailConfig, MailTls, text_or_env};
+use talaria_core::{Env, Secret};
 use talaria_store::CursorStore;
 
 use parse::{Inbound, Skip};
@@ -87,12 +88,12 @@ impl Endpoint {
 }
 
 /// What the adapter needs to connect.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct EmailSettings {
     /// The bot's address: the login on both servers and the `From`.
     pub address: String,
     /// Never logged.
-    pub password: String,
+    pub password: Secret,
     pub imap: Endpoint,
     pub smtp: Endpoint,
     /// The mailbox read for new mail.
@@ -104,21 +105,6 @@ pub struct EmailSettings {
     pub use_idle: bool,
     /// How long connecting, one IMAP command or one SMTP send may take.
     pub timeout: Duration,
-}
-
-impl fmt::Debug for EmailSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EmailSettings")
-            .field("address", &self.address)
-            .field("password", &talaria_core::config::mask(&self.password))
-            .field("imap", &self.imap)
-            .field("smtp", &self.smtp)
-            .field("mailbox", &self.mailbox)
-            .field("poll_interval", &self.poll_interval)
-            .field("use_idle", &self.use_idle)
-            .field("timeout", &self.timeout)
-            .finish()
-    }
 }
 
 /// `host` or `host:port` (`[v6]:port` too), with `default` for the port.
@@ -152,29 +138,16 @@ impl EmailSettings {
         if config.enabled == Some(false) {
             return None;
         }
-        let pick = |configured: Option<String>, var: &str| {
-            configured
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-                .or_else(|| {
-                    env.get(var)
-                        .map(|v| v.trim().to_owned())
-                        .filter(|v| !v.is_empty())
-                })
-        };
-        let address = pick(config.address.clone(), "EMAIL_ADDRESS");
+        let address = text_or_env(config.address.as_deref(), env, "EMAIL_ADDRESS");
+        // A password is taken as written: spaces at its ends may be part
+        // of it, so it is not trimmed like the other values.
         let password = config
             .password
-            .as_ref()
-            .map(|s| s.expose().to_owned())
-            .filter(|p| !p.is_empty())
-            .or_else(|| {
-                env.get("EMAIL_PASSWORD")
-                    .filter(|p| !p.is_empty())
-                    .map(str::to_owned)
-            });
-        let imap = pick(config.imap_host.clone(), "EMAIL_IMAP_HOST");
-        let smtp = pick(config.smtp_host.clone(), "EMAIL_SMTP_HOST");
+            .clone()
+            .filter(|p| !p.expose().is_empty())
+            .or_else(|| env.get("EMAIL_PASSWORD").map(Secret::new));
+        let imap = text_or_env(config.imap_host.as_deref(), env, "EMAIL_IMAP_HOST");
+        let smtp = text_or_env(config.smtp_host.as_deref(), env, "EMAIL_SMTP_HOST");
         let (Some(address), Some(password), Some(imap), Some(smtp)) =
             (address, password, imap, smtp)
         else {
@@ -447,7 +420,7 @@ impl EmailAdapter {
             .port(settings.smtp.port)
             .credentials(Credentials::new(
                 settings.address.trim().to_owned(),
-                settings.password.clone(),
+                settings.password.expose().to_owned(),
             ))
             .timeout(Some(settings.timeout))
             .build();
@@ -510,7 +483,10 @@ impl EmailAdapter {
                     endpoint.host, endpoint.port
                 )))
             })?;
-        let login = client.login(self.settings.address.trim(), &self.settings.password);
+        let login = client.login(
+            self.settings.address.trim(),
+            self.settings.password.expose(),
+        );
         match tokio::time::timeout(self.settings.timeout, login).await {
             Ok(Ok(session)) => Ok(session),
             Ok(Err((async_imap::error::Error::No(why), _))) => {
@@ -862,6 +838,23 @@ impl Adapter for EmailAdapter {
             Err(e) => Err(classify(&e)),
         }
     }
+}
+
+/// The registry's entry for e-mail.
+pub const ENTRY: Platform = Platform {
+    name: PLATFORM,
+    title: "e-mail",
+    standalone: true,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) = EmailSettings::from_config(&setup.config.platforms.email, setup.env)
+    else {
+        return Ok(None);
+    };
+    let adapter = EmailAdapter::new(settings, setup.cursors.clone()).map_err(BuildError::set_up)?;
+    Ok(Some(Built::connected(adapter)))
 }
 
 #[cfg(test)]

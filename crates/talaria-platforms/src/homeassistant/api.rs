@@ -2,7 +2,6 @@
 //! with a long-lived access token: what the tools read and call, and the
 //! persistent notifications that carry answers nobody waits for.
 
-use std::fmt;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -56,20 +55,11 @@ impl ApiError {
 }
 
 /// Home Assistant's REST API at one base URL, with one token.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct HassApi {
     http: reqwest::Client,
     base: String,
-    token: String,
-}
-
-impl fmt::Debug for HassApi {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HassApi")
-            .field("base", &self.base)
-            .field("token", &talaria_core::config::mask(&self.token))
-            .finish()
-    }
+    token: talaria_core::Secret,
 }
 
 impl HassApi {
@@ -98,7 +88,7 @@ impl HassApi {
         Ok(HassApi {
             http,
             base: base.to_owned(),
-            token: token.trim().to_owned(),
+            token: talaria_core::Secret::new(token.trim()),
         })
     }
 
@@ -119,7 +109,7 @@ impl HassApi {
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, ApiError> {
         let response = request
-            .bearer_auth(&self.token)
+            .bearer_auth(self.token.expose())
             .send()
             .await
             .map_err(|e| transport(&e))?;

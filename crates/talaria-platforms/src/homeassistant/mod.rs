@@ -36,6 +36,7 @@ mod api;
 mod server;
 mod waiting;
 
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,8 +48,8 @@ use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit};
-use talaria_core::Env;
-use talaria_core::config::HomeAssistantConfig;
+use talaria_core::config::{HomeAssistantConfig, secret_or_env, text_or_env};
+use talaria_core::{Env, Secret};
 
 use crate::ingress::{InboxSlot, Mount};
 pub use api::{ApiError, HassApi};
@@ -80,36 +81,22 @@ pub enum HomeAssistantError {
 
 /// How Home Assistant is used, resolved from `platforms.homeassistant` and
 /// the environment.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct HomeAssistantSettings {
     /// Home Assistant's root URL (`HASS_URL`), for the tools and for
     /// notifications.
     pub url: Option<String>,
     /// The long-lived access token (`HASS_TOKEN`). Never logged.
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     /// The bearer secret of the conversation endpoint
     /// (`HASS_CONVERSATION_TOKEN`); `None` serves no endpoint.
-    pub conversation_token: Option<String>,
+    pub conversation_token: Option<Secret>,
     /// `domain.service` patterns `ha_call_service` runs without asking.
     pub allowed_services: Vec<String>,
     /// How long a conversation request waits for its answer.
     pub reply_timeout: Duration,
     /// How long one REST request may take.
     pub request_timeout: Duration,
-}
-
-impl fmt::Debug for HomeAssistantSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let masked = |s: &Option<String>| s.as_deref().map(talaria_core::config::mask);
-        f.debug_struct("HomeAssistantSettings")
-            .field("url", &self.url)
-            .field("token", &masked(&self.token))
-            .field("conversation_token", &masked(&self.conversation_token))
-            .field("allowed_services", &self.allowed_services)
-            .field("reply_timeout", &self.reply_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .finish()
-    }
 }
 
 fn non_empty(s: Option<&str>) -> Option<String> {
@@ -127,8 +114,8 @@ impl HomeAssistantSettings {
     ) -> HomeAssistantSettings {
         HomeAssistantSettings {
             url: non_empty(url),
-            token: non_empty(token),
-            conversation_token: non_empty(conversation_token),
+            token: non_empty(token).map(Secret::new),
+            conversation_token: non_empty(conversation_token).map(Secret::new),
             allowed_services: Vec::new(),
             reply_timeout: Duration::from_secs(HomeAssistantConfig::default().reply_timeout_secs),
             request_timeout: REQUEST_TIMEOUT,
@@ -143,13 +130,12 @@ impl HomeAssistantSettings {
         if config.enabled == Some(false) {
             return None;
         }
-        let pick =
-            |value: Option<&str>, var: &str| non_empty(value).or_else(|| non_empty(env.get(var)));
         let settings = HomeAssistantSettings {
-            url: pick(config.url.as_deref(), "HASS_URL"),
-            token: pick(config.token.as_ref().map(|s| s.expose()), "HASS_TOKEN"),
-            conversation_token: pick(
-                config.conversation_token.as_ref().map(|s| s.expose()),
+            url: text_or_env(config.url.as_deref(), env, "HASS_URL"),
+            token: secret_or_env(config.token.as_ref(), env, "HASS_TOKEN"),
+            conversation_token: secret_or_env(
+                config.conversation_token.as_ref(),
+                env,
                 "HASS_CONVERSATION_TOKEN",
             ),
             allowed_services: config
@@ -175,7 +161,7 @@ impl HomeAssistantSettings {
 
     /// The URL and token, when both are set.
     fn api_credentials(&self) -> Option<(&str, &str)> {
-        Some((self.url.as_deref()?, self.token.as_deref()?))
+        Some((self.url.as_deref()?, self.token.as_ref()?.expose()))
     }
 
     /// The REST client, when `HASS_URL` and `HASS_TOKEN` are set.
@@ -357,6 +343,30 @@ impl Adapter for HomeAssistantAdapter {
             }
         }
     }
+}
+
+/// The registry's entry for Home Assistant.
+pub const ENTRY: Platform = Platform {
+    name: PLATFORM,
+    title: "Home Assistant",
+    standalone: true,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) =
+        HomeAssistantSettings::from_config(&setup.config.platforms.homeassistant, setup.env)
+    else {
+        return Ok(None);
+    };
+    let Some(adapter) = HomeAssistantAdapter::new(&settings).map_err(BuildError::set_up)? else {
+        return Ok(None);
+    };
+    let mount = adapter.mount();
+    Ok(Some(Built {
+        adapter: Arc::new(adapter),
+        mount: Some(mount),
+    }))
 }
 
 #[cfg(test)]

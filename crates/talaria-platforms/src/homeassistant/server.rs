@@ -61,7 +61,7 @@ const PENDING_SPEECH: &str = "I'm still working on that. The answer will appear 
 /// What the handlers share with the adapter.
 pub(crate) struct Shared {
     /// The conversation bearer secret. Never logged.
-    pub(crate) secret: String,
+    pub(crate) secret: talaria_core::Secret,
     pub(crate) reply_timeout: Duration,
     /// For notifications; `None` without `HASS_URL`/`HASS_TOKEN`.
     pub(crate) api: Option<HassApi>,
@@ -117,7 +117,7 @@ async fn health(State(state): State<Arc<RunState>>) -> Response {
 
 async fn converse(State(state): State<Arc<RunState>>, headers: HeaderMap, body: Body) -> Response {
     let shared = &state.shared;
-    if !authorized(&headers, &shared.secret) {
+    if !authorized(&headers, shared.secret.expose()) {
         tracing::info!("Home Assistant conversation request refused: bad or missing bearer");
         return refuse(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
     }

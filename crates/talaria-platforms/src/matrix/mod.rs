@@ -16,8 +16,11 @@
 mod api;
 mod format;
 mod mapping;
+mod membership;
+mod outbox;
 mod rooms;
 
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,10 +36,11 @@ use talaria_adapter::{
     SendError, SentMessage, SessionSource,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::Env;
-use talaria_core::config::MatrixConfig;
+use talaria_core::config::{MatrixConfig, secret_or_env, text_or_env};
+use talaria_core::{Env, Secret};
 use talaria_store::CursorStore;
 
+use crate::http::{Failure, HttpError};
 use api::{Api, ApiError, segment};
 use mapping::{Conversation, Me};
 use rooms::Rooms;
@@ -91,7 +95,7 @@ pub struct MatrixSettings {
     /// The client-server API root (`https://matrix.example.org`).
     pub homeserver: String,
     /// The bot account's access token. Never logged.
-    pub access_token: String,
+    pub access_token: Secret,
     /// The bot's user id; asked from the homeserver when `None`.
     pub user_id: Option<String>,
     /// In rooms with more than two members, submit only messages that
@@ -111,14 +115,13 @@ pub struct MatrixSettings {
     pub invite_policy: Option<AuthPolicy>,
 }
 
+// By hand only because the invite policy (the runner's rules) has no
+// `Debug`; the token is a `Secret`, masked either way.
 impl fmt::Debug for MatrixSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MatrixSettings")
             .field("homeserver", &self.homeserver)
-            .field(
-                "access_token",
-                &talaria_core::config::mask(&self.access_token),
-            )
+            .field("access_token", &self.access_token)
             .field("user_id", &self.user_id)
             .field("require_mention", &self.require_mention)
             .field("sync_timeout", &self.sync_timeout)
@@ -137,21 +140,8 @@ impl MatrixSettings {
         if config.enabled == Some(false) {
             return None;
         }
-        let pick = |configured: Option<String>, var: &str| {
-            configured
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-                .or_else(|| {
-                    env.get(var)
-                        .map(|v| v.trim().to_owned())
-                        .filter(|v| !v.is_empty())
-                })
-        };
-        let homeserver = pick(config.homeserver.clone(), "MATRIX_HOMESERVER");
-        let token = pick(
-            config.access_token.as_ref().map(|s| s.expose().to_owned()),
-            "MATRIX_ACCESS_TOKEN",
-        );
+        let homeserver = text_or_env(config.homeserver.as_deref(), env, "MATRIX_HOMESERVER");
+        let token = secret_or_env(config.access_token.as_ref(), env, "MATRIX_ACCESS_TOKEN");
         let (Some(homeserver), Some(access_token)) = (homeserver, token) else {
             if config.enabled == Some(true) {
                 tracing::warn!(
@@ -165,7 +155,7 @@ impl MatrixSettings {
         Some(MatrixSettings {
             homeserver,
             access_token,
-            user_id: pick(config.user_id.clone(), "MATRIX_USER_ID"),
+            user_id: text_or_env(config.user_id.as_deref(), env, "MATRIX_USER_ID"),
             require_mention: config.require_mention,
             sync_timeout: Duration::from_millis(config.sync_timeout_ms),
             retry_base: Duration::from_millis(500),
@@ -219,7 +209,7 @@ fn remember(set: &mut HashSet<String>, value: &str) {
 /// The Matrix connector (see the module docs).
 pub struct MatrixAdapter {
     api: Api,
-    token: String,
+    token: Secret,
     configured_user: Option<String>,
     require_mention: bool,
     sync_timeout: Duration,
@@ -270,9 +260,10 @@ impl MatrixAdapter {
         settings: MatrixSettings,
         cursors: Arc<dyn CursorStore>,
     ) -> Result<MatrixAdapter, MatrixError> {
-        let token = settings.access_token.trim().to_owned();
-        if token.is_empty()
+        let token = Secret::new(settings.access_token.expose().trim());
+        if token.expose().is_empty()
             || token
+                .expose()
                 .chars()
                 .any(|c| c.is_whitespace() || c.is_control() || !c.is_ascii())
         {
@@ -338,7 +329,7 @@ impl MatrixAdapter {
                 .ok_or_else(|| {
                     AdapterError::Disconnected("whoami answered without a user_id".into())
                 })?,
-            Err(e) if e.is_bad_token() => {
+            Err(e) if api::is_bad_token(&e) => {
                 return Err(AdapterError::Fatal(format!(
                     "the homeserver rejected the access token ({e}); check MATRIX_ACCESS_TOKEN"
                 )));
@@ -460,170 +451,6 @@ impl MatrixAdapter {
         }
     }
 
-    /// Whether `room_id` is a direct chat, asking the homeserver for its
-    /// member count when it is not known. `Err` is a failure worth a retry
-    /// of the whole batch (the homeserver is unreachable or busy): a guess
-    /// would drop the messages for good.
-    async fn room_is_dm(&self, room_id: &str, ctx: &AdapterContext) -> Result<bool, ApiError> {
-        if lock(&self.rooms).joined(room_id).is_some() {
-            return Ok(lock(&self.rooms).is_dm(room_id));
-        }
-        let path = format!("rooms/{}/joined_members", segment(room_id));
-        let answer = tokio::select! {
-            biased;
-            _ = ctx.shutdown.cancelled() => return Ok(lock(&self.rooms).is_dm(room_id)),
-            r = self.api.request::<Value>(Method::GET, &path, &[], None, REQUEST_TIMEOUT) => r,
-        };
-        let mut rooms = lock(&self.rooms);
-        match answer {
-            Ok(v) => match v.get("joined").and_then(Value::as_object) {
-                Some(members) => {
-                    rooms.set_joined(room_id, members.len() as u64);
-                }
-                None => {
-                    tracing::warn!(room = %room_id, "joined_members answered without a member list")
-                }
-            },
-            Err(e)
-                if matches!(&e, ApiError::Api { status, .. } if (400..500).contains(status))
-                    && !e.is_rate_limit()
-                    && !e.is_bad_token() =>
-            {
-                // Refused for good (the bot is no longer in the room, a
-                // server without the endpoint): decide without the count.
-                tracing::warn!(room = %room_id, "cannot ask the room's members: {e}");
-            }
-            Err(e) => return Err(e),
-        }
-        Ok(rooms.is_dm(room_id))
-    }
-
-    /// Reads the saved room record, once per process.
-    async fn load_rooms(&self, me: &Me) -> Result<(), AdapterError> {
-        let saved = self
-            .cursors
-            .cursor(PLATFORM, &Rooms::record_name(&me.user_id))
-            .await
-            .map_err(|e| {
-                AdapterError::Disconnected(format!("cannot read the saved Matrix rooms: {e}"))
-            })?;
-        if let Some(record) = saved {
-            lock(&self.rooms).load(&record);
-        }
-        Ok(())
-    }
-
-    /// Asks for the account's `m.direct` data, which a sync with a token
-    /// only carries when it changed. Best effort: the member counts decide
-    /// first anyway.
-    async fn load_account_direct(&self, me: &Me) {
-        let path = format!("user/{}/account_data/m.direct", segment(&me.user_id));
-        match self
-            .api
-            .request::<Value>(Method::GET, &path, &[], None, REQUEST_TIMEOUT)
-            .await
-        {
-            Ok(content) => lock(&self.rooms).set_account_direct(&content),
-            Err(ApiError::Api { status: 404, .. }) => {}
-            Err(e) => tracing::debug!("cannot read the account's m.direct data: {e}"),
-        }
-    }
-
-    /// Saves the room record when it changed.
-    async fn save_rooms(&self, me: &Me) {
-        let Some(record) = lock(&self.rooms).record() else {
-            return;
-        };
-        match self
-            .cursors
-            .set_cursor(PLATFORM, &Rooms::record_name(&me.user_id), &record)
-            .await
-        {
-            Ok(()) => lock(&self.rooms).saved(),
-            // Still dirty: the next batch tries again.
-            Err(e) => tracing::warn!("cannot save what is known of the Matrix rooms: {e}"),
-        }
-    }
-
-    /// Joins the rooms the bot was invited to by someone the runner would
-    /// let in (or who could pair, in a direct chat).
-    async fn accept_invites(&self, sync: &Value, me: &Me, ctx: &AdapterContext) {
-        let Some(invites) = sync.pointer("/rooms/invite").and_then(Value::as_object) else {
-            return;
-        };
-        for (room_id, room) in invites {
-            let invite = room
-                .pointer("/invite_state/events")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .find(|e| {
-                    e.get("type").and_then(Value::as_str) == Some("m.room.member")
-                        && e.get("state_key").and_then(Value::as_str) == Some(me.user_id.as_str())
-                });
-            let inviter = invite
-                .and_then(|e| e.get("sender"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let is_direct = invite
-                .and_then(|e| e.pointer("/content/is_direct"))
-                .and_then(Value::as_bool)
-                == Some(true);
-            if !self.may_invite(room_id, inviter, is_direct) {
-                tracing::info!(room = %room_id, inviter, "ignoring an invite from someone who may not use the bot");
-                continue;
-            }
-            let path = format!("join/{}", segment(room_id));
-            let empty = json!({});
-            let joined = tokio::select! {
-                biased;
-                _ = ctx.shutdown.cancelled() => return,
-                r = self.api.request::<Value>(Method::POST, &path, &[], Some(&empty), REQUEST_TIMEOUT) => r,
-            };
-            match joined {
-                Ok(_) => {
-                    tracing::info!(room = %room_id, inviter, "joined a room on invite");
-                    if is_direct {
-                        lock(&self.rooms).set_direct(room_id);
-                    }
-                }
-                Err(e) => tracing::warn!(room = %room_id, "cannot join the room: {e}"),
-            }
-        }
-    }
-
-    fn may_invite(&self, room_id: &str, inviter: &str, is_direct: bool) -> bool {
-        let Some(policy) = &self.invite_policy else {
-            return true;
-        };
-        if inviter.is_empty() {
-            return false;
-        }
-        let source = SessionSource {
-            platform: PLATFORM.to_owned(),
-            chat_id: room_id.to_owned(),
-            chat_name: None,
-            chat_type: if is_direct {
-                ChatType::Dm
-            } else {
-                ChatType::Group
-            },
-            user_id: Some(inviter.to_owned()),
-            user_name: None,
-            thread_id: None,
-            is_bot: false,
-        };
-        // A stranger who could pair must be able to reach the bot to get a
-        // code; the runner still decides about every message.
-        matches!(
-            policy.decide(&source, &CAPABILITIES, false),
-            Decision::Allow(_)
-                | Decision::Deny {
-                    offer_pairing: true
-                }
-        )
-    }
-
     /// Hands over the messages of one sync batch.
     async fn hand_over(&self, sync: &Value, me: &Me, ctx: &AdapterContext) -> HandOver {
         let Some(joined) = sync.pointer("/rooms/join").and_then(Value::as_object) else {
@@ -726,109 +553,6 @@ impl MatrixAdapter {
             tracing::warn!("cannot save the Matrix sync token: {e}");
         }
     }
-
-    /// The transaction id for a send of `message`.
-    ///
-    /// The same message gets the same id until a send of it succeeds, so
-    /// the ledger's retry of a send that timed out (and may have arrived)
-    /// is deduplicated by the homeserver. Once it succeeded, sending the
-    /// same text again is a new message and gets the next sequence number.
-    /// The per-process nonce keeps ids from an earlier run (whose
-    /// sequence numbers started over) from colliding; a reply recovered
-    /// after a crash carries the recovery line, so it is a new text anyway.
-    fn txn_for(&self, message: &OutboundMessage) -> (String, String) {
-        let mut h = Sha256::new();
-        for part in [
-            message.chat_id.as_str(),
-            message.thread_id.as_deref().unwrap_or(""),
-            message.reply_to.as_deref().unwrap_or(""),
-            message.text.as_str(),
-        ] {
-            h.update((part.len() as u64).to_be_bytes());
-            h.update(part.as_bytes());
-        }
-        let digest: String = h
-            .finalize()
-            .iter()
-            .take(12)
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let mut txns = lock(&self.txns);
-        if txns.len() >= MAX_REMEMBERED {
-            txns.retain(|_, (_, pending)| *pending);
-        }
-        let seq = match txns.get_mut(&digest) {
-            Some((seq, pending)) if *pending => *seq,
-            Some((seq, pending)) => {
-                *seq += 1;
-                *pending = true;
-                *seq
-            }
-            None => {
-                txns.insert(digest.clone(), (0, true));
-                0
-            }
-        };
-        (format!("talaria.{}.{digest}.{seq}", self.nonce), digest)
-    }
-
-    fn txn_done(&self, digest: &str) {
-        if let Some((_, pending)) = lock(&self.txns).get_mut(digest) {
-            *pending = false;
-        }
-    }
-
-    /// The content of a message event for `message`.
-    fn content(message: &OutboundMessage) -> Result<Value, SendError> {
-        let mut content = json!({
-            "msgtype": "m.text",
-            "body": message.text,
-            "format": "org.matrix.custom.html",
-            "formatted_body": format::to_html(&message.text),
-        });
-        match (&message.thread_id, &message.reply_to) {
-            (Some(root), reply) => {
-                content["m.relates_to"] = json!({
-                    "rel_type": "m.thread",
-                    "event_id": root,
-                    "is_falling_back": true,
-                    "m.in_reply_to": { "event_id": reply.as_deref().unwrap_or(root) },
-                });
-            }
-            (None, Some(reply)) => {
-                content["m.relates_to"] = json!({ "m.in_reply_to": { "event_id": reply } });
-            }
-            (None, None) => {}
-        }
-        if content.to_string().len() > MAX_CONTENT_BYTES {
-            if let Some(obj) = content.as_object_mut() {
-                obj.remove("format");
-                obj.remove("formatted_body");
-            }
-            let size = content.to_string().len();
-            if size > MAX_CONTENT_BYTES {
-                return Err(SendError::Rejected(format!(
-                    "the message is {size} bytes, more than a Matrix event can carry"
-                )));
-            }
-        }
-        Ok(content)
-    }
-
-    async fn own_user_id(&self) -> Result<String, SendError> {
-        if let Some(u) = self.user_id() {
-            return Ok(u);
-        }
-        let v: Value = self
-            .api
-            .request(Method::GET, "account/whoami", &[], None, REQUEST_TIMEOUT)
-            .await
-            .map_err(classify)?;
-        v.get("user_id")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| SendError::Transient("whoami answered without a user_id".into()))
-    }
 }
 
 fn is_user_id(s: &str) -> bool {
@@ -839,37 +563,22 @@ fn is_user_id(s: &str) -> bool {
         })
 }
 
-/// Maps a failed request to what the gateway's ledger understands.
+/// Maps a failed request to what the gateway's ledger understands: a
+/// refused token keeps the reply owed, and any other 4xx (a rate limit
+/// that outlasted the retries included) is final.
 fn classify(e: ApiError) -> SendError {
-    match e {
-        ApiError::Api {
-            status,
-            errcode,
-            message,
-            ..
-        } if status == 401 || matches!(errcode.as_str(), "M_UNKNOWN_TOKEN" | "M_MISSING_TOKEN") => {
-            // The account's token, not this message, is the problem: keep
-            // the reply owed until the operator fixes the token.
-            SendError::Unavailable(format!(
-                "the homeserver rejected the access token ({errcode}: {message})"
-            ))
-        }
-        ApiError::Api {
-            status,
-            errcode,
-            message,
-            ..
-        } if (400..500).contains(&status) => {
-            SendError::Rejected(format!("{status} {errcode}: {message}"))
-        }
-        ApiError::Api {
-            status,
-            errcode,
-            message,
-            ..
-        } => SendError::Transient(format!("{status} {errcode}: {message}")),
-        ApiError::Connect(m) => SendError::Unavailable(m),
-        ApiError::Timeout(m) | ApiError::Other(m) => SendError::Ambiguous(m),
+    if api::is_bad_token(&e) {
+        // The account's token, not this message, is the problem: keep the
+        // reply owed until the operator fixes the token.
+        return SendError::Unavailable(format!(
+            "the homeserver rejected the access token ({}: {})",
+            e.code().unwrap_or_default(),
+            e.message()
+        ));
+    }
+    match e.status() {
+        Some(400..=499) => SendError::Rejected(e.reason()),
+        _ => e.classify(),
     }
 }
 
@@ -884,7 +593,7 @@ impl Adapter for MatrixAdapter {
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
-        Some(("matrix-access-token", self.token.clone()))
+        Some(("matrix-access-token", self.token.expose().to_owned()))
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
@@ -967,9 +676,12 @@ impl Adapter for MatrixAdapter {
                             HandOver::Retry(e) => e,
                         }
                     }
-                    None => ApiError::Other("a sync answer without next_batch".into()),
+                    None => HttpError::new(
+                        api::HOMESERVER,
+                        Failure::Other("a sync answer without next_batch".into()),
+                    ),
                 },
-                Err(e) if e.is_bad_token() => {
+                Err(e) if api::is_bad_token(&e) => {
                     return Err(AdapterError::Fatal(format!(
                         "the homeserver rejected the access token ({e}); check MATRIX_ACCESS_TOKEN"
                     )));
@@ -1025,7 +737,7 @@ impl Adapter for MatrixAdapter {
                         message_id: event_id,
                     });
                 }
-                Err(e) if e.is_rate_limit() => {
+                Err(e) if api::is_rate_limit(&e) => {
                     let wait = e.retry_after().unwrap_or(Duration::from_secs(1));
                     if rate_retries >= MAX_RATE_LIMIT_RETRIES || wait > MAX_RETRY_AFTER {
                         return Err(SendError::RateLimited(wait));
@@ -1056,158 +768,23 @@ impl Adapter for MatrixAdapter {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The registry's entry for Matrix.
+pub const ENTRY: Platform = Platform {
+    name: PLATFORM,
+    title: "Matrix",
+    standalone: true,
+    build,
+};
 
-    struct NoCursors;
-    #[async_trait]
-    impl CursorStore for NoCursors {
-        async fn cursor(&self, _: &str, _: &str) -> talaria_store::Result<Option<String>> {
-            Ok(None)
-        }
-        async fn set_cursor(&self, _: &str, _: &str, _: &str) -> talaria_store::Result<()> {
-            Ok(())
-        }
-        async fn delete_cursor(&self, _: &str, _: &str) -> talaria_store::Result<bool> {
-            Ok(false)
-        }
-    }
-
-    fn settings(token: &str, homeserver: &str) -> MatrixSettings {
-        MatrixSettings {
-            homeserver: homeserver.into(),
-            access_token: token.into(),
-            user_id: None,
-            require_mention: true,
-            sync_timeout: Duration::from_secs(1),
-            retry_base: Duration::from_millis(10),
-            max_sync_failures: 3,
-            invite_policy: None,
-        }
-    }
-
-    fn adapter(token: &str, homeserver: &str) -> Result<MatrixAdapter, MatrixError> {
-        MatrixAdapter::new(settings(token, homeserver), Arc::new(NoCursors))
-    }
-
-    fn out(text: &str) -> OutboundMessage {
-        OutboundMessage {
-            chat_id: "!r:example.org".into(),
-            thread_id: None,
-            reply_to: Some("$e".into()),
-            text: text.into(),
-        }
-    }
-
-    #[test]
-    fn from_config_reads_config_then_environment() {
-        let empty = Env::from_pairs(Vec::<(String, String)>::new());
-        let env = Env::from_pairs([
-            ("MATRIX_HOMESERVER", "https://hs.example.org"),
-            ("MATRIX_ACCESS_TOKEN", "syt_env"),
-            ("MATRIX_USER_ID", "@bot:example.org"),
-        ]);
-        let mut cfg = MatrixConfig::default();
-        assert!(MatrixSettings::from_config(&cfg, &empty).is_none());
-        let s = MatrixSettings::from_config(&cfg, &env).unwrap();
-        assert_eq!(s.homeserver, "https://hs.example.org");
-        assert_eq!(s.access_token, "syt_env");
-        assert_eq!(s.user_id.as_deref(), Some("@bot:example.org"));
-        assert!(s.require_mention, "mentions are required by default");
-        assert_eq!(s.sync_timeout, Duration::from_secs(30));
-        cfg.access_token = Some(talaria_core::Secret::new("syt_cfg"));
-        cfg.homeserver = Some("http://127.0.0.1:8008".into());
-        let s = MatrixSettings::from_config(&cfg, &env).unwrap();
-        assert_eq!(s.access_token, "syt_cfg");
-        assert_eq!(s.homeserver, "http://127.0.0.1:8008");
-        cfg.enabled = Some(false);
-        assert!(MatrixSettings::from_config(&cfg, &env).is_none());
-    }
-
-    #[test]
-    fn new_validates_and_debug_hides_the_token() {
-        assert_eq!(adapter("", "http://x").err(), Some(MatrixError::BadToken));
-        assert_eq!(
-            adapter("a b", "http://x").err(),
-            Some(MatrixError::BadToken)
-        );
-        assert!(matches!(
-            adapter("syt_a", "ftp://x"),
-            Err(MatrixError::BadHomeserver(_))
-        ));
-        let mut s = settings("syt_a", "http://x");
-        s.user_id = Some("bot".into());
-        assert!(matches!(
-            MatrixAdapter::new(s, Arc::new(NoCursors)),
-            Err(MatrixError::BadUserId(_))
-        ));
-        let s = settings("syt_SECRETSECRETSECRET", "http://127.0.0.1:1");
-        assert!(!format!("{s:?}").contains("SECRETSECRET"));
-        let a = MatrixAdapter::new(s, Arc::new(NoCursors)).unwrap();
-        assert!(!format!("{a:?}").contains("SECRETSECRET"));
-    }
-
-    #[test]
-    fn a_retry_reuses_the_transaction_id_and_a_new_message_does_not() {
-        let a = adapter("syt_a", "http://x").unwrap();
-        let (first, digest) = a.txn_for(&out("hello"));
-        let (retry, _) = a.txn_for(&out("hello"));
-        assert_eq!(first, retry, "an unconfirmed send is retried under its id");
-        a.txn_done(&digest);
-        let (again, _) = a.txn_for(&out("hello"));
-        assert_ne!(
-            first, again,
-            "the same text after a success is a new message"
-        );
-        let (other, _) = a.txn_for(&out("hello!"));
-        assert_ne!(other, again);
-        let mut threaded = out("hello");
-        threaded.thread_id = Some("$root".into());
-        assert_ne!(a.txn_for(&threaded).0, again);
-        // Another process never reuses this one's ids.
-        let b = adapter("syt_a", "http://x").unwrap();
-        assert_ne!(b.txn_for(&out("hello")).0, first);
-    }
-
-    #[test]
-    fn content_carries_html_threads_and_replies() {
-        let c = MatrixAdapter::content(&out("**hi**")).unwrap();
-        assert_eq!(c["body"], "**hi**");
-        assert_eq!(c["formatted_body"], "<p><strong>hi</strong></p>");
-        assert_eq!(c["m.relates_to"]["m.in_reply_to"]["event_id"], "$e");
-        let mut m = out("x");
-        m.thread_id = Some("$root".into());
-        m.reply_to = None;
-        let c = MatrixAdapter::content(&m).unwrap();
-        assert_eq!(c["m.relates_to"]["rel_type"], "m.thread");
-        assert_eq!(c["m.relates_to"]["event_id"], "$root");
-        assert_eq!(c["m.relates_to"]["m.in_reply_to"]["event_id"], "$root");
-        // Too big with HTML: plain only; too big even so: refused.
-        let big = "€".repeat(MAX_MESSAGE_LEN);
-        let c = MatrixAdapter::content(&out(&big)).unwrap();
-        assert!(c.get("formatted_body").is_none());
-        let huge = "😀".repeat(MAX_MESSAGE_LEN * 2);
-        assert!(matches!(
-            MatrixAdapter::content(&out(&huge)),
-            Err(SendError::Rejected(_))
-        ));
-    }
-
-    #[tokio::test]
-    async fn connection_refused_is_unavailable_and_redacted() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let a = adapter(
-            "syt_SECRETSECRETSECRET",
-            &format!("http://127.0.0.1:{port}"),
-        )
-        .unwrap();
-        let err = a.send(&out("hi")).await.unwrap_err();
-        assert!(matches!(err, SendError::Unavailable(_)), "{err:?}");
-        assert!(!err.to_string().contains("SECRETSECRET"), "{err}");
-    }
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) = MatrixSettings::from_config(&setup.config.platforms.matrix, setup.env)
+    else {
+        return Ok(None);
+    };
+    let adapter =
+        MatrixAdapter::new(settings, setup.cursors.clone()).map_err(BuildError::set_up)?;
+    Ok(Some(Built::connected(adapter)))
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,66 +7,30 @@
 
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, HeaderMap, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use talaria_core::Secret;
+
+use crate::http::{Http, HttpError, Service, header_secs, retry_after as retry_after_header};
+
+/// How errors name the server.
+pub(crate) const MATTERMOST: Service = Service {
+    name: "Mattermost",
+    request: "Mattermost request",
+    code_label: None,
+};
 
 /// What a failed call looked like.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ApiError {
-    /// The server answered with an error status.
-    Status {
-        status: u16,
-        /// The server's `message` (or a short description of the body).
-        message: String,
-        /// Seconds to wait, from `Retry-After` or `X-Ratelimit-Reset`.
-        retry_after: Option<u64>,
-    },
-    /// No connection was made (refused, DNS): nothing was sent.
-    Connect(String),
-    /// The request timed out; it may have been processed.
-    Timeout(String),
-    /// Anything else after the request left (reset, unreadable body).
-    Other(String),
-}
-
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ApiError::Status {
-                status, message, ..
-            } => write!(f, "Mattermost answered {status}: {message}"),
-            ApiError::Connect(e) => write!(f, "cannot connect to Mattermost: {e}"),
-            ApiError::Timeout(e) => write!(f, "Mattermost request timed out: {e}"),
-            ApiError::Other(e) => write!(f, "Mattermost request failed: {e}"),
-        }
-    }
-}
-
-impl ApiError {
-    pub(crate) fn status(&self) -> Option<u16> {
-        match self {
-            ApiError::Status { status, .. } => Some(*status),
-            _ => None,
-        }
-    }
-}
+pub(crate) type ApiError = HttpError;
 
 /// A REST client bound to one server and token.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct Api {
-    client: reqwest::Client,
+    http: Http,
     base_url: String,
-    token: String,
-}
-
-impl std::fmt::Debug for Api {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Api")
-            .field("base_url", &self.base_url)
-            .finish_non_exhaustive()
-    }
+    token: Secret,
 }
 
 /// Mattermost's error body (`AppError`).
@@ -80,15 +44,11 @@ struct AppError {
 
 impl Api {
     /// `base_url` is the server root, without `/api/v4`.
-    pub(crate) fn new(base_url: &str, token: &str) -> Result<Api, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| e.without_url().to_string())?;
+    pub(crate) fn new(base_url: &str, token: &Secret) -> Result<Api, String> {
         Ok(Api {
-            client,
+            http: Http::new(MATTERMOST)?.hiding(token, "<token>"),
             base_url: base_url.trim_end_matches('/').to_owned(),
-            token: token.to_owned(),
+            token: token.clone(),
         })
     }
 
@@ -98,7 +58,7 @@ impl Api {
         path: &str,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let request = self.client.get(self.url(path));
+        let request = self.http.client().get(self.url(path));
         self.call(request, timeout).await
     }
 
@@ -109,7 +69,7 @@ impl Api {
         body: &Value,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let request = self.client.post(self.url(path)).json(body);
+        let request = self.http.client().post(self.url(path)).json(body);
         self.call(request, timeout).await
     }
 
@@ -122,69 +82,28 @@ impl Api {
         request: reqwest::RequestBuilder,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let response = request
-            .header(AUTHORIZATION, format!("Bearer {}", self.token))
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| self.network_error(e))?;
-        let status = response.status().as_u16();
-        let retry_after = retry_after(response.headers());
-        let body = response.bytes().await.map_err(|e| self.network_error(e))?;
-        if (200..300).contains(&status) {
-            // A success status with a garbled body may still mean the post
-            // was made: ambiguous, never retried as transient.
-            return serde_json::from_slice(&body).map_err(|e| {
-                ApiError::Other(format!("HTTP {status} with an unreadable body: {e}"))
-            });
+        let request = request.header(AUTHORIZATION, format!("Bearer {}", self.token.expose()));
+        let answer = self.http.send(request, timeout).await?;
+        if answer.is_success() {
+            return self.http.decode(&answer);
         }
-        let message = match serde_json::from_slice::<AppError>(&body) {
+        let status = answer.status;
+        let message = match serde_json::from_slice::<AppError>(&answer.body) {
             Ok(e) if !e.message.is_empty() && e.id.is_empty() => e.message,
             Ok(e) if !e.message.is_empty() => format!("{} ({})", e.message, e.id),
             _ => format!("HTTP {status}"),
         };
-        Err(ApiError::Status {
-            status,
-            message: self.redact(&message),
-            retry_after,
-        })
-    }
-
-    fn network_error(&self, e: reqwest::Error) -> ApiError {
-        let connect = e.is_connect();
-        let timeout = e.is_timeout();
-        let e = e.without_url();
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        let text = self.redact(&text);
-        if connect {
-            ApiError::Connect(text)
-        } else if timeout {
-            ApiError::Timeout(text)
-        } else {
-            ApiError::Other(text)
-        }
-    }
-
-    fn redact(&self, text: &str) -> String {
-        if self.token.is_empty() {
-            text.to_owned()
-        } else {
-            text.replace(&self.token, "<token>")
-        }
+        Err(self
+            .http
+            .refused(status, None, &message, retry_after(&answer.headers)))
     }
 }
 
 /// The wait a 429 asks for: `Retry-After`, else `X-Ratelimit-Reset`
 /// (Mattermost's: seconds until the quota resets), whichever is present.
-fn retry_after(headers: &HeaderMap) -> Option<u64> {
-    crate::net::header_secs(headers, RETRY_AFTER.as_str())
-        .or_else(|| crate::net::header_secs(headers, "x-ratelimit-reset"))
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    retry_after_header(headers)
+        .or_else(|| header_secs(headers, "x-ratelimit-reset").map(Duration::from_secs))
 }
 
 /// `GET /users/me`: the bot's own account.
@@ -219,17 +138,18 @@ pub(crate) struct Post {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
+    use reqwest::header::{HeaderValue, RETRY_AFTER};
 
     #[test]
     fn retry_hints() {
+        let secs = |h: &HeaderMap| retry_after(h).map(|d| d.as_secs());
         let mut h = HeaderMap::new();
-        assert_eq!(retry_after(&h), None);
+        assert_eq!(secs(&h), None);
         h.insert("x-ratelimit-reset", HeaderValue::from_static("3"));
-        assert_eq!(retry_after(&h), Some(3));
+        assert_eq!(secs(&h), Some(3));
         h.insert(RETRY_AFTER, HeaderValue::from_static("0.2"));
-        assert_eq!(retry_after(&h), Some(1));
+        assert_eq!(secs(&h), Some(1));
         h.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
-        assert_eq!(retry_after(&h), Some(3));
+        assert_eq!(secs(&h), Some(3));
     }
 }

@@ -23,7 +23,7 @@ mod api;
 mod format;
 mod mapping;
 
-use std::fmt;
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -35,8 +35,8 @@ use talaria_adapter::{
     SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::Env;
-use talaria_core::config::MattermostConfig;
+use talaria_core::config::{MattermostConfig, secret_or_env, text_or_env};
+use talaria_core::{Env, Secret};
 use tokio_tungstenite::tungstenite::Message;
 
 use api::{Api, ApiError, Post, User};
@@ -61,12 +61,12 @@ struct Resume {
 }
 
 /// What the adapter needs to connect.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct MattermostSettings {
     /// The server root, e.g. `https://chat.example.com`.
     pub url: String,
     /// A bot account's or a personal access token. Never logged.
-    pub token: String,
+    pub token: Secret,
     /// Outside direct messages, submit only posts that mention the bot or
     /// continue a thread it is in.
     pub require_mention: bool,
@@ -82,23 +82,9 @@ pub struct MattermostSettings {
     pub send_timeout: Duration,
 }
 
-impl fmt::Debug for MattermostSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MattermostSettings")
-            .field("url", &self.url)
-            .field("token", &talaria_core::config::mask(&self.token))
-            .field("require_mention", &self.require_mention)
-            .field("ping_interval", &self.ping_interval)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("rate_limit_retries", &self.rate_limit_retries)
-            .field("send_timeout", &self.send_timeout)
-            .finish()
-    }
-}
-
 impl MattermostSettings {
     /// Settings with the defaults for everything but the server and token.
-    pub fn new(url: impl Into<String>, token: impl Into<String>) -> MattermostSettings {
+    pub fn new(url: impl Into<String>, token: impl Into<Secret>) -> MattermostSettings {
         MattermostSettings {
             url: url.into(),
             token: token.into(),
@@ -121,17 +107,7 @@ impl MattermostSettings {
         if config.enabled == Some(false) {
             return None;
         }
-        let token = config
-            .token
-            .as_ref()
-            .map(|s| s.expose().trim().to_owned())
-            .filter(|t| !t.is_empty())
-            .or_else(|| {
-                env.get("MATTERMOST_TOKEN")
-                    .map(|t| t.trim().to_owned())
-                    .filter(|t| !t.is_empty())
-            });
-        let Some(token) = token else {
+        let Some(token) = secret_or_env(config.token.as_ref(), env, "MATTERMOST_TOKEN") else {
             if config.enabled == Some(true) {
                 tracing::warn!(
                     "platforms.mattermost.enabled is true but no token is set \
@@ -140,23 +116,10 @@ impl MattermostSettings {
             }
             return None;
         };
-        let url = config
-            .url
-            .as_deref()
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .or_else(|| env.get("MATTERMOST_URL").map(|u| u.trim().to_owned()))
-            .unwrap_or_default();
-        let require_mention = match env
-            .get("MATTERMOST_REQUIRE_MENTION")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            Some("1" | "true" | "yes" | "on") => true,
-            Some("0" | "false" | "no" | "off") => false,
-            _ => config.require_mention,
-        };
+        let url = text_or_env(config.url.as_deref(), env, "MATTERMOST_URL").unwrap_or_default();
+        let require_mention = env
+            .flag("MATTERMOST_REQUIRE_MENTION")
+            .unwrap_or(config.require_mention);
         Some(MattermostSettings {
             require_mention,
             ping_interval: Duration::from_secs(config.ping_interval_secs.max(1)),
@@ -183,9 +146,10 @@ pub enum MattermostError {
 }
 
 /// The Mattermost connector (see the module docs).
+#[derive(Debug)]
 pub struct MattermostAdapter {
     api: Api,
-    token: String,
+    token: Secret,
     /// `ws(s)://.../api/v4/websocket`.
     socket_url: String,
     require_mention: bool,
@@ -198,15 +162,6 @@ pub struct MattermostAdapter {
     threads: Mutex<BotThreads>,
 }
 
-impl fmt::Debug for MattermostAdapter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MattermostAdapter")
-            .field("api", &self.api)
-            .field("require_mention", &self.require_mention)
-            .finish_non_exhaustive()
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -214,8 +169,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl MattermostAdapter {
     /// Checks the settings and builds the HTTP client; does not connect.
     pub fn new(settings: MattermostSettings) -> Result<MattermostAdapter, MattermostError> {
-        let token = settings.token.trim().to_owned();
-        if token.is_empty() || !token.chars().all(|c| c.is_ascii_graphic()) {
+        let token = Secret::new(settings.token.expose().trim());
+        if token.expose().is_empty() || !token.expose().chars().all(|c| c.is_ascii_graphic()) {
             return Err(MattermostError::BadToken);
         }
         let url = settings.url.trim().trim_end_matches('/').to_owned();
@@ -400,13 +355,9 @@ impl MattermostAdapter {
                 .await
             {
                 Ok(p) => return Ok(p),
-                Err(ApiError::Status {
-                    status: 429,
-                    retry_after,
-                    ..
-                }) => {
-                    let wait = match retry_after {
-                        Some(s) if s > 0 => Duration::from_secs(s),
+                Err(e) if e.status() == Some(429) => {
+                    let wait = match e.retry_after() {
+                        Some(s) if !s.is_zero() => s,
                         _ => DEFAULT_RETRY_WAIT,
                     };
                     if retries >= self.rate_limit_retries || wait > MAX_RETRY_WAIT {
@@ -416,7 +367,7 @@ impl MattermostAdapter {
                     tracing::info!(?wait, "Mattermost rate limit; waiting");
                     tokio::time::sleep(wait).await;
                 }
-                Err(e) => return Err(classify(e)),
+                Err(e) => return Err(e.classify()),
             }
         }
     }
@@ -428,25 +379,6 @@ impl MattermostAdapter {
         self.get_me()
             .await
             .map_err(|e| SendError::Unavailable(e.to_string()))
-    }
-}
-
-/// Maps a failed call to what the gateway's ledger understands.
-fn classify(e: ApiError) -> SendError {
-    match e {
-        ApiError::Status {
-            status: 429,
-            retry_after,
-            ..
-        } => SendError::RateLimited(Duration::from_secs(retry_after.unwrap_or(1))),
-        ApiError::Status {
-            status, message, ..
-        } if status >= 500 => SendError::Transient(format!("{status}: {message}")),
-        ApiError::Status {
-            status, message, ..
-        } => SendError::Rejected(format!("{status}: {message}")),
-        ApiError::Connect(m) => SendError::Unavailable(m),
-        ApiError::Timeout(m) | ApiError::Other(m) => SendError::Ambiguous(m),
     }
 }
 
@@ -482,7 +414,7 @@ impl Adapter for MattermostAdapter {
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
-        Some(("mattermost-token", self.token.clone()))
+        Some(("mattermost-token", self.token.expose().to_owned()))
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
@@ -494,7 +426,7 @@ impl Adapter for MattermostAdapter {
         };
         let url = self.connect_url();
         let resuming = url.contains("connection_id=");
-        let auth = format!("Bearer {}", self.token);
+        let auth = format!("Bearer {}", self.token.expose());
         let headers = [("Authorization", auth.as_str())];
         let stream = tokio::select! {
             biased;
@@ -509,7 +441,7 @@ impl Adapter for MattermostAdapter {
         let challenge = json!({
             "seq": action_seq,
             "action": "authentication_challenge",
-            "data": { "token": self.token },
+            "data": { "token": self.token.expose() },
         });
         action_seq += 1;
         let mut first = vec![challenge];
@@ -619,13 +551,32 @@ impl Adapter for MattermostAdapter {
             )
             .await
             .map(|_| ())
-            .map_err(classify)
+            .map_err(ApiError::classify)
     }
+}
+
+/// The registry's entry for Mattermost.
+pub const ENTRY: Platform = Platform {
+    name: "mattermost",
+    title: "Mattermost",
+    standalone: true,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) =
+        MattermostSettings::from_config(&setup.config.platforms.mattermost, setup.env)
+    else {
+        return Ok(None);
+    };
+    let adapter = MattermostAdapter::new(settings).map_err(BuildError::set_up)?;
+    Ok(Some(Built::connected(adapter)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::{Failure, HttpError};
 
     #[test]
     fn from_config_reads_url_token_and_mention() {
@@ -645,7 +596,7 @@ mod tests {
         cfg.url = Some("http://127.0.0.1:8065".into());
         let s = MattermostSettings::from_config(&cfg, &env).unwrap();
         assert_eq!(
-            (s.token.as_str(), s.url.as_str()),
+            (s.token.expose(), s.url.as_str()),
             ("cfgtoken", "http://127.0.0.1:8065")
         );
         let off = Env::from_pairs([("MATTERMOST_REQUIRE_MENTION", "false")]);
@@ -691,22 +642,35 @@ mod tests {
 
     #[test]
     fn errors_are_classified() {
-        let status = |status| ApiError::Status {
-            status,
-            message: "m".into(),
-            retry_after: None,
+        let status = |status| {
+            HttpError::new(
+                api::MATTERMOST,
+                Failure::Status {
+                    status,
+                    code: None,
+                    message: "m".into(),
+                    retry_after: None,
+                },
+            )
         };
+        let classify = HttpError::classify;
         for s in [400, 401, 403, 404, 413] {
             assert!(matches!(classify(status(s)), SendError::Rejected(_)), "{s}");
         }
         assert!(matches!(classify(status(502)), SendError::Transient(_)));
         assert!(matches!(classify(status(429)), SendError::RateLimited(_)));
         assert!(matches!(
-            classify(ApiError::Connect("x".into())),
+            classify(HttpError::new(
+                api::MATTERMOST,
+                Failure::Connect("x".into())
+            )),
             SendError::Unavailable(_)
         ));
         assert!(matches!(
-            classify(ApiError::Timeout("x".into())),
+            classify(HttpError::new(
+                api::MATTERMOST,
+                Failure::Timeout("x".into())
+            )),
             SendError::Ambiguous(_)
         ));
         assert_eq!(url_escape("ab-9_~"), "ab-9_~");

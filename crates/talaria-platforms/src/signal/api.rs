@@ -8,74 +8,33 @@
 
 use std::time::Duration;
 
-use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::http::{Http, HttpError, Service};
+
+/// How errors name the server.
+pub(crate) const SIGNAL: Service = Service {
+    name: "the Signal REST API",
+    request: "a Signal REST API request",
+    code_label: None,
+};
+
 /// What a failed call looked like.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ApiError {
-    /// The server answered with an error status.
-    Status {
-        status: u16,
-        /// The server's `error` text (or a short description of the body).
-        message: String,
-        /// Seconds to wait, from `Retry-After`.
-        retry_after: Option<u64>,
-    },
-    /// No connection was made (refused, DNS): nothing was sent.
-    Connect(String),
-    /// The request timed out; it may have been processed.
-    Timeout(String),
-    /// Anything else after the request left (reset, unreadable body).
-    Other(String),
-}
+pub(crate) type ApiError = HttpError;
 
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ApiError::Status {
-                status, message, ..
-            } => write!(f, "the Signal REST API answered {status}: {message}"),
-            ApiError::Connect(e) => write!(f, "cannot connect to the Signal REST API: {e}"),
-            ApiError::Timeout(e) => write!(f, "a Signal REST API request timed out: {e}"),
-            ApiError::Other(e) => write!(f, "a Signal REST API request failed: {e}"),
-        }
-    }
-}
-
-impl ApiError {
-    pub(crate) fn status(&self) -> Option<u16> {
-        match self {
-            ApiError::Status { status, .. } => Some(*status),
-            _ => None,
-        }
-    }
-
-    /// The server's error text, lower-cased, for the checks that can only
-    /// go by it (signal-cli reports most failures as a 400 with a text).
-    pub(crate) fn text(&self) -> String {
-        match self {
-            ApiError::Status { message, .. } => message.to_lowercase(),
-            _ => String::new(),
-        }
-    }
+/// The server's error text, lower-cased, for the checks that can only go
+/// by it (signal-cli reports most failures as a 400 with a text).
+pub(crate) fn error_text(e: &ApiError) -> String {
+    e.message().to_lowercase()
 }
 
 /// A client bound to one server.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct Api {
-    client: reqwest::Client,
+    http: Http,
     base_url: String,
-}
-
-impl std::fmt::Debug for Api {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Api")
-            .field("base_url", &self.base_url)
-            .finish_non_exhaustive()
-    }
 }
 
 /// The error body every endpoint uses: `{"error": "..."}`.
@@ -107,12 +66,8 @@ pub(crate) struct SendResponse {
 impl Api {
     /// `base_url` is the server root.
     pub(crate) fn new(base_url: &str) -> Result<Api, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| e.without_url().to_string())?;
         Ok(Api {
-            client,
+            http: Http::new(SIGNAL)?,
             base_url: base_url.trim_end_matches('/').to_owned(),
         })
     }
@@ -123,7 +78,7 @@ impl Api {
         path: &str,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let request = self.client.get(self.url(path));
+        let request = self.http.client().get(self.url(path));
         self.call(request, timeout).await
     }
 
@@ -134,7 +89,7 @@ impl Api {
         body: &Value,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let request = self.client.post(self.url(path)).json(body);
+        let request = self.http.client().post(self.url(path)).json(body);
         self.call(request, timeout).await
     }
 
@@ -145,7 +100,7 @@ impl Api {
         body: &Value,
         timeout: Duration,
     ) -> Result<(), ApiError> {
-        let request = self.client.put(self.url(path)).json(body);
+        let request = self.http.client().put(self.url(path)).json(body);
         self.call::<Value>(request, timeout).await.map(|_| ())
     }
 
@@ -158,56 +113,22 @@ impl Api {
         request: reqwest::RequestBuilder,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let response = request
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(network_error)?;
-        let status = response.status().as_u16();
-        let retry_after = retry_after(response.headers());
-        let body = response.bytes().await.map_err(network_error)?;
-        if (200..300).contains(&status) {
+        let mut answer = self.http.send(request, timeout).await?;
+        let status = answer.status;
+        if answer.is_success() {
             // 204 and empty 201s carry no body: read them as `null`.
-            let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
-                b"null"
-            } else {
-                &body
-            };
-            // A success status with a garbled body may still mean the
-            // message went out: ambiguous, never retried as transient.
-            return serde_json::from_slice(body).map_err(|e| {
-                ApiError::Other(format!("HTTP {status} with an unreadable body: {e}"))
-            });
+            if answer.body.iter().all(u8::is_ascii_whitespace) {
+                answer.body = bytes::Bytes::from_static(b"null");
+            }
+            return self.http.decode(&answer);
         }
-        let message = match serde_json::from_slice::<ErrorBody>(&body) {
+        let message = match serde_json::from_slice::<ErrorBody>(&answer.body) {
             Ok(e) if !e.error.trim().is_empty() => clip(e.error.trim()),
             _ => format!("HTTP {status}"),
         };
-        Err(ApiError::Status {
-            status,
-            message,
-            retry_after,
-        })
-    }
-}
-
-fn network_error(e: reqwest::Error) -> ApiError {
-    let connect = e.is_connect();
-    let timeout = e.is_timeout();
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    if connect {
-        ApiError::Connect(text)
-    } else if timeout {
-        ApiError::Timeout(text)
-    } else {
-        ApiError::Other(text)
+        Err(self
+            .http
+            .refused(status, None, &message, answer.retry_after()))
     }
 }
 
@@ -219,12 +140,6 @@ fn clip(text: &str) -> String {
         out.push('…');
     }
     out
-}
-
-/// The wait a 429 asks for, from `Retry-After` (whole or fractional
-/// seconds, rounded up).
-fn retry_after(headers: &HeaderMap) -> Option<u64> {
-    crate::net::header_secs(headers, RETRY_AFTER.as_str())
 }
 
 /// Percent-encodes one path segment (an account number keeps its `+`,
@@ -244,16 +159,18 @@ pub(crate) fn path_segment(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
+    use crate::http::retry_after;
+    use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
     #[test]
     fn retry_hints_and_paths() {
+        let secs = |h: &HeaderMap| retry_after(h).map(|d| d.as_secs());
         let mut h = HeaderMap::new();
-        assert_eq!(retry_after(&h), None);
+        assert_eq!(secs(&h), None);
         h.insert(RETRY_AFTER, HeaderValue::from_static("0.2"));
-        assert_eq!(retry_after(&h), Some(1));
+        assert_eq!(secs(&h), Some(1));
         h.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
-        assert_eq!(retry_after(&h), None);
+        assert_eq!(secs(&h), None);
         assert_eq!(path_segment("+4915112345678"), "+4915112345678");
         assert_eq!(path_segment("a b/c"), "a%20b%2Fc");
     }

@@ -32,6 +32,7 @@ mod api;
 mod format;
 mod mapping;
 
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::fmt;
 use std::time::Duration;
 
@@ -44,8 +45,8 @@ use talaria_adapter::{
 };
 use talaria_adapter::{Capabilities, LengthUnit};
 use talaria_core::Env;
-use talaria_core::config::SignalConfig;
 pub use talaria_core::config::SignalReceiveMode;
+use talaria_core::config::{SignalConfig, text_or_env};
 use tokio_tungstenite::tungstenite::Message;
 
 use api::{About, Api, ApiError, SendResponse, path_segment};
@@ -124,19 +125,8 @@ impl SignalSettings {
         if config.enabled == Some(false) {
             return None;
         }
-        let pick = |configured: Option<&str>, var: &str| {
-            configured
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-                .map(str::to_owned)
-                .or_else(|| {
-                    env.get(var)
-                        .map(|v| v.trim().to_owned())
-                        .filter(|v| !v.is_empty())
-                })
-        };
-        let url = pick(config.http_url.as_deref(), "SIGNAL_HTTP_URL");
-        let account = pick(config.account.as_deref(), "SIGNAL_ACCOUNT");
+        let url = text_or_env(config.http_url.as_deref(), env, "SIGNAL_HTTP_URL");
+        let account = text_or_env(config.account.as_deref(), env, "SIGNAL_ACCOUNT");
         let (Some(url), Some(account)) = (url, account) else {
             if config.enabled == Some(true) {
                 tracing::warn!(
@@ -147,15 +137,9 @@ impl SignalSettings {
             }
             return None;
         };
-        let require_mention = match env
-            .get("SIGNAL_REQUIRE_MENTION")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            Some("1" | "true" | "yes" | "on") => true,
-            Some("0" | "false" | "no" | "off") => false,
-            _ => config.require_mention,
-        };
+        let require_mention = env
+            .flag("SIGNAL_REQUIRE_MENTION")
+            .unwrap_or(config.require_mention);
         let allowed_users = ["SIGNAL_ALLOWED_USERS", "GATEWAY_ALLOWED_USERS"]
             .iter()
             .filter_map(|k| env.get(k))
@@ -443,7 +427,7 @@ impl SignalAdapter {
             };
             let items = match items {
                 Ok(items) => items,
-                Err(e) if e.text().contains("not registered") => {
+                Err(e) if api::error_text(&e).contains("not registered") => {
                     return Err(AdapterError::Fatal(format!(
                         "{e}; register or link {} on the Signal REST API",
                         self.me.account
@@ -505,10 +489,10 @@ impl SignalAdapter {
 /// The wait a rate-limited call asks for: a 429 with its `Retry-After`,
 /// or the 400 signal-cli gives when the Signal servers limited it.
 fn rate_limit_wait(e: &ApiError) -> Option<Duration> {
-    let limited = match e {
-        ApiError::Status { status: 429, .. } => true,
-        ApiError::Status { status: 400, .. } => {
-            let text = e.text();
+    let limited = match e.status() {
+        Some(429) => true,
+        Some(400) => {
+            let text = api::error_text(e);
             text.contains("ratelimit") || text.contains("rate limit")
         }
         _ => false,
@@ -516,31 +500,19 @@ fn rate_limit_wait(e: &ApiError) -> Option<Duration> {
     if !limited {
         return None;
     }
-    Some(match e {
-        ApiError::Status {
-            retry_after: Some(s),
-            ..
-        } if *s > 0 => Duration::from_secs(*s),
+    Some(match e.retry_after() {
+        Some(wait) if !wait.is_zero() => wait,
         _ => DEFAULT_RETRY_WAIT,
     })
 }
 
 /// Maps a failed call to what the gateway's ledger understands.
 fn classify(e: ApiError) -> SendError {
-    if let Some(wait) = rate_limit_wait(&e) {
-        return SendError::RateLimited(wait);
-    }
-    match e {
-        ApiError::Status {
-            status, message, ..
-        } if status >= 500 => SendError::Transient(format!("{status}: {message}")),
-        // Unknown or unregistered recipients, a group the account left,
-        // an account the server does not hold: retrying cannot help.
-        ApiError::Status {
-            status, message, ..
-        } => SendError::Rejected(format!("{status}: {message}")),
-        ApiError::Connect(m) => SendError::Unavailable(m),
-        ApiError::Timeout(m) | ApiError::Other(m) => SendError::Ambiguous(m),
+    // Unknown or unregistered recipients, a group the account left, an
+    // account the server does not hold: the default's "rejected".
+    match rate_limit_wait(&e) {
+        Some(wait) => SendError::RateLimited(wait),
+        None => e.classify(),
     }
 }
 
@@ -617,9 +589,27 @@ impl Adapter for SignalAdapter {
     }
 }
 
+/// The registry's entry for Signal.
+pub const ENTRY: Platform = Platform {
+    name: "signal",
+    title: "Signal",
+    standalone: true,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) = SignalSettings::from_config(&setup.config.platforms.signal, setup.env)
+    else {
+        return Ok(None);
+    };
+    let adapter = SignalAdapter::new(settings).map_err(BuildError::set_up)?;
+    Ok(Some(Built::connected(adapter)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::{Failure, HttpError};
 
     #[test]
     fn from_config_reads_server_account_and_lists() {
@@ -688,10 +678,14 @@ mod tests {
 
     #[test]
     fn errors_are_classified() {
-        let status = |status, message: &str| ApiError::Status {
-            status,
-            message: message.into(),
-            retry_after: None,
+        let failed = |failure| HttpError::new(api::SIGNAL, failure);
+        let status = |status, message: &str| {
+            failed(Failure::Status {
+                status,
+                code: None,
+                message: message.into(),
+                retry_after: None,
+            })
         };
         assert!(matches!(
             classify(status(400, "Failed to send message: Unregistered user")),
@@ -711,18 +705,19 @@ mod tests {
             SendError::RateLimited(_)
         ));
         assert!(matches!(
-            classify(ApiError::Connect("x".into())),
+            classify(failed(Failure::Connect("x".into()))),
             SendError::Unavailable(_)
         ));
         assert!(matches!(
-            classify(ApiError::Timeout("x".into())),
+            classify(failed(Failure::Timeout("x".into()))),
             SendError::Ambiguous(_)
         ));
-        let hinted = ApiError::Status {
+        let hinted = failed(Failure::Status {
             status: 429,
+            code: None,
             message: "slow down".into(),
-            retry_after: Some(7),
-        };
+            retry_after: Some(Duration::from_secs(7)),
+        });
         assert_eq!(rate_limit_wait(&hinted), Some(Duration::from_secs(7)));
     }
 }

@@ -9,174 +9,102 @@
 use std::time::Duration;
 
 use serde_json::Value;
+use talaria_core::Secret;
 
-/// What a failed call looked like.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ApiError {
-    /// Slack answered `ok: false` with this error code.
-    Slack {
-        error: String,
-        /// `Retry-After`, when Slack sent one.
-        retry_after: Option<u64>,
-    },
-    /// HTTP 429, with `Retry-After` seconds when given.
-    RateLimited(Option<u64>),
-    /// Any other non-success status without a Slack answer in the body.
-    Status(u16),
-    /// No connection was made (refused, DNS): nothing was sent.
-    Connect(String),
-    /// The request timed out; it may have been processed.
-    Timeout(String),
-    /// Anything else after the request left (reset, unreadable body).
-    Other(String),
-}
+use crate::http::{Http, HttpError, Service};
 
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ApiError::Slack { error, .. } => write!(f, "Slack answered {error}"),
-            ApiError::RateLimited(Some(s)) => write!(f, "Slack rate limit (retry after {s} s)"),
-            ApiError::RateLimited(None) => write!(f, "Slack rate limit"),
-            ApiError::Status(s) => write!(f, "Slack answered HTTP {s}"),
-            ApiError::Connect(e) => write!(f, "cannot connect to Slack: {e}"),
-            ApiError::Timeout(e) => write!(f, "Slack request timed out: {e}"),
-            ApiError::Other(e) => write!(f, "Slack request failed: {e}"),
-        }
-    }
-}
+/// How errors name Slack.
+pub(crate) const SLACK: Service = Service {
+    name: "Slack",
+    request: "Slack request",
+    code_label: None,
+};
 
-impl ApiError {
-    /// The Slack error code, for `ok: false` answers.
-    pub(crate) fn code(&self) -> Option<&str> {
-        match self {
-            ApiError::Slack { error, .. } => Some(error),
-            _ => None,
-        }
-    }
+/// What a failed call looked like: Slack's `ok: false` answers carry its
+/// error code (`channel_not_found`); a 429 or another status without a
+/// Slack answer carries none.
+pub(crate) type ApiError = HttpError;
 
-    /// Whether the token itself was refused: reconnecting cannot help.
-    pub(crate) fn is_auth(&self) -> bool {
-        matches!(
-            self.code(),
-            Some(
-                "invalid_auth"
-                    | "not_authed"
-                    | "account_inactive"
-                    | "token_revoked"
-                    | "token_expired"
-                    | "not_allowed_token_type"
-                    | "missing_scope"
-            )
+/// Whether the token itself was refused: reconnecting cannot help.
+pub(crate) fn is_auth(e: &ApiError) -> bool {
+    matches!(
+        e.code(),
+        Some(
+            "invalid_auth"
+                | "not_authed"
+                | "account_inactive"
+                | "token_revoked"
+                | "token_expired"
+                | "not_allowed_token_type"
+                | "missing_scope"
         )
-    }
+    )
+}
 
-    /// Seconds Slack asked us to wait, when this is a rate limit.
-    pub(crate) fn rate_limit(&self) -> Option<Option<u64>> {
-        match self {
-            ApiError::RateLimited(after) => Some(*after),
-            ApiError::Slack { error, retry_after } if error == "ratelimited" => Some(*retry_after),
-            _ => None,
-        }
-    }
+/// The wait Slack asked for (when it named one), when this is a rate
+/// limit: a 429, or an `ok: false` answer saying `ratelimited`.
+pub(crate) fn rate_limit(e: &ApiError) -> Option<Option<Duration>> {
+    (e.status() == Some(429) || e.code() == Some("ratelimited")).then(|| e.retry_after())
 }
 
 /// A Web API client; the token is given per call, since Socket Mode and
 /// the Web API use different ones.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct Api {
-    client: reqwest::Client,
+    http: Http,
     base: String,
-}
-
-impl std::fmt::Debug for Api {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Api").field("base", &self.base).finish()
-    }
 }
 
 impl Api {
     pub(crate) fn new(base: &str) -> Result<Api, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| e.without_url().to_string())?;
         Ok(Api {
-            client,
+            http: Http::new(SLACK)?,
             base: base.trim_end_matches('/').to_owned(),
         })
     }
 
     /// Calls `method` with a JSON body and returns the whole answer object
-    /// (Slack puts results at the top level, beside `ok`).
+    /// (Slack puts results at the top level, beside `ok`). Tokens travel
+    /// only in the `Authorization` header, so no error text can carry one.
     pub(crate) async fn call(
         &self,
         method: &str,
-        token: &str,
+        token: &Secret,
         params: &Value,
         timeout: Duration,
     ) -> Result<Value, ApiError> {
         let url = format!("{}/{method}", self.base);
-        let response = self
-            .client
+        let request = self
+            .http
+            .client()
             .post(url)
-            .bearer_auth(token)
-            .json(params)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(network_error)?;
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let body = response.bytes().await.map_err(network_error)?;
+            .bearer_auth(token.expose())
+            .json(params);
+        let answer = self.http.send(request, timeout).await?;
+        let status = answer.status;
+        let retry_after = answer.retry_after();
         if status == 429 {
-            return Err(ApiError::RateLimited(retry_after));
+            return Err(self.http.refused(status, None, "", retry_after));
         }
-        let answer: Value = match serde_json::from_slice(&body) {
+        let body: Value = match serde_json::from_slice(&answer.body) {
             Ok(v @ Value::Object(_)) => v,
             // A success status with a garbled body may still mean the
             // message went out: ambiguous, never retried as transient.
-            _ if (200..300).contains(&status) => {
-                return Err(ApiError::Other(format!(
+            _ if answer.is_success() => {
+                return Err(self.http.fail(crate::http::Failure::Other(format!(
                     "HTTP {status} without a readable Slack answer"
-                )));
+                ))));
             }
-            _ => return Err(ApiError::Status(status)),
+            _ => return Err(self.http.refused(status, None, "", None)),
         };
-        if answer.get("ok").and_then(Value::as_bool) == Some(true) {
-            return Ok(answer);
+        if body.get("ok").and_then(Value::as_bool) == Some(true) {
+            return Ok(body);
         }
-        if !(200..300).contains(&status) && answer.get("error").is_none() {
-            return Err(ApiError::Status(status));
+        let error = body.get("error").and_then(Value::as_str);
+        if !answer.is_success() && error.is_none() {
+            return Err(self.http.refused(status, None, "", None));
         }
-        let error = answer
-            .get("error")
-            .and_then(Value::as_str)
-            .unwrap_or("unknown_error")
-            .to_owned();
-        Err(ApiError::Slack { error, retry_after })
-    }
-}
-
-fn network_error(e: reqwest::Error) -> ApiError {
-    let connect = e.is_connect();
-    let timeout = e.is_timeout();
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    if connect {
-        ApiError::Connect(text)
-    } else if timeout {
-        ApiError::Timeout(text)
-    } else {
-        ApiError::Other(text)
+        let error = error.unwrap_or("unknown_error").to_owned();
+        Err(self.http.refused(status, Some(error), "", retry_after))
     }
 }

@@ -17,8 +17,8 @@ mod api;
 mod format;
 mod mapping;
 
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,8 @@ use talaria_adapter::{
     SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::Env;
-use talaria_core::config::{SlackConfig, mask};
+use talaria_core::config::{SlackConfig, secret_or_env};
+use talaria_core::{Env, Secret};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::ws;
@@ -63,12 +63,12 @@ const SEEN_CAPACITY: usize = 4096;
 const WORKING_CAPACITY: usize = 1024;
 
 /// What the adapter needs to connect.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct SlackSettings {
     /// The bot token (`xoxb-...`) for the Web API. Never logged.
-    pub bot_token: String,
+    pub bot_token: Secret,
     /// The app-level token (`xapp-...`) for Socket Mode. Never logged.
-    pub app_token: String,
+    pub app_token: Secret,
     /// The Web API root; requests go to `{api_base}/{method}`.
     pub api_base: String,
     /// In channels and group DMs, submit only messages that mention the bot.
@@ -82,20 +82,6 @@ pub struct SlackSettings {
     pub ping_timeout: Duration,
 }
 
-impl fmt::Debug for SlackSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlackSettings")
-            .field("bot_token", &mask(&self.bot_token))
-            .field("app_token", &mask(&self.app_token))
-            .field("api_base", &self.api_base)
-            .field("require_mention", &self.require_mention)
-            .field("working_reaction", &self.working_reaction)
-            .field("ping_interval", &self.ping_interval)
-            .field("ping_timeout", &self.ping_timeout)
-            .finish()
-    }
-}
-
 impl SlackSettings {
     /// Settings from `platforms.slack` and the environment, or `None` when
     /// Slack is off: `enabled: false`, or either token missing from both
@@ -105,19 +91,8 @@ impl SlackSettings {
         if config.enabled == Some(false) {
             return None;
         }
-        let token = |secret: &Option<talaria_core::Secret>, var: &str| {
-            secret
-                .as_ref()
-                .map(|s| s.expose().trim().to_owned())
-                .filter(|t| !t.is_empty())
-                .or_else(|| {
-                    env.get(var)
-                        .map(|t| t.trim().to_owned())
-                        .filter(|t| !t.is_empty())
-                })
-        };
-        let bot = token(&config.bot_token, "SLACK_BOT_TOKEN");
-        let app = token(&config.app_token, "SLACK_APP_TOKEN");
+        let bot = secret_or_env(config.bot_token.as_ref(), env, "SLACK_BOT_TOKEN");
+        let app = secret_or_env(config.app_token.as_ref(), env, "SLACK_APP_TOKEN");
         let (Some(bot_token), Some(app_token)) = (bot.clone(), app.clone()) else {
             if config.enabled == Some(true) || bot.is_some() || app.is_some() {
                 tracing::warn!(
@@ -128,15 +103,9 @@ impl SlackSettings {
             }
             return None;
         };
-        let require_mention = match env
-            .get("SLACK_REQUIRE_MENTION")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            Some("1" | "true" | "yes" | "on") => true,
-            Some("0" | "false" | "no" | "off") => false,
-            _ => config.require_mention,
-        };
+        let require_mention = env
+            .flag("SLACK_REQUIRE_MENTION")
+            .unwrap_or(config.require_mention);
         let reaction = config.working_reaction.trim().trim_matches(':').to_owned();
         Some(SlackSettings {
             bot_token,
@@ -168,7 +137,7 @@ pub enum SlackError {
 }
 
 /// Recently handed-over messages and event ids, oldest first out.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Seen {
     order: VecDeque<String>,
     set: HashSet<String>,
@@ -192,6 +161,7 @@ impl Seen {
 }
 
 /// The message a "working on it" reaction goes on, per conversation.
+#[derive(Debug)]
 struct Working {
     ts: String,
     reacted: bool,
@@ -200,10 +170,11 @@ struct Working {
 type Conversation = (String, Option<String>);
 
 /// The Slack connector (see the module docs).
+#[derive(Debug)]
 pub struct SlackAdapter {
     api: Api,
-    bot_token: String,
-    app_token: String,
+    bot_token: Secret,
+    app_token: Secret,
     require_mention: bool,
     working_reaction: Option<String>,
     ping_interval: Duration,
@@ -213,17 +184,6 @@ pub struct SlackAdapter {
     /// Kept across `run` calls, so a reconnect's re-deliveries are dropped.
     seen: Mutex<Seen>,
     working: Mutex<HashMap<Conversation, Working>>,
-}
-
-impl fmt::Debug for SlackAdapter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlackAdapter")
-            .field("api", &self.api)
-            .field("bot_token", &mask(&self.bot_token))
-            .field("app_token", &mask(&self.app_token))
-            .field("require_mention", &self.require_mention)
-            .finish_non_exhaustive()
-    }
 }
 
 /// How one Socket Mode connection ended.
@@ -250,12 +210,12 @@ fn header_safe(token: &str) -> bool {
 impl SlackAdapter {
     /// Checks the settings and builds the HTTP client; does not connect.
     pub fn new(settings: SlackSettings) -> Result<SlackAdapter, SlackError> {
-        let bot_token = settings.bot_token.trim().to_owned();
-        if !header_safe(&bot_token) {
+        let bot_token = Secret::new(settings.bot_token.expose().trim());
+        if !header_safe(bot_token.expose()) {
             return Err(SlackError::BadBotToken);
         }
-        let app_token = settings.app_token.trim().to_owned();
-        if !header_safe(&app_token) || !app_token.starts_with("xapp-") {
+        let app_token = Secret::new(settings.app_token.expose().trim());
+        if !header_safe(app_token.expose()) || !app_token.expose().starts_with("xapp-") {
             return Err(SlackError::BadAppToken);
         }
         let api_base = settings.api_base.trim().trim_end_matches('/').to_owned();
@@ -289,7 +249,7 @@ impl SlackAdapter {
             .call("auth.test", &self.bot_token, &json!({}), CALL_TIMEOUT)
             .await
             .map_err(|e| {
-                if e.is_auth() {
+                if api::is_auth(&e) {
                     AdapterError::Fatal(format!(
                         "Slack rejected the bot token ({e}); check SLACK_BOT_TOKEN"
                     ))
@@ -321,7 +281,7 @@ impl SlackAdapter {
             )
             .await
             .map_err(|e| {
-                if e.is_auth() {
+                if api::is_auth(&e) {
                     AdapterError::Fatal(format!(
                         "Slack rejected the app-level token ({e}); check SLACK_APP_TOKEN \
                          and that Socket Mode is on for the app"
@@ -617,9 +577,9 @@ impl SlackAdapter {
                 .await
             {
                 Ok(v) => return Ok(v),
-                Err(e) => match e.rate_limit() {
+                Err(e) => match api::rate_limit(&e) {
                     Some(after) => {
-                        let wait = Duration::from_secs(after.unwrap_or(1).max(1));
+                        let wait = after.unwrap_or_default().max(Duration::from_secs(1));
                         if retries >= MAX_RATE_LIMIT_RETRIES || wait > MAX_RETRY_AFTER {
                             return Err(SendError::RateLimited(wait));
                         }
@@ -634,24 +594,18 @@ impl SlackAdapter {
     }
 }
 
-/// Maps a failed call to what the gateway's ledger understands.
+/// Maps a failed call to what the gateway's ledger understands: Slack's
+/// own error codes say whether a retry can help; everything else reads as
+/// the default.
 fn classify(e: ApiError) -> SendError {
-    match e {
-        ApiError::Slack { error, .. } => match error.as_str() {
-            "internal_error" | "fatal_error" | "service_unavailable" | "request_timeout" => {
-                SendError::Transient(error)
-            }
-            // channel_not_found, not_in_channel, invalid_auth, is_archived,
-            // msg_too_long, ...: the same request cannot succeed.
-            _ => SendError::Rejected(error),
-        },
-        ApiError::RateLimited(after) => {
-            SendError::RateLimited(Duration::from_secs(after.unwrap_or(1)))
-        }
-        ApiError::Status(s) if s >= 500 => SendError::Transient(format!("HTTP {s}")),
-        ApiError::Status(s) => SendError::Rejected(format!("HTTP {s}")),
-        ApiError::Connect(m) => SendError::Unavailable(m),
-        ApiError::Timeout(m) | ApiError::Other(m) => SendError::Ambiguous(m),
+    match e.code() {
+        Some(
+            code @ ("internal_error" | "fatal_error" | "service_unavailable" | "request_timeout"),
+        ) => SendError::Transient(code.to_owned()),
+        // channel_not_found, not_in_channel, invalid_auth, is_archived,
+        // msg_too_long, ...: the same request cannot succeed.
+        Some(code) => SendError::Rejected(code.to_owned()),
+        None => e.classify(),
     }
 }
 
@@ -673,7 +627,7 @@ impl Adapter for SlackAdapter {
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
-        Some(("slack-app-token", self.app_token.clone()))
+        Some(("slack-app-token", self.app_token.expose().to_owned()))
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
@@ -754,9 +708,27 @@ impl Adapter for SlackAdapter {
     }
 }
 
+/// The registry's entry for Slack.
+pub const ENTRY: Platform = Platform {
+    name: "slack",
+    title: "Slack",
+    standalone: true,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) = SlackSettings::from_config(&setup.config.platforms.slack, setup.env)
+    else {
+        return Ok(None);
+    };
+    let adapter = SlackAdapter::new(settings).map_err(BuildError::set_up)?;
+    Ok(Some(Built::connected(adapter)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::Failure;
 
     fn settings(bot: &str, app: &str, base: &str) -> SlackSettings {
         SlackSettings {
@@ -842,10 +814,16 @@ mod tests {
 
     #[test]
     fn errors_are_classified() {
-        let slack = |e: &str| ApiError::Slack {
-            error: e.into(),
-            retry_after: None,
+        let failed = |failure| ApiError::new(api::SLACK, failure);
+        let answered = |status, error: Option<&str>, retry_after: Option<u64>| {
+            failed(Failure::Status {
+                status,
+                code: error.map(str::to_owned),
+                message: String::new(),
+                retry_after: retry_after.map(Duration::from_secs),
+            })
         };
+        let slack = |e: &str| answered(200, Some(e), None);
         assert_eq!(
             classify(slack("channel_not_found")),
             SendError::Rejected("channel_not_found".into())
@@ -863,20 +841,23 @@ mod tests {
             SendError::Transient(_)
         ));
         assert!(matches!(
-            classify(ApiError::Status(503)),
+            classify(answered(503, None, None)),
             SendError::Transient(_)
         ));
         assert!(matches!(
-            classify(ApiError::Connect("x".into())),
+            classify(failed(Failure::Connect("x".into()))),
             SendError::Unavailable(_)
         ));
         assert!(matches!(
-            classify(ApiError::Timeout("x".into())),
+            classify(failed(Failure::Timeout("x".into()))),
             SendError::Ambiguous(_)
         ));
-        assert_eq!(slack("ratelimited").rate_limit(), Some(None));
-        assert_eq!(ApiError::RateLimited(Some(3)).rate_limit(), Some(Some(3)));
-        assert!(slack("invalid_auth").is_auth());
-        assert!(!slack("channel_not_found").is_auth());
+        assert_eq!(api::rate_limit(&slack("ratelimited")), Some(None));
+        assert_eq!(
+            api::rate_limit(&answered(429, None, Some(3))),
+            Some(Some(Duration::from_secs(3)))
+        );
+        assert!(api::is_auth(&slack("invalid_auth")));
+        assert!(!api::is_auth(&slack("channel_not_found")));
     }
 }

@@ -6,8 +6,17 @@
 
 use std::time::Duration;
 
-use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde::Deserialize;
+use talaria_core::Secret;
+
+use crate::http::{Http, HttpError, Service};
+
+/// How errors name Twilio.
+pub(crate) const TWILIO: Service = Service {
+    name: "Twilio",
+    request: "the Twilio request",
+    code_label: Some("error"),
+};
 
 /// Twilio's error body.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -22,42 +31,12 @@ pub(crate) struct TwilioError {
     pub more_info: Option<String>,
 }
 
-/// What a failed call looked like.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ApiError {
-    /// Twilio answered with an error status.
-    Status {
-        status: u16,
-        error: TwilioError,
-        /// Seconds to wait, from `Retry-After`.
-        retry_after: Option<u64>,
-    },
-    /// No connection was made (refused, DNS): nothing was sent.
-    Connect(String),
-    /// The request timed out; Twilio may have taken it.
-    Timeout(String),
-    /// Anything else after the request left (reset, unreadable body).
-    Other(String),
-}
+/// What a failed call looked like; the code is Twilio's.
+pub(crate) type ApiError = HttpError;
 
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ApiError::Status { status, error, .. } => {
-                write!(f, "Twilio answered {status}")?;
-                if let Some(code) = error.code {
-                    write!(f, " (error {code})")?;
-                }
-                if !error.message.is_empty() {
-                    write!(f, ": {}", error.message)?;
-                }
-                Ok(())
-            }
-            ApiError::Connect(e) => write!(f, "cannot connect to Twilio: {e}"),
-            ApiError::Timeout(e) => write!(f, "the Twilio request timed out: {e}"),
-            ApiError::Other(e) => write!(f, "the Twilio request failed: {e}"),
-        }
-    }
+/// Twilio's numeric error code of a failed call.
+pub(crate) fn twilio_code(e: &ApiError) -> Option<u32> {
+    e.code().and_then(|c| c.parse().ok())
 }
 
 /// A created message (`201`), as far as the adapter reads it.
@@ -69,35 +48,22 @@ pub(crate) struct CreatedMessage {
 }
 
 /// A REST client for one account.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct Api {
-    client: reqwest::Client,
+    http: Http,
     base: String,
     account_sid: String,
-    auth_token: String,
-}
-
-impl std::fmt::Debug for Api {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Api")
-            .field("base", &self.base)
-            .field("account_sid", &self.account_sid)
-            .finish_non_exhaustive()
-    }
+    auth_token: Secret,
 }
 
 impl Api {
     /// `base` is the API root (`https://api.twilio.com`).
-    pub(crate) fn new(base: &str, account_sid: &str, auth_token: &str) -> Result<Api, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| e.without_url().to_string())?;
+    pub(crate) fn new(base: &str, account_sid: &str, auth_token: &Secret) -> Result<Api, String> {
         Ok(Api {
-            client,
+            http: Http::new(TWILIO)?.hiding(auth_token, "<auth token>"),
             base: base.trim_end_matches('/').to_owned(),
             account_sid: account_sid.to_owned(),
-            auth_token: auth_token.to_owned(),
+            auth_token: auth_token.clone(),
         })
     }
 
@@ -115,7 +81,8 @@ impl Api {
     ) -> Result<CreatedMessage, ApiError> {
         let form = [("To", to), ("From", from), ("Body", body)];
         let request = self
-            .client
+            .http
+            .client()
             .post(format!("{}/Messages.json", self.account_url()))
             .form(&form);
         self.call(request, timeout).await
@@ -123,7 +90,10 @@ impl Api {
 
     /// `GET /2010-04-01/Accounts/{sid}.json`: checks the credentials.
     pub(crate) async fn account(&self, timeout: Duration) -> Result<(), ApiError> {
-        let request = self.client.get(format!("{}.json", self.account_url()));
+        let request = self
+            .http
+            .client()
+            .get(format!("{}.json", self.account_url()));
         self.call::<serde_json::Value>(request, timeout)
             .await
             .map(drop)
@@ -134,81 +104,38 @@ impl Api {
         request: reqwest::RequestBuilder,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let response = request
-            .basic_auth(&self.account_sid, Some(&self.auth_token))
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| self.network_error(e))?;
-        let status = response.status().as_u16();
-        let retry_after = retry_after(response.headers());
-        let body = response.bytes().await.map_err(|e| self.network_error(e))?;
-        if (200..300).contains(&status) {
-            // A success with a garbled body may still have made the
-            // message: ambiguous, never retried as transient.
-            return serde_json::from_slice(&body).map_err(|e| {
-                ApiError::Other(format!("HTTP {status} with an unreadable body: {e}"))
-            });
+        let request = request.basic_auth(&self.account_sid, Some(self.auth_token.expose()));
+        let answer = self.http.send(request, timeout).await?;
+        if answer.is_success() {
+            return self.http.decode(&answer);
         }
-        let mut error: TwilioError = serde_json::from_slice(&body).unwrap_or_default();
-        error.message = self.redact(&error.message);
-        Err(ApiError::Status {
-            status,
-            error,
-            retry_after,
-        })
+        let error: TwilioError = serde_json::from_slice(&answer.body).unwrap_or_default();
+        Err(self.http.refused(
+            answer.status,
+            error.code.map(|c| c.to_string()),
+            &error.message,
+            answer.retry_after(),
+        ))
     }
-
-    fn network_error(&self, e: reqwest::Error) -> ApiError {
-        let connect = e.is_connect();
-        let timeout = e.is_timeout();
-        let e = e.without_url();
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        let text = self.redact(&text);
-        if connect {
-            ApiError::Connect(text)
-        } else if timeout {
-            ApiError::Timeout(text)
-        } else {
-            ApiError::Other(text)
-        }
-    }
-
-    fn redact(&self, text: &str) -> String {
-        if self.auth_token.is_empty() {
-            text.to_owned()
-        } else {
-            text.replace(&self.auth_token, "<auth token>")
-        }
-    }
-}
-
-/// `Retry-After` in whole seconds (rounded up), when present and sane.
-fn retry_after(headers: &HeaderMap) -> Option<u64> {
-    crate::net::header_secs(headers, RETRY_AFTER.as_str())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
+    use crate::http::{Failure, retry_after};
+    use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
     #[test]
     fn retry_hint() {
+        let secs = |h: &HeaderMap| retry_after(h).map(|d| d.as_secs());
         let mut h = HeaderMap::new();
-        assert_eq!(retry_after(&h), None);
+        assert_eq!(secs(&h), None);
         h.insert(RETRY_AFTER, HeaderValue::from_static("2"));
-        assert_eq!(retry_after(&h), Some(2));
+        assert_eq!(secs(&h), Some(2));
         h.insert(RETRY_AFTER, HeaderValue::from_static("0.3"));
-        assert_eq!(retry_after(&h), Some(1));
+        assert_eq!(secs(&h), Some(1));
         h.insert(RETRY_AFTER, HeaderValue::from_static("later"));
-        assert_eq!(retry_after(&h), None);
+        assert_eq!(secs(&h), None);
     }
 
     #[test]
@@ -216,11 +143,15 @@ mod tests {
         let body = r#"{"code": 21610, "message": "Attempt to send to unsubscribed recipient", "more_info": "https://www.twilio.com/docs/errors/21610", "status": 400}"#;
         let error: TwilioError = serde_json::from_str(body).unwrap();
         assert_eq!(error.code, Some(21610));
-        let e = ApiError::Status {
-            status: 400,
-            error,
-            retry_after: None,
-        };
+        let e = HttpError::new(
+            TWILIO,
+            Failure::Status {
+                status: 400,
+                code: error.code.map(|c| c.to_string()),
+                message: error.message,
+                retry_after: None,
+            },
+        );
         assert_eq!(
             e.to_string(),
             "Twilio answered 400 (error 21610): Attempt to send to unsubscribed recipient"

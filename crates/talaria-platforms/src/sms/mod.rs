@@ -33,7 +33,7 @@ pub mod segments;
 mod server;
 mod signature;
 
-use std::fmt;
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,8 +43,8 @@ use talaria_adapter::{
     SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
-use talaria_core::Env;
-use talaria_core::config::SmsConfig;
+use talaria_core::config::{SmsConfig, secret_or_env, text_or_env};
+use talaria_core::{Env, Secret};
 
 use crate::ingress::{InboxSlot, Mount};
 use api::{Api, ApiError};
@@ -93,12 +93,12 @@ pub fn is_e164(s: &str) -> bool {
 
 /// What the adapter needs, resolved from `platforms.sms` and the
 /// environment.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct SmsSettings {
     /// The account SID (`AC...`).
     pub account_sid: String,
     /// The auth token. Never logged.
-    pub auth_token: String,
+    pub auth_token: Secret,
     /// Our Twilio number, E.164.
     pub phone_number: String,
     /// The public URL Twilio posts to; signatures are computed over it.
@@ -112,21 +112,6 @@ pub struct SmsSettings {
     /// Retries after a 429 before a send reports
     /// [`SendError::RateLimited`].
     pub rate_limit_retries: u32,
-}
-
-impl fmt::Debug for SmsSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SmsSettings")
-            .field("account_sid", &self.account_sid)
-            .field("auth_token", &talaria_core::config::mask(&self.auth_token))
-            .field("phone_number", &self.phone_number)
-            .field("webhook_url", &self.webhook_url)
-            .field("api_base", &self.api_base)
-            .field("max_segments", &self.max_segments)
-            .field("send_timeout", &self.send_timeout)
-            .field("rate_limit_retries", &self.rate_limit_retries)
-            .finish()
-    }
 }
 
 /// Why the SMS adapter cannot be configured.
@@ -148,25 +133,11 @@ pub enum SmsError {
     Client(String),
 }
 
-/// A value from config, else from the environment, trimmed; empty is unset.
-fn pick(config: Option<&str>, env: &Env, var: &str) -> Option<String> {
-    config
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .map(str::to_owned)
-        .or_else(|| {
-            env.get(var)
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-                .map(str::to_owned)
-        })
-}
-
 impl SmsSettings {
     /// Settings with the defaults for everything but these four.
     pub fn new(
         account_sid: impl Into<String>,
-        auth_token: impl Into<String>,
+        auth_token: impl Into<Secret>,
         phone_number: impl Into<String>,
         webhook_url: impl Into<String>,
     ) -> SmsSettings {
@@ -194,14 +165,10 @@ impl SmsSettings {
         if config.enabled == Some(false) {
             return Ok(None);
         }
-        let sid = pick(config.account_sid.as_deref(), env, "TWILIO_ACCOUNT_SID");
-        let token = pick(
-            config.auth_token.as_ref().map(|s| s.expose()),
-            env,
-            "TWILIO_AUTH_TOKEN",
-        );
-        let number = pick(config.phone_number.as_deref(), env, "TWILIO_PHONE_NUMBER");
-        let url = pick(config.webhook_url.as_deref(), env, "SMS_WEBHOOK_URL");
+        let sid = text_or_env(config.account_sid.as_deref(), env, "TWILIO_ACCOUNT_SID");
+        let token = secret_or_env(config.auth_token.as_ref(), env, "TWILIO_AUTH_TOKEN");
+        let number = text_or_env(config.phone_number.as_deref(), env, "TWILIO_PHONE_NUMBER");
+        let url = text_or_env(config.webhook_url.as_deref(), env, "SMS_WEBHOOK_URL");
         if config.enabled.is_none() && (sid.is_none() || token.is_none()) {
             return Ok(None);
         }
@@ -244,8 +211,10 @@ pub struct SmsAdapter {
     inbound: Arc<Inbound>,
 }
 
-impl fmt::Debug for SmsAdapter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+// By hand only because the webhook side holds no `Debug`; the credentials
+// are `Secret`s inside the client either way.
+impl std::fmt::Debug for SmsAdapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SmsAdapter")
             .field("api", &self.api)
             .field("phone_number", &self.phone_number)
@@ -275,8 +244,8 @@ impl SmsAdapter {
                     .to_owned(),
             ));
         }
-        let token = settings.auth_token.trim().to_owned();
-        if token.is_empty() || !token.chars().all(|c| c.is_ascii_graphic()) {
+        let token = Secret::new(settings.auth_token.expose().trim());
+        if token.expose().is_empty() || !token.expose().chars().all(|c| c.is_ascii_graphic()) {
             return Err(SmsError::Invalid(
                 "the auth token (TWILIO_AUTH_TOKEN) is malformed".to_owned(),
             ));
@@ -307,7 +276,8 @@ impl SmsAdapter {
                 "platforms.sms.api_base must be an http(s) URL; got {api_base:?}"
             )));
         }
-        let verifier = signature::Verifier::new(&token, &webhook_url).map_err(SmsError::Invalid)?;
+        let verifier =
+            signature::Verifier::new(token.expose(), &webhook_url).map_err(SmsError::Invalid)?;
         let api = Api::new(&api_base, &sid, &token).map_err(SmsError::Client)?;
         Ok(SmsAdapter {
             api,
@@ -382,19 +352,13 @@ impl SmsAdapter {
 
 /// The wait a rate-limited call asks for, or `None` when it was not one.
 fn rate_limit_wait(e: &ApiError) -> Option<Duration> {
-    match e {
-        ApiError::Status {
-            status,
-            error,
-            retry_after,
-        } if *status == 429 || error.code == Some(code::TOO_MANY_REQUESTS) => {
-            Some(match retry_after {
-                Some(s) if *s > 0 => Duration::from_secs(*s),
-                _ => DEFAULT_RETRY_WAIT,
-            })
-        }
-        _ => None,
+    if e.status() != Some(429) && api::twilio_code(e) != Some(code::TOO_MANY_REQUESTS) {
+        return None;
     }
+    Some(match e.retry_after() {
+        Some(wait) if !wait.is_zero() => wait,
+        _ => DEFAULT_RETRY_WAIT,
+    })
 }
 
 /// Maps a failed call to what the gateway's ledger understands.
@@ -402,30 +366,28 @@ fn classify(e: ApiError) -> SendError {
     if let Some(wait) = rate_limit_wait(&e) {
         return SendError::RateLimited(wait);
     }
+    // Twilio's reasons are read whole: the code and its words.
     let text = e.to_string();
-    match e {
-        ApiError::Status { error, .. } if error.code == Some(code::UNSUBSCRIBED) => {
-            SendError::Rejected(format!(
-                "the recipient unsubscribed by replying STOP; Twilio sends nothing to them until \
-                 they reply START ({text})"
-            ))
-        }
-        ApiError::Status { error, .. }
-            if matches!(error.code, Some(code::INVALID_TO | code::NOT_MOBILE)) =>
-        {
+    let code = api::twilio_code(&e);
+    match e.status() {
+        _ if code == Some(code::UNSUBSCRIBED) => SendError::Rejected(format!(
+            "the recipient unsubscribed by replying STOP; Twilio sends nothing to them until \
+             they reply START ({text})"
+        )),
+        _ if matches!(code, Some(code::INVALID_TO | code::NOT_MOBILE)) => {
             SendError::Rejected(format!("the number cannot take SMS ({text})"))
         }
-        ApiError::Status { status, error, .. }
-            if status == 401 || error.code == Some(code::AUTHENTICATE) =>
-        {
+        Some(status) if status == 401 || code == Some(code::AUTHENTICATE) => {
             SendError::Unavailable(format!(
                 "{text}; check TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN"
             ))
         }
-        ApiError::Status { status, .. } if status >= 500 => SendError::Transient(text),
-        ApiError::Status { .. } => SendError::Rejected(text),
-        ApiError::Connect(_) => SendError::Unavailable(text),
-        ApiError::Timeout(_) | ApiError::Other(_) => SendError::Ambiguous(text),
+        Some(status) if status >= 500 => SendError::Transient(text),
+        Some(_) => SendError::Rejected(text),
+        None => match e.classify() {
+            SendError::Unavailable(_) => SendError::Unavailable(text),
+            _ => SendError::Ambiguous(text),
+        },
     }
 }
 
@@ -460,9 +422,7 @@ impl Adapter for SmsAdapter {
         };
         match checked {
             Ok(()) => tracing::info!("Twilio accepted the SMS credentials"),
-            Err(ApiError::Status {
-                status: 401 | 403, ..
-            }) => {
+            Err(e) if matches!(e.status(), Some(401 | 403)) => {
                 return Err(AdapterError::Fatal(
                     "Twilio rejected the account SID and auth token (TWILIO_ACCOUNT_SID, \
                      TWILIO_AUTH_TOKEN)"
@@ -490,10 +450,32 @@ impl Adapter for SmsAdapter {
     }
 }
 
+/// The registry's entry for SMS (Twilio).
+pub const ENTRY: Platform = Platform {
+    name: PLATFORM,
+    title: "SMS (Twilio)",
+    standalone: true,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) = SmsSettings::from_config(&setup.config.platforms.sms, setup.env)
+        .map_err(BuildError::misconfigured)?
+    else {
+        return Ok(None);
+    };
+    let adapter = SmsAdapter::new(settings).map_err(BuildError::set_up)?;
+    let mount = adapter.mount();
+    Ok(Some(Built {
+        adapter: Arc::new(adapter),
+        mount: Some(mount),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use api::TwilioError;
+    use crate::http::{Failure, HttpError};
 
     const SID: &str = "AC0123456789abcdef0123456789abcdef";
 
@@ -640,14 +622,14 @@ mod tests {
 
     #[test]
     fn errors_are_classified() {
-        let status = |status: u16, code: Option<u32>, retry_after| ApiError::Status {
-            status,
-            error: TwilioError {
-                code,
+        let failed = |failure| HttpError::new(api::TWILIO, failure);
+        let status = |status: u16, code: Option<u32>, retry_after: Option<u64>| {
+            failed(Failure::Status {
+                status,
+                code: code.map(|c| c.to_string()),
                 message: "m".into(),
-                more_info: None,
-            },
-            retry_after,
+                retry_after: retry_after.map(Duration::from_secs),
+            })
         };
         let e = classify(status(400, Some(21610), None));
         assert!(
@@ -681,11 +663,11 @@ mod tests {
             SendError::Rejected(_)
         ));
         assert!(matches!(
-            classify(ApiError::Connect("x".into())),
+            classify(failed(Failure::Connect("x".into()))),
             SendError::Unavailable(_)
         ));
         assert!(matches!(
-            classify(ApiError::Timeout("x".into())),
+            classify(failed(Failure::Timeout("x".into()))),
             SendError::Ambiguous(_)
         ));
     }

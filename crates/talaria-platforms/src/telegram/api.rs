@@ -10,62 +10,26 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use talaria_core::Secret;
+
+use crate::http::{Failure, Http, HttpError, Service};
+
+/// How errors name the Bot API.
+pub(crate) const TELEGRAM: Service = Service {
+    name: "Telegram",
+    request: "Telegram request",
+    code_label: None,
+};
 
 /// What a failed call looked like.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ApiError {
-    /// Telegram answered `ok: false` (or a non-JSON error page).
-    Api {
-        status: u16,
-        description: String,
-        retry_after: Option<u64>,
-    },
-    /// No connection was made (refused, DNS): nothing was sent.
-    Connect(String),
-    /// The request timed out; it may have been processed.
-    Timeout(String),
-    /// Anything else after the request left (reset, unreadable body).
-    Other(String),
-}
-
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ApiError::Api {
-                status,
-                description,
-                ..
-            } => write!(f, "Telegram answered {status}: {description}"),
-            ApiError::Connect(e) => write!(f, "cannot connect to Telegram: {e}"),
-            ApiError::Timeout(e) => write!(f, "Telegram request timed out: {e}"),
-            ApiError::Other(e) => write!(f, "Telegram request failed: {e}"),
-        }
-    }
-}
-
-impl ApiError {
-    pub(crate) fn status(&self) -> Option<u16> {
-        match self {
-            ApiError::Api { status, .. } => Some(*status),
-            _ => None,
-        }
-    }
-}
+pub(crate) type ApiError = HttpError;
 
 /// A Bot API client bound to one token.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct Api {
-    client: reqwest::Client,
+    http: Http,
     base_url: String,
-    token: String,
-}
-
-impl std::fmt::Debug for Api {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Api")
-            .field("base_url", &self.base_url)
-            .finish_non_exhaustive()
-    }
+    token: Secret,
 }
 
 #[derive(Deserialize)]
@@ -84,15 +48,12 @@ struct ResponseParameters {
 }
 
 impl Api {
-    pub(crate) fn new(base_url: &str, token: &str) -> Result<Api, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| e.without_url().to_string())?;
+    pub(crate) fn new(base_url: &str, token: &Secret) -> Result<Api, String> {
         Ok(Api {
-            client,
+            // The token is part of every URL: errors must never show it.
+            http: Http::new(TELEGRAM)?.hiding(token, "<token>"),
             base_url: base_url.trim_end_matches('/').to_owned(),
-            token: token.to_owned(),
+            token: token.clone(),
         })
     }
 
@@ -103,74 +64,39 @@ impl Api {
         params: &Value,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let url = format!("{}/bot{}/{}", self.base_url, self.token, method);
-        let response = self
-            .client
-            .post(url)
-            .json(params)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| self.network_error(e))?;
-        let status = response.status().as_u16();
-        let body = response.bytes().await.map_err(|e| self.network_error(e))?;
-        let envelope: Envelope = match serde_json::from_slice(&body) {
+        let url = format!("{}/bot{}/{}", self.base_url, self.token.expose(), method);
+        let request = self.http.client().post(url).json(params);
+        let answer = self.http.send(request, timeout).await?;
+        let status = answer.status;
+        let envelope: Envelope = match serde_json::from_slice(&answer.body) {
             Ok(e) => e,
             // A success status with a garbled body may still mean the
             // message went out: ambiguous, never retried as transient.
-            Err(_) if (200..300).contains(&status) => {
-                return Err(ApiError::Other(format!(
+            Err(_) if answer.is_success() => {
+                return Err(self.http.fail(Failure::Other(format!(
                     "HTTP {status} without a readable Bot API answer"
-                )));
+                ))));
             }
             Err(_) => {
-                return Err(ApiError::Api {
-                    status,
-                    description: format!("HTTP {status} without a Bot API answer"),
-                    retry_after: None,
-                });
+                let description = format!("HTTP {status} without a Bot API answer");
+                return Err(self.http.refused(status, None, &description, None));
             }
         };
         if !envelope.ok {
-            return Err(ApiError::Api {
-                status: envelope.error_code.unwrap_or(status),
-                description: self.redact(&envelope.description.unwrap_or_default()),
-                retry_after: envelope.parameters.and_then(|p| p.retry_after),
-            });
+            return Err(self.http.refused(
+                envelope.error_code.unwrap_or(status),
+                None,
+                &envelope.description.unwrap_or_default(),
+                envelope
+                    .parameters
+                    .and_then(|p| p.retry_after)
+                    .map(Duration::from_secs),
+            ));
         }
-        serde_json::from_value(envelope.result)
-            .map_err(|e| ApiError::Other(format!("unexpected {method} result: {e}")))
-    }
-
-    fn network_error(&self, e: reqwest::Error) -> ApiError {
-        let connect = e.is_connect();
-        let timeout = e.is_timeout();
-        // Display includes the URL, and so the token: strip it, and scrub
-        // the whole source chain in case a layer below repeats it.
-        let e = e.without_url();
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        let text = self.redact(&text);
-        if connect {
-            ApiError::Connect(text)
-        } else if timeout {
-            ApiError::Timeout(text)
-        } else {
-            ApiError::Other(text)
-        }
-    }
-
-    fn redact(&self, text: &str) -> String {
-        if self.token.is_empty() {
-            text.to_owned()
-        } else {
-            text.replace(&self.token, "<token>")
-        }
+        serde_json::from_value(envelope.result).map_err(|e| {
+            self.http
+                .fail(Failure::Other(format!("unexpected {method} result: {e}")))
+        })
     }
 }
 

@@ -11,7 +11,7 @@ mod api;
 mod format;
 mod mapping;
 
-use std::fmt;
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -23,8 +23,9 @@ use talaria_adapter::{
     SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::Env;
 use talaria_core::config::TelegramConfig;
+use talaria_core::config::secret_or_env;
+use talaria_core::{Env, Secret};
 
 use api::{Api, ApiError, SentResult, Update, User};
 use mapping::{GENERAL_TOPIC, Me};
@@ -46,10 +47,10 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the adapter needs to connect.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct TelegramSettings {
     /// The bot token from @BotFather. Never logged.
-    pub token: String,
+    pub token: Secret,
     /// The Bot API root; requests go to `{base_url}/bot{token}/{method}`.
     pub base_url: String,
     /// In groups, submit only messages that mention the bot, start with a
@@ -61,18 +62,6 @@ pub struct TelegramSettings {
     pub streaming_edits: bool,
 }
 
-impl fmt::Debug for TelegramSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TelegramSettings")
-            .field("token", &talaria_core::config::mask(&self.token))
-            .field("base_url", &self.base_url)
-            .field("require_mention", &self.require_mention)
-            .field("poll_timeout", &self.poll_timeout)
-            .field("streaming_edits", &self.streaming_edits)
-            .finish()
-    }
-}
-
 impl TelegramSettings {
     /// Settings from `platforms.telegram` and the environment, or `None`
     /// when Telegram is off: `enabled: false`, or no token in
@@ -82,13 +71,7 @@ impl TelegramSettings {
         if config.enabled == Some(false) {
             return None;
         }
-        let token = config
-            .token
-            .as_ref()
-            .map(|s| s.expose().trim().to_owned())
-            .filter(|t| !t.is_empty())
-            .or_else(|| env.get("TELEGRAM_BOT_TOKEN").map(|t| t.trim().to_owned()));
-        let Some(token) = token else {
+        let Some(token) = secret_or_env(config.token.as_ref(), env, "TELEGRAM_BOT_TOKEN") else {
             if config.enabled == Some(true) {
                 tracing::warn!(
                     "platforms.telegram.enabled is true but no token is set \
@@ -97,12 +80,7 @@ impl TelegramSettings {
             }
             return None;
         };
-        let env_mention = env.get("TELEGRAM_REQUIRE_MENTION").is_some_and(|v| {
-            matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "1" | "true" | "yes" | "on"
-            )
-        });
+        let env_mention = env.flag("TELEGRAM_REQUIRE_MENTION") == Some(true);
         Some(TelegramSettings {
             token,
             base_url: config.base_url.clone(),
@@ -128,9 +106,10 @@ pub enum TelegramError {
 }
 
 /// The Telegram connector (see the module docs).
+#[derive(Debug)]
 pub struct TelegramAdapter {
     api: Api,
-    token: String,
+    token: Secret,
     require_mention: bool,
     poll_timeout: Duration,
     streaming_edits: bool,
@@ -141,21 +120,13 @@ pub struct TelegramAdapter {
     me: Mutex<Option<Me>>,
 }
 
-impl fmt::Debug for TelegramAdapter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TelegramAdapter")
-            .field("api", &self.api)
-            .field("require_mention", &self.require_mention)
-            .finish_non_exhaustive()
-    }
-}
-
 impl TelegramAdapter {
     /// Checks the settings and builds the HTTP client; does not connect.
     pub fn new(settings: TelegramSettings) -> Result<TelegramAdapter, TelegramError> {
-        let token = settings.token.trim().to_owned();
-        let token_ok = !token.is_empty()
+        let token = Secret::new(settings.token.expose().trim());
+        let token_ok = !token.expose().is_empty()
             && token
+                .expose()
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-'));
         if !token_ok {
@@ -278,12 +249,11 @@ impl TelegramAdapter {
             let result = self.api.call::<Value>(method, &params, SEND_TIMEOUT).await;
             match result {
                 Ok(v) => return Ok(v),
-                Err(ApiError::Api {
-                    status: 429,
-                    retry_after,
-                    ..
-                }) => {
-                    let wait = Duration::from_secs(retry_after.unwrap_or(1).max(1));
+                Err(e) if e.status() == Some(429) => {
+                    let wait = e
+                        .retry_after()
+                        .unwrap_or_default()
+                        .max(Duration::from_secs(1));
                     if rate_retries >= MAX_RATE_LIMIT_RETRIES || wait > MAX_RETRY_AFTER {
                         return Err(SendError::RateLimited(wait));
                     }
@@ -291,17 +261,16 @@ impl TelegramAdapter {
                     tracing::info!(method, ?wait, "Telegram rate limit; waiting");
                     tokio::time::sleep(wait).await;
                 }
-                Err(ApiError::Api {
-                    status: 400,
-                    description,
-                    ..
-                }) if !fell_back
-                    && params.get("parse_mode").is_some()
-                    && description.contains("can't parse entities") =>
+                Err(e)
+                    if e.status() == Some(400)
+                        && !fell_back
+                        && params.get("parse_mode").is_some()
+                        && e.message().contains("can't parse entities") =>
                 {
                     tracing::warn!(
                         method,
-                        "Telegram rejected the markup ({description}); sending plain text"
+                        "Telegram rejected the markup ({}); sending plain text",
+                        e.message()
                     );
                     fell_back = true;
                     if let Some(obj) = params.as_object_mut() {
@@ -315,27 +284,18 @@ impl TelegramAdapter {
     }
 }
 
-/// Maps a failed call to what the gateway's ledger understands.
+/// Maps a failed call to what the gateway's ledger understands: Telegram
+/// answers a bad token with 401 or 404, a message it will never take with
+/// 400 or 403 (said in its own words), and anything else may pass later.
 fn classify(e: ApiError) -> SendError {
-    match e {
+    match e.status() {
         // A revoked token: nothing was sent, and it may work once fixed.
-        ApiError::Api {
-            status: 401 | 404,
-            description,
-            ..
-        } => SendError::Unavailable(format!("Telegram rejected the bot token: {description}")),
-        ApiError::Api {
-            status: 400 | 403,
-            description,
-            ..
-        } => SendError::Rejected(description),
-        ApiError::Api {
-            status,
-            description,
-            ..
-        } => SendError::Transient(format!("{status}: {description}")),
-        ApiError::Connect(m) => SendError::Unavailable(m),
-        ApiError::Timeout(m) | ApiError::Other(m) => SendError::Ambiguous(m),
+        Some(401 | 404) => {
+            SendError::Unavailable(format!("Telegram rejected the bot token: {}", e.message()))
+        }
+        Some(400 | 403) => SendError::Rejected(e.message().to_owned()),
+        Some(status) => SendError::Transient(format!("{status}: {}", e.message())),
+        None => e.classify(),
     }
 }
 
@@ -375,7 +335,7 @@ impl Adapter for TelegramAdapter {
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
-        Some(("telegram-bot-token", self.token.clone()))
+        Some(("telegram-bot-token", self.token.expose().to_owned()))
     }
 
     fn streaming_edits(&self) -> bool {
@@ -430,12 +390,9 @@ impl Adapter for TelegramAdapter {
                     if failures >= MAX_POLL_FAILURES {
                         return Err(AdapterError::Disconnected(e.to_string()));
                     }
-                    let backoff = match &e {
-                        ApiError::Api {
-                            retry_after: Some(s),
-                            ..
-                        } => Duration::from_secs(*s).min(MAX_RETRY_AFTER),
-                        _ => Duration::from_millis(250 * (1 << failures.min(4))),
+                    let backoff = match e.retry_after() {
+                        Some(wait) => wait.min(MAX_RETRY_AFTER),
+                        None => Duration::from_millis(250 * (1 << failures.min(4))),
                     };
                     tokio::select! {
                         biased;
@@ -504,6 +461,23 @@ impl Adapter for TelegramAdapter {
             .map(|_| ())
             .map_err(classify)
     }
+}
+
+/// The registry's entry for Telegram.
+pub const ENTRY: Platform = Platform {
+    name: "telegram",
+    title: "Telegram",
+    standalone: true,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) = TelegramSettings::from_config(&setup.config.platforms.telegram, setup.env)
+    else {
+        return Ok(None);
+    };
+    let adapter = TelegramAdapter::new(settings).map_err(BuildError::set_up)?;
+    Ok(Some(Built::connected(adapter)))
 }
 
 #[cfg(test)]

@@ -53,6 +53,7 @@ mod server;
 mod signature;
 mod template;
 
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -462,6 +463,31 @@ impl Adapter for WebhookAdapter {
         );
         Ok(SentMessage::default())
     }
+}
+
+/// The registry's entry for the webhook routes.
+pub const ENTRY: Platform = Platform {
+    name: PLATFORM,
+    title: "the webhook routes",
+    standalone: false,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    // Secrets are resolved from config and environment, then `new` checks
+    // every route (secret, name, deliver target), so a bad route stops the
+    // start here; each check runs once.
+    let Some(settings) = WebhookSettings::from_config(&setup.config.platforms.webhook, setup.env)
+        .map_err(BuildError::misconfigured)?
+    else {
+        return Ok(None);
+    };
+    let adapter = WebhookAdapter::new(settings).map_err(BuildError::set_up)?;
+    let mount = adapter.mount();
+    Ok(Some(Built {
+        adapter: Arc::new(adapter),
+        mount: Some(mount),
+    }))
 }
 
 #[cfg(test)]

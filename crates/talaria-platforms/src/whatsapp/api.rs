@@ -10,10 +10,13 @@
 
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, HeaderMap, RETRY_AFTER};
+use reqwest::header::AUTHORIZATION;
 use serde::Deserialize;
 use serde_json::Value;
 use talaria_adapter::SendError;
+use talaria_core::Secret;
+
+use crate::http::{Failure, Http, HttpError, Service};
 
 /// Graph's code for a message sent outside the 24-hour customer service
 /// window ("Re-engagement message").
@@ -27,86 +30,26 @@ pub(crate) const BAD_TOKEN: i64 = 190;
 /// (80007).
 pub(crate) const RATE_LIMIT_CODES: [i64; 3] = [130429, 131056, 80007];
 
-/// What a failed call looked like.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ApiError {
-    /// Graph answered with an error status.
-    Status {
-        status: u16,
-        /// Graph's `error.code`, when the body had one.
-        code: Option<i64>,
-        /// `error.message` and `error_data.details`, or a description of
-        /// the body.
-        message: String,
-        /// `error.fbtrace_id`, for Meta's support.
-        trace: Option<String>,
-        /// Seconds from `Retry-After`, when present.
-        retry_after: Option<u64>,
-    },
-    /// No connection was made: nothing was sent.
-    Connect(String),
-    /// The request timed out; it may have been processed.
-    Timeout(String),
-    /// Anything else after the request left (reset, unreadable body).
-    Other(String),
+/// How errors name the Graph API.
+pub(crate) const GRAPH: Service = Service {
+    name: "the Graph API",
+    request: "the Graph API request",
+    code_label: Some("code"),
+};
+
+/// What a failed call looked like; the code is Graph's `error.code`, and
+/// the message carries `error_data.details`, the subcode and the
+/// `fbtrace_id` Meta's support asks for.
+pub(crate) type ApiError = HttpError;
+
+/// Graph's error code, if it sent one.
+pub(crate) fn graph_code(e: &ApiError) -> Option<i64> {
+    e.code().and_then(|c| c.parse().ok())
 }
 
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ApiError::Status {
-                status,
-                code,
-                message,
-                trace,
-                ..
-            } => {
-                write!(f, "the Graph API answered {status}")?;
-                if let Some(code) = code {
-                    write!(f, " (code {code})")?;
-                }
-                write!(f, ": {message}")?;
-                if let Some(trace) = trace {
-                    write!(f, " [fbtrace_id {trace}]")?;
-                }
-                Ok(())
-            }
-            ApiError::Connect(e) => write!(f, "cannot connect to the Graph API: {e}"),
-            ApiError::Timeout(e) => write!(f, "the Graph API request timed out: {e}"),
-            ApiError::Other(e) => write!(f, "the Graph API request failed: {e}"),
-        }
-    }
-}
-
-impl ApiError {
-    /// Graph's error code, if it sent one.
-    pub(crate) fn code(&self) -> Option<i64> {
-        match self {
-            ApiError::Status { code, .. } => *code,
-            _ => None,
-        }
-    }
-
-    /// Whether Graph asked us to slow down.
-    pub(crate) fn is_rate_limit(&self) -> bool {
-        match self {
-            ApiError::Status { status, code, .. } => {
-                *status == 429 || code.is_some_and(|c| RATE_LIMIT_CODES.contains(&c))
-            }
-            _ => false,
-        }
-    }
-
-    /// The wait Graph named, if any.
-    pub(crate) fn retry_after(&self) -> Option<Duration> {
-        match self {
-            ApiError::Status {
-                retry_after: Some(s),
-                ..
-            } => Some(Duration::from_secs(*s)),
-            _ => None,
-        }
-    }
+/// Whether Graph asked us to slow down.
+pub(crate) fn is_rate_limit(e: &ApiError) -> bool {
+    e.status() == Some(429) || graph_code(e).is_some_and(|c| RATE_LIMIT_CODES.contains(&c))
 }
 
 /// What the user is told when a reply falls outside the 24-hour window
@@ -120,39 +63,33 @@ pub(crate) const OUTSIDE_WINDOW_TEXT: &str = "WhatsApp refused the message: more
 /// Maps a failed call to what the gateway's ledger understands. `wait` is
 /// the wait to report for a rate limit that named none.
 pub(crate) fn classify(e: &ApiError, wait: Duration) -> SendError {
-    match e {
-        _ if e.code() == Some(OUTSIDE_WINDOW) => {
+    let code = graph_code(e);
+    match &e.failure {
+        _ if code == Some(OUTSIDE_WINDOW) => {
             SendError::Rejected(format!("{OUTSIDE_WINDOW_TEXT} ({e})"))
         }
         // An expired token is the operator's to fix; the reply stays owed
         // meanwhile instead of being spent on attempts that cannot pass.
-        _ if e.code() == Some(BAD_TOKEN) => SendError::Unavailable(format!(
+        _ if code == Some(BAD_TOKEN) => SendError::Unavailable(format!(
             "WhatsApp Cloud: the access token is invalid or expired; replace \
              WHATSAPP_CLOUD_TOKEN ({e})"
         )),
-        _ if e.is_rate_limit() => SendError::RateLimited(e.retry_after().unwrap_or(wait)),
-        ApiError::Status { status, .. } if *status >= 500 => SendError::Transient(e.to_string()),
-        ApiError::Status { .. } => SendError::Rejected(e.to_string()),
-        ApiError::Connect(m) => SendError::Unavailable(format!("cannot connect to Graph: {m}")),
-        ApiError::Timeout(m) | ApiError::Other(m) => SendError::Ambiguous(m.clone()),
+        _ if is_rate_limit(e) => SendError::RateLimited(e.retry_after().unwrap_or(wait)),
+        // Graph's reasons are read whole, with the code and trace id.
+        Failure::Status { status, .. } if *status >= 500 => SendError::Transient(e.to_string()),
+        Failure::Status { .. } => SendError::Rejected(e.to_string()),
+        Failure::Connect(m) => SendError::Unavailable(format!("cannot connect to Graph: {m}")),
+        Failure::Timeout(_) | Failure::Other(_) => e.clone().classify(),
     }
 }
 
 /// A client bound to one number's `/messages` endpoint and token.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct Api {
-    client: reqwest::Client,
+    http: Http,
     /// `{graph_base}/{api_version}/{phone_number_id}/messages`.
     messages_url: String,
-    token: String,
-}
-
-impl std::fmt::Debug for Api {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Api")
-            .field("messages_url", &self.messages_url)
-            .finish_non_exhaustive()
-    }
+    token: Secret,
 }
 
 /// Graph's error envelope.
@@ -176,40 +113,28 @@ struct GraphError {
 }
 
 impl Api {
-    pub(crate) fn new(messages_url: String, token: &str) -> Result<Api, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| e.without_url().to_string())?;
+    pub(crate) fn new(messages_url: String, token: &Secret) -> Result<Api, String> {
         Ok(Api {
-            client,
+            http: Http::new(GRAPH)?.hiding(token, "<token>"),
             messages_url,
-            token: token.to_owned(),
+            token: token.clone(),
         })
     }
 
     /// `POST .../messages` with `body`; Graph's JSON answer.
     pub(crate) async fn post(&self, body: &Value, timeout: Duration) -> Result<Value, ApiError> {
-        let response = self
-            .client
+        let request = self
+            .http
+            .client()
             .post(&self.messages_url)
-            .header(AUTHORIZATION, format!("Bearer {}", self.token))
-            .json(body)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| self.network_error(e))?;
-        let status = response.status().as_u16();
-        let retry_after = retry_after(response.headers());
-        let body = response.bytes().await.map_err(|e| self.network_error(e))?;
-        if (200..300).contains(&status) {
-            // A success status with a garbled body may still mean the
-            // message went out: ambiguous, never retried as transient.
-            return serde_json::from_slice(&body).map_err(|e| {
-                ApiError::Other(format!("HTTP {status} with an unreadable body: {e}"))
-            });
+            .header(AUTHORIZATION, format!("Bearer {}", self.token.expose()))
+            .json(body);
+        let answer = self.http.send(request, timeout).await?;
+        if answer.is_success() {
+            return self.http.decode(&answer);
         }
-        let (code, message, trace) = match serde_json::from_slice::<Envelope>(&body) {
+        let status = answer.status;
+        let (code, mut message) = match serde_json::from_slice::<Envelope>(&answer.body) {
             Ok(Envelope { error }) => {
                 let details = error
                     .error_data
@@ -225,52 +150,23 @@ impl Api {
                 if let Some(sub) = error.error_subcode {
                     message.push_str(&format!(" [subcode {sub}]"));
                 }
-                (error.code, message, error.fbtrace_id)
+                if let Some(trace) = error.fbtrace_id {
+                    message.push_str(&format!(" [fbtrace_id {trace}]"));
+                }
+                (error.code, message)
             }
-            Err(_) => (None, format!("HTTP {status}"), None),
+            Err(_) => (None, format!("HTTP {status}")),
         };
-        Err(ApiError::Status {
+        if message.is_empty() {
+            message = format!("HTTP {status}");
+        }
+        Err(self.http.refused(
             status,
-            code,
-            message: self.redact(&message),
-            trace,
-            retry_after,
-        })
+            code.map(|c| c.to_string()),
+            &message,
+            answer.retry_after(),
+        ))
     }
-
-    fn network_error(&self, e: reqwest::Error) -> ApiError {
-        let connect = e.is_connect();
-        let timeout = e.is_timeout();
-        let e = e.without_url();
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        let text = self.redact(&text);
-        if connect {
-            ApiError::Connect(text)
-        } else if timeout {
-            ApiError::Timeout(text)
-        } else {
-            ApiError::Other(text)
-        }
-    }
-
-    fn redact(&self, text: &str) -> String {
-        if self.token.is_empty() {
-            text.to_owned()
-        } else {
-            text.replace(&self.token, "<token>")
-        }
-    }
-}
-
-/// `Retry-After` in whole seconds (Graph rarely sends one; proxies do).
-fn retry_after(headers: &HeaderMap) -> Option<u64> {
-    crate::net::header_secs(headers, RETRY_AFTER.as_str())
 }
 
 /// The id of the sent message in Graph's answer (`messages[0].id`).
@@ -288,13 +184,15 @@ mod tests {
     use super::*;
 
     fn status(status: u16, code: Option<i64>) -> ApiError {
-        ApiError::Status {
-            status,
-            code,
-            message: "m".into(),
-            trace: Some("Atrace".into()),
-            retry_after: None,
-        }
+        HttpError::new(
+            GRAPH,
+            Failure::Status {
+                status,
+                code: code.map(|c| c.to_string()),
+                message: "m [fbtrace_id Atrace]".into(),
+                retry_after: None,
+            },
+        )
     }
 
     #[test]
@@ -315,13 +213,15 @@ mod tests {
             classify(&status(429, None), wait),
             SendError::RateLimited(wait)
         );
-        let hinted = ApiError::Status {
-            status: 429,
-            code: None,
-            message: "slow down".into(),
-            trace: None,
-            retry_after: Some(7),
-        };
+        let hinted = HttpError::new(
+            GRAPH,
+            Failure::Status {
+                status: 429,
+                code: None,
+                message: "slow down".into(),
+                retry_after: Some(Duration::from_secs(7)),
+            },
+        );
         assert_eq!(
             classify(&hinted, wait),
             SendError::RateLimited(Duration::from_secs(7))
@@ -345,11 +245,11 @@ mod tests {
             ));
         }
         assert!(matches!(
-            classify(&ApiError::Connect("x".into()), wait),
+            classify(&HttpError::new(GRAPH, Failure::Connect("x".into())), wait),
             SendError::Unavailable(_)
         ));
         assert!(matches!(
-            classify(&ApiError::Timeout("x".into()), wait),
+            classify(&HttpError::new(GRAPH, Failure::Timeout("x".into())), wait),
             SendError::Ambiguous(_)
         ));
     }

@@ -36,6 +36,7 @@ mod format;
 mod mapping;
 mod server;
 
+use crate::registry::{BuildError, Built, Platform, Setup};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -49,7 +50,7 @@ use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
-use talaria_core::config::WhatsappCloudConfig;
+use talaria_core::config::{WhatsappCloudConfig, platform_var, secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
 
 use crate::ingress::{InboxSlot, Mount};
@@ -73,7 +74,7 @@ const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
 
 /// What the adapter needs, resolved from `platforms.whatsapp_cloud` and
 /// the environment.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct WhatsappSettings {
     /// The access token for the Graph API.
     pub token: Secret,
@@ -98,20 +99,6 @@ pub struct WhatsappSettings {
     /// time. Graph's limits are per second or so (one message every six
     /// seconds to the same user, at most).
     pub rate_limit_wait: Duration,
-}
-
-impl fmt::Debug for WhatsappSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WhatsappSettings")
-            .field("token", &self.token)
-            .field("phone_number_id", &self.phone_number_id)
-            .field("app_secret", &self.app_secret)
-            .field("verify_token", &self.verify_token)
-            .field("graph_base", &self.graph_base)
-            .field("api_version", &self.api_version)
-            .field("max_body_bytes", &self.max_body_bytes)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Why the adapter cannot be configured.
@@ -201,25 +188,15 @@ impl WhatsappSettings {
         config: &WhatsappCloudConfig,
         env: &Env,
     ) -> Result<Option<WhatsappSettings>, WhatsappError> {
-        let pick = |configured: Option<&str>, key: &str| -> Option<String> {
-            configured
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-                .map(str::to_owned)
-                .or_else(|| {
-                    env.get(&talaria_core::config::platform_var(PLATFORM, key))
-                        .map(str::trim)
-                        .filter(|v| !v.is_empty())
-                        .map(str::to_owned)
-                })
-        };
-        let token = pick(config.token.as_ref().map(Secret::expose), "TOKEN");
-        let number = pick(config.phone_number_id.as_deref(), "PHONE_NUMBER_ID");
-        let app_secret = pick(config.app_secret.as_ref().map(Secret::expose), "APP_SECRET");
-        let verify = pick(
-            config.verify_token.as_ref().map(Secret::expose),
-            "VERIFY_TOKEN",
+        let var = |key| platform_var(PLATFORM, key);
+        let token = secret_or_env(config.token.as_ref(), env, &var("TOKEN"));
+        let number = text_or_env(
+            config.phone_number_id.as_deref(),
+            env,
+            &var("PHONE_NUMBER_ID"),
         );
+        let app_secret = secret_or_env(config.app_secret.as_ref(), env, &var("APP_SECRET"));
+        let verify = secret_or_env(config.verify_token.as_ref(), env, &var("VERIFY_TOKEN"));
         let any = token.is_some() || number.is_some() || app_secret.is_some() || verify.is_some();
         if !config.enabled.unwrap_or(any) {
             return Ok(None);
@@ -242,7 +219,12 @@ impl WhatsappSettings {
             graph_base: config.graph_base.trim().to_owned(),
             api_version: config.api_version.trim().to_owned(),
             max_body_bytes: config.max_body_bytes,
-            ..WhatsappSettings::new(&token, &number, &app_secret, &verify)
+            ..WhatsappSettings::new(
+                token.expose(),
+                &number,
+                app_secret.expose(),
+                verify.expose(),
+            )
         }))
     }
 }
@@ -319,7 +301,7 @@ impl WhatsappAdapter {
             return Err(WhatsappError::ZeroBodyLimit);
         }
         let url = format!("{base}/{version}/{number}/messages");
-        let api = Api::new(url, token).map_err(WhatsappError::Client)?;
+        let api = Api::new(url, &Secret::new(token)).map_err(WhatsappError::Client)?;
         let mac = <hmac::Hmac<Sha256> as Mac>::new_from_slice(
             settings.app_secret.expose().trim().as_bytes(),
         )
@@ -365,7 +347,7 @@ impl WhatsappAdapter {
                         )
                     });
                 }
-                Err(e) if e.is_rate_limit() => {
+                Err(e) if api::is_rate_limit(&e) => {
                     let wait = e.retry_after().unwrap_or(backoff);
                     if retries >= self.rate_limit_retries || wait > MAX_RETRY_WAIT {
                         tracing::warn!(error = %e, "WhatsApp rate limit; giving up for now");
@@ -384,7 +366,7 @@ impl WhatsappAdapter {
     /// Classifies a failed send and logs what the operator must know.
     fn report(&self, e: ApiError) -> SendError {
         let classified = api::classify(&e, self.rate_limit_wait);
-        match e.code() {
+        match api::graph_code(&e) {
             Some(api::OUTSIDE_WINDOW) => tracing::warn!(
                 error = %e,
                 "WhatsApp refused a reply: the 24-hour customer service window is closed; \
@@ -484,6 +466,29 @@ impl Adapter for WhatsappAdapter {
             .map(|_| ())
             .map_err(|e| api::classify(&e, self.rate_limit_wait))
     }
+}
+
+/// The registry's entry for WhatsApp Cloud.
+pub const ENTRY: Platform = Platform {
+    name: PLATFORM,
+    title: "WhatsApp Cloud",
+    standalone: true,
+    build,
+};
+
+fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
+    let Some(settings) =
+        WhatsappSettings::from_config(&setup.config.platforms.whatsapp_cloud, setup.env)
+            .map_err(BuildError::misconfigured)?
+    else {
+        return Ok(None);
+    };
+    let adapter = WhatsappAdapter::new(settings).map_err(BuildError::set_up)?;
+    let mount = adapter.mount();
+    Ok(Some(Built {
+        adapter: std::sync::Arc::new(adapter),
+        mount: Some(mount),
+    }))
 }
 
 #[cfg(test)]
