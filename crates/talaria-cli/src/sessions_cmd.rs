@@ -7,16 +7,9 @@ use talaria_store::{SearchQuery, SessionFilter, SessionRecord};
 
 use crate::runtime::Runtime;
 
-/// A stored timestamp as local `YYYY-MM-DD HH:MM`, for listings.
-pub(crate) fn when(ts: f64) -> String {
-    chrono::DateTime::from_timestamp(ts as i64, 0)
-        .map(|t| {
-            t.with_timezone(&chrono::Local)
-                .format("%Y-%m-%d %H:%M")
-                .to_string()
-        })
-        .unwrap_or_else(|| "?".to_owned())
-}
+/// A stored timestamp as local `YYYY-MM-DD HH:MM`, for listings: the
+/// form the chat commands' `/sessions` uses too.
+pub(crate) use talaria_gateway::slash::when;
 
 fn one_line(text: &str, max: usize) -> String {
     let flat: String = text

@@ -155,7 +155,7 @@ fn title_status_undo_and_retry_work_on_the_current_session() {
 fn sessions_resume_new_and_the_prompt_only_commands() {
     let mut c = start();
     c.ask("/title Older", "Title set: Older");
-    c.ask("/new Fresh start", "new session");
+    c.ask("/new Fresh start", "new conversation");
     let list = c.ask("/sessions", "(current)");
     assert!(list.contains(" 1. Fresh start"), "{list}");
     let rest = c.ask("/status", "Model: mock-model");
@@ -164,12 +164,12 @@ fn sessions_resume_new_and_the_prompt_only_commands() {
 
     // Both sessions are empty: a bare /resume has nowhere to go back to,
     // but a title (or number) opens one anyway.
-    c.ask("/resume", "No other session has a conversation");
+    c.ask("/resume", "No other conversation has messages");
     c.ask("/resume older", "Resumed Older");
     c.ask("/status", "(Older)");
     c.ask("/resume fresh START", "Resumed Fresh start");
-    c.ask("/resume 1", "That is the current session.");
-    c.ask("/resume 9", "No session matches");
+    c.ask("/resume 1", "That is the current conversation.");
+    c.ask("/resume 9", "No conversation matches");
 
     c.ask("/stop", "Ctrl-C while a turn runs");
     c.ask("/queue", "Usage: /queue <prompt>");

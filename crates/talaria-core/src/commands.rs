@@ -3,9 +3,10 @@
 //! Both front ends split what the user typed with [`Invocation::parse`] and
 //! look the name up with [`resolve`], so a command or alias means the same
 //! thing everywhere and `/help` can never list something the dispatcher does
-//! not know. Executing a command is the
-//! front end's job; this module only says what exists, where it is offered
-//! and whether it may run while a turn is in progress.
+//! not know. Executing a command is `talaria_gateway::slash`'s job (one
+//! implementation behind a small trait each front end implements); this
+//! module only says what exists, where it is offered and whether it may run
+//! while a turn is in progress.
 
 use std::fmt::Write as _;
 
@@ -112,7 +113,7 @@ pub static COMMANDS: &[CommandDef] = &[
         "new",
         &["reset"],
         "",
-        "Start a fresh session (stops the running turn)",
+        "Start a fresh conversation (stops the running turn)",
         Both,
         Allowed,
     ),
@@ -120,7 +121,7 @@ pub static COMMANDS: &[CommandDef] = &[
         "stop",
         &[],
         "",
-        "Interrupt the running turn; the session is kept",
+        "Interrupt the running turn; the conversation is kept",
         Both,
         Allowed,
     ),
@@ -128,7 +129,7 @@ pub static COMMANDS: &[CommandDef] = &[
         "status",
         &[],
         "",
-        "Show the session, whether a turn is running and what is queued",
+        "Show the conversation, whether a turn is running and what is queued",
         Both,
         Allowed,
     ),
@@ -170,18 +171,25 @@ pub static COMMANDS: &[CommandDef] = &[
         "resume",
         &[],
         "[title or id]",
-        "Switch to an earlier session",
+        "Switch to an earlier conversation",
         Both,
         Refused,
     ),
-    def("sessions", &[], "", "List recent sessions", Both, Allowed),
+    def(
+        "sessions",
+        &[],
+        "",
+        "List recent conversations",
+        Both,
+        Allowed,
+    ),
     // Refused because the end of a turn may set the title too, and the
     // user's choice must not race with (and lose to) the automatic one.
     def(
         "title",
         &[],
         "[name]",
-        "Show or set the session title",
+        "Show or set the conversation title",
         Both,
         Refused,
     ),
@@ -197,7 +205,7 @@ pub static COMMANDS: &[CommandDef] = &[
         "undo",
         &[],
         "[N]",
-        "Remove the last N exchanges from the session",
+        "Remove the last N exchanges from the conversation",
         Both,
         Refused,
     ),
@@ -232,7 +240,7 @@ pub static COMMANDS: &[CommandDef] = &[
         "usage",
         &[],
         "",
-        "Show token usage for this session",
+        "Show token usage for this conversation",
         Both,
         Allowed,
     ),

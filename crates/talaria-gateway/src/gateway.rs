@@ -228,10 +228,9 @@ impl Gateway {
     /// status file says `stopped`.
     pub async fn run(self, shutdown: CancellationToken) {
         let platforms: Vec<&str> = self.adapters.iter().map(|a| a.platform()).collect();
-        self.hooks.emit(
-            events::GATEWAY_STARTUP,
-            serde_json::json!({ "platforms": platforms }),
-        );
+        self.hooks.fire(&events::GatewayStartup {
+            platforms: &platforms,
+        });
         // Alive before anything is recorded under this node's name; the
         // heartbeat keeps it so until the very end of the stop.
         if let Err(e) = self.node.announce(self.store.as_ref()).await {
@@ -308,9 +307,8 @@ impl Gateway {
             scheduler.stop(grace).await;
         }
         if self.hooks.wants(events::GATEWAY_SHUTDOWN) {
-            let hooks = self
-                .hooks
-                .emit_and_wait(events::GATEWAY_SHUTDOWN, serde_json::json!({}));
+            let shutdown = events::GatewayShutdown::default();
+            let hooks = self.hooks.fire_and_wait(&shutdown);
             if tokio::time::timeout(SHUTDOWN_HOOKS_WAIT, hooks)
                 .await
                 .is_err()

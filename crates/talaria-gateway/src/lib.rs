@@ -12,8 +12,11 @@
 //! The data path, in order:
 //!
 //! - [`pairing`]: DM pairing codes for strangers.
-//! - [`runner`]: the order every event goes through (authorization,
-//!   commands, the busy guard) and the per-chat lanes that run turns.
+//! - [`runner`]: the order every event goes through (intake and
+//!   authorization, commands, the busy guard) and the per-chat lanes that
+//!   run turns; a folder with one module per concern.
+//! - [`slash`]: what slash commands do, written once behind a small
+//!   front-end trait that the runner (a chat) and the CLI's REPL implement.
 //! - [`owed`]: every accepted message owed an answer until one is stored;
 //!   what a dead node left unanswered runs again or is said lost.
 //! - [`turn_lease`]: with a shared store, one running turn per session
@@ -42,7 +45,7 @@
 //!   twice.
 //! - [`hooks`]: user programs run on gateway events (startup, messages,
 //!   turns, commands), isolated in their own processes and bounded in time
-//!   and number.
+//!   and number; each event's payload is a type in [`hooks::events`].
 //!
 //! Process-level pieces:
 //!
@@ -72,6 +75,7 @@ pub mod preview;
 pub mod process;
 pub mod router;
 pub mod runner;
+pub mod slash;
 pub mod supervisor;
 pub mod token_lock;
 pub mod turn_lease;

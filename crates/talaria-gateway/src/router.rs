@@ -507,17 +507,14 @@ impl ExpiryWatcher {
         let platform = SessionKey::parse(&route.session_key)
             .map(|k| k.platform().to_owned())
             .unwrap_or_default();
-        self.hooks.emit(
-            events::SESSION_END,
-            serde_json::json!({
-                "platform": platform,
-                // Hashed as the runner hashes keys for hooks, so a hook can
-                // match this end with the session's start.
-                "session_key": talaria_core::ids::hash_id("key", &route.session_key),
-                "session_id": route.session_id,
-                "reason": Started::from(reason).as_str(),
-            }),
-        );
+        // The key is hashed as the runner hashes keys for hooks, so a hook
+        // can match this end with the session's start.
+        self.hooks.fire(&events::SessionEnd {
+            platform: &platform,
+            session_key: &route.session_key,
+            session_id: &route.session_id,
+            reason: Started::from(reason).as_str(),
+        });
     }
 }
 

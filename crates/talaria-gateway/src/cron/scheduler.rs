@@ -33,7 +33,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::json;
 use talaria_agent::interaction::NoHuman;
 use talaria_agent::tools::Registry;
 use talaria_agent::{Agent, NullObserver, TurnExit, TurnOptions};
@@ -437,18 +436,18 @@ impl Scheduler {
         {
             tracing::debug!(job = %job.name, error = %e, "could not prune old cron run records");
         }
-        let payload = json!({
-            "job_id": job.id,
-            "job_name": job.name,
-            "scheduled_at": scheduled.timestamp(),
-            "trigger": trigger.as_str(),
-            "status": status.as_str(),
-            "session_id": session_id,
-        });
+        let event = events::CronRun {
+            job_id: &job.id,
+            job_name: &job.name,
+            scheduled_at: scheduled.timestamp(),
+            trigger: trigger.as_str(),
+            status: status.as_str(),
+            session_id: &session_id,
+        };
         if inner.await_hooks {
-            inner.hooks.emit_and_wait(events::CRON_RUN, payload).await;
+            inner.hooks.fire_and_wait(&event).await;
         } else {
-            inner.hooks.emit(events::CRON_RUN, payload);
+            inner.hooks.fire(&event);
         }
         RunReport {
             job_id: job.id.clone(),
