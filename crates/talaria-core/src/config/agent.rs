@@ -1,0 +1,280 @@
+//! The model, its fallbacks, and how the agent runs: turns, memory,
+//! compression, approvals, the terminal tool.
+
+use super::*;
+
+/// Which API a provider speaks and where it lives by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Any OpenAI-compatible endpoint (llama.cpp, vLLM, Ollama, LM Studio, ...).
+    #[default]
+    Custom,
+    Openai,
+    Openrouter,
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Custom => "custom",
+            ProviderKind::Openai => "openai",
+            ProviderKind::Openrouter => "openrouter",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    /// The environment variable that holds this provider's key.
+    pub fn api_key_env(self) -> &'static str {
+        match self {
+            ProviderKind::Custom | ProviderKind::Openai => "OPENAI_API_KEY",
+            ProviderKind::Openrouter => "OPENROUTER_API_KEY",
+            ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+        }
+    }
+
+    /// The base URL used when none is configured; `None` for `custom`, which
+    /// has no sensible default and must be told where the server is.
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            ProviderKind::Custom => None,
+            ProviderKind::Openai => Some("https://api.openai.com/v1"),
+            ProviderKind::Openrouter => Some("https://openrouter.ai/api/v1"),
+            ProviderKind::Anthropic => Some("https://api.anthropic.com"),
+        }
+    }
+
+    /// Whether the provider speaks the Anthropic Messages API.
+    pub fn is_anthropic(self) -> bool {
+        matches!(self, ProviderKind::Anthropic)
+    }
+}
+
+/// The primary model (`model:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModelConfig {
+    /// Model name sent to the provider.
+    pub default: Option<String>,
+    pub provider: ProviderKind,
+    pub base_url: Option<String>,
+    pub api_key: Option<Secret>,
+    /// Context window in tokens; drives compression.
+    pub context_length: u64,
+    /// Output cap per request; `None` lets the server decide (Anthropic
+    /// requires one, so its adapter falls back to 4096).
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> ModelConfig {
+        ModelConfig {
+            default: None,
+            provider: ProviderKind::Custom,
+            base_url: None,
+            api_key: None,
+            context_length: 128_000,
+            max_tokens: None,
+            temperature: None,
+        }
+    }
+}
+
+/// One entry of `fallback_providers:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FallbackProvider {
+    pub provider: ProviderKind,
+    pub model: String,
+    #[serde(default)]
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+}
+
+/// A fully resolved provider endpoint: everything a client needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub provider: ProviderKind,
+    pub model: String,
+    pub base_url: String,
+    pub api_key: Option<Secret>,
+}
+
+/// The agent loop (`agent:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentConfig {
+    /// Model calls allowed in one turn before a final summary is forced.
+    pub max_turns: u32,
+    /// Tool output above this many characters is spilled to a file.
+    pub tool_output_max_chars: usize,
+    /// Attempts per model call, the first one included, before falling
+    /// back (3: one call and up to two retries). The name is hermes'.
+    pub api_max_retries: u32,
+    /// Seconds to establish a connection to the model server.
+    pub connect_timeout_secs: u64,
+    /// Seconds without a byte on a streaming response before it is dropped.
+    pub stream_stale_timeout_secs: u64,
+    /// Seconds a non-streaming request may take in total.
+    pub request_timeout_secs: u64,
+    /// Prefer streaming; a server that refuses it falls back automatically.
+    pub stream: bool,
+}
+
+impl Default for AgentConfig {
+    fn default() -> AgentConfig {
+        AgentConfig {
+            max_turns: 90,
+            tool_output_max_chars: 100_000,
+            api_max_retries: 3,
+            connect_timeout_secs: 15,
+            stream_stale_timeout_secs: 180,
+            request_timeout_secs: 600,
+            stream: true,
+        }
+    }
+}
+
+/// Built-in memory (`memory:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MemoryConfig {
+    pub enabled: bool,
+    /// Limit on the whole joined text of MEMORY.md.
+    pub memory_char_limit: usize,
+    /// Limit on the whole joined text of USER.md.
+    pub user_char_limit: usize,
+    /// User turns between two background memory reviews; 0 turns them off.
+    pub nudge_interval: u32,
+    /// The external memory provider, if any (`mem0`).
+    pub provider: Option<String>,
+    /// Milliseconds a provider's recall may take before the turn goes on
+    /// without it.
+    pub prefetch_timeout_ms: u64,
+    /// The mem0-compatible service, for `provider: mem0`.
+    pub mem0: Mem0Config,
+}
+
+/// `memory.mem0:`: a mem0-compatible memory service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Mem0Config {
+    pub base_url: String,
+    /// Whose memories: one user per Talaria home.
+    pub user_id: String,
+    /// Or `MEM0_API_KEY`.
+    pub api_key: Option<Secret>,
+    /// Memories recalled per turn.
+    pub limit: u32,
+}
+
+impl Default for Mem0Config {
+    fn default() -> Mem0Config {
+        Mem0Config {
+            base_url: "https://api.mem0.ai".into(),
+            user_id: "talaria".into(),
+            api_key: None,
+            limit: 5,
+        }
+    }
+}
+
+impl Default for MemoryConfig {
+    fn default() -> MemoryConfig {
+        MemoryConfig {
+            enabled: true,
+            nudge_interval: 10,
+            provider: None,
+            prefetch_timeout_ms: 1500,
+            mem0: Mem0Config::default(),
+            memory_char_limit: 2200,
+            user_char_limit: 1375,
+        }
+    }
+}
+
+/// Context compression (`compression:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CompressionConfig {
+    pub enabled: bool,
+    /// Share of the context window at which older turns are summarised.
+    pub threshold: f64,
+    /// Non-system messages at the start that are never summarised.
+    pub protect_first_n: usize,
+    /// Messages at the end that are never summarised.
+    pub protect_last_n: usize,
+}
+
+impl Default for CompressionConfig {
+    fn default() -> CompressionConfig {
+        CompressionConfig {
+            enabled: true,
+            threshold: 0.75,
+            protect_first_n: 3,
+            protect_last_n: 8,
+        }
+    }
+}
+
+/// How the dangerous-command guard asks (`approvals:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalMode {
+    /// Ask a human for every command on the pattern list.
+    #[default]
+    Manual,
+    /// Run pattern-list commands without asking. The hardline list still blocks.
+    Off,
+}
+
+/// `approvals:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApprovalsConfig {
+    pub mode: ApprovalMode,
+    /// Seconds to wait for an answer; silence is a denial.
+    pub timeout_secs: u64,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> ApprovalsConfig {
+        ApprovalsConfig {
+            mode: ApprovalMode::Manual,
+            timeout_secs: 60,
+        }
+    }
+}
+
+/// The `terminal` tool (`terminal:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TerminalConfig {
+    /// Default command timeout in seconds (a call may ask for less or more,
+    /// up to `max_timeout_secs`).
+    pub timeout_secs: u64,
+    pub max_timeout_secs: u64,
+    /// Output kept from one command, head and tail.
+    pub max_output_chars: usize,
+    /// Working directory; `None` means the directory Talaria was started in.
+    pub cwd: Option<PathBuf>,
+    /// Names of environment variables a command inherits besides the
+    /// harmless base set (`PATH`, `HOME`, `LANG`, ...). Nothing else of
+    /// Talaria's environment reaches a command, so provider keys and bot
+    /// tokens stay out of `env` unless named here.
+    pub env_passthrough: Vec<String>,
+}
+
+impl Default for TerminalConfig {
+    fn default() -> TerminalConfig {
+        TerminalConfig {
+            timeout_secs: 180,
+            max_timeout_secs: 3600,
+            max_output_chars: 50_000,
+            cwd: None,
+            env_passthrough: Vec::new(),
+        }
+    }
+}

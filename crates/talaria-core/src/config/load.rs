@@ -1,0 +1,325 @@
+//! Parsing, defaults from the environment, validation and [`load`]: from
+//! files to a checked [`Config`].
+
+use super::*;
+
+impl Config {
+    /// Parses YAML text. `origin` names the file in messages.
+    pub fn parse(text: &str, origin: &Path) -> Result<(Config, Vec<String>), ConfigError> {
+        let value: serde_json::Value =
+            serde_saphyr::from_str(text).map_err(|e| yaml_errors::syntax(text, origin, &e))?;
+        // An empty file parses as null: that is "all defaults", not an error.
+        let value = if value.is_null() {
+            serde_json::Value::Object(Default::default())
+        } else {
+            value
+        };
+        let mut unknown = Vec::new();
+        let mut on_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+        let de = serde_ignored::Deserializer::new(value, &mut on_unknown);
+        let config: Config = serde_path_to_error::deserialize(de)
+            .map_err(|e| yaml_errors::invalid(text, origin, e))?;
+        config
+            .validate(origin)
+            .map_err(|e| yaml_errors::with_line(text, e))?;
+        let warnings = unknown
+            .into_iter()
+            .map(|k| format!("{}: unknown key `{k}` (ignored)", origin.display()))
+            .collect();
+        Ok((config, warnings))
+    }
+
+    fn validate(&self, origin: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: &str| ConfigError::Invalid {
+            path: origin.to_owned(),
+            key: key.to_owned(),
+            line: None,
+            message: message.to_owned(),
+        };
+        let url_ok = |u: &str| u.starts_with("http://") || u.starts_with("https://");
+        if let Some(u) = &self.model.base_url
+            && !url_ok(u)
+        {
+            return Err(invalid(
+                "model.base_url",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        for (i, f) in self.fallback_providers.iter().enumerate() {
+            if let Some(u) = &f.base_url
+                && !url_ok(u)
+            {
+                return Err(invalid(
+                    &format!("fallback_providers[{i}].base_url"),
+                    "expected an http:// or https:// URL",
+                ));
+            }
+            if f.model.trim().is_empty() {
+                return Err(invalid(
+                    &format!("fallback_providers[{i}].model"),
+                    "expected a model name",
+                ));
+            }
+        }
+        if self.session_reset.at_hour > 23 {
+            return Err(invalid(
+                "session_reset.at_hour",
+                "expected an hour from 0 to 23",
+            ));
+        }
+        if !url_ok(&self.platforms.telegram.base_url) {
+            return Err(invalid(
+                "platforms.telegram.base_url",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if self
+            .platforms
+            .matrix
+            .homeserver
+            .as_deref()
+            .is_some_and(|u| !url_ok(u))
+        {
+            return Err(invalid(
+                "platforms.matrix.homeserver",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if self
+            .platforms
+            .signal
+            .http_url
+            .as_deref()
+            .is_some_and(|u| !url_ok(u))
+        {
+            return Err(invalid(
+                "platforms.signal.http_url",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if !url_ok(&self.platforms.slack.api_base) {
+            return Err(invalid(
+                "platforms.slack.api_base",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if !url_ok(&self.platforms.sms.api_base) {
+            return Err(invalid(
+                "platforms.sms.api_base",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if self.agent.max_turns == 0 {
+            return Err(invalid(
+                "agent.max_turns",
+                "expected an integer of at least 1",
+            ));
+        }
+        if self.agent.tool_output_max_chars < 1000 {
+            return Err(invalid(
+                "agent.tool_output_max_chars",
+                "expected an integer of at least 1000",
+            ));
+        }
+        if !(self.compression.threshold > 0.0 && self.compression.threshold <= 1.0) {
+            return Err(invalid(
+                "compression.threshold",
+                "expected a number above 0 and at most 1",
+            ));
+        }
+        for (name, server) in &self.mcp_servers {
+            let key = |field: &str| format!("mcp_servers.{name}{field}");
+            if !valid_mcp_server_name(name) {
+                return Err(invalid(
+                    &key(""),
+                    "a server name is letters, digits, `_` and `-` (at most 32)",
+                ));
+            }
+            match (&server.command, &server.url) {
+                (Some(_), Some(_)) => {
+                    return Err(invalid(
+                        &key(""),
+                        "give either `command` (stdio) or `url` (HTTP), not both",
+                    ));
+                }
+                (None, None) => {
+                    return Err(invalid(
+                        &key(""),
+                        "give `command` (a program spoken to over stdio) or `url` (a Streamable HTTP endpoint)",
+                    ));
+                }
+                (Some(c), None) if c.trim().is_empty() => {
+                    return Err(invalid(&key(".command"), "expected a program to run"));
+                }
+                (None, Some(u)) if !url_ok(u) => {
+                    return Err(invalid(&key(".url"), "expected an http:// or https:// URL"));
+                }
+                _ => {}
+            }
+            if server.timeout == 0 || server.connect_timeout == 0 {
+                return Err(invalid(
+                    &key(".timeout"),
+                    "timeouts are whole seconds, at least 1",
+                ));
+            }
+        }
+        if self.curator.archive_after_days <= self.curator.stale_after_days {
+            return Err(invalid(
+                "curator.archive_after_days",
+                "expected more days than curator.stale_after_days",
+            ));
+        }
+        match self.memory.provider.as_deref() {
+            None | Some("mem0") => {}
+            Some(other) => {
+                return Err(invalid(
+                    "memory.provider",
+                    &format!("`{other}` is not a memory provider Talaria knows (mem0)"),
+                ));
+            }
+        }
+        if !url_ok(&self.memory.mem0.base_url) {
+            return Err(invalid(
+                "memory.mem0.base_url",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if let Err(e) = self.cron.zone() {
+            return Err(invalid("cron.timezone", &e));
+        }
+        if self.cron.max_parallel == 0 {
+            return Err(invalid(
+                "cron.max_parallel",
+                "expected an integer of at least 1",
+            ));
+        }
+        if self.cron.output_retention == 0 {
+            return Err(invalid(
+                "cron.output_retention",
+                "expected an integer of at least 1",
+            ));
+        }
+        if self.model.context_length < 1024 {
+            return Err(invalid(
+                "model.context_length",
+                "expected an integer of at least 1024",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The primary endpoint, or a message saying exactly what to set.
+    pub fn primary_endpoint(&self, env: &Env) -> Result<Endpoint, String> {
+        let provider = self.model.provider;
+        // The environment wins over the file, so one run can point at
+        // another model or server without editing config.yaml.
+        let model = env
+            .get("TALARIA_MODEL")
+            .map(str::to_owned)
+            .or_else(|| self.model.default.clone())
+            .ok_or_else(|| {
+                "no model is configured: set `model.default` (and `model.base_url` for a \
+                 custom OpenAI-compatible server) in config.yaml, or run `talaria setup`"
+                    .to_owned()
+            })?;
+        let base_url = env
+            .get("TALARIA_BASE_URL")
+            .map(str::to_owned)
+            .or_else(|| self.model.base_url.clone())
+            .or_else(|| provider.default_base_url().map(str::to_owned))
+            .ok_or_else(|| {
+                "provider `custom` needs `model.base_url` in config.yaml, for example \
+                 http://127.0.0.1:8080/v1 for llama.cpp"
+                    .to_owned()
+            })?;
+        let api_key = self
+            .model
+            .api_key
+            .clone()
+            .or_else(|| env.get(provider.api_key_env()).map(Secret::new));
+        if api_key.is_none() && provider != ProviderKind::Custom {
+            return Err(format!(
+                "provider `{}` needs an API key: set `model.api_key` or {}",
+                provider.as_str(),
+                provider.api_key_env()
+            ));
+        }
+        Ok(Endpoint {
+            provider,
+            model,
+            base_url,
+            api_key,
+        })
+    }
+
+    /// The fallback endpoints in order. Entries that cannot be used (no key)
+    /// are skipped with a warning instead of failing the primary.
+    pub fn fallback_endpoints(&self, env: &Env) -> (Vec<Endpoint>, Vec<String>) {
+        let mut out = Vec::new();
+        let mut warnings = Vec::new();
+        for (i, f) in self.fallback_providers.iter().enumerate() {
+            let base_url = f
+                .base_url
+                .clone()
+                .or_else(|| f.provider.default_base_url().map(str::to_owned));
+            let Some(base_url) = base_url else {
+                warnings.push(format!(
+                    "fallback_providers[{i}] is skipped: provider `custom` needs base_url"
+                ));
+                continue;
+            };
+            let api_key = f
+                .api_key
+                .clone()
+                .or_else(|| env.get(f.provider.api_key_env()).map(Secret::new));
+            if api_key.is_none() && f.provider != ProviderKind::Custom {
+                warnings.push(format!(
+                    "fallback_providers[{i}] is skipped: no api_key and {} is not set",
+                    f.provider.api_key_env()
+                ));
+                continue;
+            }
+            out.push(Endpoint {
+                provider: f.provider,
+                model: f.model.clone(),
+                base_url,
+                api_key,
+            });
+        }
+        (out, warnings)
+    }
+
+    /// Every secret value written in the file itself: every [`Secret`]
+    /// field, wherever it is (found by [`collect_secrets`], so no list of
+    /// fields can fall behind the schema), the credentials inside URLs, and
+    /// literal MCP credentials (`${VAR}` references are resolved, and
+    /// redacted, from the environment instead).
+    pub fn secret_values(&self) -> Vec<String> {
+        collect_secrets(self)
+    }
+}
+
+/// Loads `config.yaml` and `.env` from the home. A missing config file is not
+/// an error: it means "all defaults".
+pub fn load(home: &Home) -> Result<Loaded, ConfigError> {
+    let path = home.config_file();
+    let env = Env::load(&home.dotenv_file())?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => return Err(ConfigError::Read { path, source }),
+    };
+    let (config, warnings, found) = match text {
+        Some(t) => {
+            let (c, w) = Config::parse(&t, &path)?;
+            (c, w, Some(path))
+        }
+        None => (Config::default(), Vec::new(), None),
+    };
+    Ok(Loaded {
+        config,
+        warnings,
+        env,
+        path: found,
+    })
+}

@@ -1,0 +1,125 @@
+//! The one typed configuration schema, its defaults, and how it is loaded.
+//!
+//! Every command reads configuration through [`load`], so defaults live in
+//! exactly one place: the `Default` impls below. Unknown keys are reported as
+//! warnings that name the key path (a typo must not silently do nothing);
+//! values of the wrong form are errors that name the key and the form
+//! expected.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::home::Home;
+
+/// Errors reading or validating configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Not YAML at all (a tab used for indentation, an unclosed bracket,
+    /// a key given twice).
+    #[error("{path}{}: {message}", at_line(*.line))]
+    Syntax {
+        path: PathBuf,
+        /// Where, counting from 1, when known.
+        line: Option<u64>,
+        message: String,
+    },
+    /// YAML, but a value of the wrong form; `key` is its path
+    /// (`agent.max_turns`, `fallback_providers[0].model`).
+    #[error("{path}{}: `{key}`: {message}", at_line(*.line))]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        /// The key's line, counting from 1, when known.
+        line: Option<u64>,
+        message: String,
+    },
+    #[error("cannot read {path}: {message}")]
+    DotEnv { path: PathBuf, message: String },
+}
+
+/// `, line N` after a file name, when the line is known.
+fn at_line(line: Option<u64>) -> String {
+    line.map(|n| format!(", line {n}")).unwrap_or_default()
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    pub model: ModelConfig,
+    pub fallback_providers: Vec<FallbackProvider>,
+    pub agent: AgentConfig,
+    pub memory: MemoryConfig,
+    pub compression: CompressionConfig,
+    pub approvals: ApprovalsConfig,
+    /// Commands that run without asking, written by hand: a command glob
+    /// (`git push origin *`) or a guard pattern key (every command of that
+    /// kind). Only commands without shell operators match. "Always" answers
+    /// are not added here but to `command_allowlist.txt`, as exact commands.
+    pub command_allowlist: Vec<String>,
+    pub terminal: TerminalConfig,
+    /// `talaria gateway run`: routing, busy handling, shutdown.
+    pub gateway: GatewayConfig,
+    /// When a chat's conversation starts afresh on its own.
+    pub session_reset: SessionResetConfig,
+    /// The messaging platforms the gateway connects.
+    pub platforms: PlatformsConfig,
+    /// Scheduled jobs.
+    pub cron: CronConfig,
+    /// Model Context Protocol servers whose tools the agent may use, by
+    /// name.
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
+    /// The lifecycle of skills the agent wrote itself.
+    pub curator: CuratorConfig,
+    /// Skills and the background skill review.
+    pub skills: SkillsConfig,
+    /// What the user is shown besides answers.
+    pub display: DisplayConfig,
+    /// Where sessions, the ledger and the rest are kept.
+    pub store: StoreConfig,
+}
+
+/// A parsed configuration with what was noticed on the way.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    /// Human-readable warnings (unknown keys), one per line.
+    pub warnings: Vec<String>,
+    /// Merged environment: `.env` overlaid by the process environment.
+    pub env: Env,
+    /// The file read, when one existed.
+    pub path: Option<PathBuf>,
+}
+
+/// Configuration errors in words a person reads: the line of the key an
+/// error is about, and serde's and the YAML parser's phrasing ("invalid
+/// type: string \"x\", expected u32", "set DuplicateKeyPolicy in Options")
+/// said plainly.
+mod yaml_errors;
+
+mod agent;
+mod env;
+mod gateway;
+mod load;
+mod platforms;
+mod secret;
+mod services;
+
+pub use agent::*;
+pub use env::*;
+pub use gateway::*;
+pub use load::*;
+pub use platforms::*;
+pub use secret::*;
+pub use services::*;
+
+#[cfg(test)]
+mod tests;
