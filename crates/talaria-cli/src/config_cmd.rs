@@ -1,9 +1,12 @@
 //! `talaria config show | check`.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use talaria_core::config;
 use talaria_core::{Config, Home};
+use talaria_platforms::registry::{BuildError, PLATFORMS, Setup};
+use talaria_store::CursorStore;
 
 /// Prints the effective configuration (file merged over defaults, values
 /// from the environment filled in) as YAML, with secrets masked, followed
@@ -83,11 +86,16 @@ pub fn check(home: &Home) -> anyhow::Result<ExitCode> {
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }
-    let errors = problems(&loaded.config, &loaded.env);
+    let mut errors = problems(&loaded.config, &loaded.env);
+    let (platforms, platform_errors) = platforms_on(&loaded.config, &loaded.env);
+    errors.extend(platform_errors);
     for e in &errors {
         eprintln!("error: {e}");
     }
     if errors.is_empty() {
+        if !platforms.is_empty() {
+            println!("platforms: {}", platforms.join(", "));
+        }
         let (_, fallback_warnings) = loaded.config.fallback_endpoints(&loaded.env);
         for w in fallback_warnings {
             eprintln!("warning: {w}");
@@ -102,6 +110,51 @@ pub fn check(home: &Home) -> anyhow::Result<ExitCode> {
         Ok(ExitCode::SUCCESS)
     } else {
         Ok(ExitCode::FAILURE)
+    }
+}
+
+/// Every registered platform the configuration turns on, set up as
+/// `talaria gateway run` would (nothing connects), and the errors of those
+/// that would stop the gateway.
+fn platforms_on(config: &Config, env: &talaria_core::Env) -> (Vec<&'static str>, Vec<String>) {
+    let setup = Setup {
+        config,
+        env,
+        cursors: Arc::new(NoCursors),
+    };
+    let mut on = Vec::new();
+    let mut errors = Vec::new();
+    for platform in PLATFORMS {
+        match (platform.build)(&setup) {
+            Ok(Some(_)) => on.push(platform.name),
+            Ok(None) => {}
+            Err(BuildError::Misconfigured(e)) => {
+                errors.push(format!("{} is misconfigured: {e}", platform.title));
+            }
+            Err(BuildError::SetUp(e)) => {
+                errors.push(format!("cannot set up {}: {e}", platform.title));
+            }
+        }
+    }
+    (on, errors)
+}
+
+/// The cursor store a check hands the constructors: they only keep it for
+/// a run, which a check never starts.
+struct NoCursors;
+
+#[async_trait::async_trait]
+impl CursorStore for NoCursors {
+    async fn cursor(&self, _: &str, _: &str) -> talaria_store::Result<Option<String>> {
+        Ok(None)
+    }
+
+    async fn set_cursor(&self, _: &str, _: &str, _: &str) -> talaria_store::Result<()> {
+        Ok(())
+    }
+
+    async fn delete_cursor(&self, _: &str, _: &str) -> talaria_store::Result<bool> {
+        Ok(false)
     }
 }
 

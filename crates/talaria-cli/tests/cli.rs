@@ -190,6 +190,39 @@ async fn config_check_and_show() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn config_check_sets_up_every_registered_platform_it_turns_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    write_config(&home, "http://127.0.0.1:9/v1", "");
+    let none = talaria(&home, &["config", "check"]).await;
+    assert!(none.status.success(), "{}", text(&none.stderr));
+    assert!(!text(&none.stdout).contains("platforms:"));
+
+    std::fs::write(
+        home.join(".env"),
+        "TELEGRAM_BOT_TOKEN=123456:test-token-abcdefghijklmnop\nDISCORD_BOT_TOKEN=discord-test-token\n",
+    )
+    .unwrap();
+    let two = talaria(&home, &["config", "check"]).await;
+    assert!(two.status.success(), "{}", text(&two.stderr));
+    assert!(
+        text(&two.stdout).contains("platforms: telegram, discord"),
+        "{}",
+        text(&two.stdout)
+    );
+
+    // Half a WhatsApp set-up would stop the gateway: the check says so.
+    std::fs::write(home.join(".env"), "WHATSAPP_CLOUD_TOKEN=graph-test-token\n").unwrap();
+    let half = talaria(&home, &["config", "check"]).await;
+    assert!(!half.status.success());
+    assert!(
+        text(&half.stderr).contains("WhatsApp Cloud is misconfigured"),
+        "{}",
+        text(&half.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn setup_writes_a_config_that_chat_can_use() {
     let mock = MockOpenAi::start().await;
     mock.push(Reply::text("configured"));

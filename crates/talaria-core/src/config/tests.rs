@@ -1,5 +1,5 @@
-use super::*;
 use super::secret::names_a_credential;
+use super::*;
 
 #[test]
 fn platform_variables_are_shell_names() {
@@ -187,9 +187,8 @@ fn errors_name_the_line_of_their_key_even_when_a_name_holds_dots() {
     }
     let e = parse("model:\n  default: m\n  temperature: warm\n").unwrap_err();
     assert!(
-        e.to_string().ends_with(
-            ", line 3: `model.temperature`: expected a number, not the text \"warm\""
-        ),
+        e.to_string()
+            .ends_with(", line 3: `model.temperature`: expected a number, not the text \"warm\""),
         "{e}"
     );
 }

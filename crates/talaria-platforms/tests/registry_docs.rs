@@ -1,0 +1,48 @@
+//! The README's platform table is kept by the registry: every registered
+//! platform has its row (found by its environment prefix or its
+//! `platforms.<name>` section), and the table lists nothing else but the
+//! API server, which is not a platform adapter.
+
+use std::path::Path;
+
+use talaria_core::config::platform_var;
+use talaria_platforms::registry::PLATFORMS;
+
+/// The rows of the table under "## The messaging gateway".
+fn table_rows() -> Vec<String> {
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let text = std::fs::read_to_string(&readme).expect("the README");
+    let section = text
+        .split("## The messaging gateway")
+        .nth(1)
+        .expect("the gateway section");
+    section
+        .lines()
+        .skip_while(|l| !l.starts_with("| Platform |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_registered_platform_has_its_row_and_the_table_has_no_other() {
+    let rows = table_rows();
+    assert!(!rows.is_empty(), "no platform table found");
+    for p in PLATFORMS {
+        let prefix = format!("`{}", platform_var(p.name, ""));
+        let section = format!("`platforms.{}", p.name);
+        let found = rows
+            .iter()
+            .filter(|r| r.contains(&prefix) || r.contains(&section))
+            .count();
+        assert_eq!(
+            found, 1,
+            "{}: expected one README row naming {prefix}…` or {section}…`",
+            p.name
+        );
+    }
+    // The API server is a front end, not an adapter, and has its own row.
+    assert_eq!(rows.len(), PLATFORMS.len() + 1, "{rows:#?}");
+    assert!(rows.iter().any(|r| r.contains("API_SERVER_KEY")));
+}
