@@ -3,7 +3,7 @@
 //!
 //! Every skill is a node, in one of three groups: **learned** (the agent
 //! wrote it, of its own accord or because you asked it to: see
-//! [`crate::log::written_by_agent`]), **yours** (a skill you put in the
+//! [`crate::skill_history::written_by_agent`]), **yours** (a skill you put in the
 //! skills folder yourself) and **bundled** (shipped with Talaria). Each
 //! entry of MEMORY.md and USER.md is a **memory** card. Links come from a
 //! skill's `related_skills` (to any skill, bundled ones included) and from
@@ -128,7 +128,7 @@ pub struct Graph {
 /// Builds the graph of `home`.
 pub fn build(library: &Library, home: &Home) -> Graph {
     let records = library.usage().all();
-    let by_agent = crate::log::written_by_agent(library);
+    let by_agent = crate::skill_history::written_by_agent(library);
     let mut nodes = Vec::new();
     let mut related: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for skill in library.list() {
