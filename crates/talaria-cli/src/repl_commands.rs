@@ -20,9 +20,9 @@ use talaria_core::commands::{self, Availability, CommandDef, Invocation};
 use talaria_llm::LlmClient;
 use talaria_store::{SessionFilter, SessionRecord};
 
-use crate::chat::SOURCE;
 use crate::runtime::Runtime;
 use crate::sessions_cmd::when;
+use crate::sources::SOURCE;
 
 /// How many sessions `/sessions` lists; `/resume <number>` counts in it.
 const RECENT: usize = 10;
