@@ -15,41 +15,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::capabilities::Capabilities;
+// Part of the declaration now; still named here, where adapters and the
+// gateway have always found them.
+pub use crate::capabilities::{LengthUnit, MessageLimits};
 use crate::event::MessageEvent;
-
-/// How a platform measures message length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LengthUnit {
-    /// Unicode scalar values.
-    Chars,
-    /// UTF-16 code units (Telegram).
-    Utf16,
-}
-
-impl LengthUnit {
-    /// The length of `text` in this unit.
-    pub fn measure(self, text: &str) -> usize {
-        match self {
-            LengthUnit::Chars => text.chars().count(),
-            LengthUnit::Utf16 => text.encode_utf16().count(),
-        }
-    }
-
-    /// The length of one character in this unit.
-    pub fn char_len(self, c: char) -> usize {
-        match self {
-            LengthUnit::Chars => 1,
-            LengthUnit::Utf16 => c.len_utf16(),
-        }
-    }
-}
-
-/// The largest message a platform accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MessageLimits {
-    pub max_len: usize,
-    pub unit: LengthUnit,
-}
 
 /// One message to send. The text already fits the platform's limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
