@@ -120,9 +120,14 @@ pub enum SenderIds {
 /// A kind of media a platform can carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MediaKind {
+    /// A picture (photo, sticker rendered as one).
     Image,
+    /// A voice note recorded in the app.
     Voice,
+    /// An audio file.
     Audio,
+    /// A video or animation.
     Video,
+    /// Any other file, sent as an attachment.
     Document,
 }

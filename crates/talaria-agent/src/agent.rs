@@ -55,6 +55,7 @@ pub struct Agent {
 /// answer exists and before it is returned. It must not make the caller
 /// wait: anything slow belongs on a task of its own.
 pub trait TurnHook: Send + Sync {
+    /// Called once per finished turn with the session and what the turn produced.
     fn turn_finished(&self, session: &SessionHandle, outcome: &TurnOutcome);
 }
 

@@ -48,6 +48,7 @@ pub enum TurnExit {
 pub struct TurnOutcome {
     /// The text to show the user.
     pub answer: String,
+    /// How the turn ended; front ends word the answer by it.
     pub exit: TurnExit,
     /// The rows this turn stored, in order (the user message first).
     pub new_messages: Vec<Message>,

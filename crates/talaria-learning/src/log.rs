@@ -19,6 +19,7 @@ use talaria_core::Home;
 /// One change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
+    /// When the change was made.
     pub at: DateTime<Utc>,
     /// `agent`, `review`, `user` or `curator`.
     pub actor: String,
@@ -43,6 +44,8 @@ pub struct LearningLog {
 }
 
 impl LearningLog {
+    /// The log of `home`, under `learning/`; nothing is created until the
+    /// first change.
     pub fn new(home: &Home) -> LearningLog {
         LearningLog {
             root: home.root().join("learning"),
