@@ -5,7 +5,42 @@
 //! without case, never offered a pairing code), whether a chat allowlist
 //! applies, whether a source is a chat a scheduled job could answer in.
 
-use crate::contract::MessageLimits;
+/// How a platform measures message length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LengthUnit {
+    /// Unicode scalar values.
+    Chars,
+    /// UTF-16 code units (Telegram).
+    Utf16,
+}
+
+impl LengthUnit {
+    /// The length of `text` in this unit.
+    pub fn measure(self, text: &str) -> usize {
+        match self {
+            LengthUnit::Chars => text.chars().count(),
+            LengthUnit::Utf16 => text.encode_utf16().count(),
+        }
+    }
+
+    /// The length of one character in this unit.
+    pub fn char_len(self, c: char) -> usize {
+        match self {
+            LengthUnit::Chars => 1,
+            LengthUnit::Utf16 => c.len_utf16(),
+        }
+    }
+}
+
+/// The largest message a platform accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageLimits {
+    /// The most a message may measure, in `unit`s; longer answers are
+    /// split to fit.
+    pub max_len: usize,
+    /// How the platform counts a message's length.
+    pub unit: LengthUnit,
+}
 
 /// A platform's abilities and the shape of its ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,9 +120,14 @@ pub enum SenderIds {
 /// A kind of media a platform can carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MediaKind {
+    /// A picture (photo, sticker rendered as one).
     Image,
+    /// A voice note recorded in the app.
     Voice,
+    /// An audio file.
     Audio,
+    /// A video or animation.
     Video,
+    /// Any other file, sent as an attachment.
     Document,
 }

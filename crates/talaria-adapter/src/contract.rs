@@ -15,50 +15,21 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::capabilities::Capabilities;
+// Part of the declaration now; still named here, where adapters and the
+// gateway have always found them.
+pub use crate::capabilities::{LengthUnit, MessageLimits};
 use crate::event::MessageEvent;
-
-/// How a platform measures message length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LengthUnit {
-    /// Unicode scalar values.
-    Chars,
-    /// UTF-16 code units (Telegram).
-    Utf16,
-}
-
-impl LengthUnit {
-    /// The length of `text` in this unit.
-    pub fn measure(self, text: &str) -> usize {
-        match self {
-            LengthUnit::Chars => text.chars().count(),
-            LengthUnit::Utf16 => text.encode_utf16().count(),
-        }
-    }
-
-    /// The length of one character in this unit.
-    pub fn char_len(self, c: char) -> usize {
-        match self {
-            LengthUnit::Chars => 1,
-            LengthUnit::Utf16 => c.len_utf16(),
-        }
-    }
-}
-
-/// The largest message a platform accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MessageLimits {
-    pub max_len: usize,
-    pub unit: LengthUnit,
-}
 
 /// One message to send. The text already fits the platform's limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboundMessage {
+    /// The platform's chat (or channel, room, address) to post in.
     pub chat_id: String,
     /// Thread or forum topic to post in.
     pub thread_id: Option<String>,
     /// The message this one answers, when the platform can show that.
     pub reply_to: Option<String>,
+    /// The text to send, plain; the adapter formats it for its platform.
     pub text: String,
 }
 
@@ -182,6 +153,7 @@ pub enum Admission {
 /// [`Admission`].
 #[derive(Debug)]
 pub struct Admit {
+    /// The event the adapter handed over.
     pub event: MessageEvent,
     reply: oneshot::Sender<Admission>,
 }
@@ -206,6 +178,7 @@ impl Admit {
 pub struct AdmitReply(oneshot::Sender<Admission>);
 
 impl AdmitReply {
+    /// Tells the waiting adapter what became of its event.
     pub fn send(self, admission: Admission) {
         let _ = self.0.send(admission);
     }
@@ -276,6 +249,7 @@ impl LivenessReporter {
         (LivenessReporter { tx }, rx)
     }
 
+    /// Reports `state`; observers are woken only when it changes.
     pub fn set(&self, state: Liveness) {
         self.tx.send_if_modified(|current| {
             let changed = *current != state;
@@ -284,6 +258,7 @@ impl LivenessReporter {
         });
     }
 
+    /// The state last reported.
     pub fn get(&self) -> Liveness {
         *self.tx.borrow()
     }
@@ -292,7 +267,9 @@ impl LivenessReporter {
 /// What [`Adapter::run`] is given.
 #[derive(Debug, Clone)]
 pub struct AdapterContext {
+    /// Where the adapter hands inbound events.
     pub inbox: Inbox,
+    /// Where the adapter reports whether it is connected.
     pub liveness: LivenessReporter,
     /// Fires when the gateway stops; `run` then returns `Ok(())` promptly.
     pub shutdown: CancellationToken,

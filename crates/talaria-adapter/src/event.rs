@@ -60,6 +60,8 @@ pub struct SessionSource {
     pub chat_id: String,
     /// The chat's display name, when the platform gives one.
     pub chat_name: Option<String>,
+    /// Direct message, group or channel: decides the session key and
+    /// which allowlists apply.
     pub chat_type: ChatType,
     /// The sender's platform id. `None` for anonymous posts (channel posts).
     pub user_id: Option<String>,
@@ -90,6 +92,7 @@ impl SessionSource {
 /// One inbound message, normalised.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MessageEvent {
+    /// Where the message came from: platform, chat, thread and sender.
     pub source: SessionSource,
     /// The text as the user wrote it (captions for media).
     pub text: String,

@@ -93,6 +93,7 @@ impl SessionKey {
         Ok(SessionKey(text.to_owned()))
     }
 
+    /// The key as text, as routes and leases store it.
     pub fn as_str(&self) -> &str {
         &self.0
     }

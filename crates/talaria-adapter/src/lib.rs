@@ -9,8 +9,9 @@
 //! - [`contract`]: the [`Adapter`] trait, the [`Inbox`] adapters hand
 //!   events to, send and connection errors and what the ledger does on
 //!   each, liveness.
-//! - [`capabilities`]: what a platform can do ([`Capabilities`]), which the
-//!   gateway asks instead of comparing platform names.
+//! - [`capabilities`]: what a platform can do ([`Capabilities`], with its
+//!   [`MessageLimits`]), which the gateway asks instead of comparing
+//!   platform names.
 //! - [`event`]: [`MessageEvent`] and [`SessionSource`], what every inbound
 //!   message becomes.
 //! - [`key`]: the one function that turns a source into a [`SessionKey`].

@@ -38,11 +38,18 @@ pub enum Target {
     /// A file in the home, for output nobody is waiting for in a chat.
     Local,
     /// The platform's home channel.
-    Home { platform: String },
+    /// The platform's home channel (`<platform>` alone).
+    Home {
+        /// The platform whose home channel is meant.
+        platform: String,
+    },
     /// A chat (and a thread or topic in it).
     Chat {
+        /// The platform, as in the configuration.
         platform: String,
+        /// The platform's chat id.
         chat_id: String,
+        /// A thread or topic of that chat, when the platform has them.
         thread_id: Option<String>,
     },
 }
@@ -50,13 +57,16 @@ pub enum Target {
 /// Why a target string is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TargetError {
+    /// Nothing was given.
     #[error("the delivery target is empty")]
     Empty,
+    /// Longer than any target can be; refused before it is parsed.
     #[error("the delivery target is too long (at most {MAX_LEN} bytes)")]
     TooLong,
     #[error(
         "`{0}` is not a delivery target: expected origin, local, <platform>, <platform>:<chat_id> or <platform>:<chat_id>:<thread_id>"
     )]
+    /// Text matching none of the forms; it is quoted back in the error.
     Malformed(String),
 }
 
@@ -201,7 +211,9 @@ impl fmt::Display for Shown<'_> {
 /// A platform's home channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HomeChannel {
+    /// The chat answers go to.
     pub chat_id: String,
+    /// A thread or topic in that chat, if the home is one.
     pub thread_id: Option<String>,
 }
 
@@ -265,6 +277,8 @@ impl HomeChannels {
         }
     }
 
+    /// The home channel set for `platform`, if any (from the configuration
+    /// or set at run time with `/sethome`).
     pub fn get(&self, platform: &str) -> Option<HomeChannel> {
         self.by_platform
             .read()

@@ -5,39 +5,24 @@
 //! it is produced, so a crash loses at most the row being generated and any
 //! process can continue any session.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use talaria_core::{Config, Home, Message, Redactor, Role};
-use talaria_llm::Provider;
-use talaria_store::{NewSession, SessionRecord, SessionStore, StoreError};
+use talaria_core::{Message, Role};
+use talaria_store::{NewSession, SessionRecord};
 use tokio_util::sync::CancellationToken;
 
 use crate::interaction::Interaction;
 use crate::observer::TurnObserver;
 use crate::prompt::{PromptInputs, build_system_prompt};
-use crate::tools::{Registry, SessionState};
+use crate::tools::Registry;
 use crate::turn::{TurnOutcome, TurnRun};
 
-/// Everything an [`Agent`] is built from.
-pub struct AgentParts {
-    /// The loaded configuration (budget, compression, memory, model caps).
-    pub config: Arc<Config>,
-    /// `TALARIA_HOME`: identity, memory and spilled tool output.
-    pub home: Home,
-    /// The model. Fallback and retry, if any, live behind this trait.
-    pub provider: Arc<dyn Provider>,
-    /// Where sessions and transcripts are kept; the source of truth.
-    pub store: Arc<dyn SessionStore>,
-    /// The tools offered to the model.
-    pub registry: Arc<Registry>,
-    /// How tools reach a human (approvals, clarifying questions).
-    pub interaction: Arc<dyn Interaction>,
-    /// Applied to assistant text before it is stored or returned.
-    pub redactor: Redactor,
-    /// Where relative paths point and where project files are looked for.
-    pub workdir: PathBuf,
-}
+// Their home until they got modules of their own (so the turn loop need
+// not reach back into this one); the paths stay valid.
+pub use crate::error::AgentError;
+pub use crate::parts::AgentParts;
+pub use crate::session::SessionHandle;
+pub use crate::turn::Outbox;
 
 /// Per-turn choices for [`Agent::run_turn_with`].
 #[derive(Clone, Default)]
@@ -56,71 +41,6 @@ pub struct TurnOptions {
     pub outbox: Option<Arc<dyn Outbox>>,
 }
 
-/// Stores a turn's final answer together with the obligation to deliver
-/// it, so no crash can leave an answer in the transcript that nobody owes.
-#[async_trait::async_trait]
-pub trait Outbox: Send + Sync {
-    /// Appends `message` (the final answer row) to `session_id` with
-    /// `usage`, and records `answer` (the text the user will be sent) as
-    /// owed, atomically. Returns the row id.
-    async fn append_answer(
-        &self,
-        session_id: &str,
-        message: &Message,
-        usage: &talaria_core::Usage,
-        answer: &str,
-    ) -> Result<i64, StoreError>;
-}
-
-/// Why a session could not be opened or a turn could not run.
-///
-/// Model failures are not errors here: they end the turn with
-/// [`crate::TurnExit::Failed`] and the transcript so far stays stored.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// The session store failed; the turn's rows may be partly stored.
-    #[error("session store: {0}")]
-    Store(#[from] StoreError),
-    /// [`Agent::resume_session`] was given an id the store does not know.
-    #[error("session `{0}` does not exist")]
-    NoSuchSession(String),
-    /// Building the system prompt did not complete (its task panicked).
-    #[error("cannot build the system prompt: {0}")]
-    Prompt(String),
-}
-
-/// An open session: its id, its process-local state and its frozen system
-/// prompt. Cheap to clone; clones share the state and take turns one at a
-/// time.
-#[derive(Debug, Clone)]
-pub struct SessionHandle {
-    /// The stored session's id.
-    pub id: String,
-    /// State that lives as long as the session in this process (todo list,
-    /// approvals given).
-    pub state: Arc<SessionState>,
-    system_prompt: Arc<str>,
-    /// Held for the length of a turn: two turns interleaving on one
-    /// transcript would corrupt it.
-    pub(crate) turn_lock: Arc<tokio::sync::Mutex<()>>,
-}
-
-impl SessionHandle {
-    fn new(id: String, system_prompt: String) -> SessionHandle {
-        SessionHandle {
-            id,
-            state: Arc::new(SessionState::default()),
-            system_prompt: system_prompt.into(),
-            turn_lock: Arc::new(tokio::sync::Mutex::new(())),
-        }
-    }
-
-    /// The system prompt sent, unchanged, with every request of the session.
-    pub fn system_prompt(&self) -> &str {
-        &self.system_prompt
-    }
-}
-
 /// Runs turns over sessions. Cheap to share behind an `Arc`; holds no
 /// per-conversation state of its own.
 pub struct Agent {
@@ -135,6 +55,7 @@ pub struct Agent {
 /// answer exists and before it is returned. It must not make the caller
 /// wait: anything slow belongs on a task of its own.
 pub trait TurnHook: Send + Sync {
+    /// Called once per finished turn with the session and what the turn produced.
     fn turn_finished(&self, session: &SessionHandle, outcome: &TurnOutcome);
 }
 
@@ -279,7 +200,7 @@ impl Agent {
             Some(memory) => memory.recall(user_text, &session.id).await,
             None => None,
         };
-        let outcome = TurnRun::new(self, session, observer, cancel, history, interaction)
+        let outcome = TurnRun::new(&self.parts, session, observer, cancel, history, interaction)
             .with_registry(registry)
             .with_recall(recall)
             .with_outbox(options.outbox)
@@ -321,7 +242,7 @@ impl Agent {
             .collect();
         let observer = crate::observer::NullObserver;
         TurnRun::new(
-            self,
+            &self.parts,
             session,
             &observer,
             CancellationToken::new(),

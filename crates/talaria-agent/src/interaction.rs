@@ -31,6 +31,7 @@ pub enum ApprovalDecision {
     /// Run it and allow exactly this command from now on (see
     /// [`ApprovalRequest::always`]).
     Always,
+    /// Do not run it; the tool reports the refusal to the model.
     Deny,
     /// Nobody answered in time: treated as a denial.
     TimedOut,
@@ -39,6 +40,7 @@ pub enum ApprovalDecision {
 /// A question for the human, open or multiple choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClarifyRequest {
+    /// What the model wants to know, shown as asked.
     pub question: String,
     /// Up to four choices; empty for an open question.
     pub choices: Vec<String>,
@@ -47,6 +49,8 @@ pub struct ClarifyRequest {
 /// The channel to a human. Implementations must honour their own timeout.
 #[async_trait]
 pub trait Interaction: Send + Sync {
+    /// Asks whether a command may run. Never fails: no answer is a denial
+    /// ([`ApprovalDecision::TimedOut`]).
     async fn approve(&self, request: &ApprovalRequest) -> ApprovalDecision;
     /// The answer, or `None` when no human can answer.
     async fn clarify(&self, request: &ClarifyRequest) -> Option<String>;

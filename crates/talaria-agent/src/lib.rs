@@ -7,10 +7,13 @@
 //!
 //! # Layout
 //!
-//! - [`agent`]: [`Agent`], [`AgentParts`], [`SessionHandle`], [`AgentError`];
-//!   opening and resuming sessions.
-//! - [`turn`]: the turn loop itself ([`TurnOutcome`], [`TurnExit`]): model
-//!   calls, the iteration budget, interrupts, persistence order.
+//! - [`agent`]: [`Agent`]; opening and resuming sessions, running turns.
+//! - `parts`: [`AgentParts`], what an agent is built from and what its
+//!   turns borrow; `session`: [`SessionHandle`]; `error`: [`AgentError`].
+//! - [`turn`]: the turn loop itself ([`TurnOutcome`], [`TurnExit`],
+//!   [`Outbox`]): the iteration budget, interrupts, persistence order;
+//!   its model calls (with compression) in `turn/model.rs` and its tool
+//!   batches in `turn/tools.rs`.
 //! - [`dispatch`]: planning a batch of tool calls (unknown names, bad
 //!   arguments, duplicates, parallel groups) and running one call safely.
 //! - [`prompt`]: assembling the system prompt once per session.
@@ -39,13 +42,16 @@
 pub mod agent;
 pub mod compress;
 pub mod dispatch;
+mod error;
 pub mod interaction;
 pub mod memory_context;
 pub mod memory_provider;
 pub mod observer;
+mod parts;
 pub mod process_group;
 pub mod prompt;
 pub mod repair;
+mod session;
 pub mod spill;
 pub mod tools;
 pub mod turn;

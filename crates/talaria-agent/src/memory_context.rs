@@ -56,6 +56,7 @@ pub struct Scrubber {
 }
 
 impl Scrubber {
+    /// A scrubber outside any fence, holding nothing back yet.
     pub fn new() -> Scrubber {
         Scrubber::default()
     }

@@ -50,7 +50,11 @@ pub enum MemoryError {
     #[error(
         "an external memory provider (`{existing}`) is already active; only one may be (memory.provider names it)"
     )]
-    SecondProvider { existing: String },
+    /// A provider is already active; only one external provider may be.
+    SecondProvider {
+        /// The name of the provider already active.
+        existing: String,
+    },
 }
 
 /// The built-in memory's companion: at most one external provider.
@@ -82,6 +86,7 @@ impl MemoryManager {
             })
     }
 
+    /// The active external provider, if one was added.
     pub fn provider(&self) -> Option<&Arc<dyn MemoryProvider>> {
         self.provider.get()
     }

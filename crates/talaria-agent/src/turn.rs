@@ -7,22 +7,18 @@
 //! the transcript grows too large, interrupt handling that always leaves a
 //! valid transcript, and persistence of every row the moment it exists.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Duration;
-
-use futures::StreamExt;
-use talaria_core::{Message, Role, ToolCall, Usage};
-use talaria_llm::{ChatRequest, ChatResponse, ErrorKind, LlmError, StreamEvent, ToolSpec};
+use talaria_core::{Message, Role, Usage};
+use talaria_llm::{ChatResponse, ToolSpec};
+use talaria_store::StoreError;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Agent, AgentError, SessionHandle};
-use crate::compress;
-use crate::dispatch::{self, Action, Planned};
+use crate::error::AgentError;
 use crate::observer::TurnObserver;
-use crate::repair::repair_history;
-use crate::spill;
-use crate::tools::ToolContext;
+use crate::parts::AgentParts;
+use crate::session::SessionHandle;
+
+mod model;
+mod tools;
 
 /// Opens the user row that carries steering into a running turn. It marks
 /// the row as part of that turn, not a turn of its own (see
@@ -52,6 +48,7 @@ pub enum TurnExit {
 pub struct TurnOutcome {
     /// The text to show the user.
     pub answer: String,
+    /// How the turn ended; front ends word the answer by it.
     pub exit: TurnExit,
     /// The rows this turn stored, in order (the user message first).
     pub new_messages: Vec<Message>,
@@ -84,27 +81,6 @@ list what remains to be done.";
 const EMPTY_NUDGE: &str = "Your last reply was empty. Continue with the task: call a tool if \
 one is needed, or give your answer to the user.";
 
-/// How long a provider may take to honour the interrupt before its request
-/// is dropped. The provider contract says "promptly"; this bounds a
-/// provider that does not.
-const MODEL_INTERRUPT_GRACE: Duration = Duration::from_secs(2);
-
-/// Summary passes allowed in one turn (successful or not): a summariser that
-/// keeps failing must not cost a model call per iteration.
-const MAX_COMPRESSIONS_PER_TURN: u32 = 3;
-
-/// How one tool call of a batch ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Status {
-    Ok,
-    Error,
-    /// Never started because of the interrupt.
-    Skipped,
-}
-
-/// A call's result text and how it ended.
-type Done = (String, Status);
-
 /// Result of one model call, from the loop's point of view.
 enum Call {
     Answered(Box<ChatResponse>),
@@ -113,9 +89,25 @@ enum Call {
     Failed(String),
 }
 
+/// Stores a turn's final answer together with the obligation to deliver
+/// it, so no crash can leave an answer in the transcript that nobody owes.
+#[async_trait::async_trait]
+pub trait Outbox: Send + Sync {
+    /// Appends `message` (the final answer row) to `session_id` with
+    /// `usage`, and records `answer` (the text the user will be sent) as
+    /// owed, atomically. Returns the row id.
+    async fn append_answer(
+        &self,
+        session_id: &str,
+        message: &Message,
+        usage: &talaria_core::Usage,
+        answer: &str,
+    ) -> Result<i64, StoreError>;
+}
+
 /// The working state of one turn.
 pub(crate) struct TurnRun<'a> {
-    agent: &'a Agent,
+    parts: &'a AgentParts,
     session: &'a SessionHandle,
     observer: &'a dyn TurnObserver,
     cancel: CancellationToken,
@@ -146,14 +138,14 @@ pub(crate) struct TurnRun<'a> {
     /// Who tools ask for approvals in this turn.
     interaction: std::sync::Arc<dyn crate::interaction::Interaction>,
     /// Where the final answer goes with its obligation, if anywhere.
-    outbox: Option<std::sync::Arc<dyn crate::Outbox>>,
+    outbox: Option<std::sync::Arc<dyn Outbox>>,
     /// The final answer went through the outbox.
     owed: bool,
 }
 
 impl<'a> TurnRun<'a> {
     pub(crate) fn new(
-        agent: &'a Agent,
+        parts: &'a AgentParts,
         session: &'a SessionHandle,
         observer: &'a dyn TurnObserver,
         cancel: CancellationToken,
@@ -162,7 +154,7 @@ impl<'a> TurnRun<'a> {
     ) -> TurnRun<'a> {
         TurnRun {
             interaction,
-            agent,
+            parts,
             session,
             observer,
             cancel,
@@ -174,8 +166,8 @@ impl<'a> TurnRun<'a> {
             known_prompt: None,
             compressions: 0,
             compressed: false,
-            tools: agent.parts.registry.specs(),
-            registry: agent.parts.registry.clone(),
+            tools: parts.registry.specs(),
+            registry: parts.registry.clone(),
             recall: None,
             user_text: String::new(),
             repair_logged: false,
@@ -185,10 +177,7 @@ impl<'a> TurnRun<'a> {
     }
 
     /// Stores the final answer through `outbox`, with its obligation.
-    pub(crate) fn with_outbox(
-        mut self,
-        outbox: Option<std::sync::Arc<dyn crate::Outbox>>,
-    ) -> TurnRun<'a> {
+    pub(crate) fn with_outbox(mut self, outbox: Option<std::sync::Arc<dyn Outbox>>) -> TurnRun<'a> {
         self.outbox = outbox;
         self
     }
@@ -231,13 +220,7 @@ impl<'a> TurnRun<'a> {
         // failed call, an empty reply, a compression summary).
         if self.pending_usage != Usage::default() {
             let usage = std::mem::take(&mut self.pending_usage);
-            if let Err(e) = self
-                .agent
-                .parts
-                .store
-                .add_usage(&self.session.id, &usage)
-                .await
-            {
+            if let Err(e) = self.parts.store.add_usage(&self.session.id, &usage).await {
                 tracing::warn!(session = %self.session.id, error = %e, "could not store the turn's token usage");
             }
         }
@@ -255,7 +238,7 @@ impl<'a> TurnRun<'a> {
         // Stored before anything can fail, so the request is never lost.
         self.user_text = crate::memory_context::sanitize(user_text);
         self.persist(Message::user(user_text)).await?;
-        let budget = self.agent.parts.config.agent.max_turns.max(1);
+        let budget = self.parts.config.agent.max_turns.max(1);
         let mut iterations = 0;
         let mut nudge: Option<&str> = None;
         let mut retried_empty = false;
@@ -340,7 +323,7 @@ impl<'a> TurnRun<'a> {
     /// becomes the assistant row; with none, a notice closes a transcript
     /// that ends in tool results.
     async fn finish_interrupted(&mut self, partial: &str) -> Result<TurnOutcome, AgentError> {
-        let partial = self.agent.parts.redactor.redact(partial.trim());
+        let partial = self.parts.redactor.redact(partial.trim());
         if !partial.is_empty() {
             let mut row = Message::assistant(partial.clone());
             row.finish_reason = Some("interrupted".to_owned());
@@ -359,7 +342,7 @@ impl<'a> TurnRun<'a> {
     /// the text and reasoning. Tool-call arguments are left alone so that a
     /// replay still carries what the tool was actually given.
     fn assistant_row(&self, mut message: Message) -> Message {
-        let redactor = &self.agent.parts.redactor;
+        let redactor = &self.parts.redactor;
         message.role = Role::Assistant;
         message.tool_call_id = None;
         message.tool_name = None;
@@ -407,8 +390,7 @@ impl<'a> TurnRun<'a> {
             message.content = crate::memory_context::sanitize(&message.content);
         }
         let usage = std::mem::take(&mut self.pending_usage);
-        self.agent
-            .parts
+        self.parts
             .store
             .append_message_with_usage(&self.session.id, &message, &usage)
             .await?;
@@ -416,423 +398,4 @@ impl<'a> TurnRun<'a> {
         self.new_messages.push(message);
         Ok(())
     }
-
-    /// One model call: compresses first when the transcript is near the
-    /// window, and once more (then retries) if the server still says it is
-    /// too large.
-    async fn call_model(
-        &mut self,
-        with_tools: bool,
-        nudge: Option<&str>,
-    ) -> Result<Call, AgentError> {
-        if self.cancel.is_cancelled() {
-            return Ok(Call::Interrupted(String::new()));
-        }
-        let agent = self.agent;
-        let config = &agent.parts.config;
-        if config.compression.enabled {
-            let limit =
-                compress::threshold_tokens(&config.compression, config.model.context_length);
-            if self.estimate_prompt_tokens(with_tools) >= limit {
-                self.compress().await?;
-            }
-        }
-        let mut retried_overflow = false;
-        loop {
-            // Compression is itself a model call the user may have
-            // interrupted.
-            if self.cancel.is_cancelled() {
-                return Ok(Call::Interrupted(String::new()));
-            }
-            let request = self.request(with_tools, nudge);
-            let sent = self.messages.len();
-            self.api_calls += 1;
-            let streamed = Mutex::new(String::new());
-            let scrubber = Mutex::new(crate::memory_context::Scrubber::new());
-            let observer = self.observer;
-            let sink = |event: StreamEvent| match event {
-                StreamEvent::Text(t) => {
-                    if let Ok(mut s) = streamed.lock() {
-                        s.push_str(&t);
-                    }
-                    // Fenced memory never reaches the screen, however the
-                    // stream is cut.
-                    let shown = scrubber.lock().map(|mut s| s.feed(&t)).unwrap_or_default();
-                    if !shown.is_empty() {
-                        observer.text(&shown);
-                    }
-                }
-                StreamEvent::Reasoning(r) => observer.reasoning(&r),
-                StreamEvent::ToolCallStarted { .. } => {}
-                StreamEvent::Restart => {
-                    // The attempt that streamed this text failed; the
-                    // retry's text replaces it, it must not be kept twice.
-                    if let Ok(mut s) = streamed.lock() {
-                        s.clear();
-                    }
-                    if let Ok(mut s) = scrubber.lock() {
-                        *s = crate::memory_context::Scrubber::new();
-                    }
-                    observer.text_restarted();
-                    observer.notice("(the model connection dropped; the answer restarts below)");
-                }
-            };
-            tracing::debug!(
-                session = %self.session.id,
-                call = self.api_calls,
-                messages = request.messages.len(),
-                tools = request.tools.len(),
-                "model call"
-            );
-            let result = self.chat(&request, &sink).await;
-            let held = scrubber
-                .into_inner()
-                .map(|mut s| s.finish())
-                .unwrap_or_default();
-            if !held.is_empty() {
-                observer.text(&held);
-            }
-            let partial = streamed.into_inner().unwrap_or_else(|e| e.into_inner());
-            let partial = crate::memory_context::sanitize(&partial);
-            match result {
-                Ok(response) => {
-                    tracing::debug!(
-                        session = %self.session.id,
-                        call = self.api_calls,
-                        model = %response.model,
-                        tool_calls = response.message.tool_calls.len(),
-                        answer_chars = response.message.content.chars().count(),
-                        "model answered"
-                    );
-                    self.record_usage(&response.usage);
-                    // Providers report cached prompt tokens apart from the
-                    // rest; the window holds all of them.
-                    let u = &response.usage;
-                    let prompt = u.input_tokens + u.cache_read_tokens + u.cache_write_tokens;
-                    if prompt > 0 {
-                        self.known_prompt = Some((prompt, sent));
-                    }
-                    return Ok(Call::Answered(Box::new(response)));
-                }
-                Err(_) if self.cancel.is_cancelled() => return Ok(Call::Interrupted(partial)),
-                Err(e) if e.kind == ErrorKind::Interrupted => {
-                    return Ok(Call::Interrupted(partial));
-                }
-                Err(e)
-                    if matches!(
-                        e.kind,
-                        ErrorKind::ContextOverflow | ErrorKind::PayloadTooLarge
-                    ) && !retried_overflow =>
-                {
-                    retried_overflow = true;
-                    tracing::warn!(
-                        "request too large for the model ({e}); compressing and retrying"
-                    );
-                    if !self.compress().await? {
-                        tracing::warn!(
-                            "model call failed: {}",
-                            self.agent.parts.redactor.redact(&e.to_string())
-                        );
-                        return Ok(Call::Failed(e.summary()));
-                    }
-                }
-                // The reason reaches the user (a chat, an API response), so
-                // it is the short sentence; the details, which may hold the
-                // server's words and the endpoint's URL, go to the log,
-                // whose writer redacts.
-                Err(e) => {
-                    tracing::warn!(
-                        "model call failed: {}",
-                        self.agent.parts.redactor.redact(&e.to_string())
-                    );
-                    return Ok(Call::Failed(e.summary()));
-                }
-            }
-        }
-    }
-
-    /// Calls the provider, giving up on it shortly after an interrupt even
-    /// if it does not return by itself.
-    async fn chat(
-        &self,
-        request: &ChatRequest,
-        sink: &(dyn Fn(StreamEvent) + Send + Sync),
-    ) -> Result<ChatResponse, LlmError> {
-        let provider = &self.agent.parts.provider;
-        tokio::select! {
-            result = provider.chat(request, sink, &self.cancel) => result,
-            () = async {
-                self.cancel.cancelled().await;
-                tokio::time::sleep(MODEL_INTERRUPT_GRACE).await;
-            } => Err(LlmError {
-                kind: ErrorKind::Interrupted,
-                status: None,
-                message: "the request was abandoned after the interrupt".to_owned(),
-                retry_after: None,
-                provider: provider.describe(),
-            }),
-        }
-    }
-
-    /// Counts a model call's usage; it is stored with the next row.
-    fn record_usage(&mut self, usage: &Usage) {
-        self.usage.add(usage);
-        self.pending_usage.add(usage);
-    }
-
-    /// The request for the current transcript: system prompt, repaired
-    /// history, then the unstored nudge if any.
-    fn request(&mut self, with_tools: bool, nudge: Option<&str>) -> ChatRequest {
-        let (history, report) = repair_history(&self.messages);
-        if report.changed() && !self.repair_logged {
-            self.repair_logged = true;
-            tracing::warn!(
-                session = %self.session.id,
-                "repaired the transcript for the request: {report:?}"
-            );
-        }
-        let mut messages = Vec::with_capacity(history.len() + 2);
-        messages.push(Message::system(self.session.system_prompt()));
-        messages.extend(history);
-        if let Some(recall) = &self.recall
-            && let Some(own) = messages
-                .iter_mut()
-                .rev()
-                .find(|m| m.role == Role::User && m.content == self.user_text)
-        {
-            own.content = format!("{recall}\n\n{}", own.content);
-        }
-        if let Some(text) = nudge {
-            messages.push(Message::user(text));
-        }
-        let model = &self.agent.parts.config.model;
-        ChatRequest {
-            messages,
-            tools: if with_tools {
-                self.tools.clone()
-            } else {
-                Vec::new()
-            },
-            max_tokens: model.max_tokens,
-            temperature: model.temperature,
-        }
-    }
-
-    /// The larger of a chars/4 estimate and the last real prompt size plus
-    /// an estimate of what was added since.
-    fn estimate_prompt_tokens(&self, with_tools: bool) -> u64 {
-        let tools: &[ToolSpec] = if with_tools { &self.tools } else { &[] };
-        let rough = compress::estimate_tokens(self.session.system_prompt(), &self.messages, tools);
-        let known = self.known_prompt.map_or(0, |(tokens, sent)| {
-            let added = self.messages.get(sent..).unwrap_or(&[]);
-            tokens + compress::estimate_tokens("", added, &[])
-        });
-        rough.max(known)
-    }
-
-    /// Summarises the middle of the transcript and makes the result the
-    /// session's active transcript. Returns whether anything changed; a
-    /// failed summary leaves everything as it was.
-    pub(crate) async fn compress(&mut self) -> Result<bool, AgentError> {
-        let agent = self.agent;
-        let parts = &agent.parts;
-        let config = &parts.config;
-        if !config.compression.enabled || self.compressions >= MAX_COMPRESSIONS_PER_TURN {
-            return Ok(false);
-        }
-        let (history, _) = repair_history(&self.messages);
-        let Some(cut) = compress::choose_cut(
-            &history,
-            config.compression.protect_first_n,
-            config.compression.protect_last_n,
-        ) else {
-            tracing::info!(session = %self.session.id, "context is large but nothing can be summarised");
-            return Ok(false);
-        };
-        self.compressions += 1;
-        self.observer
-            .notice("Compressing older parts of the conversation to fit the context window…");
-        let window = config.model.context_length;
-        // The summariser sees at most about half the window of transcript,
-        // and writes at most a twentieth of it.
-        let max_input_chars = usize::try_from(window.saturating_mul(2)).unwrap_or(usize::MAX);
-        let max_tokens = u32::try_from((window / 20).clamp(512, 8192)).unwrap_or(8192);
-        let request = compress::summary_request(
-            &history[cut.head_end..cut.tail_start],
-            &parts.redactor,
-            max_input_chars,
-            max_tokens,
-        );
-        self.api_calls += 1;
-        let quiet = |_: StreamEvent| {};
-        let summary = match self.chat(&request, &quiet).await {
-            Ok(response) => {
-                self.record_usage(&response.usage);
-                response.message.content
-            }
-            Err(_) if self.cancel.is_cancelled() => return Ok(false),
-            Err(e) => {
-                tracing::warn!(session = %self.session.id, "context compression failed, continuing without it: {e}");
-                self.observer
-                    .notice("Compressing the conversation failed; continuing without it.");
-                return Ok(false);
-            }
-        };
-        if summary.trim().is_empty() {
-            tracing::warn!(session = %self.session.id, "the summariser returned nothing; not compressing");
-            return Ok(false);
-        }
-        let summary = compress::summary_message(&parts.redactor.redact(&summary));
-        let active = compress::assemble(&history, cut, summary);
-        parts
-            .store
-            .replace_active(&self.session.id, &active)
-            .await?;
-        tracing::info!(
-            session = %self.session.id,
-            before = history.len(),
-            after = active.len(),
-            "compressed the conversation"
-        );
-        self.messages = active;
-        self.compressed = true;
-        // Real usage described the old transcript.
-        self.known_prompt = None;
-        Ok(true)
-    }
-
-    /// Runs one batch of tool calls and stores a result row for every call,
-    /// in the order the model listed them.
-    async fn run_tools(&mut self, calls: &[ToolCall]) -> Result<(), AgentError> {
-        let agent = self.agent;
-        let parts = &agent.parts;
-        let plan = dispatch::plan(calls, &self.registry);
-        let ctx = ToolContext {
-            session_id: self.session.id.clone(),
-            home: parts.home.clone(),
-            workdir: parts.workdir.clone(),
-            config: parts.config.clone(),
-            store: parts.store.clone(),
-            interaction: self.interaction.clone(),
-            session: self.session.state.clone(),
-            redactor: parts.redactor.clone(),
-            cancel: self.cancel.clone(),
-        };
-        let mut results: HashMap<usize, Done> = HashMap::new();
-        for group in dispatch::groups(&plan) {
-            if group.len() == 1 {
-                if let Some(&i) = group.first() {
-                    let done = self.run_planned(&plan, i, &ctx, &results).await;
-                    self.store_result(&plan[i].call, &done).await?;
-                    results.insert(i, done);
-                }
-                continue;
-            }
-            // Parallel group: start up to MAX_PARALLEL at once, then store the
-            // results in call order.
-            let this = &*self;
-            let finished: Vec<(usize, Done)> = futures::stream::iter(group.iter().copied())
-                .filter(|i| std::future::ready(matches!(plan[*i].action, Action::Run { .. })))
-                .map(|i| {
-                    let ctx = &ctx;
-                    let plan = &plan;
-                    let results = &results;
-                    async move { (i, this.run_planned(plan, i, ctx, results).await) }
-                })
-                .buffer_unordered(dispatch::MAX_PARALLEL)
-                .collect()
-                .await;
-            results.extend(finished);
-            for i in group {
-                let done = match results.get(&i) {
-                    Some(done) => done.clone(),
-                    None => self.run_planned(&plan, i, &ctx, &results).await,
-                };
-                self.store_result(&plan[i].call, &done).await?;
-                results.insert(i, done);
-            }
-        }
-        Ok(())
-    }
-
-    /// The result of plan entry `i`: executes it, answers it directly, or
-    /// copies its twin's. Entries reached after the interrupt are skipped.
-    async fn run_planned(
-        &self,
-        plan: &[Planned],
-        i: usize,
-        ctx: &ToolContext,
-        results: &HashMap<usize, Done>,
-    ) -> Done {
-        let entry = &plan[i];
-        let name = &entry.call.name;
-        match &entry.action {
-            Action::Duplicate(first) => {
-                if let Some(done) = results.get(first) {
-                    return done.clone();
-                }
-                (dispatch::skipped(name), Status::Skipped)
-            }
-            _ if self.cancel.is_cancelled() => (dispatch::skipped(name), Status::Skipped),
-            Action::Immediate(text) => {
-                self.observer.tool_started(name, &entry.call.arguments);
-                (text.clone(), Status::Error)
-            }
-            Action::Run { tool, args } => {
-                tracing::debug!(session = %self.session.id, tool = %name, "tool call");
-                self.observer.tool_started(name, &entry.call.arguments);
-                let (output, ok) = dispatch::execute(tool.clone(), args.clone(), ctx.clone()).await;
-                let status = if ok { Status::Ok } else { Status::Error };
-                (self.spill(&entry.call, output).await, status)
-            }
-        }
-    }
-
-    /// Replaces oversized output with a preview and a file path.
-    async fn spill(&self, call: &ToolCall, output: String) -> String {
-        let parts = &self.agent.parts;
-        let max = parts.config.agent.tool_output_max_chars;
-        // Byte length bounds the character count from above: skip the work
-        // for the common small result.
-        if output.len() <= max {
-            return output;
-        }
-        let home = parts.home.clone();
-        let session_id = self.session.id.clone();
-        let call_id = call.id.clone();
-        let fallback: String = output.chars().take(max).collect();
-        tokio::task::spawn_blocking(move || {
-            spill::spill_if_large(&home, &session_id, &call_id, output, max)
-        })
-        .await
-        .unwrap_or(fallback)
-    }
-
-    async fn store_result(
-        &mut self,
-        call: &ToolCall,
-        (content, status): &Done,
-    ) -> Result<(), AgentError> {
-        tracing::debug!(
-            session = %self.session.id,
-            tool = %call.name,
-            status = ?status,
-            result_chars = content.chars().count(),
-            "tool call finished"
-        );
-        if *status != Status::Skipped {
-            self.observer
-                .tool_finished(&call.name, *status == Status::Ok, &preview(content, 200));
-        }
-        self.persist(Message::tool_result(&call.id, &call.name, content.as_str()))
-            .await
-    }
-}
-
-/// The first `max` characters of `text`, on one line.
-fn preview(text: &str, max: usize) -> String {
-    text.chars()
-        .take(max)
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
 }

@@ -30,7 +30,7 @@ use talaria_agent::{TurnExit, TurnObserver, TurnOutcome};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::chat::{Admitted, Labels, RunningTurn, finish_reason, usage_json};
+use super::chat::turn::{Admitted, Labels, RunningTurn, finish_reason, usage_json};
 use super::error::ApiError;
 
 /// Silence after which a keepalive comment is sent.

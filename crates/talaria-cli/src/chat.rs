@@ -17,14 +17,7 @@ use crate::cli::ChatArgs;
 use crate::interact::CliInteraction;
 use crate::repl_commands::{Commands, Outcome};
 use crate::runtime::Runtime;
-
-/// The source recorded for CLI sessions (`--continue` and `/sessions` look
-/// for it).
-pub(crate) const SOURCE: &str = "cli";
-
-/// The source recorded for one-shot `-q` sessions: listed and resumable
-/// by id, but not where `--continue` or a bare `/resume` goes back to.
-pub(crate) const ONE_SHOT_SOURCE: &str = "cli-oneshot";
+use crate::sources::{ONE_SHOT_SOURCE, SOURCE};
 
 pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     let rt = Runtime::load_without_model(home).await?;

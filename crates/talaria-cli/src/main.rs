@@ -5,6 +5,7 @@
 //! - [`cli`]: the command-line grammar.
 //! - [`runtime`]: loading home, configuration, store and provider into one [`runtime::Runtime`].
 //! - [`chat`]: `talaria chat`, interactive and one-shot.
+//! - [`sources`]: the session sources the CLI stamps (`cli`, `cli-oneshot`).
 //! - [`repl_commands`]: the slash commands typed at the chat prompt,
 //!   resolved through the registry shared with the gateway.
 //! - [`interact`]: terminal prompts for approvals and clarifying questions.
@@ -36,6 +37,7 @@ mod send_cmd;
 mod sessions_cmd;
 mod setup;
 mod skills_cmd;
+mod sources;
 mod store_cmd;
 
 use std::process::ExitCode;

@@ -27,8 +27,8 @@ use talaria_learning::Library;
 use talaria_llm::LlmClient;
 use talaria_store::{SessionFilter, SessionRecord};
 
-use crate::chat::SOURCE;
 use crate::runtime::Runtime;
+use crate::sources::SOURCE;
 
 /// What the REPL does after a line was handled.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,7 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
             let skills = lib.list();
             // The learning log says who wrote a skill: one the agent wrote
             // (even when asked to) is learned, as the learning graph shows.
-            let learned = talaria_learning::log::written_by_agent(&lib);
+            let learned = talaria_learning::skill_history::written_by_agent(&lib);
             // Columns as wide as the longest category and name, so a long
             // name does not push its row out of line.
             let category_width = skills.iter().map(|s| s.category.chars().count()).max();
@@ -119,7 +119,7 @@ pub async fn run(rt: &Runtime, command: SkillsCommand) -> anyhow::Result<ExitCod
             })
         }
         SkillsCommand::Rollback { name } => {
-            talaria_learning::log::rollback_skill(&lib, &name).map_err(|e| e.to_string())
+            talaria_learning::skill_history::rollback_skill(&lib, &name).map_err(|e| e.to_string())
         }
     };
     match result {

@@ -45,34 +45,42 @@ impl Home {
         Ok(())
     }
 
+    /// The home directory itself (`TALARIA_HOME`).
     pub fn root(&self) -> &Path {
         &self.root
     }
 
+    /// `config.yaml`, the configuration.
     pub fn config_file(&self) -> PathBuf {
         self.root.join("config.yaml")
     }
 
+    /// `.env`, where secrets the configuration names are kept.
     pub fn dotenv_file(&self) -> PathBuf {
         self.root.join(".env")
     }
 
+    /// `state.db`, the SQLite store.
     pub fn state_db(&self) -> PathBuf {
         self.root.join("state.db")
     }
 
+    /// `SOUL.md`, the agent's identity, read into every system prompt.
     pub fn soul_file(&self) -> PathBuf {
         self.root.join("SOUL.md")
     }
 
+    /// `memories/`, the agent's `MEMORY.md` and `USER.md`.
     pub fn memories_dir(&self) -> PathBuf {
         self.root.join("memories")
     }
 
+    /// `skills/`, the user's skills (they win over bundled ones).
     pub fn skills_dir(&self) -> PathBuf {
         self.root.join("skills")
     }
 
+    /// `logs/`, the log files.
     pub fn logs_dir(&self) -> PathBuf {
         self.root.join("logs")
     }

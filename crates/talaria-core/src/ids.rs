@@ -7,14 +7,24 @@ use sha2::{Digest, Sha256};
 /// Why an id was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
+    /// Nothing to name a file or key by.
     #[error("id is empty")]
     Empty,
+    /// Longer than a file name (or key) may be.
     #[error("id is longer than {max} bytes")]
-    TooLong { max: usize },
+    TooLong {
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// A character the validator does not allow: outside the strict set,
+    /// or a control character or backslash in a logical key.
     #[error("id contains `{0}`, which is not allowed")]
     BadChar(char),
+    /// `..`, which could climb out of a directory.
     #[error("id contains `..`")]
     DotDot,
+    /// A first character that would hide a file, read as an option or
+    /// root a path (`.`, `-`, `/`).
     #[error("id starts with `{0}`")]
     BadStart(char),
 }

@@ -10,9 +10,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// The system prompt, first in every request.
     System,
+    /// The person talking to the agent.
     User,
+    /// The model: text, tool calls or both.
     Assistant,
+    /// A tool's result, answering one tool call by its id.
     Tool,
 }
 
@@ -54,6 +58,7 @@ pub struct ToolCall {
 /// One transcript row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
+    /// Who wrote the row, which decides how providers send it.
     pub role: Role,
     /// Visible text. Empty for a pure tool-call assistant row.
     #[serde(default)]
@@ -88,14 +93,17 @@ impl Message {
         }
     }
 
+    /// A system row with `content`.
     pub fn system(content: impl Into<String>) -> Message {
         Message::new(Role::System, content)
     }
 
+    /// A user row with `content`.
     pub fn user(content: impl Into<String>) -> Message {
         Message::new(Role::User, content)
     }
 
+    /// An assistant row with `content` and no tool calls.
     pub fn assistant(content: impl Into<String>) -> Message {
         Message::new(Role::Assistant, content)
     }
@@ -130,10 +138,16 @@ impl Message {
 /// Token accounting reported by a provider for one request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
+    /// Tokens of the prompt that were processed afresh.
     pub input_tokens: u64,
+    /// Tokens the model generated.
     pub output_tokens: u64,
+    /// Prompt tokens served from the provider's cache.
     pub cache_read_tokens: u64,
+    /// Prompt tokens written to the provider's cache.
     pub cache_write_tokens: u64,
+    /// Generated tokens spent on reasoning (counted in `output_tokens` by
+    /// providers that report both).
     pub reasoning_tokens: u64,
 }
 

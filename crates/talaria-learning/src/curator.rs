@@ -44,16 +44,22 @@ struct State {
 /// What a run changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
+    /// Unused past the stale threshold, now marked stale (still offered).
     pub marked_stale: Vec<String>,
+    /// Stale past the archive threshold, moved to `.archive/`.
     pub archived: Vec<String>,
+    /// Stale skills used again, active once more.
     pub reactivated: Vec<String>,
     /// Skills seen for the first time, given a record and left for the
     /// next run.
     pub seeded: Vec<String>,
+    /// The copy of the skills folder taken before anything changed, so a
+    /// run can be undone by hand; `None` when nothing changed.
     pub snapshot: Option<PathBuf>,
 }
 
 impl Report {
+    /// Whether the run changed no skill (seeding records does not count).
     pub fn is_empty(&self) -> bool {
         self.marked_stale.is_empty() && self.archived.is_empty() && self.reactivated.is_empty()
     }

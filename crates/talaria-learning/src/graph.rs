@@ -3,7 +3,7 @@
 //!
 //! Every skill is a node, in one of three groups: **learned** (the agent
 //! wrote it, of its own accord or because you asked it to: see
-//! [`crate::log::written_by_agent`]), **yours** (a skill you put in the
+//! [`crate::skill_history::written_by_agent`]), **yours** (a skill you put in the
 //! skills folder yourself) and **bundled** (shipped with Talaria). Each
 //! entry of MEMORY.md and USER.md is a **memory** card. Links come from a
 //! skill's `related_skills` (to any skill, bundled ones included) and from
@@ -40,43 +40,62 @@ pub enum Group {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Node {
+    /// Unique in the graph: the skill's name, or the memory card's id.
     pub id: String,
+    /// The text drawn on the node.
     pub label: String,
     /// `skill` or `memory`.
     pub kind: String,
+    /// Which colour group it is drawn in.
     pub group: Group,
+    /// For a memory card, which file it comes from (`memory` or `profile`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_source: Option<String>,
     /// Unix seconds of the last activity (skills) or the file (memory).
     pub timestamp: i64,
+    /// The skill's category (`general` for one at the root).
     pub category: String,
+    /// Times the skill was used, from its usage record.
     pub use_count: u64,
+    /// The skill's state: `active`, `stale` or `archived`.
     pub state: String,
     /// `agent`, `user`, `bundled` or `memory`.
     pub created_by: String,
+    /// Pinned by the user: the curator never retires it.
     pub pinned: bool,
 }
 
+/// A link between two nodes: skills that name each other as related, or
+/// a memory card and the skills its text is about.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Edge {
+    /// One end: a skill's name, or a memory card's id.
     pub source: String,
+    /// The other end, always a skill's name.
     pub target: String,
 }
 
+/// A category and how many skills are in it, for the legend.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Cluster {
+    /// The category's name.
     pub category: String,
+    /// Skills in it.
     pub count: usize,
 }
 
 /// A memory entry as a card.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Card {
+    /// Stable across runs for the same entry, so a page can link to it.
     pub id: String,
     /// `memory` (MEMORY.md) or `profile` (USER.md).
     pub source: String,
+    /// Unix seconds of the file's last change.
     pub timestamp: i64,
+    /// The entry's first line, shortened.
     pub title: String,
+    /// The rest of the entry.
     pub body: String,
 }
 
@@ -118,17 +137,22 @@ pub struct Stats {
 /// The whole graph.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Graph {
+    /// Every skill and memory card.
     pub nodes: Vec<Node>,
+    /// The links between them, each once.
     pub edges: Vec<Edge>,
+    /// The skill categories with their sizes.
     pub clusters: Vec<Cluster>,
+    /// The memory entries, for the page's card list.
     pub memory: Vec<Card>,
+    /// Counts shown above the graph.
     pub stats: Stats,
 }
 
 /// Builds the graph of `home`.
 pub fn build(library: &Library, home: &Home) -> Graph {
     let records = library.usage().all();
-    let by_agent = crate::log::written_by_agent(library);
+    let by_agent = crate::skill_history::written_by_agent(library);
     let mut nodes = Vec::new();
     let mut related: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for skill in library.list() {

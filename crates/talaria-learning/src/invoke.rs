@@ -68,6 +68,8 @@ fn clip_at_word(text: &str, max: usize) -> String {
     format!("{}…", cut.trim_end_matches([',', ';', ':', '.', ' ']))
 }
 
+/// The `/skills` answer: every skill by category, each with the start of
+/// its description, and how to use or write one.
 pub fn listing(library: &Library) -> String {
     let skills = library.list();
     if skills.is_empty() {

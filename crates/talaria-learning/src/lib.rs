@@ -14,6 +14,8 @@
 //! - [`mem0`]: an external memory provider for mem0-compatible services.
 //! - [`log`]: the append-only learning log of every change to skills and
 //!   memory, with contents kept by hash for rollback.
+//! - [`skill_history`]: that log read per skill: the skills the agent
+//!   wrote, and rolling one back.
 //! - [`graph`]: the learning graph (every skill by who wrote it, memory
 //!   cards, their links) as JSON, DOT or a self-contained HTML page.
 //! - [`curator`]: agent-written skills that go unused turn stale, then
@@ -34,6 +36,7 @@ pub mod log;
 pub mod mem0;
 pub mod review;
 pub mod scratch;
+pub mod skill_history;
 pub mod skills;
 pub mod tools;
 

@@ -70,8 +70,11 @@ const TOOLS_NOTE: &str =
 /// What a review is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Focus {
+    /// Save what was learned about the user and their preferences.
     Memory,
+    /// Write or improve skills from the work done.
     Skills,
+    /// Memory first, then skills.
     Both,
 }
 
@@ -98,14 +101,21 @@ pub type Notify = Arc<dyn Fn(&str, &str) + Send + Sync>;
 /// Everything a review runs with.
 #[derive(Clone)]
 pub struct ReviewParts {
+    /// The loaded configuration (model caps, review triggers).
     pub config: Arc<Config>,
+    /// `TALARIA_HOME`: memory and the skills library live there.
     pub home: Home,
+    /// The model the review runs on (the session's own).
     pub provider: Arc<dyn Provider>,
     /// The real store, to read the conversation from.
     pub store: Arc<dyn SessionStore>,
+    /// The skills library the review writes through.
     pub library: Arc<Library>,
+    /// Applied to what the review stores, as in a turn.
     pub redactor: Redactor,
+    /// Where relative paths point for the review's tools.
     pub workdir: std::path::PathBuf,
+    /// Told the one-line report of each review that changed something.
     pub notify: Notify,
 }
 
@@ -117,6 +127,8 @@ pub struct BackgroundReview {
 }
 
 impl BackgroundReview {
+    /// The hook over `parts`; attach it to the agent with
+    /// `Agent::set_turn_hook`.
     pub fn new(parts: ReviewParts) -> Arc<BackgroundReview> {
         Arc::new(BackgroundReview {
             parts,

@@ -20,7 +20,7 @@ use talaria_core::Home;
 use talaria_learning::graph::{self, Graph, Group};
 use talaria_learning::skills::Library;
 use talaria_learning::skills::usage::Event;
-use talaria_learning::{log, skill_tools};
+use talaria_learning::{skill_history, skill_tools};
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 use tokio_util::sync::CancellationToken;
 
@@ -260,7 +260,7 @@ async fn a_skill_the_agent_wrote_because_the_user_asked_is_learned() {
     assert_eq!(lib.usage().get("rotate-logs").created_by, None);
 
     // Undone, then written again by hand: the user's.
-    log::rollback_skill(&lib, "rotate-logs").unwrap();
+    skill_history::rollback_skill(&lib, "rotate-logs").unwrap();
     assert!(
         graph::build(&lib, &home)
             .nodes

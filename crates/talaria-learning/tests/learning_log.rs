@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use talaria_agent::NullObserver;
 use talaria_agent::tools::Registry;
-use talaria_learning::log::{LoggedMemory, rollback_skill};
+use talaria_learning::log::LoggedMemory;
+use talaria_learning::skill_history::rollback_skill;
 use talaria_learning::skill_tools;
 use talaria_learning::skills::Library;
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};

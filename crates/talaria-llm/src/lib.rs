@@ -38,7 +38,9 @@ use tokio_util::sync::CancellationToken;
 /// A tool the model may call, in JSON-schema form.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {
+    /// The name the model calls it by (unique within a request).
     pub name: String,
+    /// What the tool does, for the model to decide when to call it.
     pub description: String,
     /// JSON schema of the arguments object.
     pub parameters: serde_json::Value,
@@ -50,8 +52,11 @@ pub struct ToolSpec {
 pub struct ChatRequest {
     /// The transcript, system prompt first when there is one.
     pub messages: Vec<Message>,
+    /// The tools offered; empty for a call without tools (a summary).
     pub tools: Vec<ToolSpec>,
+    /// A cap on the answer's tokens; `None` leaves the provider's default.
     pub max_tokens: Option<u32>,
+    /// Sampling temperature; `None` leaves the provider's default.
     pub temperature: Option<f32>,
 }
 
@@ -63,7 +68,11 @@ pub enum StreamEvent {
     /// Reasoning text (not part of the answer).
     Reasoning(String),
     /// The model started writing a call to this tool.
-    ToolCallStarted { name: String },
+    /// The model started writing a call to the tool `name`.
+    ToolCallStarted {
+        /// The tool being called.
+        name: String,
+    },
     /// Everything streamed since the last `Restart` (or the start) is void:
     /// that attempt failed and a retry or a fallback provider starts over.
     /// Consumers drop the partial text so nothing is shown or kept twice.
@@ -75,9 +84,11 @@ pub enum StreamEvent {
 pub struct ChatResponse {
     /// The assistant row: text, tool calls, reasoning, finish reason.
     pub message: Message,
+    /// Tokens this response used (input, output, cache, reasoning).
     pub usage: Usage,
     /// Which provider and model answered (after any fallback).
     pub provider: String,
+    /// The model that answered, as the provider named it.
     pub model: String,
 }
 
@@ -85,20 +96,33 @@ pub struct ChatResponse {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
+    /// The key was refused (401/403): the next provider is tried.
     Auth,
+    /// Quota or payment refused: the next provider is tried.
     Billing,
+    /// Too many requests (429): retried after the server's delay.
     RateLimit,
+    /// The server is overloaded (503, 529): retried with backoff.
     Overloaded,
+    /// The server failed (5xx): retried with backoff.
     ServerError,
+    /// No answer in time: retried with backoff.
     Timeout,
+    /// The prompt exceeds the model's window: not retried; the agent
+    /// compresses the transcript instead.
     ContextOverflow,
+    /// The request body is too large for the server (413): not retried.
     PayloadTooLarge,
+    /// The model name is unknown to the server: the next provider is tried.
     ModelNotFound,
+    /// The server refused the request's shape (400, 422): sending it again
+    /// would fail the same way.
     FormatError,
     /// Connection refused, reset, DNS: the request may not have arrived.
     Network,
     /// The caller cancelled the request.
     Interrupted,
+    /// Nothing above fits: retried with backoff, as a server error is.
     Unknown,
 }
 
@@ -106,8 +130,11 @@ pub enum ErrorKind {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{provider}: {kind:?}{}: {message}", status.map(|s| format!(" (HTTP {s})")).unwrap_or_default())]
 pub struct LlmError {
+    /// What went wrong, which decides retry and fallback.
     pub kind: ErrorKind,
+    /// The HTTP status, when the failure came with one.
     pub status: Option<u16>,
+    /// What the server or the client said, with any key removed.
     pub message: String,
     /// The server's `Retry-After`, when it sent one.
     pub retry_after: Option<Duration>,

@@ -16,10 +16,13 @@ use crate::tool::McpTool;
 /// What a reload changed, by server name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReloadReport {
+    /// Servers in the new configuration that were not running before (started).
     pub added: Vec<String>,
+    /// Servers no longer configured (stopped).
     pub removed: Vec<String>,
     /// Servers whose configuration changed (restarted).
     pub changed: Vec<String>,
+    /// Servers left running as they were.
     pub unchanged: Vec<String>,
 }
 
@@ -82,6 +85,7 @@ impl McpManager {
         self.read().get(name).cloned()
     }
 
+    /// Whether no server is configured.
     pub fn is_empty(&self) -> bool {
         self.read().is_empty()
     }

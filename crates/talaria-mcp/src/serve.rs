@@ -29,6 +29,8 @@ pub struct TalariaServer {
 }
 
 impl TalariaServer {
+    /// The server over `store` (for `session_search`) and `messenger` (for
+    /// `send_message`).
     pub fn new(store: Arc<dyn SessionStore>, messenger: Arc<dyn Messenger>) -> TalariaServer {
         TalariaServer { store, messenger }
     }

@@ -71,7 +71,10 @@ const MAX_RETRY: Duration = Duration::from_secs(60);
 /// A tool as the server lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RemoteTool {
+    /// The tool's name on its server (Talaria prefixes it with
+    /// `mcp_<server>_`).
     pub name: String,
+    /// The server's description of the tool, passed on to the model.
     pub description: String,
     /// The input JSON schema, as the server gave it.
     pub schema: Value,
@@ -93,16 +96,40 @@ pub struct Offer {
 /// Why a call did not produce a result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallError {
+    /// The server is not running and could not be started for the call.
     #[error("the MCP server \"{server}\" is not available: {reason}")]
-    Unavailable { server: String, reason: String },
+    Unavailable {
+        /// The server's name in the configuration.
+        server: String,
+        /// Why it is not running (its last start's error, or that it was
+        /// never started).
+        reason: String,
+    },
+    /// No answer within the server's timeout; the call was cancelled there.
     #[error("the MCP server \"{server}\" did not answer within {secs} s; the call was cancelled")]
-    Timeout { server: String, secs: u64 },
+    Timeout {
+        /// The server's name in the configuration.
+        server: String,
+        /// The configured timeout that ran out.
+        secs: u64,
+    },
+    /// The turn was interrupted while the call ran.
     #[error("the call was cancelled")]
     Cancelled,
+    /// The server's process or connection ended mid-call; it is restarted.
     #[error("the MCP server \"{server}\" stopped during the call; it will be started again")]
-    Died { server: String },
+    Died {
+        /// The server's name in the configuration.
+        server: String,
+    },
+    /// The server answered with a protocol error (unknown tool, bad arguments).
     #[error("the MCP server \"{server}\" refused the call: {message}")]
-    Refused { server: String, message: String },
+    Refused {
+        /// The server's name in the configuration.
+        server: String,
+        /// The server's own error message.
+        message: String,
+    },
 }
 
 /// Marks the tool list stale when the server says it changed.
@@ -144,9 +171,20 @@ enum State {
 /// How a server stands, for `talaria mcp list` and logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {
-    Connected { tools: usize },
+    /// Running, offering this many tools.
+    Connected {
+        /// The tools it lists.
+        tools: usize,
+    },
+    /// Lazy start, and nothing has called it yet.
     NotStarted,
-    Failing { failures: u32, last_error: String },
+    /// Its starts keep failing; it is retried with backoff.
+    Failing {
+        /// Failed starts in a row.
+        failures: u32,
+        /// The latest start's error.
+        last_error: String,
+    },
 }
 
 /// One configured MCP server.
@@ -160,6 +198,8 @@ pub struct McpServer {
 }
 
 impl McpServer {
+    /// A server not yet started, as `name` is configured; `env` supplies
+    /// the variables its configuration refers to.
     pub fn new(name: &str, config: McpServerConfig, env: Env) -> McpServer {
         McpServer {
             name: name.to_owned(),
@@ -174,10 +214,12 @@ impl McpServer {
         }
     }
 
+    /// Its name in the configuration.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Its configuration, as loaded.
     pub fn config(&self) -> &McpServerConfig {
         &self.config
     }

@@ -138,6 +138,8 @@ pub struct McpTool {
 }
 
 impl McpTool {
+    /// Wraps `remote` of `server` as a tool, with its schema cleaned for
+    /// the providers.
     pub fn new(server: Arc<McpServer>, remote: &str, description: &str, schema: &Value) -> McpTool {
         let description = if description.trim().is_empty() {
             format!(

@@ -47,6 +47,7 @@ impl NodeId {
         NodeId(format!("{:016x}", rand::random::<u64>()))
     }
 
+    /// The id as text, as leases and rows store it.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -74,10 +75,12 @@ impl From<NodeId> for String {
 /// What a node says about itself with each heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeAnnouncement {
+    /// The node's random id, fresh for each process.
     pub id: NodeId,
     /// The host name, for people, and so a node on the same host can tell a
     /// dead process from its pid without waiting for the lease.
     pub host: String,
+    /// Its process id on `host`.
     pub pid: u32,
     /// The process's start time (clock ticks since boot), which tells a
     /// recycled pid from the process itself.
@@ -89,10 +92,15 @@ pub struct NodeAnnouncement {
 /// A node as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeRecord {
+    /// The node's id.
     pub id: NodeId,
+    /// The host it announced.
     pub host: String,
+    /// Its process id there.
     pub pid: u32,
+    /// Its process's start time, as announced.
     pub started_at: Option<u64>,
+    /// The Talaria version it runs.
     pub version: String,
     /// The first heartbeat.
     pub joined_at: Timestamp,
@@ -120,11 +128,16 @@ pub struct LeaseGrant {
 /// A lease as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaseRecord {
+    /// What is leased (`connector:<scope>:<hash>`, `turn:<key>`, ...).
     pub name: String,
+    /// The node holding it.
     pub holder: NodeId,
+    /// Grows with every change of holder, so a former holder's late write
+    /// can be refused.
     pub fence: u64,
     /// When the current holder took it.
     pub acquired_at: Timestamp,
+    /// Until when the holder has it, unless renewed (the store's clock).
     pub lease_until: Timestamp,
 }
 

@@ -25,6 +25,7 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// The state's name as stored and shown.
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Scheduled => "scheduled",
@@ -33,6 +34,7 @@ impl JobState {
         }
     }
 
+    /// The state named `s`, if it is one.
     pub fn parse(s: &str) -> Option<JobState> {
         [JobState::Scheduled, JobState::Paused, JobState::Completed]
             .into_iter()
@@ -52,6 +54,7 @@ pub enum Misfire {
 }
 
 impl Misfire {
+    /// The policy's name as stored and written in jobs.
     pub fn as_str(self) -> &'static str {
         match self {
             Misfire::RunOnce => "run_once",
@@ -59,6 +62,7 @@ impl Misfire {
         }
     }
 
+    /// The policy named `s`, if it is one.
     pub fn parse(s: &str) -> Option<Misfire> {
         match s {
             "run_once" => Some(Misfire::RunOnce),
@@ -71,8 +75,11 @@ impl Misfire {
 /// The chat a job was created from, which the `origin` target means.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobOrigin {
+    /// The platform the job was created on.
     pub platform: String,
+    /// The chat on it.
     pub chat_id: String,
+    /// The thread or topic within the chat, if any.
     pub thread_id: Option<String>,
 }
 
@@ -83,6 +90,7 @@ pub struct NewCronJob {
     pub id: String,
     /// Unique among jobs; how people refer to it.
     pub name: String,
+    /// What each run asks the agent; `None` when the skills say it all.
     pub prompt: Option<String>,
     /// Skills whose instructions are loaded into each run.
     pub skills: Vec<String>,
@@ -91,9 +99,11 @@ pub struct NewCronJob {
     pub schedule: String,
     /// Delivery targets, in order.
     pub deliver: Vec<String>,
+    /// The chat the job was made in, for the `origin` target.
     pub origin: Option<JobOrigin>,
     /// Runs allowed in all; `None` is unlimited.
     pub repeat: Option<u32>,
+    /// What to do about runs missed while nothing was running.
     pub misfire: Misfire,
     /// The first run, as Unix seconds; `None` creates the job completed.
     pub next_run_at: Option<i64>,
@@ -102,24 +112,39 @@ pub struct NewCronJob {
 /// A stored job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CronJob {
+    /// 12 lower-case hex digits; also names the job's output folder.
     pub id: String,
+    /// Unique among jobs; how people refer to it.
     pub name: String,
+    /// What each run asks the agent.
     pub prompt: Option<String>,
+    /// Skills whose instructions are loaded into each run.
     pub skills: Vec<String>,
+    /// The schedule in its canonical form.
     pub schedule: String,
+    /// Delivery targets, in order.
     pub deliver: Vec<String>,
+    /// The chat the job was made in, for the `origin` target.
     pub origin: Option<JobOrigin>,
+    /// Runs allowed in all; `None` is unlimited.
     pub repeat: Option<u32>,
     /// Scheduled runs claimed so far (manual runs and misses not counted).
     pub completed: u32,
+    /// Scheduled, paused or completed.
     pub state: JobState,
+    /// What to do about missed runs.
     pub misfire: Misfire,
     /// The occurrence due next, as Unix seconds.
     pub next_run_at: Option<i64>,
+    /// When the job was created.
     pub created_at: Timestamp,
+    /// When it last changed (edit, claim, pause).
     pub updated_at: Timestamp,
+    /// When its latest run started.
     pub last_run_at: Option<Timestamp>,
+    /// How its latest run ended.
     pub last_status: Option<OccurrenceStatus>,
+    /// Its latest run's error, if it failed.
     pub last_error: Option<String>,
 }
 
@@ -134,6 +159,7 @@ pub enum Trigger {
 }
 
 impl Trigger {
+    /// The trigger's name as stored.
     pub fn as_str(self) -> &'static str {
         match self {
             Trigger::Schedule => "schedule",
@@ -141,6 +167,7 @@ impl Trigger {
         }
     }
 
+    /// The trigger named `s`, if it is one.
     pub fn parse(s: &str) -> Option<Trigger> {
         match s {
             "schedule" => Some(Trigger::Schedule),
@@ -169,6 +196,7 @@ pub enum OccurrenceStatus {
 }
 
 impl OccurrenceStatus {
+    /// The status's name as stored and shown.
     pub fn as_str(self) -> &'static str {
         match self {
             OccurrenceStatus::Running => "running",
@@ -180,6 +208,7 @@ impl OccurrenceStatus {
         }
     }
 
+    /// The status named `s`, if it is one.
     pub fn parse(s: &str) -> Option<OccurrenceStatus> {
         [
             OccurrenceStatus::Running,
@@ -209,9 +238,11 @@ pub struct Advance {
 /// A request to start (or record as missed) one occurrence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OccurrenceClaim {
+    /// The job it is an occurrence of.
     pub job_id: String,
     /// Unix seconds; with the job id, the occurrence's identity.
     pub scheduled_at: i64,
+    /// Its schedule or a manual request.
     pub trigger: Trigger,
     /// `Running` for a run about to start, `Missed` for a skipped one.
     pub status: OccurrenceStatus,
@@ -225,7 +256,9 @@ pub struct OccurrenceClaim {
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OccurrenceEnd {
+    /// `Ok` or `Failed`.
     pub status: OccurrenceStatus,
+    /// What went wrong, for a failed run.
     pub error: Option<String>,
     /// The saved output file.
     pub output_path: Option<String>,
@@ -236,15 +269,25 @@ pub struct OccurrenceEnd {
 /// A stored occurrence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Occurrence {
+    /// The job it is an occurrence of.
     pub job_id: String,
+    /// Unix seconds it was due; with the job id, its identity.
     pub scheduled_at: i64,
+    /// Its schedule or a manual request.
     pub trigger: Trigger,
+    /// Running, finished, missed or interrupted.
     pub status: OccurrenceStatus,
+    /// The session the run used.
     pub session_id: Option<String>,
+    /// When the claim was made.
     pub started_at: Timestamp,
+    /// When the run ended.
     pub finished_at: Option<Timestamp>,
+    /// What went wrong, for a failed run.
     pub error: Option<String>,
+    /// The saved output file.
     pub output_path: Option<String>,
+    /// Targets that could not be delivered to, and why.
     pub delivery_error: Option<String>,
 }
 

@@ -17,7 +17,9 @@ use crate::{Result, SessionStore, Timestamp};
 /// A session key's current conversation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Route {
+    /// The key, computed once per inbound event.
     pub session_key: String,
+    /// The session its messages go to now.
     pub session_id: String,
     /// When the key was pointed at this session.
     pub created_at: Timestamp,
@@ -65,6 +67,7 @@ pub enum ObligationState {
     Pending,
     /// A send is in progress (or was, when its process died).
     Attempting,
+    /// Sent: the platform accepted it.
     Delivered,
     /// The last send failed; a sweep may try again.
     Failed,
@@ -73,6 +76,7 @@ pub enum ObligationState {
 }
 
 impl ObligationState {
+    /// The state's name as stored.
     pub fn as_str(self) -> &'static str {
         match self {
             ObligationState::Pending => "pending",
@@ -110,11 +114,17 @@ impl ObligationState {
 pub struct NewObligation {
     /// First 24 hex of sha256(`session_key|inbound message id|content`).
     pub id: String,
+    /// The session key of the conversation answered.
     pub session_key: String,
+    /// The platform to send on.
     pub platform: String,
+    /// The chat to send to.
     pub chat_id: String,
+    /// The thread or topic within it.
     pub thread_id: Option<String>,
+    /// The message answered, when the platform can show replies.
     pub reply_to: Option<String>,
+    /// The text to send, already what the user will read.
     pub content: String,
     /// The node that will send it.
     pub owner: NodeId,
@@ -127,25 +137,36 @@ pub struct NewObligation {
 /// A stored obligation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Obligation {
+    /// First 24 hex of sha256(`session_key|inbound message id|content`).
     pub id: String,
+    /// The session key of the conversation answered.
     pub session_key: String,
+    /// The platform to send on.
     pub platform: String,
+    /// The chat to send to.
     pub chat_id: String,
+    /// The thread or topic within it.
     pub thread_id: Option<String>,
+    /// The message answered.
     pub reply_to: Option<String>,
+    /// The text to send.
     pub content: String,
+    /// Where it stands: pending, attempting, delivered, failed, abandoned.
     pub state: ObligationState,
     /// Sends started so far. Each start (the owner's first send, a sweep's
     /// claim) adds one, and its number fences the send's completion: only
     /// the latest attempt may mark the row.
     pub attempts: u32,
+    /// When it was recorded.
     pub created_at: Timestamp,
+    /// When its state last changed.
     pub updated_at: Timestamp,
     /// The node responsible for it; `None` when unknown.
     pub owner: Option<NodeId>,
     /// While `attempting`: until when the attempt is its sender's. A send
     /// still unsettled then is presumed stuck and may be claimed.
     pub lease_until: Option<Timestamp>,
+    /// Why the last attempt failed, or why it was abandoned.
     pub last_error: Option<String>,
 }
 
@@ -178,7 +199,9 @@ pub struct OwedClaim {
 /// A place in claim order (oldest first, then by id).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OwedCursor {
+    /// When the row was recorded.
     pub created_at: Timestamp,
+    /// The row's id, which breaks ties.
     pub id: String,
 }
 
@@ -196,6 +219,7 @@ pub struct ClaimedObligation {
 /// What one [`LedgerStore::claim_owed`] did.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct OwedBatch {
+    /// Rows this call claimed, to be sent now.
     pub claimed: Vec<ClaimedObligation>,
     /// Rows given up (over the attempt budget or too old), as they are now.
     pub abandoned: Vec<Obligation>,
@@ -251,6 +275,7 @@ pub trait LedgerStore: Send + Sync {
         attempt: Option<u32>,
         reason: &str,
     ) -> Result<bool>;
+    /// The row `id`, if it exists.
     async fn obligation(&self, id: &str) -> Result<Option<Obligation>>;
     /// Open rows, oldest first, at most `limit` (0: all).
     async fn open_obligations(&self, limit: usize) -> Result<Vec<Obligation>>;
@@ -392,9 +417,13 @@ pub enum OfferOutcome {
 /// A user who may talk to the bot because an operator approved their code.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovedUser {
+    /// The platform they talk on.
     pub platform: String,
+    /// Their id there.
     pub user_id: String,
+    /// Their display name when they asked, for people.
     pub user_name: Option<String>,
+    /// When the code was approved.
     pub approved_at: Timestamp,
 }
 
@@ -403,33 +432,44 @@ pub struct ApprovedUser {
 /// [`PairingStore::pairing_take_notices`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalNotice {
+    /// The platform they talk on.
     pub platform: String,
+    /// Their id there.
     pub user_id: String,
+    /// Their display name when they asked.
     pub user_name: Option<String>,
+    /// The chat they asked in, where they are told.
     pub chat_id: String,
 }
 
 /// A code waiting for approval (the code itself is never stored).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingPairing {
+    /// The platform the code was asked for on.
     pub platform: String,
+    /// The asker's id there.
     pub user_id: String,
+    /// Their display name, for people deciding.
     pub user_name: Option<String>,
+    /// When the code was issued; it expires [`PairingLimits::code_ttl`] later.
     pub created_at: Timestamp,
 }
 
 /// What happened to an approval attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ApproveOutcome {
+    /// The code matched: the user as now approved.
     Approved(ApprovedUser),
     /// No pending code matched; `failures` counts toward the lock.
     NoMatch {
+        /// Failed attempts so far in the current window.
         failures: u32,
     },
     /// The platform is locked until the given time after too many wrong
     /// codes: this code matched nothing (or, once the lock's guess budget
     /// is spent, was not compared at all).
     LockedOut {
+        /// When approvals open again.
         until: Timestamp,
     },
 }
@@ -437,7 +477,9 @@ pub enum ApproveOutcome {
 /// Everything pairing holds, for `talaria pairing list`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct PairingSnapshot {
+    /// Codes waiting for approval.
     pub pending: Vec<PendingPairing>,
+    /// Users approved.
     pub approved: Vec<ApprovedUser>,
     /// Platforms whose approvals are locked, and until when.
     pub lockouts: Vec<(String, Timestamp)>,
@@ -511,6 +553,7 @@ pub trait PairingStore: Send + Sync {
         code: &str,
         limits: PairingLimits,
     ) -> Result<ApproveOutcome>;
+    /// Whether `user_id` on `platform` was approved.
     async fn pairing_is_approved(&self, platform: &str, user_id: &str) -> Result<bool>;
     /// Takes up to `limit` approvals on `platforms` whose user has not been
     /// told yet, oldest first. A notice is handed out once: of callers

@@ -94,9 +94,13 @@ pub struct NewSession {
     pub source: String,
     /// The gateway's routing key, when there is one.
     pub session_key: Option<String>,
+    /// The platform's chat the session talks in (gateway sessions).
     pub chat_id: Option<String>,
+    /// The platform's id of the person talking.
     pub user_id: Option<String>,
+    /// The thread or topic within the chat, when there is one.
     pub thread_id: Option<String>,
+    /// The model the session started with, for listings.
     pub model: Option<String>,
     /// The system prompt, stored so later turns replay it byte-identical.
     pub system_prompt: Option<String>,
@@ -107,27 +111,45 @@ pub struct NewSession {
 /// A stored session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionRecord {
+    /// `YYYYMMDD_HHMMSS_<hex>`: the session's id, and its files' names.
     pub id: String,
+    /// Where the session came from: `cli`, `telegram`, `api`, `cron`, ...
     pub source: String,
+    /// The gateway's routing key, when there is one.
     pub session_key: Option<String>,
+    /// The platform's chat the session talks in.
     pub chat_id: Option<String>,
+    /// The platform's id of the person talking.
     pub user_id: Option<String>,
+    /// The thread or topic within the chat.
     pub thread_id: Option<String>,
+    /// A short title: set from the first message, or by `/title`.
     pub title: Option<String>,
+    /// The model the session started with.
     pub model: Option<String>,
+    /// The system prompt every turn replays unchanged.
     pub system_prompt: Option<String>,
+    /// The session this one continues (compression rotation, /resume).
     pub parent_session_id: Option<String>,
+    /// When the session was created.
     pub started_at: Timestamp,
+    /// When it was ended (`/new`, expiry), if it was.
     pub ended_at: Option<Timestamp>,
+    /// Why it ended (`new`, `expired`, ...).
     pub end_reason: Option<String>,
     /// Every row ever stored for the session, replaced ones included: it
     /// changes with every append, so it tells whether a session moved on.
     /// People are shown [`SessionStore::active_message_counts`].
     pub message_count: u64,
+    /// Prompt tokens processed afresh, summed over the session's requests.
     pub input_tokens: u64,
+    /// Tokens generated, summed.
     pub output_tokens: u64,
+    /// Prompt tokens served from the provider's cache, summed.
     pub cache_read_tokens: u64,
+    /// Prompt tokens written to the provider's cache, summed.
     pub cache_write_tokens: u64,
+    /// Generated tokens spent on reasoning, summed.
     pub reasoning_tokens: u64,
 }
 
@@ -136,9 +158,13 @@ pub struct SessionRecord {
 pub struct StoredMessage {
     /// Autoincrement id; orders the transcript.
     pub id: i64,
+    /// The session the row belongs to.
     pub session_id: String,
+    /// The row itself, as the agent wrote it.
     pub message: Message,
+    /// When it was stored.
     pub timestamp: Timestamp,
+    /// The provider's token count for the row, when it reported one.
     pub token_count: Option<u64>,
     /// False once compression replaced the row; inactive rows stay searchable.
     pub active: bool,
@@ -174,6 +200,7 @@ pub struct SearchQuery {
 /// One matching session with the best hit in it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SearchHit {
+    /// The session, as [`SessionStore::session`] returns it.
     pub session: SessionRecord,
     /// The id of the best-matching message.
     pub message_id: i64,

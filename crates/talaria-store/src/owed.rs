@@ -18,7 +18,9 @@ use crate::{Result, Timestamp};
 pub struct NewOwedTurn {
     /// Unique per message: the platform's inbound id when it has one.
     pub id: String,
+    /// The session key whose turn answers it.
     pub session_key: String,
+    /// The platform it came from; claimed only where that platform is live.
     pub platform: String,
     /// The inbound event as the gateway serialized it (opaque here).
     pub event: String,
@@ -29,12 +31,17 @@ pub struct NewOwedTurn {
 /// A recorded owed turn.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OwedTurn {
+    /// Unique per message: the platform's inbound id when it has one.
     pub id: String,
+    /// The session key whose turn answers it.
     pub session_key: String,
+    /// The platform it came from.
     pub platform: String,
+    /// The inbound event as the gateway serialized it, to run it again.
     pub event: String,
     /// The node responsible for it now.
     pub owner: Option<NodeId>,
+    /// When the runner accepted it (the store's clock).
     pub accepted_at: Timestamp,
     /// Times a node took it over after its owner died; each claim adds
     /// one, so a message whose turn kills its process is not retried

@@ -22,10 +22,14 @@
 //!   starting together migrate once;
 //! - `tls`: libpq's `sslmode` semantics on rustls;
 //! - `sessions`: sessions and transcripts ([`crate::SessionStore`]);
+//! - `rows`: reading rows into the crate's types and the conversions
+//!   every query shares (column lists, counts, NUL-free text);
 //! - `search`: full-text search (`tsvector`, and `pg_trgm` where it can
-//!   be installed);
+//!   be installed); `snippet`: the marked excerpts of its hits;
 //! - `routes`: session routes ([`crate::RouteStore`]);
 //! - `gateway`: DM pairing, inbound dedupe and adapter cursors;
+//! - `step`: a trait method's body and its error, as `gateway` and `cron`
+//!   write them, with the checked reads of counters;
 //! - `cron`: scheduled jobs and the claimed record of their runs;
 //! - `cluster`: nodes and leases; `ledger`: the delivery ledger;
 //! - `copy`: reading a store out and writing a copy in ([`crate::copy`]).
@@ -37,9 +41,12 @@ mod gateway;
 mod ledger;
 mod owed;
 mod routes;
+mod rows;
 mod schema;
 mod search;
 mod sessions;
+mod snippet;
+mod step;
 mod tls;
 
 use std::fmt;

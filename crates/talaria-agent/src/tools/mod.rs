@@ -34,11 +34,13 @@ pub mod todo;
 pub struct ToolError(pub String);
 
 impl ToolError {
+    /// A failure whose `message` the model will read.
     pub fn new(message: impl Into<String>) -> ToolError {
         ToolError(message.into())
     }
 }
 
+/// What a tool call returns: text for the model, or an error it is told about.
 pub type ToolResult = Result<String, ToolError>;
 
 /// A capability the model can call.
@@ -106,15 +108,21 @@ impl SessionState {
 /// What a tool call can see and use.
 #[derive(Clone)]
 pub struct ToolContext {
+    /// The session the call belongs to (memory, todo and spill files key on it).
     pub session_id: String,
+    /// `TALARIA_HOME`: memory, skills and spilled output live under it.
     pub home: Home,
     /// Working directory for relative paths and commands.
     pub workdir: PathBuf,
+    /// The loaded configuration (timeouts, output limits, approval mode).
     pub config: Arc<Config>,
+    /// The session store, for tools that read past conversations.
     pub store: Arc<dyn SessionStore>,
     /// Asks the human (approvals, clarifying questions).
     pub interaction: Arc<dyn Interaction>,
+    /// The session's process-local state (todo list, approvals granted).
     pub session: Arc<SessionState>,
+    /// Applied to tool output before the model sees it.
     pub redactor: Redactor,
     /// Fires when the turn is interrupted; long tools must watch it.
     pub cancel: CancellationToken,
@@ -151,6 +159,7 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// An empty registry; front ends register the tools they offer.
     pub fn new() -> Registry {
         Registry::default()
     }
@@ -171,6 +180,7 @@ impl Registry {
         self.tools.insert(tool.name().to_owned(), tool);
     }
 
+    /// The tool registered under `name`, as the model calls it.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.tools.get(name)
     }
@@ -186,6 +196,7 @@ impl Registry {
         self.tools.values().map(|t| t.spec()).collect()
     }
 
+    /// Whether no tool is registered (the model is then offered none).
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
     }

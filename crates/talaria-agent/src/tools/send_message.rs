@@ -47,6 +47,7 @@ pub struct SendMessageTool {
 }
 
 impl SendMessageTool {
+    /// The tool, sending through `messenger` (the gateway's delivery).
     pub fn new(messenger: Arc<dyn Messenger>) -> SendMessageTool {
         SendMessageTool { messenger }
     }

@@ -4,7 +4,9 @@
 /// One bundled skill.
 #[derive(Debug, Clone, Copy)]
 pub struct BundledSkill {
+    /// The skill's name, as it is called (`/name`).
     pub name: &'static str,
+    /// The category folder it sits in.
     pub category: &'static str,
     /// The whole SKILL.md.
     pub text: &'static str,

@@ -14,22 +14,32 @@ pub const MAX_DESCRIPTION_CHARS: usize = 1024;
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct Frontmatter {
+    /// The skill's name; must match its folder.
     pub name: String,
+    /// What the skill is for: shown in the index the model chooses from.
     pub description: String,
+    /// The author's version string, shown, not compared.
     pub version: Option<String>,
+    /// Who wrote it, as they gave it.
     pub author: Option<String>,
+    /// Its licence, as given.
     pub license: Option<String>,
     /// Operating systems the skill works on (`linux`, `macos`, ...); empty
     /// means all.
     pub platforms: Vec<String>,
+    /// The `metadata` map as written (tags, other tools' fields); Talaria
+    /// keeps it without reading it.
     pub metadata: serde_json::Value,
+    /// Skills to look at alongside this one (drawn as links in the graph).
     pub related_skills: Vec<String>,
+    /// A category that overrides the folder's.
     pub category: Option<String>,
 }
 
 /// A SKILL.md split into its parts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Parsed {
+    /// The parsed frontmatter.
     pub frontmatter: Frontmatter,
     /// The instructions after the frontmatter.
     pub body: String,

@@ -71,18 +71,22 @@ pub enum Origin {
 pub struct SkillInfo {
     /// The folder name, which is how the skill is called.
     pub name: String,
+    /// What the skill is for, from its frontmatter.
     pub description: String,
     /// `general` for a skill directly under the root.
     pub category: String,
+    /// Bundled, or the user's own.
     pub origin: Origin,
     /// The skill folder (user skills only).
     pub dir: Option<PathBuf>,
+    /// Everything its frontmatter says.
     pub frontmatter: Frontmatter,
 }
 
 /// A skill with its instructions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Skill {
+    /// Name, category, origin and frontmatter.
     pub info: SkillInfo,
     /// The whole SKILL.md.
     pub text: String,
@@ -153,6 +157,7 @@ pub struct Library {
 }
 
 impl Library {
+    /// The library of `home`: its `skills/` folder over the bundled skills.
     pub fn new(home: &Home) -> Library {
         let root = home.skills_dir();
         Library {
@@ -168,6 +173,7 @@ impl Library {
         &self.root
     }
 
+    /// The usage records of the user's skills.
     pub fn usage(&self) -> &Usage {
         &self.usage
     }

@@ -22,6 +22,7 @@ pub const FILE: &str = ".usage.json";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SkillState {
+    /// In use: offered, and counted.
     #[default]
     Active,
     /// Unused for a while; still offered.
@@ -37,15 +38,25 @@ pub struct UsageRecord {
     /// `agent` for skills the agent wrote itself (the curator manages
     /// those), else `None`.
     pub created_by: Option<String>,
+    /// When the record was made (the skill was first seen or written).
     pub created_at: Option<DateTime<Utc>>,
+    /// Times the skill was used, a view by the model included.
     pub use_count: u64,
+    /// Times the model opened it with `skill_view`.
     pub view_count: u64,
+    /// Times it was edited or patched.
     pub patch_count: u64,
+    /// The last use (a view included).
     pub last_used_at: Option<DateTime<Utc>>,
+    /// The last `skill_view`.
     pub last_viewed_at: Option<DateTime<Utc>>,
+    /// The last edit.
     pub last_patched_at: Option<DateTime<Utc>>,
+    /// Active, stale or archived.
     pub state: SkillState,
+    /// Pinned by the user: the curator leaves it alone.
     pub pinned: bool,
+    /// When the curator archived it.
     pub archived_at: Option<DateTime<Utc>>,
 }
 
@@ -77,6 +88,7 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The records of the skills under `root` (in its `.usage.json`).
     pub fn new(root: &Path) -> Usage {
         Usage {
             path: root.join(FILE),

@@ -31,7 +31,7 @@ use tokio_postgres::Row as PgRow;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use super::sessions::clean;
+use super::rows::clean;
 use super::{NOW, PostgresStore};
 use crate::copy::{
     Dump, Kind, Load, MARKER_TABLE, Page, PageKey, PageLimit, Row, StoreCopy, Table, TargetState,

@@ -25,7 +25,7 @@ use deadpool_postgres::Object;
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 
-use super::gateway::{Step, StepError, column, count_u32, settle, sql_limit};
+use super::step::{Step, StepError, column, count_u32, settle, sql_limit};
 use super::{NOW, PostgresStore};
 use crate::cron::{
     CronJob, CronStore, JobOrigin, JobState, Misfire, NewCronJob, Occurrence, OccurrenceClaim,

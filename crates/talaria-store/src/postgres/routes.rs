@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
-use super::sessions::{clean, sql_len};
+use super::rows::{clean, sql_len};
 use super::{NOW, PostgresStore};
 use crate::gateway::{Route, RouteStore};
 use crate::{Result, Timestamp};

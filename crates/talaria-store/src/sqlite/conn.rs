@@ -17,8 +17,45 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
 
-use super::SqliteOptions;
 use crate::StoreError;
+
+/// Tuning for [`SqliteStore`](super::SqliteStore); the defaults suit an
+/// interactive agent.
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// How long one SQLite call waits on another connection's lock before
+    /// reporting busy (SQLite's own `busy_timeout`).
+    pub busy_timeout: Duration,
+    /// Most attempts per operation when the database stays busy.
+    pub max_attempts: u32,
+    /// Total time one operation may spend retrying before it fails with
+    /// [`StoreError::Busy`].
+    pub retry_budget: Duration,
+    /// Threads that run reads, each with a connection of its own (at
+    /// least one). Reads beyond them wait their turn.
+    pub readers: usize,
+    /// Page cache of the writer connection, in KiB. It holds the pages
+    /// every commit touches (the newest leaves, the index roots).
+    pub writer_cache_kib: u32,
+    /// Page cache of each read connection, in KiB. Reads mostly touch a
+    /// session's newest pages, which the operating system caches anyway;
+    /// SQLite's default of about 2 MB per connection let the memory of a
+    /// long-running gateway grow with its database.
+    pub reader_cache_kib: u32,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            busy_timeout: Duration::from_secs(1),
+            max_attempts: 10,
+            retry_budget: Duration::from_secs(5),
+            readers: 4,
+            writer_cache_kib: 2048,
+            reader_cache_kib: 512,
+        }
+    }
+}
 
 /// An error inside an operation: either SQLite's (which may be retried) or
 /// one of ours (which never is). Private so no rusqlite type leaks out.

@@ -1,0 +1,39 @@
+//! [`SessionHandle`]: an open session as a front end holds it between
+//! turns.
+
+use std::sync::Arc;
+
+use crate::tools::SessionState;
+
+/// An open session: its id, its process-local state and its frozen system
+/// prompt. Cheap to clone; clones share the state and take turns one at a
+/// time.
+#[derive(Debug, Clone)]
+pub struct SessionHandle {
+    /// The stored session's id.
+    pub id: String,
+    /// State that lives as long as the session in this process (todo list,
+    /// approvals given).
+    pub state: Arc<SessionState>,
+    system_prompt: Arc<str>,
+    /// Held for the length of a turn: two turns interleaving on one
+    /// transcript would corrupt it.
+    pub(crate) turn_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl SessionHandle {
+    /// A handle on stored session `id`, whose system prompt is `system_prompt`.
+    pub(crate) fn new(id: String, system_prompt: String) -> SessionHandle {
+        SessionHandle {
+            id,
+            state: Arc::new(SessionState::default()),
+            system_prompt: system_prompt.into(),
+            turn_lock: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    /// The system prompt sent, unchanged, with every request of the session.
+    pub fn system_prompt(&self) -> &str {
+        &self.system_prompt
+    }
+}
