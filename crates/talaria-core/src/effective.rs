@@ -88,6 +88,7 @@ const ENV_KEYS: &[EnvKey] = &[
 pub struct FromEnv {
     /// The key's path in `config.yaml`.
     pub key: String,
+    /// The environment variable that supplied it.
     pub var: String,
     /// `.env` or `the environment` (the process's).
     pub origin: &'static str,

@@ -10,12 +10,16 @@ pub enum ProviderKind {
     /// Any OpenAI-compatible endpoint (llama.cpp, vLLM, Ollama, LM Studio, ...).
     #[default]
     Custom,
+    /// OpenAI's own API.
     Openai,
+    /// OpenRouter, one key for many models.
     Openrouter,
+    /// Anthropic's Messages API.
     Anthropic,
 }
 
 impl ProviderKind {
+    /// The name used in `config.yaml` and in messages (`custom`, `openai`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
             ProviderKind::Custom => "custom",
@@ -57,14 +61,20 @@ impl ProviderKind {
 pub struct ModelConfig {
     /// Model name sent to the provider.
     pub default: Option<String>,
+    /// Which kind of server `base_url` is; decides the default URL, the key's
+    /// variable and the wire protocol.
     pub provider: ProviderKind,
+    /// The server's root URL (`TALARIA_BASE_URL` overrides it); required for
+    /// `custom`.
     pub base_url: Option<String>,
+    /// The API key; else the provider's variable (`OPENAI_API_KEY`, ...).
     pub api_key: Option<Secret>,
     /// Context window in tokens; drives compression.
     pub context_length: u64,
     /// Output cap per request; `None` lets the server decide (Anthropic
     /// requires one, so its adapter falls back to 4096).
     pub max_tokens: Option<u32>,
+    /// Sampling temperature; the server's default when unset.
     pub temperature: Option<f32>,
 }
 
@@ -85,20 +95,28 @@ impl Default for ModelConfig {
 /// One entry of `fallback_providers:`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FallbackProvider {
+    /// Which kind of server this fallback is.
     pub provider: ProviderKind,
+    /// The model name sent to it.
     pub model: String,
     #[serde(default)]
+    /// Its root URL; the provider's default when unset.
     pub base_url: Option<String>,
     #[serde(default)]
+    /// Its API key; else the provider's variable.
     pub api_key: Option<Secret>,
 }
 
 /// A fully resolved provider endpoint: everything a client needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Endpoint {
+    /// Which wire protocol to speak.
     pub provider: ProviderKind,
+    /// The model name sent in every request.
     pub model: String,
+    /// The server's root URL, resolved.
     pub base_url: String,
+    /// The key, when the server needs one.
     pub api_key: Option<Secret>,
 }
 
@@ -141,6 +159,7 @@ impl Default for AgentConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct MemoryConfig {
+    /// Whether the `memory` tool and MEMORY.md/USER.md in the prompt are on.
     pub enabled: bool,
     /// Limit on the whole joined text of MEMORY.md.
     pub memory_char_limit: usize,
@@ -161,6 +180,7 @@ pub struct MemoryConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Mem0Config {
+    /// The service's root URL.
     pub base_url: String,
     /// Whose memories: one user per Talaria home.
     pub user_id: String,
@@ -199,6 +219,7 @@ impl Default for MemoryConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CompressionConfig {
+    /// Whether long conversations are summarised to fit the context window.
     pub enabled: bool,
     /// Share of the context window at which older turns are summarised.
     pub threshold: f64,
@@ -234,6 +255,7 @@ pub enum ApprovalMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ApprovalsConfig {
+    /// Whether dangerous commands ask first (`manual`) or run (`off`).
     pub mode: ApprovalMode,
     /// Seconds to wait for an answer; silence is a denial.
     pub timeout_secs: u64,
@@ -255,6 +277,7 @@ pub struct TerminalConfig {
     /// Default command timeout in seconds (a call may ask for less or more,
     /// up to `max_timeout_secs`).
     pub timeout_secs: u64,
+    /// The longest timeout a single call may ask for, in seconds.
     pub max_timeout_secs: u64,
     /// Output kept from one command, head and tail.
     pub max_output_chars: usize,

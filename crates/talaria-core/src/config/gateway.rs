@@ -20,6 +20,8 @@ pub enum BusyInputMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GatewayConfig {
+    /// What a message arriving during a running turn does: interrupt it,
+    /// wait in the queue, or steer it.
     pub busy_input_mode: BusyInputMode,
     /// In groups, each member gets a conversation of their own.
     pub group_sessions_per_user: bool,
@@ -81,7 +83,10 @@ pub enum ResetMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SessionResetConfig {
+    /// When a chat's conversation starts afresh: never, after being idle,
+    /// daily, or both.
     pub mode: ResetMode,
+    /// Minutes without a message after which the next one starts afresh.
     pub idle_minutes: u64,
     /// Hour of the day (0-23, local time) of the daily reset.
     pub at_hour: u32,

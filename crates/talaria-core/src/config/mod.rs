@@ -18,31 +18,45 @@ use crate::home::Home;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
+    /// The file exists but could not be read.
     Read {
+        /// The file.
         path: PathBuf,
+        /// Why.
         source: std::io::Error,
     },
     /// Not YAML at all (a tab used for indentation, an unclosed bracket,
     /// a key given twice).
     #[error("{path}{}: {message}", at_line(*.line))]
     Syntax {
+        /// The file.
         path: PathBuf,
         /// Where, counting from 1, when known.
         line: Option<u64>,
+        /// The parser's complaint, in plain words.
         message: String,
     },
     /// YAML, but a value of the wrong form; `key` is its path
     /// (`agent.max_turns`, `fallback_providers[0].model`).
     #[error("{path}{}: `{key}`: {message}", at_line(*.line))]
     Invalid {
+        /// The file.
         path: PathBuf,
+        /// The key's path.
         key: String,
         /// The key's line, counting from 1, when known.
         line: Option<u64>,
+        /// What is wrong with the value.
         message: String,
     },
     #[error("cannot read {path}: {message}")]
-    DotEnv { path: PathBuf, message: String },
+    /// The `.env` file could not be read or parsed.
+    DotEnv {
+        /// The file.
+        path: PathBuf,
+        /// The parser's complaint.
+        message: String,
+    },
 }
 
 /// `, line N` after a file name, when the line is known.
@@ -54,17 +68,24 @@ fn at_line(line: Option<u64>) -> String {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Config {
+    /// The model and the server it is on (`model:`).
     pub model: ModelConfig,
+    /// Servers tried in order when the primary fails.
     pub fallback_providers: Vec<FallbackProvider>,
+    /// How a turn runs (`agent:`).
     pub agent: AgentConfig,
+    /// Built-in memory (`memory:`).
     pub memory: MemoryConfig,
+    /// Context compression (`compression:`).
     pub compression: CompressionConfig,
+    /// Approvals of dangerous commands (`approvals:`).
     pub approvals: ApprovalsConfig,
     /// Commands that run without asking, written by hand: a command glob
     /// (`git push origin *`) or a guard pattern key (every command of that
     /// kind). Only commands without shell operators match. "Always" answers
     /// are not added here but to `command_allowlist.txt`, as exact commands.
     pub command_allowlist: Vec<String>,
+    /// The `terminal` tool (`terminal:`).
     pub terminal: TerminalConfig,
     /// `talaria gateway run`: routing, busy handling, shutdown.
     pub gateway: GatewayConfig,
@@ -90,6 +111,7 @@ pub struct Config {
 /// A parsed configuration with what was noticed on the way.
 #[derive(Debug, Clone)]
 pub struct Loaded {
+    /// The configuration, defaults filled in.
     pub config: Config,
     /// Human-readable warnings (unknown keys), one per line.
     pub warnings: Vec<String>,

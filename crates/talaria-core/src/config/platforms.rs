@@ -7,11 +7,15 @@ use super::*;
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PlatformsConfig {
+    /// `platforms.telegram`.
     pub telegram: TelegramConfig,
+    /// `platforms.discord`.
     pub discord: DiscordConfig,
+    /// `platforms.mattermost`.
     pub mattermost: MattermostConfig,
     /// Slack over Socket Mode and the Web API.
     pub slack: SlackConfig,
+    /// `platforms.api_server`: the OpenAI-compatible HTTP server.
     pub api_server: ApiServerConfig,
     /// Signed HTTP deliveries from other services (GitHub, GitLab, Svix, ...).
     pub webhook: WebhookConfig,
@@ -38,6 +42,7 @@ pub struct PlatformsConfig {
 pub struct TelegramConfig {
     /// `None` means "enabled when a token is set".
     pub enabled: Option<bool>,
+    /// The bot token from @BotFather; else `TELEGRAM_BOT_TOKEN`.
     pub token: Option<Secret>,
     /// The Bot API root; requests go to `{base_url}/bot{token}/{method}`.
     pub base_url: String,
@@ -70,6 +75,7 @@ impl Default for TelegramConfig {
 pub struct DiscordConfig {
     /// `None` means "enabled when a token is set".
     pub enabled: Option<bool>,
+    /// The bot token; else `DISCORD_BOT_TOKEN`.
     pub token: Option<Secret>,
     /// The REST API root (`{api_base}/channels/{id}/messages`, ...).
     pub api_base: String,
@@ -176,6 +182,7 @@ pub struct MatrixConfig {
     pub enabled: Option<bool>,
     /// The homeserver's client-server API root (`https://matrix.example.org`).
     pub homeserver: Option<String>,
+    /// The account's access token; else `MATRIX_ACCESS_TOKEN`.
     pub access_token: Option<Secret>,
     /// The bot's own user id (`@talaria:example.org`); asked from the
     /// homeserver (`whoami`) when unset.
@@ -263,14 +270,19 @@ pub struct EmailConfig {
     pub enabled: Option<bool>,
     /// The bot's address: the IMAP and SMTP login and the `From` of replies.
     pub address: Option<String>,
+    /// The mailbox password; else `EMAIL_PASSWORD`.
     pub password: Option<Secret>,
     /// The IMAP server (a host, or `host:port`).
     pub imap_host: Option<String>,
+    /// The IMAP server's port.
     pub imap_port: u16,
+    /// How the IMAP connection is encrypted.
     pub imap_tls: MailTls,
     /// The SMTP submission server (a host, or `host:port`).
     pub smtp_host: Option<String>,
+    /// The SMTP server's port.
     pub smtp_port: u16,
+    /// How the SMTP connection is encrypted.
     pub smtp_tls: MailTls,
     /// The mailbox read for new mail.
     pub mailbox: String,
@@ -411,8 +423,11 @@ impl Default for SlackConfig {
 pub struct ApiServerConfig {
     /// `None` means "enabled when a key is set".
     pub enabled: Option<bool>,
+    /// The address to listen on; else `API_SERVER_HOST`, then loopback.
     pub host: Option<String>,
+    /// The port; else `API_SERVER_PORT`, then 8642.
     pub port: Option<u16>,
+    /// The bearer key clients send; else `API_SERVER_KEY`.
     pub key: Option<Secret>,
     /// Turns running at once; more get 429. 0 means no cap.
     pub max_concurrent_runs: usize,
@@ -491,6 +506,7 @@ pub struct WebhookConfig {
     /// The interface to listen on. Loopback by default: put a reverse proxy
     /// with TLS in front rather than exposing the port directly.
     pub host: String,
+    /// The shared webhook listener's port (8644 by default).
     pub port: u16,
     /// Larger request bodies get 413 without being read further.
     pub max_body_bytes: usize,

@@ -178,6 +178,7 @@ pub fn url_secrets(text: &str) -> Vec<String> {
 }
 
 impl Secret {
+    /// Holds `value` as a secret.
     pub fn new(value: impl Into<String>) -> Secret {
         Secret(value.into())
     }

@@ -17,6 +17,7 @@ pub enum StoreBackend {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StoreConfig {
+    /// SQLite in the home (the default) or a shared PostgreSQL.
     pub backend: StoreBackend,
     /// `postgres://user:password@host:5432/db?sslmode=require`; the
     /// `TALARIA_DATABASE_URL` environment variable takes precedence.
@@ -72,6 +73,7 @@ impl Default for SkillsConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MemoryNotifications {
+    /// Nothing is said.
     Off,
     /// One short line of what was learned.
     #[default]
@@ -84,6 +86,7 @@ pub enum MemoryNotifications {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct DisplayConfig {
+    /// How much of background learning is shown under an answer.
     pub memory_notifications: MemoryNotifications,
 }
 
@@ -93,6 +96,7 @@ pub struct DisplayConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CuratorConfig {
+    /// Whether unused agent-written skills are marked stale and archived.
     pub enabled: bool,
     /// Hours between two runs.
     pub interval_hours: u64,
@@ -120,6 +124,7 @@ impl Default for CuratorConfig {
 pub struct McpServerConfig {
     /// The program to start (stdio transport).
     pub command: Option<String>,
+    /// Arguments to `command`.
     pub args: Vec<String>,
     /// Extra environment for the program; values may use `${VAR}`.
     pub env: BTreeMap<String, String>,
@@ -129,6 +134,7 @@ pub struct McpServerConfig {
     pub url: Option<String>,
     /// HTTP headers sent with every request; values may use `${VAR}`.
     pub headers: BTreeMap<String, String>,
+    /// A server can be kept in the file but switched off.
     pub enabled: bool,
     /// Seconds one tool call may take.
     pub timeout: u64,
@@ -164,7 +170,9 @@ impl Default for McpServerConfig {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct McpToolFilter {
+    /// Tool names to offer; empty offers all.
     pub include: Vec<String>,
+    /// Tool names never to offer, applied after `include`.
     pub exclude: Vec<String>,
 }
 
