@@ -17,8 +17,8 @@ use crate::home::Home;
 /// Errors reading or validating configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
     /// The file exists but could not be read.
+    #[error("cannot read {path}: {source}")]
     Read {
         /// The file.
         path: PathBuf,
