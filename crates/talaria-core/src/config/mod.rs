@@ -49,8 +49,8 @@ pub enum ConfigError {
         /// What is wrong with the value.
         message: String,
     },
-    #[error("cannot read {path}: {message}")]
     /// The `.env` file could not be read or parsed.
+    #[error("cannot read {path}: {message}")]
     DotEnv {
         /// The file.
         path: PathBuf,
