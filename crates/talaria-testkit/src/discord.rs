@@ -52,6 +52,7 @@ pub const SEND_BUCKET: &str = "fake-messages-bucket";
 pub struct Sent {
     /// The channel posted to (a thread's own id for thread replies).
     pub channel_id: String,
+    /// The message text exactly as sent.
     pub content: String,
     /// `message_reference.message_id`, when given.
     pub reply_to: Option<String>,
@@ -59,13 +60,16 @@ pub struct Sent {
     pub allowed_mentions: Value,
     /// The id the fake assigned.
     pub id: String,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One typing request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Typing {
+    /// The channel the bot shows typing in.
     pub channel_id: String,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -73,22 +77,28 @@ pub struct Typing {
 /// or hangs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The HTTP method (`GET`, `POST`, ...).
     pub method: String,
     /// The path without `/api/v10`.
     pub path: String,
+    /// The JSON body (`null` when there was none or it did not parse).
     pub body: Value,
     /// `Authorization` was `Bot <the token>`.
     pub authorized: bool,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// A gateway payload the client sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Frame {
+    /// The gateway opcode.
     pub op: u64,
+    /// The payload's `d` field.
     pub d: Value,
     /// Which connection (1, 2, ...) it came on.
     pub connection: u64,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -97,7 +107,9 @@ pub struct Frame {
 pub struct Connection {
     /// `/gateway` or `/resume`.
     pub path: String,
+    /// The raw query string (`v=10&encoding=json`, ...).
     pub query: String,
+    /// When the fake accepted it.
     pub at: Instant,
 }
 

@@ -54,12 +54,15 @@ pub const MAX_EVENT_BYTES: usize = 65_536;
 /// One message event the fake accepted from the bot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sent {
+    /// The room the event went to.
     pub room_id: String,
+    /// The client's transaction id from the path (repeats on a retried send).
     pub txn_id: String,
     /// The event content exactly as sent.
     pub content: Value,
     /// The id the fake assigned.
     pub event_id: String,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -102,19 +105,28 @@ impl Sent {
 /// One `/sync` request, recorded when it arrived.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SyncCall {
+    /// The `since` token, absent on an initial sync.
     pub since: Option<String>,
+    /// The long-poll `timeout`, in milliseconds.
     pub timeout_ms: Option<u64>,
+    /// The `filter` parameter (an id or inline JSON), when given.
     pub filter: Option<String>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One typing notice.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Typing {
+    /// The room the notice is for.
     pub room_id: String,
+    /// The user from the path (the bot).
     pub user_id: String,
+    /// `true` to show the indicator, `false` to clear it.
     pub typing: bool,
+    /// How long the indicator should last, when shown.
     pub timeout_ms: Option<u64>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -122,9 +134,13 @@ pub struct Typing {
 /// hangs), with its decoded path below `/_matrix/client/v3/`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The HTTP method (`GET`, `PUT`, ...).
     pub method: String,
+    /// The decoded path below `/_matrix/client/v3/`.
     pub path: String,
+    /// The JSON body (`null` when there was none or it did not parse).
     pub body: Value,
+    /// When the fake received it.
     pub at: Instant,
     /// The bearer token was the right one.
     pub authorized: bool,

@@ -63,10 +63,13 @@ const REPLAY_CAPACITY: usize = 256;
 pub struct NewPost {
     /// The post id; one is assigned when `None`.
     pub id: Option<String>,
+    /// The channel the post is in.
     pub channel_id: String,
     /// `D`, `G`, `O` or `P`.
     pub channel_type: String,
+    /// The author's user id.
     pub user_id: String,
+    /// The post's text.
     pub message: String,
     /// The thread's root post, for a reply in a thread.
     pub root_id: Option<String>,
@@ -128,19 +131,28 @@ impl NewPost {
 /// One post the fake accepted from the bot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreatedPost {
+    /// The id the fake assigned.
     pub id: String,
+    /// The channel posted to.
     pub channel_id: String,
+    /// The text exactly as sent.
     pub message: String,
+    /// The thread's root post, for a reply in a thread.
     pub root_id: Option<String>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One typing call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Typing {
+    /// The user from the path (the bot).
     pub user_id: String,
+    /// The channel the bot shows typing in.
     pub channel_id: String,
+    /// The thread's root post, when typing in a thread.
     pub parent_id: Option<String>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -149,6 +161,7 @@ pub struct Typing {
 pub struct Connection {
     /// `connection_id` and `sequence_number` from the query, if given.
     pub asked_id: Option<String>,
+    /// The `sequence_number` the client asked to resume from, if given.
     pub asked_seq: Option<i64>,
     /// Whether the asked connection was resumed (no new hello).
     pub resumed: bool,
@@ -156,16 +169,22 @@ pub struct Connection {
     pub connection_id: String,
     /// Authenticated by the `Authorization` header.
     pub header_auth: bool,
+    /// When the fake accepted it.
     pub at: Instant,
 }
 
 /// Any REST request, recorded when it arrived (before failures or hangs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The HTTP method (`GET`, `POST`, ...).
     pub method: String,
+    /// The path below `/api/v4/`.
     pub path: String,
+    /// The JSON body (`null` when there was none or it did not parse).
     pub body: Value,
+    /// The bearer token was the right one.
     pub authorized: bool,
+    /// When the fake received it.
     pub at: Instant,
 }
 

@@ -65,8 +65,11 @@ pub enum Mode {
 /// Someone who writes to the bot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Person {
+    /// The phone number, in E.164 form.
     pub number: String,
+    /// The account's ACI (UUID).
     pub uuid: String,
+    /// The profile name shown as the sender's name.
     pub name: String,
 }
 
@@ -84,14 +87,19 @@ impl Person {
 /// A message for [`FakeSignal::push`] to deliver.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewMessage {
+    /// Who sends it.
     pub from: Person,
+    /// The message text.
     pub text: String,
     /// The group's internal id (base64) and name, for a group message.
     pub group: Option<(String, String)>,
     /// Assigned (increasing) when `None`.
     pub timestamp: Option<i64>,
+    /// The envelope's `attachments`, as signal-cli reports them.
     pub attachments: Vec<Value>,
+    /// The envelope's `mentions`, as signal-cli reports them.
     pub mentions: Vec<Value>,
+    /// The envelope's `quote` (the message answered), when any.
     pub quote: Option<Value>,
 }
 
@@ -157,39 +165,54 @@ impl NewMessage {
 /// One message the fake accepted from the bot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sent {
+    /// The account it was sent from.
     pub number: String,
+    /// The recipients' numbers or UUIDs (empty for a group send).
     pub recipients: Vec<String>,
+    /// The text exactly as sent.
     pub message: String,
+    /// The timestamp of the message quoted, when any.
     pub quote_timestamp: Option<i64>,
+    /// The author of the message quoted, when any.
     pub quote_author: Option<String>,
     /// The timestamp the fake gave the message.
     pub timestamp: i64,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One typing call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Typing {
+    /// The account typing.
     pub number: String,
+    /// Who sees the indicator.
     pub recipient: String,
     /// `PUT` shows, `DELETE` hides.
     pub show: bool,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One accepted WebSocket connection.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Connection {
+    /// The account whose receive stream was opened.
     pub number: String,
+    /// When the fake accepted it.
     pub at: Instant,
 }
 
 /// Any request, recorded when it arrived (before failures).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The HTTP method (`GET`, `POST`, ...).
     pub method: String,
+    /// The request path.
     pub path: String,
+    /// The JSON body (`null` when there was none or it did not parse).
     pub body: Value,
+    /// When the fake received it.
     pub at: Instant,
 }
 

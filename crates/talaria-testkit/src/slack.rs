@@ -43,14 +43,17 @@ pub const BOT_ID: &str = "BTALARIA";
 /// One `chat.postMessage` the fake accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Posted {
+    /// The channel posted to.
     pub channel: String,
     /// The text exactly as sent (mrkdwn).
     pub text: String,
+    /// The thread's root ts, for a reply in a thread.
     pub thread_ts: Option<String>,
     /// The `mrkdwn` flag, when given.
     pub mrkdwn: Option<bool>,
     /// The ts the fake assigned.
     pub ts: String,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -69,8 +72,11 @@ impl Posted {
 pub struct Reaction {
     /// `true` for `reactions.add`.
     pub added: bool,
+    /// The channel of the message reacted to.
     pub channel: String,
+    /// The ts of the message reacted to.
     pub timestamp: String,
+    /// The emoji name, without colons.
     pub name: String,
 }
 
@@ -78,10 +84,13 @@ pub struct Reaction {
 /// or hangs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The Web API method (`chat.postMessage`, ...).
     pub method: String,
+    /// The parameters, from the JSON or form body.
     pub params: Value,
     /// The bearer token was the right one for the method.
     pub authorized: bool,
+    /// When the fake received it.
     pub at: Instant,
 }
 

@@ -39,9 +39,11 @@ pub const BOT_USERNAME: &str = "talaria_test_bot";
 /// One `sendMessage` the fake accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sent {
+    /// The chat sent to.
     pub chat_id: i64,
     /// The text exactly as sent (HTML markup included when `parse_mode` is set).
     pub text: String,
+    /// The `parse_mode` (`HTML`), when given.
     pub parse_mode: Option<String>,
     /// `message_thread_id`, when given.
     pub thread_id: Option<i64>,
@@ -49,6 +51,7 @@ pub struct Sent {
     pub reply_to: Option<i64>,
     /// The id the fake assigned.
     pub message_id: i64,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -63,10 +66,15 @@ impl Sent {
 /// One `editMessageText` the fake accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Edit {
+    /// The chat of the message edited.
     pub chat_id: i64,
+    /// The message edited.
     pub message_id: i64,
+    /// The new text exactly as sent.
     pub text: String,
+    /// The `parse_mode` (`HTML`), when given.
     pub parse_mode: Option<String>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -88,18 +96,26 @@ fn rendered(text: &str, parse_mode: Option<&str>) -> String {
 /// One `sendChatAction`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatAction {
+    /// The chat the action shows in.
     pub chat_id: i64,
+    /// The action (`typing`, ...).
     pub action: String,
+    /// `message_thread_id`, when given.
     pub thread_id: Option<i64>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One `getUpdates` call, recorded when it arrived.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GetUpdatesCall {
+    /// The `offset` asked for: updates below it are confirmed.
     pub offset: Option<i64>,
+    /// The long-poll `timeout`, in seconds.
     pub timeout: Option<u64>,
+    /// The `allowed_updates` filter, when given.
     pub allowed_updates: Option<Vec<String>>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -107,8 +123,11 @@ pub struct GetUpdatesCall {
 /// hangs), with the token-free method name and the merged parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The Bot API method (`sendMessage`, ...).
     pub method: String,
+    /// The parameters, merged from the query string and the body.
     pub params: Value,
+    /// When the fake received it.
     pub at: Instant,
     /// The token in the URL was the right one.
     pub authorized: bool,
@@ -372,6 +391,7 @@ impl FakeTelegram {
         lock(&self.shared.state).conflicts
     }
 
+    /// Updates pushed and not yet confirmed by a later `offset`.
     pub fn pending_updates(&self) -> usize {
         lock(&self.shared.state).updates.len()
     }

@@ -70,11 +70,17 @@ const DELIVERED_ERROR_CHARS: usize = 300;
 
 /// Everything a scheduler is built from.
 pub struct SchedulerParts {
+    /// The loaded configuration (the `cron` section, the model).
     pub config: Arc<Config>,
+    /// The Talaria home: run outputs are written under it.
     pub home: Home,
+    /// Runs each job's turn.
     pub agent: Arc<Agent>,
+    /// Holds the jobs and their occurrences.
     pub store: Arc<dyn GatewayStore>,
+    /// Sends run results to the job's targets.
     pub delivery: Delivery,
+    /// Fires `cron:run` after each run.
     pub hooks: Arc<Hooks>,
     /// Wait for `cron:run` hooks after each run (a short-lived process such
     /// as `talaria cron run`, which would otherwise exit under them).
@@ -84,6 +90,7 @@ pub struct SchedulerParts {
 /// What a tick did with one due job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
+    /// The job claimed.
     pub job_id: String,
     /// The occurrence, as Unix seconds.
     pub scheduled_at: i64,
@@ -94,14 +101,21 @@ pub struct Claimed {
 /// How a run went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunReport {
+    /// The job run.
     pub job_id: String,
+    /// Its name at the time of the run.
     pub job_name: String,
+    /// The occurrence run, as Unix seconds.
     pub scheduled_at: i64,
+    /// How the occurrence ended.
     pub status: OccurrenceStatus,
+    /// The session the run's turn was recorded in.
     pub session_id: String,
     /// The model's answer (empty when the run failed).
     pub answer: String,
+    /// Why the run failed, when it did.
     pub error: Option<String>,
+    /// The file the run's output was saved to, when saving worked.
     pub output_path: Option<PathBuf>,
     /// Targets delivered to.
     pub delivered: Vec<String>,
@@ -298,14 +312,14 @@ impl Scheduler {
         Ok(report)
     }
 
-    /// Starts [`Scheduler::run_now`] in the background (the `cronjob`
-    /// tool's `run`, which must not hold up the turn that asked).
     /// Where runs are delivered: the gateway's adapters.
     pub fn delivery(&self) -> &Delivery {
         &self.inner.delivery
     }
 
-    pub fn spawn_run_now(&self, id_or_name: String, now: DateTime<Utc>) {
+    /// Starts [`Scheduler::run_now`] in the background (the `cronjob`
+    /// tool's `run`, which must not hold up the turn that asked).
+    pub(crate) fn spawn_run_now(&self, id_or_name: String, now: DateTime<Utc>) {
         let this = self.clone();
         self.inner.tracker.spawn(async move {
             match this.run_now(&id_or_name, now).await {

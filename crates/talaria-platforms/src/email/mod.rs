@@ -66,8 +66,11 @@ const MAX_FETCH_ROUNDS: u32 = 5;
 /// One mail server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
+    /// The host name or IP address (no brackets for IPv6).
     pub host: String,
+    /// The TCP port.
     pub port: u16,
+    /// Implicit TLS, STARTTLS, or plain text (loopback only).
     pub tls: MailTls,
 }
 
@@ -84,7 +87,9 @@ pub struct EmailSettings {
     pub address: String,
     /// Never logged.
     pub password: Secret,
+    /// The IMAP server new mail is read from.
     pub imap: Endpoint,
+    /// The SMTP server replies are sent through.
     pub smtp: Endpoint,
     /// The mailbox read for new mail.
     pub mailbox: String,
