@@ -31,16 +31,25 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(120);
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     /// Sends `text` to `target` (the delivery-target grammar).
-    Send { target: String, text: String },
+    Send {
+        /// Where to send, in the delivery-target grammar
+        /// (`telegram`, `telegram:12345`, ...).
+        target: String,
+        /// The message text.
+        text: String,
+    },
 }
 
 /// The answer to a [`Request`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
+    /// Whether the request was carried out.
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// What was done, for the user (the delivery target, ...).
     pub detail: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Why the request failed, when `ok` is false.
     pub error: Option<String>,
 }
 
@@ -161,8 +170,10 @@ pub enum ClientError {
     /// No gateway listens on the socket.
     #[error("no gateway is listening on {}", .0.display())]
     NotRunning(PathBuf),
+    /// Connecting, writing or reading the socket failed.
     #[error("the gateway's control socket failed: {0}")]
     Io(#[from] io::Error),
+    /// The answer was not a [`Response`] (a gateway of another version?).
     #[error("the gateway gave an answer that is not understood: {0}")]
     Protocol(String),
 }

@@ -19,8 +19,11 @@ const TRANSIENT_RETRIES: u32 = 2;
 /// Where a message goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Address {
+    /// The adapter's platform name.
     pub platform: String,
+    /// The chat on that platform.
     pub chat_id: String,
+    /// The thread within the chat, when the message goes to one.
     pub thread_id: Option<String>,
     /// Anchors the first part as a reply to this message.
     pub reply_to: Option<String>,
@@ -59,17 +62,27 @@ pub struct Delivery {
 /// Why a target cannot be delivered to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResolveError {
+    /// The target text does not parse.
     #[error(transparent)]
     Target(#[from] TargetError),
+    /// No adapter of this platform runs in this gateway.
     #[error("{0} is not connected to this gateway (is it configured and enabled?)")]
     NotConnected(String),
     #[error(
         "{platform} has no home channel: send /sethome in the chat that should be it, or set {var} in the .env file"
     )]
-    NoHome { platform: String, var: String },
+    /// `home` was asked for on a platform that has no home channel yet.
+    NoHome {
+        /// The platform asked for.
+        platform: String,
+        /// The environment variable that would set its home channel.
+        var: String,
+    },
 }
 
 impl Delivery {
+    /// Delivery over `adapters` (one per platform); with a `ledger`,
+    /// sends are recorded there so a crash does not lose them.
     pub fn new(adapters: Vec<Arc<dyn Adapter>>, ledger: Option<Ledger>) -> Delivery {
         Delivery {
             adapters: Arc::new(
@@ -111,7 +124,8 @@ impl Delivery {
         names
     }
 
-    pub fn homes(&self) -> &Arc<HomeChannels> {
+    /// The home channels, as set by `/sethome` or the environment.
+    pub(crate) fn homes(&self) -> &Arc<HomeChannels> {
         &self.homes
     }
 
@@ -225,15 +239,18 @@ impl Delivery {
         .map_err(|e| SendError::Transient(format!("cannot write the local delivery: {e}")))
     }
 
+    /// The adapter of `platform`, when it runs in this gateway.
     pub fn adapter(&self, platform: &str) -> Option<&Arc<dyn Adapter>> {
         self.adapters.get(platform)
     }
 
+    /// Every adapter, in no particular order.
     pub fn adapters(&self) -> impl Iterator<Item = &Arc<dyn Adapter>> {
         self.adapters.values()
     }
 
-    pub fn ledger(&self) -> Option<&Ledger> {
+    /// The ledger sends are recorded in; `None` when not recording.
+    pub(crate) fn ledger(&self) -> Option<&Ledger> {
         self.ledger.as_ref()
     }
 

@@ -70,11 +70,17 @@ const INBOUND_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Everything a gateway is built from.
 pub struct GatewayParts {
+    /// The loaded configuration.
     pub config: Arc<Config>,
+    /// The environment (`.env` and process) the adapters were set up from.
     pub env: Env,
+    /// The Talaria home: PID file, state file and outputs live under it.
     pub home: Home,
+    /// Runs the turns.
     pub agent: Arc<Agent>,
+    /// Sessions, routes, the ledger and cron jobs.
     pub store: Arc<dyn GatewayStore>,
+    /// The connected platform adapters, one per platform.
     pub adapters: Vec<Arc<dyn Adapter>>,
     /// Where credential locks live; `None` for the per-user default
     /// (`$TALARIA_GATEWAY_LOCK_DIR`, else the XDG state directory).
@@ -105,6 +111,8 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Builds the gateway's parts (router, runner, delivery, scheduler)
+    /// from `parts`; nothing connects until it runs.
     pub fn new(parts: GatewayParts) -> Gateway {
         let GatewayParts {
             config,
@@ -187,14 +195,17 @@ impl Gateway {
         self.delivery.clone()
     }
 
+    /// The adapters' states, as `/status` and the state file show them.
     pub fn board(&self) -> Arc<StatusBoard> {
         self.board.clone()
     }
 
+    /// Turns inbound messages into agent turns.
     pub fn runner(&self) -> &Runner {
         &self.runner
     }
 
+    /// This gateway's identity in the shared store.
     pub fn node(&self) -> &Node {
         &self.node
     }

@@ -98,12 +98,17 @@ impl From<ClaimedObligation> for Claimed {
 /// Where a turn's answer goes, for the obligation its outbox records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyTo {
+    /// The session key of the chat the turn ran for.
     pub session_key: String,
     /// The inbound message answered ("" when there is none).
     pub message_ref: String,
+    /// The platform the answer is sent on.
     pub platform: String,
+    /// The chat it goes to.
     pub chat_id: String,
+    /// The thread within the chat, when any.
     pub thread_id: Option<String>,
+    /// The message the first part answers, when the platform threads replies.
     pub reply_to: Option<String>,
     /// The owed turns this answer settles (see `talaria_store::owed`).
     pub settles: Vec<String>,
@@ -159,7 +164,9 @@ pub struct Ledger {
 /// A recorded reply this node is sending: its row and attempt number.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
+    /// The ledger row's id.
     pub id: String,
+    /// Which attempt this is (1 for the first send).
     pub number: u32,
 }
 
@@ -181,6 +188,7 @@ impl Ledger {
         self
     }
 
+    /// The node whose sends this ledger records.
     pub fn node(&self) -> &NodeId {
         &self.me
     }

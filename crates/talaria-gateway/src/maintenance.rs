@@ -97,6 +97,7 @@ impl std::fmt::Debug for PeriodicTask {
 /// How a task has been doing, for status displays.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TaskStatus {
+    /// The task's name, as shown in status displays.
     pub name: String,
     /// Runs that returned (well or not); panicked runs are not counted.
     pub runs: u64,

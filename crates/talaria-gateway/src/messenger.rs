@@ -23,6 +23,8 @@ pub struct GatewayMessenger {
 }
 
 impl GatewayMessenger {
+    /// A messenger that finds sessions' origins in `store`; it can send
+    /// only once the gateway has bound its delivery.
     pub fn new(store: Arc<dyn SessionStore>) -> Arc<GatewayMessenger> {
         Arc::new(GatewayMessenger {
             delivery: OnceLock::new(),

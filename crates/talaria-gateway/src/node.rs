@@ -55,10 +55,12 @@ impl Node {
         Node { announcement }
     }
 
+    /// This node's id.
     pub fn id(&self) -> &NodeId {
         &self.announcement.id
     }
 
+    /// What this node announces about itself (id, host, pid, version).
     pub fn announcement(&self) -> &NodeAnnouncement {
         &self.announcement
     }

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 /// `/proc/<pid>/stat`), so a recycled pid is not mistaken for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Owner {
+    /// The process id.
     pub pid: u32,
     /// `None` where the start time could not be read.
     pub started_at: Option<u64>,

@@ -61,6 +61,7 @@ pub enum OfferReply {
 }
 
 impl OfferReply {
+    /// The text to send back, whichever the kind.
     pub fn text(&self) -> &str {
         match self {
             OfferReply::Code(t) | OfferReply::Refusal(t) => t,
@@ -76,6 +77,7 @@ pub struct Pairing {
 }
 
 impl Pairing {
+    /// Pairing over `store` with the default rate limits.
     pub fn new(store: Arc<dyn PairingStore>) -> Pairing {
         Pairing {
             store,

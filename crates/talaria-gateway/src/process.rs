@@ -28,11 +28,13 @@ use crate::owner::{self, Owner};
 /// What `gateway.pid` contains.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PidRecord {
+    /// The gateway's process id.
     pub pid: u32,
     /// Start time in clock ticks since boot (see [`crate::owner`]).
     #[serde(default)]
     pub started_at: Option<u64>,
     #[serde(default)]
+    /// The command line it was started with.
     pub argv: Vec<String>,
     /// Always `talaria-gateway`: tells this file apart from other tools'.
     #[serde(default)]
@@ -51,11 +53,16 @@ pub enum PidFileError {
     /// Another live process holds the lock. `pid` is 0 when it could not
     /// be determined.
     #[error("a gateway is already running (pid {pid})")]
-    AlreadyRunning { pid: u32 },
+    AlreadyRunning {
+        /// The holder's process id, or 0.
+        pid: u32,
+    },
     /// The file could not be created, locked or written.
     #[error("cannot use the PID file {}: {source}", path.display())]
     Io {
+        /// The PID file.
         path: PathBuf,
+        /// What failed.
         #[source]
         source: io::Error,
     },
@@ -187,12 +194,14 @@ pub struct AdapterStatus {
     pub liveness: String,
     /// When it entered this state, seconds since the Unix epoch.
     pub since: f64,
+    /// The error that ended the last connection, if any.
     pub last_error: Option<String>,
 }
 
 /// What the running gateway reports about itself in `gateway_state.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GatewayStatus {
+    /// The gateway's process id.
     pub pid: u32,
     /// The gateway's node id in its store (see [`crate::node`]).
     #[serde(default)]

@@ -92,6 +92,7 @@ impl From<AutoReset> for Started {
 /// The session a message goes to.
 #[derive(Debug, Clone)]
 pub struct Routed {
+    /// The session the message belongs to (new or continued).
     pub handle: SessionHandle,
     /// Set when the previous session expired just now.
     pub auto_reset: Option<AutoReset>,
@@ -109,8 +110,10 @@ pub struct Routed {
 /// Errors while routing.
 #[derive(Debug, thiserror::Error)]
 pub enum RouteError {
+    /// Starting or ending a session in the agent failed.
     #[error(transparent)]
     Agent(#[from] AgentError),
+    /// Reading or writing the route failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -124,6 +127,8 @@ pub struct Router {
 }
 
 impl Router {
+    /// A router starting sessions in `agent`, keeping routes in `store`,
+    /// and resetting them as `policy` says.
     pub fn new(
         agent: Arc<Agent>,
         store: Arc<dyn GatewayStore>,

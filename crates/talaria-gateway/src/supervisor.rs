@@ -31,9 +31,11 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 /// One adapter's state as shown by `gateway status` and `/status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdapterState {
+    /// Where the connection stands.
     pub liveness: Liveness,
     /// Seconds since the epoch when it entered this state.
     pub since: f64,
+    /// The error that ended the last connection, if any.
     pub last_error: Option<String>,
 }
 
@@ -52,6 +54,9 @@ pub struct StatusBoard {
 }
 
 impl StatusBoard {
+    /// Records `platform`'s state; `error` replaces the last error only when
+    /// given. A change wakes [`StatusBoard::changed`], and going live wakes
+    /// [`StatusBoard::went_live`].
     pub fn set(&self, platform: &str, liveness: Liveness, error: Option<String>) {
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
         let rose = liveness == Liveness::Live
@@ -101,6 +106,7 @@ impl StatusBoard {
         self.changed.notified().await;
     }
 
+    /// Every adapter's state, by platform name.
     pub fn snapshot(&self) -> BTreeMap<String, AdapterState> {
         self.states
             .lock()
@@ -129,7 +135,9 @@ pub enum Leadership {
     /// held by one node at a time and renewed while it runs the connector;
     /// the other nodes stand by and take over when the lease lapses.
     StoreLease {
+        /// The store the leases live in.
         store: Arc<dyn ClusterStore>,
+        /// This node: the holder named in the leases it takes.
         node: NodeId,
     },
 }

@@ -31,7 +31,12 @@ pub enum TokenLockError {
         "the {} is already used by another gateway (pid {pid}); stop it first",
         scope_words(scope)
     )]
-    Held { scope: String, pid: u32 },
+    Held {
+        /// The credential's scope (`telegram-bot-token`, ...).
+        scope: String,
+        /// The holder's process id, or 0.
+        pid: u32,
+    },
     /// The scope would not make a plain file name.
     #[error("invalid token lock scope {0:?}: use lowercase letters, digits, '-' and '_'")]
     InvalidScope(String),
@@ -41,7 +46,9 @@ pub enum TokenLockError {
     /// The lock directory or file could not be created, locked or written.
     #[error("cannot use the token lock {}: {source}", path.display())]
     Io {
+        /// The lock directory or file.
         path: PathBuf,
+        /// What failed.
         #[source]
         source: io::Error,
     },

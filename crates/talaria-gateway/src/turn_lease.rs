@@ -42,7 +42,8 @@ pub enum Taken {
 }
 
 impl TurnLeases {
-    pub fn new(store: Arc<dyn ClusterStore>, node: NodeId) -> TurnLeases {
+    /// Turn leases in `store`, taken in the name of `node`.
+    pub(crate) fn new(store: Arc<dyn ClusterStore>, node: NodeId) -> TurnLeases {
         TurnLeases { store, node }
     }
 

@@ -28,11 +28,17 @@ pub struct SentMail {
     pub mail_from: String,
     /// The envelope recipients (`RCPT TO`).
     pub rcpt_to: Vec<String>,
+    /// The `From` header.
     pub from: String,
+    /// The `To` header.
     pub to: String,
+    /// The `Subject` header, decoded.
     pub subject: String,
+    /// The `Message-ID` (no angle brackets), when set.
     pub message_id: Option<String>,
+    /// The `In-Reply-To` (no angle brackets), when set.
     pub in_reply_to: Option<String>,
+    /// The `References`, oldest first, without angle brackets.
     pub references: Vec<String>,
     /// The `Content-Type` (type/subtype).
     pub content_type: String,
@@ -256,10 +262,12 @@ impl MailServer {
         format!("127.0.0.1:{}", self.smtp_port)
     }
 
+    /// The IMAP server's port on 127.0.0.1.
     pub fn imap_port(&self) -> u16 {
         self.imap_port
     }
 
+    /// The SMTP server's port on 127.0.0.1.
     pub fn smtp_port(&self) -> u16 {
         self.smtp_port
     }
@@ -513,6 +521,8 @@ impl RawImap {
             .unwrap_or_else(|| panic!("no APPENDUID in {out}"))
     }
 
+    /// Sends `LOGOUT` and closes the session; a failed write is ignored
+    /// because the connection is dropped either way.
     pub fn logout(mut self) {
         let _ = self.writer.write_all(b"z LOGOUT\r\n");
     }

@@ -47,7 +47,9 @@ use crate::{json_response, lock};
 /// One service call as the fake received it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceCall {
+    /// The service's domain (`light`, `notify`, ...).
     pub domain: String,
+    /// The service name within the domain (`turn_on`, ...).
     pub service: String,
     /// The JSON body (the service data, with `entity_id` when given).
     pub data: Value,
@@ -56,8 +58,11 @@ pub struct ServiceCall {
 /// One `persistent_notification.create` call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notification {
+    /// The notification's title, when given.
     pub title: Option<String>,
+    /// The notification's text.
     pub message: String,
+    /// The id that replaces an earlier notification with the same id, when given.
     pub notification_id: Option<String>,
 }
 

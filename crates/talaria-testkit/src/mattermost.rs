@@ -38,16 +38,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
-use axum::response::Response;
 use axum::routing::get;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
-use crate::{json_response, lock};
+use crate::lock;
+
+use handlers::{rest, websocket};
+
+mod handlers;
 
 /// The bot's user id (`GET /users/me`).
 pub const BOT_USER_ID: &str = "talariabot0000000000000000";
@@ -63,10 +62,13 @@ const REPLAY_CAPACITY: usize = 256;
 pub struct NewPost {
     /// The post id; one is assigned when `None`.
     pub id: Option<String>,
+    /// The channel the post is in.
     pub channel_id: String,
     /// `D`, `G`, `O` or `P`.
     pub channel_type: String,
+    /// The author's user id.
     pub user_id: String,
+    /// The post's text.
     pub message: String,
     /// The thread's root post, for a reply in a thread.
     pub root_id: Option<String>,
@@ -128,19 +130,28 @@ impl NewPost {
 /// One post the fake accepted from the bot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreatedPost {
+    /// The id the fake assigned.
     pub id: String,
+    /// The channel posted to.
     pub channel_id: String,
+    /// The text exactly as sent.
     pub message: String,
+    /// The thread's root post, for a reply in a thread.
     pub root_id: Option<String>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One typing call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Typing {
+    /// The user from the path (the bot).
     pub user_id: String,
+    /// The channel the bot shows typing in.
     pub channel_id: String,
+    /// The thread's root post, when typing in a thread.
     pub parent_id: Option<String>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -149,6 +160,7 @@ pub struct Typing {
 pub struct Connection {
     /// `connection_id` and `sequence_number` from the query, if given.
     pub asked_id: Option<String>,
+    /// The `sequence_number` the client asked to resume from, if given.
     pub asked_seq: Option<i64>,
     /// Whether the asked connection was resumed (no new hello).
     pub resumed: bool,
@@ -156,16 +168,22 @@ pub struct Connection {
     pub connection_id: String,
     /// Authenticated by the `Authorization` header.
     pub header_auth: bool,
+    /// When the fake accepted it.
     pub at: Instant,
 }
 
 /// Any REST request, recorded when it arrived (before failures or hangs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The HTTP method (`GET`, `POST`, ...).
     pub method: String,
+    /// The path below `/api/v4/`.
     pub path: String,
+    /// The JSON body (`null` when there was none or it did not parse).
     pub body: Value,
+    /// The bearer token was the right one.
     pub authorized: bool,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -615,359 +633,4 @@ fn emit(st: &mut Book, event: &str, data: Value, broadcast: Value) {
     {
         session.live = None;
     }
-}
-
-fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| !t.is_empty() && t == shared.token)
-}
-
-fn app_error(status: u16, id: &str, message: &str) -> Response {
-    json_response(
-        status,
-        &json!({"id": id, "message": message, "detailed_error": "", "request_id": "fake", "status_code": status}),
-    )
-}
-
-async fn rest(
-    State(shared): State<Arc<Shared>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let path = uri.path().to_owned();
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let ok = authorized(&shared, &headers);
-    // Decided before the attempt is logged (and waiters woken): a test that
-    // sees the attempt and then clears the hang must find it hung.
-    let hung = *shared.hang.borrow();
-    lock(&shared.state).requests.push(Request {
-        method: method.to_string(),
-        path: path.clone(),
-        body: body.clone(),
-        authorized: ok,
-        at: Instant::now(),
-    });
-    shared.bump();
-    if !ok {
-        return app_error(
-            401,
-            "api.context.session_expired.app_error",
-            "Invalid or expired session, please login again.",
-        );
-    }
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    match (&method, segments.as_slice()) {
-        (&Method::GET, ["api", "v4", "users", "me"]) => json_response(
-            200,
-            &json!({"id": BOT_USER_ID, "username": BOT_USERNAME, "is_bot": true,
-                    "first_name": "", "last_name": "", "nickname": "", "roles": "system_user"}),
-        ),
-        (&Method::POST, ["api", "v4", "posts"]) => create_post(&shared, &body, hung).await,
-        (&Method::POST, ["api", "v4", "users", user, "typing"]) => {
-            if *user != BOT_USER_ID && *user != "me" {
-                return app_error(
-                    403,
-                    "api.context.permissions.app_error",
-                    "You do not have the appropriate permissions.",
-                );
-            }
-            let Some(channel_id) = body.get("channel_id").and_then(Value::as_str) else {
-                return app_error(
-                    400,
-                    "api.context.invalid_body_param.app_error",
-                    "Invalid or missing channel_id in request body.",
-                );
-            };
-            let parent = body
-                .get("parent_id")
-                .and_then(Value::as_str)
-                .filter(|p| !p.is_empty())
-                .map(str::to_owned);
-            lock(&shared.state).typing.push(Typing {
-                user_id: (*user).to_owned(),
-                channel_id: channel_id.to_owned(),
-                parent_id: parent,
-                at: Instant::now(),
-            });
-            shared.bump();
-            json_response(200, &json!({"status": "OK"}))
-        }
-        _ => app_error(
-            404,
-            "api.context.404.app_error",
-            "Sorry, we could not find the page.",
-        ),
-    }
-}
-
-async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
-    if hung {
-        let mut hang = shared.hang.subscribe();
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {}
-        }
-        // Lost, never delivered: its client may be long gone.
-        return app_error(502, "fake.lost", "Bad Gateway: the request was lost");
-    }
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some((reset, retry_after)) = st.fail_429.pop_front() {
-            let mut r = app_error(
-                429,
-                "api.context.rate_limit.app_error",
-                "command failed: too many requests",
-            );
-            let h = r.headers_mut();
-            h.insert("x-ratelimit-limit", HeaderValue::from_static("10"));
-            h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
-            if let Ok(v) = HeaderValue::from_str(&reset.to_string()) {
-                h.insert("x-ratelimit-reset", v);
-            }
-            if let Some(secs) = retry_after
-                && let Ok(v) = HeaderValue::from_str(&secs.to_string())
-            {
-                h.insert(header::RETRY_AFTER, v);
-            }
-            return r;
-        }
-        if let Some(status) = st.fail_status.pop_front() {
-            return app_error(status, "fake.injected", "injected failure");
-        }
-        let channel_id = body.get("channel_id").and_then(Value::as_str).unwrap_or("");
-        let message = body.get("message").and_then(Value::as_str).unwrap_or("");
-        let root_id = body
-            .get("root_id")
-            .and_then(Value::as_str)
-            .filter(|r| !r.is_empty())
-            .map(str::to_owned);
-        let Some(channel_type) = st.channels.get(channel_id).cloned() else {
-            return app_error(
-                403,
-                "api.context.permissions.app_error",
-                "You do not have the appropriate permissions.",
-            );
-        };
-        if message.trim().is_empty() {
-            return app_error(
-                400,
-                "api.post.create_post.message.app_error",
-                "Message must not be empty.",
-            );
-        }
-        if message.chars().count() > MAX_POST_CHARS {
-            return app_error(
-                400,
-                "model.post.is_valid.message_length.app_error",
-                "Invalid message length.",
-            );
-        }
-        if let Some(root) = &root_id
-            && st.known_posts.get(root).map(String::as_str) != Some(channel_id)
-        {
-            return app_error(
-                400,
-                "api.post.create_post.root_id.app_error",
-                "Invalid RootId parameter.",
-            );
-        }
-        let id = new_id(&mut st, "b");
-        st.known_posts.insert(id.clone(), channel_id.to_owned());
-        st.posts.push(CreatedPost {
-            id: id.clone(),
-            channel_id: channel_id.to_owned(),
-            message: message.to_owned(),
-            root_id: root_id.clone(),
-            at: Instant::now(),
-        });
-        let post = json!({
-            "id": id, "create_at": unix_millis(), "update_at": unix_millis(), "edit_at": 0,
-            "delete_at": 0, "user_id": BOT_USER_ID, "channel_id": channel_id,
-            "root_id": root_id.unwrap_or_default(), "message": message, "type": "",
-            "props": {"from_bot": "true"}, "metadata": {},
-        });
-        // A real server tells every member, the author included.
-        let data = json!({
-            "channel_display_name": display_name(channel_id, &channel_type),
-            "channel_name": channel_id, "channel_type": channel_type,
-            "post": post.to_string(), "sender_name": format!("@{BOT_USERNAME}"), "team_id": "team1",
-        });
-        emit(
-            &mut st,
-            "posted",
-            data,
-            json!({"channel_id": channel_id, "team_id": "", "user_id": ""}),
-        );
-        json_response(201, &post)
-    };
-    shared.bump();
-    response
-}
-
-async fn websocket(
-    State(shared): State<Arc<Shared>>,
-    Query(query): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    upgrade: WebSocketUpgrade,
-) -> Response {
-    let header_auth = authorized(&shared, &headers);
-    let asked_id = query
-        .get("connection_id")
-        .cloned()
-        .filter(|s| !s.is_empty());
-    let asked_seq = query.get("sequence_number").and_then(|s| s.parse().ok());
-    upgrade.on_upgrade(move |socket| serve_socket(shared, socket, header_auth, asked_id, asked_seq))
-}
-
-async fn serve_socket(
-    shared: Arc<Shared>,
-    mut socket: WebSocket,
-    header_auth: bool,
-    asked_id: Option<String>,
-    asked_seq: Option<i64>,
-) {
-    let mut stop = shared.stop.subscribe();
-    if !header_auth {
-        // Without the header, the first frame must be the challenge.
-        let first = tokio::time::timeout(Duration::from_secs(5), socket.recv()).await;
-        let ok = match first {
-            Ok(Some(Ok(Message::Text(t)))) => serde_json::from_str::<Value>(t.as_str())
-                .ok()
-                .filter(|v| v["action"] == "authentication_challenge")
-                .and_then(|v| v["data"]["token"].as_str().map(|t| t == shared.token))
-                .unwrap_or(false),
-            _ => false,
-        };
-        if !ok {
-            let _ = socket.send(Message::Close(None)).await;
-            return;
-        }
-    }
-    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let mut silent = false;
-    let conn_no = {
-        let mut st = lock(&shared.state);
-        if st.mute {
-            silent = true;
-        }
-        st.next_conn += 1;
-        let conn_no = st.next_conn;
-        let resumable = match (&st.session, &asked_id, asked_seq) {
-            (Some(s), Some(id), Some(seq)) if *id == s.id => {
-                let oldest = s.buffer.front().map_or(s.next_seq, |(q, _)| *q);
-                seq >= oldest && seq <= s.next_seq
-            }
-            _ => false,
-        };
-        let fresh = new_id(&mut st, "c");
-        let backlog = std::mem::take(&mut st.backlog);
-        let session = st.session.get_or_insert_with(|| Session {
-            id: String::new(),
-            next_seq: 0,
-            buffer: VecDeque::new(),
-            live: None,
-        });
-        if let Some((_, old)) = session.live.take() {
-            let _ = old.send(Outgoing::Drop);
-        }
-        if resumable {
-            let from = asked_seq.unwrap_or(0);
-            for (_, frame) in session.buffer.iter().filter(|(q, _)| *q >= from) {
-                let _ = tx.send(Outgoing::Frame(frame.clone()));
-            }
-        } else {
-            session.id = fresh;
-            session.next_seq = 1;
-            session.buffer.clear();
-            let hello = json!({"event": "hello", "data": {"connection_id": session.id,
-                "server_version": "10.0.0.fake", "server_hostname": "fake"},
-                "broadcast": {"channel_id": "", "team_id": "", "user_id": BOT_USER_ID}, "seq": 0});
-            let _ = tx.send(Outgoing::Frame(hello.to_string()));
-        }
-        session.live = Some((conn_no, tx));
-        let connection_id = session.id.clone();
-        for (event, data, broadcast) in backlog {
-            emit(&mut st, &event, data, broadcast);
-        }
-        st.connections.push(Connection {
-            asked_id,
-            asked_seq,
-            resumed: resumable,
-            connection_id,
-            header_auth,
-            at: Instant::now(),
-        });
-        conn_no
-    };
-    shared.bump();
-    loop {
-        if silent {
-            tokio::select! {
-                out = rx.recv() => match out {
-                    None | Some(Outgoing::Drop) => break,
-                    _ => {}
-                },
-                _ = stopped(&mut stop) => break,
-            }
-            continue;
-        }
-        tokio::select! {
-            out = rx.recv() => match out {
-                None | Some(Outgoing::Drop) => break,
-                Some(Outgoing::Silence) => silent = true,
-                Some(Outgoing::Frame(f)) => {
-                    if socket.send(Message::text(f)).await.is_err() {
-                        break;
-                    }
-                }
-            },
-            incoming = socket.recv() => match incoming {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
-                Some(Ok(Message::Text(t))) => {
-                    let Ok(action) = serde_json::from_str::<Value>(t.as_str()) else {
-                        continue;
-                    };
-                    let seq = action["seq"].as_i64().unwrap_or(0);
-                    let reply = match action["action"].as_str() {
-                        Some("ping") => {
-                            lock(&shared.state).pings += 1;
-                            shared.bump();
-                            json!({"status": "OK", "seq_reply": seq,
-                                   "data": {"text": "pong", "version": "10.0.0.fake", "server_time": unix_millis()}})
-                        }
-                        Some("authentication_challenge") => json!({"status": "OK", "seq_reply": seq}),
-                        Some("user_typing") => json!({"status": "OK", "seq_reply": seq}),
-                        _ => json!({"status": "FAIL", "seq_reply": seq,
-                                    "error": {"id": "api.web_socket_router.bad_action.app_error"}}),
-                    };
-                    if socket.send(Message::text(reply.to_string())).await.is_err() {
-                        break;
-                    }
-                }
-                Some(Ok(_)) => {}
-            },
-            _ = stopped(&mut stop) => break,
-        }
-    }
-    {
-        let mut st = lock(&shared.state);
-        if let Some(s) = st.session.as_mut()
-            && s.live.as_ref().is_some_and(|(n, _)| *n == conn_no)
-        {
-            s.live = None;
-        }
-    }
-    shared.bump();
-}
-
-/// Resolves once the server stops (the guard `wait_for` returns is not
-/// `Send`, so it must not live in the socket task's state).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }

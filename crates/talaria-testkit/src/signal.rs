@@ -42,16 +42,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
-use crate::{json_response, lock};
+use crate::lock;
+
+use handlers::{about, accounts, not_found, receive_poll, receive_socket, send, typing};
+
+mod handlers;
 
 /// The server's receive style (its `MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,8 +64,11 @@ pub enum Mode {
 /// Someone who writes to the bot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Person {
+    /// The phone number, in E.164 form.
     pub number: String,
+    /// The account's ACI (UUID).
     pub uuid: String,
+    /// The profile name shown as the sender's name.
     pub name: String,
 }
 
@@ -84,14 +86,19 @@ impl Person {
 /// A message for [`FakeSignal::push`] to deliver.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewMessage {
+    /// Who sends it.
     pub from: Person,
+    /// The message text.
     pub text: String,
     /// The group's internal id (base64) and name, for a group message.
     pub group: Option<(String, String)>,
     /// Assigned (increasing) when `None`.
     pub timestamp: Option<i64>,
+    /// The envelope's `attachments`, as signal-cli reports them.
     pub attachments: Vec<Value>,
+    /// The envelope's `mentions`, as signal-cli reports them.
     pub mentions: Vec<Value>,
+    /// The envelope's `quote` (the message answered), when any.
     pub quote: Option<Value>,
 }
 
@@ -157,39 +164,54 @@ impl NewMessage {
 /// One message the fake accepted from the bot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sent {
+    /// The account it was sent from.
     pub number: String,
+    /// The recipients' numbers or UUIDs (empty for a group send).
     pub recipients: Vec<String>,
+    /// The text exactly as sent.
     pub message: String,
+    /// The timestamp of the message quoted, when any.
     pub quote_timestamp: Option<i64>,
+    /// The author of the message quoted, when any.
     pub quote_author: Option<String>,
     /// The timestamp the fake gave the message.
     pub timestamp: i64,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One typing call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Typing {
+    /// The account typing.
     pub number: String,
+    /// Who sees the indicator.
     pub recipient: String,
     /// `PUT` shows, `DELETE` hides.
     pub show: bool,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One accepted WebSocket connection.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Connection {
+    /// The account whose receive stream was opened.
     pub number: String,
+    /// When the fake accepted it.
     pub at: Instant,
 }
 
 /// Any request, recorded when it arrived (before failures).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The HTTP method (`GET`, `POST`, ...).
     pub method: String,
+    /// The request path.
     pub path: String,
+    /// The JSON body (`null` when there was none or it did not parse).
     pub body: Value,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -607,298 +629,5 @@ fn base64(bytes: &[u8]) -> String {
     out
 }
 
-fn error(status: u16, text: &str) -> Response {
-    json_response(status, &json!({ "error": text }))
-}
-
-fn record(shared: &Shared, method: &str, path: &str, body: &Value) {
-    lock(&shared.state).requests.push(Request {
-        method: method.to_owned(),
-        path: path.to_owned(),
-        body: body.clone(),
-        at: Instant::now(),
-    });
-    shared.bump();
-}
-
-async fn about(State(shared): State<Arc<Shared>>) -> Response {
-    record(&shared, "GET", "/v1/about", &Value::Null);
-    let mode = match shared.mode {
-        Mode::JsonRpc => "json-rpc",
-        Mode::Normal => "normal",
-    };
-    json_response(
-        200,
-        &json!({"versions": ["v1", "v2"], "build": 2, "mode": mode, "version": "0.fake",
-                "capabilities": {"v2/send": ["quotes", "mentions"]}}),
-    )
-}
-
-async fn accounts(State(shared): State<Arc<Shared>>) -> Response {
-    record(&shared, "GET", "/v1/accounts", &Value::Null);
-    let accounts = lock(&shared.state).accounts.clone();
-    json_response(200, &json!(accounts))
-}
-
-async fn not_found(
-    State(shared): State<Arc<Shared>>,
-    method: Method,
-    uri: axum::http::Uri,
-) -> Response {
-    record(&shared, method.as_str(), uri.path(), &Value::Null);
-    (StatusCode::NOT_FOUND, "404 page not found").into_response()
-}
-
-async fn receive_poll(State(shared): State<Arc<Shared>>, Path(number): Path<String>) -> Response {
-    record(
-        &shared,
-        "GET",
-        &format!("/v1/receive/{number}"),
-        &Value::Null,
-    );
-    let response = {
-        let mut st = lock(&shared.state);
-        if !st.accounts.contains(&number) {
-            return error(400, &format!("User {number} is not registered."));
-        }
-        st.polls += 1;
-        let frames: Vec<String> = st
-            .queues
-            .get_mut(&number)
-            .map(|q| q.drain(..).collect())
-            .unwrap_or_default();
-        st.handed.extend(frames.iter().cloned());
-        let items: Vec<Value> = frames
-            .iter()
-            .filter_map(|f| serde_json::from_str(f).ok())
-            .collect();
-        json_response(200, &json!(items))
-    };
-    shared.bump();
-    response
-}
-
-async fn receive_socket(
-    State(shared): State<Arc<Shared>>,
-    Path(number): Path<String>,
-    upgrade: WebSocketUpgrade,
-) -> Response {
-    record(
-        &shared,
-        "GET",
-        &format!("/v1/receive/{number}"),
-        &Value::Null,
-    );
-    upgrade.on_upgrade(move |socket| serve_socket(shared, socket, number))
-}
-
-async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String) {
-    let mut stop = shared.stop.subscribe();
-    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let held = lock(&shared.state).accounts.contains(&number);
-    if !held {
-        // The real server logs "Couldn't get receive channel" and keeps
-        // the socket open, silent.
-        stopped(&mut stop).await;
-        return;
-    }
-    let conn_no = {
-        let mut st = lock(&shared.state);
-        st.next_conn += 1;
-        let conn_no = st.next_conn;
-        if let Some((_, old)) = st.live.remove(&number) {
-            let _ = old.send(Outgoing::Drop);
-        }
-        let waiting: Vec<String> = st
-            .queues
-            .get_mut(&number)
-            .map(|q| q.drain(..).collect())
-            .unwrap_or_default();
-        for frame in waiting {
-            let _ = tx.send(Outgoing::Frame(frame.clone()));
-            st.handed.push(frame);
-        }
-        st.live.insert(number.clone(), (conn_no, tx));
-        st.connections.push(Connection {
-            number: number.clone(),
-            at: Instant::now(),
-        });
-        conn_no
-    };
-    shared.bump();
-    let mut silent = false;
-    loop {
-        if silent {
-            // Neither read nor write: pings pile up unanswered.
-            tokio::select! {
-                out = rx.recv() => if matches!(out, None | Some(Outgoing::Drop)) { break },
-                _ = stopped(&mut stop) => break,
-            }
-            continue;
-        }
-        tokio::select! {
-            out = rx.recv() => match out {
-                None | Some(Outgoing::Drop) => break,
-                Some(Outgoing::Silence) => silent = true,
-                Some(Outgoing::Frame(f)) => {
-                    if socket.send(Message::text(f)).await.is_err() {
-                        break;
-                    }
-                }
-            },
-            incoming = socket.recv() => match incoming {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
-                Some(Ok(Message::Ping(payload))) => {
-                    if socket.send(Message::Pong(payload)).await.is_err() {
-                        break;
-                    }
-                }
-                Some(Ok(_)) => {}
-            },
-            _ = stopped(&mut stop) => break,
-        }
-    }
-    {
-        let mut st = lock(&shared.state);
-        if st.live.get(&number).is_some_and(|(n, _)| *n == conn_no) {
-            st.live.remove(&number);
-        }
-    }
-    shared.bump();
-}
-
-async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    record(&shared, "POST", "/v2/send", &body);
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some(retry_after) = st.fail_429.pop_front() {
-            let mut r = error(429, "Rate limit exceeded");
-            if let Some(secs) = retry_after
-                && let Ok(v) = HeaderValue::from_str(&secs.to_string())
-            {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            return r;
-        }
-        if let Some((status, text)) = st.fail_status.pop_front() {
-            return error(status, &text);
-        }
-        let Some(number) = body["number"].as_str().map(str::to_owned) else {
-            return error(
-                400,
-                "Couldn't process request - please provide a valid number",
-            );
-        };
-        let recipients: Vec<String> = body["recipients"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|r| r.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if recipients.is_empty() {
-            return error(
-                400,
-                "Couldn't process request - please provide at least one recipient",
-            );
-        }
-        if !st.accounts.contains(&number) {
-            return error(400, &format!("User {number} is not registered."));
-        }
-        let groups = recipients
-            .iter()
-            .filter(|r| r.starts_with("group."))
-            .count();
-        if groups > 0 && groups < recipients.len() {
-            return error(
-                400,
-                "Signal Messenger Groups and phone numbers cannot be specified together in one request!",
-            );
-        }
-        for r in &recipients {
-            let known = if r.starts_with("group.") {
-                st.groups.contains(r) || st.contacts.contains(r)
-            } else {
-                st.contacts.contains(r)
-            };
-            if !known {
-                return error(
-                    400,
-                    &format!("Failed to send message: Unregistered user {r}"),
-                );
-            }
-        }
-        let message = body["message"].as_str().unwrap_or("").to_owned();
-        if message.trim().is_empty() {
-            return error(400, "Failed to send message: empty message");
-        }
-        let timestamp = st.timestamp();
-        st.sent.push(Sent {
-            number,
-            recipients,
-            message,
-            quote_timestamp: body["quote_timestamp"].as_i64(),
-            quote_author: body["quote_author"].as_str().map(str::to_owned),
-            timestamp,
-            at: Instant::now(),
-        });
-        json_response(201, &json!({ "timestamp": timestamp.to_string() }))
-    };
-    shared.bump();
-    response
-}
-
-async fn typing(
-    State(shared): State<Arc<Shared>>,
-    method: Method,
-    Path(number): Path<String>,
-    body: Bytes,
-) -> Response {
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    record(
-        &shared,
-        method.as_str(),
-        &format!("/v1/typing-indicator/{number}"),
-        &body,
-    );
-    let response = {
-        let mut st = lock(&shared.state);
-        if !st.accounts.contains(&number) {
-            return error(400, &format!("User {number} is not registered."));
-        }
-        let Some(recipient) = body["recipient"].as_str().map(str::to_owned) else {
-            return error(400, "Couldn't process request - recipient missing");
-        };
-        st.typing.push(Typing {
-            number,
-            recipient,
-            show: method == Method::PUT,
-            at: Instant::now(),
-        });
-        StatusCode::NO_CONTENT.into_response()
-    };
-    shared.bump();
-    response
-}
-
-/// Resolves once the server stops (the guard `wait_for` returns is not
-/// `Send`, so it must not live in the socket task's state).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base64_matches_the_standard_alphabet() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(b"Z3JvdXBpZA=="), "WjNKdmRYQnBaQT09");
-    }
-}
+mod tests;

@@ -245,7 +245,9 @@ impl Drop for Synapse {
 /// A registered user acting through the client-server API.
 #[derive(Debug)]
 pub struct MatrixUser {
+    /// The full user id (`@name:localhost`).
     pub user_id: String,
+    /// The token the user's requests carry.
     pub access_token: String,
     homeserver: String,
     client: reqwest::Client,

@@ -24,13 +24,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, Uri, header};
-use axum::response::Response;
+use axum::http::{HeaderMap, header};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
-use crate::{json_response, lock};
+use crate::lock;
+use handlers::handle;
+
+mod handlers;
 
 /// The bot's `@username` as `getMe` reports it.
 pub const BOT_USERNAME: &str = "talaria_test_bot";
@@ -38,9 +39,11 @@ pub const BOT_USERNAME: &str = "talaria_test_bot";
 /// One `sendMessage` the fake accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sent {
+    /// The chat sent to.
     pub chat_id: i64,
     /// The text exactly as sent (HTML markup included when `parse_mode` is set).
     pub text: String,
+    /// The `parse_mode` (`HTML`), when given.
     pub parse_mode: Option<String>,
     /// `message_thread_id`, when given.
     pub thread_id: Option<i64>,
@@ -48,6 +51,7 @@ pub struct Sent {
     pub reply_to: Option<i64>,
     /// The id the fake assigned.
     pub message_id: i64,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -62,10 +66,15 @@ impl Sent {
 /// One `editMessageText` the fake accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Edit {
+    /// The chat of the message edited.
     pub chat_id: i64,
+    /// The message edited.
     pub message_id: i64,
+    /// The new text exactly as sent.
     pub text: String,
+    /// The `parse_mode` (`HTML`), when given.
     pub parse_mode: Option<String>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -87,18 +96,26 @@ fn rendered(text: &str, parse_mode: Option<&str>) -> String {
 /// One `sendChatAction`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatAction {
+    /// The chat the action shows in.
     pub chat_id: i64,
+    /// The action (`typing`, ...).
     pub action: String,
+    /// `message_thread_id`, when given.
     pub thread_id: Option<i64>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One `getUpdates` call, recorded when it arrived.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GetUpdatesCall {
+    /// The `offset` asked for: updates below it are confirmed.
     pub offset: Option<i64>,
+    /// The long-poll `timeout`, in seconds.
     pub timeout: Option<u64>,
+    /// The `allowed_updates` filter, when given.
     pub allowed_updates: Option<Vec<String>>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -106,8 +123,11 @@ pub struct GetUpdatesCall {
 /// hangs), with the token-free method name and the merged parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The Bot API method (`sendMessage`, ...).
     pub method: String,
+    /// The parameters, merged from the query string and the body.
     pub params: Value,
+    /// When the fake received it.
     pub at: Instant,
     /// The token in the URL was the right one.
     pub authorized: bool,
@@ -371,6 +391,7 @@ impl FakeTelegram {
         lock(&self.shared.state).conflicts
     }
 
+    /// Updates pushed and not yet confirmed by a later `offset`.
     pub fn pending_updates(&self) -> usize {
         lock(&self.shared.state).updates.len()
     }
@@ -545,335 +566,6 @@ fn entities(text: &str) -> Vec<Value> {
         offset += word.encode_utf16().count();
     }
     out
-}
-
-async fn handle(
-    State(shared): State<Arc<Shared>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let path = uri.path().trim_start_matches('/');
-    let Some((bot, method)) = path.split_once('/') else {
-        return error(404, "Not Found", None);
-    };
-    let token = bot.strip_prefix("bot").unwrap_or("");
-    let authorized = !token.is_empty() && token == shared.token;
-    let params = params(uri.query(), &headers, &body);
-    // Decided before the attempt is logged (and waiters woken): a test that
-    // sees the attempt and then clears the hang must find it hung.
-    let hung = *shared.hang.borrow();
-    lock(&shared.state).requests.push(Request {
-        method: method.to_owned(),
-        params: Value::Object(params.clone()),
-        at: Instant::now(),
-        authorized,
-    });
-    shared.bump();
-    if !authorized {
-        return error(401, "Unauthorized", None);
-    }
-    match method.to_ascii_lowercase().as_str() {
-        "getme" => ok(json!({
-            "id": shared.bot_id, "is_bot": true, "first_name": "Talaria Test",
-            "username": BOT_USERNAME, "can_join_groups": true,
-            "can_read_all_group_messages": false, "supports_inline_queries": false,
-        })),
-        "deletewebhook" => ok(json!(true)),
-        "getupdates" => get_updates(&shared, &params).await,
-        "sendmessage" => send_message(&shared, &params, hung).await,
-        "editmessagetext" => edit_message(&shared, &params),
-        "sendchataction" => {
-            let Some(chat_id) = int(&params, "chat_id") else {
-                return error(400, "Bad Request: chat not found", None);
-            };
-            let action = string(&params, "action").unwrap_or_default();
-            lock(&shared.state).actions.push(ChatAction {
-                chat_id,
-                action,
-                thread_id: int(&params, "message_thread_id"),
-                at: Instant::now(),
-            });
-            shared.bump();
-            ok(json!(true))
-        }
-        _ => error(404, "Not Found", None),
-    }
-}
-
-/// A waiting long poll, counted while it lives (a client that hangs up
-/// drops the handler, and with it this).
-struct ActivePoll<'a>(&'a Shared);
-
-impl Drop for ActivePoll<'_> {
-    fn drop(&mut self) {
-        let mut st = lock(&self.0.state);
-        st.active_polls = st.active_polls.saturating_sub(1);
-    }
-}
-
-async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
-    let offset = int(params, "offset");
-    let timeout = int(params, "timeout").map(|t| t.max(0) as u64);
-    let limit = int(params, "limit").unwrap_or(100).clamp(1, 100) as usize;
-    let allowed_updates = match params.get("allowed_updates") {
-        Some(Value::Array(a)) => Some(
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect(),
-        ),
-        Some(Value::String(s)) => serde_json::from_str(s).ok(),
-        _ => None,
-    };
-    {
-        let mut st = lock(&shared.state);
-        st.get_updates.push(GetUpdatesCall {
-            offset,
-            timeout,
-            allowed_updates,
-            at: Instant::now(),
-        });
-        if st.fail_get_updates > 0 {
-            st.fail_get_updates -= 1;
-            drop(st);
-            shared.bump();
-            return error(500, "Internal Server Error", None);
-        }
-        if st.active_polls > 0 {
-            st.conflicts += 1;
-        }
-        // Telegram forgets an update once a later offset confirms it.
-        match offset {
-            Some(o) if o > 0 => st
-                .updates
-                .retain(|u| u.get("update_id").and_then(Value::as_i64) >= Some(o)),
-            Some(o) if o < 0 => {
-                let keep = o.unsigned_abs() as usize;
-                while st.updates.len() > keep {
-                    st.updates.pop_front();
-                }
-            }
-            _ => {}
-        }
-    }
-    let poll = {
-        let mut st = lock(&shared.state);
-        st.current_poll += 1;
-        st.active_polls += 1;
-        st.current_poll
-    };
-    let _active = ActivePoll(shared);
-    shared.bump();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout.unwrap_or(0));
-    let mut changes = shared.version.subscribe();
-    let mut stop = shared.stop.subscribe();
-    loop {
-        changes.borrow_and_update();
-        let (superseded, batch) = {
-            let st = lock(&shared.state);
-            let batch: Vec<Value> = st.updates.iter().take(limit).cloned().collect();
-            (st.current_poll != poll, batch)
-        };
-        if superseded {
-            return error(
-                409,
-                "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
-                None,
-            );
-        }
-        if !batch.is_empty() || tokio::time::Instant::now() >= deadline {
-            return ok(Value::Array(batch));
-        }
-        tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = changes.changed() => {}
-            _ = stop.wait_for(|s| *s) => return error(500, "Internal Server Error: shutting down", None),
-        }
-    }
-}
-
-async fn send_message(shared: &Shared, params: &Map<String, Value>, hung: bool) -> Response {
-    if hung {
-        let mut hang = shared.hang.subscribe();
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {}
-        }
-        // A hung request is lost, never delivered: its client may be long
-        // gone (a crash test kills it), and a late delivery would look like
-        // one the dead gateway made.
-        return error(502, "Bad Gateway: the request was lost", None);
-    }
-    let parse_mode = string(params, "parse_mode").filter(|m| !m.is_empty());
-    let text = string(params, "text").unwrap_or_default();
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some(secs) = st.fail_429.pop_front() {
-            return error(
-                429,
-                &format!("Too Many Requests: retry after {secs}"),
-                Some(json!({ "retry_after": secs })),
-            );
-        }
-        if parse_mode.is_some() && st.reject_entities > 0 {
-            st.reject_entities -= 1;
-            return error(
-                400,
-                "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0",
-                None,
-            );
-        }
-        let Some(chat_id) = int(params, "chat_id") else {
-            return error(400, "Bad Request: chat not found", None);
-        };
-        if st.blocked.contains(&chat_id) {
-            return error(403, "Forbidden: bot was blocked by the user", None);
-        }
-        if let Some(m) = &parse_mode {
-            if !m.eq_ignore_ascii_case("html") {
-                return error(
-                    400,
-                    "Bad Request: unsupported parse_mode in this fake",
-                    None,
-                );
-            }
-            if let Err(why) = check_html(&text) {
-                return error(
-                    400,
-                    &format!("Bad Request: can't parse entities: {why}"),
-                    None,
-                );
-            }
-        }
-        let rendered = match &parse_mode {
-            Some(_) => render_html(&text),
-            None => text.clone(),
-        };
-        if rendered.trim().is_empty() {
-            return error(400, "Bad Request: message text is empty", None);
-        }
-        if rendered.encode_utf16().count() > 4096 {
-            return error(400, "Bad Request: message is too long", None);
-        }
-        let reply_to = int(params, "reply_to_message_id").or_else(|| {
-            let rp = match params.get("reply_parameters") {
-                Some(Value::String(s)) => serde_json::from_str(s).ok(),
-                Some(v) => Some(v.clone()),
-                None => None,
-            };
-            rp.and_then(|v| v.get("message_id").and_then(as_int))
-        });
-        let thread_id = int(params, "message_thread_id");
-        let message_id = st.next_message_id;
-        st.next_message_id += 1;
-        st.messages.insert((chat_id, message_id), rendered.clone());
-        st.sent.push(Sent {
-            chat_id,
-            text,
-            parse_mode,
-            thread_id,
-            reply_to,
-            message_id,
-            at: Instant::now(),
-        });
-        let chat = st
-            .chats
-            .get(&chat_id)
-            .cloned()
-            .unwrap_or_else(|| json!({ "id": chat_id, "type": "private" }));
-        let mut m = json!({
-            "message_id": message_id, "date": unix_now(), "chat": chat, "text": rendered,
-            "from": { "id": shared.bot_id, "is_bot": true, "first_name": "Talaria Test", "username": BOT_USERNAME },
-        });
-        if let Some(t) = thread_id {
-            m["message_thread_id"] = json!(t);
-        }
-        if let Some(r) = reply_to
-            && let Some(orig) = st.messages.get(&(chat_id, r))
-        {
-            m["reply_to_message"] =
-                json!({ "message_id": r, "chat": m["chat"], "date": 0, "text": orig });
-        }
-        ok(m)
-    };
-    shared.bump();
-    response
-}
-
-fn edit_message(shared: &Shared, params: &Map<String, Value>) -> Response {
-    let (Some(chat_id), Some(message_id)) = (int(params, "chat_id"), int(params, "message_id"))
-    else {
-        return error(400, "Bad Request: message to edit not found", None);
-    };
-    let parse_mode = string(params, "parse_mode").filter(|m| !m.is_empty());
-    let text = string(params, "text").unwrap_or_default();
-    let response = {
-        let mut st = lock(&shared.state);
-        if parse_mode.is_some() && st.reject_entities > 0 {
-            st.reject_entities -= 1;
-            return error(
-                400,
-                "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0",
-                None,
-            );
-        }
-        if parse_mode.is_some()
-            && let Err(why) = check_html(&text)
-        {
-            return error(
-                400,
-                &format!("Bad Request: can't parse entities: {why}"),
-                None,
-            );
-        }
-        let rendered = match &parse_mode {
-            Some(_) => render_html(&text),
-            None => text.clone(),
-        };
-        let Some(current) = st.messages.get(&(chat_id, message_id)) else {
-            return error(400, "Bad Request: message to edit not found", None);
-        };
-        if *current == rendered {
-            return error(
-                400,
-                "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
-                None,
-            );
-        }
-        st.messages.insert((chat_id, message_id), rendered.clone());
-        st.edits.push(Edit {
-            chat_id,
-            message_id,
-            text,
-            parse_mode,
-            at: Instant::now(),
-        });
-        ok(
-            json!({ "message_id": message_id, "date": unix_now(), "chat": { "id": chat_id, "type": "private" }, "text": rendered }),
-        )
-    };
-    shared.bump();
-    response
-}
-
-fn ok(result: Value) -> Response {
-    json_response(200, &json!({ "ok": true, "result": result }))
-}
-
-fn error(code: u16, description: &str, parameters: Option<Value>) -> Response {
-    let mut body = json!({ "ok": false, "error_code": code, "description": description });
-    if let Some(p) = parameters {
-        body["parameters"] = p;
-    }
-    let mut r = json_response(code, &body);
-    if code == 429
-        && let Some(secs) = body.pointer("/parameters/retry_after")
-        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
-    {
-        r.headers_mut().insert(header::RETRY_AFTER, v);
-    }
-    r
 }
 
 /// Query-string parameters overlaid by the body's (JSON object or form).
@@ -1072,44 +764,4 @@ fn render_html(text: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn html_checks() {
-        assert!(
-            check_html(
-                "<b>x</b> &lt;script&gt; &amp; <pre><code class=\"language-rust\">a</code></pre>"
-            )
-            .is_ok()
-        );
-        assert!(check_html("<script>").is_err());
-        assert!(check_html("a < b").is_err());
-        assert!(check_html("a & b").is_err());
-        assert!(check_html("<b>x").is_err());
-        assert_eq!(render_html("<b>a &lt;b&gt;</b> &amp;"), "a <b> &");
-    }
-
-    #[test]
-    fn form_decoding() {
-        assert_eq!(
-            form_pairs("chat_id=42&text=a+b%21&x"),
-            vec![
-                ("chat_id".into(), "42".into()),
-                ("text".into(), "a b!".into()),
-                ("x".into(), "".into())
-            ]
-        );
-    }
-
-    #[test]
-    fn entities_use_utf16_offsets() {
-        let e = entities("😀 @bot hi");
-        assert_eq!(
-            e,
-            vec![json!({"type": "mention", "offset": 3, "length": 4})]
-        );
-        let e = entities("/start now");
-        assert_eq!(e[0]["type"], "bot_command");
-    }
-}
+mod tests;

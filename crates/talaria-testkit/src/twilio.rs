@@ -54,22 +54,30 @@ pub const MAX_BODY_CHARS: usize = 1600;
 /// One message the fake accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SentSms {
+    /// The message SID the fake assigned.
     pub sid: String,
+    /// The recipient's number.
     pub to: String,
+    /// The sender's number (the bot's).
     pub from: String,
+    /// The text exactly as sent.
     pub body: String,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// Any request, recorded when it arrived (before failures or hangs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The HTTP method (`GET`, `POST`, ...).
     pub method: String,
+    /// The request path.
     pub path: String,
     /// The form fields, in the order sent.
     pub form: Vec<(String, String)>,
     /// Basic auth with the account SID and auth token.
     pub authorized: bool,
+    /// When the fake received it.
     pub at: Instant,
 }
 
@@ -88,12 +96,18 @@ impl Request {
 pub enum Failure {
     /// An error with Twilio's body: HTTP `status`, Twilio `code`.
     Error {
+        /// The HTTP status.
         status: u16,
+        /// Twilio's error code.
         code: u32,
+        /// The body's `message`.
         message: String,
     },
     /// HTTP 429, code 20429, with `Retry-After` when given.
-    RateLimited { retry_after: Option<u64> },
+    RateLimited {
+        /// The `Retry-After` header, in seconds.
+        retry_after: Option<u64>,
+    },
     /// The request is recorded, then never answered (until the server
     /// stops).
     Hang,
@@ -558,10 +572,15 @@ pub fn sign(auth_token: &str, url: &str, params: &[(String, String)]) -> String 
 /// One incoming SMS (or MMS) as Twilio posts it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InboundSms {
+    /// The account the message arrived on.
     pub account_sid: String,
+    /// The message's SID.
     pub message_sid: String,
+    /// The sender's number.
     pub from: String,
+    /// The number written to (the bot's).
     pub to: String,
+    /// The message text.
     pub body: String,
     /// `(url, content type)` of each media item.
     pub media: Vec<(String, String)>,
@@ -638,8 +657,11 @@ impl InboundSms {
 /// What the application answered a webhook with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WebhookReply {
+    /// The HTTP status.
     pub status: u16,
+    /// The `Content-Type` header, when set.
     pub content_type: Option<String>,
+    /// The body (TwiML, or empty).
     pub body: String,
 }
 

@@ -51,15 +51,23 @@ pub const MAX_TEXT_CHARS: usize = 4096;
 pub enum Failure {
     /// An error in Graph's shape.
     Graph {
+        /// The HTTP status.
         status: u16,
+        /// Graph's `error.code`.
         code: i64,
+        /// Graph's `error.error_subcode`, when set.
         subcode: Option<i64>,
+        /// Graph's `error.message`.
         message: String,
+        /// Graph's `error.error_data.details`, when set.
         details: Option<String>,
     },
     /// A bare HTTP 429 (as a proxy in front of Graph sends), with
     /// `Retry-After` when given.
-    TooManyRequests { retry_after: Option<u64> },
+    TooManyRequests {
+        /// The `Retry-After` header, in seconds.
+        retry_after: Option<u64>,
+    },
 }
 
 impl Failure {
@@ -121,17 +129,22 @@ impl Failure {
 pub struct Sent {
     /// The wamid assigned.
     pub id: String,
+    /// The recipient's WhatsApp id (phone number).
     pub to: String,
+    /// The text exactly as sent.
     pub body: String,
+    /// The `preview_url` flag, when given.
     pub preview_url: Option<bool>,
     /// `context.message_id`: the message quoted.
     pub context: Option<String>,
+    /// When the fake received it.
     pub at: Instant,
 }
 
 /// One read receipt the fake accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Read {
+    /// The wamid marked as read.
     pub message_id: String,
     /// Whether it asked for the typing indicator.
     pub typing: bool,
@@ -140,9 +153,13 @@ pub struct Read {
 /// Any request, recorded when it arrived.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The HTTP method (`GET`, `POST`, ...).
     pub method: String,
+    /// The request path.
     pub path: String,
+    /// The JSON body (`null` when there was none or it did not parse).
     pub body: Value,
+    /// The bearer token was the right one.
     pub authorized: bool,
 }
 
@@ -582,8 +599,11 @@ fn unix_now() -> u64 {
 /// One answer of the webhook listener.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
+    /// The HTTP status.
     pub status: u16,
+    /// The `Content-Type` header, when set.
     pub content_type: Option<String>,
+    /// The body, as text.
     pub body: String,
 }
 

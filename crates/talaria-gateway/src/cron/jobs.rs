@@ -26,8 +26,10 @@ pub enum CronError {
     /// Something the user gave is not acceptable; the text says what.
     #[error("{0}")]
     Invalid(String),
+    /// No job has this id or name.
     #[error("no cron job has the id or name `{0}`")]
     NotFound(String),
+    /// The store failed.
     #[error(transparent)]
     Store(StoreError),
 }
@@ -46,12 +48,17 @@ impl From<StoreError> for CronError {
 pub struct JobSpec {
     /// Defaults to the start of the prompt (or the first skill's name).
     pub name: Option<String>,
+    /// The instruction the agent runs; optional when `skills` say what to do.
     pub prompt: Option<String>,
+    /// Skills loaded into the run, by name.
     pub skills: Vec<String>,
+    /// The schedule text (`every 2h`, a cron expression, a time, ...).
     pub schedule: String,
     /// Empty: `origin` for a job made in a chat, else `local`.
     pub deliver: Vec<String>,
+    /// How many runs before the job ends; `None` for no limit.
     pub repeat: Option<u32>,
+    /// What to do with a run missed while the gateway was down; `None` for the default.
     pub misfire: Option<Misfire>,
     /// The chat the job was made in, if any.
     pub origin: Option<JobOrigin>,
@@ -60,13 +67,19 @@ pub struct JobSpec {
 /// Changes to a job; `None` leaves a field as it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobChanges {
+    /// A new name.
     pub name: Option<String>,
+    /// A new prompt.
     pub prompt: Option<String>,
+    /// A new list of skills (replaces the old one).
     pub skills: Option<Vec<String>>,
+    /// A new schedule text; the next run is computed from it.
     pub schedule: Option<String>,
+    /// New delivery targets (replaces the old ones).
     pub deliver: Option<Vec<String>>,
     /// `Some(None)` removes the limit.
     pub repeat: Option<Option<u32>>,
+    /// A new misfire policy.
     pub misfire: Option<Misfire>,
 }
 

@@ -32,6 +32,7 @@ pub const ONESHOT_GRACE: Duration = Duration::from_secs(120);
 pub enum Zone {
     /// The machine's local zone.
     Local,
+    /// An IANA zone (`Europe/Berlin`), from the config.
     Named(chrono_tz::Tz),
 }
 
@@ -96,7 +97,12 @@ pub enum Schedule {
     Every(Duration),
     /// A five-field cron expression (or `@daily` and friends), kept with
     /// its text.
-    Cron { cron: Box<Cron>, text: String },
+    Cron {
+        /// The parsed expression.
+        cron: Box<Cron>,
+        /// The expression as the user wrote it, for display.
+        text: String,
+    },
     /// Once, at this time.
     Once(DateTime<Utc>),
 }

@@ -70,11 +70,17 @@ const DELIVERED_ERROR_CHARS: usize = 300;
 
 /// Everything a scheduler is built from.
 pub struct SchedulerParts {
+    /// The loaded configuration (the `cron` section, the model).
     pub config: Arc<Config>,
+    /// The Talaria home: run outputs are written under it.
     pub home: Home,
+    /// Runs each job's turn.
     pub agent: Arc<Agent>,
+    /// Holds the jobs and their occurrences.
     pub store: Arc<dyn GatewayStore>,
+    /// Sends run results to the job's targets.
     pub delivery: Delivery,
+    /// Fires `cron:run` after each run.
     pub hooks: Arc<Hooks>,
     /// Wait for `cron:run` hooks after each run (a short-lived process such
     /// as `talaria cron run`, which would otherwise exit under them).
@@ -84,6 +90,7 @@ pub struct SchedulerParts {
 /// What a tick did with one due job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
+    /// The job claimed.
     pub job_id: String,
     /// The occurrence, as Unix seconds.
     pub scheduled_at: i64,
@@ -94,14 +101,21 @@ pub struct Claimed {
 /// How a run went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunReport {
+    /// The job run.
     pub job_id: String,
+    /// Its name at the time of the run.
     pub job_name: String,
+    /// The occurrence run, as Unix seconds.
     pub scheduled_at: i64,
+    /// How the occurrence ended.
     pub status: OccurrenceStatus,
+    /// The session the run's turn was recorded in.
     pub session_id: String,
     /// The model's answer (empty when the run failed).
     pub answer: String,
+    /// Why the run failed, when it did.
     pub error: Option<String>,
+    /// The file the run's output was saved to, when saving worked.
     pub output_path: Option<PathBuf>,
     /// Targets delivered to.
     pub delivered: Vec<String>,
@@ -298,14 +312,14 @@ impl Scheduler {
         Ok(report)
     }
 
-    /// Starts [`Scheduler::run_now`] in the background (the `cronjob`
-    /// tool's `run`, which must not hold up the turn that asked).
     /// Where runs are delivered: the gateway's adapters.
     pub fn delivery(&self) -> &Delivery {
         &self.inner.delivery
     }
 
-    pub fn spawn_run_now(&self, id_or_name: String, now: DateTime<Utc>) {
+    /// Starts [`Scheduler::run_now`] in the background (the `cronjob`
+    /// tool's `run`, which must not hold up the turn that asked).
+    pub(crate) fn spawn_run_now(&self, id_or_name: String, now: DateTime<Utc>) {
         let this = self.clone();
         self.inner.tracker.spawn(async move {
             match this.run_now(&id_or_name, now).await {
@@ -730,60 +744,4 @@ fn log_report(report: &RunReport) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn silence_is_recognised_where_models_put_it() {
-        for silent in [
-            "[SILENT]",
-            "  [silent]  ",
-            "[SILENT] nothing new today",
-            "Checked everything.\n\n[SILENT]",
-            "SILENT",
-            "NO_REPLY",
-            "**[SILENT]**",
-        ] {
-            assert!(is_silent(silent), "{silent:?}");
-        }
-        for loud in [
-            "",
-            "The build is red.",
-            "Nothing is silent about this [SILENT] here",
-            "silently failing tests: 3",
-        ] {
-            assert!(!is_silent(loud), "{loud:?}");
-        }
-    }
-
-    #[test]
-    fn session_ids_name_the_job_and_the_occurrence() {
-        let t = DateTime::from_timestamp(1_796_400_000, 0).unwrap();
-        let id = session_id("0123456789ab", t);
-        assert_eq!(id, "cron_0123456789ab_20261204_160000");
-        assert!(talaria_core::ids::validate_path_component(&id).is_ok());
-    }
-
-    #[test]
-    fn output_pruning_keeps_the_newest() {
-        let dir = tempfile::tempdir().unwrap();
-        for i in 0..5 {
-            std::fs::write(dir.path().join(format!("2026-12-0{i}_00-00-00.md")), "x").unwrap();
-        }
-        std::fs::write(dir.path().join("notes.txt"), "kept").unwrap();
-        prune_outputs(dir.path(), 2).unwrap();
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(
-            left,
-            [
-                "2026-12-03_00-00-00.md",
-                "2026-12-04_00-00-00.md",
-                "notes.txt"
-            ]
-        );
-    }
-}
+mod tests;

@@ -28,6 +28,8 @@ pub struct CronTool {
 }
 
 impl CronTool {
+    /// The tool over `store`, reading times in `zone`. Its `run` action
+    /// needs a scheduler bound later, once the gateway has built one.
     pub fn new(store: Arc<dyn CronStore>, home: Home, zone: Zone) -> Arc<CronTool> {
         Arc::new(CronTool {
             store,

@@ -76,6 +76,7 @@ pub struct DiscordSettings {
     pub gateway_url: Option<String>,
     /// In guild channels, submit only messages that mention the bot.
     pub require_mention: bool,
+    /// Connect and re-identify waits (tests shorten them).
     pub timings: DiscordTimings,
 }
 

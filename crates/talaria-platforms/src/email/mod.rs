@@ -21,6 +21,7 @@
 
 mod imap;
 pub mod parse;
+mod reply;
 
 use crate::registry::{BuildError, Built, Platform, Setup};
 use std::collections::HashMap;
@@ -35,8 +36,6 @@ use lettre::message::{Mailbox, Message};
 use lettre::transport::smtp::AsyncSmtpTransport;
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::{Address, AsyncTransport, Tokio1Executor};
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, ChatType, Liveness, MessageEvent, MessageLimits,
     OutboundMessage, SendError, SentMessage, SessionSource,
@@ -47,6 +46,7 @@ use talaria_core::{Env, Secret};
 use talaria_store::CursorStore;
 
 use parse::{Inbound, Skip};
+use reply::{ReplyContext, ReplyContexts};
 
 /// The platform's name in keys, config and environment variables.
 pub const PLATFORM: &str = "email";
@@ -63,21 +63,14 @@ const IDLE_RENEW: Duration = Duration::from_secs(9 * 60);
 /// the adapter waits (IDLE or the poll interval) anyway.
 const MAX_FETCH_ROUNDS: u32 = 5;
 
-/// Slots in the ring of saved reply contexts (see [`ReplyContexts`]).
-const CONTEXT_SLOTS: u64 = 2048;
-
-/// Reply contexts kept in memory besides the store.
-const MAX_CACHED_CONTEXTS: usize = 1024;
-
-/// `References` entries carried into a reply (the oldest is kept: it names
-/// the thread).
-const MAX_REFERENCES: usize = 20;
-
 /// One mail server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
+    /// The host name or IP address (no brackets for IPv6).
     pub host: String,
+    /// The TCP port.
     pub port: u16,
+    /// Implicit TLS, STARTTLS, or plain text (loopback only).
     pub tls: MailTls,
 }
 
@@ -94,7 +87,9 @@ pub struct EmailSettings {
     pub address: String,
     /// Never logged.
     pub password: Secret,
+    /// The IMAP server new mail is read from.
     pub imap: Endpoint,
+    /// The SMTP server replies are sent through.
     pub smtp: Endpoint,
     /// The mailbox read for new mail.
     pub mailbox: String,
@@ -203,120 +198,6 @@ pub enum EmailError {
     /// The SMTP client could not be built.
     #[error("cannot set up the SMTP client: {0}")]
     Smtp(String),
-}
-
-/// What a reply needs from the mail it answers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct ReplyContext {
-    /// The Message-ID answered (no angle brackets).
-    message_id: Option<String>,
-    /// Its `References`, oldest first.
-    references: Vec<String>,
-    subject: String,
-}
-
-impl ReplyContext {
-    fn of(mail: &Inbound) -> ReplyContext {
-        ReplyContext {
-            message_id: mail.message_id.clone(),
-            references: mail.references.clone(),
-            subject: mail.subject.clone(),
-        }
-    }
-
-    /// The `References` of a reply: the thread so far plus the mail
-    /// answered, trimmed in the middle when long.
-    fn reply_references(&self) -> Vec<String> {
-        let mut refs = self.references.clone();
-        if let Some(id) = &self.message_id
-            && refs.last() != Some(id)
-        {
-            refs.push(id.clone());
-        }
-        if refs.len() > MAX_REFERENCES {
-            let tail = refs.split_off(refs.len() - (MAX_REFERENCES - 1));
-            refs.truncate(1);
-            refs.extend(tail);
-        }
-        refs
-    }
-}
-
-/// A saved context with the key it was saved under, so a slot taken over
-/// by a later key is recognised.
-#[derive(Serialize, Deserialize)]
-struct Slot {
-    key: String,
-    #[serde(flatten)]
-    context: ReplyContext,
-}
-
-/// Reply contexts, by the inbound mail's id (`msg:<uidvalidity>:<uid>`)
-/// and by thread (`thread:<thread id>`, the latest mail of the thread).
-///
-/// The gateway hands `send` only the inbound id and the thread id, and a
-/// reply may be sent by a later process (the ledger's redelivery after a
-/// crash, `talaria send`), so the contexts are saved in the store. The
-/// store has no delete, so they live in a fixed ring of
-/// [`CONTEXT_SLOTS`] cursor names picked by a hash of the key: the table
-/// never grows past that, and a key whose slot was since reused by
-/// another reads as unknown (the reply then goes out unthreaded).
-struct ReplyContexts {
-    store: Arc<dyn CursorStore>,
-    cache: Mutex<HashMap<String, ReplyContext>>,
-}
-
-impl ReplyContexts {
-    fn slot_name(key: &str) -> String {
-        let digest = Sha256::digest(key.as_bytes());
-        let n = u64::from_be_bytes([
-            digest[0], digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7],
-        ]);
-        format!("reply-context:{}", n % CONTEXT_SLOTS)
-    }
-
-    async fn save(&self, key: &str, context: &ReplyContext) {
-        {
-            let mut cache = lock(&self.cache);
-            if cache.len() >= MAX_CACHED_CONTEXTS {
-                cache.clear();
-            }
-            cache.insert(key.to_owned(), context.clone());
-        }
-        let slot = Slot {
-            key: key.to_owned(),
-            context: context.clone(),
-        };
-        let value = match serde_json::to_string(&slot) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!("cannot encode a reply context: {e}");
-                return;
-            }
-        };
-        if let Err(e) = self
-            .store
-            .set_cursor(PLATFORM, &Self::slot_name(key), &value)
-            .await
-        {
-            tracing::warn!("cannot save a reply context (the reply may not thread): {e}");
-        }
-    }
-
-    async fn load(&self, key: &str) -> Option<ReplyContext> {
-        if let Some(c) = lock(&self.cache).get(key) {
-            return Some(c.clone());
-        }
-        let raw = match self.store.cursor(PLATFORM, &Self::slot_name(key)).await {
-            Ok(v) => v?,
-            Err(e) => {
-                tracing::warn!("cannot read a reply context: {e}");
-                return None;
-            }
-        };
-        let slot: Slot = serde_json::from_str(&raw).ok()?;
-        (slot.key == key).then_some(slot.context)
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -858,126 +739,4 @@ fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct NoCursors;
-    #[async_trait]
-    impl CursorStore for NoCursors {
-        async fn cursor(&self, _: &str, _: &str) -> talaria_store::Result<Option<String>> {
-            Ok(None)
-        }
-        async fn set_cursor(&self, _: &str, _: &str, _: &str) -> talaria_store::Result<()> {
-            Ok(())
-        }
-        async fn delete_cursor(&self, _: &str, _: &str) -> talaria_store::Result<bool> {
-            Ok(false)
-        }
-    }
-
-    fn settings(imap_host: &str, tls: MailTls) -> EmailSettings {
-        let env = Env::from_pairs([
-            ("EMAIL_ADDRESS", "bot@example.test"),
-            ("EMAIL_PASSWORD", "SECRETSECRETSECRET"),
-            ("EMAIL_IMAP_HOST", imap_host),
-            ("EMAIL_SMTP_HOST", "127.0.0.1:2525"),
-        ]);
-        let config = EmailConfig {
-            imap_tls: tls,
-            smtp_tls: MailTls::None,
-            ..EmailConfig::default()
-        };
-        EmailSettings::from_config(&config, &env).unwrap()
-    }
-
-    #[test]
-    fn from_config_reads_config_then_environment() {
-        let empty = Env::from_pairs(Vec::<(String, String)>::new());
-        let mut cfg = EmailConfig::default();
-        assert!(EmailSettings::from_config(&cfg, &empty).is_none());
-        let s = settings("imap.example.test", MailTls::Implicit);
-        assert_eq!(s.address, "bot@example.test");
-        assert_eq!(s.imap.host, "imap.example.test");
-        assert_eq!(s.imap.port, 993);
-        assert_eq!(s.smtp.host, "127.0.0.1");
-        assert_eq!(s.smtp.port, 2525);
-        assert_eq!(s.mailbox, "INBOX");
-        assert_eq!(s.poll_interval, Duration::from_secs(60));
-        assert!(!format!("{s:?}").contains("SECRETSECRET"));
-        let env = Env::from_pairs([
-            ("EMAIL_ADDRESS", "env@example.test"),
-            ("EMAIL_PASSWORD", "pw"),
-            ("EMAIL_IMAP_HOST", "[::1]:1143"),
-            ("EMAIL_SMTP_HOST", "smtp.example.test"),
-        ]);
-        cfg.address = Some("cfg@example.test".into());
-        let s = EmailSettings::from_config(&cfg, &env).unwrap();
-        assert_eq!(s.address, "cfg@example.test");
-        assert_eq!((s.imap.host.as_str(), s.imap.port), ("::1", 1143));
-        assert_eq!(
-            (s.smtp.host.as_str(), s.smtp.port),
-            ("smtp.example.test", 587)
-        );
-        cfg.enabled = Some(false);
-        assert!(EmailSettings::from_config(&cfg, &env).is_none());
-    }
-
-    #[test]
-    fn plain_connections_only_on_loopback() {
-        assert!(
-            EmailAdapter::new(
-                settings("127.0.0.1:1143", MailTls::None),
-                Arc::new(NoCursors)
-            )
-            .is_ok()
-        );
-        assert!(
-            EmailAdapter::new(settings("localhost", MailTls::None), Arc::new(NoCursors)).is_ok()
-        );
-        let err = EmailAdapter::new(
-            settings("imap.example.test", MailTls::None),
-            Arc::new(NoCursors),
-        )
-        .unwrap_err();
-        assert_eq!(
-            err,
-            EmailError::InsecureTls("imap", "imap.example.test".into())
-        );
-        assert!(err.to_string().contains("loopback"), "{err}");
-        let mut s = settings("imap.example.test", MailTls::Starttls);
-        s.address = "not an address".into();
-        assert!(matches!(
-            EmailAdapter::new(s, Arc::new(NoCursors)),
-            Err(EmailError::BadAddress(_))
-        ));
-    }
-
-    #[test]
-    fn references_keep_the_root_and_the_newest() {
-        let c = ReplyContext {
-            message_id: Some("m30".into()),
-            references: (0..30).map(|i| format!("m{i}")).collect(),
-            subject: String::new(),
-        };
-        let refs = c.reply_references();
-        assert_eq!(refs.len(), MAX_REFERENCES);
-        assert_eq!(refs[0], "m0");
-        assert_eq!(refs.last().unwrap(), "m30");
-        let c = ReplyContext {
-            message_id: Some("b".into()),
-            references: vec!["a".into()],
-            subject: String::new(),
-        };
-        assert_eq!(c.reply_references(), vec!["a", "b"]);
-    }
-
-    #[test]
-    fn positions_round_trip() {
-        let p = Position {
-            validity: 17,
-            last_uid: 4,
-        };
-        assert_eq!(Position::parse(&p.render()), Some(p));
-        assert_eq!(Position::parse("x:1"), None);
-    }
-}
+mod tests;

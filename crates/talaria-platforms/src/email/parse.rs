@@ -45,14 +45,20 @@ impl Inbound {
 /// Why a mail is not handed to the gateway.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Skip {
+    /// Not a message the MIME parser can read.
     #[error("the mail cannot be parsed")]
     Unparseable,
+    /// No `From` address, or one that is not a plain mailbox to answer.
     #[error("the mail has no usable sender address")]
     NoSender,
+    /// Sent from the bot's own address: answering would loop.
     #[error("the mail comes from the bot's own address")]
     OwnMail,
+    /// An out-of-office or other machine-sent mail; the string names the
+    /// header that gave it away.
     #[error("the mail is an automatic reply ({0})")]
     Automatic(String),
+    /// A bounce or delivery status notification.
     #[error("the mail is a bounce or delivery report")]
     Bounce,
 }

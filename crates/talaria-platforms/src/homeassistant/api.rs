@@ -23,10 +23,20 @@ pub enum ApiError {
     NotFound,
     /// Any other refusal (400: bad service data).
     #[error("Home Assistant refused the request (HTTP {status}): {message}")]
-    Refused { status: u16, message: String },
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// Home Assistant's message, or the body.
+        message: String,
+    },
     /// 5xx: Home Assistant failed; a retry may pass.
     #[error("Home Assistant failed (HTTP {status}): {message}")]
-    Server { status: u16, message: String },
+    Server {
+        /// The HTTP status.
+        status: u16,
+        /// Home Assistant's message, or the body.
+        message: String,
+    },
     /// No connection could be made: nothing was sent.
     #[error("cannot reach Home Assistant: {0}")]
     Unreachable(String),

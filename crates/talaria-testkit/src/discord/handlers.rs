@@ -1,0 +1,372 @@
+//! The fake's request handlers: the gateway WebSocket (identify,
+//! resume, dispatches) and the REST API.
+
+use super::*;
+use crate::lock;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+pub(super) async fn upgrade(
+    ws: WebSocketUpgrade,
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+) -> Response {
+    lock(&shared.state).connections.push(Connection {
+        path: uri.path().to_owned(),
+        query: uri.query().unwrap_or("").to_owned(),
+        at: Instant::now(),
+    });
+    shared.bump();
+    ws.on_upgrade(move |socket| connection(shared, socket))
+}
+
+async fn connection(shared: Arc<Shared>, mut socket: WebSocket) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (id, interval) = {
+        let mut st = lock(&shared.state);
+        st.next_connection += 1;
+        let id = st.next_connection;
+        // A newer connection replaces an older one, as Discord does.
+        if let Some(old) = st.attached.replace(Attached {
+            id,
+            tx,
+            session: None,
+        }) {
+            let _ = old.tx.send(Control::Close(Some(4000)));
+        }
+        (id, st.heartbeat_interval_ms)
+    };
+    shared.bump();
+    let mut stop = shared.stop.subscribe();
+    let hello = json!({"op": 10, "d": {"heartbeat_interval": interval}});
+    if send(&mut socket, &hello).await {
+        loop {
+            tokio::select! {
+                msg = socket.recv() => match msg {
+                    Some(Ok(Message::Text(t))) => {
+                        if !on_payload(&shared, id, &mut socket, t.as_str()).await {
+                            break;
+                        }
+                    }
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                    Some(Ok(_)) => {}
+                },
+                ctl = rx.recv() => match ctl {
+                    Some(Control::Send(v)) => {
+                        if !send(&mut socket, &v).await {
+                            break;
+                        }
+                    }
+                    Some(Control::Close(Some(code))) => {
+                        let _ = socket
+                            .send(Message::Close(Some(CloseFrame { code, reason: "".into() })))
+                            .await;
+                        break;
+                    }
+                    Some(Control::Close(None)) | None => break,
+                },
+                // The guard `wait_for` returns is not Send: drop it inside.
+                _ = async { stop.wait_for(|s| *s).await.is_ok() } => break,
+            }
+        }
+    }
+    {
+        let mut st = lock(&shared.state);
+        if st.attached.as_ref().is_some_and(|a| a.id == id) {
+            st.attached = None;
+        }
+    }
+    shared.bump();
+}
+
+async fn send(socket: &mut WebSocket, v: &Value) -> bool {
+    socket
+        .send(Message::Text(v.to_string().into()))
+        .await
+        .is_ok()
+}
+
+/// Handles one client payload; `false` ends the connection.
+async fn on_payload(shared: &Shared, conn: u64, socket: &mut WebSocket, text: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        // Discord closes with 4002 on a payload it cannot decode.
+        let _ = socket
+            .send(Message::Close(Some(CloseFrame {
+                code: 4002,
+                reason: "decode error".into(),
+            })))
+            .await;
+        return false;
+    };
+    let op = v.get("op").and_then(Value::as_u64).unwrap_or(u64::MAX);
+    let d = v.get("d").cloned().unwrap_or(Value::Null);
+    lock(&shared.state).frames.push(Frame {
+        op,
+        d: d.clone(),
+        connection: conn,
+        at: Instant::now(),
+    });
+    shared.bump();
+    let token_ok = d.get("token").and_then(Value::as_str) == Some(shared.token.as_str());
+    let out: Vec<Value> = match op {
+        1 => {
+            if lock(&shared.state).ack_heartbeats {
+                vec![json!({"op": 11})]
+            } else {
+                Vec::new()
+            }
+        }
+        2 | 6 if !token_ok => {
+            let _ = socket
+                .send(Message::Close(Some(CloseFrame {
+                    code: 4004,
+                    reason: "Authentication failed.".into(),
+                })))
+                .await;
+            return false;
+        }
+        2 => identify(shared, conn),
+        6 => resume(shared, conn, &d),
+        _ => Vec::new(),
+    };
+    for payload in &out {
+        if !send(socket, payload).await {
+            return false;
+        }
+    }
+    if !out.is_empty() {
+        shared.bump();
+    }
+    true
+}
+
+/// A new session: READY, a GUILD_CREATE per known guild, then anything
+/// pushed before the first session.
+fn identify(shared: &Shared, conn: u64) -> Vec<Value> {
+    let mut st = lock(&shared.state);
+    st.next_session += 1;
+    let session = format!("fake-session-{}", st.next_session);
+    st.sessions.insert(session.clone(), SessionLog::default());
+    st.current = Some(session.clone());
+    if let Some(a) = st.attached.as_mut().filter(|a| a.id == conn) {
+        a.session = Some(session.clone());
+    }
+    let guilds: Vec<(String, Vec<Value>)> = st
+        .guilds
+        .iter()
+        .map(|(g, t)| (g.clone(), t.clone()))
+        .collect();
+    let ready = json!({
+        "v": 10,
+        "user": {"id": shared.bot_id, "username": BOT_USERNAME, "bot": true},
+        "session_id": session,
+        "resume_gateway_url": format!("ws://{}/resume", shared.addr),
+        "guilds": guilds.iter().map(|(g, _)| json!({"id": g, "unavailable": true})).collect::<Vec<_>>(),
+    });
+    let mut out = vec![log_dispatch(&mut st, &session, "READY", ready)];
+    st.readies += 1;
+    for (g, threads) in guilds {
+        let d = json!({"id": g, "name": format!("Guild {g}"), "channels": [], "threads": threads});
+        out.push(log_dispatch(&mut st, &session, "GUILD_CREATE", d));
+    }
+    for (kind, d) in std::mem::take(&mut st.backlog) {
+        out.push(log_dispatch(&mut st, &session, &kind, d));
+    }
+    out
+}
+
+/// Replays the session after the client's sequence number, then RESUMED;
+/// op 9 for a session the fake does not know (or forgot).
+fn resume(shared: &Shared, conn: u64, d: &Value) -> Vec<Value> {
+    let mut st = lock(&shared.state);
+    let session = d.get("session_id").and_then(Value::as_str).unwrap_or("");
+    let seq = d.get("seq").and_then(Value::as_u64).unwrap_or(0);
+    if !st.sessions.contains_key(session) {
+        return vec![json!({"op": 9, "d": false})];
+    }
+    st.current = Some(session.to_owned());
+    if let Some(a) = st.attached.as_mut().filter(|a| a.id == conn) {
+        a.session = Some(session.to_owned());
+    }
+    let mut out: Vec<Value> = st.sessions[session]
+        .events
+        .iter()
+        .filter(|e| e.get("s").and_then(Value::as_u64).is_some_and(|s| s > seq))
+        .cloned()
+        .collect();
+    out.push(log_dispatch(&mut st, session, "RESUMED", json!({})));
+    st.resumed += 1;
+    out
+}
+
+fn json_response(status: u16, v: &Value, headers: &[(&str, String)]) -> Response {
+    let mut r = crate::json_response(status, v);
+    for (k, val) in headers {
+        if let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(val),
+        ) {
+            r.headers_mut().insert(name, value);
+        }
+    }
+    r
+}
+
+pub(super) async fn rest(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(path) = uri.path().strip_prefix("/api/v10") else {
+        return json_response(404, &json!({"message": "404: Not Found", "code": 0}), &[]);
+    };
+    let path = path.to_owned();
+    let authorized = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        == Some(format!("Bot {}", shared.token).as_str());
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    lock(&shared.state).requests.push(Request {
+        method: method.to_string(),
+        path: path.clone(),
+        body: body.clone(),
+        authorized,
+        at: Instant::now(),
+    });
+    shared.bump();
+    if !authorized {
+        return json_response(
+            401,
+            &json!({"message": "401: Unauthorized", "code": 0}),
+            &[],
+        );
+    }
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", ["gateway", "bot"]) => json_response(
+            200,
+            &json!({"url": format!("ws://{}/gateway", shared.addr), "shards": 1,
+                "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 1}}),
+            &[],
+        ),
+        ("POST", ["channels", channel, "typing"]) => {
+            lock(&shared.state).typing.push(Typing {
+                channel_id: (*channel).to_owned(),
+                at: Instant::now(),
+            });
+            shared.bump();
+            StatusCode::NO_CONTENT.into_response()
+        }
+        ("POST", ["channels", channel, "messages"]) => {
+            create_message(&shared, channel, &body).await
+        }
+        _ => json_response(404, &json!({"message": "404: Not Found", "code": 0}), &[]),
+    }
+}
+
+async fn create_message(shared: &Shared, channel: &str, body: &Value) -> Response {
+    let mut hang = shared.hang.subscribe();
+    if *hang.borrow_and_update() {
+        let mut stop = shared.stop.subscribe();
+        tokio::select! {
+            _ = hang.wait_for(|h| !*h) => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+        return json_response(502, &json!({"message": "502: Bad Gateway", "code": 0}), &[]);
+    }
+    let limit_headers = |remaining: u32, reset_after: f64| {
+        vec![
+            ("x-ratelimit-bucket", SEND_BUCKET.to_owned()),
+            ("x-ratelimit-limit", "5".to_owned()),
+            ("x-ratelimit-remaining", remaining.to_string()),
+            ("x-ratelimit-reset-after", format!("{reset_after:.3}")),
+        ]
+    };
+    let (fail_429, fail_status, exhaust) = {
+        let mut st = lock(&shared.state);
+        let f = st.fail_429.pop_front();
+        let s = if f.is_none() {
+            st.fail_status.pop_front()
+        } else {
+            None
+        };
+        let e = if f.is_none() && s.is_none() {
+            st.exhaust_next.take()
+        } else {
+            None
+        };
+        (f, s, e)
+    };
+    if let Some((retry_after, global)) = fail_429 {
+        let mut h = limit_headers(0, retry_after);
+        h.push(("retry-after", format!("{}", retry_after.ceil() as u64)));
+        if global {
+            h.push(("x-ratelimit-global", "true".to_owned()));
+        }
+        return json_response(
+            429,
+            &json!({"message": "You are being rate limited.", "retry_after": retry_after, "global": global}),
+            &h,
+        );
+    }
+    if let Some(status) = fail_status {
+        return json_response(
+            status,
+            &json!({"message": format!("{status}: injected"), "code": 0}),
+            &[],
+        );
+    }
+    let content = body.get("content").and_then(Value::as_str).unwrap_or("");
+    if content.is_empty() {
+        return json_response(
+            400,
+            &json!({"message": "Cannot send an empty message", "code": 50006}),
+            &[],
+        );
+    }
+    if content.chars().count() > 2000 {
+        return json_response(
+            400,
+            &json!({"message": "Invalid Form Body", "code": 50035,
+                "errors": {"content": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH", "message": "Must be 2000 or fewer in length."}]}}}),
+            &[],
+        );
+    }
+    let sent = {
+        let mut st = lock(&shared.state);
+        st.next_id += 1;
+        let sent = Sent {
+            channel_id: channel.to_owned(),
+            content: content.to_owned(),
+            reply_to: body
+                .pointer("/message_reference/message_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            allowed_mentions: body.get("allowed_mentions").cloned().unwrap_or(Value::Null),
+            id: st.next_id.to_string(),
+            at: Instant::now(),
+        };
+        st.sent.push(sent.clone());
+        sent
+    };
+    shared.bump();
+    let h = match exhaust {
+        Some(after) => limit_headers(0, after),
+        None => limit_headers(4, 1.0),
+    };
+    json_response(
+        200,
+        &json!({"id": sent.id, "channel_id": sent.channel_id, "content": sent.content,
+            "author": {"id": shared.bot_id, "username": BOT_USERNAME, "bot": true}, "type": 0}),
+        &h,
+    )
+}
