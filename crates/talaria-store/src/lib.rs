@@ -108,8 +108,9 @@ pub struct NewSession {
     pub parent_session_id: Option<String>,
 }
 
-/// A stored session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A stored session. `Default` is an empty record, for building one in
+/// tests and fakes.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct SessionRecord {
     /// `YYYYMMDD_HHMMSS_<hex>`: the session's id, and its files' names.
     pub id: String,

@@ -9,23 +9,10 @@ fn record(id: &str, title: Option<&str>) -> SessionRecord {
     SessionRecord {
         id: id.to_owned(),
         source: "cli".to_owned(),
-        session_key: None,
-        chat_id: None,
-        user_id: None,
-        thread_id: None,
         title: title.map(str::to_owned),
-        model: None,
-        system_prompt: None,
-        parent_session_id: None,
         started_at: 1_700_000_000.0,
-        ended_at: None,
-        end_reason: None,
         message_count: 4,
-        input_tokens: 0,
-        output_tokens: 0,
-        cache_read_tokens: 0,
-        cache_write_tokens: 0,
-        reasoning_tokens: 0,
+        ..SessionRecord::default()
     }
 }
 
