@@ -30,9 +30,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::http::header::CONTENT_LENGTH;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use bytes::Bytes;
 use serde_json::json;
 use talaria_adapter::{AdapterContext, AdapterError, Inbox, Liveness};
 use tokio::net::TcpListener;
@@ -223,6 +226,69 @@ impl Ingress {
     }
 }
 
+/// Why a delivery's body was not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyError {
+    /// Declared or found to be larger than the limit, in bytes.
+    TooLarge(usize),
+    /// The connection broke off before the body was complete.
+    Broken,
+}
+
+impl BodyError {
+    /// The status a handler answers with: 413, or 400 for a broken body.
+    pub(crate) fn status(self) -> StatusCode {
+        match self {
+            BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyError::Broken => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BodyError::TooLarge(limit) => write!(f, "the body is larger than {limit} bytes"),
+            BodyError::Broken => f.write_str("the body could not be read"),
+        }
+    }
+}
+
+/// A delivery's whole body, or [`BodyError::TooLarge`] as soon as it is
+/// known to be over `limit`: from `Content-Length` before anything is read,
+/// else once more than that arrived. No more than `limit` bytes are ever
+/// held, whatever a sender claims or streams.
+pub(crate) async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, BodyError> {
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX)) {
+        return Err(BodyError::TooLarge(limit));
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        // `to_bytes` fails with either the body's own error (an
+        // `axum::Error`: the connection broke) or its length-limit error,
+        // whose type axum does not export; so whatever is not the body's
+        // error is the limit.
+        if e.into_inner().is::<axum::Error>() {
+            BodyError::Broken
+        } else {
+            BodyError::TooLarge(limit)
+        }
+    })
+}
+
+/// A JSON refusal, `{"error": message}`, as the JSON-speaking webhook
+/// platforms answer.
+pub(crate) fn json_refusal(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
 async fn health(platforms: Arc<Vec<(&'static str, InboxSlot)>>) -> Response {
     let waiting: Vec<&str> = platforms
         .iter()
@@ -242,11 +308,7 @@ async fn health(platforms: Arc<Vec<(&'static str, InboxSlot)>>) -> Response {
 }
 
 async fn not_found() -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        axum::Json(json!({"error": "not found"})),
-    )
-        .into_response()
+    json_refusal(StatusCode::NOT_FOUND, "not found")
 }
 
 #[cfg(test)]
@@ -254,6 +316,30 @@ mod tests {
     use super::*;
     use axum::routing::post;
     use talaria_adapter::LivenessReporter;
+
+    #[tokio::test]
+    async fn bodies_are_read_up_to_the_limit() {
+        let streamed = |chunks: Vec<Result<&'static [u8], std::io::Error>>| {
+            Body::from_stream(futures::stream::iter(chunks))
+        };
+        let ok = read_body(streamed(vec![Ok(b"ab"), Ok(b"cd")]), &HeaderMap::new(), 4).await;
+        assert_eq!(ok.ok().as_deref(), Some(&b"abcd"[..]));
+        let over = read_body(streamed(vec![Ok(b"ab"), Ok(b"cde")]), &HeaderMap::new(), 4).await;
+        assert_eq!(over.unwrap_err(), BodyError::TooLarge(4));
+        let broken = streamed(vec![Ok(b"ab"), Err(std::io::Error::other("reset"))]);
+        let broken = read_body(broken, &HeaderMap::new(), 4).await.unwrap_err();
+        assert_eq!(broken, BodyError::Broken);
+        assert_eq!(broken.status(), StatusCode::BAD_REQUEST);
+        // A declared length over the limit is refused before reading.
+        let mut declared = HeaderMap::new();
+        declared.insert(CONTENT_LENGTH, "5".parse().unwrap());
+        let early = read_body(streamed(vec![Ok(b"ab")]), &declared, 4)
+            .await
+            .unwrap_err();
+        assert_eq!(early, BodyError::TooLarge(4));
+        assert_eq!(early.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(early.to_string(), "the body is larger than 4 bytes");
+    }
 
     #[tokio::test]
     async fn health_waits_for_every_platform_and_routes_reach_their_handlers() {

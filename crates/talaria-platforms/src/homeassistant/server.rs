@@ -25,7 +25,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
+use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use super::PLATFORM;
 use super::api::HassApi;
 use super::waiting::{Begun, Key, Standing, Waiting};
-use crate::ingress::InboxSlot;
+use crate::ingress::{InboxSlot, json_refusal, read_body};
 
 /// Largest request body read.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -99,10 +99,6 @@ struct Request {
     id: Option<String>,
 }
 
-fn refuse(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(json!({"error": message}))).into_response()
-}
-
 async fn health(State(state): State<Arc<RunState>>) -> Response {
     if state.slot.inbox().is_some() {
         axum::Json(json!({"status": "ok"})).into_response()
@@ -119,26 +115,17 @@ async fn converse(State(state): State<Arc<RunState>>, headers: HeaderMap, body: 
     let shared = &state.shared;
     if !authorized(&headers, shared.secret.expose()) {
         tracing::info!("Home Assistant conversation request refused: bad or missing bearer");
-        return refuse(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
+        return json_refusal(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
     }
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "the body is too large");
-    }
-    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
-        return refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "the body is too large or could not be read",
-        );
+    let bytes = match read_body(body, &headers, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(e) => return json_refusal(e.status(), &e.to_string()),
     };
     let request: Request = match serde_json::from_slice(&bytes) {
         Ok(r) => r,
         Err(e) => {
             tracing::info!(error = %e, "Home Assistant conversation body refused");
-            return refuse(
+            return json_refusal(
                 StatusCode::BAD_REQUEST,
                 "expected JSON with a `text` string (and optionally conversation_id, language, \
                  device_id, user_id, id)",
@@ -147,13 +134,13 @@ async fn converse(State(state): State<Arc<RunState>>, headers: HeaderMap, body: 
     };
     let text = request.text.trim();
     if text.is_empty() {
-        return refuse(StatusCode::BAD_REQUEST, "`text` is empty");
+        return json_refusal(StatusCode::BAD_REQUEST, "`text` is empty");
     }
     if text.chars().count() > MAX_TEXT_CHARS {
-        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "`text` is too long");
+        return json_refusal(StatusCode::PAYLOAD_TOO_LARGE, "`text` is too long");
     }
     let Some(inbox) = state.slot.inbox() else {
-        return refuse(
+        return json_refusal(
             StatusCode::SERVICE_UNAVAILABLE,
             "the gateway is not taking requests right now; retry later",
         );
@@ -193,7 +180,7 @@ async fn converse(State(state): State<Arc<RunState>>, headers: HeaderMap, body: 
     let (answer, deadline) = match shared.waiting.begin(&key, deadline) {
         Begun::Full => {
             tracing::warn!("too many Home Assistant conversation requests waiting");
-            return refuse(
+            return json_refusal(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too many requests are waiting for answers; retry later",
             );
@@ -219,7 +206,7 @@ async fn converse(State(state): State<Arc<RunState>>, headers: HeaderMap, body: 
             if !handed {
                 shared.waiting.abandon(&key);
                 tracing::warn!(%chat, "the gateway did not take a Home Assistant request");
-                return refuse(
+                return json_refusal(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the gateway is not taking requests right now; retry later",
                 );

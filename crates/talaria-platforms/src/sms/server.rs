@@ -24,16 +24,15 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use bytes::Bytes;
 use talaria_adapter::{ChatType, MessageEvent, SessionSource};
 
 use super::signature::{HEADER, Verifier};
 use super::{PLATFORM, is_e164};
-use crate::ingress::InboxSlot;
+use crate::ingress::{InboxSlot, read_body};
 
 /// The route Twilio posts to (the path part of `webhook_url`, unless a
 /// proxy rewrites it).
@@ -107,9 +106,9 @@ async fn receive(
         tracing::info!("SMS webhook without a signature refused");
         return refuse(StatusCode::UNAUTHORIZED, "missing or invalid signature");
     };
-    let body = match read_limited(body, &headers).await {
+    let body = match read_body(body, &headers, MAX_BODY_BYTES).await {
         Ok(b) => b,
-        Err(status) => return refuse(status, "the body could not be read"),
+        Err(e) => return refuse(e.status(), "the body could not be read"),
     };
     let params: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
     if !inbound.verifier.verify(signature, &params) {
@@ -230,29 +229,6 @@ fn media<'a>(field: &impl Fn(&str) -> Option<&'a str>) -> Vec<String> {
 /// A Twilio SID: letters and digits only, so it is safe as a message id.
 fn is_sid(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_SID_LEN && s.chars().all(|c| c.is_ascii_alphanumeric())
-}
-
-/// The body, refusing (413) anything over [`MAX_BODY_BYTES`] without
-/// reading further; 400 for a body that broke off.
-async fn read_limited(body: Body, headers: &HeaderMap) -> Result<Bytes, StatusCode> {
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return Err(StatusCode::PAYLOAD_TOO_LARGE);
-    }
-    axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|e| {
-            // `to_bytes` fails with the body's own error (the connection
-            // broke) or its length-limit error, whose type is private.
-            if e.into_inner().is::<axum::Error>() {
-                StatusCode::BAD_REQUEST
-            } else {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
-        })
 }
 
 #[cfg(test)]

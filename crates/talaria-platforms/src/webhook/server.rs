@@ -49,11 +49,10 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::header::{CONTENT_LENGTH, RETRY_AFTER};
+use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use bytes::Bytes;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use talaria_adapter::{Admission, ChatType, MessageEvent, SessionSource};
@@ -62,7 +61,7 @@ use talaria_core::config::WebhookScheme;
 use super::guard::{RateLimiter, ReplayCache};
 use super::signature::{Signed, Verifier, encode_hex};
 use super::{Clock, MAX_REMEMBERED_DELIVERIES, PLATFORM, REPLAY_TTL_SECS, RouteSettings};
-use crate::ingress::InboxSlot;
+use crate::ingress::{InboxSlot, json_refusal, read_body};
 
 /// How long a delivery may wait for a saturated inbox before it is answered
 /// 503. Senders time out after about ten seconds (GitHub: 10) and retry.
@@ -135,10 +134,6 @@ pub(crate) fn router(shared: Arc<Shared>, slot: InboxSlot) -> Router {
         .with_state(state)
 }
 
-fn refuse(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(json!({"error": message}))).into_response()
-}
-
 fn answer(status: StatusCode, body: Value) -> Response {
     (status, axum::Json(body)).into_response()
 }
@@ -151,22 +146,16 @@ async fn receive(
 ) -> Response {
     let shared = &state.shared;
     let Some(route) = shared.routes.get(&name) else {
-        return refuse(StatusCode::NOT_FOUND, "unknown webhook route");
+        return json_refusal(StatusCode::NOT_FOUND, "unknown webhook route");
     };
     if !route.settings.enabled {
-        return refuse(StatusCode::FORBIDDEN, "this webhook route is disabled");
+        return json_refusal(StatusCode::FORBIDDEN, "this webhook route is disabled");
     }
-    let body = match read_limited(body, &headers, shared.max_body_bytes).await {
+    let body = match read_body(body, &headers, shared.max_body_bytes).await {
         Ok(b) => b,
-        Err(BodyError::TooLarge) => {
-            tracing::info!(route = %name, limit = shared.max_body_bytes, "webhook body too large");
-            return refuse(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("the body is larger than {} bytes", shared.max_body_bytes),
-            );
-        }
-        Err(BodyError::Broken) => {
-            return refuse(StatusCode::BAD_REQUEST, "the body could not be read");
+        Err(e) => {
+            tracing::info!(route = %name, "webhook body refused: {e}");
+            return json_refusal(e.status(), &e.to_string());
         }
     };
     let now = shared.clock.unix_now();
@@ -176,14 +165,14 @@ async fn receive(
             // Info, not warn: anyone can make these, and a misconfigured
             // sender shows up here with its reason.
             tracing::info!(route = %name, reason = %why, "webhook delivery refused");
-            return refuse(StatusCode::UNAUTHORIZED, "missing or invalid signature");
+            return json_refusal(StatusCode::UNAUTHORIZED, "missing or invalid signature");
         }
     };
     let payload: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
             tracing::info!(route = %name, error = %e, "webhook body is not JSON");
-            return refuse(StatusCode::BAD_REQUEST, "the body is not valid JSON");
+            return json_refusal(StatusCode::BAD_REQUEST, "the body is not valid JSON");
         }
     };
     let event = event_type(&headers, &payload);
@@ -213,7 +202,7 @@ async fn receive(
     if let Err(wait) = shared.limiter.admit(&name, now) {
         release_all(&shared.replays, &claims);
         tracing::warn!(route = %name, %delivery_id, "webhook rate limit reached");
-        let mut response = refuse(
+        let mut response = json_refusal(
             StatusCode::TOO_MANY_REQUESTS,
             "too many deliveries on this route; retry later",
         );
@@ -274,43 +263,12 @@ async fn receive(
             release_all(&shared.replays, &claims);
             shared.limiter.refund(&name, now);
             tracing::warn!(route = %name, %delivery_id, "the gateway did not take a webhook delivery");
-            refuse(
+            json_refusal(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the gateway is not taking deliveries right now; retry later",
             )
         }
     }
-}
-
-enum BodyError {
-    TooLarge,
-    Broken,
-}
-
-/// The whole body, or [`BodyError::TooLarge`] as soon as it is known to be
-/// over `limit` (from `Content-Length`, or once more than that arrived),
-/// so no more than `limit` bytes are ever buffered.
-async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, BodyError> {
-    // `to_bytes` would only find out after reading the first chunk; a
-    // declared length is refused before reading anything.
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX)) {
-        return Err(BodyError::TooLarge);
-    }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        // `to_bytes` fails with either the body's own error (an
-        // `axum::Error`: the connection broke) or its length-limit error,
-        // whose type axum does not export; so whatever is not the body's
-        // error is the limit.
-        if e.into_inner().is::<axum::Error>() {
-            BodyError::Broken
-        } else {
-            BodyError::TooLarge
-        }
-    })
 }
 
 /// `X-GitHub-Event`, `X-Gitlab-Event`, the payload's `event_type` or
@@ -730,24 +688,6 @@ mod tests {
         let forged = headers(&[("X-GitHub-Delivery", key.as_str())]);
         let other = identity(WebhookScheme::Github, &forged, b"[]", Signed::default());
         assert!(claim_all(&cache, &other.claims, 0));
-    }
-
-    #[tokio::test]
-    async fn bodies_are_read_up_to_the_limit() {
-        let streamed = |chunks: Vec<Result<&'static [u8], std::io::Error>>| {
-            Body::from_stream(futures::stream::iter(chunks))
-        };
-        let ok = read_limited(streamed(vec![Ok(b"ab"), Ok(b"cd")]), &HeaderMap::new(), 4).await;
-        assert_eq!(ok.ok().as_deref(), Some(&b"abcd"[..]));
-        let over = read_limited(streamed(vec![Ok(b"ab"), Ok(b"cde")]), &HeaderMap::new(), 4).await;
-        assert!(matches!(over, Err(BodyError::TooLarge)));
-        let broken = streamed(vec![Ok(b"ab"), Err(std::io::Error::other("reset"))]);
-        let broken = read_limited(broken, &HeaderMap::new(), 4).await;
-        assert!(matches!(broken, Err(BodyError::Broken)));
-        // A declared length over the limit is refused before reading.
-        let declared = headers(&[("content-length", "5")]);
-        let early = read_limited(streamed(vec![Ok(b"ab")]), &declared, 4).await;
-        assert!(matches!(early, Err(BodyError::TooLarge)));
     }
 
     #[test]

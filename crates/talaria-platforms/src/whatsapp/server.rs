@@ -26,17 +26,16 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::mapping::{self, NotWhatsapp};
-use crate::ingress::InboxSlot;
+use crate::ingress::{InboxSlot, json_refusal, read_body};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -104,10 +103,6 @@ fn answer(status: StatusCode, body: Value) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-fn refuse(status: StatusCode, message: &str) -> Response {
-    answer(status, json!({"error": message}))
-}
-
 async fn handshake(
     State(hook): State<Arc<Hook>>,
     Query(query): Query<HashMap<String, String>>,
@@ -143,33 +138,24 @@ async fn handshake(
 }
 
 async fn receive(State(hook): State<Arc<Hook>>, headers: HeaderMap, body: Body) -> Response {
-    let body = match read_limited(body, &headers, hook.max_body_bytes).await {
+    let body = match read_body(body, &headers, hook.max_body_bytes).await {
         Ok(b) => b,
-        Err(BodyError::TooLarge) => {
-            tracing::info!(
-                limit = hook.max_body_bytes,
-                "WhatsApp webhook body too large"
-            );
-            return refuse(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("the body is larger than {} bytes", hook.max_body_bytes),
-            );
-        }
-        Err(BodyError::Broken) => {
-            return refuse(StatusCode::BAD_REQUEST, "the body could not be read");
+        Err(e) => {
+            tracing::info!("WhatsApp webhook body refused: {e}");
+            return json_refusal(e.status(), &e.to_string());
         }
     };
     if let Err(why) = check_signature(&hook.mac, &headers, &body) {
         // Info, not warn: anyone can send these. A wrong app secret shows
         // up here, with every delivery refused.
         tracing::info!(reason = why, "WhatsApp webhook delivery refused");
-        return refuse(StatusCode::UNAUTHORIZED, "missing or invalid signature");
+        return json_refusal(StatusCode::UNAUTHORIZED, "missing or invalid signature");
     }
     let payload: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
             tracing::info!(error = %e, "WhatsApp webhook body is not JSON");
-            return refuse(StatusCode::BAD_REQUEST, "the body is not valid JSON");
+            return json_refusal(StatusCode::BAD_REQUEST, "the body is not valid JSON");
         }
     };
     let mapped = match mapping::map_delivery(&payload, &hook.phone_number_id) {
@@ -221,7 +207,7 @@ async fn receive(State(hook): State<Arc<Hook>>, headers: HeaderMap, body: Body) 
     }
     let Some(inbox) = hook.slot.inbox() else {
         tracing::warn!("a WhatsApp delivery arrived while the gateway is not taking messages");
-        return refuse(
+        return json_refusal(
             StatusCode::SERVICE_UNAVAILABLE,
             "the gateway is not taking deliveries right now; retry later",
         );
@@ -241,7 +227,7 @@ async fn receive(State(hook): State<Arc<Hook>>, headers: HeaderMap, body: Body) 
                 %message_id,
                 "the gateway did not take a WhatsApp message; Meta will deliver it again"
             );
-            return refuse(
+            return json_refusal(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the gateway is not taking deliveries right now; retry later",
             );
@@ -284,33 +270,6 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
             u8::try_from(hi * 16 + lo).ok()
         })
         .collect()
-}
-
-enum BodyError {
-    TooLarge,
-    Broken,
-}
-
-/// The whole body, or [`BodyError::TooLarge`] as soon as it is known to be
-/// over `limit` (a declared `Content-Length`, or more bytes arriving), so
-/// no more than `limit` bytes are ever held.
-async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, BodyError> {
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX)) {
-        return Err(BodyError::TooLarge);
-    }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        // The body's own error is an `axum::Error` (the connection broke);
-        // anything else is the length limit, whose type is private.
-        if e.into_inner().is::<axum::Error>() {
-            BodyError::Broken
-        } else {
-            BodyError::TooLarge
-        }
-    })
 }
 
 #[cfg(test)]
