@@ -1,9 +1,17 @@
 //! The WebSocket client shared by the adapters that hold a socket open
-//! (Discord's gateway, Slack's Socket Mode, Mattermost's event stream).
+//! (Discord's gateway, Slack's Socket Mode, Mattermost's event stream,
+//! signal-cli's receive socket), and [`Watched`], a socket given up when it
+//! goes silent.
 
 use std::time::Duration;
 
+use futures::stream::{SplitSink, SplitStream};
+use futures::{SinkExt, StreamExt};
+use talaria_adapter::{AdapterContext, AdapterError, Liveness};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::Utf8Bytes;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -47,6 +55,120 @@ pub(crate) async fn connect(
         Err(_) => Err(format!(
             "opening the WebSocket to {shown} took longer than {timeout:?}"
         )),
+    }
+}
+
+/// What a [`Watched`] socket hands its adapter.
+#[derive(Debug)]
+pub(crate) enum Beat {
+    /// A text frame from the peer.
+    Text(Utf8Bytes),
+    /// Time to ping, in whatever way the peer answers (a WebSocket ping,
+    /// or an action of the platform's own protocol).
+    PingDue,
+}
+
+/// An open socket that must hear from its peer: anything that arrives
+/// (pongs and the peer's own pings included) proves it alive, and two ping
+/// intervals of silence give it up as a hung server or a dead NAT mapping
+/// would leave it, instead of waiting forever on a socket that only looks
+/// open.
+pub(crate) struct Watched {
+    sink: SplitSink<WsStream, Message>,
+    stream: SplitStream<WsStream>,
+    /// The socket in errors: `the Mattermost WebSocket`.
+    name: &'static str,
+    /// Who closes it in errors: `Mattermost`, `the Signal REST API`.
+    peer: &'static str,
+    silence: Duration,
+    quiet_until: Instant,
+    ping: Interval,
+}
+
+impl Watched {
+    /// Watches `stream`, pinging every `ping_interval` (first after one
+    /// interval).
+    pub(crate) fn new(
+        stream: WsStream,
+        name: &'static str,
+        peer: &'static str,
+        ping_interval: Duration,
+    ) -> Watched {
+        let (sink, stream) = stream.split();
+        let mut ping = tokio::time::interval_at(Instant::now() + ping_interval, ping_interval);
+        // After a stall, one ping is enough; a burst would only add load.
+        ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let silence = ping_interval * 2;
+        Watched {
+            sink,
+            stream,
+            name,
+            peer,
+            silence,
+            quiet_until: Instant::now() + silence,
+            ping,
+        }
+    }
+
+    /// Sends a frame; a failure means the connection is gone.
+    pub(crate) async fn send(&mut self, message: Message) -> Result<(), AdapterError> {
+        self.sink.send(message).await.map_err(|e| self.failed(e))
+    }
+
+    /// The next frame or ping to act on. `Ok(None)` when `ctx` shuts down
+    /// (the socket is closed politely first); an error when the peer
+    /// closes, the connection breaks or the socket went silent.
+    pub(crate) async fn next(
+        &mut self,
+        ctx: &AdapterContext,
+    ) -> Result<Option<Beat>, AdapterError> {
+        loop {
+            tokio::select! {
+                biased;
+                _ = ctx.shutdown.cancelled() => {
+                    let close = self.sink.send(Message::Close(None));
+                    let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
+                    return Ok(None);
+                }
+                _ = tokio::time::sleep_until(self.quiet_until) => {
+                    ctx.liveness.set(Liveness::Degraded);
+                    return Err(AdapterError::Disconnected(format!(
+                        "{} was silent for {:?}",
+                        self.name, self.silence
+                    )));
+                }
+                _ = self.ping.tick() => return Ok(Some(Beat::PingDue)),
+                next = self.stream.next() => {
+                    let message = match next {
+                        None => {
+                            return Err(AdapterError::Disconnected(format!("{} closed", self.name)));
+                        }
+                        Some(Err(e)) => return Err(self.failed(e)),
+                        Some(Ok(m)) => m,
+                    };
+                    self.quiet_until = Instant::now() + self.silence;
+                    match message {
+                        Message::Text(text) => return Ok(Some(Beat::Text(text))),
+                        Message::Close(frame) => {
+                            return Err(AdapterError::Disconnected(format!(
+                                "{} closed the WebSocket{}",
+                                self.peer,
+                                frame
+                                    .map(|f| format!(": {} {}", f.code, f.reason))
+                                    .unwrap_or_default()
+                            )));
+                        }
+                        // Pings are answered by the library; pongs and
+                        // binary frames only count as signs of life.
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn failed(&self, e: impl std::fmt::Display) -> AdapterError {
+        AdapterError::Disconnected(format!("{} failed: {e}", self.name))
     }
 }
 

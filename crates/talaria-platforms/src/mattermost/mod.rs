@@ -24,11 +24,11 @@ mod format;
 mod mapping;
 
 use crate::registry::{BuildError, Built, Platform, Setup};
+use crate::ws::{Beat, Watched};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
@@ -435,7 +435,12 @@ impl Adapter for MattermostAdapter {
                 r.map_err(AdapterError::Disconnected)?
             }
         };
-        let (mut sink, mut stream) = stream.split();
+        let mut socket = Watched::new(
+            stream,
+            "the Mattermost WebSocket",
+            "Mattermost",
+            self.ping_interval,
+        );
         let mut action_seq: i64 = 1;
         // For servers (or proxies) that do not pass the header on.
         let challenge = json!({
@@ -444,79 +449,26 @@ impl Adapter for MattermostAdapter {
             "data": { "token": self.token.expose() },
         });
         action_seq += 1;
-        let mut first = vec![challenge];
-        if resuming {
-            // A resumed connection gets no hello: its answer to a ping is
-            // the sign that the server is really there.
-            first.push(json!({ "seq": action_seq, "action": "ping" }));
-            action_seq += 1;
-        }
-        for action in first {
-            if let Err(e) = sink.send(Message::text(action.to_string())).await {
-                return Err(AdapterError::Disconnected(format!(
-                    "the Mattermost WebSocket failed: {e}"
-                )));
-            }
-        }
-        let silence = self.ping_interval * 2;
-        let mut quiet_until = tokio::time::Instant::now() + silence;
-        let mut ping = tokio::time::interval_at(
-            tokio::time::Instant::now() + self.ping_interval,
-            self.ping_interval,
-        );
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        socket.send(Message::text(challenge.to_string())).await?;
+        // A resumed connection gets no hello: its answer to a ping is the
+        // sign that the server is really there.
+        let mut ping_now = resuming;
         loop {
-            tokio::select! {
-                biased;
-                _ = ctx.shutdown.cancelled() => {
-                    let close = sink.send(Message::Close(None));
-                    let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
-                    return Ok(());
-                }
-                _ = tokio::time::sleep_until(quiet_until) => {
-                    ctx.liveness.set(Liveness::Degraded);
-                    return Err(AdapterError::Disconnected(format!(
-                        "the Mattermost WebSocket was silent for {silence:?}"
-                    )));
-                }
-                _ = ping.tick() => {
-                    let action = json!({ "seq": action_seq, "action": "ping" });
-                    action_seq += 1;
-                    if let Err(e) = sink.send(Message::text(action.to_string())).await {
-                        return Err(AdapterError::Disconnected(format!(
-                            "the Mattermost WebSocket failed: {e}"
-                        )));
-                    }
-                }
-                next = stream.next() => {
-                    let message = match next {
-                        None => {
-                            return Err(AdapterError::Disconnected(
-                                "the Mattermost WebSocket closed".into(),
-                            ));
-                        }
-                        Some(Err(e)) => {
-                            return Err(AdapterError::Disconnected(format!(
-                                "the Mattermost WebSocket failed: {e}"
-                            )));
-                        }
-                        Some(Ok(m)) => m,
-                    };
-                    quiet_until = tokio::time::Instant::now() + silence;
-                    match message {
-                        Message::Text(text) if !self.on_frame(text.as_str(), &me, &ctx).await => {
-                            return Ok(());
-                        }
-                        Message::Close(frame) => {
-                            return Err(AdapterError::Disconnected(format!(
-                                "Mattermost closed the WebSocket{}",
-                                frame.map(|f| format!(": {} {}", f.code, f.reason)).unwrap_or_default()
-                            )));
-                        }
-                        _ => {}
-                    }
-                }
+            if ping_now {
+                let action = json!({ "seq": action_seq, "action": "ping" });
+                action_seq += 1;
+                socket.send(Message::text(action.to_string())).await?;
             }
+            ping_now = match socket.next(&ctx).await? {
+                None => return Ok(()),
+                Some(Beat::PingDue) => true,
+                Some(Beat::Text(text)) => {
+                    if !self.on_frame(text.as_str(), &me, &ctx).await {
+                        return Ok(());
+                    }
+                    false
+                }
+            };
         }
     }
 

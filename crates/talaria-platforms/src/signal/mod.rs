@@ -33,11 +33,11 @@ mod format;
 mod mapping;
 
 use crate::registry::{BuildError, Built, Platform, Setup};
+use crate::ws::{Beat, Watched};
 use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
@@ -343,71 +343,26 @@ impl SignalAdapter {
         };
         tracing::info!("receiving Signal messages over the WebSocket");
         ctx.liveness.set(Liveness::Live);
-        let (mut sink, mut stream) = stream.split();
-        let silence = self.ping_interval * 2;
-        let mut quiet_until = tokio::time::Instant::now() + silence;
-        let mut ping = tokio::time::interval_at(
-            tokio::time::Instant::now() + self.ping_interval,
+        let mut socket = Watched::new(
+            stream,
+            "the Signal WebSocket",
+            "the Signal REST API",
             self.ping_interval,
         );
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                biased;
-                _ = ctx.shutdown.cancelled() => {
-                    let close = sink.send(Message::Close(None));
-                    let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
-                    return Ok(());
-                }
-                _ = tokio::time::sleep_until(quiet_until) => {
-                    ctx.liveness.set(Liveness::Degraded);
-                    return Err(AdapterError::Disconnected(format!(
-                        "the Signal WebSocket was silent for {silence:?}"
-                    )));
-                }
-                _ = ping.tick() => {
-                    if let Err(e) = sink.send(Message::Ping(Default::default())).await {
-                        return Err(AdapterError::Disconnected(format!(
-                            "the Signal WebSocket failed: {e}"
-                        )));
-                    }
-                }
-                next = stream.next() => {
-                    let message = match next {
-                        None => {
-                            return Err(AdapterError::Disconnected(
-                                "the Signal WebSocket closed".into(),
-                            ));
+            match socket.next(ctx).await? {
+                None => return Ok(()),
+                Some(Beat::PingDue) => socket.send(Message::Ping(Default::default())).await?,
+                Some(Beat::Text(text)) => {
+                    let item = match serde_json::from_str::<Value>(text.as_str()) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            tracing::warn!("skipping a malformed Signal frame: {e}");
+                            continue;
                         }
-                        Some(Err(e)) => {
-                            return Err(AdapterError::Disconnected(format!(
-                                "the Signal WebSocket failed: {e}"
-                            )));
-                        }
-                        Some(Ok(m)) => m,
                     };
-                    // Pongs and the server's own pings count as signs of life.
-                    quiet_until = tokio::time::Instant::now() + silence;
-                    match message {
-                        Message::Text(text) => {
-                            let item = match serde_json::from_str::<Value>(text.as_str()) {
-                                Ok(v) => v,
-                                Err(e) => {
-                                    tracing::warn!("skipping a malformed Signal frame: {e}");
-                                    continue;
-                                }
-                            };
-                            if !self.on_item(&item, ctx).await {
-                                return Ok(());
-                            }
-                        }
-                        Message::Close(frame) => {
-                            return Err(AdapterError::Disconnected(format!(
-                                "the Signal REST API closed the WebSocket{}",
-                                frame.map(|f| format!(": {} {}", f.code, f.reason)).unwrap_or_default()
-                            )));
-                        }
-                        _ => {}
+                    if !self.on_item(&item, ctx).await {
+                        return Ok(());
                     }
                 }
             }
