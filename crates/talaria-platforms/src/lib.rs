@@ -35,6 +35,8 @@
 pub mod discord;
 #[cfg(feature = "email")]
 pub mod email;
+#[cfg(any(feature = "telegram", feature = "slack"))]
+mod entities;
 #[cfg(feature = "homeassistant")]
 pub mod homeassistant;
 #[cfg(any(

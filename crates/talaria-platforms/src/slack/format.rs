@@ -7,6 +7,8 @@
 //! of a link or mention. Code spans and fences keep their content as is
 //! (escaped only); markup Slack does not have is left literal.
 
+use crate::entities::{escape, push_escaped};
+
 /// Converts Markdown `text` to mrkdwn.
 pub(crate) fn to_mrkdwn(text: &str) -> String {
     let lines: Vec<&str> = text.split('\n').collect();
@@ -170,24 +172,6 @@ fn tight(inner: &str) -> bool {
     !inner.is_empty()
         && !inner.starts_with(char::is_whitespace)
         && !inner.ends_with(char::is_whitespace)
-}
-
-/// Escapes the three characters Slack requires as entities.
-pub(crate) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        push_escaped(&mut out, c);
-    }
-    out
-}
-
-fn push_escaped(out: &mut String, c: char) {
-    match c {
-        '&' => out.push_str("&amp;"),
-        '<' => out.push_str("&lt;"),
-        '>' => out.push_str("&gt;"),
-        c => out.push(c),
-    }
 }
 
 /// Inbound text as the user typed it: Slack's three entities decoded.

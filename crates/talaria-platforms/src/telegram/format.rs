@@ -4,6 +4,8 @@
 //! code and `**bold**`. Everything else is escaped, so the worst a model's
 //! odd markup can do is show up literally.
 
+use crate::entities::{escape, push_escaped};
+
 /// Converts `text` to Telegram HTML (`parse_mode: "HTML"`).
 pub(crate) fn to_html(text: &str) -> String {
     let lines: Vec<&str> = text.split('\n').collect();
@@ -96,24 +98,6 @@ fn inline(line: &str) -> String {
         rest = chars.as_str();
     }
     out
-}
-
-/// Escapes the three characters Telegram's HTML mode requires.
-pub(crate) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        push_escaped(&mut out, c);
-    }
-    out
-}
-
-fn push_escaped(out: &mut String, c: char) {
-    match c {
-        '&' => out.push_str("&amp;"),
-        '<' => out.push_str("&lt;"),
-        '>' => out.push_str("&gt;"),
-        c => out.push(c),
-    }
 }
 
 #[cfg(test)]
