@@ -59,6 +59,8 @@ pub mod matrix;
 pub mod mattermost;
 mod net;
 pub mod registry;
+#[cfg(any(feature = "mattermost", feature = "signal", feature = "matrix"))]
+mod rest;
 #[cfg(feature = "signal")]
 pub mod signal;
 #[cfg(feature = "slack")]

@@ -8,12 +8,11 @@
 
 use std::time::Duration;
 
-use reqwest::Method;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use talaria_core::Secret;
 
-use crate::http::{Http, HttpError, Service};
+use crate::http::{Answer, HttpError, Service};
+use crate::rest::{Refusal, Rest};
 
 /// How errors name the homeserver.
 pub(crate) const HOMESERVER: Service = Service {
@@ -37,71 +36,36 @@ pub(crate) fn is_rate_limit(e: &ApiError) -> bool {
     e.status() == Some(429) || e.code() == Some("M_LIMIT_EXCEEDED")
 }
 
-/// A client bound to one homeserver and access token.
-#[derive(Debug, Clone)]
-pub(crate) struct Api {
-    http: Http,
-    homeserver: String,
-    token: Secret,
+/// A client bound to one homeserver and access token; paths are under
+/// `{homeserver}/_matrix/client/v3`.
+pub(crate) type Api = Rest;
+
+/// A client of `homeserver` with `token`.
+pub(crate) fn client(homeserver: &str, token: &Secret) -> Result<Api, String> {
+    let root = format!("{}/_matrix/client/v3", homeserver.trim_end_matches('/'));
+    Rest::new(HOMESERVER, &root, Some(token), refusal)
 }
 
-impl Api {
-    pub(crate) fn new(homeserver: &str, token: &Secret) -> Result<Api, String> {
-        Ok(Api {
-            http: Http::new(HOMESERVER)?.hiding(token, "<token>"),
-            homeserver: homeserver.trim_end_matches('/').to_owned(),
-            token: token.clone(),
-        })
-    }
-
-    /// Sends `method` to `/_matrix/client/v3/{path}` (already encoded)
-    /// with `query` pairs and an optional JSON body, and decodes the answer.
-    pub(crate) async fn request<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        query: &[(&str, String)],
-        body: Option<&Value>,
-        timeout: Duration,
-    ) -> Result<T, ApiError> {
-        let url = format!("{}/_matrix/client/v3/{}", self.homeserver, path);
-        let mut request = self
-            .http
-            .client()
-            .request(method, url)
-            .bearer_auth(self.token.expose());
-        if !query.is_empty() {
-            request = request.query(query);
-        }
-        if let Some(b) = body {
-            request = request.json(b);
-        }
-        let answer = self.http.send(request, timeout).await?;
-        if answer.is_success() {
-            return self.http.decode(&answer);
-        }
-        let status = answer.status;
-        let parsed: Option<Value> = serde_json::from_slice(&answer.body).ok();
-        let field = |name: &str| {
-            parsed
-                .as_ref()
-                .and_then(|v| v.get(name))
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-        };
-        let message = field("error").unwrap_or_else(|| format!("HTTP {status}"));
-        let retry_body = parsed
+/// The spec's error body, its wait in the body preferred over the header.
+fn refusal(answer: &Answer) -> Refusal {
+    let parsed: Option<Value> = serde_json::from_slice(&answer.body).ok();
+    let field = |name: &str| {
+        parsed
             .as_ref()
-            .and_then(|v| v.get("retry_after_ms"))
-            .and_then(Value::as_u64)
-            .map(Duration::from_millis);
-        Err(self.http.refused(
-            status,
-            field("errcode"),
-            &message,
-            retry_body.or(answer.retry_after()),
-        ))
+            .and_then(|v| v.get(name))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    let retry_body = parsed
+        .as_ref()
+        .and_then(|v| v.get("retry_after_ms"))
+        .and_then(Value::as_u64)
+        .map(Duration::from_millis);
+    Refusal {
+        code: field("errcode"),
+        message: field("error").unwrap_or_default(),
+        retry_after: retry_body.or(answer.retry_after()),
     }
 }
 

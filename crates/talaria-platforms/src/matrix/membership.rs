@@ -17,7 +17,7 @@ impl MatrixAdapter {
         if lock(&self.rooms).joined(room_id).is_some() {
             return Ok(lock(&self.rooms).is_dm(room_id));
         }
-        let path = format!("rooms/{}/joined_members", segment(room_id));
+        let path = format!("/rooms/{}/joined_members", segment(room_id));
         let answer = tokio::select! {
             biased;
             _ = ctx.shutdown.cancelled() => return Ok(lock(&self.rooms).is_dm(room_id)),
@@ -66,7 +66,7 @@ impl MatrixAdapter {
     /// only carries when it changed. Best effort: the member counts decide
     /// first anyway.
     pub(super) async fn load_account_direct(&self, me: &Me) {
-        let path = format!("user/{}/account_data/m.direct", segment(&me.user_id));
+        let path = format!("/user/{}/account_data/m.direct", segment(&me.user_id));
         match self
             .api
             .request::<Value>(Method::GET, &path, &[], None, REQUEST_TIMEOUT)
@@ -122,7 +122,7 @@ impl MatrixAdapter {
                 tracing::info!(room = %room_id, inviter, "ignoring an invite from someone who may not use the bot");
                 continue;
             }
-            let path = format!("join/{}", segment(room_id));
+            let path = format!("/join/{}", segment(room_id));
             let empty = json!({});
             let joined = tokio::select! {
                 biased;

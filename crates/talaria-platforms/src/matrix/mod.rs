@@ -280,7 +280,7 @@ impl MatrixAdapter {
         {
             return Err(MatrixError::BadUserId(u.clone()));
         }
-        let api = Api::new(&homeserver, &token).map_err(MatrixError::Client)?;
+        let api = api::client(&homeserver, &token).map_err(MatrixError::Client)?;
         Ok(MatrixAdapter {
             api,
             token,
@@ -319,7 +319,7 @@ impl MatrixAdapter {
     async fn identify(&self) -> Result<Me, AdapterError> {
         let whoami: Result<Value, ApiError> = self
             .api
-            .request(Method::GET, "account/whoami", &[], None, REQUEST_TIMEOUT)
+            .request(Method::GET, "/account/whoami", &[], None, REQUEST_TIMEOUT)
             .await;
         let user_id = match whoami {
             Ok(v) => v
@@ -343,7 +343,7 @@ impl MatrixAdapter {
                 "the access token belongs to {user_id}, not to the configured MATRIX_USER_ID {configured}"
             )));
         }
-        let path = format!("profile/{}/displayname", segment(&user_id));
+        let path = format!("/profile/{}/displayname", segment(&user_id));
         let display_name = match self
             .api
             .request::<Value>(Method::GET, &path, &[], None, REQUEST_TIMEOUT)
@@ -380,7 +380,7 @@ impl MatrixAdapter {
         let margin = if since.is_none() { 120 } else { 15 };
         let http_timeout = timeout + Duration::from_secs(margin);
         self.api
-            .request(Method::GET, "sync", &query, None, http_timeout)
+            .request(Method::GET, "/sync", &query, None, http_timeout)
             .await
     }
 
@@ -712,7 +712,7 @@ impl Adapter for MatrixAdapter {
         let content = Self::content(message)?;
         let (txn, digest) = self.txn_for(message);
         let path = format!(
-            "rooms/{}/send/m.room.message/{}",
+            "/rooms/{}/send/m.room.message/{}",
             segment(&message.chat_id),
             segment(&txn)
         );
@@ -753,7 +753,7 @@ impl Adapter for MatrixAdapter {
 
     async fn typing(&self, chat_id: &str, _thread_id: Option<&str>) -> Result<(), SendError> {
         let user = self.own_user_id().await?;
-        let path = format!("rooms/{}/typing/{}", segment(chat_id), segment(&user));
+        let path = format!("/rooms/{}/typing/{}", segment(chat_id), segment(&user));
         self.api
             .request::<Value>(
                 Method::PUT,

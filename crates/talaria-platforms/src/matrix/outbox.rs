@@ -99,7 +99,7 @@ impl MatrixAdapter {
         }
         let v: Value = self
             .api
-            .request(Method::GET, "account/whoami", &[], None, REQUEST_TIMEOUT)
+            .request(Method::GET, "/account/whoami", &[], None, REQUEST_TIMEOUT)
             .await
             .map_err(classify)?;
         v.get("user_id")

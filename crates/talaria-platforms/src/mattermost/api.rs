@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, HeaderMap};
+use reqwest::header::HeaderMap;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use talaria_core::Secret;
 
-use crate::http::{Http, HttpError, Service, header_secs, retry_after as retry_after_header};
+use crate::http::{Answer, HttpError, Service, header_secs, retry_after as retry_after_header};
+use crate::rest::{Refusal, Rest};
 
 /// How errors name the server.
 pub(crate) const MATTERMOST: Service = Service {
@@ -25,12 +25,17 @@ pub(crate) const MATTERMOST: Service = Service {
 /// What a failed call looked like.
 pub(crate) type ApiError = HttpError;
 
-/// A REST client bound to one server and token.
-#[derive(Debug, Clone)]
-pub(crate) struct Api {
-    http: Http,
-    base_url: String,
-    token: Secret,
+/// A REST client bound to one server and token: `{base}/api/v4{path}`.
+pub(crate) type Api = Rest;
+
+/// `base_url` is the server root, without `/api/v4`.
+pub(crate) fn client(base_url: &str, token: &Secret) -> Result<Api, String> {
+    Rest::new(
+        MATTERMOST,
+        &format!("{}/api/v4", base_url.trim_end_matches('/')),
+        Some(token),
+        refusal,
+    )
 }
 
 /// Mattermost's error body (`AppError`).
@@ -42,60 +47,17 @@ struct AppError {
     id: String,
 }
 
-impl Api {
-    /// `base_url` is the server root, without `/api/v4`.
-    pub(crate) fn new(base_url: &str, token: &Secret) -> Result<Api, String> {
-        Ok(Api {
-            http: Http::new(MATTERMOST)?.hiding(token, "<token>"),
-            base_url: base_url.trim_end_matches('/').to_owned(),
-            token: token.clone(),
-        })
-    }
-
-    /// `GET {base}/api/v4{path}`.
-    pub(crate) async fn get<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        timeout: Duration,
-    ) -> Result<T, ApiError> {
-        let request = self.http.client().get(self.url(path));
-        self.call(request, timeout).await
-    }
-
-    /// `POST {base}/api/v4{path}` with a JSON body.
-    pub(crate) async fn post<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &Value,
-        timeout: Duration,
-    ) -> Result<T, ApiError> {
-        let request = self.http.client().post(self.url(path)).json(body);
-        self.call(request, timeout).await
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}/api/v4{path}", self.base_url)
-    }
-
-    async fn call<T: DeserializeOwned>(
-        &self,
-        request: reqwest::RequestBuilder,
-        timeout: Duration,
-    ) -> Result<T, ApiError> {
-        let request = request.header(AUTHORIZATION, format!("Bearer {}", self.token.expose()));
-        let answer = self.http.send(request, timeout).await?;
-        if answer.is_success() {
-            return self.http.decode(&answer);
-        }
-        let status = answer.status;
-        let message = match serde_json::from_slice::<AppError>(&answer.body) {
-            Ok(e) if !e.message.is_empty() && e.id.is_empty() => e.message,
-            Ok(e) if !e.message.is_empty() => format!("{} ({})", e.message, e.id),
-            _ => format!("HTTP {status}"),
-        };
-        Err(self
-            .http
-            .refused(status, None, &message, retry_after(&answer.headers)))
+/// The message of an `AppError` body, its id in brackets.
+fn refusal(answer: &Answer) -> Refusal {
+    let message = match serde_json::from_slice::<AppError>(&answer.body) {
+        Ok(e) if !e.message.is_empty() && e.id.is_empty() => e.message,
+        Ok(e) if !e.message.is_empty() => format!("{} ({})", e.message, e.id),
+        _ => String::new(),
+    };
+    Refusal {
+        code: None,
+        message,
+        retry_after: retry_after(&answer.headers),
     }
 }
 

@@ -183,7 +183,7 @@ impl MattermostAdapter {
             }
             _ => return Err(MattermostError::BadUrl(url)),
         };
-        let api = Api::new(&url, &token).map_err(MattermostError::Client)?;
+        let api = api::client(&url, &token).map_err(MattermostError::Client)?;
         Ok(MattermostAdapter {
             api,
             token,

@@ -6,13 +6,11 @@
 //! account number does, and errors never leave the process unredacted
 //! anyway since they only reach logs.
 
-use std::time::Duration;
-
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::http::{Http, HttpError, Service};
+use crate::http::{Answer, HttpError, Service};
+use crate::rest::{Refusal, Rest};
 
 /// How errors name the server.
 pub(crate) const SIGNAL: Service = Service {
@@ -31,10 +29,11 @@ pub(crate) fn error_text(e: &ApiError) -> String {
 }
 
 /// A client bound to one server.
-#[derive(Debug, Clone)]
-pub(crate) struct Api {
-    http: Http,
-    base_url: String,
+pub(crate) type Api = Rest;
+
+/// `base_url` is the server root.
+pub(crate) fn client(base_url: &str) -> Result<Api, String> {
+    Rest::new(SIGNAL, base_url, None, refusal)
 }
 
 /// The error body every endpoint uses: `{"error": "..."}`.
@@ -42,6 +41,18 @@ pub(crate) struct Api {
 struct ErrorBody {
     #[serde(default)]
     error: String,
+}
+
+fn refusal(answer: &Answer) -> Refusal {
+    let message = match serde_json::from_slice::<ErrorBody>(&answer.body) {
+        Ok(e) => clip(e.error.trim()),
+        Err(_) => String::new(),
+    };
+    Refusal {
+        code: None,
+        message,
+        retry_after: answer.retry_after(),
+    }
 }
 
 /// `GET /v1/about`.
@@ -61,75 +72,6 @@ pub(crate) struct SendResponse {
     /// give a number).
     #[serde(default)]
     pub timestamp: Value,
-}
-
-impl Api {
-    /// `base_url` is the server root.
-    pub(crate) fn new(base_url: &str) -> Result<Api, String> {
-        Ok(Api {
-            http: Http::new(SIGNAL)?,
-            base_url: base_url.trim_end_matches('/').to_owned(),
-        })
-    }
-
-    /// `GET {base}{path}`.
-    pub(crate) async fn get<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        timeout: Duration,
-    ) -> Result<T, ApiError> {
-        let request = self.http.client().get(self.url(path));
-        self.call(request, timeout).await
-    }
-
-    /// `POST {base}{path}` with a JSON body.
-    pub(crate) async fn post<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &Value,
-        timeout: Duration,
-    ) -> Result<T, ApiError> {
-        let request = self.http.client().post(self.url(path)).json(body);
-        self.call(request, timeout).await
-    }
-
-    /// `PUT {base}{path}` with a JSON body, ignoring the answer's body.
-    pub(crate) async fn put(
-        &self,
-        path: &str,
-        body: &Value,
-        timeout: Duration,
-    ) -> Result<(), ApiError> {
-        let request = self.http.client().put(self.url(path)).json(body);
-        self.call::<Value>(request, timeout).await.map(|_| ())
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base_url)
-    }
-
-    async fn call<T: DeserializeOwned>(
-        &self,
-        request: reqwest::RequestBuilder,
-        timeout: Duration,
-    ) -> Result<T, ApiError> {
-        let mut answer = self.http.send(request, timeout).await?;
-        let status = answer.status;
-        if answer.is_success() {
-            // 204 and empty 201s carry no body: read them as `null`.
-            if answer.body.iter().all(u8::is_ascii_whitespace) {
-                answer.body = bytes::Bytes::from_static(b"null");
-            }
-            return self.http.decode(&answer);
-        }
-        let message = match serde_json::from_slice::<ErrorBody>(&answer.body) {
-            Ok(e) if !e.error.trim().is_empty() => clip(e.error.trim()),
-            _ => format!("HTTP {status}"),
-        };
-        Err(self
-            .http
-            .refused(status, None, &message, answer.retry_after()))
-    }
 }
 
 /// Server error texts can quote whole stack traces: one line, bounded.

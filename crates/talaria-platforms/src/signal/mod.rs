@@ -226,7 +226,7 @@ impl SignalAdapter {
             }
             _ => return Err(SignalError::BadUrl(url)),
         };
-        let api = Api::new(&url).map_err(SignalError::Client)?;
+        let api = api::client(&url).map_err(SignalError::Client)?;
         Ok(SignalAdapter {
             api,
             url,
@@ -538,8 +538,9 @@ impl Adapter for SignalAdapter {
     async fn typing(&self, chat_id: &str, _thread_id: Option<&str>) -> Result<(), SendError> {
         let path = format!("/v1/typing-indicator/{}", path_segment(&self.me.account));
         self.api
-            .put(&path, &json!({ "recipient": chat_id }), self.send_timeout)
+            .put::<Value>(&path, &json!({ "recipient": chat_id }), self.send_timeout)
             .await
+            .map(|_| ())
             .map_err(classify)
     }
 }
