@@ -244,11 +244,6 @@ impl Delivery {
         self.adapters.get(platform)
     }
 
-    /// Every adapter, in no particular order.
-    pub fn adapters(&self) -> impl Iterator<Item = &Arc<dyn Adapter>> {
-        self.adapters.values()
-    }
-
     /// The ledger sends are recorded in; `None` when not recording.
     pub(crate) fn ledger(&self) -> Option<&Ledger> {
         self.ledger.as_ref()

@@ -187,22 +187,17 @@ impl Gateway {
         self.scheduler.clone()
     }
 
-    /// The shared liveness board (services outside the adapters, such as
-    /// the API server, report here too).
     /// Where replies and messages go out: the adapters, home channels and
     /// ledger (the agent's `send_message` tool binds to it).
     pub fn delivery(&self) -> Delivery {
         self.delivery.clone()
     }
 
-    /// The adapters' states, as `/status` and the state file show them.
+    /// The adapters' states, as `/status` and the state file show them
+    /// (services outside the adapters, such as the API server, report
+    /// here too).
     pub fn board(&self) -> Arc<StatusBoard> {
         self.board.clone()
-    }
-
-    /// Turns inbound messages into agent turns.
-    pub fn runner(&self) -> &Runner {
-        &self.runner
     }
 
     /// This gateway's identity in the shared store.
