@@ -3,53 +3,20 @@
 //! every message recorded in a real SQLite ledger.
 
 use std::os::unix::fs::PermissionsExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use talaria_agent::tools::send_message::Messenger;
 use talaria_core::Env;
+use talaria_gateway::Adapter;
 use talaria_gateway::control::{self, ClientError, Request};
 use talaria_gateway::delivery::Delivery;
 use talaria_gateway::ledger::Ledger;
 use talaria_gateway::messenger::GatewayMessenger;
 use talaria_gateway::target::HomeChannels;
-use talaria_gateway::{
-    Adapter, AdapterContext, AdapterError, Capabilities, MessageLimits, OutboundMessage, SendError,
-    SentMessage,
-};
 use talaria_store::{LedgerStore, NewSession, ObligationState, SessionStore, SqliteStore};
+use talaria_testkit::recorder::Recorder;
 use tokio_util::sync::CancellationToken;
-
-/// A platform that records what it is asked to send.
-#[derive(Default)]
-struct Recorder {
-    sent: Mutex<Vec<OutboundMessage>>,
-}
-
-#[async_trait]
-impl Adapter for Recorder {
-    fn platform(&self) -> &'static str {
-        "telegram"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::chat(MessageLimits {
-            max_len: 4096,
-            unit: talaria_gateway::adapter::LengthUnit::Utf16,
-        })
-    }
-
-    async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
-        ctx.shutdown.cancelled().await;
-        Ok(())
-    }
-
-    async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
-        self.sent.lock().unwrap().push(message.clone());
-        Ok(SentMessage::default())
-    }
-}
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -61,7 +28,7 @@ struct Setup {
 fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(&dir.path().join("state.db")).unwrap());
-    let adapter = Arc::new(Recorder::default());
+    let adapter = Arc::new(Recorder::new("telegram"));
     let env = Env::from_pairs([("TELEGRAM_HOME_CHANNEL", "555")]);
     let homes = HomeChannels::load(&Default::default(), &env, &["telegram"]);
     let delivery = Delivery::new(
@@ -115,7 +82,7 @@ async fn sends_through_the_socket_go_to_their_targets_and_the_ledger() {
         .unwrap();
     assert!(local.ok, "{local:?}");
 
-    let sent = s.adapter.sent.lock().unwrap().clone();
+    let sent = s.adapter.sent();
     assert_eq!(sent.len(), 2);
     assert_eq!(
         (sent[0].chat_id.as_str(), sent[0].thread_id.as_deref()),

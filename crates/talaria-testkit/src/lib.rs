@@ -26,6 +26,7 @@ pub mod matrix;
 pub mod mattermost;
 pub mod postgres;
 pub mod python;
+pub mod recorder;
 pub mod signal;
 pub mod slack;
 pub mod synapse;

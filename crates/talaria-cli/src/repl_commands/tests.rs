@@ -2,7 +2,7 @@
 //! both front ends (this terminal and a chat served by the gateway's
 //! runner) and compares what each answers.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use talaria_agent::NullObserver;
@@ -14,10 +14,8 @@ use talaria_gateway::hooks::Hooks;
 use talaria_gateway::runner::{Runner, RunnerParts};
 use talaria_gateway::slash::{Action, not_offered};
 use talaria_gateway::supervisor::StatusBoard;
-use talaria_gateway::{
-    Adapter, AdapterContext, AdapterError, Admission, Capabilities, Inbox, MessageEvent,
-    MessageLimits, OutboundMessage, SendError, SentMessage, SessionSource,
-};
+use talaria_gateway::{Adapter, Admission, Inbox, MessageEvent, SessionSource};
+use talaria_testkit::recorder::Recorder;
 use talaria_testkit::{MockOpenAi, Reply as ModelReply};
 use tokio_util::sync::CancellationToken;
 
@@ -88,36 +86,6 @@ fn every_command_offered_in_the_terminal_is_implemented() {
     }
 }
 
-/// A chat platform that records what the runner sends it.
-#[derive(Default)]
-struct Recorder {
-    sent: Mutex<Vec<String>>,
-}
-
-#[async_trait]
-impl Adapter for Recorder {
-    fn platform(&self) -> &'static str {
-        "telegram"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::chat(MessageLimits {
-            max_len: 4096,
-            unit: talaria_gateway::adapter::LengthUnit::Chars,
-        })
-    }
-
-    async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
-        ctx.shutdown.cancelled().await;
-        Ok(())
-    }
-
-    async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
-        self.sent.lock().unwrap().push(message.text.clone());
-        Ok(SentMessage::default())
-    }
-}
-
 /// What a front end made of one line, in words both can be compared in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Answer {
@@ -160,7 +128,7 @@ impl Fronts {
         let (agent, client) = rt.agent(Arc::new(NoHuman)).unwrap();
         let agent = Arc::new(agent);
         let session = agent.new_session(SOURCE).await.unwrap();
-        let recorder = Arc::new(Recorder::default());
+        let recorder = Arc::new(Recorder::new("telegram"));
         let runner = Runner::new(RunnerParts {
             config: rt.config.clone(),
             env: Env::from_pairs([("TELEGRAM_ALLOWED_USERS", "42")]),
@@ -221,7 +189,7 @@ impl Fronts {
     /// The line in the chat: the one message the runner sends back, or the
     /// turn it starts (waited for until answered).
     async fn chat(&mut self, line: &str, turn: bool) -> Answer {
-        let before_sent = self.recorder.sent.lock().unwrap().len();
+        let before_sent = self.recorder.sent().len();
         let before_asked = self.mock.requests().len();
         if turn {
             self.mock.push(ModelReply::text("ok"));
@@ -230,7 +198,7 @@ impl Fronts {
         assert_eq!(self.inbox.admit(event).await.unwrap(), Admission::Accepted);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let sent = self.recorder.sent.lock().unwrap().clone();
+            let sent: Vec<String> = self.recorder.sent().into_iter().map(|m| m.text).collect();
             if sent.len() > before_sent {
                 if !turn {
                     assert_eq!(sent.len(), before_sent + 1, "{sent:?}");
