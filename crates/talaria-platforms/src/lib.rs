@@ -28,7 +28,10 @@
 //! - [`homeassistant`]: Home Assistant's conversation endpoint and the
 //!   `ha_*` tools.
 //! - `http`: the client, error type and default send-error reading every
-//!   REST-speaking adapter shares; `net`: the loopback check.
+//!   REST-speaking adapter shares; `rest`: a JSON client of one root with
+//!   a bearer token (Mattermost, Signal, Matrix); `ws`: WebSocket
+//!   connections and a socket given up when it goes silent; `entities`:
+//!   escaping for HTML-like markups; `net`: the loopback check.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "discord")]
