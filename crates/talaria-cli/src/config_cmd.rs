@@ -116,7 +116,10 @@ pub fn check(home: &Home) -> anyhow::Result<ExitCode> {
 /// Every registered platform the configuration turns on, set up as
 /// `talaria gateway run` would (nothing connects), and the errors of those
 /// that would stop the gateway.
-fn platforms_on(config: &Config, env: &talaria_core::Env) -> (Vec<&'static str>, Vec<String>) {
+pub(crate) fn platforms_on(
+    config: &Config,
+    env: &talaria_core::Env,
+) -> (Vec<&'static str>, Vec<String>) {
     let setup = Setup {
         config,
         env,

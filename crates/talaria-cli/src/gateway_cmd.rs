@@ -507,8 +507,15 @@ pub async fn stop(home: Home) -> anyhow::Result<ExitCode> {
 /// shared (PostgreSQL), the cluster: its nodes, and which connectors each
 /// runs. Exits 3 when this home's gateway is not running.
 pub async fn status(home: &Home) -> anyhow::Result<ExitCode> {
-    let code = local_status(home)?;
-    let loaded = talaria_core::config::load(home)?;
+    // A configuration that does not load still leaves the process state
+    // worth showing; its error follows.
+    let loaded = talaria_core::config::load(home);
+    let configured = match &loaded {
+        Ok(l) => crate::config_cmd::platforms_on(&l.config, &l.env).0,
+        Err(_) => Vec::new(),
+    };
+    let code = local_status(home, &configured)?;
+    let loaded = loaded?;
     if loaded.config.store.backend == talaria_core::config::StoreBackend::Postgres {
         let store = crate::runtime::open_store(home, &loaded.config, &loaded.env).await?;
         print_cluster(store.as_ref()).await?;
@@ -592,15 +599,19 @@ fn connector_scope(lease: &str) -> &str {
         .unwrap_or(lease)
 }
 
-/// This home's gateway, from its PID file and status file.
-fn local_status(home: &Home) -> anyhow::Result<ExitCode> {
+/// This home's gateway, from its PID file and status file, and every
+/// platform of this build: running (with its state), turned on by the
+/// configuration, or off.
+fn local_status(home: &Home, configured: &[&str]) -> anyhow::Result<ExitCode> {
     let Some(info) = process::running_gateway(home) else {
         println!("Gateway: not running");
+        print_platform_list("Configured", configured);
         return Ok(ExitCode::from(3));
     };
     println!("Gateway: running (pid {})", info.pid);
     let Some(status) = process::read_status(home).context("cannot read the status file")? else {
         println!("(no status reported yet)");
+        print_platform_list("Configured", configured);
         return Ok(ExitCode::SUCCESS);
     };
     let now = talaria_core::unix_now();
@@ -613,6 +624,8 @@ fn local_status(home: &Home) -> anyhow::Result<ExitCode> {
         println!("Platforms: none");
     } else {
         println!("Platforms:");
+        // The status file also lists services that report on the same
+        // board (the API server); they are shown as they come.
         for (name, a) in &status.adapters {
             let err = a
                 .last_error
@@ -620,12 +633,20 @@ fn local_status(home: &Home) -> anyhow::Result<ExitCode> {
                 .map(|e| format!(" (last error: {e})"))
                 .unwrap_or_default();
             println!(
-                "  {name:<12} {:<10} for {}{err}",
+                "  {name:<14} {:<10} for {}{err}",
                 a.liveness,
                 human_duration(now - a.since)
             );
         }
     }
+    let (waiting, off): (Vec<&Platform>, Vec<&Platform>) = PLATFORMS
+        .iter()
+        .filter(|p| !status.adapters.contains_key(p.name))
+        .partition(|p| configured.contains(&p.name));
+    let names = |ps: Vec<&Platform>| ps.into_iter().map(|p| p.name).collect::<Vec<_>>();
+    // Configured since the gateway started, or refused at its start.
+    print_platform_list("Configured, not running", &names(waiting));
+    print_platform_list("Off", &names(off));
     println!("Running turns: {}", status.running_sessions.len());
     for key in &status.running_sessions {
         println!("  {key}");
@@ -644,6 +665,13 @@ fn local_status(home: &Home) -> anyhow::Result<ExitCode> {
         }
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `label: a, b, c` when there are any.
+fn print_platform_list(label: &str, names: &[&str]) {
+    if !names.is_empty() {
+        println!("{label}: {}", names.join(", "));
+    }
 }
 
 fn human_duration(secs: f64) -> String {

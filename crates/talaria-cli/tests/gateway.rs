@@ -239,6 +239,13 @@ async fn a_code_approved_from_the_cli_lets_a_stranger_in_and_sigterm_stops_clean
     };
     assert!(out.contains(&format!("pid {}", gateway.id())), "{out}");
     assert!(out.contains("telegram") && out.contains("live"), "{out}");
+    // Every platform of the build is accounted for, from the registry.
+    let off = out
+        .lines()
+        .find_map(|l| l.strip_prefix("Off: "))
+        .unwrap_or_else(|| panic!("no Off line in\n{out}"));
+    assert!(off.split(", ").any(|p| p == "discord"), "{out}");
+    assert!(!off.split(", ").any(|p| p == "telegram"), "{out}");
     // The notice and the answer.
     assert!(out.contains("delivered 2"), "{out}");
 
@@ -265,6 +272,12 @@ async fn a_code_approved_from_the_cli_lets_a_stranger_in_and_sigterm_stops_clean
     assert!(!home.root.join("gateway.pid").exists());
     let status = talaria(&home, &["gateway", "status"]);
     assert!(text(&status.stdout).contains("not running"));
+    // What a start would bring up, from the configuration.
+    assert!(
+        text(&status.stdout).contains("Configured: telegram\n"),
+        "{}",
+        text(&status.stdout)
+    );
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(!logged.contains(&code), "the code must not be logged");
     // The log says what happened to the stranger, with their id, and does
