@@ -6,6 +6,7 @@
 mod crash_support;
 
 use talaria_testkit::kit::discord::DiscordKit;
+use talaria_testkit::kit::matrix::MatrixKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
 use talaria_testkit::kit::slack::SlackKit;
 use talaria_testkit::kit::telegram::TelegramKit;
@@ -30,4 +31,5 @@ crash_resend!(
     discord: super::DiscordKit,
     slack: super::SlackKit,
     mattermost: super::MattermostKit,
+    matrix: super::MatrixKit,
 );

@@ -22,7 +22,7 @@ use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
-use talaria_store::{LedgerStore, ObligationState, SqliteStore};
+use talaria_store::{CursorStore, LedgerStore, ObligationState, SqliteStore};
 use talaria_testkit::MockOpenAi;
 use talaria_testkit::kit::{Out, PlatformKit};
 pub use talaria_testkit::wait::WAIT;
@@ -35,6 +35,18 @@ pub trait AdapterKit: PlatformKit {
     /// The adapter as `talaria gateway run` builds it from `config` and
     /// `env`, with test timings where the platform has them.
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter>;
+
+    /// The adapter given what `talaria gateway run` gives it beyond its
+    /// settings: the store it keeps its sync position in. The default
+    /// keeps none, for a platform that has no position to resume from.
+    fn adapter_keeping(
+        &self,
+        config: &Config,
+        env: &Env,
+        _cursors: Arc<dyn CursorStore>,
+    ) -> Arc<dyn Adapter> {
+        self.adapter(config, env)
+    }
 }
 
 /// The real runner, ledger and agent around one adapter and its fake, the
@@ -116,7 +128,7 @@ impl<K: AdapterKit> Rig<K> {
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
         }));
-        let adapter = self.kit.adapter(&config, &env);
+        let adapter = self.kit.adapter_keeping(&config, &env, store.clone());
         let gateway = Gateway::new(GatewayParts {
             config,
             env,

@@ -11,6 +11,7 @@
 //! suite declares them skipped, with the reason, per platform.
 
 pub mod discord;
+pub mod matrix;
 pub mod mattermost;
 pub mod slack;
 pub mod telegram;
