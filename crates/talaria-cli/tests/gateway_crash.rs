@@ -8,6 +8,7 @@ mod crash_support;
 use talaria_testkit::kit::discord::DiscordKit;
 use talaria_testkit::kit::matrix::MatrixKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
+use talaria_testkit::kit::signal::{PolledSignalKit, SignalKit};
 use talaria_testkit::kit::slack::SlackKit;
 use talaria_testkit::kit::telegram::TelegramKit;
 
@@ -32,4 +33,6 @@ crash_resend!(
     slack: super::SlackKit,
     mattermost: super::MattermostKit,
     matrix: super::MatrixKit,
+    signal: super::SignalKit,
+    signal_polled: super::PolledSignalKit,
 );

@@ -13,6 +13,7 @@
 pub mod discord;
 pub mod matrix;
 pub mod mattermost;
+pub mod signal;
 pub mod slack;
 pub mod telegram;
 
