@@ -11,6 +11,7 @@ use talaria_testkit::kit::mattermost::MattermostKit;
 use talaria_testkit::kit::signal::{PolledSignalKit, SignalKit};
 use talaria_testkit::kit::slack::SlackKit;
 use talaria_testkit::kit::telegram::TelegramKit;
+use talaria_testkit::kit::whatsapp::WhatsappKit;
 
 /// One crash test per platform kit.
 macro_rules! crash_resend {
@@ -35,4 +36,5 @@ crash_resend!(
     matrix: super::MatrixKit,
     signal: super::SignalKit,
     signal_polled: super::PolledSignalKit,
+    whatsapp: super::WhatsappKit,
 );

@@ -13,6 +13,7 @@ use contract::{AdapterKit, Rig};
 use talaria_core::{Config, Env};
 use talaria_gateway::Adapter;
 use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
+use talaria_platforms::registry::{Built, Setup};
 use talaria_store::CursorStore;
 use talaria_testkit::Reply;
 use talaria_testkit::kit::PlatformKit;
@@ -21,20 +22,24 @@ use talaria_testkit::matrix::MAX_EVENT_BYTES;
 
 impl AdapterKit for MatrixKit {
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter> {
-        self.adapter_keeping(config, env, Arc::new(Cursors::default()))
+        matrix_adapter(config, env, Arc::new(Cursors::default()))
     }
 
-    fn adapter_keeping(
-        &self,
-        config: &Config,
-        env: &Env,
-        cursors: Arc<dyn CursorStore>,
-    ) -> Arc<dyn Adapter> {
-        let mut settings = MatrixSettings::from_config(&config.platforms.matrix, env).unwrap();
-        // A failed sync is retried at once rather than after seconds.
-        settings.retry_base = Duration::from_millis(20);
-        Arc::new(MatrixAdapter::new(settings, cursors).unwrap())
+    fn build(&self, setup: &Setup<'_>) -> Built {
+        Built {
+            adapter: matrix_adapter(setup.config, setup.env, setup.cursors.clone()),
+            #[cfg(feature = "ingress")]
+            mount: None,
+        }
     }
+}
+
+/// The adapter as the registry builds it, keeping its sync position in
+/// `cursors`, with a failed sync retried at once rather than after seconds.
+fn matrix_adapter(config: &Config, env: &Env, cursors: Arc<dyn CursorStore>) -> Arc<dyn Adapter> {
+    let mut settings = MatrixSettings::from_config(&config.platforms.matrix, env).unwrap();
+    settings.retry_base = Duration::from_millis(20);
+    Arc::new(MatrixAdapter::new(settings, cursors).unwrap())
 }
 
 adapter_contract!(MatrixKit;

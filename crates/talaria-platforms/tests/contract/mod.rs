@@ -22,7 +22,10 @@ use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
-use talaria_store::{CursorStore, LedgerStore, ObligationState, SqliteStore};
+#[cfg(feature = "ingress")]
+use talaria_platforms::ingress::Ingress;
+use talaria_platforms::registry::{Built, Setup};
+use talaria_store::{LedgerStore, ObligationState, SqliteStore};
 use talaria_testkit::MockOpenAi;
 use talaria_testkit::kit::{Out, PlatformKit};
 pub use talaria_testkit::wait::WAIT;
@@ -36,16 +39,17 @@ pub trait AdapterKit: PlatformKit {
     /// `env`, with test timings where the platform has them.
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter>;
 
-    /// The adapter given what `talaria gateway run` gives it beyond its
-    /// settings: the store it keeps its sync position in. The default
-    /// keeps none, for a platform that has no position to resume from.
-    fn adapter_keeping(
-        &self,
-        config: &Config,
-        env: &Env,
-        _cursors: Arc<dyn CursorStore>,
-    ) -> Arc<dyn Adapter> {
-        self.adapter(config, env)
+    /// The adapter as the registry builds it for `talaria gateway run`,
+    /// given the store for its sync position and, for a platform that
+    /// receives by webhook, with its routes on the shared listener. The
+    /// default is [`AdapterKit::adapter`], keeping no position and
+    /// mounting nothing.
+    fn build(&self, setup: &Setup<'_>) -> Built {
+        Built {
+            adapter: self.adapter(setup.config, setup.env),
+            #[cfg(feature = "ingress")]
+            mount: None,
+        }
     }
 }
 
@@ -128,20 +132,47 @@ impl<K: AdapterKit> Rig<K> {
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
         }));
-        let adapter = self.kit.adapter_keeping(&config, &env, store.clone());
+        let built = self.kit.build(&Setup {
+            config: &config,
+            env: &env,
+            cursors: store.clone(),
+        });
+        #[cfg(feature = "ingress")]
+        let listen = built.mount.map(|mount| {
+            let webhook = &config.platforms.webhook;
+            (webhook.host.clone(), webhook.port, mount)
+        });
         let gateway = Gateway::new(GatewayParts {
             config,
             env,
             home: self.home.clone(),
             agent,
             store,
-            adapters: vec![adapter],
+            adapters: vec![built.adapter],
             lock_dir: Some(self.dir.path().join("locks")),
             hooks: Arc::new(Hooks::load(&self.home)),
         });
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        let task = tokio::spawn(async move { gateway.run(stop).await });
+        let task = tokio::spawn(async move {
+            // A platform that receives by webhook is served on the shared
+            // listener, as `talaria gateway run` serves it, until the
+            // gateway stops.
+            #[cfg(feature = "ingress")]
+            let server = match listen {
+                Some((host, port, mount)) => {
+                    let mut ingress = Ingress::bind(&host, port).await.unwrap();
+                    ingress.mount(mount);
+                    Some(tokio::spawn(ingress.serve(stop.clone())))
+                }
+                None => None,
+            };
+            gateway.run(stop).await;
+            #[cfg(feature = "ingress")]
+            if let Some(server) = server {
+                server.await.unwrap().unwrap();
+            }
+        });
         self.running = Some((shutdown, task));
     }
 

@@ -16,6 +16,7 @@ pub mod mattermost;
 pub mod signal;
 pub mod slack;
 pub mod telegram;
+pub mod whatsapp;
 
 use std::time::{Duration, Instant};
 
