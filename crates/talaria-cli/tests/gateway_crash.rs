@@ -6,9 +6,12 @@
 mod crash_support;
 
 use talaria_testkit::kit::discord::DiscordKit;
+use talaria_testkit::kit::matrix::MatrixKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
+use talaria_testkit::kit::signal::{PolledSignalKit, SignalKit};
 use talaria_testkit::kit::slack::SlackKit;
 use talaria_testkit::kit::telegram::TelegramKit;
+use talaria_testkit::kit::whatsapp::WhatsappKit;
 
 /// One crash test per platform kit.
 macro_rules! crash_resend {
@@ -30,4 +33,8 @@ crash_resend!(
     discord: super::DiscordKit,
     slack: super::SlackKit,
     mattermost: super::MattermostKit,
+    matrix: super::MatrixKit,
+    signal: super::SignalKit,
+    signal_polled: super::PolledSignalKit,
+    whatsapp: super::WhatsappKit,
 );

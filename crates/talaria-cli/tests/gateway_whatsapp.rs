@@ -2,7 +2,8 @@
 //! the adapter is wired into the shared webhook listener, Meta's signed
 //! delivery (retried while the gateway starts, as Meta retries) is answered
 //! once through the fake Graph API, and a half-configured WhatsApp stops
-//! the start with an error naming what is missing.
+//! the start with an error naming what is missing. (The crash re-send is
+//! the suite's, in `gateway_crash.rs`.)
 
 mod crash_support;
 
@@ -10,14 +11,11 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crash_support::{Home, spawn_gateway};
-use talaria_testkit::whatsapp::{API_VERSION, MetaWebhook, delivery, text};
-use talaria_testkit::{FakeGraph, MockOpenAi, Reply};
+use talaria_testkit::kit::PlatformKit;
+use talaria_testkit::kit::whatsapp::{ADA, APP_SECRET, NUMBER, TOKEN, VERIFY, WhatsappKit};
+use talaria_testkit::whatsapp::MetaWebhook;
+use talaria_testkit::{MockOpenAi, Reply};
 
-const TOKEN: &str = "EAAGclitest-access-token-0123456789";
-const NUMBER: &str = "106540352242922";
-const APP_SECRET: &str = "cli-app-secret-0123456789";
-const VERIFY: &str = "cli-verify-token-0123";
-const ADA: &str = "16505551234";
 const WAIT: Duration = Duration::from_secs(20);
 
 /// Kills the gateway when the test ends, however it ends.
@@ -52,34 +50,18 @@ async fn listener_address(home: &Home) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_serves_whatsapp_on_the_shared_listener() {
     let llm = MockOpenAi::start().await;
-    let graph = FakeGraph::start(TOKEN, NUMBER).await;
-    let home = crash_support::home(
-        &llm,
-        &format!(
-            "  webhook:\n    port: 0\n  whatsapp_cloud:\n    graph_base: {}\n    \
-             api_version: {API_VERSION}\n",
-            graph.base_url()
-        ),
-        &format!(
-            "WHATSAPP_CLOUD_TOKEN={TOKEN}\nWHATSAPP_CLOUD_PHONE_NUMBER_ID={NUMBER}\n\
-             WHATSAPP_CLOUD_APP_SECRET={APP_SECRET}\nWHATSAPP_CLOUD_VERIFY_TOKEN={VERIFY}\n\
-             WHATSAPP_CLOUD_ALLOWED_USERS={ADA}\n"
-        ),
-    );
+    let kit = WhatsappKit::start().await;
+    let home = crash_support::kit_home(&llm, &kit);
     let _gateway = Running(spawn_gateway(&home, &home.root.join("test-gateway.log")));
     let base = listener_address(&home).await;
+    assert_eq!(base, kit.base, "the listener is where the section put it");
     let meta = MetaWebhook::new(&base, APP_SECRET);
 
     let handshake = meta.verify("subscribe", VERIFY, "4242").await;
     assert_eq!((handshake.status, handshake.body.as_str()), (200, "4242"));
 
     llm.push(Reply::text("Hello from the gateway."));
-    let payload = delivery(
-        NUMBER,
-        &[(ADA, "Ada")],
-        vec![text(ADA, "wamid.CLI1", "hello?")],
-        vec![],
-    );
+    let payload = WhatsappKit::text_from(ADA, "wamid.CLI1", "hello?");
     // 503 until the adapter's run has attached the inbox; Meta retries,
     // and so does this test.
     let deadline = Instant::now() + WAIT;
@@ -94,7 +76,7 @@ async fn the_gateway_serves_whatsapp_on_the_shared_listener() {
     }
     // Delivered again once taken: still one turn.
     assert_eq!(meta.deliver(&payload).await.status, 200);
-    let sent = graph.wait_for_sent(1, WAIT).await;
+    let sent = kit.fake.wait_for_sent(1, WAIT).await;
     assert_eq!(sent[0].to, ADA);
     assert_eq!(sent[0].body, "Hello from the gateway.");
     assert_eq!(sent[0].context.as_deref(), Some("wamid.CLI1"));

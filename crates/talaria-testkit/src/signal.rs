@@ -247,6 +247,8 @@ struct Book {
     last_ts: i64,
     fail_429: VecDeque<Option<u64>>,
     fail_status: VecDeque<(u16, String)>,
+    /// Sends hang unanswered while set (see [`FakeSignal::hang_send`]).
+    hang_send: bool,
 }
 
 impl Book {
@@ -631,3 +633,35 @@ fn base64(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests;
+
+impl FakeSignal {
+    /// While set, sends are recorded as attempts but hang unanswered and
+    /// are never delivered; clearing it (or stopping the server) answers
+    /// them with a 502, as a proxy that lost the request would.
+    pub fn hang_send(&self, hang: bool) {
+        lock(&self.shared.state).hang_send = hang;
+        self.shared.bump();
+    }
+
+    /// Waits until at least `n` send requests arrived (answered or not).
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
+        self.wait_until(timeout, |st| {
+            st.requests
+                .iter()
+                .filter(|r| r.method == "POST" && r.path == "/v2/send")
+                .count()
+                >= n
+        })
+        .await;
+        let got = self.send_attempts();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} send requests, got {}",
+            got.len()
+        );
+        got
+    }
+}

@@ -172,6 +172,10 @@ struct Book {
     failures: std::collections::VecDeque<Failure>,
     closed: Vec<String>,
     expired: bool,
+    /// Texts hang unanswered while set (see [`FakeGraph::hang_send`]).
+    hang: bool,
+    /// When each text send arrived, answered or not.
+    send_attempts: Vec<Instant>,
 }
 
 struct Shared {
@@ -378,6 +382,19 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|t| t == shared.token);
+    if is_text_send(&path, &body) {
+        // Decided before the attempt is recorded: a test that sees the
+        // attempt may clear the hang at once, and this one must stay lost.
+        let hung = {
+            let mut st = lock(&shared.state);
+            st.send_attempts.push(Instant::now());
+            st.hang
+        };
+        shared.version.send_modify(|v| *v += 1);
+        if hung {
+            return hang_up(&shared).await;
+        }
+    }
     let response = answer(&shared, &method, &path, &body, authorized);
     lock(&shared.state).requests.push(Request {
         method: method.to_string(),
@@ -677,4 +694,55 @@ impl MetaWebhook {
             body,
         }
     }
+}
+
+impl FakeGraph {
+    /// While set, text sends are recorded as attempts but hang unanswered
+    /// and are never delivered; clearing it (or stopping the server)
+    /// answers them with a 502, as a proxy that lost the request would.
+    pub fn hang_send(&self, hang: bool) {
+        lock(&self.shared.state).hang = hang;
+        self.shared.version.send_modify(|v| *v += 1);
+    }
+
+    /// When each text send arrived (read receipts aside), answered or not.
+    pub fn send_attempts(&self) -> Vec<Instant> {
+        lock(&self.shared.state).send_attempts.clone()
+    }
+
+    /// Waits until at least `n` text sends arrived, answered or not.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Instant> {
+        self.wait_until(timeout, |b| b.send_attempts.len() >= n)
+            .await;
+        let got = self.send_attempts();
+        assert!(
+            got.len() >= n,
+            "waited {timeout:?} for {n} WhatsApp send requests, got {}",
+            got.len()
+        );
+        got
+    }
+}
+
+/// Whether a request sends a message (rather than marking one read).
+fn is_text_send(path: &str, body: &Value) -> bool {
+    path.ends_with("/messages") && body.get("status").and_then(Value::as_str) != Some("read")
+}
+
+/// Holds a hung send until the hang is cleared or the server stops, then
+/// answers as a proxy that lost it.
+async fn hang_up(shared: &Shared) -> Response {
+    let mut changes = shared.version.subscribe();
+    let mut stop = shared.stop.subscribe();
+    tokio::select! {
+        _ = changes.wait_for(|_| !lock(&shared.state).hang) => {}
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    json_response(
+        502,
+        &json!({"error": {"message": "Bad Gateway: the request was lost"}}),
+    )
 }

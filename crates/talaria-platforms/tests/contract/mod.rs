@@ -22,6 +22,9 @@ use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
+#[cfg(feature = "ingress")]
+use talaria_platforms::ingress::Ingress;
+use talaria_platforms::registry::{Built, Setup};
 use talaria_store::{LedgerStore, ObligationState, SqliteStore};
 use talaria_testkit::MockOpenAi;
 use talaria_testkit::kit::{Out, PlatformKit};
@@ -35,6 +38,19 @@ pub trait AdapterKit: PlatformKit {
     /// The adapter as `talaria gateway run` builds it from `config` and
     /// `env`, with test timings where the platform has them.
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter>;
+
+    /// The adapter as the registry builds it for `talaria gateway run`,
+    /// given the store for its sync position and, for a platform that
+    /// receives by webhook, with its routes on the shared listener. The
+    /// default is [`AdapterKit::adapter`], keeping no position and
+    /// mounting nothing.
+    fn build(&self, setup: &Setup<'_>) -> Built {
+        Built {
+            adapter: self.adapter(setup.config, setup.env),
+            #[cfg(feature = "ingress")]
+            mount: None,
+        }
+    }
 }
 
 /// The real runner, ledger and agent around one adapter and its fake, the
@@ -116,20 +132,47 @@ impl<K: AdapterKit> Rig<K> {
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
         }));
-        let adapter = self.kit.adapter(&config, &env);
+        let built = self.kit.build(&Setup {
+            config: &config,
+            env: &env,
+            cursors: store.clone(),
+        });
+        #[cfg(feature = "ingress")]
+        let listen = built.mount.map(|mount| {
+            let webhook = &config.platforms.webhook;
+            (webhook.host.clone(), webhook.port, mount)
+        });
         let gateway = Gateway::new(GatewayParts {
             config,
             env,
             home: self.home.clone(),
             agent,
             store,
-            adapters: vec![adapter],
+            adapters: vec![built.adapter],
             lock_dir: Some(self.dir.path().join("locks")),
             hooks: Arc::new(Hooks::load(&self.home)),
         });
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        let task = tokio::spawn(async move { gateway.run(stop).await });
+        let task = tokio::spawn(async move {
+            // A platform that receives by webhook is served on the shared
+            // listener, as `talaria gateway run` serves it, until the
+            // gateway stops.
+            #[cfg(feature = "ingress")]
+            let server = match listen {
+                Some((host, port, mount)) => {
+                    let mut ingress = Ingress::bind(&host, port).await.unwrap();
+                    ingress.mount(mount);
+                    Some(tokio::spawn(ingress.serve(stop.clone())))
+                }
+                None => None,
+            };
+            gateway.run(stop).await;
+            #[cfg(feature = "ingress")]
+            if let Some(server) = server {
+                server.await.unwrap().unwrap();
+            }
+        });
         self.running = Some((shutdown, task));
     }
 

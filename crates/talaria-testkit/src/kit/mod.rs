@@ -11,9 +11,12 @@
 //! suite declares them skipped, with the reason, per platform.
 
 pub mod discord;
+pub mod matrix;
 pub mod mattermost;
+pub mod signal;
 pub mod slack;
 pub mod telegram;
+pub mod whatsapp;
 
 use std::time::{Duration, Instant};
 

@@ -178,7 +178,21 @@ async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String
 
 pub(super) async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    // Decided before the attempt is recorded: a test that sees the attempt
+    // may clear the hang at once, and this request must still be lost.
+    let hung = lock(&shared.state).hang_send;
     record(&shared, "POST", "/v2/send", &body);
+    if hung {
+        let mut changes = shared.version.subscribe();
+        let mut stop = shared.stop.subscribe();
+        tokio::select! {
+            _ = changes.wait_for(|_| !lock(&shared.state).hang_send) => {}
+            _ = stopped(&mut stop) => {}
+        }
+        // Lost on the way, never delivered: a crash test kills the client
+        // meanwhile, and a late delivery would look like the dead one's.
+        return error(502, "Bad Gateway: the request was lost");
+    }
     let response = {
         let mut st = lock(&shared.state);
         if let Some(retry_after) = st.fail_429.pop_front() {
