@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 use talaria_agent::{AgentError, NullObserver, TurnExit, TurnOutcome};
 use talaria_core::{Message, Role};
 
-use super::AppState;
 use super::error::ApiError;
 use super::session::{self, HERMES_SESSION_HEADER, SESSION_HEADER, TranscriptDigest};
+use super::{AppState, MAX_BODY_BYTES};
 use turn::{Admitted, Labels, Remember, RunningTurn, finish_reason, usage_json};
 
 /// A request after parsing: what the turn needs.
@@ -223,7 +223,7 @@ async fn admit(
 ) -> Result<Admitted, ApiError> {
     let body = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large()
+            ApiError::too_large(MAX_BODY_BYTES)
         } else {
             ApiError::bad_request(
                 format!("Cannot read the request body: {rejection}"),

@@ -73,14 +73,11 @@ impl ApiError {
         )
     }
 
-    /// 413: the body is over the limit.
-    pub(crate) fn too_large() -> ApiError {
+    /// 413: the body is over `limit` bytes.
+    pub(crate) fn too_large(limit: usize) -> ApiError {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "Request body is larger than {} bytes",
-                super::MAX_BODY_BYTES
-            ),
+            format!("Request body is larger than {limit} bytes"),
             "invalid_request_error",
             Some("request_too_large"),
         )

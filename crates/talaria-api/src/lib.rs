@@ -342,7 +342,7 @@ async fn refuse_declared_too_large(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return ApiError::too_large().into_response();
+        return ApiError::too_large(MAX_BODY_BYTES).into_response();
     }
     next.run(request).await
 }
