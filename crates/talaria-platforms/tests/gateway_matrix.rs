@@ -98,13 +98,16 @@ async fn markdown_is_sent_with_its_html_and_typing_comes_before_the_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_main_timeline_needs_a_mention_and_is_not_the_threads_conversation() {
+async fn a_thread_answer_quotes_its_question_and_the_main_timeline_is_another_conversation() {
     let rig = Rig::<MatrixKit>::started(&[], |_| {}).await;
     let hs = &rig.kit.fake;
     let root = hs.push_text(TEAM, ALICE, "deploy thread");
     rig.llm.push(Reply::text("thread answer"));
-    hs.push_thread_text(TEAM, ALICE, &root, "Talaria: is it done?");
-    rig.wait_for_text("thread answer").await;
+    let asked = hs.push_thread_text(TEAM, ALICE, &root, "Talaria: is it done?");
+    let sent = rig.wait_for_text("thread answer").await;
+    // In the thread, the answer also quotes the message it answers.
+    assert_eq!(sent[0].thread.as_deref(), Some(root.as_str()));
+    assert_eq!(sent[0].reply_to.as_deref(), Some(asked.as_str()));
 
     hs.push_text(TEAM, ALICE, "unrelated chatter");
     rig.llm.push(Reply::text("main answer"));

@@ -135,3 +135,15 @@ async fn an_account_the_server_does_not_hold_is_refused_and_nothing_runs() {
     assert!(rig.llm.requests().is_empty());
     assert!(signal.sent().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polling_server_is_polled_and_never_opened_as_a_websocket() {
+    let rig = Rig::<talaria_testkit::kit::signal::PolledSignalKit>::started(&[], |_| {}).await;
+    rig.llm.push(Reply::text("Polled answer."));
+    rig.kit
+        .fake
+        .push(NewMessage::dm(&alice(), "are you polling?"));
+    rig.wait_for_text("Polled answer.").await;
+    assert!(rig.kit.fake.connections().is_empty());
+    assert!(rig.kit.fake.polls() >= 1);
+}

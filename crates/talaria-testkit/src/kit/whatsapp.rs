@@ -7,6 +7,8 @@
 //! the listener takes it with a 200: one posted while the gateway is down
 //! or still starting arrives once it is up.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -94,6 +96,28 @@ impl WhatsappKit {
     }
 }
 
+/// A port free now on 127.0.0.1 for the gateway's listener, below the
+/// ephemeral range (32768 and up on Linux): there, no outgoing connection
+/// or port-0 listener of a test running alongside can take it between now
+/// and the moment the gateway binds it.
+fn free_port() -> u16 {
+    const FIRST: u16 = 20_000;
+    const COUNT: u16 = 12_000;
+    // `RandomState` is seeded afresh for each instance: a start that
+    // differs between concurrent tests without a random-number crate.
+    let start = RandomState::new().hash_one(std::process::id());
+    for i in 0..200u64 {
+        let port = FIRST + u16::try_from((start.wrapping_add(i)) % u64::from(COUNT)).unwrap_or(0);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!(
+        "no free port on 127.0.0.1 between {FIRST} and {}",
+        FIRST + COUNT
+    )
+}
+
 impl Drop for WhatsappKit {
     fn drop(&mut self) {
         self.meta.abort();
@@ -135,13 +159,8 @@ impl PlatformKit for WhatsappKit {
 
     async fn start() -> WhatsappKit {
         let fake = FakeGraph::start(TOKEN, NUMBER).await;
-        // A port free now, for the gateway's listener; every gateway of
-        // the test (a restart included) listens on it.
-        let port = match std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr())
-        {
-            Ok(addr) => addr.port(),
-            Err(e) => panic!("no free port on 127.0.0.1: {e}"),
-        };
+        // Every gateway of the test (a restart included) listens here.
+        let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
         let (outbox, queue) = mpsc::unbounded_channel();
         let unanswered = Arc::new(AtomicUsize::new(0));
