@@ -6,8 +6,10 @@
 mod crash_support;
 
 use talaria_testkit::kit::discord::DiscordKit;
+use talaria_testkit::kit::homeassistant::HomeAssistantKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
 use talaria_testkit::kit::slack::SlackKit;
+use talaria_testkit::kit::sms::SmsKit;
 use talaria_testkit::kit::telegram::TelegramKit;
 
 /// One crash test per platform kit.
@@ -30,4 +32,6 @@ crash_resend!(
     discord: super::DiscordKit,
     slack: super::SlackKit,
     mattermost: super::MattermostKit,
+    sms: super::SmsKit,
+    homeassistant: super::HomeAssistantKit,
 );

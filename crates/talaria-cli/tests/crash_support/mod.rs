@@ -39,6 +39,14 @@ const PLATFORM_VARS: &[&str] = &[
     "WHATSAPP_CLOUD_APP_SECRET",
     "WHATSAPP_CLOUD_VERIFY_TOKEN",
     "WHATSAPP_CLOUD_ALLOWED_USERS",
+    "TWILIO_ACCOUNT_SID",
+    "TWILIO_AUTH_TOKEN",
+    "TWILIO_PHONE_NUMBER",
+    "SMS_WEBHOOK_URL",
+    "SMS_ALLOWED_USERS",
+    "HASS_URL",
+    "HASS_TOKEN",
+    "HASS_CONVERSATION_TOKEN",
 ];
 
 /// A temporary home and the directory for the per-machine token locks.
@@ -133,7 +141,7 @@ pub async fn reply_cut_off_by_sigkill_is_sent_once_after_restart<K: PlatformKit>
 
     let mut first = spawn_gateway(&home, &home.root.join("test-gateway.log"));
     kit.wait_connected(1).await;
-    llm.push(Reply::text("The precious answer."));
+    llm.push(Reply::text("The precious answer.").with_delay(K::CRASH_ANSWER_DELAY));
     kit.hang_send(true);
     let asked = kit.push_dm(Who::Friend, "important question");
     kit.wait_send_attempts(1).await;

@@ -16,12 +16,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use talaria_agent::interaction::NoHuman;
-use talaria_agent::tools::Registry;
+use talaria_agent::tools::{Registry, Tool};
 use talaria_agent::{Agent, AgentParts};
 use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
+use talaria_platforms::ingress::{Ingress, Mount};
 use talaria_store::{LedgerStore, ObligationState, SqliteStore};
 use talaria_testkit::MockOpenAi;
 use talaria_testkit::kit::{Out, PlatformKit};
@@ -35,6 +36,30 @@ pub trait AdapterKit: PlatformKit {
     /// The adapter as `talaria gateway run` builds it from `config` and
     /// `env`, with test timings where the platform has them.
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter>;
+
+    /// For a platform that receives by webhook: the adapter the gateway
+    /// runs, its routes and where the shared listener binds (the port the
+    /// kit's section names). `None` for a platform that holds a
+    /// connection of its own.
+    fn served(&self, _config: &Config, _env: &Env) -> Option<Served> {
+        None
+    }
+
+    /// Tools the platform brings to the agent beside the core ones, as
+    /// `talaria gateway run` registers them (Home Assistant's `ha_*`).
+    fn tools(&self, _config: &Config, _env: &Env) -> Vec<Arc<dyn Tool>> {
+        Vec::new()
+    }
+}
+
+/// A webhook platform's adapter and its place on the shared listener.
+pub struct Served {
+    /// The adapter, whose runs attach to `mount`'s slot.
+    pub adapter: Arc<dyn Adapter>,
+    /// Its routes on the listener.
+    pub mount: Mount,
+    /// The listener's port on 127.0.0.1.
+    pub port: u16,
 }
 
 /// The real runner, ledger and agent around one adapter and its fake, the
@@ -106,17 +131,24 @@ impl<K: AdapterKit> Rig<K> {
             base_url: self.llm.base_url(),
             api_key: None,
         };
+        let mut registry = Registry::with_core_tools(&config);
+        for tool in self.kit.tools(&config, &env) {
+            registry.register(tool).unwrap();
+        }
         let agent = Arc::new(Agent::new(AgentParts {
             config: config.clone(),
             home: self.home.clone(),
             provider: talaria_llm::provider_for(&endpoint, &config.agent),
             store: store.clone(),
-            registry: Arc::new(Registry::with_core_tools(&config)),
+            registry: Arc::new(registry),
             interaction: Arc::new(NoHuman),
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
         }));
-        let adapter = self.kit.adapter(&config, &env);
+        let (adapter, served) = match self.kit.served(&config, &env) {
+            Some(served) => (served.adapter, Some((served.mount, served.port))),
+            None => (self.kit.adapter(&config, &env), None),
+        };
         let gateway = Gateway::new(GatewayParts {
             config,
             env,
@@ -129,7 +161,23 @@ impl<K: AdapterKit> Rig<K> {
         });
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        let task = tokio::spawn(async move { gateway.run(stop).await });
+        let task = tokio::spawn(async move {
+            // The listener is bound before the gateway runs and released
+            // when it stops, as `talaria gateway run` does, so the next
+            // gateway of a restart binds the same port.
+            let listener = match served {
+                Some((mount, port)) => {
+                    let mut ingress = Ingress::bind("127.0.0.1", port).await.unwrap();
+                    ingress.mount(mount);
+                    Some(tokio::spawn(ingress.serve(stop.clone())))
+                }
+                None => None,
+            };
+            gateway.run(stop).await;
+            if let Some(listener) = listener {
+                listener.await.unwrap().unwrap();
+            }
+        });
         self.running = Some((shutdown, task));
     }
 
@@ -222,10 +270,15 @@ pub enum Skip {
     Threadless,
     /// Deliveries arrive by webhook or polling: no connection to drop.
     Connectionless,
-    /// The fake cannot rate-limit sends the way the platform does.
+    /// The platform does not rate-limit sends (an answer that rides in
+    /// the asker's own HTTP response), or the fake cannot the way it does.
     UnlimitedSends,
     /// The platform never delivers one event twice.
     DeliversOnce,
+    /// The adapter joins the runner's parts back and hands the platform
+    /// one whole answer (it answers in the asker's own HTTP response, as
+    /// Home Assistant's conversation endpoint does): no parts to count.
+    Reassembled,
 }
 
 /// Generates one test per scenario a kit runs, and one test that checks

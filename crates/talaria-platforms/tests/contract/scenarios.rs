@@ -75,7 +75,9 @@ pub async fn long_answer_split<K: AdapterKit>() {
     assert_eq!(total, 3, "{total} parts");
     let sent = rig.sent(total).await;
     let mut joined = String::new();
+    let chat = rig.kit.dm_chat(Who::Friend);
     for (i, part) in sent.iter().enumerate() {
+        assert_eq!(part.chat, chat, "part {i} went elsewhere");
         let len = limits.unit.measure(&part.wire);
         assert!(len <= limits.max_len, "part {i} is {len} long");
         let suffix = format!(" ({}/{total})", i + 1);

@@ -10,9 +10,12 @@
 //! threads, no connection to drop) are not methods the kit fakes: the
 //! suite declares them skipped, with the reason, per platform.
 
+pub mod deliver;
 pub mod discord;
+pub mod homeassistant;
 pub mod mattermost;
 pub mod slack;
+pub mod sms;
 pub mod telegram;
 
 use std::time::{Duration, Instant};
@@ -62,6 +65,12 @@ pub trait PlatformKit: Sized {
     const NAME: &'static str;
     /// Whether a reply in a DM names the message it answers.
     const DM_REPLY_QUOTES: bool;
+    /// How long the model takes with the answer the crash test cuts off.
+    /// Nothing, except where an answer rides in the asker's own HTTP
+    /// response (Home Assistant): there the asker must have given up
+    /// first, so the answer goes out on the platform's own wire, where a
+    /// crash can catch it.
+    const CRASH_ANSWER_DELAY: Duration = Duration::ZERO;
 
     /// Starts the fake.
     async fn start() -> Self;
