@@ -11,6 +11,7 @@ use talaria_testkit::kit::mattermost::MattermostKit;
 use talaria_testkit::kit::slack::SlackKit;
 use talaria_testkit::kit::sms::SmsKit;
 use talaria_testkit::kit::telegram::TelegramKit;
+use talaria_testkit::kit::webhook::WebhookKit;
 
 /// One crash test per platform kit.
 macro_rules! crash_resend {
@@ -34,4 +35,5 @@ crash_resend!(
     mattermost: super::MattermostKit,
     sms: super::SmsKit,
     homeassistant: super::HomeAssistantKit,
+    webhook: super::WebhookKit,
 );

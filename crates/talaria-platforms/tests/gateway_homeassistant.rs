@@ -50,6 +50,7 @@ impl AdapterKit for HomeAssistantKit {
             mount: adapter.mount(),
             adapter: Arc::new(adapter),
             port: self.port,
+            beside: Vec::new(),
         })
     }
 

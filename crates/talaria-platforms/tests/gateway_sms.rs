@@ -43,6 +43,7 @@ impl AdapterKit for SmsKit {
             mount: sms.mount(),
             adapter: Arc::new(sms),
             port: self.port,
+            beside: Vec::new(),
         })
     }
 }

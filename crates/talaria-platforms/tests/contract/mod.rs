@@ -60,6 +60,9 @@ pub struct Served {
     pub mount: Mount,
     /// The listener's port on 127.0.0.1.
     pub port: u16,
+    /// Adapters the gateway runs beside it: where its answers go, for a
+    /// platform that is not a chat (a webhook route's `deliver` target).
+    pub beside: Vec<Arc<dyn Adapter>>,
 }
 
 /// The real runner, ledger and agent around one adapter and its fake, the
@@ -145,9 +148,13 @@ impl<K: AdapterKit> Rig<K> {
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
         }));
-        let (adapter, served) = match self.kit.served(&config, &env) {
-            Some(served) => (served.adapter, Some((served.mount, served.port))),
-            None => (self.kit.adapter(&config, &env), None),
+        let (adapters, served) = match self.kit.served(&config, &env) {
+            Some(served) => {
+                let mut adapters = vec![served.adapter];
+                adapters.extend(served.beside);
+                (adapters, Some((served.mount, served.port)))
+            }
+            None => (vec![self.kit.adapter(&config, &env)], None),
         };
         let gateway = Gateway::new(GatewayParts {
             config,
@@ -155,7 +162,7 @@ impl<K: AdapterKit> Rig<K> {
             home: self.home.clone(),
             agent,
             store,
-            adapters: vec![adapter],
+            adapters,
             lock_dir: Some(self.dir.path().join("locks")),
             hooks: Arc::new(Hooks::load(&self.home)),
         });
@@ -279,6 +286,10 @@ pub enum Skip {
     /// one whole answer (it answers in the asker's own HTTP response, as
     /// Home Assistant's conversation endpoint does): no parts to count.
     Reassembled,
+    /// The platform is not a chat (`Capabilities::chat` is false): its
+    /// answers go to another platform, whose own kit tests how they are
+    /// split.
+    NotAChat,
 }
 
 /// Generates one test per scenario a kit runs, and one test that checks

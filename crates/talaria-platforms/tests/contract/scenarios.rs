@@ -212,4 +212,10 @@ pub async fn check_declaration<K: AdapterKit>(run: &[&str], skipped: &[(&str, Sk
         "{}: a thread scenario is skipped exactly when the adapter has no threads",
         K::NAME
     );
+    assert_eq!(
+        skipped.iter().any(|(_, why)| *why == Skip::NotAChat),
+        !caps.chat,
+        "{}: a scenario is skipped as not a chat exactly when the adapter is none",
+        K::NAME
+    );
 }

@@ -17,6 +17,7 @@ pub mod mattermost;
 pub mod slack;
 pub mod sms;
 pub mod telegram;
+pub mod webhook;
 
 use std::time::{Duration, Instant};
 
@@ -71,6 +72,10 @@ pub trait PlatformKit: Sized {
     /// first, so the answer goes out on the platform's own wire, where a
     /// crash can catch it.
     const CRASH_ANSWER_DELAY: Duration = Duration::ZERO;
+    /// Whether a friend's next DM continues the conversation of the one
+    /// before; not where each delivery is a session of its own (webhook
+    /// routes).
+    const DMS_CONTINUE: bool = true;
 
     /// Starts the fake.
     async fn start() -> Self;
