@@ -22,8 +22,9 @@ use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
+use talaria_gateway::supervisor::StatusBoard;
 use talaria_platforms::ingress::{Ingress, Mount};
-use talaria_store::{LedgerStore, ObligationState, SqliteStore};
+use talaria_store::{CursorStore, LedgerStore, ObligationState, SqliteStore};
 use talaria_testkit::MockOpenAi;
 use talaria_testkit::kit::{Out, PlatformKit};
 pub use talaria_testkit::wait::WAIT;
@@ -43,6 +44,19 @@ pub trait AdapterKit: PlatformKit {
     /// connection of its own.
     fn served(&self, _config: &Config, _env: &Env) -> Option<Served> {
         None
+    }
+
+    /// The adapter the gateway runs, given the store where it keeps its
+    /// position across restarts (e-mail's IMAP cursor), as
+    /// `talaria gateway run` gives it; [`AdapterKit::adapter`] for a
+    /// platform that keeps none there.
+    fn adapter_keeping(
+        &self,
+        config: &Config,
+        env: &Env,
+        _cursors: Arc<dyn CursorStore>,
+    ) -> Arc<dyn Adapter> {
+        self.adapter(config, env)
     }
 
     /// Tools the platform brings to the agent beside the core ones, as
@@ -74,6 +88,7 @@ pub struct Rig<K> {
     pub home: Home,
     pub env: Vec<(String, String)>,
     pub config: Config,
+    board: Option<Arc<StatusBoard>>,
     running: Option<(CancellationToken, JoinHandle<()>)>,
 }
 
@@ -108,6 +123,7 @@ impl<K: AdapterKit> Rig<K> {
             home,
             env: pairs,
             config,
+            board: None,
             running: None,
         }
     }
@@ -154,7 +170,10 @@ impl<K: AdapterKit> Rig<K> {
                 adapters.extend(served.beside);
                 (adapters, Some((served.mount, served.port)))
             }
-            None => (vec![self.kit.adapter(&config, &env)], None),
+            None => (
+                vec![self.kit.adapter_keeping(&config, &env, store.clone())],
+                None,
+            ),
         };
         let gateway = Gateway::new(GatewayParts {
             config,
@@ -166,6 +185,7 @@ impl<K: AdapterKit> Rig<K> {
             lock_dir: Some(self.dir.path().join("locks")),
             hooks: Arc::new(Hooks::load(&self.home)),
         });
+        self.board = Some(gateway.board());
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let task = tokio::spawn(async move {
@@ -252,6 +272,16 @@ impl<K: AdapterKit> Rig<K> {
     /// Gives the gateway a moment to do something it should not do.
     pub async fn settle(&self) {
         talaria_testkit::wait::settle().await;
+    }
+
+    /// The adapter's liveness and last error on the running gateway's
+    /// status board.
+    pub fn status(&self) -> Option<(talaria_gateway::Liveness, Option<String>)> {
+        self.board
+            .as_ref()?
+            .snapshot()
+            .get(K::NAME)
+            .map(|s| (s.liveness, s.last_error.clone()))
     }
 
     /// The adapter's declared capabilities.

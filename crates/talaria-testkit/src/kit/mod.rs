@@ -12,6 +12,7 @@
 
 pub mod deliver;
 pub mod discord;
+pub mod email;
 pub mod homeassistant;
 pub mod mattermost;
 pub mod slack;
@@ -74,7 +75,7 @@ pub trait PlatformKit: Sized {
     const CRASH_ANSWER_DELAY: Duration = Duration::ZERO;
     /// Whether a friend's next DM continues the conversation of the one
     /// before; not where each delivery is a session of its own (webhook
-    /// routes).
+    /// routes) or each new mail starts a thread of its own (e-mail).
     const DMS_CONTINUE: bool = true;
 
     /// Starts the fake.
