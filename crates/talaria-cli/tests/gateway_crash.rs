@@ -6,6 +6,7 @@
 mod crash_support;
 
 use talaria_testkit::kit::discord::DiscordKit;
+use talaria_testkit::kit::email::EmailKit;
 use talaria_testkit::kit::homeassistant::HomeAssistantKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
 use talaria_testkit::kit::slack::SlackKit;
@@ -36,4 +37,5 @@ crash_resend!(
     sms: super::SmsKit,
     homeassistant: super::HomeAssistantKit,
     webhook: super::WebhookKit,
+    email: super::EmailKit,
 );

@@ -559,16 +559,19 @@ impl MailServer {
     /// client's connection is taken by the system and never answered, so a
     /// send hangs. Clearing it lets the server go on (SIGCONT).
     ///
-    /// # Panics
-    /// When `kill` cannot be run.
-    pub fn pause_smtp(&self, paused: bool) {
+    /// # Errors
+    /// When `kill` cannot be run or fails.
+    pub fn pause_smtp(&self, paused: bool) -> std::io::Result<()> {
         let signal = if paused { "-STOP" } else { "-CONT" };
         let status = Command::new("kill")
             .arg(signal)
             .arg(self.smtp.id().to_string())
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
-        assert!(status.success(), "kill {signal} failed: {status}");
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("kill {signal}: {status}")))
+        }
     }
 
     /// How many connections to the SMTP server are open or waiting to be

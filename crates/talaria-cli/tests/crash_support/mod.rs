@@ -47,6 +47,11 @@ const PLATFORM_VARS: &[&str] = &[
     "HASS_URL",
     "HASS_TOKEN",
     "HASS_CONVERSATION_TOKEN",
+    "EMAIL_ADDRESS",
+    "EMAIL_PASSWORD",
+    "EMAIL_IMAP_HOST",
+    "EMAIL_SMTP_HOST",
+    "EMAIL_ALLOWED_USERS",
 ];
 
 /// A temporary home and the directory for the per-machine token locks.

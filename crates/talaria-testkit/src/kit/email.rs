@@ -10,7 +10,7 @@
 //! before the gateway looked at the mailbox is history to it and never
 //! taken, so the kit drops another until one is.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{Out, PlatformKit, Who};
@@ -32,6 +32,8 @@ pub struct EmailKit {
     pub mail: MailServer,
     /// Logins to Dovecot the kit made itself.
     own_logins: AtomicUsize,
+    /// Whether the SMTP server is paused ([`PlatformKit::hang_send`]).
+    paused: AtomicBool,
     next_id: AtomicU64,
 }
 
@@ -59,6 +61,7 @@ impl PlatformKit for EmailKit {
         EmailKit {
             mail,
             own_logins: AtomicUsize::new(0),
+            paused: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
         }
     }
@@ -164,7 +167,10 @@ impl PlatformKit for EmailKit {
     }
 
     fn hang_send(&self, hang: bool) {
-        self.mail.pause_smtp(hang);
+        if let Err(e) = self.mail.pause_smtp(hang) {
+            panic!("cannot pause or resume the SMTP server: {e}");
+        }
+        self.paused.store(hang, Ordering::SeqCst);
     }
 
     async fn drop_connection(&self) {
@@ -217,6 +223,18 @@ impl EmailKit {
                 tokio::time::Instant::now() < deadline,
                 "waited {WAIT:?} for the gateway to read the mailbox"
             );
+        }
+    }
+}
+
+impl Drop for EmailKit {
+    /// A test that failed while sends hang leaves the SMTP server paused:
+    /// let it go on, so it stops when the servers are dropped.
+    fn drop(&mut self) {
+        if self.paused.load(Ordering::SeqCst) {
+            // Nothing to do about a failure here: the servers' own drop
+            // kills what does not stop.
+            let _ = self.mail.pause_smtp(false);
         }
     }
 }
