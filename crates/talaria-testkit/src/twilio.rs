@@ -742,37 +742,6 @@ impl WebhookSender {
 /// What the platform kit ([`crate::kit::sms`]) asks of the fake beyond
 /// the tests' own API.
 impl FakeTwilio {
-    /// How many times the account was fetched: the SMS adapter checks its
-    /// credentials once at every start.
-    pub fn account_checks(&self) -> usize {
-        let account = format!("/2010-04-01/Accounts/{}.json", self.shared.account_sid);
-        self.requests()
-            .iter()
-            .filter(|r| r.method == "GET" && r.path == account)
-            .count()
-    }
-
-    /// Waits until the account was fetched `n` times in total.
-    ///
-    /// # Panics
-    /// When `timeout` passes first.
-    pub async fn wait_for_account_checks(&self, n: usize, timeout: Duration) {
-        let account = format!("/2010-04-01/Accounts/{}.json", self.shared.account_sid);
-        self.wait_until(timeout, |st| {
-            st.requests
-                .iter()
-                .filter(|r| r.method == "GET" && r.path == account)
-                .count()
-                >= n
-        })
-        .await;
-        let got = self.account_checks();
-        assert!(
-            got >= n,
-            "waited {timeout:?} for {n} account checks, got {got}"
-        );
-    }
-
     /// While `hang` holds, sends hang unanswered (until the server stops)
     /// and deliver nothing; clearing it lets the next send through.
     pub fn hang_sends(&self, hang: bool) {
@@ -782,9 +751,8 @@ impl FakeTwilio {
         let mut st = lock(&self.shared.state);
         st.failures.retain(|f| *f != Failure::Hang);
         if hang {
-            for _ in 0..HANGS {
-                st.failures.push_front(Failure::Hang);
-            }
+            st.failures
+                .extend(std::iter::repeat_n(Failure::Hang, HANGS));
         }
     }
 }

@@ -8,7 +8,7 @@ use super::deliver::{Delivery, Sender, free_port};
 use super::{Out, PlatformKit, Who};
 use crate::FakeTwilio;
 use crate::twilio::{Failure, InboundSms, sign};
-use crate::wait::WAIT;
+use crate::wait::{WAIT, wait_for};
 
 /// The Twilio account the gateway is given.
 pub const ACCOUNT_SID: &str = "AC00000000000000000000000000000abc";
@@ -77,13 +77,23 @@ impl PlatformKit for SmsKit {
         AUTH_TOKEN
     }
 
-    /// Each adapter run checks its credentials with Twilio first.
+    /// Each adapter run checks its credentials with Twilio first (it
+    /// fetches the account).
     fn connections(&self) -> usize {
-        self.fake.account_checks()
+        let account = format!("/2010-04-01/Accounts/{ACCOUNT_SID}.json");
+        self.fake
+            .requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == account)
+            .count()
     }
 
     async fn wait_connected(&self, n: usize) {
-        self.fake.wait_for_account_checks(n, WAIT).await;
+        wait_for(&format!("{n} credential checks"), || async {
+            let got = self.connections();
+            if got >= n { Ok(()) } else { Err(got) }
+        })
+        .await;
     }
 
     fn push_dm(&self, who: Who, text: &str) -> String {
