@@ -242,7 +242,7 @@ impl PlatformKit for HomeAssistantKit {
         const REFUSALS: usize = 64;
         let left = self.fake.failures_left(NOTIFY);
         self.refused_before.fetch_add(
-            self.scripted.swap(0, Ordering::SeqCst) - left,
+            self.scripted.swap(0, Ordering::SeqCst).saturating_sub(left),
             Ordering::SeqCst,
         );
         self.fake.clear_failures(NOTIFY);
@@ -301,6 +301,7 @@ impl HomeAssistantKit {
     /// Notification calls refused so far.
     fn refused(&self) -> usize {
         let left = self.fake.failures_left(NOTIFY);
-        self.refused_before.load(Ordering::SeqCst) + self.scripted.load(Ordering::SeqCst) - left
+        self.refused_before.load(Ordering::SeqCst)
+            + self.scripted.load(Ordering::SeqCst).saturating_sub(left)
     }
 }
