@@ -52,6 +52,11 @@ const PLATFORM_VARS: &[&str] = &[
     "EMAIL_IMAP_HOST",
     "EMAIL_SMTP_HOST",
     "EMAIL_ALLOWED_USERS",
+    "KIT_WEBHOOK_SECRET",
+    "GITHUB_WEBHOOK_SECRET",
+    "ALERTS_WEBHOOK_SECRET",
+    "TELEGRAM_HOME_CHANNEL",
+    "TELEGRAM_HOME_CHANNEL_THREAD_ID",
 ];
 
 /// A temporary home and the directory for the per-machine token locks.
