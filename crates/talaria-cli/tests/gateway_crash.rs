@@ -6,11 +6,15 @@
 mod crash_support;
 
 use talaria_testkit::kit::discord::DiscordKit;
+use talaria_testkit::kit::email::EmailKit;
+use talaria_testkit::kit::homeassistant::HomeAssistantKit;
 use talaria_testkit::kit::matrix::MatrixKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
 use talaria_testkit::kit::signal::{PolledSignalKit, SignalKit};
 use talaria_testkit::kit::slack::SlackKit;
+use talaria_testkit::kit::sms::SmsKit;
 use talaria_testkit::kit::telegram::TelegramKit;
+use talaria_testkit::kit::webhook::WebhookKit;
 use talaria_testkit::kit::whatsapp::WhatsappKit;
 
 /// One crash test per platform kit.
@@ -37,4 +41,8 @@ crash_resend!(
     signal: super::SignalKit,
     signal_polled: super::PolledSignalKit,
     whatsapp: super::WhatsappKit,
+    sms: super::SmsKit,
+    homeassistant: super::HomeAssistantKit,
+    webhook: super::WebhookKit,
+    email: super::EmailKit,
 );

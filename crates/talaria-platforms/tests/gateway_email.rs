@@ -1,31 +1,77 @@
 //! The gateway end to end with e-mail, in one process: real Dovecot (IMAP)
 //! and SMTP servers on loopback, the mock LLM, a real SQLite file, and the
-//! real runner, ledger, router and e-mail adapter between them.
+//! real runner, ledger, router and e-mail adapter between them. The
+//! contract scenarios run through [`EmailKit`]; what only e-mail has is
+//! tested below on the same rig.
+#![cfg(feature = "email")]
 
-#[path = "gateway_support/email.rs"]
-mod support;
+#[macro_use]
+mod contract;
 
-use support::*;
-use talaria_gateway::Liveness;
+use std::sync::Arc;
+
+use contract::{AdapterKit, Rig};
+use talaria_core::{Config, Env};
+use talaria_gateway::{Adapter, Liveness};
+use talaria_platforms::email::{EmailAdapter, EmailSettings};
+use talaria_platforms::registry::{Built, Setup};
 use talaria_store::{CursorStore, SqliteStore};
 use talaria_testkit::Reply;
-use talaria_testkit::email::ADDRESS;
+use talaria_testkit::email::{ADDRESS, SentMail};
+use talaria_testkit::kit::email::EmailKit;
+use talaria_testkit::kit::{PlatformKit, long_answer, part_count};
+use talaria_testkit::wait::{WAIT, wait_for};
 
+impl AdapterKit for EmailKit {
+    /// For the adapter's declaration only: its position is kept nowhere
+    /// lasting.
+    fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter> {
+        let dir = tempfile::tempdir().unwrap();
+        let cursors = Arc::new(SqliteStore::open(&dir.path().join("state.db")).unwrap());
+        email_adapter(config, env, cursors)
+    }
+
+    /// The adapter keeping its IMAP cursor in the gateway's store.
+    fn build(&self, setup: &Setup<'_>) -> Built {
+        Built {
+            adapter: email_adapter(setup.config, setup.env, setup.cursors.clone()),
+            mount: None,
+        }
+    }
+}
+
+fn email_adapter(config: &Config, env: &Env, cursors: Arc<dyn CursorStore>) -> Arc<dyn Adapter> {
+    let settings = EmailSettings::from_config(&config.platforms.email, env).unwrap();
+    Arc::new(EmailAdapter::new(settings, cursors).unwrap())
+}
+
+adapter_contract!(EmailKit;
+    run: dm_turn, long_answer_split, dropped_connection, unauthorized;
+    skip: thread_reply => contract::Skip::Threadless,
+          redelivery => contract::Skip::DeliversOnce,
+          rate_limit => contract::Skip::UnlimitedSends);
+
+type EmailRig = Rig<EmailKit>;
+
+/// The friend the kit allows.
 const ALICE: &str = "alice@example.org";
-const ALLOW_ALICE: &[(&str, &str)] = &[("EMAIL_ALLOWED_USERS", ALICE)];
+
+async fn sent(rig: &EmailRig, n: usize) -> Vec<SentMail> {
+    rig.kit.mail.wait_for_sent(n, WAIT).await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mail_is_answered_in_its_thread_and_recorded_delivered() {
-    let rig = Rig::started(ALLOW_ALICE, |_| {}).await;
+async fn a_mail_is_answered_in_its_thread_and_the_thread_is_one_conversation() {
+    let rig = EmailRig::started(&[], |_| {}).await;
     rig.llm.push(Reply::text("The answer is 42."));
-    let uid = rig.mail.deliver_text(
+    let uid = rig.kit.deliver_text(
         "Alice <alice@example.org>",
         "Question",
         "q1@example.org",
         "What is the answer?",
     );
-    let sent = rig.sent(1).await;
-    let reply = &sent[0];
+    let sent_mail = sent(&rig, 1).await;
+    let reply = &sent_mail[0];
     assert_eq!(reply.rcpt_to, vec![ALICE]);
     assert!(reply.from.contains(ADDRESS), "{}", reply.from);
     assert_eq!(reply.subject, "Re: Question");
@@ -38,11 +84,8 @@ async fn a_mail_is_answered_in_its_thread_and_recorded_delivered() {
         "Subject: Question\n\nWhat is the answer?"
     );
     rig.wait_for_delivered(1).await;
-    assert!(
-        rig.mail.flags(uid).contains("\\Seen"),
-        "{}",
-        rig.mail.flags(uid)
-    );
+    let flags = rig.kit.flags(uid);
+    assert!(flags.contains("\\Seen"), "{flags}");
 
     // Alice answers the answer (her client adds another `Re:`): the reply
     // keeps one `Re:`, extends the thread's references, and the turn sees
@@ -52,17 +95,17 @@ async fn a_mail_is_answered_in_its_thread_and_recorded_delivered() {
         .clone()
         .expect("the reply has a Message-ID");
     rig.llm.push(Reply::text("You are welcome."));
-    rig.mail.deliver(&format!(
+    rig.kit.deliver(&format!(
         "From: alice@example.org\nTo: {ADDRESS}\nSubject: RE: Re: Question\n\
          Message-ID: <q2@example.org>\nIn-Reply-To: <{bot_id}>\n\
          References: <q1@example.org> <{bot_id}>\n\nThanks!\n\n\
          On Friday, the bot wrote:\n> The answer is 42.\n"
     ));
-    let sent = rig.sent(2).await;
-    assert_eq!(sent[1].subject, "Re: Question");
-    assert_eq!(sent[1].in_reply_to.as_deref(), Some("q2@example.org"));
+    let sent_mail = sent(&rig, 2).await;
+    assert_eq!(sent_mail[1].subject, "Re: Question");
+    assert_eq!(sent_mail[1].in_reply_to.as_deref(), Some("q2@example.org"));
     assert_eq!(
-        sent[1].references,
+        sent_mail[1].references,
         vec!["q1@example.org".to_owned(), bot_id, "q2@example.org".into()]
     );
     assert_eq!(
@@ -75,16 +118,17 @@ async fn a_mail_is_answered_in_its_thread_and_recorded_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mail_seen_again_starts_one_turn() {
-    let mut rig = Rig::started(ALLOW_ALICE, |_| {}).await;
+    // IMAP never delivers a mail twice; a lost position fetches it again.
+    let mut rig = EmailRig::started(&[], |_| {}).await;
     rig.llm.push(Reply::text("First answer."));
-    rig.mail
+    rig.kit
         .deliver_text(ALICE, "Once", "once@example.org", "only once, please");
-    rig.sent(1).await;
+    sent(&rig, 1).await;
     rig.wait_for_delivered(1).await;
     rig.stop().await;
 
     // The saved position is lost: the next gateway fetches the mail again.
-    let validity = rig.mail.uid_validity();
+    let validity = rig.kit.uid_validity();
     let store = SqliteStore::open(&rig.home.state_db()).unwrap();
     store
         .set_cursor(
@@ -95,162 +139,140 @@ async fn a_mail_seen_again_starts_one_turn() {
         .await
         .unwrap();
     drop(store);
+    let seen = rig.kit.connections();
     rig.start();
-    rig.wait_until_live().await;
+    rig.kit.wait_connected(seen + 1).await;
     rig.llm.push(Reply::text("Second answer."));
-    rig.mail
+    rig.kit
         .deliver_text(ALICE, "Twice", "twice@example.org", "a new question");
-    let sent = rig.sent(2).await;
-    assert_eq!(sent[1].text.trim_end(), "Second answer.");
-    assert_eq!(sent[1].in_reply_to.as_deref(), Some("twice@example.org"));
+    let sent_mail = sent(&rig, 2).await;
+    assert_eq!(sent_mail[1].text.trim_end(), "Second answer.");
+    assert_eq!(
+        sent_mail[1].in_reply_to.as_deref(),
+        Some("twice@example.org")
+    );
     rig.settle().await;
     assert_eq!(rig.llm.requests().len(), 2, "the old mail started no turn");
-    assert_eq!(rig.mail.sent().len(), 2);
+    assert_eq!(rig.kit.mail.sent().len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_fatal_and_nothing_runs() {
-    let mut rig = Rig::new(ALLOW_ALICE, |_| {}).await;
-    rig.password = "not-the-password".into();
+    let mut rig = EmailRig::new(&[("EMAIL_PASSWORD", "not-the-password")], |_| {}).await;
     rig.start();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let error = loop {
-        if let Some((Liveness::Backoff, Some(e))) = rig.state() {
-            break e;
+    let error = wait_for("the adapter to give up on the login", || async {
+        match rig.status() {
+            Some((Liveness::Backoff, Some(e))) => Ok(e),
+            other => Err(other),
         }
-        assert!(tokio::time::Instant::now() < deadline, "{:?}", rig.state());
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     assert!(error.contains("refused the login"), "{error}");
     assert!(error.contains("EMAIL_PASSWORD"), "{error}");
     assert!(!error.contains("not-the-password"), "{error}");
-    rig.mail
+    rig.kit
         .deliver_text(ALICE, "Hello?", "h@example.org", "anyone there?");
     rig.settle().await;
     assert!(rig.llm.requests().is_empty());
-    assert!(rig.mail.sent().is_empty());
+    assert!(rig.kit.mail.sent().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_answer_arrives_in_several_mails_that_reassemble() {
-    let rig = Rig::started(ALLOW_ALICE, |_| {}).await;
-    let mut answer = String::new();
-    let mut i = 0;
-    while answer.chars().count() < 120_000 {
-        answer.push_str(&format!(
-            "Paragraph {i}: the quick brown fox jumps over the lazy dog, again and again.\n\n"
-        ));
-        i += 1;
-    }
-    let answer = answer.trim_end().to_owned();
-    rig.llm.push(Reply::text(answer.clone()));
-    rig.mail
+async fn every_part_of_a_long_answer_is_a_reply_in_the_thread() {
+    // That the parts fit and reassemble is the contract's
+    // `long_answer_split`.
+    let rig = EmailRig::started(&[], |_| {}).await;
+    let limit = rig.capabilities().limits.max_len;
+    rig.llm.push(Reply::text(long_answer(limit * 2 + 500)));
+    rig.kit
         .deliver_text(ALICE, "Long", "long@example.org", "write a lot");
-    let first = rig.sent(1).await;
-    let total: usize = first[0]
-        .text
-        .trim_end()
-        .rsplit_once(" (1/")
-        .and_then(|(_, n)| n.trim_end_matches(')').parse().ok())
-        .expect("the first part carries (1/n)");
-    assert!(total >= 3, "{total} parts");
+    let first = sent(&rig, 1).await;
+    let total = part_count(first[0].text.trim_end()).expect("the first part carries (1/n)");
     // One answer, one ledger row, however many mails it took.
     rig.wait_for_delivered(1).await;
-    let sent = rig.sent(total).await;
-    assert_eq!(sent.len(), total);
-    let mut parts: Vec<(usize, String)> = sent
-        .iter()
-        .map(|m| {
-            assert_eq!(m.subject, "Re: Long");
-            assert_eq!(m.references, vec!["long@example.org"]);
-            let body = m.text.trim_end_matches(['\r', '\n']);
-            assert!(body.chars().count() <= 50_000);
-            let (text, n) = body.rsplit_once(" (").expect("numbered part");
-            let index: usize = n.split('/').next().unwrap().parse().unwrap();
-            (index, text.to_owned())
-        })
-        .collect();
-    parts.sort_by_key(|(i, _)| *i);
-    let joined: String = parts.into_iter().map(|(_, t)| t).collect();
-    assert_eq!(joined, answer);
+    let sent_mail = sent(&rig, total).await;
+    for part in &sent_mail {
+        assert_eq!(part.subject, "Re: Long");
+        assert_eq!(part.in_reply_to.as_deref(), Some("long@example.org"));
+        assert_eq!(part.references, vec!["long@example.org"]);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn strangers_and_machines_never_reach_the_model() {
-    let rig = Rig::started(ALLOW_ALICE, |_| {}).await;
-    rig.mail
-        .deliver_text("mallory@example.net", "Hi", "m1@example.net", "let me in");
-    rig.mail.deliver(&format!(
+async fn machines_never_reach_the_model_and_the_allowlist_ignores_case() {
+    // A stranger is the contract's `unauthorized`.
+    let rig = EmailRig::started(&[], |_| {}).await;
+    rig.kit.deliver(&format!(
         "From: {ALICE}\nTo: {ADDRESS}\nSubject: Out of office\nAuto-Submitted: auto-replied\n\
          Message-ID: <ooo@example.org>\n\nI am away."
     ));
-    rig.mail.deliver(&format!(
+    rig.kit.deliver(&format!(
         "From: {ALICE}\nTo: {ADDRESS}\nSubject: News\nPrecedence: bulk\n\
          Message-ID: <news@example.org>\n\nOur newsletter."
     ));
-    rig.mail.deliver(&format!(
+    rig.kit.deliver(&format!(
         "From: MAILER-DAEMON@example.org\nTo: {ADDRESS}\nSubject: Undelivered\n\
          Message-ID: <bounce@example.org>\n\nThe mail could not be delivered."
     ));
-    rig.mail.deliver(&format!(
+    rig.kit.deliver(&format!(
         "From: {ADDRESS}\nTo: {ADDRESS}\nSubject: Me\nMessage-ID: <me@example.test>\n\nmyself"
     ));
     rig.settle().await;
     assert!(rig.llm.requests().is_empty());
-    assert!(rig.mail.sent().is_empty());
+    assert!(rig.kit.mail.sent().is_empty());
 
     // The allowlist compares whole addresses, case-insensitively.
     rig.llm.push(Reply::text("Hi Alice."));
-    rig.mail
+    rig.kit
         .deliver_text("Alice <ALICE@Example.ORG>", "Hi", "a1@example.org", "hello");
-    let sent = rig.sent(1).await;
-    assert_eq!(sent[0].text.trim_end(), "Hi Alice.");
-    assert_eq!(sent[0].rcpt_to, vec![ALICE]);
+    let sent_mail = sent(&rig, 1).await;
+    assert_eq!(sent_mail[0].text.trim_end(), "Hi Alice.");
+    assert_eq!(sent_mail[0].rcpt_to, vec![ALICE]);
     rig.settle().await;
     assert_eq!(rig.llm.requests().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_picks_up_new_mail_without_waiting_for_a_poll() {
-    // An hour between polls: only IDLE can bring the mail in time.
-    let rig = Rig::started(ALLOW_ALICE, |c| c.platforms.email.poll_interval_secs = 3600).await;
+    // The kit sets an hour between polls: only IDLE brings mail in time.
+    let rig = EmailRig::started(&[], |_| {}).await;
     for n in 1..=2 {
         rig.llm.push(Reply::text(format!("answer {n}")));
-        rig.mail.deliver_text(
+        rig.kit.deliver_text(
             ALICE,
             &format!("Question {n}"),
             &format!("idle{n}@example.org"),
             "quick?",
         );
-        let sent = rig.sent(n).await;
-        assert_eq!(sent[n - 1].text.trim_end(), format!("answer {n}"));
+        let sent_mail = sent(&rig, n).await;
+        assert_eq!(sent_mail[n - 1].text.trim_end(), format!("answer {n}"));
         rig.wait_for_delivered(n as u64).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_resumes_after_the_cursor() {
-    let mut rig = Rig::new(ALLOW_ALICE, |_| {}).await;
+async fn a_restart_resumes_after_the_cursor_and_mail_from_before_the_first_start_is_history() {
+    let mut rig = EmailRig::new(&[], |_| {}).await;
     // Mail from before the first start is history, not a question.
-    rig.mail
+    rig.kit
         .deliver_text(ALICE, "Old", "old@example.org", "an old mail");
     rig.start();
-    rig.wait_until_live().await;
+    rig.kit.wait_connected(1).await;
     rig.llm.push(Reply::text("Noted, Ada."));
-    rig.mail
+    rig.kit
         .deliver_text(ALICE, "Name", "n1@example.org", "my name is Ada");
-    rig.sent(1).await;
+    sent(&rig, 1).await;
     rig.wait_for_delivered(1).await;
     rig.stop().await;
 
     // Arrives while the gateway is down.
-    rig.mail
+    rig.kit
         .deliver_text(ALICE, "Later", "n2@example.org", "are you back?");
     rig.llm.push(Reply::text("I am back."));
     rig.start();
-    let sent = rig.sent(2).await;
-    assert_eq!(sent[1].text.trim_end(), "I am back.");
-    assert_eq!(sent[1].subject, "Re: Later");
+    let sent_mail = sent(&rig, 2).await;
+    assert_eq!(sent_mail[1].text.trim_end(), "I am back.");
+    assert_eq!(sent_mail[1].subject, "Re: Later");
     rig.wait_for_delivered(2).await;
     rig.settle().await;
     assert_eq!(rig.llm.requests().len(), 2, "nothing was answered twice");

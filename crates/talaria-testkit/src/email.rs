@@ -527,3 +527,67 @@ impl RawImap {
         let _ = self.writer.write_all(b"z LOGOUT\r\n");
     }
 }
+
+/// What the platform kit ([`crate::kit::email`]) asks of the servers
+/// beyond the tests' own API.
+impl MailServer {
+    /// How many times the bot's account logged in to Dovecot so far (the
+    /// gateway's logins and the test's own), from Dovecot's log.
+    pub fn logins(&self) -> usize {
+        let log = std::fs::read_to_string(self.dir.path().join("dovecot.log")).unwrap_or_default();
+        log.matches(&format!("Login: user=<{ADDRESS}>")).count()
+    }
+
+    /// Cuts every IMAP session of the bot's account (`doveadm kick`), as
+    /// a server restart or a network drop would.
+    ///
+    /// # Panics
+    /// When `doveadm` cannot be run.
+    pub fn kick(&self) {
+        let status = Command::new("doveadm")
+            .arg("-c")
+            .arg(self.dir.path().join("dovecot.conf"))
+            .args(["kick", ADDRESS])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run doveadm: {e}"));
+        assert!(status.success(), "doveadm kick failed: {status}");
+    }
+
+    /// While `paused` holds, the SMTP server is stopped (SIGSTOP): a
+    /// client's connection is taken by the system and never answered, so a
+    /// send hangs. Clearing it lets the server go on (SIGCONT).
+    ///
+    /// # Errors
+    /// When `kill` cannot be run or fails.
+    pub fn pause_smtp(&self, paused: bool) -> std::io::Result<()> {
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(self.smtp.id().to_string())
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("kill {signal}: {status}")))
+        }
+    }
+
+    /// How many connections to the SMTP server are open or waiting to be
+    /// taken: a send in progress, even while the server is paused.
+    pub fn smtp_connections(&self) -> usize {
+        // /proc/net/tcp: local address as HEX_IP:HEX_PORT, then the remote
+        // one, then the state (01: established).
+        let port = format!(":{:04X}", self.smtp_port);
+        std::fs::read_to_string("/proc/net/tcp")
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .filter(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.len() > 3 && fields[1].ends_with(&port) && fields[3] == "01"
+            })
+            .count()
+    }
+}

@@ -426,3 +426,24 @@ fn call_service(shared: &Shared, domain: &str, service: &str, body: &[u8]) -> Re
     }
     json_response(200, &Value::Array(changed))
 }
+
+/// What the platform kit ([`crate::kit::homeassistant`]) asks of the fake
+/// beyond the tests' own API.
+impl FakeHomeAssistant {
+    /// How many scripted failures for `path_prefix` are still to come.
+    pub fn failures_left(&self, path_prefix: &str) -> usize {
+        lock(&self.shared.book)
+            .failures
+            .iter()
+            .filter(|(prefix, _)| prefix == path_prefix)
+            .map(|(_, left)| left.len())
+            .sum()
+    }
+
+    /// Drops the scripted failures for `path_prefix` still to come.
+    pub fn clear_failures(&self, path_prefix: &str) {
+        lock(&self.shared.book)
+            .failures
+            .retain(|(prefix, _)| prefix != path_prefix);
+    }
+}

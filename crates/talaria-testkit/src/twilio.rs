@@ -739,6 +739,24 @@ impl WebhookSender {
     }
 }
 
+/// What the platform kit ([`crate::kit::sms`]) asks of the fake beyond
+/// the tests' own API.
+impl FakeTwilio {
+    /// While `hang` holds, sends hang unanswered (until the server stops)
+    /// and deliver nothing; clearing it lets the next send through.
+    pub fn hang_sends(&self, hang: bool) {
+        // More hangs than any test sends while it holds them; the ones
+        // left are taken back when the test lets sends through again.
+        const HANGS: usize = 64;
+        let mut st = lock(&self.shared.state);
+        st.failures.retain(|f| *f != Failure::Hang);
+        if hang {
+            st.failures
+                .extend(std::iter::repeat_n(Failure::Hang, HANGS));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

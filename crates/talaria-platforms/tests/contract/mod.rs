@@ -16,12 +16,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use talaria_agent::interaction::NoHuman;
-use talaria_agent::tools::Registry;
+use talaria_agent::tools::{Registry, Tool};
 use talaria_agent::{Agent, AgentParts};
 use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
+use talaria_gateway::supervisor::StatusBoard;
 #[cfg(feature = "ingress")]
 use talaria_platforms::ingress::Ingress;
 use talaria_platforms::registry::{Built, Setup};
@@ -40,8 +41,10 @@ pub trait AdapterKit: PlatformKit {
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter>;
 
     /// The adapter as the registry builds it for `talaria gateway run`,
-    /// given the store for its sync position and, for a platform that
-    /// receives by webhook, with its routes on the shared listener. The
+    /// given the store for its position across restarts (Matrix's sync
+    /// token, e-mail's IMAP cursor) and, for a platform that receives by
+    /// webhook, with its routes for the shared listener, which the rig
+    /// binds where the configuration's `platforms.webhook` says. The
     /// default is [`AdapterKit::adapter`], keeping no position and
     /// mounting nothing.
     fn build(&self, setup: &Setup<'_>) -> Built {
@@ -50,6 +53,19 @@ pub trait AdapterKit: PlatformKit {
             #[cfg(feature = "ingress")]
             mount: None,
         }
+    }
+
+    /// Adapters the gateway runs beside the kit's: where its answers go,
+    /// for a platform that is not a chat (a webhook route's `deliver`
+    /// target).
+    fn beside(&self, _config: &Config, _env: &Env) -> Vec<Arc<dyn Adapter>> {
+        Vec::new()
+    }
+
+    /// Tools the platform brings to the agent beside the core ones, as
+    /// `talaria gateway run` registers them (Home Assistant's `ha_*`).
+    fn tools(&self, _config: &Config, _env: &Env) -> Vec<Arc<dyn Tool>> {
+        Vec::new()
     }
 }
 
@@ -62,6 +78,7 @@ pub struct Rig<K> {
     pub home: Home,
     pub env: Vec<(String, String)>,
     pub config: Config,
+    board: Option<Arc<StatusBoard>>,
     running: Option<(CancellationToken, JoinHandle<()>)>,
 }
 
@@ -96,6 +113,7 @@ impl<K: AdapterKit> Rig<K> {
             home,
             env: pairs,
             config,
+            board: None,
             running: None,
         }
     }
@@ -122,12 +140,16 @@ impl<K: AdapterKit> Rig<K> {
             base_url: self.llm.base_url(),
             api_key: None,
         };
+        let mut registry = Registry::with_core_tools(&config);
+        for tool in self.kit.tools(&config, &env) {
+            registry.register(tool).unwrap();
+        }
         let agent = Arc::new(Agent::new(AgentParts {
             config: config.clone(),
             home: self.home.clone(),
             provider: talaria_llm::provider_for(&endpoint, &config.agent),
             store: store.clone(),
-            registry: Arc::new(Registry::with_core_tools(&config)),
+            registry: Arc::new(registry),
             interaction: Arc::new(NoHuman),
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
@@ -142,22 +164,26 @@ impl<K: AdapterKit> Rig<K> {
             let webhook = &config.platforms.webhook;
             (webhook.host.clone(), webhook.port, mount)
         });
+        let mut adapters = vec![built.adapter];
+        adapters.extend(self.kit.beside(&config, &env));
         let gateway = Gateway::new(GatewayParts {
             config,
             env,
             home: self.home.clone(),
             agent,
             store,
-            adapters: vec![built.adapter],
+            adapters,
             lock_dir: Some(self.dir.path().join("locks")),
             hooks: Arc::new(Hooks::load(&self.home)),
         });
+        self.board = Some(gateway.board());
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let task = tokio::spawn(async move {
             // A platform that receives by webhook is served on the shared
-            // listener, as `talaria gateway run` serves it, until the
-            // gateway stops.
+            // listener, bound before the gateway runs and released when it
+            // stops, as `talaria gateway run` does, so the next gateway of
+            // a restart binds the same port.
             #[cfg(feature = "ingress")]
             let server = match listen {
                 Some((host, port, mount)) => {
@@ -242,6 +268,16 @@ impl<K: AdapterKit> Rig<K> {
         talaria_testkit::wait::settle().await;
     }
 
+    /// The adapter's liveness and last error on the running gateway's
+    /// status board.
+    pub fn status(&self) -> Option<(talaria_gateway::Liveness, Option<String>)> {
+        self.board
+            .as_ref()?
+            .snapshot()
+            .get(K::NAME)
+            .map(|s| (s.liveness, s.last_error.clone()))
+    }
+
     /// The adapter's declared capabilities.
     pub fn capabilities(&self) -> talaria_adapter::capabilities::Capabilities {
         let env = Env::from_pairs(self.env.clone());
@@ -265,10 +301,19 @@ pub enum Skip {
     Threadless,
     /// Deliveries arrive by webhook or polling: no connection to drop.
     Connectionless,
-    /// The fake cannot rate-limit sends the way the platform does.
+    /// The platform does not rate-limit sends (an answer that rides in
+    /// the asker's own HTTP response), or the fake cannot the way it does.
     UnlimitedSends,
     /// The platform never delivers one event twice.
     DeliversOnce,
+    /// The adapter joins the runner's parts back and hands the platform
+    /// one whole answer (it answers in the asker's own HTTP response, as
+    /// Home Assistant's conversation endpoint does): no parts to count.
+    Reassembled,
+    /// The platform is not a chat (`Capabilities::chat` is false): its
+    /// answers go to another platform, whose own kit tests how they are
+    /// split.
+    NotAChat,
 }
 
 /// Generates one test per scenario a kit runs, and one test that checks

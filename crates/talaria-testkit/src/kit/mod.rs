@@ -10,12 +10,17 @@
 //! threads, no connection to drop) are not methods the kit fakes: the
 //! suite declares them skipped, with the reason, per platform.
 
+pub mod deliver;
 pub mod discord;
+pub mod email;
+pub mod homeassistant;
 pub mod matrix;
 pub mod mattermost;
 pub mod signal;
 pub mod slack;
+pub mod sms;
 pub mod telegram;
+pub mod webhook;
 pub mod whatsapp;
 
 use std::time::{Duration, Instant};
@@ -65,6 +70,16 @@ pub trait PlatformKit: Sized {
     const NAME: &'static str;
     /// Whether a reply in a DM names the message it answers.
     const DM_REPLY_QUOTES: bool;
+    /// How long the model takes with the answer the crash test cuts off.
+    /// Nothing, except where an answer rides in the asker's own HTTP
+    /// response (Home Assistant): there the asker must have given up
+    /// first, so the answer goes out on the platform's own wire, where a
+    /// crash can catch it.
+    const CRASH_ANSWER_DELAY: Duration = Duration::ZERO;
+    /// Whether a friend's next DM continues the conversation of the one
+    /// before; not where each delivery is a session of its own (webhook
+    /// routes) or each new mail starts a thread of its own (e-mail).
+    const DMS_CONTINUE: bool = true;
 
     /// Starts the fake.
     async fn start() -> Self;
