@@ -162,6 +162,18 @@ pub async fn reply_cut_off_by_sigkill_is_sent_once_after_restart<K: PlatformKit>
     // The answer is on the wire and the platform has not answered: crash.
     first.kill().unwrap();
     first.wait().unwrap();
+    // The ledger marks a send as begun before it goes out: the dead
+    // gateway's one reply must read as handed over, or the restart could
+    // not know to say it may be a duplicate.
+    let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
+    let open = store.open_obligations(10).await.unwrap();
+    assert!(
+        open.len() == 1 && open[0].state == ObligationState::Attempting,
+        "after the kill, with {} send attempts: {open:#?}\n{}",
+        kit.send_attempts().len(),
+        logs(&home)
+    );
+    drop(store);
     assert!(kit.sent().is_empty());
     assert_eq!(llm.requests().len(), 1);
     if let Some(held) = kit.unacknowledged() {
