@@ -1,12 +1,16 @@
 //! Every platform this build knows, one entry each: its name, its
-//! configuration section and its constructor. Whatever walks the platforms
-//! (`talaria gateway run`, `talaria send`, the docs' table) walks
-//! [`PLATFORMS`], so adding a platform is its folder and one line here.
+//! configuration section (read and checked by the platform's own type) and
+//! its constructor. Whatever walks the platforms (`talaria gateway run`,
+//! `talaria send`, `talaria config check` and `config show`, the docs'
+//! table) walks [`PLATFORMS`], so adding a platform is its folder and one
+//! line here.
 
 use std::error::Error;
 use std::sync::Arc;
 
 use talaria_adapter::Adapter;
+use talaria_core::config::{Checked, ConfigError, Origin, PlatformSection};
+use talaria_core::effective::EnvKey;
 use talaria_core::{Config, Env};
 use talaria_store::CursorStore;
 
@@ -22,6 +26,16 @@ pub struct Setup<'a> {
     pub env: &'a Env,
     /// Where an adapter keeps its position across restarts.
     pub cursors: Arc<dyn CursorStore>,
+}
+
+impl Setup<'_> {
+    /// The platform's section of the configuration, read into its type.
+    /// The section was checked when the configuration was loaded, with
+    /// messages that name lines; a failure here is still reported, as a
+    /// misconfiguration.
+    pub fn section<T: PlatformSection>(&self) -> Result<T, BuildError> {
+        T::read(self.config).map_err(BuildError::misconfigured)
+    }
 }
 
 /// A platform that is configured, set up but not connected.
@@ -53,6 +67,14 @@ pub struct Platform {
     /// Whether it is a chat `talaria send` can deliver through without a
     /// running gateway (a webhook route only answers its own deliveries).
     pub standalone: bool,
+    /// Reads and checks its section (`platforms.<name>`), enabled or not:
+    /// an error or unknown key there is reported by `talaria config check`
+    /// and stops any command that loads the configuration.
+    /// [`talaria_core::config::check_section`] for the section's type.
+    pub check: fn(&Config, &Origin<'_>) -> Result<Checked, ConfigError>,
+    /// The keys of its section that environment variables fill, for
+    /// `talaria config show`'s "from the environment" markers.
+    pub env: &'static [EnvKey],
     /// Builds its adapter when its settings (section and environment)
     /// turn it on; `Ok(None)` when they leave it off.
     pub build: fn(&Setup<'_>) -> Result<Option<Built>, BuildError>,

@@ -213,7 +213,10 @@ async fn strangers_and_machines_never_reach_the_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_picks_up_new_mail_without_waiting_for_a_poll() {
     // An hour between polls: only IDLE can bring the mail in time.
-    let rig = Rig::started(ALLOW_ALICE, |c| c.platforms.email.poll_interval_secs = 3600).await;
+    let rig = Rig::started(ALLOW_ALICE, |c| {
+        c.platforms.set("email.poll_interval_secs", 3600)
+    })
+    .await;
     for n in 1..=2 {
         rig.llm.push(Reply::text(format!("answer {n}")));
         rig.mail.deliver_text(

@@ -149,7 +149,7 @@ async fn a_long_answer_is_returned_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_with_no_waiting_request_becomes_a_persistent_notification() {
-    let rig = HaRig::started(|c| c.platforms.homeassistant.reply_timeout_secs = 1).await;
+    let rig = HaRig::started(|c| c.platforms.set("homeassistant.reply_timeout_secs", 1)).await;
     // The model answers after the request stopped waiting.
     rig.llm
         .push(Reply::text("The garage door was closed at 8pm.").with_delay(Duration::from_secs(3)));
@@ -172,7 +172,8 @@ const WAIT_LONG: Duration = Duration::from_secs(20);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_reads_states_and_calls_an_allowed_service() {
     let rig = HaRig::started(|c| {
-        c.platforms.homeassistant.allowed_services = vec!["light.*".into()];
+        c.platforms
+            .set("homeassistant.allowed_services", vec!["light.*"]);
     })
     .await;
     rig.llm.push(Reply::tool_calls(vec![ToolCallReply::new(
@@ -217,7 +218,8 @@ async fn the_agent_reads_states_and_calls_an_allowed_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_not_allowed_asks_in_the_conversation_and_a_denial_calls_nothing() {
     let rig = HaRig::started(|c| {
-        c.platforms.homeassistant.allowed_services = vec!["light.*".into()];
+        c.platforms
+            .set("homeassistant.allowed_services", vec!["light.*"]);
     })
     .await;
     rig.llm.push(Reply::tool_calls(vec![ToolCallReply::new(

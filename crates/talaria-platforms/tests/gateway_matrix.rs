@@ -45,8 +45,8 @@ impl Rig {
         let mut config = Config::default();
         config.model.default = Some("test-model".into());
         config.model.base_url = Some(llm.base_url());
-        config.platforms.matrix.homeserver = Some(hs.homeserver());
-        config.platforms.matrix.sync_timeout_ms = 300;
+        config.platforms.set("matrix.homeserver", hs.homeserver());
+        config.platforms.set("matrix.sync_timeout_ms", 300);
         config.gateway.typing_interval_secs = 1;
         Rig {
             hs,
@@ -95,7 +95,7 @@ impl Rig {
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
         }));
-        let mut settings = MatrixSettings::from_config(&config.platforms.matrix, &env).unwrap();
+        let mut settings = MatrixSettings::from_config(&config.section().unwrap(), &env).unwrap();
         settings.retry_base = Duration::from_millis(20);
         let cursors: Arc<dyn CursorStore> = store.clone();
         let adapter: Arc<dyn Adapter> = Arc::new(MatrixAdapter::new(settings, cursors).unwrap());

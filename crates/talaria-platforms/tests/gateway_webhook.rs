@@ -10,7 +10,7 @@ mod gateway_support;
 mod webhook_support;
 
 use serde_json::json;
-use talaria_core::config::WebhookScheme;
+use talaria_platforms::webhook::WebhookScheme;
 use talaria_store::SessionStore;
 use talaria_testkit::Reply;
 use webhook_support::*;
@@ -27,7 +27,7 @@ const PR_CHAT: i64 = 777_000;
 
 /// The GitHub route: pull requests, rendered from payload fields,
 /// answered in [`PR_CHAT`].
-fn github_route() -> (&'static str, talaria_core::config::WebhookRouteConfig) {
+fn github_route() -> (&'static str, talaria_platforms::webhook::WebhookRouteConfig) {
     let mut route = route(
         WebhookScheme::Github,
         GH_SECRET_ENV,

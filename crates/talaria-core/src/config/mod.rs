@@ -91,8 +91,10 @@ pub struct Config {
     pub gateway: GatewayConfig,
     /// When a chat's conversation starts afresh on its own.
     pub session_reset: SessionResetConfig,
-    /// The messaging platforms the gateway connects.
-    pub platforms: PlatformsConfig,
+    /// `platforms:`: a section per messaging platform the gateway
+    /// connects and per front end (the API server), as written; each is
+    /// read by its owner with [`parse_section`].
+    pub platforms: PlatformSections,
     /// Scheduled jobs.
     pub cron: CronConfig,
     /// Model Context Protocol servers whose tools the agent may use, by
@@ -119,6 +121,8 @@ pub struct Loaded {
     pub env: Env,
     /// The file read, when one existed.
     pub path: Option<PathBuf>,
+    /// Its text, so that the sections read later name lines in errors.
+    pub text: Option<String>,
 }
 
 /// Configuration errors in words a person reads: the line of the key an
@@ -131,16 +135,16 @@ mod agent;
 mod env;
 mod gateway;
 mod load;
-mod platforms;
 mod secret;
+mod sections;
 mod services;
 
 pub use agent::*;
 pub use env::*;
 pub use gateway::*;
 pub use load::*;
-pub use platforms::*;
 pub use secret::*;
+pub use sections::*;
 pub use services::*;
 
 #[cfg(test)]

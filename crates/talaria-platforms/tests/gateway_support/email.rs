@@ -12,7 +12,6 @@ use std::time::Duration;
 use talaria_agent::interaction::NoHuman;
 use talaria_agent::tools::Registry;
 use talaria_agent::{Agent, AgentParts};
-use talaria_core::config::MailTls;
 use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
@@ -54,8 +53,8 @@ impl Rig {
         let mut config = Config::default();
         config.model.default = Some("test-model".into());
         config.model.base_url = Some(llm.base_url());
-        config.platforms.email.imap_tls = MailTls::None;
-        config.platforms.email.smtp_tls = MailTls::None;
+        config.platforms.set("email.imap_tls", "none");
+        config.platforms.set("email.smtp_tls", "none");
         config.gateway.typing_interval_secs = 1;
         configure(&mut config);
         Rig {
@@ -109,7 +108,7 @@ impl Rig {
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
         }));
-        let settings = EmailSettings::from_config(&config.platforms.email, &env).unwrap();
+        let settings = EmailSettings::from_config(&config.section().unwrap(), &env).unwrap();
         let cursors: Arc<dyn CursorStore> = store.clone();
         let adapter: Arc<dyn Adapter> = Arc::new(EmailAdapter::new(settings, cursors).unwrap());
         let gateway = Gateway::new(GatewayParts {

@@ -82,7 +82,7 @@ impl HaRig {
         config.model.default = Some("test-model".into());
         config.model.base_url = Some(llm.base_url());
         config.gateway.typing_interval_secs = 1;
-        config.platforms.webhook.port = 0;
+        config.platforms.set("webhook.port", 0);
         configure(&mut config);
         let env = Env::from_pairs([
             ("HASS_URL".to_owned(), ha.url()),
@@ -90,7 +90,7 @@ impl HaRig {
             ("HASS_CONVERSATION_TOKEN".to_owned(), CONV_SECRET.to_owned()),
         ]);
         let config = Arc::new(config);
-        let settings = HomeAssistantSettings::from_config(&config.platforms.homeassistant, &env)
+        let settings = HomeAssistantSettings::from_config(&config.section().unwrap(), &env)
             .expect("Home Assistant is configured");
 
         let store = Arc::new(SqliteStore::open(&home.state_db()).expect("the state database"));

@@ -61,7 +61,7 @@ impl Rig {
         let mut config = Config::default();
         config.model.default = Some("test-model".into());
         config.model.base_url = Some(llm.base_url());
-        config.platforms.signal.poll_interval_secs = 1;
+        config.platforms.set("signal.poll_interval_secs", 1);
         config.gateway.typing_interval_secs = 1;
         configure(&mut config);
         Rig {
@@ -112,7 +112,7 @@ impl Rig {
             redactor: Redactor::default(),
             workdir: self.dir.path().to_path_buf(),
         }));
-        let settings = SignalSettings::from_config(&config.platforms.signal, &env).unwrap();
+        let settings = SignalSettings::from_config(&config.section().unwrap(), &env).unwrap();
         let adapter: Arc<dyn Adapter> = Arc::new(SignalAdapter::new(settings).unwrap());
         let gateway = Gateway::new(GatewayParts {
             config,

@@ -66,8 +66,8 @@ impl SmsRig {
         let mut config = Config::default();
         config.model.default = Some("test-model".into());
         config.model.base_url = Some(llm.base_url());
-        config.platforms.sms.api_base = twilio.base_url();
-        config.platforms.webhook.port = 0;
+        config.platforms.set("sms.api_base", twilio.base_url());
+        config.platforms.set("webhook.port", 0);
 
         let mut pairs: Vec<(String, String)> = env
             .iter()
@@ -102,7 +102,7 @@ impl SmsRig {
             workdir: dir.path().to_path_buf(),
         }));
 
-        let settings = SmsSettings::from_config(&config.platforms.sms, &env)
+        let settings = SmsSettings::from_config(&config.section().unwrap(), &env)
             .expect("the SMS settings resolve")
             .expect("SMS is on");
         let sms = SmsAdapter::new(settings).expect("the SMS adapter");

@@ -19,7 +19,6 @@ use sha2::Sha256;
 use talaria_agent::interaction::NoHuman;
 use talaria_agent::tools::Registry;
 use talaria_agent::{Agent, AgentParts};
-use talaria_core::config::{WebhookRouteConfig, WebhookScheme};
 use talaria_core::{Config, Endpoint, Env, Home, ProviderKind, Redactor};
 use talaria_gateway::Adapter;
 use talaria_gateway::gateway::{Gateway, GatewayParts};
@@ -27,6 +26,7 @@ use talaria_gateway::hooks::Hooks;
 use talaria_platforms::ingress::Ingress;
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_platforms::webhook::{WebhookAdapter, WebhookSettings};
+use talaria_platforms::webhook::{WebhookRouteConfig, WebhookScheme};
 use talaria_store::{
     LedgerStore, ObligationState, SessionFilter, SessionRecord, SessionStore, SqliteStore,
 };
@@ -141,14 +141,18 @@ impl WebhookRig {
         let mut config = Config::default();
         config.model.default = Some("test-model".into());
         config.model.base_url = Some(llm.base_url());
-        config.platforms.telegram.base_url = tg.base_url();
-        config.platforms.telegram.poll_timeout_secs = 1;
+        config.platforms.set("telegram.base_url", tg.base_url());
+        config.platforms.set("telegram.poll_timeout_secs", 1);
         config.gateway.typing_interval_secs = 1;
-        config.platforms.webhook.port = 0;
-        config.platforms.webhook.routes = routes
+        config.platforms.set("webhook.port", 0);
+        let routes = routes
             .into_iter()
             .map(|(name, r)| (name.to_owned(), r))
             .collect::<BTreeMap<_, _>>();
+        config.platforms.set(
+            "webhook.routes",
+            serde_json::to_value(routes).expect("routes as YAML would hold them"),
+        );
 
         let mut pairs: Vec<(String, String)> = env
             .iter()
@@ -176,11 +180,11 @@ impl WebhookRig {
             workdir: dir.path().to_path_buf(),
         }));
 
-        let telegram = TelegramSettings::from_config(&config.platforms.telegram, &env)
+        let telegram = TelegramSettings::from_config(&config.section().unwrap(), &env)
             .expect("Telegram is configured");
         let telegram: Arc<dyn Adapter> =
             Arc::new(TelegramAdapter::new(telegram).expect("the Telegram adapter"));
-        let settings = WebhookSettings::from_config(&config.platforms.webhook, &env)
+        let settings = WebhookSettings::from_config(&config.section().unwrap(), &env)
             .expect("the webhook routes resolve")
             .expect("webhooks are on");
         let webhook = WebhookAdapter::new(settings).expect("the webhook routes are usable");

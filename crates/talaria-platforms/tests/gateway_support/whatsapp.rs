@@ -65,9 +65,13 @@ impl Rig {
         config.model.default = Some("test-model".into());
         config.model.base_url = Some(llm.base_url());
         config.gateway.typing_interval_secs = 1;
-        config.platforms.webhook.port = 0;
-        config.platforms.whatsapp_cloud.graph_base = graph.base_url();
-        config.platforms.whatsapp_cloud.api_version = API_VERSION.to_owned();
+        config.platforms.set("webhook.port", 0);
+        config
+            .platforms
+            .set("whatsapp_cloud.graph_base", graph.base_url());
+        config
+            .platforms
+            .set("whatsapp_cloud.api_version", API_VERSION.to_owned());
 
         let mut pairs: Vec<(String, String)> = env
             .iter()
@@ -102,7 +106,7 @@ impl Rig {
             workdir: dir.path().to_path_buf(),
         }));
 
-        let settings = WhatsappSettings::from_config(&config.platforms.whatsapp_cloud, &env)
+        let settings = WhatsappSettings::from_config(&config.section().unwrap(), &env)
             .expect("the WhatsApp settings resolve")
             .expect("WhatsApp Cloud is on");
         let settings = WhatsappSettings {
