@@ -80,3 +80,29 @@ pub const ENV: &[EnvKey] = &[
     fills("imap_host", "EMAIL_IMAP_HOST"),
     fills("smtp_host", "EMAIL_SMTP_HOST"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::read_section;
+
+    #[test]
+    fn email_settings_and_tls_modes_are_read() {
+        // Moved from core's config tests.
+        let (e, w, _) = read_section::<EmailConfig>(
+            "platforms:\n  email:\n    address: bot@example.org\n    imap_host: imap.example.org\n    imap_tls: starttls\n    smtp_tls: none\n    poll_interval_secs: 30\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(e.address.as_deref(), Some("bot@example.org"));
+        assert_eq!(e.imap_tls, MailTls::Starttls);
+        assert_eq!(e.smtp_tls, MailTls::None);
+        assert_eq!((e.imap_port, e.smtp_port), (993, 587));
+        assert_eq!(e.mailbox, "INBOX");
+        assert_eq!(e.poll_interval_secs, 30);
+        let err = read_section::<EmailConfig>("platforms:\n  email:\n    imap_tls: maybe\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("platforms.email.imap_tls"), "{err}");
+    }
+}

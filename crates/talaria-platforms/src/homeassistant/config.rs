@@ -55,3 +55,29 @@ pub const ENV: &[EnvKey] = &[
     fills("token", "HASS_TOKEN"),
     fills("conversation_token", "HASS_CONVERSATION_TOKEN"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::read_section;
+
+    #[test]
+    fn homeassistant_keys_are_read_and_their_tokens_redacted() {
+        // Moved from core's config tests, with the section now read by
+        // its own type.
+        let (ha, w, c) = read_section::<HomeAssistantConfig>(
+            "platforms:\n  homeassistant:\n    url: http://ha.local:8123\n    token: ha-token-0123456789\n    conversation_token: conv-secret-0123456789\n    allowed_services: [light.*]\n    reply_timeout_secs: 30\n",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(ha.url.as_deref(), Some("http://ha.local:8123"));
+        assert_eq!(ha.allowed_services, ["light.*"]);
+        assert_eq!(ha.reply_timeout_secs, 30);
+        assert_eq!(HomeAssistantConfig::default().reply_timeout_secs, 60);
+        let secrets = c.secret_values();
+        assert!(secrets.contains(&"ha-token-0123456789".to_owned()));
+        assert!(secrets.contains(&"conv-secret-0123456789".to_owned()));
+        assert!(!format!("{ha:?}").contains("ha-token-0123456789"));
+        assert!(!format!("{c:?}").contains("ha-token-0123456789"));
+    }
+}

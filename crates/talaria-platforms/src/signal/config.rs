@@ -91,3 +91,44 @@ pub const ENV: &[EnvKey] = &[
     fills("http_url", "SIGNAL_HTTP_URL"),
     fills("account", "SIGNAL_ACCOUNT"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::read_section;
+    use talaria_core::config::ConfigError;
+
+    fn parse(text: &str) -> Result<SignalConfig, ConfigError> {
+        read_section::<SignalConfig>(text).map(|(s, w, _)| {
+            assert!(w.is_empty(), "{w:?}");
+            s
+        })
+    }
+
+    #[test]
+    fn the_signal_section_is_read_and_checked() {
+        // Moved from core's config tests.
+        let s = parse(
+            "platforms:\n  signal:\n    http_url: http://127.0.0.1:8080\n    account: \"+4915112345678\"\n    receive_mode: poll\n    poll_interval_secs: 5\n    require_mention: false\n",
+        )
+        .unwrap();
+        assert_eq!(s.http_url.as_deref(), Some("http://127.0.0.1:8080"));
+        assert_eq!(s.account.as_deref(), Some("+4915112345678"));
+        assert_eq!(s.receive_mode, SignalReceiveMode::Poll);
+        assert_eq!((s.poll_interval_secs, s.require_mention), (5, false));
+        // Unquoted, YAML reads a number; it comes back with its `+`.
+        let s = parse("platforms:\n  signal:\n    account: +4915112345678\n").unwrap();
+        assert_eq!(s.account.as_deref(), Some("+4915112345678"));
+        let s = parse("platforms:\n  signal: {}\n").unwrap();
+        assert_eq!(s, SignalConfig::default());
+        assert_eq!(s.receive_mode, SignalReceiveMode::Websocket);
+        match parse("platforms:\n  signal:\n    http_url: localhost:8080\n") {
+            Err(ConfigError::Invalid { key, line, .. }) => {
+                assert_eq!(key, "platforms.signal.http_url");
+                assert_eq!(line, Some(3));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse("platforms:\n  signal:\n    receive_mode: sse\n").is_err());
+    }
+}

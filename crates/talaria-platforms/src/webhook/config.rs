@@ -128,3 +128,75 @@ impl PlatformSection for WebhookConfig {
 /// The keys of `platforms.webhook` that environment variables fill when the
 /// file leaves them empty.
 pub const ENV: &[EnvKey] = &[];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::read_section;
+
+    #[test]
+    fn webhook_defaults_and_routes() {
+        // Moved from core's config tests (the API server's defaults are
+        // checked in talaria-api).
+        let (wh, w, _) = read_section::<WebhookConfig>("").unwrap();
+        assert!(w.is_empty());
+        assert_eq!(wh.enabled, None);
+        assert_eq!(wh.host, "127.0.0.1");
+        assert_eq!(wh.port, 8644);
+        assert_eq!(wh.max_body_bytes, 1024 * 1024);
+        assert_eq!(wh.rate_limit_per_minute, 30);
+        assert_eq!((wh.header_timeout_secs, wh.body_timeout_secs), (10, 30));
+        assert!(wh.routes.is_empty());
+
+        let (wh, w, _) = read_section::<WebhookConfig>(
+            "platforms:\n  webhook:\n    routes:\n      gh-push:\n        secret: s3cr3t-value-123\n        scheme: github\n        events: [push]\n      alerts:\n        secret_env: ALERTS_SECRET\n        scheme: svix\n        deliver: telegram:42\n        prompt: 'Alert {payload.title}'\n        enabled: false\n        colour: red\n",
+        )
+        .unwrap();
+        assert!(
+            w.iter()
+                .any(|l| l.contains("platforms.webhook.routes.alerts.colour")),
+            "{w:?}"
+        );
+        let routes = &wh.routes;
+        let gh = &routes["gh-push"];
+        assert_eq!(gh.scheme, WebhookScheme::Github);
+        assert_eq!(gh.deliver, "local");
+        assert_eq!(gh.events, vec!["push".to_owned()]);
+        assert!(gh.enabled);
+        assert_eq!(gh.prompt, "");
+        assert!(!format!("{gh:?}").contains("s3cr3t-value-123"));
+        let alerts = &routes["alerts"];
+        assert_eq!(alerts.scheme, WebhookScheme::Svix);
+        assert_eq!(alerts.secret, None);
+        assert_eq!(alerts.secret_env.as_deref(), Some("ALERTS_SECRET"));
+        assert_eq!(alerts.deliver, "telegram:42");
+        assert!(!alerts.enabled);
+    }
+
+    #[test]
+    fn webhook_routes_need_a_scheme_and_a_strict_name() {
+        // Moved from core's config tests.
+        let parse = |text: &str| read_section::<WebhookConfig>(text).map(|_| ());
+        let e = parse("platforms:\n  webhook:\n    routes:\n      a:\n        secret: x\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("platforms.webhook.routes") && e.contains("scheme"),
+            "{e}"
+        );
+        let e = parse(
+            "platforms:\n  webhook:\n    routes:\n      a:\n        secret: x\n        scheme: md5\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("scheme") && e.contains("github"), "{e}");
+        for bad in ["'../x'", "'a b'", "'.hidden'", "'a/b'"] {
+            let e = parse(&format!(
+                "platforms:\n  webhook:\n    routes:\n      {bad}:\n        secret: x\n        scheme: hmac\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("route name"), "{bad}: {e}");
+        }
+    }
+}
