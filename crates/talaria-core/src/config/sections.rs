@@ -36,7 +36,7 @@ impl PlatformSections {
     }
 
     /// Sets one value as the file would: `path` is `<section>.<key>`, with
-    /// further dots for nested keys (`webhook.routes.gh.scheme`). Missing
+    /// further dots for nested keys (`example.routes.r.scheme`). Missing
     /// levels are created; a level that holds something other than
     /// settings is replaced by them. For code that builds a configuration
     /// (tests, `talaria setup`) rather than reading one.
@@ -159,7 +159,7 @@ pub trait PlatformSection: DeserializeOwned + Serialize + Default {
 impl Config {
     /// The section `T` reads, as [`PlatformSection::read`] gives it; the
     /// type is usually inferred from where the section goes
-    /// (`TelegramSettings::from_config(&config.section()?, &env)`).
+    /// (`ExampleSettings::from_config(&config.section()?, &env)`).
     pub fn section<T: PlatformSection>(&self) -> Result<T, ConfigError> {
         T::read(self)
     }
