@@ -5,6 +5,11 @@
 //! warnings that name the key path (a typo must not silently do nothing);
 //! values of the wrong form are errors that name the key and the form
 //! expected.
+//!
+//! The sections under `platforms:` are not part of this schema: each
+//! belongs to the crate of the platform (or front end) it configures, and
+//! is kept here as written until its owner reads it with
+//! [`parse_section`], which reports its keys in the same words.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -59,6 +64,19 @@ pub enum ConfigError {
     },
 }
 
+impl fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The file's text may hold credentials in plain: its size only.
+        f.debug_struct("Loaded")
+            .field("config", &self.config)
+            .field("warnings", &self.warnings)
+            .field("env", &self.env)
+            .field("path", &self.path)
+            .field("text", &self.text.as_ref().map(|t| t.len()))
+            .finish()
+    }
+}
+
 /// `, line N` after a file name, when the line is known.
 fn at_line(line: Option<u64>) -> String {
     line.map(|n| format!(", line {n}")).unwrap_or_default()
@@ -111,7 +129,7 @@ pub struct Config {
 }
 
 /// A parsed configuration with what was noticed on the way.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Loaded {
     /// The configuration, defaults filled in.
     pub config: Config,

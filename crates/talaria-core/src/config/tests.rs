@@ -513,3 +513,21 @@ fn set_writes_a_value_as_the_file_would() {
     );
     assert_eq!(c.platforms.names().collect::<Vec<_>>(), ["example"]);
 }
+
+#[test]
+fn a_loaded_configuration_keeps_its_text_for_lines_but_never_prints_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = crate::home::Home::at(dir.path());
+    let text = "platforms:\n  example:\n    server: ftp://x\n    token: kept-token-0123456789\n";
+    std::fs::write(home.config_file(), text).unwrap();
+    let loaded = load(&home).unwrap();
+    assert_eq!(loaded.text.as_deref(), Some(text));
+    assert!(!format!("{loaded:?}").contains("kept-token"));
+    match parse_section::<ExampleSection>(&loaded.config, &loaded.origin()) {
+        Err(ConfigError::Invalid { key, line, .. }) => {
+            assert_eq!(key, "platforms.example.server");
+            assert_eq!(line, Some(3));
+        }
+        other => panic!("{other:?}"),
+    }
+}
