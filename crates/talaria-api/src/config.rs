@@ -70,5 +70,21 @@ mod tests {
         assert_eq!(api.max_concurrent_runs, 10);
         let shown = serde_json::to_value(&api).unwrap();
         assert_eq!(talaria_core::effective::missing_env_key(&shown, ENV), None);
+
+        // The key is a `Secret` (was in core's credential walk): shown
+        // masked, found by the redaction walk of the file as written.
+        let mut config = Config::default();
+        config
+            .platforms
+            .set("api_server.key", "api-key-planted-0123456789");
+        let api = ApiServerConfig::read(&config).unwrap();
+        let shown = serde_json::to_string(&api).unwrap();
+        assert!(!shown.contains("api-key-planted"), "{shown}");
+        assert!(!format!("{api:?}").contains("api-key-planted"));
+        assert!(
+            config
+                .secret_values()
+                .contains(&"api-key-planted-0123456789".to_owned())
+        );
     }
 }
