@@ -36,6 +36,7 @@
 
 mod auth;
 mod chat;
+mod config;
 mod error;
 mod session;
 mod sse;
@@ -49,7 +50,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 use talaria_agent::Agent;
-use talaria_core::config::ApiServerConfig;
 use talaria_core::{Env, Secret};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -58,6 +58,8 @@ use tokio_util::sync::CancellationToken;
 use self::error::ApiError;
 use self::session::{SessionLocks, TranscriptIndex};
 use talaria_platforms::listen::ConnectionLimits;
+
+pub use config::{ApiServerConfig, ENV};
 
 /// The port used when neither the config nor `API_SERVER_PORT` sets one.
 pub const DEFAULT_PORT: u16 = 8642;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use api_support::{KEY, conversation, parse_sse, rig, rig_with};
 use futures::StreamExt;
 use serde_json::{Value, json};
+use talaria_api::ApiServerConfig;
 use talaria_api::{ApiServerError, ApiServerSettings};
-use talaria_core::config::ApiServerConfig;
 use talaria_core::{Env, Role, Secret};
 use talaria_testkit::{Reply, ToolCallReply};
 

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use talaria_agent::tools::terminal;
-use talaria_core::{Home, config};
+use talaria_core::Home;
 
 #[derive(Debug, Subcommand)]
 pub enum ApprovalsCommand {
@@ -63,7 +63,7 @@ fn list(home: &Home) -> anyhow::Result<ExitCode> {
     }
     // The configuration's own entries, for a complete picture; a broken
     // config.yaml is `talaria config check`'s to report.
-    if let Ok(loaded) = config::load(home)
+    if let Ok(loaded) = crate::sections::load(home)
         && !loaded.config.command_allowlist.is_empty()
     {
         println!(

@@ -3,7 +3,6 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use talaria_core::config;
 use talaria_core::{Config, Home};
 use talaria_platforms::registry::{BuildError, PLATFORMS, Setup};
 use talaria_store::CursorStore;
@@ -12,7 +11,7 @@ use talaria_store::CursorStore;
 /// from the environment filled in) as YAML, with secrets masked, followed
 /// by where those values and the model endpoint come from.
 pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
-    let loaded = config::load(home)?;
+    let loaded = crate::sections::load(home)?;
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }
@@ -25,7 +24,9 @@ pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
     }
     // The file merged over the defaults, with what the environment
     // supplies filled in (masked), so a token kept in .env shows as set.
-    let (tree, from_env) = talaria_core::effective::effective(&loaded.config, &loaded.env);
+    let sections = crate::sections::shown(&loaded)?;
+    let (tree, from_env) =
+        talaria_core::effective::effective(&loaded.config, &loaded.env, &sections);
     print!("{}", serde_saphyr::to_string(&tree)?);
     if !from_env.is_empty() {
         println!("# from the environment:");
@@ -76,7 +77,7 @@ pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
 
 /// Validates everything `talaria chat` needs; non-zero exit on any error.
 pub fn check(home: &Home) -> anyhow::Result<ExitCode> {
-    let loaded = match config::load(home) {
+    let loaded = match crate::sections::load(home) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("error: {e}");

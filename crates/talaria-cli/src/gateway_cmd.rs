@@ -8,8 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use talaria_agent::interaction::NoHuman;
 use talaria_agent::tools::send_message::SendMessageTool;
-use talaria_api::{ApiServer, ApiServerSettings};
+use talaria_api::{ApiServer, ApiServerConfig, ApiServerSettings};
 use talaria_core::Home;
+use talaria_core::config::PlatformSection;
 use talaria_gateway::Adapter;
 use talaria_gateway::cron::{CronTool, Zone};
 use talaria_gateway::delivery::Delivery;
@@ -22,6 +23,7 @@ use talaria_gateway::process::{self, PidFile, PidFileError};
 use talaria_gateway::target::HomeChannels;
 use talaria_platforms::ingress::{Ingress, Mount};
 use talaria_platforms::registry::{BuildError, PLATFORMS, Platform, Setup};
+use talaria_platforms::webhook::WebhookConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::Runtime;
@@ -139,7 +141,7 @@ pub async fn run(home: Home) -> anyhow::Result<ExitCode> {
 async fn serve(home: Home) -> Result<ExitCode, RunError> {
     // Read once before the runtime (which also opens the store) so that a
     // broken file is told apart from a database that is down.
-    talaria_core::config::load(&home).map_err(bad_config)?;
+    crate::sections::load(&home).map_err(bad_config)?;
     let rt = Runtime::load(home, "info").await?;
     log_open_file_limit();
     let pid_file = match PidFile::acquire(&rt.home) {
@@ -188,7 +190,7 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     let ingress = if mounts.is_empty() {
         None
     } else {
-        let listen = &rt.config.platforms.webhook;
+        let listen = WebhookConfig::read(&rt.config).map_err(bad_config)?;
         let mut ingress = Ingress::bind(listen.host.trim(), listen.port)
             .await
             .context("cannot start the webhook listener (platforms.webhook.host and port)")?;
@@ -209,7 +211,8 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
         );
         Some(ingress)
     };
-    let api = ApiServerSettings::from_config(&rt.config.platforms.api_server, &rt.loaded.env)
+    let api_config = ApiServerConfig::read(&rt.config).map_err(bad_config)?;
+    let api = ApiServerSettings::from_config(&api_config, &rt.loaded.env)
         .context("the API server is misconfigured")
         .map_err(bad_config)?;
     if adapters.is_empty() && api.is_none() {
@@ -259,7 +262,7 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
                 .await
                 .context("cannot start the API server")?
                 .with_transcript_store(rt.gateway_store.clone());
-            let config = &rt.config.platforms.api_server;
+            let config = &api_config;
             server.set_connection_limits(
                 server
                     .connection_limits()
@@ -466,7 +469,7 @@ pub async fn stop(home: Home) -> anyhow::Result<ExitCode> {
     let pid = info.pid;
     // The running gateway read the same file; a broken one cannot have
     // started it, so the default is the best guess then.
-    let drain = talaria_core::config::load(&home).map_or_else(
+    let drain = crate::sections::load(&home).map_or_else(
         |_| talaria_core::Config::default().gateway.drain_timeout_secs,
         |l| l.config.gateway.drain_timeout_secs,
     );
@@ -509,7 +512,7 @@ pub async fn stop(home: Home) -> anyhow::Result<ExitCode> {
 pub async fn status(home: &Home) -> anyhow::Result<ExitCode> {
     // A configuration that does not load still leaves the process state
     // worth showing; its error follows.
-    let loaded = talaria_core::config::load(home);
+    let loaded = crate::sections::load(home);
     let configured = match &loaded {
         Ok(l) => crate::config_cmd::platforms_on(&l.config, &l.env).0,
         Err(_) => Vec::new(),

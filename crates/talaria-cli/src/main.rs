@@ -33,6 +33,7 @@ mod mcp_cmd;
 mod pairing_cmd;
 mod repl_commands;
 mod runtime;
+mod sections;
 mod send_cmd;
 mod sessions_cmd;
 mod setup;

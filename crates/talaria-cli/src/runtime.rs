@@ -8,11 +8,12 @@ use anyhow::Context;
 use talaria_agent::interaction::Interaction;
 use talaria_agent::tools::Registry;
 use talaria_agent::{Agent, AgentParts};
-use talaria_core::config::{self, Loaded};
-use talaria_core::config::{DATABASE_URL_ENV, StoreBackend};
+use talaria_core::config::Loaded;
+use talaria_core::config::{DATABASE_URL_ENV, PlatformSection, StoreBackend};
 use talaria_core::{Config, Home, Redactor};
 use talaria_llm::LlmClient;
 use talaria_mcp::McpManager;
+use talaria_platforms::homeassistant::HomeAssistantConfig;
 use talaria_store::{GatewayStore, PostgresOptions, PostgresStore, SessionStore, SqliteStore};
 
 /// Resolves `--home`, `TALARIA_HOME` or `~/.talaria`, creating it (0700).
@@ -90,7 +91,7 @@ impl Runtime {
 
     /// [`Runtime::load_without_model`] with a default log level.
     pub async fn load(home: Home, default_log: &str) -> anyhow::Result<Runtime> {
-        let loaded = config::load(&home)?;
+        let loaded = crate::sections::load(&home)?;
         let redactor = Redactor::new(
             loaded
                 .env
@@ -154,8 +155,9 @@ impl Runtime {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }
         // Home Assistant's ha_* tools, when HASS_URL and HASS_TOKEN are set.
+        let homeassistant = HomeAssistantConfig::read(&self.config)?;
         if let Some(settings) = talaria_platforms::homeassistant::HomeAssistantSettings::from_config(
-            &self.config.platforms.homeassistant,
+            &homeassistant,
             &self.loaded.env,
         ) {
             for tool in talaria_tools::homeassistant::ha_tools(&settings)? {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use talaria_core::config::{self, DATABASE_URL_ENV, StoreBackend};
+use talaria_core::config::{DATABASE_URL_ENV, StoreBackend};
 use talaria_core::{Home, Redactor};
 use talaria_gateway::process;
 use talaria_store::copy::{CopyOptions, CopyReport, Progress, Table};
@@ -69,7 +69,7 @@ pub async fn run(home: Home, command: StoreCommand) -> anyhow::Result<ExitCode> 
 }
 
 async fn migrate(home: Home, args: MigrateArgs) -> anyhow::Result<ExitCode> {
-    let loaded = config::load(&home)?;
+    let loaded = crate::sections::load(&home)?;
     let url = match args.to.clone().or_else(|| {
         loaded
             .env

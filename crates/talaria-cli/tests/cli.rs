@@ -190,6 +190,62 @@ async fn config_check_and_show() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn config_check_reads_every_platform_section_enabled_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    // A typo inside a section, and a section no platform has.
+    write_config(
+        &home,
+        "http://127.0.0.1:9/v1",
+        "platforms:\n  telegram:\n    enabled: false\n    pol_timeout_secs: 5\n  telegarm:\n    token: x\n",
+    );
+    let out = talaria(&home, &["config", "check"]).await;
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("unknown key `platforms.telegram.pol_timeout_secs`"),
+        "{err}"
+    );
+    assert!(err.contains("unknown key `platforms.telegarm`"), "{err}");
+    assert!(err.contains("telegram, discord"), "{err}");
+
+    // `config show` prints each section as its platform reads it.
+    let show = talaria(&home, &["config", "show"]).await;
+    assert!(show.status.success());
+    let shown = text(&show.stdout);
+    assert!(shown.contains("poll_timeout_secs: 30"), "{shown}");
+    assert!(shown.contains("max_concurrent_runs: 10"), "{shown}");
+    assert!(!shown.contains("telegarm"), "{shown}");
+
+    // A wrong value in a platform that is off still fails, with the key's
+    // path and line.
+    write_config(
+        &home,
+        "http://127.0.0.1:9/v1",
+        "platforms:\n  slack:\n    enabled: false\n    api_base: ftp://x\n",
+    );
+    let bad = talaria(&home, &["config", "check"]).await;
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("line 11: `platforms.slack.api_base`"),
+        "{}",
+        text(&bad.stderr)
+    );
+    write_config(
+        &home,
+        "http://127.0.0.1:9/v1",
+        "platforms:\n  api_server:\n    port: lots\n",
+    );
+    let bad = talaria(&home, &["config", "check"]).await;
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("line 10: `platforms.api_server.port`"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn config_check_sets_up_every_registered_platform_it_turns_on() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");

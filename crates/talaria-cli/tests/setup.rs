@@ -289,7 +289,7 @@ fn a_telegram_bot_and_its_owner_end_up_where_the_gateway_reads_them() {
 
     // Read back the way the gateway reads them.
     let loaded = talaria_core::config::load(&Home::at(&home)).unwrap();
-    let settings = TelegramSettings::from_config(&loaded.config.platforms.telegram, &loaded.env)
+    let settings = TelegramSettings::from_config(&loaded.config.section().unwrap(), &loaded.env)
         .expect("Telegram is not enabled");
     assert_eq!(settings.token, token);
     assert_eq!(loaded.env.get("TELEGRAM_ALLOWED_USERS"), Some("123456789"));

@@ -9,16 +9,22 @@ use serde_json::Value;
 use crate::config::{Config, Env, mask};
 
 /// A configuration key that an environment variable fills or overrides.
-struct EnvKey {
-    /// The key's path in `config.yaml`, dot-separated.
-    key: &'static str,
-    var: &'static str,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvKey {
+    /// The key's path, dot-separated: from the top of `config.yaml` in
+    /// core's own list, from the top of its section in a section's list
+    /// ([`Shown::env`]).
+    pub key: &'static str,
+    /// The variable.
+    pub var: &'static str,
     /// The variable wins over the file (`TALARIA_MODEL`); otherwise it
     /// fills the key only when the file leaves it empty.
-    overrides: bool,
+    pub overrides: bool,
 }
 
-const fn fills(key: &'static str, var: &'static str) -> EnvKey {
+/// The key `key` that `var` fills when the file leaves it empty: what an
+/// adapter's `"token from the section, else the variable"` amounts to.
+pub const fn fills(key: &'static str, var: &'static str) -> EnvKey {
     EnvKey {
         key,
         var,
@@ -26,9 +32,10 @@ const fn fills(key: &'static str, var: &'static str) -> EnvKey {
     }
 }
 
-/// Every configuration key a variable of a fixed name supplies, as the
-/// model client and the platform adapters read them. The model's key
-/// variable depends on the provider and is handled apart.
+/// The keys outside `platforms:` a variable of a fixed name supplies, as
+/// the model client reads them. The model's key variable depends on the
+/// provider and is handled apart; the sections under `platforms:` list
+/// their own ([`Shown::env`]).
 const ENV_KEYS: &[EnvKey] = &[
     EnvKey {
         key: "model.default",
@@ -40,48 +47,19 @@ const ENV_KEYS: &[EnvKey] = &[
         var: "TALARIA_BASE_URL",
         overrides: true,
     },
-    fills("platforms.telegram.token", "TELEGRAM_BOT_TOKEN"),
-    fills("platforms.discord.token", "DISCORD_BOT_TOKEN"),
-    fills("platforms.slack.bot_token", "SLACK_BOT_TOKEN"),
-    fills("platforms.slack.app_token", "SLACK_APP_TOKEN"),
-    fills("platforms.mattermost.token", "MATTERMOST_TOKEN"),
-    fills("platforms.mattermost.url", "MATTERMOST_URL"),
-    fills("platforms.matrix.homeserver", "MATRIX_HOMESERVER"),
-    fills("platforms.matrix.access_token", "MATRIX_ACCESS_TOKEN"),
-    fills("platforms.matrix.user_id", "MATRIX_USER_ID"),
-    fills("platforms.signal.http_url", "SIGNAL_HTTP_URL"),
-    fills("platforms.signal.account", "SIGNAL_ACCOUNT"),
-    fills("platforms.whatsapp_cloud.token", "WHATSAPP_CLOUD_TOKEN"),
-    fills(
-        "platforms.whatsapp_cloud.phone_number_id",
-        "WHATSAPP_CLOUD_PHONE_NUMBER_ID",
-    ),
-    fills(
-        "platforms.whatsapp_cloud.app_secret",
-        "WHATSAPP_CLOUD_APP_SECRET",
-    ),
-    fills(
-        "platforms.whatsapp_cloud.verify_token",
-        "WHATSAPP_CLOUD_VERIFY_TOKEN",
-    ),
-    fills("platforms.sms.account_sid", "TWILIO_ACCOUNT_SID"),
-    fills("platforms.sms.auth_token", "TWILIO_AUTH_TOKEN"),
-    fills("platforms.sms.phone_number", "TWILIO_PHONE_NUMBER"),
-    fills("platforms.sms.webhook_url", "SMS_WEBHOOK_URL"),
-    fills("platforms.email.address", "EMAIL_ADDRESS"),
-    fills("platforms.email.password", "EMAIL_PASSWORD"),
-    fills("platforms.email.imap_host", "EMAIL_IMAP_HOST"),
-    fills("platforms.email.smtp_host", "EMAIL_SMTP_HOST"),
-    fills("platforms.homeassistant.url", "HASS_URL"),
-    fills("platforms.homeassistant.token", "HASS_TOKEN"),
-    fills(
-        "platforms.homeassistant.conversation_token",
-        "HASS_CONVERSATION_TOKEN",
-    ),
-    fills("platforms.api_server.key", "API_SERVER_KEY"),
-    fills("platforms.api_server.host", "API_SERVER_HOST"),
-    fills("platforms.api_server.port", "API_SERVER_PORT"),
 ];
+
+/// One section under `platforms:` as its owner reads it, for the tree.
+#[derive(Debug, Clone)]
+pub struct Shown {
+    /// Its key under `platforms:`.
+    pub name: &'static str,
+    /// Its values with defaults filled in, secrets masked.
+    pub value: Value,
+    /// The keys of the section (paths from its top) that environment
+    /// variables fill.
+    pub env: &'static [EnvKey],
+}
 
 /// A value the environment supplied.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,9 +77,18 @@ pub struct FromEnv {
 }
 
 /// The configuration as a tree (secrets masked), with the environment's
-/// values in place, and the list of those values.
-pub fn effective(config: &Config, env: &Env) -> (Value, Vec<FromEnv>) {
+/// values in place, and the list of those values. `platforms:` holds the
+/// `sections` given, as their owners read them; a section no owner reads
+/// is left out, as its keys take no effect.
+pub fn effective(config: &Config, env: &Env, sections: &[Shown]) -> (Value, Vec<FromEnv>) {
     let mut tree = serde_json::to_value(config).unwrap_or(Value::Null);
+    if let Some(top) = tree.as_object_mut() {
+        let platforms = sections
+            .iter()
+            .map(|s| (s.name.to_owned(), s.value.clone()))
+            .collect();
+        top.insert("platforms".to_owned(), Value::Object(platforms));
+    }
     let mut supplied = Vec::new();
     let api_key_var = config.model.provider.api_key_env();
     let model_key = EnvKey {
@@ -109,28 +96,37 @@ pub fn effective(config: &Config, env: &Env) -> (Value, Vec<FromEnv>) {
         var: api_key_var,
         overrides: false,
     };
-    for entry in ENV_KEYS.iter().chain(std::iter::once(&model_key)) {
+    let core = ENV_KEYS
+        .iter()
+        .chain(std::iter::once(&model_key))
+        .map(|e| (e.key.to_owned(), e));
+    let of_sections = sections.iter().flat_map(|s| {
+        s.env
+            .iter()
+            .map(|e| (format!("platforms.{}.{}", s.name, e.key), e))
+    });
+    for (key, entry) in core.chain(of_sections) {
         let Some(value) = env.get(entry.var) else {
             continue;
         };
-        let Some(slot) = slot(&mut tree, entry.key) else {
+        let Some(slot) = slot(&mut tree, &key) else {
             continue;
         };
         let set_in_file = !slot.is_null();
         if set_in_file && !entry.overrides {
             continue;
         }
-        let shown = if is_credential(entry.key) {
+        let shown = if is_credential(&key) {
             mask(value)
         } else {
             value.trim().to_owned()
         };
         *slot = match shown.parse::<u16>() {
-            Ok(port) if entry.key.ends_with(".port") => Value::from(port),
+            Ok(port) if key.ends_with(".port") => Value::from(port),
             _ => Value::String(shown.clone()),
         };
         supplied.push(FromEnv {
-            key: entry.key.to_owned(),
+            key,
             var: entry.var.to_owned(),
             origin: env.origin(entry.var),
             shown,
@@ -156,9 +152,40 @@ fn is_credential(key: &str) -> bool {
         .any(|word| last.contains(word))
 }
 
+/// Whether every key of `entries` is a leaf of `section` (a section's
+/// values with defaults filled in): a key renamed in a section's type but
+/// not in its list would silently show nothing. Each owner's tests call
+/// this on its own list; the answer names the first key missing.
+pub fn missing_env_key(section: &Value, entries: &[EnvKey]) -> Option<&'static str> {
+    let mut tree = section.clone();
+    entries
+        .iter()
+        .find(|e| slot(&mut tree, e.key).is_none())
+        .map(|e| e.key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A section as an owner would show it: a token and a server.
+    fn example(token: Option<&str>) -> Shown {
+        const ENV: &[EnvKey] = &[
+            fills("token", "EXAMPLE_TOKEN"),
+            fills("server", "EXAMPLE_SERVER"),
+            fills("port", "EXAMPLE_PORT"),
+        ];
+        Shown {
+            name: "example",
+            value: serde_json::json!({
+                "token": token.map(mask),
+                "server": null,
+                "port": null,
+                "retries": 3,
+            }),
+            env: ENV,
+        }
+    }
 
     #[test]
     fn every_listed_key_exists_in_the_configuration() {
@@ -168,27 +195,34 @@ mod tests {
         for entry in ENV_KEYS {
             assert!(slot(&mut tree, entry.key).is_some(), "{}", entry.key);
         }
+        let shown = example(None);
+        assert_eq!(missing_env_key(&shown.value, shown.env), None);
+        assert_eq!(
+            missing_env_key(&shown.value, &[fills("tokn", "EXAMPLE_TOKEN")]),
+            Some("tokn")
+        );
     }
 
     #[test]
     fn the_environment_fills_empty_keys_masked_and_overrides_the_model() {
         let mut config = Config::default();
         config.model.default = Some("from-file".into());
-        config.platforms.discord.token = Some(crate::Secret::new("file-token-0123456789"));
         let env = Env::from_pairs([
-            ("TELEGRAM_BOT_TOKEN", "123456:ABCDEFGHIJKLMNOP"),
-            ("DISCORD_BOT_TOKEN", "env-token-should-not-win"),
+            ("EXAMPLE_TOKEN", "env-token-should-not-win"),
             ("TALARIA_MODEL", "from-env"),
-            ("MATTERMOST_URL", "https://chat.example.org"),
+            ("EXAMPLE_SERVER", "https://chat.example.org"),
+            ("EXAMPLE_PORT", "8080"),
         ]);
-        let (tree, supplied) = effective(&config, &env);
-        assert_eq!(tree["platforms"]["telegram"]["token"], "****MNOP");
-        assert_eq!(tree["platforms"]["discord"]["token"], "****6789");
+        let sections = [example(Some("file-token-0123456789"))];
+        let (tree, supplied) = effective(&config, &env, &sections);
+        assert_eq!(tree["platforms"]["example"]["token"], "****6789");
         assert_eq!(tree["model"]["default"], "from-env");
         assert_eq!(
-            tree["platforms"]["mattermost"]["url"],
+            tree["platforms"]["example"]["server"],
             "https://chat.example.org"
         );
+        assert_eq!(tree["platforms"]["example"]["port"], 8080);
+        assert_eq!(tree["platforms"]["example"]["retries"], 3);
         let keys: Vec<(&str, bool)> = supplied
             .iter()
             .map(|s| (s.key.as_str(), s.overrode))
@@ -197,10 +231,25 @@ mod tests {
             keys,
             [
                 ("model.default", true),
-                ("platforms.telegram.token", false),
-                ("platforms.mattermost.url", false),
+                ("platforms.example.server", false),
+                ("platforms.example.port", false),
             ]
         );
+
+        // An empty token is filled from the environment, masked.
+        let env = Env::from_pairs([("EXAMPLE_TOKEN", "123456:ABCDEFGHIJKLMNOP")]);
+        let (tree, supplied) = effective(&config, &env, &[example(None)]);
+        assert_eq!(tree["platforms"]["example"]["token"], "****MNOP");
+        assert_eq!(supplied[0].key, "platforms.example.token");
         assert!(!format!("{tree}{supplied:?}").contains("ABCDEFGH"));
+    }
+
+    #[test]
+    fn sections_nobody_reads_are_not_shown() {
+        let mut config = Config::default();
+        config.platforms.set("nobody.token", "raw-token-0123456789");
+        let (tree, _) = effective(&config, &Env::default(), &[example(None)]);
+        assert!(tree["platforms"].get("nobody").is_none(), "{tree}");
+        assert!(!tree.to_string().contains("raw-token"), "{tree}");
     }
 }

@@ -1,12 +1,16 @@
 //! Every platform this build knows, one entry each: its name, its
-//! configuration section and its constructor. Whatever walks the platforms
-//! (`talaria gateway run`, `talaria send`, the docs' table) walks
-//! [`PLATFORMS`], so adding a platform is its folder and one line here.
+//! configuration section (read and checked by the platform's own type) and
+//! its constructor. Whatever walks the platforms (`talaria gateway run`,
+//! `talaria send`, `talaria config check` and `config show`, the docs'
+//! table) walks [`PLATFORMS`], so adding a platform is its folder and one
+//! line here.
 
 use std::error::Error;
 use std::sync::Arc;
 
 use talaria_adapter::Adapter;
+use talaria_core::config::{Checked, ConfigError, Origin, PlatformSection};
+use talaria_core::effective::EnvKey;
 use talaria_core::{Config, Env};
 use talaria_store::CursorStore;
 
@@ -22,6 +26,16 @@ pub struct Setup<'a> {
     pub env: &'a Env,
     /// Where an adapter keeps its position across restarts.
     pub cursors: Arc<dyn CursorStore>,
+}
+
+impl Setup<'_> {
+    /// The platform's section of the configuration, read into its type.
+    /// The section was checked when the configuration was loaded, with
+    /// messages that name lines; a failure here is still reported, as a
+    /// misconfiguration.
+    pub fn section<T: PlatformSection>(&self) -> Result<T, BuildError> {
+        T::read(self.config).map_err(BuildError::misconfigured)
+    }
 }
 
 /// A platform that is configured, set up but not connected.
@@ -53,6 +67,14 @@ pub struct Platform {
     /// Whether it is a chat `talaria send` can deliver through without a
     /// running gateway (a webhook route only answers its own deliveries).
     pub standalone: bool,
+    /// Reads and checks its section (`platforms.<name>`), enabled or not:
+    /// an error or unknown key there is reported by `talaria config check`
+    /// and stops any command that loads the configuration.
+    /// [`talaria_core::config::check_section`] for the section's type.
+    pub check: fn(&Config, &Origin<'_>) -> Result<Checked, ConfigError>,
+    /// The keys of its section that environment variables fill, for
+    /// `talaria config show`'s "from the environment" markers.
+    pub env: &'static [EnvKey],
     /// Builds its adapter when its settings (section and environment)
     /// turn it on; `Ok(None)` when they leave it off.
     pub build: fn(&Setup<'_>) -> Result<Option<Built>, BuildError>,
@@ -112,6 +134,22 @@ pub fn platform(name: &str) -> Option<&'static Platform> {
     PLATFORMS.iter().find(|p| p.name == name)
 }
 
+/// Test helper: `text` read as `config.yaml`, then the section `T` read
+/// from it as `talaria config check` reads it, with the configuration.
+#[cfg(test)]
+pub(crate) fn read_section<T: PlatformSection>(
+    text: &str,
+) -> Result<(T, Vec<String>, Config), ConfigError> {
+    let path = std::path::Path::new("config.yaml");
+    let (config, _) = Config::parse(text, path)?;
+    let origin = Origin {
+        path,
+        text: Some(text),
+    };
+    let (section, warnings) = talaria_core::config::parse_section::<T>(&config, &origin)?;
+    Ok((section, warnings, config))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +167,210 @@ mod tests {
                 "{name}"
             );
             assert_eq!(platform(name).map(|p| p.name), Some(name));
+        }
+    }
+
+    fn origin(text: &str) -> Origin<'_> {
+        Origin {
+            path: std::path::Path::new("config.yaml"),
+            text: Some(text),
+        }
+    }
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, std::path::Path::new("config.yaml"))
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn every_section_reads_its_own_key_and_lists_keys_it_has() {
+        for p in PLATFORMS {
+            // Defaults pass their own checks.
+            let checked = (p.check)(&Config::default(), &origin("")).unwrap();
+            assert!(checked.warnings.is_empty(), "{}", p.name);
+            // The section read is the entry's own: its unknown key is
+            // named under `platforms.<name>`.
+            let text = format!("platforms:\n  {}:\n    no_such_key: 1\n", p.name);
+            let checked = (p.check)(&config(&text), &origin(&text)).unwrap();
+            assert_eq!(
+                checked.warnings,
+                [format!(
+                    "config.yaml: unknown key `platforms.{}.no_such_key` (ignored)",
+                    p.name
+                )]
+            );
+            // Every key an environment variable fills exists in the
+            // section (was core's list of `platforms.*` keys).
+            assert_eq!(
+                talaria_core::effective::missing_env_key(&checked.shown, p.env),
+                None,
+                "{}",
+                p.name
+            );
+        }
+    }
+
+    #[test]
+    fn server_addresses_must_be_http_urls_and_errors_name_key_and_line() {
+        // The checks core's `load.rs` made before the sections moved.
+        for (section, key) in [
+            ("telegram", "base_url"),
+            ("matrix", "homeserver"),
+            ("signal", "http_url"),
+            ("slack", "api_base"),
+            ("sms", "api_base"),
+        ] {
+            let Some(p) = platform(section) else {
+                continue;
+            };
+            let text =
+                format!("model:\n  default: m\nplatforms:\n  {section}:\n    {key}: ftp://x\n");
+            match (p.check)(&config(&text), &origin(&text)) {
+                Err(ConfigError::Invalid {
+                    key: found,
+                    line,
+                    message,
+                    ..
+                }) => {
+                    assert_eq!(found, format!("platforms.{section}.{key}"));
+                    assert_eq!(line, Some(5), "{section}");
+                    assert!(message.contains("http"), "{message}");
+                }
+                other => panic!("{section}: {other:?}"),
+            }
+            let text = format!("platforms:\n  {section}:\n    {key}: https://x.example\n");
+            assert!(
+                (p.check)(&config(&text), &origin(&text)).is_ok(),
+                "{section}"
+            );
+        }
+    }
+
+    /// Plants a distinct value in every leaf of a section's tree whose
+    /// name says credential (and a URL with credentials in every URL
+    /// leaf), recording `(path, value, is_url)`; as core's test of the
+    /// same name does for the rest of the file.
+    fn plant(tree: &mut serde_json::Value, path: &str, planted: &mut Vec<(String, String, bool)>) {
+        use serde_json::Value;
+        match tree {
+            Value::Object(map) => {
+                for (k, v) in map.iter_mut() {
+                    let here = format!("{path}.{k}");
+                    let tag: String = here
+                        .chars()
+                        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                        .collect();
+                    let leaf = v.is_null() || v.is_string();
+                    let low = k.to_ascii_lowercase();
+                    let credential = ["token", "key", "secret", "password"]
+                        .iter()
+                        .any(|w| low.contains(w));
+                    if leaf && credential && !low.ends_with("_env") {
+                        let value = format!("planted{tag}-0123456789");
+                        *v = Value::String(value.clone());
+                        planted.push((here, value, false));
+                    } else if leaf
+                        && (low.contains("url") || low.ends_with("base") || low == "homeserver")
+                    {
+                        let value = format!(
+                            "https://bot:pw{tag}-0123456789@h.example/v1?api-key=qk{tag}-0123456789"
+                        );
+                        *v = Value::String(value.clone());
+                        planted.push((here, value, true));
+                    } else {
+                        plant(v, &here, planted);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter_mut().enumerate() {
+                    plant(item, &format!("{path}[{i}]"), planted);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_credential_in_a_section_is_a_secret_and_redacted() {
+        // Moved from core's `every_credential_in_the_config_is_a_secret_
+        // and_redacted`: its platform half. One route, so a route's
+        // fields are walked too.
+        let base = config("platforms:\n  webhook:\n    routes:\n      r: {scheme: github}\n");
+        let mut sections = serde_json::Map::new();
+        for p in PLATFORMS {
+            let checked = (p.check)(&base, &origin("")).unwrap();
+            sections.insert(p.name.to_owned(), checked.shown);
+        }
+        let mut tree = serde_json::json!({ "platforms": sections });
+        let mut planted = Vec::new();
+        plant(&mut tree, "", &mut planted);
+        let paths: Vec<&str> = planted.iter().map(|(p, _, _)| p.as_str()).collect();
+        for want in [
+            ".platforms.telegram.token",
+            ".platforms.discord.token",
+            ".platforms.mattermost.token",
+            ".platforms.slack.bot_token",
+            ".platforms.slack.app_token",
+            ".platforms.webhook.routes.r.secret",
+            ".platforms.matrix.access_token",
+            ".platforms.whatsapp_cloud.token",
+            ".platforms.whatsapp_cloud.app_secret",
+            ".platforms.whatsapp_cloud.verify_token",
+            ".platforms.sms.auth_token",
+            ".platforms.email.password",
+            ".platforms.homeassistant.token",
+            ".platforms.homeassistant.conversation_token",
+        ] {
+            let name = want.split('.').nth(2).unwrap_or_default();
+            if platform(name).is_some() {
+                assert!(paths.contains(&want), "{want} was not planted: {paths:?}");
+            }
+        }
+        let text = serde_json::to_string(&tree).unwrap();
+        let c = config(&text);
+        let redactor = talaria_core::Redactor::new(c.secret_values());
+        let printed = serde_json::to_string(&c).unwrap();
+        let debugged = format!("{c:?}");
+        // What each owner reads and shows (`config show`).
+        let mut shown = String::new();
+        for p in PLATFORMS {
+            let checked = (p.check)(&c, &origin(&text)).unwrap();
+            assert!(checked.warnings.is_empty(), "{:?}", checked.warnings);
+            shown.push_str(&checked.shown.to_string());
+        }
+        for (path, value, is_url) in &planted {
+            let parts: Vec<String> = if *is_url {
+                let url = talaria_core::config::url_secrets(value);
+                assert_eq!(url.len(), 2, "{path}: {url:?}");
+                url
+            } else {
+                vec![value.clone()]
+            };
+            let redacted = redactor.redact(&format!("the model read: {value}."));
+            for part in &parts {
+                assert!(
+                    !redacted.contains(part.as_str()),
+                    "{path}: {part} survives as {redacted}"
+                );
+            }
+            // A credential held by name must be a `Secret` in its
+            // section's type: printing the section masks it.
+            if !is_url {
+                assert!(
+                    !shown.contains(value.as_str()),
+                    "{path} is shown in plain: not a Secret"
+                );
+                assert!(
+                    !printed.contains(value.as_str()),
+                    "{path} is printed in plain"
+                );
+                assert!(
+                    !debugged.contains(value.as_str()),
+                    "{path} is in Debug in plain"
+                );
+            }
         }
     }
 }

@@ -56,7 +56,7 @@ impl Rig {
         let mut config = Config::default();
         config.model.default = Some("test-model".into());
         config.model.base_url = Some(llm.base_url());
-        config.platforms.telegram.base_url = tg.base_url();
+        config.platforms.set("telegram.base_url", tg.base_url());
         config.agent.api_max_retries = 0;
         config.cron.timezone = Some("Europe/Berlin".into());
         configure(&mut config);
@@ -96,7 +96,7 @@ impl Rig {
             workdir: self.dir.path().to_path_buf(),
         }));
         let settings =
-            TelegramSettings::from_config(&self.config.platforms.telegram, &env).unwrap();
+            TelegramSettings::from_config(&self.config.section().unwrap(), &env).unwrap();
         let adapter: Arc<dyn Adapter> = Arc::new(TelegramAdapter::new(settings).unwrap());
         let gateway_store: Arc<dyn GatewayStore> = store.clone();
         let delivery = Delivery::new(

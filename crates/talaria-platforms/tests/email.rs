@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use talaria_core::config::MailTls;
 use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, Inbox, LivenessReporter, MessageEvent, OutboundMessage,
     SendError,
 };
+use talaria_platforms::email::MailTls;
 use talaria_platforms::email::{EmailAdapter, EmailSettings, Endpoint};
 use talaria_store::CursorStore;
 use talaria_testkit::MailServer;

@@ -17,7 +17,7 @@ use talaria_testkit::kit::discord::DiscordKit;
 
 impl AdapterKit for DiscordKit {
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter> {
-        let mut settings = DiscordSettings::from_config(&config.platforms.discord, env).unwrap();
+        let mut settings = DiscordSettings::from_config(&config.section().unwrap(), env).unwrap();
         settings.timings = DiscordTimings {
             connect_timeout: Duration::from_secs(5),
             reidentify_delay: Duration::from_millis(50),

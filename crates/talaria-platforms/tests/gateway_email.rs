@@ -41,7 +41,7 @@ impl AdapterKit for EmailKit {
 }
 
 fn email_adapter(config: &Config, env: &Env, cursors: Arc<dyn CursorStore>) -> Arc<dyn Adapter> {
-    let settings = EmailSettings::from_config(&config.platforms.email, env).unwrap();
+    let settings = EmailSettings::from_config(&config.section().unwrap(), env).unwrap();
     Arc::new(EmailAdapter::new(settings, cursors).unwrap())
 }
 

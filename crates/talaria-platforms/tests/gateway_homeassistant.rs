@@ -30,7 +30,7 @@ use talaria_tools::homeassistant::ha_tools;
 /// The settings as `talaria gateway run` resolves them from
 /// `platforms.homeassistant` and the environment.
 fn settings(config: &Config, env: &Env) -> HomeAssistantSettings {
-    HomeAssistantSettings::from_config(&config.platforms.homeassistant, env)
+    HomeAssistantSettings::from_config(&config.section().unwrap(), env)
         .expect("the kit turns Home Assistant on")
 }
 

@@ -17,7 +17,7 @@ use talaria_testkit::mattermost::NewPost;
 
 impl AdapterKit for MattermostKit {
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter> {
-        let settings = MattermostSettings::from_config(&config.platforms.mattermost, env).unwrap();
+        let settings = MattermostSettings::from_config(&config.section().unwrap(), env).unwrap();
         Arc::new(MattermostAdapter::new(settings).unwrap())
     }
 }

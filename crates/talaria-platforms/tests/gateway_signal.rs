@@ -19,7 +19,7 @@ use talaria_testkit::wait::wait_for;
 
 impl<const POLLED: bool> AdapterKit for SignalKitIn<POLLED> {
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter> {
-        let settings = SignalSettings::from_config(&config.platforms.signal, env).unwrap();
+        let settings = SignalSettings::from_config(&config.section().unwrap(), env).unwrap();
         Arc::new(SignalAdapter::new(settings).unwrap())
     }
 }

@@ -22,7 +22,7 @@ const USER: &str = "U42";
 
 impl AdapterKit for SlackKit {
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter> {
-        let settings = SlackSettings::from_config(&config.platforms.slack, env).unwrap();
+        let settings = SlackSettings::from_config(&config.section().unwrap(), env).unwrap();
         Arc::new(SlackAdapter::new(settings).unwrap())
     }
 }

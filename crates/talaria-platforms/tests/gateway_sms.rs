@@ -27,7 +27,7 @@ use talaria_testkit::wait::{WAIT, wait_for};
 /// The SMS adapter as `talaria gateway run` builds it from `platforms.sms`
 /// and the environment: the one place these tests construct it.
 fn sms_adapter(config: &Config, env: &Env) -> SmsAdapter {
-    let settings = SmsSettings::from_config(&config.platforms.sms, env)
+    let settings = SmsSettings::from_config(&config.section().unwrap(), env)
         .unwrap()
         .expect("the kit turns SMS on");
     SmsAdapter::new(settings).unwrap()

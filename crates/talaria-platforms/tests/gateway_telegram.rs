@@ -230,7 +230,7 @@ async fn wait_for_final_edit(rig: &Rig, text: &str) -> Vec<talaria_testkit::tele
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_edits_grow_one_message_into_the_answer() {
     let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |c| {
-        c.platforms.telegram.streaming_edits = true;
+        c.platforms.set("telegram.streaming_edits", true);
         c.gateway.stream_edit_interval_ms = 100;
     })
     .await;
@@ -260,7 +260,7 @@ async fn streaming_edits_grow_one_message_into_the_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_preview_says_so_and_the_new_message_is_answered() {
     let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |c| {
-        c.platforms.telegram.streaming_edits = true;
+        c.platforms.set("telegram.streaming_edits", true);
         c.gateway.stream_edit_interval_ms = 100;
         c.gateway.busy_ack = false;
     })

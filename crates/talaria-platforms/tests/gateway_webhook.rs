@@ -30,7 +30,7 @@ use talaria_testkit::telegram::Sent;
 use talaria_testkit::wait::WAIT;
 
 fn webhook_adapter(config: &Config, env: &Env) -> WebhookAdapter {
-    let settings = WebhookSettings::from_config(&config.platforms.webhook, env)
+    let settings = WebhookSettings::from_config(&config.section().unwrap(), env)
         .unwrap()
         .expect("the kit configures routes");
     WebhookAdapter::new(settings).unwrap()
@@ -52,7 +52,7 @@ impl AdapterKit for WebhookKit {
 
     /// The Telegram adapter the routes' answers go out through.
     fn beside(&self, config: &Config, env: &Env) -> Vec<Arc<dyn Adapter>> {
-        let telegram = TelegramSettings::from_config(&config.platforms.telegram, env).unwrap();
+        let telegram = TelegramSettings::from_config(&config.section().unwrap(), env).unwrap();
         vec![Arc::new(TelegramAdapter::new(telegram).unwrap())]
     }
 }

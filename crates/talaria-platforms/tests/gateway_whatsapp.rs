@@ -39,7 +39,7 @@ impl AdapterKit for WhatsappKit {
 /// The adapter as the registry builds it, except that Graph's pauses
 /// (seconds long) are not waited out in full.
 fn whatsapp_adapter(config: &Config, env: &Env) -> WhatsappAdapter {
-    let settings = WhatsappSettings::from_config(&config.platforms.whatsapp_cloud, env)
+    let settings = WhatsappSettings::from_config(&config.section().unwrap(), env)
         .expect("the WhatsApp settings resolve")
         .expect("WhatsApp Cloud is on");
     let settings = WhatsappSettings {

@@ -13,7 +13,6 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
-use talaria_core::config::{WebhookConfig, WebhookRouteConfig, WebhookScheme};
 use talaria_core::{Env, Secret};
 use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, Admission, ChatType, Inbox, KeyPolicy, Liveness,
@@ -23,6 +22,7 @@ use talaria_platforms::ingress::Ingress;
 use talaria_platforms::webhook::{
     RouteSettings, TOLERANCE_SECS, WebhookAdapter, WebhookError, WebhookSettings,
 };
+use talaria_platforms::webhook::{WebhookConfig, WebhookRouteConfig, WebhookScheme};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;

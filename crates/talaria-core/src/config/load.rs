@@ -36,7 +36,7 @@ impl Config {
             line: None,
             message: message.to_owned(),
         };
-        let url_ok = |u: &str| u.starts_with("http://") || u.starts_with("https://");
+        let url_ok = is_http_url;
         if let Some(u) = &self.model.base_url
             && !url_ok(u)
         {
@@ -65,48 +65,6 @@ impl Config {
             return Err(invalid(
                 "session_reset.at_hour",
                 "expected an hour from 0 to 23",
-            ));
-        }
-        if !url_ok(&self.platforms.telegram.base_url) {
-            return Err(invalid(
-                "platforms.telegram.base_url",
-                "expected an http:// or https:// URL",
-            ));
-        }
-        if self
-            .platforms
-            .matrix
-            .homeserver
-            .as_deref()
-            .is_some_and(|u| !url_ok(u))
-        {
-            return Err(invalid(
-                "platforms.matrix.homeserver",
-                "expected an http:// or https:// URL",
-            ));
-        }
-        if self
-            .platforms
-            .signal
-            .http_url
-            .as_deref()
-            .is_some_and(|u| !url_ok(u))
-        {
-            return Err(invalid(
-                "platforms.signal.http_url",
-                "expected an http:// or https:// URL",
-            ));
-        }
-        if !url_ok(&self.platforms.slack.api_base) {
-            return Err(invalid(
-                "platforms.slack.api_base",
-                "expected an http:// or https:// URL",
-            ));
-        }
-        if !url_ok(&self.platforms.sms.api_base) {
-            return Err(invalid(
-                "platforms.sms.api_base",
-                "expected an http:// or https:// URL",
             ));
         }
         if self.agent.max_turns == 0 {
@@ -309,9 +267,9 @@ pub fn load(home: &Home) -> Result<Loaded, ConfigError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(source) => return Err(ConfigError::Read { path, source }),
     };
-    let (config, warnings, found) = match text {
+    let (config, warnings, found) = match &text {
         Some(t) => {
-            let (c, w) = Config::parse(&t, &path)?;
+            let (c, w) = Config::parse(t, &path)?;
             (c, w, Some(path))
         }
         None => (Config::default(), Vec::new(), None),
@@ -321,5 +279,6 @@ pub fn load(home: &Home) -> Result<Loaded, ConfigError> {
         warnings,
         env,
         path: found,
+        text,
     })
 }

@@ -5,6 +5,11 @@
 //! warnings that name the key path (a typo must not silently do nothing);
 //! values of the wrong form are errors that name the key and the form
 //! expected.
+//!
+//! The sections under `platforms:` are not part of this schema: each
+//! belongs to the crate of the platform (or front end) it configures, and
+//! is kept here as written until its owner reads it with
+//! [`parse_section`], which reports its keys in the same words.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -59,6 +64,19 @@ pub enum ConfigError {
     },
 }
 
+impl fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The file's text may hold credentials in plain: its size only.
+        f.debug_struct("Loaded")
+            .field("config", &self.config)
+            .field("warnings", &self.warnings)
+            .field("env", &self.env)
+            .field("path", &self.path)
+            .field("text", &self.text.as_ref().map(|t| t.len()))
+            .finish()
+    }
+}
+
 /// `, line N` after a file name, when the line is known.
 fn at_line(line: Option<u64>) -> String {
     line.map(|n| format!(", line {n}")).unwrap_or_default()
@@ -91,8 +109,10 @@ pub struct Config {
     pub gateway: GatewayConfig,
     /// When a chat's conversation starts afresh on its own.
     pub session_reset: SessionResetConfig,
-    /// The messaging platforms the gateway connects.
-    pub platforms: PlatformsConfig,
+    /// `platforms:`: a section per messaging platform the gateway
+    /// connects and per front end (the API server), as written; each is
+    /// read by its owner with [`parse_section`].
+    pub platforms: PlatformSections,
     /// Scheduled jobs.
     pub cron: CronConfig,
     /// Model Context Protocol servers whose tools the agent may use, by
@@ -109,7 +129,7 @@ pub struct Config {
 }
 
 /// A parsed configuration with what was noticed on the way.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Loaded {
     /// The configuration, defaults filled in.
     pub config: Config,
@@ -119,6 +139,8 @@ pub struct Loaded {
     pub env: Env,
     /// The file read, when one existed.
     pub path: Option<PathBuf>,
+    /// Its text, so that the sections read later name lines in errors.
+    pub text: Option<String>,
 }
 
 /// Configuration errors in words a person reads: the line of the key an
@@ -131,16 +153,16 @@ mod agent;
 mod env;
 mod gateway;
 mod load;
-mod platforms;
 mod secret;
+mod sections;
 mod services;
 
 pub use agent::*;
 pub use env::*;
 pub use gateway::*;
 pub use load::*;
-pub use platforms::*;
 pub use secret::*;
+pub use sections::*;
 pub use services::*;
 
 #[cfg(test)]

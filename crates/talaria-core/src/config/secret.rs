@@ -55,6 +55,12 @@ thread_local! {
     static REVEAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Whether [`collect_secrets`] is walking a value on this thread, so that
+/// what holds a credential serializes it in full.
+pub(super) fn revealing() -> bool {
+    REVEAL.with(std::cell::Cell::get)
+}
+
 /// Clears [`REVEAL`] however the walk ends (a panic included).
 struct RevealGuard;
 
@@ -260,7 +266,7 @@ impl fmt::Debug for Secret {
 
 impl Serialize for Secret {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        if REVEAL.with(std::cell::Cell::get) {
+        if revealing() {
             use serde::ser::SerializeMap;
             let mut map = s.serialize_map(Some(1))?;
             map.serialize_entry(SECRET_MARK, &self.0)?;

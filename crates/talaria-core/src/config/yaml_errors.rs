@@ -107,16 +107,29 @@ pub(super) fn invalid(
     origin: &Path,
     e: serde_path_to_error::Error<serde_json::Error>,
 ) -> ConfigError {
-    let mut path: Vec<Part> = e
-        .path()
-        .iter()
-        .filter_map(|segment| match segment {
-            serde_path_to_error::Segment::Map { key } => Some(Part::Key(key.clone())),
-            serde_path_to_error::Segment::Seq { index } => Some(Part::Index(*index)),
-            serde_path_to_error::Segment::Enum { variant } => Some(Part::Key(variant.clone())),
-            serde_path_to_error::Segment::Unknown => None,
-        })
-        .collect();
+    invalid_under(text, origin, "", e)
+}
+
+/// [`invalid`] for a value read apart from the rest, from under the
+/// dotted key `prefix` (`platforms.<name>`): its path, and the line, are
+/// looked up below that key.
+pub(super) fn invalid_under(
+    text: &str,
+    origin: &Path,
+    prefix: &str,
+    e: serde_path_to_error::Error<serde_json::Error>,
+) -> ConfigError {
+    let under = prefix
+        .split('.')
+        .filter(|k| !k.is_empty())
+        .map(|k| Part::Key(k.to_owned()));
+    let read = e.path().iter().filter_map(|segment| match segment {
+        serde_path_to_error::Segment::Map { key } => Some(Part::Key(key.clone())),
+        serde_path_to_error::Segment::Seq { index } => Some(Part::Index(*index)),
+        serde_path_to_error::Segment::Enum { variant } => Some(Part::Key(variant.clone())),
+        serde_path_to_error::Segment::Unknown => None,
+    });
+    let mut path: Vec<Part> = under.chain(read).collect();
     let mut message = plain(&e.into_inner().to_string());
     // A missing key is reported on its parent; name it instead.
     if let Some(field) = missing_field(&message) {

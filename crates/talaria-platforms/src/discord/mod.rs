@@ -11,6 +11,7 @@
 //! Sends go to `POST /channels/{id}/messages` (a thread is its own
 //! channel), honouring Discord's per-bucket limits and 429 `retry_after`.
 
+mod config;
 mod format;
 mod gateway;
 mod mapping;
@@ -29,11 +30,13 @@ use talaria_adapter::{
     OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::config::{DiscordConfig, secret_or_env};
+use talaria_core::config::secret_or_env;
 use talaria_core::{Env, Secret};
 
 use gateway::End;
 use rest::{Rest, RestError};
+
+pub use config::{DiscordConfig, ENV};
 
 /// Discord's message limit, in characters.
 pub const MAX_MESSAGE_LEN: usize = 2000;
@@ -335,12 +338,13 @@ pub const ENTRY: Platform = Platform {
     name: "discord",
     title: "Discord",
     standalone: true,
+    check: talaria_core::config::check_section::<DiscordConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) = DiscordSettings::from_config(&setup.config.platforms.discord, setup.env)
-    else {
+    let Some(settings) = DiscordSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
     let adapter = DiscordAdapter::new(settings).map_err(BuildError::set_up)?;

@@ -19,6 +19,7 @@
 //! cursor slots (see [`ReplyContexts`]): bounded, and still there after a
 //! restart.
 
+mod config;
 mod imap;
 pub mod parse;
 mod reply;
@@ -41,12 +42,14 @@ use talaria_adapter::{
     OutboundMessage, SendError, SentMessage, SessionSource,
 };
 use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
-use talaria_core::config::{EmailConfig, MailTls, text_or_env};
+use talaria_core::config::text_or_env;
 use talaria_core::{Env, Secret};
 use talaria_store::CursorStore;
 
 use parse::{Inbound, Skip};
 use reply::{ReplyContext, ReplyContexts};
+
+pub use config::{ENV, EmailConfig, MailTls};
 
 /// The platform's name in keys, config and environment variables.
 pub const PLATFORM: &str = "email";
@@ -726,12 +729,13 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "e-mail",
     standalone: true,
+    check: talaria_core::config::check_section::<EmailConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) = EmailSettings::from_config(&setup.config.platforms.email, setup.env)
-    else {
+    let Some(settings) = EmailSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
     let adapter = EmailAdapter::new(settings, setup.cursors.clone()).map_err(BuildError::set_up)?;

@@ -33,6 +33,7 @@
 //!   second turn: it waits for the same answer, or gets it again.
 
 mod api;
+mod config;
 mod server;
 mod waiting;
 
@@ -48,12 +49,14 @@ use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit};
-use talaria_core::config::{HomeAssistantConfig, secret_or_env, text_or_env};
+use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
 
 use crate::ingress::{InboxSlot, Mount};
 pub use api::{ApiError, HassApi};
 use waiting::{Part, Waiting};
+
+pub use config::{ENV, HomeAssistantConfig};
 
 /// The platform name in session keys, logs and `gateway status`.
 pub const PLATFORM: &str = "homeassistant";
@@ -350,13 +353,13 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "Home Assistant",
     standalone: true,
+    check: talaria_core::config::check_section::<HomeAssistantConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) =
-        HomeAssistantSettings::from_config(&setup.config.platforms.homeassistant, setup.env)
-    else {
+    let Some(settings) = HomeAssistantSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
     let Some(adapter) = HomeAssistantAdapter::new(&settings).map_err(BuildError::set_up)? else {
@@ -376,7 +379,7 @@ mod tests {
     fn config(yaml: &str) -> HomeAssistantConfig {
         let (c, _) =
             talaria_core::Config::parse(yaml, std::path::Path::new("config.yaml")).unwrap();
-        c.platforms.homeassistant
+        c.section().unwrap()
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! recognised by the homeserver instead of posted twice.
 
 mod api;
+mod config;
 mod format;
 mod mapping;
 mod membership;
@@ -36,7 +37,7 @@ use talaria_adapter::{
     SendError, SentMessage, SessionSource,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::config::{MatrixConfig, secret_or_env, text_or_env};
+use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
 use talaria_store::CursorStore;
 
@@ -44,6 +45,8 @@ use crate::http::{Failure, HttpError};
 use api::{Api, ApiError, segment};
 use mapping::{Conversation, Me};
 use rooms::Rooms;
+
+pub use config::{ENV, MatrixConfig};
 
 /// The platform's name in keys, config and environment variables.
 pub const PLATFORM: &str = "matrix";
@@ -773,12 +776,13 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "Matrix",
     standalone: true,
+    check: talaria_core::config::check_section::<MatrixConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) = MatrixSettings::from_config(&setup.config.platforms.matrix, setup.env)
-    else {
+    let Some(settings) = MatrixSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
     let adapter =

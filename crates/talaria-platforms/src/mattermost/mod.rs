@@ -20,6 +20,7 @@
 //! reconnects.
 
 mod api;
+mod config;
 mod format;
 mod mapping;
 
@@ -35,12 +36,14 @@ use talaria_adapter::{
     SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::config::{MattermostConfig, secret_or_env, text_or_env};
+use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
 use tokio_tungstenite::tungstenite::Message;
 
 use api::{Api, ApiError, Post, User};
 use mapping::{BotThreads, Frame, Me};
+
+pub use config::{ENV, MattermostConfig};
 
 /// Mattermost's default largest post, in characters.
 pub const MAX_POST_CHARS: usize = 16383;
@@ -512,13 +515,13 @@ pub const ENTRY: Platform = Platform {
     name: "mattermost",
     title: "Mattermost",
     standalone: true,
+    check: talaria_core::config::check_section::<MattermostConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) =
-        MattermostSettings::from_config(&setup.config.platforms.mattermost, setup.env)
-    else {
+    let Some(settings) = MattermostSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
     let adapter = MattermostAdapter::new(settings).map_err(BuildError::set_up)?;

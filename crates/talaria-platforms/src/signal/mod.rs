@@ -29,6 +29,7 @@
 //! answers. Markdown is turned into plain text ([`format`]).
 
 mod api;
+mod config;
 mod format;
 mod mapping;
 
@@ -45,12 +46,13 @@ use talaria_adapter::{
 };
 use talaria_adapter::{Capabilities, LengthUnit};
 use talaria_core::Env;
-pub use talaria_core::config::SignalReceiveMode;
-use talaria_core::config::{SignalConfig, text_or_env};
+use talaria_core::config::text_or_env;
 use tokio_tungstenite::tungstenite::Message;
 
 use api::{About, Api, ApiError, SendResponse, path_segment};
 use mapping::{Context, GROUP_PREFIX, Incoming, Me};
+
+pub use config::{ENV, SignalConfig, SignalReceiveMode};
 
 /// The longest message sent in one piece, in characters: the limit the
 /// system this one descends from used for Signal (the protocol itself
@@ -550,12 +552,13 @@ pub const ENTRY: Platform = Platform {
     name: "signal",
     title: "Signal",
     standalone: true,
+    check: talaria_core::config::check_section::<SignalConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) = SignalSettings::from_config(&setup.config.platforms.signal, setup.env)
-    else {
+    let Some(settings) = SignalSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
     let adapter = SignalAdapter::new(settings).map_err(BuildError::set_up)?;

@@ -14,6 +14,7 @@
 //! for it while the answer is being worked on.
 
 mod api;
+mod config;
 mod format;
 mod mapping;
 
@@ -30,13 +31,15 @@ use talaria_adapter::{
     SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::config::{SlackConfig, secret_or_env};
+use talaria_core::config::secret_or_env;
 use talaria_core::{Env, Secret};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::ws;
 use api::{Api, ApiError};
 use mapping::Me;
+
+pub use config::{ENV, SlackConfig};
 
 /// Slack cuts messages at 40,000 characters; the gateway splits below
 /// that, leaving room for the part numbers and escaping growth.
@@ -713,12 +716,13 @@ pub const ENTRY: Platform = Platform {
     name: "slack",
     title: "Slack",
     standalone: true,
+    check: talaria_core::config::check_section::<SlackConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) = SlackSettings::from_config(&setup.config.platforms.slack, setup.env)
-    else {
+    let Some(settings) = SlackSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
     let adapter = SlackAdapter::new(settings).map_err(BuildError::set_up)?;

@@ -28,6 +28,7 @@
 //! - The auth token is never logged and never part of an error message.
 
 mod api;
+mod config;
 mod format;
 pub mod segments;
 mod server;
@@ -43,7 +44,7 @@ use talaria_adapter::{
     SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
-use talaria_core::config::{SmsConfig, secret_or_env, text_or_env};
+use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
 
 use crate::ingress::{InboxSlot, Mount};
@@ -51,6 +52,8 @@ use api::{Api, ApiError};
 use server::Inbound;
 
 pub use server::{MAX_BODY_BYTES, PATH};
+
+pub use config::{ENV, SmsConfig};
 
 /// The platform name in session keys, allowlists (`SMS_ALLOWED_USERS`) and
 /// targets (`sms:+15551234567`).
@@ -455,11 +458,13 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "SMS (Twilio)",
     standalone: true,
+    check: talaria_core::config::check_section::<SmsConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) = SmsSettings::from_config(&setup.config.platforms.sms, setup.env)
+    let Some(settings) = SmsSettings::from_config(&setup.section()?, setup.env)
         .map_err(BuildError::misconfigured)?
     else {
         return Ok(None);

@@ -8,6 +8,7 @@
 //! escaped) and falls back to plain text when Telegram rejects the markup.
 
 mod api;
+mod config;
 mod format;
 mod mapping;
 
@@ -23,12 +24,13 @@ use talaria_adapter::{
     SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::config::TelegramConfig;
 use talaria_core::config::secret_or_env;
 use talaria_core::{Env, Secret};
 
 use api::{Api, ApiError, SentResult, Update, User};
 use mapping::{GENERAL_TOPIC, Me};
+
+pub use config::{ENV, TelegramConfig};
 
 /// Telegram's message limit, in UTF-16 code units.
 pub const MAX_MESSAGE_LEN: usize = 4096;
@@ -468,12 +470,13 @@ pub const ENTRY: Platform = Platform {
     name: "telegram",
     title: "Telegram",
     standalone: true,
+    check: talaria_core::config::check_section::<TelegramConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) = TelegramSettings::from_config(&setup.config.platforms.telegram, setup.env)
-    else {
+    let Some(settings) = TelegramSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
     let adapter = TelegramAdapter::new(settings).map_err(BuildError::set_up)?;

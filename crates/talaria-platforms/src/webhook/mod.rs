@@ -48,6 +48,7 @@
 //!   [`WebhookSettings::from_config`] only resolves config and environment.
 //! - Secrets are never logged and never part of an error message.
 
+mod config;
 mod guard;
 mod server;
 mod signature;
@@ -65,13 +66,14 @@ use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit};
-use talaria_core::config::{WebhookConfig, WebhookRouteConfig, WebhookScheme};
 use talaria_core::{Env, Secret};
 
 use crate::ingress::{InboxSlot, Mount};
 use template::MAX_PROMPT_CHARS;
 
 pub use signature::TOLERANCE_SECS;
+
+pub use config::{ENV, WebhookConfig, WebhookRouteConfig, WebhookScheme};
 
 /// The platform name in session keys, logs and `gateway status`.
 pub const PLATFORM: &str = "webhook";
@@ -470,6 +472,8 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "the webhook routes",
     standalone: false,
+    check: talaria_core::config::check_section::<WebhookConfig>,
+    env: ENV,
     build,
 };
 
@@ -477,7 +481,7 @@ fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
     // Secrets are resolved from config and environment, then `new` checks
     // every route (secret, name, deliver target), so a bad route stops the
     // start here; each check runs once.
-    let Some(settings) = WebhookSettings::from_config(&setup.config.platforms.webhook, setup.env)
+    let Some(settings) = WebhookSettings::from_config(&setup.section()?, setup.env)
         .map_err(BuildError::misconfigured)?
     else {
         return Ok(None);
@@ -497,7 +501,7 @@ mod tests {
     fn config(yaml: &str) -> WebhookConfig {
         let (c, _) =
             talaria_core::Config::parse(yaml, std::path::Path::new("config.yaml")).unwrap();
-        c.platforms.webhook
+        c.section().unwrap()
     }
 
     fn no_env() -> Env {

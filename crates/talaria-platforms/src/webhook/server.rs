@@ -46,6 +46,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::WebhookScheme;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -56,7 +57,6 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use talaria_adapter::{Admission, ChatType, MessageEvent, SessionSource};
-use talaria_core::config::WebhookScheme;
 
 use super::guard::{RateLimiter, ReplayCache};
 use super::signature::{Signed, Verifier, encode_hex};

@@ -7,12 +7,12 @@
 //! [`TOLERANCE_SECS`] away from the injected clock, which bounds how long a
 //! captured delivery can be replayed (the replay cache covers the rest).
 
+use super::WebhookScheme;
 use axum::http::HeaderMap;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use talaria_core::config::WebhookScheme;
 
 type HmacSha256 = Hmac<Sha256>;
 

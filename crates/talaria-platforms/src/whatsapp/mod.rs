@@ -32,6 +32,7 @@
 //!   text that says so and what to do, and the ledger keeps that reason.
 
 mod api;
+mod config;
 mod format;
 mod mapping;
 mod server;
@@ -50,13 +51,15 @@ use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
-use talaria_core::config::{WhatsappCloudConfig, platform_var, secret_or_env, text_or_env};
+use talaria_core::config::{platform_var, secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
 
 use crate::ingress::{InboxSlot, Mount};
 use api::{Api, ApiError};
 
 pub use server::WEBHOOK_PATH;
+
+pub use config::{ENV, WhatsappCloudConfig};
 
 /// The platform name in session keys, config and allowlists
 /// (`WHATSAPP_CLOUD_ALLOWED_USERS`).
@@ -473,13 +476,14 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "WhatsApp Cloud",
     standalone: true,
+    check: talaria_core::config::check_section::<WhatsappCloudConfig>,
+    env: ENV,
     build,
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) =
-        WhatsappSettings::from_config(&setup.config.platforms.whatsapp_cloud, setup.env)
-            .map_err(BuildError::misconfigured)?
+    let Some(settings) = WhatsappSettings::from_config(&setup.section()?, setup.env)
+        .map_err(BuildError::misconfigured)?
     else {
         return Ok(None);
     };

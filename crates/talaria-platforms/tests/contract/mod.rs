@@ -161,8 +161,8 @@ impl<K: AdapterKit> Rig<K> {
         });
         #[cfg(feature = "ingress")]
         let listen = built.mount.map(|mount| {
-            let webhook = &config.platforms.webhook;
-            (webhook.host.clone(), webhook.port, mount)
+            let webhook: talaria_platforms::webhook::WebhookConfig = config.section().unwrap();
+            (webhook.host, webhook.port, mount)
         });
         let mut adapters = vec![built.adapter];
         adapters.extend(self.kit.beside(&config, &env));

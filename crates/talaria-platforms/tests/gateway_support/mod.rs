@@ -45,8 +45,8 @@ impl Rig {
         let mut config = Config::default();
         config.model.default = Some("test-model".into());
         config.model.base_url = Some(llm.base_url());
-        config.platforms.telegram.base_url = tg.base_url();
-        config.platforms.telegram.poll_timeout_secs = 1;
+        config.platforms.set("telegram.base_url", tg.base_url());
+        config.platforms.set("telegram.poll_timeout_secs", 1);
         config.gateway.typing_interval_secs = 1;
         configure(&mut config);
         Rig {
@@ -165,7 +165,7 @@ impl Rig {
 /// The Telegram adapter as `talaria gateway run` builds it: the one place
 /// the tests construct it.
 pub fn telegram_adapter(config: &Config, env: &Env) -> Arc<dyn Adapter> {
-    let settings = TelegramSettings::from_config(&config.platforms.telegram, env).unwrap();
+    let settings = TelegramSettings::from_config(&config.section().unwrap(), env).unwrap();
     Arc::new(TelegramAdapter::new(settings).unwrap())
 }
 
