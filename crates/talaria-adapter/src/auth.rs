@@ -187,7 +187,9 @@ impl AuthPolicy {
         }
 
         let deny = Decision::Deny {
-            offer_pairing: source.chat_type == ChatType::Dm && users.is_empty() && !is_email,
+            offer_pairing: source.chat_type == ChatType::Dm
+                && users.is_empty()
+                && caps.offers_pairing(),
         };
 
         if self.flag(&talaria_core::config::platform_var(

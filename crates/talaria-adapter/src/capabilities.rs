@@ -74,6 +74,14 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// Whether a stranger writing here directly can be offered a pairing
+    /// code: a chat whose senders the adapter does not vouch for itself,
+    /// known by an id an operator approves (an e-mail address is matched
+    /// against the allowlist instead, since anyone can claim one).
+    pub const fn offers_pairing(&self) -> bool {
+        self.chat && !self.verifies_senders && !matches!(self.sender_ids, SenderIds::Email)
+    }
+
     /// A plain-text chat with opaque sender ids and no threads, edits or
     /// media: the baseline an adapter adjusts with struct update syntax.
     pub const fn chat(limits: MessageLimits) -> Capabilities {

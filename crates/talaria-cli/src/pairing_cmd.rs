@@ -4,36 +4,35 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use talaria_gateway::pairing::Pairing;
+use talaria_platforms::registry::PLATFORMS;
 use talaria_store::gateway::normalize_pairing_code;
 use talaria_store::{ApproveOutcome, PairingLimits};
 
 use crate::runtime::Runtime;
 use crate::sessions_cmd::when;
 
-/// The platforms on which a stranger can be given a pairing code: those
-/// with direct messages (e-mail, webhooks and Home Assistant identify their
-/// senders otherwise).
-const PAIRING_PLATFORMS: &[&str] = &[
-    "telegram",
-    "discord",
-    "slack",
-    "mattermost",
-    "matrix",
-    "signal",
-    "whatsapp_cloud",
-    "sms",
-];
+/// The platforms of this build on which a stranger can be given a pairing
+/// code, as their capabilities say (e-mail, webhooks and Home Assistant
+/// identify their senders otherwise).
+fn pairing_platforms() -> Vec<&'static str> {
+    PLATFORMS
+        .iter()
+        .filter(|p| p.capabilities.offers_pairing())
+        .map(|p| p.name)
+        .collect()
+}
 
 /// `platform` as pairing stores it, or an error naming the known ones: a
 /// typo must not be taken for a wrong code (those count toward the lock).
 fn pairing_platform(platform: &str) -> anyhow::Result<String> {
     let name = platform.trim().to_ascii_lowercase();
-    if PAIRING_PLATFORMS.contains(&name.as_str()) {
+    let known = pairing_platforms();
+    if known.contains(&name.as_str()) {
         Ok(name)
     } else {
         bail!(
             "unknown platform `{platform}`: pairing works on {}",
-            PAIRING_PLATFORMS.join(", ")
+            known.join(", ")
         )
     }
 }
@@ -140,4 +139,32 @@ pub async fn clear_pending(rt: &Runtime, platform: Option<&str>) -> anyhow::Resu
         crate::count(n, "pending code", "pending codes")
     );
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairing_is_offered_on_the_chats_whose_senders_an_operator_approves() {
+        assert_eq!(
+            pairing_platforms(),
+            [
+                "telegram",
+                "discord",
+                "mattermost",
+                "matrix",
+                "slack",
+                "signal",
+                "whatsapp_cloud",
+                "sms"
+            ]
+        );
+        assert_eq!(pairing_platform(" Telegram ").unwrap(), "telegram");
+        for other in ["email", "webhook", "homeassistant", "telgram"] {
+            let e = pairing_platform(other).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("unknown platform `{other}`")), "{e}");
+            assert!(e.contains("telegram, discord"), "{e}");
+        }
+    }
 }

@@ -8,7 +8,7 @@
 use std::error::Error;
 use std::sync::Arc;
 
-use talaria_adapter::Adapter;
+use talaria_adapter::{Adapter, Capabilities};
 use talaria_core::config::{Checked, ConfigError, Origin, PlatformSection};
 use talaria_core::effective::EnvKey;
 use talaria_core::{Config, Env};
@@ -67,6 +67,9 @@ pub struct Platform {
     /// Whether it is a chat `talaria send` can deliver through without a
     /// running gateway (a webhook route only answers its own deliveries).
     pub standalone: bool,
+    /// What it can do, as its adapter declares it: known without building
+    /// one, so the CLI can ask (who may be offered a pairing code).
+    pub capabilities: Capabilities,
     /// Reads and checks its section (`platforms.<name>`), enabled or not:
     /// an error or unknown key there is reported by `talaria config check`
     /// and stops any command that loads the configuration.

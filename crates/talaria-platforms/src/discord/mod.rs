@@ -250,6 +250,16 @@ impl DiscordAdapter {
     }
 }
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    threads: true,
+    markup: Markup::Markdown,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_MESSAGE_LEN,
+        unit: LengthUnit::Chars,
+    })
+};
+
 #[async_trait]
 impl Adapter for DiscordAdapter {
     fn platform(&self) -> &'static str {
@@ -257,14 +267,7 @@ impl Adapter for DiscordAdapter {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            threads: true,
-            markup: Markup::Markdown,
-            ..Capabilities::chat(MessageLimits {
-                max_len: MAX_MESSAGE_LEN,
-                unit: LengthUnit::Chars,
-            })
-        }
+        CAPABILITIES
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
@@ -338,6 +341,7 @@ pub const ENTRY: Platform = Platform {
     name: "discord",
     title: "Discord",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<DiscordConfig>,
     env: ENV,
     build,

@@ -669,6 +669,15 @@ fn classify(e: &lettre::transport::smtp::Error) -> SendError {
     }
 }
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    sender_ids: SenderIds::Email,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_MESSAGE_LEN,
+        unit: LengthUnit::Chars,
+    })
+};
+
 #[async_trait]
 impl Adapter for EmailAdapter {
     fn platform(&self) -> &'static str {
@@ -676,13 +685,7 @@ impl Adapter for EmailAdapter {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            sender_ids: SenderIds::Email,
-            ..Capabilities::chat(MessageLimits {
-                max_len: MAX_MESSAGE_LEN,
-                unit: LengthUnit::Chars,
-            })
-        }
+        CAPABILITIES
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
@@ -729,6 +732,7 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "e-mail",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<EmailConfig>,
     env: ENV,
     build,

@@ -291,6 +291,18 @@ fn notification_id(chat: &str, reply_to: Option<&str>, text: &str) -> String {
     format!("talaria_{hex}")
 }
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    // Every request carries the conversation secret: that is the
+    // caller's authentication (Home Assistant decides who may talk to
+    // its agent), so user allowlists do not apply.
+    verifies_senders: true,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_MESSAGE_CHARS,
+        unit: LengthUnit::Chars,
+    })
+};
+
 #[async_trait]
 impl Adapter for HomeAssistantAdapter {
     fn platform(&self) -> &'static str {
@@ -298,16 +310,7 @@ impl Adapter for HomeAssistantAdapter {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            // Every request carries the conversation secret: that is the
-            // caller's authentication (Home Assistant decides who may talk to
-            // its agent), so user allowlists do not apply.
-            verifies_senders: true,
-            ..Capabilities::chat(MessageLimits {
-                max_len: MAX_MESSAGE_CHARS,
-                unit: LengthUnit::Chars,
-            })
-        }
+        CAPABILITIES
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
@@ -353,6 +356,7 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "Home Assistant",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<HomeAssistantConfig>,
     env: ENV,
     build,

@@ -776,6 +776,7 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "Matrix",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<MatrixConfig>,
     env: ENV,
     build,

@@ -399,6 +399,16 @@ fn url_escape(s: &str) -> String {
     out
 }
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    threads: true,
+    markup: Markup::Markdown,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_POST_CHARS,
+        unit: LengthUnit::Chars,
+    })
+};
+
 #[async_trait]
 impl Adapter for MattermostAdapter {
     fn platform(&self) -> &'static str {
@@ -406,14 +416,7 @@ impl Adapter for MattermostAdapter {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            threads: true,
-            markup: Markup::Markdown,
-            ..Capabilities::chat(MessageLimits {
-                max_len: MAX_POST_CHARS,
-                unit: LengthUnit::Chars,
-            })
-        }
+        CAPABILITIES
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
@@ -515,6 +518,7 @@ pub const ENTRY: Platform = Platform {
     name: "mattermost",
     title: "Mattermost",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<MattermostConfig>,
     env: ENV,
     build,

@@ -473,6 +473,12 @@ fn classify(e: ApiError) -> SendError {
     }
 }
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities::chat(MessageLimits {
+    max_len: MAX_MESSAGE_CHARS,
+    unit: LengthUnit::Chars,
+});
+
 #[async_trait]
 impl Adapter for SignalAdapter {
     fn platform(&self) -> &'static str {
@@ -480,10 +486,7 @@ impl Adapter for SignalAdapter {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::chat(MessageLimits {
-            max_len: MAX_MESSAGE_CHARS,
-            unit: LengthUnit::Chars,
-        })
+        CAPABILITIES
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
@@ -552,6 +555,7 @@ pub const ENTRY: Platform = Platform {
     name: "signal",
     title: "Signal",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<SignalConfig>,
     env: ENV,
     build,

@@ -612,6 +612,16 @@ fn classify(e: ApiError) -> SendError {
     }
 }
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    threads: true,
+    markup: Markup::Mrkdwn,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_MESSAGE_LEN,
+        unit: LengthUnit::Chars,
+    })
+};
+
 #[async_trait]
 impl Adapter for SlackAdapter {
     fn platform(&self) -> &'static str {
@@ -619,14 +629,7 @@ impl Adapter for SlackAdapter {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            threads: true,
-            markup: Markup::Mrkdwn,
-            ..Capabilities::chat(MessageLimits {
-                max_len: MAX_MESSAGE_LEN,
-                unit: LengthUnit::Chars,
-            })
-        }
+        CAPABILITIES
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
@@ -716,6 +719,7 @@ pub const ENTRY: Platform = Platform {
     name: "slack",
     title: "Slack",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<SlackConfig>,
     env: ENV,
     build,

@@ -394,6 +394,15 @@ fn classify(e: ApiError) -> SendError {
     }
 }
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    sender_ids: SenderIds::Phone,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_BODY_CHARS,
+        unit: LengthUnit::Chars,
+    })
+};
+
 #[async_trait]
 impl Adapter for SmsAdapter {
     fn platform(&self) -> &'static str {
@@ -403,13 +412,7 @@ impl Adapter for SmsAdapter {
     /// Twilio's largest Body. The gateway splits longer answers into
     /// several messages; each is billed per segment (see [`segments`]).
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            sender_ids: SenderIds::Phone,
-            ..Capabilities::chat(MessageLimits {
-                max_len: MAX_BODY_CHARS,
-                unit: LengthUnit::Chars,
-            })
-        }
+        CAPABILITIES
     }
 
     /// Checks the credentials with Twilio (a rejected token stops here
@@ -458,6 +461,7 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "SMS (Twilio)",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<SmsConfig>,
     env: ENV,
     build,

@@ -317,6 +317,18 @@ fn topic_param(thread_id: Option<&str>) -> Option<i64> {
         .and_then(|t| t.trim().parse().ok())
 }
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    threads: true,
+    edits: true,
+    markup: Markup::Html,
+    group_chat_allowlist: true,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_MESSAGE_LEN,
+        unit: LengthUnit::Utf16,
+    })
+};
+
 #[async_trait]
 impl Adapter for TelegramAdapter {
     fn platform(&self) -> &'static str {
@@ -324,16 +336,7 @@ impl Adapter for TelegramAdapter {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            threads: true,
-            edits: true,
-            markup: Markup::Html,
-            group_chat_allowlist: true,
-            ..Capabilities::chat(MessageLimits {
-                max_len: MAX_MESSAGE_LEN,
-                unit: LengthUnit::Utf16,
-            })
-        }
+        CAPABILITIES
     }
 
     fn credential(&self) -> Option<(&'static str, String)> {
@@ -470,6 +473,7 @@ pub const ENTRY: Platform = Platform {
     name: "telegram",
     title: "Telegram",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<TelegramConfig>,
     env: ENV,
     build,

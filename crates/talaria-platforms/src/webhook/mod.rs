@@ -430,6 +430,19 @@ impl WebhookAdapter {
 /// What [`Adapter::send`] logs of a message at most.
 const MAX_LOGGED_CHARS: usize = 500;
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    // Each delivery's checked signature is its sender's
+    // authentication, so user allowlists do not apply; its answer goes
+    // to the route's target, never back to a chat.
+    chat: false,
+    verifies_senders: true,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_PROMPT_CHARS,
+        unit: LengthUnit::Chars,
+    })
+};
+
 #[async_trait]
 impl Adapter for WebhookAdapter {
     fn platform(&self) -> &'static str {
@@ -437,17 +450,7 @@ impl Adapter for WebhookAdapter {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            // Each delivery's checked signature is its sender's
-            // authentication, so user allowlists do not apply; its answer goes
-            // to the route's target, never back to a chat.
-            chat: false,
-            verifies_senders: true,
-            ..Capabilities::chat(MessageLimits {
-                max_len: MAX_PROMPT_CHARS,
-                unit: LengthUnit::Chars,
-            })
-        }
+        CAPABILITIES
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
@@ -472,6 +475,7 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "the webhook routes",
     standalone: false,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<WebhookConfig>,
     env: ENV,
     build,

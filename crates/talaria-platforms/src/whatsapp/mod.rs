@@ -387,6 +387,15 @@ impl WhatsappAdapter {
     }
 }
 
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    sender_ids: SenderIds::Phone,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_TEXT_CHARS,
+        unit: LengthUnit::Chars,
+    })
+};
+
 #[async_trait]
 impl Adapter for WhatsappAdapter {
     fn platform(&self) -> &'static str {
@@ -394,13 +403,7 @@ impl Adapter for WhatsappAdapter {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            sender_ids: SenderIds::Phone,
-            ..Capabilities::chat(MessageLimits {
-                max_len: MAX_TEXT_CHARS,
-                unit: LengthUnit::Chars,
-            })
-        }
+        CAPABILITIES
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
@@ -476,6 +479,7 @@ pub const ENTRY: Platform = Platform {
     name: PLATFORM,
     title: "WhatsApp Cloud",
     standalone: true,
+    capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<WhatsappCloudConfig>,
     env: ENV,
     build,
