@@ -20,6 +20,7 @@
 
 pub mod discord;
 pub mod email;
+mod fake;
 pub mod homeassistant;
 pub mod kit;
 pub mod matrix;

@@ -34,6 +34,12 @@ impl Changes {
         self.0.send_modify(|v| *v += 1);
     }
 
+    /// A receiver that sees every later bump, for a server-side wait (a
+    /// long poll) that must also watch other things than a deadline.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+
     /// Waits up to `timeout` until `probe` answers; `None` when it never did.
     /// The probe runs at once and after every change.
     pub async fn until<T>(
