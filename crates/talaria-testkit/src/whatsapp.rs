@@ -26,7 +26,7 @@
 //! the JSON Meta sends.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -37,9 +37,9 @@ use axum::response::Response;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
-use tokio::sync::watch;
 
-use crate::{json_response, lock};
+use crate::fake::{Core, Faults, bind};
+use crate::json_response;
 
 /// The Graph API version tests configure.
 pub const API_VERSION: &str = "v21.0";
@@ -168,8 +168,7 @@ struct Book {
     next_id: u64,
     sent: Vec<Sent>,
     reads: Vec<Read>,
-    requests: Vec<Request>,
-    failures: std::collections::VecDeque<Failure>,
+    failures: Faults<Failure>,
     closed: Vec<String>,
     expired: bool,
 }
@@ -177,9 +176,7 @@ struct Book {
 struct Shared {
     token: String,
     phone_number_id: String,
-    state: Mutex<Book>,
-    version: watch::Sender<u64>,
-    stop: watch::Sender<bool>,
+    core: Core<Book, Request>,
 }
 
 /// A fake Graph API (see the module docs).
@@ -203,18 +200,14 @@ impl FakeGraph {
 
     /// Like [`Self::start`], returning the error instead of panicking.
     pub fn try_start(token: &str, phone_number_id: &str) -> std::io::Result<FakeGraph> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             token: token.to_owned(),
             phone_number_id: phone_number_id.to_owned(),
-            state: Mutex::new(Book::default()),
-            version: watch::channel(0).0,
-            stop: watch::channel(false).0,
+            core: Core::new(Book::default()),
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        crate::serve_on_own_thread("fake-graph", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-graph", listener, app)?;
         Ok(FakeGraph { addr, shared })
     }
 
@@ -225,34 +218,34 @@ impl FakeGraph {
 
     /// Every text message accepted, in order.
     pub fn sent(&self) -> Vec<Sent> {
-        lock(&self.shared.state).sent.clone()
+        self.shared.core.read().sent.clone()
     }
 
     /// Every read receipt accepted, in order.
     pub fn reads(&self) -> Vec<Read> {
-        lock(&self.shared.state).reads.clone()
+        self.shared.core.read().reads.clone()
     }
 
     /// Every request, answered or not.
     pub fn requests(&self) -> Vec<Request> {
-        lock(&self.shared.state).requests.clone()
+        self.shared.core.requests()
     }
 
     /// The next send gets `failure`. Calls queue up.
     pub fn fail_next_send(&self, failure: Failure) {
-        lock(&self.shared.state).failures.push_back(failure);
+        self.shared.core.change().failures.push(failure);
     }
 
     /// From now on, texts to `wa_id` are refused with 131047, as when the
     /// user last wrote more than 24 hours ago.
     pub fn close_window(&self, wa_id: &str) {
-        lock(&self.shared.state).closed.push(wa_id.to_owned());
+        self.shared.core.change().closed.push(wa_id.to_owned());
     }
 
     /// From now on every call gets 401 with code 190, as after the token
     /// expired or was revoked.
     pub fn expire_token(&self) {
-        lock(&self.shared.state).expired = true;
+        self.shared.core.change().expired = true;
     }
 
     /// Waits until at least `n` texts were accepted and returns them all.
@@ -260,14 +253,11 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        self.wait_until(timeout, |b| b.sent.len() >= n).await;
-        let sent = self.sent();
-        assert!(
-            sent.len() >= n,
-            "waited {timeout:?} for {n} WhatsApp messages, got {}: {sent:#?}",
-            sent.len()
-        );
-        sent
+        let what = format!("{n} WhatsApp messages");
+        self.shared
+            .core
+            .wait_len(&what, n, timeout, |b| &b.sent)
+            .await
     }
 
     /// Waits until at least `n` requests arrived and returns them all.
@@ -275,13 +265,11 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_requests(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        self.wait_until(timeout, |b| b.requests.len() >= n).await;
-        let got = self.requests();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} Graph requests, got {got:#?}"
-        );
-        got
+        let what = format!("{n} Graph requests");
+        self.shared
+            .core
+            .wait_requests(&what, n, timeout, |_| true)
+            .await
     }
 
     /// Waits until at least `n` read receipts arrived and returns them all.
@@ -289,32 +277,16 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_reads(&self, n: usize, timeout: Duration) -> Vec<Read> {
-        self.wait_until(timeout, |b| b.reads.len() >= n).await;
-        let got = self.reads();
-        assert!(got.len() >= n, "waited {timeout:?} for {n} read receipts");
-        got
-    }
-
-    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.shared.version.subscribe();
-        loop {
-            rx.borrow_and_update();
-            if done(&lock(&self.shared.state)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        let what = format!("{n} read receipts");
+        self.shared
+            .core
+            .wait_len(&what, n, timeout, |b| &b.reads)
+            .await
     }
 
     /// Stops the server (also on drop).
     pub fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
+        self.shared.core.stop();
     }
 }
 
@@ -378,14 +350,14 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|t| t == shared.token);
+    // Logged once answered, with whatever the answer changed in the book.
     let response = answer(&shared, &method, &path, &body, authorized);
-    lock(&shared.state).requests.push(Request {
+    shared.core.record(Request {
         method: method.to_string(),
         path,
         body,
         authorized,
     });
-    shared.version.send_modify(|v| *v += 1);
     response
 }
 
@@ -396,7 +368,7 @@ fn answer(
     body: &Value,
     authorized: bool,
 ) -> Response {
-    let mut st = lock(&shared.state);
+    let mut st = shared.core.change();
     if !authorized {
         return graph_error(
             401,
@@ -453,7 +425,7 @@ fn answer(
         });
         return json_response(200, &json!({"success": true}));
     }
-    if let Some(failure) = st.failures.pop_front() {
+    if let Some(failure) = st.failures.take() {
         return failure_response(failure);
     }
     let to = body.get("to").and_then(Value::as_str).unwrap_or("");
