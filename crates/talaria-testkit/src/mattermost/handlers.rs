@@ -2,7 +2,7 @@
 //! users) and the WebSocket event stream.
 
 use super::*;
-use crate::{json_response, lock};
+use crate::json_response;
 use axum::body::Bytes;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
     headers
@@ -41,15 +41,14 @@ pub(super) async fn rest(
     let ok = authorized(&shared, &headers);
     // Decided before the attempt is logged (and waiters woken): a test that
     // sees the attempt and then clears the hang must find it hung.
-    let hung = *shared.hang.borrow();
-    lock(&shared.state).requests.push(Request {
+    let hung = shared.core.hanging();
+    shared.core.record(Request {
         method: method.to_string(),
         path: path.clone(),
         body: body.clone(),
         authorized: ok,
         at: Instant::now(),
     });
-    shared.bump();
     if !ok {
         return app_error(
             401,
@@ -85,13 +84,12 @@ pub(super) async fn rest(
                 .and_then(Value::as_str)
                 .filter(|p| !p.is_empty())
                 .map(str::to_owned);
-            lock(&shared.state).typing.push(Typing {
+            shared.core.change().typing.push(Typing {
                 user_id: (*user).to_owned(),
                 channel_id: channel_id.to_owned(),
                 parent_id: parent,
                 at: Instant::now(),
             });
-            shared.bump();
             json_response(200, &json!({"status": "OK"}))
         }
         _ => app_error(
@@ -104,18 +102,13 @@ pub(super) async fn rest(
 
 async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
     if hung {
-        let mut hang = shared.hang.subscribe();
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {}
-        }
+        shared.core.held().await;
         // Lost, never delivered: its client may be long gone.
         return app_error(502, "fake.lost", "Bad Gateway: the request was lost");
     }
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some((reset, retry_after)) = st.fail_429.pop_front() {
+    {
+        let mut st = shared.core.change();
+        if let Some((reset, retry_after)) = st.fail_429.take() {
             let mut r = app_error(
                 429,
                 "api.context.rate_limit.app_error",
@@ -134,7 +127,7 @@ async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
             }
             return r;
         }
-        if let Some(status) = st.fail_status.pop_front() {
+        if let Some(status) = st.fail_status.take() {
             return app_error(status, "fake.injected", "injected failure");
         }
         let channel_id = body.get("channel_id").and_then(Value::as_str).unwrap_or("");
@@ -202,9 +195,7 @@ async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
             json!({"channel_id": channel_id, "team_id": "", "user_id": ""}),
         );
         json_response(201, &post)
-    };
-    shared.bump();
-    response
+    }
 }
 
 pub(super) async fn websocket(
@@ -229,7 +220,6 @@ async fn serve_socket(
     asked_id: Option<String>,
     asked_seq: Option<i64>,
 ) {
-    let mut stop = shared.stop.subscribe();
     if !header_auth {
         // Without the header, the first frame must be the challenge.
         let first = tokio::time::timeout(Duration::from_secs(5), socket.recv()).await;
@@ -249,7 +239,7 @@ async fn serve_socket(
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     let mut silent = false;
     let conn_no = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         if st.mute {
             silent = true;
         }
@@ -302,7 +292,6 @@ async fn serve_socket(
         });
         conn_no
     };
-    shared.bump();
     loop {
         if silent {
             tokio::select! {
@@ -310,7 +299,7 @@ async fn serve_socket(
                     None | Some(Outgoing::Drop) => break,
                     _ => {}
                 },
-                _ = stopped(&mut stop) => break,
+                () = shared.core.stopped() => break,
             }
             continue;
         }
@@ -333,8 +322,7 @@ async fn serve_socket(
                     let seq = action["seq"].as_i64().unwrap_or(0);
                     let reply = match action["action"].as_str() {
                         Some("ping") => {
-                            lock(&shared.state).pings += 1;
-                            shared.bump();
+                            shared.core.change().pings += 1;
                             json!({"status": "OK", "seq_reply": seq,
                                    "data": {"text": "pong", "version": "10.0.0.fake", "server_time": unix_millis()}})
                         }
@@ -349,22 +337,15 @@ async fn serve_socket(
                 }
                 Some(Ok(_)) => {}
             },
-            _ = stopped(&mut stop) => break,
+            () = shared.core.stopped() => break,
         }
     }
     {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         if let Some(s) = st.session.as_mut()
             && s.live.as_ref().is_some_and(|(n, _)| *n == conn_no)
         {
             s.live = None;
         }
     }
-    shared.bump();
-}
-
-/// Resolves once the server stops (the guard `wait_for` returns is not
-/// `Send`, so it must not live in the socket task's state).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }
