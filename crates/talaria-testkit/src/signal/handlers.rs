@@ -2,7 +2,7 @@
 //! over a WebSocket), sending and typing.
 
 use super::*;
-use crate::{json_response, lock};
+use crate::json_response;
 use axum::body::Bytes;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
@@ -11,20 +11,19 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 fn error(status: u16, text: &str) -> Response {
     json_response(status, &json!({ "error": text }))
 }
 
 fn record(shared: &Shared, method: &str, path: &str, body: &Value) {
-    lock(&shared.state).requests.push(Request {
+    shared.core.record(Request {
         method: method.to_owned(),
         path: path.to_owned(),
         body: body.clone(),
         at: Instant::now(),
     });
-    shared.bump();
 }
 
 pub(super) async fn about(State(shared): State<Arc<Shared>>) -> Response {
@@ -42,7 +41,7 @@ pub(super) async fn about(State(shared): State<Arc<Shared>>) -> Response {
 
 pub(super) async fn accounts(State(shared): State<Arc<Shared>>) -> Response {
     record(&shared, "GET", "/v1/accounts", &Value::Null);
-    let accounts = lock(&shared.state).accounts.clone();
+    let accounts = shared.core.read().accounts.clone();
     json_response(200, &json!(accounts))
 }
 
@@ -65,8 +64,8 @@ pub(super) async fn receive_poll(
         &format!("/v1/receive/{number}"),
         &Value::Null,
     );
-    let response = {
-        let mut st = lock(&shared.state);
+    {
+        let mut st = shared.core.change();
         if !st.accounts.contains(&number) {
             return error(400, &format!("User {number} is not registered."));
         }
@@ -82,9 +81,7 @@ pub(super) async fn receive_poll(
             .filter_map(|f| serde_json::from_str(f).ok())
             .collect();
         json_response(200, &json!(items))
-    };
-    shared.bump();
-    response
+    }
 }
 
 pub(super) async fn receive_socket(
@@ -102,17 +99,16 @@ pub(super) async fn receive_socket(
 }
 
 async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String) {
-    let mut stop = shared.stop.subscribe();
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let held = lock(&shared.state).accounts.contains(&number);
+    let held = shared.core.read().accounts.contains(&number);
     if !held {
         // The real server logs "Couldn't get receive channel" and keeps
         // the socket open, silent.
-        stopped(&mut stop).await;
+        shared.core.stopped().await;
         return;
     }
     let conn_no = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.next_conn += 1;
         let conn_no = st.next_conn;
         if let Some((_, old)) = st.live.remove(&number) {
@@ -134,14 +130,13 @@ async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String
         });
         conn_no
     };
-    shared.bump();
     let mut silent = false;
     loop {
         if silent {
             // Neither read nor write: pings pile up unanswered.
             tokio::select! {
                 out = rx.recv() => if matches!(out, None | Some(Outgoing::Drop)) { break },
-                _ = stopped(&mut stop) => break,
+                () = shared.core.stopped() => break,
             }
             continue;
         }
@@ -164,24 +159,23 @@ async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String
                 }
                 Some(Ok(_)) => {}
             },
-            _ = stopped(&mut stop) => break,
+            () = shared.core.stopped() => break,
         }
     }
     {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         if st.live.get(&number).is_some_and(|(n, _)| *n == conn_no) {
             st.live.remove(&number);
         }
     }
-    shared.bump();
 }
 
 pub(super) async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     record(&shared, "POST", "/v2/send", &body);
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some(retry_after) = st.fail_429.pop_front() {
+    {
+        let mut st = shared.core.change();
+        if let Some(retry_after) = st.fail_429.take() {
             let mut r = error(429, "Rate limit exceeded");
             if let Some(secs) = retry_after
                 && let Ok(v) = HeaderValue::from_str(&secs.to_string())
@@ -190,7 +184,7 @@ pub(super) async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Resp
             }
             return r;
         }
-        if let Some((status, text)) = st.fail_status.pop_front() {
+        if let Some((status, text)) = st.fail_status.take() {
             return error(status, &text);
         }
         let Some(number) = body["number"].as_str().map(str::to_owned) else {
@@ -254,9 +248,7 @@ pub(super) async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Resp
             at: Instant::now(),
         });
         json_response(201, &json!({ "timestamp": timestamp.to_string() }))
-    };
-    shared.bump();
-    response
+    }
 }
 
 pub(super) async fn typing(
@@ -272,8 +264,8 @@ pub(super) async fn typing(
         &format!("/v1/typing-indicator/{number}"),
         &body,
     );
-    let response = {
-        let mut st = lock(&shared.state);
+    {
+        let mut st = shared.core.change();
         if !st.accounts.contains(&number) {
             return error(400, &format!("User {number} is not registered."));
         }
@@ -287,13 +279,5 @@ pub(super) async fn typing(
             at: Instant::now(),
         });
         StatusCode::NO_CONTENT.into_response()
-    };
-    shared.bump();
-    response
-}
-
-/// Resolves once the server stops (the guard `wait_for` returns is not
-/// `Send`, so it must not live in the socket task's state).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
+    }
 }
