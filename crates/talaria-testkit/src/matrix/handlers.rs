@@ -2,7 +2,7 @@
 //! failure switches, joins, sends and `/sync` bodies.
 
 use super::*;
-use crate::{json_response, lock};
+use crate::json_response;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
@@ -36,19 +36,15 @@ pub(super) async fn handle(
         .map(str::to_owned)
         .or_else(|| query.get("access_token").cloned());
     let json_body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let hung = *shared.hang.borrow();
-    let revoked = {
-        let mut st = lock(&shared.state);
-        st.requests.push(Request {
-            method: method.to_string(),
-            path: path.clone(),
-            body: json_body.clone(),
-            at: Instant::now(),
-            authorized: given.as_deref() == Some(shared.token.as_str()),
-        });
-        st.revoked
-    };
-    shared.bump();
+    let hung = shared.core.hanging();
+    shared.core.record(Request {
+        method: method.to_string(),
+        path: path.clone(),
+        body: json_body.clone(),
+        at: Instant::now(),
+        authorized: given.as_deref() == Some(shared.token.as_str()),
+    });
+    let revoked = shared.core.read().revoked;
     match given {
         None => return error(401, "M_MISSING_TOKEN", "Missing access token"),
         Some(t) if t != shared.token || revoked => {
@@ -71,9 +67,8 @@ pub(super) async fn handle(
         }
         (&Method::GET, ["sync"]) => sync(&shared, &query).await,
         (&Method::GET, ["rooms", room, "joined_members"]) => {
-            let mut st = lock(&shared.state);
-            if st.fail_joined_members > 0 {
-                st.fail_joined_members -= 1;
+            let mut st = shared.core.change();
+            if st.fail_joined_members.fire() {
                 let mut r = Response::new(Body::from("<html><body>502 Bad Gateway</body></html>"));
                 *r.status_mut() = StatusCode::BAD_GATEWAY;
                 return r;
@@ -107,7 +102,7 @@ pub(super) async fn handle(
                     "Cannot get account data for other users.",
                 );
             }
-            match (&lock(&shared.state).direct, *kind) {
+            match (&shared.core.read().direct, *kind) {
                 (Some(d), "m.direct") => json_response(200, d),
                 _ => error(404, "M_NOT_FOUND", "Account data not found"),
             }
@@ -122,14 +117,13 @@ pub(super) async fn handle(
             if *user != BOT_USER_ID {
                 return error(403, "M_FORBIDDEN", "Cannot set another user's typing state");
             }
-            lock(&shared.state).typing.push(Typing {
+            shared.core.change().typing.push(Typing {
                 room_id: (*room).to_owned(),
                 user_id: (*user).to_owned(),
                 typing: json_body.get("typing").and_then(Value::as_bool) == Some(true),
                 timeout_ms: json_body.get("timeout").and_then(Value::as_u64),
                 at: Instant::now(),
             });
-            shared.bump();
             json_response(200, &json!({}))
         }
         _ => error(404, "M_UNRECOGNIZED", "Unrecognized request"),
@@ -137,8 +131,8 @@ pub(super) async fn handle(
 }
 
 fn join(shared: &Shared, room_id: &str) -> Response {
-    let response = {
-        let mut st = lock(&shared.state);
+    {
+        let mut st = shared.core.change();
         let Some(room) = st.rooms.get_mut(room_id) else {
             return error(404, "M_NOT_FOUND", "No known servers");
         };
@@ -166,9 +160,7 @@ fn join(shared: &Shared, room_id: &str) -> Response {
             });
         }
         json_response(200, &json!({ "room_id": room_id }))
-    };
-    shared.bump();
-    response
+    }
 }
 
 async fn send(
@@ -181,19 +173,14 @@ async fn send(
     hung: bool,
 ) -> Response {
     if hung {
-        let mut hang = shared.hang.subscribe();
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {}
-        }
+        shared.core.held().await;
         // Lost on the way, never delivered: a crash test kills the client
         // meanwhile, and a late delivery would look like the dead one's.
         return error(502, "", "Bad Gateway: the request was lost");
     }
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some(ms) = st.fail_429.pop_front() {
+    {
+        let mut st = shared.core.change();
+        if let Some(ms) = st.fail_429.take() {
             let mut r = json_response(
                 429,
                 &json!({ "errcode": "M_LIMIT_EXCEEDED", "error": "Too many requests", "retry_after_ms": ms }),
@@ -242,15 +229,12 @@ async fn send(
                 "unsigned": { "transaction_id": txn },
             }),
         });
-        if st.drop_send_answers > 0 {
-            st.drop_send_answers -= 1;
+        if st.drop_send_answers.fire() {
             broken_body()
         } else {
             json_response(200, &json!({ "event_id": event_id }))
         }
-    };
-    shared.bump();
-    response
+    }
 }
 
 /// A 200 whose body breaks off: the client sees the connection drop.
@@ -281,30 +265,26 @@ async fn sync(shared: &Shared, query: &HashMap<String, String>) -> Response {
         },
     };
     {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.syncs.push(SyncCall {
             since: since.clone(),
             timeout_ms,
             filter: query.get("filter").cloned(),
             at: Instant::now(),
         });
-        if st.fail_syncs > 0 {
-            st.fail_syncs -= 1;
+        if st.fail_syncs.fire() {
             drop(st);
-            shared.bump();
             let mut r = Response::new(Body::from("<html><body>502 Bad Gateway</body></html>"));
             *r.status_mut() = StatusCode::BAD_GATEWAY;
             return r;
         }
     }
-    shared.bump();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms.unwrap_or(0));
-    let mut changes = shared.version.subscribe();
-    let mut stop = shared.stop.subscribe();
+    let mut changes = shared.core.changes().subscribe();
     loop {
         changes.borrow_and_update();
         let ready = {
-            let st = lock(&shared.state);
+            let st = shared.core.read();
             since.is_none() || st.log.len() > start
         };
         if ready || tokio::time::Instant::now() >= deadline {
@@ -313,14 +293,13 @@ async fn sync(shared: &Shared, query: &HashMap<String, String>) -> Response {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
             _ = changes.changed() => {}
-            _ = stop.wait_for(|s| *s) => return error(502, "", "shutting down"),
+            () = shared.core.stopped() => return error(502, "", "shutting down"),
         }
     }
     let answer = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         let has_news = st.log.len() > start;
-        if st.drop_syncs > 0 && has_news {
-            st.drop_syncs -= 1;
+        if has_news && st.drop_syncs.fire() {
             None
         } else {
             Some(sync_body(&st, start, since.is_none()))
