@@ -339,19 +339,17 @@ impl FakeDiscord {
     /// connection is attached to it, else kept for a resume). Before any
     /// session exists it waits for the first READY.
     pub fn push_dispatch(&self, kind: &str, d: Value) {
-        {
-            let mut st = self.shared.core.change();
-            match st.current.clone() {
-                Some(session) => {
-                    let payload = log_dispatch(&mut st, &session, kind, d);
-                    if let Some(a) = &st.attached
-                        && a.session.as_deref() == Some(session.as_str())
-                    {
-                        let _ = a.tx.send(Control::Send(payload));
-                    }
+        let mut st = self.shared.core.change();
+        match st.current.clone() {
+            Some(session) => {
+                let payload = log_dispatch(&mut st, &session, kind, d);
+                if let Some(a) = &st.attached
+                    && a.session.as_deref() == Some(session.as_str())
+                {
+                    let _ = a.tx.send(Control::Send(payload));
                 }
-                None => st.backlog.push((kind.to_owned(), d)),
             }
+            None => st.backlog.push((kind.to_owned(), d)),
         }
     }
 

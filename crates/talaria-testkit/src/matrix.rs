@@ -290,28 +290,26 @@ impl FakeMatrix {
     /// An invite for the bot from `inviter` into a room with `inviter` and
     /// `others` in it, new or existing (made with [`Self::room_without_bot`]).
     pub fn invite_into(&self, room_id: &str, inviter: &str, others: &[&str], is_direct: bool) {
-        {
-            let mut st = self.shared.core.change();
-            let now = st.log.len();
-            let room = st.rooms.entry(room_id.to_owned()).or_insert_with(|| Room {
-                name: None,
-                members: Vec::new(),
-                bot_joined: false,
-                invite: None,
-                invited_at: None,
-                joined_at: None,
-            });
-            for m in std::iter::once(inviter).chain(others.iter().copied()) {
-                if !room.members.iter().any(|x| x == m) {
-                    room.members.push(m.to_owned());
-                }
+        let mut st = self.shared.core.change();
+        let now = st.log.len();
+        let room = st.rooms.entry(room_id.to_owned()).or_insert_with(|| Room {
+            name: None,
+            members: Vec::new(),
+            bot_joined: false,
+            invite: None,
+            invited_at: None,
+            joined_at: None,
+        });
+        for m in std::iter::once(inviter).chain(others.iter().copied()) {
+            if !room.members.iter().any(|x| x == m) {
+                room.members.push(m.to_owned());
             }
-            room.invite = Some((inviter.to_owned(), is_direct));
-            room.invited_at = Some(now);
-            st.log.push(Entry::Invite {
-                room_id: room_id.to_owned(),
-            });
         }
+        room.invite = Some((inviter.to_owned(), is_direct));
+        room.invited_at = Some(now);
+        st.log.push(Entry::Invite {
+            room_id: room_id.to_owned(),
+        });
     }
 
     /// A room the bot is not in (yet), with `members`: its messages reach
@@ -332,21 +330,19 @@ impl FakeMatrix {
 
     /// `user` joins `room_id`: a membership event in its timeline.
     pub fn add_member(&self, room_id: &str, user: &str) {
+        let mut st = self.shared.core.change();
+        if let Some(room) = st.rooms.get_mut(room_id)
+            && !room.members.iter().any(|m| m == user)
         {
-            let mut st = self.shared.core.change();
-            if let Some(room) = st.rooms.get_mut(room_id)
-                && !room.members.iter().any(|m| m == user)
-            {
-                room.members.push(user.to_owned());
-            }
-            let mut event = member_event(room_id, user, "join");
-            event["event_id"] = json!(format!("$ev{}", st.next_event));
-            st.next_event += 1;
-            st.log.push(Entry::Timeline {
-                room_id: room_id.to_owned(),
-                event,
-            });
+            room.members.push(user.to_owned());
         }
+        let mut event = member_event(room_id, user, "join");
+        event["event_id"] = json!(format!("$ev{}", st.next_event));
+        st.next_event += 1;
+        st.log.push(Entry::Timeline {
+            room_id: room_id.to_owned(),
+            event,
+        });
     }
 
     /// An `m.text` message from `sender`; returns its event id.
@@ -383,28 +379,26 @@ impl FakeMatrix {
     /// `unsigned` are added when missing, so a test can push the same
     /// event id twice (a re-delivery). Returns the event id.
     pub fn push_raw(&self, room_id: &str, mut event: Value) -> String {
-        {
-            let mut st = self.shared.core.change();
-            let id = match event.get("event_id").and_then(Value::as_str) {
-                Some(id) => id.to_owned(),
-                None => {
-                    let id = format!("$ev{}", st.next_event);
-                    st.next_event += 1;
-                    id
-                }
-            };
-            if let Some(obj) = event.as_object_mut() {
-                obj.insert("event_id".into(), json!(id));
-                obj.entry("origin_server_ts")
-                    .or_insert_with(|| json!(now_ms()));
-                obj.entry("unsigned").or_insert_with(|| json!({ "age": 1 }));
+        let mut st = self.shared.core.change();
+        let id = match event.get("event_id").and_then(Value::as_str) {
+            Some(id) => id.to_owned(),
+            None => {
+                let id = format!("$ev{}", st.next_event);
+                st.next_event += 1;
+                id
             }
-            st.log.push(Entry::Timeline {
-                room_id: room_id.to_owned(),
-                event,
-            });
-            id
+        };
+        if let Some(obj) = event.as_object_mut() {
+            obj.insert("event_id".into(), json!(id));
+            obj.entry("origin_server_ts")
+                .or_insert_with(|| json!(now_ms()));
+            obj.entry("unsigned").or_insert_with(|| json!({ "age": 1 }));
         }
+        st.log.push(Entry::Timeline {
+            room_id: room_id.to_owned(),
+            event,
+        });
+        id
     }
 
     /// Every message the bot sent, in order (each transaction once).

@@ -358,41 +358,39 @@ impl FakeSignal {
     /// Delivers `message` to the account (or queues it). Returns its
     /// timestamp.
     pub fn push(&self, message: NewMessage) -> i64 {
-        {
-            let mut st = self.shared.core.change();
-            let ts = message.timestamp.unwrap_or_else(|| st.timestamp());
-            st.last_ts = st.last_ts.max(ts);
-            st.contacts.insert(message.from.number.clone());
-            st.contacts.insert(message.from.uuid.clone());
-            let mut data = json!({
-                "timestamp": ts, "message": message.text, "expiresInSeconds": 0,
-                "viewOnce": false,
-            });
-            if let Some((id, name)) = &message.group {
-                st.groups.insert(FakeSignal::group_recipient(id));
-                data["groupInfo"] = json!({"groupId": id, "groupName": name,
-                                           "revision": 1, "type": "DELIVER"});
-            }
-            if !message.attachments.is_empty() {
-                data["attachments"] = json!(message.attachments);
-            }
-            if !message.mentions.is_empty() {
-                data["mentions"] = json!(message.mentions);
-            }
-            if let Some(q) = &message.quote {
-                data["quote"] = q.clone();
-            }
-            let item = json!({"envelope": {
-                "source": message.from.number, "sourceNumber": message.from.number,
-                "sourceUuid": message.from.uuid, "sourceName": message.from.name,
-                "sourceDevice": 1, "timestamp": ts, "serverReceivedTimestamp": ts + 5,
-                "serverDeliveredTimestamp": ts + 9, "dataMessage": data,
-            }, "account": self.account});
-            let frame = item.to_string();
-            st.pushed.insert(ts, (self.account.clone(), frame.clone()));
-            st.deliver(&self.account, frame);
-            ts
+        let mut st = self.shared.core.change();
+        let ts = message.timestamp.unwrap_or_else(|| st.timestamp());
+        st.last_ts = st.last_ts.max(ts);
+        st.contacts.insert(message.from.number.clone());
+        st.contacts.insert(message.from.uuid.clone());
+        let mut data = json!({
+            "timestamp": ts, "message": message.text, "expiresInSeconds": 0,
+            "viewOnce": false,
+        });
+        if let Some((id, name)) = &message.group {
+            st.groups.insert(FakeSignal::group_recipient(id));
+            data["groupInfo"] = json!({"groupId": id, "groupName": name,
+                                       "revision": 1, "type": "DELIVER"});
         }
+        if !message.attachments.is_empty() {
+            data["attachments"] = json!(message.attachments);
+        }
+        if !message.mentions.is_empty() {
+            data["mentions"] = json!(message.mentions);
+        }
+        if let Some(q) = &message.quote {
+            data["quote"] = q.clone();
+        }
+        let item = json!({"envelope": {
+            "source": message.from.number, "sourceNumber": message.from.number,
+            "sourceUuid": message.from.uuid, "sourceName": message.from.name,
+            "sourceDevice": 1, "timestamp": ts, "serverReceivedTimestamp": ts + 5,
+            "serverDeliveredTimestamp": ts + 9, "dataMessage": data,
+        }, "account": self.account});
+        let frame = item.to_string();
+        st.pushed.insert(ts, (self.account.clone(), frame.clone()));
+        st.deliver(&self.account, frame);
+        ts
     }
 
     /// Delivers any item (an envelope of another kind, a malformed one) to
@@ -410,13 +408,11 @@ impl FakeSignal {
     /// # Panics
     /// When no such message was pushed.
     pub fn redeliver(&self, timestamp: i64) {
-        {
-            let mut st = self.shared.core.change();
-            let Some((account, frame)) = st.pushed.get(&timestamp).cloned() else {
-                panic!("no message with timestamp {timestamp} was pushed");
-            };
-            st.deliver(&account, frame);
-        }
+        let mut st = self.shared.core.change();
+        let Some((account, frame)) = st.pushed.get(&timestamp).cloned() else {
+            panic!("no message with timestamp {timestamp} was pushed");
+        };
+        st.deliver(&account, frame);
     }
 
     /// Every message the bot sent, in order.
@@ -542,11 +538,9 @@ impl FakeSignal {
     /// Cuts the account's WebSocket without a close frame. What is pushed
     /// afterwards waits for the next connection.
     pub fn drop_connection(&self) {
-        {
-            let mut st = self.shared.core.change();
-            if let Some((_, tx)) = st.live.remove(&self.account) {
-                let _ = tx.send(Outgoing::Drop);
-            }
+        let mut st = self.shared.core.change();
+        if let Some((_, tx)) = st.live.remove(&self.account) {
+            let _ = tx.send(Outgoing::Drop);
         }
     }
 
@@ -555,13 +549,11 @@ impl FakeSignal {
     /// counts as receiving: what is pushed afterwards waits for the next
     /// connection.
     pub fn go_silent(&self) {
-        {
-            let mut st = self.shared.core.change();
-            if let Some((_, tx)) = st.live.remove(&self.account) {
-                let _ = tx.send(Outgoing::Silence);
-                // Kept, or the connection would see its queue close.
-                st.silenced.push(tx);
-            }
+        let mut st = self.shared.core.change();
+        if let Some((_, tx)) = st.live.remove(&self.account) {
+            let _ = tx.send(Outgoing::Silence);
+            // Kept, or the connection would see its queue close.
+            st.silenced.push(tx);
         }
     }
 

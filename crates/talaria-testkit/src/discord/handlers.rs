@@ -72,11 +72,9 @@ async fn connection(shared: Arc<Shared>, mut socket: WebSocket) {
             }
         }
     }
-    {
-        let mut st = shared.core.change();
-        if st.attached.as_ref().is_some_and(|a| a.id == id) {
-            st.attached = None;
-        }
+    let mut st = shared.core.change();
+    if st.attached.as_ref().is_some_and(|a| a.id == id) {
+        st.attached = None;
     }
 }
 

@@ -131,36 +131,34 @@ pub(super) async fn handle(
 }
 
 fn join(shared: &Shared, room_id: &str) -> Response {
-    {
-        let mut st = shared.core.change();
-        let Some(room) = st.rooms.get_mut(room_id) else {
-            return error(404, "M_NOT_FOUND", "No known servers");
-        };
-        let mut fresh = false;
-        if !room.bot_joined {
-            if room.invite.take().is_none() {
-                return error(403, "M_FORBIDDEN", "You are not invited to this room.");
-            }
-            room.bot_joined = true;
-            room.members.push(BOT_USER_ID.to_owned());
-            fresh = true;
+    let mut st = shared.core.change();
+    let Some(room) = st.rooms.get_mut(room_id) else {
+        return error(404, "M_NOT_FOUND", "No known servers");
+    };
+    let mut fresh = false;
+    if !room.bot_joined {
+        if room.invite.take().is_none() {
+            return error(403, "M_FORBIDDEN", "You are not invited to this room.");
         }
-        st.joins.push(room_id.to_owned());
-        if fresh {
-            // The homeserver's join event, seen by the bot's next sync.
-            let position = st.log.len();
-            if let Some(room) = st.rooms.get_mut(room_id) {
-                room.joined_at = Some(position);
-            }
-            let mut event = member_event(room_id, BOT_USER_ID, "join");
-            event["unsigned"] = json!({ "prev_content": { "membership": "invite" } });
-            st.log.push(Entry::Timeline {
-                room_id: room_id.to_owned(),
-                event,
-            });
-        }
-        json_response(200, &json!({ "room_id": room_id }))
+        room.bot_joined = true;
+        room.members.push(BOT_USER_ID.to_owned());
+        fresh = true;
     }
+    st.joins.push(room_id.to_owned());
+    if fresh {
+        // The homeserver's join event, seen by the bot's next sync.
+        let position = st.log.len();
+        if let Some(room) = st.rooms.get_mut(room_id) {
+            room.joined_at = Some(position);
+        }
+        let mut event = member_event(room_id, BOT_USER_ID, "join");
+        event["unsigned"] = json!({ "prev_content": { "membership": "invite" } });
+        st.log.push(Entry::Timeline {
+            room_id: room_id.to_owned(),
+            event,
+        });
+    }
+    json_response(200, &json!({ "room_id": room_id }))
 }
 
 async fn send(
@@ -178,62 +176,60 @@ async fn send(
         // meanwhile, and a late delivery would look like the dead one's.
         return error(502, "", "Bad Gateway: the request was lost");
     }
-    {
-        let mut st = shared.core.change();
-        if let Some(ms) = st.fail_429.take() {
-            let mut r = json_response(
-                429,
-                &json!({ "errcode": "M_LIMIT_EXCEEDED", "error": "Too many requests", "retry_after_ms": ms }),
+    let mut st = shared.core.change();
+    if let Some(ms) = st.fail_429.take() {
+        let mut r = json_response(
+            429,
+            &json!({ "errcode": "M_LIMIT_EXCEEDED", "error": "Too many requests", "retry_after_ms": ms }),
+        );
+        if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return r;
+    }
+    if let Some(event_id) = st.txns.get(txn) {
+        // The spec: a repeated transaction id answers the first event.
+        return json_response(200, &json!({ "event_id": event_id }));
+    }
+    if !content.is_object() {
+        return error(400, "M_NOT_JSON", "Content not JSON.");
+    }
+    if raw.len() > MAX_EVENT_BYTES {
+        return error(413, "M_TOO_LARGE", "event too large");
+    }
+    match st.rooms.get(room_id) {
+        Some(room) if room.bot_joined => {}
+        _ => {
+            return error(
+                403,
+                "M_FORBIDDEN",
+                "User is not in the room or the room does not exist",
             );
-            if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            return r;
         }
-        if let Some(event_id) = st.txns.get(txn) {
-            // The spec: a repeated transaction id answers the first event.
-            return json_response(200, &json!({ "event_id": event_id }));
-        }
-        if !content.is_object() {
-            return error(400, "M_NOT_JSON", "Content not JSON.");
-        }
-        if raw.len() > MAX_EVENT_BYTES {
-            return error(413, "M_TOO_LARGE", "event too large");
-        }
-        match st.rooms.get(room_id) {
-            Some(room) if room.bot_joined => {}
-            _ => {
-                return error(
-                    403,
-                    "M_FORBIDDEN",
-                    "User is not in the room or the room does not exist",
-                );
-            }
-        }
-        let event_id = format!("$ev{}", st.next_event);
-        st.next_event += 1;
-        st.txns.insert(txn.to_owned(), event_id.clone());
-        st.sent.push(Sent {
-            room_id: room_id.to_owned(),
-            txn_id: txn.to_owned(),
-            content: content.clone(),
-            event_id: event_id.clone(),
-            at: Instant::now(),
-        });
-        // The homeserver echoes the bot's own events in its sync stream.
-        st.log.push(Entry::Timeline {
-            room_id: room_id.to_owned(),
-            event: json!({
-                "type": kind, "sender": BOT_USER_ID, "event_id": event_id,
-                "origin_server_ts": now_ms(), "content": content,
-                "unsigned": { "transaction_id": txn },
-            }),
-        });
-        if st.drop_send_answers.fire() {
-            broken_body()
-        } else {
-            json_response(200, &json!({ "event_id": event_id }))
-        }
+    }
+    let event_id = format!("$ev{}", st.next_event);
+    st.next_event += 1;
+    st.txns.insert(txn.to_owned(), event_id.clone());
+    st.sent.push(Sent {
+        room_id: room_id.to_owned(),
+        txn_id: txn.to_owned(),
+        content: content.clone(),
+        event_id: event_id.clone(),
+        at: Instant::now(),
+    });
+    // The homeserver echoes the bot's own events in its sync stream.
+    st.log.push(Entry::Timeline {
+        room_id: room_id.to_owned(),
+        event: json!({
+            "type": kind, "sender": BOT_USER_ID, "event_id": event_id,
+            "origin_server_ts": now_ms(), "content": content,
+            "unsigned": { "transaction_id": txn },
+        }),
+    });
+    if st.drop_send_answers.fire() {
+        broken_body()
+    } else {
+        json_response(200, &json!({ "event_id": event_id }))
     }
 }
 

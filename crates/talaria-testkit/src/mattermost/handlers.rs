@@ -106,96 +106,94 @@ async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
         // Lost, never delivered: its client may be long gone.
         return app_error(502, "fake.lost", "Bad Gateway: the request was lost");
     }
-    {
-        let mut st = shared.core.change();
-        if let Some((reset, retry_after)) = st.fail_429.take() {
-            let mut r = app_error(
-                429,
-                "api.context.rate_limit.app_error",
-                "command failed: too many requests",
-            );
-            let h = r.headers_mut();
-            h.insert("x-ratelimit-limit", HeaderValue::from_static("10"));
-            h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
-            if let Ok(v) = HeaderValue::from_str(&reset.to_string()) {
-                h.insert("x-ratelimit-reset", v);
-            }
-            if let Some(secs) = retry_after
-                && let Ok(v) = HeaderValue::from_str(&secs.to_string())
-            {
-                h.insert(header::RETRY_AFTER, v);
-            }
-            return r;
-        }
-        if let Some(status) = st.fail_status.take() {
-            return app_error(status, "fake.injected", "injected failure");
-        }
-        let channel_id = body.get("channel_id").and_then(Value::as_str).unwrap_or("");
-        let message = body.get("message").and_then(Value::as_str).unwrap_or("");
-        let root_id = body
-            .get("root_id")
-            .and_then(Value::as_str)
-            .filter(|r| !r.is_empty())
-            .map(str::to_owned);
-        let Some(channel_type) = st.channels.get(channel_id).cloned() else {
-            return app_error(
-                403,
-                "api.context.permissions.app_error",
-                "You do not have the appropriate permissions.",
-            );
-        };
-        if message.trim().is_empty() {
-            return app_error(
-                400,
-                "api.post.create_post.message.app_error",
-                "Message must not be empty.",
-            );
-        }
-        if message.chars().count() > MAX_POST_CHARS {
-            return app_error(
-                400,
-                "model.post.is_valid.message_length.app_error",
-                "Invalid message length.",
-            );
-        }
-        if let Some(root) = &root_id
-            && st.known_posts.get(root).map(String::as_str) != Some(channel_id)
-        {
-            return app_error(
-                400,
-                "api.post.create_post.root_id.app_error",
-                "Invalid RootId parameter.",
-            );
-        }
-        let id = new_id(&mut st, "b");
-        st.known_posts.insert(id.clone(), channel_id.to_owned());
-        st.posts.push(CreatedPost {
-            id: id.clone(),
-            channel_id: channel_id.to_owned(),
-            message: message.to_owned(),
-            root_id: root_id.clone(),
-            at: Instant::now(),
-        });
-        let post = json!({
-            "id": id, "create_at": unix_millis(), "update_at": unix_millis(), "edit_at": 0,
-            "delete_at": 0, "user_id": BOT_USER_ID, "channel_id": channel_id,
-            "root_id": root_id.unwrap_or_default(), "message": message, "type": "",
-            "props": {"from_bot": "true"}, "metadata": {},
-        });
-        // A real server tells every member, the author included.
-        let data = json!({
-            "channel_display_name": display_name(channel_id, &channel_type),
-            "channel_name": channel_id, "channel_type": channel_type,
-            "post": post.to_string(), "sender_name": format!("@{BOT_USERNAME}"), "team_id": "team1",
-        });
-        emit(
-            &mut st,
-            "posted",
-            data,
-            json!({"channel_id": channel_id, "team_id": "", "user_id": ""}),
+    let mut st = shared.core.change();
+    if let Some((reset, retry_after)) = st.fail_429.take() {
+        let mut r = app_error(
+            429,
+            "api.context.rate_limit.app_error",
+            "command failed: too many requests",
         );
-        json_response(201, &post)
+        let h = r.headers_mut();
+        h.insert("x-ratelimit-limit", HeaderValue::from_static("10"));
+        h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
+        if let Ok(v) = HeaderValue::from_str(&reset.to_string()) {
+            h.insert("x-ratelimit-reset", v);
+        }
+        if let Some(secs) = retry_after
+            && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+        {
+            h.insert(header::RETRY_AFTER, v);
+        }
+        return r;
     }
+    if let Some(status) = st.fail_status.take() {
+        return app_error(status, "fake.injected", "injected failure");
+    }
+    let channel_id = body.get("channel_id").and_then(Value::as_str).unwrap_or("");
+    let message = body.get("message").and_then(Value::as_str).unwrap_or("");
+    let root_id = body
+        .get("root_id")
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned);
+    let Some(channel_type) = st.channels.get(channel_id).cloned() else {
+        return app_error(
+            403,
+            "api.context.permissions.app_error",
+            "You do not have the appropriate permissions.",
+        );
+    };
+    if message.trim().is_empty() {
+        return app_error(
+            400,
+            "api.post.create_post.message.app_error",
+            "Message must not be empty.",
+        );
+    }
+    if message.chars().count() > MAX_POST_CHARS {
+        return app_error(
+            400,
+            "model.post.is_valid.message_length.app_error",
+            "Invalid message length.",
+        );
+    }
+    if let Some(root) = &root_id
+        && st.known_posts.get(root).map(String::as_str) != Some(channel_id)
+    {
+        return app_error(
+            400,
+            "api.post.create_post.root_id.app_error",
+            "Invalid RootId parameter.",
+        );
+    }
+    let id = new_id(&mut st, "b");
+    st.known_posts.insert(id.clone(), channel_id.to_owned());
+    st.posts.push(CreatedPost {
+        id: id.clone(),
+        channel_id: channel_id.to_owned(),
+        message: message.to_owned(),
+        root_id: root_id.clone(),
+        at: Instant::now(),
+    });
+    let post = json!({
+        "id": id, "create_at": unix_millis(), "update_at": unix_millis(), "edit_at": 0,
+        "delete_at": 0, "user_id": BOT_USER_ID, "channel_id": channel_id,
+        "root_id": root_id.unwrap_or_default(), "message": message, "type": "",
+        "props": {"from_bot": "true"}, "metadata": {},
+    });
+    // A real server tells every member, the author included.
+    let data = json!({
+        "channel_display_name": display_name(channel_id, &channel_type),
+        "channel_name": channel_id, "channel_type": channel_type,
+        "post": post.to_string(), "sender_name": format!("@{BOT_USERNAME}"), "team_id": "team1",
+    });
+    emit(
+        &mut st,
+        "posted",
+        data,
+        json!({"channel_id": channel_id, "team_id": "", "user_id": ""}),
+    );
+    json_response(201, &post)
 }
 
 pub(super) async fn websocket(
@@ -340,12 +338,10 @@ async fn serve_socket(
             () = shared.core.stopped() => break,
         }
     }
+    let mut st = shared.core.change();
+    if let Some(s) = st.session.as_mut()
+        && s.live.as_ref().is_some_and(|(n, _)| *n == conn_no)
     {
-        let mut st = shared.core.change();
-        if let Some(s) = st.session.as_mut()
-            && s.live.as_ref().is_some_and(|(n, _)| *n == conn_no)
-        {
-            s.live = None;
-        }
+        s.live = None;
     }
 }

@@ -64,24 +64,22 @@ pub(super) async fn receive_poll(
         &format!("/v1/receive/{number}"),
         &Value::Null,
     );
-    {
-        let mut st = shared.core.change();
-        if !st.accounts.contains(&number) {
-            return error(400, &format!("User {number} is not registered."));
-        }
-        st.polls += 1;
-        let frames: Vec<String> = st
-            .queues
-            .get_mut(&number)
-            .map(|q| q.drain(..).collect())
-            .unwrap_or_default();
-        st.handed.extend(frames.iter().cloned());
-        let items: Vec<Value> = frames
-            .iter()
-            .filter_map(|f| serde_json::from_str(f).ok())
-            .collect();
-        json_response(200, &json!(items))
+    let mut st = shared.core.change();
+    if !st.accounts.contains(&number) {
+        return error(400, &format!("User {number} is not registered."));
     }
+    st.polls += 1;
+    let frames: Vec<String> = st
+        .queues
+        .get_mut(&number)
+        .map(|q| q.drain(..).collect())
+        .unwrap_or_default();
+    st.handed.extend(frames.iter().cloned());
+    let items: Vec<Value> = frames
+        .iter()
+        .filter_map(|f| serde_json::from_str(f).ok())
+        .collect();
+    json_response(200, &json!(items))
 }
 
 pub(super) async fn receive_socket(
@@ -162,93 +160,89 @@ async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String
             () = shared.core.stopped() => break,
         }
     }
-    {
-        let mut st = shared.core.change();
-        if st.live.get(&number).is_some_and(|(n, _)| *n == conn_no) {
-            st.live.remove(&number);
-        }
+    let mut st = shared.core.change();
+    if st.live.get(&number).is_some_and(|(n, _)| *n == conn_no) {
+        st.live.remove(&number);
     }
 }
 
 pub(super) async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     record(&shared, "POST", "/v2/send", &body);
-    {
-        let mut st = shared.core.change();
-        if let Some(retry_after) = st.fail_429.take() {
-            let mut r = error(429, "Rate limit exceeded");
-            if let Some(secs) = retry_after
-                && let Ok(v) = HeaderValue::from_str(&secs.to_string())
-            {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            return r;
+    let mut st = shared.core.change();
+    if let Some(retry_after) = st.fail_429.take() {
+        let mut r = error(429, "Rate limit exceeded");
+        if let Some(secs) = retry_after
+            && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+        {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
         }
-        if let Some((status, text)) = st.fail_status.take() {
-            return error(status, &text);
-        }
-        let Some(number) = body["number"].as_str().map(str::to_owned) else {
-            return error(
-                400,
-                "Couldn't process request - please provide a valid number",
-            );
-        };
-        let recipients: Vec<String> = body["recipients"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|r| r.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if recipients.is_empty() {
-            return error(
-                400,
-                "Couldn't process request - please provide at least one recipient",
-            );
-        }
-        if !st.accounts.contains(&number) {
-            return error(400, &format!("User {number} is not registered."));
-        }
-        let groups = recipients
-            .iter()
-            .filter(|r| r.starts_with("group."))
-            .count();
-        if groups > 0 && groups < recipients.len() {
-            return error(
-                400,
-                "Signal Messenger Groups and phone numbers cannot be specified together in one request!",
-            );
-        }
-        for r in &recipients {
-            let known = if r.starts_with("group.") {
-                st.groups.contains(r) || st.contacts.contains(r)
-            } else {
-                st.contacts.contains(r)
-            };
-            if !known {
-                return error(
-                    400,
-                    &format!("Failed to send message: Unregistered user {r}"),
-                );
-            }
-        }
-        let message = body["message"].as_str().unwrap_or("").to_owned();
-        if message.trim().is_empty() {
-            return error(400, "Failed to send message: empty message");
-        }
-        let timestamp = st.timestamp();
-        st.sent.push(Sent {
-            number,
-            recipients,
-            message,
-            quote_timestamp: body["quote_timestamp"].as_i64(),
-            quote_author: body["quote_author"].as_str().map(str::to_owned),
-            timestamp,
-            at: Instant::now(),
-        });
-        json_response(201, &json!({ "timestamp": timestamp.to_string() }))
+        return r;
     }
+    if let Some((status, text)) = st.fail_status.take() {
+        return error(status, &text);
+    }
+    let Some(number) = body["number"].as_str().map(str::to_owned) else {
+        return error(
+            400,
+            "Couldn't process request - please provide a valid number",
+        );
+    };
+    let recipients: Vec<String> = body["recipients"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if recipients.is_empty() {
+        return error(
+            400,
+            "Couldn't process request - please provide at least one recipient",
+        );
+    }
+    if !st.accounts.contains(&number) {
+        return error(400, &format!("User {number} is not registered."));
+    }
+    let groups = recipients
+        .iter()
+        .filter(|r| r.starts_with("group."))
+        .count();
+    if groups > 0 && groups < recipients.len() {
+        return error(
+            400,
+            "Signal Messenger Groups and phone numbers cannot be specified together in one request!",
+        );
+    }
+    for r in &recipients {
+        let known = if r.starts_with("group.") {
+            st.groups.contains(r) || st.contacts.contains(r)
+        } else {
+            st.contacts.contains(r)
+        };
+        if !known {
+            return error(
+                400,
+                &format!("Failed to send message: Unregistered user {r}"),
+            );
+        }
+    }
+    let message = body["message"].as_str().unwrap_or("").to_owned();
+    if message.trim().is_empty() {
+        return error(400, "Failed to send message: empty message");
+    }
+    let timestamp = st.timestamp();
+    st.sent.push(Sent {
+        number,
+        recipients,
+        message,
+        quote_timestamp: body["quote_timestamp"].as_i64(),
+        quote_author: body["quote_author"].as_str().map(str::to_owned),
+        timestamp,
+        at: Instant::now(),
+    });
+    json_response(201, &json!({ "timestamp": timestamp.to_string() }))
 }
 
 pub(super) async fn typing(
@@ -264,20 +258,18 @@ pub(super) async fn typing(
         &format!("/v1/typing-indicator/{number}"),
         &body,
     );
-    {
-        let mut st = shared.core.change();
-        if !st.accounts.contains(&number) {
-            return error(400, &format!("User {number} is not registered."));
-        }
-        let Some(recipient) = body["recipient"].as_str().map(str::to_owned) else {
-            return error(400, "Couldn't process request - recipient missing");
-        };
-        st.typing.push(Typing {
-            number,
-            recipient,
-            show: method == Method::PUT,
-            at: Instant::now(),
-        });
-        StatusCode::NO_CONTENT.into_response()
+    let mut st = shared.core.change();
+    if !st.accounts.contains(&number) {
+        return error(400, &format!("User {number} is not registered."));
     }
+    let Some(recipient) = body["recipient"].as_str().map(str::to_owned) else {
+        return error(400, "Couldn't process request - recipient missing");
+    };
+    st.typing.push(Typing {
+        number,
+        recipient,
+        show: method == Method::PUT,
+        at: Instant::now(),
+    });
+    StatusCode::NO_CONTENT.into_response()
 }
