@@ -34,7 +34,7 @@ use axum::routing::get;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::fake::{Core, Faults, bind};
+use crate::fake::{Core, Faults, bind, started};
 
 use handlers::{rest, upgrade};
 
@@ -196,10 +196,7 @@ impl FakeDiscord {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(token: &str, interval: Duration) -> FakeDiscord {
-        match Self::try_start(token, interval) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Discord server on 127.0.0.1: {e}"),
-        }
+        started("the fake Discord server", Self::try_start(token, interval))
     }
 
     /// Like [`Self::start_blocking`], returning the error instead.

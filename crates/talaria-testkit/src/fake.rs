@@ -42,6 +42,16 @@ pub(crate) fn bind() -> std::io::Result<(TcpListener, SocketAddr)> {
     Ok((listener, addr))
 }
 
+/// The fake `try_start` started, or a panic naming `what` could not start
+/// (no local port: a broken test environment).
+#[track_caller]
+pub(crate) fn started<F>(what: &str, fake: std::io::Result<F>) -> F {
+    match fake {
+        Ok(f) => f,
+        Err(e) => panic!("cannot start {what} on 127.0.0.1: {e}"),
+    }
+}
+
 /// A fake's book `B`, its log of requests `R`, its waiters, its hang
 /// switch and its stop signal (see the module docs).
 pub(crate) struct Core<B, R = ()> {

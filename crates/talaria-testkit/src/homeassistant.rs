@@ -41,7 +41,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use crate::fake::{Core, Faults, bind};
+use crate::fake::{Core, Faults, bind, started};
 use crate::json_response;
 
 /// One service call as the fake received it.
@@ -156,10 +156,7 @@ impl FakeHomeAssistant {
     /// # Panics
     /// When no local port can be bound (a broken test environment).
     pub async fn start(token: &str) -> FakeHomeAssistant {
-        match Self::try_start(token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Home Assistant on 127.0.0.1: {e}"),
-        }
+        started("the fake Home Assistant", Self::try_start(token))
     }
 
     /// Like [`Self::start`], returning the error instead.

@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::fake::{Core, Faults, bind};
+use crate::fake::{Core, Faults, bind, started};
 use axum::Router;
 use handlers::handle;
 use serde_json::{Value, json};
@@ -208,10 +208,7 @@ impl FakeMatrix {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(token: &str) -> FakeMatrix {
-        match Self::try_start(token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Matrix server on 127.0.0.1: {e}"),
-        }
+        started("the fake Matrix server", Self::try_start(token))
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.

@@ -42,7 +42,7 @@ use axum::routing::get;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::fake::{Core, Faults, bind};
+use crate::fake::{Core, Faults, bind, started};
 
 use handlers::{rest, websocket};
 
@@ -252,10 +252,7 @@ impl FakeMattermost {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(token: &str) -> FakeMattermost {
-        match Self::try_start(token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Mattermost server on 127.0.0.1: {e}"),
-        }
+        started("the fake Mattermost server", Self::try_start(token))
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.

@@ -46,7 +46,7 @@ use axum::routing::{get, post, put};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::fake::{Core, Faults, bind};
+use crate::fake::{Core, Faults, bind, started};
 
 use handlers::{about, accounts, not_found, receive_poll, receive_socket, send, typing};
 
@@ -294,10 +294,7 @@ impl FakeSignal {
     /// # Panics
     /// When no local port can be bound (a broken test environment).
     pub async fn start(account: &str, mode: Mode) -> FakeSignal {
-        match Self::try_start(account, mode) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Signal REST API on 127.0.0.1: {e}"),
-        }
+        started("the fake Signal REST API", Self::try_start(account, mode))
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.

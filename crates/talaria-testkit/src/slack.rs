@@ -27,7 +27,7 @@ use axum::routing::{any, post};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::fake::{Core, Faults, bind};
+use crate::fake::{Core, Faults, bind, started};
 
 use handlers::{api, socket};
 
@@ -169,10 +169,10 @@ impl FakeSlack {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(bot_token: &str, app_token: &str) -> FakeSlack {
-        match Self::try_start(bot_token, app_token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Slack server on 127.0.0.1: {e}"),
-        }
+        started(
+            "the fake Slack server",
+            Self::try_start(bot_token, app_token),
+        )
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.

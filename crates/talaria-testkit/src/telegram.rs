@@ -27,7 +27,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, header};
 use serde_json::{Map, Value, json};
 
-use crate::fake::{Core, Faults, bind};
+use crate::fake::{Core, Faults, bind, started};
 use handlers::handle;
 
 mod handlers;
@@ -188,10 +188,7 @@ impl FakeTelegram {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(token: &str) -> FakeTelegram {
-        match Self::try_start(token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Telegram server on 127.0.0.1: {e}"),
-        }
+        started("the fake Telegram server", Self::try_start(token))
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.

@@ -45,7 +45,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha1::Sha1;
 
-use crate::fake::{Core, Faults, bind};
+use crate::fake::{Core, Faults, bind, started};
 use crate::json_response;
 
 /// Twilio's largest Body, in characters.
@@ -171,10 +171,10 @@ impl FakeTwilio {
     /// # Panics
     /// When no local port can be bound (a broken test environment).
     pub fn start(account_sid: &str, auth_token: &str, phone_number: &str) -> FakeTwilio {
-        match Self::try_start(account_sid, auth_token, phone_number) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Twilio server on 127.0.0.1: {e}"),
-        }
+        started(
+            "the fake Twilio server",
+            Self::try_start(account_sid, auth_token, phone_number),
+        )
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.

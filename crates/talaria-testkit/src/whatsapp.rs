@@ -38,7 +38,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
 
-use crate::fake::{Core, Faults, bind};
+use crate::fake::{Core, Faults, bind, started};
 use crate::json_response;
 
 /// The Graph API version tests configure.
@@ -192,10 +192,10 @@ impl FakeGraph {
     /// # Panics
     /// When no local port can be bound (a broken test environment).
     pub async fn start(token: &str, phone_number_id: &str) -> FakeGraph {
-        match Self::try_start(token, phone_number_id) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Graph API on 127.0.0.1: {e}"),
-        }
+        started(
+            "the fake Graph API",
+            Self::try_start(token, phone_number_id),
+        )
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.
