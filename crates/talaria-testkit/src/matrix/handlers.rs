@@ -26,7 +26,7 @@ pub(super) async fn handle(
     let Some(rest) = uri.path().strip_prefix("/_matrix/client/v3/") else {
         return error(404, "M_UNRECOGNIZED", "Unrecognized request");
     };
-    let segments: Vec<String> = rest.split('/').map(|s| percent_decode(s, false)).collect();
+    let segments: Vec<String> = rest.split('/').map(percent_decode).collect();
     let path = segments.join("/");
     let query = query_pairs(uri.query());
     let given = headers
@@ -425,23 +425,19 @@ fn sync_body(st: &Book, start: usize, initial: bool) -> Value {
 }
 
 fn query_pairs(q: Option<&str>) -> HashMap<String, String> {
-    q.unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k, true), percent_decode(v, true))
-        })
+    form_urlencoded::parse(q.unwrap_or("").as_bytes())
+        .into_owned()
         .collect()
 }
 
-fn percent_decode(s: &str, plus_is_space: bool) -> String {
+/// A path segment with its `%XX` escapes decoded (`+` stays a `+` in a
+/// path).
+fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'+' if plus_is_space => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
                 match std::str::from_utf8(&bytes[i + 1..i + 3])
                     .ok()

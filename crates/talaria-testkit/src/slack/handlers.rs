@@ -263,44 +263,14 @@ pub(super) fn params(headers: &HeaderMap, body: &Bytes) -> Map<String, Value> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if ctype.starts_with("application/x-www-form-urlencoded") {
-        let text = String::from_utf8_lossy(body);
-        return text
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                (decode(k), Value::String(decode(v)))
-            })
+        return form_urlencoded::parse(body)
+            .map(|(k, v)| (k.into_owned(), Value::String(v.into_owned())))
             .collect();
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
     }
-}
-
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn string(params: &Map<String, Value>, key: &str) -> Option<String> {
