@@ -495,10 +495,9 @@ impl FakeDiscord {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        let what = format!("{n} sent messages");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.sent)
+            .wait_len("sent messages", n, timeout, |st| &st.sent)
             .await
     }
 
@@ -507,10 +506,9 @@ impl FakeDiscord {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        let what = format!("{n} send attempts");
         self.shared
             .core
-            .wait_requests(&what, n, timeout, is_send)
+            .wait_requests("send attempts", n, timeout, is_send)
             .await
     }
 

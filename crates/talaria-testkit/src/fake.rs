@@ -126,13 +126,14 @@ impl<B, R: Clone + Debug> Core<B, R> {
     }
 
     /// Waits until the list `list` picks from the book holds at least `n`
-    /// entries, and returns them all.
+    /// entries (`items` says what they are: "sent messages"), and returns
+    /// them all.
     ///
     /// # Panics
     /// When `timeout` passes first (the message shows the list then).
     pub(crate) async fn wait_len<T: Clone + Debug>(
         &self,
-        what: &str,
+        items: &str,
         n: usize,
         timeout: Duration,
         list: impl Fn(&B) -> &Vec<T>,
@@ -141,7 +142,8 @@ impl<B, R: Clone + Debug> Core<B, R> {
             let got = list(b);
             (got.len() >= n).then(|| got.clone())
         };
-        self.wait(what, timeout, probe, |b| list(b).clone()).await
+        let what = format!("{n} {items}");
+        self.wait(&what, timeout, probe, |b| list(b).clone()).await
     }
 
     /// Logs a request and wakes the waiters.
@@ -164,21 +166,21 @@ impl<B, R: Clone + Debug> Core<B, R> {
             .collect()
     }
 
-    /// Waits until at least `n` logged requests match, and returns those
-    /// that do.
+    /// Waits until at least `n` logged requests match (`items` says what
+    /// they are: "send attempts"), and returns those that do.
     ///
     /// # Panics
     /// When `timeout` passes first (the message shows the matches then).
     pub(crate) async fn wait_requests(
         &self,
-        what: &str,
+        items: &str,
         n: usize,
         timeout: Duration,
         matches: impl Fn(&R) -> bool,
     ) -> Vec<R> {
         self.changes
             .expect(
-                what,
+                &format!("{n} {items}"),
                 timeout,
                 || {
                     let got = self.requests_where(&matches);
@@ -329,7 +331,7 @@ mod tests {
         let waiter = {
             let core = core.clone();
             tokio::spawn(async move {
-                core.wait_len("two entries", 2, Duration::from_secs(5), |b| &b.seen)
+                core.wait_len("entries", 2, Duration::from_secs(5), |b| &b.seen)
                     .await
             })
         };
@@ -351,7 +353,7 @@ mod tests {
     #[should_panic(expected = "waited")]
     async fn a_wait_that_never_comes_true_panics() {
         let core = Core::<Book>::new(Book::default());
-        core.wait_len("one entry", 1, Duration::from_millis(50), |b| &b.seen)
+        core.wait_len("entries", 1, Duration::from_millis(50), |b| &b.seen)
             .await;
     }
 

@@ -253,10 +253,9 @@ impl FakeHomeAssistant {
     /// # Panics
     /// When they do not come within `timeout`.
     pub async fn wait_for_notifications(&self, n: usize, timeout: Duration) -> Vec<Notification> {
-        let what = format!("{n} notifications");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |b| &b.notifications)
+            .wait_len("notifications", n, timeout, |b| &b.notifications)
             .await
     }
 }

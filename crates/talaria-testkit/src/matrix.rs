@@ -438,10 +438,9 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        let what = format!("{n} sent messages");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.sent)
+            .wait_len("sent messages", n, timeout, |st| &st.sent)
             .await
     }
 
@@ -450,10 +449,9 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        let what = format!("{n} send requests");
         self.shared
             .core
-            .wait_requests(&what, n, timeout, |r| is_send_path(&r.path))
+            .wait_requests("send requests", n, timeout, |r| is_send_path(&r.path))
             .await
     }
 
@@ -462,10 +460,9 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sync_calls(&self, n: usize, timeout: Duration) -> Vec<SyncCall> {
-        let what = format!("{n} sync calls");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.syncs)
+            .wait_len("sync calls", n, timeout, |st| &st.syncs)
             .await
     }
 
@@ -498,10 +495,9 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_typing(&self, n: usize, timeout: Duration) -> Vec<Typing> {
-        let what = format!("{n} typing notices");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.typing)
+            .wait_len("typing notices", n, timeout, |st| &st.typing)
             .await
     }
 
@@ -510,10 +506,9 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_joins(&self, n: usize, timeout: Duration) -> Vec<String> {
-        let what = format!("{n} joins");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.joins)
+            .wait_len("joins", n, timeout, |st| &st.joins)
             .await
     }
 

@@ -418,10 +418,9 @@ impl FakeMattermost {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_posts(&self, n: usize, timeout: Duration) -> Vec<CreatedPost> {
-        let what = format!("{n} posts");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.posts)
+            .wait_len("posts", n, timeout, |st| &st.posts)
             .await
     }
 
@@ -430,10 +429,9 @@ impl FakeMattermost {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_post_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        let what = format!("{n} post attempts");
         self.shared
             .core
-            .wait_requests(&what, n, timeout, is_post)
+            .wait_requests("post attempts", n, timeout, is_post)
             .await
     }
 
@@ -442,10 +440,9 @@ impl FakeMattermost {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_connections(&self, n: usize, timeout: Duration) -> Vec<Connection> {
-        let what = format!("{n} WebSocket connections");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.connections)
+            .wait_len("WebSocket connections", n, timeout, |st| &st.connections)
             .await
     }
 
@@ -454,10 +451,9 @@ impl FakeMattermost {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_typing(&self, n: usize, timeout: Duration) -> Vec<Typing> {
-        let what = format!("{n} typing calls");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.typing)
+            .wait_len("typing calls", n, timeout, |st| &st.typing)
             .await
     }
 

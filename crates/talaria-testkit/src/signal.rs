@@ -468,10 +468,9 @@ impl FakeSignal {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        let what = format!("{n} sent messages");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.sent)
+            .wait_len("sent messages", n, timeout, |st| &st.sent)
             .await
     }
 
@@ -480,10 +479,9 @@ impl FakeSignal {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_connections(&self, n: usize, timeout: Duration) -> Vec<Connection> {
-        let what = format!("{n} WebSocket connections");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.connections)
+            .wait_len("WebSocket connections", n, timeout, |st| &st.connections)
             .await
     }
 
@@ -509,10 +507,9 @@ impl FakeSignal {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_typing(&self, n: usize, timeout: Duration) -> Vec<Typing> {
-        let what = format!("{n} typing calls");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.typing)
+            .wait_len("typing calls", n, timeout, |st| &st.typing)
             .await
     }
 

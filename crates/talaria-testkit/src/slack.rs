@@ -452,10 +452,9 @@ impl FakeSlack {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_posts(&self, n: usize, timeout: Duration) -> Vec<Posted> {
-        let what = format!("{n} posted messages");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.posted)
+            .wait_len("posted messages", n, timeout, |st| &st.posted)
             .await
     }
 
@@ -464,10 +463,9 @@ impl FakeSlack {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_post_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        let what = format!("{n} chat.postMessage requests");
         self.shared
             .core
-            .wait_requests(&what, n, timeout, is_post)
+            .wait_requests("chat.postMessage requests", n, timeout, is_post)
             .await
     }
 

@@ -393,10 +393,9 @@ impl FakeTelegram {
     /// # Panics
     /// When `timeout` passes first (the message lists what was sent).
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        let what = format!("{n} sent messages");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.sent)
+            .wait_len("sent messages", n, timeout, |st| &st.sent)
             .await
     }
 
@@ -406,10 +405,9 @@ impl FakeTelegram {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        let what = format!("{n} sendMessage requests");
         self.shared
             .core
-            .wait_requests(&what, n, timeout, is_send)
+            .wait_requests("sendMessage requests", n, timeout, is_send)
             .await
     }
 
@@ -422,10 +420,9 @@ impl FakeTelegram {
         n: usize,
         timeout: Duration,
     ) -> Vec<GetUpdatesCall> {
-        let what = format!("{n} getUpdates calls");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.get_updates)
+            .wait_len("getUpdates calls", n, timeout, |st| &st.get_updates)
             .await
     }
 

@@ -259,10 +259,9 @@ impl FakeTwilio {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<SentSms> {
-        let what = format!("{n} SMS");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |st| &st.sent)
+            .wait_len("SMS", n, timeout, |st| &st.sent)
             .await
     }
 
@@ -271,10 +270,9 @@ impl FakeTwilio {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        let what = format!("{n} send attempts");
         self.shared
             .core
-            .wait_requests(&what, n, timeout, is_send)
+            .wait_requests("send attempts", n, timeout, is_send)
             .await
     }
 

@@ -253,10 +253,9 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        let what = format!("{n} WhatsApp messages");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |b| &b.sent)
+            .wait_len("WhatsApp messages", n, timeout, |b| &b.sent)
             .await
     }
 
@@ -265,10 +264,9 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_requests(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        let what = format!("{n} Graph requests");
         self.shared
             .core
-            .wait_requests(&what, n, timeout, |_| true)
+            .wait_requests("Graph requests", n, timeout, |_| true)
             .await
     }
 
@@ -277,10 +275,9 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_reads(&self, n: usize, timeout: Duration) -> Vec<Read> {
-        let what = format!("{n} read receipts");
         self.shared
             .core
-            .wait_len(&what, n, timeout, |b| &b.reads)
+            .wait_len("read receipts", n, timeout, |b| &b.reads)
             .await
     }
 
