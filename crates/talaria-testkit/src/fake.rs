@@ -8,10 +8,11 @@
 //!   wakes the waiters when it is dropped, after the lock is released. A
 //!   test waiting on the book therefore cannot miss a change, and no fake
 //!   has a bump of its own to forget.
-//! - **The request log.** [`Core::record`] logs a request the moment it
-//!   arrives, before any injected failure or hang decides its answer, so a
-//!   test sees lost and refused requests as well as answered ones; the
-//!   waits ([`Core::wait_requests`]) count the entries that match.
+//! - **The request log.** [`Core::record`] logs every request, refused and
+//!   hung ones too. A fake logs a request as it arrives, before an injected
+//!   failure or hang decides its answer (the WhatsApp fake, which never
+//!   hangs, logs it once answered, as it always did); the waits
+//!   ([`Core::wait_requests`]) count the entries that match.
 //! - **Fault injection.** A [`Faults`] queue in the book holds the failures
 //!   the next requests of one kind take, in order; the hang switch
 //!   ([`Core::set_hang`], [`Core::held`]) keeps requests unanswered until
