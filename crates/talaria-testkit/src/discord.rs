@@ -24,17 +24,17 @@
 //! The server runs on its own thread with its own runtime, so it keeps
 //! answering while the test thread blocks, and stops when dropped.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
-use crate::lock;
+use crate::fake::{Core, Faults, bind, started};
 
 use handlers::{rest, upgrade};
 
@@ -150,13 +150,13 @@ struct Book {
     guilds: BTreeMap<String, Vec<Value>>,
     sent: Vec<Sent>,
     typing: Vec<Typing>,
-    requests: Vec<Request>,
     frames: Vec<Frame>,
     connections: Vec<Connection>,
     readies: usize,
     resumed: usize,
-    fail_429: VecDeque<(f64, bool)>,
-    fail_status: VecDeque<u16>,
+    /// (`retry_after`, `global`) of each 429 the next sends get.
+    fail_429: Faults<(f64, bool)>,
+    fail_status: Faults<u16>,
     exhaust_next: Option<f64>,
 }
 
@@ -164,16 +164,7 @@ struct Shared {
     token: String,
     bot_id: String,
     addr: SocketAddr,
-    state: Mutex<Book>,
-    version: watch::Sender<u64>,
-    hang: watch::Sender<bool>,
-    stop: watch::Sender<bool>,
-}
-
-impl Shared {
-    fn bump(&self) {
-        self.version.send_modify(|v| *v += 1);
-    }
+    core: Core<Book, Request>,
 }
 
 /// A fake Discord (see the module docs).
@@ -205,37 +196,29 @@ impl FakeDiscord {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(token: &str, interval: Duration) -> FakeDiscord {
-        match Self::try_start(token, interval) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Discord server on 127.0.0.1: {e}"),
-        }
+        started("the fake Discord server", Self::try_start(token, interval))
     }
 
     /// Like [`Self::start_blocking`], returning the error instead.
     pub fn try_start(token: &str, interval: Duration) -> std::io::Result<FakeDiscord> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             token: token.to_owned(),
             bot_id: "900000000000000001".to_owned(),
             addr,
-            state: Mutex::new(Book {
+            core: Core::new(Book {
                 heartbeat_interval_ms: u64::try_from(interval.as_millis()).unwrap_or(45_000).max(1),
                 ack_heartbeats: true,
                 next_id: 1_200_000_000_000_000_000,
                 ..Book::default()
             }),
-            version: watch::channel(0).0,
-            hang: watch::channel(false).0,
-            stop: watch::channel(false).0,
         });
         let app = Router::new()
             .route("/gateway", get(upgrade))
             .route("/resume", get(upgrade))
             .fallback(rest)
             .with_state(shared.clone());
-        crate::serve_on_own_thread("fake-discord", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-discord", listener, app)?;
         Ok(FakeDiscord { shared })
     }
 
@@ -270,7 +253,7 @@ impl FakeDiscord {
     }
 
     fn next_id(&self) -> String {
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.core.change();
         st.next_id += 1;
         st.next_id.to_string()
     }
@@ -308,7 +291,7 @@ impl FakeDiscord {
         let thread = json!({"id": thread_id, "parent_id": parent_id, "guild_id": guild_id,
             "type": 11, "name": format!("thread {thread_id}")});
         let new = {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.core.change();
             let threads = st.guilds.entry(guild_id.to_owned()).or_default();
             let known = threads.iter().any(|t| t["id"] == thread_id);
             if !known {
@@ -353,25 +336,22 @@ impl FakeDiscord {
     /// connection is attached to it, else kept for a resume). Before any
     /// session exists it waits for the first READY.
     pub fn push_dispatch(&self, kind: &str, d: Value) {
-        {
-            let mut st = lock(&self.shared.state);
-            match st.current.clone() {
-                Some(session) => {
-                    let payload = log_dispatch(&mut st, &session, kind, d);
-                    if let Some(a) = &st.attached
-                        && a.session.as_deref() == Some(session.as_str())
-                    {
-                        let _ = a.tx.send(Control::Send(payload));
-                    }
+        let mut st = self.shared.core.change();
+        match st.current.clone() {
+            Some(session) => {
+                let payload = log_dispatch(&mut st, &session, kind, d);
+                if let Some(a) = &st.attached
+                    && a.session.as_deref() == Some(session.as_str())
+                {
+                    let _ = a.tx.send(Control::Send(payload));
                 }
-                None => st.backlog.push((kind.to_owned(), d)),
             }
+            None => st.backlog.push((kind.to_owned(), d)),
         }
-        self.shared.bump();
     }
 
     fn control(&self, c: Control) -> bool {
-        let st = lock(&self.shared.state);
+        let st = self.shared.core.read();
         st.attached.as_ref().is_some_and(|a| a.tx.send(c).is_ok())
     }
 
@@ -400,7 +380,7 @@ impl FakeDiscord {
     /// forgotten: a later Resume of it gets op 9 again.
     pub fn invalidate_session(&self, resumable: bool) -> bool {
         if !resumable {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.core.change();
             if let Some(s) = st.current.take() {
                 st.sessions.remove(&s);
             }
@@ -410,61 +390,60 @@ impl FakeDiscord {
 
     /// Whether heartbeats get op 11 (default yes).
     pub fn ack_heartbeats(&self, ack: bool) {
-        lock(&self.shared.state).ack_heartbeats = ack;
+        self.shared.core.change().ack_heartbeats = ack;
     }
 
     /// The next send gets 429 with `retry_after` seconds (and `global`).
     /// Calls queue up.
     pub fn fail_next_send_with_429(&self, retry_after: f64, global: bool) {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .change()
             .fail_429
-            .push_back((retry_after, global));
+            .push((retry_after, global));
     }
 
     /// The next send gets this HTTP status. Calls queue up.
     pub fn fail_next_send_with_status(&self, status: u16) {
-        lock(&self.shared.state).fail_status.push_back(status);
+        self.shared.core.change().fail_status.push(status);
     }
 
     /// The next successful send says `X-RateLimit-Remaining: 0` with this
     /// `Reset-After`.
     pub fn exhaust_bucket_next(&self, reset_after: f64) {
-        lock(&self.shared.state).exhaust_next = Some(reset_after);
+        self.shared.core.change().exhaust_next = Some(reset_after);
     }
 
     /// While set, message sends are recorded as attempts but hang
     /// unanswered and are never delivered; clearing it (or stopping the
     /// server) answers them with a 502.
     pub fn hang_send(&self, hang: bool) {
-        self.shared.hang.send_replace(hang);
+        self.shared.core.set_hang(hang);
     }
 
     /// Every message sent so far.
     pub fn sent(&self) -> Vec<Sent> {
-        lock(&self.shared.state).sent.clone()
+        self.shared.core.read().sent.clone()
     }
 
     /// Every typing request so far.
     pub fn typing(&self) -> Vec<Typing> {
-        lock(&self.shared.state).typing.clone()
+        self.shared.core.read().typing.clone()
     }
 
     /// Every REST request so far, including failed and hung ones.
     pub fn requests(&self) -> Vec<Request> {
-        lock(&self.shared.state).requests.clone()
+        self.shared.core.requests()
     }
 
     /// The message sends so far, answered or not.
     pub fn send_attempts(&self) -> Vec<Request> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method == "POST" && r.path.ends_with("/messages"))
-            .collect()
+        self.shared.core.requests_where(is_send)
     }
 
     /// Every gateway payload the client sent.
     pub fn frames(&self) -> Vec<Frame> {
-        lock(&self.shared.state).frames.clone()
+        self.shared.core.read().frames.clone()
     }
 
     /// The client's payloads with opcode `op`.
@@ -474,18 +453,20 @@ impl FakeDiscord {
 
     /// Every WebSocket connection opened so far.
     pub fn connections(&self) -> Vec<Connection> {
-        lock(&self.shared.state).connections.clone()
+        self.shared.core.read().connections.clone()
     }
 
     /// How many READY and RESUMED dispatches were sent.
     pub fn ready_and_resumed(&self) -> (usize, usize) {
-        let st = lock(&self.shared.state);
+        let st = self.shared.core.read();
         (st.readies, st.resumed)
     }
 
     /// Whether a connection is attached to a session right now.
     pub fn attached(&self) -> bool {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .read()
             .attached
             .as_ref()
             .is_some_and(|a| a.session.is_some())
@@ -497,13 +478,16 @@ impl FakeDiscord {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sessions(&self, n: usize, timeout: Duration) {
-        self.wait_until(timeout, |st| st.readies + st.resumed >= n)
+        let what = format!("{n} session starts");
+        self.shared
+            .core
+            .wait(
+                &what,
+                timeout,
+                |st| (st.readies + st.resumed >= n).then_some(()),
+                |st| format!("{} READY and {} RESUMED", st.readies, st.resumed),
+            )
             .await;
-        let (r, s) = self.ready_and_resumed();
-        assert!(
-            r + s >= n,
-            "waited {timeout:?} for {n} session starts, saw {r} READY and {s} RESUMED"
-        );
     }
 
     /// Waits until at least `n` messages were sent and returns them all.
@@ -511,14 +495,10 @@ impl FakeDiscord {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        self.wait_until(timeout, |st| st.sent.len() >= n).await;
-        let sent = self.sent();
-        assert!(
-            sent.len() >= n,
-            "waited {timeout:?} for {n} sent messages, got {}: {sent:#?}",
-            sent.len()
-        );
-        sent
+        self.shared
+            .core
+            .wait_len("sent messages", n, timeout, |st| &st.sent)
+            .await
     }
 
     /// Waits until at least `n` message sends arrived (answered or not).
@@ -526,21 +506,10 @@ impl FakeDiscord {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        self.wait_until(timeout, |st| {
-            st.requests
-                .iter()
-                .filter(|r| r.method == "POST" && r.path.ends_with("/messages"))
-                .count()
-                >= n
-        })
-        .await;
-        let got = self.send_attempts();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} send attempts, got {}",
-            got.len()
-        );
-        got
+        self.shared
+            .core
+            .wait_requests("send attempts", n, timeout, is_send)
+            .await
     }
 
     /// Waits until the client sent at least `n` payloads with opcode `op`.
@@ -548,17 +517,22 @@ impl FakeDiscord {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_frames(&self, op: u64, n: usize, timeout: Duration) -> Vec<Frame> {
-        self.wait_until(timeout, |st| {
-            st.frames.iter().filter(|f| f.op == op).count() >= n
-        })
-        .await;
-        let got = self.frames_with_op(op);
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} op {op} payloads, got {}",
-            got.len()
-        );
-        got
+        let with_op = |st: &Book| -> Vec<Frame> {
+            st.frames.iter().filter(|f| f.op == op).cloned().collect()
+        };
+        let what = format!("{n} op {op} payloads");
+        self.shared
+            .core
+            .wait(
+                &what,
+                timeout,
+                |st| {
+                    let got = with_op(st);
+                    (got.len() >= n).then_some(got)
+                },
+                |st| with_op(st).len(),
+            )
+            .await
     }
 
     /// Waits until no connection is attached (the client went away).
@@ -566,33 +540,20 @@ impl FakeDiscord {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_detached(&self, timeout: Duration) {
-        self.wait_until(timeout, |st| st.attached.is_none()).await;
-        assert!(
-            lock(&self.shared.state).attached.is_none(),
-            "still connected after {timeout:?}"
-        );
-    }
-
-    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.shared.version.subscribe();
-        loop {
-            rx.borrow_and_update();
-            if done(&lock(&self.shared.state)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        self.shared
+            .core
+            .wait(
+                "no connection attached",
+                timeout,
+                |st| st.attached.is_none().then_some(()),
+                |st| st.attached.as_ref().map(|a| a.id),
+            )
+            .await;
     }
 
     /// Stops the server (also on drop). Open connections are cut.
     pub fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
+        self.shared.core.stop();
     }
 }
 
@@ -600,6 +561,11 @@ impl Drop for FakeDiscord {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Whether `r` is a message send, answered or not.
+fn is_send(r: &Request) -> bool {
+    r.method == "POST" && r.path.ends_with("/messages")
 }
 
 fn author(user_id: &str) -> Value {

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::wait::wait_within;
+
 /// The bot's account on both servers.
 pub const ADDRESS: &str = "bot@example.test";
 /// Its password.
@@ -324,21 +326,20 @@ impl MailServer {
     }
 
     /// Waits until at least `n` mails were sent and returns them all.
+    ///
+    /// # Panics
+    /// When `timeout` passes first (the message lists the subjects sent).
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<SentMail> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
+        // The mails land in a maildir no change counter watches: poll it.
+        wait_within(&format!("{n} sent mails"), timeout, || async {
             let sent = self.sent();
             if sent.len() >= n {
-                return sent;
+                Ok(sent)
+            } else {
+                Err(sent.into_iter().map(|m| m.subject).collect::<Vec<_>>())
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "expected {n} sent mails, saw {}: {:?}",
-                sent.len(),
-                sent.iter().map(|m| &m.subject).collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        })
+        .await
     }
 
     /// The flags of the INBOX mail with `uid` (`\Seen` once the bot took it).

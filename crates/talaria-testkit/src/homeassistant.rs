@@ -29,10 +29,10 @@
 //! Tests break it with [`FakeHomeAssistant::fail_next`] (the next requests
 //! to a path get a status of the test's choosing).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -40,9 +40,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::Response;
 use serde_json::{Value, json};
-use tokio::sync::watch;
 
-use crate::{json_response, lock};
+use crate::fake::{Core, Faults, bind, started};
+use crate::json_response;
 
 /// One service call as the fake received it.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,8 +72,8 @@ struct Book {
     states: BTreeMap<String, (String, Value)>,
     calls: Vec<ServiceCall>,
     notifications: Vec<Notification>,
-    /// Path prefix → statuses to answer with, in order.
-    failures: Vec<(String, VecDeque<u16>)>,
+    /// (path prefix, status to answer with), in order.
+    failures: Faults<(String, u16)>,
     /// Requests refused for their bearer.
     unauthorized: usize,
 }
@@ -81,9 +81,7 @@ struct Book {
 struct Shared {
     token: String,
     addr: SocketAddr,
-    book: Mutex<Book>,
-    version: watch::Sender<u64>,
-    stop: watch::Sender<bool>,
+    core: Core<Book>,
 }
 
 /// A fake Home Assistant (see the module docs). Stops when dropped.
@@ -93,7 +91,7 @@ pub struct FakeHomeAssistant {
 
 impl Drop for FakeHomeAssistant {
     fn drop(&mut self) {
-        let _ = self.shared.stop.send(true);
+        self.shared.core.stop();
     }
 }
 
@@ -158,17 +156,12 @@ impl FakeHomeAssistant {
     /// # Panics
     /// When no local port can be bound (a broken test environment).
     pub async fn start(token: &str) -> FakeHomeAssistant {
-        match Self::try_start(token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Home Assistant on 127.0.0.1: {e}"),
-        }
+        started("the fake Home Assistant", Self::try_start(token))
     }
 
     /// Like [`Self::start`], returning the error instead.
     pub fn try_start(token: &str) -> std::io::Result<FakeHomeAssistant> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let mut book = Book::default();
         for (id, state, attributes) in [
             (
@@ -203,12 +196,10 @@ impl FakeHomeAssistant {
         let shared = Arc::new(Shared {
             token: token.to_owned(),
             addr,
-            book: Mutex::new(book),
-            version: watch::channel(0).0,
-            stop: watch::channel(false).0,
+            core: Core::new(book),
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        crate::serve_on_own_thread("fake-homeassistant", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-homeassistant", listener, app)?;
         Ok(FakeHomeAssistant { shared })
     }
 
@@ -224,22 +215,24 @@ impl FakeHomeAssistant {
 
     /// Every service call so far, oldest first (notifications included).
     pub fn calls(&self) -> Vec<ServiceCall> {
-        lock(&self.shared.book).calls.clone()
+        self.shared.core.read().calls.clone()
     }
 
     /// Every notification created so far, oldest first.
     pub fn notifications(&self) -> Vec<Notification> {
-        lock(&self.shared.book).notifications.clone()
+        self.shared.core.read().notifications.clone()
     }
 
     /// How many requests were refused for their bearer.
     pub fn unauthorized(&self) -> usize {
-        lock(&self.shared.book).unauthorized
+        self.shared.core.read().unauthorized
     }
 
     /// An entity's current state.
     pub fn state(&self, entity_id: &str) -> Option<String> {
-        lock(&self.shared.book)
+        self.shared
+            .core
+            .read()
             .states
             .get(entity_id)
             .map(|(s, _)| s.clone())
@@ -249,9 +242,10 @@ impl FakeHomeAssistant {
     /// persistent_notification`) are answered with these statuses, one
     /// each, without effect.
     pub fn fail_next(&self, path_prefix: &str, statuses: &[u16]) {
-        lock(&self.shared.book)
-            .failures
-            .push((path_prefix.to_owned(), statuses.iter().copied().collect()));
+        let mut book = self.shared.core.change();
+        for status in statuses {
+            book.failures.push((path_prefix.to_owned(), *status));
+        }
     }
 
     /// Waits until `n` notifications exist, and returns them all.
@@ -259,20 +253,10 @@ impl FakeHomeAssistant {
     /// # Panics
     /// When they do not come within `timeout`.
     pub async fn wait_for_notifications(&self, n: usize, timeout: Duration) -> Vec<Notification> {
-        let mut version = self.shared.version.subscribe();
-        let deadline = Instant::now() + timeout;
-        loop {
-            let seen = self.notifications();
-            if seen.len() >= n {
-                return seen;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(
-                !left.is_zero(),
-                "expected {n} notifications within {timeout:?}, saw {seen:?}"
-            );
-            let _ = tokio::time::timeout(left, version.changed()).await;
-        }
+        self.shared
+            .core
+            .wait_len("notifications", n, timeout, |b| &b.notifications)
+            .await
     }
 }
 
@@ -303,28 +287,25 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     if bearer != Some(shared.token.as_str()) {
-        lock(&shared.book).unauthorized += 1;
+        shared.core.change().unauthorized += 1;
         let mut r = Response::new(Body::from("401: Unauthorized"));
         *r.status_mut() = StatusCode::UNAUTHORIZED;
         return r;
     }
     let path = uri.path().to_owned();
-    {
-        let mut book = lock(&shared.book);
-        let failure = book
-            .failures
-            .iter_mut()
-            .find(|(prefix, left)| path.starts_with(prefix.as_str()) && !left.is_empty())
-            .and_then(|(_, left)| left.pop_front());
-        if let Some(status) = failure {
-            return message(status, "scripted failure");
-        }
+    let failure = shared
+        .core
+        .change()
+        .failures
+        .take_first(|(prefix, _)| path.starts_with(prefix.as_str()));
+    if let Some((_, status)) = failure {
+        return message(status, "scripted failure");
     }
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let response = match (method.clone(), segments.as_slice()) {
+    match (method.clone(), segments.as_slice()) {
         (Method::GET, ["api", ""] | ["api"]) => message(200, "API running."),
         (Method::GET, ["api", "states"]) => {
-            let book = lock(&shared.book);
+            let book = shared.core.read();
             let all: Vec<Value> = book
                 .states
                 .iter()
@@ -332,7 +313,7 @@ async fn handle(
                 .collect();
             json_response(200, &Value::Array(all))
         }
-        (Method::GET, ["api", "states", id]) => match lock(&shared.book).states.get(*id) {
+        (Method::GET, ["api", "states", id]) => match shared.core.read().states.get(*id) {
             Some((s, a)) => json_response(200, &state_object(id, s, a)),
             None => message(404, "Entity not found."),
         },
@@ -360,9 +341,7 @@ async fn handle(
             call_service(&shared, domain, service, &body)
         }
         _ => message(404, "Not found."),
-    };
-    shared.version.send_modify(|v| *v += 1);
-    response
+    }
 }
 
 fn call_service(shared: &Shared, domain: &str, service: &str, body: &[u8]) -> Response {
@@ -380,7 +359,7 @@ fn call_service(shared: &Shared, domain: &str, service: &str, body: &[u8]) -> Re
             _ => return message(400, "Data should be valid JSON."),
         }
     };
-    let mut book = lock(&shared.book);
+    let mut book = shared.core.change();
     book.calls.push(ServiceCall {
         domain: domain.to_owned(),
         service: service.to_owned(),
@@ -432,17 +411,18 @@ fn call_service(shared: &Shared, domain: &str, service: &str, body: &[u8]) -> Re
 impl FakeHomeAssistant {
     /// How many scripted failures for `path_prefix` are still to come.
     pub fn failures_left(&self, path_prefix: &str) -> usize {
-        lock(&self.shared.book)
+        self.shared
+            .core
+            .read()
             .failures
-            .iter()
-            .filter(|(prefix, _)| prefix == path_prefix)
-            .map(|(_, left)| left.len())
-            .sum()
+            .count(|(prefix, _)| prefix == path_prefix)
     }
 
     /// Drops the scripted failures for `path_prefix` still to come.
     pub fn clear_failures(&self, path_prefix: &str) {
-        lock(&self.shared.book)
+        self.shared
+            .core
+            .change()
             .failures
             .retain(|(prefix, _)| prefix != path_prefix);
     }

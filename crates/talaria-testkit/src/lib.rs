@@ -14,12 +14,15 @@
 //! Any other request gets one JSON object.
 //!
 //! Beside the fakes: `wait`, the one waiting policy every fake and suite
-//! shares, and `kit`, each platform's fake behind one interface for the
-//! adapter contract suite and the crash tests.
+//! shares; `fake` (crate-private), the base every fake server is built on
+//! (its book and the waiters it wakes, its request log, its fault queues
+//! and hang switch); and `kit`, each platform's fake behind one interface
+//! for the adapter contract suite and the crash tests.
 #![forbid(unsafe_code)]
 
 pub mod discord;
 pub mod email;
+mod fake;
 pub mod homeassistant;
 pub mod kit;
 pub mod matrix;

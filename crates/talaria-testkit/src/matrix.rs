@@ -27,17 +27,15 @@
 //! `fail_next_syncs`, `fail_next_joined_members`, `drop_next_sync`,
 //! `drop_next_send_answer`, `revoke_token`).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::fake::{Core, Faults, bind, started};
 use axum::Router;
-use serde_json::{Value, json};
-use tokio::sync::watch;
-
-use crate::lock;
 use handlers::handle;
+use serde_json::{Value, json};
 
 mod handlers;
 
@@ -172,30 +170,21 @@ struct Book {
     txns: HashMap<String, String>,
     sent: Vec<Sent>,
     syncs: Vec<SyncCall>,
-    requests: Vec<Request>,
     typing: Vec<Typing>,
     joins: Vec<String>,
     direct: Option<Value>,
-    fail_429: VecDeque<u64>,
-    fail_syncs: usize,
-    fail_joined_members: usize,
-    drop_syncs: usize,
-    drop_send_answers: usize,
+    /// `retry_after_ms` of each 429 the next sends get.
+    fail_429: Faults<u64>,
+    fail_syncs: Faults<()>,
+    fail_joined_members: Faults<()>,
+    drop_syncs: Faults<()>,
+    drop_send_answers: Faults<()>,
     revoked: bool,
 }
 
 struct Shared {
     token: String,
-    state: Mutex<Book>,
-    version: watch::Sender<u64>,
-    hang: watch::Sender<bool>,
-    stop: watch::Sender<bool>,
-}
-
-impl Shared {
-    fn bump(&self) {
-        self.version.send_modify(|v| *v += 1);
-    }
+    core: Core<Book, Request>,
 }
 
 /// A fake Matrix homeserver (see the module docs).
@@ -219,29 +208,21 @@ impl FakeMatrix {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(token: &str) -> FakeMatrix {
-        match Self::try_start(token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Matrix server on 127.0.0.1: {e}"),
-        }
+        started("the fake Matrix server", Self::try_start(token))
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.
     pub fn try_start(token: &str) -> std::io::Result<FakeMatrix> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             token: token.to_owned(),
-            state: Mutex::new(Book {
+            core: Core::new(Book {
                 next_event: 1,
                 ..Book::default()
             }),
-            version: watch::channel(0).0,
-            hang: watch::channel(false).0,
-            stop: watch::channel(false).0,
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        crate::serve_on_own_thread("fake-matrix", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-matrix", listener, app)?;
         Ok(FakeMatrix { addr, shared })
     }
 
@@ -264,7 +245,7 @@ impl FakeMatrix {
     pub fn create_room(&self, room_id: &str, name: Option<&str>, members: &[&str]) {
         let mut all: Vec<String> = members.iter().map(|m| (*m).to_owned()).collect();
         all.push(BOT_USER_ID.to_owned());
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.core.change();
         let now = st.log.len();
         st.rooms.insert(
             room_id.to_owned(),
@@ -278,7 +259,6 @@ impl FakeMatrix {
             },
         );
         drop(st);
-        self.shared.bump();
     }
 
     /// A joined two-member room with `user`; returns its id.
@@ -296,8 +276,7 @@ impl FakeMatrix {
     /// Marks rooms as direct chats in the account's `m.direct` data
     /// (sent with every sync from now on).
     pub fn set_direct(&self, by_user: Value) {
-        lock(&self.shared.state).direct = Some(by_user);
-        self.shared.bump();
+        self.shared.core.change().direct = Some(by_user);
     }
 
     /// An invite for the bot into a new room that has `inviter` in it.
@@ -308,35 +287,32 @@ impl FakeMatrix {
     /// An invite for the bot from `inviter` into a room with `inviter` and
     /// `others` in it, new or existing (made with [`Self::room_without_bot`]).
     pub fn invite_into(&self, room_id: &str, inviter: &str, others: &[&str], is_direct: bool) {
-        {
-            let mut st = lock(&self.shared.state);
-            let now = st.log.len();
-            let room = st.rooms.entry(room_id.to_owned()).or_insert_with(|| Room {
-                name: None,
-                members: Vec::new(),
-                bot_joined: false,
-                invite: None,
-                invited_at: None,
-                joined_at: None,
-            });
-            for m in std::iter::once(inviter).chain(others.iter().copied()) {
-                if !room.members.iter().any(|x| x == m) {
-                    room.members.push(m.to_owned());
-                }
+        let mut st = self.shared.core.change();
+        let now = st.log.len();
+        let room = st.rooms.entry(room_id.to_owned()).or_insert_with(|| Room {
+            name: None,
+            members: Vec::new(),
+            bot_joined: false,
+            invite: None,
+            invited_at: None,
+            joined_at: None,
+        });
+        for m in std::iter::once(inviter).chain(others.iter().copied()) {
+            if !room.members.iter().any(|x| x == m) {
+                room.members.push(m.to_owned());
             }
-            room.invite = Some((inviter.to_owned(), is_direct));
-            room.invited_at = Some(now);
-            st.log.push(Entry::Invite {
-                room_id: room_id.to_owned(),
-            });
         }
-        self.shared.bump();
+        room.invite = Some((inviter.to_owned(), is_direct));
+        room.invited_at = Some(now);
+        st.log.push(Entry::Invite {
+            room_id: room_id.to_owned(),
+        });
     }
 
     /// A room the bot is not in (yet), with `members`: its messages reach
     /// the bot only once it joined, as history.
     pub fn room_without_bot(&self, room_id: &str, name: Option<&str>, members: &[&str]) {
-        lock(&self.shared.state).rooms.insert(
+        self.shared.core.change().rooms.insert(
             room_id.to_owned(),
             Room {
                 name: name.map(str::to_owned),
@@ -347,27 +323,23 @@ impl FakeMatrix {
                 joined_at: None,
             },
         );
-        self.shared.bump();
     }
 
     /// `user` joins `room_id`: a membership event in its timeline.
     pub fn add_member(&self, room_id: &str, user: &str) {
+        let mut st = self.shared.core.change();
+        if let Some(room) = st.rooms.get_mut(room_id)
+            && !room.members.iter().any(|m| m == user)
         {
-            let mut st = lock(&self.shared.state);
-            if let Some(room) = st.rooms.get_mut(room_id)
-                && !room.members.iter().any(|m| m == user)
-            {
-                room.members.push(user.to_owned());
-            }
-            let mut event = member_event(room_id, user, "join");
-            event["event_id"] = json!(format!("$ev{}", st.next_event));
-            st.next_event += 1;
-            st.log.push(Entry::Timeline {
-                room_id: room_id.to_owned(),
-                event,
-            });
+            room.members.push(user.to_owned());
         }
-        self.shared.bump();
+        let mut event = member_event(room_id, user, "join");
+        event["event_id"] = json!(format!("$ev{}", st.next_event));
+        st.next_event += 1;
+        st.log.push(Entry::Timeline {
+            room_id: room_id.to_owned(),
+            event,
+        });
     }
 
     /// An `m.text` message from `sender`; returns its event id.
@@ -404,68 +376,61 @@ impl FakeMatrix {
     /// `unsigned` are added when missing, so a test can push the same
     /// event id twice (a re-delivery). Returns the event id.
     pub fn push_raw(&self, room_id: &str, mut event: Value) -> String {
-        let id = {
-            let mut st = lock(&self.shared.state);
-            let id = match event.get("event_id").and_then(Value::as_str) {
-                Some(id) => id.to_owned(),
-                None => {
-                    let id = format!("$ev{}", st.next_event);
-                    st.next_event += 1;
-                    id
-                }
-            };
-            if let Some(obj) = event.as_object_mut() {
-                obj.insert("event_id".into(), json!(id));
-                obj.entry("origin_server_ts")
-                    .or_insert_with(|| json!(now_ms()));
-                obj.entry("unsigned").or_insert_with(|| json!({ "age": 1 }));
+        let mut st = self.shared.core.change();
+        let id = match event.get("event_id").and_then(Value::as_str) {
+            Some(id) => id.to_owned(),
+            None => {
+                let id = format!("$ev{}", st.next_event);
+                st.next_event += 1;
+                id
             }
-            st.log.push(Entry::Timeline {
-                room_id: room_id.to_owned(),
-                event,
-            });
-            id
         };
-        self.shared.bump();
+        if let Some(obj) = event.as_object_mut() {
+            obj.insert("event_id".into(), json!(id));
+            obj.entry("origin_server_ts")
+                .or_insert_with(|| json!(now_ms()));
+            obj.entry("unsigned").or_insert_with(|| json!({ "age": 1 }));
+        }
+        st.log.push(Entry::Timeline {
+            room_id: room_id.to_owned(),
+            event,
+        });
         id
     }
 
     /// Every message the bot sent, in order (each transaction once).
     pub fn sent(&self) -> Vec<Sent> {
-        lock(&self.shared.state).sent.clone()
+        self.shared.core.read().sent.clone()
     }
 
     /// Every `/sync` call so far.
     pub fn sync_calls(&self) -> Vec<SyncCall> {
-        lock(&self.shared.state).syncs.clone()
+        self.shared.core.read().syncs.clone()
     }
 
     /// Every request so far, including failed and hung ones.
     pub fn requests(&self) -> Vec<Request> {
-        lock(&self.shared.state).requests.clone()
+        self.shared.core.requests()
     }
 
     /// The send requests so far, answered or not.
     pub fn send_attempts(&self) -> Vec<Request> {
-        self.requests()
-            .into_iter()
-            .filter(|r| is_send_path(&r.path))
-            .collect()
+        self.shared.core.requests_where(|r| is_send_path(&r.path))
     }
 
     /// Every typing notice so far.
     pub fn typing(&self) -> Vec<Typing> {
-        lock(&self.shared.state).typing.clone()
+        self.shared.core.read().typing.clone()
     }
 
     /// The rooms the bot joined on invite, in order.
     pub fn joins(&self) -> Vec<String> {
-        lock(&self.shared.state).joins.clone()
+        self.shared.core.read().joins.clone()
     }
 
     /// The `next_batch` a sync would return now.
     pub fn current_token(&self) -> String {
-        token_at(lock(&self.shared.state).log.len())
+        token_at(self.shared.core.read().log.len())
     }
 
     /// Waits until at least `n` messages were sent and returns them all.
@@ -473,14 +438,10 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        self.wait_until(timeout, |st| st.sent.len() >= n).await;
-        let sent = self.sent();
-        assert!(
-            sent.len() >= n,
-            "waited {timeout:?} for {n} sent messages, got {}: {sent:#?}",
-            sent.len()
-        );
-        sent
+        self.shared
+            .core
+            .wait_len("sent messages", n, timeout, |st| &st.sent)
+            .await
     }
 
     /// Waits until at least `n` send requests arrived (answered or not).
@@ -488,17 +449,10 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        self.wait_until(timeout, |st| {
-            st.requests.iter().filter(|r| is_send_path(&r.path)).count() >= n
-        })
-        .await;
-        let got = self.send_attempts();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} send requests, got {}",
-            got.len()
-        );
-        got
+        self.shared
+            .core
+            .wait_requests("send requests", n, timeout, |r| is_send_path(&r.path))
+            .await
     }
 
     /// Waits until at least `n` `/sync` calls arrived and returns them.
@@ -506,14 +460,10 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sync_calls(&self, n: usize, timeout: Duration) -> Vec<SyncCall> {
-        self.wait_until(timeout, |st| st.syncs.len() >= n).await;
-        let got = self.sync_calls();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} sync calls, got {}: {got:#?}",
-            got.len()
-        );
-        got
+        self.shared
+            .core
+            .wait_len("sync calls", n, timeout, |st| &st.syncs)
+            .await
     }
 
     /// Waits until a `/sync` arrives whose `since` is the current end of
@@ -523,17 +473,21 @@ impl FakeMatrix {
     /// When `timeout` passes first.
     pub async fn wait_until_caught_up(&self, timeout: Duration) {
         let token = self.current_token();
-        self.wait_until(timeout, |st| {
-            st.syncs.iter().any(|s| s.since.as_deref() == Some(&token))
-        })
-        .await;
-        assert!(
-            self.sync_calls()
-                .iter()
-                .any(|s| s.since.as_deref() == Some(&token)),
-            "waited {timeout:?} for a sync from {token}: {:#?}",
-            self.sync_calls()
-        );
+        let what = format!("a sync from {token}");
+        self.shared
+            .core
+            .wait(
+                &what,
+                timeout,
+                |st| {
+                    st.syncs
+                        .iter()
+                        .any(|s| s.since.as_deref() == Some(&token))
+                        .then_some(())
+                },
+                |st| st.syncs.clone(),
+            )
+            .await;
     }
 
     /// Waits until at least `n` typing notices arrived.
@@ -541,10 +495,10 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_typing(&self, n: usize, timeout: Duration) -> Vec<Typing> {
-        self.wait_until(timeout, |st| st.typing.len() >= n).await;
-        let got = self.typing();
-        assert!(got.len() >= n, "waited {timeout:?} for {n} typing notices");
-        got
+        self.shared
+            .core
+            .wait_len("typing notices", n, timeout, |st| &st.typing)
+            .await
     }
 
     /// Waits until the bot joined at least `n` rooms on invite.
@@ -552,74 +506,56 @@ impl FakeMatrix {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_joins(&self, n: usize, timeout: Duration) -> Vec<String> {
-        self.wait_until(timeout, |st| st.joins.len() >= n).await;
-        let got = self.joins();
-        assert!(got.len() >= n, "waited {timeout:?} for {n} joins: {got:?}");
-        got
-    }
-
-    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.shared.version.subscribe();
-        loop {
-            rx.borrow_and_update();
-            if done(&lock(&self.shared.state)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        self.shared
+            .core
+            .wait_len("joins", n, timeout, |st| &st.joins)
+            .await
     }
 
     /// The next send gets 429 `M_LIMIT_EXCEEDED` with `retry_after_ms`
     /// (and a `Retry-After` header). Calls queue up.
     pub fn fail_next_send_with_429(&self, retry_after_ms: u64) {
-        lock(&self.shared.state).fail_429.push_back(retry_after_ms);
+        self.shared.core.change().fail_429.push(retry_after_ms);
     }
 
     /// While set, sends are recorded as attempts but hang unanswered and
     /// are never delivered; clearing it (or stopping the server) answers
     /// them with a 502.
     pub fn hang_send(&self, hang: bool) {
-        self.shared.hang.send_replace(hang);
+        self.shared.core.set_hang(hang);
     }
 
     /// The next `n` `/sync` calls get a 502 from "a proxy" (no Matrix body).
     pub fn fail_next_syncs(&self, n: usize) {
-        lock(&self.shared.state).fail_syncs = n;
+        self.shared.core.change().fail_syncs.arm(n);
     }
 
     /// The next `n` `joined_members` requests get a 502 from "a proxy".
     pub fn fail_next_joined_members(&self, n: usize) {
-        lock(&self.shared.state).fail_joined_members = n;
+        self.shared.core.change().fail_joined_members.arm(n);
     }
 
     /// The next `/sync` that has something to return is cut off mid-body:
     /// the connection drops after part of the answer went out.
     pub fn drop_next_sync(&self) {
-        lock(&self.shared.state).drop_syncs += 1;
+        self.shared.core.change().drop_syncs.push(());
     }
 
     /// The next send that is accepted (recorded, its event in the log)
     /// loses its answer: the connection drops before the client learns the
     /// event id, as when a response is lost on the way back.
     pub fn drop_next_send_answer(&self) {
-        lock(&self.shared.state).drop_send_answers += 1;
+        self.shared.core.change().drop_send_answers.push(());
     }
 
     /// From now on the token is refused with `M_UNKNOWN_TOKEN`.
     pub fn revoke_token(&self) {
-        lock(&self.shared.state).revoked = true;
-        self.shared.bump();
+        self.shared.core.change().revoked = true;
     }
 
     /// Stops the server (also on drop). Open connections are cut.
     pub fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
+        self.shared.core.stop();
     }
 }
 

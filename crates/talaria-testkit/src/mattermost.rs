@@ -34,15 +34,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::routing::get;
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
-use crate::lock;
+use crate::fake::{Core, Faults, bind, started};
 
 use handlers::{rest, websocket};
 
@@ -217,27 +217,18 @@ struct Book {
     posts: Vec<CreatedPost>,
     typing: Vec<Typing>,
     connections: Vec<Connection>,
-    requests: Vec<Request>,
     pings: usize,
     next_conn: u64,
     /// New connections are accepted and then say nothing.
     mute: bool,
-    fail_429: VecDeque<(u64, Option<u64>)>,
-    fail_status: VecDeque<u16>,
+    /// (`X-Ratelimit-Reset`, `Retry-After`) of each 429 the next posts get.
+    fail_429: Faults<(u64, Option<u64>)>,
+    fail_status: Faults<u16>,
 }
 
 struct Shared {
     token: String,
-    state: Mutex<Book>,
-    version: watch::Sender<u64>,
-    hang: watch::Sender<bool>,
-    stop: watch::Sender<bool>,
-}
-
-impl Shared {
-    fn bump(&self) {
-        self.version.send_modify(|v| *v += 1);
-    }
+    core: Core<Book, Request>,
 }
 
 /// A fake Mattermost server (see the module docs).
@@ -261,29 +252,21 @@ impl FakeMattermost {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(token: &str) -> FakeMattermost {
-        match Self::try_start(token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Mattermost server on 127.0.0.1: {e}"),
-        }
+        started("the fake Mattermost server", Self::try_start(token))
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.
     pub fn try_start(token: &str) -> std::io::Result<FakeMattermost> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             token: token.to_owned(),
-            state: Mutex::new(Book::default()),
-            version: watch::channel(0).0,
-            hang: watch::channel(false).0,
-            stop: watch::channel(false).0,
+            core: Core::new(Book::default()),
         });
         let app = Router::new()
             .route("/api/v4/websocket", get(websocket))
             .fallback(rest)
             .with_state(shared.clone());
-        crate::serve_on_own_thread("fake-mattermost", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-mattermost", listener, app)?;
         Ok(FakeMattermost { addr, shared })
     }
 
@@ -310,7 +293,9 @@ impl FakeMattermost {
     /// Makes a channel known (posting to an unknown channel gets 403).
     /// Channels of pushed posts are known already.
     pub fn add_channel(&self, channel_id: &str, channel_type: &str) {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .change()
             .channels
             .insert(channel_id.into(), channel_type.into());
     }
@@ -318,63 +303,58 @@ impl FakeMattermost {
     /// Delivers `post` as a `posted` event (buffered for replay; held for
     /// the first connection if none was made yet). Returns the post id.
     pub fn push(&self, post: NewPost) -> String {
-        let id = {
-            let mut st = lock(&self.shared.state);
-            let id = post.id.clone().unwrap_or_else(|| new_id(&mut st, "p"));
-            st.channels
-                .insert(post.channel_id.clone(), post.channel_type.clone());
-            st.known_posts.insert(id.clone(), post.channel_id.clone());
-            let mentions = post.mentions.clone().unwrap_or_else(|| {
-                let lower = post.message.to_ascii_lowercase();
-                if lower.contains(&format!("@{BOT_USERNAME}")) {
-                    vec![BOT_USER_ID.to_owned()]
-                } else {
-                    Vec::new()
-                }
-            });
-            let body = json!({
-                "id": id, "create_at": unix_millis(), "update_at": unix_millis(),
-                "edit_at": 0, "delete_at": 0, "is_pinned": false,
-                "user_id": post.user_id, "channel_id": post.channel_id,
-                "root_id": post.root_id.clone().unwrap_or_default(),
-                "original_id": "", "message": post.message, "type": post.kind,
-                "props": {}, "hashtags": "", "pending_post_id": "", "metadata": {},
-            });
-            let mut data = json!({
-                "channel_display_name": display_name(&post.channel_id, &post.channel_type),
-                "channel_name": post.channel_id,
-                "channel_type": post.channel_type,
-                "post": body.to_string(),
-                "sender_name": format!("@user{}", post.user_id),
-                "team_id": "team1",
-            });
-            if !mentions.is_empty() {
-                data["mentions"] = json!(json!(mentions).to_string());
+        let mut st = self.shared.core.change();
+        let id = post.id.clone().unwrap_or_else(|| new_id(&mut st, "p"));
+        st.channels
+            .insert(post.channel_id.clone(), post.channel_type.clone());
+        st.known_posts.insert(id.clone(), post.channel_id.clone());
+        let mentions = post.mentions.clone().unwrap_or_else(|| {
+            let lower = post.message.to_ascii_lowercase();
+            if lower.contains(&format!("@{BOT_USERNAME}")) {
+                vec![BOT_USER_ID.to_owned()]
+            } else {
+                Vec::new()
             }
-            let broadcast = json!({"channel_id": post.channel_id, "omit_users": null,
-                                   "team_id": "", "user_id": ""});
-            emit(&mut st, "posted", data, broadcast);
-            id
-        };
-        self.shared.bump();
+        });
+        let body = json!({
+            "id": id, "create_at": unix_millis(), "update_at": unix_millis(),
+            "edit_at": 0, "delete_at": 0, "is_pinned": false,
+            "user_id": post.user_id, "channel_id": post.channel_id,
+            "root_id": post.root_id.clone().unwrap_or_default(),
+            "original_id": "", "message": post.message, "type": post.kind,
+            "props": {}, "hashtags": "", "pending_post_id": "", "metadata": {},
+        });
+        let mut data = json!({
+            "channel_display_name": display_name(&post.channel_id, &post.channel_type),
+            "channel_name": post.channel_id,
+            "channel_type": post.channel_type,
+            "post": body.to_string(),
+            "sender_name": format!("@user{}", post.user_id),
+            "team_id": "team1",
+        });
+        if !mentions.is_empty() {
+            data["mentions"] = json!(json!(mentions).to_string());
+        }
+        let broadcast = json!({"channel_id": post.channel_id, "omit_users": null,
+                               "team_id": "", "user_id": ""});
+        emit(&mut st, "posted", data, broadcast);
         id
     }
 
     /// Delivers any event (`data` as given), with the next sequence number.
     pub fn push_event(&self, event: &str, data: Value) {
         emit(
-            &mut lock(&self.shared.state),
+            &mut self.shared.core.change(),
             event,
             data,
             json!({"channel_id": "", "team_id": "", "user_id": ""}),
         );
-        self.shared.bump();
     }
 
     /// Sends `text` as one frame to the live connection, outside the
     /// sequence (for malformed-frame tests).
     pub fn push_raw_frame(&self, text: &str) {
-        let st = lock(&self.shared.state);
+        let st = self.shared.core.read();
         if let Some((_, tx)) = st.session.as_ref().and_then(|s| s.live.as_ref()) {
             let _ = tx.send(Outgoing::Frame(text.to_owned()));
         }
@@ -383,7 +363,7 @@ impl FakeMattermost {
     /// Sends the buffered events from sequence number `seq` on to the live
     /// connection once more, as a confused proxy or server might.
     pub fn resend_from(&self, seq: i64) {
-        let st = lock(&self.shared.state);
+        let st = self.shared.core.read();
         if let Some(s) = st.session.as_ref()
             && let Some((_, tx)) = s.live.as_ref()
         {
@@ -395,42 +375,39 @@ impl FakeMattermost {
 
     /// Every post the bot made, in order.
     pub fn posts(&self) -> Vec<CreatedPost> {
-        lock(&self.shared.state).posts.clone()
+        self.shared.core.read().posts.clone()
     }
 
     /// Every `POST /posts` request, answered or not.
     pub fn post_attempts(&self) -> Vec<Request> {
-        lock(&self.shared.state)
-            .requests
-            .iter()
-            .filter(|r| r.method == "POST" && r.path == "/api/v4/posts")
-            .cloned()
-            .collect()
+        self.shared.core.requests_where(is_post)
     }
 
     /// Every typing call.
     pub fn typing(&self) -> Vec<Typing> {
-        lock(&self.shared.state).typing.clone()
+        self.shared.core.read().typing.clone()
     }
 
     /// Every accepted WebSocket connection.
     pub fn connections(&self) -> Vec<Connection> {
-        lock(&self.shared.state).connections.clone()
+        self.shared.core.read().connections.clone()
     }
 
     /// Every REST request.
     pub fn requests(&self) -> Vec<Request> {
-        lock(&self.shared.state).requests.clone()
+        self.shared.core.requests()
     }
 
     /// `ping` actions received.
     pub fn pings(&self) -> usize {
-        lock(&self.shared.state).pings
+        self.shared.core.read().pings
     }
 
     /// Whether a WebSocket connection is being served now.
     pub fn is_connected(&self) -> bool {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .read()
             .session
             .as_ref()
             .is_some_and(|s| s.live.is_some())
@@ -441,14 +418,10 @@ impl FakeMattermost {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_posts(&self, n: usize, timeout: Duration) -> Vec<CreatedPost> {
-        self.wait_until(timeout, |st| st.posts.len() >= n).await;
-        let posts = self.posts();
-        assert!(
-            posts.len() >= n,
-            "waited {timeout:?} for {n} posts, got {}: {posts:#?}",
-            posts.len()
-        );
-        posts
+        self.shared
+            .core
+            .wait_len("posts", n, timeout, |st| &st.posts)
+            .await
     }
 
     /// Waits until at least `n` `POST /posts` requests arrived.
@@ -456,21 +429,10 @@ impl FakeMattermost {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_post_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        self.wait_until(timeout, |st| {
-            st.requests
-                .iter()
-                .filter(|r| r.method == "POST" && r.path == "/api/v4/posts")
-                .count()
-                >= n
-        })
-        .await;
-        let got = self.post_attempts();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} post attempts, got {}",
-            got.len()
-        );
-        got
+        self.shared
+            .core
+            .wait_requests("post attempts", n, timeout, is_post)
+            .await
     }
 
     /// Waits until at least `n` WebSocket connections were accepted.
@@ -478,14 +440,10 @@ impl FakeMattermost {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_connections(&self, n: usize, timeout: Duration) -> Vec<Connection> {
-        self.wait_until(timeout, |st| st.connections.len() >= n)
-            .await;
-        let got = self.connections();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} WebSocket connections, got {got:#?}"
-        );
-        got
+        self.shared
+            .core
+            .wait_len("WebSocket connections", n, timeout, |st| &st.connections)
+            .await
     }
 
     /// Waits until at least `n` typing calls arrived.
@@ -493,54 +451,39 @@ impl FakeMattermost {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_typing(&self, n: usize, timeout: Duration) -> Vec<Typing> {
-        self.wait_until(timeout, |st| st.typing.len() >= n).await;
-        let got = self.typing();
-        assert!(got.len() >= n, "waited {timeout:?} for {n} typing calls");
-        got
-    }
-
-    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.shared.version.subscribe();
-        loop {
-            rx.borrow_and_update();
-            if done(&lock(&self.shared.state)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        self.shared
+            .core
+            .wait_len("typing calls", n, timeout, |st| &st.typing)
+            .await
     }
 
     /// The next `POST /posts` gets 429 with `X-Ratelimit-Reset:
     /// reset_secs` (and `Retry-After` when given). Calls queue up.
     pub fn fail_next_posts_with_429(&self, reset_secs: u64, retry_after: Option<u64>) {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .change()
             .fail_429
-            .push_back((reset_secs, retry_after));
+            .push((reset_secs, retry_after));
     }
 
     /// The next `POST /posts` gets `status` with an error body. Calls
     /// queue up (after any queued 429s).
     pub fn fail_next_post_with(&self, status: u16) {
-        lock(&self.shared.state).fail_status.push_back(status);
+        self.shared.core.change().fail_status.push(status);
     }
 
     /// While set, `POST /posts` requests are recorded as attempts but hang
     /// and are never delivered, like requests lost on the way; clearing it
     /// (or stopping the server) answers them with a 502.
     pub fn hang_posts(&self, hang: bool) {
-        self.shared.hang.send_replace(hang);
+        self.shared.core.set_hang(hang);
     }
 
     /// Cuts the live WebSocket without a close frame. The connection can
     /// be resumed.
     pub fn drop_connection(&self) {
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.core.change();
         if let Some(s) = st.session.as_mut()
             && let Some((_, tx)) = s.live.take()
         {
@@ -552,7 +495,7 @@ impl FakeMattermost {
     /// next connection cannot resume and gets a new connection id; events
     /// pushed until then are lost, as on a real server.
     pub fn expire_connection(&self) {
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.core.change();
         let fresh = new_id(&mut st, "expired");
         if let Some(s) = st.session.as_mut() {
             if let Some((_, tx)) = s.live.take() {
@@ -566,7 +509,7 @@ impl FakeMattermost {
     /// The live WebSocket stops reading and writing (no pongs, no events)
     /// while staying open. Events pushed meanwhile are kept for a resume.
     pub fn go_silent(&self) {
-        let st = lock(&self.shared.state);
+        let st = self.shared.core.read();
         if let Some((_, tx)) = st.session.as_ref().and_then(|s| s.live.as_ref()) {
             let _ = tx.send(Outgoing::Silence);
         }
@@ -575,13 +518,18 @@ impl FakeMattermost {
     /// While set, new WebSocket connections are accepted (and recorded)
     /// but get no hello, no replayed events and no pongs.
     pub fn mute_new_connections(&self, mute: bool) {
-        lock(&self.shared.state).mute = mute;
+        self.shared.core.change().mute = mute;
     }
 
     /// Stops the server (also on drop). Open connections are cut.
     pub fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
+        self.shared.core.stop();
     }
+}
+
+/// Whether `r` is a `POST /posts`, answered or not.
+fn is_post(r: &Request) -> bool {
+    r.method == "POST" && r.path == "/api/v4/posts"
 }
 
 impl Drop for FakeMattermost {

@@ -38,15 +38,15 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::routing::{get, post, put};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
-use crate::lock;
+use crate::fake::{Core, Faults, bind, started};
 
 use handlers::{about, accounts, not_found, receive_poll, receive_socket, send, typing};
 
@@ -241,14 +241,12 @@ struct Book {
     sent: Vec<Sent>,
     typing: Vec<Typing>,
     connections: Vec<Connection>,
-    requests: Vec<Request>,
     polls: usize,
     next_conn: u64,
     last_ts: i64,
-    fail_429: VecDeque<Option<u64>>,
-    fail_status: VecDeque<(u16, String)>,
-    /// Sends hang unanswered while set (see [`FakeSignal::hang_send`]).
-    hang_send: bool,
+    /// `Retry-After` of each 429 the next sends get.
+    fail_429: Faults<Option<u64>>,
+    fail_status: Faults<(u16, String)>,
 }
 
 impl Book {
@@ -279,15 +277,7 @@ impl Book {
 
 struct Shared {
     mode: Mode,
-    state: Mutex<Book>,
-    version: watch::Sender<u64>,
-    stop: watch::Sender<bool>,
-}
-
-impl Shared {
-    fn bump(&self) {
-        self.version.send_modify(|v| *v += 1);
-    }
+    core: Core<Book, Request>,
 }
 
 /// A fake signal-cli REST API server (see the module docs).
@@ -304,25 +294,18 @@ impl FakeSignal {
     /// # Panics
     /// When no local port can be bound (a broken test environment).
     pub async fn start(account: &str, mode: Mode) -> FakeSignal {
-        match Self::try_start(account, mode) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Signal REST API on 127.0.0.1: {e}"),
-        }
+        started("the fake Signal REST API", Self::try_start(account, mode))
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.
     pub fn try_start(account: &str, mode: Mode) -> std::io::Result<FakeSignal> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             mode,
-            state: Mutex::new(Book {
+            core: Core::new(Book {
                 accounts: vec![account.to_owned()],
                 ..Book::default()
             }),
-            version: watch::channel(0).0,
-            stop: watch::channel(false).0,
         });
         let receive = match mode {
             Mode::JsonRpc => get(receive_socket),
@@ -336,7 +319,7 @@ impl FakeSignal {
             .route("/v1/typing-indicator/{number}", put(typing).delete(typing))
             .fallback(not_found)
             .with_state(shared.clone());
-        crate::serve_on_own_thread("fake-signal", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-signal", listener, app)?;
         Ok(FakeSignal {
             addr,
             account: account.to_owned(),
@@ -362,7 +345,9 @@ impl FakeSignal {
 
     /// Makes a number, UUID or group recipient known to sends.
     pub fn add_contact(&self, recipient: &str) {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .change()
             .contacts
             .insert(recipient.to_owned());
     }
@@ -370,50 +355,48 @@ impl FakeSignal {
     /// Delivers `message` to the account (or queues it). Returns its
     /// timestamp.
     pub fn push(&self, message: NewMessage) -> i64 {
-        let ts = {
-            let mut st = lock(&self.shared.state);
-            let ts = message.timestamp.unwrap_or_else(|| st.timestamp());
-            st.last_ts = st.last_ts.max(ts);
-            st.contacts.insert(message.from.number.clone());
-            st.contacts.insert(message.from.uuid.clone());
-            let mut data = json!({
-                "timestamp": ts, "message": message.text, "expiresInSeconds": 0,
-                "viewOnce": false,
-            });
-            if let Some((id, name)) = &message.group {
-                st.groups.insert(FakeSignal::group_recipient(id));
-                data["groupInfo"] = json!({"groupId": id, "groupName": name,
-                                           "revision": 1, "type": "DELIVER"});
-            }
-            if !message.attachments.is_empty() {
-                data["attachments"] = json!(message.attachments);
-            }
-            if !message.mentions.is_empty() {
-                data["mentions"] = json!(message.mentions);
-            }
-            if let Some(q) = &message.quote {
-                data["quote"] = q.clone();
-            }
-            let item = json!({"envelope": {
-                "source": message.from.number, "sourceNumber": message.from.number,
-                "sourceUuid": message.from.uuid, "sourceName": message.from.name,
-                "sourceDevice": 1, "timestamp": ts, "serverReceivedTimestamp": ts + 5,
-                "serverDeliveredTimestamp": ts + 9, "dataMessage": data,
-            }, "account": self.account});
-            let frame = item.to_string();
-            st.pushed.insert(ts, (self.account.clone(), frame.clone()));
-            st.deliver(&self.account, frame);
-            ts
-        };
-        self.shared.bump();
+        let mut st = self.shared.core.change();
+        let ts = message.timestamp.unwrap_or_else(|| st.timestamp());
+        st.last_ts = st.last_ts.max(ts);
+        st.contacts.insert(message.from.number.clone());
+        st.contacts.insert(message.from.uuid.clone());
+        let mut data = json!({
+            "timestamp": ts, "message": message.text, "expiresInSeconds": 0,
+            "viewOnce": false,
+        });
+        if let Some((id, name)) = &message.group {
+            st.groups.insert(FakeSignal::group_recipient(id));
+            data["groupInfo"] = json!({"groupId": id, "groupName": name,
+                                       "revision": 1, "type": "DELIVER"});
+        }
+        if !message.attachments.is_empty() {
+            data["attachments"] = json!(message.attachments);
+        }
+        if !message.mentions.is_empty() {
+            data["mentions"] = json!(message.mentions);
+        }
+        if let Some(q) = &message.quote {
+            data["quote"] = q.clone();
+        }
+        let item = json!({"envelope": {
+            "source": message.from.number, "sourceNumber": message.from.number,
+            "sourceUuid": message.from.uuid, "sourceName": message.from.name,
+            "sourceDevice": 1, "timestamp": ts, "serverReceivedTimestamp": ts + 5,
+            "serverDeliveredTimestamp": ts + 9, "dataMessage": data,
+        }, "account": self.account});
+        let frame = item.to_string();
+        st.pushed.insert(ts, (self.account.clone(), frame.clone()));
+        st.deliver(&self.account, frame);
         ts
     }
 
     /// Delivers any item (an envelope of another kind, a malformed one) to
     /// the account as it is.
     pub fn push_raw(&self, item: Value) {
-        lock(&self.shared.state).deliver(&self.account, item.to_string());
-        self.shared.bump();
+        self.shared
+            .core
+            .change()
+            .deliver(&self.account, item.to_string());
     }
 
     /// Delivers the message pushed with `timestamp` once more, as signal-cli
@@ -422,59 +405,53 @@ impl FakeSignal {
     /// # Panics
     /// When no such message was pushed.
     pub fn redeliver(&self, timestamp: i64) {
-        {
-            let mut st = lock(&self.shared.state);
-            let Some((account, frame)) = st.pushed.get(&timestamp).cloned() else {
-                panic!("no message with timestamp {timestamp} was pushed");
-            };
-            st.deliver(&account, frame);
-        }
-        self.shared.bump();
+        let mut st = self.shared.core.change();
+        let Some((account, frame)) = st.pushed.get(&timestamp).cloned() else {
+            panic!("no message with timestamp {timestamp} was pushed");
+        };
+        st.deliver(&account, frame);
     }
 
     /// Every message the bot sent, in order.
     pub fn sent(&self) -> Vec<Sent> {
-        lock(&self.shared.state).sent.clone()
+        self.shared.core.read().sent.clone()
     }
 
     /// Every `POST /v2/send` request, answered or not.
     pub fn send_attempts(&self) -> Vec<Request> {
-        lock(&self.shared.state)
-            .requests
-            .iter()
-            .filter(|r| r.method == "POST" && r.path == "/v2/send")
-            .cloned()
-            .collect()
+        self.shared.core.requests_where(is_send)
     }
 
     /// Every typing call.
     pub fn typing(&self) -> Vec<Typing> {
-        lock(&self.shared.state).typing.clone()
+        self.shared.core.read().typing.clone()
     }
 
     /// Every accepted WebSocket connection.
     pub fn connections(&self) -> Vec<Connection> {
-        lock(&self.shared.state).connections.clone()
+        self.shared.core.read().connections.clone()
     }
 
     /// Every request.
     pub fn requests(&self) -> Vec<Request> {
-        lock(&self.shared.state).requests.clone()
+        self.shared.core.requests()
     }
 
     /// `GET /v1/receive` calls answered in [`Mode::Normal`].
     pub fn polls(&self) -> usize {
-        lock(&self.shared.state).polls
+        self.shared.core.read().polls
     }
 
     /// Frames handed to a receiver so far.
     pub fn handed_over(&self) -> usize {
-        lock(&self.shared.state).handed.len()
+        self.shared.core.read().handed.len()
     }
 
     /// Frames waiting for a receiver.
     pub fn queued(&self) -> usize {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .read()
             .queues
             .values()
             .map(VecDeque::len)
@@ -483,7 +460,7 @@ impl FakeSignal {
 
     /// Whether a WebSocket is receiving for the account now.
     pub fn is_connected(&self) -> bool {
-        lock(&self.shared.state).live.contains_key(&self.account)
+        self.shared.core.read().live.contains_key(&self.account)
     }
 
     /// Waits until at least `n` messages were sent and returns them all.
@@ -491,14 +468,10 @@ impl FakeSignal {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        self.wait_until(timeout, |st| st.sent.len() >= n).await;
-        let got = self.sent();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} sent messages, got {}: {got:#?}",
-            got.len()
-        );
-        got
+        self.shared
+            .core
+            .wait_len("sent messages", n, timeout, |st| &st.sent)
+            .await
     }
 
     /// Waits until at least `n` WebSocket connections were accepted.
@@ -506,14 +479,10 @@ impl FakeSignal {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_connections(&self, n: usize, timeout: Duration) -> Vec<Connection> {
-        self.wait_until(timeout, |st| st.connections.len() >= n)
-            .await;
-        let got = self.connections();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} WebSocket connections, got {got:#?}"
-        );
-        got
+        self.shared
+            .core
+            .wait_len("WebSocket connections", n, timeout, |st| &st.connections)
+            .await
     }
 
     /// Waits until at least `n` polls were answered.
@@ -521,10 +490,16 @@ impl FakeSignal {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_polls(&self, n: usize, timeout: Duration) -> usize {
-        self.wait_until(timeout, |st| st.polls >= n).await;
-        let got = self.polls();
-        assert!(got >= n, "waited {timeout:?} for {n} polls, got {got}");
-        got
+        let what = format!("{n} polls");
+        self.shared
+            .core
+            .wait(
+                &what,
+                timeout,
+                |st| (st.polls >= n).then_some(st.polls),
+                |st| st.polls,
+            )
+            .await
     }
 
     /// Waits until at least `n` typing calls arrived.
@@ -532,53 +507,35 @@ impl FakeSignal {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_typing(&self, n: usize, timeout: Duration) -> Vec<Typing> {
-        self.wait_until(timeout, |st| st.typing.len() >= n).await;
-        let got = self.typing();
-        assert!(got.len() >= n, "waited {timeout:?} for {n} typing calls");
-        got
-    }
-
-    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.shared.version.subscribe();
-        loop {
-            rx.borrow_and_update();
-            if done(&lock(&self.shared.state)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        self.shared
+            .core
+            .wait_len("typing calls", n, timeout, |st| &st.typing)
+            .await
     }
 
     /// The next `POST /v2/send` gets 429 (with `Retry-After` when given).
     /// Calls queue up.
     pub fn fail_next_sends_with_429(&self, retry_after: Option<u64>) {
-        lock(&self.shared.state).fail_429.push_back(retry_after);
+        self.shared.core.change().fail_429.push(retry_after);
     }
 
     /// The next `POST /v2/send` gets `status` with `{"error": text}`.
     /// Calls queue up (after any queued 429s).
     pub fn fail_next_send_with(&self, status: u16, text: &str) {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .change()
             .fail_status
-            .push_back((status, text.to_owned()));
+            .push((status, text.to_owned()));
     }
 
     /// Cuts the account's WebSocket without a close frame. What is pushed
     /// afterwards waits for the next connection.
     pub fn drop_connection(&self) {
-        {
-            let mut st = lock(&self.shared.state);
-            if let Some((_, tx)) = st.live.remove(&self.account) {
-                let _ = tx.send(Outgoing::Drop);
-            }
+        let mut st = self.shared.core.change();
+        if let Some((_, tx)) = st.live.remove(&self.account) {
+            let _ = tx.send(Outgoing::Drop);
         }
-        self.shared.bump();
     }
 
     /// The account's WebSocket stops reading and writing (pings go
@@ -586,21 +543,23 @@ impl FakeSignal {
     /// counts as receiving: what is pushed afterwards waits for the next
     /// connection.
     pub fn go_silent(&self) {
-        {
-            let mut st = lock(&self.shared.state);
-            if let Some((_, tx)) = st.live.remove(&self.account) {
-                let _ = tx.send(Outgoing::Silence);
-                // Kept, or the connection would see its queue close.
-                st.silenced.push(tx);
-            }
+        let mut st = self.shared.core.change();
+        if let Some((_, tx)) = st.live.remove(&self.account) {
+            let _ = tx.send(Outgoing::Silence);
+            // Kept, or the connection would see its queue close.
+            st.silenced.push(tx);
         }
-        self.shared.bump();
     }
 
     /// Stops the server (also on drop). Open connections are cut.
     pub fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
+        self.shared.core.stop();
     }
+}
+
+/// Whether `r` is a `POST /v2/send`, answered or not.
+fn is_send(r: &Request) -> bool {
+    r.method == "POST" && r.path == "/v2/send"
 }
 
 impl Drop for FakeSignal {
@@ -639,8 +598,7 @@ impl FakeSignal {
     /// are never delivered; clearing it (or stopping the server) answers
     /// them with a 502, as a proxy that lost the request would.
     pub fn hang_send(&self, hang: bool) {
-        lock(&self.shared.state).hang_send = hang;
-        self.shared.bump();
+        self.shared.core.set_hang(hang);
     }
 
     /// Waits until at least `n` send requests arrived (answered or not).
@@ -648,20 +606,11 @@ impl FakeSignal {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        self.wait_until(timeout, |st| {
-            st.requests
-                .iter()
-                .filter(|r| r.method == "POST" && r.path == "/v2/send")
-                .count()
-                >= n
-        })
-        .await;
-        let got = self.send_attempts();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} send requests, got {}",
-            got.len()
-        );
-        got
+        self.shared
+            .core
+            .wait_requests("send requests", n, timeout, |r| {
+                r.method == "POST" && r.path == "/v2/send"
+            })
+            .await
     }
 }

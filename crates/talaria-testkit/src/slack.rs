@@ -18,17 +18,16 @@
 //! Like the other fakes, the server runs on its own thread and runtime and
 //! stops when the [`FakeSlack`] is dropped.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::{any, post};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
-use crate::lock;
+use crate::fake::{Core, Faults, bind, started};
 
 use handlers::{api, socket};
 
@@ -130,9 +129,8 @@ struct Book {
     acks: Vec<String>,
     posted: Vec<Posted>,
     reactions: Vec<Reaction>,
-    requests: Vec<Request>,
-    post_failures: VecDeque<PostFailure>,
-    open_failures: VecDeque<String>,
+    post_failures: Faults<PostFailure>,
+    open_failures: Faults<String>,
     /// Socket Mode connections accepted so far.
     connections: usize,
     /// `ping` frames received from clients.
@@ -148,16 +146,7 @@ struct Shared {
     bot_token: String,
     app_token: String,
     addr: SocketAddr,
-    state: Mutex<Book>,
-    version: watch::Sender<u64>,
-    hang: watch::Sender<bool>,
-    stop: watch::Sender<bool>,
-}
-
-impl Shared {
-    fn bump(&self) {
-        self.version.send_modify(|v| *v += 1);
-    }
+    core: Core<Book, Request>,
 }
 
 /// A fake Slack (see the module docs).
@@ -180,36 +169,31 @@ impl FakeSlack {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(bot_token: &str, app_token: &str) -> FakeSlack {
-        match Self::try_start(bot_token, app_token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Slack server on 127.0.0.1: {e}"),
-        }
+        started(
+            "the fake Slack server",
+            Self::try_start(bot_token, app_token),
+        )
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.
     pub fn try_start(bot_token: &str, app_token: &str) -> std::io::Result<FakeSlack> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             bot_token: bot_token.to_owned(),
             app_token: app_token.to_owned(),
             addr,
-            state: Mutex::new(Book {
+            core: Core::new(Book {
                 next_ts: 1,
                 next_envelope: 1,
                 send_hello: true,
                 ..Book::default()
             }),
-            version: watch::channel(0).0,
-            hang: watch::channel(false).0,
-            stop: watch::channel(false).0,
         });
         let app = Router::new()
             .route("/api/{method}", post(api))
             .route("/socket", any(socket))
             .with_state(shared.clone());
-        crate::serve_on_own_thread("fake-slack", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-slack", listener, app)?;
         Ok(FakeSlack { shared })
     }
 
@@ -228,7 +212,7 @@ impl FakeSlack {
     /// when a client is connected. Returns the envelope id.
     pub fn push_event(&self, mut event: Value) -> String {
         let id = {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.core.change();
             if let Some(obj) = event.as_object_mut()
                 && !obj.contains_key("ts")
                 && obj.get("type").and_then(Value::as_str) != Some("reaction_added")
@@ -317,7 +301,7 @@ impl FakeSlack {
 
     /// A fresh message ts.
     pub fn next_ts(&self) -> String {
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.core.change();
         let ts = format!("1700000000.{:06}", st.next_ts);
         st.next_ts += 1;
         ts
@@ -328,7 +312,7 @@ impl FakeSlack {
     /// when it thinks an ack was lost.
     pub fn redeliver(&self, all: bool) {
         let frames = {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.core.change();
             if st.live.is_none() {
                 return;
             }
@@ -362,83 +346,81 @@ impl FakeSlack {
 
     /// Sends `text` as it is on the live connection (malformed frames).
     pub fn send_raw(&self, text: &str) {
-        if let Some(tx) = &lock(&self.shared.state).live {
+        if let Some(tx) = &self.shared.core.read().live {
             let _ = tx.send(Command::Text(text.to_owned()));
         }
-        self.shared.bump();
     }
 
     /// Cuts the live connection without a close frame.
     pub fn drop_connection(&self) {
-        if let Some(tx) = lock(&self.shared.state).live.take() {
+        if let Some(tx) = self.shared.core.change().live.take() {
             let _ = tx.send(Command::Drop);
         }
-        self.shared.bump();
     }
 
     /// The live connection stops reading and writing but stays open: pings
     /// go unanswered, like a socket that died without telling anyone.
     pub fn go_silent(&self) {
-        if let Some(tx) = lock(&self.shared.state).live.take() {
+        if let Some(tx) = self.shared.core.change().live.take() {
             let _ = tx.send(Command::Silence);
         }
-        self.shared.bump();
     }
 
     /// Whether new connections get `hello` (on by default).
     pub fn set_send_hello(&self, on: bool) {
-        lock(&self.shared.state).send_hello = on;
+        self.shared.core.change().send_hello = on;
     }
 
     /// The next `chat.postMessage` calls fail like this, one per entry.
     pub fn fail_next_post(&self, failure: PostFailure) {
-        lock(&self.shared.state).post_failures.push_back(failure);
+        self.shared.core.change().post_failures.push(failure);
     }
 
     /// The next `apps.connections.open` answers `ok: false` with `error`.
     pub fn fail_next_open(&self, error: &str) {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .change()
             .open_failures
-            .push_back(error.to_owned());
+            .push(error.to_owned());
     }
 
     /// While set, `chat.postMessage` requests are recorded but hang and are
     /// never delivered; clearing it (or stopping) answers them with a 502.
     pub fn hang_post(&self, hang: bool) {
-        self.shared.hang.send_replace(hang);
+        self.shared.core.set_hang(hang);
     }
 
     /// Every message posted so far, in order.
     pub fn posted(&self) -> Vec<Posted> {
-        lock(&self.shared.state).posted.clone()
+        self.shared.core.read().posted.clone()
     }
 
     /// Every reaction added or removed so far.
     pub fn reactions(&self) -> Vec<Reaction> {
-        lock(&self.shared.state).reactions.clone()
+        self.shared.core.read().reactions.clone()
     }
 
     /// Every Web API request so far, including failed and hung ones.
     pub fn requests(&self) -> Vec<Request> {
-        lock(&self.shared.state).requests.clone()
+        self.shared.core.requests()
     }
 
     /// The `chat.postMessage` requests so far, answered or not.
     pub fn post_attempts(&self) -> Vec<Request> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method == "chat.postMessage")
-            .collect()
+        self.shared.core.requests_where(is_post)
     }
 
     /// Envelope ids acknowledged so far, in order (repeats included).
     pub fn acks(&self) -> Vec<String> {
-        lock(&self.shared.state).acks.clone()
+        self.shared.core.read().acks.clone()
     }
 
     /// Envelopes not yet acknowledged.
     pub fn pending(&self) -> usize {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .read()
             .envelopes
             .iter()
             .filter(|e| !e.acked)
@@ -447,22 +429,22 @@ impl FakeSlack {
 
     /// Socket Mode connections accepted so far.
     pub fn connections(&self) -> usize {
-        lock(&self.shared.state).connections
+        self.shared.core.read().connections
     }
 
     /// Whether a connection is live (connected and not silenced or cut).
     pub fn connected(&self) -> bool {
-        lock(&self.shared.state).live.is_some()
+        self.shared.core.read().live.is_some()
     }
 
     /// WebSocket pings received from clients.
     pub fn pings(&self) -> usize {
-        lock(&self.shared.state).pings
+        self.shared.core.read().pings
     }
 
     /// Every frame the server sent, in order.
     pub fn frames(&self) -> Vec<Value> {
-        lock(&self.shared.state).frames.clone()
+        self.shared.core.read().frames.clone()
     }
 
     /// Waits until at least `n` messages were posted and returns them all.
@@ -470,14 +452,10 @@ impl FakeSlack {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_posts(&self, n: usize, timeout: Duration) -> Vec<Posted> {
-        self.wait_until(timeout, |st| st.posted.len() >= n).await;
-        let posted = self.posted();
-        assert!(
-            posted.len() >= n,
-            "waited {timeout:?} for {n} posted messages, got {}: {posted:#?}",
-            posted.len()
-        );
-        posted
+        self.shared
+            .core
+            .wait_len("posted messages", n, timeout, |st| &st.posted)
+            .await
     }
 
     /// Waits until at least `n` `chat.postMessage` requests arrived.
@@ -485,21 +463,10 @@ impl FakeSlack {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_post_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        self.wait_until(timeout, |st| {
-            st.requests
-                .iter()
-                .filter(|r| r.method == "chat.postMessage")
-                .count()
-                >= n
-        })
-        .await;
-        let got = self.post_attempts();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} chat.postMessage requests, got {}",
-            got.len()
-        );
-        got
+        self.shared
+            .core
+            .wait_requests("chat.postMessage requests", n, timeout, is_post)
+            .await
     }
 
     /// Waits until every envelope pushed so far is acknowledged.
@@ -507,13 +474,15 @@ impl FakeSlack {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_all_acked(&self, timeout: Duration) {
-        self.wait_until(timeout, |st| st.envelopes.iter().all(|e| e.acked))
+        self.shared
+            .core
+            .wait(
+                "every envelope acknowledged",
+                timeout,
+                |st| st.envelopes.iter().all(|e| e.acked).then_some(()),
+                |st| st.envelopes.iter().filter(|e| !e.acked).count(),
+            )
             .await;
-        let left = self.pending();
-        assert_eq!(
-            left, 0,
-            "waited {timeout:?}; {left} envelopes unacknowledged"
-        );
     }
 
     /// Waits until at least `n` connections were made and the latest one is
@@ -522,14 +491,16 @@ impl FakeSlack {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_connection(&self, n: usize, timeout: Duration) {
-        self.wait_until(timeout, |st| st.connections >= n && st.live.is_some())
+        let what = format!("connection {n}, live");
+        self.shared
+            .core
+            .wait(
+                &what,
+                timeout,
+                |st| (st.connections >= n && st.live.is_some()).then_some(()),
+                |st| (st.connections, st.live.is_some()),
+            )
             .await;
-        let got = self.connections();
-        assert!(
-            got >= n && self.connected(),
-            "waited {timeout:?} for connection {n}; {got} made, live: {}",
-            self.connected()
-        );
     }
 
     /// Waits until at least `n` pings arrived.
@@ -537,8 +508,16 @@ impl FakeSlack {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_pings(&self, n: usize, timeout: Duration) {
-        self.wait_until(timeout, |st| st.pings >= n).await;
-        assert!(self.pings() >= n, "waited {timeout:?} for {n} pings");
+        let what = format!("{n} pings");
+        self.shared
+            .core
+            .wait(
+                &what,
+                timeout,
+                |st| (st.pings >= n).then_some(()),
+                |st| st.pings,
+            )
+            .await;
     }
 
     /// Waits until `done` holds for the recorded reactions.
@@ -550,33 +529,21 @@ impl FakeSlack {
         timeout: Duration,
         done: impl Fn(&[Reaction]) -> bool,
     ) -> Vec<Reaction> {
-        self.wait_until(timeout, |st| done(&st.reactions)).await;
-        let got = self.reactions();
-        assert!(done(&got), "waited {timeout:?}; reactions: {got:#?}");
-        got
-    }
-
-    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.shared.version.subscribe();
-        loop {
-            rx.borrow_and_update();
-            if done(&lock(&self.shared.state)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        self.shared
+            .core
+            .wait(
+                "the awaited reactions",
+                timeout,
+                |st| done(&st.reactions).then(|| st.reactions.clone()),
+                |st| st.reactions.clone(),
+            )
+            .await
     }
 
     /// Sends the envelopes that were never sent, when a client is live.
     fn flush(&self) {
         let frames = {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.core.change();
             if st.live.is_none() {
                 return;
             }
@@ -598,8 +565,13 @@ impl FakeSlack {
 
     /// Stops the server (also on drop). Open connections are cut.
     pub fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
+        self.shared.core.stop();
     }
+}
+
+/// Whether `r` is a `chat.postMessage`, answered or not.
+fn is_post(r: &Request) -> bool {
+    r.method == "chat.postMessage"
 }
 
 impl Drop for FakeSlack {
@@ -609,14 +581,13 @@ impl Drop for FakeSlack {
 }
 
 fn send_frame(shared: &Shared, frame: Value) {
-    let mut st = lock(&shared.state);
+    let mut st = shared.core.change();
     if let Some(tx) = &st.live
         && tx.send(Command::Text(frame.to_string())).is_ok()
     {
         st.frames.push(frame);
     }
     drop(st);
-    shared.bump();
 }
 
 /// The wire form of an envelope on its next sending.

@@ -19,16 +19,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, header};
 use serde_json::{Map, Value, json};
-use tokio::sync::watch;
 
-use crate::lock;
+use crate::fake::{Core, Faults, bind, started};
 use handlers::handle;
 
 mod handlers;
@@ -147,10 +146,11 @@ struct Book {
     edits: Vec<Edit>,
     actions: Vec<ChatAction>,
     get_updates: Vec<GetUpdatesCall>,
-    requests: Vec<Request>,
-    fail_429: VecDeque<u64>,
-    reject_entities: usize,
-    fail_get_updates: usize,
+    /// `retry_after` of each 429 the next sends get.
+    fail_429: Faults<u64>,
+    /// The next sends and edits with a `parse_mode` refused for it.
+    reject_entities: Faults<()>,
+    fail_get_updates: Faults<()>,
     blocked: HashSet<i64>,
     /// The newest long poll; an older one still waiting is ended with a
     /// conflict, as Telegram does when two processes poll one bot.
@@ -164,17 +164,7 @@ struct Book {
 struct Shared {
     token: String,
     bot_id: i64,
-    state: Mutex<Book>,
-    /// Bumped on every change tests or long polls may wait for.
-    version: watch::Sender<u64>,
-    hang: watch::Sender<bool>,
-    stop: watch::Sender<bool>,
-}
-
-impl Shared {
-    fn bump(&self) {
-        self.version.send_modify(|v| *v += 1);
-    }
+    core: Core<Book, Request>,
 }
 
 /// A fake Telegram Bot API server (see the module docs).
@@ -198,17 +188,12 @@ impl FakeTelegram {
     /// # Panics
     /// When no local port can be bound.
     pub fn start_blocking(token: &str) -> FakeTelegram {
-        match Self::try_start(token) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Telegram server on 127.0.0.1: {e}"),
-        }
+        started("the fake Telegram server", Self::try_start(token))
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.
     pub fn try_start(token: &str) -> std::io::Result<FakeTelegram> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let bot_id = token
             .split_once(':')
             .and_then(|(id, _)| id.parse().ok())
@@ -216,17 +201,14 @@ impl FakeTelegram {
         let shared = Arc::new(Shared {
             token: token.to_owned(),
             bot_id,
-            state: Mutex::new(Book {
+            core: Core::new(Book {
                 next_update_id: 100_000,
                 next_message_id: 1,
                 ..Book::default()
             }),
-            version: watch::channel(0).0,
-            hang: watch::channel(false).0,
-            stop: watch::channel(false).0,
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        crate::serve_on_own_thread("fake-telegram", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-telegram", listener, app)?;
         Ok(FakeTelegram { addr, shared })
     }
 
@@ -299,88 +281,81 @@ impl FakeTelegram {
     /// one; a message without `message_id` or `date` gets them. Returns the
     /// update id.
     pub fn push_update(&self, mut update: Value) -> i64 {
-        let id = {
-            let mut st = lock(&self.shared.state);
-            let id = match update.get("update_id").and_then(Value::as_i64) {
-                Some(id) => {
-                    st.next_update_id = st.next_update_id.max(id + 1);
-                    id
-                }
-                None => {
-                    let id = st.next_update_id;
-                    st.next_update_id += 1;
-                    id
-                }
-            };
-            if let Some(obj) = update.as_object_mut() {
-                obj.insert("update_id".into(), json!(id));
-                for key in ["message", "channel_post", "edited_message"] {
-                    if let Some(m) = obj.get_mut(key).and_then(Value::as_object_mut) {
-                        if !m.contains_key("message_id") {
-                            m.insert("message_id".into(), json!(st.next_message_id));
-                            st.next_message_id += 1;
-                        }
-                        m.entry("date").or_insert_with(|| json!(unix_now()));
-                        if let Some(chat) = m.get("chat")
-                            && let Some(cid) = chat.get("id").and_then(Value::as_i64)
-                        {
-                            st.chats.insert(cid, chat.clone());
-                        }
-                        if let (Some(cid), Some(mid), Some(text)) = (
-                            m.get("chat")
-                                .and_then(|c| c.get("id"))
-                                .and_then(Value::as_i64),
-                            m.get("message_id").and_then(Value::as_i64),
-                            m.get("text").and_then(Value::as_str),
-                        ) {
-                            st.messages.insert((cid, mid), text.to_owned());
-                        }
+        let mut st = self.shared.core.change();
+        let id = match update.get("update_id").and_then(Value::as_i64) {
+            Some(id) => {
+                st.next_update_id = st.next_update_id.max(id + 1);
+                id
+            }
+            None => {
+                let id = st.next_update_id;
+                st.next_update_id += 1;
+                id
+            }
+        };
+        if let Some(obj) = update.as_object_mut() {
+            obj.insert("update_id".into(), json!(id));
+            for key in ["message", "channel_post", "edited_message"] {
+                if let Some(m) = obj.get_mut(key).and_then(Value::as_object_mut) {
+                    if !m.contains_key("message_id") {
+                        m.insert("message_id".into(), json!(st.next_message_id));
+                        st.next_message_id += 1;
+                    }
+                    m.entry("date").or_insert_with(|| json!(unix_now()));
+                    if let Some(chat) = m.get("chat")
+                        && let Some(cid) = chat.get("id").and_then(Value::as_i64)
+                    {
+                        st.chats.insert(cid, chat.clone());
+                    }
+                    if let (Some(cid), Some(mid), Some(text)) = (
+                        m.get("chat")
+                            .and_then(|c| c.get("id"))
+                            .and_then(Value::as_i64),
+                        m.get("message_id").and_then(Value::as_i64),
+                        m.get("text").and_then(Value::as_str),
+                    ) {
+                        st.messages.insert((cid, mid), text.to_owned());
                     }
                 }
             }
-            let at = st
-                .updates
-                .iter()
-                .position(|u| u.get("update_id").and_then(Value::as_i64) > Some(id))
-                .unwrap_or(st.updates.len());
-            st.updates.insert(at, update);
-            id
-        };
-        self.shared.bump();
+        }
+        let at = st
+            .updates
+            .iter()
+            .position(|u| u.get("update_id").and_then(Value::as_i64) > Some(id))
+            .unwrap_or(st.updates.len());
+        st.updates.insert(at, update);
         id
     }
 
     /// Every message sent so far, in order.
     pub fn sent(&self) -> Vec<Sent> {
-        lock(&self.shared.state).sent.clone()
+        self.shared.core.read().sent.clone()
     }
 
     /// Every edit so far, in order.
     pub fn edits(&self) -> Vec<Edit> {
-        lock(&self.shared.state).edits.clone()
+        self.shared.core.read().edits.clone()
     }
 
     /// Every `sendChatAction` so far.
     pub fn chat_actions(&self) -> Vec<ChatAction> {
-        lock(&self.shared.state).actions.clone()
+        self.shared.core.read().actions.clone()
     }
 
     /// Every `getUpdates` call so far, with the offsets requested.
     pub fn get_updates_calls(&self) -> Vec<GetUpdatesCall> {
-        lock(&self.shared.state).get_updates.clone()
+        self.shared.core.read().get_updates.clone()
     }
 
     /// Every request so far, including failed and hung ones.
     pub fn requests(&self) -> Vec<Request> {
-        lock(&self.shared.state).requests.clone()
+        self.shared.core.requests()
     }
 
     /// The `sendMessage` requests so far, answered or not.
     pub fn send_attempts(&self) -> Vec<Request> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method.eq_ignore_ascii_case("sendMessage"))
-            .collect()
+        self.shared.core.requests_where(is_send)
     }
 
     /// Updates not yet confirmed by the bot.
@@ -388,12 +363,12 @@ impl FakeTelegram {
     /// processes reading one bot at once. Each ended the older poll with
     /// Telegram's 409 Conflict.
     pub fn poll_conflicts(&self) -> usize {
-        lock(&self.shared.state).conflicts
+        self.shared.core.read().conflicts
     }
 
     /// Updates pushed and not yet confirmed by a later `offset`.
     pub fn pending_updates(&self) -> usize {
-        lock(&self.shared.state).updates.len()
+        self.shared.core.read().updates.len()
     }
 
     /// Waits until the bot has confirmed every update (its `getUpdates`
@@ -402,12 +377,15 @@ impl FakeTelegram {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_confirmed_updates(&self, timeout: Duration) {
-        self.wait_until(timeout, |st| st.updates.is_empty()).await;
-        let left = self.pending_updates();
-        assert_eq!(
-            left, 0,
-            "waited {timeout:?}; {left} updates still unconfirmed"
-        );
+        self.shared
+            .core
+            .wait(
+                "every update confirmed",
+                timeout,
+                |st| st.updates.is_empty().then_some(()),
+                |st| st.updates.len(),
+            )
+            .await;
     }
 
     /// Waits until at least `n` messages were sent and returns them all.
@@ -415,14 +393,10 @@ impl FakeTelegram {
     /// # Panics
     /// When `timeout` passes first (the message lists what was sent).
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        self.wait_until(timeout, |st| st.sent.len() >= n).await;
-        let sent = self.sent();
-        assert!(
-            sent.len() >= n,
-            "waited {timeout:?} for {n} sent messages, got {}: {sent:#?}",
-            sent.len()
-        );
-        sent
+        self.shared
+            .core
+            .wait_len("sent messages", n, timeout, |st| &st.sent)
+            .await
     }
 
     /// Waits until at least `n` `sendMessage` requests arrived (answered or
@@ -431,21 +405,10 @@ impl FakeTelegram {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        self.wait_until(timeout, |st| {
-            st.requests
-                .iter()
-                .filter(|r| r.method.eq_ignore_ascii_case("sendMessage"))
-                .count()
-                >= n
-        })
-        .await;
-        let got = self.send_attempts();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} sendMessage requests, got {}",
-            got.len()
-        );
-        got
+        self.shared
+            .core
+            .wait_requests("sendMessage requests", n, timeout, is_send)
+            .await
     }
 
     /// Waits until at least `n` `getUpdates` calls arrived and returns them.
@@ -457,68 +420,44 @@ impl FakeTelegram {
         n: usize,
         timeout: Duration,
     ) -> Vec<GetUpdatesCall> {
-        self.wait_until(timeout, |st| st.get_updates.len() >= n)
-            .await;
-        let got = self.get_updates_calls();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} getUpdates calls, got {}: {got:#?}",
-            got.len()
-        );
-        got
-    }
-
-    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.shared.version.subscribe();
-        loop {
-            rx.borrow_and_update();
-            if done(&lock(&self.shared.state)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        self.shared
+            .core
+            .wait_len("getUpdates calls", n, timeout, |st| &st.get_updates)
+            .await
     }
 
     /// The next `sendMessage` gets 429 with `parameters.retry_after`.
     /// Calls queue up: two calls fail the next two sends.
     pub fn fail_next_send_with_429(&self, retry_after_secs: u64) {
-        lock(&self.shared.state)
-            .fail_429
-            .push_back(retry_after_secs);
+        self.shared.core.change().fail_429.push(retry_after_secs);
     }
 
     /// The next `n` `sendMessage` calls that carry a `parse_mode` get 400
     /// "Bad Request: can't parse entities: ...".
     pub fn reject_entities_next(&self, n: usize) {
-        lock(&self.shared.state).reject_entities = n;
+        self.shared.core.change().reject_entities.arm(n);
     }
 
     /// While set, `sendMessage` requests are recorded as attempts but hang
     /// unanswered and are never delivered, like requests lost on the way;
     /// clearing it (or stopping the server) answers them with a 502.
     pub fn hang_send(&self, hang: bool) {
-        self.shared.hang.send_replace(hang);
+        self.shared.core.set_hang(hang);
     }
 
     /// Sends to `chat_id` get 403 "Forbidden: bot was blocked by the user".
     pub fn block_chat(&self, chat_id: i64) {
-        lock(&self.shared.state).blocked.insert(chat_id);
+        self.shared.core.change().blocked.insert(chat_id);
     }
 
     /// The next `n` `getUpdates` calls get 500 Internal Server Error.
     pub fn fail_next_get_updates(&self, n: usize) {
-        lock(&self.shared.state).fail_get_updates = n;
+        self.shared.core.change().fail_get_updates.arm(n);
     }
 
     /// Stops the server (also on drop). Open connections are cut.
     pub fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
+        self.shared.core.stop();
     }
 }
 
@@ -526,6 +465,11 @@ impl Drop for FakeTelegram {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Whether `r` is a `sendMessage`, answered or not.
+fn is_send(r: &Request) -> bool {
+    r.method.eq_ignore_ascii_case("sendMessage")
 }
 
 fn unix_now() -> u64 {
@@ -593,38 +537,9 @@ fn params(query: Option<&str>, headers: &HeaderMap, body: &Bytes) -> Map<String,
     out
 }
 
+/// `k=v&...` pairs, decoded as HTML forms are (`+` is a space).
 fn form_pairs(s: &str) -> Vec<(String, String)> {
-    s.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    form_urlencoded::parse(s.as_bytes()).into_owned().collect()
 }
 
 fn as_int(v: &Value) -> Option<i64> {

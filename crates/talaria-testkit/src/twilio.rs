@@ -29,9 +29,9 @@
 //! the address the request is actually sent to). [`sign`] is the
 //! algorithm on its own.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -44,9 +44,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha1::Sha1;
-use tokio::sync::watch;
 
-use crate::{json_response, lock};
+use crate::fake::{Core, Faults, bind, started};
+use crate::json_response;
 
 /// Twilio's largest Body, in characters.
 pub const MAX_BODY_CHARS: usize = 1600;
@@ -146,8 +146,7 @@ fn default_message(code: u32) -> &'static str {
 struct Book {
     next_id: u64,
     sent: Vec<SentSms>,
-    requests: Vec<Request>,
-    failures: VecDeque<Failure>,
+    failures: Faults<Failure>,
     unsubscribed: HashSet<String>,
     landlines: HashSet<String>,
 }
@@ -156,15 +155,7 @@ struct Shared {
     account_sid: String,
     auth_token: String,
     phone_number: String,
-    state: Mutex<Book>,
-    version: watch::Sender<u64>,
-    stop: watch::Sender<bool>,
-}
-
-impl Shared {
-    fn bump(&self) {
-        self.version.send_modify(|v| *v += 1);
-    }
+    core: Core<Book, Request>,
 }
 
 /// A fake Twilio REST API (see the module docs).
@@ -180,10 +171,10 @@ impl FakeTwilio {
     /// # Panics
     /// When no local port can be bound (a broken test environment).
     pub fn start(account_sid: &str, auth_token: &str, phone_number: &str) -> FakeTwilio {
-        match Self::try_start(account_sid, auth_token, phone_number) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Twilio server on 127.0.0.1: {e}"),
-        }
+        started(
+            "the fake Twilio server",
+            Self::try_start(account_sid, auth_token, phone_number),
+        )
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.
@@ -192,19 +183,15 @@ impl FakeTwilio {
         auth_token: &str,
         phone_number: &str,
     ) -> std::io::Result<FakeTwilio> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             account_sid: account_sid.to_owned(),
             auth_token: auth_token.to_owned(),
             phone_number: phone_number.to_owned(),
-            state: Mutex::new(Book::default()),
-            version: watch::channel(0).0,
-            stop: watch::channel(false).0,
+            core: Core::new(Book::default()),
         });
         let app = Router::new().fallback(rest).with_state(shared.clone());
-        crate::serve_on_own_thread("fake-twilio", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-twilio", listener, app)?;
         Ok(FakeTwilio { addr, shared })
     }
 
@@ -232,7 +219,7 @@ impl FakeTwilio {
     /// `MessageSid`.
     pub fn inbound(&self, from: &str, body: &str) -> InboundSms {
         let sid = {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.core.change();
             st.next_id += 1;
             format!("SM{:032x}", 0xabc0_0000_u64 + st.next_id)
         };
@@ -253,20 +240,17 @@ impl FakeTwilio {
 
     /// Every message accepted so far.
     pub fn sent(&self) -> Vec<SentSms> {
-        lock(&self.shared.state).sent.clone()
+        self.shared.core.read().sent.clone()
     }
 
     /// Every request so far.
     pub fn requests(&self) -> Vec<Request> {
-        lock(&self.shared.state).requests.clone()
+        self.shared.core.requests()
     }
 
     /// Every `POST .../Messages.json` so far, accepted or not.
     pub fn send_attempts(&self) -> Vec<Request> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method == "POST" && r.path.ends_with("/Messages.json"))
-            .collect()
+        self.shared.core.requests_where(is_send)
     }
 
     /// Waits until at least `n` messages were accepted and returns them
@@ -275,14 +259,10 @@ impl FakeTwilio {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<SentSms> {
-        self.wait_until(timeout, |st| st.sent.len() >= n).await;
-        let sent = self.sent();
-        assert!(
-            sent.len() >= n,
-            "waited {timeout:?} for {n} SMS, got {}: {sent:#?}",
-            sent.len()
-        );
-        sent
+        self.shared
+            .core
+            .wait_len("SMS", n, timeout, |st| &st.sent)
+            .await
     }
 
     /// Waits until at least `n` sends were attempted and returns them.
@@ -290,66 +270,44 @@ impl FakeTwilio {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        self.wait_until(timeout, |st| {
-            st.requests
-                .iter()
-                .filter(|r| r.method == "POST" && r.path.ends_with("/Messages.json"))
-                .count()
-                >= n
-        })
-        .await;
-        let got = self.send_attempts();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} send attempts, got {}",
-            got.len()
-        );
-        got
-    }
-
-    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.shared.version.subscribe();
-        loop {
-            rx.borrow_and_update();
-            if done(&lock(&self.shared.state)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        self.shared
+            .core
+            .wait_requests("send attempts", n, timeout, is_send)
+            .await
     }
 
     /// The next send gets `failure`. Calls queue up.
     pub fn fail_next_send(&self, failure: Failure) {
-        lock(&self.shared.state).failures.push_back(failure);
+        self.shared.core.change().failures.push(failure);
     }
 
     /// `number` replied STOP: sends to it get 21610 until
     /// [`Self::resubscribe`].
     pub fn unsubscribe(&self, number: &str) {
-        lock(&self.shared.state)
+        self.shared
+            .core
+            .change()
             .unsubscribed
             .insert(number.to_owned());
     }
 
     /// `number` replied START.
     pub fn resubscribe(&self, number: &str) {
-        lock(&self.shared.state).unsubscribed.remove(number);
+        self.shared.core.change().unsubscribed.remove(number);
     }
 
     /// `number` is a landline: sends to it get 21614.
     pub fn landline(&self, number: &str) {
-        lock(&self.shared.state).landlines.insert(number.to_owned());
+        self.shared
+            .core
+            .change()
+            .landlines
+            .insert(number.to_owned());
     }
 
     /// Stops the server (also on drop). Hung requests are cut.
     pub fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
+        self.shared.core.stop();
     }
 }
 
@@ -357,6 +315,11 @@ impl Drop for FakeTwilio {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Whether `r` is a send, accepted or not.
+fn is_send(r: &Request) -> bool {
+    r.method == "POST" && r.path.ends_with("/Messages.json")
 }
 
 fn twilio_error(status: u16, code: u32, message: &str) -> Response {
@@ -403,16 +366,14 @@ async fn rest(
         authorized: ok,
         at: Instant::now(),
     };
-    let is_send = method == Method::POST && path.ends_with("/Messages.json");
     // Taken before the attempt is logged (and waiters woken), so a test
     // that sees the attempt finds its failure already decided.
-    let failure = if is_send && ok {
-        lock(&shared.state).failures.pop_front()
+    let failure = if is_send(&request) && ok {
+        shared.core.change().failures.take()
     } else {
         None
     };
-    lock(&shared.state).requests.push(request);
-    shared.bump();
+    shared.core.record(request);
     if !ok {
         return twilio_error(401, 20003, default_message(20003));
     }
@@ -458,8 +419,7 @@ async fn send(shared: &Shared, form: &[(String, String)], failure: Option<Failur
             return r;
         }
         Some(Failure::Hang) => {
-            let mut stop = shared.stop.subscribe();
-            let _ = stop.wait_for(|s| *s).await;
+            shared.core.stopped().await;
             return twilio_error(503, 20500, default_message(20500));
         }
         None => {}
@@ -483,7 +443,7 @@ async fn send(shared: &Shared, form: &[(String, String)], failure: Option<Failur
         return twilio_error(400, 21617, default_message(21617));
     }
     {
-        let st = lock(&shared.state);
+        let st = shared.core.read();
         if st.unsubscribed.contains(to) {
             return twilio_error(400, 21610, default_message(21610));
         }
@@ -492,7 +452,7 @@ async fn send(shared: &Shared, form: &[(String, String)], failure: Option<Failur
         }
     }
     let sid = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.next_id += 1;
         let sid = format!("SM{:032x}", st.next_id);
         st.sent.push(SentSms {
@@ -504,7 +464,6 @@ async fn send(shared: &Shared, form: &[(String, String)], failure: Option<Failur
         });
         sid
     };
-    shared.bump();
     json_response(
         201,
         &json!({
@@ -748,11 +707,12 @@ impl FakeTwilio {
         // More hangs than any test sends while it holds them; the ones
         // left are taken back when the test lets sends through again.
         const HANGS: usize = 64;
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.core.change();
         st.failures.retain(|f| *f != Failure::Hang);
         if hang {
-            st.failures
-                .extend(std::iter::repeat_n(Failure::Hang, HANGS));
+            for _ in 0..HANGS {
+                st.failures.push(Failure::Hang);
+            }
         }
     }
 }

@@ -34,6 +34,12 @@ impl Changes {
         self.0.send_modify(|v| *v += 1);
     }
 
+    /// A receiver that sees every later bump, for a server-side wait (a
+    /// long poll) that must also watch other things than a deadline.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+
     /// Waits up to `timeout` until `probe` answers; `None` when it never did.
     /// The probe runs at once and after every change.
     pub async fn until<T>(
@@ -82,15 +88,28 @@ impl Changes {
 ///
 /// # Panics
 /// When [`WAIT`] passes first.
-pub async fn wait_for<T, S: Debug>(what: &str, mut probe: impl AsyncProbe<T, S>) -> T {
-    let deadline = tokio::time::Instant::now() + WAIT;
+pub async fn wait_for<T, S: Debug>(what: &str, probe: impl AsyncProbe<T, S>) -> T {
+    wait_within(what, WAIT, probe).await
+}
+
+/// Like [`wait_for`], with the patience a caller was given instead of
+/// [`WAIT`].
+///
+/// # Panics
+/// When `timeout` passes first.
+pub async fn wait_within<T, S: Debug>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl AsyncProbe<T, S>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match probe.check().await {
             Ok(v) => return v,
             Err(seen) => {
                 assert!(
                     tokio::time::Instant::now() < deadline,
-                    "waited {WAIT:?} for {what}; saw {seen:#?}"
+                    "waited {timeout:?} for {what}; saw {seen:#?}"
                 );
             }
         }
@@ -118,4 +137,34 @@ where
 /// Lets whatever should not happen have its chance to (see [`SETTLE`]).
 pub async fn settle() {
     tokio::time::sleep(SETTLE).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[tokio::test]
+    async fn a_poll_returns_once_its_probe_answers() {
+        let calls = Cell::new(0);
+        let got = wait_within("the third poll", Duration::from_secs(5), || async {
+            calls.set(calls.get() + 1);
+            if calls.get() >= 3 {
+                Ok(calls.get())
+            } else {
+                Err(calls.get())
+            }
+        })
+        .await;
+        assert_eq!(got, 3);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "waited 50ms for nothing; saw \"still nothing\"")]
+    async fn a_poll_that_never_answers_panics_with_what_it_saw() {
+        wait_within("nothing", Duration::from_millis(50), || async {
+            Err::<(), _>("still nothing")
+        })
+        .await;
+    }
 }

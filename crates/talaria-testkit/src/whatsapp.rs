@@ -26,7 +26,7 @@
 //! the JSON Meta sends.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -37,9 +37,9 @@ use axum::response::Response;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
-use tokio::sync::watch;
 
-use crate::{json_response, lock};
+use crate::fake::{Core, Faults, bind, started};
+use crate::json_response;
 
 /// The Graph API version tests configure.
 pub const API_VERSION: &str = "v21.0";
@@ -168,12 +168,9 @@ struct Book {
     next_id: u64,
     sent: Vec<Sent>,
     reads: Vec<Read>,
-    requests: Vec<Request>,
-    failures: std::collections::VecDeque<Failure>,
+    failures: Faults<Failure>,
     closed: Vec<String>,
     expired: bool,
-    /// Texts hang unanswered while set (see [`FakeGraph::hang_send`]).
-    hang: bool,
     /// When each text send arrived, answered or not.
     send_attempts: Vec<Instant>,
 }
@@ -181,9 +178,7 @@ struct Book {
 struct Shared {
     token: String,
     phone_number_id: String,
-    state: Mutex<Book>,
-    version: watch::Sender<u64>,
-    stop: watch::Sender<bool>,
+    core: Core<Book, Request>,
 }
 
 /// A fake Graph API (see the module docs).
@@ -199,26 +194,22 @@ impl FakeGraph {
     /// # Panics
     /// When no local port can be bound (a broken test environment).
     pub async fn start(token: &str, phone_number_id: &str) -> FakeGraph {
-        match Self::try_start(token, phone_number_id) {
-            Ok(f) => f,
-            Err(e) => panic!("cannot start the fake Graph API on 127.0.0.1: {e}"),
-        }
+        started(
+            "the fake Graph API",
+            Self::try_start(token, phone_number_id),
+        )
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.
     pub fn try_start(token: &str, phone_number_id: &str) -> std::io::Result<FakeGraph> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             token: token.to_owned(),
             phone_number_id: phone_number_id.to_owned(),
-            state: Mutex::new(Book::default()),
-            version: watch::channel(0).0,
-            stop: watch::channel(false).0,
+            core: Core::new(Book::default()),
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        crate::serve_on_own_thread("fake-graph", listener, app, shared.stop.subscribe())?;
+        shared.core.serve("fake-graph", listener, app)?;
         Ok(FakeGraph { addr, shared })
     }
 
@@ -229,34 +220,34 @@ impl FakeGraph {
 
     /// Every text message accepted, in order.
     pub fn sent(&self) -> Vec<Sent> {
-        lock(&self.shared.state).sent.clone()
+        self.shared.core.read().sent.clone()
     }
 
     /// Every read receipt accepted, in order.
     pub fn reads(&self) -> Vec<Read> {
-        lock(&self.shared.state).reads.clone()
+        self.shared.core.read().reads.clone()
     }
 
     /// Every request, answered or not.
     pub fn requests(&self) -> Vec<Request> {
-        lock(&self.shared.state).requests.clone()
+        self.shared.core.requests()
     }
 
     /// The next send gets `failure`. Calls queue up.
     pub fn fail_next_send(&self, failure: Failure) {
-        lock(&self.shared.state).failures.push_back(failure);
+        self.shared.core.change().failures.push(failure);
     }
 
     /// From now on, texts to `wa_id` are refused with 131047, as when the
     /// user last wrote more than 24 hours ago.
     pub fn close_window(&self, wa_id: &str) {
-        lock(&self.shared.state).closed.push(wa_id.to_owned());
+        self.shared.core.change().closed.push(wa_id.to_owned());
     }
 
     /// From now on every call gets 401 with code 190, as after the token
     /// expired or was revoked.
     pub fn expire_token(&self) {
-        lock(&self.shared.state).expired = true;
+        self.shared.core.change().expired = true;
     }
 
     /// Waits until at least `n` texts were accepted and returns them all.
@@ -264,14 +255,10 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
-        self.wait_until(timeout, |b| b.sent.len() >= n).await;
-        let sent = self.sent();
-        assert!(
-            sent.len() >= n,
-            "waited {timeout:?} for {n} WhatsApp messages, got {}: {sent:#?}",
-            sent.len()
-        );
-        sent
+        self.shared
+            .core
+            .wait_len("WhatsApp messages", n, timeout, |b| &b.sent)
+            .await
     }
 
     /// Waits until at least `n` requests arrived and returns them all.
@@ -279,13 +266,10 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_requests(&self, n: usize, timeout: Duration) -> Vec<Request> {
-        self.wait_until(timeout, |b| b.requests.len() >= n).await;
-        let got = self.requests();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} Graph requests, got {got:#?}"
-        );
-        got
+        self.shared
+            .core
+            .wait_requests("Graph requests", n, timeout, |_| true)
+            .await
     }
 
     /// Waits until at least `n` read receipts arrived and returns them all.
@@ -293,32 +277,15 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_reads(&self, n: usize, timeout: Duration) -> Vec<Read> {
-        self.wait_until(timeout, |b| b.reads.len() >= n).await;
-        let got = self.reads();
-        assert!(got.len() >= n, "waited {timeout:?} for {n} read receipts");
-        got
-    }
-
-    async fn wait_until(&self, timeout: Duration, done: impl Fn(&Book) -> bool) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.shared.version.subscribe();
-        loop {
-            rx.borrow_and_update();
-            if done(&lock(&self.shared.state)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        self.shared
+            .core
+            .wait_len("read receipts", n, timeout, |b| &b.reads)
+            .await
     }
 
     /// Stops the server (also on drop).
     pub fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
+        self.shared.core.stop();
     }
 }
 
@@ -385,24 +352,20 @@ async fn handle(
     if is_text_send(&path, &body) {
         // Decided before the attempt is recorded: a test that sees the
         // attempt may clear the hang at once, and this one must stay lost.
-        let hung = {
-            let mut st = lock(&shared.state);
-            st.send_attempts.push(Instant::now());
-            st.hang
-        };
-        shared.version.send_modify(|v| *v += 1);
+        let hung = shared.core.hanging();
+        shared.core.change().send_attempts.push(Instant::now());
         if hung {
             return hang_up(&shared).await;
         }
     }
+    // Logged once answered, with whatever the answer changed in the book.
     let response = answer(&shared, &method, &path, &body, authorized);
-    lock(&shared.state).requests.push(Request {
+    shared.core.record(Request {
         method: method.to_string(),
         path,
         body,
         authorized,
     });
-    shared.version.send_modify(|v| *v += 1);
     response
 }
 
@@ -413,7 +376,7 @@ fn answer(
     body: &Value,
     authorized: bool,
 ) -> Response {
-    let mut st = lock(&shared.state);
+    let mut st = shared.core.change();
     if !authorized {
         return graph_error(
             401,
@@ -470,7 +433,7 @@ fn answer(
         });
         return json_response(200, &json!({"success": true}));
     }
-    if let Some(failure) = st.failures.pop_front() {
+    if let Some(failure) = st.failures.take() {
         return failure_response(failure);
     }
     let to = body.get("to").and_then(Value::as_str).unwrap_or("");
@@ -701,13 +664,12 @@ impl FakeGraph {
     /// and are never delivered; clearing it (or stopping the server)
     /// answers them with a 502, as a proxy that lost the request would.
     pub fn hang_send(&self, hang: bool) {
-        lock(&self.shared.state).hang = hang;
-        self.shared.version.send_modify(|v| *v += 1);
+        self.shared.core.set_hang(hang);
     }
 
     /// When each text send arrived (read receipts aside), answered or not.
     pub fn send_attempts(&self) -> Vec<Instant> {
-        lock(&self.shared.state).send_attempts.clone()
+        self.shared.core.read().send_attempts.clone()
     }
 
     /// Waits until at least `n` text sends arrived, answered or not.
@@ -715,15 +677,10 @@ impl FakeGraph {
     /// # Panics
     /// When `timeout` passes first.
     pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Instant> {
-        self.wait_until(timeout, |b| b.send_attempts.len() >= n)
-            .await;
-        let got = self.send_attempts();
-        assert!(
-            got.len() >= n,
-            "waited {timeout:?} for {n} WhatsApp send requests, got {}",
-            got.len()
-        );
-        got
+        self.shared
+            .core
+            .wait_len("WhatsApp send requests", n, timeout, |b| &b.send_attempts)
+            .await
     }
 }
 
@@ -735,12 +692,7 @@ fn is_text_send(path: &str, body: &Value) -> bool {
 /// Holds a hung send until the hang is cleared or the server stops, then
 /// answers as a proxy that lost it.
 async fn hang_up(shared: &Shared) -> Response {
-    let mut changes = shared.version.subscribe();
-    let mut stop = shared.stop.subscribe();
-    tokio::select! {
-        _ = changes.wait_for(|_| !lock(&shared.state).hang) => {}
-        _ = stop.wait_for(|s| *s) => {}
-    }
+    shared.core.held().await;
     json_response(
         502,
         &json!({"error": {"message": "Bad Gateway: the request was lost"}}),

@@ -2,7 +2,6 @@
 //! resume, dispatches) and the REST API.
 
 use super::*;
-use crate::lock;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -18,19 +17,18 @@ pub(super) async fn upgrade(
     State(shared): State<Arc<Shared>>,
     uri: Uri,
 ) -> Response {
-    lock(&shared.state).connections.push(Connection {
+    shared.core.change().connections.push(Connection {
         path: uri.path().to_owned(),
         query: uri.query().unwrap_or("").to_owned(),
         at: Instant::now(),
     });
-    shared.bump();
     ws.on_upgrade(move |socket| connection(shared, socket))
 }
 
 async fn connection(shared: Arc<Shared>, mut socket: WebSocket) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (id, interval) = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.next_connection += 1;
         let id = st.next_connection;
         // A newer connection replaces an older one, as Discord does.
@@ -43,8 +41,6 @@ async fn connection(shared: Arc<Shared>, mut socket: WebSocket) {
         }
         (id, st.heartbeat_interval_ms)
     };
-    shared.bump();
-    let mut stop = shared.stop.subscribe();
     let hello = json!({"op": 10, "d": {"heartbeat_interval": interval}});
     if send(&mut socket, &hello).await {
         loop {
@@ -72,18 +68,14 @@ async fn connection(shared: Arc<Shared>, mut socket: WebSocket) {
                     }
                     Some(Control::Close(None)) | None => break,
                 },
-                // The guard `wait_for` returns is not Send: drop it inside.
-                _ = async { stop.wait_for(|s| *s).await.is_ok() } => break,
+                () = shared.core.stopped() => break,
             }
         }
     }
-    {
-        let mut st = lock(&shared.state);
-        if st.attached.as_ref().is_some_and(|a| a.id == id) {
-            st.attached = None;
-        }
+    let mut st = shared.core.change();
+    if st.attached.as_ref().is_some_and(|a| a.id == id) {
+        st.attached = None;
     }
-    shared.bump();
 }
 
 async fn send(socket: &mut WebSocket, v: &Value) -> bool {
@@ -107,17 +99,16 @@ async fn on_payload(shared: &Shared, conn: u64, socket: &mut WebSocket, text: &s
     };
     let op = v.get("op").and_then(Value::as_u64).unwrap_or(u64::MAX);
     let d = v.get("d").cloned().unwrap_or(Value::Null);
-    lock(&shared.state).frames.push(Frame {
+    shared.core.change().frames.push(Frame {
         op,
         d: d.clone(),
         connection: conn,
         at: Instant::now(),
     });
-    shared.bump();
     let token_ok = d.get("token").and_then(Value::as_str) == Some(shared.token.as_str());
     let out: Vec<Value> = match op {
         1 => {
-            if lock(&shared.state).ack_heartbeats {
+            if shared.core.read().ack_heartbeats {
                 vec![json!({"op": 11})]
             } else {
                 Vec::new()
@@ -141,16 +132,13 @@ async fn on_payload(shared: &Shared, conn: u64, socket: &mut WebSocket, text: &s
             return false;
         }
     }
-    if !out.is_empty() {
-        shared.bump();
-    }
     true
 }
 
 /// A new session: READY, a GUILD_CREATE per known guild, then anything
 /// pushed before the first session.
 fn identify(shared: &Shared, conn: u64) -> Vec<Value> {
-    let mut st = lock(&shared.state);
+    let mut st = shared.core.change();
     st.next_session += 1;
     let session = format!("fake-session-{}", st.next_session);
     st.sessions.insert(session.clone(), SessionLog::default());
@@ -185,7 +173,7 @@ fn identify(shared: &Shared, conn: u64) -> Vec<Value> {
 /// Replays the session after the client's sequence number, then RESUMED;
 /// op 9 for a session the fake does not know (or forgot).
 fn resume(shared: &Shared, conn: u64, d: &Value) -> Vec<Value> {
-    let mut st = lock(&shared.state);
+    let mut st = shared.core.change();
     let session = d.get("session_id").and_then(Value::as_str).unwrap_or("");
     let seq = d.get("seq").and_then(Value::as_u64).unwrap_or(0);
     if !st.sessions.contains_key(session) {
@@ -235,14 +223,13 @@ pub(super) async fn rest(
         .and_then(|v| v.to_str().ok())
         == Some(format!("Bot {}", shared.token).as_str());
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    lock(&shared.state).requests.push(Request {
+    shared.core.record(Request {
         method: method.to_string(),
         path: path.clone(),
         body: body.clone(),
         authorized,
         at: Instant::now(),
     });
-    shared.bump();
     if !authorized {
         return json_response(
             401,
@@ -259,11 +246,10 @@ pub(super) async fn rest(
             &[],
         ),
         ("POST", ["channels", channel, "typing"]) => {
-            lock(&shared.state).typing.push(Typing {
+            shared.core.change().typing.push(Typing {
                 channel_id: (*channel).to_owned(),
                 at: Instant::now(),
             });
-            shared.bump();
             StatusCode::NO_CONTENT.into_response()
         }
         ("POST", ["channels", channel, "messages"]) => {
@@ -274,13 +260,8 @@ pub(super) async fn rest(
 }
 
 async fn create_message(shared: &Shared, channel: &str, body: &Value) -> Response {
-    let mut hang = shared.hang.subscribe();
-    if *hang.borrow_and_update() {
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {}
-        }
+    if shared.core.hanging() {
+        shared.core.held().await;
         return json_response(502, &json!({"message": "502: Bad Gateway", "code": 0}), &[]);
     }
     let limit_headers = |remaining: u32, reset_after: f64| {
@@ -292,10 +273,10 @@ async fn create_message(shared: &Shared, channel: &str, body: &Value) -> Respons
         ]
     };
     let (fail_429, fail_status, exhaust) = {
-        let mut st = lock(&shared.state);
-        let f = st.fail_429.pop_front();
+        let mut st = shared.core.change();
+        let f = st.fail_429.take();
         let s = if f.is_none() {
-            st.fail_status.pop_front()
+            st.fail_status.take()
         } else {
             None
         };
@@ -342,7 +323,7 @@ async fn create_message(shared: &Shared, channel: &str, body: &Value) -> Respons
         );
     }
     let sent = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.next_id += 1;
         let sent = Sent {
             channel_id: channel.to_owned(),
@@ -358,7 +339,6 @@ async fn create_message(shared: &Shared, channel: &str, body: &Value) -> Respons
         st.sent.push(sent.clone());
         sent
     };
-    shared.bump();
     let h = match exhaust {
         Some(after) => limit_headers(0, after),
         None => limit_headers(4, 1.0),

@@ -2,7 +2,7 @@
 //! failure switches, joins, sends and `/sync` bodies.
 
 use super::*;
-use crate::{json_response, lock};
+use crate::json_response;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
@@ -26,7 +26,7 @@ pub(super) async fn handle(
     let Some(rest) = uri.path().strip_prefix("/_matrix/client/v3/") else {
         return error(404, "M_UNRECOGNIZED", "Unrecognized request");
     };
-    let segments: Vec<String> = rest.split('/').map(|s| percent_decode(s, false)).collect();
+    let segments: Vec<String> = rest.split('/').map(percent_decode).collect();
     let path = segments.join("/");
     let query = query_pairs(uri.query());
     let given = headers
@@ -36,19 +36,15 @@ pub(super) async fn handle(
         .map(str::to_owned)
         .or_else(|| query.get("access_token").cloned());
     let json_body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let hung = *shared.hang.borrow();
-    let revoked = {
-        let mut st = lock(&shared.state);
-        st.requests.push(Request {
-            method: method.to_string(),
-            path: path.clone(),
-            body: json_body.clone(),
-            at: Instant::now(),
-            authorized: given.as_deref() == Some(shared.token.as_str()),
-        });
-        st.revoked
-    };
-    shared.bump();
+    let hung = shared.core.hanging();
+    shared.core.record(Request {
+        method: method.to_string(),
+        path: path.clone(),
+        body: json_body.clone(),
+        at: Instant::now(),
+        authorized: given.as_deref() == Some(shared.token.as_str()),
+    });
+    let revoked = shared.core.read().revoked;
     match given {
         None => return error(401, "M_MISSING_TOKEN", "Missing access token"),
         Some(t) if t != shared.token || revoked => {
@@ -71,9 +67,8 @@ pub(super) async fn handle(
         }
         (&Method::GET, ["sync"]) => sync(&shared, &query).await,
         (&Method::GET, ["rooms", room, "joined_members"]) => {
-            let mut st = lock(&shared.state);
-            if st.fail_joined_members > 0 {
-                st.fail_joined_members -= 1;
+            let mut st = shared.core.change();
+            if st.fail_joined_members.fire() {
                 let mut r = Response::new(Body::from("<html><body>502 Bad Gateway</body></html>"));
                 *r.status_mut() = StatusCode::BAD_GATEWAY;
                 return r;
@@ -107,7 +102,7 @@ pub(super) async fn handle(
                     "Cannot get account data for other users.",
                 );
             }
-            match (&lock(&shared.state).direct, *kind) {
+            match (&shared.core.read().direct, *kind) {
                 (Some(d), "m.direct") => json_response(200, d),
                 _ => error(404, "M_NOT_FOUND", "Account data not found"),
             }
@@ -122,14 +117,13 @@ pub(super) async fn handle(
             if *user != BOT_USER_ID {
                 return error(403, "M_FORBIDDEN", "Cannot set another user's typing state");
             }
-            lock(&shared.state).typing.push(Typing {
+            shared.core.change().typing.push(Typing {
                 room_id: (*room).to_owned(),
                 user_id: (*user).to_owned(),
                 typing: json_body.get("typing").and_then(Value::as_bool) == Some(true),
                 timeout_ms: json_body.get("timeout").and_then(Value::as_u64),
                 at: Instant::now(),
             });
-            shared.bump();
             json_response(200, &json!({}))
         }
         _ => error(404, "M_UNRECOGNIZED", "Unrecognized request"),
@@ -137,38 +131,34 @@ pub(super) async fn handle(
 }
 
 fn join(shared: &Shared, room_id: &str) -> Response {
-    let response = {
-        let mut st = lock(&shared.state);
-        let Some(room) = st.rooms.get_mut(room_id) else {
-            return error(404, "M_NOT_FOUND", "No known servers");
-        };
-        let mut fresh = false;
-        if !room.bot_joined {
-            if room.invite.take().is_none() {
-                return error(403, "M_FORBIDDEN", "You are not invited to this room.");
-            }
-            room.bot_joined = true;
-            room.members.push(BOT_USER_ID.to_owned());
-            fresh = true;
-        }
-        st.joins.push(room_id.to_owned());
-        if fresh {
-            // The homeserver's join event, seen by the bot's next sync.
-            let position = st.log.len();
-            if let Some(room) = st.rooms.get_mut(room_id) {
-                room.joined_at = Some(position);
-            }
-            let mut event = member_event(room_id, BOT_USER_ID, "join");
-            event["unsigned"] = json!({ "prev_content": { "membership": "invite" } });
-            st.log.push(Entry::Timeline {
-                room_id: room_id.to_owned(),
-                event,
-            });
-        }
-        json_response(200, &json!({ "room_id": room_id }))
+    let mut st = shared.core.change();
+    let Some(room) = st.rooms.get_mut(room_id) else {
+        return error(404, "M_NOT_FOUND", "No known servers");
     };
-    shared.bump();
-    response
+    let mut fresh = false;
+    if !room.bot_joined {
+        if room.invite.take().is_none() {
+            return error(403, "M_FORBIDDEN", "You are not invited to this room.");
+        }
+        room.bot_joined = true;
+        room.members.push(BOT_USER_ID.to_owned());
+        fresh = true;
+    }
+    st.joins.push(room_id.to_owned());
+    if fresh {
+        // The homeserver's join event, seen by the bot's next sync.
+        let position = st.log.len();
+        if let Some(room) = st.rooms.get_mut(room_id) {
+            room.joined_at = Some(position);
+        }
+        let mut event = member_event(room_id, BOT_USER_ID, "join");
+        event["unsigned"] = json!({ "prev_content": { "membership": "invite" } });
+        st.log.push(Entry::Timeline {
+            room_id: room_id.to_owned(),
+            event,
+        });
+    }
+    json_response(200, &json!({ "room_id": room_id }))
 }
 
 async fn send(
@@ -181,76 +171,66 @@ async fn send(
     hung: bool,
 ) -> Response {
     if hung {
-        let mut hang = shared.hang.subscribe();
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {}
-        }
+        shared.core.held().await;
         // Lost on the way, never delivered: a crash test kills the client
         // meanwhile, and a late delivery would look like the dead one's.
         return error(502, "", "Bad Gateway: the request was lost");
     }
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some(ms) = st.fail_429.pop_front() {
-            let mut r = json_response(
-                429,
-                &json!({ "errcode": "M_LIMIT_EXCEEDED", "error": "Too many requests", "retry_after_ms": ms }),
+    let mut st = shared.core.change();
+    if let Some(ms) = st.fail_429.take() {
+        let mut r = json_response(
+            429,
+            &json!({ "errcode": "M_LIMIT_EXCEEDED", "error": "Too many requests", "retry_after_ms": ms }),
+        );
+        if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return r;
+    }
+    if let Some(event_id) = st.txns.get(txn) {
+        // The spec: a repeated transaction id answers the first event.
+        return json_response(200, &json!({ "event_id": event_id }));
+    }
+    if !content.is_object() {
+        return error(400, "M_NOT_JSON", "Content not JSON.");
+    }
+    if raw.len() > MAX_EVENT_BYTES {
+        return error(413, "M_TOO_LARGE", "event too large");
+    }
+    match st.rooms.get(room_id) {
+        Some(room) if room.bot_joined => {}
+        _ => {
+            return error(
+                403,
+                "M_FORBIDDEN",
+                "User is not in the room or the room does not exist",
             );
-            if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            return r;
         }
-        if let Some(event_id) = st.txns.get(txn) {
-            // The spec: a repeated transaction id answers the first event.
-            return json_response(200, &json!({ "event_id": event_id }));
-        }
-        if !content.is_object() {
-            return error(400, "M_NOT_JSON", "Content not JSON.");
-        }
-        if raw.len() > MAX_EVENT_BYTES {
-            return error(413, "M_TOO_LARGE", "event too large");
-        }
-        match st.rooms.get(room_id) {
-            Some(room) if room.bot_joined => {}
-            _ => {
-                return error(
-                    403,
-                    "M_FORBIDDEN",
-                    "User is not in the room or the room does not exist",
-                );
-            }
-        }
-        let event_id = format!("$ev{}", st.next_event);
-        st.next_event += 1;
-        st.txns.insert(txn.to_owned(), event_id.clone());
-        st.sent.push(Sent {
-            room_id: room_id.to_owned(),
-            txn_id: txn.to_owned(),
-            content: content.clone(),
-            event_id: event_id.clone(),
-            at: Instant::now(),
-        });
-        // The homeserver echoes the bot's own events in its sync stream.
-        st.log.push(Entry::Timeline {
-            room_id: room_id.to_owned(),
-            event: json!({
-                "type": kind, "sender": BOT_USER_ID, "event_id": event_id,
-                "origin_server_ts": now_ms(), "content": content,
-                "unsigned": { "transaction_id": txn },
-            }),
-        });
-        if st.drop_send_answers > 0 {
-            st.drop_send_answers -= 1;
-            broken_body()
-        } else {
-            json_response(200, &json!({ "event_id": event_id }))
-        }
-    };
-    shared.bump();
-    response
+    }
+    let event_id = format!("$ev{}", st.next_event);
+    st.next_event += 1;
+    st.txns.insert(txn.to_owned(), event_id.clone());
+    st.sent.push(Sent {
+        room_id: room_id.to_owned(),
+        txn_id: txn.to_owned(),
+        content: content.clone(),
+        event_id: event_id.clone(),
+        at: Instant::now(),
+    });
+    // The homeserver echoes the bot's own events in its sync stream.
+    st.log.push(Entry::Timeline {
+        room_id: room_id.to_owned(),
+        event: json!({
+            "type": kind, "sender": BOT_USER_ID, "event_id": event_id,
+            "origin_server_ts": now_ms(), "content": content,
+            "unsigned": { "transaction_id": txn },
+        }),
+    });
+    if st.drop_send_answers.fire() {
+        broken_body()
+    } else {
+        json_response(200, &json!({ "event_id": event_id }))
+    }
 }
 
 /// A 200 whose body breaks off: the client sees the connection drop.
@@ -281,30 +261,26 @@ async fn sync(shared: &Shared, query: &HashMap<String, String>) -> Response {
         },
     };
     {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.syncs.push(SyncCall {
             since: since.clone(),
             timeout_ms,
             filter: query.get("filter").cloned(),
             at: Instant::now(),
         });
-        if st.fail_syncs > 0 {
-            st.fail_syncs -= 1;
+        if st.fail_syncs.fire() {
             drop(st);
-            shared.bump();
             let mut r = Response::new(Body::from("<html><body>502 Bad Gateway</body></html>"));
             *r.status_mut() = StatusCode::BAD_GATEWAY;
             return r;
         }
     }
-    shared.bump();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms.unwrap_or(0));
-    let mut changes = shared.version.subscribe();
-    let mut stop = shared.stop.subscribe();
+    let mut changes = shared.core.changes().subscribe();
     loop {
         changes.borrow_and_update();
         let ready = {
-            let st = lock(&shared.state);
+            let st = shared.core.read();
             since.is_none() || st.log.len() > start
         };
         if ready || tokio::time::Instant::now() >= deadline {
@@ -313,14 +289,13 @@ async fn sync(shared: &Shared, query: &HashMap<String, String>) -> Response {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
             _ = changes.changed() => {}
-            _ = stop.wait_for(|s| *s) => return error(502, "", "shutting down"),
+            () = shared.core.stopped() => return error(502, "", "shutting down"),
         }
     }
     let answer = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         let has_news = st.log.len() > start;
-        if st.drop_syncs > 0 && has_news {
-            st.drop_syncs -= 1;
+        if has_news && st.drop_syncs.fire() {
             None
         } else {
             Some(sync_body(&st, start, since.is_none()))
@@ -450,23 +425,19 @@ fn sync_body(st: &Book, start: usize, initial: bool) -> Value {
 }
 
 fn query_pairs(q: Option<&str>) -> HashMap<String, String> {
-    q.unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k, true), percent_decode(v, true))
-        })
+    form_urlencoded::parse(q.unwrap_or("").as_bytes())
+        .into_owned()
         .collect()
 }
 
-fn percent_decode(s: &str, plus_is_space: bool) -> String {
+/// A path segment with its `%XX` escapes decoded (`+` stays a `+` in a
+/// path).
+fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'+' if plus_is_space => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
                 match std::str::from_utf8(&bytes[i + 1..i + 3])
                     .ok()

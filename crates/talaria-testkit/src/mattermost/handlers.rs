@@ -2,7 +2,7 @@
 //! users) and the WebSocket event stream.
 
 use super::*;
-use crate::{json_response, lock};
+use crate::json_response;
 use axum::body::Bytes;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
     headers
@@ -41,15 +41,14 @@ pub(super) async fn rest(
     let ok = authorized(&shared, &headers);
     // Decided before the attempt is logged (and waiters woken): a test that
     // sees the attempt and then clears the hang must find it hung.
-    let hung = *shared.hang.borrow();
-    lock(&shared.state).requests.push(Request {
+    let hung = shared.core.hanging();
+    shared.core.record(Request {
         method: method.to_string(),
         path: path.clone(),
         body: body.clone(),
         authorized: ok,
         at: Instant::now(),
     });
-    shared.bump();
     if !ok {
         return app_error(
             401,
@@ -85,13 +84,12 @@ pub(super) async fn rest(
                 .and_then(Value::as_str)
                 .filter(|p| !p.is_empty())
                 .map(str::to_owned);
-            lock(&shared.state).typing.push(Typing {
+            shared.core.change().typing.push(Typing {
                 user_id: (*user).to_owned(),
                 channel_id: channel_id.to_owned(),
                 parent_id: parent,
                 at: Instant::now(),
             });
-            shared.bump();
             json_response(200, &json!({"status": "OK"}))
         }
         _ => app_error(
@@ -104,107 +102,98 @@ pub(super) async fn rest(
 
 async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
     if hung {
-        let mut hang = shared.hang.subscribe();
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {}
-        }
+        shared.core.held().await;
         // Lost, never delivered: its client may be long gone.
         return app_error(502, "fake.lost", "Bad Gateway: the request was lost");
     }
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some((reset, retry_after)) = st.fail_429.pop_front() {
-            let mut r = app_error(
-                429,
-                "api.context.rate_limit.app_error",
-                "command failed: too many requests",
-            );
-            let h = r.headers_mut();
-            h.insert("x-ratelimit-limit", HeaderValue::from_static("10"));
-            h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
-            if let Ok(v) = HeaderValue::from_str(&reset.to_string()) {
-                h.insert("x-ratelimit-reset", v);
-            }
-            if let Some(secs) = retry_after
-                && let Ok(v) = HeaderValue::from_str(&secs.to_string())
-            {
-                h.insert(header::RETRY_AFTER, v);
-            }
-            return r;
-        }
-        if let Some(status) = st.fail_status.pop_front() {
-            return app_error(status, "fake.injected", "injected failure");
-        }
-        let channel_id = body.get("channel_id").and_then(Value::as_str).unwrap_or("");
-        let message = body.get("message").and_then(Value::as_str).unwrap_or("");
-        let root_id = body
-            .get("root_id")
-            .and_then(Value::as_str)
-            .filter(|r| !r.is_empty())
-            .map(str::to_owned);
-        let Some(channel_type) = st.channels.get(channel_id).cloned() else {
-            return app_error(
-                403,
-                "api.context.permissions.app_error",
-                "You do not have the appropriate permissions.",
-            );
-        };
-        if message.trim().is_empty() {
-            return app_error(
-                400,
-                "api.post.create_post.message.app_error",
-                "Message must not be empty.",
-            );
-        }
-        if message.chars().count() > MAX_POST_CHARS {
-            return app_error(
-                400,
-                "model.post.is_valid.message_length.app_error",
-                "Invalid message length.",
-            );
-        }
-        if let Some(root) = &root_id
-            && st.known_posts.get(root).map(String::as_str) != Some(channel_id)
-        {
-            return app_error(
-                400,
-                "api.post.create_post.root_id.app_error",
-                "Invalid RootId parameter.",
-            );
-        }
-        let id = new_id(&mut st, "b");
-        st.known_posts.insert(id.clone(), channel_id.to_owned());
-        st.posts.push(CreatedPost {
-            id: id.clone(),
-            channel_id: channel_id.to_owned(),
-            message: message.to_owned(),
-            root_id: root_id.clone(),
-            at: Instant::now(),
-        });
-        let post = json!({
-            "id": id, "create_at": unix_millis(), "update_at": unix_millis(), "edit_at": 0,
-            "delete_at": 0, "user_id": BOT_USER_ID, "channel_id": channel_id,
-            "root_id": root_id.unwrap_or_default(), "message": message, "type": "",
-            "props": {"from_bot": "true"}, "metadata": {},
-        });
-        // A real server tells every member, the author included.
-        let data = json!({
-            "channel_display_name": display_name(channel_id, &channel_type),
-            "channel_name": channel_id, "channel_type": channel_type,
-            "post": post.to_string(), "sender_name": format!("@{BOT_USERNAME}"), "team_id": "team1",
-        });
-        emit(
-            &mut st,
-            "posted",
-            data,
-            json!({"channel_id": channel_id, "team_id": "", "user_id": ""}),
+    let mut st = shared.core.change();
+    if let Some((reset, retry_after)) = st.fail_429.take() {
+        let mut r = app_error(
+            429,
+            "api.context.rate_limit.app_error",
+            "command failed: too many requests",
         );
-        json_response(201, &post)
+        let h = r.headers_mut();
+        h.insert("x-ratelimit-limit", HeaderValue::from_static("10"));
+        h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
+        if let Ok(v) = HeaderValue::from_str(&reset.to_string()) {
+            h.insert("x-ratelimit-reset", v);
+        }
+        if let Some(secs) = retry_after
+            && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+        {
+            h.insert(header::RETRY_AFTER, v);
+        }
+        return r;
+    }
+    if let Some(status) = st.fail_status.take() {
+        return app_error(status, "fake.injected", "injected failure");
+    }
+    let channel_id = body.get("channel_id").and_then(Value::as_str).unwrap_or("");
+    let message = body.get("message").and_then(Value::as_str).unwrap_or("");
+    let root_id = body
+        .get("root_id")
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned);
+    let Some(channel_type) = st.channels.get(channel_id).cloned() else {
+        return app_error(
+            403,
+            "api.context.permissions.app_error",
+            "You do not have the appropriate permissions.",
+        );
     };
-    shared.bump();
-    response
+    if message.trim().is_empty() {
+        return app_error(
+            400,
+            "api.post.create_post.message.app_error",
+            "Message must not be empty.",
+        );
+    }
+    if message.chars().count() > MAX_POST_CHARS {
+        return app_error(
+            400,
+            "model.post.is_valid.message_length.app_error",
+            "Invalid message length.",
+        );
+    }
+    if let Some(root) = &root_id
+        && st.known_posts.get(root).map(String::as_str) != Some(channel_id)
+    {
+        return app_error(
+            400,
+            "api.post.create_post.root_id.app_error",
+            "Invalid RootId parameter.",
+        );
+    }
+    let id = new_id(&mut st, "b");
+    st.known_posts.insert(id.clone(), channel_id.to_owned());
+    st.posts.push(CreatedPost {
+        id: id.clone(),
+        channel_id: channel_id.to_owned(),
+        message: message.to_owned(),
+        root_id: root_id.clone(),
+        at: Instant::now(),
+    });
+    let post = json!({
+        "id": id, "create_at": unix_millis(), "update_at": unix_millis(), "edit_at": 0,
+        "delete_at": 0, "user_id": BOT_USER_ID, "channel_id": channel_id,
+        "root_id": root_id.unwrap_or_default(), "message": message, "type": "",
+        "props": {"from_bot": "true"}, "metadata": {},
+    });
+    // A real server tells every member, the author included.
+    let data = json!({
+        "channel_display_name": display_name(channel_id, &channel_type),
+        "channel_name": channel_id, "channel_type": channel_type,
+        "post": post.to_string(), "sender_name": format!("@{BOT_USERNAME}"), "team_id": "team1",
+    });
+    emit(
+        &mut st,
+        "posted",
+        data,
+        json!({"channel_id": channel_id, "team_id": "", "user_id": ""}),
+    );
+    json_response(201, &post)
 }
 
 pub(super) async fn websocket(
@@ -229,7 +218,6 @@ async fn serve_socket(
     asked_id: Option<String>,
     asked_seq: Option<i64>,
 ) {
-    let mut stop = shared.stop.subscribe();
     if !header_auth {
         // Without the header, the first frame must be the challenge.
         let first = tokio::time::timeout(Duration::from_secs(5), socket.recv()).await;
@@ -249,7 +237,7 @@ async fn serve_socket(
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     let mut silent = false;
     let conn_no = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         if st.mute {
             silent = true;
         }
@@ -302,7 +290,6 @@ async fn serve_socket(
         });
         conn_no
     };
-    shared.bump();
     loop {
         if silent {
             tokio::select! {
@@ -310,7 +297,7 @@ async fn serve_socket(
                     None | Some(Outgoing::Drop) => break,
                     _ => {}
                 },
-                _ = stopped(&mut stop) => break,
+                () = shared.core.stopped() => break,
             }
             continue;
         }
@@ -333,8 +320,7 @@ async fn serve_socket(
                     let seq = action["seq"].as_i64().unwrap_or(0);
                     let reply = match action["action"].as_str() {
                         Some("ping") => {
-                            lock(&shared.state).pings += 1;
-                            shared.bump();
+                            shared.core.change().pings += 1;
                             json!({"status": "OK", "seq_reply": seq,
                                    "data": {"text": "pong", "version": "10.0.0.fake", "server_time": unix_millis()}})
                         }
@@ -349,22 +335,13 @@ async fn serve_socket(
                 }
                 Some(Ok(_)) => {}
             },
-            _ = stopped(&mut stop) => break,
+            () = shared.core.stopped() => break,
         }
     }
+    let mut st = shared.core.change();
+    if let Some(s) = st.session.as_mut()
+        && s.live.as_ref().is_some_and(|(n, _)| *n == conn_no)
     {
-        let mut st = lock(&shared.state);
-        if let Some(s) = st.session.as_mut()
-            && s.live.as_ref().is_some_and(|(n, _)| *n == conn_no)
-        {
-            s.live = None;
-        }
+        s.live = None;
     }
-    shared.bump();
-}
-
-/// Resolves once the server stops (the guard `wait_for` returns is not
-/// `Send`, so it must not live in the socket task's state).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }

@@ -2,7 +2,7 @@
 //! over a WebSocket), sending and typing.
 
 use super::*;
-use crate::{json_response, lock};
+use crate::json_response;
 use axum::body::Bytes;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
@@ -11,20 +11,19 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 fn error(status: u16, text: &str) -> Response {
     json_response(status, &json!({ "error": text }))
 }
 
 fn record(shared: &Shared, method: &str, path: &str, body: &Value) {
-    lock(&shared.state).requests.push(Request {
+    shared.core.record(Request {
         method: method.to_owned(),
         path: path.to_owned(),
         body: body.clone(),
         at: Instant::now(),
     });
-    shared.bump();
 }
 
 pub(super) async fn about(State(shared): State<Arc<Shared>>) -> Response {
@@ -42,7 +41,7 @@ pub(super) async fn about(State(shared): State<Arc<Shared>>) -> Response {
 
 pub(super) async fn accounts(State(shared): State<Arc<Shared>>) -> Response {
     record(&shared, "GET", "/v1/accounts", &Value::Null);
-    let accounts = lock(&shared.state).accounts.clone();
+    let accounts = shared.core.read().accounts.clone();
     json_response(200, &json!(accounts))
 }
 
@@ -65,26 +64,22 @@ pub(super) async fn receive_poll(
         &format!("/v1/receive/{number}"),
         &Value::Null,
     );
-    let response = {
-        let mut st = lock(&shared.state);
-        if !st.accounts.contains(&number) {
-            return error(400, &format!("User {number} is not registered."));
-        }
-        st.polls += 1;
-        let frames: Vec<String> = st
-            .queues
-            .get_mut(&number)
-            .map(|q| q.drain(..).collect())
-            .unwrap_or_default();
-        st.handed.extend(frames.iter().cloned());
-        let items: Vec<Value> = frames
-            .iter()
-            .filter_map(|f| serde_json::from_str(f).ok())
-            .collect();
-        json_response(200, &json!(items))
-    };
-    shared.bump();
-    response
+    let mut st = shared.core.change();
+    if !st.accounts.contains(&number) {
+        return error(400, &format!("User {number} is not registered."));
+    }
+    st.polls += 1;
+    let frames: Vec<String> = st
+        .queues
+        .get_mut(&number)
+        .map(|q| q.drain(..).collect())
+        .unwrap_or_default();
+    st.handed.extend(frames.iter().cloned());
+    let items: Vec<Value> = frames
+        .iter()
+        .filter_map(|f| serde_json::from_str(f).ok())
+        .collect();
+    json_response(200, &json!(items))
 }
 
 pub(super) async fn receive_socket(
@@ -102,17 +97,16 @@ pub(super) async fn receive_socket(
 }
 
 async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String) {
-    let mut stop = shared.stop.subscribe();
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let held = lock(&shared.state).accounts.contains(&number);
+    let held = shared.core.read().accounts.contains(&number);
     if !held {
         // The real server logs "Couldn't get receive channel" and keeps
         // the socket open, silent.
-        stopped(&mut stop).await;
+        shared.core.stopped().await;
         return;
     }
     let conn_no = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.next_conn += 1;
         let conn_no = st.next_conn;
         if let Some((_, old)) = st.live.remove(&number) {
@@ -134,14 +128,13 @@ async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String
         });
         conn_no
     };
-    shared.bump();
     let mut silent = false;
     loop {
         if silent {
             // Neither read nor write: pings pile up unanswered.
             tokio::select! {
                 out = rx.recv() => if matches!(out, None | Some(Outgoing::Drop)) { break },
-                _ = stopped(&mut stop) => break,
+                () = shared.core.stopped() => break,
             }
             continue;
         }
@@ -164,113 +157,101 @@ async fn serve_socket(shared: Arc<Shared>, mut socket: WebSocket, number: String
                 }
                 Some(Ok(_)) => {}
             },
-            _ = stopped(&mut stop) => break,
+            () = shared.core.stopped() => break,
         }
     }
-    {
-        let mut st = lock(&shared.state);
-        if st.live.get(&number).is_some_and(|(n, _)| *n == conn_no) {
-            st.live.remove(&number);
-        }
+    let mut st = shared.core.change();
+    if st.live.get(&number).is_some_and(|(n, _)| *n == conn_no) {
+        st.live.remove(&number);
     }
-    shared.bump();
 }
 
 pub(super) async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     // Decided before the attempt is recorded: a test that sees the attempt
     // may clear the hang at once, and this request must still be lost.
-    let hung = lock(&shared.state).hang_send;
+    let hung = shared.core.hanging();
     record(&shared, "POST", "/v2/send", &body);
     if hung {
-        let mut changes = shared.version.subscribe();
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = changes.wait_for(|_| !lock(&shared.state).hang_send) => {}
-            _ = stopped(&mut stop) => {}
-        }
         // Lost on the way, never delivered: a crash test kills the client
         // meanwhile, and a late delivery would look like the dead one's.
+        shared.core.held().await;
         return error(502, "Bad Gateway: the request was lost");
     }
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some(retry_after) = st.fail_429.pop_front() {
-            let mut r = error(429, "Rate limit exceeded");
-            if let Some(secs) = retry_after
-                && let Ok(v) = HeaderValue::from_str(&secs.to_string())
-            {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            return r;
+    let mut st = shared.core.change();
+    if let Some(retry_after) = st.fail_429.take() {
+        let mut r = error(429, "Rate limit exceeded");
+        if let Some(secs) = retry_after
+            && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+        {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
         }
-        if let Some((status, text)) = st.fail_status.pop_front() {
-            return error(status, &text);
-        }
-        let Some(number) = body["number"].as_str().map(str::to_owned) else {
-            return error(
-                400,
-                "Couldn't process request - please provide a valid number",
-            );
-        };
-        let recipients: Vec<String> = body["recipients"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|r| r.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if recipients.is_empty() {
-            return error(
-                400,
-                "Couldn't process request - please provide at least one recipient",
-            );
-        }
-        if !st.accounts.contains(&number) {
-            return error(400, &format!("User {number} is not registered."));
-        }
-        let groups = recipients
-            .iter()
-            .filter(|r| r.starts_with("group."))
-            .count();
-        if groups > 0 && groups < recipients.len() {
-            return error(
-                400,
-                "Signal Messenger Groups and phone numbers cannot be specified together in one request!",
-            );
-        }
-        for r in &recipients {
-            let known = if r.starts_with("group.") {
-                st.groups.contains(r) || st.contacts.contains(r)
-            } else {
-                st.contacts.contains(r)
-            };
-            if !known {
-                return error(
-                    400,
-                    &format!("Failed to send message: Unregistered user {r}"),
-                );
-            }
-        }
-        let message = body["message"].as_str().unwrap_or("").to_owned();
-        if message.trim().is_empty() {
-            return error(400, "Failed to send message: empty message");
-        }
-        let timestamp = st.timestamp();
-        st.sent.push(Sent {
-            number,
-            recipients,
-            message,
-            quote_timestamp: body["quote_timestamp"].as_i64(),
-            quote_author: body["quote_author"].as_str().map(str::to_owned),
-            timestamp,
-            at: Instant::now(),
-        });
-        json_response(201, &json!({ "timestamp": timestamp.to_string() }))
+        return r;
+    }
+    if let Some((status, text)) = st.fail_status.take() {
+        return error(status, &text);
+    }
+    let Some(number) = body["number"].as_str().map(str::to_owned) else {
+        return error(
+            400,
+            "Couldn't process request - please provide a valid number",
+        );
     };
-    shared.bump();
-    response
+    let recipients: Vec<String> = body["recipients"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if recipients.is_empty() {
+        return error(
+            400,
+            "Couldn't process request - please provide at least one recipient",
+        );
+    }
+    if !st.accounts.contains(&number) {
+        return error(400, &format!("User {number} is not registered."));
+    }
+    let groups = recipients
+        .iter()
+        .filter(|r| r.starts_with("group."))
+        .count();
+    if groups > 0 && groups < recipients.len() {
+        return error(
+            400,
+            "Signal Messenger Groups and phone numbers cannot be specified together in one request!",
+        );
+    }
+    for r in &recipients {
+        let known = if r.starts_with("group.") {
+            st.groups.contains(r) || st.contacts.contains(r)
+        } else {
+            st.contacts.contains(r)
+        };
+        if !known {
+            return error(
+                400,
+                &format!("Failed to send message: Unregistered user {r}"),
+            );
+        }
+    }
+    let message = body["message"].as_str().unwrap_or("").to_owned();
+    if message.trim().is_empty() {
+        return error(400, "Failed to send message: empty message");
+    }
+    let timestamp = st.timestamp();
+    st.sent.push(Sent {
+        number,
+        recipients,
+        message,
+        quote_timestamp: body["quote_timestamp"].as_i64(),
+        quote_author: body["quote_author"].as_str().map(str::to_owned),
+        timestamp,
+        at: Instant::now(),
+    });
+    json_response(201, &json!({ "timestamp": timestamp.to_string() }))
 }
 
 pub(super) async fn typing(
@@ -286,28 +267,18 @@ pub(super) async fn typing(
         &format!("/v1/typing-indicator/{number}"),
         &body,
     );
-    let response = {
-        let mut st = lock(&shared.state);
-        if !st.accounts.contains(&number) {
-            return error(400, &format!("User {number} is not registered."));
-        }
-        let Some(recipient) = body["recipient"].as_str().map(str::to_owned) else {
-            return error(400, "Couldn't process request - recipient missing");
-        };
-        st.typing.push(Typing {
-            number,
-            recipient,
-            show: method == Method::PUT,
-            at: Instant::now(),
-        });
-        StatusCode::NO_CONTENT.into_response()
+    let mut st = shared.core.change();
+    if !st.accounts.contains(&number) {
+        return error(400, &format!("User {number} is not registered."));
+    }
+    let Some(recipient) = body["recipient"].as_str().map(str::to_owned) else {
+        return error(400, "Couldn't process request - recipient missing");
     };
-    shared.bump();
-    response
-}
-
-/// Resolves once the server stops (the guard `wait_for` returns is not
-/// `Send`, so it must not live in the socket task's state).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
+    st.typing.push(Typing {
+        number,
+        recipient,
+        show: method == Method::PUT,
+        at: Instant::now(),
+    });
+    StatusCode::NO_CONTENT.into_response()
 }

@@ -2,7 +2,7 @@
 //! API methods, with their parameter decoding.
 
 use super::*;
-use crate::{json_response, lock};
+use crate::json_response;
 use axum::body::Bytes;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
@@ -25,7 +25,7 @@ pub(super) async fn socket(
 async fn serve_socket(shared: Arc<Shared>, mut ws: WebSocket) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (hello, resend) = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.connections += 1;
         // A new connection replaces the old one, as Slack spreads events
         // over connections; the old one hears nothing more.
@@ -52,10 +52,9 @@ async fn serve_socket(shared: Arc<Shared>, mut ws: WebSocket) {
     for f in resend {
         send_frame(&shared, f);
     }
-    shared.bump();
     loop {
         tokio::select! {
-            _ = stopped(&shared) => return,
+            () = shared.core.stopped() => return,
             cmd = rx.recv() => match cmd {
                 Some(Command::Text(t)) => {
                     if ws.send(Message::Text(t.into())).await.is_err() {
@@ -66,7 +65,7 @@ async fn serve_socket(shared: Arc<Shared>, mut ws: WebSocket) {
                 Some(Command::Silence) => {
                     // Hold the socket open, reading nothing, until the
                     // client gives up or the server stops.
-                    stopped(&shared).await;
+                    shared.core.stopped().await;
                     return;
                 }
             },
@@ -75,7 +74,7 @@ async fn serve_socket(shared: Arc<Shared>, mut ws: WebSocket) {
                 Some(Ok(Message::Text(t))) => {
                     // A connection the test dropped is gone: what the
                     // client wrote to it after that never reaches Slack.
-                    let live = lock(&shared.state)
+                    let live = shared.core.read()
                         .live
                         .as_ref()
                         .is_some_and(|l| l.same_channel(&tx));
@@ -84,26 +83,18 @@ async fn serve_socket(shared: Arc<Shared>, mut ws: WebSocket) {
                     }
                 }
                 Some(Ok(Message::Ping(_))) => {
-                    lock(&shared.state).pings += 1;
-                    shared.bump();
+                    shared.core.change().pings += 1;
                 }
                 Some(Ok(Message::Close(_))) => break,
                 Some(Ok(_)) => {}
             },
         }
     }
-    let mut st = lock(&shared.state);
+    let mut st = shared.core.change();
     if st.live.as_ref().is_some_and(|l| l.same_channel(&tx)) {
         st.live = None;
     }
     drop(st);
-    shared.bump();
-}
-
-/// Resolves once the server stops.
-async fn stopped(shared: &Shared) {
-    let mut stop = shared.stop.subscribe();
-    let _ = stop.wait_for(|s| *s).await;
 }
 
 fn on_client_text(shared: &Shared, text: &str) {
@@ -113,13 +104,12 @@ fn on_client_text(shared: &Shared, text: &str) {
     let Some(id) = v.get("envelope_id").and_then(Value::as_str) else {
         return;
     };
-    let mut st = lock(&shared.state);
+    let mut st = shared.core.change();
     st.acks.push(id.to_owned());
     if let Some(e) = st.envelopes.iter_mut().find(|e| e.id == id) {
         e.acked = true;
     }
     drop(st);
-    shared.bump();
 }
 
 pub(super) async fn api(
@@ -140,14 +130,13 @@ pub(super) async fn api(
     };
     let authorized = !token.is_empty() && token == expected;
     let params = params(&headers, &body);
-    let hung = *shared.hang.borrow();
-    lock(&shared.state).requests.push(Request {
+    let hung = shared.core.hanging();
+    shared.core.record(Request {
         method: method.clone(),
         params: Value::Object(params.clone()),
         authorized,
         at: Instant::now(),
     });
-    shared.bump();
     if !authorized {
         // Slack says which token type is wrong when it is a real token of
         // the other kind.
@@ -165,11 +154,11 @@ pub(super) async fn api(
             "bot_id": BOT_ID, "is_enterprise_install": false,
         })),
         "apps.connections.open" => {
-            let failure = lock(&shared.state).open_failures.pop_front();
+            let failure = shared.core.change().open_failures.take();
             if let Some(error) = failure {
                 return fail(&error);
             }
-            let n = lock(&shared.state).connections + 1;
+            let n = shared.core.read().connections + 1;
             ok(json!({ "url": format!("ws://{}/socket?ticket=t{n}", shared.addr) }))
         }
         "chat.postMessage" => post_message(&shared, &params, hung).await,
@@ -179,13 +168,12 @@ pub(super) async fn api(
             if channel.is_empty() || timestamp.is_empty() || name.is_empty() {
                 return fail("invalid_arguments");
             }
-            lock(&shared.state).reactions.push(Reaction {
+            shared.core.change().reactions.push(Reaction {
                 added: method == "reactions.add",
                 channel,
                 timestamp,
                 name,
             });
-            shared.bump();
             ok(json!({}))
         }
         _ => fail("unknown_method"),
@@ -194,16 +182,11 @@ pub(super) async fn api(
 
 async fn post_message(shared: &Shared, params: &Map<String, Value>, hung: bool) -> Response {
     if hung {
-        let mut hang = shared.hang.subscribe();
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {}
-        }
+        shared.core.held().await;
         // Lost, never delivered: its client may be long gone.
         return status(502);
     }
-    let failure = lock(&shared.state).post_failures.pop_front();
+    let failure = shared.core.change().post_failures.take();
     match failure {
         Some(PostFailure::RateLimited(secs)) => {
             let mut r = json_response(429, &json!({ "ok": false, "error": "ratelimited" }));
@@ -233,7 +216,7 @@ async fn post_message(shared: &Shared, params: &Map<String, Value>, hung: bool) 
         _ => None,
     };
     let ts = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         let ts = format!("1700000000.{:06}", st.next_ts);
         st.next_ts += 1;
         st.posted.push(Posted {
@@ -246,7 +229,6 @@ async fn post_message(shared: &Shared, params: &Map<String, Value>, hung: bool) 
         });
         ts
     };
-    shared.bump();
     let mut message = json!({
         "type": "message", "user": BOT_USER_ID, "bot_id": BOT_ID, "text": text, "ts": ts,
     });
@@ -281,44 +263,14 @@ pub(super) fn params(headers: &HeaderMap, body: &Bytes) -> Map<String, Value> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if ctype.starts_with("application/x-www-form-urlencoded") {
-        let text = String::from_utf8_lossy(body);
-        return text
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                (decode(k), Value::String(decode(v)))
-            })
+        return form_urlencoded::parse(body)
+            .map(|(k, v)| (k.into_owned(), Value::String(v.into_owned())))
             .collect();
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
     }
-}
-
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn string(params: &Map<String, Value>, key: &str) -> Option<String> {

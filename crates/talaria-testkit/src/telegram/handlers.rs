@@ -2,7 +2,7 @@
 //! polls, `sendMessage`, `editMessageText` and the answer envelopes.
 
 use super::*;
-use crate::{json_response, lock};
+use crate::json_response;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Uri, header};
@@ -26,14 +26,13 @@ pub(super) async fn handle(
     let params = params(uri.query(), &headers, &body);
     // Decided before the attempt is logged (and waiters woken): a test that
     // sees the attempt and then clears the hang must find it hung.
-    let hung = *shared.hang.borrow();
-    lock(&shared.state).requests.push(Request {
+    let hung = shared.core.hanging();
+    shared.core.record(Request {
         method: method.to_owned(),
         params: Value::Object(params.clone()),
         at: Instant::now(),
         authorized,
     });
-    shared.bump();
     if !authorized {
         return error(401, "Unauthorized", None);
     }
@@ -52,13 +51,12 @@ pub(super) async fn handle(
                 return error(400, "Bad Request: chat not found", None);
             };
             let action = string(&params, "action").unwrap_or_default();
-            lock(&shared.state).actions.push(ChatAction {
+            shared.core.change().actions.push(ChatAction {
                 chat_id,
                 action,
                 thread_id: int(&params, "message_thread_id"),
                 at: Instant::now(),
             });
-            shared.bump();
             ok(json!(true))
         }
         _ => error(404, "Not Found", None),
@@ -71,7 +69,7 @@ struct ActivePoll<'a>(&'a Shared);
 
 impl Drop for ActivePoll<'_> {
     fn drop(&mut self) {
-        let mut st = lock(&self.0.state);
+        let mut st = self.0.core.change();
         st.active_polls = st.active_polls.saturating_sub(1);
     }
 }
@@ -90,17 +88,14 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
         _ => None,
     };
     {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.get_updates.push(GetUpdatesCall {
             offset,
             timeout,
             allowed_updates,
             at: Instant::now(),
         });
-        if st.fail_get_updates > 0 {
-            st.fail_get_updates -= 1;
-            drop(st);
-            shared.bump();
+        if st.fail_get_updates.fire() {
             return error(500, "Internal Server Error", None);
         }
         if st.active_polls > 0 {
@@ -121,20 +116,18 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
         }
     }
     let poll = {
-        let mut st = lock(&shared.state);
+        let mut st = shared.core.change();
         st.current_poll += 1;
         st.active_polls += 1;
         st.current_poll
     };
     let _active = ActivePoll(shared);
-    shared.bump();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout.unwrap_or(0));
-    let mut changes = shared.version.subscribe();
-    let mut stop = shared.stop.subscribe();
+    let mut changes = shared.core.changes().subscribe();
     loop {
         changes.borrow_and_update();
         let (superseded, batch) = {
-            let st = lock(&shared.state);
+            let st = shared.core.read();
             let batch: Vec<Value> = st.updates.iter().take(limit).cloned().collect();
             (st.current_poll != poll, batch)
         };
@@ -151,19 +144,14 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
             _ = changes.changed() => {}
-            _ = stop.wait_for(|s| *s) => return error(500, "Internal Server Error: shutting down", None),
+            () = shared.core.stopped() => return error(500, "Internal Server Error: shutting down", None),
         }
     }
 }
 
 async fn send_message(shared: &Shared, params: &Map<String, Value>, hung: bool) -> Response {
     if hung {
-        let mut hang = shared.hang.subscribe();
-        let mut stop = shared.stop.subscribe();
-        tokio::select! {
-            _ = hang.wait_for(|h| !*h) => {}
-            _ = stop.wait_for(|s| *s) => {}
-        }
+        shared.core.held().await;
         // A hung request is lost, never delivered: its client may be long
         // gone (a crash test kills it), and a late delivery would look like
         // one the dead gateway made.
@@ -171,98 +159,93 @@ async fn send_message(shared: &Shared, params: &Map<String, Value>, hung: bool) 
     }
     let parse_mode = string(params, "parse_mode").filter(|m| !m.is_empty());
     let text = string(params, "text").unwrap_or_default();
-    let response = {
-        let mut st = lock(&shared.state);
-        if let Some(secs) = st.fail_429.pop_front() {
-            return error(
-                429,
-                &format!("Too Many Requests: retry after {secs}"),
-                Some(json!({ "retry_after": secs })),
-            );
-        }
-        if parse_mode.is_some() && st.reject_entities > 0 {
-            st.reject_entities -= 1;
+    let mut st = shared.core.change();
+    if let Some(secs) = st.fail_429.take() {
+        return error(
+            429,
+            &format!("Too Many Requests: retry after {secs}"),
+            Some(json!({ "retry_after": secs })),
+        );
+    }
+    if parse_mode.is_some() && st.reject_entities.fire() {
+        return error(
+            400,
+            "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0",
+            None,
+        );
+    }
+    let Some(chat_id) = int(params, "chat_id") else {
+        return error(400, "Bad Request: chat not found", None);
+    };
+    if st.blocked.contains(&chat_id) {
+        return error(403, "Forbidden: bot was blocked by the user", None);
+    }
+    if let Some(m) = &parse_mode {
+        if !m.eq_ignore_ascii_case("html") {
             return error(
                 400,
-                "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0",
+                "Bad Request: unsupported parse_mode in this fake",
                 None,
             );
         }
-        let Some(chat_id) = int(params, "chat_id") else {
-            return error(400, "Bad Request: chat not found", None);
-        };
-        if st.blocked.contains(&chat_id) {
-            return error(403, "Forbidden: bot was blocked by the user", None);
+        if let Err(why) = check_html(&text) {
+            return error(
+                400,
+                &format!("Bad Request: can't parse entities: {why}"),
+                None,
+            );
         }
-        if let Some(m) = &parse_mode {
-            if !m.eq_ignore_ascii_case("html") {
-                return error(
-                    400,
-                    "Bad Request: unsupported parse_mode in this fake",
-                    None,
-                );
-            }
-            if let Err(why) = check_html(&text) {
-                return error(
-                    400,
-                    &format!("Bad Request: can't parse entities: {why}"),
-                    None,
-                );
-            }
-        }
-        let rendered = match &parse_mode {
-            Some(_) => render_html(&text),
-            None => text.clone(),
-        };
-        if rendered.trim().is_empty() {
-            return error(400, "Bad Request: message text is empty", None);
-        }
-        if rendered.encode_utf16().count() > 4096 {
-            return error(400, "Bad Request: message is too long", None);
-        }
-        let reply_to = int(params, "reply_to_message_id").or_else(|| {
-            let rp = match params.get("reply_parameters") {
-                Some(Value::String(s)) => serde_json::from_str(s).ok(),
-                Some(v) => Some(v.clone()),
-                None => None,
-            };
-            rp.and_then(|v| v.get("message_id").and_then(as_int))
-        });
-        let thread_id = int(params, "message_thread_id");
-        let message_id = st.next_message_id;
-        st.next_message_id += 1;
-        st.messages.insert((chat_id, message_id), rendered.clone());
-        st.sent.push(Sent {
-            chat_id,
-            text,
-            parse_mode,
-            thread_id,
-            reply_to,
-            message_id,
-            at: Instant::now(),
-        });
-        let chat = st
-            .chats
-            .get(&chat_id)
-            .cloned()
-            .unwrap_or_else(|| json!({ "id": chat_id, "type": "private" }));
-        let mut m = json!({
-            "message_id": message_id, "date": unix_now(), "chat": chat, "text": rendered,
-            "from": { "id": shared.bot_id, "is_bot": true, "first_name": "Talaria Test", "username": BOT_USERNAME },
-        });
-        if let Some(t) = thread_id {
-            m["message_thread_id"] = json!(t);
-        }
-        if let Some(r) = reply_to
-            && let Some(orig) = st.messages.get(&(chat_id, r))
-        {
-            m["reply_to_message"] =
-                json!({ "message_id": r, "chat": m["chat"], "date": 0, "text": orig });
-        }
-        ok(m)
+    }
+    let rendered = match &parse_mode {
+        Some(_) => render_html(&text),
+        None => text.clone(),
     };
-    shared.bump();
-    response
+    if rendered.trim().is_empty() {
+        return error(400, "Bad Request: message text is empty", None);
+    }
+    if rendered.encode_utf16().count() > 4096 {
+        return error(400, "Bad Request: message is too long", None);
+    }
+    let reply_to = int(params, "reply_to_message_id").or_else(|| {
+        let rp = match params.get("reply_parameters") {
+            Some(Value::String(s)) => serde_json::from_str(s).ok(),
+            Some(v) => Some(v.clone()),
+            None => None,
+        };
+        rp.and_then(|v| v.get("message_id").and_then(as_int))
+    });
+    let thread_id = int(params, "message_thread_id");
+    let message_id = st.next_message_id;
+    st.next_message_id += 1;
+    st.messages.insert((chat_id, message_id), rendered.clone());
+    st.sent.push(Sent {
+        chat_id,
+        text,
+        parse_mode,
+        thread_id,
+        reply_to,
+        message_id,
+        at: Instant::now(),
+    });
+    let chat = st
+        .chats
+        .get(&chat_id)
+        .cloned()
+        .unwrap_or_else(|| json!({ "id": chat_id, "type": "private" }));
+    let mut m = json!({
+        "message_id": message_id, "date": unix_now(), "chat": chat, "text": rendered,
+        "from": { "id": shared.bot_id, "is_bot": true, "first_name": "Talaria Test", "username": BOT_USERNAME },
+    });
+    if let Some(t) = thread_id {
+        m["message_thread_id"] = json!(t);
+    }
+    if let Some(r) = reply_to
+        && let Some(orig) = st.messages.get(&(chat_id, r))
+    {
+        m["reply_to_message"] =
+            json!({ "message_id": r, "chat": m["chat"], "date": 0, "text": orig });
+    }
+    ok(m)
 }
 
 fn edit_message(shared: &Shared, params: &Map<String, Value>) -> Response {
@@ -272,53 +255,48 @@ fn edit_message(shared: &Shared, params: &Map<String, Value>) -> Response {
     };
     let parse_mode = string(params, "parse_mode").filter(|m| !m.is_empty());
     let text = string(params, "text").unwrap_or_default();
-    let response = {
-        let mut st = lock(&shared.state);
-        if parse_mode.is_some() && st.reject_entities > 0 {
-            st.reject_entities -= 1;
-            return error(
-                400,
-                "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0",
-                None,
-            );
-        }
-        if parse_mode.is_some()
-            && let Err(why) = check_html(&text)
-        {
-            return error(
-                400,
-                &format!("Bad Request: can't parse entities: {why}"),
-                None,
-            );
-        }
-        let rendered = match &parse_mode {
-            Some(_) => render_html(&text),
-            None => text.clone(),
-        };
-        let Some(current) = st.messages.get(&(chat_id, message_id)) else {
-            return error(400, "Bad Request: message to edit not found", None);
-        };
-        if *current == rendered {
-            return error(
-                400,
-                "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
-                None,
-            );
-        }
-        st.messages.insert((chat_id, message_id), rendered.clone());
-        st.edits.push(Edit {
-            chat_id,
-            message_id,
-            text,
-            parse_mode,
-            at: Instant::now(),
-        });
-        ok(
-            json!({ "message_id": message_id, "date": unix_now(), "chat": { "id": chat_id, "type": "private" }, "text": rendered }),
-        )
+    let mut st = shared.core.change();
+    if parse_mode.is_some() && st.reject_entities.fire() {
+        return error(
+            400,
+            "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 0",
+            None,
+        );
+    }
+    if parse_mode.is_some()
+        && let Err(why) = check_html(&text)
+    {
+        return error(
+            400,
+            &format!("Bad Request: can't parse entities: {why}"),
+            None,
+        );
+    }
+    let rendered = match &parse_mode {
+        Some(_) => render_html(&text),
+        None => text.clone(),
     };
-    shared.bump();
-    response
+    let Some(current) = st.messages.get(&(chat_id, message_id)) else {
+        return error(400, "Bad Request: message to edit not found", None);
+    };
+    if *current == rendered {
+        return error(
+            400,
+            "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
+            None,
+        );
+    }
+    st.messages.insert((chat_id, message_id), rendered.clone());
+    st.edits.push(Edit {
+        chat_id,
+        message_id,
+        text,
+        parse_mode,
+        at: Instant::now(),
+    });
+    ok(
+        json!({ "message_id": message_id, "date": unix_now(), "chat": { "id": chat_id, "type": "private" }, "text": rendered }),
+    )
 }
 
 fn ok(result: Value) -> Response {
