@@ -381,9 +381,24 @@ async fn new_starts_afresh_and_a_restart_continues_the_conversation() {
     wait_for_text(&rig, "I don't know.").await;
     assert_eq!(rig.user_messages(2), vec!["who am I now?"]);
 
-    // The old conversation is kept and can be resumed.
-    rig.tg.push_private_text(42, "/resume");
-    wait_for_text(&rig, "Resumed").await;
+    // The old conversation is kept and can be resumed. The answer is on
+    // screen a moment before its turn has settled, and a command that
+    // would race the turn is refused meanwhile: ask again after such a
+    // refusal, as a user would.
+    for attempt in 1.. {
+        let seen = rig.tg.sent().len();
+        rig.tg.push_private_text(42, "/resume");
+        let sent = rig.tg.wait_for_sent(seen + 1, WAIT).await;
+        let answer = sent[seen].rendered();
+        if answer.contains("Resumed") {
+            break;
+        }
+        assert!(
+            answer.contains("A turn is running") && attempt < 20,
+            "{answer:?}"
+        );
+        rig.settle().await;
+    }
     rig.llm.push(Reply::text("Ada again."));
     rig.tg.push_private_text(42, "and now?");
     wait_for_text(&rig, "Ada again.").await;
