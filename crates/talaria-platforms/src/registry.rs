@@ -9,9 +9,10 @@ use std::error::Error;
 use std::sync::Arc;
 
 use talaria_adapter::{Adapter, Capabilities};
+use talaria_core::config::secret_or_env;
 use talaria_core::config::{Checked, ConfigError, Origin, PlatformSection};
 use talaria_core::effective::EnvKey;
-use talaria_core::{Config, Env};
+use talaria_core::{Config, Env, Secret};
 use talaria_store::CursorStore;
 
 #[cfg(feature = "ingress")]
@@ -132,6 +133,28 @@ pub const PLATFORMS: &[Platform] = &[
     crate::webhook::ENTRY,
 ];
 
+/// The token that turns a platform on, from its section or else `var`;
+/// `None` when `enabled: false` says off or no token is set anywhere (then,
+/// when `enabled: true` asked for the platform, a warning says where the
+/// token goes). `key` is the token's key path, `platforms.<name>.token`.
+pub fn token_switch(
+    enabled: Option<bool>,
+    configured: Option<&Secret>,
+    env: &Env,
+    key: &str,
+    var: &str,
+) -> Option<Secret> {
+    if enabled == Some(false) {
+        return None;
+    }
+    let token = secret_or_env(configured, env, var);
+    if token.is_none() && enabled == Some(true) {
+        let section = key.rsplit_once('.').map_or(key, |(section, _)| section);
+        tracing::warn!("{section}.enabled is true but no token is set ({key} or {var})");
+    }
+    token
+}
+
 /// The entry named `name`.
 pub fn platform(name: &str) -> Option<&'static Platform> {
     PLATFORMS.iter().find(|p| p.name == name)
@@ -156,6 +179,23 @@ pub(crate) fn read_section<T: PlatformSection>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_turns_a_platform_on_unless_the_section_says_off() {
+        let with = Env::from_pairs([("X_TOKEN", "from-env")]);
+        let without = Env::from_pairs(Vec::<(String, String)>::new());
+        let file = Secret::new("from-file");
+        let on = |enabled, configured: Option<&Secret>, env: &Env| {
+            token_switch(enabled, configured, env, "platforms.x.token", "X_TOKEN")
+                .map(|t| t.expose().to_owned())
+        };
+        assert_eq!(on(None, None, &with).as_deref(), Some("from-env"));
+        assert_eq!(on(None, Some(&file), &with).as_deref(), Some("from-file"));
+        assert_eq!(on(Some(true), None, &with).as_deref(), Some("from-env"));
+        assert_eq!(on(Some(false), Some(&file), &with), None);
+        assert_eq!(on(Some(true), None, &without), None);
+        assert_eq!(on(None, None, &without), None);
+    }
 
     #[test]
     fn names_are_unique_and_usable_as_keys() {

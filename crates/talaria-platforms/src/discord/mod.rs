@@ -17,7 +17,7 @@ mod gateway;
 mod mapping;
 mod rest;
 
-use crate::registry::{BuildError, Built, Platform, Setup};
+use crate::registry::{BuildError, Built, Platform, Setup, token_switch};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -30,7 +30,6 @@ use talaria_adapter::{
     OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::config::secret_or_env;
 use talaria_core::{Env, Secret};
 
 use gateway::End;
@@ -88,18 +87,13 @@ impl DiscordSettings {
     /// when Discord is off: `enabled: false`, or no token in
     /// `platforms.discord.token` nor `DISCORD_BOT_TOKEN`.
     pub fn from_config(config: &DiscordConfig, env: &Env) -> Option<DiscordSettings> {
-        if config.enabled == Some(false) {
-            return None;
-        }
-        let Some(token) = secret_or_env(config.token.as_ref(), env, "DISCORD_BOT_TOKEN") else {
-            if config.enabled == Some(true) {
-                tracing::warn!(
-                    "platforms.discord.enabled is true but no token is set \
-                     (platforms.discord.token or DISCORD_BOT_TOKEN)"
-                );
-            }
-            return None;
-        };
+        let token = token_switch(
+            config.enabled,
+            config.token.as_ref(),
+            env,
+            "platforms.discord.token",
+            "DISCORD_BOT_TOKEN",
+        )?;
         Some(DiscordSettings {
             token,
             api_base: config.api_base.clone(),

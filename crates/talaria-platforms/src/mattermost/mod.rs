@@ -24,7 +24,7 @@ mod config;
 mod format;
 mod mapping;
 
-use crate::registry::{BuildError, Built, Platform, Setup};
+use crate::registry::{BuildError, Built, Platform, Setup, token_switch};
 use crate::ws::{Beat, Watched};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -36,7 +36,7 @@ use talaria_adapter::{
     SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::config::{secret_or_env, text_or_env};
+use talaria_core::config::text_or_env;
 use talaria_core::{Env, Secret};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -107,18 +107,13 @@ impl MattermostSettings {
     /// `MATTERMOST_REQUIRE_MENTION` (true/false) overrides
     /// `require_mention`.
     pub fn from_config(config: &MattermostConfig, env: &Env) -> Option<MattermostSettings> {
-        if config.enabled == Some(false) {
-            return None;
-        }
-        let Some(token) = secret_or_env(config.token.as_ref(), env, "MATTERMOST_TOKEN") else {
-            if config.enabled == Some(true) {
-                tracing::warn!(
-                    "platforms.mattermost.enabled is true but no token is set \
-                     (platforms.mattermost.token or MATTERMOST_TOKEN)"
-                );
-            }
-            return None;
-        };
+        let token = token_switch(
+            config.enabled,
+            config.token.as_ref(),
+            env,
+            "platforms.mattermost.token",
+            "MATTERMOST_TOKEN",
+        )?;
         let url = text_or_env(config.url.as_deref(), env, "MATTERMOST_URL").unwrap_or_default();
         let require_mention = env
             .flag("MATTERMOST_REQUIRE_MENTION")

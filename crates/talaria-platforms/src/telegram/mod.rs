@@ -12,7 +12,7 @@ mod config;
 mod format;
 mod mapping;
 
-use crate::registry::{BuildError, Built, Platform, Setup};
+use crate::registry::{BuildError, Built, Platform, Setup, token_switch};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -24,7 +24,6 @@ use talaria_adapter::{
     SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
-use talaria_core::config::secret_or_env;
 use talaria_core::{Env, Secret};
 
 use api::{Api, ApiError, SentResult, Update, User};
@@ -70,18 +69,13 @@ impl TelegramSettings {
     /// `platforms.telegram.token` nor `TELEGRAM_BOT_TOKEN`.
     /// `TELEGRAM_REQUIRE_MENTION=true` also turns on `require_mention`.
     pub fn from_config(config: &TelegramConfig, env: &Env) -> Option<TelegramSettings> {
-        if config.enabled == Some(false) {
-            return None;
-        }
-        let Some(token) = secret_or_env(config.token.as_ref(), env, "TELEGRAM_BOT_TOKEN") else {
-            if config.enabled == Some(true) {
-                tracing::warn!(
-                    "platforms.telegram.enabled is true but no token is set \
-                     (platforms.telegram.token or TELEGRAM_BOT_TOKEN)"
-                );
-            }
-            return None;
-        };
+        let token = token_switch(
+            config.enabled,
+            config.token.as_ref(),
+            env,
+            "platforms.telegram.token",
+            "TELEGRAM_BOT_TOKEN",
+        )?;
         let env_mention = env.flag("TELEGRAM_REQUIRE_MENTION") == Some(true);
         Some(TelegramSettings {
             token,
