@@ -104,9 +104,14 @@ pub async fn redelivery<K: AdapterKit>() {
     rig.wait_for_delivered(1).await;
     rig.kit.redeliver(&id, "only once");
     rig.llm.push(Reply::text("Second answer."));
-    rig.kit.push_dm(Who::Friend, "only once");
+    let second = rig.kit.push_dm(Who::Friend, "only once");
     let sent = rig.sent(2).await;
     assert_eq!(sent[1].text, "Second answer.");
+    if K::DM_REPLY_QUOTES {
+        // Had the repeat started a turn, it would have run first and the
+        // answer would quote the old message.
+        assert_eq!(sent[1].reply_to.as_deref(), Some(second.as_str()));
+    }
     rig.settle().await;
     assert_eq!(rig.llm.requests().len(), 2);
     assert_eq!(rig.kit.sent().len(), 2);
