@@ -248,10 +248,13 @@ impl Ledger {
             .begin_attempt(id, &self.me, ATTEMPT_LEASE.as_secs_f64())
             .await
         {
-            Ok(Some(number)) => Ok(Some(Attempt {
-                id: id.to_owned(),
-                number,
-            })),
+            Ok(Some(number)) => {
+                tracing::debug!(id, attempt = number, "sending a recorded reply");
+                Ok(Some(Attempt {
+                    id: id.to_owned(),
+                    number,
+                }))
+            }
             Ok(None) => {
                 tracing::warn!(
                     id,
@@ -282,7 +285,7 @@ impl Ledger {
             Err(e) => self.store.mark_failed(id, n, &e.to_string()).await,
         };
         match outcome {
-            Ok(true) => {}
+            Ok(true) => tracing::debug!(id, attempt = n, ok = result.is_ok(), "send settled"),
             Ok(false) => tracing::info!(
                 id,
                 attempt = n,

@@ -117,7 +117,10 @@ pub fn gateway_command(home: &Home, log: &Path) -> Command {
         .env("TALARIA_GATEWAY_LOCK_DIR", &home.locks)
         .env(
             "TALARIA_LOG",
-            std::env::var("TALARIA_TEST_GATEWAY_LOG").unwrap_or_else(|_| "info".to_owned()),
+            // The ledger's steps at debug: a crash test that fails shows
+            // how far the dead gateway got with its reply.
+            std::env::var("TALARIA_TEST_GATEWAY_LOG")
+                .unwrap_or_else(|_| "info,talaria_gateway::ledger=debug".to_owned()),
         )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
