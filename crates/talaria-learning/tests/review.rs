@@ -120,7 +120,7 @@ async fn a_review_after_the_answer_saves_a_skill_and_a_memory_entry() {
                 serde_json::json!({"action": "create", "name": "blue-green-deploy", "category": "ops", "content": skill_md("blue-green-deploy", "1. Run ./deploy --blue-green.")}),
             ),
         ])
-        .with_delay(Duration::from_millis(200)),
+        .with_delay(Duration::from_millis(500)),
     );
     rig.llm.push(Reply::text("Saved."));
     let outcome = rig
@@ -139,13 +139,22 @@ async fn a_review_after_the_answer_saves_a_skill_and_a_memory_entry() {
 
     let requests = rig.llm.requests();
     assert_eq!(requests.len(), 3, "the turn, then the review's two calls");
+    // The answer did not wait for the review: the turn returned before the
+    // review's second call, which comes only after its first reply's
+    // delay. (When the review's first call starts is up to the scheduler:
+    // it is spawned as the turn ends.)
     assert!(
-        requests[1].at >= returned,
-        "the review asked the model only after the answer was returned"
+        returned < requests[2].at,
+        "the answer was held back until the review had finished"
     );
-    // The review read the conversation and had only its tools.
+    // The review read the conversation, answer included, and had only its
+    // tools.
     let review_prompt = requests[1].body["messages"].to_string();
     assert!(review_prompt.contains("USER: deploy it"), "{review_prompt}");
+    assert!(
+        review_prompt.contains("Deployed with the blue-green script."),
+        "{review_prompt}"
+    );
     let mut tools: Vec<String> = requests[1].body["tools"]
         .as_array()
         .unwrap()
