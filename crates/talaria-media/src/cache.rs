@@ -154,7 +154,7 @@ impl MediaCache {
             && !claimed.eq_ignore_ascii_case(sniffed.mime)
         {
             tracing::debug!(
-                claimed,
+                claimed = ?claimed,
                 found = sniffed.mime,
                 "media: the platform's type differs from the bytes'"
             );
