@@ -9,9 +9,9 @@ const MAX_EXT_CHARS: usize = 16;
 
 /// `name` made safe: only its last path component, without control
 /// characters, without leading dots (no hidden files) or surrounding
-/// blanks, at most [`MAX_NAME_CHARS`] characters (a long name keeps its
-/// extension). When nothing is left, `file.<ext>`, with `ext` the sniffed
-/// type's extension.
+/// blanks, at most 100 characters (a long name keeps its extension).
+/// When nothing is left, `file.<ext>`, with `ext` the sniffed type's
+/// extension.
 pub fn sanitize_name(name: Option<&str>, ext: &str) -> String {
     let raw = name.unwrap_or("");
     // `\` separates folders on Windows, and senders use both.
