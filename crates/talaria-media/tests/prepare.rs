@@ -130,3 +130,63 @@ fn a_decompression_bomb_is_refused_from_its_header_quickly() {
     let err = prepare_image(&path, 1568).unwrap_err();
     assert!(matches!(err, MediaError::ImageTooLarge { .. }), "{err:?}");
 }
+
+#[test]
+fn gif_and_webp_are_read_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image::RgbaImage::from_fn(300, 100, |x, _| {
+        image::Rgba([(x % 256) as u8, 40, 200, 255])
+    });
+    for format in [image::ImageFormat::Gif, image::ImageFormat::WebP] {
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut bytes, format).unwrap();
+        // Named wrongly on purpose: the bytes decide.
+        let path = file(&dir, "picture.jpg", bytes.get_ref());
+        let prepared = prepare_image(&path, 150).unwrap_or_else(|e| panic!("{format:?}: {e}"));
+        assert_eq!((prepared.width, prepared.height), (150, 50), "{format:?}");
+        assert_eq!(prepared.mime, "image/jpeg", "{format:?}: opaque");
+    }
+}
+
+#[test]
+fn a_photo_taken_sideways_is_turned_upright() {
+    use image::ImageEncoder;
+    // Stored 400 × 200, left half red; its EXIF says "rotate 90° clockwise"
+    // (orientation 6), as a phone held upright writes it.
+    let img = image::RgbImage::from_fn(400, 200, |x, _| {
+        if x < 200 {
+            image::Rgb([255, 0, 0])
+        } else {
+            image::Rgb([0, 0, 255])
+        }
+    });
+    let exif = [
+        0x49, 0x49, 0x2a, 0x00, 0x08, 0x00, 0x00, 0x00, // little-endian TIFF, IFD at 8
+        0x01, 0x00, // one entry
+        0x12, 0x01, 0x03, 0x00, 0x01, 0x00, 0x00, 0x00, 0x06, 0x00, 0x00,
+        0x00, // Orientation = 6
+        0x00, 0x00, 0x00, 0x00, // no next IFD
+    ];
+    let mut bytes = Vec::new();
+    let mut encoder = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut bytes, 90);
+    encoder.set_exif_metadata(exif.to_vec()).unwrap();
+    encoder
+        .write_image(img.as_raw(), 400, 200, image::ExtendedColorType::Rgb8)
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(&dir, "upright.jpg", &bytes);
+    let prepared = prepare_image(&path, 100).unwrap();
+    assert_eq!((prepared.width, prepared.height), (50, 100));
+    let back = decode(&prepared.bytes).to_rgb8();
+    let top = back.get_pixel(25, 10).0;
+    let bottom = back.get_pixel(25, 90).0;
+    assert!(
+        top[0] > 200 && top[2] < 60,
+        "the red half is on top: {top:?}"
+    );
+    assert!(
+        bottom[2] > 200 && bottom[0] < 60,
+        "the blue half below: {bottom:?}"
+    );
+}
