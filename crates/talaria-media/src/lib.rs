@@ -14,8 +14,9 @@
 //! [`prepare_image`] (bounded decoding, downscaling, re-encoding), and the
 //! gateway's maintenance calls [`MediaCache::sweep`] to forget old files.
 //!
-//! This crate knows no platform and no model: it depends on core and the
-//! adapter contract only (checked by `scripts/check-deps`).
+//! This crate knows no platform and no model: it depends on core only
+//! (checked by `scripts/check-deps`), so the adapters and the agent can
+//! both use it.
 //!
 //! # Layout
 //!
@@ -42,4 +43,4 @@ pub use error::MediaError;
 pub use name::sanitize_name;
 pub use prepare::{PreparedImage, prepare_image};
 pub use sweep::SweepReport;
-pub use talaria_adapter::MediaKind;
+pub use talaria_core::MediaKind;
