@@ -125,17 +125,6 @@ pub enum SenderIds {
     Email,
 }
 
-/// A kind of media a platform can carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MediaKind {
-    /// A picture (photo, sticker rendered as one).
-    Image,
-    /// A voice note recorded in the app.
-    Voice,
-    /// An audio file.
-    Audio,
-    /// A video or animation.
-    Video,
-    /// Any other file, sent as an attachment.
-    Document,
-}
+/// A kind of media a platform can carry (core's, so the media cache and
+/// the agent below the adapters name it too).
+pub use talaria_core::MediaKind;

@@ -116,6 +116,12 @@ impl Home {
         self.root.join("gateway.sock")
     }
 
+    /// `media/`, the cache of files users send (photos, voice notes,
+    /// documents), each named by the sha256 of its content.
+    pub fn media_dir(&self) -> PathBuf {
+        self.root.join("media")
+    }
+
     /// Output nobody waits for in a chat: cron runs, `local` deliveries.
     pub fn cron_output_dir(&self) -> PathBuf {
         self.root.join("cron").join("output")
@@ -157,5 +163,11 @@ mod tests {
         assert_eq!(mode & 0o777, 0o700);
         assert!(home.memories_dir().is_dir());
         home.ensure().unwrap();
+    }
+
+    #[test]
+    fn the_media_cache_is_a_folder_of_the_home() {
+        let home = Home::at("/srv/talaria");
+        assert_eq!(home.media_dir(), Path::new("/srv/talaria/media"));
     }
 }

@@ -162,6 +162,22 @@ impl Usage {
     }
 }
 
+/// A kind of media: what a platform carries, what the media cache
+/// records, what a message's attachment is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MediaKind {
+    /// A picture (photo, sticker rendered as one).
+    Image,
+    /// A voice note recorded in the app.
+    Voice,
+    /// An audio file.
+    Audio,
+    /// A video or animation.
+    Video,
+    /// Any other file, sent as an attachment.
+    Document,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -121,6 +121,19 @@ impl Config {
                 ));
             }
         }
+        // A limit of nothing would refuse every file and every image.
+        if self.media.max_bytes == 0 {
+            return Err(invalid(
+                "media.max_bytes",
+                "expected a number of bytes, at least 1",
+            ));
+        }
+        if self.media.image_max_px == 0 {
+            return Err(invalid(
+                "media.image_max_px",
+                "expected a number of pixels, at least 1",
+            ));
+        }
         if self.curator.archive_after_days <= self.curator.stale_after_days {
             return Err(invalid(
                 "curator.archive_after_days",

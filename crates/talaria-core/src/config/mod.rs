@@ -126,6 +126,8 @@ pub struct Config {
     pub display: DisplayConfig,
     /// Where sessions, the ledger and the rest are kept.
     pub store: StoreConfig,
+    /// Photos, voice notes and files users send (`media:`).
+    pub media: MediaConfig,
 }
 
 /// A parsed configuration with what was noticed on the way.
@@ -153,6 +155,7 @@ mod agent;
 mod env;
 mod gateway;
 mod load;
+mod media;
 mod secret;
 mod sections;
 mod services;
@@ -161,6 +164,7 @@ pub use agent::*;
 pub use env::*;
 pub use gateway::*;
 pub use load::*;
+pub use media::*;
 pub use secret::*;
 pub use sections::*;
 pub use services::*;

@@ -531,3 +531,58 @@ fn a_loaded_configuration_keeps_its_text_for_lines_but_never_prints_it() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn the_media_section_has_its_defaults_reads_its_values_and_warns_of_unknown_keys() {
+    let (c, w) = parse("").unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(c.media.max_bytes, 20 * 1024 * 1024);
+    assert_eq!(c.media.image_max_px, 1568);
+    assert_eq!(c.media.retention_days, 7);
+    assert!(!c.media.describe_images);
+
+    let (c, w) = parse(
+        "media:\n  max_bytes: 1048576\n  image_max_px: 800\n  retention_days: 0\n  describe_images: true\n",
+    )
+    .unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(
+        c.media,
+        MediaConfig {
+            max_bytes: 1_048_576,
+            image_max_px: 800,
+            retention_days: 0,
+            describe_images: true,
+        }
+    );
+
+    // A typo is a warning that names the key; the rest of the section is read.
+    let (c, w) = parse("media:\n  max_byte: 5\n  image_max_px: 640\n").unwrap();
+    assert_eq!(
+        w,
+        ["config.yaml: unknown key `media.max_byte` (ignored)"],
+        "{w:?}"
+    );
+    assert_eq!(c.media.image_max_px, 640);
+    assert_eq!(c.media.max_bytes, 20 * 1024 * 1024);
+
+    for (bad, key) in [
+        ("media:\n  max_bytes: lots\n", "media.max_bytes"),
+        ("media:\n  max_bytes: 0\n", "media.max_bytes"),
+        ("media:\n  image_max_px: -1\n", "media.image_max_px"),
+        ("media:\n  image_max_px: 0\n", "media.image_max_px"),
+        ("media:\n  retention_days: soon\n", "media.retention_days"),
+        (
+            "media:\n  describe_images: maybe\n",
+            "media.describe_images",
+        ),
+    ] {
+        match parse(bad) {
+            Err(ConfigError::Invalid { key: k, line, .. }) => {
+                assert_eq!(k, key, "{bad}");
+                assert_eq!(line, Some(2), "{bad}");
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! The media cache: the photos, voice notes and files users send, and
+//! images made ready for a model.
+//!
+//! A platform adapter hands [`MediaCache::store`] the body of a download as
+//! a stream. The bytes go to a temporary file inside the cache while they
+//! are hashed and counted; only a complete file under the size limit is
+//! renamed to its final name, `<sha256>.<ext>`, so the cache never holds a
+//! half-written file and the same content is one file however often it is
+//! sent. What a file *is* comes from its bytes, never from what the
+//! platform or the sender claims: a `photo.jpg` that is a program is
+//! recorded as a program.
+//!
+//! The agent turns a cached image into what a model accepts with
+//! [`prepare_image`] (bounded decoding, downscaling, re-encoding), and the
+//! gateway's maintenance calls [`MediaCache::sweep`] to forget old files.
+//!
+//! This crate knows no platform and no model: it depends on core only
+//! (checked by `scripts/check-deps`), so the adapters and the agent can
+//! both use it.
+//!
+//! # Layout
+//!
+//! - `cache`: [`MediaCache`], [`Hint`], [`Stored`]: streaming a file in.
+//! - `sniff`: the type of a file from its first bytes, and its
+//!   [`MediaKind`].
+//! - `name`: [`sanitize_name`], an original file name made safe to show
+//!   and to upload.
+//! - `prepare`: [`prepare_image`], an image made small enough for a model.
+//! - `sweep`: [`MediaCache::sweep`] and its [`SweepReport`].
+//! - `error`: [`MediaError`], in words a user can be shown.
+
+#![forbid(unsafe_code)]
+
+mod cache;
+mod error;
+mod name;
+mod prepare;
+mod sniff;
+mod sweep;
+
+pub use cache::{Hint, MediaCache, Stored};
+pub use error::MediaError;
+pub use name::sanitize_name;
+pub use prepare::{PreparedImage, prepare_image};
+pub use sweep::SweepReport;
+pub use talaria_core::MediaKind;
