@@ -34,23 +34,26 @@ impl SseParser {
     }
 
     /// Consumes one chunk and returns the events it completed.
-    pub fn push(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
+    pub fn push(&mut self, mut chunk: &[u8]) -> Vec<SseEvent> {
         let mut out = Vec::new();
-        for &b in chunk {
+        while let Some(&first) = chunk.first() {
             if self.skip_lf {
                 self.skip_lf = false;
-                if b == b'\n' {
+                if first == b'\n' {
+                    chunk = &chunk[1..];
                     continue;
                 }
             }
-            match b {
-                b'\n' => self.end_line(&mut out),
-                b'\r' => {
-                    self.skip_lf = true;
-                    self.end_line(&mut out);
-                }
-                _ => self.line.push(b),
-            }
+            // Whole runs of line bytes are copied at once: a token's chunk
+            // is a few hundred bytes between line ends.
+            let Some(at) = memchr::memchr2(b'\n', b'\r', chunk) else {
+                self.line.extend_from_slice(chunk);
+                break;
+            };
+            self.line.extend_from_slice(&chunk[..at]);
+            self.skip_lf = chunk[at] == b'\r';
+            self.end_line(&mut out);
+            chunk = &chunk[at + 1..];
         }
         out
     }
