@@ -426,6 +426,40 @@ async fn write_snapshot(
     }
 }
 
+/// Forgets the files users sent once they are `media.retention_days` old
+/// (and what an interrupted download left); `None` when the retention is 0
+/// (keep them).
+fn media_sweep(home: &Home, config: &Config) -> Option<PeriodicTask> {
+    let days = config.media.retention_days;
+    if days == 0 {
+        return None;
+    }
+    let keep = Duration::from_secs(days.saturating_mul(24 * 3600));
+    let cache = talaria_media::MediaCache::for_home(home, &config.media);
+    Some(PeriodicTask::new(
+        "media-sweep",
+        PRUNE_INTERVAL,
+        move || {
+            let cache = cache.clone();
+            async move {
+                let report = cache
+                    .sweep(keep)
+                    .await
+                    .map_err(|e| format!("cannot sweep the media cache: {e}"))?;
+                if report.removed + report.removed_temp > 0 {
+                    tracing::info!(
+                        files = report.removed,
+                        partial = report.removed_temp,
+                        bytes = report.freed_bytes,
+                        "forgot old media files"
+                    );
+                }
+                Ok(())
+            }
+        },
+    ))
+}
+
 /// When this process started, as wall-clock seconds.
 fn process_started_unix() -> f64 {
     static STARTED: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
@@ -506,6 +540,9 @@ impl Gateway {
                 }
             },
         ));
+        if let Some(task) = media_sweep(&self.home, &self.config) {
+            tasks.push(task);
+        }
         if let Some(scheduler) = &self.scheduler {
             let ticker = scheduler.clone();
             tasks.push(PeriodicTask::new("cron-tick", CRON_TICK, move || {

@@ -550,3 +550,36 @@ async fn a_burst_in_interrupt_mode_becomes_a_few_turns_not_one_per_message() {
         );
     }
 }
+
+/// The gateway's maintenance forgets the files users sent once they are
+/// `media.retention_days` old, and keeps the rest (and anything in the
+/// media folder that is not the cache's own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_media_files_are_swept_by_the_gateways_maintenance() {
+    let mut rig = contract::Rig::<TelegramKit>::new(&[], |c| c.media.retention_days = 3).await;
+    let media = rig.home.media_dir();
+    std::fs::create_dir_all(&media).unwrap();
+    let aged = |name: &str, days: u64| {
+        let path = media.join(name);
+        std::fs::write(&path, b"bytes").unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        let when = std::time::SystemTime::now() - Duration::from_secs(days * 24 * 3600);
+        file.set_modified(when).unwrap();
+        path
+    };
+    let old = aged(&format!("{}.png", "a".repeat(64)), 4);
+    let recent = aged(&format!("{}.png", "b".repeat(64)), 2);
+    let foreign = aged("notes.txt", 30);
+    rig.start();
+    talaria_testkit::wait::wait_for("the old file to be swept", || async {
+        if old.exists() {
+            Err(old.clone())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    assert!(recent.exists());
+    assert!(foreign.exists());
+    rig.stop().await;
+}
