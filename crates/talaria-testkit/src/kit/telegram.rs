@@ -78,18 +78,7 @@ impl PlatformKit for TelegramKit {
     }
 
     fn sent(&self) -> Vec<Out> {
-        self.fake
-            .sent()
-            .into_iter()
-            .map(|s| Out {
-                chat: s.chat_id.to_string(),
-                thread: s.thread_id.map(|t| t.to_string()),
-                text: s.rendered(),
-                wire: s.text,
-                reply_to: s.reply_to.map(|r| r.to_string()),
-                at: s.at,
-            })
-            .collect()
+        sent(&self.fake)
     }
 
     async fn wait_sent(&self, n: usize) -> Vec<Out> {
@@ -98,7 +87,7 @@ impl PlatformKit for TelegramKit {
     }
 
     fn send_attempts(&self) -> Vec<Instant> {
-        self.fake.send_attempts().iter().map(|r| r.at).collect()
+        send_attempts(&self.fake)
     }
 
     async fn wait_send_attempts(&self, n: usize) {
@@ -159,4 +148,25 @@ impl TelegramKit {
             "from": {"id": from, "is_bot": false, "first_name": "U"},
         }}));
     }
+}
+
+/// What the fake Bot API was sent, as the suites read it (also for kits
+/// whose answers go out through Telegram, such as the webhook routes').
+pub(crate) fn sent(fake: &FakeTelegram) -> Vec<Out> {
+    fake.sent()
+        .into_iter()
+        .map(|s| Out {
+            chat: s.chat_id.to_string(),
+            thread: s.thread_id.map(|t| t.to_string()),
+            text: s.rendered(),
+            wire: s.text,
+            reply_to: s.reply_to.map(|r| r.to_string()),
+            at: s.at,
+        })
+        .collect()
+}
+
+/// When each send request reached the fake Bot API, answered or not.
+pub(crate) fn send_attempts(fake: &FakeTelegram) -> Vec<Instant> {
+    fake.send_attempts().iter().map(|r| r.at).collect()
 }

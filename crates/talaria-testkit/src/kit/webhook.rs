@@ -173,18 +173,7 @@ impl PlatformKit for WebhookKit {
     }
 
     fn sent(&self) -> Vec<Out> {
-        self.telegram
-            .sent()
-            .into_iter()
-            .map(|s| Out {
-                chat: s.chat_id.to_string(),
-                thread: s.thread_id.map(|t| t.to_string()),
-                text: s.rendered(),
-                wire: s.text,
-                reply_to: s.reply_to.map(|r| r.to_string()),
-                at: s.at,
-            })
-            .collect()
+        super::telegram::sent(&self.telegram)
     }
 
     async fn wait_sent(&self, n: usize) -> Vec<Out> {
@@ -193,7 +182,7 @@ impl PlatformKit for WebhookKit {
     }
 
     fn send_attempts(&self) -> Vec<Instant> {
-        self.telegram.send_attempts().iter().map(|r| r.at).collect()
+        super::telegram::send_attempts(&self.telegram)
     }
 
     async fn wait_send_attempts(&self, n: usize) {
