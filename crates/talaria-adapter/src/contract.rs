@@ -19,6 +19,7 @@ use crate::capabilities::Capabilities;
 // gateway have always found them.
 pub use crate::capabilities::{LengthUnit, MessageLimits};
 use crate::event::MessageEvent;
+use crate::media::{Download, DownloadError, OutboundFile};
 
 /// One message to send. The text already fits the platform's limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -304,6 +305,27 @@ pub trait Adapter: Send + Sync + 'static {
 
     /// Sends one message (already within [`Adapter::limits`]).
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError>;
+
+    /// Opens an attachment this adapter described as
+    /// [`AttachmentSource::Remote`](crate::media::AttachmentSource::Remote)
+    /// with `locator`. The gateway streams the body into the media cache.
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        let _ = locator;
+        Err(DownloadError::Unsupported)
+    }
+
+    /// Sends one file (a kind in [`Capabilities::sends`]). A platform that
+    /// cannot carry it sends [`OutboundFile::fallback_text`] instead, which
+    /// is what this default does.
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let message = OutboundMessage {
+            chat_id: file.chat_id.clone(),
+            thread_id: file.thread_id.clone(),
+            reply_to: file.reply_to.clone(),
+            text: file.fallback_text(self.platform()),
+        };
+        self.send(&message).await
+    }
 
     /// Whether this adapter authenticates every event it submits itself
     /// ([`Capabilities::verifies_senders`]).

@@ -8,6 +8,8 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+use crate::media::Attachment;
 // Parsed in core so the CLI and the gateway agree on what a command is.
 pub use talaria_core::commands::Invocation;
 
@@ -103,8 +105,10 @@ pub struct MessageEvent {
     pub reply_to_message_id: Option<String>,
     /// The text of the message replied to, when the platform sends it.
     pub reply_to_text: Option<String>,
-    /// Attachments the agent can be told about (names or descriptions).
-    pub attachments: Vec<String>,
+    /// Files that came with the message, fetched by the gateway when the
+    /// turn runs.
+    #[serde(default)]
+    pub attachments: Vec<Attachment>,
     /// Where the answer goes instead of back to the source, as a delivery
     /// target (`telegram:123`, `local`, ...). Set by adapters whose source
     /// cannot take a reply, such as a webhook route.

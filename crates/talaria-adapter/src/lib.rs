@@ -14,6 +14,8 @@
 //!   platform names.
 //! - [`event`]: [`MessageEvent`] and [`SessionSource`], what every inbound
 //!   message becomes.
+//! - [`media`]: files in ([`Attachment`], fetched as a [`Download`]) and
+//!   out ([`OutboundFile`]).
 //! - [`key`]: the one function that turns a source into a [`SessionKey`].
 //! - [`auth`]: who may talk to the bot (allow-all flags, allowlists, the
 //!   pairing store), evaluated in a fixed order.
@@ -28,6 +30,7 @@ pub mod capabilities;
 pub mod contract;
 pub mod event;
 pub mod key;
+pub mod media;
 pub mod split;
 pub mod target;
 
@@ -38,3 +41,4 @@ pub use contract::{
 };
 pub use event::{ChatType, Invocation, MessageEvent, SessionSource};
 pub use key::{KeyPolicy, SessionKey};
+pub use media::{Attachment, AttachmentSource, Download, DownloadError, OutboundFile};

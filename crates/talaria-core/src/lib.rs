@@ -26,7 +26,7 @@ pub mod redact;
 
 pub use config::{Config, Endpoint, Env, ProviderKind, Secret, constant_time_eq};
 pub use home::Home;
-pub use message::{MediaKind, Message, Role, ToolCall, Usage};
+pub use message::{MediaKind, MediaRef, Message, Role, ToolCall, Usage};
 pub use redact::Redactor;
 
 /// Now, as seconds since the Unix epoch with microseconds: the one clock

@@ -78,6 +78,11 @@ pub struct Message {
     /// Why generation stopped (`stop`, `tool_calls`, `length`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<String>,
+    /// Files that came with a user row (photos a vision model sees), by
+    /// reference into the media cache: never their bytes, so a transcript
+    /// stays small however many photos a chat holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media: Vec<MediaRef>,
 }
 
 impl Message {
@@ -90,6 +95,7 @@ impl Message {
             tool_name: None,
             reasoning: None,
             finish_reason: None,
+            media: Vec::new(),
         }
     }
 
@@ -129,6 +135,14 @@ impl Message {
         }
     }
 
+    /// A user row with `content` and the files that came with it.
+    pub fn user_with_media(content: impl Into<String>, media: Vec<MediaRef>) -> Message {
+        Message {
+            media,
+            ..Message::new(Role::User, content)
+        }
+    }
+
     /// Whether this row asks for tools to run.
     pub fn has_tool_calls(&self) -> bool {
         !self.tool_calls.is_empty()
@@ -164,7 +178,8 @@ impl Usage {
 
 /// A kind of media: what a platform carries, what the media cache
 /// records, what a message's attachment is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum MediaKind {
     /// A picture (photo, sticker rendered as one).
     Image,
@@ -176,6 +191,31 @@ pub enum MediaKind {
     Video,
     /// Any other file, sent as an attachment.
     Document,
+}
+
+impl MediaKind {
+    /// The lowercase name used in config, logs and the transcript.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MediaKind::Image => "image",
+            MediaKind::Voice => "voice",
+            MediaKind::Audio => "audio",
+            MediaKind::Video => "video",
+            MediaKind::Document => "document",
+        }
+    }
+}
+
+/// A file in the media cache, as a transcript row refers to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MediaRef {
+    /// What the file is, from its bytes.
+    pub kind: MediaKind,
+    /// The cached file's absolute path. It may be gone later (the cache
+    /// forgets old files); readers then say so instead of failing.
+    pub path: std::path::PathBuf,
+    /// Its type, sniffed from the bytes (`image/jpeg`).
+    pub mime: String,
 }
 
 #[cfg(test)]

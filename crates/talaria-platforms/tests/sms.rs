@@ -244,7 +244,7 @@ async fn another_account_or_number_is_refused_even_when_signed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mms_media_is_listed_for_the_model() {
+async fn mms_media_is_handed_over_to_be_fetched() {
     let mut r = start().await;
     let base = format!("https://api.twilio.com/2010-04-01/Accounts/{SID}/Messages/MM1/Media");
     let inbound = sms(&r, "")
@@ -253,12 +253,21 @@ async fn mms_media_is_listed_for_the_model() {
     assert_twiml(&r.twilio.send(&inbound).await);
     let event = r.next_event().await;
     assert_eq!(event.text, "");
+    let claimed: Vec<(String, Option<String>)> = event
+        .attachments
+        .iter()
+        .map(|a| (a.label(), a.mime.clone()))
+        .collect();
     assert_eq!(
-        event.attachments,
-        vec![
-            format!("image/jpeg {base}/ME1"),
-            format!("audio/amr {base}/ME2")
+        claimed,
+        [
+            ("image".to_owned(), Some("image/jpeg".to_owned())),
+            ("audio".to_owned(), Some("audio/amr".to_owned()))
         ]
+    );
+    assert_eq!(
+        event.attachments[0].source,
+        talaria_adapter::AttachmentSource::Remote(format!("{base}/ME1"))
     );
 }
 

@@ -76,6 +76,22 @@ pub struct ModelConfig {
     pub max_tokens: Option<u32>,
     /// Sampling temperature; the server's default when unset.
     pub temperature: Option<f32>,
+    /// Whether the model sees images: `auto` asks the model's name (a
+    /// table of families known to), `on` and `off` decide outright.
+    pub vision: VisionMode,
+}
+
+/// `model.vision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VisionMode {
+    /// Decided from the model's name.
+    #[default]
+    Auto,
+    /// The model takes images.
+    On,
+    /// It does not: images are described by `auxiliary.vision` instead.
+    Off,
 }
 
 impl Default for ModelConfig {
@@ -88,6 +104,7 @@ impl Default for ModelConfig {
             context_length: 128_000,
             max_tokens: None,
             temperature: None,
+            vision: VisionMode::Auto,
         }
     }
 }

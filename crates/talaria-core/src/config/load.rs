@@ -134,6 +134,39 @@ impl Config {
                 "expected a number of pixels, at least 1",
             ));
         }
+        let blank = |c: &Option<String>| c.as_deref().is_none_or(|c| c.trim().is_empty());
+        if self.stt.provider == Some(SttProvider::Command) && blank(&self.stt.command) {
+            return Err(invalid(
+                "stt.command",
+                "provider `command` needs the program to run, with {path} for the audio file",
+            ));
+        }
+        if self.tts.provider == Some(TtsProvider::Command) && blank(&self.tts.command) {
+            return Err(invalid(
+                "tts.command",
+                "provider `command` needs the program to run, with {output} for the file it writes",
+            ));
+        }
+        for (key, secs) in [
+            ("stt.timeout_secs", self.stt.timeout_secs),
+            ("tts.timeout_secs", self.tts.timeout_secs),
+            ("image_gen.timeout_secs", self.image_gen.timeout_secs),
+        ] {
+            if secs == 0 {
+                return Err(invalid(key, "expected a number of seconds, at least 1"));
+            }
+        }
+        for (key, url) in [
+            ("stt.base_url", &self.stt.base_url),
+            ("tts.base_url", &self.tts.base_url),
+            ("image_gen.base_url", &self.image_gen.base_url),
+        ] {
+            if let Some(u) = url
+                && !url_ok(u)
+            {
+                return Err(invalid(key, "expected an http:// or https:// URL"));
+            }
+        }
         if self.curator.archive_after_days <= self.curator.stale_after_days {
             return Err(invalid(
                 "curator.archive_after_days",
@@ -221,6 +254,44 @@ impl Config {
             base_url,
             api_key,
         })
+    }
+
+    /// The endpoint of `auxiliary.vision`, when one is configured: the
+    /// model that looks at images for a main model without vision.
+    pub fn vision_endpoint(&self, env: &Env) -> Option<Result<Endpoint, String>> {
+        let m = self.auxiliary.vision.as_ref()?;
+        let provider = m.provider;
+        let Some(model) = m.default.clone() else {
+            return Some(Err(
+                "`auxiliary.vision` needs `default`, the model's name".to_owned()
+            ));
+        };
+        let Some(base_url) = m
+            .base_url
+            .clone()
+            .or_else(|| provider.default_base_url().map(str::to_owned))
+        else {
+            return Some(Err(
+                "`auxiliary.vision` with provider `custom` needs `base_url`".to_owned(),
+            ));
+        };
+        let api_key = m
+            .api_key
+            .clone()
+            .or_else(|| env.get(provider.api_key_env()).map(Secret::new));
+        if api_key.is_none() && provider != ProviderKind::Custom {
+            return Some(Err(format!(
+                "`auxiliary.vision` with provider `{}` needs `api_key` or {}",
+                provider.as_str(),
+                provider.api_key_env()
+            )));
+        }
+        Some(Ok(Endpoint {
+            provider,
+            model,
+            base_url,
+            api_key,
+        }))
     }
 
     /// The fallback endpoints in order. Entries that cannot be used (no key)

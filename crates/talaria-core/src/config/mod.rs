@@ -128,6 +128,14 @@ pub struct Config {
     pub store: StoreConfig,
     /// Photos, voice notes and files users send (`media:`).
     pub media: MediaConfig,
+    /// Side models for single jobs (`auxiliary:`).
+    pub auxiliary: AuxiliaryConfig,
+    /// Speech to text (`stt:`).
+    pub stt: SttConfig,
+    /// Text to speech (`tts:`).
+    pub tts: TtsConfig,
+    /// The image generation server (`image_gen:`).
+    pub image_gen: ImageGenConfig,
 }
 
 /// A parsed configuration with what was noticed on the way.

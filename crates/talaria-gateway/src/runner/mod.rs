@@ -316,7 +316,12 @@ fn prompt_text(event: &MessageEvent) -> String {
     if !event.attachments.is_empty() {
         text.push_str(&format!(
             "\n[attachments: {}]",
-            event.attachments.join(", ")
+            event
+                .attachments
+                .iter()
+                .map(|a| a.label())
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     text

@@ -91,8 +91,14 @@ pub(crate) struct User {
 
 #[derive(Debug, Deserialize)]
 struct Attachment {
+    url: Option<String>,
     filename: Option<String>,
+    content_type: Option<String>,
+    size: Option<u64>,
 }
+
+/// `MESSAGE_FLAGS.IS_VOICE_MESSAGE`: recorded in the app as a voice note.
+const IS_VOICE_MESSAGE: u64 = 1 << 13;
 
 #[derive(Debug, Deserialize)]
 struct Reference {
@@ -117,6 +123,8 @@ struct Message {
     mentions: Vec<User>,
     #[serde(default)]
     attachments: Vec<Attachment>,
+    #[serde(default)]
+    flags: u64,
     webhook_id: Option<String>,
     message_reference: Option<Reference>,
     referenced_message: Option<Box<Referenced>>,
@@ -143,12 +151,23 @@ pub(crate) fn map_message(
     let in_guild = msg.guild_id.is_some();
     let mentioned = msg.mentions.iter().any(|u| u.id == bot_id) || mention_at(&msg.content, bot_id);
     let text = strip_mentions(&msg.content, bot_id);
-    let attachments: Vec<String> = msg
+    // Attachments are fetched from their CDN URL when the turn runs.
+    let voice = msg.flags & IS_VOICE_MESSAGE != 0;
+    let attachments: Vec<talaria_adapter::Attachment> = msg
         .attachments
         .iter()
-        .map(|a| match &a.filename {
-            Some(name) => format!("attachment: {name}"),
-            None => "attachment".to_owned(),
+        .filter_map(|a| {
+            let url = a.url.as_deref()?;
+            let mut att = talaria_adapter::Attachment::guessed(
+                url,
+                a.filename.as_deref(),
+                a.content_type.as_deref(),
+                a.size,
+            );
+            if voice {
+                att.kind = talaria_adapter::MediaKind::Voice;
+            }
+            Some(att)
         })
         .collect();
     if text.is_empty() && attachments.is_empty() {
@@ -333,12 +352,20 @@ mod tests {
     fn replies_and_attachments() {
         let m = message(json!({
             "content": "",
-            "attachments": [{"id": "1", "filename": "a.png"}],
+            "attachments": [{"id": "1", "filename": "a.png", "url": "https://cdn.discordapp.com/a.png", "size": 5}],
             "message_reference": {"message_id": "999"},
             "referenced_message": {"content": "earlier"},
         }));
         let ev = map_message(&m, BOT, false, &Threads::default()).unwrap();
-        assert_eq!(ev.attachments, ["attachment: a.png"]);
+        assert_eq!(
+            ev.attachments,
+            [talaria_adapter::Attachment::guessed(
+                "https://cdn.discordapp.com/a.png",
+                Some("a.png"),
+                None,
+                Some(5)
+            )]
+        );
         assert_eq!(ev.reply_to_message_id.as_deref(), Some("999"));
         assert_eq!(ev.reply_to_text.as_deref(), Some("earlier"));
     }

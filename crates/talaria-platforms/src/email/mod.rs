@@ -560,7 +560,10 @@ impl EmailAdapter {
                 format!("Subject: {}\n\n{text}", mail.subject)
             };
         }
-        if text.trim().is_empty() && mail.attachments.is_empty() {
+        if !mail.attachments.is_empty() {
+            text.push_str(&format!("\n[attachments: {}]", mail.attachments.join(", ")));
+        }
+        if text.trim().is_empty() {
             tracing::info!(id, "skipping an empty mail");
             return None;
         }
@@ -584,7 +587,7 @@ impl EmailAdapter {
         };
         let mut event = MessageEvent::text(source, text);
         event.message_id = Some(id.to_owned());
-        event.attachments = mail.attachments.clone();
+
         Some(event)
     }
 

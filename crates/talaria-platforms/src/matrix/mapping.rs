@@ -4,7 +4,7 @@
 //! reason, never a reason to drop the rest of a sync batch.
 
 use serde_json::Value;
-use talaria_adapter::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{Attachment, ChatType, MediaKind, MessageEvent, SessionSource};
 
 /// The bot's own account: mentions are matched against it and its own
 /// messages are never taken as input.
@@ -106,20 +106,38 @@ pub(crate) fn map_event(
         // Notices are what bots send: answering them invites bot loops.
         "m.notice" => return Err("a notice (bot output)"),
         "m.image" | "m.file" | "m.video" | "m.audio" => {
-            let kind = msgtype.trim_start_matches("m.");
+            let kind = match msgtype {
+                "m.image" => MediaKind::Image,
+                "m.video" => MediaKind::Video,
+                // MSC3245: a clip recorded in the client as a voice message.
+                "m.audio" if content.get("org.matrix.msc3245.voice").is_some() => {
+                    MediaKind::Voice
+                }
+                "m.audio" => MediaKind::Audio,
+                _ => MediaKind::Document,
+            };
             let filename = content.get("filename").and_then(Value::as_str);
+            let info = content.get("info");
+            // An encrypted file's `url` sits in `file`; its bytes would need
+            // the room's keys, so only unencrypted media is fetched.
             let url = content.get("url").and_then(Value::as_str);
             let name = filename.unwrap_or(body);
-            let mut described = format!("{kind}: {name}");
-            if let Some(u) = url {
-                described.push_str(&format!(" ({u})"));
-            }
             // With a separate filename, the body is the caption.
             let caption = match filename {
                 Some(f) if f != body => body.to_owned(),
                 _ => String::new(),
             };
-            (caption, vec![described])
+            let attachments = url
+                .filter(|u| u.starts_with("mxc://"))
+                .map(|u| {
+                    Attachment::remote(kind, u)
+                        .named(Some(name))
+                        .claiming(info.and_then(|i| i.get("mimetype")).and_then(Value::as_str))
+                        .sized(info.and_then(|i| i.get("size")).and_then(Value::as_u64))
+                })
+                .into_iter()
+                .collect();
+            (caption, attachments)
         }
         _ => return Err("a message type that is not supported"),
     };
@@ -385,7 +403,7 @@ mod tests {
         assert_eq!(m.text, "");
         assert_eq!(
             m.attachments,
-            vec!["image: cat.png (mxc://example.org/abc)"]
+            vec![Attachment::remote(MediaKind::Image, "mxc://example.org/abc").named(Some("cat.png"))]
         );
         let reply = text_event(
             "> <@bob:example.org> old words\n> more\n\nmy answer",

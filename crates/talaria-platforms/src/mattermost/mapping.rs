@@ -105,7 +105,13 @@ pub(crate) fn map_posted(
         Some("G" | "O" | "P") => ChatType::Group,
         _ => return Err("unknown channel type"),
     };
-    let attachments: Vec<String> = post.file_ids.iter().map(|_| "file".to_owned()).collect();
+    // Fetched through the files API (`GET /files/{id}`) when the turn runs;
+    // the post names no kind, so the bytes decide.
+    let attachments: Vec<talaria_adapter::Attachment> = post
+        .file_ids
+        .iter()
+        .map(|id| talaria_adapter::Attachment::remote(talaria_adapter::MediaKind::Document, id.clone()))
+        .collect();
     let root = (!post.root_id.is_empty()).then(|| post.root_id.clone());
     let mut text = post.message.clone();
     if chat_type != ChatType::Dm {

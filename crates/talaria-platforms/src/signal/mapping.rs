@@ -83,6 +83,9 @@ pub(crate) struct GroupInfo {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Attachment {
+    /// The id under which signal-cli keeps the file (`/v1/attachments/{id}`).
+    #[serde(default)]
+    pub id: Option<String>,
     #[serde(default)]
     pub content_type: Option<String>,
     #[serde(default)]
@@ -220,10 +223,13 @@ pub(crate) fn map_incoming(item: &Incoming, cx: &Context<'_>) -> Result<MessageE
     if chat_type == ChatType::Group && cx.require_mention && !mentioned && !quoted_bot {
         return Err("a group message that does not address the bot");
     }
-    let mut attachments: Vec<String> = data.attachments.iter().map(describe).collect();
-    if data.sticker.is_some() {
-        attachments.push("a sticker".to_owned());
-    }
+    let attachments: Vec<talaria_adapter::Attachment> =
+        data.attachments.iter().filter_map(attachment).collect();
+    let text = if data.sticker.is_some() && text.is_empty() {
+        "[a sticker]".to_owned()
+    } else {
+        text
+    };
     if text.is_empty() && attachments.is_empty() {
         return Err("no text or attachment (reaction, deletion, group update)");
     }
@@ -338,28 +344,20 @@ fn resolve_mentions(text: &str, mentions: &[Mention], me: &Me) -> (String, bool)
     (text, mentioned)
 }
 
-/// How the model hears of an attachment: its name and type, no content.
-fn describe(a: &Attachment) -> String {
-    let kind = nonempty(a.content_type.as_deref()).unwrap_or("file");
-    let name: String = nonempty(a.filename.as_deref())
-        .unwrap_or("")
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(100)
-        .collect();
-    let size = a.size.map(|s| {
-        if s >= 1 << 20 {
-            format!(", {:.1} MB", s as f64 / (1 << 20) as f64)
-        } else {
-            format!(", {} kB", s.div_ceil(1024))
-        }
-    });
-    let size = size.unwrap_or_default();
-    if name.is_empty() {
-        format!("{kind}{size}")
-    } else {
-        format!("{name} ({kind}{size})")
+/// An attachment signal-cli keeps under its id, fetched when the turn runs.
+fn attachment(a: &Attachment) -> Option<talaria_adapter::Attachment> {
+    let id = nonempty(a.id.as_deref())?;
+    let mut att = talaria_adapter::Attachment::guessed(
+        id,
+        nonempty(a.filename.as_deref()),
+        nonempty(a.content_type.as_deref()),
+        a.size,
+    );
+    // The app records voice notes as AAC with no file name.
+    if att.kind == talaria_adapter::MediaKind::Audio && att.name.is_none() {
+        att.kind = talaria_adapter::MediaKind::Voice;
     }
+    Some(att)
 }
 
 #[cfg(test)]
@@ -514,7 +512,7 @@ mod tests {
     }
 
     #[test]
-    fn attachments_are_described_by_name_and_type() {
+    fn attachments_are_fetched_by_id_with_what_signal_claims() {
         let me = me();
         let mut v = dm("");
         v["envelope"]["dataMessage"]["attachments"] = json!([
@@ -525,7 +523,15 @@ mod tests {
         assert_eq!(ev.text, "");
         assert_eq!(
             ev.attachments,
-            vec!["cat.jpg (image/jpeg, 2 kB)", "application/pdf"]
+            vec![
+                talaria_adapter::Attachment::guessed(
+                    "abc",
+                    Some("cat.jpg"),
+                    Some("image/jpeg"),
+                    Some(2048)
+                ),
+                talaria_adapter::Attachment::guessed("def", None, Some("application/pdf"), None),
+            ]
         );
     }
 

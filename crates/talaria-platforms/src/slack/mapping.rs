@@ -42,6 +42,13 @@ pub(crate) struct Profile {
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct File {
     pub name: Option<String>,
+    /// Fetched with the bot token in an `Authorization` header.
+    pub url_private_download: Option<String>,
+    pub url_private: Option<String>,
+    pub mimetype: Option<String>,
+    pub size: Option<u64>,
+    /// `slack_audio` for a clip recorded in the app.
+    pub subtype: Option<String>,
 }
 
 /// Subtypes that are still a person writing to the bot; everything else
@@ -95,12 +102,24 @@ pub(crate) fn map_event(
         return Err("a channel message that does not mention the bot");
     }
     let text = unescape(strip_mention(raw, &me.user_id).trim());
-    let attachments: Vec<String> = event
+    let attachments: Vec<talaria_adapter::Attachment> = event
         .files
         .iter()
-        .map(|f| match &f.name {
-            Some(n) => format!("file: {n}"),
-            None => "file".to_owned(),
+        .filter_map(|f| {
+            let url = f
+                .url_private_download
+                .as_deref()
+                .or(f.url_private.as_deref())?;
+            let mut att = talaria_adapter::Attachment::guessed(
+                url,
+                f.name.as_deref(),
+                f.mimetype.as_deref(),
+                f.size,
+            );
+            if f.subtype.as_deref() == Some("slack_audio") {
+                att.kind = talaria_adapter::MediaKind::Voice;
+            }
+            Some(att)
         })
         .collect();
     if text.is_empty() && attachments.is_empty() {
@@ -260,11 +279,16 @@ mod tests {
         }
         let files = ev(
             json!({"type": "message", "subtype": "file_share", "channel": "D1",
-            "channel_type": "im", "user": "U2", "text": "", "ts": "1.0", "files": [{"name": "a.png"}]}),
+            "channel_type": "im", "user": "U2", "text": "", "ts": "1.0", "files": [{"name": "a.png", "url_private": "https://files.slack.com/a.png"}]}),
         );
         assert_eq!(
             map_event(&files, &me(), false).unwrap().attachments,
-            ["file: a.png"]
+            [talaria_adapter::Attachment::guessed(
+                "https://files.slack.com/a.png",
+                Some("a.png"),
+                None,
+                None
+            )]
         );
     }
 }

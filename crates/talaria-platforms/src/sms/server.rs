@@ -200,7 +200,7 @@ fn source(from: &str) -> SessionSource {
 /// Twilio's `NumMedia`, `MediaContentType{N}` and `MediaUrl{N}`: what the
 /// model is told was attached, its type and where Twilio keeps it (the
 /// URL may need the account's credentials, which the model never gets).
-fn media<'a>(field: &impl Fn(&str) -> Option<&'a str>) -> Vec<String> {
+fn media<'a>(field: &impl Fn(&str) -> Option<&'a str>) -> Vec<talaria_adapter::Attachment> {
     let n = field("NumMedia")
         .and_then(|n| n.trim().parse::<usize>().ok())
         .unwrap_or(0)
@@ -211,17 +211,13 @@ fn media<'a>(field: &impl Fn(&str) -> Option<&'a str>) -> Vec<String> {
             .then_some(v)
     };
     (0..n)
-        .map(|i| {
-            let kind = field(&format!("MediaContentType{i}"))
+        .filter_map(|i| {
+            let kind = field(&format!("MediaContentType{i}")).and_then(clean);
+            let url = field(&format!("MediaUrl{i}"))
                 .and_then(clean)
-                .unwrap_or("file");
-            match field(&format!("MediaUrl{i}"))
-                .and_then(clean)
-                .filter(|u| u.starts_with("https://") || u.starts_with("http://"))
-            {
-                Some(url) => format!("{kind} {url}"),
-                None => kind.to_owned(),
-            }
+                .filter(|u| u.starts_with("https://") || u.starts_with("http://"))?;
+            // Fetched with the account's credentials when the turn runs.
+            Some(talaria_adapter::Attachment::guessed(url, None, kind, None))
         })
         .collect()
 }
@@ -257,14 +253,29 @@ mod tests {
             ("MediaContentType0", "image/jpeg"),
             ("MediaContentType1", ""),
             ("MediaUrl0", "https://api.twilio.com/x"),
+            ("MediaUrl2", "https://api.twilio.com/y"),
         ];
         let field = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
         assert_eq!(
             media(&field),
-            vec!["image/jpeg https://api.twilio.com/x", "file", "file"]
+            vec![
+                talaria_adapter::Attachment::guessed(
+                    "https://api.twilio.com/x",
+                    None,
+                    Some("image/jpeg"),
+                    None
+                ),
+                talaria_adapter::Attachment::guessed("https://api.twilio.com/y", None, None, None),
+            ]
         );
-        let many = [("NumMedia", "999")];
-        let field = |name: &str| many.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+        let many: Vec<(String, String)> = std::iter::once(("NumMedia".to_owned(), "999".to_owned()))
+            .chain((0..999).map(|i| (format!("MediaUrl{i}"), format!("https://api.twilio.com/{i}"))))
+            .collect();
+        let field = |name: &str| {
+            many.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
         assert_eq!(media(&field).len(), MAX_MEDIA);
     }
 }

@@ -130,9 +130,17 @@ pub(crate) struct Entity {
     pub user: Option<User>,
 }
 
+/// Any of Telegram's file objects (`PhotoSize`, `Document`, `Voice`,
+/// `Audio`, `Video`): the fields they share that a download needs.
 #[derive(Debug, Clone, Deserialize)]
-pub(crate) struct Document {
+pub(crate) struct FileRef {
+    pub file_id: String,
     pub file_name: Option<String>,
+    pub mime_type: Option<String>,
+    pub file_size: Option<u64>,
+    /// Photos only: the sizes come smallest first; the largest is taken.
+    pub width: Option<u32>,
+    pub height: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -148,11 +156,11 @@ pub(crate) struct Message {
     pub entities: Option<Vec<Entity>>,
     pub caption_entities: Option<Vec<Entity>>,
     pub reply_to_message: Option<Box<Message>>,
-    pub photo: Option<Vec<Value>>,
-    pub document: Option<Document>,
-    pub video: Option<Value>,
-    pub voice: Option<Value>,
-    pub audio: Option<Value>,
+    pub photo: Option<Vec<FileRef>>,
+    pub document: Option<FileRef>,
+    pub video: Option<FileRef>,
+    pub voice: Option<FileRef>,
+    pub audio: Option<FileRef>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

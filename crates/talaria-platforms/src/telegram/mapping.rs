@@ -1,8 +1,8 @@
 //! Bot API messages to [`MessageEvent`]s.
 
-use talaria_adapter::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{Attachment, ChatType, MediaKind, MessageEvent, SessionSource};
 
-use super::api::{Chat, Message, User};
+use super::api::{Chat, FileRef, Message, User};
 
 /// The bot itself, from `getMe`: mentions and replies are matched against it.
 #[derive(Debug, Clone)]
@@ -108,24 +108,34 @@ fn chat_name(chat: &Chat) -> Option<String> {
     }
 }
 
-fn attachments(msg: &Message) -> Vec<String> {
+/// The files of a message, fetched later by their file id (`getFile`).
+fn attachments(msg: &Message) -> Vec<Attachment> {
+    let attach = |kind: MediaKind, f: &FileRef| {
+        Attachment::remote(kind, f.file_id.clone())
+            .named(f.file_name.clone())
+            .claiming(f.mime_type.clone())
+            .sized(f.file_size)
+    };
     let mut out = Vec::new();
-    if msg.photo.as_ref().is_some_and(|p| !p.is_empty()) {
-        out.push("photo".to_owned());
+    // Telegram sends a photo in several sizes; the largest has the most
+    // detail, and the cache downscales it for the model anyway.
+    let largest = msg.photo.iter().flatten().max_by_key(|p| {
+        (
+            u64::from(p.width.unwrap_or(0)) * u64::from(p.height.unwrap_or(0)),
+            p.file_size.unwrap_or(0),
+        )
+    });
+    if let Some(p) = largest {
+        out.push(attach(MediaKind::Image, p));
     }
-    if let Some(d) = &msg.document {
-        out.push(match &d.file_name {
-            Some(name) => format!("document: {name}"),
-            None => "document".to_owned(),
-        });
-    }
-    for (present, name) in [
-        (msg.video.is_some(), "video"),
-        (msg.voice.is_some(), "voice message"),
-        (msg.audio.is_some(), "audio"),
+    for (file, kind) in [
+        (&msg.document, MediaKind::Document),
+        (&msg.video, MediaKind::Video),
+        (&msg.voice, MediaKind::Voice),
+        (&msg.audio, MediaKind::Audio),
     ] {
-        if present {
-            out.push(name.to_owned());
+        if let Some(f) = file {
+            out.push(attach(kind, f));
         }
     }
     out
@@ -227,14 +237,20 @@ mod tests {
     fn channel_posts_captions_and_attachments() {
         let post = msg(
             json!({"message_id": 9, "chat": {"id": -100, "type": "channel", "title": "News"},
-            "caption": "look", "photo": [{"file_id": "x"}], "author_signature": "Ed"}),
+            "caption": "look", "author_signature": "Ed",
+            "photo": [{"file_id": "small", "width": 90, "height": 60, "file_size": 900},
+                      {"file_id": "large", "width": 1280, "height": 853, "file_size": 91000},
+                      {"file_id": "mid", "width": 320, "height": 213, "file_size": 9000}]}),
         );
         let ev = map_message(&post, &me(), true).unwrap();
         assert_eq!(ev.source.chat_type, ChatType::Channel);
         assert_eq!(ev.source.user_id, None);
         assert_eq!(ev.source.chat_name.as_deref(), Some("News"));
         assert_eq!(ev.text, "look");
-        assert_eq!(ev.attachments, ["photo"]);
+        assert_eq!(
+            ev.attachments,
+            [Attachment::remote(MediaKind::Image, "large").sized(Some(91000))]
+        );
     }
 
     #[test]

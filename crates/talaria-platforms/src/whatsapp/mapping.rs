@@ -14,7 +14,7 @@
 
 use serde::Deserialize;
 use serde_json::Value;
-use talaria_adapter::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{Attachment, ChatType, MediaKind, MessageEvent, SessionSource};
 
 use super::PLATFORM;
 use super::api::OUTSIDE_WINDOW;
@@ -124,6 +124,9 @@ struct Text {
 
 #[derive(Debug, Default, Deserialize)]
 struct Media {
+    /// The media id: `GET /{id}` gives a short-lived URL to fetch it from.
+    #[serde(default)]
+    id: Option<String>,
     #[serde(default)]
     mime_type: Option<String>,
     #[serde(default)]
@@ -324,24 +327,19 @@ fn usable_wa_id(id: &str) -> bool {
 }
 
 /// The text the model sees and the attachments listed beside it.
-fn describe(msg: &Inbound) -> (String, Vec<String>) {
-    let media = |label: &str, m: &Option<Media>| -> (String, Vec<String>) {
-        let m = m.as_ref();
-        let caption = m.and_then(|m| m.caption.clone()).unwrap_or_default();
-        let mut name = label.to_owned();
-        if let Some(file) = m
-            .and_then(|m| m.filename.as_deref())
-            .filter(|f| !f.is_empty())
-        {
-            name = format!("{label}: {file}");
-        }
-        if let Some(mime) = m
-            .and_then(|m| m.mime_type.as_deref())
-            .filter(|t| !t.is_empty())
-        {
-            name = format!("{name} ({mime})");
-        }
-        (caption, vec![name])
+fn describe(msg: &Inbound) -> (String, Vec<Attachment>) {
+    let media = |kind: MediaKind, m: &Option<Media>| -> (String, Vec<Attachment>) {
+        let Some(m) = m.as_ref() else {
+            return (String::new(), Vec::new());
+        };
+        let caption = m.caption.clone().unwrap_or_default();
+        let Some(id) = m.id.as_deref().filter(|id| !id.is_empty()) else {
+            return (caption, Vec::new());
+        };
+        let attachment = Attachment::remote(kind, id)
+            .named(m.filename.as_deref().filter(|f| !f.is_empty()))
+            .claiming(m.mime_type.as_deref().filter(|t| !t.is_empty()));
+        (caption, vec![attachment])
     };
     match msg.kind.as_str() {
         "text" => (
@@ -351,13 +349,14 @@ fn describe(msg: &Inbound) -> (String, Vec<String>) {
                 .unwrap_or_default(),
             Vec::new(),
         ),
-        "image" => media("image", &msg.image),
-        "video" => media("video", &msg.video),
-        "sticker" => media("sticker", &msg.sticker),
-        "document" => media("document", &msg.document),
+        "image" => media(MediaKind::Image, &msg.image),
+        "video" => media(MediaKind::Video, &msg.video),
+        "sticker" => media(MediaKind::Image, &msg.sticker),
+        "document" => media(MediaKind::Document, &msg.document),
         "audio" => {
             let voice = msg.audio.as_ref().and_then(|a| a.voice) == Some(true);
-            media(if voice { "voice message" } else { "audio" }, &msg.audio)
+            let kind = if voice { MediaKind::Voice } else { MediaKind::Audio };
+            media(kind, &msg.audio)
         }
         "location" => match &msg.location {
             Some(l) => (describe_location(l), Vec::new()),
@@ -386,7 +385,7 @@ fn describe(msg: &Inbound) -> (String, Vec<String>) {
         },
         "contacts" => {
             let n = msg.contacts.as_ref().map_or(0, Vec::len);
-            (String::new(), vec![format!("{n} shared contact card(s)")])
+            (format!("[{n} shared contact card(s)]"), Vec::new())
         }
         "unsupported" | "unknown" => (
             "[a message of a kind WhatsApp does not pass on to business accounts]".to_owned(),
@@ -511,9 +510,10 @@ mod tests {
             json!({"image": {"id": "1", "mime_type": "image/jpeg", "caption": "look"}}),
         ))
         .unwrap();
+        assert_eq!(image.text, "look");
         assert_eq!(
-            (image.text.as_str(), image.attachments.as_slice()),
-            ("look", &["image (image/jpeg)".to_owned()][..])
+            image.attachments,
+            [Attachment::remote(MediaKind::Image, "1").claiming(Some("image/jpeg"))]
         );
         let doc = one(msg(
             "document",
@@ -521,7 +521,12 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(doc.text, "");
-        assert_eq!(doc.attachments, ["document: q3.pdf (application/pdf)"]);
+        assert_eq!(
+            doc.attachments,
+            [Attachment::remote(MediaKind::Document, "2")
+                .named(Some("q3.pdf"))
+                .claiming(Some("application/pdf"))]
+        );
         let voice = one(msg(
             "audio",
             json!({"audio": {"id": "3", "mime_type": "audio/ogg; codecs=opus", "voice": true}}),
@@ -529,7 +534,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             voice.attachments,
-            ["voice message (audio/ogg; codecs=opus)"]
+            [Attachment::remote(MediaKind::Voice, "3").claiming(Some("audio/ogg; codecs=opus"))]
         );
         let place = one(msg(
             "location",

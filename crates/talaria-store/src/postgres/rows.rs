@@ -128,6 +128,8 @@ impl PostgresStore {
                 tool_name: self.column(row, 6)?,
                 reasoning: self.column(row, 10)?,
                 finish_reason: self.column(row, 9)?,
+                // Written and read by the store in the media column (issue 22).
+                media: Vec::new(),
             },
             timestamp: self.column(row, 7)?,
             token_count: token_count

@@ -144,6 +144,8 @@ impl RawMessage {
                 tool_name: self.tool_name,
                 reasoning: self.reasoning,
                 finish_reason: self.finish_reason,
+                // Written and read by the store in the media column (issue 22).
+                media: Vec::new(),
             },
             timestamp: self.timestamp,
             token_count: self.token_count.map(from_sql_count),
