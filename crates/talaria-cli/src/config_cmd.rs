@@ -88,7 +88,7 @@ pub fn check(home: &Home) -> anyhow::Result<ExitCode> {
         eprintln!("warning: {w}");
     }
     let mut errors = problems(&loaded.config, &loaded.env);
-    let (platforms, platform_errors) = platforms_on(&loaded.config, &loaded.env);
+    let (platforms, platform_errors) = platforms_on(home, &loaded.config, &loaded.env);
     errors.extend(platform_errors);
     for e in &errors {
         eprintln!("error: {e}");
@@ -118,6 +118,7 @@ pub fn check(home: &Home) -> anyhow::Result<ExitCode> {
 /// `talaria gateway run` would (nothing connects), and the errors of those
 /// that would stop the gateway.
 pub(crate) fn platforms_on(
+    home: &talaria_core::Home,
     config: &Config,
     env: &talaria_core::Env,
 ) -> (Vec<&'static str>, Vec<String>) {
@@ -125,6 +126,7 @@ pub(crate) fn platforms_on(
         config,
         env,
         cursors: Arc::new(NoCursors),
+        media: talaria_media::MediaCache::for_home(home, &config.media),
     };
     let mut on = Vec::new();
     let mut errors = Vec::new();

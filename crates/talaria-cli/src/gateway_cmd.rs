@@ -55,6 +55,7 @@ fn build_platforms(
         config: &rt.config,
         env: &rt.loaded.env,
         cursors: rt.gateway_store.clone(),
+        media: talaria_media::MediaCache::for_home(&rt.home, &rt.config.media),
     };
     let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
     let mut mounts: Vec<Mount> = Vec::new();
@@ -514,7 +515,7 @@ pub async fn status(home: &Home) -> anyhow::Result<ExitCode> {
     // worth showing; its error follows.
     let loaded = crate::sections::load(home);
     let configured = match &loaded {
-        Ok(l) => crate::config_cmd::platforms_on(&l.config, &l.env).0,
+        Ok(l) => crate::config_cmd::platforms_on(home, &l.config, &l.env).0,
         Err(_) => Vec::new(),
     };
     let code = local_status(home, &configured)?;

@@ -27,6 +27,9 @@ pub struct Setup<'a> {
     pub env: &'a Env,
     /// Where an adapter keeps its position across restarts.
     pub cursors: Arc<dyn CursorStore>,
+    /// The media cache, for an adapter that receives files' bytes inline
+    /// (an e-mail's parts) and stores them at intake.
+    pub media: talaria_media::MediaCache,
 }
 
 impl Setup<'_> {

@@ -158,6 +158,7 @@ impl<K: AdapterKit> Rig<K> {
             config: &config,
             env: &env,
             cursors: store.clone(),
+            media: talaria_media::MediaCache::for_home(&self.home, &config.media),
         });
         #[cfg(feature = "ingress")]
         let listen = built.mount.map(|mount| {
