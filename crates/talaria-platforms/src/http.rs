@@ -14,7 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde::de::DeserializeOwned;
-use talaria_adapter::SendError;
+use futures::StreamExt;
+use talaria_adapter::{Download, DownloadError, SendError};
 use talaria_core::Secret;
 
 /// How a connection may take before a request counts as unreachable.
@@ -256,6 +257,41 @@ impl Http {
         })
     }
 
+    /// Starts fetching a file: the status is checked, the body is handed
+    /// over as a stream (never read whole here). `timeout` bounds the
+    /// whole transfer, body included.
+    #[allow(dead_code)] // until every adapter fetches through it
+    pub(crate) async fn download(
+        &self,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<Download, DownloadError> {
+        let response = request.timeout(timeout).send().await.map_err(|e| {
+            DownloadError::Unavailable(self.network_error(e).to_string())
+        })?;
+        let status = response.status().as_u16();
+        if !(200..300).contains(&status) {
+            // The body may explain; a short piece of it is enough.
+            let body = response.bytes().await.unwrap_or_default();
+            let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+            let why = self.refused(status, None, text.trim(), None).to_string();
+            return Err(match status {
+                403 | 404 | 410 => DownloadError::Gone(why),
+                413 => DownloadError::TooLarge(why),
+                _ => DownloadError::Unavailable(why),
+            });
+        }
+        let length = response.content_length();
+        let this = self.clone();
+        let body = response.bytes_stream().map(move |chunk| {
+            chunk.map_err(|e| std::io::Error::other(this.network_error(e).to_string()))
+        });
+        Ok(Download {
+            reader: Box::pin(tokio_util::io::StreamReader::new(body)),
+            length,
+        })
+    }
+
     /// Decodes a success answer. A success status with a garbled body may
     /// still mean the request took effect: ambiguous, never retried as
     /// transient.
@@ -320,6 +356,23 @@ impl Http {
             None => text.to_owned(),
         }
     }
+}
+
+/// A file on disk as one part of a multipart upload, streamed from the
+/// disk as the request is sent rather than read into memory first.
+#[allow(dead_code)] // until every adapter uploads through it
+pub(crate) async fn file_part(
+    path: &std::path::Path,
+    name: &str,
+    mime: &str,
+) -> std::io::Result<reqwest::multipart::Part> {
+    let file = tokio::fs::File::open(path).await?;
+    let len = file.metadata().await?.len();
+    let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+    reqwest::multipart::Part::stream_with_length(body, len)
+        .file_name(name.to_owned())
+        .mime_str(mime)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
 }
 
 /// A header holding a number of seconds (`Retry-After` and its kin),
