@@ -41,6 +41,6 @@ mod sweep;
 pub use cache::{Hint, MediaCache, Stored};
 pub use error::MediaError;
 pub use name::sanitize_name;
-pub use prepare::{PreparedImage, prepare_image};
+pub use prepare::{PreparedImage, identify, prepare_image};
 pub use sweep::SweepReport;
 pub use talaria_core::MediaKind;

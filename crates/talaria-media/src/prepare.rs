@@ -153,12 +153,25 @@ fn has_transparency(image: &DynamicImage) -> bool {
 
 /// What the file's first bytes say it is.
 fn sniff_file(path: &Path) -> Result<crate::sniff::Sniffed, MediaError> {
+    Ok(sniff(&head_of(path)?, false))
+}
+
+/// What a file on disk is, from its first bytes: its MIME type and kind.
+/// An OGG/Opus file counts as a voice note here, since that is what the
+/// platforms show as one when it is sent.
+pub fn identify(path: &Path) -> Result<(&'static str, crate::MediaKind), MediaError> {
+    let found = sniff(&head_of(path)?, true);
+    Ok((found.mime, found.kind))
+}
+
+/// The first [`SNIFF_BYTES`] of a file (all of a shorter one).
+fn head_of(path: &Path) -> Result<Vec<u8>, MediaError> {
     let file = std::fs::File::open(path).map_err(|e| read_error(path, e))?;
     let mut head = Vec::with_capacity(SNIFF_BYTES);
     file.take(SNIFF_BYTES as u64)
         .read_to_end(&mut head)
         .map_err(|e| read_error(path, e))?;
-    Ok(sniff(&head, false))
+    Ok(head)
 }
 
 fn read_error(path: &Path, source: std::io::Error) -> MediaError {
