@@ -39,6 +39,9 @@ pub struct TurnOptions {
     /// someone (the gateway's delivery ledger): the row and the debt in one
     /// transaction. See [`TurnOutcome::owed`].
     pub outbox: Option<Arc<dyn Outbox>>,
+    /// Files the user's message carries into the transcript (images for a
+    /// model that sees them; see [`crate::attach`]).
+    pub media: Vec<talaria_core::MediaRef>,
 }
 
 /// Runs turns over sessions. Cheap to share behind an `Arc`; holds no
@@ -204,6 +207,7 @@ impl Agent {
             .with_registry(registry)
             .with_recall(recall)
             .with_outbox(options.outbox)
+            .with_media(options.media)
             .run(user_text)
             .await?;
         if let Some(title) = title

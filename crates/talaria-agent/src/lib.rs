@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod attach;
 pub mod compress;
 pub mod dispatch;
 mod error;

@@ -133,6 +133,8 @@ pub(crate) struct TurnRun<'a> {
     recall: Option<String>,
     /// The user's message of this turn (where the recall goes).
     user_text: String,
+    /// The user row's files, stored with it.
+    media: Vec<talaria_core::MediaRef>,
     /// A damaged transcript is repaired for every request; say so once.
     repair_logged: bool,
     /// Who tools ask for approvals in this turn.
@@ -170,6 +172,7 @@ impl<'a> TurnRun<'a> {
             registry: parts.registry.clone(),
             recall: None,
             user_text: String::new(),
+            media: Vec::new(),
             repair_logged: false,
             outbox: None,
             owed: false,
@@ -177,6 +180,12 @@ impl<'a> TurnRun<'a> {
     }
 
     /// Stores the final answer through `outbox`, with its obligation.
+    /// The files the user's row carries (images for a model that sees).
+    pub(crate) fn with_media(mut self, media: Vec<talaria_core::MediaRef>) -> TurnRun<'a> {
+        self.media = media;
+        self
+    }
+
     pub(crate) fn with_outbox(mut self, outbox: Option<std::sync::Arc<dyn Outbox>>) -> TurnRun<'a> {
         self.outbox = outbox;
         self
@@ -237,7 +246,8 @@ impl<'a> TurnRun<'a> {
         }
         // Stored before anything can fail, so the request is never lost.
         self.user_text = crate::memory_context::sanitize(user_text);
-        self.persist(Message::user(user_text)).await?;
+        let media = std::mem::take(&mut self.media);
+        self.persist(Message::user_with_media(user_text, media)).await?;
         let budget = self.parts.config.agent.max_turns.max(1);
         let mut iterations = 0;
         let mut nudge: Option<&str> = None;

@@ -91,7 +91,12 @@ pub fn standalone_delivery(rt: &Runtime) -> anyhow::Result<Delivery> {
         .then(|| Ledger::new(rt.gateway_store.clone(), Node::current().id().clone()));
     Ok(Delivery::new(adapters, ledger)
         .with_homes(Arc::new(homes))
-        .with_local_dir(rt.home.cron_output_dir()))
+        .with_local_dir(rt.home.cron_output_dir())
+        .with_file_roots(talaria_gateway::parts::FileRoots::new([
+            rt.workdir()?,
+            rt.home.media_dir(),
+            rt.home.cron_output_dir(),
+        ])))
 }
 
 /// Why `gateway run` stopped early: an unusable configuration (exits with

@@ -126,6 +126,14 @@ impl Runtime {
         self.agent_with_tools(interaction, Vec::new())
     }
 
+    /// Where the agent works: `terminal.cwd`, else the current directory.
+    pub fn workdir(&self) -> anyhow::Result<std::path::PathBuf> {
+        match &self.config.terminal.cwd {
+            Some(dir) => Ok(dir.clone()),
+            None => std::env::current_dir().context("cannot read the current directory"),
+        }
+    }
+
     /// [`Runtime::agent`] with `extra` tools beside the core ones (the
     /// gateway adds `send_message`).
     pub fn agent_with_tools(
@@ -137,10 +145,7 @@ impl Runtime {
             anyhow::anyhow!("{e}\n(config file: {})", self.home.config_file().display())
         })?;
         let client = Arc::new(client);
-        let workdir = match &self.config.terminal.cwd {
-            Some(dir) => dir.clone(),
-            None => std::env::current_dir().context("cannot read the current directory")?,
-        };
+        let workdir = self.workdir()?;
         let mut registry = Registry::with_core_tools(&self.config);
         for tool in talaria_learning::skill_tools(self.skills.clone()) {
             registry.register(tool).map_err(anyhow::Error::msg)?;
@@ -152,6 +157,19 @@ impl Runtime {
             )));
         }
         for tool in extra {
+            registry.register(tool).map_err(anyhow::Error::msg)?;
+        }
+        // Speech, image generation and vision_analyze, as configured.
+        let (media_tools, problems) = talaria_agent::tools::media_out::media_tools(
+            &self.config,
+            &self.loaded.env,
+            &self.home,
+            &workdir,
+        );
+        for p in problems {
+            tracing::warn!("{p}");
+        }
+        for tool in media_tools {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }
         // Home Assistant's ha_* tools, when HASS_URL and HASS_TOKEN are set.

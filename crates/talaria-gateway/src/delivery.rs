@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use talaria_adapter::OutboundFile;
+
 use crate::adapter::{Adapter, OutboundMessage, SendError};
 use crate::event::MessageEvent;
-use crate::ledger::{Attempt, Claimed, Ledger};
-use crate::split::split_message;
+use crate::ledger::{Attempt, Claimed, Ledger, RECOVERY_MARKER};
+use crate::parts::{FileRoots, Part, answer_parts};
 use crate::target::{HomeChannels, Target, TargetError};
 
 /// Retries of a part that failed with a transient error (5xx). Timeouts
@@ -56,7 +58,22 @@ pub struct Delivery {
     homes: Arc<HomeChannels>,
     /// Where `local` deliveries are written; `None` refuses them.
     local_dir: Option<PathBuf>,
+    /// The folders an answer's `MEDIA:` lines may name files in.
+    file_roots: Arc<FileRoots>,
     transient_backoff: Duration,
+}
+
+/// How a send of an answer's parts starts and reports: the parts already
+/// confirmed are skipped, and each one sent is recorded in the ledger
+/// before the next goes, so a crash re-sends only what did not go out.
+#[derive(Clone, Copy, Default)]
+struct Progress<'a> {
+    /// Parts confirmed by an earlier attempt.
+    skip: usize,
+    /// The attempt whose progress is recorded.
+    attempt: Option<(&'a Ledger, &'a Attempt)>,
+    /// Prefix the first part sent with the recovery line.
+    marker: bool,
 }
 
 /// Why a target cannot be delivered to.
@@ -94,8 +111,16 @@ impl Delivery {
             ledger,
             homes: Arc::default(),
             local_dir: None,
+            file_roots: Arc::default(),
             transient_backoff: Duration::from_secs(2),
         }
+    }
+
+    /// Lets answers send files from these folders (`MEDIA:<path>` lines):
+    /// the workspace, the media cache, scheduled jobs' output.
+    pub fn with_file_roots(mut self, roots: FileRoots) -> Delivery {
+        self.file_roots = Arc::new(roots);
+        self
     }
 
     /// Uses these home channels for bare `<platform>` targets.
@@ -249,10 +274,10 @@ impl Delivery {
         self.ledger.as_ref()
     }
 
-    /// Sends `text`, split to fit, part by part. Only the first part is
-    /// anchored as a reply.
+    /// Sends `text`, split to fit, part by part, with the files its
+    /// `MEDIA:` lines name. Only the first part is anchored as a reply.
     pub async fn send_text(&self, to: &Address, text: &str) -> Result<(), SendError> {
-        self.send_over(to, text, None).await
+        self.send_over(to, text, None, Progress::default()).await
     }
 
     /// Like [`Delivery::send_text`], but the first part replaces the text of
@@ -263,6 +288,7 @@ impl Delivery {
         to: &Address,
         text: &str,
         edit: Option<&str>,
+        progress: Progress<'_>,
     ) -> Result<(), SendError> {
         if to.platform == LOCAL {
             return self.write_local(&to.chat_id, text).await;
@@ -270,36 +296,95 @@ impl Delivery {
         let adapter = self
             .adapter(&to.platform)
             .ok_or_else(|| SendError::Unavailable(format!("{} is not configured", to.platform)))?;
-        let parts = split_message(text, adapter.limits());
-        let mut skip = 0;
-        if let (Some(id), Some(first)) = (edit, parts.first()) {
-            match adapter.edit(&to.chat_id, id, first).await {
-                Ok(()) => skip = 1,
-                Err(e) => {
-                    tracing::debug!(error = %e, "could not turn the preview into the answer; sending it anew");
-                }
+        let limits = adapter.limits();
+        let parts = answer_parts(text, &self.file_roots, limits);
+        let first = progress.skip;
+        if first >= parts.len() && first > 0 {
+            return Ok(());
+        }
+        if progress.marker {
+            // Said on its own when it cannot lead the first part: a part
+            // must keep its length, or the parts counted as sent would no
+            // longer be the parts the answer is cut into.
+            let fits = matches!(parts.get(first), Some(Part::Text(t))
+                if limits.unit.measure(t) + limits.unit.measure(RECOVERY_MARKER) <= limits.max_len);
+            if !fits {
+                self.send_message(adapter.as_ref(), to, RECOVERY_MARKER.trim_end(), None)
+                    .await?;
             }
         }
-        for (i, part) in parts.into_iter().enumerate().skip(skip) {
-            let message = OutboundMessage {
-                chat_id: to.chat_id.clone(),
-                thread_id: to.thread_id.clone(),
-                reply_to: if i == 0 { to.reply_to.clone() } else { None },
-                text: part,
-            };
-            self.send_part(adapter.as_ref(), &message).await?;
+        for (i, part) in parts.into_iter().enumerate().skip(first) {
+            let reply_to = if i == first { to.reply_to.clone() } else { None };
+            match part {
+                Part::Text(mut t) => {
+                    if i == first && progress.marker && {
+                        let n = limits.unit.measure(&t) + limits.unit.measure(RECOVERY_MARKER);
+                        n <= limits.max_len
+                    } {
+                        t.insert_str(0, RECOVERY_MARKER);
+                    }
+                    let edited = match (edit, i) {
+                        (Some(id), 0) => match adapter.edit(&to.chat_id, id, &t).await {
+                            Ok(()) => true,
+                            Err(e) => {
+                                tracing::debug!(error = %e, "could not turn the preview into the answer; sending it anew");
+                                false
+                            }
+                        },
+                        _ => false,
+                    };
+                    if !edited {
+                        self.send_message(adapter.as_ref(), to, &t, reply_to).await?;
+                    }
+                }
+                Part::File(f) => {
+                    let file = OutboundFile {
+                        chat_id: to.chat_id.clone(),
+                        thread_id: to.thread_id.clone(),
+                        reply_to,
+                        path: f.path,
+                        kind: f.kind,
+                        mime: f.mime,
+                        name: f.name,
+                        caption: None,
+                    };
+                    self.retrying(|| adapter.send_file(&file)).await?;
+                }
+            }
+            if let Some((ledger, attempt)) = progress.attempt {
+                ledger.progress(attempt, i + 1).await;
+            }
         }
         Ok(())
     }
 
-    async fn send_part(
+    /// Sends one text message, retrying what may pass on a retry.
+    async fn send_message(
         &self,
         adapter: &dyn Adapter,
-        message: &OutboundMessage,
+        to: &Address,
+        text: &str,
+        reply_to: Option<String>,
     ) -> Result<(), SendError> {
+        let message = OutboundMessage {
+            chat_id: to.chat_id.clone(),
+            thread_id: to.thread_id.clone(),
+            reply_to,
+            text: text.to_owned(),
+        };
+        self.retrying(|| adapter.send(&message)).await
+    }
+
+    /// Runs `send` until it succeeds, fails for good, or has failed
+    /// transiently more than [`TRANSIENT_RETRIES`] times.
+    async fn retrying<F, Fut>(&self, mut send: F) -> Result<(), SendError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<crate::adapter::SentMessage, SendError>>,
+    {
         let mut retries = 0;
         loop {
-            match adapter.send(message).await {
+            match send().await {
                 Ok(_) => return Ok(()),
                 Err(SendError::Transient(e)) if retries < TRANSIENT_RETRIES => {
                     retries += 1;
@@ -401,7 +486,11 @@ impl Delivery {
         text: &str,
         preview: Option<&str>,
     ) -> Result<(), SendError> {
-        let result = self.send_over(to, text, preview).await;
+        let progress = Progress {
+            attempt: self.ledger.as_ref().zip(attempt.as_ref()),
+            ..Progress::default()
+        };
+        let result = self.send_over(to, text, preview, progress).await;
         if let (Some(ledger), Some(attempt)) = (&self.ledger, &attempt) {
             ledger.settle(attempt, &result).await;
         }
@@ -426,7 +515,18 @@ impl Delivery {
             thread_id: row.thread_id.clone(),
             reply_to: row.reply_to.clone(),
         };
-        let result = self.send_text(&to, &claimed.text()).await;
+        let attempt = Attempt {
+            id: row.id.clone(),
+            number: claimed.attempt(),
+        };
+        let progress = Progress {
+            skip: usize::try_from(row.parts_sent).unwrap_or(usize::MAX),
+            attempt: Some((ledger, &attempt)),
+            marker: claimed.needs_marker,
+        };
+        let result = self
+            .send_over(&to, &row.content, None, progress)
+            .await;
         match &result {
             Ok(()) => {
                 tracing::info!(id = %row.id, platform = %row.platform, "recovered an undelivered reply");
@@ -435,10 +535,6 @@ impl Delivery {
                 tracing::warn!(id = %row.id, error = %e, "could not redeliver a recovered reply");
             }
         }
-        let attempt = Attempt {
-            id: row.id.clone(),
-            number: claimed.attempt(),
-        };
         ledger.settle(&attempt, &result).await;
         result
     }

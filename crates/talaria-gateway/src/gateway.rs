@@ -133,9 +133,24 @@ impl Gateway {
         let homes = HomeChannels::load(&config.gateway.home_channels, &env, &platforms);
         let delivery = Delivery::new(adapters.clone(), ledger)
             .with_homes(Arc::new(homes))
-            .with_local_dir(home.cron_output_dir());
+            .with_local_dir(home.cron_output_dir())
+            .with_file_roots(crate::parts::FileRoots::new([
+                agent.parts().workdir.clone(),
+                home.media_dir(),
+                home.cron_output_dir(),
+            ]));
         process_started_unix();
         let board = Arc::new(StatusBoard::default());
+        let (media, problems) = crate::media::MediaServices::from_config(
+            &config,
+            &env,
+            &home,
+            agent.parts().provider.model(),
+        );
+        for p in problems {
+            tracing::warn!("{p}");
+        }
+        let media = Arc::new(media);
         let runner = Runner::new(RunnerParts {
             config: config.clone(),
             env,
@@ -148,6 +163,7 @@ impl Gateway {
             turn_leases: (config.store.backend == StoreBackend::Postgres)
                 .then(|| TurnLeases::new(store.clone(), node.id().clone())),
             node: node.id().clone(),
+            media,
         });
         let scheduler = if config.cron.enabled {
             let parts = SchedulerParts {

@@ -297,6 +297,28 @@ impl Ledger {
         }
     }
 
+    /// Records that the first `parts_sent` parts of attempt `attempt`'s
+    /// reply went out, so a re-send after a crash starts after them. Best
+    /// effort like the rest of the ledger: a failure is logged, and at
+    /// worst a part is sent again (with the recovery line).
+    pub async fn progress(&self, attempt: &Attempt, parts_sent: usize) {
+        let n = u32::try_from(parts_sent).unwrap_or(u32::MAX);
+        match self
+            .store
+            .mark_parts_sent(&attempt.id, attempt.number, n)
+            .await
+        {
+            Ok(true) => tracing::debug!(id = %attempt.id, parts_sent = n, "reply part sent"),
+            Ok(false) => tracing::info!(
+                id = %attempt.id,
+                "a part went out after another node took the reply over"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "delivery ledger: could not record a sent part")
+            }
+        }
+    }
+
     /// Claims what this node should (re)send on the `deliverable`
     /// platforms, abandoning what is over budget.
     ///

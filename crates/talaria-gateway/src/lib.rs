@@ -24,8 +24,12 @@
 //! - [`router`]: session key → current session, reset policies, `/new` and
 //!   `/resume`, and the watcher that ends expired sessions in the
 //!   background.
-//! - [`delivery`]: sending text (split, retried) and final replies through
-//!   the ledger.
+//! - [`media`]: a message's attachments fetched into the media cache when
+//!   its turn runs, and the services that turn them into model input
+//!   (speech to text, image descriptions) or speak answers.
+//! - [`delivery`]: sending answers (text split, retried, then the files of
+//!   their `MEDIA:` lines, cut into [`parts`] the ledger counts) and final
+//!   replies through the ledger.
 //! - [`messenger`]: the agent's `send_message` tool, delivered through
 //!   the ledger.
 //! - [`control`]: the local socket `talaria send` hands messages over.
@@ -66,11 +70,13 @@ pub mod gateway;
 pub mod hooks;
 pub mod ledger;
 pub mod maintenance;
+pub mod media;
 pub mod messenger;
 pub mod node;
 pub mod owed;
 pub mod owner;
 pub mod pairing;
+pub mod parts;
 pub mod preview;
 pub mod process;
 pub mod router;

@@ -19,6 +19,7 @@ use crate::interaction::Interaction;
 pub mod clarify;
 pub mod files;
 pub mod guard;
+pub mod media_out;
 pub mod memory;
 pub mod search_files;
 pub mod secret_files;

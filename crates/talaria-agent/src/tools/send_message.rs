@@ -41,6 +41,33 @@ pub trait Messenger: Send + Sync {
     async fn targets(&self) -> Result<Vec<TargetInfo>, String>;
 }
 
+/// The most files one call sends.
+const MAX_FILES: usize = 10;
+
+/// The `media` argument: paths, one per line of the message sent.
+fn media_paths(args: &serde_json::Value) -> Result<Vec<String>, ToolError> {
+    let Some(list) = args.get("media").filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let list = list
+        .as_array()
+        .ok_or_else(|| ToolError::new("`media` must be a list of file paths"))?;
+    if list.len() > MAX_FILES {
+        return Err(ToolError::new(format!(
+            "at most {MAX_FILES} files per message"
+        )));
+    }
+    list.iter()
+        .map(|v| {
+            v.as_str()
+                .map(str::trim)
+                .filter(|p| !p.is_empty() && !p.contains('\n'))
+                .map(str::to_owned)
+                .ok_or_else(|| ToolError::new("each `media` entry must be a file path"))
+        })
+        .collect()
+}
+
 /// The `send_message` tool.
 pub struct SendMessageTool {
     messenger: Arc<dyn Messenger>,
@@ -76,7 +103,12 @@ impl Tool for SendMessageTool {
                     "type": "string",
                     "description": "origin, local, <platform> (its home channel), <platform>:<chat_id> or <platform>:<chat_id>:<thread_id>"
                 },
-                "message": {"type": "string", "description": "the text to send"}
+                "message": {"type": "string", "description": "the text to send"},
+                "media": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "paths of files to send with the message (photos, voice notes, documents), from the workspace or the media cache"
+                }
             },
             "required": []
         })
@@ -99,17 +131,27 @@ impl Tool for SendMessageTool {
                     .ok_or_else(|| {
                         ToolError::new("`target` is required to send (action=list shows them)")
                     })?;
-                let message = opt_str(&args, "message")?
-                    .filter(|m| !m.trim().is_empty())
-                    .ok_or_else(|| ToolError::new("`message` is required and must not be empty"))?;
+                let files = media_paths(&args)?;
+                let message = opt_str(&args, "message")?.unwrap_or("");
+                if message.trim().is_empty() && files.is_empty() {
+                    return Err(ToolError::new(
+                        "`message` (or `media`) is required and must not be empty",
+                    ));
+                }
                 if message.chars().count() > MAX_MESSAGE_CHARS {
                     return Err(ToolError::new(format!(
                         "the message is longer than {MAX_MESSAGE_CHARS} characters; send less"
                     )));
                 }
+                // Files travel as `MEDIA:` lines, which delivery checks
+                // against the folders files may be sent from.
+                let mut text = message.trim().to_owned();
+                for path in &files {
+                    text.push_str(&format!("\nMEDIA:{path}"));
+                }
                 let detail = self
                     .messenger
-                    .send(target, message, &ctx.session_id)
+                    .send(target, text.trim(), &ctx.session_id)
                     .await
                     .map_err(ToolError::new)?;
                 Ok(json!({"success": true, "target": target, "detail": detail}).to_string())

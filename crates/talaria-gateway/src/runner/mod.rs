@@ -44,6 +44,7 @@ use crate::event::{MessageEvent, SessionSource};
 use crate::hooks::Hooks;
 use crate::hooks::events::{self, clip};
 use crate::key::{KeyPolicy, SessionKey};
+use crate::media::MediaServices;
 use crate::pairing::Pairing;
 use crate::router::{Routed, Router};
 use crate::supervisor::StatusBoard;
@@ -88,6 +89,9 @@ pub struct RunnerParts {
     pub turn_leases: Option<TurnLeases>,
     /// This process as a node: the owner of the turns it owes.
     pub node: NodeId,
+    /// How attachments are fetched and turned into model input, and
+    /// answers spoken.
+    pub media: Arc<MediaServices>,
 }
 
 /// The runner. Cheap to clone; clones share all state.
@@ -110,6 +114,7 @@ struct Inner {
     hooks: Arc<Hooks>,
     turn_leases: Option<TurnLeases>,
     node: NodeId,
+    media: Arc<MediaServices>,
     lanes: Mutex<HashMap<SessionKey, Lane>>,
     /// When each key was last sent a busy acknowledgement. Kept apart from
     /// the lanes, which go when their queue empties: the cooldown must
@@ -137,6 +142,7 @@ impl Runner {
             hooks,
             turn_leases,
             node,
+            media,
         } = parts;
         let router = Router::new(agent.clone(), store.clone(), config.session_reset.clone());
         Runner {
@@ -154,6 +160,7 @@ impl Runner {
                 hooks,
                 turn_leases,
                 node,
+                media,
                 lanes: Mutex::new(HashMap::new()),
                 acks: Mutex::new(HashMap::new()),
                 generations: AtomicU64::new(1),
@@ -296,8 +303,8 @@ fn user_hash(source: &SessionSource) -> Option<String> {
         .map(|u| talaria_core::ids::hash_id("user", u))
 }
 
-/// The text the agent sees: the message, with what it replies to and its
-/// attachments, and in shared chats who wrote it (the platform id hashed:
+/// The text the agent sees: the message, with what it replies to, and in
+/// shared chats who wrote it (the platform id hashed:
 /// raw ids never enter a prompt).
 fn prompt_text(event: &MessageEvent) -> String {
     let mut text = String::new();
@@ -312,17 +319,8 @@ fn prompt_text(event: &MessageEvent) -> String {
     if let Some(quoted) = &event.reply_to_text {
         text.push_str(&format!("(replying to: \"{}\")\n", clip(quoted)));
     }
+    // Attachments are added when the turn has fetched them
+    // ([`crate::media`]).
     text.push_str(&event.text);
-    if !event.attachments.is_empty() {
-        text.push_str(&format!(
-            "\n[attachments: {}]",
-            event
-                .attachments
-                .iter()
-                .map(|a| a.label())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
     text
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use talaria_agent::interaction::Interaction;
 use talaria_agent::{TurnExit, TurnObserver, TurnOptions};
+use talaria_core::MediaRef;
 use talaria_core::config::BusyInputMode;
 use tokio_util::sync::CancellationToken;
 
@@ -302,7 +303,7 @@ impl Runner {
             tool,
             preview: preview.as_ref().map(Preview::sink),
         };
-        let text = prompt_text(&event);
+        let (text, media, voice_in) = self.take_in(&event, &to).await;
         let message_ref = event.message_id.clone().unwrap_or_default();
         // With the ledger on, the answer and its obligation are stored in
         // one transaction.
@@ -334,6 +335,7 @@ impl Runner {
                 TurnOptions {
                     interaction: Some(interaction),
                     outbox,
+                    media,
                     ..TurnOptions::default()
                 },
             )
@@ -421,6 +423,9 @@ impl Runner {
                         }
                     );
                     inner.board.touch();
+                    if delivered && inner.media.speaks(voice_in) {
+                        self.speak(key, &message_ref, &to, &outcome.answer).await;
+                    }
                     if delivered {
                         inner.hooks.fire(&events::MessageSent {
                             platform: &to.platform,
@@ -448,6 +453,66 @@ impl Runner {
             }
         }
         RunEnd::Done
+    }
+
+    /// The user row of a turn: the prompt text with what the message's
+    /// files gave, the images for a model that sees them, and whether a
+    /// voice note came in. What could not be taken (a file too large, a
+    /// failed transcription) and, when asked for, the transcript are said
+    /// in the chat first.
+    async fn take_in(&self, event: &MessageEvent, to: &Address) -> (String, Vec<MediaRef>, bool) {
+        let text = prompt_text(event);
+        if event.attachments.is_empty() {
+            return (text, Vec::new(), false);
+        }
+        let inner = &self.inner;
+        let adapter = inner.delivery.adapter(&event.source.platform);
+        let received =
+            crate::media::receive(adapter, &event.attachments, &inner.media.cache).await;
+        let digest = talaria_agent::attach::digest(received, &inner.media.attach_context()).await;
+        for notice in &digest.notices {
+            inner.delivery.notify(to, notice).await;
+        }
+        if inner.media.echo_transcript {
+            for heard in &digest.transcripts {
+                inner.delivery.notify(to, &format!("🎤 “{heard}”")).await;
+            }
+        }
+        (digest.message_text(&text), digest.media, digest.voice)
+    }
+
+    /// Speaks an answer (`tts.voice_reply`) and sends it as a voice note,
+    /// owed through the ledger like the answer itself. A failure is said
+    /// in the chat: the written answer is already there.
+    async fn speak(&self, key: &SessionKey, message_ref: &str, to: &Address, answer: &str) {
+        let inner = &self.inner;
+        let Some(tts) = &inner.media.synthesizer else {
+            return;
+        };
+        let words = crate::parts::spoken_text(answer);
+        if words.is_empty() {
+            return;
+        }
+        match tts.speak(&words, &inner.media.cache).await {
+            Ok(speech) => {
+                let line = format!("{}{}", crate::parts::MEDIA_PREFIX, speech.stored.path.display());
+                let voice_ref = format!("{message_ref}#voice");
+                if let Err(e) = inner
+                    .delivery
+                    .deliver_reply(key.as_str(), &voice_ref, to, &line, None)
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not send the spoken answer");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not speak an answer");
+                inner
+                    .delivery
+                    .notify(to, &format!("⚠️ I could not speak this answer: {e}."))
+                    .await;
+            }
+        }
     }
 
     /// Sends "typing…" every few seconds until the returned token fires.
