@@ -36,6 +36,9 @@ pub(crate) struct ChatInput {
     pub(crate) system: String,
     /// The new input: the last user message.
     pub(crate) last_user: String,
+    /// The files of the last user message (`image_url` data URLs,
+    /// `input_audio`), still encoded.
+    pub(crate) files: Vec<InlineFile>,
     /// User and assistant messages before the last user message.
     pub(crate) earlier: Vec<Message>,
 }
@@ -86,18 +89,19 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
             .get("role")
             .and_then(Value::as_str)
             .ok_or_else(|| bad("missing 'role'"))?;
-        let text = content_text(m.get("content"))
-            .ok_or_else(|| bad("'content' must be a string or an array of content parts"))?;
-        parsed.push((role, text));
+        let (text, files) = content_of(m.get("content")).map_err(|e| bad(&e))?;
+        parsed.push((role, text, files));
     }
 
     let system = parsed
         .iter()
-        .filter(|(role, text)| matches!(*role, "system" | "developer") && !text.is_empty())
-        .map(|(_, text)| text.as_str())
+        .filter(|(role, text, _)| matches!(*role, "system" | "developer") && !text.is_empty())
+        .map(|(_, text, _)| text.as_str())
         .collect::<Vec<_>>()
         .join("\n");
-    let is_user = |(role, text): &&(&str, String)| *role == "user" && !text.trim().is_empty();
+    let is_user = |(role, text, files): &&(&str, String, Vec<InlineFile>)| {
+        *role == "user" && (!text.trim().is_empty() || !files.is_empty())
+    };
     let Some(last_index) = parsed.iter().rposition(|m| is_user(&m)) else {
         return Err(ApiError::bad_request(
             "No user message found in 'messages'",
@@ -105,12 +109,13 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
         ));
     };
     let last_user = parsed[last_index].1.clone();
+    let files = std::mem::take(&mut parsed[last_index].2);
     // Tool rows and system rows are not replayed: the agent has its own
     // system prompt, and a tool row without its call would be invalid.
     let earlier = parsed[..last_index]
         .iter()
-        .filter(|(_, text)| !text.trim().is_empty())
-        .filter_map(|(role, text)| match *role {
+        .filter(|(_, text, _)| !text.trim().is_empty())
+        .filter_map(|(role, text, _)| match *role {
             "user" => Some(Message::user(text.clone())),
             "assistant" => Some(Message::assistant(text.clone())),
             _ => None,
@@ -121,34 +126,80 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
         stream,
         system,
         last_user,
+        files,
         earlier,
     })
 }
 
-/// The text of a `content` field: a string, or the `text` parts of an
-/// array joined with newlines (other parts, such as images, are skipped).
-/// `None` when it is neither.
-fn content_text(content: Option<&Value>) -> Option<String> {
-    match content {
-        None | Some(Value::Null) => Some(String::new()),
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut texts = Vec::new();
-            for part in parts {
-                match part {
-                    Value::String(s) => texts.push(s.as_str()),
-                    Value::Object(o) => {
-                        if o.get("type").and_then(Value::as_str) == Some("text") {
-                            texts.push(o.get("text").and_then(Value::as_str)?);
-                        }
-                    }
-                    _ => return None,
-                }
+/// A file sent inside a message, still base64 as it came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InlineFile {
+    /// Where it came from: `image_url` or `input_audio`.
+    pub(crate) part: &'static str,
+    /// The base64 text.
+    pub(crate) base64: String,
+}
+
+/// The text of a `content` field (a string, or the `text` parts of an
+/// array joined with newlines) and its files: `image_url` parts holding a
+/// `data:` URL, `input_audio` parts. A remote image URL is refused: this
+/// server fetches nothing a client names.
+fn content_of(content: Option<&Value>) -> Result<(String, Vec<InlineFile>), String> {
+    let shape = "'content' must be a string or an array of content parts";
+    let parts = match content {
+        None | Some(Value::Null) => return Ok((String::new(), Vec::new())),
+        Some(Value::String(s)) => return Ok((s.clone(), Vec::new())),
+        Some(Value::Array(parts)) => parts,
+        Some(_) => return Err(shape.to_owned()),
+    };
+    let mut texts = Vec::new();
+    let mut files = Vec::new();
+    for part in parts {
+        let o = match part {
+            Value::String(s) => {
+                texts.push(s.as_str());
+                continue;
             }
-            Some(texts.join("\n"))
+            Value::Object(o) => o,
+            _ => return Err(shape.to_owned()),
+        };
+        match o.get("type").and_then(Value::as_str) {
+            Some("text") => texts.push(o.get("text").and_then(Value::as_str).ok_or(shape)?),
+            Some("image_url") => {
+                let url = o
+                    .get("image_url")
+                    .and_then(|i| i.get("url").or(Some(i)))
+                    .and_then(Value::as_str)
+                    .ok_or("an image_url part needs image_url.url")?;
+                let data = url
+                    .strip_prefix("data:")
+                    .and_then(|rest| rest.split_once(";base64,"))
+                    .map(|(_, data)| data)
+                    .ok_or(
+                        "image_url must be a data: URL with base64 content; this server does not fetch images from the web",
+                    )?;
+                files.push(InlineFile {
+                    part: "image_url",
+                    base64: data.to_owned(),
+                });
+            }
+            Some("input_audio") => {
+                let data = o
+                    .get("input_audio")
+                    .and_then(|a| a.get("data"))
+                    .and_then(Value::as_str)
+                    .ok_or("an input_audio part needs input_audio.data")?;
+                files.push(InlineFile {
+                    part: "input_audio",
+                    base64: data.to_owned(),
+                });
+            }
+            // Other part kinds (files by id, refusals) carry nothing this
+            // server can use: skipped, as before.
+            _ => {}
         }
-        Some(_) => None,
     }
+    Ok((texts.join("\n"), files))
 }
 
 /// Seconds since the Unix epoch, as OpenAI's `created`.
@@ -241,6 +292,7 @@ async fn admit(
                 .map_err(|_| ApiError::too_many_runs())?,
         ),
     };
+    let (input, media) = take_files(&state, &request).await?;
     tracing::debug!(
         session = header_id.as_deref().unwrap_or("(from the messages)"),
         stream = request.stream,
@@ -257,7 +309,8 @@ async fn admit(
     Ok(Admitted {
         state,
         session: opened.session,
-        input: request.last_user,
+        input,
+        media,
         stream: request.stream,
         tool_progress: wants_tool_progress(headers),
         labels: Labels {
@@ -270,6 +323,51 @@ async fn admit(
         session_lock: opened.lock,
         turn_lease: opened.lease,
     })
+}
+
+/// The turn's input: the last user message's text with what its files
+/// gave (a transcript, a document's text, words about an image), and the
+/// images for a model that sees them. The files go through the media
+/// cache and the same digest as a photo sent in a chat app.
+async fn take_files(
+    state: &AppState,
+    request: &ChatInput,
+) -> Result<(String, Vec<talaria_core::MediaRef>), ApiError> {
+    use base64::Engine as _;
+    if request.files.is_empty() {
+        return Ok((request.last_user.clone(), Vec::new()));
+    }
+    let Some(media) = state.media.get() else {
+        return Err(ApiError::bad_request(
+            "This server does not take files in messages",
+            "files_not_supported",
+        ));
+    };
+    let mut received = Vec::with_capacity(request.files.len());
+    for file in &request.files {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(file.base64.trim().as_bytes())
+            .map_err(|_| {
+                ApiError::bad_request(
+                    format!("{}: the data is not valid base64", file.part),
+                    "invalid_file",
+                )
+            })?;
+        let stored = media
+            .cache
+            .store(&bytes[..], talaria_media::Hint::default())
+            .await
+            .map_err(|e| e.to_string());
+        received.push(talaria_agent::attach::Received {
+            label: match file.part {
+                "image_url" => "image".to_owned(),
+                _ => "audio".to_owned(),
+            },
+            file: stored,
+        });
+    }
+    let digest = talaria_agent::attach::digest(received, &media.attach_context()).await;
+    Ok((digest.message_text(&request.last_user), digest.media))
 }
 
 /// A session opened for a turn, with what keeps it ours.
@@ -448,7 +546,9 @@ mod tests {
                 {"role": "system", "content": "be brief"},
                 {"role": "user", "content": "A"},
                 {"role": "assistant", "content": "a"},
-                {"role": "user", "content": [{"type": "text", "text": "B"}, {"type": "image_url", "image_url": {}}]},
+                {"role": "user", "content": [{"type": "text", "text": "B"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}},
+                    {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]},
             ],
         }));
         let input = input.map_err(|e| e.message);
@@ -459,9 +559,27 @@ mod tests {
                 stream: false,
                 system: "be brief".into(),
                 last_user: "B".into(),
+                files: vec![
+                    InlineFile {
+                        part: "image_url",
+                        base64: "iVBORw0K".into()
+                    },
+                    InlineFile {
+                        part: "input_audio",
+                        base64: "UklGRg==".into()
+                    },
+                ],
                 earlier: vec![Message::user("A"), Message::assistant("a")],
             })
         );
+    }
+
+    #[test]
+    fn a_remote_image_url_is_refused_without_fetching() {
+        let input = parse(json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest"}}]}]}));
+        let e = input.err().map(|e| e.message).unwrap_or_default();
+        assert!(e.contains("data: URL"), "{e}");
     }
 
     #[test]

@@ -213,6 +213,9 @@ pub(crate) struct AppState {
     /// With a store shared by several nodes: a turn also holds its
     /// session's lease there, so two nodes never run one session at once.
     pub(crate) turn_leases: Option<talaria_gateway::turn_lease::TurnLeases>,
+    /// How files in messages are taken (`image_url`, `input_audio`); unset
+    /// refuses them.
+    pub(crate) media: std::sync::OnceLock<Arc<talaria_gateway::media::MediaServices>>,
 }
 
 /// A bound, not yet serving, API server.
@@ -267,6 +270,7 @@ impl ApiServer {
             locks: SessionLocks::default(),
             index: TranscriptIndex::default(),
             turn_leases,
+            media: std::sync::OnceLock::new(),
         });
         Ok(ApiServer {
             listener,
@@ -285,6 +289,14 @@ impl ApiServer {
     /// own.
     pub fn with_transcript_store(self, store: Arc<dyn talaria_store::CursorStore>) -> ApiServer {
         self.state.index.attach(store);
+        self
+    }
+
+    /// Takes files in messages (`image_url` data URLs, `input_audio`)
+    /// through these media services: the media cache, speech to text, the
+    /// vision setting. Without them such messages are refused.
+    pub fn with_media(self, media: Arc<talaria_gateway::media::MediaServices>) -> ApiServer {
+        let _ = self.state.media.set(media);
         self
     }
 

@@ -50,9 +50,20 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     );
     crate::skills_cmd::curate_at_start(&rt).await;
     let session = open_session(&rt, &agent, &args).await?;
+    let mut commands = Commands::new(&rt, &agent, &client, session);
+    if !args.images.is_empty() {
+        let paths: Vec<&std::path::Path> = args.images.iter().map(|p| p.as_path()).collect();
+        match crate::attach::attach_files(&rt, client.model(), &paths).await {
+            Ok(digest) => commands.staged().add(digest),
+            Err(e) => {
+                eprintln!("talaria: {e}");
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
     let result = match args.query {
-        Some(prompt) => one_shot(&rt, &agent, &client, session, &prompt, args.verbose).await,
-        None => repl(&rt, &agent, &client, session).await,
+        Some(prompt) => one_shot(&agent, &client, commands, &prompt, args.verbose).await,
+        None => repl(&rt, &agent, &client, commands).await,
     };
     // A one-shot's review finishes before the process ends (bounded); MCP
     // servers started for this chat stop with it.
@@ -160,12 +171,16 @@ async fn turn(
     agent: &Agent,
     client: &LlmClient,
     session: &SessionHandle,
-    text: &str,
+    (text, media): (String, Vec<talaria_core::MediaRef>),
     observer: &dyn TurnObserver,
 ) -> anyhow::Result<TurnOutcome> {
     client.begin_turn();
     let cancel = CancellationToken::new();
-    let run = agent.run_turn(session, text, observer, cancel.clone());
+    let options = talaria_agent::TurnOptions {
+        media,
+        ..talaria_agent::TurnOptions::default()
+    };
+    let run = agent.run_turn_with(session, &text, observer, cancel.clone(), options);
     tokio::pin!(run);
     loop {
         tokio::select! {
@@ -187,21 +202,20 @@ async fn turn(
 /// answered here makes no model call; `/<skill>`, `/retry` and the like run
 /// their turn), anything else is one turn.
 async fn one_shot(
-    rt: &Runtime,
     agent: &Agent,
     client: &LlmClient,
-    session: SessionHandle,
+    mut commands: Commands<'_>,
     prompt: &str,
     verbose: bool,
 ) -> anyhow::Result<ExitCode> {
-    let mut commands = Commands::new(rt, agent, client, session);
     let prompt = match commands.handle(prompt).await {
         Outcome::Handled | Outcome::Exit => return Ok(ExitCode::SUCCESS),
         Outcome::Refused => return Ok(ExitCode::FAILURE),
         Outcome::RunTurn(prompt) => prompt,
     };
     let observer = QuietObserver { verbose };
-    let outcome = turn(agent, client, commands.session(), &prompt, &observer).await?;
+    let message = commands.staged().take(&prompt);
+    let outcome = turn(agent, client, commands.session(), message, &observer).await?;
     match outcome.exit {
         TurnExit::Completed | TurnExit::BudgetExhausted => {
             if matches!(outcome.exit, TurnExit::BudgetExhausted) {
@@ -227,14 +241,17 @@ async fn repl(
     rt: &Runtime,
     agent: &Agent,
     client: &LlmClient,
-    session: SessionHandle,
+    mut commands: Commands<'_>,
 ) -> anyhow::Result<ExitCode> {
     let mut editor = DefaultEditor::new().context("cannot start the line editor")?;
     let history = rt.home.chat_history_file();
     let _ = editor.load_history(&history);
-    println!("Talaria · {} · session {}", client.describe(), session.id);
+    println!(
+        "Talaria · {} · session {}",
+        client.describe(),
+        commands.session().id
+    );
     println!("Type /help for commands.");
-    let mut commands = Commands::new(rt, agent, client, session);
     let observer = StreamingObserver::default();
     loop {
         let line = tokio::task::block_in_place(|| editor.readline("› "));
@@ -255,7 +272,8 @@ async fn repl(
             Outcome::RunTurn(prompt) => prompt,
         };
         observer.reset();
-        match turn(agent, client, commands.session(), &prompt, &observer).await {
+        let message = commands.staged().take(&prompt);
+        match turn(agent, client, commands.session(), message, &observer).await {
             Ok(outcome) => observer.finish(&outcome),
             Err(e) => eprintln!("\nerror: {e:#}"),
         }

@@ -287,6 +287,10 @@ pub struct ChatArgs {
     /// Resume a session by id or by title.
     #[arg(short = 'r', long, value_name = "ID_OR_TITLE")]
     pub resume: Option<String>,
+    /// Attach an image (or any file) to the first message; may be given
+    /// more than once.
+    #[arg(long = "image", value_name = "PATH")]
+    pub images: Vec<std::path::PathBuf>,
     /// Show tool calls on stderr in one-shot mode.
     #[arg(short, long)]
     pub verbose: bool,

@@ -267,7 +267,8 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
             let mut server = ApiServer::bind_with(settings, agent.clone(), gateway.turn_leases())
                 .await
                 .context("cannot start the API server")?
-                .with_transcript_store(rt.gateway_store.clone());
+                .with_transcript_store(rt.gateway_store.clone())
+                .with_media(gateway.media());
             let config = &api_config;
             server.set_connection_limits(
                 server

@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod approvals_cmd;
+mod attach;
 mod chat;
 mod cli;
 mod config_cmd;

@@ -52,6 +52,43 @@ pub struct Commands<'a> {
     agent: &'a Agent,
     client: &'a LlmClient,
     session: SessionHandle,
+    /// What `/image` attached, waiting for the next message.
+    staged: Staged,
+}
+
+/// Files attached for the next message: the words they give the model and
+/// the images for a model that sees them.
+#[derive(Debug, Default)]
+pub struct Staged {
+    /// Lines added after the message's text.
+    pub text: String,
+    /// Images for the user's row.
+    pub media: Vec<talaria_core::MediaRef>,
+}
+
+impl Staged {
+    /// Adds what a file gave.
+    pub fn add(&mut self, digest: talaria_agent::attach::Digest) {
+        for notice in &digest.notices {
+            eprintln!("{notice}");
+        }
+        self.text = digest.message_text(&self.text);
+        self.media.extend(digest.media);
+    }
+
+    /// The message to send: `text` with the staged files' words, and
+    /// their images; nothing stays staged.
+    pub fn take(&mut self, text: &str) -> (String, Vec<talaria_core::MediaRef>) {
+        let staged = std::mem::take(self);
+        if staged.text.is_empty() {
+            return (text.to_owned(), staged.media);
+        }
+        let text = match text.trim() {
+            "" => staged.text,
+            t => format!("{t}\n\n{}", staged.text),
+        };
+        (text, staged.media)
+    }
 }
 
 impl<'a> Commands<'a> {
@@ -67,7 +104,13 @@ impl<'a> Commands<'a> {
             agent,
             client,
             session,
+            staged: Staged::default(),
         }
+    }
+
+    /// Files attached for the next message (`/image`, `chat --image`).
+    pub fn staged(&mut self) -> &mut Staged {
+        &mut self.staged
     }
 
     /// The session turns run in now.
@@ -114,6 +157,25 @@ impl FrontEnd for Commands<'_> {
 
     fn agent(&self) -> &Agent {
         self.agent
+    }
+
+    async fn attach(&mut self, args: &str) -> Reply {
+        let (path, message) = crate::attach::split_path(args);
+        if path.is_empty() {
+            return Reply::Refuse("usage: /image PATH [message]".to_owned());
+        }
+        let model = self.client.model().to_owned();
+        match crate::attach::attach_files(self.rt, &model, &[std::path::Path::new(path)]).await {
+            Ok(digest) => {
+                self.staged.add(digest);
+                if message.is_empty() {
+                    Reply::Say(format!("📎 {path} goes with your next message."))
+                } else {
+                    Reply::Turn(message.to_owned())
+                }
+            }
+            Err(e) => Reply::Refuse(e),
+        }
     }
 
     fn busy(&self) -> bool {

@@ -292,6 +292,15 @@ pub static COMMANDS: &[CommandDef] = &[
         Both,
         Refused,
     ),
+    // In a chat app a photo is simply sent; the terminal needs a command.
+    def(
+        "image",
+        &["attach"],
+        "PATH [message]",
+        "Attach an image (or any file) to your next message",
+        CliOnly,
+        Refused,
+    ),
     def("exit", &["quit"], "", "Leave the chat", CliOnly, Allowed),
 ];
 
@@ -444,6 +453,7 @@ mod tests {
             ("whoami", &[]),
             ("sethome", &["set-home"]),
             ("version", &["v"]),
+            ("image", &["attach"]),
             ("exit", &["quit"]),
         ];
         for (name, aliases) in expected {

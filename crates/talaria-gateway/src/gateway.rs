@@ -108,9 +108,17 @@ pub struct Gateway {
     scheduler: Option<Scheduler>,
     /// The agent, for what maintenance tells it (sessions ended).
     agent: Arc<Agent>,
+    /// Attachments in, speech out (shared with the runner).
+    media: Arc<crate::media::MediaServices>,
 }
 
 impl Gateway {
+    /// How files are taken and answers spoken, for the API server that
+    /// runs beside the gateway.
+    pub fn media(&self) -> Arc<crate::media::MediaServices> {
+        self.media.clone()
+    }
+
     /// Builds the gateway's parts (router, runner, delivery, scheduler)
     /// from `parts`; nothing connects until it runs.
     pub fn new(parts: GatewayParts) -> Gateway {
@@ -160,10 +168,10 @@ impl Gateway {
             delivery: delivery.clone(),
             board: board.clone(),
             hooks: hooks.clone(),
+            media: media.clone(),
             turn_leases: (config.store.backend == StoreBackend::Postgres)
                 .then(|| TurnLeases::new(store.clone(), node.id().clone())),
             node: node.id().clone(),
-            media,
         });
         let scheduler = if config.cron.enabled {
             let parts = SchedulerParts {
@@ -194,6 +202,7 @@ impl Gateway {
             store,
             scheduler,
             agent,
+            media,
         }
     }
 

@@ -137,6 +137,13 @@ pub trait FrontEnd: Send + Sync {
     fn set_home(&mut self) -> Reply {
         Reply::Refuse(not_offered("sethome", Availability::GatewayOnly))
     }
+
+    /// `/image PATH [message]`: a file from the disk goes with the next
+    /// message (with `message`, that message is sent at once). A chat app
+    /// sends photos itself.
+    async fn attach(&mut self, _args: &str) -> Reply {
+        Reply::Refuse(not_offered("image", Availability::CliOnly))
+    }
 }
 
 /// Runs the slash command `invocation` on `front`.
@@ -210,6 +217,8 @@ pub enum Action {
     Learn,
     /// `/reload-mcp`.
     ReloadMcp,
+    /// `/image PATH [message]`.
+    Image,
     /// `/exit`.
     Exit,
 }
@@ -241,6 +250,7 @@ impl Action {
             "skills" => Action::Skills,
             "learn" => Action::Learn,
             "reload-mcp" => Action::ReloadMcp,
+            "image" => Action::Image,
             "exit" => Action::Exit,
             _ => return None,
         })
@@ -270,6 +280,7 @@ impl Action {
             Action::Compress => compress(front).await,
             Action::Model => Reply::Say(model(front, args)),
             Action::SetHome => front.set_home(),
+            Action::Image => front.attach(args).await,
             Action::Usage => usage(front).await,
             Action::Whoami => Reply::Say(front.whoami()),
             Action::Help => Reply::Say(format!(

@@ -51,6 +51,8 @@ pub(crate) struct Admitted {
     pub(crate) session: talaria_agent::SessionHandle,
     /// The new user text.
     pub(crate) input: String,
+    /// The images of the new user message, for a model that sees them.
+    pub(crate) media: Vec<talaria_core::MediaRef>,
     pub(crate) stream: bool,
     /// Tool progress as `event:` frames (asked for by header); otherwise
     /// as SSE comments, which every client skips.
@@ -85,6 +87,7 @@ impl Admitted {
             state,
             session,
             input,
+            media,
             labels,
             permit,
             session_lock,
@@ -109,7 +112,13 @@ impl Admitted {
                     }
                 });
             }
-            let outcome = agent.run_turn(&session, &input, &observer, cancel).await;
+            let options = talaria_agent::TurnOptions {
+                media,
+                ..talaria_agent::TurnOptions::default()
+            };
+            let outcome = agent
+                .run_turn_with(&session, &input, &observer, cancel, options)
+                .await;
             // Recorded while the session is still ours (lock and lease), so
             // the row count is the one this answer left.
             if let (Some(remember), Ok(outcome)) = (remember, &outcome) {
