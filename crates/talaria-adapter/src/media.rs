@@ -204,10 +204,16 @@ mod tests {
 
     #[test]
     fn kinds_are_guessed_from_the_claimed_type_then_the_name() {
-        assert_eq!(guess_kind(Some("image/png"), Some("x.pdf")), MediaKind::Image);
+        assert_eq!(
+            guess_kind(Some("image/png"), Some("x.pdf")),
+            MediaKind::Image
+        );
         assert_eq!(guess_kind(Some("Audio/OGG"), None), MediaKind::Audio);
         assert_eq!(guess_kind(None, Some("note.OGG")), MediaKind::Voice);
-        assert_eq!(guess_kind(Some("application/octet-stream"), Some("a.jpeg")), MediaKind::Image);
+        assert_eq!(
+            guess_kind(Some("application/octet-stream"), Some("a.jpeg")),
+            MediaKind::Image
+        );
         assert_eq!(guess_kind(None, Some("report.pdf")), MediaKind::Document);
         assert_eq!(guess_kind(None, None), MediaKind::Document);
     }

@@ -238,9 +238,7 @@ async fn document(out: &mut Digest, stored: &Stored, budget: &mut usize) {
         Ok(doc) => {
             *budget = budget.saturating_sub(doc.text.chars().count());
             let cut = if doc.truncated {
-                format!(
-                    " (cut at {bound} characters; the whole file is at {shown})"
-                )
+                format!(" (cut at {bound} characters; the whole file is at {shown})")
             } else {
                 String::new()
             };

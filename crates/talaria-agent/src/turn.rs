@@ -247,7 +247,8 @@ impl<'a> TurnRun<'a> {
         // Stored before anything can fail, so the request is never lost.
         self.user_text = crate::memory_context::sanitize(user_text);
         let media = std::mem::take(&mut self.media);
-        self.persist(Message::user_with_media(user_text, media)).await?;
+        self.persist(Message::user_with_media(user_text, media))
+            .await?;
         let budget = self.parts.config.agent.max_turns.max(1);
         let mut iterations = 0;
         let mut nudge: Option<&str> = None;

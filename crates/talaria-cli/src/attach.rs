@@ -79,7 +79,10 @@ mod tests {
     #[test]
     fn paths_may_be_quoted() {
         assert_eq!(split_path("a.png what is it"), ("a.png", "what is it"));
-        assert_eq!(split_path("\"my photo.png\" and?"), ("my photo.png", "and?"));
+        assert_eq!(
+            split_path("\"my photo.png\" and?"),
+            ("my photo.png", "and?")
+        );
         assert_eq!(split_path(" 'x y.jpg' "), ("x y.jpg", ""));
         assert_eq!(split_path("only.png"), ("only.png", ""));
     }

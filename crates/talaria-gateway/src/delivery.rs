@@ -314,7 +314,11 @@ impl Delivery {
             }
         }
         for (i, part) in parts.into_iter().enumerate().skip(first) {
-            let reply_to = if i == first { to.reply_to.clone() } else { None };
+            let reply_to = if i == first {
+                to.reply_to.clone()
+            } else {
+                None
+            };
             match part {
                 Part::Text(mut t) => {
                     if i == first && progress.marker && {
@@ -334,7 +338,8 @@ impl Delivery {
                         _ => false,
                     };
                     if !edited {
-                        self.send_message(adapter.as_ref(), to, &t, reply_to).await?;
+                        self.send_message(adapter.as_ref(), to, &t, reply_to)
+                            .await?;
                     }
                 }
                 Part::File(f) => {
@@ -524,9 +529,7 @@ impl Delivery {
             attempt: Some((ledger, &attempt)),
             marker: claimed.needs_marker,
         };
-        let result = self
-            .send_over(&to, &row.content, None, progress)
-            .await;
+        let result = self.send_over(&to, &row.content, None, progress).await;
         match &result {
             Ok(()) => {
                 tracing::info!(id = %row.id, platform = %row.platform, "recovered an undelivered reply");

@@ -163,10 +163,7 @@ async fn fetch(
         return Err(too_large(size));
     }
     let adapter = adapter.ok_or("its platform is not connected to this gateway")?;
-    let download = adapter
-        .download(locator)
-        .await
-        .map_err(|e| e.to_string())?;
+    let download = adapter.download(locator).await.map_err(|e| e.to_string())?;
     if let Some(size) = download.length.filter(|s| *s > cache.max_bytes()) {
         return Err(too_large(size));
     }

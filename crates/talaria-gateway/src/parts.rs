@@ -70,7 +70,9 @@ impl FileRoots {
     /// The file `raw` names, if it is a readable regular file inside a
     /// root; otherwise why not, in words for the recipient.
     pub fn check(&self, raw: &str) -> Result<FilePart, String> {
-        let raw = raw.trim().trim_matches(|c| c == '`' || c == '"' || c == '\'');
+        let raw = raw
+            .trim()
+            .trim_matches(|c| c == '`' || c == '"' || c == '\'');
         if raw.is_empty() {
             return Err("an empty file path".to_owned());
         }
@@ -168,7 +170,10 @@ pub fn spoken_text(answer: &str) -> String {
     let mut words = String::new();
     for line in answer.lines().filter(|l| media_path(l).is_none()) {
         let line = line.trim_start_matches(['#', '>', '-', '*', ' ']);
-        let line: String = line.chars().filter(|c| !matches!(c, '*' | '_' | '`' | '~')).collect();
+        let line: String = line
+            .chars()
+            .filter(|c| !matches!(c, '*' | '_' | '`' | '~'))
+            .collect();
         if !line.trim().is_empty() {
             words.push_str(line.trim());
             words.push('\n');
@@ -176,7 +181,9 @@ pub fn spoken_text(answer: &str) -> String {
     }
     if words.chars().count() > SPOKEN_MAX_CHARS {
         let cut: String = words.chars().take(SPOKEN_MAX_CHARS).collect();
-        let end = cut.rfind(['.', '!', '?', '\n']).map_or(cut.len(), |i| i + 1);
+        let end = cut
+            .rfind(['.', '!', '?', '\n'])
+            .map_or(cut.len(), |i| i + 1);
         words = cut[..end].to_owned();
     }
     words.trim().to_owned()
@@ -233,7 +240,10 @@ mod tests {
         let Part::File(png) = &parts[1] else {
             panic!("{parts:?}")
         };
-        assert_eq!((png.kind, png.mime.as_str()), (MediaKind::Image, "image/png"));
+        assert_eq!(
+            (png.kind, png.mime.as_str()),
+            (MediaKind::Image, "image/png")
+        );
         assert_eq!(png.name, "chart.png");
         let Part::File(txt) = &parts[2] else {
             panic!("{parts:?}")
@@ -251,7 +261,11 @@ mod tests {
         );
         let long = "Word. ".repeat(2000);
         let spoken = spoken_text(&long);
-        assert!(spoken.chars().count() <= SPOKEN_MAX_CHARS, "{}", spoken.len());
+        assert!(
+            spoken.chars().count() <= SPOKEN_MAX_CHARS,
+            "{}",
+            spoken.len()
+        );
         assert!(spoken.ends_with('.'));
     }
 

@@ -12,9 +12,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde::de::DeserializeOwned;
-use futures::StreamExt;
 use talaria_adapter::{Download, DownloadError, SendError};
 use talaria_core::Secret;
 
@@ -266,9 +266,11 @@ impl Http {
         request: reqwest::RequestBuilder,
         timeout: Duration,
     ) -> Result<Download, DownloadError> {
-        let response = request.timeout(timeout).send().await.map_err(|e| {
-            DownloadError::Unavailable(self.network_error(e).to_string())
-        })?;
+        let response = request
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| DownloadError::Unavailable(self.network_error(e).to_string()))?;
         let status = response.status().as_u16();
         if !(200..300).contains(&status) {
             // The body may explain; a short piece of it is enough.

@@ -283,11 +283,8 @@ async fn attachments_are_listed_and_receipts_typing_sync_and_junk_are_skipped() 
     );
     let ev = run.next().await;
     assert_eq!(ev.text, "look");
-    let labels: Vec<(String, Option<u64>)> = ev
-        .attachments
-        .iter()
-        .map(|a| (a.label(), a.size))
-        .collect();
+    let labels: Vec<(String, Option<u64>)> =
+        ev.attachments.iter().map(|a| (a.label(), a.size)).collect();
     assert_eq!(
         labels,
         [

@@ -209,8 +209,10 @@ async fn every_message_of_a_batch_is_handed_over_in_order_with_media_described()
     assert_eq!(second.text, "my desk");
     assert_eq!(
         second.attachments,
-        [talaria_adapter::Attachment::remote(talaria_adapter::MediaKind::Image, "9")
-            .claiming(Some("image/jpeg"))]
+        [
+            talaria_adapter::Attachment::remote(talaria_adapter::MediaKind::Image, "9")
+                .claiming(Some("image/jpeg"))
+        ]
     );
 }
 

@@ -176,7 +176,10 @@ pub fn media_tools(
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     let mut problems = Vec::new();
     match Synthesizer::from_config(&config.tts, env) {
-        Some(Ok(tts)) => tools.push(Arc::new(TextToSpeechTool::new(Arc::new(tts), cache.clone()))),
+        Some(Ok(tts)) => tools.push(Arc::new(TextToSpeechTool::new(
+            Arc::new(tts),
+            cache.clone(),
+        ))),
         Some(Err(e)) => problems.push(format!("text_to_speech is off: {e}")),
         None => {}
     }

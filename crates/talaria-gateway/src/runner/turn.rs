@@ -467,8 +467,7 @@ impl Runner {
         }
         let inner = &self.inner;
         let adapter = inner.delivery.adapter(&event.source.platform);
-        let received =
-            crate::media::receive(adapter, &event.attachments, &inner.media.cache).await;
+        let received = crate::media::receive(adapter, &event.attachments, &inner.media.cache).await;
         let digest = talaria_agent::attach::digest(received, &inner.media.attach_context()).await;
         for notice in &digest.notices {
             inner.delivery.notify(to, notice).await;
@@ -495,7 +494,11 @@ impl Runner {
         }
         match tts.speak(&words, &inner.media.cache).await {
             Ok(speech) => {
-                let line = format!("{}{}", crate::parts::MEDIA_PREFIX, speech.stored.path.display());
+                let line = format!(
+                    "{}{}",
+                    crate::parts::MEDIA_PREFIX,
+                    speech.stored.path.display()
+                );
                 let voice_ref = format!("{message_ref}#voice");
                 if let Err(e) = inner
                     .delivery

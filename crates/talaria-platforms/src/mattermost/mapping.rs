@@ -110,7 +110,9 @@ pub(crate) fn map_posted(
     let attachments: Vec<talaria_adapter::Attachment> = post
         .file_ids
         .iter()
-        .map(|id| talaria_adapter::Attachment::remote(talaria_adapter::MediaKind::Document, id.clone()))
+        .map(|id| {
+            talaria_adapter::Attachment::remote(talaria_adapter::MediaKind::Document, id.clone())
+        })
         .collect();
     let root = (!post.root_id.is_empty()).then(|| post.root_id.clone());
     let mut text = post.message.clone();
