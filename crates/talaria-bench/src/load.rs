@@ -35,6 +35,73 @@ pub enum Mode {
     Stream,
     /// A whole answer after one tool call.
     Tool,
+    /// A photo (a 2400×1600 JPEG as a `data:` URL) and a question, for a
+    /// model that sees images: decoded, downscaled and re-encoded by the
+    /// gateway before the model gets it.
+    Image,
+    /// A voice note (five seconds of 16 kHz WAV as `input_audio`),
+    /// transcribed by the mock's speech-to-text endpoint.
+    Voice,
+}
+
+/// The photo and the voice note the media turns send, made once.
+struct MediaPayloads {
+    image_data_url: String,
+    wav_base64: String,
+}
+
+static MEDIA: std::sync::LazyLock<MediaPayloads> = std::sync::LazyLock::new(|| {
+    use base64::Engine as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    MediaPayloads {
+        image_data_url: format!("data:image/jpeg;base64,{}", b64(&photo_jpeg())),
+        wav_base64: b64(&voice_wav()),
+    }
+});
+
+/// A photo-sized JPEG with detail everywhere (gradients and a fine
+/// pattern), so decoding and downscaling it costs what a real photo does.
+fn photo_jpeg() -> Vec<u8> {
+    let (w, h) = (2400u32, 1600u32);
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        let n = (x.wrapping_mul(2_654_435_761) ^ y.wrapping_mul(40_503)) >> 24;
+        image::Rgb([
+            ((x * 255 / w) as u8).wrapping_add(n as u8 / 8),
+            ((y * 255 / h) as u8).wrapping_add(n as u8 / 8),
+            (((x + y) % 256) as u8) ^ (n as u8 / 4),
+        ])
+    });
+    let mut out = Vec::new();
+    let encoder = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90);
+    // Encoding our own buffer cannot fail.
+    let _ = img.write_with_encoder(encoder);
+    out
+}
+
+/// Five seconds of a 440 Hz tone as 16 kHz, 16-bit mono WAV.
+fn voice_wav() -> Vec<u8> {
+    let rate = 16_000u32;
+    let samples: Vec<i16> = (0..rate * 5)
+        .map(|i| ((i as f32 * 440.0 * std::f32::consts::TAU / rate as f32).sin() * 8000.0) as i16)
+        .collect();
+    let data_len = (samples.len() * 2) as u32;
+    let mut out = Vec::with_capacity(44 + data_len as usize);
+    out.extend_from_slice(b"RIFF");
+    out.extend_from_slice(&(36 + data_len).to_le_bytes());
+    out.extend_from_slice(b"WAVEfmt ");
+    out.extend_from_slice(&16u32.to_le_bytes());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&rate.to_le_bytes());
+    out.extend_from_slice(&(rate * 2).to_le_bytes());
+    out.extend_from_slice(&2u16.to_le_bytes());
+    out.extend_from_slice(&16u16.to_le_bytes());
+    out.extend_from_slice(b"data");
+    out.extend_from_slice(&data_len.to_le_bytes());
+    for s in samples {
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out
 }
 
 /// One finished turn.
@@ -120,13 +187,22 @@ impl Target {
                 "messages": history,
             }))?,
             None => {
-                let text = match mode {
-                    Mode::Tool => format!("Please note that the build passed. {TOOL_MARKER}"),
-                    _ => "Please note that the build passed.".to_owned(),
+                let content = match mode {
+                    Mode::Tool => {
+                        json!(format!("Please note that the build passed. {TOOL_MARKER}"))
+                    }
+                    Mode::Image => json!([
+                        {"type": "text", "text": "What is in this photo?"},
+                        {"type": "image_url", "image_url": {"url": MEDIA.image_data_url}},
+                    ]),
+                    Mode::Voice => json!([
+                        {"type": "input_audio", "input_audio": {"data": MEDIA.wav_base64, "format": "wav"}},
+                    ]),
+                    Mode::Text | Mode::Stream => json!("Please note that the build passed."),
                 };
                 serde_json::to_vec(&json!({
                     "model": "talaria",
-                    "messages": [{"role": "user", "content": text}],
+                    "messages": [{"role": "user", "content": content}],
                     "stream": mode == Mode::Stream,
                 }))?
             }

@@ -247,6 +247,8 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
         (Mode::Text, "whole answer", "text"),
         (Mode::Stream, "streamed", "stream"),
         (Mode::Tool, "one tool call", "tool"),
+        (Mode::Image, "one photo (vision)", "image"),
+        (Mode::Voice, "one voice note (speech to text)", "voice"),
     ] {
         let (mut p50, mut p99, mut fb, mut cpu) = (vec![], vec![], vec![], vec![]);
         for r in 0..plan.repeats {

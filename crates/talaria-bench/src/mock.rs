@@ -64,6 +64,7 @@ impl Mock {
         let stats = Arc::new(MockStats::default());
         let app = Router::new()
             .route("/v1/chat/completions", post(completions))
+            .route("/v1/audio/transcriptions", post(transcription))
             .with_state(stats.clone());
         tokio::spawn(async move {
             let listener = listener.tap_io(|tcp: &mut tokio::net::TcpStream| {
@@ -123,6 +124,19 @@ async fn completions(State(stats): State<Arc<MockStats>>, body: Bytes) -> Respon
         (true, false) => sse_response(text_chunks()),
         (true, true) => sse_response(tool_chunks()),
     }
+}
+
+/// Speech to text that hears the same sentence in every file: the voice
+/// turn measures the gateway, not a recogniser.
+async fn transcription(State(stats): State<Arc<MockStats>>, body: Bytes) -> Response {
+    stats.requests.fetch_add(1, Ordering::Relaxed);
+    if body.is_empty() {
+        return Response::builder()
+            .status(StatusCode::BAD_REQUEST)
+            .body(Body::from("no file"))
+            .unwrap_or_default();
+    }
+    json_response(&json!({"text": "Please note that the build passed."}))
 }
 
 fn offers_todo(request: &Value) -> bool {
