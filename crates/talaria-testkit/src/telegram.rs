@@ -2,9 +2,12 @@
 //!
 //! [`FakeTelegram`] answers `POST|GET /bot{token}/{method}` with real JSON
 //! for `getMe`, `getUpdates` (long polling with Telegram's offset rules),
-//! `sendMessage`, `editMessageText`, `sendChatAction` and `deleteWebhook`.
-//! Parameters are read from the query string and from a JSON or
-//! form-encoded body, as Telegram does.
+//! `sendMessage`, `editMessageText`, `sendChatAction` and `deleteWebhook`,
+//! and files both ways: `getFile` with the download at
+//! `GET /file/bot{token}/{file_path}`, and uploads to `sendPhoto`,
+//! `sendVoice`, `sendAudio`, `sendVideo` and `sendDocument` as
+//! `multipart/form-data`. Parameters are read from the query string and
+//! from a JSON, form-encoded or multipart body, as Telegram does.
 //!
 //! The server runs on its own thread with its own runtime, so it keeps
 //! answering while the test thread blocks (for example on a child gateway
@@ -12,10 +15,11 @@
 //! [`FakeTelegram`] is dropped.
 //!
 //! Tests push updates (`push_private_text`, `push_group_text`,
-//! `push_update`), inspect what the bot did (`sent`, `edits`,
-//! `chat_actions`, `get_updates_calls`, `requests`) and inject failures
+//! `push_private_file` after `add_file`, `push_update`), inspect what the
+//! bot did (`sent`, `uploads`, `edits`, `chat_actions`,
+//! `get_updates_calls`, `requests`) and inject failures
 //! (`fail_next_send_with_429`, `reject_entities_next`, `hang_send`,
-//! `block_chat`, `fail_next_get_updates`).
+//! `block_chat`, `fail_next_get_updates`, `expire_file`).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -24,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, header};
 use serde_json::{Map, Value, json};
 
@@ -34,6 +39,115 @@ mod handlers;
 
 /// The bot's `@username` as `getMe` reports it.
 pub const BOT_USERNAME: &str = "talaria_test_bot";
+
+/// The largest file `getFile` hands to bots; larger ones are "too big".
+pub const MAX_DOWNLOAD_BYTES: usize = 20 * 1024 * 1024;
+
+/// The largest upload the fake accepts (Telegram's limit for bots).
+pub const MAX_UPLOAD_BYTES: usize = 50 * 1024 * 1024;
+
+/// The largest photo `sendPhoto` accepts.
+pub const MAX_PHOTO_BYTES: usize = 10 * 1024 * 1024;
+
+/// What kind of file an inbound message carries: the message field it
+/// goes in, and the object Telegram describes it with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// `photo`: an array of `PhotoSize`, a thumbnail and the full size.
+    Photo,
+    /// `voice`: a voice note (`Voice`).
+    Voice,
+    /// `audio`: a music file (`Audio`).
+    Audio,
+    /// `video`: a video (`Video`).
+    Video,
+    /// `document`: any other file (`Document`).
+    Document,
+}
+
+impl FileKind {
+    /// The message field (and upload field) of this kind.
+    pub fn field(self) -> &'static str {
+        match self {
+            FileKind::Photo => "photo",
+            FileKind::Voice => "voice",
+            FileKind::Audio => "audio",
+            FileKind::Video => "video",
+            FileKind::Document => "document",
+        }
+    }
+}
+
+/// One file upload (`sendPhoto`, `sendVoice`, `sendAudio`, `sendVideo`,
+/// `sendDocument`) the fake accepted, read from its multipart body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upload {
+    /// The method (`sendPhoto`, ...), as called.
+    pub method: String,
+    /// The chat sent to.
+    pub chat_id: i64,
+    /// The form field that held the file (`photo`, `voice`, ...).
+    pub field: String,
+    /// Every text field of the form, by name.
+    pub fields: BTreeMap<String, String>,
+    /// The file part's `filename`, when given.
+    pub file_name: Option<String>,
+    /// The file part's `Content-Type`, when given.
+    pub content_type: Option<String>,
+    /// The file's bytes as received.
+    pub bytes: Vec<u8>,
+    /// `caption`, exactly as sent.
+    pub caption: Option<String>,
+    /// `parse_mode`, when given.
+    pub parse_mode: Option<String>,
+    /// `message_thread_id`, when given.
+    pub thread_id: Option<i64>,
+    /// `reply_to_message_id` or `reply_parameters.message_id`, when given.
+    pub reply_to: Option<i64>,
+    /// The id the fake assigned to the message.
+    pub message_id: i64,
+    /// The `file_id` the uploaded file got (fetchable with `getFile`).
+    pub file_id: String,
+    /// When the fake received it.
+    pub at: Instant,
+}
+
+impl Upload {
+    /// The file's length in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether the file was empty (the fake refuses those, so never).
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The file's SHA-256, in lowercase hex.
+    pub fn sha256(&self) -> String {
+        sha256_hex(&self.bytes)
+    }
+
+    /// The caption as a user would see it (see [`Sent::rendered`]).
+    pub fn rendered_caption(&self) -> Option<String> {
+        self.caption
+            .as_deref()
+            .map(|c| rendered(c, self.parse_mode.as_deref()))
+    }
+}
+
+/// A file the fake holds, fetchable by its `file_id`.
+#[derive(Debug, Clone)]
+struct StoredFile {
+    bytes: Bytes,
+    /// Where `GET /file/bot{token}/{path}` finds it.
+    path: String,
+    unique_id: String,
+    name: Option<String>,
+    mime: Option<String>,
+    /// `getFile` still answers, but the download link no longer works.
+    expired: bool,
+}
 
 /// One `sendMessage` the fake accepted.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,6 +266,12 @@ struct Book {
     reject_entities: Faults<()>,
     fail_get_updates: Faults<()>,
     blocked: HashSet<i64>,
+    /// Files by `file_id`: registered by tests and uploaded by the bot.
+    files: HashMap<String, StoredFile>,
+    next_file: u64,
+    uploads: Vec<Upload>,
+    /// `file_path`s fetched, in order.
+    downloads: Vec<String>,
     /// The newest long poll; an older one still waiting is ended with a
     /// conflict, as Telegram does when two processes poll one bot.
     current_poll: u64,
@@ -207,7 +327,12 @@ impl FakeTelegram {
                 ..Book::default()
             }),
         });
-        let app = Router::new().fallback(handle).with_state(shared.clone());
+        // Uploads up to Telegram's limit (plus the form around them); axum
+        // would stop at 2 MB.
+        let app = Router::new()
+            .fallback(handle)
+            .layer(DefaultBodyLimit::max(MAX_UPLOAD_BYTES + 1024 * 1024))
+            .with_state(shared.clone());
         shared.core.serve("fake-telegram", listener, app)?;
         Ok(FakeTelegram { addr, shared })
     }
@@ -277,6 +402,95 @@ impl FakeTelegram {
         self.push_update(json!({ "message": message }))
     }
 
+    /// Registers a file the bot may fetch (`getFile`, then the download),
+    /// as if a user had sent it; returns its `file_id`. `name` and `mime`
+    /// are what messages carrying it will claim.
+    pub fn add_file(
+        &self,
+        bytes: impl Into<Vec<u8>>,
+        name: Option<&str>,
+        mime: Option<&str>,
+    ) -> String {
+        let bytes = Bytes::from(bytes.into());
+        let mut st = self.shared.core.change();
+        store_file(&mut st, bytes, name, mime)
+    }
+
+    /// The download link of `file_id` stops working (404), as Telegram's
+    /// do an hour after `getFile`; `getFile` still answers.
+    pub fn expire_file(&self, file_id: &str) {
+        if let Some(f) = self.shared.core.change().files.get_mut(file_id) {
+            f.expired = true;
+        }
+    }
+
+    /// Queues a private-chat message from `user_id` carrying the file
+    /// `file_id` (from [`Self::add_file`]) as `kind`, with an optional
+    /// caption. A photo comes as Telegram sends one: a thumbnail and the
+    /// full size, the full size last. Returns the update id.
+    ///
+    /// # Panics
+    /// When `file_id` was never added (a broken test).
+    pub fn push_private_file(
+        &self,
+        user_id: i64,
+        kind: FileKind,
+        file_id: &str,
+        caption: Option<&str>,
+    ) -> i64 {
+        let object = {
+            let mut st = self.shared.core.change();
+            let Some(file) = st.files.get(file_id).cloned() else {
+                panic!("no file {file_id} was added to the fake Telegram server");
+            };
+            let mut object = json!({
+                "file_id": file_id, "file_unique_id": file.unique_id,
+                "file_size": file.bytes.len(),
+            });
+            match kind {
+                FileKind::Photo => {
+                    object["width"] = json!(1280);
+                    object["height"] = json!(960);
+                    let thumb = store_file(&mut st, Bytes::from_static(b"thumbnail"), None, None);
+                    let thumb_unique = st.files.get(&thumb).map(|f| f.unique_id.clone());
+                    json!([
+                        { "file_id": thumb, "file_unique_id": thumb_unique, "file_size": 9, "width": 90, "height": 68 },
+                        object,
+                    ])
+                }
+                _ => {
+                    if matches!(kind, FileKind::Voice | FileKind::Audio | FileKind::Video) {
+                        object["duration"] = json!(1);
+                    }
+                    if kind == FileKind::Video {
+                        object["width"] = json!(640);
+                        object["height"] = json!(480);
+                    }
+                    if kind != FileKind::Voice
+                        && let Some(name) = &file.name
+                    {
+                        object["file_name"] = json!(name);
+                    }
+                    if let Some(mime) = &file.mime {
+                        object["mime_type"] = json!(mime);
+                    }
+                    object
+                }
+            }
+        };
+        let from = user(user_id);
+        let chat = json!({
+            "id": user_id, "type": "private",
+            "first_name": from["first_name"], "username": from["username"],
+        });
+        let mut message = json!({ "chat": chat, "from": from });
+        message[kind.field()] = object;
+        if let Some(c) = caption {
+            message["caption"] = json!(c);
+        }
+        self.push_update(json!({ "message": message }))
+    }
+
     /// Queues any update. An `update_id` is assigned unless the value has
     /// one; a message without `message_id` or `date` gets them. Returns the
     /// update id.
@@ -331,6 +545,27 @@ impl FakeTelegram {
     /// Every message sent so far, in order.
     pub fn sent(&self) -> Vec<Sent> {
         self.shared.core.read().sent.clone()
+    }
+
+    /// Every file upload accepted so far, in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.core.read().uploads.clone()
+    }
+
+    /// The `file_path`s fetched so far (served or not), in order.
+    pub fn downloads(&self) -> Vec<String> {
+        self.shared.core.read().downloads.clone()
+    }
+
+    /// Waits until at least `n` uploads were accepted and returns them all.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_uploads(&self, n: usize, timeout: Duration) -> Vec<Upload> {
+        self.shared
+            .core
+            .wait_len("uploads", n, timeout, |st| &st.uploads)
+            .await
     }
 
     /// Every edit so far, in order.
@@ -426,8 +661,9 @@ impl FakeTelegram {
             .await
     }
 
-    /// The next `sendMessage` gets 429 with `parameters.retry_after`.
-    /// Calls queue up: two calls fail the next two sends.
+    /// The next `sendMessage` or upload gets 429 with
+    /// `parameters.retry_after`. Calls queue up: two calls fail the next
+    /// two sends.
     pub fn fail_next_send_with_429(&self, retry_after_secs: u64) {
         self.shared.core.change().fail_429.push(retry_after_secs);
     }
@@ -470,6 +706,41 @@ impl Drop for FakeTelegram {
 /// Whether `r` is a `sendMessage`, answered or not.
 fn is_send(r: &Request) -> bool {
     r.method.eq_ignore_ascii_case("sendMessage")
+}
+
+/// Stores `bytes` as a new file and returns its `file_id`.
+fn store_file(st: &mut Book, bytes: Bytes, name: Option<&str>, mime: Option<&str>) -> String {
+    st.next_file += 1;
+    let n = st.next_file;
+    let ext = name
+        .and_then(|n| n.rsplit_once('.'))
+        .filter(|(_, e)| {
+            !e.is_empty() && e.len() <= 8 && e.chars().all(|c| c.is_ascii_alphanumeric())
+        })
+        .map(|(_, e)| format!(".{e}"))
+        .unwrap_or_default();
+    // Real file ids are long URL-safe base64; these keep that alphabet.
+    let file_id = format!("BQACAgIAAxkBAAI{n:06}-fake_file");
+    st.files.insert(
+        file_id.clone(),
+        StoredFile {
+            bytes,
+            path: format!("documents/file_{n}{ext}"),
+            unique_id: format!("AgAD{n:04}"),
+            name: name.map(str::to_owned),
+            mime: mime.map(str::to_owned),
+            expired: false,
+        },
+    );
+    file_id
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn unix_now() -> u64 {

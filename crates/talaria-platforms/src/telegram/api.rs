@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use talaria_adapter::{Download, DownloadError};
 use talaria_core::Secret;
 
 use crate::http::{Failure, Http, HttpError, Service};
@@ -64,8 +65,66 @@ impl Api {
         params: &Value,
         timeout: Duration,
     ) -> Result<T, ApiError> {
-        let url = format!("{}/bot{}/{}", self.base_url, self.token.expose(), method);
-        let request = self.http.client().post(url).json(params);
+        let request = self
+            .http
+            .client()
+            .post(self.method_url(method))
+            .json(params);
+        self.answer(method, request, timeout).await
+    }
+
+    /// Calls `method` with a multipart body (a file upload) and decodes
+    /// `result`. The form is built by the caller, its file part streamed
+    /// from disk.
+    pub(crate) async fn upload<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        form: reqwest::multipart::Form,
+        timeout: Duration,
+    ) -> Result<T, ApiError> {
+        let request = self
+            .http
+            .client()
+            .post(self.method_url(method))
+            .multipart(form);
+        self.answer(method, request, timeout).await
+    }
+
+    /// Starts fetching a file `getFile` named by its `file_path`, streamed.
+    /// The path is checked first: it must stay under the bot's file root on
+    /// the configured server, never name another host or climb out.
+    pub(crate) async fn download_file(
+        &self,
+        file_path: &str,
+        timeout: Duration,
+    ) -> Result<Download, DownloadError> {
+        if !is_relative_file_path(file_path) {
+            return Err(DownloadError::Gone(
+                "Telegram gave a file path that is not a Telegram file address".to_owned(),
+            ));
+        }
+        let url = format!(
+            "{}/file/bot{}/{}",
+            self.base_url,
+            self.token.expose(),
+            file_path
+        );
+        self.http
+            .download(self.http.client().get(url), timeout)
+            .await
+    }
+
+    fn method_url(&self, method: &str) -> String {
+        format!("{}/bot{}/{}", self.base_url, self.token.expose(), method)
+    }
+
+    /// Sends `request` and reads the Bot API's envelope.
+    async fn answer<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<T, ApiError> {
         let answer = self.http.send(request, timeout).await?;
         let status = answer.status;
         let envelope: Envelope = match serde_json::from_slice(&answer.body) {
@@ -98,6 +157,30 @@ impl Api {
                 .fail(Failure::Other(format!("unexpected {method} result: {e}")))
         })
     }
+}
+
+/// Whether `path` is a plain relative path (`photos/file_1.jpg`): no
+/// scheme, no leading slash, no `.` or `..` segment, no query, fragment
+/// or backslash. A local Bot API server in `--local` mode answers with an
+/// absolute path on its own disk, which this adapter cannot fetch over
+/// HTTP; that is refused too.
+fn is_relative_file_path(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= 1024
+        && !path.starts_with('/')
+        && !path.contains(['\\', '?', '#', '%', ':'])
+        && !path.chars().any(char::is_control)
+        && path
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
+}
+
+/// What `getFile` answers: where the bytes can be fetched for the next
+/// hour.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct File {
+    pub file_size: Option<u64>,
+    pub file_path: Option<String>,
 }
 
 /// `getMe`, and the sender of messages.
@@ -173,4 +256,31 @@ pub(crate) struct Update {
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct SentResult {
     pub message_id: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_relative_file_path;
+
+    #[test]
+    fn file_paths_stay_under_the_file_root() {
+        for ok in ["photos/file_1.jpg", "voice/file_2.oga", "documents/a b.pdf"] {
+            assert!(is_relative_file_path(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "/var/lib/telegram-bot-api/x.jpg",
+            "../bot1:other/x",
+            "photos/../../x",
+            "https://evil.example/x",
+            "//evil.example/x",
+            "photos/./x",
+            "a?b",
+            "a%2e%2e/b",
+            "a\\b",
+            "photos//x",
+        ] {
+            assert!(!is_relative_file_path(bad), "{bad}");
+        }
+    }
 }

@@ -6,6 +6,11 @@
 //! update is delivered again. [`TelegramAdapter`] sends with
 //! `parse_mode: "HTML"` (a conservative markdown subset converted, all else
 //! escaped) and falls back to plain text when Telegram rejects the markup.
+//!
+//! Files: an inbound attachment's locator is its `file_id`; [`Adapter::download`]
+//! asks `getFile` for its path and streams `{base_url}/file/bot{token}/{path}`.
+//! [`Adapter::send_file`] uploads with `sendPhoto`, `sendVoice`, `sendAudio`,
+//! `sendVideo` or `sendDocument` (multipart, the file streamed from disk).
 
 mod api;
 mod config;
@@ -20,13 +25,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
-    SentMessage,
+    Adapter, AdapterContext, AdapterError, Download, DownloadError, Liveness, MediaKind,
+    MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
 use talaria_core::{Env, Secret};
 
-use api::{Api, ApiError, SentResult, Update, User};
+use api::{Api, ApiError, File, SentResult, Update, User};
 use mapping::{GENERAL_TOPIC, Me};
 
 pub use config::{ENV, TelegramConfig};
@@ -46,6 +51,44 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// How long a send, edit or chat action may take.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The largest file a bot may fetch through `getFile`.
+pub const MAX_DOWNLOAD_BYTES: u64 = 20 * 1024 * 1024;
+
+/// The largest file a bot may upload (multipart).
+pub const MAX_UPLOAD_BYTES: u64 = 50 * 1024 * 1024;
+
+/// The largest photo `sendPhoto` takes; a larger one goes as a document.
+pub const MAX_PHOTO_BYTES: u64 = 10 * 1024 * 1024;
+
+/// A caption's limit, in UTF-16 code units after the markup is parsed.
+pub const MAX_CAPTION_LEN: usize = 1024;
+
+/// How long fetching a file may take, body included (20 MB on a slow
+/// link).
+const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// How long an upload may take, body included (50 MB on a slow link).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Image types `sendPhoto` takes; others (GIF, HEIC, ...) go as documents
+/// so they arrive as sent rather than recompressed or refused.
+const PHOTO_TYPES: &[&str] = &["image/jpeg", "image/png", "image/webp"];
+
+/// Voice-note types `sendVoice` plays as a voice message.
+const VOICE_TYPES: &[&str] = &["audio/ogg", "audio/opus"];
+
+/// Audio types `sendAudio` puts in the music player (MP3 and M4A).
+const AUDIO_TYPES: &[&str] = &[
+    "audio/mpeg",
+    "audio/mp3",
+    "audio/mp4",
+    "audio/m4a",
+    "audio/x-m4a",
+];
+
+/// Video types `sendVideo` plays inline (MPEG-4).
+const VIDEO_TYPES: &[&str] = &["video/mp4"];
 
 /// What the adapter needs to connect.
 #[derive(Debug, Clone)]
@@ -236,14 +279,40 @@ impl TelegramAdapter {
     async fn call_send(
         &self,
         method: &str,
-        mut params: Value,
+        params: Value,
         plain: &str,
     ) -> Result<Value, SendError> {
+        let markup = params.get("parse_mode").is_some();
+        let api = &self.api;
+        self.retrying(method, markup, |as_plain| {
+            let mut params = params.clone();
+            if as_plain && let Some(obj) = params.as_object_mut() {
+                obj.remove("parse_mode");
+                obj.insert("text".into(), json!(plain));
+            }
+            async move { Ok(api.call::<Value>(method, &params, SEND_TIMEOUT).await) }
+        })
+        .await
+    }
+
+    /// Runs `attempt` until it is answered, waiting out 429s (a few times,
+    /// briefly) and trying once more without markup when Telegram cannot
+    /// parse it (`attempt(true)`). An attempt's own `Err` (a local failure
+    /// before anything was sent) ends it as is.
+    async fn retrying<F, Fut>(
+        &self,
+        method: &str,
+        markup: bool,
+        mut attempt: F,
+    ) -> Result<Value, SendError>
+    where
+        F: FnMut(bool) -> Fut,
+        Fut: std::future::Future<Output = Result<Result<Value, ApiError>, SendError>>,
+    {
         let mut rate_retries = 0;
         let mut fell_back = false;
         loop {
-            let result = self.api.call::<Value>(method, &params, SEND_TIMEOUT).await;
-            match result {
+            match attempt(fell_back).await? {
                 Ok(v) => return Ok(v),
                 Err(e) if e.status() == Some(429) => {
                     let wait = e
@@ -260,7 +329,7 @@ impl TelegramAdapter {
                 Err(e)
                     if e.status() == Some(400)
                         && !fell_back
-                        && params.get("parse_mode").is_some()
+                        && markup
                         && e.message().contains("can't parse entities") =>
                 {
                     tracing::warn!(
@@ -269,14 +338,158 @@ impl TelegramAdapter {
                         e.message()
                     );
                     fell_back = true;
-                    if let Some(obj) = params.as_object_mut() {
-                        obj.remove("parse_mode");
-                        obj.insert("text".into(), json!(plain));
-                    }
                 }
                 Err(e) => return Err(classify(e)),
             }
         }
+    }
+
+    /// Uploads `file` with `upload`'s method, streamed from disk (a new
+    /// stream for each attempt). `caption` is sent as HTML, or as written
+    /// when Telegram cannot parse the HTML.
+    async fn upload(
+        &self,
+        file: &OutboundFile,
+        upload: Upload,
+        caption: Option<&str>,
+    ) -> Result<SentMessage, SendError> {
+        let api = &self.api;
+        let result = self
+            .retrying(upload.method, caption.is_some(), |as_plain| async move {
+                let part = crate::http::file_part(&file.path, &file.name, &file.mime)
+                    .await
+                    .map_err(|e| unreadable(file, &e))?;
+                let mut form =
+                    reqwest::multipart::Form::new().text("chat_id", file.chat_id.trim().to_owned());
+                if let Some(t) = topic_param(file.thread_id.as_deref()) {
+                    form = form.text("message_thread_id", t.to_string());
+                }
+                if let Some(r) = reply_param(file.reply_to.as_deref()) {
+                    form = form
+                        .text("reply_to_message_id", r.to_string())
+                        // The anchor may have been deleted meanwhile.
+                        .text("allow_sending_without_reply", "true");
+                }
+                if let Some(c) = caption {
+                    form = if as_plain {
+                        form.text("caption", c.to_owned())
+                    } else {
+                        form.text("caption", format::to_html(c))
+                            .text("parse_mode", "HTML")
+                    };
+                }
+                form = form.part(upload.field, part);
+                Ok(api
+                    .upload::<Value>(upload.method, form, UPLOAD_TIMEOUT)
+                    .await)
+            })
+            .await?;
+        let message_id = serde_json::from_value::<SentResult>(result)
+            .ok()
+            .and_then(|r| r.message_id)
+            .map(|id| id.to_string());
+        Ok(SentMessage { message_id })
+    }
+
+    /// The text line in place of a file Telegram cannot carry.
+    async fn send_fallback(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        self.send(&OutboundMessage {
+            chat_id: file.chat_id.clone(),
+            thread_id: file.thread_id.clone(),
+            reply_to: file.reply_to.clone(),
+            text: file.fallback_text(self.platform()),
+        })
+        .await
+    }
+}
+
+/// How one file goes to Telegram: the method and the form field that
+/// holds the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Upload {
+    method: &'static str,
+    field: &'static str,
+}
+
+impl Upload {
+    const PHOTO: Upload = Upload {
+        method: "sendPhoto",
+        field: "photo",
+    };
+    const VOICE: Upload = Upload {
+        method: "sendVoice",
+        field: "voice",
+    };
+    const AUDIO: Upload = Upload {
+        method: "sendAudio",
+        field: "audio",
+    };
+    const VIDEO: Upload = Upload {
+        method: "sendVideo",
+        field: "video",
+    };
+    const DOCUMENT: Upload = Upload {
+        method: "sendDocument",
+        field: "document",
+    };
+
+    /// The call for a file of `kind` and `mime` (both from its bytes) of
+    /// `size` bytes. Whatever the specialised calls would refuse or
+    /// mangle (a GIF, a photo over 10 MB, a WAV) goes as a document,
+    /// which carries any file as it is.
+    fn choose(kind: MediaKind, mime: &str, size: u64) -> Upload {
+        let mime = mime
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        let is = |types: &[&str]| types.contains(&mime.as_str());
+        match kind {
+            MediaKind::Image if is(PHOTO_TYPES) && size <= MAX_PHOTO_BYTES => Upload::PHOTO,
+            MediaKind::Voice if is(VOICE_TYPES) => Upload::VOICE,
+            MediaKind::Voice | MediaKind::Audio if is(AUDIO_TYPES) => Upload::AUDIO,
+            MediaKind::Video if is(VIDEO_TYPES) => Upload::VIDEO,
+            _ => Upload::DOCUMENT,
+        }
+    }
+}
+
+/// A file that vanished or cannot be read before it was sent: nothing
+/// went out, and trying again will not help.
+fn unreadable(file: &OutboundFile, e: &std::io::Error) -> SendError {
+    SendError::Rejected(format!(
+        "cannot read the file {} to send it: {e}",
+        file.name
+    ))
+}
+
+/// The `reply_to_message_id` for a reply anchor, when it is a message id.
+fn reply_param(reply_to: Option<&str>) -> Option<i64> {
+    reply_to.and_then(|r| r.trim().parse::<i64>().ok())
+}
+
+/// Whether `locator` can be a Bot API `file_id` (URL-safe base64), so
+/// nothing else (a URL, a path) is ever passed on.
+fn is_file_id(locator: &str) -> bool {
+    !locator.is_empty()
+        && locator.len() <= 256
+        && locator
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+}
+
+/// What a failed `getFile` means for the file: too big for bots, gone
+/// (an unknown or expired file id), or a failure a later try may get past
+/// (a revoked token included: nothing is wrong with the file).
+fn get_file_error(e: ApiError) -> DownloadError {
+    match e.status() {
+        Some(400) if e.message().contains("too big") => DownloadError::TooLarge(e.to_string()),
+        Some(401 | 404) => {
+            DownloadError::Unavailable(format!("Telegram rejected the bot token: {}", e.message()))
+        }
+        Some(400 | 403) => DownloadError::Gone(e.to_string()),
+        _ => DownloadError::Unavailable(e.to_string()),
     }
 }
 
@@ -311,12 +524,24 @@ fn topic_param(thread_id: Option<&str>) -> Option<i64> {
         .and_then(|t| t.trim().parse().ok())
 }
 
+/// Telegram carries every kind: photos, voice notes, audio, video and
+/// documents, both ways.
+const ALL_KINDS: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Audio,
+    MediaKind::Video,
+    MediaKind::Document,
+];
+
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     threads: true,
     edits: true,
     markup: Markup::Html,
     group_chat_allowlist: true,
+    receives: ALL_KINDS,
+    sends: ALL_KINDS,
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_MESSAGE_LEN,
         unit: LengthUnit::Utf16,
@@ -412,11 +637,7 @@ impl Adapter for TelegramAdapter {
         if let Some(t) = topic_param(message.thread_id.as_deref()) {
             params["message_thread_id"] = json!(t);
         }
-        if let Some(r) = message
-            .reply_to
-            .as_deref()
-            .and_then(|r| r.trim().parse::<i64>().ok())
-        {
+        if let Some(r) = reply_param(message.reply_to.as_deref()) {
             params["reply_to_message_id"] = json!(r);
             // The anchor may have been deleted meanwhile; answer anyway.
             params["allow_sending_without_reply"] = json!(true);
@@ -459,6 +680,74 @@ impl Adapter for TelegramAdapter {
             .await
             .map(|_| ())
             .map_err(classify)
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        // The locator came from an inbound payload: only ever a file id,
+        // fetched through this bot's own server, never an address.
+        if !is_file_id(locator) {
+            return Err(DownloadError::Gone(
+                "the attachment is not a Telegram file address".to_owned(),
+            ));
+        }
+        let params = json!({ "file_id": locator });
+        let file: File = self
+            .api
+            .call("getFile", &params, SEND_TIMEOUT)
+            .await
+            .map_err(get_file_error)?;
+        if let Some(size) = file.file_size.filter(|s| *s > MAX_DOWNLOAD_BYTES) {
+            return Err(DownloadError::TooLarge(format!(
+                "the file is {size} bytes; Telegram lets bots fetch up to {MAX_DOWNLOAD_BYTES}"
+            )));
+        }
+        let Some(path) = file.file_path else {
+            return Err(DownloadError::Gone(
+                "Telegram gave no path to fetch the file from".to_owned(),
+            ));
+        };
+        self.api.download_file(&path, DOWNLOAD_TIMEOUT).await
+    }
+
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let size = tokio::fs::metadata(&file.path)
+            .await
+            .map_err(|e| unreadable(file, &e))?
+            .len();
+        if size > MAX_UPLOAD_BYTES {
+            tracing::info!(
+                size,
+                "a file over Telegram's upload limit; sending a line instead"
+            );
+            return self.send_fallback(file).await;
+        }
+        let upload = Upload::choose(file.kind, &file.mime, size);
+        let caption = file.caption.as_deref().filter(|c| !c.trim().is_empty());
+        // A caption over Telegram's limit follows as a message of its own
+        // (split to the message limit), answering the file.
+        let (inline, after) = match caption {
+            Some(c) if c.encode_utf16().count() > MAX_CAPTION_LEN => (None, Some(c)),
+            c => (c, None),
+        };
+        let sent = self.upload(file, upload, inline).await?;
+        if let Some(text) = after {
+            // The file is out: failing now would have it sent twice, so a
+            // part that cannot be sent is logged, not returned.
+            let reply_to = sent.message_id.clone().or_else(|| file.reply_to.clone());
+            for part in talaria_adapter::split::split_message(text, CAPABILITIES.limits) {
+                let message = OutboundMessage {
+                    chat_id: file.chat_id.clone(),
+                    thread_id: file.thread_id.clone(),
+                    reply_to: reply_to.clone(),
+                    text: part,
+                };
+                if let Err(e) = self.send(&message).await {
+                    tracing::warn!("the caption after a file could not be sent: {e}");
+                    break;
+                }
+            }
+        }
+        Ok(sent)
     }
 }
 
@@ -562,6 +851,40 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, SendError::Unavailable(_)), "{err:?}");
         assert!(!err.to_string().contains("SECRETSECRET"), "{err}");
+    }
+
+    #[test]
+    fn uploads_are_chosen_by_kind_type_and_size() {
+        let choose = Upload::choose;
+        assert_eq!(choose(MediaKind::Image, "image/png", 10), Upload::PHOTO);
+        assert_eq!(
+            choose(MediaKind::Image, "IMAGE/JPEG", MAX_PHOTO_BYTES),
+            Upload::PHOTO
+        );
+        assert_eq!(
+            choose(MediaKind::Image, "image/png", MAX_PHOTO_BYTES + 1),
+            Upload::DOCUMENT
+        );
+        assert_eq!(choose(MediaKind::Image, "image/gif", 10), Upload::DOCUMENT);
+        assert_eq!(choose(MediaKind::Voice, "audio/ogg", 10), Upload::VOICE);
+        assert_eq!(choose(MediaKind::Voice, "audio/mpeg", 10), Upload::AUDIO);
+        assert_eq!(choose(MediaKind::Voice, "audio/wav", 10), Upload::DOCUMENT);
+        assert_eq!(choose(MediaKind::Audio, "audio/mpeg", 10), Upload::AUDIO);
+        assert_eq!(choose(MediaKind::Audio, "audio/ogg", 10), Upload::DOCUMENT);
+        assert_eq!(choose(MediaKind::Video, "video/mp4", 10), Upload::VIDEO);
+        assert_eq!(choose(MediaKind::Video, "video/webm", 10), Upload::DOCUMENT);
+        assert_eq!(
+            choose(MediaKind::Document, "image/png", 10),
+            Upload::DOCUMENT
+        );
+    }
+
+    #[test]
+    fn file_ids_only() {
+        assert!(is_file_id("AgACAgIAAxkBAAIBZ2V-abc_DEF"));
+        for bad in ["", "https://evil.example/x", "../x", "a b", "a/b"] {
+            assert!(!is_file_id(bad), "{bad}");
+        }
     }
 
     #[test]
