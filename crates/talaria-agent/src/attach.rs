@@ -35,6 +35,9 @@ pub struct Received {
     /// How to name it to the user and the model: `voice note`,
     /// `document report.pdf`.
     pub label: String,
+    /// What the platform said it is, when it said: a "photo" whose bytes
+    /// are something else is pointed out to the user.
+    pub claimed: Option<MediaKind>,
     /// The cached file, or why it could not be taken (in the user's words).
     pub file: Result<Stored, String>,
 }
@@ -94,6 +97,12 @@ pub async fn digest(received: Vec<Received>, cx: &AttachContext<'_>) -> Digest {
                 continue;
             }
         };
+        if r.claimed == Some(MediaKind::Image) && stored.kind != MediaKind::Image {
+            out.notices.push(format!(
+                "⚠️ Your {} is not an image: its bytes are {}. I kept it as a file.",
+                r.label, stored.mime
+            ));
+        }
         match stored.kind {
             MediaKind::Image => image(&mut out, &r.label, &stored, cx).await,
             MediaKind::Voice | MediaKind::Audio => {

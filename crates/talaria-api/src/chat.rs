@@ -363,6 +363,10 @@ async fn take_files(
                 "image_url" => "image".to_owned(),
                 _ => "audio".to_owned(),
             },
+            claimed: Some(match file.part {
+                "image_url" => talaria_core::MediaKind::Image,
+                _ => talaria_core::MediaKind::Audio,
+            }),
             file: stored,
         });
     }

@@ -31,6 +31,7 @@ pub async fn attach_files(rt: &Runtime, model: &str, paths: &[&Path]) -> Result<
         let stored = cache.store(file, hint).await.map_err(|e| e.to_string());
         received.push(Received {
             label: format!("file {}", name.as_deref().unwrap_or("")),
+            claimed: None,
             file: stored,
         });
     }

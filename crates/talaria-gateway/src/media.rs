@@ -136,6 +136,7 @@ pub async fn receive(
         }
         out.push(Received {
             label: a.label(),
+            claimed: Some(a.kind),
             file,
         });
     }

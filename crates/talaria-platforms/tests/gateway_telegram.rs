@@ -583,3 +583,386 @@ async fn old_media_files_are_swept_by_the_gateways_maintenance() {
     assert!(foreign.exists());
     rig.stop().await;
 }
+
+/// Media end to end through the fake Bot API: files fetched with
+/// `getFile`, what the model gets, and files sent back as uploads.
+mod media {
+    use std::time::Duration;
+
+    use base64::Engine as _;
+    use serde_json::Value;
+    use talaria_core::config::{ModelConfig, SttProvider, TtsProvider, VisionMode, VoiceReply};
+    use talaria_testkit::Reply;
+    use talaria_testkit::kit::telegram::TelegramKit;
+    use talaria_testkit::openai_media::{FakeOpenAiMedia, MediaReply};
+    use talaria_testkit::telegram::FileKind;
+
+    use talaria_testkit::kit::PlatformKit as _;
+
+    use super::contract::Rig;
+
+    const FRIEND: i64 = 42;
+
+    /// A PNG of `w`×`h` with some detail, as a phone would send.
+    fn png(w: u32, h: u32) -> Vec<u8> {
+        let img = image::RgbImage::from_fn(w, h, |x, y| {
+            image::Rgb([(x % 251) as u8, (y % 241) as u8, 90])
+        });
+        let mut out = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+        out.into_inner()
+    }
+
+    /// A one-page PDF whose text is `words`, with a correct cross-reference
+    /// table (built here, offsets counted).
+    fn pdf(words: &str) -> Vec<u8> {
+        let stream = format!("BT /F1 12 Tf 72 720 Td ({words}) Tj ET");
+        let objects = [
+            "<< /Type /Catalog /Pages 2 0 R >>".to_owned(),
+            "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_owned(),
+            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>".to_owned(),
+            format!("<< /Length {} >>\nstream\n{stream}\nendstream", stream.len()),
+            "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_owned(),
+        ];
+        let mut out = b"%PDF-1.4\n".to_vec();
+        let mut offsets = Vec::new();
+        for (i, body) in objects.iter().enumerate() {
+            offsets.push(out.len());
+            out.extend_from_slice(format!("{} 0 obj\n{body}\nendobj\n", i + 1).as_bytes());
+        }
+        let xref = out.len();
+        out.extend_from_slice(
+            format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
+        );
+        for o in offsets {
+            out.extend_from_slice(format!("{o:010} 00000 n \n").as_bytes());
+        }
+        out.extend_from_slice(
+            format!(
+                "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+                objects.len() + 1
+            )
+            .as_bytes(),
+        );
+        out
+    }
+
+    /// The first pages of an OGG/Opus voice note: enough for its type to
+    /// be read from the bytes (nothing here decodes the audio).
+    fn ogg_opus() -> Vec<u8> {
+        let mut page = b"OggS\0\x02".to_vec();
+        page.extend_from_slice(&[0u8; 20]);
+        page.extend_from_slice(&[1, 19]);
+        page.extend_from_slice(b"OpusHead\x01\x01\x38\x01\x80\xbb\0\0\0\0\0");
+        page.extend_from_slice(&[0u8; 64]);
+        page
+    }
+
+    /// The last user message of LLM request `i`.
+    fn last_user(rig: &Rig<TelegramKit>, i: usize) -> Value {
+        let body = &rig.llm.requests()[i].body;
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .cloned()
+            .unwrap()
+    }
+
+    /// The text of a message's content, whether a string or parts.
+    fn text_of(message: &Value) -> String {
+        match &message["content"] {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        }
+    }
+
+    fn cached_files(rig: &Rig<TelegramKit>) -> Vec<std::path::PathBuf> {
+        match std::fs::read_dir(rig.home.media_dir()) {
+            Ok(dir) => dir.map(|e| e.unwrap().path()).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_photo_reaches_a_vision_model_as_a_downscaled_image_part() {
+        let rig = Rig::<TelegramKit>::started(&[], |c| c.model.vision = VisionMode::On).await;
+        let fake = &rig.kit.fake;
+        let id = fake.add_file(png(3000, 2000), None, None);
+        rig.llm.push(Reply::text("A striped picture."));
+        fake.push_private_file(FRIEND, FileKind::Photo, &id, Some("what is this?"));
+        rig.wait_for_text("A striped picture.").await;
+        let user = last_user(&rig, 0);
+        assert!(text_of(&user).contains("what is this?"), "{user}");
+        let url = user["content"]
+            .as_array()
+            .and_then(|parts| parts.iter().find(|p| p["type"] == "image_url"))
+            .and_then(|p| p["image_url"]["url"].as_str())
+            .unwrap_or_else(|| panic!("no image part: {user}"))
+            .to_owned();
+        let data = url.strip_prefix("data:image/jpeg;base64,").unwrap();
+        let jpeg = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap();
+        let seen = image::load_from_memory(&jpeg).unwrap();
+        assert_eq!((seen.width(), seen.height()), (1568, 1045));
+        // The transcript keeps a reference, never the bytes.
+        let db = std::fs::read(rig.home.state_db()).unwrap();
+        assert!(
+            !db.windows(data.len().min(64))
+                .any(|w| w == &data.as_bytes()[..64])
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_vision_the_auxiliary_model_describes_the_photo() {
+        let aux = talaria_testkit::MockOpenAi::start().await;
+        let aux_url = aux.base_url();
+        let rig = Rig::<TelegramKit>::started(&[], |c| {
+            c.model.vision = VisionMode::Off;
+            c.media.describe_images = true;
+            c.auxiliary.vision = Some(ModelConfig {
+                default: Some("looker".into()),
+                base_url: Some(aux_url),
+                ..ModelConfig::default()
+            });
+        })
+        .await;
+        aux.push(Reply::text("a grid of coloured stripes"));
+        rig.llm.push(Reply::text("Stripes, it seems."));
+        let id = rig.kit.fake.add_file(png(64, 48), None, None);
+        rig.kit
+            .fake
+            .push_private_file(FRIEND, FileKind::Photo, &id, None);
+        rig.wait_for_text("Stripes, it seems.").await;
+        let user = last_user(&rig, 0);
+        assert!(
+            user["content"].is_string(),
+            "no image part for a blind model: {user}"
+        );
+        assert!(
+            text_of(&user).contains("described by a vision model: a grid of coloured stripes"),
+            "{user}"
+        );
+        let looked = &aux.requests()[0].body;
+        assert!(looked.to_string().contains("data:image/"), "{looked}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_voice_note_is_transcribed_echoed_and_answered() {
+        let stt = FakeOpenAiMedia::start().await;
+        let stt_url = stt.base_url();
+        let rig = Rig::<TelegramKit>::started(&[], |c| {
+            c.stt.provider = Some(SttProvider::Openai);
+            c.stt.base_url = Some(stt_url);
+            c.stt.api_key = Some(talaria_core::Secret::new("sk-stt-test"));
+            c.stt.echo_transcript = true;
+        })
+        .await;
+        stt.push(MediaReply::transcript("turn on the kitchen lights"));
+        rig.llm.push(Reply::text("Lights are on."));
+        let voice = ogg_opus();
+        let id = rig
+            .kit
+            .fake
+            .add_file(voice.clone(), None, Some("audio/ogg"));
+        rig.kit
+            .fake
+            .push_private_file(FRIEND, FileKind::Voice, &id, None);
+        rig.wait_for_text("Lights are on.").await;
+        rig.wait_for_text("turn on the kitchen lights").await;
+        let user = text_of(&last_user(&rig, 0));
+        assert!(
+            user.contains("[transcript of a voice note]: turn on the kitchen lights"),
+            "{user}"
+        );
+        let heard = &stt.requests()[0];
+        assert_eq!(heard.field("model"), Some("whisper-1"));
+        assert_eq!(heard.file.as_ref().map(|f| f.len), Some(voice.len() as u64));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_transcription_is_said_not_swallowed() {
+        let stt = FakeOpenAiMedia::start().await;
+        let stt_url = stt.base_url();
+        let rig = Rig::<TelegramKit>::started(&[], |c| {
+            c.stt.provider = Some(SttProvider::Openai);
+            c.stt.base_url = Some(stt_url);
+            c.stt.api_key = Some(talaria_core::Secret::new("sk-stt-test"));
+        })
+        .await;
+        stt.push(MediaReply::error(500, "model overloaded", "server_error"));
+        rig.llm.push(Reply::text("Sorry, I could not hear that."));
+        let id = rig.kit.fake.add_file(ogg_opus(), None, Some("audio/ogg"));
+        rig.kit
+            .fake
+            .push_private_file(FRIEND, FileKind::Voice, &id, None);
+        rig.wait_for_text("could not transcribe your voice note")
+            .await;
+        rig.wait_for_text("Sorry, I could not hear that.").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pdfs_text_reaches_the_model_and_a_broken_one_is_said_unreadable() {
+        let rig = Rig::<TelegramKit>::started(&[], |_| {}).await;
+        let fake = &rig.kit.fake;
+        rig.llm.push(Reply::text("Revenue grew."));
+        let id = fake.add_file(
+            pdf("Quarterly revenue grew twelve percent"),
+            Some("q3.pdf"),
+            Some("application/pdf"),
+        );
+        fake.push_private_file(FRIEND, FileKind::Document, &id, Some("summarise"));
+        rig.wait_for_text("Revenue grew.").await;
+        let user = text_of(&last_user(&rig, 0));
+        assert!(
+            user.contains("Quarterly revenue grew twelve percent"),
+            "{user}"
+        );
+        assert!(user.contains("q3.pdf"), "{user}");
+
+        rig.llm.push(Reply::text("That file is damaged."));
+        let id = fake.add_file(
+            b"%PDF-1.7\n1 0 obj <<garbage".to_vec(),
+            Some("broken.pdf"),
+            Some("application/pdf"),
+        );
+        fake.push_private_file(FRIEND, FileKind::Document, &id, None);
+        rig.wait_for_text("That file is damaged.").await;
+        let user = text_of(&last_user(&rig, 1));
+        assert!(
+            user.contains("broken.pdf") && user.contains("cannot be read"),
+            "{user}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bad_files_get_clear_answers_and_leave_nothing_behind() {
+        let rig = Rig::<TelegramKit>::started(&[], |c| c.model.vision = VisionMode::On).await;
+        let fake = &rig.kit.fake;
+
+        // 25 MB: refused from Telegram's own size claim, never fetched.
+        rig.llm.push(Reply::text("noted the big one"));
+        let big = fake.add_file(vec![7u8; 25 * 1024 * 1024], Some("big.bin"), None);
+        fake.push_private_file(FRIEND, FileKind::Document, &big, None);
+        rig.wait_for_text("it is 25 MB, and the limit is 20 MB")
+            .await;
+        rig.wait_for_text("noted the big one").await;
+        assert!(fake.downloads().is_empty(), "{:?}", fake.downloads());
+        assert!(cached_files(&rig).is_empty(), "{:?}", cached_files(&rig));
+
+        // A decompression bomb: 50,000 × 50,000 pixels in a small file.
+        rig.llm.push(Reply::text("noted the bomb"));
+        let mut bomb = png(1, 1);
+        bomb[16..20].copy_from_slice(&50_000u32.to_be_bytes());
+        bomb[20..24].copy_from_slice(&50_000u32.to_be_bytes());
+        let id = fake.add_file(bomb, None, None);
+        fake.push_private_file(FRIEND, FileKind::Photo, &id, None);
+        rig.wait_for_text("too large to open").await;
+        rig.wait_for_text("noted the bomb").await;
+
+        // A "photo" that is a program.
+        rig.llm.push(Reply::text("noted the program"));
+        let mut elf = b"\x7fELF\x02\x01\x01\0".to_vec();
+        elf.extend_from_slice(&[0u8; 120]);
+        let id = fake.add_file(elf, Some("cat.jpg"), Some("image/jpeg"));
+        fake.push_private_file(FRIEND, FileKind::Photo, &id, None);
+        rig.wait_for_text("is not an image").await;
+        rig.wait_for_text("noted the program").await;
+        let leftovers: Vec<_> = cached_files(&rig)
+            .into_iter()
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "half-written files: {leftovers:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn media_lines_become_uploads_of_the_right_kind_and_outside_paths_are_refused() {
+        let rig = Rig::<TelegramKit>::started(&[], |_| {}).await;
+        let work = rig.dir.path();
+        let chart = png(40, 30);
+        std::fs::write(work.join("chart.png"), &chart).unwrap();
+        std::fs::write(work.join("report.pdf"), pdf("hello")).unwrap();
+        std::fs::write(work.join("note.ogg"), ogg_opus()).unwrap();
+        rig.llm.push(Reply::text(format!(
+            "Here you are.\nMEDIA:{}\nMEDIA:report.pdf\nMEDIA:note.ogg\nMEDIA:/etc/passwd",
+            work.join("chart.png").display()
+        )));
+        rig.kit
+            .push_dm(talaria_testkit::kit::Who::Friend, "send me the files");
+        let uploads = rig
+            .kit
+            .fake
+            .wait_for_uploads(3, Duration::from_secs(20))
+            .await;
+        let kinds: Vec<&str> = uploads.iter().map(|u| u.method.as_str()).collect();
+        assert_eq!(kinds, ["sendPhoto", "sendDocument", "sendVoice"]);
+        assert_eq!(uploads[0].bytes, chart);
+        assert_eq!(uploads[1].file_name.as_deref(), Some("report.pdf"));
+        let sent = rig.wait_for_text("Here you are.").await;
+        let text = sent
+            .iter()
+            .map(|o| o.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains("Not sent: passwd is outside the folders"),
+            "{text}"
+        );
+        assert!(!text.contains("MEDIA:"), "{text}");
+        rig.wait_for_delivered(1).await;
+    }
+
+    /// A real local text-to-speech round trip: Debian's espeak-ng speaks
+    /// the answer, ffmpeg makes it OGG/Opus, and Telegram gets a voice
+    /// note of a plausible length.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn espeak_ng_speaks_the_answer_as_an_ogg_opus_voice_note() {
+        for program in ["espeak-ng", "ffmpeg", "ffprobe"] {
+            let found = std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {program}")])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            assert!(
+                found,
+                "{program} is missing: install espeak-ng and ffmpeg (scripts/test does)"
+            );
+        }
+        let rig = Rig::<TelegramKit>::started(&[], |c| {
+            c.tts.provider = Some(TtsProvider::Command);
+            c.tts.command = Some("espeak-ng -w {output} {text}".into());
+            c.tts.voice_reply = VoiceReply::Always;
+        })
+        .await;
+        let answer = "Good morning. The weather today is sunny with a light breeze.";
+        rig.llm.push(Reply::text(answer));
+        rig.kit
+            .push_dm(talaria_testkit::kit::Who::Friend, "how is the weather?");
+        rig.wait_for_text("sunny with a light breeze").await;
+        let uploads = rig
+            .kit
+            .fake
+            .wait_for_uploads(1, Duration::from_secs(60))
+            .await;
+        let voice = &uploads[0];
+        assert_eq!(voice.method, "sendVoice");
+        assert!(voice.bytes.starts_with(b"OggS"), "not OGG");
+        assert!(voice.bytes.windows(8).any(|w| w == b"OpusHead"), "not Opus");
+        let file = rig.dir.path().join("heard.ogg");
+        std::fs::write(&file, &voice.bytes).unwrap();
+        let length = talaria_media::audio_duration(&file).expect("ffprobe reads the voice note");
+        assert!(
+            (Duration::from_secs(2)..Duration::from_secs(12)).contains(&length),
+            "{length:?} for {} words",
+            answer.split_whitespace().count()
+        );
+    }
+}
