@@ -270,6 +270,9 @@ struct Book {
     files: HashMap<String, StoredFile>,
     next_file: u64,
     uploads: Vec<Upload>,
+    /// Uploads past this many hang until it is cleared, and are then lost
+    /// (a crash test kills the gateway between two files of one answer).
+    hold_uploads_after: Option<usize>,
     /// `file_path`s fetched, in order.
     downloads: Vec<String>,
     /// The newest long poll; an older one still waiting is ended with a
@@ -414,6 +417,12 @@ impl FakeTelegram {
         let bytes = Bytes::from(bytes.into());
         let mut st = self.shared.core.change();
         store_file(&mut st, bytes, name, mime)
+    }
+
+    /// Uploads after the first `n` hang (none is answered) until this is
+    /// set to `None`; a held upload is then lost, like a hung send.
+    pub fn hold_uploads_after(&self, n: Option<usize>) {
+        self.shared.core.change().hold_uploads_after = n;
     }
 
     /// The download link of `file_id` stops working (404), as Telegram's

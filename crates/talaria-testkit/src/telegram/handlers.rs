@@ -58,6 +58,19 @@ pub(super) async fn handle(State(shared): State<Arc<Shared>>, request: HttpReque
     }
     let lower = method.to_ascii_lowercase();
     if let Some(field) = upload_field(&lower) {
+        if holding_uploads(&shared) {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+                    () = shared.core.stopped() => break,
+                }
+                if !holding_uploads(&shared) {
+                    break;
+                }
+            }
+            // Lost like a hung send: never delivered late.
+            return error(502, "Bad Gateway: the request was lost", None);
+        }
         return upload(&shared, &method, field, &params, files);
     }
     match lower.as_str() {
@@ -381,6 +394,12 @@ async fn read_params(
 }
 
 /// The form field holding the file for an upload method (lowercased).
+/// Whether an upload now is held (see `FakeTelegram::hold_uploads_after`).
+fn holding_uploads(shared: &Shared) -> bool {
+    let st = shared.core.read();
+    st.hold_uploads_after.is_some_and(|n| st.uploads.len() >= n)
+}
+
 fn upload_field(method: &str) -> Option<&'static str> {
     Some(match method {
         "sendphoto" => "photo",
