@@ -28,8 +28,8 @@ impl AdapterKit for DiscordKit {
 
 adapter_contract!(DiscordKit;
     run: dm_turn, thread_reply, long_answer_split, redelivery, dropped_connection,
-         rate_limit, unauthorized;
-    skip:);
+         rate_limit, unauthorized, media_in, media_out;
+    skip: );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmentioned_chatter_is_ignored_and_the_parent_channel_is_a_conversation_of_its_own() {

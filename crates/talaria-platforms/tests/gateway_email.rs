@@ -46,7 +46,7 @@ fn email_adapter(config: &Config, env: &Env, cursors: Arc<dyn CursorStore>) -> A
 }
 
 adapter_contract!(EmailKit;
-    run: dm_turn, long_answer_split, dropped_connection, unauthorized;
+    run: dm_turn, long_answer_split, dropped_connection, unauthorized, media_in, media_out;
     skip: thread_reply => contract::Skip::Threadless,
           redelivery => contract::Skip::DeliversOnce,
           rate_limit => contract::Skip::UnlimitedSends);

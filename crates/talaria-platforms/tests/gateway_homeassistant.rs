@@ -63,7 +63,9 @@ adapter_contract!(HomeAssistantKit;
     skip: thread_reply => contract::Skip::Threadless,
           long_answer_split => contract::Skip::Reassembled,
           dropped_connection => contract::Skip::Connectionless,
-          rate_limit => contract::Skip::UnlimitedSends);
+          rate_limit => contract::Skip::UnlimitedSends,
+          media_in => contract::Skip::ReceivesNoFiles,
+          media_out => contract::Skip::SendsNoFiles);
 
 type HaRig = Rig<HomeAssistantKit>;
 

@@ -44,8 +44,8 @@ fn matrix_adapter(config: &Config, env: &Env, cursors: Arc<dyn CursorStore>) -> 
 
 adapter_contract!(MatrixKit;
     run: dm_turn, thread_reply, long_answer_split, redelivery, dropped_connection,
-         rate_limit, unauthorized;
-    skip:);
+         rate_limit, unauthorized, media_in, media_out;
+    skip: );
 
 /// Sync positions in memory, for the adapter the suite builds only to ask
 /// its capabilities (the running gateway keeps them in its SQLite file).

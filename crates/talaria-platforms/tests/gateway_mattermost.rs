@@ -24,8 +24,8 @@ impl AdapterKit for MattermostKit {
 
 adapter_contract!(MattermostKit;
     run: dm_turn, thread_reply, long_answer_split, redelivery, dropped_connection,
-         rate_limit, unauthorized;
-    skip:);
+         rate_limit, unauthorized, media_in, media_out;
+    skip: );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmentioned_posts_are_ignored_and_a_thread_goes_on_without_a_mention() {

@@ -26,7 +26,7 @@ impl<const POLLED: bool> AdapterKit for SignalKitIn<POLLED> {
 
 adapter_contract!(SignalKit;
     run: dm_turn, long_answer_split, redelivery, dropped_connection, rate_limit,
-         unauthorized;
+         unauthorized, media_in, media_out;
     skip: thread_reply => contract::Skip::Threadless);
 
 /// The same contract when the server is polled.
@@ -34,8 +34,8 @@ mod polled {
     use talaria_testkit::kit::signal::PolledSignalKit;
 
     adapter_contract!(PolledSignalKit;
-        run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized;
-        skip: thread_reply => crate::contract::Skip::Threadless,
+    run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized, media_in, media_out;
+    skip: thread_reply => crate::contract::Skip::Threadless,
               dropped_connection => crate::contract::Skip::Connectionless);
 }
 

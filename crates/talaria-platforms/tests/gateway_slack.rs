@@ -29,8 +29,8 @@ impl AdapterKit for SlackKit {
 
 adapter_contract!(SlackKit;
     run: dm_turn, thread_reply, long_answer_split, redelivery, dropped_connection,
-         rate_limit, unauthorized;
-    skip:);
+         rate_limit, unauthorized, media_in, media_out;
+    skip: );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dm_answer_is_mrkdwn_with_a_working_reaction_meanwhile() {

@@ -48,9 +48,10 @@ impl AdapterKit for SmsKit {
 }
 
 adapter_contract!(SmsKit;
-    run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized;
+    run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized, media_in;
     skip: thread_reply => contract::Skip::Threadless,
-          dropped_connection => contract::Skip::Connectionless);
+          dropped_connection => contract::Skip::Connectionless,
+          media_out => contract::Skip::SendsNoFiles);
 
 /// Twilio's webhook is answered with empty TwiML: the answer goes out
 /// through the REST API, never in the webhook's reply.

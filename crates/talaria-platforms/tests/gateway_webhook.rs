@@ -61,7 +61,9 @@ adapter_contract!(WebhookKit;
     run: dm_turn, redelivery, rate_limit, unauthorized;
     skip: thread_reply => contract::Skip::Threadless,
           long_answer_split => contract::Skip::NotAChat,
-          dropped_connection => contract::Skip::Connectionless);
+          dropped_connection => contract::Skip::Connectionless,
+          media_in => contract::Skip::ReceivesNoFiles,
+          media_out => contract::Skip::SendsNoFiles);
 
 type WebhookRig = Rig<WebhookKit>;
 

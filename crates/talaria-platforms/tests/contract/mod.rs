@@ -315,6 +315,12 @@ pub enum Skip {
     /// answers go to another platform, whose own kit tests how they are
     /// split.
     NotAChat,
+    /// The platform hands over no files (`Capabilities::receives` is
+    /// empty).
+    ReceivesNoFiles,
+    /// The platform sends no files (`Capabilities::sends` is empty): a
+    /// file goes as a line naming it.
+    SendsNoFiles,
 }
 
 /// Generates one test per scenario a kit runs, and one test that checks

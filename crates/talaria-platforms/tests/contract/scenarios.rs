@@ -201,6 +201,8 @@ pub async fn check_declaration<K: AdapterKit>(run: &[&str], skipped: &[(&str, Sk
         "dropped_connection",
         "rate_limit",
         "unauthorized",
+        "media_in",
+        "media_out",
     ];
     for name in ALL {
         let ran = run.contains(name);
@@ -220,9 +222,219 @@ pub async fn check_declaration<K: AdapterKit>(run: &[&str], skipped: &[(&str, Sk
         K::NAME
     );
     assert_eq!(
+        skipped.iter().any(|(_, why)| *why == Skip::ReceivesNoFiles),
+        caps.receives.is_empty(),
+        "{}: media_in is skipped exactly when the adapter receives no files",
+        K::NAME
+    );
+    assert_eq!(
+        skipped.iter().any(|(_, why)| *why == Skip::SendsNoFiles),
+        caps.sends.is_empty(),
+        "{}: media_out is skipped exactly when the adapter sends no files",
+        K::NAME
+    );
+    assert_eq!(
         skipped.iter().any(|(_, why)| *why == Skip::NotAChat),
         !caps.chat,
         "{}: a scenario is skipped as not a chat exactly when the adapter is none",
         K::NAME
     );
+}
+
+/// A photo, a voice note and a PDF sent in a DM: each is fetched through
+/// the platform's own download, and the model gets what it is for (an
+/// image part for a model that sees, the transcript from the speech-to-
+/// text server, the document's text).
+pub async fn media_in<K: AdapterKit>() {
+    use talaria_adapter::MediaKind;
+    use talaria_testkit::openai_media::{FakeOpenAiMedia, MediaReply};
+    let stt = FakeOpenAiMedia::start().await;
+    let stt_url = stt.base_url();
+    let rig = Rig::<K>::started(&[], |c| {
+        c.model.vision = talaria_core::config::VisionMode::On;
+        c.stt.provider = Some(talaria_core::config::SttProvider::Openai);
+        c.stt.base_url = Some(stt_url);
+        c.stt.api_key = Some(talaria_core::Secret::new("sk-stt-contract"));
+    })
+    .await;
+    let receives = rig.capabilities().receives;
+    let mut turn = 0;
+    if receives.contains(&MediaKind::Image) {
+        rig.llm.push(Reply::text("a photo, seen"));
+        rig.kit
+            .push_dm_file(Who::Friend, &media::photo(), "what is in it?");
+        rig.wait_for_text("a photo, seen").await;
+        let user = media::last_user(&rig, turn);
+        assert!(
+            media::image_part(&user).is_some(),
+            "{}: no image part: {user}",
+            K::NAME
+        );
+        turn += 1;
+    }
+    if receives.contains(&MediaKind::Voice) {
+        stt.push(MediaReply::transcript("remind me to call mum"));
+        rig.llm.push(Reply::text("a voice, heard"));
+        rig.kit.push_dm_file(Who::Friend, &media::voice(), "");
+        rig.wait_for_text("a voice, heard").await;
+        let text = media::text_of(&media::last_user(&rig, turn));
+        assert!(
+            text.contains("remind me to call mum"),
+            "{}: {text}",
+            K::NAME
+        );
+        turn += 1;
+    }
+    if receives.contains(&MediaKind::Document) {
+        rig.llm.push(Reply::text("a document, read"));
+        rig.kit.push_dm_file(Who::Friend, &media::pdf_file(), "");
+        rig.wait_for_text("a document, read").await;
+        let text = media::text_of(&media::last_user(&rig, turn));
+        assert!(
+            text.contains("Quarterly revenue grew twelve percent"),
+            "{}: {text}",
+            K::NAME
+        );
+    }
+}
+
+/// An answer naming a file in a `MEDIA:` line delivers the text and then
+/// the file, as the kind the platform shows it as.
+pub async fn media_out<K: AdapterKit>() {
+    use talaria_adapter::MediaKind;
+    let rig = Rig::<K>::started(&[], |_| {}).await;
+    let photo = media::photo();
+    std::fs::write(rig.dir.path().join("chart.png"), &photo.bytes).unwrap();
+    rig.llm
+        .push(Reply::text("Here is the chart.\nMEDIA:chart.png"));
+    rig.kit.push_dm(Who::Friend, "send the chart");
+    rig.wait_for_text("Here is the chart.").await;
+    let uploads = talaria_testkit::wait::wait_for("the chart uploaded", || async {
+        let up = rig.kit.uploads();
+        if up.is_empty() { Err(up) } else { Ok(up) }
+    })
+    .await;
+    assert_eq!(uploads[0].bytes, photo.bytes, "{}", K::NAME);
+    let sends = rig.capabilities().sends;
+    let expected = if sends.contains(&MediaKind::Image) {
+        MediaKind::Image
+    } else {
+        MediaKind::Document
+    };
+    assert_eq!(uploads[0].kind, expected, "{}", K::NAME);
+    rig.wait_for_delivered(1).await;
+}
+
+/// The files and readings the media scenarios share.
+pub mod media {
+    use serde_json::Value;
+    use talaria_adapter::MediaKind;
+    use talaria_testkit::kit::KitFile;
+
+    use crate::contract::{AdapterKit, Rig};
+
+    /// A small PNG photo.
+    pub fn photo() -> KitFile {
+        let img =
+            image::RgbImage::from_fn(64, 48, |x, y| image::Rgb([x as u8 * 3, y as u8 * 5, 90]));
+        let mut out = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+        KitFile {
+            kind: MediaKind::Image,
+            name: Some("photo.png".into()),
+            mime: "image/png".into(),
+            bytes: out.into_inner(),
+        }
+    }
+
+    /// The first page of an OGG/Opus voice note.
+    pub fn voice() -> KitFile {
+        let mut bytes = b"OggS\0\x02".to_vec();
+        bytes.extend_from_slice(&[0u8; 20]);
+        bytes.extend_from_slice(&[1, 19]);
+        bytes.extend_from_slice(b"OpusHead\x01\x01\x38\x01\x80\xbb\0\0\0\0\0");
+        bytes.extend_from_slice(&[0u8; 64]);
+        KitFile {
+            kind: MediaKind::Voice,
+            name: None,
+            mime: "audio/ogg".into(),
+            bytes,
+        }
+    }
+
+    /// A one-page PDF saying "Quarterly revenue grew twelve percent".
+    pub fn pdf_file() -> KitFile {
+        KitFile {
+            kind: MediaKind::Document,
+            name: Some("q3.pdf".into()),
+            mime: "application/pdf".into(),
+            bytes: pdf("Quarterly revenue grew twelve percent"),
+        }
+    }
+
+    /// A one-page PDF whose text is `words` (offsets counted here).
+    pub fn pdf(words: &str) -> Vec<u8> {
+        let stream = format!("BT /F1 12 Tf 72 720 Td ({words}) Tj ET");
+        let objects = [
+            "<< /Type /Catalog /Pages 2 0 R >>".to_owned(),
+            "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_owned(),
+            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>".to_owned(),
+            format!("<< /Length {} >>\nstream\n{stream}\nendstream", stream.len()),
+            "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_owned(),
+        ];
+        let mut out = b"%PDF-1.4\n".to_vec();
+        let mut offsets = Vec::new();
+        for (i, body) in objects.iter().enumerate() {
+            offsets.push(out.len());
+            out.extend_from_slice(format!("{} 0 obj\n{body}\nendobj\n", i + 1).as_bytes());
+        }
+        let xref = out.len();
+        out.extend_from_slice(
+            format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
+        );
+        for o in offsets {
+            out.extend_from_slice(format!("{o:010} 00000 n \n").as_bytes());
+        }
+        out.extend_from_slice(
+            format!(
+                "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+                objects.len() + 1
+            )
+            .as_bytes(),
+        );
+        out
+    }
+
+    /// The last user message of LLM request `i`.
+    pub fn last_user<K: AdapterKit>(rig: &Rig<K>, i: usize) -> Value {
+        rig.llm.requests()[i].body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .cloned()
+            .unwrap()
+    }
+
+    /// The `image_url` part of a message, if any.
+    pub fn image_part(message: &Value) -> Option<&Value> {
+        message["content"]
+            .as_array()?
+            .iter()
+            .find(|p| p["type"] == "image_url")
+    }
+
+    /// The text of a message's content, a string or its text parts.
+    pub fn text_of(message: &Value) -> String {
+        match &message["content"] {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        }
+    }
 }

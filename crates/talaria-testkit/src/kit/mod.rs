@@ -51,6 +51,31 @@ pub struct Out {
     pub at: Instant,
 }
 
+/// A file a user sends in a kit's DM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KitFile {
+    /// What the user sends it as: a photo, a voice note, a document.
+    pub kind: talaria_adapter::MediaKind,
+    /// Its name, where the platform carries one.
+    pub name: Option<String>,
+    /// The type the platform claims.
+    pub mime: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// A file the bot uploaded, as every platform's fake can say it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uploaded {
+    /// What the platform will show it as (a photo, a voice note, a
+    /// document), from the call or message type the bot used.
+    pub kind: talaria_adapter::MediaKind,
+    /// The file name given, when the platform takes one.
+    pub name: Option<String>,
+    /// The bytes received.
+    pub bytes: Vec<u8>,
+}
+
 /// A message pushed in a thread, and where its answer must land.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Threaded {
@@ -119,6 +144,21 @@ pub trait PlatformKit: Sized {
 
     /// While set, sends hang unanswered and are never delivered.
     fn hang_send(&self, hang: bool);
+
+    /// A direct message from `who` carrying `file`, with `caption` as its
+    /// text where the platform has captions; returns its id.
+    ///
+    /// # Panics
+    /// On a kit whose platform receives no files (the suite never calls
+    /// it there).
+    fn push_dm_file(&self, _who: Who, _file: &KitFile, _caption: &str) -> String {
+        panic!("{} declares no files received", Self::NAME)
+    }
+
+    /// Every file the bot uploaded so far, in order.
+    fn uploads(&self) -> Vec<Uploaded> {
+        Vec::new()
+    }
 
     /// A message in a thread, addressed to the bot as the platform needs.
     ///

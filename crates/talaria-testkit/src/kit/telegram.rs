@@ -5,8 +5,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Out, PlatformKit, Threaded, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
 use crate::FakeTelegram;
+use crate::telegram::FileKind;
 use crate::wait::WAIT;
 
 /// The bot token the gateway is given.
@@ -96,6 +99,41 @@ impl PlatformKit for TelegramKit {
 
     fn hang_send(&self, hang: bool) {
         self.fake.hang_send(hang);
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        let kind = match file.kind {
+            MediaKind::Image => FileKind::Photo,
+            MediaKind::Voice => FileKind::Voice,
+            MediaKind::Audio => FileKind::Audio,
+            MediaKind::Video => FileKind::Video,
+            MediaKind::Document => FileKind::Document,
+        };
+        let id = self
+            .fake
+            .add_file(file.bytes.clone(), file.name.as_deref(), Some(&file.mime));
+        let caption = Some(caption).filter(|c| !c.is_empty());
+        self.fake
+            .push_private_file(user(who), kind, &id, caption)
+            .to_string()
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        self.fake
+            .uploads()
+            .into_iter()
+            .map(|u| Uploaded {
+                kind: match u.field.as_str() {
+                    "photo" => MediaKind::Image,
+                    "voice" => MediaKind::Voice,
+                    "audio" => MediaKind::Audio,
+                    "video" => MediaKind::Video,
+                    _ => MediaKind::Document,
+                },
+                name: u.file_name,
+                bytes: u.bytes,
+            })
+            .collect()
     }
 
     fn push_in_thread(&self, text: &str) -> Threaded {
