@@ -44,6 +44,17 @@ impl Gateway {
     /// Writes a home whose only platform is the API server, pointed at the
     /// model at `model_url`, and starts `talaria gateway run` in it.
     pub fn launch(talaria: &Path, model_url: &str) -> anyhow::Result<Gateway> {
+        Gateway::launch_with(talaria, model_url, "", "")
+    }
+
+    /// [`Gateway::launch`] with more platforms (`platforms_yaml`, lines
+    /// indented under `platforms:`) and `.env` lines.
+    pub fn launch_with(
+        talaria: &Path,
+        model_url: &str,
+        platforms_yaml: &str,
+        dotenv: &str,
+    ) -> anyhow::Result<Gateway> {
         let home = tempfile::Builder::new()
             .prefix("talaria-bench-")
             .tempdir()?;
@@ -54,12 +65,12 @@ impl Gateway {
                 "model:\n  default: bench-model\n  provider: custom\n  base_url: {model_url}\n  \
                  api_key: sk-bench-0123456789\n  vision: on\n\
                  stt:\n  provider: openai\n  base_url: {model_url}\n  api_key: sk-bench-0123456789\n\
-                 platforms:\n  api_server:\n    port: {port}\n    max_concurrent_runs: 256\n"
+                 platforms:\n  api_server:\n    port: {port}\n    max_concurrent_runs: 256\n{platforms_yaml}"
             ),
         )?;
         std::fs::write(
             home.path().join(".env"),
-            format!("API_SERVER_KEY={API_KEY}\n"),
+            format!("API_SERVER_KEY={API_KEY}\n{dotenv}"),
         )?;
         let log = std::fs::File::create(home.path().join("bench-gateway.log"))?;
         let launched = Instant::now();

@@ -21,7 +21,7 @@ mod report;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
@@ -73,6 +73,9 @@ struct Plan {
     disk_turns: u64,
     soak_turns: u64,
     warmup_turns: u64,
+    /// Users of the media burst, and the size of each one's file.
+    burst_users: i64,
+    burst_file_bytes: usize,
 }
 
 impl Plan {
@@ -88,6 +91,8 @@ impl Plan {
                 disk_turns: 200,
                 soak_turns: 1_200,
                 warmup_turns: 10,
+                burst_users: 4,
+                burst_file_bytes: 1024 * 1024,
             }
         } else {
             Plan {
@@ -100,6 +105,8 @@ impl Plan {
                 disk_turns: 1_000,
                 soak_turns: 100_000,
                 warmup_turns: 200,
+                burst_users: 32,
+                burst_file_bytes: 10 * 1024 * 1024,
             }
         };
         if let Some(r) = args.repeats {
@@ -420,7 +427,89 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
     figures.rss_after_soak_mb = sample.rss_bytes as f64 / MB;
     figures.rss_after_soak_anon_mb = sample.rss_anon_bytes as f64 / MB;
     gw.stop();
+
+    eprintln!(
+        "media burst ({} users, one {} MB file each, at once)",
+        plan.burst_users,
+        plan.burst_file_bytes / (1024 * 1024)
+    );
+    figures.media_burst = Some(media_burst(talaria, &mock, plan).await?);
     Ok(figures)
+}
+
+/// 32 users of a fake Telegram each send a 10 MB file at the same moment;
+/// the gateway's memory is sampled until every one has an answer. The
+/// files are streamed into the media cache, so memory grows by buffers,
+/// not by files.
+async fn media_burst(
+    talaria: &Path,
+    mock: &mock::Mock,
+    plan: Plan,
+) -> anyhow::Result<report::MediaBurst> {
+    use talaria_testkit::telegram::FileKind;
+    let (users_n, file_bytes) = (plan.burst_users, plan.burst_file_bytes);
+    let token = "777001:bench-token-abcdefghijklmnopq";
+    let tg = talaria_testkit::FakeTelegram::start(token).await;
+    let users: Vec<String> = (1..=users_n).map(|u| (5000 + u).to_string()).collect();
+    let mut gw = Gateway::launch_with(
+        talaria,
+        &mock.base_url(),
+        &format!("  telegram:\n    base_url: {}\n", tg.base_url()),
+        &format!(
+            "TELEGRAM_BOT_TOKEN={token}\nTELEGRAM_ALLOWED_USERS={}\n",
+            users.join(",")
+        ),
+    )?;
+    let http = reqwest::Client::new();
+    gw.wait_healthy(&http, Duration::from_secs(30)).await?;
+    tg.wait_for_get_updates_calls(1, Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Bytes no compressor or dedupe could shrink, the same for each user
+    // (each download is still its own stream).
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let bytes: Vec<u8> = (0..file_bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let file = tg.add_file(bytes, Some("data.bin"), Some("application/octet-stream"));
+    let before = gw.sample()?;
+    let started = Instant::now();
+    for u in 1..=users_n {
+        tg.push_private_file(5000 + u, FileKind::Document, &file, Some("keep this"));
+    }
+    let (mut peak, mut peak_anon) = (before.rss_bytes, before.rss_anon_bytes);
+    loop {
+        let s = gw.sample()?;
+        peak = peak.max(s.rss_bytes);
+        peak_anon = peak_anon.max(s.rss_anon_bytes);
+        if tg.sent().len() >= users_n as usize {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(180) {
+            bail!(
+                "only {} of {users_n} users were answered:\n{}",
+                tg.sent().len(),
+                gw.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    gw.stop();
+    Ok(report::MediaBurst {
+        users: users_n as usize,
+        file_mb: file_bytes as f64 / MB,
+        rss_before_mb: before.rss_bytes as f64 / MB,
+        rss_peak_mb: peak as f64 / MB,
+        rss_anon_before_mb: before.rss_anon_bytes as f64 / MB,
+        rss_anon_peak_mb: peak_anon as f64 / MB,
+        seconds,
+    })
 }
 
 const MB: f64 = 1024.0 * 1024.0;

@@ -36,6 +36,25 @@ pub struct Figures {
     /// The model request that opens a fresh session's first turn.
     pub first_request_bytes: f64,
     pub curve: Vec<CurvePoint>,
+    /// Users sending one large file each at once, through Telegram.
+    pub media_burst: Option<MediaBurst>,
+}
+
+/// Many users each sending a large file at the same moment: what the
+/// gateway's memory does while it streams them into the cache.
+#[derive(Debug, Default, Serialize)]
+pub struct MediaBurst {
+    pub users: usize,
+    pub file_mb: f64,
+    /// RSS just before the files were sent.
+    pub rss_before_mb: f64,
+    /// The highest RSS seen (sampled every 10 ms) until every user had
+    /// an answer.
+    pub rss_peak_mb: f64,
+    pub rss_anon_before_mb: f64,
+    pub rss_anon_peak_mb: f64,
+    /// From the first file sent to the last answer.
+    pub seconds: f64,
 }
 
 /// Sequential turns of one kind.
@@ -178,6 +197,18 @@ fn checks(f: &Figures) -> Vec<Check> {
             c.turns_per_sec >= h.turns_per_sec && c.errors == 0,
         );
     }
+    if let Some(m) = &f.media_burst {
+        let growth = m.rss_anon_peak_mb - m.rss_anon_before_mb;
+        push(
+            "memory growth while users each send a large file at once (32 × 10 MB in the full run)",
+            format!(
+                "{growth:.1} MB anonymous at the peak ({:.0} MB of files)",
+                m.users as f64 * m.file_mb
+            ),
+            "≤ one file's size",
+            growth <= m.file_mb,
+        );
+    }
     push(
         "launch to /health",
         format!("{:.1} ms", f.cold_health_ms),
@@ -298,6 +329,20 @@ pub fn markdown(f: &Figures) -> String {
          {:.1} MB after {}.\n",
         f.idle_rss_anon_mb, f.rss_after_1k_anon_mb, f.rss_after_soak_anon_mb, f.soak_turns,
     ));
+    if let Some(m) = &f.media_burst {
+        s.push_str(&format!(
+            "Media burst: {} users each sent a {:.0} MB file at once through Telegram; RSS \
+             {:.1} MB before, {:.1} MB at the peak (anonymous {:.1} → {:.1} MB); every user \
+             answered within {:.1} s.\n",
+            m.users,
+            m.file_mb,
+            m.rss_before_mb,
+            m.rss_peak_mb,
+            m.rss_anon_before_mb,
+            m.rss_anon_peak_mb,
+            m.seconds
+        ));
+    }
     s
 }
 
