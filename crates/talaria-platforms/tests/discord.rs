@@ -656,6 +656,30 @@ async fn downloads_refused_and_foreign_addresses() {
     assert_eq!(fake.file_fetches().len(), 2);
 }
 
+#[tokio::test]
+async fn redirects_are_followed_only_to_discord_file_addresses() {
+    let fake = FakeDiscord::start(TOKEN).await;
+    let elsewhere = FakeDiscord::start(TOKEN).await;
+    let a = adapter(&fake, false);
+    // Within the file hosts: followed.
+    let real = fake.add_file("5", pdf(), "r.pdf", None);
+    let hop = fake.add_redirect("5", "hop.pdf", real["url"].as_str().unwrap());
+    assert_eq!(
+        fetch(&a, hop["url"].as_str().unwrap()).await.unwrap(),
+        pdf()
+    );
+    // To another host: not followed, and nothing reaches it.
+    let theirs = elsewhere.add_file("5", pdf(), "x.pdf", None);
+    let away = fake.add_redirect("5", "away.pdf", theirs["url"].as_str().unwrap());
+    let err = fetch(&a, away["url"].as_str().unwrap()).await.unwrap_err();
+    assert!(
+        matches!(&err, DownloadError::Unavailable(m) if m.contains("302")),
+        "{err:?}"
+    );
+    assert!(elsewhere.file_fetches().is_empty());
+    assert_eq!(fake.file_fetches().len(), 3);
+}
+
 struct Files {
     dir: tempfile::TempDir,
 }

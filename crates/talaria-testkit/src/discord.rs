@@ -114,6 +114,8 @@ struct CdnFile {
     /// The `hm` signature the address must carry.
     signature: String,
     expired: bool,
+    /// Answered with a `302 Found` to this address instead of the bytes.
+    redirect: Option<String>,
 }
 
 /// One message the fake accepted.
@@ -412,6 +414,24 @@ impl FakeDiscord {
         if let Some(f) = self.shared.core.change().files.get_mut(id) {
             f.expired = true;
         }
+    }
+
+    /// A CDN address (an attachment object, as [`Self::add_file`]'s) that
+    /// answers `302 Found` to `location`, to test where the bot follows.
+    pub fn add_redirect(&self, channel_id: &str, filename: &str, location: &str) -> Value {
+        let mut st = self.shared.core.change();
+        let object = cdn_file(
+            &mut st,
+            self.shared.addr,
+            channel_id,
+            Bytes::new(),
+            filename,
+            None,
+        );
+        if let Some(f) = object["id"].as_str().and_then(|id| st.files.get_mut(id)) {
+            f.redirect = Some(location.to_owned());
+        }
+        object
     }
 
     /// Pushes a DM from `user_id` with `attachments` (from
@@ -739,6 +759,7 @@ fn cdn_file(
             path,
             signature,
             expired: false,
+            redirect: None,
         },
     );
     object

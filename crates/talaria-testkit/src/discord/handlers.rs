@@ -542,6 +542,17 @@ fn cdn(shared: &Shared, uri: &Uri) -> Response {
         .values()
         .find(|f| f.path == path && !f.expired && hm.as_deref() == Some(f.signature.as_str()));
     match found {
+        Some(CdnFile {
+            redirect: Some(location),
+            ..
+        }) => {
+            let mut r = Response::new(axum::body::Body::empty());
+            *r.status_mut() = StatusCode::FOUND;
+            if let Ok(v) = HeaderValue::from_str(location) {
+                r.headers_mut().insert(header::LOCATION, v);
+            }
+            r
+        }
         Some(f) => {
             let mut r = Response::new(axum::body::Body::from(f.bytes.clone()));
             r.headers_mut().insert(
