@@ -722,7 +722,7 @@ async fn send_file_uploads_a_photo_a_voice_note_and_a_document() {
     let doc = files.file("report.pdf", &pdf(), MediaKind::Document, "application/pdf");
     a.send_file(&doc).await.unwrap();
 
-    let ups = fake.uploads();
+    let ups = fake.wait_for_uploads(3, WAIT).await;
     assert_eq!(ups.len(), 3, "{ups:?}");
     let p = &ups[0];
     // A thread is its own channel.

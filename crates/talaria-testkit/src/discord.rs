@@ -457,6 +457,18 @@ impl FakeDiscord {
         self.shared.core.read().uploads.clone()
     }
 
+    /// Waits until at least `n` messages with files were accepted and
+    /// returns them all.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_uploads(&self, n: usize, timeout: Duration) -> Vec<Upload> {
+        self.shared
+            .core
+            .wait_len("uploads", n, timeout, |st| &st.uploads)
+            .await
+    }
+
     /// The CDN paths asked for so far (served or not), in order.
     pub fn file_fetches(&self) -> Vec<String> {
         self.shared.core.read().fetches.clone()
