@@ -497,3 +497,358 @@ async fn shutdown_returns_ok_promptly() {
     assert_eq!(result, Ok(()));
     assert!(started.elapsed() < Duration::from_secs(3));
 }
+
+// ---- Files ----------------------------------------------------------------
+
+use talaria_adapter::{AttachmentSource, DownloadError, MediaKind, OutboundFile};
+use tokio::io::AsyncReadExt;
+
+/// A real 1x1 PNG, encoded here (zlib with a stored block needs no
+/// compressor, only the CRC-32 and Adler-32 checksums).
+fn png() -> Vec<u8> {
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = 0xffff_ffffu32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xedb8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+    fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut body = kind.to_vec();
+        body.extend_from_slice(data);
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&crc32(&body).to_be_bytes());
+    }
+    let raw = [0u8, 0, 128, 255];
+    let (mut a, mut b) = (1u32, 0u32);
+    for &x in &raw {
+        a = (a + u32::from(x)) % 65521;
+        b = (b + a) % 65521;
+    }
+    let mut zlib = vec![0x78, 0x01, 0x01];
+    zlib.extend_from_slice(&(raw.len() as u16).to_le_bytes());
+    zlib.extend_from_slice(&(!(raw.len() as u16)).to_le_bytes());
+    zlib.extend_from_slice(&raw);
+    zlib.extend_from_slice(&((b << 16) | a).to_be_bytes());
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&1u32.to_be_bytes());
+    ihdr.extend_from_slice(&1u32.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    chunk(&mut out, b"IHDR", &ihdr);
+    chunk(&mut out, b"IDAT", &zlib);
+    chunk(&mut out, b"IEND", &[]);
+    out
+}
+
+/// The first page of an OGG/Opus stream.
+fn ogg_opus() -> Vec<u8> {
+    let mut b = b"OggS\x00\x02".to_vec();
+    b.resize(28, 0);
+    b.extend_from_slice(b"OpusHead\x01\x01\x38\x01\x80\xbb\x00\x00\x00\x00\x00");
+    b
+}
+
+fn pdf() -> Vec<u8> {
+    b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n".to_vec()
+}
+
+async fn fetch(a: &DiscordAdapter, locator: &str) -> Result<Vec<u8>, DownloadError> {
+    let mut d = a.download(locator).await?;
+    let mut bytes = Vec::new();
+    d.reader.read_to_end(&mut bytes).await.unwrap();
+    assert_eq!(d.length, Some(bytes.len() as u64));
+    Ok(bytes)
+}
+
+fn locator(ev: &MessageEvent, i: usize) -> String {
+    match &ev.attachments[i].source {
+        AttachmentSource::Remote(l) => l.clone(),
+        other => panic!("not a remote attachment: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn inbound_files_arrive_as_attachments_that_download_their_bytes() {
+    let fake = FakeDiscord::start(TOKEN).await;
+    let a = adapter(&fake, false);
+    let mut run = spawn(&a, 8);
+    run.wait_live().await;
+    let dm = FakeDiscord::dm_channel("42");
+    let photo = fake.add_file(&dm, png(), "cat.png", Some("image/png"));
+    let doc = fake.add_file(&dm, pdf(), "report.pdf", Some("application/pdf"));
+    fake.push_dm_with_files("42", "look", &[photo.clone(), doc], false);
+    let voice = fake.add_file(&dm, ogg_opus(), "voice-message.ogg", Some("audio/ogg"));
+    fake.push_dm_with_files("42", "", &[voice], true);
+
+    let ev = run.next().await;
+    assert_eq!(ev.text, "look");
+    assert_eq!(ev.attachments.len(), 2);
+    assert_eq!(ev.attachments[0].kind, MediaKind::Image);
+    assert_eq!(ev.attachments[0].name.as_deref(), Some("cat.png"));
+    assert_eq!(ev.attachments[0].size, Some(png().len() as u64));
+    assert_eq!(locator(&ev, 0), photo["url"].as_str().unwrap());
+    assert_eq!(fetch(&a, &locator(&ev, 0)).await.unwrap(), png());
+    assert_eq!(ev.attachments[1].kind, MediaKind::Document);
+    assert_eq!(ev.attachments[1].mime.as_deref(), Some("application/pdf"));
+    assert_eq!(fetch(&a, &locator(&ev, 1)).await.unwrap(), pdf());
+
+    let ev = run.next().await;
+    assert_eq!(ev.attachments[0].kind, MediaKind::Voice);
+    assert_eq!(fetch(&a, &locator(&ev, 0)).await.unwrap(), ogg_opus());
+    assert_eq!(fake.file_fetches().len(), 3);
+    // The CDN was asked without the bot's token.
+    assert!(
+        fake.requests()
+            .iter()
+            .all(|r| !r.path.contains("attachments"))
+    );
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn downloads_refused_and_foreign_addresses() {
+    let fake = FakeDiscord::start(TOKEN).await;
+    let elsewhere = FakeDiscord::start(TOKEN).await;
+    let a = adapter(&fake, false);
+    let f = fake.add_file("5", pdf(), "old.pdf", None);
+    let url = f["url"].as_str().unwrap().to_owned();
+    fake.expire_file(f["id"].as_str().unwrap());
+    let err = fetch(&a, &url).await.unwrap_err();
+    assert!(
+        matches!(&err, DownloadError::Gone(m) if m.contains("404")),
+        "{err:?}"
+    );
+    assert!(!err.to_string().contains("test-token"), "{err}");
+    // A wrong signature is refused like an expired one.
+    let g = fake.add_file("5", pdf(), "new.pdf", None);
+    let forged = g["url"].as_str().unwrap().replace("hm=", "hm=00");
+    assert!(matches!(
+        fetch(&a, &forged).await,
+        Err(DownloadError::Gone(_))
+    ));
+    assert_eq!(fake.file_fetches().len(), 2);
+
+    let theirs = elsewhere.add_file("5", pdf(), "x.pdf", None);
+    for foreign in [
+        theirs["url"].as_str().unwrap().to_owned(),
+        "http://169.254.169.254/latest/meta-data/".to_owned(),
+        "http://cdn.discordapp.com/attachments/1/2/a.png".to_owned(),
+        "https://cdn.discordapp.com.example/attachments/1/2/a.png".to_owned(),
+        "not a url".to_owned(),
+    ] {
+        assert_eq!(
+            fetch(&a, &foreign).await.unwrap_err(),
+            DownloadError::Gone("the attachment is not a Discord file address".into()),
+            "{foreign}"
+        );
+    }
+    assert!(elsewhere.file_fetches().is_empty());
+    assert!(elsewhere.requests().is_empty());
+    assert_eq!(fake.file_fetches().len(), 2);
+}
+
+#[tokio::test]
+async fn redirects_are_followed_only_to_discord_file_addresses() {
+    let fake = FakeDiscord::start(TOKEN).await;
+    let elsewhere = FakeDiscord::start(TOKEN).await;
+    let a = adapter(&fake, false);
+    // Within the file hosts: followed.
+    let real = fake.add_file("5", pdf(), "r.pdf", None);
+    let hop = fake.add_redirect("5", "hop.pdf", real["url"].as_str().unwrap());
+    assert_eq!(
+        fetch(&a, hop["url"].as_str().unwrap()).await.unwrap(),
+        pdf()
+    );
+    // To another host: not followed, and nothing reaches it.
+    let theirs = elsewhere.add_file("5", pdf(), "x.pdf", None);
+    let away = fake.add_redirect("5", "away.pdf", theirs["url"].as_str().unwrap());
+    let err = fetch(&a, away["url"].as_str().unwrap()).await.unwrap_err();
+    assert!(
+        matches!(&err, DownloadError::Unavailable(m) if m.contains("302")),
+        "{err:?}"
+    );
+    assert!(elsewhere.file_fetches().is_empty());
+    assert_eq!(fake.file_fetches().len(), 3);
+}
+
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+impl Files {
+    fn new() -> Files {
+        Files {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn file(&self, name: &str, bytes: &[u8], kind: MediaKind, mime: &str) -> OutboundFile {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        OutboundFile {
+            chat_id: "555".into(),
+            thread_id: None,
+            reply_to: None,
+            path,
+            kind,
+            mime: mime.into(),
+            name: name.into(),
+            caption: None,
+        }
+    }
+}
+
+#[tokio::test]
+async fn send_file_uploads_a_photo_a_voice_note_and_a_document() {
+    let fake = FakeDiscord::start(TOKEN).await;
+    let a = adapter(&fake, false);
+    let files = Files::new();
+    let mut photo = files.file("chart.png", &png(), MediaKind::Image, "image/png");
+    photo.thread_id = Some("777".into());
+    photo.reply_to = Some("123".into());
+    photo.caption = Some("the **chart** @everyone".into());
+    let sent = a.send_file(&photo).await.unwrap();
+    let voice = files.file("answer.ogg", &ogg_opus(), MediaKind::Voice, "audio/ogg");
+    a.send_file(&voice).await.unwrap();
+    let doc = files.file("report.pdf", &pdf(), MediaKind::Document, "application/pdf");
+    a.send_file(&doc).await.unwrap();
+
+    let ups = fake.wait_for_uploads(3, WAIT).await;
+    assert_eq!(ups.len(), 3, "{ups:?}");
+    let p = &ups[0];
+    // A thread is its own channel.
+    assert_eq!(p.channel_id, "777");
+    assert_eq!(p.reply_to.as_deref(), Some("123"));
+    assert_eq!(p.content.as_deref(), Some("the **chart** @everyone"));
+    assert_eq!(
+        p.payload["allowed_mentions"]["parse"],
+        serde_json::json!(["users"])
+    );
+    assert_eq!(p.payload["attachments"][0]["filename"], "chart.png");
+    assert_eq!(p.files.len(), 1);
+    assert_eq!(p.files[0].field, "files[0]");
+    assert_eq!(p.files[0].file_name.as_deref(), Some("chart.png"));
+    assert_eq!(p.files[0].content_type.as_deref(), Some("image/png"));
+    assert_eq!(p.files[0].bytes, png());
+    assert_eq!(sent.message_id.as_deref(), Some(p.id.as_str()));
+
+    let v = &ups[1];
+    assert_eq!(v.channel_id, "555");
+    assert_eq!((v.content.as_deref(), v.reply_to.as_deref()), (None, None));
+    assert_eq!(v.files[0].content_type.as_deref(), Some("audio/ogg"));
+    assert_eq!(v.files[0].bytes, ogg_opus());
+
+    let d = &ups[2];
+    assert_eq!(d.files[0].file_name.as_deref(), Some("report.pdf"));
+    assert_eq!(d.files[0].content_type.as_deref(), Some("application/pdf"));
+    {
+        use sha2::Digest;
+        assert_eq!(
+            d.files[0].sha256(),
+            format!("{:x}", sha2::Sha256::digest(pdf()))
+        );
+    }
+    // What was uploaded is on the CDN like any attachment.
+    let url = d.attachments[0]["url"].as_str().unwrap();
+    assert_eq!(fetch(&a, url).await.unwrap(), pdf());
+    assert!(fake.sent().is_empty());
+    assert!(fake.requests().iter().all(|r| r.authorized));
+}
+
+#[tokio::test]
+async fn uploads_wait_out_rate_limits_and_long_captions_follow() {
+    let fake = FakeDiscord::start(TOKEN).await;
+    let a = adapter(&fake, false);
+    let files = Files::new();
+    fake.fail_next_send_with_429(0.2, false);
+    let mut doc = files.file("r.pdf", &pdf(), MediaKind::Document, "application/pdf");
+    doc.caption = Some("word ".repeat(500));
+    let started = Instant::now();
+    a.send_file(&doc).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    let ups = fake.uploads();
+    assert_eq!(ups.len(), 1);
+    // Each attempt streamed the whole file again.
+    assert_eq!(ups[0].files[0].bytes, pdf());
+    assert_eq!(ups[0].content, None);
+    let sent = fake.sent();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert!(
+        sent.iter()
+            .all(|s| s.reply_to.as_deref() == Some(ups[0].id.as_str()))
+    );
+}
+
+#[tokio::test]
+async fn upload_failures_are_classified_and_files_too_large_become_a_line() {
+    let fake = FakeDiscord::start(TOKEN).await;
+    let a = adapter(&fake, false);
+    let files = Files::new();
+    fake.fail_next_send_with_status(403);
+    let doc = files.file("r.pdf", &pdf(), MediaKind::Document, "application/pdf");
+    assert!(matches!(
+        a.send_file(&doc).await,
+        Err(SendError::Rejected(_))
+    ));
+    fake.fail_next_send_with_status(502);
+    assert!(matches!(
+        a.send_file(&doc).await,
+        Err(SendError::Transient(_))
+    ));
+
+    let mut gone = files.file("gone.pdf", &pdf(), MediaKind::Document, "application/pdf");
+    std::fs::remove_file(&gone.path).unwrap();
+    gone.chat_id = "555".into();
+    assert!(
+        matches!(a.send_file(&gone).await, Err(SendError::Rejected(m)) if m.contains("gone.pdf"))
+    );
+    let mut bad = doc.clone();
+    bad.chat_id = "../x".into();
+    assert!(matches!(
+        a.send_file(&bad).await,
+        Err(SendError::Rejected(_))
+    ));
+
+    // Over the 10 MiB a server without boosts takes: Discord says 413.
+    let mut big = files.file(
+        "big.mp4",
+        &vec![1u8; 10 * 1024 * 1024 + 1],
+        MediaKind::Video,
+        "video/mp4",
+    );
+    big.caption = Some("the clip".into());
+    a.send_file(&big).await.unwrap();
+    assert!(fake.uploads().is_empty());
+    let sent = fake.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        sent[0].content,
+        "📎 big.mp4 (video/mp4; discord cannot carry this file)\nthe clip"
+    );
+}
+
+#[test]
+fn discord_says_what_it_carries() {
+    let caps = talaria_platforms::discord::CAPABILITIES;
+    for kind in [
+        MediaKind::Image,
+        MediaKind::Voice,
+        MediaKind::Audio,
+        MediaKind::Video,
+        MediaKind::Document,
+    ] {
+        assert!(
+            caps.receives.contains(&kind) && caps.sends.contains(&kind),
+            "{kind:?}"
+        );
+    }
+}

@@ -552,6 +552,7 @@ async fn inbound_files_arrive_as_attachments_that_download_their_bytes() {
     // The full size, not the thumbnail that comes first.
     assert_eq!(remote(&ev), (MediaKind::Image, photo.clone()));
     assert_eq!(ev.attachments[0].size, Some(png().len() as u64));
+    assert_eq!(ev.attachments[0].mime.as_deref(), Some("image/jpeg"));
     assert_eq!(
         fetch(&a, &photo).await.unwrap(),
         (png(), Some(png().len() as u64))

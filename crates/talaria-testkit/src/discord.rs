@@ -2,8 +2,15 @@
 //! gateway over a real WebSocket, for adapter and end-to-end tests.
 //!
 //! REST: `GET /api/v10/gateway/bot`, `POST /api/v10/channels/{id}/messages`
+//! (JSON, or `multipart/form-data` with `payload_json` and `files[n]`)
 //! and `POST /api/v10/channels/{id}/typing`, all requiring
 //! `Authorization: Bot <token>`, with `X-RateLimit-*` headers on answers.
+//!
+//! Files: the fake is its own CDN. [`FakeDiscord::add_file`] stores a file
+//! and answers an attachment object whose `url` is
+//! `http://127.0.0.1:PORT/attachments/{channel}/{id}/{name}?ex=..&is=..&hm=..`,
+//! served without authorization, as Discord's signed CDN addresses are,
+//! and only with the right signature.
 //!
 //! Gateway (`/gateway` as `/gateway/bot` names it, `/resume` as READY's
 //! `resume_gateway_url`): op 10 Hello, op 2 Identify (a wrong token is
@@ -18,8 +25,9 @@
 //! (`drop_connection`, `close_connection`, `send_reconnect`,
 //! `invalidate_session`, `request_heartbeat`, `ack_heartbeats`), inject
 //! REST failures (`fail_next_send_with_429`, `exhaust_bucket_next`,
-//! `fail_next_send_with_status`, `hang_send`) and inspect what the bot did
-//! (`sent`, `typing`, `requests`, `frames`, `connections`).
+//! `fail_next_send_with_status`, `hang_send`, `expire_file`) and inspect
+//! what the bot did (`sent`, `uploads`, `file_fetches`, `typing`,
+//! `requests`, `frames`, `connections`).
 //!
 //! The server runs on its own thread with its own runtime, so it keeps
 //! answering while the test thread blocks, and stops when dropped.
@@ -30,6 +38,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -45,6 +55,68 @@ pub const BOT_USERNAME: &str = "talaria-test";
 
 /// The rate-limit bucket the fake names for sends.
 pub const SEND_BUCKET: &str = "fake-messages-bucket";
+
+/// The largest file a message may carry in a server without boosts.
+pub const MAX_UPLOAD_BYTES: usize = 10 * 1024 * 1024;
+
+/// One file of an upload, read from its multipart part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UploadedFile {
+    /// The form field (`files[0]`, ...).
+    pub field: String,
+    /// The part's `filename`.
+    pub file_name: Option<String>,
+    /// The part's `Content-Type`, when given.
+    pub content_type: Option<String>,
+    /// The bytes as received.
+    pub bytes: Vec<u8>,
+}
+
+impl UploadedFile {
+    /// The file's SHA-256, in lowercase hex.
+    pub fn sha256(&self) -> String {
+        use sha2::Digest;
+        sha2::Sha256::digest(&self.bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+/// One message with files the fake accepted (`multipart/form-data`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upload {
+    /// The channel posted to.
+    pub channel_id: String,
+    /// `payload_json`, parsed.
+    pub payload: Value,
+    /// `content`, when given.
+    pub content: Option<String>,
+    /// `message_reference.message_id`, when given.
+    pub reply_to: Option<String>,
+    /// The files, in form order.
+    pub files: Vec<UploadedFile>,
+    /// The id the fake assigned to the message.
+    pub id: String,
+    /// The attachment objects of the message created (with their CDN
+    /// addresses, fetchable).
+    pub attachments: Vec<Value>,
+    /// When the fake received it.
+    pub at: Instant,
+}
+
+/// A file on the fake's CDN.
+#[derive(Debug, Clone)]
+struct CdnFile {
+    bytes: Bytes,
+    /// `/attachments/{channel}/{id}/{name}`.
+    path: String,
+    /// The `hm` signature the address must carry.
+    signature: String,
+    expired: bool,
+    /// Answered with a `302 Found` to this address instead of the bytes.
+    redirect: Option<String>,
+}
 
 /// One message the fake accepted.
 #[derive(Debug, Clone, PartialEq)]
@@ -158,6 +230,11 @@ struct Book {
     fail_429: Faults<(f64, bool)>,
     fail_status: Faults<u16>,
     exhaust_next: Option<f64>,
+    /// CDN files by attachment id.
+    files: HashMap<String, CdnFile>,
+    uploads: Vec<Upload>,
+    /// CDN paths asked for (served or not), in order.
+    fetches: Vec<String>,
 }
 
 struct Shared {
@@ -217,6 +294,9 @@ impl FakeDiscord {
             .route("/gateway", get(upgrade))
             .route("/resume", get(upgrade))
             .fallback(rest)
+            // Uploads over the 2 MB axum stops at by default; the fake
+            // answers 413 past Discord's own limit itself.
+            .layer(DefaultBodyLimit::max(4 * MAX_UPLOAD_BYTES))
             .with_state(shared.clone());
         shared.core.serve("fake-discord", listener, app)?;
         Ok(FakeDiscord { shared })
@@ -304,6 +384,94 @@ impl FakeDiscord {
         }
         let d = json!({"guild_id": guild_id, "channel_id": thread_id, "author": author(user_id), "content": text});
         self.push_message(d)
+    }
+
+    /// Stores a file on the fake CDN as if a user had attached it in
+    /// `channel_id`, and returns its attachment object (`id`, `filename`,
+    /// `size`, `url`, `proxy_url`, `content_type` when given) for a pushed
+    /// message's `attachments`.
+    pub fn add_file(
+        &self,
+        channel_id: &str,
+        bytes: impl Into<Vec<u8>>,
+        filename: &str,
+        content_type: Option<&str>,
+    ) -> Value {
+        let mut st = self.shared.core.change();
+        cdn_file(
+            &mut st,
+            self.shared.addr,
+            channel_id,
+            Bytes::from(bytes.into()),
+            filename,
+            content_type,
+        )
+    }
+
+    /// The CDN address of attachment `id` stops working (404), as an
+    /// expired signed address or a deleted message's does.
+    pub fn expire_file(&self, id: &str) {
+        if let Some(f) = self.shared.core.change().files.get_mut(id) {
+            f.expired = true;
+        }
+    }
+
+    /// A CDN address (an attachment object, as [`Self::add_file`]'s) that
+    /// answers `302 Found` to `location`, to test where the bot follows.
+    pub fn add_redirect(&self, channel_id: &str, filename: &str, location: &str) -> Value {
+        let mut st = self.shared.core.change();
+        let object = cdn_file(
+            &mut st,
+            self.shared.addr,
+            channel_id,
+            Bytes::new(),
+            filename,
+            None,
+        );
+        if let Some(f) = object["id"].as_str().and_then(|id| st.files.get_mut(id)) {
+            f.redirect = Some(location.to_owned());
+        }
+        object
+    }
+
+    /// Pushes a DM from `user_id` with `attachments` (from
+    /// [`Self::add_file`]); `voice` flags it as a voice message recorded
+    /// in the app (`IS_VOICE_MESSAGE`). Returns the message id.
+    pub fn push_dm_with_files(
+        &self,
+        user_id: &str,
+        text: &str,
+        attachments: &[Value],
+        voice: bool,
+    ) -> String {
+        let mut d = json!({"channel_id": Self::dm_channel(user_id), "author": author(user_id),
+            "content": text, "attachments": attachments});
+        if voice {
+            d["flags"] = json!(1 << 13);
+        }
+        self.push_message(d)
+    }
+
+    /// Every message with files accepted so far, in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.core.read().uploads.clone()
+    }
+
+    /// Waits until at least `n` messages with files were accepted and
+    /// returns them all.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_uploads(&self, n: usize, timeout: Duration) -> Vec<Upload> {
+        self.shared
+            .core
+            .wait_len("uploads", n, timeout, |st| &st.uploads)
+            .await
+    }
+
+    /// The CDN paths asked for so far (served or not), in order.
+    pub fn file_fetches(&self) -> Vec<String> {
+        self.shared.core.read().fetches.clone()
     }
 
     /// Pushes a `MESSAGE_CREATE` with `d`, adding an id, timestamp and the
@@ -564,6 +732,51 @@ impl Drop for FakeDiscord {
 }
 
 /// Whether `r` is a message send, answered or not.
+/// Stores a CDN file and returns its attachment object.
+fn cdn_file(
+    st: &mut Book,
+    addr: SocketAddr,
+    channel_id: &str,
+    bytes: Bytes,
+    filename: &str,
+    content_type: Option<&str>,
+) -> Value {
+    st.next_id += 1;
+    let id = st.next_id.to_string();
+    // Discord keeps the name's safe characters; the rest become `_`.
+    let name: String = filename
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let path = format!("/attachments/{channel_id}/{id}/{name}");
+    let signature = format!("{:016x}", st.next_id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let url = format!("http://{addr}{path}?ex=6a000000&is=69f00000&hm={signature}&");
+    let mut object = json!({
+        "id": id, "filename": name, "size": bytes.len(),
+        "url": url, "proxy_url": url,
+    });
+    if let Some(t) = content_type {
+        object["content_type"] = json!(t);
+    }
+    st.files.insert(
+        id,
+        CdnFile {
+            bytes,
+            path,
+            signature,
+            expired: false,
+            redirect: None,
+        },
+    );
+    object
+}
+
 fn is_send(r: &Request) -> bool {
     r.method == "POST" && r.path.ends_with("/messages")
 }

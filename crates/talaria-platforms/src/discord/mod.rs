@@ -10,6 +10,10 @@
 //!
 //! Sends go to `POST /channels/{id}/messages` (a thread is its own
 //! channel), honouring Discord's per-bucket limits and 429 `retry_after`.
+//!
+//! Files: an inbound attachment's locator is its CDN address, fetched
+//! only from Discord's file hosts ([`rest::is_file_url`]); a file sent is
+//! one message with `payload_json` and `files[0]` as multipart, streamed.
 
 mod config;
 mod format;
@@ -26,19 +30,31 @@ use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::{Value, json};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, Liveness, LivenessReporter, MessageLimits,
-    OutboundMessage, SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Download, DownloadError, Liveness, LivenessReporter,
+    MediaKind, MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
 use talaria_core::{Env, Secret};
 
 use gateway::End;
-use rest::{Rest, RestError};
+use rest::{FileUpload, Rest, RestError};
 
 pub use config::{DiscordConfig, ENV};
 
 /// Discord's message limit, in characters.
 pub const MAX_MESSAGE_LEN: usize = 2000;
+
+/// Beyond this no Discord account may upload a file (Nitro's 500 MiB): a
+/// larger one is not tried. Below it, the channel's own limit (10 MiB
+/// unless the server is boosted) is Discord's to enforce, and a file it
+/// refuses as too large becomes a text line.
+pub const MAX_UPLOAD_BYTES: u64 = 500 * 1024 * 1024;
+
+/// How long fetching an attachment may take, body included.
+const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// How long an upload may take, body included.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Connections in a row that Discord ends by asking for another (op 7,
 /// op 9) before `run` lets the supervisor back off instead.
@@ -143,6 +159,9 @@ struct State {
 /// The Discord connector (see the module docs).
 pub struct DiscordAdapter {
     rest: Rest,
+    /// The REST root, whose host may serve files too (a test server, a
+    /// proxy in front of Discord).
+    api_url: reqwest::Url,
     token: Secret,
     gateway_url: Option<String>,
     require_mention: bool,
@@ -169,10 +188,10 @@ impl DiscordAdapter {
             return Err(DiscordError::BadToken);
         }
         let api_base = settings.api_base.trim().trim_end_matches('/').to_owned();
-        match reqwest::Url::parse(&api_base) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+        let api_url = match reqwest::Url::parse(&api_base) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => u,
             _ => return Err(DiscordError::BadApiBase(api_base)),
-        }
+        };
         let gateway_url = settings.gateway_url.map(|u| u.trim().to_owned());
         if let Some(u) = &gateway_url {
             match reqwest::Url::parse(u) {
@@ -183,6 +202,7 @@ impl DiscordAdapter {
         let rest = Rest::new(&api_base, &token).map_err(DiscordError::Client)?;
         Ok(DiscordAdapter {
             rest,
+            api_url,
             token,
             gateway_url,
             require_mention: settings.require_mention,
@@ -219,11 +239,7 @@ impl DiscordAdapter {
         what: &str,
         body: Option<&Value>,
     ) -> Result<Value, SendError> {
-        if channel.is_empty() || !channel.chars().all(|c| c.is_ascii_digit()) {
-            return Err(SendError::Rejected(format!(
-                "not a Discord channel id: {channel:?}"
-            )));
-        }
+        check_channel(channel)?;
         let result = self
             .rest
             .request(
@@ -242,12 +258,93 @@ impl DiscordAdapter {
         ));
         result
     }
+
+    /// Posts one message with `file` attached. `Ok(None)` when Discord
+    /// refused the file as larger than the channel takes.
+    async fn post_file(
+        &self,
+        channel: &str,
+        payload: &Value,
+        file: FileUpload<'_>,
+    ) -> Result<Option<Value>, SendError> {
+        check_channel(channel)?;
+        let result = self
+            .rest
+            .upload(
+                &format!("/channels/{channel}/messages"),
+                "POST /channels/{id}/messages",
+                channel,
+                payload,
+                file,
+                UPLOAD_TIMEOUT,
+            )
+            .await;
+        match result {
+            // 413 (Discord's code 40005): over the channel's limit.
+            Err(e) if e.status() == Some(413) => {
+                self.note_request(true);
+                Ok(None)
+            }
+            other => {
+                let result = other.map_err(RestError::classify);
+                self.note_request(!matches!(
+                    result,
+                    Err(SendError::Transient(_) | SendError::Unavailable(_))
+                ));
+                result.map(Some)
+            }
+        }
+    }
 }
+
+/// A channel id is a snowflake: digits only, so it is safe in a path.
+fn check_channel(channel: &str) -> Result<(), SendError> {
+    if channel.is_empty() || !channel.chars().all(|c| c.is_ascii_digit()) {
+        return Err(SendError::Rejected(format!(
+            "not a Discord channel id: {channel:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The channel a message goes to: its thread (a channel of its own), else
+/// the chat.
+fn target_channel<'a>(chat_id: &'a str, thread_id: Option<&'a str>) -> &'a str {
+    thread_id
+        .filter(|t| !t.is_empty())
+        .unwrap_or(chat_id)
+        .trim()
+}
+
+/// `text` in Discord's markdown when that still fits one message, as
+/// written when only that fits, `None` when neither does.
+fn content_within_limit(text: &str) -> Option<String> {
+    let formatted = format::to_discord(text);
+    if formatted.chars().count() <= MAX_MESSAGE_LEN {
+        Some(formatted)
+    } else if text.chars().count() <= MAX_MESSAGE_LEN {
+        Some(text.to_owned())
+    } else {
+        None
+    }
+}
+
+/// Every kind, both ways: Discord carries any file as an attachment (and
+/// marks voice messages recorded in its app with a flag).
+const ALL_KINDS: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Audio,
+    MediaKind::Video,
+    MediaKind::Document,
+];
 
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     threads: true,
     markup: Markup::Markdown,
+    receives: ALL_KINDS,
+    sends: ALL_KINDS,
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_MESSAGE_LEN,
         unit: LengthUnit::Chars,
@@ -292,12 +389,7 @@ impl Adapter for DiscordAdapter {
 
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
         // A thread is a channel of its own.
-        let channel = message
-            .thread_id
-            .as_deref()
-            .filter(|t| !t.is_empty())
-            .unwrap_or(&message.chat_id)
-            .trim();
+        let channel = target_channel(&message.chat_id, message.thread_id.as_deref());
         let formatted = format::to_discord(&message.text);
         // The gateway split the plain text to fit; a conversion that grew
         // it past the limit is sent as written instead.
@@ -319,6 +411,86 @@ impl Adapter for DiscordAdapter {
         Ok(SentMessage {
             message_id: sent.get("id").and_then(Value::as_str).map(str::to_owned),
         })
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        let not_discord =
+            || DownloadError::Gone("the attachment is not a Discord file address".to_owned());
+        let url = reqwest::Url::parse(locator.trim()).map_err(|_| not_discord())?;
+        if !rest::is_file_url(&url, &self.api_url) {
+            return Err(not_discord());
+        }
+        self.rest.fetch(url, DOWNLOAD_TIMEOUT).await
+    }
+
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let channel = target_channel(&file.chat_id, file.thread_id.as_deref());
+        check_channel(channel)?;
+        let size = tokio::fs::metadata(&file.path)
+            .await
+            .map_err(|e| {
+                SendError::Rejected(format!(
+                    "cannot read the file {} to send it: {e}",
+                    file.name
+                ))
+            })?
+            .len();
+        let fallback = || OutboundMessage {
+            chat_id: file.chat_id.clone(),
+            thread_id: file.thread_id.clone(),
+            reply_to: file.reply_to.clone(),
+            text: file.fallback_text(self.platform()),
+        };
+        if size > MAX_UPLOAD_BYTES {
+            return self.send(&fallback()).await;
+        }
+        let caption = file.caption.as_deref().filter(|c| !c.trim().is_empty());
+        let content = caption.and_then(content_within_limit);
+        let mut payload = json!({
+            "allowed_mentions": {"parse": ["users"], "replied_user": true},
+            "attachments": [{"id": 0, "filename": file.name}],
+        });
+        if let Some(c) = &content {
+            payload["content"] = json!(c);
+        }
+        if let Some(r) = file.reply_to.as_deref().filter(|r| !r.is_empty()) {
+            // The anchor may have been deleted meanwhile; answer anyway.
+            payload["message_reference"] = json!({"message_id": r, "fail_if_not_exists": false});
+        }
+        let upload = FileUpload {
+            path: &file.path,
+            name: &file.name,
+            mime: &file.mime,
+        };
+        let Some(sent) = self.post_file(channel, &payload, upload).await? else {
+            tracing::info!(
+                size,
+                "Discord refused a file as too large; sending a line instead"
+            );
+            return self.send(&fallback()).await;
+        };
+        let sent = SentMessage {
+            message_id: sent.get("id").and_then(Value::as_str).map(str::to_owned),
+        };
+        if let (Some(text), None) = (caption, &content) {
+            // Too long to go with the file: it follows, answering it. The
+            // file is out, so a part that fails is logged, not returned
+            // (returning would have the file sent twice).
+            let reply_to = sent.message_id.clone().or_else(|| file.reply_to.clone());
+            for part in talaria_adapter::split::split_message(text, CAPABILITIES.limits) {
+                let message = OutboundMessage {
+                    chat_id: file.chat_id.clone(),
+                    thread_id: file.thread_id.clone(),
+                    reply_to: reply_to.clone(),
+                    text: part,
+                };
+                if let Err(e) = self.send(&message).await {
+                    tracing::warn!("the caption after a file could not be sent: {e}");
+                    break;
+                }
+            }
+        }
+        Ok(sent)
     }
 
     async fn typing(&self, chat_id: &str, thread_id: Option<&str>) -> Result<(), SendError> {

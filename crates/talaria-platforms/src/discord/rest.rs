@@ -11,9 +11,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use reqwest::Method;
 use reqwest::header::HeaderMap;
+use reqwest::{Method, Url};
 use serde_json::Value;
+use talaria_adapter::{Download, DownloadError};
 use talaria_core::Secret;
 use tokio::time::Instant;
 
@@ -24,6 +25,41 @@ const MAX_RATE_LIMIT_RETRIES: u32 = 3;
 
 /// Longer waits than this are not worth blocking a send for.
 const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Hosts Discord serves attachments from (besides the API's own host).
+pub(crate) const FILE_HOSTS: &[&str] = &["cdn.discordapp.com", "media.discordapp.net"];
+
+/// Redirects followed while fetching, each to a Discord file address.
+const MAX_REDIRECTS: usize = 5;
+
+/// Whether `url` is one Discord serves files from: HTTPS on its CDN
+/// hosts, or the configured API base's own scheme, host and port. Nothing
+/// else is fetched, so an address in a message cannot point the bot at
+/// another machine (or one inside its network).
+pub(crate) fn is_file_url(url: &Url, api: &Url) -> bool {
+    let no_credentials = url.username().is_empty() && url.password().is_none();
+    let host_ok = match url.host_str() {
+        Some(h) if FILE_HOSTS.contains(&h) => {
+            url.scheme() == "https" && url.port_or_known_default() == Some(443)
+        }
+        Some(h) => {
+            Some(h) == api.host_str()
+                && url.scheme() == api.scheme()
+                && url.port_or_known_default() == api.port_or_known_default()
+        }
+        None => false,
+    };
+    no_credentials && host_ok
+}
+
+/// A file to upload with a message: where it is on disk, and the name and
+/// type it is sent under.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FileUpload<'a> {
+    pub path: &'a std::path::Path,
+    pub name: &'a str,
+    pub mime: &'a str,
+}
 
 /// How errors name Discord.
 pub(crate) const DISCORD: Service = Service {
@@ -58,11 +94,23 @@ pub(crate) struct Rest {
 
 impl Rest {
     pub(crate) fn new(api_base: &str, token: &Secret) -> Result<Rest, String> {
-        let builder = reqwest::Client::builder().user_agent(concat!(
-            "DiscordBot (talaria, ",
-            env!("CARGO_PKG_VERSION"),
-            ")"
-        ));
+        let api = Url::parse(api_base).map_err(|e| format!("{api_base}: {e}"))?;
+        // A redirect is followed only to another Discord file address: a
+        // file host must not hand the bot on to anywhere else.
+        let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() < MAX_REDIRECTS && is_file_url(attempt.url(), &api) {
+                attempt.follow()
+            } else {
+                attempt.stop()
+            }
+        });
+        let builder = reqwest::Client::builder()
+            .redirect(redirects)
+            .user_agent(concat!(
+                "DiscordBot (talaria, ",
+                env!("CARGO_PKG_VERSION"),
+                ")"
+            ));
         Ok(Rest {
             http: Http::with(DISCORD, builder)?.hiding(token, "<token>"),
             api_base: api_base.trim_end_matches('/').to_owned(),
@@ -85,6 +133,59 @@ impl Rest {
         body: Option<&Value>,
         timeout: Duration,
     ) -> Result<Value, RestError> {
+        self.exchange(method, path, route, major, body, None, timeout)
+            .await
+    }
+
+    /// Posts `payload` with one file as `multipart/form-data`
+    /// (`payload_json` and `files[0]`), the file streamed from disk anew
+    /// for each attempt; otherwise as [`Self::request`].
+    pub(crate) async fn upload(
+        &self,
+        path: &str,
+        route: &str,
+        major: &str,
+        payload: &Value,
+        file: FileUpload<'_>,
+        timeout: Duration,
+    ) -> Result<Value, RestError> {
+        self.exchange(
+            Method::POST,
+            path,
+            route,
+            major,
+            Some(payload),
+            Some(file),
+            timeout,
+        )
+        .await
+    }
+
+    /// Starts fetching an attachment from its signed CDN address, streamed.
+    /// The caller has checked `url` with [`is_file_url`]. No
+    /// `Authorization`: the address carries its own signature, and the
+    /// bot's token never goes to a file host.
+    pub(crate) async fn fetch(
+        &self,
+        url: Url,
+        timeout: Duration,
+    ) -> Result<Download, DownloadError> {
+        self.http
+            .download(self.http.client().get(url), timeout)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)] // the two public shapes above
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        route: &str,
+        major: &str,
+        body: Option<&Value>,
+        file: Option<FileUpload<'_>>,
+        timeout: Duration,
+    ) -> Result<Value, RestError> {
         let mut retries = 0;
         loop {
             self.wait_for_bucket(route, major).await?;
@@ -93,8 +194,24 @@ impl Rest {
                 .client()
                 .request(method.clone(), format!("{}{path}", self.api_base))
                 .header(reqwest::header::AUTHORIZATION, self.auth.expose());
-            if let Some(b) = body {
-                req = req.json(b);
+            match (body, file) {
+                (Some(b), Some(f)) => {
+                    let part = crate::http::file_part(f.path, f.name, f.mime)
+                        .await
+                        // Nothing was sent: as a connection never made.
+                        .map_err(|e| {
+                            self.http.fail(Failure::Connect(format!(
+                                "cannot read the file {} to send it: {e}",
+                                f.name
+                            )))
+                        })?;
+                    let form = reqwest::multipart::Form::new()
+                        .text("payload_json", b.to_string())
+                        .part("files[0]", part);
+                    req = req.multipart(form);
+                }
+                (Some(b), None) => req = req.json(b),
+                (None, _) => {}
             }
             let answer = self.http.send(req, timeout).await?;
             let status = answer.status;
@@ -230,6 +347,25 @@ fn retry_after(body: Option<&Value>, headers: &HeaderMap) -> Duration {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn only_discord_file_addresses_are_fetched() {
+        let api = Url::parse("http://127.0.0.1:4000/api/v10").unwrap();
+        let ok = |u: &str| is_file_url(&Url::parse(u).unwrap(), &api);
+        assert!(ok(
+            "https://cdn.discordapp.com/attachments/1/2/a.png?ex=1&is=2&hm=3"
+        ));
+        assert!(ok("https://MEDIA.discordapp.net/attachments/1/2/a.png"));
+        assert!(ok("http://127.0.0.1:4000/attachments/1/2/a.png"));
+        assert!(!ok("http://cdn.discordapp.com/attachments/1/2/a.png"));
+        assert!(!ok("https://cdn.discordapp.com:8443/a.png"));
+        assert!(!ok("https://cdn.discordapp.com.evil.example/a.png"));
+        assert!(!ok("https://user:pw@cdn.discordapp.com/a.png"));
+        assert!(!ok("http://127.0.0.1:4001/attachments/1/2/a.png"));
+        assert!(!ok("https://127.0.0.1:4000/attachments/1/2/a.png"));
+        assert!(!ok("http://169.254.169.254/latest/meta-data"));
+        assert!(!ok("file:///etc/passwd"));
+    }
 
     #[test]
     fn retry_after_prefers_the_body_and_rejects_nonsense() {

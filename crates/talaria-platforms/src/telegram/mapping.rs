@@ -126,7 +126,8 @@ fn attachments(msg: &Message) -> Vec<Attachment> {
         )
     });
     if let Some(p) = largest {
-        out.push(attach(MediaKind::Image, p));
+        // Telegram re-encodes every photo as JPEG and says so nowhere.
+        out.push(attach(MediaKind::Image, p).claiming(Some("image/jpeg")));
     }
     for (file, kind) in [
         (&msg.document, MediaKind::Document),
@@ -249,7 +250,9 @@ mod tests {
         assert_eq!(ev.text, "look");
         assert_eq!(
             ev.attachments,
-            [Attachment::remote(MediaKind::Image, "large").sized(Some(91000))]
+            [Attachment::remote(MediaKind::Image, "large")
+                .sized(Some(91000))
+                .claiming(Some("image/jpeg"))]
         );
     }
 

@@ -1,11 +1,12 @@
 //! The fake's request handlers: the gateway WebSocket (identify,
-//! resume, dispatches) and the REST API.
+//! resume, dispatches), the REST API (JSON and multipart messages) and
+//! the CDN.
 
 use super::*;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::extract::{FromRequest, Multipart, State};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -209,11 +210,14 @@ fn json_response(status: u16, v: &Value, headers: &[(&str, String)]) -> Response
 
 pub(super) async fn rest(
     State(shared): State<Arc<Shared>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
+    request: axum::extract::Request,
 ) -> Response {
+    let method = request.method().clone();
+    let uri = request.uri().clone();
+    let headers = request.headers().clone();
+    if method == Method::GET && uri.path().starts_with("/attachments/") {
+        return cdn(&shared, &uri);
+    }
     let Some(path) = uri.path().strip_prefix("/api/v10") else {
         return json_response(404, &json!({"message": "404: Not Found", "code": 0}), &[]);
     };
@@ -222,7 +226,22 @@ pub(super) async fn rest(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         == Some(format!("Bot {}", shared.token).as_str());
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let multipart = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("multipart/form-data"));
+    let (body, files) = if multipart {
+        match read_form(request).await {
+            Ok(x) => x,
+            Err(why) => (Value::Null, Err(why)),
+        }
+    } else {
+        let bytes = Bytes::from_request(request, &()).await.unwrap_or_default();
+        (
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            Ok(Vec::new()),
+        )
+    };
     shared.core.record(Request {
         method: method.to_string(),
         path: path.clone(),
@@ -237,6 +256,12 @@ pub(super) async fn rest(
             &[],
         );
     }
+    let files = match files {
+        Ok(f) => f,
+        Err(why) => {
+            return json_response(400, &json!({"message": why, "code": 50035}), &[]);
+        }
+    };
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["gateway", "bot"]) => json_response(
@@ -253,13 +278,18 @@ pub(super) async fn rest(
             StatusCode::NO_CONTENT.into_response()
         }
         ("POST", ["channels", channel, "messages"]) => {
-            create_message(&shared, channel, &body).await
+            create_message(&shared, channel, &body, files).await
         }
         _ => json_response(404, &json!({"message": "404: Not Found", "code": 0}), &[]),
     }
 }
 
-async fn create_message(shared: &Shared, channel: &str, body: &Value) -> Response {
+async fn create_message(
+    shared: &Shared,
+    channel: &str,
+    body: &Value,
+    files: Vec<UploadedFile>,
+) -> Response {
     if shared.core.hanging() {
         shared.core.held().await;
         return json_response(502, &json!({"message": "502: Bad Gateway", "code": 0}), &[]);
@@ -306,6 +336,9 @@ async fn create_message(shared: &Shared, channel: &str, body: &Value) -> Respons
             &[],
         );
     }
+    if !files.is_empty() {
+        return create_with_files(shared, channel, body, files);
+    }
     let content = body.get("content").and_then(Value::as_str).unwrap_or("");
     if content.is_empty() {
         return json_response(
@@ -349,4 +382,191 @@ async fn create_message(shared: &Shared, channel: &str, body: &Value) -> Respons
             "author": {"id": shared.bot_id, "username": BOT_USERNAME, "bot": true}, "type": 0}),
         &h,
     )
+}
+
+/// A multipart body: `payload_json` parsed, and the file parts.
+async fn read_form(
+    request: axum::extract::Request,
+) -> Result<(Value, Result<Vec<UploadedFile>, String>), String> {
+    let mut form = Multipart::from_request(request, &())
+        .await
+        .map_err(|e| e.body_text())?;
+    let mut payload = Value::Null;
+    let mut files = Vec::new();
+    while let Some(field) = form.next_field().await.map_err(|e| e.body_text())? {
+        let name = field.name().unwrap_or("").to_owned();
+        let file_name = field.file_name().map(str::to_owned);
+        let content_type = field.content_type().map(str::to_owned);
+        let bytes = field.bytes().await.map_err(|e| e.body_text())?;
+        if name == "payload_json" {
+            payload = serde_json::from_slice(&bytes).map_err(|e| format!("payload_json: {e}"))?;
+        } else if file_name.is_some() {
+            files.push(UploadedFile {
+                field: name,
+                file_name,
+                content_type,
+                bytes: bytes.to_vec(),
+            });
+        }
+    }
+    let files = if files.iter().all(|f| is_files_field(&f.field)) {
+        Ok(files)
+    } else {
+        Err("Invalid Form Body: file fields are named files[n]".to_owned())
+    };
+    Ok((payload, files))
+}
+
+/// `files[n]`, the name Discord reads file parts under.
+fn is_files_field(name: &str) -> bool {
+    name.strip_prefix("files[")
+        .and_then(|r| r.strip_suffix(']'))
+        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// A message with files: each `attachments` entry of the payload names a
+/// `files[id]` part; the files go on the CDN.
+fn create_with_files(
+    shared: &Shared,
+    channel: &str,
+    body: &Value,
+    files: Vec<UploadedFile>,
+) -> Response {
+    let invalid = |why: &str| {
+        json_response(
+            400,
+            &json!({"message": format!("Invalid Form Body: {why}"), "code": 50035}),
+            &[],
+        )
+    };
+    if files.iter().any(|f| f.bytes.len() > MAX_UPLOAD_BYTES) {
+        return json_response(
+            413,
+            &json!({"message": "Request entity too large", "code": 40005}),
+            &[],
+        );
+    }
+    let content = body.get("content").and_then(Value::as_str);
+    if content.is_some_and(|c| c.chars().count() > 2000) {
+        return invalid("content: Must be 2000 or fewer in length.");
+    }
+    let described: Vec<(String, Option<String>)> = body
+        .get("attachments")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|x| {
+                    let id = match x.get("id") {
+                        Some(Value::String(s)) => s.clone(),
+                        Some(v) => v.to_string(),
+                        None => String::new(),
+                    };
+                    (
+                        id,
+                        x.get("filename").and_then(Value::as_str).map(str::to_owned),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for (id, _) in &described {
+        if !files.iter().any(|f| f.field == format!("files[{id}]")) {
+            return invalid(&format!("attachments: no file files[{id}]"));
+        }
+    }
+    let mut st = shared.core.change();
+    let attachments: Vec<Value> = files
+        .iter()
+        .map(|f| {
+            let n = f.field.trim_start_matches("files[").trim_end_matches(']');
+            // The payload's filename wins over the part's, as on Discord.
+            let name = described
+                .iter()
+                .find(|(id, _)| id == n)
+                .and_then(|(_, name)| name.clone())
+                .or_else(|| f.file_name.clone())
+                .unwrap_or_else(|| "file".to_owned());
+            cdn_file(
+                &mut st,
+                shared.addr,
+                channel,
+                Bytes::from(f.bytes.clone()),
+                &name,
+                f.content_type.as_deref(),
+            )
+        })
+        .collect();
+    st.next_id += 1;
+    let id = st.next_id.to_string();
+    let upload = Upload {
+        channel_id: channel.to_owned(),
+        payload: body.clone(),
+        content: content.map(str::to_owned),
+        reply_to: body
+            .pointer("/message_reference/message_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        files,
+        id: id.clone(),
+        attachments: attachments.clone(),
+        at: Instant::now(),
+    };
+    st.uploads.push(upload);
+    json_response(
+        200,
+        &json!({"id": id, "channel_id": channel, "content": content.unwrap_or(""),
+            "attachments": attachments,
+            "author": {"id": shared.bot_id, "username": BOT_USERNAME, "bot": true}, "type": 0}),
+        &[
+            ("x-ratelimit-bucket", SEND_BUCKET.to_owned()),
+            ("x-ratelimit-limit", "5".to_owned()),
+            ("x-ratelimit-remaining", "4".to_owned()),
+            ("x-ratelimit-reset-after", "1.000".to_owned()),
+        ],
+    )
+}
+
+/// `GET /attachments/...`: the CDN. No authorization, but the address's
+/// `hm` signature must be the one the file was given.
+fn cdn(shared: &Shared, uri: &Uri) -> Response {
+    let path = uri.path().to_owned();
+    let hm = uri.query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("hm="))
+            .map(str::to_owned)
+    });
+    let mut st = shared.core.change();
+    st.fetches.push(path.clone());
+    let found = st
+        .files
+        .values()
+        .find(|f| f.path == path && !f.expired && hm.as_deref() == Some(f.signature.as_str()));
+    match found {
+        Some(CdnFile {
+            redirect: Some(location),
+            ..
+        }) => {
+            let mut r = Response::new(axum::body::Body::empty());
+            *r.status_mut() = StatusCode::FOUND;
+            if let Ok(v) = HeaderValue::from_str(location) {
+                r.headers_mut().insert(header::LOCATION, v);
+            }
+            r
+        }
+        Some(f) => {
+            let mut r = Response::new(axum::body::Body::from(f.bytes.clone()));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            r
+        }
+        None => {
+            let mut r = Response::new(axum::body::Body::from(
+                "This content is no longer available.",
+            ));
+            *r.status_mut() = StatusCode::NOT_FOUND;
+            r
+        }
+    }
 }
