@@ -168,6 +168,13 @@ pub struct Obligation {
     pub lease_until: Option<Timestamp>,
     /// Why the last attempt failed, or why it was abandoned.
     pub last_error: Option<String>,
+    /// How many parts of the reply (its text chunks and files, in the
+    /// order they are sent) were confirmed sent, by any attempt. A sender
+    /// taking the row over after a crash starts after them, so the user
+    /// does not get those parts twice. Only grows
+    /// ([`LedgerStore::mark_parts_sent`]); recording the row again starts
+    /// it over at 0.
+    pub parts_sent: u32,
 }
 
 /// What a sweep asks for: the owed rows one node should (re)send now.
@@ -254,7 +261,8 @@ pub trait LedgerStore: Send + Sync {
     /// Records an obligation as `pending`, owned by `owner`, created now,
     /// and settles the owed turns it names, in one transaction.
     /// Recording an id again starts the row over (pending, new owner,
-    /// no error) but keeps its attempt count, so fences stay unique.
+    /// no error, no part sent) but keeps its attempt count, so fences
+    /// stay unique.
     async fn record_obligation(&self, obligation: NewObligation) -> Result<()>;
     /// The owner starts sending its pending row: `attempting`, one more
     /// attempt, leased for `lease` seconds. Returns the attempt number, or
@@ -266,6 +274,14 @@ pub trait LedgerStore: Send + Sync {
     /// Marks attempt `attempt` failed (a sweep may try again), keeping the
     /// error (at most 500 chars). Fenced like [`LedgerStore::mark_delivered`].
     async fn mark_failed(&self, id: &str, attempt: u32, error: &str) -> Result<bool>;
+    /// Records that attempt `attempt` has had the first `parts_sent` parts
+    /// of the reply confirmed by the platform, so a later attempt (after a
+    /// crash, or a sweep's claim) resumes after them. Fenced like
+    /// [`LedgerStore::mark_delivered`]: `false`, changing nothing, when
+    /// that is not the row's current attempt or it is not `attempting`.
+    /// Never lowers the count (a smaller number than stored leaves it,
+    /// and still returns `true`), nor changes the row's state or times.
+    async fn mark_parts_sent(&self, id: &str, attempt: u32, parts_sent: u32) -> Result<bool>;
     /// Gives up on a row, saying why: with `Some(attempt)`, fenced like
     /// [`LedgerStore::mark_delivered`] (a send the platform refused); with
     /// `None`, whatever open state it is in (an operator's decision).

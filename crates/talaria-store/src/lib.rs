@@ -13,6 +13,7 @@
 //! - [`postgres`]: the shared backend for several nodes (PostgreSQL, a
 //!   connection pool, `tsvector` search, `SKIP LOCKED` claims).
 //! - [`fts`]: turning user text into a safe FTS5 query.
+//! - `media`: the `messages.media` column (attachments by reference).
 //!
 //! # Invariant
 //!
@@ -29,6 +30,7 @@ pub mod copy;
 pub mod cron;
 pub mod fts;
 pub mod gateway;
+mod media;
 pub mod owed;
 pub mod postgres;
 pub mod sqlite;

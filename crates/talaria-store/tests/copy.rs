@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{Backend, Fixture, Place, raw_postgres};
-use talaria_core::{Message, ToolCall, Usage};
+use talaria_core::{MediaKind, MediaRef, Message, ToolCall, Usage};
 use talaria_store::copy::{LEFT_OUT, PageLimit, Table, TargetState};
 use talaria_store::{
     Advance, ApproveOutcome, CopyError, CopyOptions, CronJob, CursorStore, GatewayStore, JobOrigin,
@@ -104,6 +104,23 @@ fn sqlite_exec(store: &SqliteStore, sql: &str) {
     conn.busy_timeout(std::time::Duration::from_secs(5))
         .unwrap();
     conn.execute_batch(sql).unwrap();
+}
+
+/// The files a transcript row came with: two, of different kinds, not in
+/// any sorted order.
+fn attachments() -> Vec<MediaRef> {
+    vec![
+        MediaRef {
+            kind: MediaKind::Voice,
+            path: "/home/ann/.talaria/cache/media/f0/f0e1.ogg".into(),
+            mime: "audio/ogg".to_owned(),
+        },
+        MediaRef {
+            kind: MediaKind::Image,
+            path: "/home/ann/.talaria/cache/media/0a/0a1b.jpg".into(),
+            mime: "image/jpeg".to_owned(),
+        },
+    ]
 }
 
 /// Fills `store` with every kind of row, through the traits.
@@ -205,7 +222,10 @@ async fn fill<S: GatewayStore + ?Sized>(store: &S) {
         .await
         .unwrap();
     store
-        .append_message(THIRD, &Message::user("hello from the terminal"))
+        .append_message(
+            THIRD,
+            &Message::user_with_media("hello from the terminal", attachments()),
+        )
         .await
         .unwrap();
 
@@ -224,6 +244,9 @@ async fn fill<S: GatewayStore + ?Sized>(store: &S) {
             Some(1)
         );
     }
+    // Parts confirmed: two of an unfinished reply, all three of a sent one.
+    assert!(store.mark_parts_sent("attempting", 1, 2).await.unwrap());
+    assert!(store.mark_parts_sent("delivered", 1, 3).await.unwrap());
     assert!(store.mark_delivered("delivered", 1).await.unwrap());
     assert!(store.mark_failed("failed", 1, "HTTP 502").await.unwrap());
     assert!(
@@ -418,6 +441,10 @@ fn assert_full(e: &Everything) {
     assert!(all.iter().any(|m| m.token_count == Some(42)));
     assert!(all.iter().any(|m| !m.message.tool_calls.is_empty()));
     assert_eq!(e.sessions[first].input_tokens, 2400);
+    let third = e.sessions.iter().position(|s| s.id == THIRD).unwrap();
+    assert_eq!(e.transcripts[third].0[0].message.media, attachments());
+    let parts: Vec<u32> = e.ledger.iter().flatten().map(|o| o.parts_sent).collect();
+    assert_eq!(parts, [0, 2, 3, 0, 0]);
     assert!(e.routes.iter().all(Option::is_some));
     assert!(e.ledger.iter().all(Option::is_some));
     assert_eq!(e.counts.len(), 5, "{:?}", e.counts);

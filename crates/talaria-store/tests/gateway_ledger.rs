@@ -90,6 +90,7 @@ async fn record_stores_a_pending_row_with_the_full_address<S: Backend + LedgerSt
     assert_eq!(row.owner, Some(me));
     assert_eq!(row.lease_until, None);
     assert_eq!(row.last_error, None);
+    assert_eq!(row.parts_sent, 0);
     assert_eq!(f.obligation("missing").await.unwrap(), None);
 }
 
@@ -223,9 +224,11 @@ async fn re_recording_starts_over_and_keeps_the_attempt_count<
     let first = live(&f, "node-a").await;
     f.record_obligation(obligation("a", &first)).await.unwrap();
     let attempt = f.begin_attempt("a", &first, 60.0).await.unwrap().unwrap();
+    assert!(f.mark_parts_sent("a", attempt, 2).await.unwrap());
     assert!(f.mark_failed("a", attempt, "boom").await.unwrap());
     age(&f, "a", 10.0).await;
     let before = f.obligation("a").await.unwrap().unwrap();
+    assert_eq!(before.parts_sent, 2);
 
     let again = id("node-c");
     f.record_obligation(obligation("a", &again)).await.unwrap();
@@ -233,11 +236,99 @@ async fn re_recording_starts_over_and_keeps_the_attempt_count<
     assert_eq!(row.state, ObligationState::Pending);
     assert_eq!(row.owner, Some(again.clone()));
     assert_eq!(row.last_error, None);
+    // The reply is sent again from its first part.
+    assert_eq!(row.parts_sent, 0);
     assert!(row.created_at > before.created_at);
     // Kept, so the next attempt's number was never used before.
     assert_eq!(row.attempts, 1);
     assert_eq!(f.begin_attempt("a", &again, 60.0).await.unwrap(), Some(2));
     assert_eq!(f.open_obligations(0).await.unwrap().len(), 1);
+}
+
+/// Parts confirmed by one attempt survive its node's death: the sweeper
+/// that takes the row over is told how many to skip, the dead node's
+/// late reports change nothing, and the count never goes down.
+async fn parts_sent_are_fenced_monotonic_and_seen_by_the_next_claim<
+    S: Backend + LedgerStore + ClusterStore,
+>(
+    f: Fixture<S>,
+) {
+    let a = live(&f, "node-a").await;
+    let b = live(&f, "node-b").await;
+    f.record_obligation(obligation("r", &a)).await.unwrap();
+    assert_eq!(f.obligation("r").await.unwrap().unwrap().parts_sent, 0);
+    // Not attempting yet: nothing to record progress for.
+    assert!(!f.mark_parts_sent("r", 0, 1).await.unwrap());
+    let first = f.begin_attempt("r", &a, 120.0).await.unwrap().unwrap();
+    let before = f.obligation("r").await.unwrap().unwrap();
+    assert!(f.mark_parts_sent("r", first, 2).await.unwrap());
+    let row = f.obligation("r").await.unwrap().unwrap();
+    assert_eq!(row.parts_sent, 2);
+    // Progress is not a change of state: the row is otherwise as it was.
+    assert_eq!(
+        (row.state, row.attempts, row.updated_at, row.lease_until),
+        (
+            before.state,
+            before.attempts,
+            before.updated_at,
+            before.lease_until
+        )
+    );
+    assert_eq!(f.open_obligations(0).await.unwrap()[0].parts_sent, 2);
+
+    // A dies mid-reply; B's claim carries what A confirmed.
+    f.expire_node(&a).await.unwrap();
+    let batch = f.claim_owed(&claim_for(&b, &["telegram"])).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["r"]);
+    let second = batch.claimed[0].obligation.attempts;
+    assert_eq!(second, first + 1);
+    assert_eq!(batch.claimed[0].obligation.parts_sent, 2);
+
+    // A's late report, higher or not, is fenced out.
+    assert!(!f.mark_parts_sent("r", first, 5).await.unwrap());
+    assert_eq!(f.obligation("r").await.unwrap().unwrap().parts_sent, 2);
+
+    // B's progress counts; a smaller (late, reordered) number does not
+    // lower it, though the attempt is the current one.
+    assert!(f.mark_parts_sent("r", second, 3).await.unwrap());
+    assert!(f.mark_parts_sent("r", second, 1).await.unwrap());
+    assert_eq!(f.obligation("r").await.unwrap().unwrap().parts_sent, 3);
+
+    // Once settled, or for a row that does not exist: nothing, no error.
+    assert!(f.mark_delivered("r", second).await.unwrap());
+    assert!(!f.mark_parts_sent("r", second, 4).await.unwrap());
+    let row = f.obligation("r").await.unwrap().unwrap();
+    assert_eq!((row.state, row.parts_sent), (ObligationState::Delivered, 3));
+    assert!(!f.mark_parts_sent("ghost", 1, 1).await.unwrap());
+    assert_eq!(f.obligation("ghost").await.unwrap(), None);
+}
+
+/// A failed attempt's confirmed parts stay for the retry, which the
+/// owner's own sweep claims; the largest count a sender can report is
+/// kept as it is.
+async fn parts_sent_survive_a_failure_into_the_retry<S: Backend + LedgerStore + ClusterStore>(
+    f: Fixture<S>,
+) {
+    let me = live(&f, "node-a").await;
+    f.record_obligation(obligation("r", &me)).await.unwrap();
+    let first = f.begin_attempt("r", &me, 120.0).await.unwrap().unwrap();
+    assert!(f.mark_parts_sent("r", first, 1).await.unwrap());
+    assert!(f.mark_failed("r", first, "HTTP 502").await.unwrap());
+    // Failed is not attempting: the failed attempt cannot add more.
+    assert!(!f.mark_parts_sent("r", first, 2).await.unwrap());
+    let batch = f.claim_owed(&claim_for(&me, &["telegram"])).await.unwrap();
+    assert_eq!(claimed_ids(&batch), ["r"]);
+    assert_eq!(batch.claimed[0].previous, ObligationState::Failed);
+    let retry = &batch.claimed[0].obligation;
+    assert_eq!(retry.parts_sent, 1);
+    assert!(
+        f.mark_parts_sent("r", retry.attempts, u32::MAX)
+            .await
+            .unwrap()
+    );
+    let stored = f.obligation("r").await.unwrap().unwrap().parts_sent;
+    // The PostgreSQL column is an `integer`: a count past it clamps.
+    assert!(stored >= i32::MAX as u32, "{stored}");
 }
 
 async fn a_sweep_claims_only_what_is_owed_to_it<S: Backend + LedgerStore + ClusterStore>(
@@ -733,4 +824,6 @@ contract_tests!(
     counts_group_rows_by_state,
     racing_sweepers_claim_each_row_exactly_once,
     claims_page_through_the_rows_after_the_cursor,
+    parts_sent_are_fenced_monotonic_and_seen_by_the_next_claim,
+    parts_sent_survive_a_failure_into_the_retry,
 );

@@ -95,6 +95,7 @@ const MESSAGES_COLUMNS: &[Column] = &[
     text("finish_reason"),
     text("reasoning"),
     boolean("active"),
+    text("media"),
 ];
 
 const ROUTES_COLUMNS: &[Column] = &[
@@ -119,6 +120,7 @@ const LEDGER_COLUMNS: &[Column] = &[
     text("owner_node"),
     real("lease_until"),
     text("last_error"),
+    int("parts_sent"),
 ];
 
 const PAIRING_PENDING_COLUMNS: &[Column] = &[

@@ -49,14 +49,21 @@ CREATE INDEX delivery_obligations_settled ON delivery_obligations (updated_at)
     WHERE state IN ('delivered', 'abandoned');
 "#;
 
+/// How many parts of a reply were confirmed sent (schema step 4, with
+/// `messages.media`; SQLite's version 10).
+pub(super) const PARTS_SCHEMA: &str = r#"
+ALTER TABLE delivery_obligations
+    ADD COLUMN parts_sent integer NOT NULL DEFAULT 0 CHECK (parts_sent >= 0);
+"#;
+
 /// Obligation columns in the order [`obligation_from_row`] reads them.
 const COLUMNS: &str = "id, session_key, platform, chat_id, thread_id, reply_to, content, state, \
-     attempts, created_at, updated_at, owner_node, lease_until, last_error";
+     attempts, created_at, updated_at, owner_node, lease_until, last_error, parts_sent";
 
 /// [`COLUMNS`] qualified with the alias `d`.
 const D_COLUMNS: &str = "d.id, d.session_key, d.platform, d.chat_id, d.thread_id, d.reply_to, \
      d.content, d.state, d.attempts, d.created_at, d.updated_at, d.owner_node, d.lease_until, \
-     d.last_error";
+     d.last_error, d.parts_sent";
 
 fn obligation_from_row(row: &Row) -> Result<Obligation> {
     let bad = |what: String| StoreError::Database(format!("delivery ledger: {what}"));
@@ -64,6 +71,7 @@ fn obligation_from_row(row: &Row) -> Result<Obligation> {
     let state =
         ObligationState::parse(&state).ok_or_else(|| bad(format!("unknown state `{state}`")))?;
     let attempts: i32 = row.try_get(8).map_err(|e| bad(e.to_string()))?;
+    let parts_sent: i32 = row.try_get(14).map_err(|e| bad(e.to_string()))?;
     let owner: Option<String> = row.try_get(11).map_err(|e| bad(e.to_string()))?;
     let get =
         |i: usize| -> Result<Option<String>> { row.try_get(i).map_err(|e| bad(e.to_string())) };
@@ -85,12 +93,15 @@ fn obligation_from_row(row: &Row) -> Result<Obligation> {
         owner: owner.map(NodeId::new).transpose()?,
         lease_until: row.try_get(12).map_err(|e| bad(e.to_string()))?,
         last_error: get(13)?,
+        // The column refuses negative values.
+        parts_sent: u32::try_from(parts_sent).unwrap_or(0),
     })
 }
 
-/// An attempt number as the `integer` column holds it.
-fn attempt_sql(attempt: u32) -> i32 {
-    i32::try_from(attempt).unwrap_or(i32::MAX)
+/// An attempt number or a count of parts as the `integer` columns hold
+/// them: beyond `i32::MAX` is not a real count, so it clamps.
+fn integer_sql(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 impl PostgresStore {
@@ -117,7 +128,7 @@ impl PostgresStore {
                 client
                     .execute(
                         &statement,
-                        &[&id, &state.as_str(), &error, &attempt_sql(attempt)],
+                        &[&id, &state.as_str(), &error, &integer_sql(attempt)],
                     )
                     .await
             }
@@ -143,14 +154,14 @@ impl PostgresStore {
 fn record_sql() -> String {
     format!(
         "INSERT INTO delivery_obligations (id, session_key, platform, chat_id, thread_id, \
-             reply_to, content, state, attempts, created_at, updated_at, owner_node) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', 0, {NOW}, {NOW}, $8) \
+             reply_to, content, state, attempts, created_at, updated_at, owner_node, parts_sent) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', 0, {NOW}, {NOW}, $8, 0) \
              ON CONFLICT (id) DO UPDATE SET session_key = excluded.session_key, \
              platform = excluded.platform, chat_id = excluded.chat_id, \
              thread_id = excluded.thread_id, reply_to = excluded.reply_to, \
              content = excluded.content, state = 'pending', created_at = excluded.created_at, \
              updated_at = excluded.updated_at, owner_node = excluded.owner_node, \
-             lease_until = NULL, last_error = NULL"
+             lease_until = NULL, last_error = NULL, parts_sent = 0"
     )
 }
 
@@ -241,6 +252,27 @@ impl LedgerStore for PostgresStore {
     async fn mark_failed(&self, id: &str, attempt: u32, error: &str) -> Result<bool> {
         self.settle(id, Some(attempt), ObligationState::Failed, Some(error))
             .await
+    }
+
+    async fn mark_parts_sent(&self, id: &str, attempt: u32, parts_sent: u32) -> Result<bool> {
+        let client = self.client().await?;
+        // GREATEST: a late or reordered report of fewer parts must not
+        // make a later sender repeat parts the user already has.
+        let statement = client
+            .prepare_cached(
+                "UPDATE delivery_obligations SET parts_sent = GREATEST(parts_sent, $3) \
+                 WHERE id = $1 AND attempts = $2 AND state = 'attempting'",
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        let changed = client
+            .execute(
+                &statement,
+                &[&id, &integer_sql(attempt), &integer_sql(parts_sent)],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(changed == 1)
     }
 
     async fn abandon_obligation(
@@ -337,7 +369,7 @@ impl LedgerStore for PostgresStore {
              RETURNING {D_COLUMNS}, c.previous, c.give_up"
         );
         let limit = i64::try_from(claim.limit.max(1)).unwrap_or(i64::MAX);
-        let max_attempts = attempt_sql(claim.max_attempts);
+        let max_attempts = integer_sql(claim.max_attempts);
         let me = claim.claimer.as_str();
         let pick = tx.prepare_cached(&pick).await.map_err(|e| self.error(e))?;
         let picked_rows = tx
@@ -390,8 +422,8 @@ impl LedgerStore for PostgresStore {
         };
         for row in &rows {
             let obligation = obligation_from_row(row)?;
-            let previous: String = row.get(14);
-            let gave_up: bool = row.get(15);
+            let previous: String = row.get(15);
+            let gave_up: bool = row.get(16);
             if gave_up {
                 batch.abandoned.push(obligation);
             } else {

@@ -28,6 +28,7 @@ const STEPS: &[&[&str]] = &[
     ],
     &[super::owed::SCHEMA],
     &[super::gateway::NOTICE_SCHEMA],
+    &[super::sessions::MEDIA_SCHEMA, super::ledger::PARTS_SCHEMA],
 ];
 
 /// The schema version this build writes.

@@ -74,6 +74,14 @@ CREATE TABLE messages (
 CREATE INDEX messages_session ON messages (session_id, id);
 "#;
 
+/// Media (issue 22, schema step 4): the files a transcript row came with,
+/// as a JSON array of references into the media cache; NULL when none,
+/// which is what rows from before this step read as. As in SQLite's
+/// version 10.
+pub(super) const MEDIA_SCHEMA: &str = r#"
+ALTER TABLE messages ADD COLUMN media text;
+"#;
+
 /// The largest count a `bigint` holds, as SQL: token sums saturate here
 /// instead of failing the write (SQLite's backend clamps the same way).
 const MAX_COUNT_SQL: &str = "9223372036854775807";
@@ -133,6 +141,7 @@ impl PostgresStore {
         usage: &Usage,
     ) -> Result<i64> {
         let tool_calls = encode_tool_calls(&message.tool_calls)?;
+        let media = crate::media::encode(&message.media)?;
         let sql = format!(
             "WITH s AS (\
                  UPDATE sessions SET message_count = message_count + 1, \
@@ -141,8 +150,8 @@ impl PostgresStore {
                  reasoning_tokens = {reasoning} \
                  WHERE id = $1 RETURNING id) \
              INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, \
-                 tool_name, \"timestamp\", finish_reason, reasoning) \
-             SELECT s.id, $2, $3, $4, $5, $6, {NOW}, $7, $8 FROM s \
+                 tool_name, \"timestamp\", finish_reason, reasoning, media) \
+             SELECT s.id, $2, $3, $4, $5, $6, {NOW}, $7, $8, $14 FROM s \
              RETURNING id",
             input = saturating_add("input_tokens", 9),
             output = saturating_add("output_tokens", 10),
@@ -178,6 +187,7 @@ impl PostgresStore {
                     &counts[2],
                     &counts[3],
                     &counts[4],
+                    &media.as_deref(),
                 ],
             )
             .await
@@ -462,6 +472,7 @@ impl SessionStore for PostgresStore {
         let mut tool_names = Vec::with_capacity(replacement.len());
         let mut finish_reasons = Vec::with_capacity(replacement.len());
         let mut reasonings = Vec::with_capacity(replacement.len());
+        let mut media = Vec::with_capacity(replacement.len());
         for message in replacement {
             roles.push(message.role.as_str());
             contents.push(clean(&message.content));
@@ -470,6 +481,7 @@ impl SessionStore for PostgresStore {
             tool_names.push(owned(&message.tool_name));
             finish_reasons.push(owned(&message.finish_reason));
             reasonings.push(owned(&message.reasoning));
+            media.push(crate::media::encode(&message.media)?);
         }
         let contents: Vec<&str> = contents.iter().map(AsRef::as_ref).collect();
         let id = clean(session_id);
@@ -506,13 +518,13 @@ impl SessionStore for PostgresStore {
             let insert = tx
                 .prepare_cached(&format!(
                     "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, \
-                     tool_name, \"timestamp\", finish_reason, reasoning) \
+                     tool_name, \"timestamp\", finish_reason, reasoning, media) \
                      SELECT $1, r.role, r.content, r.tool_call_id, r.tool_calls, r.tool_name, \
-                     t.at, r.finish_reason, r.reasoning \
+                     t.at, r.finish_reason, r.reasoning, r.media \
                      FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-                     $7::text[], $8::text[]) WITH ORDINALITY \
+                     $7::text[], $8::text[], $9::text[]) WITH ORDINALITY \
                      AS r (role, content, tool_call_id, tool_calls, tool_name, finish_reason, \
-                     reasoning, ord) \
+                     reasoning, media, ord) \
                      CROSS JOIN (SELECT {NOW} AS at) t \
                      ORDER BY r.ord"
                 ))
@@ -529,6 +541,7 @@ impl SessionStore for PostgresStore {
                     &tool_names,
                     &finish_reasons,
                     &reasonings,
+                    &media,
                 ],
             )
             .await

@@ -33,7 +33,7 @@ use crate::{Result, StoreError, Timestamp};
 
 /// Obligation columns in the order [`obligation_from_row`] reads them.
 const COLUMNS: &str = "id, session_key, platform, chat_id, thread_id, reply_to, content, state, \
-     attempts, created_at, updated_at, owner_node, lease_until, last_error";
+     attempts, created_at, updated_at, owner_node, lease_until, last_error, parts_sent";
 
 fn conversion_error(column: usize, ty: Type, what: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(column, ty, Box::new(StoreError::Database(what)))
@@ -66,6 +66,7 @@ fn obligation_from_row(row: &Row<'_>) -> rusqlite::Result<Obligation> {
         owner,
         lease_until: row.get(12)?,
         last_error: row.get(13)?,
+        parts_sent: from_sql_small_count(row.get(14)?),
     })
 }
 
@@ -113,14 +114,15 @@ fn record(tx: &Transaction<'_>, o: &NewObligation) -> OpResult<()> {
     tx.prepare_cached(
         "INSERT INTO delivery_obligations (id, session_key, platform, chat_id, \
                  thread_id, reply_to, content, state, attempts, created_at, updated_at, \
-                 owner_node, lease_until, last_error) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', 0, ?8, ?8, ?9, NULL, NULL) \
+                 owner_node, lease_until, last_error, parts_sent) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', 0, ?8, ?8, ?9, NULL, NULL, 0) \
                  ON CONFLICT (id) DO UPDATE SET session_key = excluded.session_key, \
                  platform = excluded.platform, chat_id = excluded.chat_id, \
                  thread_id = excluded.thread_id, reply_to = excluded.reply_to, \
                  content = excluded.content, state = 'pending', \
                  created_at = excluded.created_at, updated_at = excluded.updated_at, \
-                 owner_node = excluded.owner_node, lease_until = NULL, last_error = NULL",
+                 owner_node = excluded.owner_node, lease_until = NULL, last_error = NULL, \
+                 parts_sent = 0",
     )?
     .execute(params![
         o.id,
@@ -202,6 +204,22 @@ impl LedgerStore for SqliteStore {
                 ObligationState::Failed,
                 Some(&error),
             )
+        })
+        .await
+    }
+
+    async fn mark_parts_sent(&self, id: &str, attempt: u32, parts_sent: u32) -> Result<bool> {
+        let id = id.to_owned();
+        self.write(move |tx| {
+            // MAX: a late or reordered report of fewer parts must not
+            // make a later sender repeat parts the user already has.
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE delivery_obligations SET parts_sent = MAX(parts_sent, ?3) \
+                     WHERE id = ?1 AND attempts = ?2 AND state = 'attempting'",
+                )?
+                .execute(params![id, attempt, parts_sent])?;
+            Ok(changed == 1)
         })
         .await
     }

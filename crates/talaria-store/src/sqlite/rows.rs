@@ -29,7 +29,7 @@ pub(crate) const SESSION_COLUMNS: &str = concat!(
 
 /// Message columns in the order [`message_from_row`] reads them.
 pub(crate) const MESSAGE_COLUMNS: &str = "id, session_id, role, content, tool_call_id, \
-     tool_calls, tool_name, timestamp, token_count, finish_reason, reasoning, active";
+     tool_calls, tool_name, timestamp, token_count, finish_reason, reasoning, active, media";
 
 /// Now, as seconds since the epoch with microsecond precision.
 pub(crate) fn now() -> Timestamp {
@@ -93,6 +93,7 @@ pub(crate) struct RawMessage {
     finish_reason: Option<String>,
     reasoning: Option<String>,
     active: bool,
+    media: Option<String>,
 }
 
 pub(crate) fn message_from_row(row: &Row<'_>) -> rusqlite::Result<RawMessage> {
@@ -109,6 +110,7 @@ pub(crate) fn message_from_row(row: &Row<'_>) -> rusqlite::Result<RawMessage> {
         finish_reason: row.get(9)?,
         reasoning: row.get(10)?,
         active: row.get(11)?,
+        media: row.get(12)?,
     })
 }
 
@@ -144,8 +146,7 @@ impl RawMessage {
                 tool_name: self.tool_name,
                 reasoning: self.reasoning,
                 finish_reason: self.finish_reason,
-                // Written and read by the store in the media column (issue 22).
-                media: Vec::new(),
+                media: crate::media::decode(self.media.as_deref(), self.id)?,
             },
             timestamp: self.timestamp,
             token_count: self.token_count.map(from_sql_count),
@@ -207,14 +208,15 @@ pub(crate) fn insert_message(
                 .map_err(|e| StoreError::Database(format!("could not encode tool calls: {e}")))?,
         )
     };
+    let media = crate::media::encode(&message.media)?;
     // Above the full-text watermark as well as every row: an id at or
     // below it would be taken for indexed and never reach the indexes.
     let watermark = indexed_through(conn)?;
     conn.prepare_cached(
         "INSERT INTO messages (id, session_id, role, content, tool_call_id, tool_calls, \
-         tool_name, timestamp, finish_reason, reasoning, active) \
+         tool_name, timestamp, finish_reason, reasoning, active, media) \
          VALUES (MAX(?10, COALESCE((SELECT MAX(id) FROM messages), 0)) + 1, \
-         ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1)",
+         ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1, ?11)",
     )?
     .execute(params![
         session_id,
@@ -227,6 +229,7 @@ pub(crate) fn insert_message(
         message.finish_reason,
         message.reasoning,
         watermark,
+        media,
     ])?;
     let id = conn.last_insert_rowid();
     if id - watermark >= FTS_BATCH {

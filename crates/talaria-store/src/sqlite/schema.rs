@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
+const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -400,6 +400,16 @@ ALTER TABLE pairing_pending ADD COLUMN chat_id TEXT;
 ALTER TABLE pairing_approved ADD COLUMN notice_chat TEXT;
 "#;
 
+/// Media (issue 22): the files a transcript row came with, as a JSON
+/// array of references into the media cache (NULL when none, which is
+/// what rows from before this step read as); and how many parts of a
+/// reply (text chunks and files, in order) were confirmed sent, so a
+/// node sending it again after a crash skips those.
+const V10: &str = r#"
+ALTER TABLE messages ADD COLUMN media TEXT;
+ALTER TABLE delivery_obligations ADD COLUMN parts_sent INTEGER NOT NULL DEFAULT 0;
+"#;
+
 /// Brings the database to [`LATEST`], refusing files that are not ours or
 /// are newer than this build.
 pub(crate) fn migrate(conn: &mut Connection) -> OpResult<()> {
@@ -480,6 +490,52 @@ mod tests {
                 .unwrap();
             assert_eq!(n, 1, "{table}");
         }
+    }
+
+    /// A version-9 file (the last before media) keeps its transcript and
+    /// ledger rows; they read as having no media and no part sent.
+    #[test]
+    fn rows_from_before_media_have_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let mut conn = Connection::open(&path).unwrap();
+        for step in &STEPS[..9] {
+            conn.execute_batch(step).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 9).unwrap();
+        conn.execute_batch(
+            "INSERT INTO sessions (id, source, started_at) VALUES ('s', 'telegram', 1.0);
+             INSERT INTO messages (id, session_id, role, content, timestamp)
+                 VALUES (1, 's', 'user', 'a photo, once', 1.0);
+             INSERT INTO delivery_obligations (id, session_key, platform, chat_id, content,
+                 state, attempts, created_at, updated_at, owner_node, lease_until)
+                 VALUES ('r', 'k', 'telegram', '42', 'owed', 'attempting', 2, 1.0, 2.0,
+                         'node-a', 9.0);",
+        )
+        .unwrap();
+        migrate(&mut conn).map_err(|_| "migrate").unwrap();
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, LATEST);
+        let sql = format!(
+            "SELECT {} FROM messages",
+            super::super::rows::MESSAGE_COLUMNS
+        );
+        let rows = super::super::rows::query_messages(&conn, &sql, [])
+            .map_err(|_| "read")
+            .unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].message.content, "a photo, once");
+        assert!(rows[0].message.media.is_empty());
+        let ledger: (String, i64, i64) = conn
+            .query_row(
+                "SELECT content, attempts, parts_sent FROM delivery_obligations",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!(ledger, ("owed".to_owned(), 2, 0));
     }
 
     /// A version-6 file keeps its messages, their ids and their index
