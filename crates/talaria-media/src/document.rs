@@ -72,13 +72,33 @@ fn read_blocking(path: &Path, max_chars: usize) -> Result<DocumentText, MediaErr
         .read_to_end(&mut head)
         .map_err(|e| io_error(path, e))?;
     let what = sniff(&head, false);
-    match what.mime {
-        "text/plain" => read_text(path, head, file, max_chars),
-        "application/pdf" => read_pdf(path, file, head, max_chars),
-        other => Err(MediaError::NotADocument {
-            what: other.to_owned(),
-        }),
+    if what.mime == "application/pdf" {
+        return read_pdf(path, file, head, max_chars);
     }
+    if is_text(what.mime, &head) {
+        return read_text(path, head, file, max_chars);
+    }
+    Err(MediaError::NotADocument {
+        what: what.mime.to_owned(),
+    })
+}
+
+/// Whether a file is text to inline: plain text, or a text format the
+/// sniffer names by its look (HTML, XML, a shell script, JSON), as long as
+/// its first bytes are UTF-8 without NULs. Source code is all of these.
+fn is_text(mime: &str, head: &[u8]) -> bool {
+    let text_like = mime.starts_with("text/")
+        || matches!(
+            mime,
+            "application/json" | "application/xml" | "application/javascript"
+        );
+    text_like
+        && !head.contains(&0)
+        && match std::str::from_utf8(head) {
+            Ok(_) => true,
+            // The head may end inside a character.
+            Err(e) => e.error_len().is_none(),
+        }
 }
 
 /// Text: the head already read, then only as many more bytes as
@@ -255,6 +275,22 @@ pub(crate) mod tests {
         let doc = read_document(&path, 1000).await.unwrap();
         assert_eq!(doc.text, "name,city\nZoë,Zürich\n");
         assert!(!doc.truncated);
+    }
+
+    #[tokio::test]
+    async fn code_and_markup_are_text_too() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, body) in [
+            ("deploy", "#!/bin/sh\nset -e\necho deploying\n"),
+            ("page", "<!DOCTYPE html>\n<html><body>Hi</body></html>\n"),
+            ("feed", "<?xml version=\"1.0\"?>\n<feed/>\n"),
+            ("config", "{\"retries\": 3, \"name\": \"talaria\"}\n"),
+            ("main", "fn main() {\n    println!(\"hi\");\n}\n"),
+        ] {
+            let path = write(&dir, name, body.as_bytes());
+            let doc = read_document(&path, 1000).await.unwrap();
+            assert_eq!(doc.text, body, "{name}");
+        }
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::multipart::{Form, Part};
 use talaria_core::config::{SttConfig, SttProvider};
 use talaria_core::{Env, Secret};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
 use crate::http;
@@ -200,7 +200,9 @@ async fn openai(
     }
     head.truncate(got);
     let what = sniff(&head, false);
-    let file = tokio::fs::File::open(path).await.map_err(SttError::File)?;
+    file.seek(std::io::SeekFrom::Start(0))
+        .await
+        .map_err(SttError::File)?;
     let name = upload_name(path, what.ext);
     let part = Part::stream_with_length(reqwest::Body::wrap_stream(ReaderStream::new(file)), len)
         .file_name(name)
