@@ -151,6 +151,15 @@ impl ImageGenerator {
         if stored.kind != MediaKind::Image {
             return Err(ImageGenError::NotAnImage { what: stored.mime });
         }
+        let mut stored = stored;
+        // The name it is sent under: `image.png`, `image.jpg`.
+        let ext = stored
+            .path
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("png")
+            .to_owned();
+        stored.name = format!("image.{ext}");
         Ok(stored)
     }
 
@@ -180,11 +189,7 @@ impl ImageGenerator {
 }
 
 fn hint() -> Hint<'static> {
-    Hint {
-        name: Some("image"),
-        mime: None,
-        voice: false,
-    }
+    Hint::default()
 }
 
 /// Standard base64, with any line breaks or blanks a server put in.
@@ -264,6 +269,7 @@ mod tests {
             .unwrap();
         assert_eq!(stored.mime, "image/png");
         assert_eq!(stored.kind, MediaKind::Image);
+        assert_eq!(stored.name, "image.png");
         assert_eq!(std::fs::read(&stored.path).unwrap(), png());
         let r = &fake.requests()[0];
         assert_eq!(r.path, "/v1/images/generations");

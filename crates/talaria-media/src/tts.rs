@@ -215,7 +215,13 @@ impl Synthesizer {
         }
         let scratch = Scratch::create(cache.dir()).await?;
         let output = OsString::from(scratch.path().join("speech.wav"));
-        let text_arg = OsString::from(text);
+        // A text starting with `-` would be read as an option by the
+        // program (`-w /somewhere`); a leading blank changes nothing heard.
+        let text_arg = if text.starts_with('-') {
+            OsString::from(format!(" {text}"))
+        } else {
+            OsString::from(text)
+        };
         let argv = process::fill(words, &[("{text}", &text_arg), ("{output}", &output)]);
         process::run(Program {
             words: argv,
@@ -576,6 +582,32 @@ mod tests {
             Duration::from_millis(1900),
             Duration::from_millis(2200),
         );
+    }
+
+    #[tokio::test]
+    async fn a_text_that_looks_like_an_option_stays_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(&dir);
+        let tone = dir.path().join("tone.wav");
+        std::fs::write(&tone, wav(0.2)).unwrap();
+        // Writes the WAV only when its first argument is not an option.
+        let script = format!(
+            "case \"$1\" in -*) exit 9;; esac; cp '{}' \"$2\"",
+            tone.display()
+        );
+        let config = TtsConfig {
+            provider: Some(TtsProvider::Command),
+            command: Some(format!(
+                "sh -c {} sh {{text}} {{output}}",
+                shell_quote(&script)
+            )),
+            ..TtsConfig::default()
+        };
+        let tts = Synthesizer::from_config(&config, &Env::default())
+            .unwrap()
+            .unwrap()
+            .with_ffmpeg(None);
+        tts.speak("--help me", &cache).await.unwrap();
     }
 
     fn shell_quote(s: &str) -> String {
