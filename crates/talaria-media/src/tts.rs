@@ -371,21 +371,31 @@ async fn store_file(path: &Path, cache: &MediaCache) -> Result<Stored, TtsError>
 }
 
 /// Whether the file is OGG with an Opus first stream: the container's
-/// first page starts `OggS`, and its packet, `OpusHead`, follows the
-/// 27-byte page header and a one-entry segment table.
+/// first page starts `OggS`, and its first packet, `OpusHead`, follows the
+/// 27-byte page header and the segment table (byte 26 says how long).
 async fn is_ogg_opus(path: &Path) -> bool {
-    let Ok(mut file) = tokio::fs::File::open(path).await else {
+    let Ok(file) = tokio::fs::File::open(path).await else {
         return false;
     };
-    let mut head = [0u8; 36];
-    let mut got = 0;
-    while got < head.len() {
-        match file.read(&mut head[got..]).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => got += n,
-        }
+    // The longest segment table is 255 bytes.
+    let mut head = Vec::with_capacity(27 + 255 + 8);
+    if file
+        .take(27 + 255 + 8)
+        .read_to_end(&mut head)
+        .await
+        .is_err()
+    {
+        return false;
     }
-    head.starts_with(b"OggS") && &head[28..36] == b"OpusHead"
+    ogg_opus_head(&head)
+}
+
+fn ogg_opus_head(head: &[u8]) -> bool {
+    if !head.starts_with(b"OggS") || head.len() < 27 {
+        return false;
+    }
+    let start = 27 + usize::from(head[26]);
+    head.get(start..start + 8) == Some(b"OpusHead".as_slice())
 }
 
 /// How long the audio file at `path` plays, as `ffprobe` measures it;
@@ -522,6 +532,23 @@ mod tests {
         );
     }
 
+    #[test]
+    fn ogg_opus_is_read_from_the_first_page() {
+        let page = |segments: u8, packet: &[u8]| {
+            let mut b = b"OggS\x00\x02".to_vec();
+            b.resize(26, 0);
+            b.push(segments);
+            b.extend(std::iter::repeat_n(0u8, usize::from(segments)));
+            b.extend_from_slice(packet);
+            b
+        };
+        assert!(ogg_opus_head(&page(1, b"OpusHead\x01")));
+        assert!(ogg_opus_head(&page(3, b"OpusHead\x01")));
+        assert!(!ogg_opus_head(&page(1, b"\x01vorbis")));
+        assert!(!ogg_opus_head(&page(200, b"OpusHe")));
+        assert!(!ogg_opus_head(b"RIFF"));
+    }
+
     #[tokio::test]
     async fn espeak_ng_round_trip_makes_a_real_voice_note() {
         require("espeak-ng", "espeak-ng");
@@ -642,6 +669,7 @@ mod tests {
         // An OGG/Opus answer needs no conversion.
         let mut ogg = b"OggS\x00\x02".to_vec();
         ogg.resize(28, 0);
+        ogg[26] = 1; // one segment: the packet starts at byte 28
         ogg.extend_from_slice(b"OpusHead\x01\x01\x38\x01\x80\xbb\x00\x00\x00\x00\x00");
         ogg.resize(50_000, 3);
         fake.push(MediaReply::speech(ogg.clone(), "audio/ogg"));
