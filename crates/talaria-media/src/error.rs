@@ -3,7 +3,8 @@
 use std::io;
 use std::path::PathBuf;
 
-/// Why a file was not stored or an image not prepared.
+/// Why a file was not stored, an image not prepared or a document not
+/// read.
 ///
 /// The `Display` text of each variant is meant for the person who sent the
 /// file: it says what was wrong, not how the code failed.
@@ -53,6 +54,19 @@ pub enum MediaError {
     /// Re-encoding the image failed.
     #[error("the image could not be converted for the model ({0})")]
     Encode(String),
+    /// The file is neither text nor a PDF: its text cannot be read here
+    /// (the agent gets its path instead).
+    #[error("the file is not a document whose text can be read; it is {what}")]
+    NotADocument {
+        /// What the bytes say it is, as a MIME type.
+        what: String,
+    },
+    /// The PDF is damaged, encrypted or beyond what the reader handles.
+    #[error("the PDF cannot be read: {0}")]
+    BadPdf(String),
+    /// The PDF is readable but holds no text: scanned pages are images.
+    #[error("the PDF holds no text that can be extracted (its pages may be scanned images)")]
+    PdfNoText,
 }
 
 /// `20 MB`, `512 KB`, `300 bytes`: sizes as a person reads them (binary

@@ -78,6 +78,11 @@ fn sweep_dir(dir: &Path, older_than: Duration, now: SystemTime) -> Result<SweepR
         }
         // `DirEntry::metadata` does not follow symbolic links.
         let Ok(meta) = entry.metadata() else { continue };
+        if temp && meta.file_type().is_dir() {
+            // A speech program's scratch directory (`tts`), left by a crash.
+            sweep_scratch_dir(&entry.path(), &meta, now, &mut report);
+            continue;
+        }
         if !meta.file_type().is_file() {
             continue;
         }
@@ -116,6 +121,32 @@ fn sweep_dir(dir: &Path, older_than: Duration, now: SystemTime) -> Result<SweepR
     Ok(report)
 }
 
+/// Removes a temporary directory older than [`TEMP_STALE_AFTER`] with what
+/// it holds. `remove_dir_all` does not follow symbolic links inside it, and
+/// the entry itself is a real directory (its metadata was not followed).
+fn sweep_scratch_dir(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    now: SystemTime,
+    report: &mut SweepReport,
+) {
+    let age = meta
+        .modified()
+        .ok()
+        .and_then(|m| now.duration_since(m).ok())
+        .unwrap_or(Duration::ZERO);
+    if age <= TEMP_STALE_AFTER {
+        return;
+    }
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => report.removed_temp += 1,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "media: cannot remove an old scratch directory");
+        }
+    }
+}
+
 /// `<64 lowercase hex digits>.<ext>`: a name the cache gave.
 fn is_cache_name(name: &str) -> bool {
     let Some((hash, ext)) = name.split_once('.') else {
@@ -130,6 +161,33 @@ fn is_cache_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_scratch_directories_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join(format!("{TEMP_PREFIX}tts-1-2-3"));
+        let live = dir.path().join(format!("{TEMP_PREFIX}tts-4-5-6"));
+        let other = dir.path().join("keep-me");
+        for d in [&stale, &live, &other] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join("speech.wav"), b"RIFF").unwrap();
+        }
+        // Two hours on, the first is stale; the second was made "now".
+        let later = SystemTime::now() + Duration::from_secs(2 * 60 * 60);
+        let fresh = std::fs::metadata(&live).unwrap().modified().unwrap();
+        let report = sweep_dir(dir.path(), Duration::from_secs(86_400 * 7), later).unwrap();
+        assert_eq!(report.removed_temp, 2, "both are stale two hours on");
+        assert!(!stale.exists() && !live.exists());
+        assert!(
+            other.join("speech.wav").exists(),
+            "not the cache's: untouched"
+        );
+
+        std::fs::create_dir(&live).unwrap();
+        let report = sweep_dir(dir.path(), Duration::from_secs(60), fresh).unwrap();
+        assert_eq!(report.removed_temp, 0);
+        assert!(live.exists());
+    }
 
     #[test]
     fn only_names_the_cache_gives_are_its_own() {

@@ -27,6 +27,7 @@ pub mod homeassistant;
 pub mod kit;
 pub mod matrix;
 pub mod mattermost;
+pub mod openai_media;
 pub mod postgres;
 pub mod python;
 pub mod recorder;
