@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::classify::classify_anthropic_error_type;
 use crate::http::{Http, HttpOptions, join_url, rejects_streaming};
+use crate::media::{Attachments, ImagePart, text_with_placeholders};
 use crate::repair::repair_json;
 use crate::sse::SseParser;
 use crate::{ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider, StreamEvent};
@@ -27,6 +28,8 @@ pub struct AnthropicProvider {
     key: Option<Secret>,
     http: Http,
     stream: AtomicBool,
+    /// Whether user rows' images go out as image blocks (`model.vision`).
+    sees_images: bool,
 }
 
 impl AnthropicProvider {
@@ -40,6 +43,7 @@ impl AnthropicProvider {
         // Tolerate a base URL written with the version suffix.
         let head = head.strip_suffix("/v1").unwrap_or(head);
         let url = join_url(&format!("{head}{query}"), "/v1/messages");
+        let sees_images = crate::vision::sees_images(opts.vision, &endpoint.model);
         AnthropicProvider {
             kind: endpoint.provider,
             model: endpoint.model.clone(),
@@ -47,7 +51,13 @@ impl AnthropicProvider {
             key: endpoint.api_key.clone(),
             http: Http::new(label, endpoint.api_key.as_ref(), &endpoint.base_url, opts),
             stream: AtomicBool::new(stream),
+            sees_images,
         }
+    }
+
+    /// Whether this provider sends images to its model.
+    pub fn sees_images(&self) -> bool {
+        self.sees_images
     }
 
     /// Whether requests currently ask for a streamed answer.
@@ -55,9 +65,21 @@ impl AnthropicProvider {
         self.stream.load(Ordering::Relaxed)
     }
 
-    /// The JSON body sent for `req`.
+    /// The JSON body sent for `req` without its images (every row as its
+    /// text; see [`AnthropicProvider::request_body_with`]).
     pub fn request_body(&self, req: &ChatRequest, stream: bool) -> Value {
-        let (system, messages) = to_anthropic_messages(&req.messages);
+        self.request_body_with(req, &Attachments::none(), stream)
+    }
+
+    /// The JSON body sent for `req`, with the images `images` holds for
+    /// its user rows as image blocks.
+    pub fn request_body_with(
+        &self,
+        req: &ChatRequest,
+        images: &Attachments,
+        stream: bool,
+    ) -> Value {
+        let (system, messages) = to_anthropic_messages_with(&req.messages, images);
         let max_tokens = req
             .max_tokens
             .or(self.http.opts.default_max_tokens)
@@ -85,11 +107,13 @@ impl AnthropicProvider {
     async fn run(&self, req: &ChatRequest, sink: EventSink<'_>) -> Result<ChatResponse, LlmError> {
         let client = self.http.client()?;
         let mut stream = self.is_streaming();
+        // Read once per request; the bytes live until the answer is in.
+        let images = Attachments::load(&req.messages, self.sees_images).await;
         loop {
             let mut rb = client
                 .post(&self.url)
                 .header("anthropic-version", ANTHROPIC_VERSION)
-                .json(&self.request_body(req, stream));
+                .json(&self.request_body_with(req, &images, stream));
             if let Some(k) = &self.key {
                 rb = rb.header("x-api-key", k.expose());
             }
@@ -224,11 +248,22 @@ fn input_object(arguments: &str) -> Value {
 }
 
 /// Converts the transcript to the Messages API: the system text (joined)
-/// and the alternating user/assistant list.
+/// and the alternating user/assistant list, each row as its text (images
+/// are read only for a request; see [`to_anthropic_messages_with`]).
 pub fn to_anthropic_messages(messages: &[Message]) -> (Option<String>, Vec<Value>) {
+    to_anthropic_messages_with(messages, &Attachments::none())
+}
+
+/// [`to_anthropic_messages`] with the images `images` holds for the user
+/// rows: an `image` block per image sent, before the row's text (the
+/// order Anthropic recommends), and placeholders in the text.
+pub fn to_anthropic_messages_with(
+    messages: &[Message],
+    images: &Attachments,
+) -> (Option<String>, Vec<Value>) {
     let mut system: Vec<&str> = Vec::new();
     let mut rows: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for m in messages {
+    for (i, m) in messages.iter().enumerate() {
         let (role, blocks) = match m.role {
             Role::System => {
                 if !m.content.is_empty() {
@@ -236,7 +271,7 @@ pub fn to_anthropic_messages(messages: &[Message]) -> (Option<String>, Vec<Value
                 }
                 continue;
             }
-            Role::User => ("user", text_blocks(&m.content)),
+            Role::User => ("user", user_blocks(&m.content, images.row(i))),
             Role::Assistant => {
                 let mut b = text_blocks(&m.content);
                 b.extend(m.tool_calls.iter().map(|c| {
@@ -304,6 +339,22 @@ pub fn to_anthropic_messages(messages: &[Message]) -> (Option<String>, Vec<Value
         .map(|(role, content)| json!({"role": role, "content": content}))
         .collect();
     (system, messages)
+}
+
+/// A user row's blocks: its images, then its text with any placeholders.
+fn user_blocks(text: &str, parts: &[ImagePart]) -> Vec<Value> {
+    let mut blocks: Vec<Value> = parts
+        .iter()
+        .filter_map(|p| match p {
+            ImagePart::Image { mime, bytes } => Some(json!({
+                "type": "image",
+                "source": {"type": "base64", "media_type": mime, "data": crate::media::base64(bytes)},
+            })),
+            ImagePart::Placeholder(_) => None,
+        })
+        .collect();
+    blocks.extend(text_blocks(&text_with_placeholders(text, parts)));
+    blocks
 }
 
 fn text_blocks(text: &str) -> Vec<Value> {

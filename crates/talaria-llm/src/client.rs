@@ -100,6 +100,9 @@ impl LlmClient {
             // The temperature was chosen for the primary model; fallbacks
             // keep their server's default.
             default_temperature: config.model.temperature,
+            // `model.vision` is about the primary model; fallbacks are
+            // judged by their names.
+            vision: config.model.vision,
             ..opts.clone()
         };
         let mut client = LlmClient::new(

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use talaria_core::config::AgentConfig;
 use talaria_core::config::url_secrets;
+use talaria_core::config::{AgentConfig, VisionMode};
 use talaria_core::{Redactor, Secret};
 
 use crate::classify::{classify, classify_transport};
@@ -37,6 +37,9 @@ pub struct HttpOptions {
     pub default_temperature: Option<f32>,
     /// Extra exact values to scrub from error messages (besides the key).
     pub secrets: Vec<String>,
+    /// Whether the model is sent images (`model.vision`); `auto` asks
+    /// [`crate::vision::sees_images`] about the model's name.
+    pub vision: VisionMode,
 }
 
 impl Default for HttpOptions {
@@ -56,6 +59,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("default_max_tokens", &self.default_max_tokens)
             .field("default_temperature", &self.default_temperature)
             .field("secrets", &format_args!("[{} hidden]", self.secrets.len()))
+            .field("vision", &self.vision)
             .finish()
     }
 }
@@ -71,6 +75,7 @@ impl HttpOptions {
             default_max_tokens: None,
             default_temperature: None,
             secrets: Vec::new(),
+            vision: VisionMode::Auto,
         }
     }
 }

@@ -11,16 +11,22 @@
 //! - [`classify`]: HTTP status and body to [`ErrorKind`].
 //! - [`retry`]: [`RetryPolicy`] and interruptible waits.
 //! - [`repair`]: light repair of broken tool-call argument JSON.
+//! - [`media`]: the images of user rows, read from the media cache when a
+//!   request is built (the newest few as image parts, older ones as
+//!   placeholders).
+//! - [`vision`]: which models take images (`model.vision`).
 #![forbid(unsafe_code)]
 
 pub mod anthropic;
 pub mod classify;
 pub mod client;
 mod http;
+pub mod media;
 pub mod openai;
 pub mod repair;
 pub mod retry;
 pub mod sse;
+pub mod vision;
 
 pub use anthropic::AnthropicProvider;
 pub use client::{LlmClient, provider_for, provider_with};

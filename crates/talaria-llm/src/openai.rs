@@ -1,6 +1,7 @@
 //! The OpenAI-compatible Chat Completions provider (OpenAI, OpenRouter,
 //! llama.cpp, vLLM, Ollama, LM Studio, ...).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -11,6 +12,7 @@ use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ToolCall, Usag
 use tokio_util::sync::CancellationToken;
 
 use crate::http::{Http, HttpOptions, join_url, rejects_streaming};
+use crate::media::{Attachments, DataUrl, ImagePart, text_with_placeholders};
 use crate::repair::repair_json;
 use crate::sse::SseParser;
 use crate::{
@@ -26,6 +28,8 @@ pub struct OpenAiProvider {
     http: Http,
     /// Cleared for good once the server shows it cannot stream.
     stream: AtomicBool,
+    /// Whether user rows' images go out as image parts (`model.vision`).
+    sees_images: bool,
 }
 
 impl OpenAiProvider {
@@ -33,6 +37,7 @@ impl OpenAiProvider {
     pub fn new(endpoint: &Endpoint, opts: HttpOptions) -> OpenAiProvider {
         let label = format!("{}:{}", endpoint.provider.as_str(), endpoint.model);
         let stream = opts.stream;
+        let sees_images = crate::vision::sees_images(opts.vision, &endpoint.model);
         OpenAiProvider {
             kind: endpoint.provider,
             model: endpoint.model.clone(),
@@ -40,7 +45,13 @@ impl OpenAiProvider {
             key: endpoint.api_key.clone(),
             http: Http::new(label, endpoint.api_key.as_ref(), &endpoint.base_url, opts),
             stream: AtomicBool::new(stream),
+            sees_images,
         }
+    }
+
+    /// Whether this provider sends images to its model.
+    pub fn sees_images(&self) -> bool {
+        self.sees_images
     }
 
     /// Whether requests currently ask for a streamed answer.
@@ -48,13 +59,30 @@ impl OpenAiProvider {
         self.stream.load(Ordering::Relaxed)
     }
 
-    /// The JSON body sent for `req`, borrowing from it: serializing it
-    /// copies neither the transcript nor the tool schemas, which a turn
-    /// would otherwise do once per model call.
+    /// The JSON body sent for `req` without its images (every row as its
+    /// text; see [`OpenAiProvider::request_body_with`]).
     pub fn request_body<'a>(&'a self, req: &'a ChatRequest, stream: bool) -> RequestBody<'a> {
+        static NO_IMAGES: Attachments = Attachments::none();
+        self.request_body_with(req, &NO_IMAGES, stream)
+    }
+
+    /// The JSON body sent for `req` with the images `images` holds for its
+    /// user rows, borrowing from both: serializing it copies neither the
+    /// transcript nor the tool schemas, which a turn would otherwise do once
+    /// per model call, and writes each image's base64 straight into the
+    /// body.
+    pub fn request_body_with<'a>(
+        &'a self,
+        req: &'a ChatRequest,
+        images: &'a Attachments,
+        stream: bool,
+    ) -> RequestBody<'a> {
         RequestBody {
             model: &self.model,
-            messages: OpenAiMessages(&req.messages),
+            messages: OpenAiMessages {
+                messages: &req.messages,
+                images,
+            },
             tools: OpenAiTools(&req.tools),
             max_tokens: req.max_tokens.or(self.http.opts.default_max_tokens),
             temperature: req.temperature.or(self.http.opts.default_temperature),
@@ -68,8 +96,12 @@ impl OpenAiProvider {
     async fn run(&self, req: &ChatRequest, sink: EventSink<'_>) -> Result<ChatResponse, LlmError> {
         let client = self.http.client()?;
         let mut stream = self.is_streaming();
+        // Read once per request; the bytes live until the answer is in.
+        let images = Attachments::load(&req.messages, self.sees_images).await;
         loop {
-            let mut rb = client.post(&self.url).json(&self.request_body(req, stream));
+            let mut rb = client
+                .post(&self.url)
+                .json(&self.request_body_with(req, &images, stream));
             if let Some(k) = &self.key {
                 rb = rb.bearer_auth(k.expose());
             }
@@ -217,11 +249,19 @@ struct StreamOptions {
 
 /// The transcript as Chat Completions messages, serialized in place.
 #[derive(Debug)]
-struct OpenAiMessages<'a>(&'a [Message]);
+struct OpenAiMessages<'a> {
+    messages: &'a [Message],
+    images: &'a Attachments,
+}
 
 impl Serialize for OpenAiMessages<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(OpenAiMessage::from))
+        s.collect_seq(
+            self.messages
+                .iter()
+                .enumerate()
+                .map(|(i, m)| openai_message(m, self.images.row(i))),
+        )
     }
 }
 
@@ -234,7 +274,7 @@ enum OpenAiMessage<'a> {
         content: &'a str,
     },
     User {
-        content: &'a str,
+        content: UserContent<'a>,
     },
     Assistant {
         /// `null` when the message is only tool calls.
@@ -248,32 +288,83 @@ enum OpenAiMessage<'a> {
     },
 }
 
-impl<'a> From<&'a Message> for OpenAiMessage<'a> {
-    fn from(m: &'a Message) -> OpenAiMessage<'a> {
-        let content = m.content.as_str();
-        match m.role {
-            Role::System => OpenAiMessage::System { content },
-            Role::User => OpenAiMessage::User { content },
-            Role::Assistant => OpenAiMessage::Assistant {
-                content: (!(m.has_tool_calls() && content.is_empty())).then_some(content),
-                tool_calls: m
-                    .tool_calls
-                    .iter()
-                    .map(|c| OpenAiToolCall {
-                        id: &c.id,
-                        kind: "function",
-                        function: OpenAiFunctionCall {
-                            name: &c.name,
-                            arguments: &c.arguments,
-                        },
-                    })
-                    .collect(),
-            },
-            Role::Tool => OpenAiMessage::Tool {
-                tool_call_id: m.tool_call_id.as_deref().unwrap_or_default(),
-                content,
-            },
-        }
+/// A user row's content: a plain string, as every row without images is
+/// sent, or text and image parts.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum UserContent<'a> {
+    Text(Cow<'a, str>),
+    Parts(Vec<UserPart<'a>>),
+}
+
+/// One content part of a user row.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum UserPart<'a> {
+    Text { text: Cow<'a, str> },
+    ImageUrl { image_url: ImageUrl<'a> },
+}
+
+#[derive(Serialize)]
+struct ImageUrl<'a> {
+    url: DataUrl<'a>,
+}
+
+/// A user row's content with the row's images (`parts`): the text first,
+/// then an `image_url` part per image sent; placeholders join the text.
+fn user_content<'a>(content: &'a str, parts: &'a [ImagePart]) -> UserContent<'a> {
+    let text = text_with_placeholders(content, parts);
+    let images: Vec<UserPart<'a>> = parts
+        .iter()
+        .filter_map(|p| match p {
+            ImagePart::Image { mime, bytes } => Some(UserPart::ImageUrl {
+                image_url: ImageUrl {
+                    url: DataUrl { mime, bytes },
+                },
+            }),
+            ImagePart::Placeholder(_) => None,
+        })
+        .collect();
+    if images.is_empty() {
+        return UserContent::Text(text);
+    }
+    let mut all = Vec::with_capacity(images.len() + 1);
+    // Some servers refuse an empty text part; a photo alone needs none.
+    if !text.is_empty() {
+        all.push(UserPart::Text { text });
+    }
+    all.extend(images);
+    UserContent::Parts(all)
+}
+
+/// One transcript row in the Chat Completions shape, with the images of a
+/// user row (`parts`, empty for the others).
+fn openai_message<'a>(m: &'a Message, parts: &'a [ImagePart]) -> OpenAiMessage<'a> {
+    let content = m.content.as_str();
+    match m.role {
+        Role::System => OpenAiMessage::System { content },
+        Role::User => OpenAiMessage::User {
+            content: user_content(content, parts),
+        },
+        Role::Assistant => OpenAiMessage::Assistant {
+            content: (!(m.has_tool_calls() && content.is_empty())).then_some(content),
+            tool_calls: m
+                .tool_calls
+                .iter()
+                .map(|c| OpenAiToolCall {
+                    id: &c.id,
+                    kind: "function",
+                    function: OpenAiFunctionCall {
+                        name: &c.name,
+                        arguments: &c.arguments,
+                    },
+                })
+                .collect(),
+        },
+        Role::Tool => OpenAiMessage::Tool {
+            tool_call_id: m.tool_call_id.as_deref().unwrap_or_default(),
+            content,
+        },
     }
 }
 
@@ -326,11 +417,12 @@ impl Serialize for OpenAiTools<'_> {
     }
 }
 
-/// Converts the transcript to Chat Completions messages, as values.
+/// Converts the transcript to Chat Completions messages, as values, each
+/// row as its text (images are read only for a request).
 pub fn to_openai_messages(messages: &[Message]) -> Vec<Value> {
     messages
         .iter()
-        .map(|m| serde_json::to_value(OpenAiMessage::from(m)).unwrap_or(Value::Null))
+        .map(|m| serde_json::to_value(openai_message(m, &[])).unwrap_or(Value::Null))
         .collect()
 }
 
