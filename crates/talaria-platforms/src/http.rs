@@ -260,7 +260,6 @@ impl Http {
     /// Starts fetching a file: the status is checked, the body is handed
     /// over as a stream (never read whole here). `timeout` bounds the
     /// whole transfer, body included.
-    #[allow(dead_code)] // until every adapter fetches through it
     pub(crate) async fn download(
         &self,
         request: reqwest::RequestBuilder,
@@ -360,7 +359,6 @@ impl Http {
 
 /// A file on disk as one part of a multipart upload, streamed from the
 /// disk as the request is sent rather than read into memory first.
-#[allow(dead_code)] // until every adapter uploads through it
 pub(crate) async fn file_part(
     path: &std::path::Path,
     name: &str,

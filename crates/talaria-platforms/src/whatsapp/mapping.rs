@@ -355,7 +355,11 @@ fn describe(msg: &Inbound) -> (String, Vec<Attachment>) {
         "document" => media(MediaKind::Document, &msg.document),
         "audio" => {
             let voice = msg.audio.as_ref().and_then(|a| a.voice) == Some(true);
-            let kind = if voice { MediaKind::Voice } else { MediaKind::Audio };
+            let kind = if voice {
+                MediaKind::Voice
+            } else {
+                MediaKind::Audio
+            };
             media(kind, &msg.audio)
         }
         "location" => match &msg.location {
