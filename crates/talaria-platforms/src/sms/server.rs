@@ -268,9 +268,15 @@ mod tests {
                 talaria_adapter::Attachment::guessed("https://api.twilio.com/y", None, None, None),
             ]
         );
-        let many: Vec<(String, String)> = std::iter::once(("NumMedia".to_owned(), "999".to_owned()))
-            .chain((0..999).map(|i| (format!("MediaUrl{i}"), format!("https://api.twilio.com/{i}"))))
-            .collect();
+        let many: Vec<(String, String)> =
+            std::iter::once(("NumMedia".to_owned(), "999".to_owned()))
+                .chain((0..999).map(|i| {
+                    (
+                        format!("MediaUrl{i}"),
+                        format!("https://api.twilio.com/{i}"),
+                    )
+                }))
+                .collect();
         let field = |name: &str| {
             many.iter()
                 .find(|(k, _)| k == name)
