@@ -585,4 +585,31 @@ async fn files_go_out_attached_to_a_threaded_reply() {
         Err(SendError::Rejected(_))
     ));
     assert_eq!(mail.sent().len(), 3);
+    // Past 25 MiB the file is named in a text reply instead (sparse: never
+    // read, nothing on disk).
+    let huge = file(
+        "huge.pdf",
+        b"",
+        MediaKind::Document,
+        "application/pdf",
+        None,
+    );
+    std::fs::File::options()
+        .write(true)
+        .open(&huge.path)
+        .unwrap()
+        .set_len(26 * 1024 * 1024)
+        .unwrap();
+    adapter.send_file(&huge).await.unwrap();
+    let sent = mail.wait_for_sent(4, WAIT).await;
+    assert_eq!(sent[3].content_type, "text/plain");
+    assert!(sent[3].attachments.is_empty());
+    assert!(
+        sent[3]
+            .text
+            .contains("huge.pdf (application/pdf; email cannot carry this file)"),
+        "{}",
+        sent[3].text
+    );
+    assert_eq!(sent[3].in_reply_to.as_deref(), Some("ask@example.org"));
 }

@@ -658,3 +658,37 @@ async fn a_file_in_a_group_quotes_and_refusals_are_classified() {
         Err(SendError::Rejected(_))
     ));
 }
+
+#[tokio::test]
+async fn a_file_past_signals_limit_goes_as_a_text_line_unread() {
+    use talaria_adapter::MediaKind;
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    fake.add_contact(&alice().uuid);
+    let dir = tempfile::tempdir().unwrap();
+    let file = outbound(
+        dir.path(),
+        &alice().uuid,
+        "huge.mp4",
+        b"",
+        MediaKind::Video,
+        "video/mp4",
+    );
+    // Sparse: 101 MiB on paper, nothing on disk, and never read.
+    std::fs::File::options()
+        .write(true)
+        .open(&file.path)
+        .unwrap()
+        .set_len(101 * 1024 * 1024)
+        .unwrap();
+    a.send_file(&file).await.unwrap();
+    let got = fake.wait_for_sent(1, WAIT).await;
+    assert!(got[0].attachments.is_empty());
+    assert!(
+        got[0]
+            .message
+            .contains("huge.mp4 (video/mp4; signal cannot carry this file)"),
+        "{}",
+        got[0].message
+    );
+}

@@ -739,3 +739,36 @@ async fn file_sends_quote_wamids_and_map_graph_errors() {
         Err(SendError::Rejected(_))
     ));
 }
+
+#[tokio::test]
+async fn a_file_past_whatsapps_largest_goes_as_a_text_line() {
+    use talaria_adapter::MediaKind;
+    let r = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = outbound(
+        dir.path(),
+        "huge.pdf",
+        b"",
+        MediaKind::Document,
+        "application/pdf",
+        None,
+    );
+    // Sparse: 101 MiB on paper, nothing on disk, and never read.
+    std::fs::File::options()
+        .write(true)
+        .open(&file.path)
+        .unwrap()
+        .set_len(101 * 1024 * 1024)
+        .unwrap();
+    r.adapter.send_file(&file).await.unwrap();
+    assert!(r.graph.uploads().is_empty());
+    let texts = r.graph.sent();
+    assert_eq!(texts.len(), 1);
+    assert!(
+        texts[0]
+            .body
+            .contains("huge.pdf (application/pdf; whatsapp_cloud cannot carry this file)"),
+        "{}",
+        texts[0].body
+    );
+}
