@@ -65,9 +65,10 @@ pub const MAX_MESSAGE_CHARS: usize = 8000;
 
 /// The largest file sent: Signal's own limit for an attachment (100 MiB).
 /// signal-cli-rest-api takes files only base64 inside the JSON of
-/// `/v2/send`, so the file is read whole into memory (and its base64 is
-/// a third larger): the size is checked on disk first, and the read is
-/// capped at it in case the file grew.
+/// `/v2/send`, so the file is read whole into memory (its base64, a third
+/// larger, and the JSON body made of that briefly bring the peak to about
+/// three times the file): the size is checked on disk first, and the read
+/// is capped at it in case the file grew.
 pub const MAX_FILE_BYTES: u64 = 100 * 1024 * 1024;
 
 /// How long fetching or sending one file may take, body included.
