@@ -420,3 +420,275 @@ async fn a_redelivered_envelope_carries_the_same_message_id() {
     assert_eq!(first.source.chat_id, second.source.chat_id);
     run.stop().await.unwrap();
 }
+
+// ---- media ----------------------------------------------------------------
+
+/// A 2×2 red PNG, encoded by hand (signature, IHDR, zlib'd IDAT, IEND).
+const PNG: [u8; 73] = [
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x02, 0x08, 0x02, 0x00, 0x00, 0x00, 0xfd, 0xd4, 0x9a,
+    0x73, 0x00, 0x00, 0x00, 0x10, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8, 0xcf, 0xc0, 0x00,
+    0x44, 0x0c, 0x10, 0x0a, 0x00, 0x1f, 0xee, 0x03, 0xfd, 0x8b, 0x5f, 0x14, 0xd4, 0x00, 0x00, 0x00,
+    0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
+
+/// The first Ogg page of an Opus stream: the page header and `OpusHead`
+/// (nothing here decodes audio, so the header alone is enough).
+fn ogg_opus() -> Vec<u8> {
+    let mut page = b"OggS".to_vec();
+    page.extend([0, 2]); // version, beginning of stream
+    page.extend([0; 8]); // granule position
+    page.extend([1, 0, 0, 0]); // serial
+    page.extend([0; 4]); // page sequence
+    page.extend([0; 4]); // checksum
+    page.extend([1, 19]); // one segment of 19 bytes
+    page.extend(b"OpusHead");
+    page.extend([1, 1, 0x38, 0x01, 0x80, 0xbb, 0, 0, 0, 0, 0]);
+    page
+}
+
+const PDF: &[u8] = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n";
+
+async fn read_all(download: talaria_adapter::Download) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut reader = download.reader;
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes).await.unwrap();
+    bytes
+}
+
+fn outbound(
+    dir: &std::path::Path,
+    chat_id: &str,
+    name: &str,
+    bytes: &[u8],
+    kind: talaria_adapter::MediaKind,
+    mime: &str,
+) -> talaria_adapter::OutboundFile {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    talaria_adapter::OutboundFile {
+        chat_id: chat_id.to_owned(),
+        thread_id: None,
+        reply_to: None,
+        path,
+        kind,
+        mime: mime.to_owned(),
+        name: name.to_owned(),
+        caption: None,
+    }
+}
+
+#[tokio::test]
+async fn an_inbound_photo_voice_note_and_document_download_as_the_bytes_sent() {
+    use talaria_adapter::{AttachmentSource, MediaKind};
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    let ogg = ogg_opus();
+    let photo = fake.add_file(&PNG, "png");
+    let voice = fake.add_file(&ogg, "ogg");
+    let doc = fake.add_file(PDF, "pdf");
+    fake.push(
+        NewMessage::dm(&alice(), "")
+            .with_file(&photo, "image/png", Some("desk.png"), PNG.len() as u64)
+            .with_file(&voice, "audio/ogg", None, ogg.len() as u64)
+            .with_file(&doc, "application/pdf", Some("q3.pdf"), PDF.len() as u64),
+    );
+    let ev = run.next().await;
+    let kinds: Vec<_> = ev.attachments.iter().map(|a| a.kind).collect();
+    assert_eq!(
+        kinds,
+        [MediaKind::Image, MediaKind::Voice, MediaKind::Document]
+    );
+    for (attachment, want) in ev.attachments.iter().zip([PNG.to_vec(), ogg, PDF.to_vec()]) {
+        let AttachmentSource::Remote(locator) = &attachment.source else {
+            panic!("a remote attachment: {attachment:?}")
+        };
+        let download = a.download(locator).await.unwrap();
+        assert_eq!(download.length, Some(want.len() as u64));
+        assert_eq!(read_all(download).await, want);
+    }
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_missing_attachment_is_gone_and_odd_locators_are_never_asked_for() {
+    use talaria_adapter::DownloadError;
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    let err = a.download("n0SuchFile.png").await.unwrap_err();
+    assert!(
+        matches!(&err, DownloadError::Gone(m) if m.contains("404")),
+        "{err:?}"
+    );
+    let asked = fake.requests().len();
+    for odd in ["../../etc/passwd", "http://127.0.0.1:1/x", "a/b", ""] {
+        let err = a.download(odd).await.unwrap_err();
+        assert!(matches!(err, DownloadError::Gone(_)), "{odd}: {err:?}");
+    }
+    assert_eq!(fake.requests().len(), asked);
+}
+
+#[tokio::test]
+async fn files_go_base64_in_one_send_with_the_caption_as_text() {
+    use talaria_adapter::MediaKind;
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    fake.add_contact(&alice().uuid);
+    let dir = tempfile::tempdir().unwrap();
+    let ogg = ogg_opus();
+    let mut png = outbound(
+        dir.path(),
+        &alice().uuid,
+        "chart.png",
+        &PNG,
+        MediaKind::Image,
+        "image/png",
+    );
+    png.caption = Some("**Q3** sales".to_owned());
+    let voice = outbound(
+        dir.path(),
+        &alice().uuid,
+        "reply.ogg",
+        &ogg,
+        MediaKind::Voice,
+        "audio/ogg",
+    );
+    let pdf = outbound(
+        dir.path(),
+        &alice().uuid,
+        "q3.pdf",
+        PDF,
+        MediaKind::Document,
+        "application/pdf",
+    );
+    for file in [&png, &voice, &pdf] {
+        let sent = a.send_file(file).await.unwrap();
+        assert!(sent.message_id.unwrap().ends_with(BOT));
+    }
+    let got = fake.wait_for_sent(3, WAIT).await;
+    let shape: Vec<_> = got
+        .iter()
+        .map(|s| {
+            let [att] = s.attachments.as_slice() else {
+                panic!("one attachment: {s:?}")
+            };
+            (
+                s.message.as_str(),
+                att.mime.as_deref(),
+                att.filename.as_deref(),
+                att.bytes.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (
+                "Q3 sales",
+                Some("image/png"),
+                Some("chart.png"),
+                PNG.to_vec()
+            ),
+            ("", Some("audio/ogg"), Some("reply.ogg"), ogg),
+            ("", Some("application/pdf"), Some("q3.pdf"), PDF.to_vec()),
+        ]
+    );
+    assert!(
+        got.iter()
+            .all(|s| s.recipients == [alice().uuid] && s.number == BOT)
+    );
+}
+
+#[tokio::test]
+async fn a_file_in_a_group_quotes_and_refusals_are_classified() {
+    use talaria_adapter::MediaKind;
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    let group = "R3JvdXAzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzM=";
+    // The server learns of the group from a message in it.
+    fake.push(
+        NewMessage::dm(&alice(), "hi all")
+            .in_group(group, "Team")
+            .at(1_700_000_000_123),
+    );
+    let chat = FakeSignal::group_recipient(group);
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = outbound(
+        dir.path(),
+        &chat,
+        "a.pdf",
+        PDF,
+        MediaKind::Document,
+        "application/pdf",
+    );
+    file.reply_to = Some(format!("1700000000123:{}", alice().uuid));
+    a.send_file(&file).await.unwrap();
+    let got = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(got[0].recipients, vec![chat]);
+    assert_eq!(got[0].quote_timestamp, Some(1_700_000_000_123));
+    assert_eq!(got[0].attachments[0].bytes, PDF);
+    // An unknown recipient is refused for good; a rate limit waits.
+    let stranger = outbound(
+        dir.path(),
+        "+15550001234",
+        "b.pdf",
+        PDF,
+        MediaKind::Document,
+        "application/pdf",
+    );
+    assert!(matches!(
+        a.send_file(&stranger).await,
+        Err(SendError::Rejected(_))
+    ));
+    // A wait over a minute is not held: reported at once.
+    fake.fail_next_sends_with_429(Some(120));
+    assert!(matches!(
+        a.send_file(&file).await,
+        Err(SendError::RateLimited(_))
+    ));
+    let missing = talaria_adapter::OutboundFile {
+        path: dir.path().join("absent.pdf"),
+        ..file
+    };
+    assert!(matches!(
+        a.send_file(&missing).await,
+        Err(SendError::Rejected(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_file_past_signals_limit_goes_as_a_text_line_unread() {
+    use talaria_adapter::MediaKind;
+    let fake = FakeSignal::start(BOT, Mode::JsonRpc).await;
+    let a = adapter(&fake);
+    fake.add_contact(&alice().uuid);
+    let dir = tempfile::tempdir().unwrap();
+    let file = outbound(
+        dir.path(),
+        &alice().uuid,
+        "huge.mp4",
+        b"",
+        MediaKind::Video,
+        "video/mp4",
+    );
+    // Sparse: 101 MiB on paper, nothing on disk, and never read.
+    std::fs::File::options()
+        .write(true)
+        .open(&file.path)
+        .unwrap()
+        .set_len(101 * 1024 * 1024)
+        .unwrap();
+    a.send_file(&file).await.unwrap();
+    let got = fake.wait_for_sent(1, WAIT).await;
+    assert!(got[0].attachments.is_empty());
+    assert!(
+        got[0]
+            .message
+            .contains("huge.mp4 (video/mp4; signal cannot carry this file)"),
+        "{}",
+        got[0].message
+    );
+}

@@ -502,3 +502,148 @@ async fn max_segments_caps_each_sms() {
     assert!(body.chars().count() <= 160, "{}", body.chars().count());
     assert_eq!(talaria_platforms::sms::segments::count(body), 1);
 }
+
+// ---- media ----------------------------------------------------------------
+
+/// A 2×2 red PNG, encoded by hand (signature, IHDR, zlib'd IDAT, IEND).
+const PNG: [u8; 73] = [
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x02, 0x08, 0x02, 0x00, 0x00, 0x00, 0xfd, 0xd4, 0x9a,
+    0x73, 0x00, 0x00, 0x00, 0x10, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8, 0xcf, 0xc0, 0x00,
+    0x44, 0x0c, 0x10, 0x0a, 0x00, 0x1f, 0xee, 0x03, 0xfd, 0x8b, 0x5f, 0x14, 0xd4, 0x00, 0x00, 0x00,
+    0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
+
+/// An AMR-NB file's header and one silent frame: how phones record
+/// voice for MMS (nothing here decodes it).
+const AMR: &[u8] = b"#!AMR\n\x7c\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00";
+
+const PDF: &[u8] = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n";
+
+async fn read_all(download: talaria_adapter::Download) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut reader = download.reader;
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes).await.unwrap();
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mms_media_downloads_as_the_bytes_sent_with_the_account_credentials() {
+    use talaria_adapter::{AttachmentSource, MediaKind};
+    let mut r = start().await;
+    let photo = r.fake.add_media(&PNG, "image/png");
+    let voice = r.fake.add_media(AMR, "audio/amr");
+    let doc = r.fake.add_media(PDF, "application/pdf");
+    let inbound = sms(&r, "three files")
+        .with_media(&photo, "image/png")
+        .with_media(&voice, "audio/amr")
+        .with_media(&doc, "application/pdf");
+    assert_twiml(&r.twilio.send(&inbound).await);
+    let event = r.next_event().await;
+    let kinds: Vec<_> = event.attachments.iter().map(|a| a.kind).collect();
+    assert_eq!(
+        kinds,
+        [MediaKind::Image, MediaKind::Audio, MediaKind::Document]
+    );
+    for (attachment, want) in event.attachments.iter().zip([&PNG[..], AMR, PDF]) {
+        let AttachmentSource::Remote(url) = &attachment.source else {
+            panic!("a remote attachment: {attachment:?}")
+        };
+        let download = r.adapter.download(url).await.unwrap();
+        assert_eq!(download.length, Some(want.len() as u64));
+        assert_eq!(read_all(download).await, want);
+    }
+    // The media URL was asked for with the account's basic auth, then the
+    // short-lived URL it redirected to.
+    let fetches: Vec<_> = r
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|q| q.method == "GET" && !q.path.ends_with(".json"))
+        .collect();
+    assert_eq!(fetches.len(), 6, "{fetches:?}");
+    assert!(
+        fetches
+            .iter()
+            .filter(|q| q.path.contains("/Media/"))
+            .all(|q| q.authorized)
+    );
+    assert_eq!(
+        fetches
+            .iter()
+            .filter(|q| q.path.starts_with("/cdn/"))
+            .count(),
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_media_is_gone_and_foreign_hosts_are_never_asked() {
+    use talaria_adapter::DownloadError;
+    let r = start().await;
+    let url = r.fake.add_media(&PNG, "image/png");
+    r.fake.delete_media(&url);
+    let err = r.adapter.download(&url).await.unwrap_err();
+    assert!(
+        matches!(&err, DownloadError::Gone(m) if m.contains("404")),
+        "{err:?}"
+    );
+    assert!(!err.to_string().contains(TOKEN), "{err}");
+    // Another server on the same address but another port is not the
+    // configured API base: the credentials must not go there.
+    let elsewhere = FakeTwilio::start(SID, TOKEN, NUMBER);
+    let foreign = elsewhere.add_media(&PNG, "image/png");
+    for locator in [
+        foreign.as_str(),
+        "ftp://api.twilio.com/x",
+        "not a url",
+        "http://api.twilio.com/x",
+    ] {
+        let err = r.adapter.download(locator).await.unwrap_err();
+        assert!(
+            matches!(&err, DownloadError::Gone(m) if m.contains("not a Twilio file address")),
+            "{locator}: {err:?}"
+        );
+    }
+    assert!(elsewhere.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_goes_as_a_text_line_naming_it() {
+    use talaria_adapter::{MediaKind, OutboundFile};
+    let r = start().await;
+    assert!(r.adapter.capabilities().sends.is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chart.png");
+    std::fs::write(&path, PNG).unwrap();
+    let file = OutboundFile {
+        chat_id: ALICE.to_owned(),
+        thread_id: None,
+        reply_to: None,
+        path,
+        kind: MediaKind::Image,
+        mime: "image/png".to_owned(),
+        name: "chart.png".to_owned(),
+        caption: Some("Q3 sales".to_owned()),
+    };
+    let sent = r.adapter.send_file(&file).await.unwrap();
+    let got = r.fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(sent.message_id.as_deref(), Some(got[0].sid.as_str()));
+    assert_eq!(got[0].to, ALICE);
+    assert!(
+        got[0]
+            .body
+            .contains("chart.png (image/png; sms cannot carry this file)"),
+        "{}",
+        got[0].body
+    );
+    assert!(got[0].body.ends_with("Q3 sales"), "{}", got[0].body);
+    // No media was asked of Twilio.
+    assert!(
+        r.fake
+            .requests()
+            .iter()
+            .all(|q| q.field("MediaUrl").is_none())
+    );
+}

@@ -447,3 +447,328 @@ async fn typing_marks_the_last_message_read_once_per_window() {
     r.adapter.typing(ADA, None).await.unwrap();
     assert_eq!(r.graph.reads()[1].message_id, "wamid.T2");
 }
+
+// ---- media ----------------------------------------------------------------
+
+/// A 2×2 red PNG, encoded by hand (signature, IHDR, zlib'd IDAT, IEND).
+const PNG: [u8; 73] = [
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x02, 0x08, 0x02, 0x00, 0x00, 0x00, 0xfd, 0xd4, 0x9a,
+    0x73, 0x00, 0x00, 0x00, 0x10, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8, 0xcf, 0xc0, 0x00,
+    0x44, 0x0c, 0x10, 0x0a, 0x00, 0x1f, 0xee, 0x03, 0xfd, 0x8b, 0x5f, 0x14, 0xd4, 0x00, 0x00, 0x00,
+    0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
+
+/// The first Ogg page of an Opus stream: the page header and `OpusHead`
+/// (nothing here decodes audio, so the header alone is enough).
+fn ogg_opus() -> Vec<u8> {
+    let mut page = b"OggS".to_vec();
+    page.extend([0, 2]); // version, beginning of stream
+    page.extend([0; 8]); // granule position
+    page.extend([1, 0, 0, 0]); // serial
+    page.extend([0; 4]); // page sequence
+    page.extend([0; 4]); // checksum
+    page.extend([1, 19]); // one segment of 19 bytes
+    page.extend(b"OpusHead");
+    page.extend([1, 1, 0x38, 0x01, 0x80, 0xbb, 0, 0, 0, 0, 0]);
+    page
+}
+
+const PDF: &[u8] = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n";
+
+async fn read_all(download: talaria_adapter::Download) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut reader = download.reader;
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes).await.unwrap();
+    bytes
+}
+
+fn outbound(
+    dir: &std::path::Path,
+    name: &str,
+    bytes: &[u8],
+    kind: talaria_adapter::MediaKind,
+    mime: &str,
+    caption: Option<&str>,
+) -> talaria_adapter::OutboundFile {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    talaria_adapter::OutboundFile {
+        chat_id: ADA.to_owned(),
+        thread_id: None,
+        reply_to: Some("wamid.IN1".to_owned()),
+        path,
+        kind,
+        mime: mime.to_owned(),
+        name: name.to_owned(),
+        caption: caption.map(str::to_owned),
+    }
+}
+
+#[tokio::test]
+async fn an_inbound_photo_voice_note_and_document_download_as_the_bytes_sent() {
+    use talaria_adapter::{AttachmentSource, MediaKind};
+    let mut r = start().await;
+    let ogg = ogg_opus();
+    let photo = r.graph.add_media(&PNG, "image/png");
+    let voice = r.graph.add_media(&ogg, "audio/ogg; codecs=opus");
+    let doc = r.graph.add_media(PDF, "application/pdf");
+    let batch = delivery(
+        NUMBER,
+        &[(ADA, "Ada")],
+        vec![
+            message(
+                ADA,
+                "wamid.M1",
+                "image",
+                json!({"id": photo, "mime_type": "image/png"}),
+            ),
+            message(
+                ADA,
+                "wamid.M2",
+                "audio",
+                json!({"id": voice, "mime_type": "audio/ogg; codecs=opus", "voice": true}),
+            ),
+            message(
+                ADA,
+                "wamid.M3",
+                "document",
+                json!({"id": doc, "mime_type": "application/pdf", "filename": "q3.pdf"}),
+            ),
+        ],
+        vec![],
+    );
+    assert_eq!(r.meta.deliver(&batch).await.status, 200);
+    for (kind, want) in [
+        (MediaKind::Image, PNG.to_vec()),
+        (MediaKind::Voice, ogg.clone()),
+        (MediaKind::Document, PDF.to_vec()),
+    ] {
+        let event = r.next().await;
+        let [attachment] = event.attachments.as_slice() else {
+            panic!("one attachment: {:?}", event.attachments)
+        };
+        assert_eq!(attachment.kind, kind);
+        let AttachmentSource::Remote(locator) = &attachment.source else {
+            panic!("a remote attachment: {attachment:?}")
+        };
+        let download = r.adapter.download(locator).await.unwrap();
+        assert_eq!(download.length, Some(want.len() as u64));
+        assert_eq!(read_all(download).await, want, "{kind:?}");
+    }
+    // Both steps carried the token: the lookup and the file itself.
+    let requests = r.graph.requests();
+    let fetches: Vec<_> = requests.iter().filter(|q| q.method == "GET").collect();
+    assert_eq!(fetches.len(), 6, "{fetches:?}");
+    assert!(fetches.iter().all(|q| q.authorized));
+    assert!(
+        fetches
+            .iter()
+            .any(|q| q.path.starts_with("/whatsapp_business/attachments/"))
+    );
+}
+
+#[tokio::test]
+async fn a_file_graph_no_longer_has_is_gone() {
+    use talaria_adapter::DownloadError;
+    let r = start().await;
+    let id = r.graph.add_media(&PNG, "image/png");
+    r.graph.expire_media(&id);
+    let expired = r.adapter.download(&id).await.unwrap_err();
+    assert!(
+        matches!(&expired, DownloadError::Gone(m) if m.contains("404")),
+        "{expired:?}"
+    );
+    let unknown = r.adapter.download("424242").await.unwrap_err();
+    assert!(
+        matches!(&unknown, DownloadError::Gone(m) if m.contains("100")),
+        "{unknown:?}"
+    );
+    for e in [expired, unknown] {
+        assert!(!e.to_string().contains(TOKEN), "{e}");
+    }
+    // Not a media id: nothing is asked.
+    let before = r.graph.requests().len();
+    assert!(matches!(
+        r.adapter.download("../../me").await,
+        Err(DownloadError::Gone(_))
+    ));
+    assert_eq!(r.graph.requests().len(), before);
+}
+
+#[tokio::test]
+async fn a_media_url_on_a_foreign_host_is_never_fetched() {
+    use talaria_adapter::DownloadError;
+    let r = start().await;
+    // Another server on the same address but another port: not the Graph
+    // origin, so the token must not go there.
+    let elsewhere = FakeGraph::start(TOKEN, NUMBER).await;
+    let url = format!(
+        "{}/whatsapp_business/attachments/?mid=1",
+        elsewhere.base_url()
+    );
+    let id = r.graph.add_media_at(&url, "image/png");
+    let err = r.adapter.download(&id).await.unwrap_err();
+    assert!(
+        matches!(&err, DownloadError::Gone(m) if m.contains("not a WhatsApp file address")),
+        "{err:?}"
+    );
+    assert!(elsewhere.requests().is_empty());
+}
+
+#[tokio::test]
+async fn files_are_uploaded_then_sent_as_the_type_that_carries_them() {
+    use talaria_adapter::MediaKind;
+    let r = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ogg = ogg_opus();
+    let files = [
+        outbound(
+            dir.path(),
+            "chart.png",
+            &PNG,
+            MediaKind::Image,
+            "image/png",
+            Some("**Q3** sales"),
+        ),
+        outbound(
+            dir.path(),
+            "reply.ogg",
+            &ogg,
+            MediaKind::Voice,
+            "audio/ogg",
+            Some("said aloud"),
+        ),
+        outbound(
+            dir.path(),
+            "q3.pdf",
+            PDF,
+            MediaKind::Document,
+            "application/pdf",
+            None,
+        ),
+    ];
+    let mut ids = Vec::new();
+    for file in &files {
+        let sent = r.adapter.send_file(file).await.unwrap();
+        ids.push(sent.message_id.unwrap());
+    }
+    let uploads = r.graph.uploads();
+    assert_eq!(uploads.len(), 3);
+    for (upload, (file, bytes)) in uploads.iter().zip(files.iter().zip([&PNG[..], &ogg, PDF])) {
+        assert_eq!(upload.messaging_product, "whatsapp");
+        assert_eq!(upload.mime, file.mime);
+        assert_eq!(upload.content_type.as_deref(), Some(file.mime.as_str()));
+        assert_eq!(upload.file_name.as_deref(), Some(file.name.as_str()));
+        assert_eq!(upload.bytes, bytes);
+    }
+    let sent = r.graph.sent_files();
+    const IN: Option<&str> = Some("wamid.IN1");
+    let shape: Vec<_> = sent
+        .iter()
+        .map(|s| {
+            (
+                s.kind.as_str(),
+                s.media_id.as_str(),
+                s.caption.as_deref(),
+                s.filename.as_deref(),
+                s.context.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (
+                "image",
+                uploads[0].id.as_str(),
+                Some("*Q3* sales"),
+                None,
+                IN
+            ),
+            ("audio", uploads[1].id.as_str(), None, None, IN),
+            ("document", uploads[2].id.as_str(), None, Some("q3.pdf"), IN),
+        ]
+    );
+    assert!(sent.iter().all(|s| s.to == ADA));
+    assert_eq!(ids, sent.iter().map(|s| s.id.clone()).collect::<Vec<_>>());
+    // Audio shows no caption: it follows as a text.
+    let texts = r.graph.sent();
+    assert_eq!(texts.len(), 1);
+    assert_eq!(texts[0].body, "said aloud");
+}
+
+#[tokio::test]
+async fn file_sends_quote_wamids_and_map_graph_errors() {
+    use talaria_adapter::MediaKind;
+    let r = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = outbound(
+        dir.path(),
+        "a.png",
+        &PNG,
+        MediaKind::Image,
+        "image/png",
+        None,
+    );
+    file.reply_to = Some("wamid.QUOTED".to_owned());
+    r.adapter.send_file(&file).await.unwrap();
+    assert_eq!(
+        r.graph.sent_files()[0].context.as_deref(),
+        Some("wamid.QUOTED")
+    );
+    r.graph.close_window(ADA);
+    let err = r.adapter.send_file(&file).await.unwrap_err();
+    assert!(
+        matches!(&err, SendError::Rejected(m) if m.contains("24 hours")),
+        "{err:?}"
+    );
+    r.graph.expire_token();
+    let err = r.adapter.send_file(&file).await.unwrap_err();
+    assert!(
+        matches!(&err, SendError::Unavailable(m) if m.contains("WHATSAPP_CLOUD_TOKEN")),
+        "{err:?}"
+    );
+    let missing = talaria_adapter::OutboundFile {
+        path: dir.path().join("absent.png"),
+        ..file
+    };
+    assert!(matches!(
+        r.adapter.send_file(&missing).await,
+        Err(SendError::Rejected(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_file_past_whatsapps_largest_goes_as_a_text_line() {
+    use talaria_adapter::MediaKind;
+    let r = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = outbound(
+        dir.path(),
+        "huge.pdf",
+        b"",
+        MediaKind::Document,
+        "application/pdf",
+        None,
+    );
+    // Sparse: 101 MiB on paper, nothing on disk, and never read.
+    std::fs::File::options()
+        .write(true)
+        .open(&file.path)
+        .unwrap()
+        .set_len(101 * 1024 * 1024)
+        .unwrap();
+    r.adapter.send_file(&file).await.unwrap();
+    assert!(r.graph.uploads().is_empty());
+    let texts = r.graph.sent();
+    assert_eq!(texts.len(), 1);
+    assert!(
+        texts[0]
+            .body
+            .contains("huge.pdf (application/pdf; whatsapp_cloud cannot carry this file)"),
+        "{}",
+        texts[0].body
+    );
+}

@@ -46,8 +46,24 @@ pub struct SentMail {
     pub content_type: String,
     /// The body, decoded.
     pub text: String,
+    /// The attached files, decoded from their MIME parts.
+    pub attachments: Vec<MailAttachment>,
     /// The mail as received.
     pub raw: String,
+}
+
+/// One file attached to a mail the SMTP server accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MailAttachment {
+    /// Its file name (`Content-Disposition` `filename`, else the type's
+    /// `name`).
+    pub name: Option<String>,
+    /// Its `Content-Type` (type/subtype).
+    pub content_type: String,
+    /// Its `Content-Disposition` type (`attachment`, `inline`).
+    pub disposition: Option<String>,
+    /// Its bytes, transfer-decoded.
+    pub bytes: Vec<u8>,
 }
 
 /// Dovecot and the SMTP server, running until dropped.
@@ -432,6 +448,18 @@ fn decode(raw: &[u8]) -> SentMail {
             .body_text(0)
             .map(|t| t.into_owned())
             .unwrap_or_default(),
+        attachments: message
+            .attachments()
+            .map(|part| MailAttachment {
+                name: part.attachment_name().map(str::to_owned),
+                content_type: part
+                    .content_type()
+                    .map(|ct| format!("{}/{}", ct.ctype(), ct.subtype().unwrap_or("")))
+                    .unwrap_or_default(),
+                disposition: part.content_disposition().map(|d| d.ctype().to_owned()),
+                bytes: part.contents().to_vec(),
+            })
+            .collect(),
         raw: text,
     }
 }

@@ -15,8 +15,13 @@
 //!   last call (`400 {"error": ...}` for an account the server does not
 //!   hold);
 //! - `POST /v2/send` (`number`, `recipients`, `message`, optional
-//!   `quote_timestamp`/`quote_author`): `201 {"timestamp": "..."}`, or
-//!   `400 {"error": ...}` for an unknown account or recipient;
+//!   `quote_timestamp`/`quote_author`, optional `base64_attachments`, each
+//!   `data:<mime>;filename=<name>;base64,<data>` or bare base64, decoded
+//!   and recorded): `201 {"timestamp": "..."}`, or `400 {"error": ...}`
+//!   for an unknown account or recipient, an undecodable attachment, or
+//!   neither text nor attachment;
+//! - `GET /v1/attachments/{id}`: the bytes of a file a test registered
+//!   ([`FakeSignal::add_file`]), `404 {"error": ...}` for any other id;
 //! - `PUT`/`DELETE /v1/typing-indicator/{number}` (`recipient`): 204.
 //!
 //! Messages are queued per account until a receiver takes them: a socket
@@ -48,7 +53,9 @@ use tokio::sync::mpsc;
 
 use crate::fake::{Core, Faults, bind, started};
 
-use handlers::{about, accounts, not_found, receive_poll, receive_socket, send, typing};
+use handlers::{
+    about, accounts, attachment, not_found, receive_poll, receive_socket, send, typing,
+};
 
 mod handlers;
 
@@ -154,6 +161,23 @@ impl NewMessage {
         self
     }
 
+    /// The same message with a file registered by [`FakeSignal::add_file`]
+    /// (a voice note has no file name in Signal's payloads).
+    pub fn with_file(
+        mut self,
+        id: &str,
+        content_type: &str,
+        filename: Option<&str>,
+        size: u64,
+    ) -> NewMessage {
+        self.attachments.push(
+            json!({"contentType": content_type, "filename": filename, "id": id,
+            "size": size, "width": null, "height": null, "caption": null,
+            "uploadTimestamp": null}),
+        );
+        self
+    }
+
     /// The same message with a fixed timestamp.
     pub fn at(mut self, timestamp: i64) -> NewMessage {
         self.timestamp = Some(timestamp);
@@ -174,10 +198,23 @@ pub struct Sent {
     pub quote_timestamp: Option<i64>,
     /// The author of the message quoted, when any.
     pub quote_author: Option<String>,
+    /// The files sent with it (`base64_attachments`), decoded.
+    pub attachments: Vec<SentAttachment>,
     /// The timestamp the fake gave the message.
     pub timestamp: i64,
     /// When the fake received it.
     pub at: Instant,
+}
+
+/// One file of a send's `base64_attachments`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentAttachment {
+    /// The type the data URI named (`None` for bare base64).
+    pub mime: Option<String>,
+    /// The `filename=` the data URI named.
+    pub filename: Option<String>,
+    /// The decoded bytes.
+    pub bytes: Vec<u8>,
 }
 
 /// One typing call.
@@ -237,6 +274,8 @@ struct Book {
     /// Frames handed over (to a socket or a poll), in order.
     handed: Vec<String>,
     contacts: HashSet<String>,
+    /// Files the server keeps, by attachment id.
+    files: HashMap<String, Vec<u8>>,
     groups: HashSet<String>,
     sent: Vec<Sent>,
     typing: Vec<Typing>,
@@ -316,6 +355,7 @@ impl FakeSignal {
             .route("/v1/accounts", get(accounts))
             .route("/v1/receive/{number}", receive)
             .route("/v2/send", post(send))
+            .route("/v1/attachments/{id}", get(attachment))
             .route("/v1/typing-indicator/{number}", put(typing).delete(typing))
             .fallback(not_found)
             .with_state(shared.clone());
@@ -341,6 +381,15 @@ impl FakeSignal {
     /// `group_id`: `group.` and the base64 of the id's text.
     pub fn group_recipient(group_id: &str) -> String {
         format!("group.{}", base64(group_id.as_bytes()))
+    }
+
+    /// Keeps `bytes` as signal-cli keeps a received file; the id (with
+    /// `extension`) to put in a message ([`NewMessage::with_file`]).
+    pub fn add_file(&self, bytes: &[u8], extension: &str) -> String {
+        let mut st = self.shared.core.change();
+        let id = format!("fAk3{}-{}.{extension}", st.files.len(), st.timestamp());
+        st.files.insert(id.clone(), bytes.to_vec());
+        id
     }
 
     /// Makes a number, UUID or group recipient known to sends.

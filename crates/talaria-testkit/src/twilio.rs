@@ -14,6 +14,13 @@
 //!   → 400 (21610); a landline ([`FakeTwilio::landline`]) → 400 (21614).
 //! - `GET /2010-04-01/Accounts/{sid}.json`: the account, behind the same
 //!   basic auth.
+//! - `GET /2010-04-01/Accounts/{sid}/Messages/{MM}/Media/{ME}`: a media
+//!   file a test registered ([`FakeTwilio::add_media`], whose URL goes in
+//!   an inbound MMS's `MediaUrl{N}`), behind the same basic auth (as with
+//!   "Enforce HTTP Auth on Media URLs"), answered as Twilio does with a
+//!   `307` to a short-lived URL (here `/cdn/{ME}` on this server) that
+//!   serves the bytes with their type; an unknown or deleted one gets
+//!   `404` (20404).
 //!
 //! Error bodies have Twilio's shape: `code`, `message`, `more_info`,
 //! `status`. Tests script failures for the next sends
@@ -149,6 +156,7 @@ struct Book {
     failures: Faults<Failure>,
     unsubscribed: HashSet<String>,
     landlines: HashSet<String>,
+    media: Vec<Media>,
 }
 
 struct Shared {
@@ -305,6 +313,30 @@ impl FakeTwilio {
             .insert(number.to_owned());
     }
 
+    /// Keeps a media file as Twilio keeps an inbound MMS's; its URL, for
+    /// [`InboundSms::with_media`].
+    pub fn add_media(&self, bytes: &[u8], content_type: &str) -> String {
+        let mut st = self.shared.core.change();
+        let sid = format!("ME{:032x}", st.media.len() + 1);
+        st.media.push(Media {
+            sid: sid.clone(),
+            content_type: content_type.to_owned(),
+            bytes: bytes.to_vec(),
+        });
+        format!(
+            "{}/2010-04-01/Accounts/{}/Messages/MM{:032x}/Media/{sid}",
+            self.base_url(),
+            self.shared.account_sid,
+            st.media.len()
+        )
+    }
+
+    /// Deletes the media behind `url`: fetching it gets 404 from then on.
+    pub fn delete_media(&self, url: &str) {
+        let sid = url.rsplit('/').next().unwrap_or("").to_owned();
+        self.shared.core.change().media.retain(|m| m.sid != sid);
+    }
+
     /// Stops the server (also on drop). Hung requests are cut.
     pub fn shutdown(&self) {
         self.shared.core.stop();
@@ -349,6 +381,13 @@ fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
     decoded == expected.as_bytes()
 }
 
+/// One media file Twilio keeps for an inbound MMS.
+struct Media {
+    sid: String,
+    content_type: String,
+    bytes: Vec<u8>,
+}
+
 async fn rest(
     State(shared): State<Arc<Shared>>,
     method: Method,
@@ -374,6 +413,22 @@ async fn rest(
         None
     };
     shared.core.record(request);
+    // The CDN's short-lived URLs need no credentials: they are the secret.
+    if method == Method::GET
+        && let Some(sid) = path.strip_prefix("/cdn/")
+    {
+        let st = shared.core.read();
+        return match st.media.iter().find(|m| m.sid == sid) {
+            Some(m) => {
+                let mut r = Response::new(axum::body::Body::from(m.bytes.clone()));
+                if let Ok(v) = HeaderValue::from_str(&m.content_type) {
+                    r.headers_mut().insert(header::CONTENT_TYPE, v);
+                }
+                r
+            }
+            None => twilio_error(404, 20404, "The requested resource was not found"),
+        };
+    }
     if !ok {
         return twilio_error(401, 20003, default_message(20003));
     }
@@ -389,6 +444,25 @@ async fn rest(
             }),
         ),
         (&Method::POST, Some("/Messages.json")) => send(&shared, &form, failure).await,
+        (&Method::GET, Some(rest))
+            if rest.starts_with("/Messages/") && rest.contains("/Media/") =>
+        {
+            let sid = rest.rsplit('/').next().unwrap_or("");
+            let known = shared.core.read().media.iter().any(|m| m.sid == sid);
+            if !known {
+                return twilio_error(
+                    404,
+                    20404,
+                    &format!("The requested resource {path} was not found"),
+                );
+            }
+            let mut r = Response::new(axum::body::Body::empty());
+            *r.status_mut() = axum::http::StatusCode::TEMPORARY_REDIRECT;
+            if let Ok(v) = HeaderValue::from_str(&format!("/cdn/{sid}?Expires=1700000000")) {
+                r.headers_mut().insert(header::LOCATION, v);
+            }
+            r
+        }
         _ => twilio_error(
             404,
             20404,

@@ -9,7 +9,20 @@
 //!   answered `{"messaging_product", "contacts": [{"input", "wa_id"}],
 //!   "messages": [{"id": "wamid...."}]}`;
 //! - read receipts (`status: read`, `message_id`, optionally
-//!   `typing_indicator`), answered `{"success": true}`.
+//!   `typing_indicator`), answered `{"success": true}`;
+//! - media messages (`type` one of `image`, `audio`, `video`, `document`,
+//!   the object of that name holding the `id` of an uploaded file, an
+//!   optional `caption` (not on audio) and a `filename` on documents),
+//!   recorded as [`SentFile`]s;
+//! - `POST /{version}/{phone_number_id}/media`, a multipart form with
+//!   `messaging_product=whatsapp`, `type` and the `file` part, answered
+//!   `{"id": "<media id>"}` and recorded as an [`Upload`];
+//! - `GET /{version}/{media_id}` for a file a test registered
+//!   ([`FakeGraph::add_media`]) or uploaded, answered `{"messaging_product",
+//!   "url", "mime_type", "sha256", "file_size", "id"}`, the URL pointing
+//!   at `/whatsapp_business/attachments/?mid=...` on this server (Meta's
+//!   is on lookaside.fbsbx.com), which serves the bytes to the bearer of
+//!   the token. An unknown media id gets 400 with code 100, as on Graph.
 //!
 //! Errors come in Graph's shape, `{"error": {"message", "type", "code",
 //! "error_subcode", "error_data": {"messaging_product", "details"},
@@ -25,18 +38,19 @@
 //! payload builders ([`text`], [`delivery`], [`failed_status`], ...) write
 //! the JSON Meta sends.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use axum::response::Response;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 use crate::fake::{Core, Faults, bind, started};
 use crate::json_response;
@@ -163,9 +177,58 @@ pub struct Request {
     pub authorized: bool,
 }
 
+/// One file uploaded to `POST /{version}/{number}/media`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upload {
+    /// The media id assigned.
+    pub id: String,
+    /// The `messaging_product` field.
+    pub messaging_product: String,
+    /// The `type` field (the file's MIME type).
+    pub mime: String,
+    /// The `file` part's file name.
+    pub file_name: Option<String>,
+    /// The `file` part's `Content-Type`.
+    pub content_type: Option<String>,
+    /// The bytes uploaded.
+    pub bytes: Vec<u8>,
+}
+
+/// One media message the fake accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentFile {
+    /// The wamid assigned.
+    pub id: String,
+    /// The recipient's WhatsApp id.
+    pub to: String,
+    /// `image`, `audio`, `video` or `document`.
+    pub kind: String,
+    /// The uploaded media's id.
+    pub media_id: String,
+    /// The caption, when given.
+    pub caption: Option<String>,
+    /// The document's file name, when given.
+    pub filename: Option<String>,
+    /// `context.message_id`: the message quoted.
+    pub context: Option<String>,
+}
+
+/// A file Graph keeps: registered by a test or uploaded.
+struct Media {
+    bytes: Vec<u8>,
+    mime: String,
+    /// Set by [`FakeGraph::expire_media`]: its URL answers 404.
+    expired: bool,
+    /// A URL named instead of this server's (a foreign host, for tests).
+    url: Option<String>,
+}
+
 #[derive(Default)]
 struct Book {
     next_id: u64,
+    media: HashMap<String, Media>,
+    uploads: Vec<Upload>,
+    sent_files: Vec<SentFile>,
     sent: Vec<Sent>,
     reads: Vec<Read>,
     failures: Faults<Failure>,
@@ -176,6 +239,7 @@ struct Book {
 }
 
 struct Shared {
+    addr: SocketAddr,
     token: String,
     phone_number_id: String,
     core: Core<Book, Request>,
@@ -204,11 +268,20 @@ impl FakeGraph {
     pub fn try_start(token: &str, phone_number_id: &str) -> std::io::Result<FakeGraph> {
         let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
+            addr,
             token: token.to_owned(),
             phone_number_id: phone_number_id.to_owned(),
             core: Core::new(Book::default()),
         });
-        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let app = Router::new()
+            .route("/{version}/{number}/media", axum::routing::post(upload))
+            .route(
+                "/whatsapp_business/attachments/",
+                axum::routing::get(attachment),
+            )
+            .route("/{version}/{media_id}", axum::routing::get(media_info))
+            .fallback(handle)
+            .with_state(shared.clone());
         shared.core.serve("fake-graph", listener, app)?;
         Ok(FakeGraph { addr, shared })
     }
@@ -221,6 +294,50 @@ impl FakeGraph {
     /// Every text message accepted, in order.
     pub fn sent(&self) -> Vec<Sent> {
         self.shared.core.read().sent.clone()
+    }
+
+    /// Registers a file as WhatsApp holds one a user sent: the media id to
+    /// put in a message's `image`/`audio`/`document` object.
+    pub fn add_media(&self, bytes: &[u8], mime: &str) -> String {
+        self.insert_media(bytes.to_vec(), mime, None)
+    }
+
+    /// A media id whose `GET /{media_id}` names `url` (say, on a foreign
+    /// host) instead of this server's file address.
+    pub fn add_media_at(&self, url: &str, mime: &str) -> String {
+        self.insert_media(Vec::new(), mime, Some(url.to_owned()))
+    }
+
+    /// From now on the file's URL answers 404, as after it expired.
+    pub fn expire_media(&self, media_id: &str) {
+        if let Some(m) = self.shared.core.change().media.get_mut(media_id) {
+            m.expired = true;
+        }
+    }
+
+    fn insert_media(&self, bytes: Vec<u8>, mime: &str, url: Option<String>) -> String {
+        let mut st = self.shared.core.change();
+        let id = next_media_id(&mut st);
+        st.media.insert(
+            id.clone(),
+            Media {
+                bytes,
+                mime: mime.to_owned(),
+                expired: false,
+                url,
+            },
+        );
+        id
+    }
+
+    /// Every file uploaded, in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.core.read().uploads.clone()
+    }
+
+    /// Every media message accepted, in order.
+    pub fn sent_files(&self) -> Vec<SentFile> {
+        self.shared.core.read().sent_files.clone()
     }
 
     /// Every read receipt accepted, in order.
@@ -440,7 +557,11 @@ fn answer(
     if to.is_empty() {
         return graph_error(400, 100, None, "(#100) The parameter to is required.", None);
     }
-    if body.get("type").and_then(Value::as_str) != Some("text") {
+    let kind = body.get("type").and_then(Value::as_str).unwrap_or("");
+    if matches!(kind, "image" | "audio" | "video" | "document") {
+        return send_file(&mut st, kind, to, body);
+    }
+    if kind != "text" {
         return graph_error(400, 100, None, "(#100) Invalid parameter", None);
     }
     let text = body
@@ -492,6 +613,271 @@ fn answer(
                 "contacts": [{"input": to, "wa_id": to}],
                 "messages": [{"id": id}]}),
     )
+}
+
+fn next_media_id(st: &mut Book) -> String {
+    st.next_id += 1;
+    format!("{}", 1_037_543_291_543_000 + st.next_id)
+}
+
+fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| t == shared.token)
+}
+
+fn unauthorized() -> Response {
+    graph_error(
+        401,
+        190,
+        None,
+        "Invalid OAuth access token - Cannot parse access token",
+        None,
+    )
+}
+
+fn unknown_object(id: &str, verb: &str) -> Response {
+    graph_error(
+        400,
+        100,
+        Some(33),
+        &format!(
+            "Unsupported {verb} request. Object with ID '{id}' does not exist, cannot be \
+             loaded due to missing permissions, or does not support this operation."
+        ),
+        None,
+    )
+}
+
+/// A media message: its object must name an uploaded (or registered)
+/// media id; audio takes no caption.
+fn send_file(st: &mut Book, kind: &str, to: &str, body: &Value) -> Response {
+    let Some(object) = body.get(kind) else {
+        return graph_error(
+            400,
+            100,
+            None,
+            &format!("(#100) The parameter {kind} is required."),
+            None,
+        );
+    };
+    let Some(media_id) = object.get("id").and_then(Value::as_str) else {
+        return graph_error(400, 100, None, "(#100) Param id or link is required.", None);
+    };
+    if !st.media.contains_key(media_id) {
+        return graph_error(400, 131053, None, "(#131053) Media upload error", None);
+    }
+    let caption = object
+        .get("caption")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    if kind == "audio" && caption.is_some() {
+        return graph_error(
+            400,
+            100,
+            None,
+            "(#100) Param audio['caption'] is not allowed.",
+            None,
+        );
+    }
+    if st.closed.iter().any(|c| c == to) {
+        return failure_response(Failure::outside_window());
+    }
+    st.next_id += 1;
+    let id = format!("wamid.HBgLFAKE{:012}FQIAERgS", st.next_id);
+    st.sent_files.push(SentFile {
+        id: id.clone(),
+        to: to.to_owned(),
+        kind: kind.to_owned(),
+        media_id: media_id.to_owned(),
+        caption,
+        filename: object
+            .get("filename")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        context: body
+            .get("context")
+            .and_then(|c| c.get("message_id"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    });
+    json_response(
+        200,
+        &json!({"messaging_product": "whatsapp",
+                "contacts": [{"input": to, "wa_id": to}],
+                "messages": [{"id": id}]}),
+    )
+}
+
+/// `POST /{version}/{number}/media`: the multipart upload.
+async fn upload(
+    State(shared): State<Arc<Shared>>,
+    Path((version, number)): Path<(String, String)>,
+    headers: HeaderMap,
+    mut form: Multipart,
+) -> Response {
+    let ok = authorized(&shared, &headers);
+    let mut fields: HashMap<String, String> = HashMap::new();
+    let mut file: Option<(Option<String>, Option<String>, Vec<u8>)> = None;
+    loop {
+        match form.next_field().await {
+            Ok(Some(field)) => {
+                let name = field.name().unwrap_or("").to_owned();
+                let file_name = field.file_name().map(str::to_owned);
+                let content_type = field.content_type().map(str::to_owned);
+                let Ok(bytes) = field.bytes().await else {
+                    return graph_error(400, 100, None, "(#100) unreadable multipart body", None);
+                };
+                if name == "file" {
+                    file = Some((file_name, content_type, bytes.to_vec()));
+                } else {
+                    fields.insert(name, String::from_utf8_lossy(&bytes).into_owned());
+                }
+            }
+            Ok(None) => break,
+            Err(_) => return graph_error(400, 100, None, "(#100) unreadable multipart body", None),
+        }
+    }
+    shared.core.record(Request {
+        method: "POST".to_owned(),
+        path: format!("/{version}/{number}/media"),
+        body: json!(fields),
+        authorized: ok,
+    });
+    if !ok {
+        return unauthorized();
+    }
+    if number != shared.phone_number_id {
+        return unknown_object(&number, "post");
+    }
+    let product = fields.get("messaging_product").cloned().unwrap_or_default();
+    if product != "whatsapp" {
+        return graph_error(
+            400,
+            100,
+            None,
+            "(#100) The parameter messaging_product is required.",
+            None,
+        );
+    }
+    let Some((file_name, content_type, bytes)) = file else {
+        return graph_error(
+            400,
+            100,
+            None,
+            "(#100) The parameter file is required.",
+            None,
+        );
+    };
+    let Some(mime) = fields.get("type").cloned().filter(|t| !t.is_empty()) else {
+        return graph_error(
+            400,
+            100,
+            None,
+            "(#100) The parameter type is required.",
+            None,
+        );
+    };
+    let mut st = shared.core.change();
+    let id = next_media_id(&mut st);
+    st.media.insert(
+        id.clone(),
+        Media {
+            bytes: bytes.clone(),
+            mime: mime.clone(),
+            expired: false,
+            url: None,
+        },
+    );
+    st.uploads.push(Upload {
+        id: id.clone(),
+        messaging_product: product,
+        mime,
+        file_name,
+        content_type,
+        bytes,
+    });
+    json_response(200, &json!({ "id": id }))
+}
+
+/// `GET /{version}/{media_id}`: where the file is.
+async fn media_info(
+    State(shared): State<Arc<Shared>>,
+    Path((version, media_id)): Path<(String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let ok = authorized(&shared, &headers);
+    shared.core.record(Request {
+        method: "GET".to_owned(),
+        path: format!("/{version}/{media_id}"),
+        body: Value::Null,
+        authorized: ok,
+    });
+    if !ok {
+        return unauthorized();
+    }
+    let st = shared.core.read();
+    let Some(media) = st.media.get(&media_id) else {
+        return unknown_object(&media_id, "get");
+    };
+    if query
+        .get("phone_number_id")
+        .is_some_and(|n| *n != shared.phone_number_id)
+    {
+        return unknown_object(&media_id, "get");
+    }
+    let url = media.url.clone().unwrap_or_else(|| {
+        format!(
+            "http://{}/whatsapp_business/attachments/?mid={media_id}&ext=1700000000&hash=ATfake",
+            shared.addr
+        )
+    });
+    let sha: String = Sha256::digest(&media.bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    json_response(
+        200,
+        &json!({"messaging_product": "whatsapp", "url": url, "mime_type": media.mime,
+                "sha256": sha, "file_size": media.bytes.len().to_string(), "id": media_id}),
+    )
+}
+
+/// The file's bytes, to the bearer of the token only.
+async fn attachment(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let ok = authorized(&shared, &headers);
+    let mid = query.get("mid").cloned().unwrap_or_default();
+    shared.core.record(Request {
+        method: "GET".to_owned(),
+        path: format!("/whatsapp_business/attachments/?mid={mid}"),
+        body: Value::Null,
+        authorized: ok,
+    });
+    if !ok {
+        return unauthorized();
+    }
+    let st = shared.core.read();
+    match st.media.get(&mid) {
+        Some(m) if !m.expired => {
+            let mut r = Response::new(axum::body::Body::from(m.bytes.clone()));
+            if let Ok(v) = HeaderValue::from_str(&m.mime) {
+                r.headers_mut().insert(header::CONTENT_TYPE, v);
+            }
+            r
+        }
+        _ => {
+            let mut r = Response::new(axum::body::Body::from("Not Found"));
+            *r.status_mut() = axum::http::StatusCode::NOT_FOUND;
+            r
+        }
+    }
 }
 
 /// `sha256=<hex HMAC-SHA256 of body under app_secret>`, the value of

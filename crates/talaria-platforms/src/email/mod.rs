@@ -18,6 +18,14 @@
 //! over, under both the mail's id and its thread, in a fixed ring of
 //! cursor slots (see [`ReplyContexts`]): bounded, and still there after a
 //! restart.
+//!
+//! Files: a mail arrives whole, its attachments' bytes with it, so each
+//! is stored in the media cache at intake and handed over as
+//! [`AttachmentSource::Cached`] (or [`AttachmentSource::Refused`] with the
+//! reason, when over `media.max_bytes`). A file goes out as a reply mail
+//! (threaded like any reply) of `multipart/mixed`: the caption as the
+//! text part, the file as an attachment part. lettre builds a mail in
+//! memory, so an outgoing file is bounded by [`MAX_ATTACHMENT_BYTES`].
 
 mod config;
 mod imap;
@@ -33,20 +41,23 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::TryStreamExt;
 use lettre::message::header::ContentType;
-use lettre::message::{Mailbox, Message};
+use lettre::message::{Mailbox, Message, MessageBuilder, MultiPart, SinglePart};
 use lettre::transport::smtp::AsyncSmtpTransport;
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::{Address, AsyncTransport, Tokio1Executor};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, ChatType, Liveness, MessageEvent, MessageLimits,
-    OutboundMessage, SendError, SentMessage, SessionSource,
+    Adapter, AdapterContext, AdapterError, Attachment, AttachmentSource, ChatType, Liveness,
+    MediaKind, MessageEvent, MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage,
+    SessionSource,
 };
 use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
+use talaria_core::MediaRef;
 use talaria_core::config::text_or_env;
 use talaria_core::{Env, Secret};
+use talaria_media::{Hint, MediaCache};
 use talaria_store::CursorStore;
 
-use parse::{Inbound, Skip};
+use parse::{Inbound, MailPart, Skip};
 use reply::{ReplyContext, ReplyContexts};
 
 pub use config::{ENV, EmailConfig, MailTls};
@@ -57,6 +68,11 @@ pub const PLATFORM: &str = "email";
 /// The longest text sent in one mail, in characters (the limit of the
 /// system this one descends from); longer answers go out as several mails.
 pub const MAX_MESSAGE_LEN: usize = 50_000;
+
+/// The largest file sent as an attachment. lettre builds the whole mail
+/// in memory (no streaming body), and its base64 makes it a third larger;
+/// 25 MiB is also what the large mail providers accept in one mail.
+pub const MAX_ATTACHMENT_BYTES: u64 = 25 * 1024 * 1024;
 
 /// How long an IDLE runs before it is renewed: servers may end one after
 /// 30 minutes (RFC 2177), and a renewal also shows the connection lives.
@@ -240,6 +256,9 @@ pub struct EmailAdapter {
     /// Kept across `run` calls, so a reconnect continues where the last
     /// connection stopped even when saving the cursor failed.
     position: Mutex<Option<Position>>,
+    /// Where attachments are stored at intake; without one they are
+    /// refused (named to the model, not shown).
+    media: Option<MediaCache>,
 }
 
 impl fmt::Debug for EmailAdapter {
@@ -318,8 +337,63 @@ impl EmailAdapter {
             },
             cursors,
             position: Mutex::new(None),
+            media: None,
             settings,
         })
+    }
+
+    /// The same adapter storing inbound attachments in `cache` (the
+    /// gateway's media cache).
+    pub fn with_media(mut self, cache: MediaCache) -> EmailAdapter {
+        self.media = Some(cache);
+        self
+    }
+
+    /// Stores one attached file in the media cache, or says why not.
+    async fn intake(&self, part: &MailPart) -> Attachment {
+        let claimed =
+            talaria_adapter::media::guess_kind(part.mime.as_deref(), part.name.as_deref());
+        let size = part.bytes.len() as u64;
+        let refused = |why: String| Attachment {
+            kind: claimed,
+            name: part.name.clone(),
+            mime: part.mime.clone(),
+            size: Some(size),
+            source: AttachmentSource::Refused(why),
+        };
+        let Some(cache) = &self.media else {
+            return refused("files from e-mail are not kept: no media cache is set up".into());
+        };
+        // The cache refuses it too, but only after writing it out.
+        if size > cache.max_bytes() {
+            return refused(format!(
+                "the file is too large: {} MiB, the limit is {} MiB",
+                size.div_ceil(1 << 20),
+                cache.max_bytes() >> 20
+            ));
+        }
+        let hint = Hint {
+            name: part.name.as_deref(),
+            mime: part.mime.as_deref(),
+            voice: false,
+        };
+        match cache.store(&part.bytes[..], hint).await {
+            Ok(stored) => Attachment {
+                kind: stored.kind,
+                name: part.name.clone(),
+                mime: part.mime.clone(),
+                size: Some(stored.bytes),
+                source: AttachmentSource::Cached(MediaRef {
+                    kind: stored.kind,
+                    path: stored.path,
+                    mime: stored.mime,
+                }),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "an e-mail attachment was not stored");
+                refused(e.to_string())
+            }
+        }
     }
 
     /// The cursor holding the position, per account and mailbox.
@@ -560,10 +634,7 @@ impl EmailAdapter {
                 format!("Subject: {}\n\n{text}", mail.subject)
             };
         }
-        if !mail.attachments.is_empty() {
-            text.push_str(&format!("\n[attachments: {}]", mail.attachments.join(", ")));
-        }
-        if text.trim().is_empty() {
+        if text.trim().is_empty() && mail.attachments.is_empty() {
             tracing::info!(id, "skipping an empty mail");
             return None;
         }
@@ -587,28 +658,111 @@ impl EmailAdapter {
         };
         let mut event = MessageEvent::text(source, text);
         event.message_id = Some(id.to_owned());
+        for part in &mail.attachments {
+            event.attachments.push(self.intake(part).await);
+        }
 
         Some(event)
     }
 
     /// The mail for one outbound message.
     async fn compose(&self, message: &OutboundMessage) -> Result<(Message, String), SendError> {
-        let to: Address =
-            message.chat_id.trim().parse().map_err(|_| {
-                SendError::Rejected(format!("not an address: {:?}", message.chat_id))
-            })?;
+        let (builder, own_id) = self
+            .headers(
+                &message.chat_id,
+                message.reply_to.as_deref(),
+                message.thread_id.as_deref(),
+                &message.text,
+            )
+            .await?;
+        let mail = builder
+            .header(ContentType::TEXT_PLAIN)
+            .body(message.text.clone())
+            .map_err(|e| SendError::Rejected(format!("cannot build the mail: {e}")))?;
+        Ok((mail, own_id))
+    }
+
+    /// The mail carrying one file: `multipart/mixed`, the caption (or a
+    /// line naming the file) as text, then the file. `None` when the file
+    /// is over [`MAX_ATTACHMENT_BYTES`].
+    async fn compose_file(
+        &self,
+        file: &OutboundFile,
+    ) -> Result<Option<(Message, String)>, SendError> {
+        let unreadable =
+            |e: std::io::Error| SendError::Rejected(format!("cannot read {}: {e}", file.name));
+        let size = tokio::fs::metadata(&file.path)
+            .await
+            .map_err(unreadable)?
+            .len();
+        if size > MAX_ATTACHMENT_BYTES {
+            return Ok(None);
+        }
+        // Read whole (lettre has no streamed body), capped in case the
+        // file grew since it was measured.
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        {
+            use tokio::io::AsyncReadExt;
+            tokio::fs::File::open(&file.path)
+                .await
+                .map_err(unreadable)?
+                .take(MAX_ATTACHMENT_BYTES + 1)
+                .read_to_end(&mut bytes)
+                .await
+                .map_err(unreadable)?;
+        }
+        if bytes.len() as u64 > MAX_ATTACHMENT_BYTES {
+            return Ok(None);
+        }
+        let text = match file.caption.as_deref().filter(|c| !c.trim().is_empty()) {
+            Some(caption) => caption.to_owned(),
+            None => format!("Attached: {}", file.name),
+        };
+        let (builder, own_id) = self
+            .headers(
+                &file.chat_id,
+                file.reply_to.as_deref(),
+                file.thread_id.as_deref(),
+                &text,
+            )
+            .await?;
+        let attachment = lettre::message::Attachment::new(file.name.clone())
+            .body(bytes, content_type(&file.mime));
+        let body = MultiPart::mixed()
+            .singlepart(SinglePart::plain(text))
+            .singlepart(attachment);
+        let mail = builder
+            .multipart(body)
+            .map_err(|e| SendError::Rejected(format!("cannot build the mail: {e}")))?;
+        Ok(Some((mail, own_id)))
+    }
+
+    /// The headers of a mail to `chat_id`: threaded after the mail
+    /// answered (`reply_to`, else the thread's latest), else with a
+    /// subject made from `text`. Returns the builder and the Message-ID.
+    async fn headers(
+        &self,
+        chat_id: &str,
+        reply_to: Option<&str>,
+        thread_id: Option<&str>,
+        text: &str,
+    ) -> Result<(MessageBuilder, String), SendError> {
+        let to: Address = chat_id
+            .trim()
+            .parse()
+            .map_err(|_| SendError::Rejected(format!("not an address: {chat_id:?}")))?;
         let mut context = None;
-        if let Some(id) = &message.reply_to {
+        if let Some(id) = reply_to {
             context = self.contexts.load(&format!("msg:{id}")).await;
         }
         if context.is_none()
-            && let Some(t) = &message.thread_id
+            && let Some(t) = thread_id
         {
             context = self.contexts.load(&format!("thread:{t}")).await;
         }
         let subject = match &context {
             Some(c) => parse::reply_subject(&c.subject),
-            None => parse::fresh_subject(&message.text),
+            None => parse::fresh_subject(text),
         };
         let own_id = format!(
             "talaria.{:016x}{:08x}@{}",
@@ -621,8 +775,7 @@ impl EmailAdapter {
             .to(Mailbox::new(None, to))
             .subject(subject)
             .message_id(Some(format!("<{own_id}>")))
-            .date_now()
-            .header(ContentType::TEXT_PLAIN);
+            .date_now();
         if let Some(c) = &context {
             if let Some(answered) = &c.message_id {
                 builder = builder.in_reply_to(format!("<{answered}>"));
@@ -633,11 +786,16 @@ impl EmailAdapter {
                 builder = builder.references(joined.join(" "));
             }
         }
-        let mail = builder
-            .body(message.text.clone())
-            .map_err(|e| SendError::Rejected(format!("cannot build the mail: {e}")))?;
-        Ok((mail, own_id))
+        Ok((builder, own_id))
     }
+}
+
+/// The `Content-Type` of an attached file: its type as sniffed, or
+/// `application/octet-stream` when that does not parse as one.
+fn content_type(mime: &str) -> ContentType {
+    ContentType::parse(mime)
+        .or_else(|_| ContentType::parse("application/octet-stream"))
+        .unwrap_or(ContentType::TEXT_PLAIN)
 }
 
 /// Empties the session's queue of unsolicited answers (a full queue drops
@@ -675,11 +833,22 @@ fn classify(e: &lettre::transport::smtp::Error) -> SendError {
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     sender_ids: SenderIds::Email,
+    // A mail carries any file.
+    receives: ALL_KINDS,
+    sends: ALL_KINDS,
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_MESSAGE_LEN,
         unit: LengthUnit::Chars,
     })
 };
+
+const ALL_KINDS: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Audio,
+    MediaKind::Video,
+    MediaKind::Document,
+];
 
 #[async_trait]
 impl Adapter for EmailAdapter {
@@ -728,6 +897,28 @@ impl Adapter for EmailAdapter {
             Err(e) => Err(classify(&e)),
         }
     }
+
+    /// A reply mail with the file attached; a file over
+    /// [`MAX_ATTACHMENT_BYTES`] is announced by a text line instead.
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let Some((mail, own_id)) = self.compose_file(file).await? else {
+            let text = file.fallback_text(PLATFORM);
+            return self
+                .send(&OutboundMessage {
+                    chat_id: file.chat_id.clone(),
+                    thread_id: file.thread_id.clone(),
+                    reply_to: file.reply_to.clone(),
+                    text,
+                })
+                .await;
+        };
+        match self.smtp.send(mail).await {
+            Ok(_) => Ok(SentMessage {
+                message_id: Some(own_id),
+            }),
+            Err(e) => Err(classify(&e)),
+        }
+    }
 }
 
 /// The registry's entry for e-mail.
@@ -745,7 +936,9 @@ fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
     let Some(settings) = EmailSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
-    let adapter = EmailAdapter::new(settings, setup.cursors.clone()).map_err(BuildError::set_up)?;
+    let adapter = EmailAdapter::new(settings, setup.cursors.clone())
+        .map_err(BuildError::set_up)?
+        .with_media(setup.media.clone());
     Ok(Some(Built::connected(adapter)))
 }
 

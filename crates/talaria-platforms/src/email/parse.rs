@@ -21,8 +21,30 @@ pub struct Inbound {
     /// The body as plain text (HTML converted when there is no plain
     /// part), with trailing quoted history and the signature trimmed.
     pub body: String,
-    /// `name (type/subtype, N bytes)` for each attachment.
-    pub attachments: Vec<String>,
+    /// Every attached file, with its bytes (the whole mail is in memory
+    /// already: IMAP hands it over in one piece).
+    pub attachments: Vec<MailPart>,
+}
+
+/// One attached file of an inbound mail.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MailPart {
+    /// Its file name as sent, when it has one.
+    pub name: Option<String>,
+    /// The type the mail claims (type/subtype), when it says.
+    pub mime: Option<String>,
+    /// Its bytes, transfer-decoded.
+    pub bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for MailPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MailPart")
+            .field("name", &self.name)
+            .field("mime", &self.mime)
+            .field("bytes", &self.bytes.len())
+            .finish()
+    }
 }
 
 impl Inbound {
@@ -132,16 +154,17 @@ pub fn parse(raw: &[u8], own: &str) -> Result<Inbound, Skip> {
 
     let attachments = message
         .attachments()
-        .map(|part| {
-            let name = part.attachment_name().unwrap_or("unnamed");
-            let kind = part
-                .content_type()
-                .map(|ct| match ct.subtype() {
-                    Some(sub) => format!("{}/{}", ct.ctype(), sub),
-                    None => ct.ctype().to_owned(),
-                })
-                .unwrap_or_else(|| "application/octet-stream".to_owned());
-            format!("{name} ({kind}, {} bytes)", part.contents().len())
+        .map(|part| MailPart {
+            name: part
+                .attachment_name()
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
+            mime: part.content_type().map(|ct| match ct.subtype() {
+                Some(sub) => format!("{}/{}", ct.ctype(), sub).to_ascii_lowercase(),
+                None => ct.ctype().to_ascii_lowercase(),
+            }),
+            bytes: part.contents().to_vec(),
         })
         .collect();
 
@@ -323,7 +346,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.body, "the plain text");
-        assert_eq!(m.attachments, vec!["report.pdf (application/pdf, 9 bytes)"]);
+        assert_eq!(
+            m.attachments,
+            vec![MailPart {
+                name: Some("report.pdf".into()),
+                mime: Some("application/pdf".into()),
+                bytes: b"%PDF-1.4\n".to_vec(),
+            }]
+        );
     }
 
     #[test]

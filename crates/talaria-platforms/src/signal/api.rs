@@ -6,10 +6,13 @@
 //! account number does, and errors never leave the process unredacted
 //! anyway since they only reach logs.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 use serde_json::Value;
+use talaria_adapter::{Download, DownloadError};
 
-use crate::http::{Answer, HttpError, Service};
+use crate::http::{Answer, Http, HttpError, Service};
 use crate::rest::{Refusal, Rest};
 
 /// How errors name the server.
@@ -34,6 +37,67 @@ pub(crate) type Api = Rest;
 /// `base_url` is the server root.
 pub(crate) fn client(base_url: &str) -> Result<Api, String> {
     Rest::new(SIGNAL, base_url, None, refusal)
+}
+
+/// Fetches the files signal-cli keeps (`GET /v1/attachments/{id}`), as
+/// a stream: [`Rest`] reads answers whole, which a file must not be.
+#[derive(Debug, Clone)]
+pub(crate) struct Files {
+    http: Http,
+    root: String,
+}
+
+impl Files {
+    /// `base_url` is the server root.
+    pub(crate) fn new(base_url: &str) -> Result<Files, String> {
+        Ok(Files {
+            http: Http::new(SIGNAL)?,
+            root: base_url.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// `GET /v1/attachments/{id}`, streamed. `id` is checked to be one
+    /// path segment first ([`is_attachment_id`]).
+    pub(crate) async fn download(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Download, DownloadError> {
+        let url = format!("{}/v1/attachments/{}", self.root, path_segment(id));
+        self.http
+            .download(self.http.client().get(url), timeout)
+            .await
+    }
+}
+
+/// Whether `id` looks like a signal-cli attachment id (letters, digits,
+/// `-`, `_` and a `.` before an extension, never `..`): the locator only
+/// ever names a file under the server's attachment directory.
+pub(crate) fn is_attachment_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 200
+        && !id.starts_with('.')
+        && !id.contains("..")
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// One file as `POST /v2/send` takes it in `base64_attachments`:
+/// `data:<mime>;filename=<name>;base64,<data>`. The name loses the
+/// characters that would end a field of that line (`;`, `,`).
+pub(crate) fn data_uri(mime: &str, name: &str, bytes: &[u8]) -> String {
+    use base64::Engine;
+    let name: String = name
+        .chars()
+        .filter(|c| !matches!(c, ';' | ',') && !c.is_control())
+        .collect();
+    let mime: String = mime
+        .chars()
+        .filter(|c| !matches!(c, ';' | ',') && !c.is_whitespace())
+        .collect();
+    let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+    format!("data:{mime};filename={name};base64,{data}")
 }
 
 /// The error body every endpoint uses: `{"error": "..."}`.
@@ -115,6 +179,18 @@ mod tests {
         assert_eq!(secs(&h), None);
         assert_eq!(path_segment("+4915112345678"), "+4915112345678");
         assert_eq!(path_segment("a b/c"), "a%20b%2Fc");
+    }
+
+    #[test]
+    fn attachment_ids_and_data_uris() {
+        assert!(is_attachment_id("yLQ1Ddk_8e-x.png"));
+        for bad in ["", "../etc", "a/b", ".hidden", "a..b", "a b"] {
+            assert!(!is_attachment_id(bad), "{bad}");
+        }
+        assert_eq!(
+            data_uri("image/png", "a;b,c.png", b"hi"),
+            "data:image/png;filename=abc.png;base64,aGk="
+        );
     }
 
     #[test]

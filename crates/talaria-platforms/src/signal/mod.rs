@@ -26,7 +26,10 @@
 //! poll returned.
 //!
 //! Sending is `POST /v2/send`; an answer in a group quotes the message it
-//! answers. Markdown is turned into plain text ([`format`]).
+//! answers. Markdown is turned into plain text ([`format`]). Files come
+//! from `GET /v1/attachments/{id}` (streamed) and go out in the same
+//! `/v2/send` call, base64 inside the JSON body: the API has no other way,
+//! so a file is read into memory whole, bounded by [`MAX_FILE_BYTES`].
 
 mod api;
 mod config;
@@ -41,8 +44,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
-    SentMessage,
+    Adapter, AdapterContext, AdapterError, Download, DownloadError, Liveness, MediaKind,
+    MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit};
 use talaria_core::Env;
@@ -59,6 +62,17 @@ pub use config::{ENV, SignalConfig, SignalReceiveMode};
 /// moves longer texts as an attachment, which not every client shows
 /// inline).
 pub const MAX_MESSAGE_CHARS: usize = 8000;
+
+/// The largest file sent: Signal's own limit for an attachment (100 MiB).
+/// signal-cli-rest-api takes files only base64 inside the JSON of
+/// `/v2/send`, so the file is read whole into memory (its base64, a third
+/// larger, and the JSON body made of that briefly bring the peak to about
+/// three times the file): the size is checked on disk first, and the read
+/// is capped at it in case the file grew.
+pub const MAX_FILE_BYTES: u64 = 100 * 1024 * 1024;
+
+/// How long fetching or sending one file may take, body included.
+const MEDIA_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Longer waits than this are not worth blocking a send for.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
@@ -185,6 +199,7 @@ pub enum SignalError {
 /// The Signal connector (see the module docs).
 pub struct SignalAdapter {
     api: Api,
+    files: api::Files,
     url: String,
     /// `ws(s)://.../v1/receive/{account}`.
     socket_url: String,
@@ -229,8 +244,10 @@ impl SignalAdapter {
             _ => return Err(SignalError::BadUrl(url)),
         };
         let api = api::client(&url).map_err(SignalError::Client)?;
+        let files = api::Files::new(&url).map_err(SignalError::Client)?;
         Ok(SignalAdapter {
             api,
+            files,
             url,
             socket_url,
             me: Me {
@@ -418,12 +435,39 @@ impl SignalAdapter {
     }
 
     /// `POST /v2/send`, waiting out rate limits a bounded number of times.
-    async fn post_send(&self, body: &Value) -> Result<SendResponse, SendError> {
+    /// Sends `body` to `chat_id`, quoting `reply_to` in a group: there
+    /// several conversations interleave, so the answer points at the
+    /// message it answers (a DM needs no such pointer).
+    async fn send_body(
+        &self,
+        mut body: Value,
+        chat_id: &str,
+        reply_to: Option<&str>,
+        timeout: Duration,
+    ) -> Result<SentMessage, SendError> {
+        if chat_id.starts_with(GROUP_PREFIX)
+            && let Some((timestamp, author)) = reply_to.and_then(mapping::parse_message_id)
+        {
+            body["quote_timestamp"] = json!(timestamp);
+            body["quote_author"] = json!(author);
+        }
+        let sent = self.post_send(&body, timeout).await?;
+        let timestamp = match &sent.timestamp {
+            Value::String(s) => s.trim().parse::<i64>().ok(),
+            Value::Number(n) => n.as_i64(),
+            _ => None,
+        };
+        Ok(SentMessage {
+            message_id: timestamp.map(|t| mapping::message_id(t, &self.me.account)),
+        })
+    }
+
+    async fn post_send(&self, body: &Value, timeout: Duration) -> Result<SendResponse, SendError> {
         let mut retries = 0;
         loop {
             match self
                 .api
-                .post::<SendResponse>("/v2/send", body, self.send_timeout)
+                .post::<SendResponse>("/v2/send", body, timeout)
                 .await
             {
                 Ok(r) => return Ok(r),
@@ -474,10 +518,24 @@ fn classify(e: ApiError) -> SendError {
 }
 
 /// What the platform can do; also the registry's declaration.
-pub const CAPABILITIES: Capabilities = Capabilities::chat(MessageLimits {
-    max_len: MAX_MESSAGE_CHARS,
-    unit: LengthUnit::Chars,
-});
+pub const CAPABILITIES: Capabilities = Capabilities {
+    // Signal carries any file; the app plays audio and shows pictures
+    // and video inline, whatever the kind.
+    receives: ALL_KINDS,
+    sends: ALL_KINDS,
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_MESSAGE_CHARS,
+        unit: LengthUnit::Chars,
+    })
+};
+
+const ALL_KINDS: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Audio,
+    MediaKind::Video,
+    MediaKind::Document,
+];
 
 #[async_trait]
 impl Adapter for SignalAdapter {
@@ -513,31 +571,90 @@ impl Adapter for SignalAdapter {
         if text.trim().is_empty() {
             text = message.text.clone();
         }
-        let mut body = json!({
+        let body = json!({
             "message": text,
             "number": self.me.account,
             "recipients": [message.chat_id],
         });
-        // In a group several conversations interleave: the answer quotes
-        // the message it answers. A DM needs no such pointer.
-        if message.chat_id.starts_with(GROUP_PREFIX)
-            && let Some((timestamp, author)) = message
-                .reply_to
-                .as_deref()
-                .and_then(mapping::parse_message_id)
-        {
-            body["quote_timestamp"] = json!(timestamp);
-            body["quote_author"] = json!(author);
+        self.send_body(
+            body,
+            &message.chat_id,
+            message.reply_to.as_deref(),
+            self.send_timeout,
+        )
+        .await
+    }
+
+    /// `locator` is the attachment id signal-cli gave the file; the URL
+    /// is built on the configured server, never taken from a payload.
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        if !api::is_attachment_id(locator) {
+            return Err(DownloadError::Gone(format!(
+                "{locator:?} is not a Signal attachment id"
+            )));
         }
-        let sent = self.post_send(&body).await?;
-        let timestamp = match &sent.timestamp {
-            Value::String(s) => s.trim().parse::<i64>().ok(),
-            Value::Number(n) => n.as_i64(),
-            _ => None,
+        self.files.download(locator, MEDIA_TIMEOUT).await
+    }
+
+    /// One `/v2/send` with the file base64 in `base64_attachments` and the
+    /// caption as the message. The API takes files no other way, so the
+    /// file is read whole, bounded by [`MAX_FILE_BYTES`]; a larger one is
+    /// announced by a text line instead.
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let unreadable =
+            |e: std::io::Error| SendError::Rejected(format!("cannot read {}: {e}", file.name));
+        let size = tokio::fs::metadata(&file.path)
+            .await
+            .map_err(unreadable)?
+            .len();
+        if size > MAX_FILE_BYTES {
+            let text = file.fallback_text("signal");
+            return self
+                .send(&OutboundMessage {
+                    chat_id: file.chat_id.clone(),
+                    thread_id: file.thread_id.clone(),
+                    reply_to: file.reply_to.clone(),
+                    text,
+                })
+                .await;
+        }
+        let bytes = {
+            use tokio::io::AsyncReadExt;
+            let handle = tokio::fs::File::open(&file.path)
+                .await
+                .map_err(unreadable)?;
+            let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+            handle
+                .take(MAX_FILE_BYTES + 1)
+                .read_to_end(&mut bytes)
+                .await
+                .map_err(unreadable)?;
+            bytes
         };
-        Ok(SentMessage {
-            message_id: timestamp.map(|t| mapping::message_id(t, &self.me.account)),
-        })
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            return Err(SendError::Rejected(format!(
+                "{} grew past Signal's {} MiB limit while it was read",
+                file.name,
+                MAX_FILE_BYTES >> 20
+            )));
+        }
+        let caption = file
+            .caption
+            .as_deref()
+            .map(format::to_plain)
+            .unwrap_or_default();
+        let attachment = api::data_uri(&file.mime, &file.name, &bytes);
+        drop(bytes);
+        let body = json!({
+            "message": caption,
+            "number": self.me.account,
+            "recipients": [file.chat_id],
+            "base64_attachments": [attachment],
+        });
+        // The body carries the file: it may take longer than a text.
+        let timeout = self.send_timeout.max(MEDIA_TIMEOUT);
+        self.send_body(body, &file.chat_id, file.reply_to.as_deref(), timeout)
+            .await
     }
 
     async fn typing(&self, chat_id: &str, _thread_id: Option<&str>) -> Result<(), SendError> {

@@ -1,4 +1,5 @@
-//! Twilio's REST API: creating a message and reading the account.
+//! Twilio's REST API: creating a message, reading the account, and
+//! fetching the media of an inbound MMS.
 //!
 //! Requests authenticate with HTTP basic auth (account SID and auth
 //! token), which reqwest sends in a header; errors are scrubbed of the
@@ -7,9 +8,14 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use talaria_adapter::{Download, DownloadError};
 use talaria_core::Secret;
 
 use crate::http::{Http, HttpError, Service};
+
+/// The host Twilio names media at (`MediaUrl{N}`); the configured API
+/// base is the only other one trusted with the credentials.
+pub(crate) const MEDIA_HOST: &str = "api.twilio.com";
 
 /// How errors name Twilio.
 pub(crate) const TWILIO: Service = Service {
@@ -86,6 +92,37 @@ impl Api {
             .post(format!("{}/Messages.json", self.account_url()))
             .form(&form);
         self.call(request, timeout).await
+    }
+
+    /// Whether `url` (from an inbound webhook) is where Twilio keeps
+    /// media: `https://api.twilio.com`, or the configured API base (same
+    /// scheme, host and port). The credentials go with the request, so
+    /// nowhere else is fetched.
+    pub(crate) fn is_media_address(&self, url: &reqwest::Url) -> bool {
+        let ours = reqwest::Url::parse(&self.base).ok().is_some_and(|base| {
+            base.scheme() == url.scheme()
+                && base.host_str() == url.host_str()
+                && base.port_or_known_default() == url.port_or_known_default()
+        });
+        let twilio = url.scheme() == "https" && url.host_str() == Some(MEDIA_HOST);
+        ours || twilio
+    }
+
+    /// `GET {MediaUrl}` with the account's basic auth (needed when the
+    /// account enforces HTTP auth on media), streamed. Twilio answers with
+    /// a redirect to a short-lived URL on its CDN, which is followed
+    /// (reqwest drops the credentials when the host changes).
+    pub(crate) async fn fetch_media(
+        &self,
+        url: reqwest::Url,
+        timeout: Duration,
+    ) -> Result<Download, DownloadError> {
+        let request = self
+            .http
+            .client()
+            .get(url)
+            .basic_auth(&self.account_sid, Some(self.auth_token.expose()));
+        self.http.download(request, timeout).await
     }
 
     /// `GET /2010-04-01/Accounts/{sid}.json`: checks the credentials.

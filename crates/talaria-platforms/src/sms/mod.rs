@@ -14,7 +14,7 @@
 //! - `server`: the webhook handler, in processing order.
 //! - `signature`: `X-Twilio-Signature` (HMAC-SHA1), compared in constant
 //!   time.
-//! - `api`: the REST calls.
+//! - `api`: the REST calls, and fetching MMS media.
 //! - `format`: Markdown to plain text that stays in GSM-7 where it can.
 //! - `segments`: what a text costs in SMS segments, and the optional cap.
 //!
@@ -43,7 +43,7 @@ use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
     SentMessage,
 };
-use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
+use talaria_adapter::{Capabilities, Download, DownloadError, LengthUnit, MediaKind, SenderIds};
 use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
 
@@ -62,6 +62,9 @@ pub const PLATFORM: &str = "sms";
 /// The longest Body Twilio accepts; Twilio sends a longer text as
 /// several segments that the phone joins again (each billed).
 pub const MAX_BODY_CHARS: usize = 1600;
+
+/// How long fetching one MMS media file may take, body included.
+const MEDIA_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Longer waits than this are not worth blocking a send for.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
@@ -397,6 +400,17 @@ fn classify(e: ApiError) -> SendError {
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     sender_ids: SenderIds::Phone,
+    // An MMS carries pictures, audio (recordings arrive as AMR audio),
+    // video and a few document types.
+    receives: &[
+        MediaKind::Image,
+        MediaKind::Audio,
+        MediaKind::Video,
+        MediaKind::Document,
+    ],
+    // Sending an MMS needs the file at a public URL Twilio fetches
+    // (`MediaUrl`); Talaria serves none, so files go as a text line.
+    sends: &[],
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_BODY_CHARS,
         unit: LengthUnit::Chars,
@@ -454,6 +468,23 @@ impl Adapter for SmsAdapter {
         }
         self.create(to, &body).await
     }
+
+    /// `locator` is a `MediaUrl{N}` from an inbound MMS: fetched with the
+    /// account's credentials, only from Twilio's API host or the
+    /// configured API base.
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        let url = reqwest::Url::parse(locator)
+            .ok()
+            .filter(|u| self.api.is_media_address(u))
+            .ok_or_else(|| {
+                DownloadError::Gone("the media URL is not a Twilio file address".into())
+            })?;
+        self.api.fetch_media(url, MEDIA_TIMEOUT).await
+    }
+
+    // `send_file` keeps the default, a text line naming the file: an MMS
+    // is sent by giving Twilio a public URL to fetch the file from
+    // (`MediaUrl`), and Talaria serves files at none.
 }
 
 /// The registry's entry for SMS (Twilio).

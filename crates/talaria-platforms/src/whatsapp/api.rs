@@ -1,8 +1,11 @@
 //! The Graph API calls the adapter makes, and what their errors mean.
 //!
-//! Everything goes to `POST {graph_base}/{api_version}/{phone_number_id}/messages`
-//! with `Authorization: Bearer <token>`: sending a text, and marking an
-//! inbound message read (with the typing indicator). Graph answers errors
+//! Messages go to `POST {graph_base}/{api_version}/{phone_number_id}/messages`
+//! with `Authorization: Bearer <token>`: sending a text or a file, and
+//! marking an inbound message read (with the typing indicator). Files go
+//! up through `POST .../{phone_number_id}/media` (multipart) and come down
+//! in two steps: `GET .../{media_id}` names a short-lived URL, fetched with
+//! the same token from the Graph host or Meta's file host. Graph answers errors
 //! as `{"error": {"message", "type", "code", "error_subcode", "error_data",
 //! "fbtrace_id"}}`; [`classify`] turns them into what the delivery ledger
 //! understands. The token never appears in a URL, and error texts are
@@ -13,7 +16,7 @@ use std::time::Duration;
 use reqwest::header::AUTHORIZATION;
 use serde::Deserialize;
 use serde_json::Value;
-use talaria_adapter::SendError;
+use talaria_adapter::{Download, DownloadError, SendError};
 use talaria_core::Secret;
 
 use crate::http::{Failure, Http, HttpError, Service};
@@ -83,13 +86,41 @@ pub(crate) fn classify(e: &ApiError, wait: Duration) -> SendError {
     }
 }
 
-/// A client bound to one number's `/messages` endpoint and token.
+/// The host Meta serves media files from (the URL `GET /{media_id}`
+/// names); the configured Graph host is the only other one trusted.
+pub(crate) const FILE_HOST: &str = "lookaside.fbsbx.com";
+
+/// A client bound to one number's endpoints and token.
 #[derive(Debug, Clone)]
 pub(crate) struct Api {
     http: Http,
-    /// `{graph_base}/{api_version}/{phone_number_id}/messages`.
+    /// `{graph_base}/{api_version}`.
+    root: String,
+    /// `{root}/{phone_number_id}/messages`.
     messages_url: String,
+    phone_number_id: String,
     token: Secret,
+}
+
+/// What `GET /{media_id}` says of a file.
+#[derive(Debug, Deserialize)]
+pub(crate) struct MediaInfo {
+    /// Where to fetch it, with the token, for the next five minutes.
+    pub url: String,
+    /// Its size: Graph writes it as a number or as a string.
+    #[serde(default)]
+    pub file_size: Option<Value>,
+}
+
+impl MediaInfo {
+    /// The size Graph claims, whichever way it wrote it.
+    pub(crate) fn size(&self) -> Option<u64> {
+        match self.file_size.as_ref()? {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        }
+    }
 }
 
 /// Graph's error envelope.
@@ -113,12 +144,20 @@ struct GraphError {
 }
 
 impl Api {
-    pub(crate) fn new(messages_url: String, token: &Secret) -> Result<Api, String> {
+    /// A client of `{root}/{phone_number_id}/...`, `root` being
+    /// `{graph_base}/{api_version}`.
+    pub(crate) fn new(root: String, phone_number_id: &str, token: &Secret) -> Result<Api, String> {
         Ok(Api {
             http: Http::new(GRAPH)?.hiding(token, "<token>"),
-            messages_url,
+            messages_url: format!("{root}/{phone_number_id}/messages"),
+            root,
+            phone_number_id: phone_number_id.to_owned(),
             token: token.clone(),
         })
+    }
+
+    fn bearer(&self) -> String {
+        format!("Bearer {}", self.token.expose())
     }
 
     /// `POST .../messages` with `body`; Graph's JSON answer.
@@ -127,8 +166,97 @@ impl Api {
             .http
             .client()
             .post(&self.messages_url)
-            .header(AUTHORIZATION, format!("Bearer {}", self.token.expose()))
+            .header(AUTHORIZATION, self.bearer())
             .json(body);
+        self.read(request, timeout).await
+    }
+
+    /// `POST .../media`: uploads `file` (a part streamed from disk) of
+    /// type `mime`; the media id to send it with.
+    pub(crate) async fn upload(
+        &self,
+        file: reqwest::multipart::Part,
+        mime: &str,
+        timeout: Duration,
+    ) -> Result<String, ApiError> {
+        let form = reqwest::multipart::Form::new()
+            .text("messaging_product", "whatsapp")
+            .text("type", mime.to_owned())
+            .part("file", file);
+        let request = self
+            .http
+            .client()
+            .post(format!("{}/{}/media", self.root, self.phone_number_id))
+            .header(AUTHORIZATION, self.bearer())
+            .multipart(form);
+        let answer = self.read(request, timeout).await?;
+        answer
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                self.http.fail(Failure::Other(
+                    "the Graph API accepted the upload without a media id".to_owned(),
+                ))
+            })
+    }
+
+    /// `GET /{media_id}?phone_number_id=`: where the file is for the next
+    /// minutes (Graph checks it belongs to this number).
+    pub(crate) async fn media_info(
+        &self,
+        media_id: &str,
+        timeout: Duration,
+    ) -> Result<MediaInfo, ApiError> {
+        let request = self
+            .http
+            .client()
+            .get(format!("{}/{media_id}", self.root))
+            .query(&[("phone_number_id", self.phone_number_id.as_str())])
+            .header(AUTHORIZATION, self.bearer());
+        let answer = self.read(request, timeout).await?;
+        serde_json::from_value(answer).map_err(|e| {
+            self.http.fail(Failure::Other(format!(
+                "the Graph API described the file without a usable URL: {e}"
+            )))
+        })
+    }
+
+    /// Whether `url` (named by Graph) is on a host WhatsApp serves files
+    /// from: the configured Graph origin, or Meta's file host over https.
+    /// The token goes with the request, so nowhere else is fetched.
+    pub(crate) fn is_file_address(&self, url: &reqwest::Url) -> bool {
+        let ours = reqwest::Url::parse(&self.root).ok().is_some_and(|root| {
+            root.scheme() == url.scheme()
+                && root.host_str() == url.host_str()
+                && root.port_or_known_default() == url.port_or_known_default()
+        });
+        let meta = url.scheme() == "https" && url.host_str() == Some(FILE_HOST);
+        ours || meta
+    }
+
+    /// Fetches the file at `url` (checked with [`Self::is_file_address`]
+    /// first), streamed.
+    pub(crate) async fn fetch(
+        &self,
+        url: reqwest::Url,
+        timeout: Duration,
+    ) -> Result<Download, DownloadError> {
+        let request = self
+            .http
+            .client()
+            .get(url)
+            .header(AUTHORIZATION, self.bearer());
+        self.http.download(request, timeout).await
+    }
+
+    /// Sends `request` and reads Graph's JSON answer or its error.
+    async fn read(
+        &self,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<Value, ApiError> {
         let answer = self.http.send(request, timeout).await?;
         if answer.is_success() {
             return self.http.decode(&answer);

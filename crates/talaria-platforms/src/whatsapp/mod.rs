@@ -15,6 +15,8 @@
 //! - `mapping`: Meta's payload and what it becomes.
 //! - `api`: the Graph calls and what their errors mean to the ledger.
 //! - `format`: Markdown to WhatsApp's `*bold*`, `_italic_`, `~strike~`.
+//! - `media`: which message type carries a file, and what a failed fetch
+//!   means.
 //!
 //! # Invariants
 //!
@@ -35,6 +37,7 @@ mod api;
 mod config;
 mod format;
 mod mapping;
+mod media;
 mod server;
 
 use crate::registry::{BuildError, Built, Platform, Setup};
@@ -48,7 +51,8 @@ use hmac::Mac;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, MessageLimits, OutboundMessage, SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Download, DownloadError, MediaKind, MessageLimits,
+    OutboundFile, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, SenderIds};
 use talaria_core::config::{platform_var, secret_or_env, text_or_env};
@@ -71,6 +75,9 @@ pub const MAX_TEXT_CHARS: usize = 4096;
 /// A typing indicator lasts 25 seconds or until the reply; showing it
 /// again sooner than this only costs API calls.
 const TYPING_REFRESH: Duration = Duration::from_secs(20);
+
+/// How long moving one file (up or down) may take, body included.
+const MEDIA_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Waits longer than this are not worth holding a send for.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
@@ -303,8 +310,8 @@ impl WhatsappAdapter {
         if settings.max_body_bytes == 0 {
             return Err(WhatsappError::ZeroBodyLimit);
         }
-        let url = format!("{base}/{version}/{number}/messages");
-        let api = Api::new(url, &Secret::new(token)).map_err(WhatsappError::Client)?;
+        let api = Api::new(format!("{base}/{version}"), number, &Secret::new(token))
+            .map_err(WhatsappError::Client)?;
         let mac = <hmac::Hmac<Sha256> as Mac>::new_from_slice(
             settings.app_secret.expose().trim().as_bytes(),
         )
@@ -390,6 +397,21 @@ impl WhatsappAdapter {
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     sender_ids: SenderIds::Phone,
+    // Stickers arrive as images.
+    receives: &[
+        MediaKind::Image,
+        MediaKind::Voice,
+        MediaKind::Audio,
+        MediaKind::Video,
+        MediaKind::Document,
+    ],
+    sends: &[
+        MediaKind::Image,
+        MediaKind::Voice,
+        MediaKind::Audio,
+        MediaKind::Video,
+        MediaKind::Document,
+    ],
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_TEXT_CHARS,
         unit: LengthUnit::Chars,
@@ -433,6 +455,101 @@ impl Adapter for WhatsappAdapter {
             body["context"] = json!({ "message_id": quoted });
         }
         let id = self.post_with_retries(&body).await?;
+        Ok(SentMessage {
+            message_id: Some(id),
+        })
+    }
+
+    /// `locator` is the media id from the webhook: `GET /{media_id}` names
+    /// a URL valid for five minutes, fetched with the same token, only
+    /// from the Graph host or Meta's file host.
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        if !media::is_media_id(locator) {
+            return Err(DownloadError::Gone(format!(
+                "{locator:?} is not a WhatsApp media id"
+            )));
+        }
+        let info = self
+            .api
+            .media_info(locator, self.send_timeout)
+            .await
+            .map_err(|e| media::lookup_failed(&e))?;
+        let url = reqwest::Url::parse(&info.url)
+            .ok()
+            .filter(|u| self.api.is_file_address(u))
+            .ok_or_else(|| {
+                DownloadError::Gone(
+                    "the media URL Graph named is not a WhatsApp file address".into(),
+                )
+            })?;
+        let mut download = self.api.fetch(url, MEDIA_TIMEOUT).await?;
+        download.length = download.length.or(info.size());
+        Ok(download)
+    }
+
+    /// Uploads the file (`POST /media`, streamed from disk), then sends a
+    /// message of the type that carries it. Audio has no caption on
+    /// WhatsApp, so a caption follows it as a text.
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let size = tokio::fs::metadata(&file.path)
+            .await
+            .map_err(|e| SendError::Rejected(format!("cannot read {}: {e}", file.name)))?
+            .len();
+        let Some(kind) = media::message_type(file.kind, &file.mime, size) else {
+            let text = file.fallback_text(PLATFORM);
+            return self
+                .send(&OutboundMessage {
+                    chat_id: file.chat_id.clone(),
+                    thread_id: file.thread_id.clone(),
+                    reply_to: file.reply_to.clone(),
+                    text,
+                })
+                .await;
+        };
+        let part = crate::http::file_part(&file.path, &file.name, &file.mime)
+            .await
+            .map_err(|e| SendError::Rejected(format!("cannot read {}: {e}", file.name)))?;
+        let media_id = self
+            .api
+            .upload(part, &file.mime, MEDIA_TIMEOUT)
+            .await
+            .map_err(|e| self.report(e))?;
+        let mut content = json!({ "id": media_id });
+        let caption = file.caption.as_deref().filter(|c| !c.trim().is_empty());
+        if let Some(caption) = caption.filter(|_| media::has_caption(kind)) {
+            content["caption"] = json!(format::to_whatsapp(caption));
+        }
+        if kind == "document" {
+            content["filename"] = json!(file.name);
+        }
+        let mut body = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": file.chat_id,
+            "type": kind,
+        });
+        body[kind] = content;
+        if let Some(quoted) = file
+            .reply_to
+            .as_deref()
+            .filter(|id| id.starts_with("wamid."))
+        {
+            body["context"] = json!({ "message_id": quoted });
+        }
+        let id = self.post_with_retries(&body).await?;
+        if let Some(caption) = caption.filter(|_| !media::has_caption(kind)) {
+            // The file is out: a failed caption must not make the ledger
+            // send the file again, so it is only logged.
+            let text = OutboundMessage {
+                chat_id: file.chat_id.clone(),
+                thread_id: None,
+                reply_to: None,
+                text: caption.to_owned(),
+            };
+            if let Err(e) = self.send(&text).await {
+                tracing::warn!(error = %e, "the caption after a WhatsApp audio was not sent");
+            }
+        }
         Ok(SentMessage {
             message_id: Some(id),
         })

@@ -237,8 +237,15 @@ pub(super) async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Resp
             );
         }
     }
+    let mut attachments = Vec::new();
+    for item in body["base64_attachments"].as_array().into_iter().flatten() {
+        let Some(a) = item.as_str().and_then(parse_attachment) else {
+            return error(400, "Couldn't process request - invalid attachment");
+        };
+        attachments.push(a);
+    }
     let message = body["message"].as_str().unwrap_or("").to_owned();
-    if message.trim().is_empty() {
+    if message.trim().is_empty() && attachments.is_empty() {
         return error(400, "Failed to send message: empty message");
     }
     let timestamp = st.timestamp();
@@ -248,10 +255,66 @@ pub(super) async fn send(State(shared): State<Arc<Shared>>, body: Bytes) -> Resp
         message,
         quote_timestamp: body["quote_timestamp"].as_i64(),
         quote_author: body["quote_author"].as_str().map(str::to_owned),
+        attachments,
         timestamp,
         at: Instant::now(),
     });
     json_response(201, &json!({ "timestamp": timestamp.to_string() }))
+}
+
+/// `data:<mime>;filename=<name>;base64,<data>`, or bare base64.
+fn parse_attachment(item: &str) -> Option<SentAttachment> {
+    use base64::Engine;
+    let decode = |data: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .ok()
+    };
+    let Some(rest) = item.strip_prefix("data:") else {
+        return Some(SentAttachment {
+            mime: None,
+            filename: None,
+            bytes: decode(item)?,
+        });
+    };
+    let (head, data) = rest.split_once(";base64,")?;
+    let mut fields = head.split(';');
+    let mime = fields.next().filter(|m| m.contains('/'))?.to_owned();
+    let mut filename = None;
+    for field in fields {
+        if let Some(name) = field.strip_prefix("filename=") {
+            filename = Some(name.to_owned());
+        }
+    }
+    Some(SentAttachment {
+        mime: Some(mime),
+        filename,
+        bytes: decode(data)?,
+    })
+}
+
+/// `GET /v1/attachments/{id}`: a file the server keeps.
+pub(super) async fn attachment(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+) -> Response {
+    record(
+        &shared,
+        "GET",
+        &format!("/v1/attachments/{id}"),
+        &Value::Null,
+    );
+    match shared.core.read().files.get(&id) {
+        Some(bytes) => {
+            let mut r = Response::new(axum::body::Body::from(bytes.clone()));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            r
+        }
+        None => error(404, "No attachment with that name found"),
+    }
 }
 
 pub(super) async fn typing(
