@@ -41,11 +41,9 @@ pub async fn attach_files(rt: &Runtime, model: &str, paths: &[&Path]) -> Result<
         (true, Some(Err(e))) => return Err(format!("images cannot be described: {e}")),
         _ => None,
     };
-    let transcriber = match Transcriber::from_config(&config.stt, env) {
-        Some(Ok(t)) => Some(Arc::new(t)),
-        Some(Err(e)) => return Err(format!("audio cannot be transcribed: {e}")),
-        None => None,
-    };
+    let transcriber = Transcriber::from_config(&config.stt, env)
+        .map_err(|e| format!("audio cannot be transcribed: {e}"))?
+        .map(Arc::new);
     let cx = AttachContext {
         cache: &cache,
         image_max_px: config.media.image_max_px,

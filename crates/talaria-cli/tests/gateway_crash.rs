@@ -75,7 +75,7 @@ async fn a_crash_between_two_files_of_an_answer_sends_each_part_once() {
 
     let mut first = crash_support::spawn_gateway(&home, &home.root.join("test-gateway.log"));
     kit.wait_connected(1).await;
-    kit.fake.hold_uploads_after(Some(1));
+    kit.fake.hold_uploads_after(Some(1usize));
     llm.push(Reply::text("Two files.\nMEDIA:a.png\nMEDIA:b.pdf"));
     kit.push_dm(Who::Friend, "send both");
     talaria_testkit::wait::wait_for("the second file's upload", || async {

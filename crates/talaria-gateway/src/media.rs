@@ -69,20 +69,18 @@ impl MediaServices {
             None
         };
         let transcriber = match Transcriber::from_config(&config.stt, env) {
-            Some(Ok(t)) => Some(Arc::new(t)),
-            Some(Err(e)) => {
+            Ok(t) => t.map(Arc::new),
+            Err(e) => {
                 problems.push(format!("voice notes will not be transcribed: {e}"));
                 None
             }
-            None => None,
         };
         let synthesizer = match Synthesizer::from_config(&config.tts, env) {
-            Some(Ok(s)) => Some(Arc::new(s)),
-            Some(Err(e)) => {
+            Ok(s) => s.map(Arc::new),
+            Err(e) => {
                 problems.push(format!("answers will not be spoken: {e}"));
                 None
             }
-            None => None,
         };
         let services = MediaServices {
             cache: MediaCache::for_home(home, &config.media),

@@ -71,7 +71,7 @@ pub enum MediaError {
 
 /// `20 MB`, `512 KB`, `300 bytes`: sizes as a person reads them (binary
 /// units, as `media.max_bytes` is usually written in MiB).
-pub(crate) fn human_bytes(n: u64) -> String {
+pub fn human_bytes(n: u64) -> String {
     const KB: u64 = 1024;
     const MB: u64 = 1024 * KB;
     if n >= MB && n.is_multiple_of(MB) {

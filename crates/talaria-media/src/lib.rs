@@ -59,7 +59,7 @@ mod tts;
 
 pub use cache::{Hint, MediaCache, Stored};
 pub use document::{DocumentText, MAX_PDF_BYTES, read_document};
-pub use error::MediaError;
+pub use error::{MediaError, human_bytes as human_size};
 pub use image_gen::{ImageGenError, ImageGenerator};
 pub use name::sanitize_name;
 pub use prepare::{PreparedImage, identify, prepare_image};

@@ -785,7 +785,7 @@ mod media {
         );
         let heard = &stt.requests()[0];
         assert_eq!(heard.field("model"), Some("whisper-1"));
-        assert_eq!(heard.file.as_ref().map(|f| f.len), Some(voice.len() as u64));
+        assert_eq!(heard.file.as_ref().map(|f| f.len), Some(voice.len()));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -140,6 +140,15 @@ impl Fronts {
             hooks: Arc::new(Hooks::none()),
             turn_leases: None,
             node: talaria_store::NodeId::random(),
+            media: Arc::new(
+                talaria_gateway::media::MediaServices::from_config(
+                    &rt.config,
+                    &rt.loaded.env,
+                    &rt.home,
+                    "mock-model",
+                )
+                .0,
+            ),
         });
         let (inbox, events) = Inbox::admitting(16);
         let stop = CancellationToken::new();

@@ -509,6 +509,7 @@ impl Scheduler {
             // Its output may go to several targets (or none), each
             // recorded when it is delivered.
             outbox: None,
+            media: Vec::new(),
         };
         let run =
             inner
