@@ -51,7 +51,7 @@ async fn start_gateway(llm: &MockOpenAi) -> Gateway {
         home.join("config.yaml"),
         format!(
             "model:\n  default: mock-model\n  provider: custom\n  base_url: {}\n  \
-             api_key: sk-test-secret-key-0123456789\nagent:\n  api_max_retries: 0\n\
+             api_key: sk-test-secret-key-0123456789\n  vision: on\nagent:\n  api_max_retries: 0\n\
              platforms:\n  api_server:\n    port: {port}\n",
             llm.base_url()
         ),
@@ -208,4 +208,30 @@ async fn the_official_openai_sdk_drives_the_api_server() {
     run_case(&python, &gateway, "failure").await;
 
     run_case(&python, &gateway, "models").await;
+
+    // An image part from the SDK reaches the model as an image part.
+    let before = llm.requests().len();
+    llm.push(Reply::text("A tiny picture."));
+    run_case(&python, &gateway, "image").await;
+    let request = &llm.requests()[before].body;
+    let user = request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .unwrap();
+    let parts = user["content"].as_array().expect("content parts");
+    assert!(
+        parts
+            .iter()
+            .any(|p| p["type"] == "text" && p["text"].as_str().unwrap().contains("what colour is this?")),
+        "{user}"
+    );
+    let url = parts
+        .iter()
+        .find(|p| p["type"] == "image_url")
+        .and_then(|p| p["image_url"]["url"].as_str())
+        .unwrap_or_else(|| panic!("no image part: {user}"));
+    assert!(url.starts_with("data:image/"), "{url:.40}");
 }

@@ -139,6 +139,31 @@ def failure():
     raise AssertionError("a failed turn was answered")
 
 
+# A 2x2 PNG, as a client would read one from disk.
+PNG_2X2 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAEElEQVR4nGP4zwAE/xkgFAAb8gP91pbyKwAAAABJRU5ErkJggg=="
+)
+
+
+def image():
+    """An image content part, the way the SDK's vision examples send one:
+    a data URL beside the question."""
+    c = client()
+    resp = c.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what colour is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PNG_2X2}},
+                ],
+            }
+        ],
+    )
+    assert resp.choices[0].message.content == "A tiny picture.", resp
+
+
 def models():
     c = client()
     m = c.models.retrieve(MODEL)
@@ -154,7 +179,7 @@ def models():
 
 CASES = {
     f.__name__: f
-    for f in [non_streamed, streamed, streamed_tool, bad_key, stream_failure, failure, models]
+    for f in [non_streamed, streamed, streamed_tool, bad_key, stream_failure, failure, models, image]
 }
 
 if __name__ == "__main__":
