@@ -39,8 +39,8 @@ pub struct VisionAnalyzeTool {
 }
 
 impl VisionAnalyzeTool {
-    /// The tool, asking `provider` (the `auxiliary.vision` model; build it
-    /// so that it sends images, e.g. `model.vision: on` in its block) about
+    /// The tool, asking `provider` (the `auxiliary.vision` model, as
+    /// `talaria_llm::auxiliary_vision_provider` builds it: sending images) about
     /// images found inside `roots` (the media cache directory, the
     /// workspace), downscaled to `image_max_px` (`media.image_max_px`).
     pub fn new(
