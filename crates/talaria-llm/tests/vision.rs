@@ -443,3 +443,27 @@ async fn the_auxiliary_vision_model_is_sent_images_unless_told_off() {
         assert_eq!(got.body["max_tokens"], 300);
     }
 }
+
+#[tokio::test]
+async fn anthropic_refuses_an_image_over_its_api_limit_with_a_placeholder() {
+    let dir = tempfile::tempdir().unwrap();
+    // Sent by OpenAI's rules, over Anthropic's 5 MB of base64.
+    let big = dir.path().join("big.png");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(talaria_llm::anthropic::MAX_IMAGE_BYTES + 1)
+        .unwrap();
+    const { assert!(talaria_llm::anthropic::MAX_IMAGE_BYTES + 1 < talaria_llm::media::MAX_IMAGE_BYTES) };
+    let photo = MediaRef {
+        kind: MediaKind::Image,
+        path: big,
+        mime: "image/png".into(),
+    };
+    let req = request(vec![Message::user_with_media("huge", vec![photo])]);
+    let mock = MockAnthropic::start().await;
+    let got = send_anthropic(&anthropic(&mock, VisionMode::On), &mock, &req).await;
+    assert_eq!(
+        got.body["messages"][0]["content"],
+        json!([{"type": "text", "text": format!("{}\nhuge", talaria_llm::media::TOO_LARGE)}])
+    );
+}
