@@ -17,6 +17,9 @@ use crate::{ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider,
 
 /// The API version this adapter speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// The largest image file sent, in bytes: the API refuses an image whose
+/// base64 is over 5 MB, and base64 is four characters for three bytes.
+pub const MAX_IMAGE_BYTES: u64 = 5_000_000 / 4 * 3;
 /// `max_tokens` is mandatory on this API; used when nothing else sets it.
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
@@ -108,7 +111,7 @@ impl AnthropicProvider {
         let client = self.http.client()?;
         let mut stream = self.is_streaming();
         // Read once per request; the bytes live until the answer is in.
-        let images = Attachments::load(&req.messages, self.sees_images).await;
+        let images = Attachments::load(&req.messages, self.sees_images, MAX_IMAGE_BYTES).await;
         loop {
             let mut rb = client
                 .post(&self.url)

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use talaria_core::config::AgentConfig;
+use talaria_core::config::{AgentConfig, VisionMode};
 use talaria_core::{Config, Endpoint, Env};
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +27,35 @@ pub fn provider_with(endpoint: &Endpoint, opts: HttpOptions) -> Arc<dyn Provider
     } else {
         Arc::new(OpenAiProvider::new(endpoint, opts))
     }
+}
+
+/// The provider for `auxiliary.vision` (the model `vision_analyze` and
+/// `media.describe_images` ask), or `None` when none is configured; the
+/// error says what the block lacks. It is configured to look at images, so
+/// it is sent them unless its block says `vision: off`: `auto` would judge
+/// an unfamiliar local model's name as blind.
+pub fn auxiliary_vision_provider(
+    config: &Config,
+    env: &Env,
+) -> Option<Result<Arc<dyn Provider>, String>> {
+    let endpoint = match config.vision_endpoint(env)? {
+        Ok(e) => e,
+        Err(e) => return Some(Err(e)),
+    };
+    let block = config.auxiliary.vision.as_ref()?;
+    let mut secrets = env.secret_values();
+    secrets.extend(config.secret_values());
+    let opts = HttpOptions {
+        default_max_tokens: block.max_tokens,
+        default_temperature: block.temperature,
+        secrets,
+        vision: match block.vision {
+            VisionMode::Off => VisionMode::Off,
+            VisionMode::Auto | VisionMode::On => VisionMode::On,
+        },
+        ..HttpOptions::from_agent(&config.agent)
+    };
+    Some(Ok(provider_with(&endpoint, opts)))
 }
 
 /// What to do after a failed attempt.

@@ -32,7 +32,7 @@ pub const MAX_IMAGE_BYTES: u64 = 8 * 1024 * 1024;
 pub const SENT_EARLIER: &str = "[image sent earlier]";
 /// Instead of an image whose file the cache no longer has.
 pub const NO_LONGER_AVAILABLE: &str = "[image no longer available]";
-/// Instead of an image file over [`MAX_IMAGE_BYTES`].
+/// Instead of an image file over the size the provider sends.
 pub const TOO_LARGE: &str = "[image too large to send]";
 /// Instead of an image in a format the model APIs do not take.
 pub const UNSUPPORTED: &str = "[image in a format the model cannot take]";
@@ -74,10 +74,12 @@ impl Attachments {
 
     /// Reads the images of `messages`' user rows (media of kind `Image`;
     /// other media never become parts). The newest [`KEEP_IMAGES`] are read
-    /// from disk, bounded by [`MAX_IMAGE_BYTES`]; the rest, and any that
+    /// from disk, each bounded by `max_bytes` (at most [`MAX_IMAGE_BYTES`];
+    /// a provider whose API takes less says so); the rest, and any that
     /// cannot be sent, become placeholders. With `sees_images` false, every
     /// image becomes [`NOT_SEEN`] and nothing is read.
-    pub async fn load(messages: &[Message], sees_images: bool) -> Attachments {
+    pub async fn load(messages: &[Message], sees_images: bool, max_bytes: u64) -> Attachments {
+        let max_bytes = max_bytes.min(MAX_IMAGE_BYTES);
         let images: Vec<(usize, &talaria_core::MediaRef)> = messages
             .iter()
             .enumerate()
@@ -103,7 +105,7 @@ impl Attachments {
             } else if !SENDABLE_TYPES.contains(&r.mime.as_str()) {
                 ImagePart::Placeholder(UNSUPPORTED)
             } else {
-                match read_bounded(&r.path).await {
+                match read_bounded(&r.path, max_bytes).await {
                     Ok(bytes) => ImagePart::Image {
                         mime: r.mime.clone(),
                         bytes,
@@ -123,7 +125,7 @@ impl Attachments {
 }
 
 /// The file at `path`, or the placeholder that says why it is not sent.
-async fn read_bounded(path: &Path) -> Result<Vec<u8>, &'static str> {
+async fn read_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>, &'static str> {
     let file = match tokio::fs::File::open(path).await {
         Ok(f) => f,
         Err(e) if e.kind() == IoErrorKind::NotFound => {
@@ -142,17 +144,17 @@ async fn read_bounded(path: &Path) -> Result<Vec<u8>, &'static str> {
             return Err(UNREADABLE);
         }
     };
-    if len > MAX_IMAGE_BYTES {
+    if len > max_bytes {
         tracing::warn!(path = %path.display(), len, "an image of the transcript is over the size sent to a model");
         return Err(TOO_LARGE);
     }
     let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
     // Bounded again while reading: the file may have grown since.
-    if let Err(e) = file.take(MAX_IMAGE_BYTES + 1).read_to_end(&mut bytes).await {
+    if let Err(e) = file.take(max_bytes + 1).read_to_end(&mut bytes).await {
         tracing::warn!(path = %path.display(), "an image of the transcript cannot be read: {e}");
         return Err(UNREADABLE);
     }
-    if bytes.len() as u64 > MAX_IMAGE_BYTES {
+    if bytes.len() as u64 > max_bytes {
         return Err(TOO_LARGE);
     }
     Ok(bytes)
@@ -228,7 +230,7 @@ mod tests {
             ));
             msgs.push(Message::assistant("nice"));
         }
-        let a = Attachments::load(&msgs, true).await;
+        let a = Attachments::load(&msgs, true, MAX_IMAGE_BYTES).await;
         let kinds: Vec<_> = (0..msgs.len())
             .flat_map(|i| a.row(i).to_vec())
             .map(|p| match p {
@@ -268,7 +270,7 @@ mod tests {
             "look",
             vec![image(dir.path().join("gone.png")), image(big), tiff, voice],
         )];
-        let a = Attachments::load(&msgs, true).await;
+        let a = Attachments::load(&msgs, true, MAX_IMAGE_BYTES).await;
         assert_eq!(
             a.row(0),
             [
@@ -281,6 +283,14 @@ mod tests {
             text_with_placeholders("look", a.row(0)),
             format!("{NO_LONGER_AVAILABLE}\n{TOO_LARGE}\n{UNSUPPORTED}\nlook")
         );
+        // A provider's smaller limit applies; a larger one is capped.
+        let small = dir.path().join("small.png");
+        std::fs::write(&small, [0u8; 100]).unwrap();
+        let msgs = vec![Message::user_with_media("x", vec![image(small)])];
+        let a = Attachments::load(&msgs, true, 99).await;
+        assert_eq!(a.row(0), [ImagePart::Placeholder(TOO_LARGE)]);
+        let a = Attachments::load(&msgs, true, 100).await;
+        assert!(matches!(a.row(0), [ImagePart::Image { .. }]));
     }
 
     #[tokio::test]
@@ -289,10 +299,10 @@ mod tests {
         let p = dir.path().join("a.png");
         std::fs::write(&p, b"png").unwrap();
         let msgs = vec![Message::user_with_media("x", vec![image(p)])];
-        let a = Attachments::load(&msgs, false).await;
+        let a = Attachments::load(&msgs, false, MAX_IMAGE_BYTES).await;
         assert_eq!(a.row(0), [ImagePart::Placeholder(NOT_SEEN)]);
         assert_eq!(
-            Attachments::load(&[Message::user("x")], true).await,
+            Attachments::load(&[Message::user("x")], true, MAX_IMAGE_BYTES).await,
             Attachments::none()
         );
     }

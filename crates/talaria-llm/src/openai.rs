@@ -12,7 +12,7 @@ use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ToolCall, Usag
 use tokio_util::sync::CancellationToken;
 
 use crate::http::{Http, HttpOptions, join_url, rejects_streaming};
-use crate::media::{Attachments, DataUrl, ImagePart, text_with_placeholders};
+use crate::media::{Attachments, DataUrl, ImagePart, MAX_IMAGE_BYTES, text_with_placeholders};
 use crate::repair::repair_json;
 use crate::sse::SseParser;
 use crate::{
@@ -97,7 +97,7 @@ impl OpenAiProvider {
         let client = self.http.client()?;
         let mut stream = self.is_streaming();
         // Read once per request; the bytes live until the answer is in.
-        let images = Attachments::load(&req.messages, self.sees_images).await;
+        let images = Attachments::load(&req.messages, self.sees_images, MAX_IMAGE_BYTES).await;
         loop {
             let mut rb = client
                 .post(&self.url)

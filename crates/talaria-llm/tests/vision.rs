@@ -10,10 +10,13 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use common::{endpoint, opts};
 use serde_json::{Value, json};
-use talaria_core::config::VisionMode;
-use talaria_core::{MediaKind, MediaRef, Message, ProviderKind};
+use talaria_core::config::{ModelConfig, VisionMode};
+use talaria_core::{Config, Env, MediaKind, MediaRef, Message, ProviderKind};
 use talaria_llm::media::{KEEP_IMAGES, NO_LONGER_AVAILABLE, NOT_SEEN, SENT_EARLIER};
-use talaria_llm::{AnthropicProvider, ChatRequest, HttpOptions, OpenAiProvider, Provider};
+use talaria_llm::{
+    AnthropicProvider, ChatRequest, HttpOptions, LlmClient, OpenAiProvider, Provider,
+    auxiliary_vision_provider,
+};
 use talaria_testkit::{MockAnthropic, MockOpenAi, Recorded, Reply};
 use tokio_util::sync::CancellationToken;
 
@@ -363,4 +366,104 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
     p
+}
+
+fn photo_request(dir: &Path) -> ChatRequest {
+    let (photo, _) = cached_png(dir, "cfg", 5);
+    request(vec![Message::user_with_media("see?", vec![photo])])
+}
+
+fn has_image_part(got: &Recorded) -> bool {
+    got.body["messages"][0]["content"]
+        .as_array()
+        .is_some_and(|parts| parts.iter().any(|p| p["type"] == "image_url"))
+}
+
+#[tokio::test]
+async fn from_config_follows_model_vision() {
+    let dir = tempfile::tempdir().unwrap();
+    let req = photo_request(dir.path());
+    let mock = MockOpenAi::start().await;
+    let mut config = Config::default();
+    config.model.default = Some("local-model".into());
+    config.model.base_url = Some(mock.base_url());
+    for (mode, sent) in [
+        (VisionMode::Auto, false),
+        (VisionMode::On, true),
+        (VisionMode::Off, false),
+    ] {
+        config.model.vision = mode;
+        let client = LlmClient::from_config(&config, &Env::default()).unwrap();
+        mock.push(Reply::text("ok"));
+        client
+            .chat(&req, &|_| {}, &CancellationToken::new())
+            .await
+            .unwrap();
+        let got = mock.requests().pop().unwrap();
+        assert_eq!(has_image_part(&got), sent, "{mode:?}: {}", got.body);
+    }
+}
+
+#[tokio::test]
+async fn the_auxiliary_vision_model_is_sent_images_unless_told_off() {
+    let mut config = Config::default();
+    assert!(auxiliary_vision_provider(&config, &Env::default()).is_none());
+    config.auxiliary.vision = Some(ModelConfig::default());
+    let e = auxiliary_vision_provider(&config, &Env::default())
+        .unwrap()
+        .err()
+        .unwrap();
+    assert!(e.contains("`auxiliary.vision` needs `default`"), "{e}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let req = photo_request(dir.path());
+    let mock = MockOpenAi::start().await;
+    for (mode, sent) in [
+        (VisionMode::Auto, true),
+        (VisionMode::On, true),
+        (VisionMode::Off, false),
+    ] {
+        config.auxiliary.vision = Some(ModelConfig {
+            default: Some("my-local-vlm-q4".into()),
+            base_url: Some(mock.base_url()),
+            max_tokens: Some(300),
+            vision: mode,
+            ..ModelConfig::default()
+        });
+        let p = auxiliary_vision_provider(&config, &Env::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.model(), "my-local-vlm-q4");
+        mock.push(Reply::text("ok"));
+        p.chat(&req, &|_| {}, &CancellationToken::new())
+            .await
+            .unwrap();
+        let got = mock.requests().pop().unwrap();
+        assert_eq!(has_image_part(&got), sent, "{mode:?}");
+        assert_eq!(got.body["max_tokens"], 300);
+    }
+}
+
+#[tokio::test]
+async fn anthropic_refuses_an_image_over_its_api_limit_with_a_placeholder() {
+    let dir = tempfile::tempdir().unwrap();
+    // Sent by OpenAI's rules, over Anthropic's 5 MB of base64.
+    let big = dir.path().join("big.png");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(talaria_llm::anthropic::MAX_IMAGE_BYTES + 1)
+        .unwrap();
+    const { assert!(talaria_llm::anthropic::MAX_IMAGE_BYTES + 1 < talaria_llm::media::MAX_IMAGE_BYTES) };
+    let photo = MediaRef {
+        kind: MediaKind::Image,
+        path: big,
+        mime: "image/png".into(),
+    };
+    let req = request(vec![Message::user_with_media("huge", vec![photo])]);
+    let mock = MockAnthropic::start().await;
+    let got = send_anthropic(&anthropic(&mock, VisionMode::On), &mock, &req).await;
+    assert_eq!(
+        got.body["messages"][0]["content"],
+        json!([{"type": "text", "text": format!("{}\nhuge", talaria_llm::media::TOO_LARGE)}])
+    );
 }

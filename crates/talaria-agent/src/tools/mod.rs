@@ -28,6 +28,7 @@ pub mod session_search;
 pub mod terminal;
 pub mod threat;
 pub mod todo;
+pub mod vision;
 
 /// A failed tool call. The loop turns it into `{"error": "..."}` for the model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
