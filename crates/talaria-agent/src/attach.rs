@@ -182,7 +182,7 @@ async fn image(out: &mut Digest, label: &str, stored: &Stored, cx: &AttachContex
     let shown = stored.path.display();
     match &cx.describer {
         Some(provider) => {
-            match crate::tools::vision::describe_image(provider.clone(), &stored.path, max_px)
+            match crate::tools::vision::describe_image(provider.as_ref(), &stored.path, max_px)
                 .await
             {
                 Ok(words) => out.line(format!(

@@ -36,8 +36,11 @@ pub async fn attach_files(rt: &Runtime, model: &str, paths: &[&Path]) -> Result<
         });
     }
     let env = &rt.loaded.env;
-    let describer = match (config.media.describe_images, config.vision_endpoint(env)) {
-        (true, Some(Ok(endpoint))) => Some(talaria_llm::provider_for(&endpoint, &config.agent)),
+    let describer = match (
+        config.media.describe_images,
+        talaria_llm::auxiliary_vision_provider(config, env),
+    ) {
+        (true, Some(Ok(provider))) => Some(provider),
         (true, Some(Err(e))) => return Err(format!("images cannot be described: {e}")),
         _ => None,
     };

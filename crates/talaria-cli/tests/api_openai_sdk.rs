@@ -225,7 +225,8 @@ async fn the_official_openai_sdk_drives_the_api_server() {
     assert!(
         parts
             .iter()
-            .any(|p| p["type"] == "text" && p["text"].as_str().unwrap().contains("what colour is this?")),
+            .any(|p| p["type"] == "text"
+                && p["text"].as_str().unwrap().contains("what colour is this?")),
         "{user}"
     );
     let url = parts

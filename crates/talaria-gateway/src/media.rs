@@ -51,8 +51,8 @@ impl MediaServices {
     ) -> (MediaServices, Vec<String>) {
         let mut problems = Vec::new();
         let describer = if config.media.describe_images {
-            match config.vision_endpoint(env) {
-                Some(Ok(endpoint)) => Some(talaria_llm::provider_for(&endpoint, &config.agent)),
+            match talaria_llm::auxiliary_vision_provider(config, env) {
+                Some(Ok(provider)) => Some(provider),
                 Some(Err(e)) => {
                     problems.push(format!("images will not be described: {e}"));
                     None

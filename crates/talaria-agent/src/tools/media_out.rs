@@ -176,27 +176,24 @@ pub fn media_tools(
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     let mut problems = Vec::new();
     match Synthesizer::from_config(&config.tts, env) {
-        Some(Ok(tts)) => tools.push(Arc::new(TextToSpeechTool::new(
+        Ok(Some(tts)) => tools.push(Arc::new(TextToSpeechTool::new(
             Arc::new(tts),
             cache.clone(),
         ))),
-        Some(Err(e)) => problems.push(format!("text_to_speech is off: {e}")),
-        None => {}
+        Ok(None) => {}
+        Err(e) => problems.push(format!("text_to_speech is off: {e}")),
     }
     match ImageGenerator::from_config(&config.image_gen, env) {
-        Some(Ok(g)) => tools.push(Arc::new(ImageGenerateTool::new(Arc::new(g), cache.clone()))),
-        Some(Err(e)) => problems.push(format!("image_generate is off: {e}")),
-        None => {}
+        Ok(Some(g)) => tools.push(Arc::new(ImageGenerateTool::new(Arc::new(g), cache.clone()))),
+        Ok(None) => {}
+        Err(e) => problems.push(format!("image_generate is off: {e}")),
     }
-    match config.vision_endpoint(env) {
-        Some(Ok(endpoint)) => {
-            let provider = talaria_llm::provider_for(&endpoint, &config.agent);
-            tools.push(Arc::new(super::vision::VisionTool::new(
-                provider,
-                vec![cache.dir().to_path_buf(), workdir.to_path_buf()],
-                config.media.image_max_px,
-            )));
-        }
+    match talaria_llm::auxiliary_vision_provider(config, env) {
+        Some(Ok(provider)) => tools.push(Arc::new(super::vision::VisionAnalyzeTool::new(
+            provider,
+            vec![cache.dir().to_path_buf(), workdir.to_path_buf()],
+            config.media.image_max_px,
+        ))),
         Some(Err(e)) => problems.push(format!("vision_analyze is off: {e}")),
         None => {}
     }

@@ -147,7 +147,14 @@ impl<K: AdapterKit> Rig<K> {
         let agent = Arc::new(Agent::new(AgentParts {
             config: config.clone(),
             home: self.home.clone(),
-            provider: talaria_llm::provider_for(&endpoint, &config.agent),
+            // As the binary builds it: `model.vision` decides image parts.
+            provider: talaria_llm::provider_with(
+                &endpoint,
+                talaria_llm::HttpOptions {
+                    vision: config.model.vision,
+                    ..talaria_llm::HttpOptions::from_agent(&config.agent)
+                },
+            ),
             store: store.clone(),
             registry: Arc::new(registry),
             interaction: Arc::new(NoHuman),
