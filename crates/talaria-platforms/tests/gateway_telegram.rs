@@ -647,6 +647,22 @@ mod media {
         out
     }
 
+    /// PNG's chunk checksum (CRC-32, as in zlib).
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
     /// The first pages of an OGG/Opus voice note: enough for its type to
     /// be read from the bytes (nothing here decodes the audio).
     fn ogg_opus() -> Vec<u8> {
@@ -863,6 +879,9 @@ mod media {
         let mut bomb = png(1, 1);
         bomb[16..20].copy_from_slice(&50_000u32.to_be_bytes());
         bomb[20..24].copy_from_slice(&50_000u32.to_be_bytes());
+        // The header's checksum made right, so only the size is wrong.
+        let crc = crc32(&bomb[12..29]);
+        bomb[29..33].copy_from_slice(&crc.to_be_bytes());
         let id = fake.add_file(bomb, None, None);
         fake.push_private_file(FRIEND, FileKind::Photo, &id, None);
         rig.wait_for_text("too large to open").await;
