@@ -260,7 +260,6 @@ impl Http {
     /// Starts fetching a file: the status is checked, the body is handed
     /// over as a stream (never read whole here). `timeout` bounds the
     /// whole transfer, body included.
-    #[allow(dead_code)] // until every adapter fetches through it
     pub(crate) async fn download(
         &self,
         request: reqwest::RequestBuilder,

@@ -110,9 +110,7 @@ pub(crate) fn map_event(
                 "m.image" => MediaKind::Image,
                 "m.video" => MediaKind::Video,
                 // MSC3245: a clip recorded in the client as a voice message.
-                "m.audio" if content.get("org.matrix.msc3245.voice").is_some() => {
-                    MediaKind::Voice
-                }
+                "m.audio" if content.get("org.matrix.msc3245.voice").is_some() => MediaKind::Voice,
                 "m.audio" => MediaKind::Audio,
                 _ => MediaKind::Document,
             };
@@ -403,7 +401,10 @@ mod tests {
         assert_eq!(m.text, "");
         assert_eq!(
             m.attachments,
-            vec![Attachment::remote(MediaKind::Image, "mxc://example.org/abc").named(Some("cat.png"))]
+            vec![
+                Attachment::remote(MediaKind::Image, "mxc://example.org/abc")
+                    .named(Some("cat.png"))
+            ]
         );
         let reply = text_event(
             "> <@bob:example.org> old words\n> more\n\nmy answer",
