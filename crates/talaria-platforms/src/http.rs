@@ -359,7 +359,6 @@ impl Http {
 
 /// A file on disk as one part of a multipart upload, streamed from the
 /// disk as the request is sent rather than read into memory first.
-#[allow(dead_code)] // until every adapter uploads through it
 pub(crate) async fn file_part(
     path: &std::path::Path,
     name: &str,
