@@ -1059,6 +1059,11 @@ async fn a_refused_upload_is_rejected_and_nothing_is_posted() {
         a.send_file(&gone).await,
         Err(SendError::Rejected(_))
     ));
+    fake.fail_next_upload_with_429(2_000);
+    assert_eq!(
+        a.send_file(&doc).await,
+        Err(SendError::RateLimited(Duration::from_secs(2)))
+    );
     assert!(fake.sent().is_empty());
     fake.revoke_token();
     fake.set_max_upload(1 << 20);

@@ -228,6 +228,8 @@ struct Book {
     uploads: Vec<Upload>,
     legacy_media_only: bool,
     max_upload: usize,
+    /// `retry_after_ms` of each 429 the next uploads get.
+    fail_upload_429: Faults<u64>,
 }
 
 struct Shared {
@@ -464,6 +466,15 @@ impl FakeMatrix {
     /// endpoint unknown (404 `M_UNRECOGNIZED`).
     pub fn legacy_media_only(&self, legacy: bool) {
         self.shared.core.change().legacy_media_only = legacy;
+    }
+
+    /// The next upload gets 429 `M_LIMIT_EXCEEDED` with `retry_after_ms`.
+    pub fn fail_next_upload_with_429(&self, retry_after_ms: u64) {
+        self.shared
+            .core
+            .change()
+            .fail_upload_429
+            .push(retry_after_ms);
     }
 
     /// Uploads larger than `bytes` are refused with 413 `M_TOO_LARGE`.

@@ -122,6 +122,12 @@ impl Media {
             let e = self
                 .http
                 .refused(answer.status, refusal.code, &message, refusal.retry_after);
+            if api::is_rate_limit(&e) {
+                // The ledger waits and sends again (a retry uploads anew).
+                return Err(SendError::RateLimited(
+                    e.retry_after().unwrap_or(Duration::from_secs(1)),
+                ));
+            }
             return Err(super::classify(e));
         }
         let v: Value = self.http.decode(&answer).map_err(super::classify)?;

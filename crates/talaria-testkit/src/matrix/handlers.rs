@@ -183,6 +183,12 @@ fn media(
         }
         (Area::LegacyMedia, &Method::POST, ["upload"]) => {
             let mut st = shared.core.change();
+            if let Some(ms) = st.fail_upload_429.take() {
+                return json_response(
+                    429,
+                    &json!({ "errcode": "M_LIMIT_EXCEEDED", "error": "Too many requests", "retry_after_ms": ms }),
+                );
+            }
             if body.len() > st.max_upload {
                 return error(
                     413,
