@@ -340,7 +340,7 @@ fn complete_upload(shared: &Shared, params: &Map<String, Value>) -> Response {
     }
     let mut st = shared.core.change();
     for (id, _) in &listed {
-        if !st.files.get(id).is_some_and(|f| f.bytes.is_some()) {
+        if st.files.get(id).is_none_or(|f| f.bytes.is_none()) {
             return fail("file_not_found");
         }
     }
