@@ -1034,6 +1034,30 @@ async fn files_are_uploaded_then_posted_as_image_voice_and_file_messages() {
     );
 }
 
+/// A file of several megabytes goes up and comes back whole: nothing on
+/// the way is bounded by a small buffer.
+#[tokio::test]
+async fn a_large_file_round_trips() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let room = fake.create_dm(ALICE);
+    let a = adapter_with(settings(&fake), &Arc::new(Cursors::default()));
+    let dir = tempfile::tempdir().unwrap();
+    let big: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
+    let file = outbound(
+        &dir,
+        &room,
+        "big.bin",
+        &big,
+        MediaKind::Document,
+        "application/octet-stream",
+    );
+    a.send_file(&file).await.unwrap();
+    let up = fake.uploads();
+    assert_eq!(up[0].bytes.len(), big.len());
+    assert_eq!(fake.sent()[0].content["info"]["size"], big.len());
+    assert!(fetch(&a, &up[0].content_uri).await.unwrap() == big);
+}
+
 #[tokio::test]
 async fn a_refused_upload_is_rejected_and_nothing_is_posted() {
     let fake = FakeMatrix::start(TOKEN).await;

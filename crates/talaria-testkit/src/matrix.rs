@@ -272,7 +272,11 @@ impl FakeMatrix {
                 ..Book::default()
             }),
         });
-        let app = Router::new().fallback(handle).with_state(shared.clone());
+        // Uploads up to the largest a test may allow, not axum's 2 MB.
+        let app = Router::new()
+            .fallback(handle)
+            .layer(axum::extract::DefaultBodyLimit::max(2 * DEFAULT_MAX_UPLOAD))
+            .with_state(shared.clone());
         shared.core.serve("fake-matrix", listener, app)?;
         Ok(FakeMatrix { addr, shared })
     }

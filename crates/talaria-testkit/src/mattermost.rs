@@ -326,7 +326,13 @@ impl FakeMattermost {
         });
         let app = Router::new()
             .route("/api/v4/websocket", get(websocket))
-            .route("/api/v4/files", post(upload))
+            // Uploads up to the server's limit, not axum's 2 MB.
+            .route(
+                "/api/v4/files",
+                post(upload).layer(axum::extract::DefaultBodyLimit::max(
+                    2 * DEFAULT_MAX_FILE_SIZE,
+                )),
+            )
             .fallback(rest)
             .with_state(shared.clone());
         shared.core.serve("fake-mattermost", listener, app)?;

@@ -260,7 +260,11 @@ impl FakeSlack {
             .route("/socket", any(socket))
             .route("/files-pri/{key}/{name}", get(file_private))
             .route("/files-pri/{key}/download/{name}", get(file_private))
-            .route("/upload/v1/{key}", post(upload))
+            // Files of any size a test sends, not axum's 2 MB.
+            .route(
+                "/upload/v1/{key}",
+                post(upload).layer(axum::extract::DefaultBodyLimit::max(64 << 20)),
+            )
             .with_state(shared.clone());
         shared.core.serve("fake-slack", listener, app)?;
         Ok(FakeSlack { shared })
