@@ -910,3 +910,23 @@ async fn refused_steps_map_to_send_errors() {
     }
     assert!(fake.shares().is_empty());
 }
+
+#[tokio::test]
+async fn a_sign_in_page_instead_of_the_file_is_refused() {
+    let fake = FakeSlack::start(BOT, APP).await;
+    let pdf = samples::pdf();
+    let file = fake.add_file("report.pdf", "application/pdf", &pdf);
+    let url = file["url_private_download"].as_str().unwrap().to_owned();
+    // Slack serves its sign-in page to a token it will not give the file.
+    let without_scope = SlackAdapter::new(SlackSettings {
+        bot_token: "xoxb-without-files-read".into(),
+        ..settings(&fake)
+    })
+    .unwrap();
+    match fetch(&without_scope, &url).await.unwrap_err() {
+        DownloadError::Gone(why) => assert!(why.contains("files:read"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // With the right token the first bytes read are handed back in place.
+    assert_eq!(fetch(&adapter(&fake), &url).await.unwrap(), pdf);
+}

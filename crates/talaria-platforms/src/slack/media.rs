@@ -15,6 +15,8 @@
 
 use std::time::Duration;
 
+use tokio::io::AsyncReadExt;
+
 use serde_json::json;
 use talaria_adapter::{Download, DownloadError, OutboundFile, SendError, SentMessage};
 
@@ -36,9 +38,11 @@ impl SlackAdapter {
                 "{shown:?} is not a Slack file address"
             )));
         }
-        self.api
+        let download = self
+            .api
             .download(locator, &self.bot_token, DOWNLOAD_TIMEOUT)
-            .await
+            .await?;
+        not_a_sign_in_page(locator, download).await
     }
 
     /// Uploads and shares `file` (see the module docs).
@@ -106,4 +110,44 @@ impl SlackAdapter {
         // (that one is made asynchronously): there is no ts to edit.
         Ok(SentMessage { message_id: None })
     }
+}
+
+/// How much of a body is looked at for Slack's sign-in page.
+const SNIFF_BYTES: usize = 512;
+
+/// Slack answers a file request it will not serve to this token (no
+/// `files:read` scope) with 200 and its HTML sign-in page, which would
+/// otherwise reach the model as the file. The first bytes are read to
+/// tell, then handed back in front of the rest of the stream.
+async fn not_a_sign_in_page(url: &str, mut d: Download) -> Result<Download, DownloadError> {
+    let lower = url.to_ascii_lowercase();
+    if lower.ends_with(".html") || lower.ends_with(".htm") {
+        return Ok(d);
+    }
+    let mut head = vec![0u8; SNIFF_BYTES];
+    let mut filled = 0;
+    while filled < head.len() {
+        let n = d
+            .reader
+            .read(&mut head[filled..])
+            .await
+            .map_err(|e| DownloadError::Unavailable(e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    head.truncate(filled);
+    let start = String::from_utf8_lossy(&head)
+        .trim_start()
+        .to_ascii_lowercase();
+    if start.starts_with("<!doctype html") || start.starts_with("<html") {
+        return Err(DownloadError::Gone(
+            "Slack answered with its sign-in page instead of the file; \
+             the bot token needs the files:read scope"
+                .into(),
+        ));
+    }
+    d.reader = Box::pin(std::io::Cursor::new(head).chain(d.reader));
+    Ok(d)
 }
