@@ -691,3 +691,507 @@ async fn a_group_joined_on_invite_skips_what_came_before_the_join() {
     run.nothing_more(&fake).await;
     run.stop().await.unwrap();
 }
+
+// --- Media (issue 22) ---
+
+/// Small real files, made here: a 1×1 PNG, the first page of an Ogg/Opus
+/// stream (what a voice note starts with; nothing decodes it here) and a
+/// minimal PDF.
+mod samples {
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = 0xffff_ffffu32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xedb8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut tagged = kind.to_vec();
+        tagged.extend_from_slice(data);
+        out.extend_from_slice(&tagged);
+        out.extend_from_slice(&crc32(&tagged).to_be_bytes());
+    }
+
+    /// A 1×1 opaque red PNG (zlib with one stored block).
+    pub fn png() -> Vec<u8> {
+        let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+        let mut ihdr = Vec::new();
+        ihdr.extend_from_slice(&1u32.to_be_bytes());
+        ihdr.extend_from_slice(&1u32.to_be_bytes());
+        ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+        chunk(&mut out, b"IHDR", &ihdr);
+        let raw = [0u8, 255, 0, 0]; // filter byte, then one RGB pixel
+        let (mut a, mut b) = (1u32, 0u32);
+        for &x in &raw {
+            a = (a + u32::from(x)) % 65521;
+            b = (b + a) % 65521;
+        }
+        let mut z = vec![
+            0x78,
+            0x01,
+            0x01,
+            raw.len() as u8,
+            0,
+            !(raw.len() as u8),
+            0xff,
+        ];
+        z.extend_from_slice(&raw);
+        z.extend_from_slice(&((b << 16) | a).to_be_bytes());
+        chunk(&mut out, b"IDAT", &z);
+        chunk(&mut out, b"IEND", &[]);
+        out
+    }
+
+    /// An Ogg page holding an `OpusHead` packet.
+    pub fn ogg_opus() -> Vec<u8> {
+        let head = b"OpusHead\x01\x01\x38\x01\x80\xbb\x00\x00\x00\x00\x00";
+        let mut page = b"OggS\x00\x02".to_vec();
+        page.extend_from_slice(&[0; 8]); // granule position
+        page.extend_from_slice(&1u32.to_le_bytes()); // stream serial
+        page.extend_from_slice(&0u32.to_le_bytes()); // page sequence
+        page.extend_from_slice(&[0; 4]); // checksum (unchecked here)
+        page.push(1);
+        page.push(head.len() as u8);
+        page.extend_from_slice(head);
+        page
+    }
+
+    /// A one-page PDF with no content.
+    pub fn pdf() -> Vec<u8> {
+        b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj\n3 0 obj<</Type/Page/Parent 2 0 R/MediaBox[0 0 10 10]>>endobj\ntrailer<</Root 1 0 R>>\n%%EOF\n".to_vec()
+    }
+}
+
+use talaria_adapter::{AttachmentSource, DownloadError, MediaKind, OutboundFile};
+use tokio::io::AsyncReadExt;
+
+/// Everything a download hands over.
+async fn fetch(a: &MatrixAdapter, locator: &str) -> Result<Vec<u8>, DownloadError> {
+    let mut d = a.download(locator).await?;
+    let mut bytes = Vec::new();
+    d.reader.read_to_end(&mut bytes).await.unwrap();
+    if let Some(len) = d.length {
+        assert_eq!(len, bytes.len() as u64, "Content-Length matches the body");
+    }
+    Ok(bytes)
+}
+
+fn locator(ev: &MessageEvent, i: usize) -> String {
+    match &ev.attachments[i].source {
+        AttachmentSource::Remote(l) => l.clone(),
+        other => panic!("not a remote attachment: {other:?}"),
+    }
+}
+
+/// A file on disk for `send_file`.
+fn outbound(
+    dir: &tempfile::TempDir,
+    room: &str,
+    name: &str,
+    bytes: &[u8],
+    kind: MediaKind,
+    mime: &str,
+) -> OutboundFile {
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    OutboundFile {
+        chat_id: room.into(),
+        thread_id: None,
+        reply_to: None,
+        path,
+        kind,
+        mime: mime.into(),
+        name: name.into(),
+        caption: None,
+    }
+}
+
+#[tokio::test]
+async fn inbound_photos_voice_notes_and_documents_download_their_exact_bytes() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let cursors = Arc::new(Cursors::default());
+    let room = fake.create_dm(ALICE);
+    let a = adapter_with(settings(&fake), &cursors);
+    let mut run = started(&fake, &a).await;
+
+    let (png, ogg, pdf) = (samples::png(), samples::ogg_opus(), samples::pdf());
+    let png_url = fake.add_file(&png, "image/png", Some("cat.png"));
+    fake.push_event(
+        &room,
+        ALICE,
+        json!({ "msgtype": "m.image", "body": "look at this", "filename": "cat.png", "url": png_url,
+                "info": { "mimetype": "image/png", "size": png.len(), "w": 1, "h": 1 } }),
+    );
+    let ogg_url = fake.add_file(&ogg, "audio/ogg", Some("Voice message.ogg"));
+    fake.push_event(
+        &room,
+        ALICE,
+        json!({ "msgtype": "m.audio", "body": "Voice message.ogg", "url": ogg_url,
+                "info": { "mimetype": "audio/ogg", "size": ogg.len(), "duration": 1000 },
+                "org.matrix.msc1767.audio": { "duration": 1000, "waveform": [] },
+                "org.matrix.msc3245.voice": {} }),
+    );
+    let pdf_url = fake.add_file(&pdf, "application/pdf", Some("report.pdf"));
+    fake.push_event(
+        &room,
+        ALICE,
+        json!({ "msgtype": "m.file", "body": "report.pdf", "url": pdf_url,
+                "info": { "mimetype": "application/pdf", "size": pdf.len() } }),
+    );
+
+    let photo = run.next().await;
+    assert_eq!(photo.text, "look at this", "the body is the caption");
+    assert_eq!(photo.attachments.len(), 1);
+    let att = &photo.attachments[0];
+    assert_eq!(att.kind, MediaKind::Image);
+    assert_eq!(att.name.as_deref(), Some("cat.png"));
+    assert_eq!(att.mime.as_deref(), Some("image/png"));
+    assert_eq!(att.size, Some(png.len() as u64));
+    assert_eq!(fetch(&a, &locator(&photo, 0)).await.unwrap(), png);
+
+    let voice = run.next().await;
+    assert_eq!(voice.attachments[0].kind, MediaKind::Voice);
+    assert_eq!(fetch(&a, &locator(&voice, 0)).await.unwrap(), ogg);
+
+    let doc = run.next().await;
+    assert_eq!(doc.attachments[0].kind, MediaKind::Document);
+    assert_eq!(doc.attachments[0].name.as_deref(), Some("report.pdf"));
+    assert_eq!(fetch(&a, &locator(&doc, 0)).await.unwrap(), pdf);
+
+    // Fetched from the authenticated endpoint, with the token.
+    let downloads: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/download/"))
+        .collect();
+    assert_eq!(downloads.len(), 3);
+    for r in &downloads {
+        assert!(
+            r.path
+                .starts_with("_matrix/client/v1/media/download/localhost/"),
+            "{}",
+            r.path
+        );
+        assert!(r.authorized);
+    }
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_older_homeserver_is_asked_at_the_unauthenticated_endpoint() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let a = adapter_with(settings(&fake), &Arc::new(Cursors::default()));
+    let png = samples::png();
+    let url = fake.add_file(&png, "image/png", None);
+    // A current server does not serve new media at the old endpoint.
+    fake.legacy_media_only(false);
+    assert_eq!(fetch(&a, &url).await.unwrap(), png);
+    fake.legacy_media_only(true);
+    assert_eq!(fetch(&a, &url).await.unwrap(), png);
+    let paths: Vec<String> = fake
+        .requests()
+        .into_iter()
+        .map(|r| r.path)
+        .filter(|p| p.contains("/download/"))
+        .collect();
+    let id = url.rsplit('/').next().unwrap();
+    assert_eq!(
+        paths,
+        [
+            format!("_matrix/client/v1/media/download/localhost/{id}"),
+            format!("_matrix/client/v1/media/download/localhost/{id}"),
+            format!("_matrix/media/v3/download/localhost/{id}"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn missing_files_are_gone_and_foreign_addresses_are_never_fetched() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let a = adapter_with(settings(&fake), &Arc::new(Cursors::default()));
+    let err = fetch(&a, "mxc://localhost/nosuchmedia").await.unwrap_err();
+    assert!(matches!(err, DownloadError::Gone(_)), "{err:?}");
+    assert!(!err.to_string().contains(TOKEN));
+    let before = fake.requests().len();
+    for foreign in [
+        "https://evil.example/_matrix/media/v3/download/x/y",
+        "http://127.0.0.1:1/steal",
+        "mxc://localhost/../../account/whoami",
+        "mxc://evil.example/a?access_token=x",
+    ] {
+        let err = fetch(&a, foreign).await.unwrap_err();
+        match err {
+            DownloadError::Gone(why) => assert!(why.contains("not a Matrix file address"), "{why}"),
+            other => panic!("{foreign}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        fake.requests().len(),
+        before,
+        "no request for a foreign address"
+    );
+}
+
+#[tokio::test]
+async fn files_are_uploaded_then_posted_as_image_voice_and_file_messages() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let room = fake.create_dm(ALICE);
+    let a = adapter_with(settings(&fake), &Arc::new(Cursors::default()));
+    let dir = tempfile::tempdir().unwrap();
+    let (png, ogg, pdf) = (samples::png(), samples::ogg_opus(), samples::pdf());
+
+    let mut photo = outbound(
+        &dir,
+        &room,
+        "chart.png",
+        &png,
+        MediaKind::Image,
+        "image/png",
+    );
+    photo.caption = Some("the **chart**".into());
+    photo.reply_to = Some("$asked".into());
+    let sent = a.send_file(&photo).await.unwrap();
+    let mut voice = outbound(
+        &dir,
+        &room,
+        "answer.ogg",
+        &ogg,
+        MediaKind::Voice,
+        "audio/ogg",
+    );
+    voice.thread_id = Some("$root".into());
+    a.send_file(&voice).await.unwrap();
+    let doc = outbound(
+        &dir,
+        &room,
+        "report.pdf",
+        &pdf,
+        MediaKind::Document,
+        "application/pdf",
+    );
+    a.send_file(&doc).await.unwrap();
+
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 3);
+    let expect = [
+        ("chart.png", "image/png", &png),
+        ("answer.ogg", "audio/ogg", &ogg),
+        ("report.pdf", "application/pdf", &pdf),
+    ];
+    for (u, (name, mime, bytes)) in uploads.iter().zip(expect) {
+        assert_eq!(u.filename.as_deref(), Some(name));
+        assert_eq!(u.content_type.as_deref(), Some(mime));
+        assert_eq!(&u.bytes, bytes);
+    }
+    let up: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "_matrix/media/v3/upload")
+        .collect();
+    assert!(up.iter().all(|r| r.authorized && r.method == "POST"));
+
+    let msgs = fake.sent();
+    assert_eq!(msgs.len(), 3);
+    assert_eq!(sent.message_id.as_deref(), Some(msgs[0].event_id.as_str()));
+    let c = &msgs[0].content;
+    assert_eq!(c["msgtype"], "m.image");
+    assert_eq!(c["url"], uploads[0].content_uri.as_str());
+    assert_eq!(c["body"], "the **chart**");
+    assert_eq!(c["filename"], "chart.png");
+    assert_eq!(
+        c["info"],
+        json!({ "mimetype": "image/png", "size": png.len() })
+    );
+    assert!(msgs[0].html().unwrap().contains("<strong>chart</strong>"));
+    assert_eq!(msgs[0].in_reply_to().as_deref(), Some("$asked"));
+    let c = &msgs[1].content;
+    assert_eq!(c["msgtype"], "m.audio");
+    assert_eq!(c["org.matrix.msc3245.voice"], json!({}));
+    assert_eq!(c["url"], uploads[1].content_uri.as_str());
+    assert_eq!(c["info"]["size"], ogg.len());
+    assert_eq!(msgs[1].thread_root().as_deref(), Some("$root"));
+    let c = &msgs[2].content;
+    assert_eq!(c["msgtype"], "m.file");
+    assert_eq!(c["body"], "report.pdf");
+    assert_eq!(
+        c["info"],
+        json!({ "mimetype": "application/pdf", "size": pdf.len() })
+    );
+
+    // What was uploaded can be fetched back.
+    assert_eq!(
+        fetch(&a, uploads[2].content_uri.as_str()).await.unwrap(),
+        pdf
+    );
+}
+
+/// A file of several megabytes goes up and comes back whole: nothing on
+/// the way is bounded by a small buffer.
+#[tokio::test]
+async fn a_large_file_round_trips() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let room = fake.create_dm(ALICE);
+    let a = adapter_with(settings(&fake), &Arc::new(Cursors::default()));
+    let dir = tempfile::tempdir().unwrap();
+    let big: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
+    let file = outbound(
+        &dir,
+        &room,
+        "big.bin",
+        &big,
+        MediaKind::Document,
+        "application/octet-stream",
+    );
+    a.send_file(&file).await.unwrap();
+    let up = fake.uploads();
+    assert_eq!(up[0].bytes.len(), big.len());
+    assert_eq!(fake.sent()[0].content["info"]["size"], big.len());
+    assert!(fetch(&a, &up[0].content_uri).await.unwrap() == big);
+}
+
+#[tokio::test]
+async fn a_refused_upload_is_rejected_and_nothing_is_posted() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let room = fake.create_dm(ALICE);
+    let a = adapter_with(settings(&fake), &Arc::new(Cursors::default()));
+    let dir = tempfile::tempdir().unwrap();
+    fake.set_max_upload(10);
+    let doc = outbound(
+        &dir,
+        &room,
+        "report.pdf",
+        &samples::pdf(),
+        MediaKind::Document,
+        "application/pdf",
+    );
+    match a.send_file(&doc).await {
+        Err(SendError::Rejected(why)) => assert!(why.contains("M_TOO_LARGE"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let mut gone = doc.clone();
+    gone.path = dir.path().join("missing.pdf");
+    assert!(matches!(
+        a.send_file(&gone).await,
+        Err(SendError::Rejected(_))
+    ));
+    fake.fail_next_upload_with_429(2_000);
+    assert_eq!(
+        a.send_file(&doc).await,
+        Err(SendError::RateLimited(Duration::from_secs(2)))
+    );
+    assert!(fake.sent().is_empty());
+    fake.revoke_token();
+    fake.set_max_upload(1 << 20);
+    assert!(matches!(
+        a.send_file(&doc).await,
+        Err(SendError::Unavailable(_))
+    ));
+}
+
+/// The round trip against a real homeserver: what the adapter uploads and
+/// posts is a file message a user sees, fetched back byte for byte, and a
+/// file a user posts reaches the adapter as an attachment it can fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synapse_carries_files_both_ways() {
+    let hs = talaria_testkit::synapse::Synapse::shared();
+    let bot = hs.register("mediabot").await;
+    let alice = hs.register("mediaalice").await;
+    let room = alice.create_room(&[&bot.user_id], true).await;
+    bot.join(&room).await;
+
+    let cursors = Arc::new(Cursors::default());
+    let s = MatrixSettings {
+        homeserver: hs.homeserver().to_owned(),
+        access_token: bot.access_token.as_str().into(),
+        ..settings_for_synapse()
+    };
+    let a = adapter_with(s, &cursors);
+    let dir = tempfile::tempdir().unwrap();
+    let png = samples::png();
+    let mut file = outbound(
+        &dir,
+        &room,
+        "chart.png",
+        &png,
+        MediaKind::Image,
+        "image/png",
+    );
+    file.caption = Some("here it is".into());
+    a.send_file(&file).await.unwrap();
+    let got = alice
+        .wait_for_messages_from(&room, &bot.user_id, 1, WAIT)
+        .await;
+    let content = &got[0]["content"];
+    assert_eq!(content["msgtype"], "m.image");
+    assert_eq!(content["body"], "here it is");
+    assert_eq!(content["filename"], "chart.png");
+    assert_eq!(content["info"]["size"], png.len());
+    let url = content["url"].as_str().unwrap();
+    assert!(url.starts_with("mxc://localhost/"), "{url}");
+    assert_eq!(fetch(&a, url).await.unwrap(), png);
+
+    // Alice uploads a voice note and posts it; the adapter takes it in.
+    let mut run = spawn(&a);
+    // Live once the first sync (which skips history) was answered.
+    tokio::time::timeout(WAIT, run.liveness.wait_for(|l| *l == Liveness::Live))
+        .await
+        .expect("no sync in time")
+        .unwrap();
+    let ogg = samples::ogg_opus();
+    let uploaded: serde_json::Value = reqwest::Client::new()
+        .post(format!(
+            "{}/_matrix/media/v3/upload?filename=note.ogg",
+            hs.homeserver()
+        ))
+        .bearer_auth(&alice.access_token)
+        .header("Content-Type", "audio/ogg")
+        .body(ogg.clone())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mxc = uploaded["content_uri"].as_str().unwrap().to_owned();
+    alice
+        .call(
+            reqwest::Method::PUT,
+            &format!(
+                "rooms/{}/send/m.room.message/voice1",
+                talaria_testkit::synapse::segment(&room)
+            ),
+            Some(
+                json!({ "msgtype": "m.audio", "body": "Voice message", "url": mxc,
+                "info": { "mimetype": "audio/ogg", "size": ogg.len() },
+                "org.matrix.msc3245.voice": {} }),
+            ),
+        )
+        .await;
+    let ev = run.next().await;
+    assert_eq!(ev.attachments.len(), 1);
+    assert_eq!(ev.attachments[0].kind, MediaKind::Voice);
+    assert_eq!(fetch(&a, &locator(&ev, 0)).await.unwrap(), ogg);
+    run.stop().await.unwrap();
+}
+
+fn settings_for_synapse() -> MatrixSettings {
+    MatrixSettings {
+        homeserver: String::new(),
+        access_token: "x".into(),
+        user_id: None,
+        require_mention: true,
+        sync_timeout: Duration::from_millis(300),
+        retry_base: Duration::from_millis(20),
+        max_sync_failures: 4,
+        invite_policy: None,
+    }
+}

@@ -438,3 +438,303 @@ async fn typing_is_shown_in_the_channel_and_thread() {
     assert_eq!(t[1].parent_id, None);
     run.stop().await.unwrap();
 }
+
+// --- Media (issue 22) ---
+
+/// Small real files, made here: a 1×1 PNG, the first page of an Ogg/Opus
+/// stream (what a voice note starts with; nothing decodes it here) and a
+/// minimal PDF.
+mod samples {
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = 0xffff_ffffu32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xedb8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut tagged = kind.to_vec();
+        tagged.extend_from_slice(data);
+        out.extend_from_slice(&tagged);
+        out.extend_from_slice(&crc32(&tagged).to_be_bytes());
+    }
+
+    /// A 1×1 opaque red PNG (zlib with one stored block).
+    pub fn png() -> Vec<u8> {
+        let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+        let mut ihdr = Vec::new();
+        ihdr.extend_from_slice(&1u32.to_be_bytes());
+        ihdr.extend_from_slice(&1u32.to_be_bytes());
+        ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+        chunk(&mut out, b"IHDR", &ihdr);
+        let raw = [0u8, 255, 0, 0]; // filter byte, then one RGB pixel
+        let (mut a, mut b) = (1u32, 0u32);
+        for &x in &raw {
+            a = (a + u32::from(x)) % 65521;
+            b = (b + a) % 65521;
+        }
+        let mut z = vec![
+            0x78,
+            0x01,
+            0x01,
+            raw.len() as u8,
+            0,
+            !(raw.len() as u8),
+            0xff,
+        ];
+        z.extend_from_slice(&raw);
+        z.extend_from_slice(&((b << 16) | a).to_be_bytes());
+        chunk(&mut out, b"IDAT", &z);
+        chunk(&mut out, b"IEND", &[]);
+        out
+    }
+
+    /// An Ogg page holding an `OpusHead` packet.
+    pub fn ogg_opus() -> Vec<u8> {
+        let head = b"OpusHead\x01\x01\x38\x01\x80\xbb\x00\x00\x00\x00\x00";
+        let mut page = b"OggS\x00\x02".to_vec();
+        page.extend_from_slice(&[0; 8]); // granule position
+        page.extend_from_slice(&1u32.to_le_bytes()); // stream serial
+        page.extend_from_slice(&0u32.to_le_bytes()); // page sequence
+        page.extend_from_slice(&[0; 4]); // checksum (unchecked here)
+        page.push(1);
+        page.push(head.len() as u8);
+        page.extend_from_slice(head);
+        page
+    }
+
+    /// A one-page PDF with no content.
+    pub fn pdf() -> Vec<u8> {
+        b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj\n3 0 obj<</Type/Page/Parent 2 0 R/MediaBox[0 0 10 10]>>endobj\ntrailer<</Root 1 0 R>>\n%%EOF\n".to_vec()
+    }
+}
+
+use talaria_adapter::{AttachmentSource, DownloadError, MediaKind, OutboundFile};
+use tokio::io::AsyncReadExt;
+
+/// Everything a download hands over.
+async fn fetch(a: &MattermostAdapter, locator: &str) -> Result<Vec<u8>, DownloadError> {
+    let mut d = a.download(locator).await?;
+    let mut bytes = Vec::new();
+    d.reader.read_to_end(&mut bytes).await.unwrap();
+    if let Some(len) = d.length {
+        assert_eq!(len, bytes.len() as u64, "Content-Length matches the body");
+    }
+    Ok(bytes)
+}
+
+fn locator(ev: &MessageEvent, i: usize) -> String {
+    match &ev.attachments[i].source {
+        AttachmentSource::Remote(l) => l.clone(),
+        other => panic!("not a remote attachment: {other:?}"),
+    }
+}
+
+/// A file on disk for `send_file`.
+fn outbound(
+    dir: &tempfile::TempDir,
+    chat: &str,
+    name: &str,
+    bytes: &[u8],
+    kind: MediaKind,
+    mime: &str,
+) -> OutboundFile {
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    OutboundFile {
+        chat_id: chat.into(),
+        thread_id: None,
+        reply_to: None,
+        path,
+        kind,
+        mime: mime.into(),
+        name: name.into(),
+        caption: None,
+    }
+}
+
+#[tokio::test]
+async fn inbound_files_are_typed_from_their_info_and_download_their_exact_bytes() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a);
+    run.live().await;
+    let (png, ogg, pdf) = (samples::png(), samples::ogg_opus(), samples::pdf());
+    let chan = "dmuser1";
+    let p = fake.add_file(chan, "cat.png", "image/png", &png);
+    let v = fake.add_file(chan, "voice.ogg", "audio/ogg", &ogg);
+    let d = fake.add_file(chan, "report.pdf", "application/pdf", &pdf);
+    fake.push(NewPost::dm("user1", "look").with_files(&[&p, &v, &d]));
+    let ev = run.next().await;
+    assert_eq!(ev.text, "look");
+    assert_eq!(ev.attachments.len(), 3);
+    let kinds: Vec<MediaKind> = ev.attachments.iter().map(|a| a.kind).collect();
+    assert_eq!(
+        kinds,
+        [MediaKind::Image, MediaKind::Audio, MediaKind::Document]
+    );
+    assert_eq!(ev.attachments[0].name.as_deref(), Some("cat.png"));
+    assert_eq!(ev.attachments[0].mime.as_deref(), Some("image/png"));
+    assert_eq!(ev.attachments[2].size, Some(pdf.len() as u64));
+    assert_eq!(fetch(&a, &locator(&ev, 0)).await.unwrap(), png);
+    assert_eq!(fetch(&a, &locator(&ev, 1)).await.unwrap(), ogg);
+    assert_eq!(fetch(&a, &locator(&ev, 2)).await.unwrap(), pdf);
+    let gets: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/api/v4/files/"))
+        .collect();
+    assert_eq!(gets.len(), 3);
+    assert!(gets.iter().all(|r| r.authorized && r.method == "GET"));
+
+    // A file-only post is still an event.
+    let only = fake.add_file(chan, "a.png", "image/png", &png);
+    fake.push(NewPost::dm("user1", "").with_files(&[&only]));
+    let ev = run.next().await;
+    assert_eq!(ev.attachments.len(), 1);
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn missing_files_are_gone_and_addresses_are_never_fetched() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    let a = adapter(&fake);
+    let err = fetch(&a, "nosuchfile0000000000000000").await.unwrap_err();
+    assert!(matches!(err, DownloadError::Gone(_)), "{err:?}");
+    assert!(!err.to_string().contains(TOKEN));
+    let before = fake.requests().len();
+    for foreign in [
+        "https://evil.example/file",
+        "../users/me",
+        "abc/../../x",
+        "",
+    ] {
+        match fetch(&a, foreign).await.unwrap_err() {
+            DownloadError::Gone(why) => {
+                assert!(why.contains("not a Mattermost file address"), "{why}")
+            }
+            other => panic!("{foreign}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        fake.requests().len(),
+        before,
+        "no request for a foreign address"
+    );
+}
+
+#[tokio::test]
+async fn files_are_uploaded_as_multipart_then_posted_with_their_ids() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    fake.add_channel("chan1", "O");
+    let root = fake.push(NewPost::channel("chan1", "user1", "@talaria-bot hi"));
+    let a = adapter(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let (png, ogg, pdf) = (samples::png(), samples::ogg_opus(), samples::pdf());
+
+    let mut photo = outbound(
+        &dir,
+        "chan1",
+        "chart.png",
+        &png,
+        MediaKind::Image,
+        "image/png",
+    );
+    photo.caption = Some("the chart".into());
+    photo.thread_id = Some(root.clone());
+    let sent = a.send_file(&photo).await.unwrap();
+    let voice = outbound(
+        &dir,
+        "chan1",
+        "answer.ogg",
+        &ogg,
+        MediaKind::Voice,
+        "audio/ogg",
+    );
+    a.send_file(&voice).await.unwrap();
+    let doc = outbound(
+        &dir,
+        "chan1",
+        "report.pdf",
+        &pdf,
+        MediaKind::Document,
+        "application/pdf",
+    );
+    a.send_file(&doc).await.unwrap();
+
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 3);
+    let expect = [
+        ("chart.png", "image/png", &png),
+        ("answer.ogg", "audio/ogg", &ogg),
+        ("report.pdf", "application/pdf", &pdf),
+    ];
+    for (u, (name, mime, bytes)) in uploads.iter().zip(expect) {
+        assert_eq!(u.fields, ["channel_id", "files"]);
+        assert_eq!(u.channel_id, "chan1");
+        assert_eq!(u.filename, name);
+        assert_eq!(u.content_type.as_deref(), Some(mime));
+        assert_eq!(&u.bytes, bytes);
+    }
+    let posts = fake.posts();
+    assert_eq!(posts.len(), 3);
+    assert_eq!(sent.message_id.as_deref(), Some(posts[0].id.as_str()));
+    assert_eq!(posts[0].message, "the chart");
+    assert_eq!(posts[0].root_id.as_deref(), Some(root.as_str()));
+    assert_eq!(posts[0].file_ids, [uploads[0].file_id.clone()]);
+    assert_eq!(posts[1].message, "", "no caption, no text");
+    assert_eq!(posts[1].root_id, None);
+    assert_eq!(posts[1].file_ids, [uploads[1].file_id.clone()]);
+    assert_eq!(posts[2].file_ids, [uploads[2].file_id.clone()]);
+    // What was uploaded can be fetched back.
+    assert_eq!(fetch(&a, &uploads[2].file_id).await.unwrap(), pdf);
+}
+
+#[tokio::test]
+async fn refused_uploads_are_rejected_and_nothing_is_posted() {
+    let fake = FakeMattermost::start(TOKEN).await;
+    fake.add_channel("chan1", "O");
+    let a = adapter(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let doc = outbound(
+        &dir,
+        "chan1",
+        "report.pdf",
+        &samples::pdf(),
+        MediaKind::Document,
+        "application/pdf",
+    );
+    fake.set_max_file_size(10);
+    match a.send_file(&doc).await {
+        Err(SendError::Rejected(why)) => assert!(why.contains("413"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    fake.set_max_file_size(1 << 20);
+    let elsewhere = OutboundFile {
+        chat_id: "nochannel".into(),
+        ..doc.clone()
+    };
+    assert!(matches!(
+        a.send_file(&elsewhere).await,
+        Err(SendError::Rejected(_))
+    ));
+    let mut gone = doc.clone();
+    gone.path = dir.path().join("missing.pdf");
+    assert!(matches!(
+        a.send_file(&gone).await,
+        Err(SendError::Rejected(_))
+    ));
+    assert!(fake.posts().is_empty());
+    let bad = MattermostAdapter::new(settings(&fake, "wrongtoken")).unwrap();
+    let err = bad.send_file(&doc).await.unwrap_err();
+    assert!(!format!("{err:?}").contains("wrongtoken"));
+}

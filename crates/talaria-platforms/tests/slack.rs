@@ -590,3 +590,343 @@ async fn typing_is_a_reaction_that_the_answer_removes() {
     assert_eq!(reactions[1].timestamp, ts);
     run.stop().await.unwrap();
 }
+
+// --- Media (issue 22) ---
+
+/// Small real files, made here: a 1×1 PNG, the first page of an Ogg/Opus
+/// stream (what a voice note starts with; nothing decodes it here) and a
+/// minimal PDF.
+mod samples {
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = 0xffff_ffffu32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xedb8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut tagged = kind.to_vec();
+        tagged.extend_from_slice(data);
+        out.extend_from_slice(&tagged);
+        out.extend_from_slice(&crc32(&tagged).to_be_bytes());
+    }
+
+    /// A 1×1 opaque red PNG (zlib with one stored block).
+    pub fn png() -> Vec<u8> {
+        let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+        let mut ihdr = Vec::new();
+        ihdr.extend_from_slice(&1u32.to_be_bytes());
+        ihdr.extend_from_slice(&1u32.to_be_bytes());
+        ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+        chunk(&mut out, b"IHDR", &ihdr);
+        let raw = [0u8, 255, 0, 0]; // filter byte, then one RGB pixel
+        let (mut a, mut b) = (1u32, 0u32);
+        for &x in &raw {
+            a = (a + u32::from(x)) % 65521;
+            b = (b + a) % 65521;
+        }
+        let mut z = vec![
+            0x78,
+            0x01,
+            0x01,
+            raw.len() as u8,
+            0,
+            !(raw.len() as u8),
+            0xff,
+        ];
+        z.extend_from_slice(&raw);
+        z.extend_from_slice(&((b << 16) | a).to_be_bytes());
+        chunk(&mut out, b"IDAT", &z);
+        chunk(&mut out, b"IEND", &[]);
+        out
+    }
+
+    /// An Ogg page holding an `OpusHead` packet.
+    pub fn ogg_opus() -> Vec<u8> {
+        let head = b"OpusHead\x01\x01\x38\x01\x80\xbb\x00\x00\x00\x00\x00";
+        let mut page = b"OggS\x00\x02".to_vec();
+        page.extend_from_slice(&[0; 8]); // granule position
+        page.extend_from_slice(&1u32.to_le_bytes()); // stream serial
+        page.extend_from_slice(&0u32.to_le_bytes()); // page sequence
+        page.extend_from_slice(&[0; 4]); // checksum (unchecked here)
+        page.push(1);
+        page.push(head.len() as u8);
+        page.extend_from_slice(head);
+        page
+    }
+
+    /// A one-page PDF with no content.
+    pub fn pdf() -> Vec<u8> {
+        b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj\n3 0 obj<</Type/Page/Parent 2 0 R/MediaBox[0 0 10 10]>>endobj\ntrailer<</Root 1 0 R>>\n%%EOF\n".to_vec()
+    }
+}
+
+use talaria_adapter::{AttachmentSource, DownloadError, MediaKind, OutboundFile};
+use tokio::io::AsyncReadExt;
+
+/// Everything a download hands over.
+async fn fetch(a: &SlackAdapter, locator: &str) -> Result<Vec<u8>, DownloadError> {
+    let mut d = a.download(locator).await?;
+    let mut bytes = Vec::new();
+    d.reader.read_to_end(&mut bytes).await.unwrap();
+    if let Some(len) = d.length {
+        assert_eq!(len, bytes.len() as u64, "Content-Length matches the body");
+    }
+    Ok(bytes)
+}
+
+fn locator(ev: &MessageEvent, i: usize) -> String {
+    match &ev.attachments[i].source {
+        AttachmentSource::Remote(l) => l.clone(),
+        other => panic!("not a remote attachment: {other:?}"),
+    }
+}
+
+/// A file on disk for `send_file`.
+fn outbound(
+    dir: &tempfile::TempDir,
+    chat: &str,
+    name: &str,
+    bytes: &[u8],
+    kind: MediaKind,
+    mime: &str,
+) -> OutboundFile {
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    OutboundFile {
+        chat_id: chat.into(),
+        thread_id: None,
+        reply_to: None,
+        path,
+        kind,
+        mime: mime.into(),
+        name: name.into(),
+        caption: None,
+    }
+}
+
+#[tokio::test]
+async fn shared_files_arrive_typed_and_download_with_the_bot_token() {
+    let fake = FakeSlack::start(BOT, APP).await;
+    let a = adapter(&fake);
+    let mut run = spawn(&a, 16);
+    let (png, ogg, pdf) = (samples::png(), samples::ogg_opus(), samples::pdf());
+    let photo = fake.add_file("cat.png", "image/png", &png);
+    let mut clip = fake.add_file("audio_message.webm", "audio/webm", &ogg);
+    clip["subtype"] = json!("slack_audio");
+    let doc = fake.add_file("report.pdf", "application/pdf", &pdf);
+    fake.push_dm_files("D1", "U2", "see these", &[photo, clip, doc]);
+    let ev = tokio::time::timeout(WAIT, run.events.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ev.text, "see these");
+    let kinds: Vec<MediaKind> = ev.attachments.iter().map(|a| a.kind).collect();
+    assert_eq!(
+        kinds,
+        [MediaKind::Image, MediaKind::Voice, MediaKind::Document]
+    );
+    assert_eq!(ev.attachments[0].name.as_deref(), Some("cat.png"));
+    assert_eq!(ev.attachments[2].mime.as_deref(), Some("application/pdf"));
+    assert_eq!(ev.attachments[2].size, Some(pdf.len() as u64));
+    assert!(
+        locator(&ev, 0).contains("/download/"),
+        "url_private_download first"
+    );
+    assert_eq!(fetch(&a, &locator(&ev, 0)).await.unwrap(), png);
+    assert_eq!(fetch(&a, &locator(&ev, 1)).await.unwrap(), ogg);
+    assert_eq!(fetch(&a, &locator(&ev, 2)).await.unwrap(), pdf);
+    let downloads = fake.downloads();
+    assert_eq!(downloads.len(), 3);
+    assert!(downloads.iter().all(|(_, with_token)| *with_token));
+    run.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn missing_files_are_gone_and_foreign_hosts_are_never_asked() {
+    let fake = FakeSlack::start(BOT, APP).await;
+    let a = adapter(&fake);
+    let root = fake.api_base().trim_end_matches("/api").to_owned();
+    let gone = format!("{root}/files-pri/T0TALARIA-F99999999/download/x.png");
+    let err = fetch(&a, &gone).await.unwrap_err();
+    assert!(matches!(err, DownloadError::Gone(_)), "{err:?}");
+    assert!(!err.to_string().contains(BOT));
+    let port = fake
+        .api_base()
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    for foreign in [
+        "https://evil.example/files-pri/T1-F1/x.png".to_owned(),
+        "http://files.slack.com/files-pri/T1-F1/x.png".to_owned(),
+        "https://files.slack.com.evil.example/x".to_owned(),
+        "https://files.slack.com:8443/x".to_owned(),
+        format!("http://localhost:{port}/files-pri/T0TALARIA-F1/x.png"),
+        format!("http://user:pw@127.0.0.1:{port}/files-pri/T0TALARIA-F1/x.png"),
+        "file:///etc/passwd".to_owned(),
+        "not a url".to_owned(),
+    ] {
+        match fetch(&a, &foreign).await.unwrap_err() {
+            DownloadError::Gone(why) => assert!(why.contains("not a Slack file address"), "{why}"),
+            other => panic!("{foreign}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        fake.downloads().len(),
+        1,
+        "only the first, allowed, address was asked"
+    );
+}
+
+#[tokio::test]
+async fn files_go_through_the_external_upload_flow() {
+    let fake = FakeSlack::start(BOT, APP).await;
+    let a = adapter(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let (png, ogg, pdf) = (samples::png(), samples::ogg_opus(), samples::pdf());
+    let mut photo = outbound(&dir, "C1", "chart.png", &png, MediaKind::Image, "image/png");
+    photo.caption = Some("the **chart**".into());
+    photo.thread_id = Some("1700000000.000001".into());
+    let sent = a.send_file(&photo).await.unwrap();
+    assert_eq!(
+        sent.message_id, None,
+        "Slack names no message for a shared file"
+    );
+    let voice = outbound(
+        &dir,
+        "C1",
+        "answer.ogg",
+        &ogg,
+        MediaKind::Voice,
+        "audio/ogg",
+    );
+    a.send_file(&voice).await.unwrap();
+    let doc = outbound(
+        &dir,
+        "D1",
+        "report.pdf",
+        &pdf,
+        MediaKind::Document,
+        "application/pdf",
+    );
+    a.send_file(&doc).await.unwrap();
+
+    let asks: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "files.getUploadURLExternal")
+        .collect();
+    assert_eq!(asks.len(), 3);
+    assert!(asks.iter().all(|r| r.authorized));
+    assert_eq!(asks[0].params["filename"], "chart.png");
+    assert_eq!(asks[0].params["length"], png.len().to_string());
+
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 3);
+    let expect = [
+        ("chart.png", "image/png", &png),
+        ("answer.ogg", "audio/ogg", &ogg),
+        ("report.pdf", "application/pdf", &pdf),
+    ];
+    for (u, (name, mime, bytes)) in uploads.iter().zip(expect) {
+        assert_eq!(u.filename, name);
+        assert_eq!(u.length, bytes.len() as u64);
+        assert_eq!(u.field.as_deref(), Some("filename"));
+        assert_eq!(u.part_filename.as_deref(), Some(name));
+        assert_eq!(u.content_type.as_deref(), Some(mime));
+        assert_eq!(&u.bytes, bytes);
+        assert!(
+            !u.had_authorization,
+            "the upload address carries its own authorization"
+        );
+    }
+    let shares = fake.shares();
+    assert_eq!(shares.len(), 3);
+    assert_eq!(
+        shares[0].files,
+        [(uploads[0].file_id.clone(), Some("chart.png".to_owned()))]
+    );
+    assert_eq!(shares[0].channel_id.as_deref(), Some("C1"));
+    assert_eq!(shares[0].thread_ts.as_deref(), Some("1700000000.000001"));
+    assert_eq!(shares[0].initial_comment.as_deref(), Some("the *chart*"));
+    assert_eq!(shares[1].thread_ts, None);
+    assert_eq!(shares[1].initial_comment, None);
+    assert_eq!(shares[2].channel_id.as_deref(), Some("D1"));
+    assert_eq!(shares[2].files[0].0, uploads[2].file_id);
+}
+
+#[tokio::test]
+async fn refused_steps_map_to_send_errors() {
+    let fake = FakeSlack::start(BOT, APP).await;
+    let dir = tempfile::tempdir().unwrap();
+    let doc = outbound(
+        &dir,
+        "C1",
+        "report.pdf",
+        &samples::pdf(),
+        MediaKind::Document,
+        "application/pdf",
+    );
+    let bad = SlackAdapter::new(SlackSettings {
+        bot_token: "xoxb-wrong".into(),
+        ..settings(&fake)
+    })
+    .unwrap();
+    match bad.send_file(&doc).await {
+        Err(SendError::Rejected(code)) => assert_eq!(code, "invalid_auth"),
+        other => panic!("{other:?}"),
+    }
+    let a = adapter(&fake);
+    let mut gone = doc.clone();
+    gone.path = dir.path().join("missing.pdf");
+    assert!(matches!(
+        a.send_file(&gone).await,
+        Err(SendError::Rejected(_))
+    ));
+    let empty = outbound(
+        &dir,
+        "C1",
+        "empty.txt",
+        b"",
+        MediaKind::Document,
+        "text/plain",
+    );
+    match a.send_file(&empty).await {
+        Err(SendError::Rejected(code)) => assert_eq!(code, "invalid_arguments"),
+        other => panic!("{other:?}"),
+    }
+    assert!(fake.shares().is_empty());
+}
+
+#[tokio::test]
+async fn a_sign_in_page_instead_of_the_file_is_refused() {
+    let fake = FakeSlack::start(BOT, APP).await;
+    let pdf = samples::pdf();
+    let file = fake.add_file("report.pdf", "application/pdf", &pdf);
+    let url = file["url_private_download"].as_str().unwrap().to_owned();
+    // Slack serves its sign-in page to a token it will not give the file.
+    let without_scope = SlackAdapter::new(SlackSettings {
+        bot_token: "xoxb-without-files-read".into(),
+        ..settings(&fake)
+    })
+    .unwrap();
+    match fetch(&without_scope, &url).await.unwrap_err() {
+        DownloadError::Gone(why) => assert!(why.contains("files:read"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // With the right token the first bytes read are handed back in place.
+    assert_eq!(fetch(&adapter(&fake), &url).await.unwrap(), pdf);
+}

@@ -10,6 +10,17 @@
 //! `rooms/{room}/joined_members` and `user/{user}/account_data/{type}`.
 //! Every request needs `Authorization: Bearer <token>`.
 //!
+//! Its media repository: `POST /_matrix/media/v3/upload` (raw body, type in
+//! `Content-Type`, name in `?filename=`) answers an `mxc://localhost/...`
+//! `content_uri`, and files are served at the authenticated
+//! `GET /_matrix/client/v1/media/download/{server}/{id}[/{name}]`. As on a
+//! Synapse with authenticated media, the older unauthenticated
+//! `GET /_matrix/media/v3/download/...` answers 404 `M_NOT_FOUND`; after
+//! [`FakeMatrix::legacy_media_only`] it is the other way round, as on a
+//! homeserver older than Matrix 1.11 (404 `M_UNRECOGNIZED` for the new
+//! endpoint). Uploads are refused past [`FakeMatrix::set_max_upload`]
+//! with 413 `M_TOO_LARGE`.
+//!
 //! Where the adapter depends on it, the fake answers as Synapse does: a
 //! sync carries no `summary.m.joined_member_count` (Synapse sends it only
 //! with lazy-loaded members), a room's state comes only with the first
@@ -21,8 +32,9 @@
 //! it keeps answering while a test blocks, and stops when dropped.
 //!
 //! Tests create rooms and push events (`create_room`, `create_dm`,
-//! `push_text`, `push_event`, `invite`), inspect what the bot did (`sent`,
-//! `send_attempts`, `typing`, `joins`, `sync_calls`, `requests`) and
+//! `push_text`, `push_event`, `invite`, `add_file`), inspect what the bot
+//! did (`sent`, `send_attempts`, `typing`, `joins`, `sync_calls`,
+//! `requests`, `uploads`) and
 //! inject failures (`fail_next_send_with_429`, `hang_send`,
 //! `fail_next_syncs`, `fail_next_joined_members`, `drop_next_sync`,
 //! `drop_next_send_answer`, `revoke_token`).
@@ -44,6 +56,13 @@ pub const BOT_USER_ID: &str = "@talaria:localhost";
 
 /// The bot's display name, as its profile reports it.
 pub const BOT_DISPLAY_NAME: &str = "Talaria";
+
+/// The fake's server name, in its `mxc://` addresses.
+pub const SERVER_NAME: &str = "localhost";
+
+/// The largest upload accepted unless a test sets another
+/// ([`FakeMatrix::set_max_upload`]); Synapse's default `max_upload_size`.
+pub const DEFAULT_MAX_UPLOAD: usize = 50 * 1024 * 1024;
 
 /// The largest event content the fake accepts, in bytes of JSON (the
 /// spec's limit is for the whole event; the fake checks the content).
@@ -100,6 +119,27 @@ impl Sent {
     }
 }
 
+/// One file the bot uploaded to the media repository.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upload {
+    /// The `filename` query parameter, when given.
+    pub filename: Option<String>,
+    /// The `Content-Type` header, when given.
+    pub content_type: Option<String>,
+    /// The bytes, exactly as received.
+    pub bytes: Vec<u8>,
+    /// The `content_uri` the fake answered.
+    pub content_uri: String,
+}
+
+/// A file in the fake's media repository.
+#[derive(Debug, Clone)]
+struct Stored {
+    bytes: Vec<u8>,
+    content_type: String,
+    filename: Option<String>,
+}
+
 /// One `/sync` request, recorded when it arrived.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SyncCall {
@@ -129,12 +169,14 @@ pub struct Typing {
 }
 
 /// Any request, recorded when it arrived (before injected failures or
-/// hangs), with its decoded path below `/_matrix/client/v3/`.
+/// hangs), with its decoded path below `/_matrix/client/v3/` (media
+/// requests keep their whole path: `_matrix/media/v3/upload`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     /// The HTTP method (`GET`, `PUT`, ...).
     pub method: String,
-    /// The decoded path below `/_matrix/client/v3/`.
+    /// The decoded path below `/_matrix/client/v3/`, or the whole path
+    /// without its leading `/` for a media request.
     pub path: String,
     /// The JSON body (`null` when there was none or it did not parse).
     pub body: Value,
@@ -180,6 +222,14 @@ struct Book {
     drop_syncs: Faults<()>,
     drop_send_answers: Faults<()>,
     revoked: bool,
+    /// media id -> the file.
+    media: HashMap<String, Stored>,
+    next_media: u64,
+    uploads: Vec<Upload>,
+    legacy_media_only: bool,
+    max_upload: usize,
+    /// `retry_after_ms` of each 429 the next uploads get.
+    fail_upload_429: Faults<u64>,
 }
 
 struct Shared {
@@ -218,10 +268,15 @@ impl FakeMatrix {
             token: token.to_owned(),
             core: Core::new(Book {
                 next_event: 1,
+                max_upload: DEFAULT_MAX_UPLOAD,
                 ..Book::default()
             }),
         });
-        let app = Router::new().fallback(handle).with_state(shared.clone());
+        // Uploads up to the largest a test may allow, not axum's 2 MB.
+        let app = Router::new()
+            .fallback(handle)
+            .layer(axum::extract::DefaultBodyLimit::max(2 * DEFAULT_MAX_UPLOAD))
+            .with_state(shared.clone());
         shared.core.serve("fake-matrix", listener, app)?;
         Ok(FakeMatrix { addr, shared })
     }
@@ -398,6 +453,39 @@ impl FakeMatrix {
         id
     }
 
+    /// A file in the media repository, as if another user had uploaded
+    /// it; returns its `mxc://` address for an event's `url`.
+    pub fn add_file(&self, bytes: &[u8], content_type: &str, filename: Option<&str>) -> String {
+        let mut st = self.shared.core.change();
+        store_file(&mut st, bytes.to_vec(), content_type, filename)
+    }
+
+    /// Every upload so far, in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.core.read().uploads.clone()
+    }
+
+    /// Serve media as a homeserver older than Matrix 1.11 does: only the
+    /// unauthenticated `/_matrix/media/v3/download`, the authenticated
+    /// endpoint unknown (404 `M_UNRECOGNIZED`).
+    pub fn legacy_media_only(&self, legacy: bool) {
+        self.shared.core.change().legacy_media_only = legacy;
+    }
+
+    /// The next upload gets 429 `M_LIMIT_EXCEEDED` with `retry_after_ms`.
+    pub fn fail_next_upload_with_429(&self, retry_after_ms: u64) {
+        self.shared
+            .core
+            .change()
+            .fail_upload_429
+            .push(retry_after_ms);
+    }
+
+    /// Uploads larger than `bytes` are refused with 413 `M_TOO_LARGE`.
+    pub fn set_max_upload(&self, bytes: usize) {
+        self.shared.core.change().max_upload = bytes;
+    }
+
     /// Every message the bot sent, in order (each transaction once).
     pub fn sent(&self) -> Vec<Sent> {
         self.shared.core.read().sent.clone()
@@ -569,6 +657,20 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn store_file(st: &mut Book, bytes: Vec<u8>, content_type: &str, filename: Option<&str>) -> String {
+    let id = format!("media{:06}", st.next_media);
+    st.next_media += 1;
+    st.media.insert(
+        id.clone(),
+        Stored {
+            bytes,
+            content_type: content_type.to_owned(),
+            filename: filename.map(str::to_owned),
+        },
+    );
+    format!("mxc://{SERVER_NAME}/{id}")
 }
 
 fn token_at(position: usize) -> String {

@@ -18,6 +18,17 @@
 //!   and a new `hello`. The `ping` action is answered with
 //!   `{"status":"OK","seq_reply":n,"data":{"text":"pong"}}`.
 //!
+//! Files: `POST /api/v4/files` takes `multipart/form-data` with
+//! `channel_id` before the `files` parts (as the server's streaming reader
+//! requires; a file before the channel is refused with 400), stores each
+//! file and answers `file_infos`; `GET /api/v4/files/{file_id}` serves a
+//! file's bytes (404 for an unknown id); a post may carry up to
+//! [`MAX_FILES_PER_POST`] `file_ids` of files uploaded to its channel and
+//! not attached yet, and then its message may be empty. Posts with files
+//! carry their `FileInfo`s in `metadata.files`, as the server adds them.
+//! Tests register files others posted with [`FakeMattermost::add_file`]
+//! and attach them with [`NewPost::with_files`].
+//!
 //! Posts the bot creates come back on the socket as `posted` events, as
 //! they do from a real server. The server runs on its own thread with its
 //! own runtime (so it keeps answering while a test blocks on a child
@@ -38,13 +49,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::fake::{Core, Faults, bind, started};
 
-use handlers::{rest, websocket};
+use handlers::{rest, upload, websocket};
 
 mod handlers;
 
@@ -54,6 +65,11 @@ pub const BOT_USER_ID: &str = "talariabot0000000000000000";
 pub const BOT_USERNAME: &str = "talaria-bot";
 /// Mattermost's default largest post, in characters.
 pub const MAX_POST_CHARS: usize = 16383;
+/// The most files one post may carry.
+pub const MAX_FILES_PER_POST: usize = 10;
+/// The default largest file the server takes (`FileSettings.MaxFileSize`,
+/// 100 MB).
+pub const DEFAULT_MAX_FILE_SIZE: usize = 100 * 1024 * 1024;
 /// How many events the server keeps for resuming.
 const REPLAY_CAPACITY: usize = 256;
 
@@ -76,6 +92,8 @@ pub struct NewPost {
     pub kind: String,
     /// Mentioned user ids; computed from `@username`s when `None`.
     pub mentions: Option<Vec<String>>,
+    /// Ids of files (from [`FakeMattermost::add_file`]) attached to it.
+    pub file_ids: Vec<String>,
 }
 
 impl NewPost {
@@ -90,6 +108,7 @@ impl NewPost {
             root_id: None,
             kind: String::new(),
             mentions: None,
+            file_ids: Vec::new(),
         }
     }
 
@@ -120,6 +139,12 @@ impl NewPost {
         self
     }
 
+    /// The same post with these files attached.
+    pub fn with_files(mut self, file_ids: &[&str]) -> NewPost {
+        self.file_ids = file_ids.iter().map(|f| (*f).to_owned()).collect();
+        self
+    }
+
     /// The same post as a system message of `kind`.
     pub fn of_kind(mut self, kind: &str) -> NewPost {
         self.kind = kind.into();
@@ -138,8 +163,39 @@ pub struct CreatedPost {
     pub message: String,
     /// The thread's root post, for a reply in a thread.
     pub root_id: Option<String>,
+    /// The attached files' ids, as sent.
+    pub file_ids: Vec<String>,
     /// When the fake received it.
     pub at: Instant,
+}
+
+/// One file the bot uploaded with `POST /files`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upload {
+    /// The form's field names in the order they came (`channel_id`,
+    /// `files`, ...).
+    pub fields: Vec<String>,
+    /// The `channel_id` field.
+    pub channel_id: String,
+    /// The file part's file name.
+    pub filename: String,
+    /// The file part's `Content-Type`.
+    pub content_type: Option<String>,
+    /// The file's bytes, exactly as received.
+    pub bytes: Vec<u8>,
+    /// The id the fake assigned.
+    pub file_id: String,
+}
+
+/// A file the server holds.
+#[derive(Debug, Clone)]
+struct StoredFile {
+    channel_id: String,
+    name: String,
+    mime: String,
+    bytes: Vec<u8>,
+    /// The post it is attached to, once it is.
+    post_id: Option<String>,
 }
 
 /// One typing call.
@@ -224,6 +280,9 @@ struct Book {
     /// (`X-Ratelimit-Reset`, `Retry-After`) of each 429 the next posts get.
     fail_429: Faults<(u64, Option<u64>)>,
     fail_status: Faults<u16>,
+    files: HashMap<String, StoredFile>,
+    uploads: Vec<Upload>,
+    max_file_size: usize,
 }
 
 struct Shared {
@@ -260,10 +319,20 @@ impl FakeMattermost {
         let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             token: token.to_owned(),
-            core: Core::new(Book::default()),
+            core: Core::new(Book {
+                max_file_size: DEFAULT_MAX_FILE_SIZE,
+                ..Book::default()
+            }),
         });
         let app = Router::new()
             .route("/api/v4/websocket", get(websocket))
+            // Uploads up to the server's limit, not axum's 2 MB.
+            .route(
+                "/api/v4/files",
+                post(upload).layer(axum::extract::DefaultBodyLimit::max(
+                    2 * DEFAULT_MAX_FILE_SIZE,
+                )),
+            )
             .fallback(rest)
             .with_state(shared.clone());
         shared.core.serve("fake-mattermost", listener, app)?;
@@ -305,6 +374,7 @@ impl FakeMattermost {
     pub fn push(&self, post: NewPost) -> String {
         let mut st = self.shared.core.change();
         let id = post.id.clone().unwrap_or_else(|| new_id(&mut st, "p"));
+        let infos = attach(&mut st, &post.file_ids, &id);
         st.channels
             .insert(post.channel_id.clone(), post.channel_type.clone());
         st.known_posts.insert(id.clone(), post.channel_id.clone());
@@ -322,7 +392,8 @@ impl FakeMattermost {
             "user_id": post.user_id, "channel_id": post.channel_id,
             "root_id": post.root_id.clone().unwrap_or_default(),
             "original_id": "", "message": post.message, "type": post.kind,
-            "props": {}, "hashtags": "", "pending_post_id": "", "metadata": {},
+            "props": {}, "hashtags": "", "pending_post_id": "",
+            "file_ids": post.file_ids, "metadata": metadata(&infos),
         });
         let mut data = json!({
             "channel_display_name": display_name(&post.channel_id, &post.channel_type),
@@ -339,6 +410,23 @@ impl FakeMattermost {
                                "team_id": "", "user_id": ""});
         emit(&mut st, "posted", data, broadcast);
         id
+    }
+
+    /// A file someone uploaded to `channel_id`, for a pushed post to
+    /// carry ([`NewPost::with_files`]); returns its id.
+    pub fn add_file(&self, channel_id: &str, name: &str, mime: &str, bytes: &[u8]) -> String {
+        let mut st = self.shared.core.change();
+        store_file(&mut st, channel_id, name, mime, bytes.to_vec())
+    }
+
+    /// Every file the bot uploaded, in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.core.read().uploads.clone()
+    }
+
+    /// Files larger than `bytes` are refused with 413.
+    pub fn set_max_file_size(&self, bytes: usize) {
+        self.shared.core.change().max_file_size = bytes;
     }
 
     /// Delivers any event (`data` as given), with the next sequence number.
@@ -552,6 +640,58 @@ fn new_id(st: &mut Book, prefix: &str) -> String {
         id.push('0');
     }
     id
+}
+
+fn store_file(st: &mut Book, channel_id: &str, name: &str, mime: &str, bytes: Vec<u8>) -> String {
+    let id = new_id(st, "f");
+    st.files.insert(
+        id.clone(),
+        StoredFile {
+            channel_id: channel_id.to_owned(),
+            name: name.to_owned(),
+            mime: mime.to_owned(),
+            bytes,
+            post_id: None,
+        },
+    );
+    id
+}
+
+/// A stored file's `FileInfo`, as the API shows it.
+fn file_info(id: &str, f: &StoredFile) -> Value {
+    let extension = f
+        .name
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    json!({
+        "id": id, "user_id": "", "post_id": f.post_id.clone().unwrap_or_default(),
+        "channel_id": f.channel_id, "create_at": unix_millis(), "update_at": unix_millis(),
+        "delete_at": 0, "name": f.name, "extension": extension, "size": f.bytes.len(),
+        "mime_type": f.mime, "has_preview_image": f.mime.starts_with("image/"),
+    })
+}
+
+/// Marks `file_ids` as attached to `post_id`; their infos (unknown ids
+/// are left out, as the server drops them).
+fn attach(st: &mut Book, file_ids: &[String], post_id: &str) -> Vec<Value> {
+    let mut infos = Vec::new();
+    for id in file_ids {
+        if let Some(f) = st.files.get_mut(id) {
+            f.post_id = Some(post_id.to_owned());
+            infos.push(file_info(id, f));
+        }
+    }
+    infos
+}
+
+/// A post's `metadata`: its files, when it has some.
+fn metadata(infos: &[Value]) -> Value {
+    if infos.is_empty() {
+        json!({})
+    } else {
+        json!({ "files": infos })
+    }
 }
 
 fn display_name(channel_id: &str, channel_type: &str) -> String {

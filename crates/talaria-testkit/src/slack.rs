@@ -7,6 +7,19 @@
 //! with Slack's `{"ok": ...}` answers. Parameters are read from a JSON or
 //! form-encoded body.
 //!
+//! Files: tests register a file others shared ([`FakeSlack::add_file`]),
+//! which returns the file object an event carries; its `url_private` and
+//! `url_private_download` are on this server under `/files-pri/` and need
+//! the bot token as a bearer (without it Slack answers 200 with its
+//! sign-in page, and so does the fake). Uploads follow the external flow:
+//! `files.getUploadURLExternal` (`filename` and `length` required, a form
+//! body only, as its documentation lists) answers an `upload_url` on this
+//! server and a `file_id`; the bytes are posted there, raw or as a
+//! multipart form (parsed for real); `files.completeUploadExternal` shares
+//! uploaded files (`files`, `channel_id`, `thread_ts`, `initial_comment`),
+//! refusing ids that were never uploaded. [`FakeSlack::uploads`] and
+//! [`FakeSlack::shares`] record each step.
+//!
 //! The WebSocket sends `hello`, then every envelope tests push. Envelopes
 //! stay pending until the client acknowledges them (`{"envelope_id"}`);
 //! pending ones are sent again, with `retry_attempt` raised, on the next
@@ -23,13 +36,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::routing::{any, post};
+use axum::routing::{any, get, post};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::fake::{Core, Faults, bind, started};
 
-use handlers::{api, socket};
+use handlers::{api, file_private, socket, upload};
 
 mod handlers;
 
@@ -92,6 +105,53 @@ pub struct Request {
     pub at: Instant,
 }
 
+/// One file whose bytes were posted to its upload address.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upload {
+    /// The id `files.getUploadURLExternal` gave.
+    pub file_id: String,
+    /// The `filename` given to `files.getUploadURLExternal`.
+    pub filename: String,
+    /// The `length` given to `files.getUploadURLExternal`.
+    pub length: u64,
+    /// The multipart field the bytes came in (`None` for a raw body).
+    pub field: Option<String>,
+    /// The multipart part's file name.
+    pub part_filename: Option<String>,
+    /// The part's (or raw body's) `Content-Type`.
+    pub content_type: Option<String>,
+    /// The bytes, exactly as received.
+    pub bytes: Vec<u8>,
+    /// An `Authorization` header came along (the address needs none).
+    pub had_authorization: bool,
+}
+
+/// One `files.completeUploadExternal` the fake accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Share {
+    /// `files`, as (id, title).
+    pub files: Vec<(String, Option<String>)>,
+    /// `channel_id`, when given.
+    pub channel_id: Option<String>,
+    /// `thread_ts`, when given.
+    pub thread_ts: Option<String>,
+    /// `initial_comment`, when given.
+    pub initial_comment: Option<String>,
+}
+
+/// A file the fake holds.
+#[derive(Debug, Clone)]
+struct StoredFile {
+    name: String,
+    mime: String,
+    /// Set once uploaded (or at once for a file a test added).
+    bytes: Option<Vec<u8>>,
+    /// The `length` promised, for an upload.
+    length: u64,
+    /// The secret part of its upload address.
+    upload_key: String,
+}
+
 /// A failure the next `chat.postMessage` answers with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PostFailure {
@@ -140,6 +200,12 @@ struct Book {
     live: Option<mpsc::UnboundedSender<Command>>,
     /// Frames the server sent, in order (hello, envelopes, disconnects).
     frames: Vec<Value>,
+    next_file: u64,
+    files: std::collections::HashMap<String, StoredFile>,
+    uploads: Vec<Upload>,
+    shares: Vec<Share>,
+    /// File downloads: (path, the bot token came along).
+    downloads: Vec<(String, bool)>,
 }
 
 struct Shared {
@@ -192,6 +258,13 @@ impl FakeSlack {
         let app = Router::new()
             .route("/api/{method}", post(api))
             .route("/socket", any(socket))
+            .route("/files-pri/{key}/{name}", get(file_private))
+            .route("/files-pri/{key}/download/{name}", get(file_private))
+            // Files of any size a test sends, not axum's 2 MB.
+            .route(
+                "/upload/v1/{key}",
+                post(upload).layer(axum::extract::DefaultBodyLimit::max(64 << 20)),
+            )
             .with_state(shared.clone());
         shared.core.serve("fake-slack", listener, app)?;
         Ok(FakeSlack { shared })
@@ -427,6 +500,72 @@ impl FakeSlack {
             .count()
     }
 
+    /// A file someone shared, served to the bot token; returns the file
+    /// object a `message` event's `files` carries.
+    pub fn add_file(&self, name: &str, mime: &str, bytes: &[u8]) -> Value {
+        let mut st = self.shared.core.change();
+        let id = next_file_id(&mut st);
+        st.files.insert(
+            id.clone(),
+            StoredFile {
+                name: name.to_owned(),
+                mime: mime.to_owned(),
+                bytes: Some(bytes.to_vec()),
+                length: bytes.len() as u64,
+                upload_key: String::new(),
+            },
+        );
+        drop(st);
+        self.file_object(&id, name, mime, bytes.len())
+    }
+
+    fn file_object(&self, id: &str, name: &str, mime: &str, size: usize) -> Value {
+        let base = format!("http://{}/files-pri/T0TALARIA-{id}", self.shared.addr);
+        let filetype = name
+            .rsplit_once('.')
+            .map(|(_, e)| e.to_ascii_lowercase())
+            .unwrap_or_default();
+        json!({
+            "id": id, "name": name, "title": name, "mimetype": mime, "filetype": filetype,
+            "size": size, "mode": "hosted", "is_external": false,
+            "url_private": format!("{base}/{name}"),
+            "url_private_download": format!("{base}/download/{name}"),
+        })
+    }
+
+    /// Queues a DM with `files` (from [`Self::add_file`]) as Slack sends
+    /// it: a `message` of subtype `file_share`. Returns (envelope id, ts).
+    pub fn push_dm_files(
+        &self,
+        channel: &str,
+        user: &str,
+        text: &str,
+        files: &[Value],
+    ) -> (String, String) {
+        let ts = self.next_ts();
+        let env = self.push_event(json!({
+            "type": "message", "subtype": "file_share", "channel": channel,
+            "channel_type": "im", "user": user, "text": text, "ts": ts,
+            "upload": false, "files": files,
+        }));
+        (env, ts)
+    }
+
+    /// Every upload whose bytes arrived, in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.core.read().uploads.clone()
+    }
+
+    /// Every accepted `files.completeUploadExternal`, in order.
+    pub fn shares(&self) -> Vec<Share> {
+        self.shared.core.read().shares.clone()
+    }
+
+    /// Every file download: (path, whether the bot token came along).
+    pub fn downloads(&self) -> Vec<(String, bool)> {
+        self.shared.core.read().downloads.clone()
+    }
+
     /// Socket Mode connections accepted so far.
     pub fn connections(&self) -> usize {
         self.shared.core.read().connections
@@ -608,3 +747,8 @@ fn envelope_frame(e: &Envelope) -> Value {
 
 #[cfg(test)]
 mod tests;
+
+fn next_file_id(st: &mut Book) -> String {
+    st.next_file += 1;
+    format!("F{:08}", st.next_file)
+}

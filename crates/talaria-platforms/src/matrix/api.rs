@@ -47,7 +47,7 @@ pub(crate) fn client(homeserver: &str, token: &Secret) -> Result<Api, String> {
 }
 
 /// The spec's error body, its wait in the body preferred over the header.
-fn refusal(answer: &Answer) -> Refusal {
+pub(super) fn refusal(answer: &Answer) -> Refusal {
     let parsed: Option<Value> = serde_json::from_slice(&answer.body).ok();
     let field = |name: &str| {
         parsed

@@ -12,11 +12,15 @@
 //! as `body` and as sanitized HTML. The transaction id is derived from the
 //! message (see [`MatrixAdapter::send`]) so that a retried send is
 //! recognised by the homeserver instead of posted twice.
+//!
+//! Files go through the homeserver's media repository (see `media`):
+//! `mxc://` addresses in, uploads then a file message out.
 
 mod api;
 mod config;
 mod format;
 mod mapping;
+mod media;
 mod membership;
 mod outbox;
 mod rooms;
@@ -33,8 +37,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use talaria_adapter::auth::{AuthPolicy, Decision};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, ChatType, Liveness, MessageLimits, OutboundMessage,
-    SendError, SentMessage, SessionSource,
+    Adapter, AdapterContext, AdapterError, ChatType, Download, DownloadError, Liveness, MediaKind,
+    MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage, SessionSource,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
 use talaria_core::config::{secret_or_env, text_or_env};
@@ -57,10 +61,21 @@ pub const PLATFORM: &str = "matrix";
 /// dropped (see [`MAX_CONTENT_BYTES`]).
 pub const MAX_MESSAGE_LEN: usize = 14_000;
 
+/// Every kind of file: a room carries any file, and says which kind.
+const MEDIA: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Audio,
+    MediaKind::Video,
+    MediaKind::Document,
+];
+
 /// What a Matrix room can do; also used to judge inviters.
 const CAPABILITIES: Capabilities = Capabilities {
     threads: true,
     markup: Markup::Html,
+    receives: MEDIA,
+    sends: MEDIA,
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_MESSAGE_LEN,
         unit: LengthUnit::Chars,
@@ -212,6 +227,7 @@ fn remember(set: &mut HashSet<String>, value: &str) {
 /// The Matrix connector (see the module docs).
 pub struct MatrixAdapter {
     api: Api,
+    media: media::Media,
     token: Secret,
     configured_user: Option<String>,
     require_mention: bool,
@@ -284,8 +300,10 @@ impl MatrixAdapter {
             return Err(MatrixError::BadUserId(u.clone()));
         }
         let api = api::client(&homeserver, &token).map_err(MatrixError::Client)?;
+        let media = media::Media::new(&homeserver, &token).map_err(MatrixError::Client)?;
         Ok(MatrixAdapter {
             api,
+            media,
             token,
             configured_user,
             require_mention: settings.require_mention,
@@ -558,6 +576,57 @@ impl MatrixAdapter {
     }
 }
 
+impl MatrixAdapter {
+    /// Puts one `m.room.message` with `content` in `message`'s room under
+    /// `txn`, waiting out short rate limits.
+    async fn put_event(
+        &self,
+        message: &OutboundMessage,
+        txn: &str,
+        digest: &str,
+        content: &Value,
+    ) -> Result<SentMessage, SendError> {
+        let path = format!(
+            "/rooms/{}/send/m.room.message/{}",
+            segment(&message.chat_id),
+            segment(txn)
+        );
+        let mut rate_retries = 0;
+        loop {
+            let result: Result<Value, ApiError> = self
+                .api
+                .request(Method::PUT, &path, &[], Some(content), REQUEST_TIMEOUT)
+                .await;
+            match result {
+                Ok(v) => {
+                    self.txn_done(digest);
+                    let event_id = v.get("event_id").and_then(Value::as_str).map(str::to_owned);
+                    let mut own = lock(&self.own);
+                    if let Some(id) = &event_id {
+                        remember(&mut own.events, id);
+                    }
+                    if let Some(t) = &message.thread_id {
+                        remember(&mut own.threads, t);
+                    }
+                    return Ok(SentMessage {
+                        message_id: event_id,
+                    });
+                }
+                Err(e) if api::is_rate_limit(&e) => {
+                    let wait = e.retry_after().unwrap_or(Duration::from_secs(1));
+                    if rate_retries >= MAX_RATE_LIMIT_RETRIES || wait > MAX_RETRY_AFTER {
+                        return Err(SendError::RateLimited(wait));
+                    }
+                    rate_retries += 1;
+                    tracing::info!(?wait, "Matrix rate limit; waiting");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(classify(e)),
+            }
+        }
+    }
+}
+
 fn is_user_id(s: &str) -> bool {
     s.strip_prefix('@')
         .and_then(|rest| rest.split_once(':'))
@@ -714,44 +783,40 @@ impl Adapter for MatrixAdapter {
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
         let content = Self::content(message)?;
         let (txn, digest) = self.txn_for(message);
-        let path = format!(
-            "/rooms/{}/send/m.room.message/{}",
-            segment(&message.chat_id),
-            segment(&txn)
+        self.put_event(message, &txn, &digest, &content).await
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        self.media.download(locator).await
+    }
+
+    /// Uploads the file, then posts it as a message in the room. A retry
+    /// uploads again (the upload itself has no idempotency key) but posts
+    /// under the same transaction id, so the room shows the file once.
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let (content_uri, size) = self.media.upload(file).await?;
+        let mut content = media::file_content(file, &content_uri, size);
+        outbox::relate(
+            &mut content,
+            file.thread_id.as_deref(),
+            file.reply_to.as_deref(),
         );
-        let mut rate_retries = 0;
-        loop {
-            let result: Result<Value, ApiError> = self
-                .api
-                .request(Method::PUT, &path, &[], Some(&content), REQUEST_TIMEOUT)
-                .await;
-            match result {
-                Ok(v) => {
-                    self.txn_done(&digest);
-                    let event_id = v.get("event_id").and_then(Value::as_str).map(str::to_owned);
-                    let mut own = lock(&self.own);
-                    if let Some(id) = &event_id {
-                        remember(&mut own.events, id);
-                    }
-                    if let Some(t) = &message.thread_id {
-                        remember(&mut own.threads, t);
-                    }
-                    return Ok(SentMessage {
-                        message_id: event_id,
-                    });
-                }
-                Err(e) if api::is_rate_limit(&e) => {
-                    let wait = e.retry_after().unwrap_or(Duration::from_secs(1));
-                    if rate_retries >= MAX_RATE_LIMIT_RETRIES || wait > MAX_RETRY_AFTER {
-                        return Err(SendError::RateLimited(wait));
-                    }
-                    rate_retries += 1;
-                    tracing::info!(?wait, "Matrix rate limit; waiting");
-                    tokio::time::sleep(wait).await;
-                }
-                Err(e) => return Err(classify(e)),
-            }
-        }
+        let content = outbox::fit(content)?;
+        // The transaction is keyed by what the file is, not by the fresh
+        // upload's address, which differs on every try.
+        let key = OutboundMessage {
+            chat_id: file.chat_id.clone(),
+            thread_id: file.thread_id.clone(),
+            reply_to: file.reply_to.clone(),
+            text: format!(
+                "\u{1}file\u{1}{}\u{1}{}\u{1}{size}\u{1}{}",
+                file.path.display(),
+                file.name,
+                file.caption.as_deref().unwrap_or("")
+            ),
+        };
+        let (txn, digest) = self.txn_for(&key);
+        self.put_event(&key, &txn, &digest, &content).await
     }
 
     async fn typing(&self, chat_id: &str, _thread_id: Option<&str>) -> Result<(), SendError> {

@@ -64,33 +64,12 @@ impl MatrixAdapter {
             "format": "org.matrix.custom.html",
             "formatted_body": format::to_html(&message.text),
         });
-        match (&message.thread_id, &message.reply_to) {
-            (Some(root), reply) => {
-                content["m.relates_to"] = json!({
-                    "rel_type": "m.thread",
-                    "event_id": root,
-                    "is_falling_back": true,
-                    "m.in_reply_to": { "event_id": reply.as_deref().unwrap_or(root) },
-                });
-            }
-            (None, Some(reply)) => {
-                content["m.relates_to"] = json!({ "m.in_reply_to": { "event_id": reply } });
-            }
-            (None, None) => {}
-        }
-        if content.to_string().len() > MAX_CONTENT_BYTES {
-            if let Some(obj) = content.as_object_mut() {
-                obj.remove("format");
-                obj.remove("formatted_body");
-            }
-            let size = content.to_string().len();
-            if size > MAX_CONTENT_BYTES {
-                return Err(SendError::Rejected(format!(
-                    "the message is {size} bytes, more than a Matrix event can carry"
-                )));
-            }
-        }
-        Ok(content)
+        relate(
+            &mut content,
+            message.thread_id.as_deref(),
+            message.reply_to.as_deref(),
+        );
+        fit(content)
     }
 
     pub(super) async fn own_user_id(&self) -> Result<String, SendError> {
@@ -107,4 +86,41 @@ impl MatrixAdapter {
             .map(str::to_owned)
             .ok_or_else(|| SendError::Transient("whoami answered without a user_id".into()))
     }
+}
+
+/// Puts `content` in the thread rooted at `thread`, or makes it a reply
+/// to `reply_to`.
+pub(super) fn relate(content: &mut Value, thread: Option<&str>, reply_to: Option<&str>) {
+    match (thread, reply_to) {
+        (Some(root), reply) => {
+            content["m.relates_to"] = json!({
+                "rel_type": "m.thread",
+                "event_id": root,
+                "is_falling_back": true,
+                "m.in_reply_to": { "event_id": reply.unwrap_or(root) },
+            });
+        }
+        (None, Some(reply)) => {
+            content["m.relates_to"] = json!({ "m.in_reply_to": { "event_id": reply } });
+        }
+        (None, None) => {}
+    }
+}
+
+/// `content` within what an event carries: the HTML dropped when the
+/// whole is too large, refused when even that is.
+pub(super) fn fit(mut content: Value) -> Result<Value, SendError> {
+    if content.to_string().len() > MAX_CONTENT_BYTES {
+        if let Some(obj) = content.as_object_mut() {
+            obj.remove("format");
+            obj.remove("formatted_body");
+        }
+        let size = content.to_string().len();
+        if size > MAX_CONTENT_BYTES {
+            return Err(SendError::Rejected(format!(
+                "the message is {size} bytes, more than a Matrix event can carry"
+            )));
+        }
+    }
+    Ok(content)
 }

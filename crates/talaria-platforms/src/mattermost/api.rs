@@ -48,7 +48,7 @@ struct AppError {
 }
 
 /// The message of an `AppError` body, its id in brackets.
-fn refusal(answer: &Answer) -> Refusal {
+pub(crate) fn refusal(answer: &Answer) -> Refusal {
     let message = match serde_json::from_slice::<AppError>(&answer.body) {
         Ok(e) if !e.message.is_empty() && e.id.is_empty() => e.message,
         Ok(e) if !e.message.is_empty() => format!("{} ({})", e.message, e.id),
@@ -95,6 +95,36 @@ pub(crate) struct Post {
     pub file_ids: Vec<String>,
     #[serde(default)]
     pub props: Value,
+    /// What the server adds for clients: the attached files' infos.
+    #[serde(default)]
+    pub metadata: Option<Metadata>,
+}
+
+/// A post's `metadata`, as far as the adapter reads it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct Metadata {
+    #[serde(default)]
+    pub files: Vec<FileInfo>,
+}
+
+/// A file's `FileInfo`: in a post's metadata, and what `POST /files`
+/// answers for each upload.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct FileInfo {
+    pub id: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub mime_type: Option<String>,
+    #[serde(default)]
+    pub size: Option<u64>,
+}
+
+/// `POST /files`: the stored files, in the order sent.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct Uploaded {
+    #[serde(default)]
+    pub file_infos: Vec<FileInfo>,
 }
 
 #[cfg(test)]

@@ -105,13 +105,29 @@ pub(crate) fn map_posted(
         Some("G" | "O" | "P") => ChatType::Group,
         _ => return Err("unknown channel type"),
     };
-    // Fetched through the files API (`GET /files/{id}`) when the turn runs;
-    // the post names no kind, so the bytes decide.
+    // Fetched through the files API (`GET /files/{id}`) when the turn runs.
+    // Mattermost has no voice notes or photo messages, only files: the
+    // kind is guessed from the file info the server adds to the post
+    // (a document when there is none), and the bytes decide later.
+    let infos = post
+        .metadata
+        .as_ref()
+        .map(|m| m.files.as_slice())
+        .unwrap_or(&[]);
     let attachments: Vec<talaria_adapter::Attachment> = post
         .file_ids
         .iter()
-        .map(|id| {
-            talaria_adapter::Attachment::remote(talaria_adapter::MediaKind::Document, id.clone())
+        .map(|id| match infos.iter().find(|f| f.id == *id) {
+            Some(f) => talaria_adapter::Attachment::guessed(
+                id.clone(),
+                f.name.as_deref(),
+                f.mime_type.as_deref(),
+                f.size,
+            ),
+            None => talaria_adapter::Attachment::remote(
+                talaria_adapter::MediaKind::Document,
+                id.clone(),
+            ),
         })
         .collect();
     let root = (!post.root_id.is_empty()).then(|| post.root_id.clone());

@@ -18,11 +18,14 @@
 //! Application-level pings go out every `ping_interval`; a socket that
 //! says nothing for two intervals is given up, and the supervisor
 //! reconnects.
+//!
+//! Files come and go through the files API (see `media`).
 
 mod api;
 mod config;
 mod format;
 mod mapping;
+mod media;
 
 use crate::registry::{BuildError, Built, Platform, Setup, token_switch};
 use crate::ws::{Beat, Watched};
@@ -32,8 +35,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, Liveness, MessageLimits, OutboundMessage, SendError,
-    SentMessage,
+    Adapter, AdapterContext, AdapterError, Download, DownloadError, Liveness, MediaKind,
+    MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
 use talaria_core::config::text_or_env;
@@ -147,6 +150,10 @@ pub enum MattermostError {
 #[derive(Debug)]
 pub struct MattermostAdapter {
     api: Api,
+    /// For the files API, whose bodies are not JSON.
+    files: crate::http::Http,
+    /// The server root, without `/api/v4`.
+    base_url: String,
     token: Secret,
     /// `ws(s)://.../api/v4/websocket`.
     socket_url: String,
@@ -182,8 +189,13 @@ impl MattermostAdapter {
             _ => return Err(MattermostError::BadUrl(url)),
         };
         let api = api::client(&url, &token).map_err(MattermostError::Client)?;
+        let files = crate::http::Http::new(api::MATTERMOST)
+            .map_err(MattermostError::Client)?
+            .hiding(&token, "<token>");
         Ok(MattermostAdapter {
             api,
+            files,
+            base_url: url.clone(),
             token,
             socket_url,
             require_mention: settings.require_mention,
@@ -394,10 +406,21 @@ fn url_escape(s: &str) -> String {
     out
 }
 
+/// Every kind: Mattermost carries any file, as a file.
+const MEDIA: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Audio,
+    MediaKind::Video,
+    MediaKind::Document,
+];
+
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     threads: true,
     markup: Markup::Markdown,
+    receives: MEDIA,
+    sends: MEDIA,
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_POST_CHARS,
         unit: LengthUnit::Chars,
@@ -491,6 +514,14 @@ impl Adapter for MattermostAdapter {
         Ok(SentMessage {
             message_id: Some(post.id),
         })
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        self.fetch_file(locator).await
+    }
+
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        self.post_file(file).await
     }
 
     async fn typing(&self, chat_id: &str, thread_id: Option<&str>) -> Result<(), SendError> {

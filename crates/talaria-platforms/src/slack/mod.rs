@@ -12,11 +12,15 @@
 //! Sends go through `chat.postMessage` as mrkdwn ([`format`]); since bots
 //! cannot show "typing" in Slack, a reaction on the user's message stands
 //! for it while the answer is being worked on.
+//!
+//! Files come in as links fetched with the bot token and go out through
+//! Slack's external upload flow (see `media`).
 
 mod api;
 mod config;
 mod format;
 mod mapping;
+mod media;
 
 use crate::registry::{BuildError, Built, Platform, Setup};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -27,8 +31,8 @@ use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, Liveness, MessageEvent, MessageLimits, OutboundMessage,
-    SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Download, DownloadError, Liveness, MediaKind,
+    MessageEvent, MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
 use talaria_core::config::secret_or_env;
@@ -572,11 +576,21 @@ impl SlackAdapter {
     /// One Web API call with the bot token, waiting out rate limits a
     /// bounded number of times.
     async fn call_with_retries(&self, method: &str, params: &Value) -> Result<Value, SendError> {
+        self.call_params_with_retries(method, api::Params::Json(params))
+            .await
+    }
+
+    /// [`Self::call_with_retries`] with the parameters in either encoding.
+    async fn call_params_with_retries(
+        &self,
+        method: &str,
+        params: api::Params<'_>,
+    ) -> Result<Value, SendError> {
         let mut retries = 0;
         loop {
             match self
                 .api
-                .call(method, &self.bot_token, params, CALL_TIMEOUT)
+                .call_with(method, &self.bot_token, params, CALL_TIMEOUT)
                 .await
             {
                 Ok(v) => return Ok(v),
@@ -612,10 +626,21 @@ fn classify(e: ApiError) -> SendError {
     }
 }
 
+/// Every kind: Slack carries any file, as a file.
+const MEDIA: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Audio,
+    MediaKind::Video,
+    MediaKind::Document,
+];
+
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     threads: true,
     markup: Markup::Mrkdwn,
+    receives: MEDIA,
+    sends: MEDIA,
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_MESSAGE_LEN,
         unit: LengthUnit::Chars,
@@ -683,6 +708,14 @@ impl Adapter for SlackAdapter {
         Ok(SentMessage {
             message_id: answer.get("ts").and_then(Value::as_str).map(str::to_owned),
         })
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        self.fetch_file(locator).await
+    }
+
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        self.share_file(file).await
     }
 
     async fn typing(&self, chat_id: &str, thread_id: Option<&str>) -> Result<(), SendError> {

@@ -1,5 +1,6 @@
 //! The fake homeserver's request handlers: routing, authentication, the
-//! failure switches, joins, sends and `/sync` bodies.
+//! failure switches, joins, sends, `/sync` bodies and the media
+//! repository.
 
 use super::*;
 use crate::json_response;
@@ -23,11 +24,22 @@ pub(super) async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let Some(rest) = uri.path().strip_prefix("/_matrix/client/v3/") else {
+    let full = uri.path();
+    let (area, rest) = if let Some(r) = full.strip_prefix("/_matrix/client/v3/") {
+        (Area::Client, r)
+    } else if let Some(r) = full.strip_prefix("/_matrix/client/v1/media/") {
+        (Area::Media, r)
+    } else if let Some(r) = full.strip_prefix("/_matrix/media/v3/") {
+        (Area::LegacyMedia, r)
+    } else {
         return error(404, "M_UNRECOGNIZED", "Unrecognized request");
     };
     let segments: Vec<String> = rest.split('/').map(percent_decode).collect();
-    let path = segments.join("/");
+    let path = match area {
+        Area::Client => segments.join("/"),
+        Area::Media => format!("_matrix/client/v1/media/{}", segments.join("/")),
+        Area::LegacyMedia => format!("_matrix/media/v3/{}", segments.join("/")),
+    };
     let query = query_pairs(uri.query());
     let given = headers
         .get(header::AUTHORIZATION)
@@ -45,6 +57,11 @@ pub(super) async fn handle(
         authorized: given.as_deref() == Some(shared.token.as_str()),
     });
     let revoked = shared.core.read().revoked;
+    let parts: Vec<&str> = segments.iter().map(String::as_str).collect();
+    if area == Area::LegacyMedia && method == Method::GET && parts.first() == Some(&"download") {
+        // The old download endpoint never needed a token.
+        return media_download(&shared, area, &parts[1..]);
+    }
     match given {
         None => return error(401, "M_MISSING_TOKEN", "Missing access token"),
         Some(t) if t != shared.token || revoked => {
@@ -52,7 +69,12 @@ pub(super) async fn handle(
         }
         Some(_) => {}
     }
-    let parts: Vec<&str> = segments.iter().map(String::as_str).collect();
+    match area {
+        Area::Client => {}
+        Area::Media | Area::LegacyMedia => {
+            return media(&shared, area, &method, &parts, &headers, &query, &body);
+        }
+    }
     match (&method, parts.as_slice()) {
         (&Method::GET, ["account", "whoami"]) => json_response(
             200,
@@ -128,6 +150,103 @@ pub(super) async fn handle(
         }
         _ => error(404, "M_UNRECOGNIZED", "Unrecognized request"),
     }
+}
+
+/// Which API a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Area {
+    /// `/_matrix/client/v3/`.
+    Client,
+    /// `/_matrix/client/v1/media/` (authenticated media, Matrix 1.11).
+    Media,
+    /// `/_matrix/media/v3/` (uploads; downloads before Matrix 1.11).
+    LegacyMedia,
+}
+
+/// An authenticated request to the media repository.
+fn media(
+    shared: &Shared,
+    area: Area,
+    method: &Method,
+    parts: &[&str],
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+    body: &Bytes,
+) -> Response {
+    let legacy_only = shared.core.read().legacy_media_only;
+    match (area, method, parts) {
+        (Area::Media, _, _) if legacy_only => error(404, "M_UNRECOGNIZED", "Unrecognized request"),
+        (Area::Media, &Method::GET, ["download", rest @ ..]) => media_download(shared, area, rest),
+        (Area::Media, &Method::GET, ["config"]) | (Area::LegacyMedia, &Method::GET, ["config"]) => {
+            let max = shared.core.read().max_upload;
+            json_response(200, &json!({ "m.upload.size": max }))
+        }
+        (Area::LegacyMedia, &Method::POST, ["upload"]) => {
+            let mut st = shared.core.change();
+            if let Some(ms) = st.fail_upload_429.take() {
+                return json_response(
+                    429,
+                    &json!({ "errcode": "M_LIMIT_EXCEEDED", "error": "Too many requests", "retry_after_ms": ms }),
+                );
+            }
+            if body.len() > st.max_upload {
+                return error(
+                    413,
+                    "M_TOO_LARGE",
+                    "Cannot upload files larger than the limit",
+                );
+            }
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let filename = query.get("filename").cloned();
+            // As Synapse: a missing type is stored as a plain byte stream.
+            let stored_type = content_type
+                .clone()
+                .unwrap_or_else(|| "application/octet-stream".to_owned());
+            let uri = store_file(&mut st, body.to_vec(), &stored_type, filename.as_deref());
+            st.uploads.push(Upload {
+                filename,
+                content_type,
+                bytes: body.to_vec(),
+                content_uri: uri.clone(),
+            });
+            json_response(200, &json!({ "content_uri": uri }))
+        }
+        _ => error(404, "M_UNRECOGNIZED", "Unrecognized request"),
+    }
+}
+
+/// `download/{server}/{id}[/{name}]`, the part after `download/`.
+fn media_download(shared: &Shared, area: Area, rest: &[&str]) -> Response {
+    let st = shared.core.read();
+    if area == Area::LegacyMedia && !st.legacy_media_only {
+        // Synapse with authenticated media: new media is not served here.
+        return error(404, "M_NOT_FOUND", "Not found");
+    }
+    let (server, id) = match rest {
+        [server, id] | [server, id, _] => (*server, *id),
+        _ => return error(404, "M_UNRECOGNIZED", "Unrecognized request"),
+    };
+    let Some(file) = st.media.get(id).filter(|_| server == SERVER_NAME) else {
+        return error(404, "M_NOT_FOUND", "Not found");
+    };
+    let mut r = Response::new(Body::from(file.bytes.clone()));
+    if let Ok(v) = HeaderValue::from_str(&file.content_type) {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    let disposition = match &file.filename {
+        Some(name) => format!(
+            "attachment; filename=\"{}\"",
+            name.replace(['"', '\\'], "_")
+        ),
+        None => "attachment".to_owned(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&disposition) {
+        r.headers_mut().insert(header::CONTENT_DISPOSITION, v);
+    }
+    r
 }
 
 fn join(shared: &Shared, room_id: &str) -> Response {

@@ -4,8 +4,9 @@
 use super::*;
 use crate::json_response;
 use axum::body::Bytes;
+use axum::extract::multipart::MultipartRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Query, State};
+use axum::extract::{Multipart, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use axum::response::Response;
 use serde_json::{Value, json};
@@ -58,6 +59,30 @@ pub(super) async fn rest(
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (&method, segments.as_slice()) {
+        (&Method::GET, ["api", "v4", "files", id]) => {
+            let st = shared.core.read();
+            match st.files.get(*id) {
+                Some(f) => {
+                    let mut r = Response::new(axum::body::Body::from(f.bytes.clone()));
+                    if let Ok(v) = HeaderValue::from_str(&f.mime) {
+                        r.headers_mut().insert(header::CONTENT_TYPE, v);
+                    }
+                    let disposition = format!(
+                        "attachment;filename=\"{}\"",
+                        f.name.replace(['"', '\\'], "_")
+                    );
+                    if let Ok(v) = HeaderValue::from_str(&disposition) {
+                        r.headers_mut().insert(header::CONTENT_DISPOSITION, v);
+                    }
+                    r
+                }
+                None => app_error(
+                    404,
+                    "app.file_info.get.app_error",
+                    "Unable to get the file info.",
+                ),
+            }
+        }
         (&Method::GET, ["api", "v4", "users", "me"]) => json_response(
             200,
             &json!({"id": BOT_USER_ID, "username": BOT_USERNAME, "is_bot": true,
@@ -131,6 +156,38 @@ async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
     }
     let channel_id = body.get("channel_id").and_then(Value::as_str).unwrap_or("");
     let message = body.get("message").and_then(Value::as_str).unwrap_or("");
+    let file_ids: Vec<String> = body
+        .get("file_ids")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    if file_ids.len() > MAX_FILES_PER_POST {
+        return app_error(
+            400,
+            "model.post.is_valid.file_ids.app_error",
+            "Invalid file ids.",
+        );
+    }
+    // The server attaches only the caller's unattached files of the
+    // channel; here an id that is not such a file is refused, so a test
+    // sees the mistake.
+    for id in &file_ids {
+        match st.files.get(id) {
+            Some(f) if f.channel_id == channel_id && f.post_id.is_none() => {}
+            _ => {
+                return app_error(
+                    400,
+                    "api.post.create_post.file_ids.app_error",
+                    "Invalid file id.",
+                );
+            }
+        }
+    }
     let root_id = body
         .get("root_id")
         .and_then(Value::as_str)
@@ -143,7 +200,7 @@ async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
             "You do not have the appropriate permissions.",
         );
     };
-    if message.trim().is_empty() {
+    if message.trim().is_empty() && file_ids.is_empty() {
         return app_error(
             400,
             "api.post.create_post.message.app_error",
@@ -167,19 +224,21 @@ async fn create_post(shared: &Shared, body: &Value, hung: bool) -> Response {
         );
     }
     let id = new_id(&mut st, "b");
+    let infos = attach(&mut st, &file_ids, &id);
     st.known_posts.insert(id.clone(), channel_id.to_owned());
     st.posts.push(CreatedPost {
         id: id.clone(),
         channel_id: channel_id.to_owned(),
         message: message.to_owned(),
         root_id: root_id.clone(),
+        file_ids: file_ids.clone(),
         at: Instant::now(),
     });
     let post = json!({
         "id": id, "create_at": unix_millis(), "update_at": unix_millis(), "edit_at": 0,
         "delete_at": 0, "user_id": BOT_USER_ID, "channel_id": channel_id,
         "root_id": root_id.unwrap_or_default(), "message": message, "type": "",
-        "props": {"from_bot": "true"}, "metadata": {},
+        "props": {"from_bot": "true"}, "file_ids": file_ids, "metadata": metadata(&infos),
     });
     // A real server tells every member, the author included.
     let data = json!({
@@ -344,4 +403,120 @@ async fn serve_socket(
     {
         s.live = None;
     }
+}
+
+/// `POST /api/v4/files`: a `multipart/form-data` upload, read part by
+/// part as the server does.
+pub(super) async fn upload(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Response {
+    let ok = authorized(&shared, &headers);
+    shared.core.record(Request {
+        method: "POST".into(),
+        path: "/api/v4/files".into(),
+        body: Value::Null,
+        authorized: ok,
+        at: Instant::now(),
+    });
+    if !ok {
+        return app_error(
+            401,
+            "api.context.session_expired.app_error",
+            "Invalid or expired session, please login again.",
+        );
+    }
+    let bad = |why: &str| app_error(400, "api.file.upload_file.bad_parse.app_error", why);
+    let mut multipart = match multipart {
+        Ok(m) => m,
+        Err(e) => return bad(&format!("Unable to parse multipart request: {e}")),
+    };
+    let max = shared.core.read().max_file_size;
+    let mut fields = Vec::new();
+    let mut channel_id: Option<String> = None;
+    let mut got: Vec<(String, Option<String>, Vec<u8>)> = Vec::new();
+    loop {
+        let field = match multipart.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return bad(&format!("Unable to parse multipart request: {e}")),
+        };
+        let name = field.name().unwrap_or("").to_owned();
+        fields.push(name.clone());
+        match name.as_str() {
+            "channel_id" => match field.text().await {
+                Ok(t) => channel_id = Some(t),
+                Err(e) => return bad(&e.to_string()),
+            },
+            "files" => {
+                if channel_id.is_none() {
+                    return app_error(
+                        400,
+                        "api.file.upload_file.multipart.app_error",
+                        "Unable to upload file(s). Have channel_id before files.",
+                    );
+                }
+                let filename = field.file_name().unwrap_or("").to_owned();
+                let content_type = field.content_type().map(str::to_owned);
+                let bytes = match field.bytes().await {
+                    Ok(b) => b.to_vec(),
+                    Err(e) => return bad(&e.to_string()),
+                };
+                if bytes.len() > max {
+                    return app_error(
+                        413,
+                        "api.file.upload_file.too_large_detailed.app_error",
+                        "Unable to upload file. File is too large.",
+                    );
+                }
+                got.push((filename, content_type, bytes));
+            }
+            _ => {
+                // client_ids and anything else: read and ignored here.
+                let _ = field.bytes().await;
+            }
+        }
+    }
+    let Some(channel_id) = channel_id.filter(|c| !c.is_empty()) else {
+        return app_error(
+            400,
+            "api.context.invalid_body_param.app_error",
+            "Invalid or missing channel_id in request body.",
+        );
+    };
+    if got.is_empty() {
+        return app_error(
+            400,
+            "api.file.upload_file.no_file.app_error",
+            "No file under 'files' in request.",
+        );
+    }
+    let mut st = shared.core.change();
+    if !st.channels.contains_key(&channel_id) {
+        return app_error(
+            403,
+            "api.context.permissions.app_error",
+            "You do not have the appropriate permissions.",
+        );
+    }
+    let mut infos = Vec::new();
+    for (filename, content_type, bytes) in got {
+        let mime = content_type
+            .clone()
+            .unwrap_or_else(|| "application/octet-stream".into());
+        let id = store_file(&mut st, &channel_id, &filename, &mime, bytes.clone());
+        if let Some(f) = st.files.get(&id) {
+            infos.push(file_info(&id, f));
+        }
+        st.uploads.push(Upload {
+            fields: fields.clone(),
+            channel_id: channel_id.clone(),
+            filename,
+            content_type,
+            bytes,
+            file_id: id,
+        });
+    }
+    json_response(201, &json!({ "file_infos": infos, "client_ids": [] }))
 }

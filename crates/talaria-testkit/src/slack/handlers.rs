@@ -5,7 +5,7 @@ use super::*;
 use crate::json_response;
 use axum::body::Bytes;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::{FromRequest, Path, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
@@ -162,6 +162,35 @@ pub(super) async fn api(
             ok(json!({ "url": format!("ws://{}/socket?ticket=t{n}", shared.addr) }))
         }
         "chat.postMessage" => post_message(&shared, &params, hung).await,
+        "files.getUploadURLExternal" => {
+            // Its documentation lists a form body only.
+            if !is_form(&headers) {
+                return fail("invalid_form_data");
+            }
+            let filename = string(&params, "filename").filter(|f| !f.is_empty());
+            let length = string(&params, "length").and_then(|l| l.parse::<u64>().ok());
+            let (Some(filename), Some(length)) = (filename, length.filter(|l| *l > 0)) else {
+                return fail("invalid_arguments");
+            };
+            let mut st = shared.core.change();
+            let id = next_file_id(&mut st);
+            let key = format!("{id}k{}", st.next_ts);
+            st.files.insert(
+                id.clone(),
+                StoredFile {
+                    name: filename,
+                    mime: String::new(),
+                    bytes: None,
+                    length,
+                    upload_key: key.clone(),
+                },
+            );
+            ok(json!({
+                "upload_url": format!("http://{}/upload/v1/{key}", shared.addr),
+                "file_id": id,
+            }))
+        }
+        "files.completeUploadExternal" => complete_upload(&shared, &params),
         "reactions.add" | "reactions.remove" => {
             let field = |k: &str| string(&params, k).unwrap_or_default();
             let (channel, timestamp, name) = (field("channel"), field("timestamp"), field("name"));
@@ -279,4 +308,169 @@ fn string(params: &Map<String, Value>, key: &str) -> Option<String> {
         Value::Null => None,
         v => Some(v.to_string()),
     }
+}
+
+fn is_form(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/x-www-form-urlencoded"))
+}
+
+fn complete_upload(shared: &Shared, params: &Map<String, Value>) -> Response {
+    // `files` is an array in JSON, a JSON string in a form.
+    let files = match params.get("files") {
+        Some(Value::Array(a)) => a.clone(),
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(Value::Array(a)) => a,
+            _ => return fail("invalid_arguments"),
+        },
+        _ => return fail("invalid_arguments"),
+    };
+    let mut listed = Vec::new();
+    for f in &files {
+        let Some(id) = f.get("id").and_then(Value::as_str) else {
+            return fail("invalid_arguments");
+        };
+        let title = f.get("title").and_then(Value::as_str).map(str::to_owned);
+        listed.push((id.to_owned(), title));
+    }
+    if listed.is_empty() {
+        return fail("invalid_arguments");
+    }
+    let mut st = shared.core.change();
+    for (id, _) in &listed {
+        if st.files.get(id).is_none_or(|f| f.bytes.is_none()) {
+            return fail("file_not_found");
+        }
+    }
+    let answer: Vec<Value> = listed
+        .iter()
+        .map(|(id, title)| json!({ "id": id, "title": title.clone().unwrap_or_default() }))
+        .collect();
+    st.shares.push(Share {
+        files: listed,
+        channel_id: string(params, "channel_id").filter(|c| !c.is_empty()),
+        thread_ts: string(params, "thread_ts").filter(|t| !t.is_empty()),
+        initial_comment: string(params, "initial_comment"),
+    });
+    ok(json!({ "files": answer }))
+}
+
+/// The upload address: the bytes, raw or as a multipart form.
+pub(super) async fn upload(
+    State(shared): State<Arc<Shared>>,
+    Path(key): Path<String>,
+    request: axum::extract::Request,
+) -> Response {
+    let headers = request.headers().clone();
+    let had_authorization = headers.contains_key(header::AUTHORIZATION);
+    let Some(file_id) = shared
+        .core
+        .read()
+        .files
+        .iter()
+        .find(|(_, f)| !f.upload_key.is_empty() && f.upload_key == key)
+        .map(|(id, _)| id.clone())
+    else {
+        return status(404);
+    };
+    let ctype = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let (field, part_filename, content_type, bytes) = if ctype.starts_with("multipart/form-data") {
+        let mut multipart = match axum::extract::Multipart::from_request(request, &()).await {
+            Ok(m) => m,
+            Err(_) => return status(400),
+        };
+        let mut found = None;
+        loop {
+            match multipart.next_field().await {
+                Ok(Some(f)) => {
+                    let name = f.name().map(str::to_owned);
+                    let file_name = f.file_name().map(str::to_owned);
+                    let ctype = f.content_type().map(str::to_owned);
+                    let Ok(data) = f.bytes().await else {
+                        return status(400);
+                    };
+                    if found.is_none() && file_name.is_some() {
+                        found = Some((name, file_name, ctype, data.to_vec()));
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => return status(400),
+            }
+        }
+        match found {
+            Some(f) => f,
+            None => return status(400),
+        }
+    } else {
+        let Ok(body) = axum::body::to_bytes(request.into_body(), 64 << 20).await else {
+            return status(400);
+        };
+        let ctype = (!ctype.is_empty()).then_some(ctype);
+        (None, None, ctype, body.to_vec())
+    };
+    let mut st = shared.core.change();
+    let Some(stored) = st.files.get_mut(&file_id) else {
+        return status(404);
+    };
+    stored.bytes = Some(bytes.clone());
+    stored.mime = content_type.clone().unwrap_or_default();
+    let (filename, length) = (stored.name.clone(), stored.length);
+    st.uploads.push(Upload {
+        file_id,
+        filename,
+        length,
+        field,
+        part_filename,
+        content_type,
+        bytes: bytes.clone(),
+        had_authorization,
+    });
+    let mut r = Response::new(axum::body::Body::from(format!("OK - {}", bytes.len())));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+/// `url_private` and `url_private_download`.
+pub(super) async fn file_private(
+    State(shared): State<Arc<Shared>>,
+    Path((key, _name)): Path<(String, String)>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let authorized = !token.is_empty() && token == shared.bot_token;
+    let mut st = shared.core.change();
+    st.downloads.push((uri.path().to_owned(), authorized));
+    if !authorized {
+        // Slack's answer to a request without the token: its sign-in page.
+        let mut r = Response::new(axum::body::Body::from(
+            "<!DOCTYPE html><html><head><title>Slack</title></head><body>Sign in</body></html>",
+        ));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+        return r;
+    }
+    let id = key.strip_prefix("T0TALARIA-").unwrap_or("");
+    let Some(file) = st.files.get(id).filter(|f| f.bytes.is_some()) else {
+        return status(404);
+    };
+    let bytes = file.bytes.clone().unwrap_or_default();
+    let mut r = Response::new(axum::body::Body::from(bytes));
+    if let Ok(v) = HeaderValue::from_str(&file.mime) {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
 }
