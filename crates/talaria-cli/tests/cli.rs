@@ -429,3 +429,76 @@ async fn memory_is_shown_and_edited_with_the_edit_logged() {
         "{log}"
     );
 }
+
+/// `chat --image PATH -q`: the picture reaches the model as an image part
+/// beside the question, and a path that cannot be read stops before any
+/// model call, saying which.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_attached_on_the_command_line_reaches_the_model() {
+    // A 2×2 PNG.
+    const PNG: &[u8] = b"\x89\x50\x4e\x47\x0d\x0a\x1a\x0a\x00\x00\x00\x0d\x49\x48\x44\x52\x00\x00\x00\x02\x00\x00\x00\x02\x08\x02\x00\x00\x00\xfd\xd4\x9a\x73\x00\x00\x00\x10\x49\x44\x41\x54\x78\x9c\x63\xf8\xcf\x00\x04\xff\x19\x20\x14\x00\x1b\xf2\x03\xfd\xd6\x96\xf2\x2b\x00\x00\x00\x00\x49\x45\x4e\x44\xae\x42\x60\x82";
+    let mock = MockOpenAi::start().await;
+    mock.push(Reply::text("A tiny red square."));
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("config.yaml"),
+        format!(
+            "model:\n  default: mock-model\n  provider: custom\n  base_url: {}\n  \
+             api_key: sk-test-secret-key-0123456789\n  vision: on\n",
+            mock.base_url()
+        ),
+    )
+    .unwrap();
+    let picture = dir.path().join("pic.png");
+    std::fs::write(&picture, PNG).unwrap();
+    let picture = picture.to_str().unwrap();
+
+    let out = talaria(&home, &["chat", "--image", picture, "-q", "what is this?"]).await;
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "A tiny red square.\n");
+    let body = &mock.requests()[0].body;
+    let user = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .unwrap();
+    let parts = user["content"].as_array().expect("content parts");
+    assert!(
+        parts.iter().any(
+            |p| p["type"] == "text" && p["text"].as_str().unwrap().starts_with("what is this?")
+        ),
+        "{user}"
+    );
+    assert!(
+        parts.iter().any(|p| p["type"] == "image_url"
+            && p["image_url"]["url"]
+                .as_str()
+                .unwrap()
+                .starts_with("data:image/")),
+        "{user}"
+    );
+
+    let missing = dir.path().join("nope.png");
+    let out = talaria(
+        &home,
+        &[
+            "chat",
+            "--image",
+            missing.to_str().unwrap(),
+            "-q",
+            "and this?",
+        ],
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("cannot read") && text(&out.stderr).contains("nope.png"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(mock.requests().len(), 1, "no model call for a missing file");
+}
