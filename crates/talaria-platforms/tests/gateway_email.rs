@@ -28,21 +28,37 @@ impl AdapterKit for EmailKit {
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter> {
         let dir = tempfile::tempdir().unwrap();
         let cursors = Arc::new(SqliteStore::open(&dir.path().join("state.db")).unwrap());
-        email_adapter(config, env, cursors)
+        email_adapter(config, env, cursors, None)
     }
 
     /// The adapter keeping its IMAP cursor in the gateway's store.
     fn build(&self, setup: &Setup<'_>) -> Built {
         Built {
-            adapter: email_adapter(setup.config, setup.env, setup.cursors.clone()),
+            adapter: email_adapter(
+                setup.config,
+                setup.env,
+                setup.cursors.clone(),
+                Some(setup.media.clone()),
+            ),
             mount: None,
         }
     }
 }
 
-fn email_adapter(config: &Config, env: &Env, cursors: Arc<dyn CursorStore>) -> Arc<dyn Adapter> {
+/// The adapter; with `media`, attachments are stored in the gateway's
+/// cache at intake, as the registry builds it.
+fn email_adapter(
+    config: &Config,
+    env: &Env,
+    cursors: Arc<dyn CursorStore>,
+    media: Option<talaria_media::MediaCache>,
+) -> Arc<dyn Adapter> {
     let settings = EmailSettings::from_config(&config.section().unwrap(), env).unwrap();
-    Arc::new(EmailAdapter::new(settings, cursors).unwrap())
+    let adapter = EmailAdapter::new(settings, cursors).unwrap();
+    match media {
+        Some(cache) => Arc::new(adapter.with_media(cache)),
+        None => Arc::new(adapter),
+    }
 }
 
 adapter_contract!(EmailKit;

@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Out, PlatformKit, Threaded, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
 use crate::FakeDiscord;
 use crate::wait::WAIT;
 
@@ -98,6 +100,50 @@ impl PlatformKit for DiscordKit {
         self.fake.hang_send(hang);
     }
 
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        // Discord carries every file as an attachment; a voice message is
+        // one recorded in the app, flagged on the message.
+        let name = file.name.clone().unwrap_or_else(|| match file.kind {
+            MediaKind::Voice => "voice-message.ogg".to_owned(),
+            _ => "file".to_owned(),
+        });
+        let channel = self.dm_chat(who);
+        let attachment = self
+            .fake
+            .add_file(&channel, file.bytes.clone(), &name, Some(&file.mime));
+        self.fake.push_dm_with_files(
+            user(who),
+            caption,
+            &[attachment],
+            file.kind == MediaKind::Voice,
+        )
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        // Discord shows an attachment by its type: an image inline, audio
+        // with a player; a voice message is one flagged as such.
+        self.fake
+            .uploads()
+            .into_iter()
+            .flat_map(|u| {
+                let voice = u.payload["flags"].as_u64().unwrap_or(0) & (1 << 13) != 0;
+                u.files.into_iter().map(move |f| {
+                    let mime = f.content_type.as_deref().unwrap_or("");
+                    let kind = if voice {
+                        MediaKind::Voice
+                    } else {
+                        kind_of_mime(mime)
+                    };
+                    Uploaded {
+                        kind,
+                        name: f.file_name,
+                        bytes: f.bytes,
+                    }
+                })
+            })
+            .collect()
+    }
+
     fn push_in_thread(&self, text: &str) -> Threaded {
         // Guild channels need a mention by default; a thread is a channel
         // of its own, so the answer's channel is the thread's id.
@@ -143,5 +189,15 @@ impl PlatformKit for DiscordKit {
         // never identified afresh, never resumed twice.
         let (ready, resumed) = self.fake.ready_and_resumed();
         Some((ready, resumed) == (1, 1))
+    }
+}
+
+/// How Discord shows an attachment of type `mime`.
+fn kind_of_mime(mime: &str) -> MediaKind {
+    match mime.split('/').next().unwrap_or("") {
+        "image" => MediaKind::Image,
+        "audio" => MediaKind::Audio,
+        "video" => MediaKind::Video,
+        _ => MediaKind::Document,
     }
 }

@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Out, PlatformKit, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Uploaded, Who};
 use crate::FakeSignal;
 use crate::signal::{Mode, NewMessage, Person};
 use crate::wait::{WAIT, wait_for};
@@ -139,6 +141,51 @@ impl<const POLLED: bool> PlatformKit for SignalKitIn<POLLED> {
         self.fake.hang_send(hang);
     }
 
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        // signal-cli keeps a received file under an id ending in the
+        // type's extension; a voice note recorded in the app has no name.
+        let extension = file
+            .name
+            .as_deref()
+            .and_then(|n| n.rsplit_once('.'))
+            .map(|(_, ext)| ext)
+            .unwrap_or_else(|| extension_of(&file.mime));
+        let id = self.fake.add_file(&file.bytes, extension);
+        let name = match file.kind {
+            MediaKind::Voice => None,
+            _ => file.name.as_deref(),
+        };
+        let size = u64::try_from(file.bytes.len()).unwrap_or(u64::MAX);
+        self.fake
+            .push(NewMessage::dm(&person(who), caption).with_file(&id, &file.mime, name, size))
+            .to_string()
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        // Signal shows a file by its type; a voice note is audio without a
+        // file name, as the app records one.
+        self.fake
+            .sent()
+            .into_iter()
+            .flat_map(|s| s.attachments)
+            .map(|a| {
+                let mime = a.mime.as_deref().unwrap_or("");
+                let kind = match mime.split('/').next().unwrap_or("") {
+                    "image" => MediaKind::Image,
+                    "video" => MediaKind::Video,
+                    "audio" if a.filename.is_none() => MediaKind::Voice,
+                    "audio" => MediaKind::Audio,
+                    _ => MediaKind::Document,
+                };
+                Uploaded {
+                    kind,
+                    name: a.filename,
+                    bytes: a.bytes,
+                }
+            })
+            .collect()
+    }
+
     fn redeliver(&self, id: &str, _text: &str) {
         // signal-cli hands the same envelope over again.
         self.fake.redeliver(id.parse().unwrap_or_default());
@@ -185,5 +232,17 @@ impl<const POLLED: bool> PlatformKit for SignalKitIn<POLLED> {
             }
         })
         .await;
+    }
+}
+
+/// The extension signal-cli gives a file of type `mime`.
+fn extension_of(mime: &str) -> &'static str {
+    match mime.split(';').next().unwrap_or("").trim() {
+        "image/png" => "png",
+        "image/jpeg" => "jpg",
+        "audio/ogg" => "ogg",
+        "audio/aac" => "aac",
+        "application/pdf" => "pdf",
+        _ => "bin",
     }
 }

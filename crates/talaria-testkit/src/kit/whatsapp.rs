@@ -13,15 +13,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{Out, PlatformKit, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Uploaded, Who};
 use crate::FakeGraph;
 use crate::lock;
 use crate::wait::{WAIT, wait_for};
-use crate::whatsapp::{API_VERSION, Failure, delivery, signature, text};
+use crate::whatsapp::{API_VERSION, Failure, delivery, message, signature, text};
 
 /// The Graph access token the gateway is given.
 pub const TOKEN: &str = "EAAGkit-access-token-0123456789abcdef";
@@ -272,6 +274,66 @@ impl PlatformKit for WhatsappKit {
 
     fn hang_send(&self, hang: bool) {
         self.fake.hang_send(hang);
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        let from = wa_id(who);
+        let id = self.wamid(from);
+        let media_id = self.fake.add_media(&file.bytes, &file.mime);
+        let mut content = json!({"id": media_id, "mime_type": file.mime});
+        // WhatsApp's message types: audio shows no caption and flags a
+        // note recorded in the app; a document carries its file name.
+        let kind = match file.kind {
+            MediaKind::Image => "image",
+            MediaKind::Video => "video",
+            MediaKind::Voice | MediaKind::Audio => {
+                content["voice"] = json!(file.kind == MediaKind::Voice);
+                "audio"
+            }
+            MediaKind::Document => {
+                if let Some(name) = &file.name {
+                    content["filename"] = json!(name);
+                }
+                "document"
+            }
+        };
+        if kind != "audio" && !caption.is_empty() {
+            content["caption"] = json!(caption);
+        }
+        let payload = delivery(
+            NUMBER,
+            &[(from, "Someone")],
+            vec![message(from, &id, kind, content)],
+            vec![],
+        );
+        self.deliver(payload);
+        id
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        // A file goes out in two calls: the upload, then a message of the
+        // type it is shown as, naming the upload's media id.
+        let uploads = self.fake.uploads();
+        self.fake
+            .sent_files()
+            .into_iter()
+            .filter_map(|f| {
+                let up = uploads.iter().find(|u| u.id == f.media_id)?;
+                let kind = match f.kind.as_str() {
+                    "image" => MediaKind::Image,
+                    "video" => MediaKind::Video,
+                    // An Opus note plays as a voice message.
+                    "audio" if up.mime.starts_with("audio/ogg") => MediaKind::Voice,
+                    "audio" => MediaKind::Audio,
+                    _ => MediaKind::Document,
+                };
+                Some(Uploaded {
+                    kind,
+                    name: up.file_name.clone(),
+                    bytes: up.bytes.clone(),
+                })
+            })
+            .collect()
     }
 
     fn redeliver(&self, id: &str, body: &str) {
