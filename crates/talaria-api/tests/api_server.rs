@@ -143,7 +143,6 @@ async fn array_content_parts_are_joined_into_the_input() {
     rig.mock.push(Reply::text("ok"));
     let body = json!({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "first part"},
-        {"type": "image_url", "image_url": {"url": "data:,"}},
         {"type": "text", "text": "second part"},
     ]}]});
     let resp = rig.chat(&body, &[]).await;
@@ -153,6 +152,20 @@ async fn array_content_parts_are_joined_into_the_input() {
         sent,
         vec![("user".to_owned(), "first part\nsecond part".to_owned())]
     );
+    // An image part must carry its bytes: a URL to fetch, or a data URL
+    // without base64 content, is refused in words, and no turn runs.
+    for url in ["data:,", "https://example.com/cat.png"] {
+        let body = json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]}]});
+        let resp = rig.chat(&body, &[]).await;
+        assert_eq!(resp.status(), 400, "{url}");
+        let error: serde_json::Value = resp.json().await.unwrap();
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("data: URL"), "{url}: {message}");
+    }
+    assert_eq!(rig.mock.requests().len(), 1);
     rig.stop().await;
 }
 
