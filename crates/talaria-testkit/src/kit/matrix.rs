@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Out, PlatformKit, Threaded, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
 use crate::FakeMatrix;
 use crate::wait::WAIT;
 
@@ -125,6 +127,78 @@ impl PlatformKit for MatrixKit {
 
     fn hang_send(&self, hang: bool) {
         self.fake.hang_send(hang);
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        let url = self
+            .fake
+            .add_file(&file.bytes, &file.mime, file.name.as_deref());
+        let msgtype = match file.kind {
+            MediaKind::Image => "m.image",
+            MediaKind::Voice | MediaKind::Audio => "m.audio",
+            MediaKind::Video => "m.video",
+            MediaKind::Document => "m.file",
+        };
+        // A client names even a file that had none (Element calls a
+        // recording "Voice message").
+        let name = file.name.clone().unwrap_or_else(|| match file.kind {
+            MediaKind::Voice => "Voice message".into(),
+            _ => "file".into(),
+        });
+        // Matrix 1.10: with a caption, `body` is the caption and
+        // `filename` the name; without one, `body` is the name.
+        let body = if caption.is_empty() {
+            name.as_str()
+        } else {
+            caption
+        };
+        let mut content = json!({
+            "msgtype": msgtype,
+            "body": body,
+            "filename": name,
+            "url": url,
+            "info": { "mimetype": file.mime, "size": file.bytes.len() },
+        });
+        if file.kind == MediaKind::Voice {
+            // MSC3245: what a client sets on a clip recorded as a voice
+            // message.
+            content["org.matrix.msc3245.voice"] = json!({});
+        }
+        self.fake.push_event(&self.dm_chat(who), user(who), content)
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        // The kind is in the message that shows the file, so an upload
+        // counts once a message names its address.
+        let sent = self.fake.sent();
+        self.fake
+            .uploads()
+            .into_iter()
+            .filter_map(|u| {
+                let shown = sent.iter().find(|s| {
+                    s.content.get("url").and_then(serde_json::Value::as_str)
+                        == Some(u.content_uri.as_str())
+                })?;
+                let msgtype = shown
+                    .content
+                    .get("msgtype")
+                    .and_then(serde_json::Value::as_str);
+                let kind = match msgtype {
+                    Some("m.image") => MediaKind::Image,
+                    Some("m.video") => MediaKind::Video,
+                    Some("m.audio") if shown.content.get("org.matrix.msc3245.voice").is_some() => {
+                        MediaKind::Voice
+                    }
+                    Some("m.audio") => MediaKind::Audio,
+                    _ => MediaKind::Document,
+                };
+                Some(Uploaded {
+                    kind,
+                    name: u.filename,
+                    bytes: u.bytes,
+                })
+            })
+            .collect()
     }
 
     fn push_in_thread(&self, text: &str) -> Threaded {

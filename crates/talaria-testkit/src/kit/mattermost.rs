@@ -2,7 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Out, PlatformKit, Threaded, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
 use crate::FakeMattermost;
 use crate::mattermost::NewPost;
 use crate::wait::WAIT;
@@ -97,6 +99,49 @@ impl PlatformKit for MattermostKit {
 
     fn hang_send(&self, hang: bool) {
         self.fake.hang_posts(hang);
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        // Mattermost has only files, each with a name: a recording made
+        // in the app is a file like any other.
+        let name = file.name.clone().unwrap_or_else(|| match file.kind {
+            MediaKind::Voice | MediaKind::Audio => "voice.ogg".into(),
+            MediaKind::Image => "image.png".into(),
+            _ => "file".into(),
+        });
+        let id = self
+            .fake
+            .add_file(&self.dm_chat(who), &name, &file.mime, &file.bytes);
+        self.fake
+            .push(NewPost::dm(user(who), caption).with_files(&[&id]))
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        // Mattermost shows a file by the type it reads from the name's
+        // extension: an image inline, audio and video with a player,
+        // anything else as a file to download.
+        self.fake
+            .uploads()
+            .into_iter()
+            .map(|u| {
+                let ext = u
+                    .filename
+                    .rsplit_once('.')
+                    .map(|(_, e)| e.to_ascii_lowercase())
+                    .unwrap_or_default();
+                let kind = match ext.as_str() {
+                    "png" | "jpg" | "jpeg" | "gif" | "webp" | "bmp" => MediaKind::Image,
+                    "ogg" | "oga" | "opus" | "mp3" | "m4a" | "wav" | "aac" => MediaKind::Audio,
+                    "mp4" | "webm" | "mov" | "mkv" => MediaKind::Video,
+                    _ => MediaKind::Document,
+                };
+                Uploaded {
+                    kind,
+                    name: Some(u.filename),
+                    bytes: u.bytes,
+                }
+            })
+            .collect()
     }
 
     fn push_in_thread(&self, text: &str) -> Threaded {

@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Out, PlatformKit, Threaded, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
 use crate::FakeSlack;
 use crate::slack::PostFailure;
 use crate::wait::WAIT;
@@ -103,6 +105,51 @@ impl PlatformKit for SlackKit {
 
     fn hang_send(&self, hang: bool) {
         self.fake.hang_post(hang);
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        // Slack names every file; a clip recorded in the app is an
+        // `audio_message` file of subtype `slack_audio`.
+        let name = file.name.clone().unwrap_or_else(|| match file.kind {
+            MediaKind::Voice => "audio_message.ogg".into(),
+            MediaKind::Image => "image.png".into(),
+            _ => "file".into(),
+        });
+        let mut object = self.fake.add_file(&name, &file.mime, &file.bytes);
+        if file.kind == MediaKind::Voice {
+            object["subtype"] = json!("slack_audio");
+        }
+        self.fake
+            .push_dm_files(&self.dm_chat(who), user(who), caption, &[object])
+            .1
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        // Slack shows a shared file by the type it reads from the name:
+        // an image inline, audio and video with a player, anything else
+        // as a file to download.
+        self.fake
+            .uploads()
+            .into_iter()
+            .map(|u| {
+                let ext = u
+                    .filename
+                    .rsplit_once('.')
+                    .map(|(_, e)| e.to_ascii_lowercase())
+                    .unwrap_or_default();
+                let kind = match ext.as_str() {
+                    "png" | "jpg" | "jpeg" | "gif" | "webp" | "bmp" => MediaKind::Image,
+                    "ogg" | "oga" | "opus" | "mp3" | "m4a" | "wav" | "aac" => MediaKind::Audio,
+                    "mp4" | "webm" | "mov" | "mkv" => MediaKind::Video,
+                    _ => MediaKind::Document,
+                };
+                Uploaded {
+                    kind,
+                    name: Some(u.filename),
+                    bytes: u.bytes,
+                }
+            })
+            .collect()
     }
 
     fn push_in_thread(&self, text: &str) -> Threaded {
