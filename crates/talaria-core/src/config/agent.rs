@@ -82,7 +82,7 @@ pub struct ModelConfig {
 }
 
 /// `model.vision`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VisionMode {
     /// Decided from the model's name.
@@ -92,6 +92,19 @@ pub enum VisionMode {
     On,
     /// It does not: images are described by `auxiliary.vision` instead.
     Off,
+}
+
+impl<'de> Deserialize<'de> for VisionMode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<VisionMode, D::Error> {
+        match switch_word(d)?.as_str() {
+            "auto" => Ok(VisionMode::Auto),
+            "on" | "true" | "yes" => Ok(VisionMode::On),
+            "off" | "false" | "no" => Ok(VisionMode::Off),
+            other => Err(serde::de::Error::custom(format!(
+                "expected auto, on or off, not `{other}`"
+            ))),
+        }
+    }
 }
 
 impl Default for ModelConfig {

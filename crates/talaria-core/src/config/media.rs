@@ -98,7 +98,7 @@ pub enum TtsProvider {
 }
 
 /// When an answer is spoken as well as written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VoiceReply {
     /// Never: the agent may still call `text_to_speech`.
@@ -108,6 +108,19 @@ pub enum VoiceReply {
     VoiceOnly,
     /// Every answer.
     Always,
+}
+
+impl<'de> Deserialize<'de> for VoiceReply {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<VoiceReply, D::Error> {
+        match switch_word(d)?.as_str() {
+            "off" => Ok(VoiceReply::Off),
+            "voice_only" => Ok(VoiceReply::VoiceOnly),
+            "always" => Ok(VoiceReply::Always),
+            other => Err(serde::de::Error::custom(format!(
+                "expected off, voice_only or always, not `{other}`"
+            ))),
+        }
+    }
 }
 
 /// `tts:`: text to speech.

@@ -77,6 +77,24 @@ impl fmt::Debug for Loaded {
     }
 }
 
+/// A setting written as a word that YAML may read as a boolean first:
+/// `on`, `off`, `yes` and `no` are booleans to YAML 1.1 parsers, so a
+/// user's `vision: on` arrives as `true`. Booleans come back as `on` and
+/// `off`; words come back lowercased.
+pub(crate) fn switch_word<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Bool(bool),
+        Word(String),
+    }
+    Ok(match Raw::deserialize(d)? {
+        Raw::Bool(true) => "on".to_owned(),
+        Raw::Bool(false) => "off".to_owned(),
+        Raw::Word(w) => w.trim().to_ascii_lowercase(),
+    })
+}
+
 /// `, line N` after a file name, when the line is known.
 fn at_line(line: Option<u64>) -> String {
     line.map(|n| format!(", line {n}")).unwrap_or_default()

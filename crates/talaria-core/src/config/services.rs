@@ -70,7 +70,7 @@ impl Default for SkillsConfig {
 }
 
 /// How much the user hears of background learning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MemoryNotifications {
     /// Nothing is said.
@@ -80,6 +80,19 @@ pub enum MemoryNotifications {
     On,
     /// The line with previews of what was written.
     Verbose,
+}
+
+impl<'de> Deserialize<'de> for MemoryNotifications {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<MemoryNotifications, D::Error> {
+        match switch_word(d)?.as_str() {
+            "off" => Ok(MemoryNotifications::Off),
+            "on" => Ok(MemoryNotifications::On),
+            "verbose" => Ok(MemoryNotifications::Verbose),
+            other => Err(serde::de::Error::custom(format!(
+                "expected off, on or verbose, not `{other}`"
+            ))),
+        }
+    }
 }
 
 /// `display:`.

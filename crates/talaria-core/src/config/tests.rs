@@ -586,3 +586,56 @@ fn the_media_section_has_its_defaults_reads_its_values_and_warns_of_unknown_keys
         }
     }
 }
+
+#[test]
+fn vision_speech_and_image_settings_read_as_written_on_and_off_included() {
+    let (c, w) = parse(
+        "model:\n  vision: on\nstt:\n  provider: command\n  command: whisper-cli -f {path}\n  echo_transcript: yes\n\
+         tts:\n  provider: openai\n  base_url: http://127.0.0.1:8880/v1\n  voice: af_heart\n  voice_reply: off\n\
+         image_gen:\n  base_url: http://127.0.0.1:7860/v1\n  model: sdxl\n\
+         auxiliary:\n  vision:\n    base_url: http://127.0.0.1:8080/v1\n    default: qwen2.5-vl\n\
+         display:\n  memory_notifications: off\n",
+    )
+    .unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    // YAML reads `on`, `off` and `yes` as booleans; each still means its word.
+    assert_eq!(c.model.vision, VisionMode::On);
+    assert_eq!(c.tts.voice_reply, VoiceReply::Off);
+    assert_eq!(c.display.memory_notifications, MemoryNotifications::Off);
+    assert!(c.stt.echo_transcript);
+    assert_eq!(c.stt.provider, Some(SttProvider::Command));
+    assert_eq!(c.tts.provider, Some(TtsProvider::Openai));
+    assert_eq!(c.tts.voice, "af_heart");
+    assert_eq!(c.image_gen.model, "sdxl");
+    let aux = c.vision_endpoint(&Env::default()).unwrap().unwrap();
+    assert_eq!(
+        (aux.model.as_str(), aux.base_url.as_str()),
+        ("qwen2.5-vl", "http://127.0.0.1:8080/v1")
+    );
+    for (yaml, vision) in [
+        ("auto", VisionMode::Auto),
+        ("off", VisionMode::Off),
+        ("\"on\"", VisionMode::On),
+    ] {
+        let (c, _) = parse(&format!("model:\n  vision: {yaml}\n")).unwrap();
+        assert_eq!(c.model.vision, vision, "{yaml}");
+    }
+
+    for (bad, key) in [
+        ("model:\n  vision: sometimes\n", "model.vision"),
+        ("tts:\n  voice_reply: loudly\n", "tts.voice_reply"),
+        ("stt:\n  provider: command\n", "stt.command"),
+        (
+            "tts:\n  provider: command\n  command: \" \"\n",
+            "tts.command",
+        ),
+        ("stt:\n  provider: whisper\n", "stt.provider"),
+        ("image_gen:\n  base_url: ftp://x\n", "image_gen.base_url"),
+        ("stt:\n  timeout_secs: 0\n", "stt.timeout_secs"),
+    ] {
+        match parse(bad) {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{bad}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}
