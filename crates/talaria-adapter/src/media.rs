@@ -198,6 +198,22 @@ pub struct OutboundFile {
     pub caption: Option<String>,
 }
 
+impl OutboundFile {
+    /// The line sent instead of the file where a platform cannot carry
+    /// it, so the recipient still learns a file was meant for them.
+    pub fn fallback_text(&self, platform: &str) -> String {
+        let mut text = format!(
+            "📎 {} ({}; {platform} cannot carry this file)",
+            self.name, self.mime
+        );
+        if let Some(caption) = &self.caption {
+            text.push('\n');
+            text.push_str(caption);
+        }
+        text
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,21 +240,5 @@ mod tests {
         let json = serde_json::to_string(&a).unwrap();
         assert_eq!(serde_json::from_str::<Attachment>(&json).unwrap(), a);
         assert_eq!(a.label(), "image a.png");
-    }
-}
-
-impl OutboundFile {
-    /// The line sent instead of the file where a platform cannot carry
-    /// it, so the recipient still learns a file was meant for them.
-    pub fn fallback_text(&self, platform: &str) -> String {
-        let mut text = format!(
-            "📎 {} ({}; {platform} cannot carry this file)",
-            self.name, self.mime
-        );
-        if let Some(caption) = &self.caption {
-            text.push('\n');
-            text.push_str(caption);
-        }
-        text
     }
 }

@@ -63,7 +63,7 @@ impl Gateway {
             home.path().join("config.yaml"),
             format!(
                 "model:\n  default: bench-model\n  provider: custom\n  base_url: {model_url}\n  \
-                 api_key: sk-bench-0123456789\n  vision: on\n\
+                 api_key: sk-bench-0123456789\n  vision: \"on\"\n\
                  stt:\n  provider: openai\n  base_url: {model_url}\n  api_key: sk-bench-0123456789\n\
                  platforms:\n  api_server:\n    port: {port}\n    max_concurrent_runs: 256\n{platforms_yaml}"
             ),
