@@ -65,6 +65,9 @@ impl Mock {
         let app = Router::new()
             .route("/v1/chat/completions", post(completions))
             .route("/v1/audio/transcriptions", post(transcription))
+            // Photo turns send images (a few hundred kB each, up to four in
+            // a request): far past axum's 2 MB default.
+            .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
             .with_state(stats.clone());
         tokio::spawn(async move {
             let listener = listener.tap_io(|tcp: &mut tokio::net::TcpStream| {
