@@ -42,7 +42,14 @@ fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
     assert!(results["cold_health_ms"].as_f64().unwrap() > 0.0);
     assert!(results["idle_rss_mb"].as_f64().unwrap() > 0.0);
     assert!(results["first_request_bytes"].as_f64().unwrap() > 1000.0);
-    assert_eq!(results["sequential"].as_array().unwrap().len(), 3);
+    // Text, streamed, tool, photo and voice turns.
+    assert_eq!(results["sequential"].as_array().unwrap().len(), 5);
+    let burst = &results["media_burst"];
+    assert!(burst["users"].as_u64().unwrap() > 0, "{burst}");
+    assert!(
+        burst["rss_peak_mb"].as_f64().unwrap() >= burst["rss_before_mb"].as_f64().unwrap(),
+        "{burst}"
+    );
     for c in results["concurrent"].as_array().unwrap() {
         assert_eq!(c["errors"], 0, "{c}");
         assert!(c["turns_per_sec"].as_f64().unwrap() > 0.0, "{c}");
