@@ -270,6 +270,9 @@ enum Expect {
     TerminalOnly,
     /// Only chats offer it: the terminal says so.
     ChatOnly,
+    /// Only the terminal offers it, and answers with this beginning; the
+    /// chat says it is not offered there.
+    TerminalOnlySays(&'static str),
 }
 
 /// Session ids and `YYYY-MM-DD HH:MM` times replaced by placeholders: the
@@ -347,6 +350,7 @@ const TABLE: &[(&str, Expect)] = &[
     ("/deny", Expect::ChatOnly),
     ("/sethome", Expect::ChatOnly),
     ("/exit", Expect::TerminalOnly),
+    ("/image", Expect::TerminalOnlySays("usage: /image PATH")),
     ("/new Fresh", Expect::Same),
     ("/resume", Expect::Same),
     ("/resume fresh", Expect::Same),
@@ -411,6 +415,15 @@ async fn every_command_answers_alike_in_the_terminal_and_in_a_chat() {
                     "{line}"
                 );
                 assert!(!text(&chat).contains("only available"), "{line}: {chat:?}");
+            }
+            Expect::TerminalOnlySays(prefix) => {
+                let def = def_of(line).unwrap();
+                assert!(text(&terminal).starts_with(prefix), "{line}: {terminal:?}");
+                assert_eq!(
+                    text(&chat),
+                    not_offered(def.name, def.availability),
+                    "{line}"
+                );
             }
             Expect::TerminalOnly => {
                 let def = def_of(line).unwrap();
