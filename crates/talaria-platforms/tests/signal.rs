@@ -336,6 +336,10 @@ async fn a_silent_socket_is_given_up_and_what_came_meanwhile_is_not_lost() {
     let a = Arc::new(SignalAdapter::new(s).unwrap());
     let mut run = spawn(&a);
     run.live().await;
+    // The adapter is live once its side of the socket is open; the fake
+    // registers its side a moment later, and only a registered socket can
+    // be silenced.
+    fake.wait_for_connections(1, WAIT).await;
     // A hung server: the socket stays open but nothing comes back, not
     // even pongs.
     fake.go_silent();
