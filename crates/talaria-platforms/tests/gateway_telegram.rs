@@ -590,7 +590,6 @@ mod media {
     use std::time::Duration;
 
     use base64::Engine as _;
-    use serde_json::Value;
     use talaria_core::config::{ModelConfig, SttProvider, TtsProvider, VisionMode, VoiceReply};
     use talaria_testkit::Reply;
     use talaria_testkit::kit::telegram::TelegramKit;
@@ -600,6 +599,8 @@ mod media {
     use talaria_testkit::kit::PlatformKit as _;
 
     use super::contract::Rig;
+    // The contract's media fixtures and readings, shared.
+    use super::contract::scenarios::media::{last_user, pdf, text_of, voice};
 
     const FRIEND: i64 = 42;
 
@@ -611,40 +612,6 @@ mod media {
         let mut out = std::io::Cursor::new(Vec::new());
         img.write_to(&mut out, image::ImageFormat::Png).unwrap();
         out.into_inner()
-    }
-
-    /// A one-page PDF whose text is `words`, with a correct cross-reference
-    /// table (built here, offsets counted).
-    fn pdf(words: &str) -> Vec<u8> {
-        let stream = format!("BT /F1 12 Tf 72 720 Td ({words}) Tj ET");
-        let objects = [
-            "<< /Type /Catalog /Pages 2 0 R >>".to_owned(),
-            "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_owned(),
-            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>".to_owned(),
-            format!("<< /Length {} >>\nstream\n{stream}\nendstream", stream.len()),
-            "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_owned(),
-        ];
-        let mut out = b"%PDF-1.4\n".to_vec();
-        let mut offsets = Vec::new();
-        for (i, body) in objects.iter().enumerate() {
-            offsets.push(out.len());
-            out.extend_from_slice(format!("{} 0 obj\n{body}\nendobj\n", i + 1).as_bytes());
-        }
-        let xref = out.len();
-        out.extend_from_slice(
-            format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
-        );
-        for o in offsets {
-            out.extend_from_slice(format!("{o:010} 00000 n \n").as_bytes());
-        }
-        out.extend_from_slice(
-            format!(
-                "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
-                objects.len() + 1
-            )
-            .as_bytes(),
-        );
-        out
     }
 
     /// PNG's chunk checksum (CRC-32, as in zlib).
@@ -661,43 +628,6 @@ mod media {
             }
         }
         !crc
-    }
-
-    /// The first pages of an OGG/Opus voice note: enough for its type to
-    /// be read from the bytes (nothing here decodes the audio).
-    fn ogg_opus() -> Vec<u8> {
-        let mut page = b"OggS\0\x02".to_vec();
-        page.extend_from_slice(&[0u8; 20]);
-        page.extend_from_slice(&[1, 19]);
-        page.extend_from_slice(b"OpusHead\x01\x01\x38\x01\x80\xbb\0\0\0\0\0");
-        page.extend_from_slice(&[0u8; 64]);
-        page
-    }
-
-    /// The last user message of LLM request `i`.
-    fn last_user(rig: &Rig<TelegramKit>, i: usize) -> Value {
-        let body = &rig.llm.requests()[i].body;
-        body["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .rev()
-            .find(|m| m["role"] == "user")
-            .cloned()
-            .unwrap()
-    }
-
-    /// The text of a message's content, whether a string or parts.
-    fn text_of(message: &Value) -> String {
-        match &message["content"] {
-            Value::String(s) => s.clone(),
-            Value::Array(parts) => parts
-                .iter()
-                .filter_map(|p| p["text"].as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
-            _ => String::new(),
-        }
     }
 
     fn cached_files(rig: &Rig<TelegramKit>) -> Vec<std::path::PathBuf> {
@@ -784,7 +714,7 @@ mod media {
         .await;
         stt.push(MediaReply::transcript("turn on the kitchen lights"));
         rig.llm.push(Reply::text("Lights are on."));
-        let voice = ogg_opus();
+        let voice = voice().bytes;
         let id = rig
             .kit
             .fake
@@ -816,7 +746,10 @@ mod media {
         .await;
         stt.push(MediaReply::error(500, "model overloaded", "server_error"));
         rig.llm.push(Reply::text("Sorry, I could not hear that."));
-        let id = rig.kit.fake.add_file(ogg_opus(), None, Some("audio/ogg"));
+        let id = rig
+            .kit
+            .fake
+            .add_file(voice().bytes, None, Some("audio/ogg"));
         rig.kit
             .fake
             .push_private_file(FRIEND, FileKind::Voice, &id, None);
@@ -909,7 +842,7 @@ mod media {
         let chart = png(40, 30);
         std::fs::write(work.join("chart.png"), &chart).unwrap();
         std::fs::write(work.join("report.pdf"), pdf("hello")).unwrap();
-        std::fs::write(work.join("note.ogg"), ogg_opus()).unwrap();
+        std::fs::write(work.join("note.ogg"), voice().bytes).unwrap();
         rig.llm.push(Reply::text(format!(
             "Here you are.\nMEDIA:{}\nMEDIA:report.pdf\nMEDIA:note.ogg\nMEDIA:/etc/passwd",
             work.join("chart.png").display()
