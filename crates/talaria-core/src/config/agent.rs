@@ -318,6 +318,25 @@ pub struct TerminalConfig {
     /// Talaria's environment reaches a command, so provider keys and bot
     /// tokens stay out of `env` unless named here.
     pub env_passthrough: Vec<String>,
+    /// Where the owner's commands run: the terminal, and DMs from the
+    /// people `gateway.owners` names.
+    pub backend: BackendKind,
+    /// Where everyone else's commands run: group chats, paired users who
+    /// are not owners, cron jobs made from a chat, webhooks, the API
+    /// server. When it cannot start, the `terminal` tool is withheld from
+    /// those conversations, never run on the host instead.
+    pub untrusted_backend: BackendKind,
+    /// Whether an isolated conversation's workspace (and container) is
+    /// its session's or its chat's (kept across `/new`).
+    pub workspace_scope: WorkspaceScope,
+    /// Where workspaces live; `None` is `<home>/workspaces`.
+    pub workspaces_dir: Option<PathBuf>,
+    /// The bubblewrap sandbox (`terminal.sandbox:`).
+    pub sandbox: SandboxConfig,
+    /// Containers (`terminal.docker:`).
+    pub docker: DockerConfig,
+    /// A remote host (`terminal.ssh:`).
+    pub ssh: SshConfig,
 }
 
 impl Default for TerminalConfig {
@@ -328,6 +347,162 @@ impl Default for TerminalConfig {
             max_output_chars: 50_000,
             cwd: None,
             env_passthrough: Vec::new(),
+            backend: BackendKind::Local,
+            untrusted_backend: BackendKind::Sandbox,
+            workspace_scope: WorkspaceScope::Chat,
+            workspaces_dir: None,
+            sandbox: SandboxConfig::default(),
+            docker: DockerConfig::default(),
+            ssh: SshConfig::default(),
+        }
+    }
+}
+
+/// Where commands run (`terminal.backend`, `terminal.untrusted_backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// On the host, as Talaria's user.
+    Local,
+    /// In a bubblewrap sandbox on the host.
+    Sandbox,
+    /// In a Docker or Podman container.
+    Docker,
+    /// On another machine over SSH.
+    Ssh,
+}
+
+impl BackendKind {
+    /// The name used in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Local => "local",
+            BackendKind::Sandbox => "sandbox",
+            BackendKind::Docker => "docker",
+            BackendKind::Ssh => "ssh",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one workspace belongs to (`terminal.workspace_scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceScope {
+    /// One per session: `/new` starts with an empty one.
+    Session,
+    /// One per chat (per member in a group with per-user sessions).
+    #[default]
+    Chat,
+}
+
+/// `terminal.sandbox:`: the bubblewrap sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SandboxConfig {
+    /// Give commands the host's network (off: only a loopback of their own).
+    pub network: bool,
+    /// CPU seconds a command may use (0: no limit).
+    pub cpu_secs: u64,
+    /// The largest file a command may write, in MiB (0: no limit).
+    pub file_size_mb: u64,
+    /// Address space per process, in MiB (0: no limit).
+    pub memory_mb: u64,
+    /// Processes of the sandbox's user (0: no limit). The kernel counts
+    /// every process of the user, and does not apply it to root.
+    pub processes: u64,
+    /// More host directories commands may read (mounted read-only at the
+    /// same path), such as `/opt/tools`.
+    pub read_only_paths: Vec<PathBuf>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> SandboxConfig {
+        SandboxConfig {
+            network: false,
+            cpu_secs: 600,
+            file_size_mb: 1024,
+            memory_mb: 4096,
+            processes: 0,
+            read_only_paths: Vec::new(),
+        }
+    }
+}
+
+/// `terminal.docker:`: containers through the Docker Engine API (Podman's
+/// compatible socket works too).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DockerConfig {
+    /// The Engine API socket (`unix:///run/podman/podman.sock` for Podman);
+    /// `None` is `DOCKER_HOST`, else `unix:///var/run/docker.sock`.
+    pub host: Option<String>,
+    /// The image containers start from. It is never pulled: build or pull
+    /// it yourself, so what runs is what you chose.
+    pub image: String,
+    /// Give containers a network (`bridge`); off is `none`.
+    pub network: bool,
+    /// Memory per container, in MiB (0: no limit).
+    pub memory_mb: u64,
+    /// CPUs per container (0: no limit).
+    pub cpus: f64,
+    /// Processes per container (0: no limit).
+    pub pids: i64,
+    /// A container idle this long is removed (its workspace is kept).
+    pub idle_timeout_secs: u64,
+}
+
+impl Default for DockerConfig {
+    fn default() -> DockerConfig {
+        DockerConfig {
+            host: None,
+            image: "debian:bookworm-slim".to_owned(),
+            network: false,
+            memory_mb: 1024,
+            cpus: 1.0,
+            pids: 256,
+            idle_timeout_secs: 1800,
+        }
+    }
+}
+
+/// `terminal.ssh:`: commands on another machine, through the system `ssh`
+/// with `BatchMode` and host key checking on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SshConfig {
+    /// The host name or address.
+    pub host: Option<String>,
+    /// The port.
+    pub port: u16,
+    /// The remote user; `None` is ssh's default.
+    pub user: Option<String>,
+    /// The private key file.
+    pub key: Option<PathBuf>,
+    /// A known-hosts file to check the host's key against; `None` is the
+    /// user's own (`~/.ssh/known_hosts`). An unknown key is refused.
+    pub known_hosts: Option<PathBuf>,
+    /// The remote directory commands run in (created if missing).
+    pub workdir: String,
+    /// Seconds to wait for the connection.
+    pub connect_timeout_secs: u64,
+}
+
+impl Default for SshConfig {
+    fn default() -> SshConfig {
+        SshConfig {
+            host: None,
+            port: 22,
+            user: None,
+            key: None,
+            known_hosts: None,
+            workdir: "talaria-workspace".to_owned(),
+            connect_timeout_secs: 10,
         }
     }
 }

@@ -46,6 +46,11 @@ pub struct GatewayConfig {
     /// where a bare `<platform>` delivery target goes. The environment's
     /// `<PLATFORM>_HOME_CHANNEL` (which `/sethome` writes) wins.
     pub home_channels: std::collections::BTreeMap<String, String>,
+    /// Each platform's owners, by user id (`*`: everyone the platform lets
+    /// in): their DMs run commands in `terminal.backend`, everyone else's
+    /// in `terminal.untrusted_backend`. A platform missing here takes the
+    /// ids written out on its `<PLATFORM>_ALLOWED_USERS`.
+    pub owners: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl Default for GatewayConfig {
@@ -60,6 +65,7 @@ impl Default for GatewayConfig {
             typing_interval_secs: 4,
             stream_edit_interval_ms: 1000,
             home_channels: Default::default(),
+            owners: Default::default(),
         }
     }
 }
