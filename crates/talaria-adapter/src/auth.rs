@@ -219,6 +219,35 @@ impl AuthPolicy {
         deny
     }
 
+    /// Whether the sender of `source` is written out by id on
+    /// `<P>_ALLOWED_USERS` or `GATEWAY_ALLOWED_USERS` (a `*` names nobody):
+    /// the people the operator typed in by hand, who own the gateway when
+    /// `gateway.owners` says nothing about the platform.
+    pub fn names_sender(&self, source: &SessionSource, caps: &Capabilities) -> bool {
+        let Some(user) = source
+            .user_id
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+        else {
+            return false;
+        };
+        let platform = source.platform.to_ascii_lowercase();
+        let is_email = caps.sender_ids == SenderIds::Email;
+        let mut users = self.list(&talaria_core::config::platform_var(
+            &platform,
+            "ALLOWED_USERS",
+        ));
+        users.extend(self.list(GLOBAL_LIST_KEY));
+        users.iter().any(|e| {
+            if is_email {
+                e.eq_ignore_ascii_case(user)
+            } else {
+                *e == user
+            }
+        })
+    }
+
     /// The non-empty, trimmed entries of a comma-separated variable.
     fn list(&self, key: &str) -> Vec<&str> {
         self.env

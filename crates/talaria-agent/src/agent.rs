@@ -42,6 +42,10 @@ pub struct TurnOptions {
     /// Files the user's message carries into the transcript (images for a
     /// model that sees them; see [`crate::attach`]).
     pub media: Vec<talaria_core::MediaRef>,
+    /// Where the turn's commands run and which files its tools may touch;
+    /// `None` is the owner on this machine ([`crate::Execution::local`] in
+    /// [`AgentParts::workdir`]). Tools it can't serve are withheld.
+    pub execution: Option<crate::execution::Execution>,
 }
 
 /// Runs turns over sessions. Cheap to share behind an `Arc`; holds no
@@ -180,6 +184,15 @@ impl Agent {
         let registry = options
             .registry
             .unwrap_or_else(|| self.parts.registry.clone());
+        let execution = options
+            .execution
+            .unwrap_or_else(|| crate::execution::Execution::local(self.parts.workdir.clone()));
+        let withheld = execution.withheld();
+        let registry = if withheld.is_empty() {
+            registry
+        } else {
+            Arc::new(registry.without(&withheld))
+        };
         let _one_at_a_time = session.turn_lock.lock().await;
         let history: Vec<Message> = self
             .parts
@@ -205,6 +218,7 @@ impl Agent {
         };
         let outcome = TurnRun::new(&self.parts, session, observer, cancel, history, interaction)
             .with_registry(registry)
+            .with_execution(execution)
             .with_recall(recall)
             .with_outbox(options.outbox)
             .with_media(options.media)

@@ -21,8 +21,9 @@
 //! - [`compress`]: context compression: estimates, the cut, the summary
 //!   request (pure parts).
 //! - [`spill`]: moving oversized tool output to files.
-//! - [`process_group`]: killing a child's whole process group on timeout or
-//!   abandonment.
+//! - [`execution`]: where a conversation's commands run and which files
+//!   its tools may touch (the backend from `talaria-exec`, the workspace,
+//!   the tools withheld when an isolated backend can't start).
 //! - [`observer`]: the [`TurnObserver`] progress trait.
 //! - [`memory_context`]: the `<memory-context>` fence for recalled memory,
 //!   its sanitizer and the streaming scrubber.
@@ -44,12 +45,12 @@ pub mod attach;
 pub mod compress;
 pub mod dispatch;
 mod error;
+pub mod execution;
 pub mod interaction;
 pub mod memory_context;
 pub mod memory_provider;
 pub mod observer;
 mod parts;
-pub mod process_group;
 pub mod prompt;
 pub mod repair;
 mod session;
@@ -61,5 +62,6 @@ pub use agent::{
     Agent, AgentError, AgentParts, Outbox, SessionHandle, TurnHook, TurnOptions, pick_session,
     session_title,
 };
+pub use execution::Execution;
 pub use observer::{NullObserver, TurnObserver};
 pub use turn::{TurnExit, TurnOutcome};

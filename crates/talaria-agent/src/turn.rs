@@ -139,6 +139,8 @@ pub(crate) struct TurnRun<'a> {
     repair_logged: bool,
     /// Who tools ask for approvals in this turn.
     interaction: std::sync::Arc<dyn crate::interaction::Interaction>,
+    /// Where this turn's commands run and which files its tools may touch.
+    execution: crate::execution::Execution,
     /// Where the final answer goes with its obligation, if anywhere.
     outbox: Option<std::sync::Arc<dyn Outbox>>,
     /// The final answer went through the outbox.
@@ -156,6 +158,7 @@ impl<'a> TurnRun<'a> {
     ) -> TurnRun<'a> {
         TurnRun {
             interaction,
+            execution: crate::execution::Execution::local(parts.workdir.clone()),
             parts,
             session,
             observer,
@@ -194,6 +197,12 @@ impl<'a> TurnRun<'a> {
     /// Sends `recall` (already fenced) with this turn's user message.
     pub(crate) fn with_recall(mut self, recall: Option<String>) -> TurnRun<'a> {
         self.recall = recall;
+        self
+    }
+
+    /// Runs commands and file tools as `execution` says.
+    pub(crate) fn with_execution(mut self, execution: crate::execution::Execution) -> TurnRun<'a> {
+        self.execution = execution;
         self
     }
 

@@ -216,6 +216,35 @@ pub(crate) struct AppState {
     /// How files in messages are taken (`image_url`, `input_audio`); unset
     /// refuses them.
     pub(crate) media: std::sync::OnceLock<Arc<talaria_gateway::media::MediaServices>>,
+    /// Where turns' commands run: API clients are not the owner unless
+    /// `gateway.owners.api_server` says `*`.
+    pub(crate) backends: std::sync::OnceLock<Arc<talaria_exec::Backends>>,
+}
+
+impl AppState {
+    /// Where this server's turns run commands, and with what trust.
+    pub(crate) async fn execution(&self, session_id: &str) -> talaria_agent::Execution {
+        let parts = self.agent.parts();
+        let backends = self.backends.get_or_init(|| {
+            Arc::new(talaria_exec::Backends::new(
+                &parts.config.terminal,
+                &parts.home,
+                parts.workdir.clone(),
+            ))
+        });
+        let owner = parts
+            .config
+            .gateway
+            .owners
+            .get("api_server")
+            .is_some_and(|o| o.iter().any(|id| id.trim() == "*"));
+        let trust = if owner {
+            talaria_exec::Trust::Owner
+        } else {
+            talaria_exec::Trust::Untrusted
+        };
+        talaria_agent::Execution::for_conversation(backends, trust, session_id).await
+    }
 }
 
 /// A bound, not yet serving, API server.
@@ -271,6 +300,7 @@ impl ApiServer {
             index: TranscriptIndex::default(),
             turn_leases,
             media: std::sync::OnceLock::new(),
+            backends: std::sync::OnceLock::new(),
         });
         Ok(ApiServer {
             listener,
@@ -297,6 +327,13 @@ impl ApiServer {
     /// vision setting. Without them such messages are refused.
     pub fn with_media(self, media: Arc<talaria_gateway::media::MediaServices>) -> ApiServer {
         let _ = self.state.media.set(media);
+        self
+    }
+
+    /// Runs commands through these backends (the gateway's, shared), not
+    /// a set of its own.
+    pub fn with_backends(self, backends: Arc<talaria_exec::Backends>) -> ApiServer {
+        let _ = self.state.backends.set(backends);
         self
     }
 

@@ -62,7 +62,7 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let result = match args.query {
-        Some(prompt) => one_shot(&agent, &client, commands, &prompt, args.verbose).await,
+        Some(prompt) => one_shot(&rt, &agent, &client, commands, &prompt, args.verbose).await,
         None => repl(&rt, &agent, &client, commands).await,
     };
     // A one-shot's review finishes before the process ends (bounded); MCP
@@ -168,6 +168,7 @@ async fn resume_target(rt: &Runtime, wanted: &str) -> anyhow::Result<String> {
 
 /// Runs one turn, interrupting it (not the program) on Ctrl-C.
 async fn turn(
+    backends: &talaria_exec::Backends,
     agent: &Agent,
     client: &LlmClient,
     session: &SessionHandle,
@@ -176,8 +177,17 @@ async fn turn(
 ) -> anyhow::Result<TurnOutcome> {
     client.begin_turn();
     let cancel = CancellationToken::new();
+    // The terminal is the owner's own: `terminal.backend`, with a
+    // workspace per session when that is isolated.
+    let execution = talaria_agent::Execution::for_conversation(
+        backends,
+        talaria_exec::Trust::Owner,
+        &session.id,
+    )
+    .await;
     let options = talaria_agent::TurnOptions {
         media,
+        execution: Some(execution),
         ..talaria_agent::TurnOptions::default()
     };
     let run = agent.run_turn_with(session, &text, observer, cancel.clone(), options);
@@ -202,6 +212,7 @@ async fn turn(
 /// answered here makes no model call; `/<skill>`, `/retry` and the like run
 /// their turn), anything else is one turn.
 async fn one_shot(
+    rt: &Runtime,
     agent: &Agent,
     client: &LlmClient,
     mut commands: Commands<'_>,
@@ -215,7 +226,15 @@ async fn one_shot(
     };
     let observer = QuietObserver { verbose };
     let message = commands.staged().take(&prompt);
-    let outcome = turn(agent, client, commands.session(), message, &observer).await?;
+    let outcome = turn(
+        &rt.backends,
+        agent,
+        client,
+        commands.session(),
+        message,
+        &observer,
+    )
+    .await?;
     match outcome.exit {
         TurnExit::Completed | TurnExit::BudgetExhausted => {
             if matches!(outcome.exit, TurnExit::BudgetExhausted) {
@@ -273,7 +292,16 @@ async fn repl(
         };
         observer.reset();
         let message = commands.staged().take(&prompt);
-        match turn(agent, client, commands.session(), message, &observer).await {
+        match turn(
+            &rt.backends,
+            agent,
+            client,
+            commands.session(),
+            message,
+            &observer,
+        )
+        .await
+        {
             Ok(outcome) => observer.finish(&outcome),
             Err(e) => eprintln!("\nerror: {e:#}"),
         }

@@ -161,6 +161,7 @@ async fn run_now(rt: &Runtime, job: &str) -> anyhow::Result<ExitCode> {
         delivery,
         hooks: Arc::new(Hooks::load(&rt.home)),
         await_hooks: true,
+        backends: None,
     })
     .map_err(anyhow::Error::msg)?;
     let report = scheduler.run_now(job, Utc::now()).await;

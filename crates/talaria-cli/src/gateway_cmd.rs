@@ -268,7 +268,8 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
                 .await
                 .context("cannot start the API server")?
                 .with_transcript_store(rt.gateway_store.clone())
-                .with_media(gateway.media());
+                .with_media(gateway.media())
+                .with_backends(gateway.backends());
             let config = &api_config;
             server.set_connection_limits(
                 server
@@ -657,6 +658,12 @@ fn local_status(home: &Home, configured: &[&str]) -> anyhow::Result<ExitCode> {
     // Configured since the gateway started, or refused at its start.
     print_platform_list("Configured, not running", &names(waiting));
     print_platform_list("Off", &names(off));
+    if !status.commands.is_empty() {
+        println!("Commands:");
+        for line in &status.commands {
+            println!("  {line}");
+        }
+    }
     println!("Running turns: {}", status.running_sessions.len());
     for key in &status.running_sessions {
         println!("  {key}");

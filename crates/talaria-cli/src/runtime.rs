@@ -81,6 +81,8 @@ pub struct Runtime {
     pub mcp: Arc<McpManager>,
     /// Bundled skills and the user's (the skill tools and `/skill-name`).
     pub skills: Arc<talaria_learning::Library>,
+    /// Where the owner's commands run (`terminal.backend`).
+    pub backends: Arc<talaria_exec::Backends>,
 }
 
 impl Runtime {
@@ -105,7 +107,17 @@ impl Runtime {
         }
         let store = open_store(&home, &loaded.config, &loaded.env).await?;
         let mcp = McpManager::for_home(&loaded.config, &loaded.env, &home);
+        let workdir = match &loaded.config.terminal.cwd {
+            Some(dir) => dir.clone(),
+            None => std::env::current_dir().unwrap_or_else(|_| std::path::PathBuf::from(".")),
+        };
+        let backends = Arc::new(talaria_exec::Backends::new(
+            &loaded.config.terminal,
+            &home,
+            workdir,
+        ));
         Ok(Runtime {
+            backends,
             skills: Arc::new(talaria_learning::Library::new(&home)),
             mcp,
             config: Arc::new(loaded.config.clone()),

@@ -53,7 +53,9 @@ const ETC: &[&str] = &[
 
 /// Top-level system directories; on merged-/usr systems most are links
 /// into `/usr`, and are recreated as links.
-const SYSTEM: &[&str] = &["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr"];
+const SYSTEM: &[&str] = &[
+    "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr",
+];
 
 /// The sandbox of one workspace.
 #[derive(Debug, Clone)]
@@ -236,7 +238,11 @@ mod tests {
         let joined = args.join(" ");
         assert!(joined.contains("--unshare-all"), "{joined}");
         assert!(!joined.contains("--share-net"), "{joined}");
-        assert!(!args.iter().any(|a| a == "/etc" || a == "/root" || a == "/home"));
+        assert!(
+            !args
+                .iter()
+                .any(|a| a == "/etc" || a == "/root" || a == "/home")
+        );
         assert!(!joined.contains("/etc/shadow"));
         assert!(joined.contains(&format!("--bind {} /workspace", ws.host().display())));
         assert!(joined.ends_with("-- prlimit --cpu=600 --fsize=1073741824 --as=4294967296 --"));

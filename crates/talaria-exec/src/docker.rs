@@ -22,7 +22,11 @@ impl Docker {
         Err(ExecError::Unavailable("docker: not built yet".into()))
     }
     /// The backend of `scope`, its container started if needed.
-    pub async fn backend(&self, _scope: &str, _workspace: Workspace) -> Result<Arc<dyn Backend>, ExecError> {
+    pub async fn backend(
+        &self,
+        _scope: &str,
+        _workspace: Workspace,
+    ) -> Result<Arc<dyn Backend>, ExecError> {
         Err(ExecError::Unavailable("docker: not built yet".into()))
     }
     /// Removes `scope`'s container.

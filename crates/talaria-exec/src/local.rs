@@ -56,8 +56,7 @@ pub(crate) fn spawn_grouped(
     env: &[(String, String)],
     name: &str,
 ) -> Result<Running, ExecError> {
-    let (tx, rx) =
-        tokio::net::unix::pipe::pipe().map_err(|e| ExecError::io("create a pipe", e))?;
+    let (tx, rx) = tokio::net::unix::pipe::pipe().map_err(|e| ExecError::io("create a pipe", e))?;
     let write_end = tx
         .into_blocking_fd()
         .map_err(|e| ExecError::io("create a pipe", e))?;

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use talaria_core::config::TerminalConfig;
 use talaria_core::Home;
+use talaria_core::config::TerminalConfig;
 
 use crate::bwrap::Sandbox;
 use crate::docker::Docker;
@@ -106,7 +106,11 @@ impl Backends {
 
     /// The backend of the conversation `scope` (a session id or a chat's
     /// key, as `terminal.workspace_scope` says) for `trust`.
-    pub async fn backend(&self, trust: Trust, scope: &str) -> Result<Arc<dyn Backend>, Unavailable> {
+    pub async fn backend(
+        &self,
+        trust: Trust,
+        scope: &str,
+    ) -> Result<Arc<dyn Backend>, Unavailable> {
         let kind = self.kind_for(trust);
         let made = self.make(kind, scope).await;
         let mut reasons = self.unavailable.lock().unwrap_or_else(|p| p.into_inner());
@@ -173,8 +177,8 @@ impl Backends {
     /// Work done once at start: containers a killed gateway of this home
     /// left behind are removed. Says what it did, for the log.
     pub async fn start(&self) -> Option<String> {
-        let uses_docker = [self.config.backend, self.config.untrusted_backend]
-            .contains(&BackendKind::Docker);
+        let uses_docker =
+            [self.config.backend, self.config.untrusted_backend].contains(&BackendKind::Docker);
         if !uses_docker {
             return None;
         }
@@ -188,12 +192,52 @@ impl Backends {
         }
     }
 
+    /// Checks that the configured backends can start, so the status says
+    /// why one can't before a conversation needs it. Cheap when nothing
+    /// changed (the sandbox's finding is cached, a connected daemon kept).
+    pub async fn check(&self) {
+        let mut kinds = vec![self.config.backend, self.config.untrusted_backend];
+        kinds.dedup();
+        for kind in kinds {
+            let found = match kind {
+                BackendKind::Local => Ok(()),
+                BackendKind::Sandbox => self.sandbox_program().await.map(drop),
+                BackendKind::Docker => self.docker().await.map(drop),
+                BackendKind::Ssh => Ssh::new(&self.config.ssh)
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+            };
+            let mut reasons = self.unavailable.lock().unwrap_or_else(|p| p.into_inner());
+            match found {
+                Ok(()) => {
+                    reasons.remove(&kind);
+                }
+                Err(reason) => {
+                    if reasons.get(&kind) != Some(&reason) {
+                        tracing::warn!(backend = %kind, "{reason}; commands are withheld from conversations that need this backend");
+                    }
+                    reasons.insert(kind, reason);
+                }
+            }
+        }
+    }
+
     /// Removes containers idle longer than `terminal.docker.idle_timeout_secs`.
     pub async fn reap_idle(&self) {
         let docker = self.docker.lock().await.clone();
         if let Some(docker) = docker {
             docker.reap_idle().await;
         }
+    }
+
+    /// Why `kind` could not start the last time it was tried, if it
+    /// couldn't.
+    pub fn unavailable_reason(&self, kind: BackendKind) -> Option<String> {
+        self.unavailable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&kind)
+            .cloned()
     }
 
     /// Lines for `gateway status` and `/status`: which backend each kind of

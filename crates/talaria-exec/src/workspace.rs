@@ -128,7 +128,13 @@ impl Workspace {
 fn dir_name(scope: &str) -> String {
     let readable: String = scope
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(48)
         .collect();
     format!("{readable}-{:016x}", fnv1a(scope.as_bytes()))

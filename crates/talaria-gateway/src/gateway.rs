@@ -52,6 +52,9 @@ const APPROVAL_NOTICE_INTERVAL: Duration = Duration::from_secs(3);
 /// How often delivered and abandoned ledger rows are pruned.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 
+/// How often containers of dead gateways are swept and idle ones removed.
+const CONTAINER_REAP_INTERVAL: Duration = Duration::from_secs(60);
+
 /// How often the scheduler looks for due jobs: one indexed query, so a
 /// job starts within seconds of its time.
 const CRON_TICK: Duration = Duration::from_secs(10);
@@ -110,6 +113,8 @@ pub struct Gateway {
     agent: Arc<Agent>,
     /// Attachments in, speech out (shared with the runner).
     media: Arc<crate::media::MediaServices>,
+    /// Where conversations' commands run (shared with the runner).
+    backends: Arc<talaria_exec::Backends>,
 }
 
 impl Gateway {
@@ -159,7 +164,13 @@ impl Gateway {
             tracing::warn!("{p}");
         }
         let media = Arc::new(media);
+        let backends = Arc::new(talaria_exec::Backends::new(
+            &config.terminal,
+            &home,
+            agent.parts().workdir.clone(),
+        ));
         let runner = Runner::new(RunnerParts {
+            backends: backends.clone(),
             config: config.clone(),
             env,
             home: home.clone(),
@@ -182,6 +193,7 @@ impl Gateway {
                 delivery: delivery.clone(),
                 hooks: hooks.clone(),
                 await_hooks: false,
+                backends: Some(backends.clone()),
             };
             Scheduler::new(parts)
                 .inspect_err(|e| tracing::error!("scheduled jobs will not run: {e}"))
@@ -203,7 +215,14 @@ impl Gateway {
             scheduler,
             agent,
             media,
+            backends,
         }
+    }
+
+    /// Where conversations' commands run, for the API server that runs
+    /// beside the gateway.
+    pub fn backends(&self) -> Arc<talaria_exec::Backends> {
+        self.backends.clone()
     }
 
     /// The scheduler of cron jobs, when `cron.enabled` (the agent's
@@ -442,6 +461,7 @@ async fn write_snapshot(
             .collect(),
         running_sessions: runner.running_sessions(),
         ledger,
+        commands: runner.backend_status(),
         updated_at: talaria_core::unix_now(),
     };
     let home = home.clone();
@@ -568,6 +588,24 @@ impl Gateway {
         if let Some(task) = media_sweep(&self.home, &self.config) {
             tasks.push(task);
         }
+        // The first run is at start: containers a killed gateway left are
+        // swept before any conversation needs one.
+        let backends = self.backends.clone();
+        tasks.push(PeriodicTask::new(
+            "command-backends",
+            CONTAINER_REAP_INTERVAL,
+            move || {
+                let backends = backends.clone();
+                async move {
+                    backends.check().await;
+                    if let Some(done) = backends.start().await {
+                        tracing::info!("{done}");
+                    }
+                    backends.reap_idle().await;
+                    Ok(())
+                }
+            },
+        ));
         if let Some(scheduler) = &self.scheduler {
             let ticker = scheduler.clone();
             tasks.push(PeriodicTask::new("cron-tick", CRON_TICK, move || {

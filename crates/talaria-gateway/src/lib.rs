@@ -68,6 +68,7 @@ pub mod delivery;
 pub mod dotenv;
 pub mod gateway;
 pub mod hooks;
+pub mod isolation;
 pub mod ledger;
 pub mod maintenance;
 pub mod media;

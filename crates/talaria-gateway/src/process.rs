@@ -216,6 +216,10 @@ pub struct GatewayStatus {
     pub running_sessions: Vec<String>,
     /// Delivery-ledger row counts by state.
     pub ledger: BTreeMap<String, u64>,
+    /// Where commands run, for the owner and for everyone else, and why a
+    /// backend can't start.
+    #[serde(default)]
+    pub commands: Vec<String>,
     /// Seconds since the Unix epoch.
     pub updated_at: f64,
 }

@@ -115,6 +115,7 @@ impl Rig {
             delivery,
             hooks: Arc::new(Hooks::load(&self.home)),
             await_hooks: true,
+            backends: None,
         })
         .unwrap();
         cron_tool.bind(scheduler.clone());

@@ -71,6 +71,7 @@ async fn tool_rig(allowed: &[&str], decisions: &[ApprovalDecision]) -> ToolRig {
         session: Arc::new(SessionState::default()),
         redactor: Redactor::default(),
         cancel: CancellationToken::new(),
+        execution: talaria_agent::Execution::local(dir.path()),
     };
     ToolRig {
         ha,

@@ -188,7 +188,7 @@ impl Tool for ReadFileTool {
         let limit = opt_u64(&args, "limit")?
             .unwrap_or(DEFAULT_READ_LIMIT as u64)
             .clamp(1, MAX_READ_LIMIT as u64) as usize;
-        let path = super::resolve_path(ctx, raw);
+        let path = super::resolve_path(ctx, raw)?;
         refuse_protected(ctx, &path)?;
         let text = tokio::task::spawn_blocking(move || read_numbered(&path, offset, limit))
             .await
@@ -229,9 +229,9 @@ impl Tool for WriteFileTool {
             return Err(ToolError::new("argument `path` is empty"));
         }
         let content = req_str(&args, "content")?.to_owned();
-        let path = super::resolve_path(ctx, raw);
+        let path = super::resolve_path(ctx, raw)?;
         refuse_protected(ctx, &path)?;
-        let shown = path.display().to_string();
+        let shown = super::shown_path(ctx, &path);
         let bytes = content.len();
         let lines = content.lines().count();
         tokio::task::spawn_blocking(move || -> Result<(), ToolError> {
@@ -334,7 +334,7 @@ impl Tool for PatchTool {
                 "old_string and new_string are identical; there is nothing to change",
             ));
         }
-        let path = super::resolve_path(ctx, raw);
+        let path = super::resolve_path(ctx, raw)?;
         refuse_protected(ctx, &path)?;
         let shown = raw.to_owned();
         let (diff, count) =

@@ -128,6 +128,8 @@ pub struct ToolContext {
     pub redactor: Redactor,
     /// Fires when the turn is interrupted; long tools must watch it.
     pub cancel: CancellationToken,
+    /// Where commands run and which files the tools may touch.
+    pub execution: crate::execution::Execution,
 }
 
 /// Tools that come and go while the agent runs (an MCP server's): asked
@@ -410,21 +412,51 @@ pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
     }
 }
 
-/// Resolves a path argument: `~/` is the user's home, relative paths are
-/// against the context's working directory. `..` is allowed on purpose: the
-/// agent edits wherever its user could.
-pub(crate) fn resolve_path(ctx: &ToolContext, raw: &str) -> PathBuf {
+/// Resolves a path argument. In a confined conversation (isolated or not
+/// the owner's) the path must lie inside the workspace: relative paths
+/// start there, `/workspace/...` and `~` name it, and anything leading out
+/// (by `..` or a symlink) is refused. Otherwise `~/` is the user's home and
+/// relative paths are against the working directory; `..` is allowed on
+/// purpose, since the agent edits wherever its owner could.
+pub(crate) fn resolve_path(ctx: &ToolContext, raw: &str) -> Result<PathBuf, ToolError> {
+    if let Some(ws) = &ctx.execution.workspace {
+        return ws.resolve(raw).map_err(ToolError::new);
+    }
+    if ctx.execution.confined() {
+        // No workspace to confine to: the tool should have been withheld.
+        return Err(ToolError::new(
+            "file tools are not available in this conversation (its commands run elsewhere)",
+        ));
+    }
     let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
     if raw == "~" {
         if let Some(h) = home {
-            return PathBuf::from(h);
+            return Ok(PathBuf::from(h));
         }
     } else if let Some(rest) = raw.strip_prefix("~/")
         && let Some(h) = home
     {
-        return PathBuf::from(h).join(rest);
+        return Ok(PathBuf::from(h).join(rest));
     }
-    ctx.workdir.join(raw)
+    Ok(ctx.workdir.join(raw))
+}
+
+/// `path` as the model should see it: inside a workspace, the path its
+/// commands see (`/workspace/...`), not where it lies on the host.
+pub(crate) fn shown_path(ctx: &ToolContext, path: &std::path::Path) -> String {
+    match &ctx.execution.workspace {
+        Some(ws) => ws.to_inner(path).display().to_string(),
+        None => path.display().to_string(),
+    }
+}
+
+/// The directory relative paths start from: the workspace in a confined
+/// conversation, the working directory otherwise.
+pub(crate) fn base_dir(ctx: &ToolContext) -> PathBuf {
+    match &ctx.execution.workspace {
+        Some(ws) => ws.host().to_path_buf(),
+        None => ctx.workdir.clone(),
+    }
 }
 
 /// Replaces `path` with `bytes` so that readers see the old or the new file,

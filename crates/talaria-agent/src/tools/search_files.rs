@@ -404,15 +404,15 @@ impl Tool for SearchFilesTool {
             }
         };
         let root = match opt_str(&args, "path")? {
-            Some(p) if !p.trim().is_empty() => super::resolve_path(ctx, p),
-            _ => ctx.workdir.clone(),
+            Some(p) if !p.trim().is_empty() => super::resolve_path(ctx, p)?,
+            _ => super::base_dir(ctx),
         };
         let req = Request {
             pattern: pattern.to_owned(),
             files,
             mode,
             root,
-            display_base: ctx.workdir.clone(),
+            display_base: super::base_dir(ctx),
             file_glob: opt_str(&args, "file_glob")?
                 .filter(|g| !g.trim().is_empty())
                 .map(str::to_owned),

@@ -1,17 +1,20 @@
-//! The `terminal` tool: runs one shell command on the host, behind the
-//! dangerous-command guard ([`super::guard`]).
+//! The `terminal` tool: runs one shell command where the conversation's
+//! commands run (its [`talaria_exec::Backend`]: the host, a bubblewrap
+//! sandbox, a container, a remote host), behind the dangerous-command guard
+//! ([`super::guard`]).
 //!
-//! The command runs as `sh -c` in a process group of its own, so a timeout
-//! or an interrupted turn kills everything it started, not just the shell.
-//! Output (stdout and stderr merged, in the order written) is capped, head
-//! and tail kept, and redacted.
+//! The backend kills everything a command started on a timeout or an
+//! interrupted turn. Output (stdout and stderr merged, in the order
+//! written) is capped, head and tail kept, and redacted.
 //!
-//! A command inherits only an allowlisted environment ([`BASE_ENV`], the
-//! `LC_*` locale variables and the names in `terminal.env_passthrough`),
-//! never Talaria's whole one: provider keys and bot tokens would otherwise
-//! leave through `env | base64`, which no redaction of the output can
-//! recognise. For the same reason a command that names the home's `.env`
-//! or `config.yaml` is refused ([`super::secret_files`]).
+//! A command inherits only an allowlisted environment
+//! ([`talaria_exec::env`]), never Talaria's whole one: provider keys and bot
+//! tokens would otherwise leave through `env | base64`, which no redaction
+//! of the output can recognise. For the same reason a command that names
+//! the home's `.env` or `config.yaml` is refused ([`super::secret_files`]).
+//! In an isolated backend (sandbox, docker) the dangerous-command prompt is
+//! skipped, since what it guards (the host) is out of reach; the hardline
+//! list still applies.
 //!
 //! "Always" approvals are persisted to `$TALARIA_HOME/command_allowlist.txt`
 //! (one exact command per line, `#` comments) rather than into
@@ -25,7 +28,6 @@
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -37,7 +39,7 @@ use tokio::io::AsyncReadExt;
 use super::guard::{self, GuardVerdict};
 use super::{Tool, ToolContext, ToolError, ToolResult, opt_str, opt_u64, req_str};
 use crate::interaction::{ApprovalDecision, ApprovalRequest};
-use crate::process_group::GroupKiller;
+use talaria_exec::{Backend, BackendKind, CommandSpec, Exit, Running};
 
 /// File name of the persisted allowlist inside the home.
 pub const ALLOWLIST_FILE: &str = "command_allowlist.txt";
@@ -72,32 +74,6 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// The start of every message for a command the user refused.
 pub const DENIED_PREFIX: &str = "BLOCKED: User denied this command.";
-
-/// Variables a command inherits from Talaria's environment whatever the
-/// configuration says: where programs are, who and where the user is, the
-/// language and the terminal. None of them carries a credential. The
-/// `LC_*` locale variables come too.
-pub const BASE_ENV: &[&str] = &[
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
-];
-
-/// The environment a command starts with: the allowlisted variables of
-/// `from` (the process environment) and the names `passthrough` adds.
-pub fn child_env<I>(
-    from: I,
-    passthrough: &[String],
-) -> Vec<(std::ffi::OsString, std::ffi::OsString)>
-where
-    I: IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-{
-    from.into_iter()
-        .filter(|(k, _)| {
-            k.to_str().is_some_and(|k| {
-                BASE_ENV.contains(&k) || k.starts_with("LC_") || passthrough.iter().any(|p| p == k)
-            })
-        })
-        .collect()
-}
 
 /// The persisted allowlist path for `home`.
 pub fn allowlist_path(home: &Home) -> PathBuf {
@@ -323,6 +299,7 @@ pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Resu
              needs something from them, tell them to look themselves."
         ));
     }
+    let isolated = ctx.execution.backend.as_ref().is_ok_and(|b| b.isolated());
     let findings = match guard::check(command) {
         GuardVerdict::Allow => return Ok(()),
         GuardVerdict::Hardline { reason } => {
@@ -333,6 +310,9 @@ pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Resu
                  themselves outside the agent."
             ));
         }
+        // What the prompt protects is the host; an isolated command cannot
+        // reach it.
+        GuardVerdict::NeedsApproval { .. } if isolated => return Ok(()),
         GuardVerdict::NeedsApproval { findings } => findings,
     };
     if ctx.config.approvals.mode == ApprovalMode::Off {
@@ -524,51 +504,42 @@ impl Capture {
 }
 
 enum Ending {
-    Exited(std::process::ExitStatus),
+    Exited(Exit),
     TimedOut,
     Cancelled,
 }
 
-/// Runs `command` with `sh -c` in `workdir` and returns the tool result.
-async fn run(command: &str, workdir: &Path, timeout: Duration, ctx: &ToolContext) -> ToolResult {
-    let io_err = |what: &str, e: std::io::Error| ToolError::new(format!("cannot {what}: {e}"));
-    let (tx, mut rx) = tokio::net::unix::pipe::pipe().map_err(|e| io_err("create a pipe", e))?;
-    let write_end = tx
-        .into_blocking_fd()
-        .map_err(|e| io_err("create a pipe", e))?;
-    let write_end2 = write_end
-        .try_clone()
-        .map_err(|e| io_err("create a pipe", e))?;
-    let mut cmd = tokio::process::Command::new("sh");
-    cmd.arg("-c")
-        .arg(command)
-        .current_dir(workdir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(write_end))
-        .stderr(Stdio::from(write_end2))
-        .env_clear()
-        .envs(child_env(
+/// Runs `command` through `backend` (in `workdir`, as the backend sees
+/// it) and returns the tool result.
+async fn run(
+    backend: &dyn Backend,
+    command: &str,
+    workdir: Option<PathBuf>,
+    timeout: Duration,
+    ctx: &ToolContext,
+) -> ToolResult {
+    let spec = CommandSpec {
+        command: command.to_owned(),
+        workdir,
+        env: talaria_exec::env::child_env(
             std::env::vars_os(),
             &ctx.config.terminal.env_passthrough,
-        ))
-        // Pagers would wait forever on a pipe with nobody at the keyboard.
-        .env("PAGER", "cat")
-        .env("GIT_PAGER", "cat")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| io_err("start sh", e))?;
-    // The Command holds copies of the pipe's write end; EOF only comes once
-    // every copy is closed.
-    drop(cmd);
-    let mut killer = GroupKiller::new(child.id());
+        ),
+    };
+    let Running {
+        output: mut rx,
+        mut process,
+    } = backend
+        .spawn(spec)
+        .await
+        .map_err(|e| ToolError::new(format!("cannot run the command: {e}")))?;
 
     let max_chars = ctx.config.terminal.max_output_chars.max(100);
     let mut capture = Capture::new(max_chars);
     let mut buf = vec![0u8; 16 * 1024];
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
-    let mut status: Option<std::process::ExitStatus> = None;
+    let mut status: Option<Exit> = None;
     let mut eof = false;
     let mut lingering = false;
     // Armed for real once the shell exits.
@@ -587,8 +558,8 @@ async fn run(command: &str, workdir: &Path, timeout: Duration, ctx: &ToolContext
                     eof = true;
                 }
             },
-            s = child.wait(), if status.is_none() => {
-                let s = s.map_err(|e| io_err("wait for the command", e))?;
+            s = process.wait(), if status.is_none() => {
+                let s = s.map_err(|e| ToolError::new(format!("cannot wait for the command: {e}")))?;
                 status = Some(s);
                 grace.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
             },
@@ -607,9 +578,9 @@ async fn run(command: &str, workdir: &Path, timeout: Duration, ctx: &ToolContext
     match ending {
         Ending::Exited(s) => {
             // Background jobs that outlive the shell are the user's to keep.
-            killer.disarm();
-            out.insert("exit_code".into(), json!(s.code()));
-            if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&s) {
+            process.disarm();
+            out.insert("exit_code".into(), json!(s.code));
+            if let Some(sig) = s.signal {
                 out.insert("signal".into(), json!(sig));
             }
             if lingering {
@@ -620,7 +591,7 @@ async fn run(command: &str, workdir: &Path, timeout: Duration, ctx: &ToolContext
             }
         }
         Ending::TimedOut | Ending::Cancelled => {
-            killer.kill();
+            process.kill().await;
             // Collect what was written before the kill; the pipe closes as
             // soon as every process in the group is gone.
             let drain = async {
@@ -632,7 +603,6 @@ async fn run(command: &str, workdir: &Path, timeout: Duration, ctx: &ToolContext
                 }
             };
             let _ = tokio::time::timeout(Duration::from_millis(500), drain).await;
-            let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
             out.insert("exit_code".into(), Value::Null);
             let msg = if matches!(ending, Ending::TimedOut) {
                 format!(
@@ -668,10 +638,12 @@ impl Tool for TerminalTool {
     }
 
     fn description(&self) -> &str {
-        "Run a shell command (sh -c) on the host and get its exit code and combined \
-         stdout/stderr. No stdin: use non-interactive flags (-y, --no-pager). Dangerous \
+        "Run a shell command (sh -c) in this conversation's environment and get its exit \
+         code and combined stdout/stderr. No stdin: use non-interactive flags (-y, --no-pager). Dangerous \
          commands need the user's approval; some are always blocked. Long output is cut in \
-         the middle."
+         the middle. In an isolated conversation commands run in a sandbox or container: \
+         the working directory is /workspace (kept between commands) and there may be no \
+         network."
     }
 
     fn parameters(&self) -> Value {
@@ -698,23 +670,56 @@ impl Tool for TerminalTool {
         let secs = opt_u64(&args, "timeout")?
             .unwrap_or(cfg.timeout_secs)
             .clamp(1, cfg.max_timeout_secs.max(1));
-        let workdir = match opt_str(&args, "workdir")? {
-            Some(w) if !w.trim().is_empty() => super::resolve_path(ctx, w),
-            _ => match &cfg.cwd {
-                Some(c) => super::resolve_path(ctx, &c.to_string_lossy()),
-                None => ctx.workdir.clone(),
-            },
+        let backend = match &ctx.execution.backend {
+            Ok(b) => b.clone(),
+            Err(unavailable) => {
+                return Err(ToolError::new(format!(
+                    "commands cannot run in this conversation: {unavailable}"
+                )));
+            }
         };
-        if !workdir.is_dir() {
+        let asked = opt_str(&args, "workdir")?.filter(|w| !w.trim().is_empty());
+        // Where the command runs, on this machine (for the checks) and as
+        // the backend sees it.
+        let (host_dir, run_dir) = if let Some(ws) = backend.workspace() {
+            let host = match asked {
+                Some(w) => ws.resolve(w).map_err(ToolError::new)?,
+                None => ws.host().to_path_buf(),
+            };
+            let inner = ws.to_inner(&host);
+            (Some(host), Some(inner))
+        } else if backend.kind() == BackendKind::Ssh {
+            // A directory on the remote host; it checks it.
+            (None, asked.map(PathBuf::from))
+        } else {
+            let host = match (asked, &ctx.execution.workspace, &cfg.cwd) {
+                (Some(w), _, _) => super::resolve_path(ctx, w)?,
+                (None, Some(ws), _) => ws.host().to_path_buf(),
+                (None, None, Some(c)) => super::resolve_path(ctx, &c.to_string_lossy())?,
+                (None, None, None) => ctx.workdir.clone(),
+            };
+            (Some(host.clone()), Some(host))
+        };
+        if let Some(dir) = &host_dir
+            && !dir.is_dir()
+        {
+            let shown = super::shown_path(ctx, dir);
             return Err(ToolError::new(format!(
-                "argument `workdir`: {} is not a directory",
-                workdir.display()
+                "argument `workdir`: {shown} is not a directory"
             )));
         }
-        if let Err(blocked) = authorize(command, &workdir, ctx).await {
+        let check_dir = host_dir.unwrap_or_else(|| ctx.workdir.clone());
+        if let Err(blocked) = authorize(command, &check_dir, ctx).await {
             return Ok(blocked);
         }
-        run(command, &workdir, Duration::from_secs(secs), ctx).await
+        run(
+            backend.as_ref(),
+            command,
+            run_dir,
+            Duration::from_secs(secs),
+            ctx,
+        )
+        .await
     }
 }
 
@@ -733,25 +738,6 @@ mod tests {
         assert!(out.ends_with("line 999\n"), "{out}");
         assert!(out.contains("output truncated"), "{out}");
         assert!(out.chars().count() < 200, "{out}");
-    }
-
-    #[test]
-    fn children_get_the_allowlist_and_the_passthrough_only() {
-        let os = |k: &str, v: &str| (std::ffi::OsString::from(k), std::ffi::OsString::from(v));
-        let from = vec![
-            os("PATH", "/usr/bin"),
-            os("HOME", "/home/u"),
-            os("LC_ALL", "C.UTF-8"),
-            os("OPENAI_API_KEY", "sk-leak"),
-            os("TELEGRAM_BOT_TOKEN", "123:leak"),
-            os("GITHUB_TOKEN", "ghp_wanted"),
-        ];
-        let got = child_env(from, &["GITHUB_TOKEN".to_owned()]);
-        let names: Vec<_> = got
-            .iter()
-            .map(|(k, _)| k.to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, ["PATH", "HOME", "LC_ALL", "GITHUB_TOKEN"]);
     }
 
     #[test]

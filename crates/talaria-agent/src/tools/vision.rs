@@ -65,6 +65,19 @@ impl VisionAnalyzeTool {
         question: &str,
         cancel: &CancellationToken,
     ) -> ToolResult {
+        self.analyze_within(path, question, &self.roots, cancel)
+            .await
+    }
+
+    /// [`VisionAnalyzeTool::analyze`] with other roots (a confined
+    /// conversation's workspace instead of the working directory).
+    async fn analyze_within(
+        &self,
+        path: &Path,
+        question: &str,
+        roots: &[PathBuf],
+        cancel: &CancellationToken,
+    ) -> ToolResult {
         let question = question.trim();
         if question.is_empty() {
             return Err(ToolError::new("`question` is empty: say what to look for"));
@@ -74,7 +87,7 @@ impl VisionAnalyzeTool {
                 "`question` is too long: at most {MAX_QUESTION_CHARS} characters"
             )));
         }
-        let real = self.allowed(path).await?;
+        let real = allowed(path, roots).await?;
         ask(
             self.provider.as_ref(),
             &real,
@@ -84,45 +97,45 @@ impl VisionAnalyzeTool {
         )
         .await
     }
+}
 
-    /// `path` with its links resolved, when it names a file inside one of
-    /// the roots. Resolving first means a link inside a root that points
-    /// outside it is refused too.
-    async fn allowed(&self, path: &Path) -> Result<PathBuf, ToolError> {
-        let real = match tokio::fs::canonicalize(path).await {
-            Ok(p) => p,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(ToolError::new(format!(
-                    "there is no file at {}",
-                    path.display()
-                )));
-            }
-            Err(e) => {
-                return Err(ToolError::new(format!(
-                    "{} cannot be opened: {e}",
-                    path.display()
-                )));
-            }
-        };
-        for root in &self.roots {
-            // A root that does not exist (yet) holds nothing.
-            if let Ok(root) = tokio::fs::canonicalize(root).await
-                && real.starts_with(&root)
-            {
-                if !tokio::fs::metadata(&real).await.is_ok_and(|m| m.is_file()) {
-                    return Err(ToolError::new(format!("{} is not a file", path.display())));
-                }
-                return Ok(real);
-            }
+/// `path` with its links resolved, when it names a file inside one of
+/// the roots. Resolving first means a link inside a root that points
+/// outside it is refused too.
+async fn allowed(path: &Path, roots: &[PathBuf]) -> Result<PathBuf, ToolError> {
+    let real = match tokio::fs::canonicalize(path).await {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ToolError::new(format!(
+                "there is no file at {}",
+                path.display()
+            )));
         }
-        let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
-        Err(ToolError::new(format!(
-            "{} is outside the places images may be read from ({}): use a file the user sent \
-             or one in the workspace",
-            path.display(),
-            roots.join(", ")
-        )))
+        Err(e) => {
+            return Err(ToolError::new(format!(
+                "{} cannot be opened: {e}",
+                path.display()
+            )));
+        }
+    };
+    for root in roots {
+        // A root that does not exist (yet) holds nothing.
+        if let Ok(root) = tokio::fs::canonicalize(root).await
+            && real.starts_with(&root)
+        {
+            if !tokio::fs::metadata(&real).await.is_ok_and(|m| m.is_file()) {
+                return Err(ToolError::new(format!("{} is not a file", path.display())));
+            }
+            return Ok(real);
+        }
     }
+    let roots: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    Err(ToolError::new(format!(
+        "{} is outside the places images may be read from ({}): use a file the user sent \
+             or one in the workspace",
+        path.display(),
+        roots.join(", ")
+    )))
 }
 
 #[async_trait]
@@ -175,8 +188,27 @@ impl Tool for VisionAnalyzeTool {
         if raw.is_empty() {
             return Err(ToolError::new("`image_url` is empty"));
         }
-        let path = resolve_path(ctx, raw);
-        self.analyze(&path, question, &ctx.cancel).await
+        match &ctx.execution.workspace {
+            // A confined conversation sees its workspace and the files its
+            // users sent (the media cache), never the host's working
+            // directory.
+            Some(ws) => {
+                let in_cache = Path::new(raw).is_absolute()
+                    && Path::new(raw).starts_with(ctx.home.media_dir());
+                let path = if in_cache {
+                    PathBuf::from(raw)
+                } else {
+                    resolve_path(ctx, raw)?
+                };
+                let roots = [ws.host().to_path_buf(), ctx.home.media_dir()];
+                self.analyze_within(&path, question, &roots, &ctx.cancel)
+                    .await
+            }
+            None => {
+                let path = resolve_path(ctx, raw)?;
+                self.analyze(&path, question, &ctx.cancel).await
+            }
+        }
     }
 }
 

@@ -41,6 +41,7 @@ impl TurnRun<'_> {
             session: self.session.state.clone(),
             redactor: parts.redactor.clone(),
             cancel: self.cancel.clone(),
+            execution: self.execution.clone(),
         };
         let mut results: HashMap<usize, Done> = HashMap::new();
         for group in dispatch::groups(&plan) {

@@ -258,13 +258,14 @@ impl Env {
         let ctx = ToolContext {
             session_id: "20260101_000000_aaaaaa".into(),
             home,
-            workdir,
+            workdir: workdir.clone(),
             config: Arc::new(config),
             store: store.clone(),
             interaction: human.clone(),
             session: Arc::new(SessionState::default()),
             redactor: Redactor::new(["super-secret-value-123".to_owned()]),
             cancel: CancellationToken::new(),
+            execution: talaria_agent::Execution::local(workdir.clone()),
         };
         Env {
             dir,

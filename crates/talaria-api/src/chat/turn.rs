@@ -112,8 +112,10 @@ impl Admitted {
                     }
                 });
             }
+            let execution = state.execution(&session.id).await;
             let options = talaria_agent::TurnOptions {
                 media,
+                execution: Some(execution),
                 ..talaria_agent::TurnOptions::default()
             };
             let outcome = agent

@@ -139,6 +139,7 @@ impl Fronts {
             board: Arc::new(StatusBoard::default()),
             hooks: Arc::new(Hooks::none()),
             turn_leases: None,
+            backends: rt.backends.clone(),
             node: talaria_store::NodeId::random(),
             media: Arc::new(
                 talaria_gateway::media::MediaServices::from_config(

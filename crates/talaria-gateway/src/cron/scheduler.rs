@@ -85,6 +85,9 @@ pub struct SchedulerParts {
     /// Wait for `cron:run` hooks after each run (a short-lived process such
     /// as `talaria cron run`, which would otherwise exit under them).
     pub await_hooks: bool,
+    /// Where runs' commands run, shared with the gateway's conversations;
+    /// `None` makes the scheduler its own from the configuration.
+    pub backends: Option<Arc<talaria_exec::Backends>>,
 }
 
 /// What a tick did with one due job.
@@ -140,6 +143,8 @@ struct Inner {
     zone: Zone,
     /// The agent's tools minus [`WITHHELD_TOOLS`].
     registry: Arc<Registry>,
+    /// Where runs' commands run: a job made in a chat is untrusted.
+    backends: Arc<talaria_exec::Backends>,
     /// Jobs with a run under way in this process: a job never overlaps
     /// itself here.
     running: Mutex<HashSet<String>>,
@@ -156,6 +161,13 @@ impl Scheduler {
     pub fn new(parts: SchedulerParts) -> Result<Scheduler, String> {
         let zone = Zone::from_config(&parts.config.cron)?;
         let registry = Arc::new(parts.agent.parts().registry.without(WITHHELD_TOOLS));
+        let backends = parts.backends.unwrap_or_else(|| {
+            Arc::new(talaria_exec::Backends::new(
+                &parts.config.terminal,
+                &parts.home,
+                parts.agent.parts().workdir.clone(),
+            ))
+        });
         Ok(Scheduler {
             inner: Arc::new(Inner {
                 permits: Arc::new(Semaphore::new(parts.config.cron.max_parallel.max(1))),
@@ -168,6 +180,7 @@ impl Scheduler {
                 await_hooks: parts.await_hooks,
                 zone,
                 registry,
+                backends,
                 running: Mutex::new(HashSet::new()),
                 tracker: TaskTracker::new(),
                 stop: CancellationToken::new(),
@@ -501,6 +514,18 @@ impl Scheduler {
             .set_title(&handle.id, &format!("cron: {}", job.name))
             .await;
         let cancel = inner.stop.child_token();
+        // A job made in a chat runs what that chat's people asked for: it
+        // gets the untrusted backend, in a workspace of its own.
+        let trust = match job.origin {
+            Some(_) => talaria_exec::Trust::Untrusted,
+            None => talaria_exec::Trust::Owner,
+        };
+        let execution = talaria_agent::Execution::for_conversation(
+            &inner.backends,
+            trust,
+            &format!("cron:{}", job.id),
+        )
+        .await;
         let options = TurnOptions {
             interaction: Some(Arc::new(NoHuman)),
             registry: Some(inner.registry.clone()),
@@ -510,6 +535,7 @@ impl Scheduler {
             // recorded when it is delivered.
             outbox: None,
             media: Vec::new(),
+            execution: Some(execution),
         };
         let run =
             inner

@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use talaria_agent::process_group::GroupKiller;
+use talaria_exec::process_group::GroupKiller;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::{Hook, LINGER, MAX_STDERR, MAX_STDOUT, MAX_TIMEOUT};

@@ -179,6 +179,7 @@ fn status_round_trips() {
         )]),
         running_sessions: vec!["agent:main:telegram:dm:1".into()],
         ledger: BTreeMap::from([("pending".to_owned(), 2)]),
+        commands: vec!["untrusted commands: sandbox".into()],
         updated_at: 1_700_000_002.0,
     };
     write_status(&home, &status).unwrap();

@@ -156,6 +156,13 @@ impl FrontEnd for Chat<'_> {
             previous_session_id: routed.previous.as_deref(),
         });
         inner.session_hooks(self.key, source, &routed);
+        // A reset conversation starts without the old one's container (its
+        // workspace's files stay).
+        let scope = inner.config.terminal.workspace_scope;
+        if let Some(previous) = &routed.previous {
+            let old = crate::isolation::scope(scope, self.key.as_str(), previous);
+            inner.backends.release(old).await;
+        }
         Ok(routed.handle.id)
     }
 
@@ -258,6 +265,10 @@ impl FrontEnd for Chat<'_> {
                 .collect();
             lines.push(format!("Platforms: {}", list.join(", ")));
         }
+        lines.push(crate::isolation::describe(
+            &inner.backends,
+            self.runner.trust_of(&self.event.source),
+        ));
         lines.push(format!("Gateway up {}s", inner.started.elapsed().as_secs()));
         lines
     }

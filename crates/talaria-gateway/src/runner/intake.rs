@@ -19,7 +19,7 @@ use super::lane::Queued;
 
 /// How an event is judged whose platform has no adapter in this gateway
 /// (only tests hand the runner such events): a chat with opaque sender ids.
-const UNREGISTERED: Capabilities = Capabilities::chat(MessageLimits {
+pub(crate) const UNREGISTERED: Capabilities = Capabilities::chat(MessageLimits {
     max_len: 4096,
     unit: LengthUnit::Chars,
 });

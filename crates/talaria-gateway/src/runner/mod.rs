@@ -52,6 +52,7 @@ use crate::turn_lease::TurnLeases;
 
 mod commands;
 mod intake;
+pub(crate) use intake::UNREGISTERED;
 mod interaction;
 mod lane;
 mod recovery;
@@ -92,6 +93,8 @@ pub struct RunnerParts {
     /// How attachments are fetched and turned into model input, and
     /// answers spoken.
     pub media: Arc<MediaServices>,
+    /// Where each conversation's commands run.
+    pub backends: Arc<talaria_exec::Backends>,
 }
 
 /// The runner. Cheap to clone; clones share all state.
@@ -115,6 +118,7 @@ struct Inner {
     turn_leases: Option<TurnLeases>,
     node: NodeId,
     media: Arc<MediaServices>,
+    backends: Arc<talaria_exec::Backends>,
     lanes: Mutex<HashMap<SessionKey, Lane>>,
     /// When each key was last sent a busy acknowledgement. Kept apart from
     /// the lanes, which go when their queue empties: the cooldown must
@@ -143,6 +147,7 @@ impl Runner {
             turn_leases,
             node,
             media,
+            backends,
         } = parts;
         let router = Router::new(agent.clone(), store.clone(), config.session_reset.clone());
         Runner {
@@ -161,6 +166,7 @@ impl Runner {
                 turn_leases,
                 node,
                 media,
+                backends,
                 lanes: Mutex::new(HashMap::new()),
                 acks: Mutex::new(HashMap::new()),
                 generations: AtomicU64::new(1),
@@ -190,6 +196,21 @@ impl Runner {
             let (event, reply) = admit.into_parts();
             self.accept(event, reply).await;
         }
+    }
+
+    /// Whose conversation `source` is (the owner's DM, or anyone else's).
+    pub(crate) fn trust_of(&self, source: &SessionSource) -> talaria_exec::Trust {
+        let inner = &self.inner;
+        let caps = inner
+            .delivery
+            .adapter(&source.platform)
+            .map_or(UNREGISTERED, |a| a.capabilities());
+        crate::isolation::trust(source, &caps, &inner.config.gateway, &inner.auth)
+    }
+
+    /// Where commands run, for `gateway status`.
+    pub fn backend_status(&self) -> Vec<String> {
+        self.inner.backends.status_lines()
     }
 
     /// Session keys with a turn running now.

@@ -274,6 +274,19 @@ impl Runner {
                 None => Arc::new(Mutex::new(None)),
             }
         };
+        let workspace_scope = inner.config.terminal.workspace_scope;
+        if routed.auto_reset.is_some()
+            && let Some(previous) = &routed.previous
+        {
+            let old = crate::isolation::scope(workspace_scope, key.as_str(), previous);
+            inner.backends.release(old).await;
+        }
+        let execution = talaria_agent::Execution::for_conversation(
+            &inner.backends,
+            self.trust_of(&event.source),
+            crate::isolation::scope(workspace_scope, key.as_str(), &handle.id),
+        )
+        .await;
         if let Some(reason) = routed.auto_reset {
             let why = match reason {
                 AutoReset::Idle => "after a period of inactivity",
@@ -336,6 +349,7 @@ impl Runner {
                     interaction: Some(interaction),
                     outbox,
                     media,
+                    execution: Some(execution),
                     ..TurnOptions::default()
                 },
             )
