@@ -82,6 +82,9 @@ async fn output_and_exit_code_come_back() {
     assert_eq!(exit.code, Some(7));
     let (out, exit) = run(&backend, spec("true")).await;
     assert_eq!((out.as_str(), exit.code), ("", Some(0)));
+    // A command killed by a signal over there reads as a shell reports it.
+    let (_, exit) = run(&backend, spec("kill -9 $$")).await;
+    assert_eq!(exit.code, Some(128 + 9));
 }
 
 #[tokio::test]
