@@ -51,11 +51,36 @@ impl Backend for Local {
 /// own, stdin closed and stdout and stderr on one pipe. `name` is what the
 /// error calls the program.
 pub(crate) fn spawn_grouped(
-    mut cmd: tokio::process::Command,
+    cmd: tokio::process::Command,
     dir: &Path,
     env: &[(String, String)],
     name: &str,
 ) -> Result<Running, ExecError> {
+    spawn_grouped_stdin(cmd, dir, env, name, false).map(|(running, _)| running)
+}
+
+/// [`spawn_grouped`] with stdin a pipe from us instead of closed: the
+/// [`ssh`](crate::ssh) backend keeps it open for as long as the command
+/// should live, and the remote side takes its EOF as the order to stop.
+pub(crate) fn spawn_grouped_with_stdin(
+    cmd: tokio::process::Command,
+    dir: &Path,
+    env: &[(String, String)],
+    name: &str,
+) -> Result<(Running, tokio::process::ChildStdin), ExecError> {
+    let (running, stdin) = spawn_grouped_stdin(cmd, dir, env, name, true)?;
+    let stdin =
+        stdin.ok_or_else(|| ExecError::Io(format!("cannot start {name}: no stdin pipe")))?;
+    Ok((running, stdin))
+}
+
+fn spawn_grouped_stdin(
+    mut cmd: tokio::process::Command,
+    dir: &Path,
+    env: &[(String, String)],
+    name: &str,
+    piped_stdin: bool,
+) -> Result<(Running, Option<tokio::process::ChildStdin>), ExecError> {
     let (tx, rx) = tokio::net::unix::pipe::pipe().map_err(|e| ExecError::io("create a pipe", e))?;
     let write_end = tx
         .into_blocking_fd()
@@ -64,14 +89,18 @@ pub(crate) fn spawn_grouped(
         .try_clone()
         .map_err(|e| ExecError::io("create a pipe", e))?;
     cmd.current_dir(dir)
-        .stdin(Stdio::null())
+        .stdin(if piped_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::from(write_end))
         .stderr(Stdio::from(write_end2))
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .process_group(0)
         .kill_on_drop(true);
-    let child = cmd.spawn().map_err(|e| {
+    let mut child = cmd.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             ExecError::Unavailable(format!("cannot start {name}: it is not installed"))
         } else {
@@ -81,11 +110,13 @@ pub(crate) fn spawn_grouped(
     // The Command holds copies of the pipe's write end; EOF only comes once
     // every copy is closed.
     drop(cmd);
+    let stdin = child.stdin.take();
     let killer = GroupKiller::new(child.id());
-    Ok(Running {
+    let running = Running {
         output: Box::new(rx),
         process: Box::new(HostProcess { child, killer }),
-    })
+    };
+    Ok((running, stdin))
 }
 
 /// A process group on the host.

@@ -33,6 +33,7 @@ pub mod python;
 pub mod recorder;
 pub mod signal;
 pub mod slack;
+pub mod sshd;
 pub mod synapse;
 pub mod telegram;
 pub mod twilio;
