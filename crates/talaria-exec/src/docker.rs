@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -137,6 +137,9 @@ struct Scope {
     last_used: StdMutex<Instant>,
     /// Commands started and not yet ended; a scope with any is not idle.
     running: AtomicUsize,
+    /// A command was dropped while it ran: the container is to be
+    /// restarted before anything else runs in it.
+    kill_pending: AtomicBool,
 }
 
 #[derive(Default)]
@@ -346,6 +349,7 @@ impl Inner {
                     state: tokio::sync::Mutex::new(ScopeState::default()),
                     last_used: StdMutex::new(Instant::now()),
                     running: AtomicUsize::new(0),
+                    kill_pending: AtomicBool::new(false),
                 })
             })
             .clone()
@@ -555,6 +559,12 @@ impl Inner {
     /// the workspace survives, the processes don't.
     async fn restart(&self, scope: &Scope) {
         let mut state = scope.state.lock().await;
+        scope.kill_pending.store(false, Ordering::SeqCst);
+        self.restart_locked(scope, &mut state).await;
+    }
+
+    /// [`Inner::restart`] with the scope's state already locked.
+    async fn restart_locked(&self, scope: &Scope, state: &mut ScopeState) {
         let Some(id) = state.id.clone() else { return };
         // Stop at once (SIGKILL after no grace), then start again.
         let options = RestartContainerOptionsBuilder::new().t(0).build();
@@ -562,7 +572,6 @@ impl Inner {
             // The next command makes a new one.
             tracing::warn!(scope = %scope.key, "{}", self.api_error("restart a container", e));
             state.id = None;
-            drop(state);
             let _ = self.remove(&id).await;
         }
     }
@@ -607,6 +616,11 @@ impl Inner {
         loop {
             let scope = self.ensure(key, workspace).await?;
             let mut state = scope.state.lock().await;
+            // A command dropped while running is killed before the next
+            // one starts, not in the middle of it.
+            if scope.kill_pending.swap(false, Ordering::SeqCst) {
+                self.restart_locked(&scope, &mut state).await;
+            }
             let Some(id) = state.id.clone().filter(|_| !state.released) else {
                 // Released or restarted-and-lost between the two locks.
                 continue;
@@ -923,10 +937,18 @@ impl Drop for ExecProcess {
         }
         // Dropped mid-run (a turn abandoned, a timeout that dropped the
         // future): kill as `kill` would, from a task, since drop can't wait.
+        // The next command of the conversation does it first if this task
+        // has not yet.
+        self.scope.kill_pending.store(true, Ordering::SeqCst);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let inner = self.inner.clone();
             let scope = self.scope.clone();
-            runtime.spawn(async move { inner.restart(&scope).await });
+            runtime.spawn(async move {
+                let mut state = scope.state.lock().await;
+                if scope.kill_pending.swap(false, Ordering::SeqCst) {
+                    inner.restart_locked(&scope, &mut state).await;
+                }
+            });
         }
     }
 }
