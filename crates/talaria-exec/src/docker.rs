@@ -250,15 +250,7 @@ impl Docker {
     /// Removes `scope`'s container (its workspace stays). The next command
     /// of the conversation starts a new one.
     pub async fn release(&self, scope: &str) {
-        let held = self
-            .inner
-            .scopes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(scope);
-        if let Some(held) = held {
-            self.inner.retire(&held).await;
-        }
+        self.inner.release(scope).await;
     }
 
     /// Removes the containers of this home whose gateway process is gone
@@ -287,8 +279,9 @@ impl Docker {
         for c in listed {
             let Some(id) = c.id else { continue };
             let labels = c.labels.unwrap_or_default();
-            // Only our exact owner: the daemon's filter already says so,
-            // but Podman's label filter has matched by prefix before.
+            // Checked again rather than trusting the filter: a daemon that
+            // loosened or ignored it must not get another home's
+            // containers removed.
             if labels.get(LABEL_OWNER) != Some(&inner.owner) {
                 continue;
             }
@@ -368,6 +361,18 @@ impl Inner {
             }
             drop(state);
             return Ok(scope);
+        }
+    }
+
+    /// Removes the scope `key` and its container.
+    async fn release(&self, key: &str) {
+        let held = self
+            .scopes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        if let Some(held) = held {
+            self.retire(&held).await;
         }
     }
 
@@ -812,15 +817,7 @@ impl Backend for Container {
     }
 
     async fn release(&self) {
-        let held = self
-            .inner
-            .scopes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.key);
-        if let Some(held) = held {
-            self.inner.retire(&held).await;
-        }
+        self.inner.release(&self.key).await;
     }
 
     fn describe(&self) -> String {

@@ -66,20 +66,7 @@ impl Rig {
 
 impl Drop for Rig {
     fn drop(&mut self) {
-        // The test's runtime may be gone or busy: clean up from a thread
-        // with one of its own.
-        let owner = self.owner.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(talaria_testkit::docker::remove_labelled(
-                LABEL_OWNER,
-                &owner,
-            ));
-        })
-        .join();
+        drop(Cleanup(self.owner.clone()));
     }
 }
 
@@ -216,14 +203,16 @@ async fn without_network_nothing_on_the_host_is_reachable() {
     )
     .await;
     assert_eq!(out, "lo\nroutes\n");
-    // The same nc reaches a listener inside the container (so a failure
-    // below is the network, not the tool)...
-    let (out, exit) = run(
+    // A client reaches a server inside the container (so a failure below
+    // is the network, not the tools); tried until the server is up.
+    let (out, _) = run(
         &*b,
-        "nc -l -p 7777 > /tmp/got & sleep 1; echo ping | nc -w 5 127.0.0.1 7777; wait; cat /tmp/got",
+        "mkdir -p /tmp/www && echo pong > /tmp/www/x && httpd -p 127.0.0.1:7777 -h /tmp/www && \
+         for i in $(seq 1 100); do wget -q -O - http://127.0.0.1:7777/x 2>/dev/null && break; \
+         sleep 0.1; done; killall httpd",
     )
     .await;
-    assert_eq!((out.as_str(), exit), ("ping\n", code(0)));
+    assert_eq!(out, "pong\n");
     // ...but neither the host's loopback nor the bridge's gateway.
     let (out, exit) = run(&*b, &format!("echo x | nc -w 5 127.0.0.1 {port}")).await;
     assert_ne!(exit, code(0), "{out}");
@@ -612,4 +601,117 @@ async fn a_socket_that_is_not_there_is_unavailable() {
         matches!(&err, ExecError::Unavailable(m) if m.contains("/nonexistent/docker.sock")),
         "{err:?}"
     );
+}
+
+#[tokio::test]
+async fn the_container_is_limited_and_labelled_as_configured() {
+    let rig = Rig::new(|c| {
+        c.memory_mb = 64;
+        c.cpus = 0.5;
+        c.pids = 50;
+    })
+    .await;
+    let b = rig.backend("limits").await;
+    // Inside: no capabilities at all, and no way to gain privileges.
+    let (out, _) = run(
+        &*b,
+        "grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status",
+    )
+    .await;
+    assert_eq!(
+        out,
+        "CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nNoNewPrivs:\t1\n"
+    );
+    let listed = rig.containers().await;
+    assert_eq!(listed.len(), 1);
+    let (id, labels) = &listed[0];
+    assert_eq!(labels.get(LABEL_PID), Some(&std::process::id().to_string()));
+    assert_eq!(labels.get(LABEL_SCOPE).map(String::as_str), Some("limits"));
+    let api = talaria_testkit::docker::client().await;
+    let inspected = api
+        .inspect_container(
+            id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .unwrap();
+    let host = inspected.host_config.unwrap();
+    assert_eq!(host.memory, Some(64 * 1024 * 1024));
+    assert_eq!(host.nano_cpus, Some(500_000_000));
+    assert_eq!(host.pids_limit, Some(50));
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+    assert_eq!(
+        host.security_opt,
+        Some(vec!["no-new-privileges".to_owned()])
+    );
+    assert!(host.tmpfs.unwrap().contains_key("/tmp"));
+    let mounts = host.mounts.unwrap();
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].target.as_deref(), Some("/workspace"));
+    assert_eq!(
+        mounts[0].source.as_deref(),
+        rig.workspace("limits").host().to_str()
+    );
+}
+
+#[tokio::test]
+async fn backends_give_untrusted_conversations_a_container() {
+    use talaria_core::config::{BackendKind, TerminalConfig};
+    use talaria_exec::{Backends, Trust};
+    let image = talaria_testkit::docker::busybox_image().await;
+    let home = tempfile::tempdir().unwrap();
+    let workspaces = home.path().join("workspaces");
+    let config = TerminalConfig {
+        untrusted_backend: BackendKind::Docker,
+        workspaces_dir: Some(workspaces.clone()),
+        docker: DockerConfig {
+            image,
+            ..DockerConfig::default()
+        },
+        ..TerminalConfig::default()
+    };
+    let backends = Backends::new(
+        &config,
+        &talaria_core::Home::at(home.path()),
+        home.path().into(),
+    );
+    // The pool labels the containers with its workspaces directory.
+    let owner = workspaces.display().to_string();
+    let _cleanup = Cleanup(owner.clone());
+    assert_eq!(backends.start().await, None);
+    let b = backends
+        .backend(Trust::Untrusted, "telegram:group:-100")
+        .await
+        .unwrap();
+    assert_eq!(b.kind(), BackendKind::Docker);
+    assert!(b.describe().contains("network none"), "{}", b.describe());
+    let (out, exit) = run(&*b, "echo from-the-pool > f; cat f").await;
+    assert_eq!((out.as_str(), exit), ("from-the-pool\n", code(0)));
+    assert_eq!(containers_of(&owner).await.len(), 1);
+    backends.release("telegram:group:-100").await;
+    assert!(containers_of(&owner).await.is_empty());
+    // The owner's own conversations stay on the host, as configured.
+    let local = backends.backend(Trust::Owner, "terminal").await.unwrap();
+    assert_eq!(local.kind(), BackendKind::Local);
+}
+
+/// Removes an owner's containers when dropped.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let owner = self.0.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(talaria_testkit::docker::remove_labelled(
+                LABEL_OWNER,
+                &owner,
+            ));
+        })
+        .join();
+    }
 }
