@@ -17,8 +17,17 @@
 //!   ([`Docker::sweep`]).
 //!
 //! A command is an exec of `sh -c` in that container with only the
-//! allowlisted environment ([`crate::env::for_isolated`]). The image is
-//! never pulled: what runs is what the owner built or pulled.
+//! allowlisted environment ([`crate::env::for_isolated`]), as the user who
+//! owns the workspace (so the file tools can read what it wrote; under a
+//! rootless daemon, the container's root, which is that user). Its stderr
+//! is joined to its stdout inside the container, so the output keeps its
+//! order. The output ends when the command's shell does (the daemon stops
+//! collecting shortly after, even if a background job still holds it).
+//! The image is never pulled: what runs is what the owner built or pulled.
+//!
+//! A docker exec cannot be signalled through the Engine API: killing a
+//! command restarts its conversation's container (see [`Process::kill`] on
+//! the process [`Backend::spawn`] returns here).
 //!
 //! The container is removed when the conversation is reset
 //! ([`Docker::release`]), when it has been idle for

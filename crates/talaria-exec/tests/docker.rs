@@ -715,3 +715,29 @@ impl Drop for Cleanup {
         .join();
     }
 }
+
+#[tokio::test]
+async fn a_command_runs_in_its_own_directory() {
+    let rig = Rig::new(|_| {}).await;
+    let b = rig.backend("dirs").await;
+    run(&*b, "mkdir -p sub/deeper").await;
+    let mut in_sub = spec("pwd");
+    in_sub.workdir = Some("/workspace/sub/deeper".into());
+    let mut running = b.spawn(in_sub).await.unwrap();
+    let mut out = String::new();
+    running.output.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "/workspace/sub/deeper\n");
+    assert_eq!(running.process.wait().await.unwrap(), code(0));
+    running.process.disarm();
+
+    let mut missing = spec("pwd");
+    missing.workdir = Some("/workspace/not-there".into());
+    // A directory that is not there: the runtime's own message as the
+    // output, and 126 (could not be run), as a shell would say.
+    let mut running = b.spawn(missing).await.unwrap();
+    let mut out = String::new();
+    running.output.read_to_string(&mut out).await.unwrap();
+    assert!(out.contains("/workspace/not-there"), "{out}");
+    assert_eq!(running.process.wait().await.unwrap(), code(126));
+    running.process.disarm();
+}
