@@ -54,6 +54,7 @@ use futures::{Stream, StreamExt};
 use talaria_core::config::DockerConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use crate::workspace::INNER_ROOT;
 use crate::{Backend, BackendKind, CommandSpec, ExecError, Exit, Process, Running, Workspace};
@@ -802,10 +803,12 @@ impl Backend for Container {
         let (done_tx, done_rx) = oneshot::channel();
         let pump_scope = scope.clone();
         let pump_inner = inner.clone();
+        let stop_output = CancellationToken::new();
+        let stop = stop_output.clone();
         tokio::spawn(async move {
-            pump(output, writer).await;
-            // Held until the output ends: a dropped half may close the
-            // connection early on some daemons.
+            pump(output, writer, stop).await;
+            // Kept until the output has ended, so the connection closes
+            // only once everything is read.
             drop(input);
             let exit = pump_inner.exit_of(&exec_id).await;
             pump_scope.running.fetch_sub(1, Ordering::SeqCst);
@@ -818,6 +821,7 @@ impl Backend for Container {
                 inner,
                 scope,
                 done: Some(done_rx),
+                stop_output,
                 exit: None,
                 killed: false,
                 armed: true,
@@ -844,9 +848,14 @@ impl Backend for Container {
 }
 
 /// Copies an exec's output into the pipe the reader holds. Once the reader
-/// has gone the rest is read and dropped, so the command never blocks on
-/// output nobody takes.
-async fn pump(mut output: OutputStream, mut writer: tokio::io::DuplexStream) {
+/// has gone, or `stop` says the command was killed, the rest is read and
+/// dropped: the command never blocks on output nobody takes, and a kill
+/// ends the output even when the pipe is full and nobody reads.
+async fn pump(
+    mut output: OutputStream,
+    mut writer: tokio::io::DuplexStream,
+    stop: CancellationToken,
+) {
     let mut open = true;
     while let Some(item) = output.next().await {
         let bytes = match item {
@@ -859,8 +868,11 @@ async fn pump(mut output: OutputStream, mut writer: tokio::io::DuplexStream) {
                 break;
             }
         };
-        if open && writer.write_all(&bytes).await.is_err() {
-            open = false;
+        if open {
+            tokio::select! {
+                written = writer.write_all(&bytes) => open = written.is_ok(),
+                () = stop.cancelled() => open = false,
+            }
         }
     }
     let _ = writer.shutdown().await;
@@ -878,6 +890,8 @@ struct ExecProcess {
     scope: Arc<Scope>,
     /// Resolves once the output has ended and the exit is known.
     done: Option<oneshot::Receiver<Result<Exit, String>>>,
+    /// Tells the output task the command was killed.
+    stop_output: CancellationToken,
     exit: Option<Exit>,
     killed: bool,
     armed: bool,
@@ -920,6 +934,7 @@ impl Process for ExecProcess {
         self.killed = true;
         self.armed = false;
         self.inner.restart(&self.scope).await;
+        self.stop_output.cancel();
         // The output ends once the exec is dead; wait a bounded while so the
         // caller's next read sees the end.
         let _ = tokio::time::timeout(Duration::from_secs(5), self.wait()).await;

@@ -359,6 +359,36 @@ async fn kill_ends_the_command_and_the_next_command_works() {
 }
 
 #[tokio::test]
+async fn kill_ends_a_command_whose_output_nobody_reads() {
+    let rig = Rig::new(|_| {}).await;
+    let b = rig.backend("unread").await;
+    // Far more output than the pipe holds, and nobody reading past the
+    // first bytes: the command is stuck writing when it is killed.
+    let mut running = b
+        .spawn(spec("echo started; seq 1 1000000; sleep 1000"))
+        .await
+        .unwrap();
+    let mut first = [0u8; 8];
+    running.output.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"started\n");
+    tokio::time::timeout(PATIENCE, running.process.kill())
+        .await
+        .unwrap();
+    let exit = tokio::time::timeout(PATIENCE, running.process.wait())
+        .await
+        .expect("a killed command whose output was unread never ended")
+        .unwrap();
+    assert_eq!(exit.signal, Some(9));
+    // What was written before the kill can still be read, then it ends.
+    let mut rest = Vec::new();
+    tokio::time::timeout(PATIENCE, running.output.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(rest.len() < 1_000_000 * 7, "{}", rest.len());
+}
+
+#[tokio::test]
 async fn dropping_a_running_command_kills_it() {
     let rig = Rig::new(|_| {}).await;
     let b = rig.backend("drop").await;
