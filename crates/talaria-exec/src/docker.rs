@@ -476,7 +476,7 @@ impl Inner {
             let _ = self.remove(&id).await;
             return Err(ExecError::Unavailable(format!(
                 "a container from {image} does not start ({}); the image needs a POSIX `sh` and \
-                 `sleep`",
+                 `sleep`, and the daemon must be able to run containers here",
                 api_message(&e)
             )));
         }

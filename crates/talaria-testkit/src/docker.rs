@@ -86,10 +86,11 @@ async fn import() -> String {
         return name;
     }
     let rootfs = rootfs_tar(&busybox);
+    // The tag goes with the name in `repo`: Podman's compatible API
+    // ignores a separate `tag` on import (and tags it `latest`).
     let options = CreateImageOptionsBuilder::new()
         .from_src("-")
-        .repo(IMAGE_REPO)
-        .tag(&tag)
+        .repo(&name)
         .build();
     let mut progress =
         api.create_image(Some(options), Some(bollard::body_full(rootfs.into())), None);
