@@ -246,3 +246,17 @@ pub async fn remove_labelled(label: &str, value: &str) -> usize {
     }
     n
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_static_binary_is_told_from_a_dynamic_one() {
+        assert!(!has_interpreter(&busybox_binary()));
+        // Debian's /bin/sh (dash) is linked against the C library.
+        let dash = std::fs::read("/bin/sh").unwrap();
+        assert!(has_interpreter(&dash));
+        assert!(!has_interpreter(b"not an ELF file"));
+    }
+}
