@@ -97,9 +97,22 @@ async fn a_sandboxed_command_writes_only_into_its_workspace() {
     let text = output(&out);
     assert!(!target.exists(), "{text}");
     assert!(!std::path::Path::new("/usr/escaped").exists(), "{text}");
-    assert!(text.contains("Read-only file system") || text.contains("No such file"), "{text}");
-    let ws = env.ctx.execution.workspace.as_ref().unwrap().host().to_path_buf();
-    assert_eq!(std::fs::read_to_string(ws.join("kept.txt")).unwrap(), "kept\n");
+    assert!(
+        text.contains("Read-only file system") || text.contains("No such file"),
+        "{text}"
+    );
+    let ws = env
+        .ctx
+        .execution
+        .workspace
+        .as_ref()
+        .unwrap()
+        .host()
+        .to_path_buf();
+    assert_eq!(
+        std::fs::read_to_string(ws.join("kept.txt")).unwrap(),
+        "kept\n"
+    );
     assert!(text.contains("tmp"), "{text}");
 }
 
@@ -192,7 +205,14 @@ async fn two_chats_cannot_see_each_others_workspace() {
     b.ctx.execution =
         Execution::for_conversation(&backends, Trust::Untrusted, "telegram:group:-7").await;
     run(&a, "echo mine > /workspace/a-only.txt").await;
-    let a_host = a.ctx.execution.workspace.as_ref().unwrap().host().to_path_buf();
+    let a_host = a
+        .ctx
+        .execution
+        .workspace
+        .as_ref()
+        .unwrap()
+        .host()
+        .to_path_buf();
     assert!(a_host.join("a-only.txt").exists());
     let out = run(
         &b,
@@ -204,7 +224,10 @@ async fn two_chats_cannot_see_each_others_workspace() {
     )
     .await;
     let text = output(&out);
-    assert!(!text.contains("a-only.txt\n") && !text.contains("mine"), "{text}");
+    assert!(
+        !text.contains("a-only.txt\n") && !text.contains("mine"),
+        "{text}"
+    );
     assert!(text.contains("No such file or directory"), "{text}");
     // Nor with the file tools.
     let e = ReadFileTool
@@ -220,7 +243,11 @@ async fn two_chats_cannot_see_each_others_workspace() {
 #[tokio::test]
 async fn file_tools_stay_inside_the_workspace() {
     let (env, _b) = sandboxed(Config::default(), "telegram:group:-8").await;
-    for path in ["/etc/hostname", "../outside.txt", "/workspace/../etc/passwd"] {
+    for path in [
+        "/etc/hostname",
+        "../outside.txt",
+        "/workspace/../etc/passwd",
+    ] {
         let e = ReadFileTool
             .call(json!({"path": path}), &env.ctx)
             .await
@@ -233,11 +260,17 @@ async fn file_tools_stay_inside_the_workspace() {
         .unwrap_err();
     assert!(e.0.contains("outside"), "{e}");
     let out = WriteFileTool
-        .call(json!({"path": "/workspace/notes/a.txt", "content": "hello\n"}), &env.ctx)
+        .call(
+            json!({"path": "/workspace/notes/a.txt", "content": "hello\n"}),
+            &env.ctx,
+        )
         .await
         .unwrap();
     assert!(out.contains("/workspace/notes/a.txt"), "{out}");
-    assert!(!out.contains(env.ctx.home.root().to_str().unwrap()), "{out}");
+    assert!(
+        !out.contains(env.ctx.home.root().to_str().unwrap()),
+        "{out}"
+    );
     // What the file tool wrote, the command sees where it said.
     let seen = run(&env, "cat notes/a.txt").await;
     assert_eq!(output(&seen), "hello\n");

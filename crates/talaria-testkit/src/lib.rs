@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod discord;
+pub mod docker;
 pub mod email;
 mod fake;
 pub mod homeassistant;
