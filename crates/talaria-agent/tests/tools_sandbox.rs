@@ -58,12 +58,12 @@ fn output(v: &Value) -> String {
 async fn a_sandboxed_command_cannot_read_the_home() {
     let (env, _b) = sandboxed(Config::default(), "telegram:group:-1").await;
     let home = env.ctx.home.root().display().to_string();
-    // Named through a variable, so it is the sandbox that stops it, not the
-    // check on command lines that name the home's credential files.
+    // Named outright: in the sandbox the check on command lines naming the
+    // home's credential files is off, so this shows the sandbox stops it.
     let out = run(
         &env,
         &format!(
-            "H='{home}'; ls \"$H\"; cat \"$H/state.db\"; cat \"$H/.e\"nv; \
+            "ls {home}; cat {home}/state.db; cat {home}/.env; \
              find / -xdev -name state.db 2>/dev/null; echo end"
         ),
     )
@@ -186,14 +186,31 @@ async fn a_sandboxed_command_is_killed_at_its_cpu_limit() {
     config.terminal.sandbox.cpu_secs = 1;
     let (env, _b) = sandboxed(config, "telegram:group:-5").await;
     let out = run(&env, "while :; do :; done").await;
-    // SIGXCPU at the soft limit (or SIGKILL at the hard one), long before
-    // the 60 s timeout.
+    // SIGXCPU at the soft limit or SIGKILL at the hard one, long before
+    // the 60 s timeout; the sandbox's init reports the signal as 128 + it.
     assert!(out["timed_out"].is_null(), "{out}");
-    let signal = out["signal"].as_i64();
+    let signal = out["signal"]
+        .as_i64()
+        .or_else(|| out["exit_code"].as_i64().map(|c| c - 128));
     assert!(
         matches!(signal, Some(24) | Some(9)),
         "not killed by the CPU limit: {out}"
     );
+    // Without the limit the same loop runs until the timeout: the test can
+    // fail.
+    let mut config = Config::default();
+    config.terminal.sandbox.cpu_secs = 0;
+    let (env, _b) = sandboxed(config, "telegram:group:-5b").await;
+    let out = json(
+        &TerminalTool
+            .call(
+                json!({"command": "while :; do :; done", "timeout": 3}),
+                &env.ctx,
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(out["timed_out"], true, "{out}");
 }
 
 #[tokio::test]

@@ -110,8 +110,9 @@ impl Workspace {
     /// `host`, a path inside the workspace on the host, as commands see it.
     pub fn to_inner(&self, host: &Path) -> PathBuf {
         match host.strip_prefix(&self.host) {
-            Ok(rest) => Path::new(INNER_ROOT).join(rest),
-            Err(_) => PathBuf::from(INNER_ROOT),
+            // `join("")` would add a trailing slash.
+            Ok(rest) if !rest.as_os_str().is_empty() => Path::new(INNER_ROOT).join(rest),
+            _ => PathBuf::from(INNER_ROOT),
         }
     }
 
@@ -170,6 +171,7 @@ mod tests {
         assert!(ws.resolve("/etc/passwd").is_err());
         assert!(ws.resolve("/workspace/../etc/passwd").is_err());
         assert_eq!(ws.to_inner(&h.join("d/e")), PathBuf::from("/workspace/d/e"));
+        assert_eq!(ws.to_inner(&h).to_str(), Some("/workspace"));
     }
 
     #[test]

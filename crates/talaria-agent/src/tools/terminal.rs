@@ -291,7 +291,12 @@ fn warn_retired_once(keys: &[String]) {
 /// only for commands without shell operators); every matched pattern
 /// approved for the session.
 pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Result<(), String> {
-    if let Some(file) = super::secret_files::command_reaches(&ctx.home, command, workdir) {
+    let isolated = ctx.execution.backend.as_ref().is_ok_and(|b| b.isolated());
+    // An isolated command cannot reach the home at all (it is not mounted),
+    // so naming it is harmless there.
+    if !isolated
+        && let Some(file) = super::secret_files::command_reaches(&ctx.home, command, workdir)
+    {
         return Err(format!(
             "BLOCKED: this command reaches {file}, where Talaria keeps its credentials (API \
              keys, bot tokens). No command may read, copy or encode those files, whatever the \
@@ -299,7 +304,6 @@ pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Resu
              needs something from them, tell them to look themselves."
         ));
     }
-    let isolated = ctx.execution.backend.as_ref().is_ok_and(|b| b.isolated());
     let findings = match guard::check(command) {
         GuardVerdict::Allow => return Ok(()),
         GuardVerdict::Hardline { reason } => {
