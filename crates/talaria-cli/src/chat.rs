@@ -69,6 +69,9 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     // servers started for this chat stop with it.
     let _ = tokio::time::timeout(Duration::from_secs(60), review.idle()).await;
     rt.mcp.shutdown().await;
+    // A container made for this chat would otherwise wait for a gateway's
+    // sweep.
+    rt.backends.release_all().await;
     if let Some(memory) = agent.memory() {
         memory.shutdown(Duration::from_secs(5)).await;
     }

@@ -247,9 +247,15 @@ async fn without_bubblewrap_a_group_gets_no_terminal_and_the_status_says_why() {
             .unwrap_or_default()
     };
     let group_tools = tools(0);
-    assert!(!group_tools.contains(&"terminal".to_owned()), "{group_tools:?}");
+    assert!(
+        !group_tools.contains(&"terminal".to_owned()),
+        "{group_tools:?}"
+    );
     // The file tools stay, inside the group's workspace.
-    assert!(group_tools.contains(&"read_file".to_owned()), "{group_tools:?}");
+    assert!(
+        group_tools.contains(&"read_file".to_owned()),
+        "{group_tools:?}"
+    );
     // The owner's DM runs on the host and keeps the terminal.
     assert!(tools(1).contains(&"terminal".to_owned()), "{:?}", tools(1));
 
@@ -270,6 +276,9 @@ async fn without_bubblewrap_a_group_gets_no_terminal_and_the_status_says_why() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let logged = std::fs::read_to_string(&log).unwrap();
-    assert!(logged.contains("bubblewrap (bwrap) is not installed"), "{logged}");
+    assert!(
+        logged.contains("bubblewrap (bwrap) is not installed"),
+        "{logged}"
+    );
     stop(gateway);
 }

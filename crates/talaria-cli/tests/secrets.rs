@@ -522,3 +522,116 @@ async fn a_refused_model_request_reaches_the_api_client_as_a_short_sentence() {
     assert!(!logged.contains(QUERY_KEY), "{logged}");
     assert_no_secret("the gateway log", &logged);
 }
+
+/// The `terminal:` lines that make the owner's commands run in `backend`,
+/// with what that backend needs (the test image, the test SSH server).
+async fn backend_lines(backend: &str, sshd: &talaria_testkit::sshd::Sshd) -> String {
+    match backend {
+        "docker" => format!(
+            "  backend: docker\n  docker:\n    image: \"{}\"\n",
+            talaria_testkit::docker::busybox_image().await
+        ),
+        "ssh" => format!(
+            "  backend: ssh\n  ssh:\n    host: 127.0.0.1\n    port: {}\n    key: \"{}\"\n    known_hosts: \"{}\"\n",
+            sshd.port(),
+            sshd.client_key().display(),
+            sshd.known_hosts().display()
+        ),
+        other => format!("  backend: {other}\n"),
+    }
+}
+
+/// `env`, `/proc/self/environ`, `env | base64` and the home's `.env`, run
+/// through the `terminal` tool in every backend CI has (the host, the
+/// bubblewrap sandbox, a Docker container, an SSH host): none of the
+/// planted secrets, plain or base64, reaches a tool result, the model's
+/// next request, the answer, the log or any file of the home. The process
+/// environment the binary starts with holds two of them, the home's
+/// `.env` two more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_in_every_backend_see_none_of_the_secrets() {
+    let sshd = talaria_testkit::sshd::Sshd::start();
+    for backend in ["local", "sandbox", "docker", "ssh"] {
+        let mock = MockOpenAi::start().await;
+        let (_dir, home) = home(&mock.base_url(), "");
+        let config = std::fs::read_to_string(home.join("config.yaml")).unwrap();
+        let lines = backend_lines(backend, &sshd).await;
+        std::fs::write(
+            home.join("config.yaml"),
+            config.replacen("terminal:\n", &format!("terminal:\n{lines}"), 1),
+        )
+        .unwrap();
+        let dotenv = home.join(".env").display().to_string();
+        mock.push(Reply::tool_calls(vec![
+            call("c_env", "terminal", serde_json::json!({"command": "env"})),
+            call(
+                "c_environ",
+                "terminal",
+                serde_json::json!({"command": "cat /proc/self/environ | tr '\\0' '\\n'"}),
+            ),
+            call(
+                "c_b64",
+                "terminal",
+                serde_json::json!({"command": "env | base64"}),
+            ),
+            call(
+                "c_dotenv",
+                "terminal",
+                serde_json::json!({"command": format!("cat {dotenv}")}),
+            ),
+        ]));
+        mock.push(Reply::text(format!("{backend} done")));
+        let out = command(&home, &["chat", "-q", "what is in your environment?"])
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{backend}: {stderr}");
+        assert!(
+            stdout.contains(&format!("{backend} done")),
+            "{backend}: {stdout}"
+        );
+        let reqs = mock.requests();
+        assert_eq!(reqs.len(), 2, "{backend}: {reqs:?}");
+        let second = &reqs[1].body;
+        // The commands ran: `env` printed a PATH, in the backend asked for.
+        let env: serde_json::Value = serde_json::from_str(&tool_result(second, "c_env")).unwrap();
+        let env_out = env["output"].as_str().unwrap();
+        assert!(env_out.contains("PATH="), "{backend}: {env}");
+        if matches!(backend, "sandbox" | "docker") {
+            assert!(env_out.contains("HOME=/workspace"), "{backend}: {env}");
+        }
+        let b64: serde_json::Value = serde_json::from_str(&tool_result(second, "c_b64")).unwrap();
+        let decoded = text(&b64_decode(b64["output"].as_str().unwrap()));
+        assert!(decoded.contains("PATH="), "{backend}: {decoded}");
+        for id in ["c_env", "c_environ", "c_b64", "c_dotenv"] {
+            let result = tool_result(second, id);
+            assert_no_secret(&format!("{backend}: {id}"), &result);
+            if id == "c_b64" {
+                assert_no_secret(&format!("{backend}: {id} decoded"), &decoded);
+            }
+        }
+        assert_no_secret(&format!("{backend}: the next request"), &second.to_string());
+        assert_no_secret(&format!("{backend}: the answer"), &stdout);
+        assert_no_secret(&format!("{backend}: the log"), &stderr);
+        for file in regular_files(&home) {
+            let name = file.file_name().unwrap().to_string_lossy().into_owned();
+            if name == "config.yaml" || name == ".env" {
+                continue;
+            }
+            let bytes = std::fs::read(&file).unwrap();
+            assert_no_secret(
+                &format!("{backend}: {}", file.display()),
+                &String::from_utf8_lossy(&bytes),
+            );
+        }
+        // The chat removed the container it made as it ended.
+        if backend == "docker" {
+            let left = talaria_testkit::docker::remove_labelled(
+                "talaria.owner",
+                &home.join("workspaces").display().to_string(),
+            )
+            .await;
+            assert_eq!(left, 0, "the chat left its container behind");
+        }
+    }
+}

@@ -314,6 +314,18 @@ impl Docker {
         Ok(removed)
     }
 
+    /// Removes every container this process keeps: the process is ending
+    /// (a terminal chat), and nothing would use them again.
+    pub async fn release_all(&self) {
+        let all: Vec<Arc<Scope>> = {
+            let mut scopes = self.inner.scopes.lock().unwrap_or_else(|p| p.into_inner());
+            scopes.drain().map(|(_, s)| s).collect()
+        };
+        for scope in all {
+            self.inner.retire(&scope).await;
+        }
+    }
+
     /// Removes the containers of conversations that have run nothing for
     /// `terminal.docker.idle_timeout_secs` (0: never). A conversation with
     /// a command still running is not idle.

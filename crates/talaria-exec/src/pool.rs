@@ -174,6 +174,15 @@ impl Backends {
         }
     }
 
+    /// Frees everything this process holds (its containers): it is
+    /// ending. Workspaces stay.
+    pub async fn release_all(&self) {
+        let docker = self.docker.lock().await.clone();
+        if let Some(docker) = docker {
+            docker.release_all().await;
+        }
+    }
+
     /// Work done once at start: containers a killed gateway of this home
     /// left behind are removed. Says what it did, for the log.
     pub async fn start(&self) -> Option<String> {
