@@ -9,10 +9,16 @@
 //! tools that would need it are withheld from the model, so nothing runs
 //! on the host in its place.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The prefix of an answer's line that attaches a file (the gateway's
+/// `parts` module reads it).
+const MEDIA_PREFIX: &str = "MEDIA:";
 use std::sync::Arc;
 
-use talaria_exec::{Backend, BackendKind, Backends, Trust, Unavailable, Workspace};
+use talaria_exec::{Backend, BackendKind, Backends, Unavailable, Workspace};
+
+pub use talaria_exec::Trust;
 
 /// Tools that read or write files on the gateway's machine: confined to
 /// the workspace in an isolated or untrusted conversation, and withheld
@@ -100,6 +106,45 @@ impl Execution {
         out
     }
 
+    /// `answer` with its `MEDIA:<path>` lines (files to send) kept inside
+    /// what this conversation may send: in a confined conversation a path
+    /// must lie in its workspace (written as the commands see it,
+    /// `/workspace/...`, and turned into the host path the sender reads) or
+    /// be a file its users sent (`media_dir`); any other becomes a line
+    /// saying it was not sent. The owner's answers are left as they are.
+    pub fn confine_media(&self, answer: &str, media_dir: &Path) -> String {
+        if !self.confined() || !answer.contains(MEDIA_PREFIX) {
+            return answer.to_owned();
+        }
+        let mut out = String::with_capacity(answer.len());
+        for line in answer.split_inclusive('\n') {
+            let body = line.trim();
+            let body = body.strip_prefix('`').unwrap_or(body);
+            let Some(raw) = body.strip_prefix(MEDIA_PREFIX) else {
+                out.push_str(line);
+                continue;
+            };
+            let raw = raw.trim().trim_end_matches('`').trim();
+            let sent = Path::new(raw);
+            let kept = if sent.is_absolute()
+                && sent
+                    .canonicalize()
+                    .is_ok_and(|p| media_dir.canonicalize().is_ok_and(|m| p.starts_with(m)))
+            {
+                Some(sent.to_path_buf())
+            } else {
+                self.workspace.as_ref().and_then(|w| w.resolve(raw).ok())
+            };
+            match kept {
+                Some(path) => out.push_str(&format!("{MEDIA_PREFIX}{}\n", path.display())),
+                None => out.push_str(&format!(
+                    "⚠️ Not sent: {raw} is outside this conversation's workspace.\n"
+                )),
+            }
+        }
+        out
+    }
+
     /// One line for `/status`: where commands run.
     pub fn describe(&self) -> String {
         match &self.backend {
@@ -113,5 +158,48 @@ impl Execution {
             },
             Err(u) => format!("nowhere: {u}; the terminal is withheld"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_confined_answer_sends_only_workspace_and_sent_files() {
+        let root = tempfile::tempdir().unwrap();
+        let media = root.path().join("media");
+        std::fs::create_dir_all(&media).unwrap();
+        std::fs::write(media.join("photo.png"), "p").unwrap();
+        let ws = Workspace::open(&root.path().join("ws"), "chat").unwrap();
+        std::fs::write(ws.host().join("out.txt"), "o").unwrap();
+        let confined = Execution {
+            trust: Trust::Untrusted,
+            kind: BackendKind::Sandbox,
+            backend: Err(Unavailable {
+                kind: BackendKind::Sandbox,
+                reason: "test".into(),
+            }),
+            workspace: Some(ws.clone()),
+        };
+        let answer = format!(
+            "Here.\nMEDIA:/workspace/out.txt\nMEDIA:{}\nMEDIA:/etc/passwd\n`MEDIA:../x`\nBye",
+            media.join("photo.png").display()
+        );
+        let got = confined.confine_media(&answer, &media);
+        assert!(
+            got.contains(&format!("MEDIA:{}", ws.host().join("out.txt").display())),
+            "{got}"
+        );
+        assert!(
+            got.contains(&format!("MEDIA:{}", media.join("photo.png").display())),
+            "{got}"
+        );
+        assert!(got.contains("Not sent: /etc/passwd"), "{got}");
+        assert!(got.contains("Not sent: ../x"), "{got}");
+        assert!(got.starts_with("Here.\n") && got.ends_with("Bye"), "{got}");
+        // The owner's answers are theirs.
+        let owner = Execution::local(root.path());
+        assert_eq!(owner.confine_media(&answer, &media), answer);
     }
 }

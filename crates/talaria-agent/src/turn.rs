@@ -372,6 +372,9 @@ impl<'a> TurnRun<'a> {
     }
 
     fn outcome(&mut self, answer: String, exit: TurnExit) -> TurnOutcome {
+        let answer = self
+            .execution
+            .confine_media(&answer, &self.parts.home.media_dir());
         TurnOutcome {
             answer: crate::memory_context::sanitize(&answer),
             exit,
@@ -393,7 +396,13 @@ impl<'a> TurnRun<'a> {
         let mut message = message;
         message.content = crate::memory_context::sanitize(&message.content);
         let usage = std::mem::take(&mut self.pending_usage);
-        let owed = crate::memory_context::sanitize(answer);
+        // The files an untrusted conversation may send are checked here,
+        // where its workspace is known.
+        let owed = crate::memory_context::sanitize(
+            &self
+                .execution
+                .confine_media(answer, &self.parts.home.media_dir()),
+        );
         outbox
             .append_answer(&self.session.id, &message, &usage, &owed)
             .await?;

@@ -96,6 +96,12 @@ impl Backends {
         }
     }
 
+    /// Where workspaces live (`terminal.workspaces_dir`, else
+    /// `<home>/workspaces`).
+    pub fn workspaces_dir(&self) -> &std::path::Path {
+        &self.workspaces
+    }
+
     /// The kind of backend `trust` gets.
     pub fn kind_for(&self, trust: Trust) -> BackendKind {
         match trust {

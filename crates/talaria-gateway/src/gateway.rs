@@ -151,6 +151,14 @@ impl Gateway {
                 agent.parts().workdir.clone(),
                 home.media_dir(),
                 home.cron_output_dir(),
+                // Files an isolated conversation made; its answers name
+                // nothing else (the agent checks them against its own
+                // workspace).
+                config
+                    .terminal
+                    .workspaces_dir
+                    .clone()
+                    .unwrap_or_else(|| home.root().join("workspaces")),
             ]));
         process_started_unix();
         let board = Arc::new(StatusBoard::default());

@@ -166,49 +166,86 @@ impl Tool for SkillView {
         true
     }
 
-    async fn call(&self, args: Value, _ctx: &ToolContext) -> ToolResult {
+    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolResult {
         let name = required(&args, "name", "skill_view")?.trim().to_owned();
         let file = text_arg(&args, "file_path")?
             .map(str::to_owned)
             .filter(|f| f != "SKILL.md");
         let library = self.library.clone();
         let review = self.review.clone();
-        tokio::task::spawn_blocking(move || -> ToolResult {
-            if let Some(viewed) = &review {
-                viewed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(viewed_key(&name, file.as_deref()));
-            }
-            if let Some(file) = file {
-                let content = library.read_file(&name, &file).map_err(failed)?;
+        let (mut out, wanted) = tokio::task::spawn_blocking(
+            move || -> Result<(Value, Option<(Vec<String>, bool)>), ToolError> {
+                if let Some(viewed) = &review {
+                    viewed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(viewed_key(&name, file.as_deref()));
+                }
+                if let Some(file) = file {
+                    let content = library.read_file(&name, &file).map_err(failed)?;
+                    library.viewed(&name, Utc::now());
+                    let out = json!({
+                        "success": true,
+                        "name": name,
+                        "file_path": file,
+                        "content": content,
+                    });
+                    return Ok((out, None));
+                }
+                let skill = library.read(&name).map_err(failed)?;
                 library.viewed(&name, Utc::now());
-                return Ok(json!({
+                let env = skill.info.frontmatter.required_env_names();
+                let agent_made =
+                    library.usage().get(&skill.info.name).created_by.as_deref() == Some("agent");
+                let out = json!({
                     "success": true,
-                    "name": name,
-                    "file_path": file,
-                    "content": content,
-                })
-                .to_string());
-            }
-            let skill = library.read(&name).map_err(failed)?;
-            library.viewed(&name, Utc::now());
-            Ok(json!({
-                "success": true,
-                "name": skill.info.name,
-                "description": skill.info.description,
-                "category": skill.info.category,
-                "source": origin(&skill.info),
-                "related_skills": skill.info.frontmatter.related_skills,
-                "content": skill.text,
-                "skill_dir": skill.info.dir.map(|d| d.display().to_string()),
-                "linked_files": skill.files,
-            })
-            .to_string())
-        })
+                    "name": skill.info.name,
+                    "description": skill.info.description,
+                    "category": skill.info.category,
+                    "source": origin(&skill.info),
+                    "related_skills": skill.info.frontmatter.related_skills,
+                    "required_environment_variables": env,
+                    "content": skill.text,
+                    "skill_dir": skill.info.dir.map(|d| d.display().to_string()),
+                    "linked_files": skill.files,
+                });
+                Ok((out, Some((env, agent_made))))
+            },
+        )
         .await
-        .map_err(|e| ToolError::new(e.to_string()))?
+        .map_err(|e| ToolError::new(e.to_string()))??;
+        if let Some((env, agent_made)) = wanted.filter(|(env, _)| !env.is_empty()) {
+            out["environment"] = json!(grant_env(ctx, &env, agent_made));
+        }
+        Ok(out.to_string())
     }
+}
+
+/// Lets the session's commands see the variables a loaded skill declared,
+/// and says what was done. Only in the owner's conversations (elsewhere the
+/// people in the chat could print them) and only for skills a person put
+/// there: a skill the agent wrote itself could otherwise declare any
+/// credential it wanted to read.
+fn grant_env(ctx: &ToolContext, names: &[String], agent_made: bool) -> String {
+    let list = names.join(", ");
+    if agent_made {
+        return format!(
+            "{list} not passed to commands: this skill was written by the agent, and only skills a \
+             person installed may ask for variables"
+        );
+    }
+    if ctx.execution.trust != talaria_agent::execution::Trust::Owner {
+        return format!(
+            "{list} not passed to commands: this conversation is not the owner's, and its \
+             commands never get the owner's variables"
+        );
+    }
+    ctx.session
+        .skill_env
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(names.iter().cloned());
+    format!("{list} passed to commands for the rest of this session (when set)")
 }
 
 /// `skill_manage`: create, change and delete the user's skills.

@@ -371,3 +371,119 @@ fn a_slash_invocation_loads_the_skill_with_the_instruction_and_counts_a_use() {
     assert!(!lib.index().contains("system-health"));
     assert!(lib.index().contains("git-workflow"));
 }
+
+/// A skill a person installed that declares `required_environment_variables`
+/// gets exactly those variables into the session's commands once loaded
+/// (from the home's `.env` here); one the agent wrote gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loaded_skill_gets_the_variables_it_declares_and_no_others() {
+    let (_dir, home) = home();
+    let llm = MockOpenAi::start().await;
+    std::fs::write(
+        home.dotenv_file(),
+        "TALARIA_TEST_SKILL_TOKEN=skill-token-value-7777\nTALARIA_TEST_OTHER=other-value-8888\n",
+    )
+    .unwrap();
+    let lib = Arc::new(Library::new(&home));
+    let with_env = |name: &str, var: &str| {
+        format!(
+            "---\nname: {name}\ndescription: Deploys.\nrequired_environment_variables:\n  - {var}\n---\nRun the deploy.\n"
+        )
+    };
+    lib.create(
+        "deploy",
+        None,
+        &with_env("deploy", "TALARIA_TEST_SKILL_TOKEN"),
+        None,
+        Utc::now(),
+    )
+    .unwrap();
+    lib.create(
+        "sneaky",
+        None,
+        &with_env("sneaky", "TALARIA_TEST_OTHER"),
+        Some("agent"),
+        Utc::now(),
+    )
+    .unwrap();
+    let agent = agent(&home, &llm, lib);
+    let session = agent.new_session("cli").await.unwrap();
+    let call = |id: &str, name: &str, args: serde_json::Value| {
+        ToolCallReply::new(id, name, args.to_string())
+    };
+    // Lengths, not values: the redactor would hide the values anyway.
+    let probe = serde_json::json!({
+        "command": "echo token=${#TALARIA_TEST_SKILL_TOKEN} other=${#TALARIA_TEST_OTHER}"
+    });
+    llm.push(Reply::tool_calls(vec![call(
+        "before",
+        "terminal",
+        probe.clone(),
+    )]));
+    llm.push(Reply::tool_calls(vec![call(
+        "view",
+        "skill_view",
+        serde_json::json!({"name": "deploy"}),
+    )]));
+    llm.push(Reply::tool_calls(vec![call(
+        "view2",
+        "skill_view",
+        serde_json::json!({"name": "sneaky"}),
+    )]));
+    llm.push(Reply::tool_calls(vec![call("after", "terminal", probe)]));
+    llm.push(Reply::text("Deployed."));
+    agent
+        .run_turn(&session, "deploy", &NullObserver, CancellationToken::new())
+        .await
+        .unwrap();
+    let result = |request: usize| -> serde_json::Value {
+        let messages = llm.requests()[request].body["messages"].clone();
+        let text = messages
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "tool")
+            .unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        serde_json::from_str(&text).unwrap()
+    };
+    assert!(
+        result(1)["output"]
+            .as_str()
+            .unwrap()
+            .contains("token=0 other=0"),
+        "{}",
+        result(1)
+    );
+    let view = result(2);
+    assert_eq!(
+        view["required_environment_variables"][0],
+        "TALARIA_TEST_SKILL_TOKEN"
+    );
+    assert!(
+        view["environment"]
+            .as_str()
+            .unwrap()
+            .contains("passed to commands"),
+        "{view}"
+    );
+    let sneaky = result(3);
+    assert!(
+        sneaky["environment"]
+            .as_str()
+            .unwrap()
+            .contains("written by the agent"),
+        "{sneaky}"
+    );
+    let after = result(4);
+    assert!(
+        after["output"]
+            .as_str()
+            .unwrap()
+            .contains("token=22 other=0"),
+        "{after}"
+    );
+}

@@ -88,6 +88,9 @@ pub struct SessionState {
     /// Text the user sent while a turn was running, waiting to be handed to
     /// the model after the next tool batch.
     pub steer: Mutex<Vec<String>>,
+    /// Variables the skills loaded in this session declared they need
+    /// (`required_environment_variables`): the owner's commands get them.
+    pub skill_env: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl SessionState {

@@ -513,6 +513,40 @@ enum Ending {
     Cancelled,
 }
 
+/// The environment of a command: the allowlist, `terminal.env_passthrough`
+/// and, in the owner's conversations, the variables the session's loaded
+/// skills declared (from the process environment, else the home's
+/// `.env`).
+fn command_env(ctx: &ToolContext) -> Vec<(String, String)> {
+    let mut names = ctx.config.terminal.env_passthrough.clone();
+    let mut from: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
+    if ctx.execution.trust == talaria_exec::Trust::Owner {
+        let skill_env: Vec<String> = ctx
+            .session
+            .skill_env
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        let missing: Vec<&String> = skill_env
+            .iter()
+            .filter(|n| !from.iter().any(|(k, _)| k.to_str() == Some(n.as_str())))
+            .collect();
+        if !missing.is_empty()
+            && let Ok(dotenv) = talaria_core::Env::load(&ctx.home.dotenv_file())
+        {
+            for name in missing {
+                if let Some(v) = dotenv.get(name) {
+                    from.push((name.into(), v.into()));
+                }
+            }
+        }
+        names.extend(skill_env);
+    }
+    talaria_exec::env::child_env(from, &names)
+}
+
 /// Runs `command` through `backend` (in `workdir`, as the backend sees
 /// it) and returns the tool result.
 async fn run(
@@ -525,10 +559,7 @@ async fn run(
     let spec = CommandSpec {
         command: command.to_owned(),
         workdir,
-        env: talaria_exec::env::child_env(
-            std::env::vars_os(),
-            &ctx.config.terminal.env_passthrough,
-        ),
+        env: command_env(ctx),
     };
     let Running {
         output: mut rx,

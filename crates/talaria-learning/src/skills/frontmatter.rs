@@ -34,6 +34,44 @@ pub struct Frontmatter {
     pub related_skills: Vec<String>,
     /// A category that overrides the folder's.
     pub category: Option<String>,
+    /// Environment variables the skill's commands need (an API key, say),
+    /// by name or as `{name: ...}` entries as other tools write them. In
+    /// the owner's conversations, once the skill is loaded, commands get
+    /// these variables and no others beyond the usual allowlist.
+    pub required_environment_variables: Vec<RequiredEnv>,
+}
+
+/// One entry of `required_environment_variables`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum RequiredEnv {
+    /// Just the name.
+    Name(String),
+    /// An entry with more fields (a prompt, a help text) Talaria leaves
+    /// alone.
+    Entry {
+        /// The variable's name.
+        #[serde(alias = "env_var")]
+        name: String,
+    },
+}
+
+impl Frontmatter {
+    /// The names in `required_environment_variables` that are well-formed
+    /// variable names (letters, digits and `_`, not starting with a digit).
+    pub fn required_env_names(&self) -> Vec<String> {
+        self.required_environment_variables
+            .iter()
+            .map(|r| match r {
+                RequiredEnv::Name(n) | RequiredEnv::Entry { name: n } => n.trim().to_owned(),
+            })
+            .filter(|n| {
+                !n.is_empty()
+                    && !n.starts_with(|c: char| c.is_ascii_digit())
+                    && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
+            .collect()
+    }
 }
 
 /// A SKILL.md split into its parts.
