@@ -19,7 +19,7 @@ fn config(sshd: &Sshd, workdir: &str) -> SshConfig {
         host: Some("127.0.0.1".to_owned()),
         port: sshd.port(),
         user: None,
-        key: Some(sshd.client_key()),
+        key_file: Some(sshd.client_key()),
         known_hosts: Some(sshd.known_hosts()),
         workdir: workdir.to_owned(),
         connect_timeout_secs: 10,
@@ -155,7 +155,7 @@ async fn a_missing_or_unaccepted_key_is_refused() {
         other => panic!("expected Unavailable, got {other:?}"),
     };
     assert!(
-        msg.contains("terminal.ssh.key") && msg.contains("no-such-key"),
+        msg.contains("terminal.ssh.key_file") && msg.contains("no-such-key"),
         "{msg}"
     );
 
