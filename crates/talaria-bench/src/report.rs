@@ -583,19 +583,18 @@ mod tests {
         f.terminal.push(t);
         assert_eq!(met(&f), Some(true));
         // One command over the budget fails the line, whatever the others.
-        let mut slow = vec![ms(45)];
         f.terminal.push(TerminalFigure::from_samples(
             "echo talaria-bench",
-            &mut vec![ms(5)],
-            &mut slow,
+            &mut [ms(5)],
+            &mut [ms(45)],
         ));
         assert_eq!(met(&f), Some(false));
         // 20 ms exactly is not under 20 ms.
         f.terminal.pop();
         f.terminal.push(TerminalFigure::from_samples(
             "echo talaria-bench",
-            &mut vec![ms(5)],
-            &mut vec![ms(25)],
+            &mut [ms(5)],
+            &mut [ms(25)],
         ));
         assert_eq!(met(&f), Some(false));
         let md = markdown(&f);
