@@ -53,8 +53,8 @@ pub async fn measure(calls: usize) -> anyhow::Result<Vec<TerminalFigure>> {
     let workdir = dir.path().join("work");
     std::fs::create_dir_all(&workdir)
         .with_context(|| format!("cannot create {}", workdir.display()))?;
-    // The terminal tool never reads the store; a real one keeps the context
-    // the agent's own.
+    // The terminal tool never reads the store; a real one keeps the
+    // context the same as the agent builds it.
     let store = SqliteStore::open(&dir.path().join("state.db"))
         .context("cannot open a store for the tool context")?;
     let config = Config::default();
