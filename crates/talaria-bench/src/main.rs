@@ -3,14 +3,16 @@
 //! Starts an instant mock LLM ([`mock`]) and `talaria gateway run` with
 //! only the API server, pointed at it, then measures cold start, memory,
 //! sequential and concurrent turns, disk writes and request sizes, with
-//! the mock alone under the same client as the ceiling. Everything runs on
-//! 127.0.0.1. `docs/PERFORMANCE.md` describes the method and the figures.
+//! the mock alone under the same client as the ceiling; then the latency
+//! the bubblewrap sandbox adds to the agent's `terminal` calls. Everything
+//! runs on 127.0.0.1. `docs/PERFORMANCE.md` describes the method and the figures.
 //!
 //! # Layout
 //!
 //! - [`mock`]: the OpenAI-compatible model that answers at once.
 //! - [`gateway`]: the process under test and its `/proc` counters.
 //! - [`load`]: the closed-loop client and percentiles.
+//! - [`terminal`]: `terminal` calls on the host against the sandbox.
 //! - [`report`]: the figures, as Markdown, JSON and an SVG plot.
 #![forbid(unsafe_code)]
 
@@ -18,6 +20,7 @@ mod gateway;
 mod load;
 mod mock;
 mod report;
+mod terminal;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -52,6 +55,10 @@ struct Args {
     /// Turns of the memory soak (RSS after 1,000 turns against after this).
     #[arg(long)]
     soak_turns: Option<u64>,
+    /// `terminal` calls per command on the host, and as many in the
+    /// bubblewrap sandbox.
+    #[arg(long)]
+    terminal_calls: Option<usize>,
     /// The `talaria` binary; by default the one built next to this program
     /// (built first when run through `cargo run`).
     #[arg(long)]
@@ -76,6 +83,8 @@ struct Plan {
     /// Users of the media burst, and the size of each one's file.
     burst_users: i64,
     burst_file_bytes: usize,
+    /// `terminal` calls per command, on the host and in the sandbox each.
+    terminal_calls: usize,
 }
 
 impl Plan {
@@ -93,6 +102,7 @@ impl Plan {
                 warmup_turns: 10,
                 burst_users: 4,
                 burst_file_bytes: 1024 * 1024,
+                terminal_calls: 20,
             }
         } else {
             Plan {
@@ -107,6 +117,7 @@ impl Plan {
                 warmup_turns: 200,
                 burst_users: 32,
                 burst_file_bytes: 10 * 1024 * 1024,
+                terminal_calls: 500,
             }
         };
         if let Some(r) = args.repeats {
@@ -124,6 +135,9 @@ impl Plan {
         if let Some(t) = args.soak_turns {
             plan.soak_turns = t.max(1_001);
         }
+        if let Some(c) = args.terminal_calls {
+            plan.terminal_calls = c.max(1);
+        }
         plan
     }
 }
@@ -131,6 +145,7 @@ impl Plan {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let plan = Plan::from_args(&args);
+    terminal::require_bubblewrap()?;
     let talaria = match &args.talaria {
         Some(p) => p.clone(),
         None => build_talaria()?,
@@ -434,6 +449,14 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
         plan.burst_file_bytes / (1024 * 1024)
     );
     figures.media_burst = Some(media_burst(talaria, &mock, plan).await?);
+
+    // Last, with every gateway stopped: nothing else of the benchmark's
+    // competes with the calls for the two cores.
+    eprintln!(
+        "terminal calls ({} per command on the host and in the sandbox, alternated)",
+        plan.terminal_calls
+    );
+    figures.terminal = terminal::measure(plan.terminal_calls).await?;
     Ok(figures)
 }
 

@@ -55,8 +55,23 @@ fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
         assert!(c["turns_per_sec"].as_f64().unwrap() > 0.0, "{c}");
     }
     assert!(results["rss_after_soak_mb"].as_f64().unwrap() > 0.0);
+    // `terminal` calls on the host and in the sandbox, for both commands
+    // (bubblewrap is required: the run fails without it).
+    let terminal = results["terminal"].as_array().unwrap();
+    assert_eq!(terminal.len(), 2, "{terminal:?}");
+    for t in terminal {
+        assert_eq!(t["calls"], 20, "{t}");
+        for key in ["local_p50_ms", "sandbox_p50_ms"] {
+            assert!(t[key].as_f64().unwrap() > 0.0, "{t}");
+        }
+        assert!(t["sandbox_p95_ms"].as_f64() >= t["sandbox_p50_ms"].as_f64());
+    }
     let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(md.contains("| Budget | Figure | Target | Met |"), "{md}");
+    assert!(
+        md.contains("| added latency of a sandboxed terminal call"),
+        "{md}"
+    );
     let svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
     assert!(svg.contains("Talaria p99"));
 }
