@@ -532,7 +532,7 @@ async fn backend_lines(backend: &str, sshd: &talaria_testkit::sshd::Sshd) -> Str
             talaria_testkit::docker::busybox_image().await
         ),
         "ssh" => format!(
-            "  backend: ssh\n  ssh:\n    host: 127.0.0.1\n    port: {}\n    key_file: \"{}\"\n    known_hosts: \"{}\"\n",
+            "  backend: ssh\n  ssh:\n    host: 127.0.0.1\n    port: {}\n    identity_file: \"{}\"\n    known_hosts: \"{}\"\n",
             sshd.port(),
             sshd.client_key().display(),
             sshd.known_hosts().display()

@@ -93,11 +93,11 @@ impl Ssh {
                 "terminal.ssh.user {user:?} is not a user name"
             )));
         }
-        if let Some(key) = &config.key_file
+        if let Some(key) = &config.identity_file
             && !key.is_file()
         {
             return Err(ExecError::Unavailable(format!(
-                "terminal.ssh.key_file {} is not a readable file; point it at the private key \
+                "terminal.ssh.identity_file {} is not a readable file; point it at the private key \
                  the remote host accepts (ssh-keygen makes one)",
                 key.display()
             )));
@@ -154,7 +154,7 @@ impl Ssh {
             opt(format!("UserKnownHostsFile={}", ssh_config_path(known)));
             opt("GlobalKnownHostsFile=/dev/null".to_owned());
         }
-        if let Some(key) = &c.key_file {
+        if let Some(key) = &c.identity_file {
             opt(format!("IdentityFile={}", ssh_config_path(key)));
             opt("IdentitiesOnly=yes".to_owned());
         }
@@ -258,15 +258,14 @@ impl Ssh {
                 ));
             }
             if log.contains("Permission denied") {
-                let key = match &self.config.key_file {
+                let key = match &self.config.identity_file {
                     Some(k) => format!("the key {}", k.display()),
-                    None => {
-                        "the default keys of ~/.ssh (terminal.ssh.key_file is not set)".to_owned()
-                    }
+                    None => "the default keys of ~/.ssh (terminal.ssh.identity_file is not set)"
+                        .to_owned(),
                 };
                 return ExecError::Unavailable(format!(
                     "{target} did not accept {key} for user {}; add its public key to the \
-                     remote ~/.ssh/authorized_keys, or set terminal.ssh.key_file and \
+                     remote ~/.ssh/authorized_keys, or set terminal.ssh.identity_file and \
                      terminal.ssh.user. ssh said: {log}",
                     self.config.user.as_deref().unwrap_or("(ssh's default)")
                 ));

@@ -19,7 +19,7 @@ fn config(sshd: &Sshd, workdir: &str) -> SshConfig {
         host: Some("127.0.0.1".to_owned()),
         port: sshd.port(),
         user: None,
-        key_file: Some(sshd.client_key()),
+        identity_file: Some(sshd.client_key()),
         known_hosts: Some(sshd.known_hosts()),
         workdir: workdir.to_owned(),
         connect_timeout_secs: 10,
@@ -149,19 +149,19 @@ async fn an_unknown_host_key_is_refused() {
 async fn a_missing_or_unaccepted_key_is_refused() {
     let sshd = Sshd::start();
     let mut c = config(&sshd, "/tmp");
-    c.key = Some(sshd.dir().join("no-such-key"));
+    c.identity_file = Some(sshd.dir().join("no-such-key"));
     let msg = match Ssh::new(&c) {
         Err(ExecError::Unavailable(msg)) => msg,
         other => panic!("expected Unavailable, got {other:?}"),
     };
     assert!(
-        msg.contains("terminal.ssh.key_file") && msg.contains("no-such-key"),
+        msg.contains("terminal.ssh.identity_file") && msg.contains("no-such-key"),
         "{msg}"
     );
 
     let stranger = sshd.dir().join("stranger_key");
     keygen(&stranger);
-    c.key = Some(stranger.clone());
+    c.identity_file = Some(stranger.clone());
     let backend = Ssh::new(&c).unwrap();
     let msg = unavailable(backend.spawn(spec("echo reached")).await);
     assert!(msg.contains("did not accept"), "{msg}");

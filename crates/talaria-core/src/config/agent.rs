@@ -483,7 +483,7 @@ pub struct SshConfig {
     /// The remote user; `None` is ssh's default.
     pub user: Option<String>,
     /// The private key file (a path, not the key itself).
-    pub key_file: Option<PathBuf>,
+    pub identity_file: Option<PathBuf>,
     /// A known-hosts file to check the host's key against; `None` is the
     /// user's own (`~/.ssh/known_hosts`). An unknown key is refused.
     pub known_hosts: Option<PathBuf>,
@@ -499,7 +499,7 @@ impl Default for SshConfig {
             host: None,
             port: 22,
             user: None,
-            key_file: None,
+            identity_file: None,
             known_hosts: None,
             workdir: "talaria-workspace".to_owned(),
             connect_timeout_secs: 10,
