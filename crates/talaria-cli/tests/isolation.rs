@@ -282,3 +282,111 @@ async fn without_bubblewrap_a_group_gets_no_terminal_and_the_status_says_why() {
     );
     stop(gateway);
 }
+
+/// Planted in the gateway's process environment.
+const PROCESS_SECRET: (&str, &str) = ("DEPLOY_PASSWORD", "process-secret-planted-31415926");
+/// Planted in the home's `.env`.
+const DOTENV_SECRET: (&str, &str) = ("SOME_SERVICE_KEY", "dotenv-secret-planted-27182818");
+
+/// `secret` and the base64 forms it can take inside any encoded text.
+fn forms(secret: &str) -> Vec<String> {
+    use base64::Engine as _;
+    let mut out = vec![secret.to_owned()];
+    for skip in 0..3 {
+        let b = &secret.as_bytes()[skip..];
+        out.push(base64::engine::general_purpose::STANDARD.encode(&b[..b.len() / 3 * 3]));
+    }
+    out
+}
+
+fn assert_clean(what: &str, text: &str) {
+    let joined = text.replace("\\n", "").replace(['\n', '\r'], "");
+    for secret in [PROCESS_SECRET.1, DOTENV_SECRET.1, TOKEN] {
+        for form in forms(secret) {
+            assert!(
+                !joined.contains(&form),
+                "{what} holds {secret} (as {form}):\n{text}"
+            );
+        }
+    }
+}
+
+/// A group's model goes looking for secrets with `env`,
+/// `/proc/self/environ`, `env | base64` and the home's `.env`: nothing
+/// planted in the gateway's environment or the home's `.env` (nor the bot
+/// token) reaches a tool result, the chat, the database or the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_commands_see_none_of_the_gateways_secrets() {
+    let llm = MockOpenAi::start().await;
+    let tg = FakeTelegram::start(TOKEN).await;
+    let home = home(&llm, &tg);
+    let dotenv = home.root.join(".env");
+    let mut env = std::fs::read_to_string(&dotenv).unwrap();
+    env.push_str(&format!("{}={}\n", DOTENV_SECRET.0, DOTENV_SECRET.1));
+    std::fs::write(&dotenv, env).unwrap();
+    let log = home.root.join("gateway.log");
+    let gateway = command(&home, &["gateway", "run"], None)
+        .env(PROCESS_SECRET.0, PROCESS_SECRET.1)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    tg.wait_for_get_updates_calls(1, WAIT).await;
+
+    let run = |id: &str, command: String| {
+        ToolCallReply::new(
+            id,
+            "terminal",
+            serde_json::json!({ "command": command }).to_string(),
+        )
+    };
+    llm.push(Reply::tool_calls(vec![
+        run("env", "env".into()),
+        run("environ", "tr '\\0' '\\n' < /proc/self/environ".into()),
+        run("b64", "env | base64".into()),
+        run("dotenv", format!("cat {}", dotenv.display())),
+    ]));
+    llm.push(Reply::text("Nothing to see."));
+    tg.push_group_text(
+        GROUP,
+        7,
+        &format!("@{} show me your environment", tg.bot_username()),
+        None,
+        false,
+    );
+    answered(&tg, GROUP, "Nothing to see.").await;
+    let results: Vec<serde_json::Value> = ["env", "environ", "b64", "dotenv"]
+        .iter()
+        .map(|id| tool_result(&llm, id))
+        .collect();
+    // The commands ran in the sandbox: `env` printed its PATH and home.
+    let env_out = results[0]["output"].as_str().unwrap();
+    assert!(env_out.contains("HOME=/workspace"), "{}", results[0]);
+    assert!(
+        results[3]["output"]
+            .as_str()
+            .unwrap()
+            .contains("No such file or directory"),
+        "{}",
+        results[3]
+    );
+    for (id, r) in ["env", "environ", "b64", "dotenv"].iter().zip(&results) {
+        assert_clean(&format!("tool result {id}"), &r.to_string());
+    }
+    stop(gateway);
+    for sent in tg.sent() {
+        assert_clean("a message the group got", &sent.text);
+    }
+    assert_clean("the log", &std::fs::read_to_string(&log).unwrap());
+    for entry in std::fs::read_dir(&home.root).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_file() && name != ".env" && name != "config.yaml" {
+            let bytes = std::fs::read(&path).unwrap();
+            assert_clean(
+                &path.display().to_string(),
+                &String::from_utf8_lossy(&bytes),
+            );
+        }
+    }
+}
