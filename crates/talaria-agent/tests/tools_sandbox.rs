@@ -315,3 +315,24 @@ async fn an_isolated_command_is_not_held_for_approval_but_hardline_still_blocks(
         .unwrap();
     assert!(blocked.contains("BLOCKED (hardline)"), "{blocked}");
 }
+
+#[tokio::test]
+async fn the_seccomp_filter_refuses_tracing_and_new_namespaces() {
+    let probe = "unshare --user true 2>&1; echo unshare=$?; \
+                 python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+                 r = l.syscall(101, 0, 0, 0, 0); print(\"ptrace\", r, ctypes.get_errno())'";
+    let (env, _b) = sandboxed(Config::default(), "telegram:group:-10").await;
+    let text = output(&run(&env, probe).await);
+    assert!(
+        text.contains("Operation not permitted") && text.contains("unshare=1"),
+        "{text}"
+    );
+    assert!(text.contains("ptrace -1 1"), "{text}");
+    // Without the filter both work in the same sandbox: the test can fail.
+    let mut config = Config::default();
+    config.terminal.sandbox.seccomp = false;
+    let (env, _b) = sandboxed(config, "telegram:group:-11").await;
+    let text = output(&run(&env, probe).await);
+    assert!(text.contains("unshare=0"), "{text}");
+    assert!(text.contains("ptrace 0 0"), "{text}");
+}

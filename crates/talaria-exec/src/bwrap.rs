@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use talaria_core::config::SandboxConfig;
 
-use crate::local::spawn_grouped;
+use crate::local::{spawn_grouped, spawn_grouped_reading};
 use crate::workspace::INNER_ROOT;
 use crate::{Backend, BackendKind, CommandSpec, ExecError, Running, Workspace};
 
@@ -63,6 +63,8 @@ pub struct Sandbox {
     config: SandboxConfig,
     workspace: Workspace,
     program: PathBuf,
+    /// The seccomp filter's file (see [`crate::seccomp`]), when on.
+    seccomp: Option<PathBuf>,
 }
 
 impl Sandbox {
@@ -73,6 +75,25 @@ impl Sandbox {
             config,
             workspace,
             program,
+            seccomp: None,
+        }
+    }
+
+    /// Installs the seccomp filter in `file` (the program
+    /// [`crate::seccomp::program`] makes) before each command.
+    pub fn with_seccomp(mut self, file: Option<PathBuf>) -> Sandbox {
+        self.seccomp = file;
+        self
+    }
+
+    /// The seccomp filter's file opened for bubblewrap to read as its
+    /// stdin, when the filter is on.
+    fn seccomp_input(&self) -> Result<Option<std::fs::File>, ExecError> {
+        match &self.seccomp {
+            Some(path) => std::fs::File::open(path).map(Some).map_err(|e| {
+                ExecError::io(&format!("open the seccomp filter {}", path.display()), e)
+            }),
+            None => Ok(None),
         }
     }
 
@@ -91,11 +112,15 @@ impl Sandbox {
     /// lets bubblewrap make its namespaces (a container without user
     /// namespaces does not).
     pub async fn probe(&self) -> Result<(), ExecError> {
+        let stdin = match self.seccomp_input()? {
+            Some(file) => std::process::Stdio::from(file),
+            None => std::process::Stdio::null(),
+        };
         let out = tokio::process::Command::new(&self.program)
             .args(self.args(Path::new(INNER_ROOT)))
             .arg("true")
             .env_clear()
-            .stdin(std::process::Stdio::null())
+            .stdin(stdin)
             .output()
             .await
             .map_err(|e| ExecError::Unavailable(format!("cannot start bwrap: {e}")))?;
@@ -161,8 +186,12 @@ impl Sandbox {
             INNER_ROOT.into(),
             "--chdir".into(),
             inner_workdir.into(),
-            "--".into(),
         ]);
+        if self.seccomp.is_some() {
+            // Read from stdin, which the command then finds at its end.
+            a.extend(["--seccomp".into(), "0".into()]);
+        }
+        a.push("--".into());
         a.extend(self.limits());
         a
     }
@@ -217,7 +246,12 @@ impl Backend for Sandbox {
         let env = crate::env::for_isolated(&spec.env, INNER_ROOT);
         // bwrap runs on the host; give it a directory that surely exists
         // there (the command's own is set with --chdir).
-        spawn_grouped(cmd, self.workspace.host(), &env, "bwrap")
+        match self.seccomp_input()? {
+            Some(filter) => {
+                spawn_grouped_reading(cmd, self.workspace.host(), &env, "bwrap", filter)
+            }
+            None => spawn_grouped(cmd, self.workspace.host(), &env, "bwrap"),
+        }
     }
 }
 

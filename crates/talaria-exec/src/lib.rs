@@ -31,6 +31,7 @@ pub mod env;
 pub mod local;
 mod pool;
 pub mod process_group;
+pub mod seccomp;
 pub mod ssh;
 pub mod workspace;
 

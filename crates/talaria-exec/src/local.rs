@@ -56,7 +56,29 @@ pub(crate) fn spawn_grouped(
     env: &[(String, String)],
     name: &str,
 ) -> Result<Running, ExecError> {
-    spawn_grouped_stdin(cmd, dir, env, name, false).map(|(running, _)| running)
+    spawn_grouped_stdin(cmd, dir, env, name, Stdin::Closed).map(|(running, _)| running)
+}
+
+/// [`spawn_grouped`] with `file` as stdin: bubblewrap reads the sandbox's
+/// seccomp filter from it (`--seccomp 0`).
+pub(crate) fn spawn_grouped_reading(
+    cmd: tokio::process::Command,
+    dir: &Path,
+    env: &[(String, String)],
+    name: &str,
+    file: std::fs::File,
+) -> Result<Running, ExecError> {
+    spawn_grouped_stdin(cmd, dir, env, name, Stdin::File(file)).map(|(running, _)| running)
+}
+
+/// What a grouped command's stdin is.
+enum Stdin {
+    /// Closed: nobody is at the keyboard.
+    Closed,
+    /// A pipe from us.
+    Piped,
+    /// A file to read.
+    File(std::fs::File),
 }
 
 /// [`spawn_grouped`] with stdin a pipe from us instead of closed: the
@@ -68,7 +90,7 @@ pub(crate) fn spawn_grouped_with_stdin(
     env: &[(String, String)],
     name: &str,
 ) -> Result<(Running, tokio::process::ChildStdin), ExecError> {
-    let (running, stdin) = spawn_grouped_stdin(cmd, dir, env, name, true)?;
+    let (running, stdin) = spawn_grouped_stdin(cmd, dir, env, name, Stdin::Piped)?;
     let stdin =
         stdin.ok_or_else(|| ExecError::Io(format!("cannot start {name}: no stdin pipe")))?;
     Ok((running, stdin))
@@ -79,7 +101,7 @@ fn spawn_grouped_stdin(
     dir: &Path,
     env: &[(String, String)],
     name: &str,
-    piped_stdin: bool,
+    stdin: Stdin,
 ) -> Result<(Running, Option<tokio::process::ChildStdin>), ExecError> {
     let (tx, rx) = tokio::net::unix::pipe::pipe().map_err(|e| ExecError::io("create a pipe", e))?;
     let write_end = tx
@@ -89,10 +111,10 @@ fn spawn_grouped_stdin(
         .try_clone()
         .map_err(|e| ExecError::io("create a pipe", e))?;
     cmd.current_dir(dir)
-        .stdin(if piped_stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
+        .stdin(match stdin {
+            Stdin::Closed => Stdio::null(),
+            Stdin::Piped => Stdio::piped(),
+            Stdin::File(f) => Stdio::from(f),
         })
         .stdout(Stdio::from(write_end))
         .stderr(Stdio::from(write_end2))

@@ -66,6 +66,9 @@ pub struct Backends {
     sandbox_probe: tokio::sync::Mutex<Option<(Instant, Result<PathBuf, String>)>>,
     /// The Engine API client, once it has answered.
     docker: tokio::sync::Mutex<Option<Arc<Docker>>>,
+    /// The sandbox's seccomp filter, written once (`None`: off, or not
+    /// available on this architecture).
+    seccomp: std::sync::OnceLock<Option<PathBuf>>,
     /// The last reason each kind could not start, for the status.
     unavailable: Mutex<HashMap<BackendKind, String>>,
 }
@@ -92,6 +95,7 @@ impl Backends {
             local: Arc::new(Local::new(workdir)),
             sandbox_probe: tokio::sync::Mutex::new(None),
             docker: tokio::sync::Mutex::new(None),
+            seccomp: std::sync::OnceLock::new(),
             unavailable: Mutex::new(HashMap::new()),
         }
     }
@@ -141,11 +145,10 @@ impl Backends {
             BackendKind::Sandbox => {
                 let program = self.sandbox_program().await?;
                 let workspace = self.workspace(scope)?;
-                Ok(Arc::new(Sandbox::new(
-                    self.config.sandbox.clone(),
-                    workspace,
-                    program,
-                )))
+                Ok(Arc::new(
+                    Sandbox::new(self.config.sandbox.clone(), workspace, program)
+                        .with_seccomp(self.seccomp_file()),
+                ))
             }
             BackendKind::Docker => {
                 let docker = self.docker().await?;
@@ -291,10 +294,42 @@ impl Backends {
         })?;
         let workspace =
             Workspace::open(&scratch, "probe").map_err(|e| format!("cannot probe: {e}"))?;
-        let sandbox = Sandbox::new(self.config.sandbox.clone(), workspace, program.clone());
+        let sandbox = Sandbox::new(self.config.sandbox.clone(), workspace, program.clone())
+            .with_seccomp(self.seccomp_file());
         let result = sandbox.probe().await.map_err(|e| e.to_string());
         let _ = std::fs::remove_dir_all(&scratch);
         result.map(|()| program)
+    }
+
+    /// The file holding the sandbox's seccomp filter, written on first use
+    /// (atomically: processes sharing a home write the same bytes).
+    fn seccomp_file(&self) -> Option<PathBuf> {
+        if !self.config.sandbox.seccomp {
+            return None;
+        }
+        self.seccomp
+            .get_or_init(|| {
+                let Some(program) = crate::seccomp::program() else {
+                    tracing::warn!("no seccomp filter for this architecture; the sandbox runs without one");
+                    return None;
+                };
+                let path = self.workspaces.join(".sandbox-seccomp.bpf");
+                let written = std::fs::create_dir_all(&self.workspaces).and_then(|()| {
+                    let tmp = self
+                        .workspaces
+                        .join(format!(".sandbox-seccomp.{}.tmp", std::process::id()));
+                    std::fs::write(&tmp, &program)?;
+                    std::fs::rename(&tmp, &path)
+                });
+                match written {
+                    Ok(()) => Some(path),
+                    Err(e) => {
+                        tracing::warn!("cannot write the sandbox's seccomp filter to {}: {e}; the sandbox runs without one", path.display());
+                        None
+                    }
+                }
+            })
+            .clone()
     }
 
     async fn docker(&self) -> Result<Arc<Docker>, String> {

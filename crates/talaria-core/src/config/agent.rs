@@ -419,6 +419,10 @@ pub struct SandboxConfig {
     /// More host directories commands may read (mounted read-only at the
     /// same path), such as `/opt/tools`.
     pub read_only_paths: Vec<PathBuf>,
+    /// Refuse system calls commands have no business making (tracing
+    /// other processes, loading kernel code, new namespaces and mounts,
+    /// ...) with a seccomp filter, as defence in depth.
+    pub seccomp: bool,
 }
 
 impl Default for SandboxConfig {
@@ -430,6 +434,7 @@ impl Default for SandboxConfig {
             memory_mb: 4096,
             processes: 0,
             read_only_paths: Vec::new(),
+            seccomp: true,
         }
     }
 }
