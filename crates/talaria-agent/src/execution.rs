@@ -10,15 +10,15 @@
 //! on the host in its place.
 
 use std::path::{Path, PathBuf};
-
-/// The prefix of an answer's line that attaches a file (the gateway's
-/// `parts` module reads it).
-const MEDIA_PREFIX: &str = "MEDIA:";
 use std::sync::Arc;
 
 use talaria_exec::{Backend, BackendKind, Backends, Unavailable, Workspace};
 
 pub use talaria_exec::Trust;
+
+/// The prefix of an answer's line that attaches a file (the gateway's
+/// `parts` module reads it).
+const MEDIA_PREFIX: &str = "MEDIA:";
 
 /// Tools that read or write files on the gateway's machine: confined to
 /// the workspace in an isolated or untrusted conversation, and withheld
@@ -58,40 +58,40 @@ impl Execution {
     /// configured backends.
     pub async fn for_conversation(backends: &Backends, trust: Trust, scope: &str) -> Execution {
         let backend = backends.backend(trust, scope).await;
-        let kind = backends.kind_for(trust);
-        let confined =
-            trust == Trust::Untrusted || matches!(kind, BackendKind::Sandbox | BackendKind::Docker);
-        let workspace = match &backend {
-            Ok(b) => b.workspace().cloned(),
-            Err(_) => None,
-        };
-        // The backend failed but the conversation still needs a place for
-        // its files: open the workspace on its own.
-        let workspace = match workspace {
-            Some(w) => Some(w),
-            None if confined && kind != BackendKind::Ssh => match backends.workspace(scope) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(scope, "{e}; file tools are withheld from this conversation");
-                    None
-                }
-            },
-            None => None,
-        };
-        Execution {
+        let mut execution = Execution {
             trust,
-            kind,
+            kind: backends.kind_for(trust),
             backend,
-            workspace: if confined { workspace } else { None },
+            workspace: None,
+        };
+        if execution.confined() {
+            execution.workspace = match execution.backend.as_ref().ok().and_then(|b| b.workspace())
+            {
+                Some(w) => Some(w.clone()),
+                // With ssh the files are on the remote host: none here.
+                None if execution.kind == BackendKind::Ssh => None,
+                // The backend failed (or keeps no workspace) but the
+                // conversation still needs a place for its files.
+                None => match backends.workspace(scope) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        tracing::warn!(
+                            scope,
+                            "{e}; file tools are withheld from this conversation"
+                        );
+                        None
+                    }
+                },
+            };
         }
+        execution
     }
 
     /// Whether file tools must stay inside a workspace: someone other than
     /// the owner steers the conversation, or its commands are isolated (a
     /// file tool reaching the host would undo that).
     pub fn confined(&self) -> bool {
-        self.trust == Trust::Untrusted
-            || matches!(self.kind, BackendKind::Sandbox | BackendKind::Docker)
+        self.trust == Trust::Untrusted || self.kind.is_isolated()
     }
 
     /// Tools the model must not be offered in this conversation.
@@ -116,6 +116,7 @@ impl Execution {
         if !self.confined() || !answer.contains(MEDIA_PREFIX) {
             return answer.to_owned();
         }
+        let media_dir = media_dir.canonicalize().ok();
         let mut out = String::with_capacity(answer.len());
         for line in answer.split_inclusive('\n') {
             let body = line.trim();
@@ -126,11 +127,11 @@ impl Execution {
             };
             let raw = raw.trim().trim_end_matches('`').trim();
             let sent = Path::new(raw);
-            let kept = if sent.is_absolute()
-                && sent
-                    .canonicalize()
-                    .is_ok_and(|p| media_dir.canonicalize().is_ok_and(|m| p.starts_with(m)))
-            {
+            let in_media = sent.is_absolute()
+                && media_dir
+                    .as_ref()
+                    .is_some_and(|m| sent.canonicalize().is_ok_and(|p| p.starts_with(m)));
+            let kept = if in_media {
                 Some(sent.to_path_buf())
             } else {
                 self.workspace.as_ref().and_then(|w| w.resolve(raw).ok())

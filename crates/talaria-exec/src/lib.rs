@@ -123,7 +123,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Whether commands are kept from the host: the dangerous-command
     /// prompt is then skipped (the hardline list still applies).
     fn isolated(&self) -> bool {
-        matches!(self.kind(), BackendKind::Sandbox | BackendKind::Docker)
+        self.kind().is_isolated()
     }
 
     /// Starts `spec`.

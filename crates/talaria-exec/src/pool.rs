@@ -123,18 +123,23 @@ impl Backends {
     ) -> Result<Arc<dyn Backend>, Unavailable> {
         let kind = self.kind_for(trust);
         let made = self.make(kind, scope).await;
+        self.note(kind, made.as_ref().map(drop).map_err(String::clone));
+        made.map_err(|reason| Unavailable { kind, reason })
+    }
+
+    /// Remembers whether `kind` could start, for the status, and logs a
+    /// reason the first time it is seen.
+    fn note(&self, kind: BackendKind, found: Result<(), String>) {
         let mut reasons = self.unavailable.lock().unwrap_or_else(|p| p.into_inner());
-        match made {
-            Ok(backend) => {
+        match found {
+            Ok(()) => {
                 reasons.remove(&kind);
-                Ok(backend)
             }
             Err(reason) => {
                 if reasons.get(&kind) != Some(&reason) {
-                    tracing::warn!(backend = %kind, trust = trust.as_str(), "{reason}; commands are withheld from conversations that need this backend");
+                    tracing::warn!(backend = %kind, "{reason}; commands are withheld from conversations that need this backend");
                 }
-                reasons.insert(kind, reason.clone());
-                Err(Unavailable { kind, reason })
+                reasons.insert(kind, reason);
             }
         }
     }
@@ -225,18 +230,7 @@ impl Backends {
                     .map(drop)
                     .map_err(|e| e.to_string()),
             };
-            let mut reasons = self.unavailable.lock().unwrap_or_else(|p| p.into_inner());
-            match found {
-                Ok(()) => {
-                    reasons.remove(&kind);
-                }
-                Err(reason) => {
-                    if reasons.get(&kind) != Some(&reason) {
-                        tracing::warn!(backend = %kind, "{reason}; commands are withheld from conversations that need this backend");
-                    }
-                    reasons.insert(kind, reason);
-                }
-            }
+            self.note(kind, found);
         }
     }
 

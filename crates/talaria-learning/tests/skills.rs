@@ -180,7 +180,12 @@ fn system_prompt(llm: &MockOpenAi, request: usize) -> String {
 }
 
 fn last_tool_result(llm: &MockOpenAi) -> serde_json::Value {
-    let messages = llm.requests().last().unwrap().body["messages"].clone();
+    tool_result_in(llm, llm.requests().len() - 1)
+}
+
+/// The last tool result in model request number `request`.
+fn tool_result_in(llm: &MockOpenAi, request: usize) -> serde_json::Value {
+    let messages = llm.requests()[request].body["messages"].clone();
     let text = messages
         .as_array()
         .unwrap()
@@ -436,20 +441,7 @@ async fn a_loaded_skill_gets_the_variables_it_declares_and_no_others() {
         .run_turn(&session, "deploy", &NullObserver, CancellationToken::new())
         .await
         .unwrap();
-    let result = |request: usize| -> serde_json::Value {
-        let messages = llm.requests()[request].body["messages"].clone();
-        let text = messages
-            .as_array()
-            .unwrap()
-            .iter()
-            .rev()
-            .find(|m| m["role"] == "tool")
-            .unwrap()["content"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        serde_json::from_str(&text).unwrap()
-    };
+    let result = |request: usize| tool_result_in(&llm, request);
     assert!(
         result(1)["output"]
             .as_str()
@@ -467,7 +459,7 @@ async fn a_loaded_skill_gets_the_variables_it_declares_and_no_others() {
         view["environment"]
             .as_str()
             .unwrap()
-            .contains("passed to commands"),
+            .starts_with("TALARIA_TEST_SKILL_TOKEN passed to commands"),
         "{view}"
     );
     let sneaky = result(3);

@@ -373,6 +373,13 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// Whether commands of this kind are kept from the host (the sandbox, a
+    /// container): the dangerous-command prompt is skipped there and file
+    /// tools stay in the workspace.
+    pub fn is_isolated(self) -> bool {
+        matches!(self, BackendKind::Sandbox | BackendKind::Docker)
+    }
+
     /// The name used in the configuration.
     pub fn as_str(self) -> &'static str {
         match self {

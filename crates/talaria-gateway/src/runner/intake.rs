@@ -193,10 +193,7 @@ impl Runner {
         // allowlisted users cost no query per message (the auth proptest
         // `pairing_admits_humans_with_an_id_only` holds this equivalence).
         // Bots are never admitted by pairing, so they cost no query either.
-        let caps = inner
-            .delivery
-            .adapter(&source.platform)
-            .map_or(UNREGISTERED, |a| a.capabilities());
+        let caps = self.capabilities(&source.platform);
         let mut decision = inner.auth.decide(source, &caps, false);
         if matches!(decision, Decision::Deny { .. })
             && !source.is_bot

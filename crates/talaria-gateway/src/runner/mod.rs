@@ -201,11 +201,17 @@ impl Runner {
     /// Whose conversation `source` is (the owner's DM, or anyone else's).
     pub(crate) fn trust_of(&self, source: &SessionSource) -> talaria_exec::Trust {
         let inner = &self.inner;
-        let caps = inner
-            .delivery
-            .adapter(&source.platform)
-            .map_or(UNREGISTERED, |a| a.capabilities());
+        let caps = self.capabilities(&source.platform);
         crate::isolation::trust(source, &caps, &inner.config.gateway, &inner.auth)
+    }
+
+    /// What `platform`'s adapter declares (a plain chat's, for a platform
+    /// with no adapter here).
+    pub(crate) fn capabilities(&self, platform: &str) -> talaria_adapter::Capabilities {
+        self.inner
+            .delivery
+            .adapter(platform)
+            .map_or(UNREGISTERED, |a| a.capabilities())
     }
 
     /// Where commands run, for `gateway status`.
