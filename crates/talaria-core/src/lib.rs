@@ -11,6 +11,7 @@
 //! - [`home`]: `TALARIA_HOME` and the paths inside it.
 //! - [`redact`]: secret redaction for tool output, logs and stored text.
 //! - [`ids`]: session ids, hashed platform ids, path and key validators.
+//! - [`toolsets`]: the named groups of tools `platform_toolsets` switches.
 //!
 //! This crate does no network or database I/O; everything here is usable from
 //! any other crate without pulling in a runtime.
@@ -23,6 +24,7 @@ pub mod home;
 pub mod ids;
 pub mod message;
 pub mod redact;
+pub mod toolsets;
 
 pub use config::{Config, Endpoint, Env, ProviderKind, Secret, constant_time_eq};
 pub use home::Home;

@@ -167,6 +167,7 @@ impl Config {
                 return Err(invalid(key, "expected an http:// or https:// URL"));
             }
         }
+        self.validate_web(&invalid)?;
         if self.curator.archive_after_days <= self.curator.stale_after_days {
             return Err(invalid(
                 "curator.archive_after_days",
@@ -365,4 +366,102 @@ pub fn load(home: &Home) -> Result<Loaded, ConfigError> {
         path: found,
         text,
     })
+}
+
+impl Config {
+    /// `web:`, `browser:` and `platform_toolsets:`.
+    fn validate_web(&self, invalid: &dyn Fn(&str, &str) -> ConfigError) -> Result<(), ConfigError> {
+        let web = &self.web;
+        if web.max_bytes == 0 {
+            return Err(invalid(
+                "web.max_bytes",
+                "expected a number of bytes, at least 1",
+            ));
+        }
+        for (key, secs) in [
+            ("web.timeout_secs", web.timeout_secs),
+            ("browser.idle_timeout_secs", self.browser.idle_timeout_secs),
+        ] {
+            if secs == 0 {
+                return Err(invalid(key, "expected a number of seconds, at least 1"));
+            }
+        }
+        if web.search.max_results == 0 {
+            return Err(invalid(
+                "web.search.max_results",
+                "expected a number of results, at least 1",
+            ));
+        }
+        if web.extract.max_chars < 1000 {
+            return Err(invalid(
+                "web.extract.max_chars",
+                "expected a number of characters, at least 1000",
+            ));
+        }
+        if self.browser.max_contexts == 0 {
+            return Err(invalid(
+                "browser.max_contexts",
+                "expected a number of browser contexts, at least 1",
+            ));
+        }
+        if let Some(u) = &web.search.base_url
+            && !is_http_url(u)
+        {
+            return Err(invalid(
+                "web.search.base_url",
+                "expected an http:// or https:// URL",
+            ));
+        }
+        if let Some(u) = &self.browser.cdp_url
+            && !["ws://", "wss://", "http://", "https://"]
+                .iter()
+                .any(|p| u.starts_with(p) && u.len() > p.len())
+        {
+            return Err(invalid(
+                "browser.cdp_url",
+                "expected a ws://, wss://, http:// or https:// DevTools address",
+            ));
+        }
+        for (i, host) in web.allow_hosts.iter().enumerate() {
+            let h = host.trim();
+            if !allowed_host_ok(h) {
+                return Err(invalid(
+                    &format!("web.allow_hosts[{i}]"),
+                    "expected a host name, an IP address or a network such as 10.0.0.0/8",
+                ));
+            }
+        }
+        for (platform, sets) in &self.platform_toolsets {
+            if let Some(bad) = sets.iter().find(|s| !crate::toolsets::is_known(s)) {
+                let known: Vec<&str> = crate::toolsets::TOOLSETS.iter().map(|(n, _)| *n).collect();
+                return Err(invalid(
+                    &format!("platform_toolsets.{platform}"),
+                    &format!(
+                        "`{bad}` is not a toolset Talaria knows ({}, no_mcp)",
+                        known.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A `web.allow_hosts` entry: a host name, an IP address, or a network in
+/// CIDR notation.
+fn allowed_host_ok(entry: &str) -> bool {
+    if let Some((addr, bits)) = entry.split_once('/') {
+        let Ok(bits) = bits.parse::<u8>() else {
+            return false;
+        };
+        return match addr.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(_)) => bits <= 32,
+            Ok(std::net::IpAddr::V6(_)) => bits <= 128,
+            Err(_) => false,
+        };
+    }
+    !entry.is_empty()
+        && entry
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']'))
 }

@@ -154,6 +154,14 @@ pub struct Config {
     pub tts: TtsConfig,
     /// The image generation server (`image_gen:`).
     pub image_gen: ImageGenConfig,
+    /// The web tools and the guard on fetches a chat can steer (`web:`).
+    pub web: WebConfig,
+    /// The browser tools (`browser:`).
+    pub browser: BrowserConfig,
+    /// Per platform (`telegram`, `cli`, `api_server`, ...), the toolsets
+    /// its conversations get (`[terminal, file, web]`), as the ancestor
+    /// writes it; a platform left out gets every toolset.
+    pub platform_toolsets: BTreeMap<String, Vec<String>>,
 }
 
 /// A parsed configuration with what was noticed on the way.
@@ -185,6 +193,7 @@ mod media;
 mod secret;
 mod sections;
 mod services;
+mod web;
 
 pub use agent::*;
 pub use env::*;
@@ -194,6 +203,7 @@ pub use media::*;
 pub use secret::*;
 pub use sections::*;
 pub use services::*;
+pub use web::*;
 
 #[cfg(test)]
 mod tests;
