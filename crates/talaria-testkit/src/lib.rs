@@ -39,6 +39,7 @@ pub mod synapse;
 pub mod telegram;
 pub mod twilio;
 pub mod wait;
+pub mod web_search;
 pub mod whatsapp;
 mod wire;
 pub use discord::FakeDiscord;
