@@ -7,14 +7,18 @@
 //!   only to what it checked.
 //! - [`fetch`]: [`Fetcher`], a GET through the guard within limits of
 //!   redirects, bytes and time.
+//! - [`extract`]: [`Extractor`], a page made readable: HTML to Markdown
+//!   through a readability pass, PDFs to text, bounded.
 //! - [`search`]: [`Searcher`], `web_search`'s services (SearXNG, Brave,
 //!   Tavily, Exa, Firecrawl) reduced to title, URL and snippet.
 #![forbid(unsafe_code)]
 
+pub mod extract;
 pub mod fetch;
 pub mod guard;
 pub mod search;
 
+pub use extract::{ExtractError, Extractor, Page};
 pub use fetch::{FetchError, Fetched, Fetcher, Limits, Oversize};
 pub use guard::{GuardError, UrlGuard};
 pub use search::{SearchError, SearchHit, Searcher};
