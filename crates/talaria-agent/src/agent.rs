@@ -46,6 +46,10 @@ pub struct TurnOptions {
     /// `None` is the owner on this machine ([`crate::Execution::local`] in
     /// [`AgentParts::workdir`]). Tools it can't serve are withheld.
     pub execution: Option<crate::execution::Execution>,
+    /// The platform the conversation is on (`telegram`, `cli`,
+    /// `api_server`): its `platform_toolsets` entry, when there is one,
+    /// decides which toolsets the model is offered.
+    pub platform: Option<String>,
 }
 
 /// Runs turns over sessions. Cheap to share behind an `Arc`; holds no
@@ -192,6 +196,14 @@ impl Agent {
             registry
         } else {
             Arc::new(registry.without(&withheld))
+        };
+        let registry = match options
+            .platform
+            .as_deref()
+            .and_then(|p| self.parts.config.platform_toolsets.get(p))
+        {
+            Some(enabled) => Arc::new(registry.offered(enabled)),
+            None => registry,
         };
         let _one_at_a_time = session.turn_lock.lock().await;
         let history: Vec<Message> = self

@@ -156,6 +156,7 @@ pub async fn execute(
     ctx: ToolContext,
 ) -> (String, bool) {
     let name = tool.name().to_owned();
+    let untrusted = tool.untrusted_output();
     let cancel = ctx.cancel.clone();
     let mut task = tokio::spawn(async move { tool.call(args, &ctx).await });
     let joined = tokio::select! {
@@ -172,6 +173,7 @@ pub async fn execute(
         }
     };
     match joined {
+        Ok(Ok(output)) if untrusted => (crate::untrusted::wrap(&name, &output), true),
         Ok(Ok(output)) => (output, true),
         Ok(Err(e)) => (error_json(&e.0), false),
         Err(e) if e.is_panic() => {

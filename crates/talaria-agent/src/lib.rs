@@ -31,6 +31,7 @@
 //!   manager that holds one and isolates its failures.
 //! - [`interaction`]: the seam to a human (approvals, clarifying questions).
 //! - [`tools`]: the [`tools::Tool`] trait, the registry, and the core tools.
+//! - [`untrusted`]: fencing what tools bring in from outside as data.
 //!
 //! # Invariant
 //!
@@ -57,6 +58,7 @@ mod session;
 pub mod spill;
 pub mod tools;
 pub mod turn;
+pub mod untrusted;
 
 pub use agent::{
     Agent, AgentError, AgentParts, Outbox, SessionHandle, TurnHook, TurnOptions, pick_session,

@@ -191,6 +191,7 @@ async fn turn(
     let options = talaria_agent::TurnOptions {
         media,
         execution: Some(execution),
+        platform: Some("cli".to_owned()),
         ..talaria_agent::TurnOptions::default()
     };
     let run = agent.run_turn_with(session, &text, observer, cancel.clone(), options);

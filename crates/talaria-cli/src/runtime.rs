@@ -184,6 +184,18 @@ impl Runtime {
         for tool in media_tools {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }
+        // web_search (when a search service is configured) and web_extract.
+        let (web_tools, problems) = talaria_tools::web::web_tools(
+            &self.config,
+            &self.loaded.env,
+            Some(client.clone() as Arc<dyn talaria_llm::Provider>),
+        );
+        for p in problems {
+            tracing::warn!("{p}");
+        }
+        for tool in web_tools {
+            registry.register(tool).map_err(anyhow::Error::msg)?;
+        }
         // Home Assistant's ha_* tools, when HASS_URL and HASS_TOKEN are set.
         let homeassistant = HomeAssistantConfig::read(&self.config)?;
         if let Some(settings) = talaria_platforms::homeassistant::HomeAssistantSettings::from_config(

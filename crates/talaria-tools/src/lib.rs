@@ -1,10 +1,12 @@
-//! Agent tools beyond the core set that reach an outside service through a
-//! platform's client, kept apart so that platform crates never link the
-//! agent.
+//! Agent tools beyond the core set that reach an outside service (a
+//! platform's client, the web), kept apart so that platform crates and the
+//! web crate never link the agent.
 //!
 //! # Layout
 //!
 //! - [`homeassistant`]: the `ha_*` tools over Home Assistant's REST API.
+//! - [`web`]: `web_search` and `web_extract`.
 #![forbid(unsafe_code)]
 
 pub mod homeassistant;
+pub mod web;

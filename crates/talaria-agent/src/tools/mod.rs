@@ -68,6 +68,13 @@ pub trait Tool: Send + Sync {
         None
     }
 
+    /// Whether what the tool returns was written by someone outside (a web
+    /// page, a search service, an MCP server): its results are then fenced
+    /// as data by [`crate::untrusted::wrap`].
+    fn untrusted_output(&self) -> bool {
+        false
+    }
+
     /// The provider-facing description.
     fn spec(&self) -> ToolSpec {
         ToolSpec {
@@ -160,6 +167,9 @@ pub struct Registry {
     sources: Vec<Arc<dyn ToolSource>>,
     /// Names withheld with [`Registry::without`], from sources too.
     withheld: Vec<String>,
+    /// The toolsets offered ([`Registry::offered`]), from sources too;
+    /// `None` offers every one.
+    toolsets: Option<Vec<String>>,
     /// Source tools already reported for clashing with a built-in, so a
     /// clash is logged once, not every turn.
     clashes: Arc<Mutex<HashSet<String>>>,
@@ -224,6 +234,18 @@ impl Registry {
         registry
     }
 
+    /// This registry with only the tools of the `enabled` toolsets (a
+    /// platform's `platform_toolsets` entry), also when a source offers
+    /// them; see [`talaria_core::toolsets::offers`].
+    pub fn offered(&self, enabled: &[String]) -> Registry {
+        let mut registry = self.clone();
+        registry
+            .tools
+            .retain(|name, _| talaria_core::toolsets::offers(enabled, name));
+        registry.toolsets = Some(enabled.to_vec());
+        registry
+    }
+
     /// Adds a source of tools that may change between turns.
     pub fn add_source(&mut self, source: Arc<dyn ToolSource>) {
         self.sources.push(source);
@@ -258,7 +280,12 @@ impl Registry {
         for source in &self.sources {
             for tool in source.tools().await {
                 let name = tool.name().to_owned();
-                if self.withheld.contains(&name) {
+                if self.withheld.contains(&name)
+                    || self
+                        .toolsets
+                        .as_ref()
+                        .is_some_and(|sets| !talaria_core::toolsets::offers(sets, &name))
+                {
                     continue;
                 }
                 if tools.contains_key(&name) {
@@ -279,6 +306,7 @@ impl Registry {
             tools,
             sources: Vec::new(),
             withheld: Vec::new(),
+            toolsets: None,
             clashes: self.clashes.clone(),
         }
     }

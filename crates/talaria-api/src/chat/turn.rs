@@ -116,6 +116,7 @@ impl Admitted {
             let options = talaria_agent::TurnOptions {
                 media,
                 execution: Some(execution),
+                platform: Some("api_server".to_owned()),
                 ..talaria_agent::TurnOptions::default()
             };
             let outcome = agent

@@ -536,6 +536,8 @@ impl Scheduler {
             outbox: None,
             media: Vec::new(),
             execution: Some(execution),
+            // Every toolset: a job's tools are chosen by whoever wrote it.
+            platform: None,
         };
         let run =
             inner

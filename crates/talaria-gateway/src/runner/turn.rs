@@ -350,6 +350,7 @@ impl Runner {
                     outbox,
                     media,
                     execution: Some(execution),
+                    platform: Some(event.source.platform.clone()),
                     ..TurnOptions::default()
                 },
             )
