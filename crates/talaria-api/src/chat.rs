@@ -131,13 +131,23 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
     })
 }
 
-/// A file sent inside a message, still base64 as it came.
+/// A file sent inside a message, as it came.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InlineFile {
     /// Where it came from: `image_url` or `input_audio`.
     pub(crate) part: &'static str,
-    /// The base64 text.
-    pub(crate) base64: String,
+    /// Its bytes, or where to fetch them.
+    pub(crate) source: FileSource,
+}
+
+/// Where an [`InlineFile`]'s bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FileSource {
+    /// In the request, base64 as it came.
+    Base64(String),
+    /// At an `http(s)` URL the client named: fetched through the URL
+    /// guard, like every fetch a client or a chat can steer.
+    Url(String),
 }
 
 /// The text of a `content` field (a string, or the `text` parts of an
@@ -171,16 +181,22 @@ fn content_of(content: Option<&Value>) -> Result<(String, Vec<InlineFile>), Stri
                     .and_then(|i| i.get("url").or(Some(i)))
                     .and_then(Value::as_str)
                     .ok_or("an image_url part needs image_url.url")?;
-                let data = url
-                    .strip_prefix("data:")
-                    .and_then(|rest| rest.split_once(";base64,"))
-                    .map(|(_, data)| data)
-                    .ok_or(
-                        "image_url must be a data: URL with base64 content; this server does not fetch images from the web",
-                    )?;
+                let source = if let Some(rest) = url.strip_prefix("data:") {
+                    let (_, data) = rest
+                        .split_once(";base64,")
+                        .ok_or("an image_url data: URL must hold base64 content")?;
+                    FileSource::Base64(data.to_owned())
+                } else if url.starts_with("http://") || url.starts_with("https://") {
+                    FileSource::Url(url.to_owned())
+                } else {
+                    return Err(
+                        "image_url must be a data: URL with base64 content or an http(s) URL"
+                            .to_owned(),
+                    );
+                };
                 files.push(InlineFile {
                     part: "image_url",
-                    base64: data.to_owned(),
+                    source,
                 });
             }
             Some("input_audio") => {
@@ -191,7 +207,7 @@ fn content_of(content: Option<&Value>) -> Result<(String, Vec<InlineFile>), Stri
                     .ok_or("an input_audio part needs input_audio.data")?;
                 files.push(InlineFile {
                     part: "input_audio",
-                    base64: data.to_owned(),
+                    source: FileSource::Base64(data.to_owned()),
                 });
             }
             // Other part kinds (files by id, refusals) carry nothing this
@@ -345,14 +361,17 @@ async fn take_files(
     };
     let mut received = Vec::with_capacity(request.files.len());
     for file in &request.files {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(file.base64.trim().as_bytes())
-            .map_err(|_| {
-                ApiError::bad_request(
-                    format!("{}: the data is not valid base64", file.part),
-                    "invalid_file",
-                )
-            })?;
+        let bytes = match &file.source {
+            FileSource::Base64(data) => base64::engine::general_purpose::STANDARD
+                .decode(data.trim().as_bytes())
+                .map_err(|_| {
+                    ApiError::bad_request(
+                        format!("{}: the data is not valid base64", file.part),
+                        "invalid_file",
+                    )
+                })?,
+            FileSource::Url(url) => state.fetch_file(url).await?,
+        };
         let stored = media
             .cache
             .store(&bytes[..], talaria_media::Hint::default())
@@ -566,11 +585,11 @@ mod tests {
                 files: vec![
                     InlineFile {
                         part: "image_url",
-                        base64: "iVBORw0K".into()
+                        source: FileSource::Base64("iVBORw0K".into())
                     },
                     InlineFile {
                         part: "input_audio",
-                        base64: "UklGRg==".into()
+                        source: FileSource::Base64("UklGRg==".into())
                     },
                 ],
                 earlier: vec![Message::user("A"), Message::assistant("a")],
@@ -579,9 +598,19 @@ mod tests {
     }
 
     #[test]
-    fn a_remote_image_url_is_refused_without_fetching() {
+    fn a_remote_image_url_is_kept_for_the_guarded_fetch() {
         let input = parse(json!({"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest"}}]}]}));
+        let files = input.map(|i| i.files).unwrap_or_default();
+        assert_eq!(
+            files,
+            [InlineFile {
+                part: "image_url",
+                source: FileSource::Url("http://169.254.169.254/latest".to_owned())
+            }]
+        );
+        let input = parse(json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]}));
         let e = input.err().map(|e| e.message).unwrap_or_default();
         assert!(e.contains("data: URL"), "{e}");
     }

@@ -216,12 +216,41 @@ pub(crate) struct AppState {
     /// How files in messages are taken (`image_url`, `input_audio`); unset
     /// refuses them.
     pub(crate) media: std::sync::OnceLock<Arc<talaria_gateway::media::MediaServices>>,
+    /// Fetches images clients name by URL, through the URL guard (built
+    /// on first use from `web:`).
+    pub(crate) fetcher: std::sync::OnceLock<Result<talaria_web::Fetcher, String>>,
     /// Where turns' commands run: API clients are not the owner unless
     /// `gateway.owners.api_server` says `*`.
     pub(crate) backends: std::sync::OnceLock<Arc<talaria_exec::Backends>>,
 }
 
 impl AppState {
+    /// The bytes of an image a client named by URL, fetched through the
+    /// URL guard (`web.allow_private`, `web.allow_hosts`) within the
+    /// smaller of `web.max_bytes` and `media.max_bytes`.
+    ///
+    /// # Errors
+    /// 400 `invalid_image_url` with the guard's or the fetch's sentence.
+    pub(crate) async fn fetch_file(&self, url: &str) -> Result<Vec<u8>, error::ApiError> {
+        let fetcher = self.fetcher.get_or_init(|| {
+            let config = &self.agent.parts().config;
+            let guard = talaria_web::UrlGuard::from_config(&config.web)?;
+            let mut limits = talaria_web::Limits::from_config(&config.web);
+            limits.max_bytes = limits.max_bytes.min(config.media.max_bytes);
+            talaria_web::Fetcher::new(guard, limits).map_err(|e| e.to_string())
+        });
+        let fetcher = fetcher
+            .as_ref()
+            .map_err(|e| error::ApiError::internal(format!("Cannot fetch images: {e}")))?;
+        let fetched = fetcher
+            .get(url, "image/*", talaria_web::Oversize::Refuse)
+            .await
+            .map_err(|e| {
+                error::ApiError::bad_request(format!("image_url: {e}"), "invalid_image_url")
+            })?;
+        Ok(fetched.body)
+    }
+
     /// Where this server's turns run commands, and with what trust.
     pub(crate) async fn execution(&self, session_id: &str) -> talaria_agent::Execution {
         let parts = self.agent.parts();
@@ -300,6 +329,7 @@ impl ApiServer {
             index: TranscriptIndex::default(),
             turn_leases,
             media: std::sync::OnceLock::new(),
+            fetcher: std::sync::OnceLock::new(),
             backends: std::sync::OnceLock::new(),
         });
         Ok(ApiServer {

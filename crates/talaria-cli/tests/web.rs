@@ -161,3 +161,110 @@ async fn platform_toolsets_take_the_web_away() {
         "{err}"
     );
 }
+
+/// A free port on 127.0.0.1 for the API server.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `talaria gateway run`, killed when dropped.
+struct Gateway(std::process::Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_server_fetches_image_urls_through_the_guard() {
+    let mock = MockOpenAi::start().await;
+    let searxng = FakeSearxng::start().await;
+    let site = WebPages::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    let port = free_port();
+    write_config(
+        &home,
+        &mock.base_url(),
+        &searxng.base_url(),
+        &format!(
+            "platforms:\n  api_server:\n    enabled: true\n    port: {port}\n    key: api-key-0123456789\n"
+        ),
+    );
+    let log = home.join("gateway.log");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_talaria"))
+        .arg("--home")
+        .arg(&home)
+        .args(["gateway", "run"])
+        .env_remove("TALARIA_HOME")
+        .env_remove("OPENAI_API_KEY")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("gateway starts");
+    let mut gateway = Gateway(child);
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Ok(r) = http.get(format!("{url}/health")).send().await
+            && r.status().is_success()
+        {
+            break;
+        }
+        if let Ok(Some(status)) = gateway.0.try_wait() {
+            panic!(
+                "the gateway exited ({status}):\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        assert!(std::time::Instant::now() < deadline, "no /health");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let ask =
+        |image: String| {
+            http.post(format!("{url}/v1/chat/completions"))
+            .bearer_auth("api-key-0123456789")
+            .json(&serde_json::json!({"model": "talaria", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": image}},
+            ]}]}))
+            .send()
+        };
+    // The test host is open: the image is fetched into the turn.
+    mock.push(Reply::text("A tiny picture."));
+    let resp = ask(site.url("/photo.png")).await.expect("answer");
+    assert_eq!(
+        resp.status(),
+        200,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    assert_eq!(site.hits("/photo.png"), 1);
+    // Loopback by name and cloud metadata are refused, in words, with no
+    // turn and no fetch.
+    for (image, why) in [
+        (
+            format!("http://localhost:{}/photo.png", site.port()),
+            "localhost is this machine",
+        ),
+        (
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+            "cloud metadata",
+        ),
+    ] {
+        let resp = ask(image).await.expect("answer");
+        assert_eq!(resp.status(), 400);
+        let body: serde_json::Value = resp.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "invalid_image_url");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(why), "{message}");
+    }
+    assert_eq!(site.hits("/photo.png"), 1);
+    assert_eq!(mock.requests().len(), 1);
+}
