@@ -4,7 +4,10 @@
 //!
 //! # Layout
 //!
+//! - [`browser`]: the `browser_*` tools over a headless Chromium
+//!   (`talaria_web::browser`).
 //! - [`homeassistant`]: the `ha_*` tools over Home Assistant's REST API.
 #![forbid(unsafe_code)]
 
+pub mod browser;
 pub mod homeassistant;
