@@ -524,7 +524,7 @@ async fn the_start_sweep_kills_a_chromium_left_by_a_killed_owner() {
         .find_map(|p| which(p))
         .expect("Chromium is not installed: apt-get install chromium");
     use std::os::unix::process::CommandExt;
-    let mut orphan = std::process::Command::new(program)
+    let orphan = std::process::Command::new(program)
         .args([
             "--headless=new",
             "--no-sandbox",
@@ -538,6 +538,7 @@ async fn the_start_sweep_kills_a_chromium_left_by_a_killed_owner() {
         .process_group(0)
         .spawn()
         .expect("start Chromium");
+    let mut orphan = Started(orphan);
     eventually("the orphan runs", || async { !no_process_of(&profile) }).await;
 
     // A profile of a live owner (this test process) is left alone.
@@ -546,7 +547,7 @@ async fn the_start_sweep_kills_a_chromium_left_by_a_killed_owner() {
 
     let killed = Browser::sweep(dir.path());
     assert!(killed >= 1, "the sweep killed the orphan");
-    let _ = orphan.wait();
+    let _ = orphan.0.wait();
     eventually("the orphan and its children are gone", || async {
         no_process_of(&profile)
     })
@@ -554,6 +555,18 @@ async fn the_start_sweep_kills_a_chromium_left_by_a_killed_owner() {
     assert!(!profile.exists(), "the orphan's profile is removed");
     assert!(own.exists(), "the live owner's profile stays");
     assert_eq!(Browser::sweep(dir.path()), 0, "nothing left to sweep");
+}
+
+/// A Chromium this test started itself, in a process group of its own:
+/// the group is killed when the test ends, even by a failed assertion.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let pgid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
 }
 
 fn which(name: &str) -> Option<std::path::PathBuf> {
@@ -641,4 +654,108 @@ async fn owner_process() {
     println!("READY {}", browser.profile_dir().display());
     let _ = std::io::stdout().flush();
     tokio::time::sleep(Duration::from_secs(120)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_that_closes_itself_is_replaced_on_the_next_call() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let browser = Browser::new(&config(300, 4), guard(), dir.path());
+    // A page with one history entry may close itself.
+    let _ = browser
+        .evaluate("k", "setTimeout(() => window.close(), 0); 1")
+        .await;
+    eventually("a call fails once the page is gone", || {
+        let browser = &browser;
+        async move { browser.evaluate("k", "1").await.is_err() }
+    })
+    .await;
+    // The next call has a fresh page.
+    let again = browser.evaluate("k", "document.URL").await;
+    assert_eq!(again.as_deref().ok(), Some("about:blank"), "{again:?}");
+    browser.close_all().await;
+}
+
+/// A Chromium started here without the guard's proxy, driven through
+/// `browser.cdp_url`: the guard works through request interception.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_browser_is_guarded_by_request_interception() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let site = serve().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let program = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|p| which(p))
+        .expect("Chromium is not installed: apt-get install chromium");
+    let remote = std::process::Command::new(program)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-crash-reporter",
+            "--remote-debugging-port=0",
+            "--remote-debugging-address=127.0.0.1",
+            &format!("--user-data-dir={}", dir.path().join("remote").display()),
+            "about:blank",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("start Chromium");
+    let mut remote = Started(remote);
+    let stderr = remote.0.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(at) = line.find("ws://") {
+                let _ = tx.send(line[at..].trim().to_owned());
+            }
+        }
+    });
+    let ws = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the remote Chromium's DevTools address");
+    // The http:// discovery form of the address.
+    let port = ws
+        .trim_start_matches("ws://127.0.0.1:")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let cfg = BrowserConfig {
+        cdp_url: Some(format!("http://127.0.0.1:{port}")),
+        ..config(300, 4)
+    };
+    let browser = Browser::new(&cfg, guard(), dir.path().join("data"));
+
+    let e = browser
+        .navigate("k", &format!("http://localhost:{}/form", site.addr.port()))
+        .await
+        .expect_err("refused");
+    assert!(matches!(e, BrowserError::Refused(_)), "{e:?}");
+    let view = browser
+        .navigate("k", &site.url("/leak"))
+        .await
+        .unwrap_or_else(|e| panic!("navigate: {e}"));
+    assert!(view.render().contains("leak page"), "{}", view.render());
+    eventually("the page's fetch has failed", || async {
+        browser
+            .console("k", false)
+            .await
+            .map(|c| c.iter().any(|e| e.text == "fetch refused"))
+            .unwrap_or(false)
+    })
+    .await;
+    assert!(site.counters.allowed.load(Ordering::SeqCst) >= 1);
+    assert_eq!(site.counters.refused.load(Ordering::SeqCst), 0);
+    // Our contexts go; the remote browser stays up.
+    browser.close_all().await;
+    assert!(
+        remote.0.try_wait().expect("try_wait").is_none(),
+        "the remote browser still runs"
+    );
 }

@@ -37,7 +37,9 @@ use std::time::{Duration, Instant};
 
 use chromiumoxide::Page;
 use chromiumoxide::cdp::browser_protocol::accessibility::GetFullAxTreeParams;
-use chromiumoxide::cdp::browser_protocol::browser::BrowserContextId;
+use chromiumoxide::cdp::browser_protocol::browser::{
+    BrowserContextId, SetDownloadBehaviorBehavior, SetDownloadBehaviorParams,
+};
 use chromiumoxide::cdp::browser_protocol::dom::{
     BackendNodeId, FocusParams, GetBoxModelParams, ResolveNodeParams, ScrollIntoViewIfNeededParams,
 };
@@ -775,6 +777,20 @@ impl Browser {
                 )))
             });
         tab.touch();
+        if matches!(out, Err(BrowserError::Failed(_))) && !page_alive(&tab).await {
+            // The page is gone (it closed itself, or its renderer died):
+            // the next call opens a fresh one rather than failing forever.
+            let mut st = self.inner.state.lock().await;
+            if st.tabs.get(key).is_some_and(|t| Arc::ptr_eq(t, &tab)) {
+                st.tabs.remove(key);
+                close_tab(st.engine.as_ref(), &tab).await;
+            }
+            return out.map_err(|e| {
+                BrowserError::Failed(format!(
+                    "{e}; the page was closed, so the next browser call starts on a blank page"
+                ))
+            });
+        }
         out
     }
 
@@ -933,6 +949,15 @@ impl Drop for Inner {
     }
 }
 
+/// Whether the page still answers.
+async fn page_alive(tab: &Tab) -> bool {
+    let probe = tab.page.execute(EvaluateParams::new("1"));
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), probe).await,
+        Ok(Ok(_))
+    )
+}
+
 /// Opens a context and its page; for a remote browser, the page's
 /// requests are intercepted and checked.
 async fn open_tab(engine: &Engine, guard: &UrlGuard) -> Result<Tab, BrowserError> {
@@ -941,6 +966,12 @@ async fn open_tab(engine: &Engine, guard: &UrlGuard) -> Result<Tab, BrowserError
         .create_browser_context(CreateBrowserContextParams::default())
         .await
         .map_err(failed("opening a browser context"))?;
+    // A page must not write files where we run: downloads are refused.
+    let mut downloads = SetDownloadBehaviorParams::new(SetDownloadBehaviorBehavior::Deny);
+    downloads.browser_context_id = Some(context.clone());
+    if let Err(e) = engine.browser.execute(downloads).await {
+        tracing::debug!("refusing downloads: {e}");
+    }
     let mut params = CreateTargetParams::new("about:blank");
     params.browser_context_id = Some(context.clone());
     let page = match engine.browser.new_page(params).await {
