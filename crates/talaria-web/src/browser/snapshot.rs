@@ -153,10 +153,16 @@ impl<'a> Render<'a> {
         let repeats = role == "StaticText" && parent_name.is_some_and(|p| p == name);
         let mut next_depth = depth;
         let mut next_parent = parent_name;
+        // A text field's own text repeats its value.
+        let value = clip(&value_text(node.value.as_ref()));
         if shown && !repeats {
             self.line(node, &role, &name, depth);
             next_depth = depth + 1;
-            next_parent = Some(name.as_str());
+            next_parent = Some(if name.is_empty() {
+                value.as_str()
+            } else {
+                name.as_str()
+            });
         }
         let children: Vec<&'a AxNode> = node
             .child_ids
@@ -177,6 +183,10 @@ impl<'a> Render<'a> {
         }
         if self.full {
             return !(matches!(role, "generic" | "") && name.is_empty());
+        }
+        if role == "ListMarker" {
+            // The bullet or number of a list item: noise in the compact view.
+            return false;
         }
         INTERACTIVE.contains(&role)
             || (READABLE.contains(&role) && (role != "image" && role != "img" || !name.is_empty()))
@@ -223,16 +233,20 @@ impl<'a> Render<'a> {
                 _ => {}
             }
         }
-        if INTERACTIVE.contains(&role)
-            && let Some(id) = node.backend_dom_node_id
-        {
-            self.refs.push(id);
-            let _ = write!(line, " [@e{}]", self.refs.len());
+        let target = node
+            .backend_dom_node_id
+            .filter(|_| INTERACTIVE.contains(&role));
+        if target.is_some() {
+            let _ = write!(line, " [@e{}]", self.refs.len() + 1);
         }
         line.push('\n');
         if self.text.len() + line.len() > self.max_chars {
             self.truncated = true;
             return;
+        }
+        // A ref exists only for a line that is shown.
+        if let Some(id) = target {
+            self.refs.push(id);
         }
         self.text.push_str(&line);
     }
@@ -246,4 +260,72 @@ pub fn parse_ref(r: &str) -> Option<usize> {
     let r = r.strip_prefix('e').unwrap_or(r);
     let n: usize = r.parse().ok()?;
     n.checked_sub(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, role: &str, name: &str, children: &[&str], backend: Option<i64>) -> AxNode {
+        let mut v = serde_json::json!({
+            "nodeId": id,
+            "ignored": false,
+            "role": {"type": "role", "value": role},
+            "name": {"type": "computedString", "value": name},
+            "childIds": children,
+        });
+        if let Some(b) = backend {
+            v["backendDOMNodeId"] = b.into();
+        }
+        if id != "1" {
+            v["parentId"] = "1".into();
+        }
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("an AX node: {e}"))
+    }
+
+    fn page() -> Vec<AxNode> {
+        vec![
+            node("1", "RootWebArea", "Title", &["2", "3", "5"], Some(1)),
+            node("2", "heading", "Hello", &[], Some(2)),
+            node("3", "link", "Next page", &["4"], Some(3)),
+            node("4", "StaticText", "Next page", &[], Some(4)),
+            node("5", "button", "Go", &[], Some(5)),
+        ]
+    }
+
+    #[test]
+    fn controls_get_refs_and_repeated_text_is_left_out() {
+        let s = render(&page(), false, 10_000);
+        assert_eq!(
+            s.text,
+            "heading \"Hello\"\nlink \"Next page\" [@e1]\nbutton \"Go\" [@e2]\n"
+        );
+        assert_eq!(s.refs, vec![BackendNodeId::new(3), BackendNodeId::new(5)]);
+        assert!(!s.truncated);
+        let full = render(&page(), true, 10_000);
+        assert!(
+            full.text.starts_with("RootWebArea \"Title\"\n  heading"),
+            "{}",
+            full.text
+        );
+    }
+
+    #[test]
+    fn a_long_page_is_cut_at_a_line_and_says_so() {
+        let s = render(&page(), false, 30);
+        assert_eq!(s.text, "heading \"Hello\"\n");
+        assert!(s.truncated);
+        // No ref is handed out for a line that was not shown.
+        assert!(s.refs.is_empty());
+    }
+
+    #[test]
+    fn refs_are_read_in_every_spelling() {
+        assert_eq!(parse_ref("@e5"), Some(4));
+        assert_eq!(parse_ref("e5"), Some(4));
+        assert_eq!(parse_ref("[@e5]"), Some(4));
+        assert_eq!(parse_ref("5"), Some(4));
+        assert_eq!(parse_ref("@e0"), None);
+        assert_eq!(parse_ref("button"), None);
+    }
 }
