@@ -854,6 +854,16 @@ impl Browser {
             ..HandlerConfig::default()
         };
         let (ws, process, proxy) = match &self.inner.settings.cdp_url {
+            // The DevTools client here speaks plain WebSocket and HTTP
+            // only (a remote browser is reached over a trusted network or
+            // a tunnel).
+            Some(url) if !(url.starts_with("ws://") || url.starts_with("http://")) => {
+                return Err(BrowserError::Unavailable(format!(
+                    "browser.cdp_url must start with ws:// or http:// (got {}); for a browser \
+                     elsewhere, reach it through an SSH tunnel",
+                    url.split("://").next().unwrap_or("no scheme")
+                )));
+            }
             Some(url) => (url.clone(), None, None),
             None => {
                 let program = process::find_program(self.inner.settings.program.as_deref())?;

@@ -258,3 +258,127 @@ async fn answer(
     client.write_all(response.as_bytes()).await?;
     client.shutdown().await
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+    use crate::guard::StaticLookup;
+
+    fn guard() -> UrlGuard {
+        let lookup = StaticLookup::default()
+            .with(
+                "site.test",
+                &["127.0.0.1"
+                    .parse()
+                    .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())],
+            )
+            .with(
+                "inside.test",
+                &["10.1.2.3"
+                    .parse()
+                    .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())],
+            );
+        UrlGuard::with_lookup(false, &["127.0.0.1".to_owned()], Arc::new(lookup))
+            .unwrap_or_else(|e| panic!("guard: {e}"))
+    }
+
+    /// A server that echoes what it reads, prefixed, once.
+    async fn echo() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    let mut out = b"echo:".to_vec();
+                    out.extend_from_slice(&buf[..n]);
+                    let _ = s.write_all(&out).await;
+                });
+            }
+        });
+        port
+    }
+
+    async fn exchange(proxy: u16, send: &str) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", proxy))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.write_all(send.as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_tunnel_reaches_an_allowed_address_only() {
+        let proxy = Proxy::start(guard())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let port = echo().await;
+        let out = exchange(
+            proxy.port(),
+            &format!("CONNECT site.test:{port} HTTP/1.1\r\nHost: site.test:{port}\r\n\r\nhello"),
+        )
+        .await;
+        assert_eq!(out, "HTTP/1.1 200 Connection Established\r\n\r\necho:hello");
+
+        for target in [
+            format!("localhost:{port}"),
+            "inside.test:443".to_owned(),
+            "10.0.0.1:443".to_owned(),
+            "[::1]:443".to_owned(),
+        ] {
+            let out = exchange(proxy.port(), &format!("CONNECT {target} HTTP/1.1\r\n\r\n")).await;
+            assert!(
+                out.starts_with("HTTP/1.1 403 Forbidden\r\n"),
+                "{target}: {out}"
+            );
+            assert!(out.contains("refused to fetch"), "{target}: {out}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plain_request_goes_out_in_origin_form_once() {
+        let proxy = Proxy::start(guard())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let port = echo().await;
+        let out = exchange(
+            proxy.port(),
+            &format!(
+                "GET http://127.0.0.1:{port}/path?q=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+                 Proxy-Connection: keep-alive\r\nProxy-Authorization: Basic eA==\r\n\r\n"
+            ),
+        )
+        .await;
+        assert!(out.starts_with("echo:GET /path?q=1 HTTP/1.1\r\n"), "{out}");
+        assert!(
+            out.contains(&format!("Host: 127.0.0.1:{port}\r\n")),
+            "{out}"
+        );
+        assert!(out.contains("Connection: close\r\n"), "{out}");
+        assert!(!out.to_ascii_lowercase().contains("proxy-"), "{out}");
+
+        let out = exchange(
+            proxy.port(),
+            "GET http://169.254.169.254/latest/ HTTP/1.1\r\nHost: 169.254.169.254\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{out}");
+        assert!(out.contains("metadata"), "{out}");
+        let out = exchange(proxy.port(), "GET /relative HTTP/1.1\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{out}");
+        let out = exchange(proxy.port(), "GET ftp://site.test/x HTTP/1.1\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{out}");
+    }
+}
