@@ -14,14 +14,14 @@
 //!   is closed to make room, and a context unused for
 //!   `browser.idle_timeout_secs` is closed by a background task.
 //! - The guard, for the local Chromium: every request goes through a forward
-//!   proxy inside this process ([`proxy`]), which connects only to addresses
+//!   proxy inside this process (module `proxy`), which connects only to addresses
 //!   the guard checked. For a remote browser (`cdp_url`), which cannot reach
 //!   that proxy, each page intercepts its requests with the DevTools Fetch
 //!   domain and fails those the guard refuses (the remote browser resolves
 //!   names itself, so there the check is on the name's addresses as this
 //!   machine sees them). In both cases `navigate` checks the URL before the
 //!   browser is touched.
-//! - The local Chromium dies with this process ([`process`]), and
+//! - The local Chromium dies with this process (module `process`), and
 //!   [`Browser::sweep`] kills one a killed predecessor left behind.
 //!
 //! Everything read from a page (snapshot text, console messages, image
@@ -379,7 +379,7 @@ impl Browser {
     }
 
     /// Opens `url` in `key`'s page, waits for it to load (at most
-    /// [`NAVIGATION_TIMEOUT`]) and returns the page's compact snapshot.
+    /// 30 seconds) and returns the page's compact snapshot.
     /// A URL the guard refuses is refused before the browser is touched.
     ///
     /// # Errors
@@ -666,7 +666,7 @@ impl Browser {
         .await
     }
 
-    /// The images on the page (at most [`MAX_IMAGES`]).
+    /// The images on the page (at most 100).
     ///
     /// # Errors
     /// The browser failing.
