@@ -4,9 +4,12 @@
 //!
 //! # Layout
 //!
+//! - [`browser`]: the `browser_*` tools over a headless Chromium
+//!   (`talaria_web::browser`).
 //! - [`homeassistant`]: the `ha_*` tools over Home Assistant's REST API.
 //! - [`web`]: `web_search` and `web_extract`.
 #![forbid(unsafe_code)]
 
+pub mod browser;
 pub mod homeassistant;
 pub mod web;

@@ -5,6 +5,9 @@
 //! - [`guard`]: [`UrlGuard`], which addresses a fetch a chat can steer may
 //!   reach, decided on resolved addresses; the HTTP client that connects
 //!   only to what it checked.
+//! - [`browser`]: [`browser::Browser`], headless Chromium over the DevTools protocol
+//!   for the `browser_*` tools, one context per conversation, every request
+//!   it makes through the guard.
 //! - [`fetch`]: [`Fetcher`], a GET through the guard within limits of
 //!   redirects, bytes and time.
 //! - [`extract`]: [`Extractor`], a page made readable: HTML to Markdown
@@ -13,6 +16,7 @@
 //!   Tavily, Exa, Firecrawl) reduced to title, URL and snippet.
 #![forbid(unsafe_code)]
 
+pub mod browser;
 pub mod extract;
 pub mod fetch;
 pub mod guard;
