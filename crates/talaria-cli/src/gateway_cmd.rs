@@ -312,6 +312,11 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
         let _ = task.await;
     }
     rt.mcp.shutdown().await;
+    // The browser's Chromium ends with the gateway (a killed gateway's is
+    // ended by the next start's sweep).
+    if let Some(browser) = &rt.browser {
+        browser.close_all().await;
+    }
     if let Some(memory) = agent.memory() {
         memory.shutdown(Duration::from_secs(5)).await;
     }

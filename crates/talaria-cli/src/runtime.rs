@@ -83,6 +83,9 @@ pub struct Runtime {
     pub skills: Arc<talaria_learning::Library>,
     /// Where the owner's commands run (`terminal.backend`).
     pub backends: Arc<talaria_exec::Backends>,
+    /// The headless browser behind the `browser_*` tools, when a Chromium
+    /// (or `browser.cdp_url`) is there; it starts on the first call.
+    pub browser: Option<Arc<talaria_web::browser::Browser>>,
 }
 
 impl Runtime {
@@ -116,8 +119,10 @@ impl Runtime {
             &home,
             workdir,
         ));
+        let browser = open_browser(&home, &loaded.config).await;
         Ok(Runtime {
             backends,
+            browser,
             skills: Arc::new(talaria_learning::Library::new(&home)),
             mcp,
             config: Arc::new(loaded.config.clone()),
@@ -195,6 +200,24 @@ impl Runtime {
         }
         for tool in web_tools {
             registry.register(tool).map_err(anyhow::Error::msg)?;
+        }
+        // The browser_* tools, when a browser can run here; browser_vision
+        // asks the auxiliary vision model when there is one.
+        if let Some(browser) = &self.browser {
+            let vision =
+                match talaria_llm::auxiliary_vision_provider(&self.config, &self.loaded.env) {
+                    Some(Ok(provider)) => Some(Arc::new(
+                        talaria_agent::tools::vision::VisionAnalyzeTool::new(
+                            provider,
+                            vec![self.home.media_dir(), workdir.clone()],
+                            self.config.media.image_max_px,
+                        ),
+                    )),
+                    _ => None,
+                };
+            for tool in talaria_tools::browser::browser_tools(browser.clone(), vision) {
+                registry.register(tool).map_err(anyhow::Error::msg)?;
+            }
         }
         // Home Assistant's ha_* tools, when HASS_URL and HASS_TOKEN are set.
         let homeassistant = HomeAssistantConfig::read(&self.config)?;
@@ -276,4 +299,30 @@ impl Runtime {
         agent.set_turn_hook(review.clone());
         review
     }
+}
+
+/// The browser for the `browser_*` tools, when one can run here: Chromium
+/// processes a killed gateway left behind are swept first (their profiles
+/// live under `<home>/browser`). `None`, with the reason logged at debug,
+/// when there is no Chromium and no `browser.cdp_url`.
+async fn open_browser(
+    home: &Home,
+    config: &talaria_core::Config,
+) -> Option<Arc<talaria_web::browser::Browser>> {
+    use talaria_web::browser::Browser;
+    if let Err(why) = Browser::available(&config.browser) {
+        tracing::debug!("the browser tools are off: {why}");
+        return None;
+    }
+    let guard = match talaria_web::UrlGuard::from_config(&config.web) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!("the browser tools are off: {e}");
+            return None;
+        }
+    };
+    let dir = home.root().join("browser");
+    let swept = dir.clone();
+    let _ = tokio::task::spawn_blocking(move || Browser::sweep(&swept)).await;
+    Some(Arc::new(Browser::new(&config.browser, guard, dir)))
 }

@@ -17,7 +17,7 @@ use talaria_core::config::{BrowserConfig, VisionMode};
 use talaria_core::{Config, Endpoint, Home, ProviderKind, Redactor};
 use talaria_llm::{HttpOptions, OpenAiProvider};
 use talaria_testkit::{MockOpenAi, Reply};
-use talaria_tools::browser::{UNTRUSTED_NOTE, browser_tools};
+use talaria_tools::browser::browser_tools;
 use talaria_web::UrlGuard;
 use talaria_web::browser::Browser;
 use tokio_util::sync::CancellationToken;
@@ -167,7 +167,27 @@ async fn call(
         .iter()
         .find(|t| t.name() == name)
         .unwrap_or_else(|| panic!("no tool {name}"));
-    tool.call(args, ctx).await.map_err(|e| e.0)
+    // Through the dispatcher, as the model's calls go: it fences results.
+    let (out, ok) = talaria_agent::dispatch::execute(tool.clone(), args, ctx.clone()).await;
+    if ok {
+        Ok(out)
+    } else {
+        let v: Value = serde_json::from_str(&out).unwrap_or_default();
+        Err(v["error"].as_str().unwrap_or(&out).to_owned())
+    }
+}
+
+/// What a fenced result holds, without the fence and its preamble.
+fn fenced_body(text: &str) -> &str {
+    assert!(
+        text.starts_with("<untrusted_tool_result"),
+        "not fenced: {text}"
+    );
+    let start = text.find("\n\n").map_or(0, |i| i + 2);
+    let end = text
+        .rfind("\n</untrusted_tool_result>")
+        .unwrap_or(text.len());
+    &text[start..end]
 }
 
 /// The ref on the line of `text` that mentions `needle`.
@@ -233,7 +253,7 @@ async fn a_conversation_searches_a_site_and_asks_about_the_screenshot() {
     .await
     .unwrap_or_else(|e| panic!("navigate: {e}"));
     assert!(
-        page.starts_with(UNTRUSTED_NOTE),
+        page.starts_with("<untrusted_tool_result source=\"browser_navigate\">"),
         "page content is marked: {page}"
     );
     assert!(page.contains("Title: Search"), "{page}");
@@ -261,9 +281,7 @@ async fn a_conversation_searches_a_site_and_asks_about_the_screenshot() {
     let images = call(&tools, "browser_get_images", json!({}), &ctx)
         .await
         .expect("images");
-    assert!(images.starts_with(UNTRUSTED_NOTE));
-    let images: Value = serde_json::from_str(images.trim_start_matches(UNTRUSTED_NOTE).trim())
-        .expect("images JSON");
+    let images: Value = serde_json::from_str(fenced_body(&images)).expect("images JSON");
     assert_eq!(images["count"], 1, "{images}");
     assert_eq!(images["images"][0]["alt"], "a dot");
 
@@ -283,12 +301,15 @@ async fn a_conversation_searches_a_site_and_asks_about_the_screenshot() {
     )
     .await
     .expect("evaluate");
-    assert!(title.ends_with(r#"{"result":"Search"}"#), "{title}");
+    assert!(title.contains(r#"{"result":"Search"}"#), "{title}");
 
     let scrolled = call(&tools, "browser_scroll", json!({"direction": "down"}), &ctx)
         .await
         .expect("scroll");
-    assert!(scrolled.starts_with("Scrolled down"), "{scrolled}");
+    assert!(
+        fenced_body(&scrolled).starts_with("Scrolled down"),
+        "{scrolled}"
+    );
     let e = call(
         &tools,
         "browser_scroll",
@@ -310,8 +331,7 @@ async fn a_conversation_searches_a_site_and_asks_about_the_screenshot() {
     )
     .await
     .unwrap_or_else(|e| panic!("vision: {e}"));
-    let answer: Value = serde_json::from_str(answer.trim_start_matches(UNTRUSTED_NOTE).trim())
-        .expect("vision JSON");
+    let answer: Value = serde_json::from_str(fenced_body(&answer)).expect("vision JSON");
     assert_eq!(answer["analysis"], "A search box and a Find button.");
     let shot = answer["screenshot_path"].as_str().expect("path");
     assert!(
@@ -360,7 +380,7 @@ async fn without_a_vision_model_the_screenshot_is_kept_and_said_so() {
     )
     .await
     .expect("vision");
-    let out: Value = serde_json::from_str(&out).expect("JSON");
+    let out: Value = serde_json::from_str(fenced_body(&out)).expect("JSON");
     assert!(
         out["note"]
             .as_str()

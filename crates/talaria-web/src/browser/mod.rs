@@ -308,6 +308,25 @@ impl Browser {
         }
     }
 
+    /// Whether `browser:` can work here: a `cdp_url`, or a Chromium to
+    /// start (`chromium_path`, else one on `PATH`). The error says what to
+    /// install or set.
+    ///
+    /// # Errors
+    /// No Chromium and no `cdp_url`.
+    pub fn available(config: &BrowserConfig) -> Result<(), String> {
+        if config
+            .cdp_url
+            .as_deref()
+            .is_some_and(|u| !u.trim().is_empty())
+        {
+            return Ok(());
+        }
+        process::find_program(config.chromium_path.as_deref())
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
     /// Kills Chromium processes that a previous process left running with
     /// a profile under `data_dir` (it was killed before it could end them)
     /// and removes their profiles. Returns how many processes were killed.
