@@ -276,23 +276,10 @@ pub fn sweep(data_dir: &Path) -> usize {
     let own = std::process::id();
     let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
     let mut killed = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(others) = other_processes() else {
         return 0;
     };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == own {
-            continue;
-        }
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
+    for (pid, raw) in others {
         let Some(owner) = profile_owner(&raw, data_dir) else {
             continue;
         };
@@ -354,32 +341,27 @@ fn profile_owner(raw: &[u8], data_dir: &Path) -> Option<u32> {
 /// Processes whose command line mentions `needle` (tests and diagnostics:
 /// "is any Chromium of this profile still running?").
 pub fn processes_mentioning(needle: &str) -> io::Result<Vec<u32>> {
-    let own = std::process::id();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc")?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == own {
-            continue;
-        }
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
+    Ok(other_processes()?
         // A zombie has an empty command line and is no longer running.
-        if raw.is_empty() {
-            continue;
-        }
-        let text = String::from_utf8_lossy(&raw);
-        if text.contains(needle) {
-            found.push(pid);
-        }
-    }
-    Ok(found)
+        .filter(|(_, raw)| !raw.is_empty() && String::from_utf8_lossy(raw).contains(needle))
+        .map(|(pid, _)| pid)
+        .collect())
+}
+
+/// Every other process whose command line can be read: its id and its
+/// NUL-separated command line.
+fn other_processes() -> io::Result<impl Iterator<Item = (u32, Vec<u8>)>> {
+    let own = std::process::id();
+    Ok(std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(move |entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            if pid == own {
+                return None;
+            }
+            let raw = std::fs::read(entry.path().join("cmdline")).ok()?;
+            Some((pid, raw))
+        }))
 }
 
 #[cfg(test)]
