@@ -152,9 +152,16 @@ async fn array_content_parts_are_joined_into_the_input() {
         sent,
         vec![("user".to_owned(), "first part\nsecond part".to_owned())]
     );
-    // An image part must carry its bytes: a URL to fetch, or a data URL
-    // without base64 content, is refused in words, and no turn runs.
-    for url in ["data:,", "https://example.com/cat.png"] {
+    // An image part must carry its bytes or an http(s) URL (fetched
+    // through the URL guard, tested through the binary in
+    // talaria-cli/tests/web.rs): a data URL without base64 content, or
+    // another scheme, is refused in words, and no turn runs. So is any
+    // file sent to a server without the media services.
+    for (url, said) in [
+        ("data:,", "data: URL"),
+        ("file:///etc/passwd", "data: URL"),
+        ("https://example.com/cat.png", "does not take files"),
+    ] {
         let body = json!({"messages": [{"role": "user", "content": [
             {"type": "text", "text": "look"},
             {"type": "image_url", "image_url": {"url": url}},
@@ -163,7 +170,7 @@ async fn array_content_parts_are_joined_into_the_input() {
         assert_eq!(resp.status(), 400, "{url}");
         let error: serde_json::Value = resp.json().await.unwrap();
         let message = error["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains("data: URL"), "{url}: {message}");
+        assert!(message.contains(said), "{url}: {message}");
     }
     assert_eq!(rig.mock.requests().len(), 1);
     rig.stop().await;
