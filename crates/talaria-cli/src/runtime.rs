@@ -189,12 +189,18 @@ impl Runtime {
         for tool in media_tools {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }
-        // web_search (when a search service is configured) and web_extract.
-        let (web_tools, problems) = talaria_tools::web::web_tools(
-            &self.config,
-            &self.loaded.env,
-            Some(client.clone() as Arc<dyn talaria_llm::Provider>),
-        );
+        // web_search (when a search service is configured) and web_extract,
+        // whose long pages `auxiliary.web` (else the main model) summarises.
+        let summarizer = match talaria_llm::auxiliary_web_provider(&self.config, &self.loaded.env) {
+            Some(Ok(provider)) => provider,
+            Some(Err(e)) => {
+                tracing::warn!("auxiliary.web is not used: {e}; the main model summarises pages");
+                client.clone() as Arc<dyn talaria_llm::Provider>
+            }
+            None => client.clone() as Arc<dyn talaria_llm::Provider>,
+        };
+        let (web_tools, problems) =
+            talaria_tools::web::web_tools(&self.config, &self.loaded.env, Some(summarizer));
         for p in problems {
             tracing::warn!("{p}");
         }

@@ -268,3 +268,50 @@ async fn the_api_server_fetches_image_urls_through_the_guard() {
     assert_eq!(site.hits("/photo.png"), 1);
     assert_eq!(mock.requests().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn long_pages_are_summarised_by_the_auxiliary_web_model() {
+    let mock = MockOpenAi::start().await;
+    let summarizer = MockOpenAi::start().await;
+    let searxng = FakeSearxng::start().await;
+    let site = WebPages::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    write_config(
+        &home,
+        &mock.base_url(),
+        &searxng.base_url(),
+        &format!(
+            "  extract:\n    summarize: true\n    max_chars: 1000\n\
+             auxiliary:\n  web:\n    default: summary-model\n    provider: custom\n    base_url: {}\n",
+            summarizer.base_url()
+        ),
+    );
+    mock.push(Reply::tool_calls(vec![ToolCallReply::new(
+        "c1",
+        "web_extract",
+        serde_json::json!({"urls": [site.url("/huge")]}).to_string(),
+    )]));
+    mock.push(Reply::text("It is a long page."));
+    summarizer.push(Reply::text("One sentence about work and play, repeated."));
+    let out = chat(&home, "what is on that page?").await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary_request = &summarizer.requests()[0];
+    assert_eq!(summary_request.body["model"], "summary-model");
+    assert!(
+        summary_request
+            .body
+            .to_string()
+            .contains("All work and no play")
+    );
+    let result = tool_result(&mock, 1);
+    assert!(result.contains("A summary of the page's"), "{result}");
+    assert!(
+        result.contains("One sentence about work and play, repeated."),
+        "{result}"
+    );
+}

@@ -58,6 +58,29 @@ pub fn auxiliary_vision_provider(
     Some(Ok(provider_with(&endpoint, opts)))
 }
 
+/// The provider for `auxiliary.web` (the model that summarises long pages
+/// for `web_extract`), or `None` when none is configured; the error says
+/// what the block lacks.
+pub fn auxiliary_web_provider(
+    config: &Config,
+    env: &Env,
+) -> Option<Result<Arc<dyn Provider>, String>> {
+    let endpoint = match config.web_endpoint(env)? {
+        Ok(e) => e,
+        Err(e) => return Some(Err(e)),
+    };
+    let block = config.auxiliary.web.as_ref()?;
+    let mut secrets = env.secret_values();
+    secrets.extend(config.secret_values());
+    let opts = HttpOptions {
+        default_max_tokens: block.max_tokens,
+        default_temperature: block.temperature,
+        secrets,
+        ..HttpOptions::from_agent(&config.agent)
+    };
+    Some(Ok(provider_with(&endpoint, opts)))
+}
+
 /// What to do after a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Next {

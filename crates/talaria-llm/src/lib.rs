@@ -29,7 +29,9 @@ pub mod sse;
 pub mod vision;
 
 pub use anthropic::AnthropicProvider;
-pub use client::{LlmClient, auxiliary_vision_provider, provider_for, provider_with};
+pub use client::{
+    LlmClient, auxiliary_vision_provider, auxiliary_web_provider, provider_for, provider_with,
+};
 pub use http::HttpOptions;
 pub use openai::OpenAiProvider;
 pub use retry::RetryPolicy;

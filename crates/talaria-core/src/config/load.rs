@@ -260,39 +260,13 @@ impl Config {
     /// The endpoint of `auxiliary.vision`, when one is configured: the
     /// model that looks at images for a main model without vision.
     pub fn vision_endpoint(&self, env: &Env) -> Option<Result<Endpoint, String>> {
-        let m = self.auxiliary.vision.as_ref()?;
-        let provider = m.provider;
-        let Some(model) = m.default.clone() else {
-            return Some(Err(
-                "`auxiliary.vision` needs `default`, the model's name".to_owned()
-            ));
-        };
-        let Some(base_url) = m
-            .base_url
-            .clone()
-            .or_else(|| provider.default_base_url().map(str::to_owned))
-        else {
-            return Some(Err(
-                "`auxiliary.vision` with provider `custom` needs `base_url`".to_owned(),
-            ));
-        };
-        let api_key = m
-            .api_key
-            .clone()
-            .or_else(|| env.get(provider.api_key_env()).map(Secret::new));
-        if api_key.is_none() && provider != ProviderKind::Custom {
-            return Some(Err(format!(
-                "`auxiliary.vision` with provider `{}` needs `api_key` or {}",
-                provider.as_str(),
-                provider.api_key_env()
-            )));
-        }
-        Some(Ok(Endpoint {
-            provider,
-            model,
-            base_url,
-            api_key,
-        }))
+        auxiliary_endpoint("auxiliary.vision", self.auxiliary.vision.as_ref()?, env)
+    }
+
+    /// The endpoint of `auxiliary.web`, when one is configured: the model
+    /// that summarises long pages for `web_extract`.
+    pub fn web_endpoint(&self, env: &Env) -> Option<Result<Endpoint, String>> {
+        auxiliary_endpoint("auxiliary.web", self.auxiliary.web.as_ref()?, env)
     }
 
     /// The fallback endpoints in order. Entries that cannot be used (no key)
@@ -464,4 +438,39 @@ fn allowed_host_ok(entry: &str) -> bool {
         && entry
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']'))
+}
+
+/// The endpoint an `auxiliary.<job>` block (`key`) names, or why it can't
+/// be used.
+fn auxiliary_endpoint(key: &str, m: &ModelConfig, env: &Env) -> Option<Result<Endpoint, String>> {
+    let provider = m.provider;
+    let Some(model) = m.default.clone() else {
+        return Some(Err(format!("`{key}` needs `default`, the model's name")));
+    };
+    let Some(base_url) = m
+        .base_url
+        .clone()
+        .or_else(|| provider.default_base_url().map(str::to_owned))
+    else {
+        return Some(Err(format!(
+            "`{key}` with provider `custom` needs `base_url`"
+        )));
+    };
+    let api_key = m
+        .api_key
+        .clone()
+        .or_else(|| env.get(provider.api_key_env()).map(Secret::new));
+    if api_key.is_none() && provider != ProviderKind::Custom {
+        return Some(Err(format!(
+            "`{key}` with provider `{}` needs `api_key` or {}",
+            provider.as_str(),
+            provider.api_key_env()
+        )));
+    }
+    Some(Ok(Endpoint {
+        provider,
+        model,
+        base_url,
+        api_key,
+    }))
 }

@@ -36,6 +36,10 @@ pub struct AuxiliaryConfig {
     /// The model that looks at images for a main model without vision
     /// (`vision_analyze`, `media.describe_images`); a block like `model:`.
     pub vision: Option<ModelConfig>,
+    /// The model that summarises long pages for `web_extract` when
+    /// `web.extract.summarize` is on (else the main model); a block like
+    /// `model:`.
+    pub web: Option<ModelConfig>,
 }
 
 /// Which speech-to-text service transcribes voice notes.
