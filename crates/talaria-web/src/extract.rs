@@ -364,6 +364,6 @@ mod tests {
         let t = visible_text(
             "<p>One</p><script>var x = '<p>';</script><style>p{}</style><div>Two &amp; three</div>",
         );
-        assert_eq!(tidy(&t), "One\nTwo & three");
+        assert_eq!(tidy(&t), "One\n\nTwo & three");
     }
 }
