@@ -49,6 +49,18 @@ pub(crate) struct ChatInput {
 /// 400 for invalid JSON, a missing or empty `messages`, a malformed message
 /// or no user message with text.
 pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
+    // The usual request reads straight into the fields used, without a
+    // JSON tree per message (a header-less client resends its whole
+    // history each time); anything that does not fit is read again as a
+    // tree, which says precisely what is wrong.
+    if let Ok(wire) = serde_json::from_slice::<Wire>(body) {
+        let messages = wire.messages.as_ref().map(|m| {
+            m.iter()
+                .map(|m| (m.role.as_ref(), m.content.as_ref()))
+                .collect()
+        });
+        return assemble(messages, wire.stream.as_ref(), wire.model.as_ref());
+    }
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!("Invalid JSON in request body: {e}"), "invalid_json")
     })?;
@@ -58,14 +70,43 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
             "invalid_json",
         ));
     };
+    let messages = object.get("messages").and_then(Value::as_array).map(|m| {
+        m.iter()
+            .map(|m| (m.get("role"), m.get("content")))
+            .collect()
+    });
+    assemble(messages, object.get("stream"), object.get("model"))
+}
+
+/// A request body as the fast path reads it: only the fields used.
+#[derive(serde::Deserialize)]
+struct Wire {
+    messages: Option<Vec<WireMessage>>,
+    stream: Option<Value>,
+    model: Option<Value>,
+}
+
+/// One message as the fast path reads it.
+#[derive(serde::Deserialize)]
+struct WireMessage {
+    role: Option<Value>,
+    content: Option<Value>,
+}
+
+/// Each message's `role` and `content`, as found.
+type RawMessages<'a> = Vec<(Option<&'a Value>, Option<&'a Value>)>;
+
+/// The [`ChatInput`] of a request's `messages` (`None` when it is not an
+/// array), `stream` and `model`.
+fn assemble(
+    messages: Option<RawMessages<'_>>,
+    stream: Option<&Value>,
+    model: Option<&Value>,
+) -> Result<ChatInput, ApiError> {
     let missing =
         || ApiError::bad_request("'messages' must be a non-empty array", "missing_messages");
-    let messages = object
-        .get("messages")
-        .and_then(Value::as_array)
-        .filter(|m| !m.is_empty())
-        .ok_or_else(missing)?;
-    let stream = match object.get("stream") {
+    let messages = messages.filter(|m| !m.is_empty()).ok_or_else(missing)?;
+    let stream = match stream {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => {
@@ -75,21 +116,19 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
             ));
         }
     };
-    let model = object
-        .get("model")
+    let model = model
         .and_then(Value::as_str)
         .filter(|m| !m.is_empty())
         .map(str::to_owned);
 
     let mut parsed = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
+    for (i, (role, content)) in messages.iter().enumerate() {
         let bad =
             |what: &str| ApiError::bad_request(format!("messages[{i}]: {what}"), "invalid_message");
-        let role = m
-            .get("role")
+        let role = role
             .and_then(Value::as_str)
             .ok_or_else(|| bad("missing 'role'"))?;
-        let (text, files) = content_of(m.get("content")).map_err(|e| bad(&e))?;
+        let (text, files) = content_of(*content).map_err(|e| bad(&e))?;
         parsed.push((role, text, files));
     }
 

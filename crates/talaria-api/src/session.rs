@@ -164,6 +164,43 @@ const INDEX_NAMESPACE: &str = "api_server";
 #[derive(Default)]
 pub(crate) struct TranscriptIndex {
     store: OnceLock<Arc<dyn CursorStore>>,
+    /// The entries this process recorded last, so a client that continues
+    /// here (the usual case) is found without a store read. Only a hint:
+    /// [`continue_if_unchanged`] checks the session against the store
+    /// either way, so an entry another node has since moved past is
+    /// harmless.
+    recent: Mutex<Recent>,
+}
+
+/// Entries kept in memory: bounded, the oldest recorded dropped first.
+#[derive(Default)]
+struct Recent {
+    map: HashMap<String, Continuation>,
+    order: std::collections::VecDeque<String>,
+}
+
+/// Conversations whose index entry stays in memory.
+const RECENT_ENTRIES: usize = 4096;
+
+impl Recent {
+    fn insert(&mut self, key: &str, at: &Continuation) {
+        if self.map.insert(key.to_owned(), at.clone()).is_none() {
+            self.order.push_back(key.to_owned());
+        }
+        // The order may hold keys already removed: they are skipped here.
+        while self.map.len() > RECENT_ENTRIES {
+            match self.order.pop_front() {
+                Some(old) => {
+                    self.map.remove(&old);
+                }
+                None => break,
+            }
+        }
+        if self.order.len() > 2 * RECENT_ENTRIES {
+            let map = &self.map;
+            self.order.retain(|k| map.contains_key(k));
+        }
+    }
 }
 
 impl TranscriptIndex {
@@ -178,6 +215,16 @@ impl TranscriptIndex {
     /// own, which loses continuity but never mixes conversations.
     pub(crate) async fn lookup(&self, key: &str) -> Option<Continuation> {
         let store = self.store.get()?;
+        let known = self
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map
+            .get(key)
+            .cloned();
+        if known.is_some() {
+            return known;
+        }
         match store.cursor(INDEX_NAMESPACE, key).await {
             Ok(value) => value.as_deref().and_then(Continuation::decode),
             Err(e) => {
@@ -194,6 +241,13 @@ impl TranscriptIndex {
         let Some(store) = self.store.get() else {
             return;
         };
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(old) = replaces {
+                recent.map.remove(old);
+            }
+            recent.insert(key, at);
+        }
         // Both at once: they touch different entries, and the store's
         // writer commits what is queued together, so the answer waits for
         // one commit rather than two.
@@ -418,6 +472,28 @@ mod tests {
         assert_eq!(Continuation::decode("12 ../x"), None);
         assert_eq!(Continuation::decode("x api-1"), None);
         assert_eq!(Continuation::decode("12"), None);
+    }
+
+    #[test]
+    fn recent_entries_are_bounded_oldest_first() {
+        let mut recent = Recent::default();
+        let at = |n: u64| Continuation {
+            session_id: format!("api-{n}"),
+            rows: n,
+        };
+        for n in 0..(RECENT_ENTRIES as u64 + 10) {
+            recent.insert(&format!("k{n}"), &at(n));
+        }
+        assert_eq!(recent.map.len(), RECENT_ENTRIES);
+        assert!(!recent.map.contains_key("k0") && !recent.map.contains_key("k9"));
+        assert_eq!(recent.map.get("k10"), Some(&at(10)));
+        // Keys removed by a later record do not hold the order up.
+        for n in 0..(3 * RECENT_ENTRIES as u64) {
+            let key = format!("r{n}");
+            recent.insert(&key, &at(n));
+            recent.map.remove(&key);
+        }
+        assert!(recent.order.len() <= 2 * RECENT_ENTRIES + 1);
     }
 
     #[test]
