@@ -72,9 +72,7 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     // A container made for this chat would otherwise wait for a gateway's
     // sweep.
     rt.backends.release_all().await;
-    if let Some(browser) = &rt.browser {
-        browser.close_all().await;
-    }
+    rt.close_browser().await;
     if let Some(memory) = agent.memory() {
         memory.shutdown(Duration::from_secs(5)).await;
     }

@@ -314,9 +314,7 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     rt.mcp.shutdown().await;
     // The browser's Chromium ends with the gateway (a killed gateway's is
     // ended by the next start's sweep).
-    if let Some(browser) = &rt.browser {
-        browser.close_all().await;
-    }
+    rt.close_browser().await;
     if let Some(memory) = agent.memory() {
         memory.shutdown(Duration::from_secs(5)).await;
     }

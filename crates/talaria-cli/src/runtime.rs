@@ -83,9 +83,11 @@ pub struct Runtime {
     pub skills: Arc<talaria_learning::Library>,
     /// Where the owner's commands run (`terminal.backend`).
     pub backends: Arc<talaria_exec::Backends>,
-    /// The headless browser behind the `browser_*` tools, when a Chromium
-    /// (or `browser.cdp_url`) is there; it starts on the first call.
-    pub browser: Option<Arc<talaria_web::browser::Browser>>,
+    /// The headless browser behind the `browser_*` tools: looked for when
+    /// an agent is built (commands without one pay nothing), `None` when
+    /// there is no Chromium and no `browser.cdp_url`; Chromium itself
+    /// starts on the first call.
+    browser: std::sync::OnceLock<Option<Arc<talaria_web::browser::Browser>>>,
 }
 
 impl Runtime {
@@ -119,10 +121,9 @@ impl Runtime {
             &home,
             workdir,
         ));
-        let browser = open_browser(&home, &loaded.config).await;
         Ok(Runtime {
             backends,
-            browser,
+            browser: std::sync::OnceLock::new(),
             skills: Arc::new(talaria_learning::Library::new(&home)),
             mcp,
             config: Arc::new(loaded.config.clone()),
@@ -141,6 +142,21 @@ impl Runtime {
         interaction: Arc<dyn Interaction>,
     ) -> anyhow::Result<(Agent, Arc<LlmClient>)> {
         self.agent_with_tools(interaction, Vec::new())
+    }
+
+    /// The browser for the `browser_*` tools, made (after sweeping what a
+    /// killed gateway left) the first time it is asked for.
+    fn browser(&self) -> Option<&Arc<talaria_web::browser::Browser>> {
+        self.browser
+            .get_or_init(|| open_browser(&self.home, &self.config))
+            .as_ref()
+    }
+
+    /// Ends the browser's Chromium, if one was made.
+    pub async fn close_browser(&self) {
+        if let Some(Some(browser)) = self.browser.get() {
+            browser.close_all().await;
+        }
     }
 
     /// Where the agent works: `terminal.cwd`, else the current directory.
@@ -209,7 +225,7 @@ impl Runtime {
         }
         // The browser_* tools, when a browser can run here; browser_vision
         // asks the auxiliary vision model when there is one.
-        if let Some(browser) = &self.browser {
+        if let Some(browser) = self.browser() {
             let vision =
                 match talaria_llm::auxiliary_vision_provider(&self.config, &self.loaded.env) {
                     Some(Ok(provider)) => Some(Arc::new(
@@ -311,7 +327,7 @@ impl Runtime {
 /// processes a killed gateway left behind are swept first (their profiles
 /// live under `<home>/browser`). `None`, with the reason logged at debug,
 /// when there is no Chromium and no `browser.cdp_url`.
-async fn open_browser(
+fn open_browser(
     home: &Home,
     config: &talaria_core::Config,
 ) -> Option<Arc<talaria_web::browser::Browser>> {
@@ -328,7 +344,7 @@ async fn open_browser(
         }
     };
     let dir = home.root().join("browser");
-    let swept = dir.clone();
-    let _ = tokio::task::spawn_blocking(move || Browser::sweep(&swept)).await;
+    // A short read of /proc (it waits only for processes it killed).
+    Browser::sweep(&dir);
     Some(Arc::new(Browser::new(&config.browser, guard, dir)))
 }

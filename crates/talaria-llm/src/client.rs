@@ -38,24 +38,19 @@ pub fn auxiliary_vision_provider(
     config: &Config,
     env: &Env,
 ) -> Option<Result<Arc<dyn Provider>, String>> {
-    let endpoint = match config.vision_endpoint(env)? {
-        Ok(e) => e,
-        Err(e) => return Some(Err(e)),
-    };
     let block = config.auxiliary.vision.as_ref()?;
-    let mut secrets = env.secret_values();
-    secrets.extend(config.secret_values());
-    let opts = HttpOptions {
-        default_max_tokens: block.max_tokens,
-        default_temperature: block.temperature,
-        secrets,
-        vision: match block.vision {
-            VisionMode::Off => VisionMode::Off,
-            VisionMode::Auto | VisionMode::On => VisionMode::On,
-        },
-        ..HttpOptions::from_agent(&config.agent)
+    let vision = match block.vision {
+        VisionMode::Off => VisionMode::Off,
+        VisionMode::Auto | VisionMode::On => VisionMode::On,
     };
-    Some(Ok(provider_with(&endpoint, opts)))
+    let endpoint = config.vision_endpoint(env)?;
+    Some(auxiliary_provider(
+        config,
+        env,
+        endpoint,
+        block,
+        Some(vision),
+    ))
 }
 
 /// The provider for `auxiliary.web` (the model that summarises long pages
@@ -65,20 +60,34 @@ pub fn auxiliary_web_provider(
     config: &Config,
     env: &Env,
 ) -> Option<Result<Arc<dyn Provider>, String>> {
-    let endpoint = match config.web_endpoint(env)? {
-        Ok(e) => e,
-        Err(e) => return Some(Err(e)),
-    };
     let block = config.auxiliary.web.as_ref()?;
+    let endpoint = config.web_endpoint(env)?;
+    Some(auxiliary_provider(config, env, endpoint, block, None))
+}
+
+/// The provider of an `auxiliary.<job>` block at `endpoint`, with the
+/// block's token and temperature defaults, every configured secret kept
+/// out of its errors, and `vision` when the job decides it.
+fn auxiliary_provider(
+    config: &Config,
+    env: &Env,
+    endpoint: Result<talaria_core::Endpoint, String>,
+    block: &talaria_core::config::ModelConfig,
+    vision: Option<VisionMode>,
+) -> Result<Arc<dyn Provider>, String> {
+    let endpoint = endpoint?;
     let mut secrets = env.secret_values();
     secrets.extend(config.secret_values());
-    let opts = HttpOptions {
+    let mut opts = HttpOptions {
         default_max_tokens: block.max_tokens,
         default_temperature: block.temperature,
         secrets,
         ..HttpOptions::from_agent(&config.agent)
     };
-    Some(Ok(provider_with(&endpoint, opts)))
+    if let Some(vision) = vision {
+        opts.vision = vision;
+    }
+    Ok(provider_with(&endpoint, opts))
 }
 
 /// What to do after a failed attempt.
