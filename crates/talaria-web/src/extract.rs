@@ -304,11 +304,50 @@ fn visible_text(html: &str) -> String {
         }
     }
     out.push_str(rest);
-    out.replace("&nbsp;", " ")
-        .replace("&amp;", "&")
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
+    decode_entities(&out)
+}
+
+/// Text with HTML's character references decoded in one pass (so `&amp;lt;`
+/// stays `&lt;`): the common named ones and numeric ones; anything else is
+/// kept as written.
+pub(crate) fn decode_entities(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('&') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        let decoded = rest.find(';').filter(|&end| end <= 10).and_then(|end| {
+            let name = &rest[1..end];
+            let c = match name {
+                "amp" => Some('&'),
+                "lt" => Some('<'),
+                "gt" => Some('>'),
+                "quot" => Some('"'),
+                "apos" => Some('\''),
+                "nbsp" => Some(' '),
+                _ => {
+                    let code = match name.strip_prefix("#x").or_else(|| name.strip_prefix("#X")) {
+                        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+                        None => name.strip_prefix('#').and_then(|d| d.parse().ok()),
+                    };
+                    code.and_then(char::from_u32)
+                }
+            };
+            c.map(|c| (c, end))
+        });
+        match decoded {
+            Some((c, end)) => {
+                out.push(c);
+                rest = &rest[end + 1..];
+            }
+            None => {
+                out.push('&');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Trailing spaces gone, runs of blank lines folded to one.
@@ -357,6 +396,14 @@ mod tests {
         assert_eq!(kind_of(Some("application/json"), b"{}"), "text");
         assert_eq!(kind_of(Some("image/png"), b"\x89PNG"), "binary content");
         assert_eq!(kind_of(None, &[0xff, 0xfe, 0x00, 0x80]), "binary content");
+    }
+
+    #[test]
+    fn entities_are_decoded_once() {
+        assert_eq!(
+            decode_entities("a &amp;lt; b &#39;c&#x27; &nbsp;&bogus; & d"),
+            "a &lt; b 'c'  &bogus; & d"
+        );
     }
 
     #[test]

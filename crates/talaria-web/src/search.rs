@@ -378,13 +378,7 @@ fn clean(s: &str, max: usize) -> String {
             _ => {}
         }
     }
-    let out = out
-        .replace("&amp;", "&")
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&#x27;", "'");
+    let out = crate::extract::decode_entities(&out);
     let folded = out.split_whitespace().collect::<Vec<_>>().join(" ");
     match folded.char_indices().nth(max) {
         Some((cut, _)) => format!("{}…", &folded[..cut]),

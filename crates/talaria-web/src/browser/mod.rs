@@ -472,16 +472,7 @@ impl Browser {
         let r = r.to_owned();
         self.run(key, |tab| async move {
             let node = node_of(&tab, &r)?;
-            let started = tab
-                .page
-                .event_listener::<EventFrameStartedLoading>()
-                .await
-                .map_err(failed("watching the page"))?;
-            let loaded = tab
-                .page
-                .event_listener::<EventLoadEventFired>()
-                .await
-                .map_err(failed("watching the page"))?;
+            let navigation = Navigation::watch(&tab).await?;
             let _ = tab
                 .page
                 .execute(ScrollIntoViewIfNeededParams {
@@ -510,7 +501,7 @@ impl Browser {
                     call_on(&tab, node, "function() { this.click(); }").await?;
                 }
             }
-            settle(started, loaded).await;
+            navigation.settle().await;
             Ok(format!("Clicked {r}."))
         })
         .await
@@ -639,16 +630,7 @@ impl Browser {
             )));
         };
         self.run(key, |tab| async move {
-            let started = tab
-                .page
-                .event_listener::<EventFrameStartedLoading>()
-                .await
-                .map_err(failed("watching the page"))?;
-            let loaded = tab
-                .page
-                .event_listener::<EventLoadEventFired>()
-                .await
-                .map_err(failed("watching the page"))?;
+            let navigation = Navigation::watch(&tab).await?;
             let down = DispatchKeyEventParams {
                 r#type: if k.text.is_some() {
                     DispatchKeyEventType::KeyDown
@@ -679,7 +661,7 @@ impl Browser {
                 .execute(up)
                 .await
                 .map_err(failed("pressing the key"))?;
-            settle(started, loaded).await;
+            navigation.settle().await;
             Ok(format!("Pressed {}.", k.key))
         })
         .await
@@ -1285,14 +1267,34 @@ async fn eval_value(tab: &Tab, expression: &str) -> Result<serde_json::Value, Br
         .unwrap_or(serde_json::Value::Null))
 }
 
-/// After an action: when a navigation starts soon after, waits for its
-/// load event.
-async fn settle(
-    mut started: chromiumoxide::listeners::EventStream<EventFrameStartedLoading>,
-    mut loaded: chromiumoxide::listeners::EventStream<EventLoadEventFired>,
-) {
-    if let Ok(Some(_)) = tokio::time::timeout(SETTLE_WINDOW, started.next()).await {
-        let _ = tokio::time::timeout(NAVIGATION_TIMEOUT, loaded.next()).await;
+/// A watch, set before an action, on the navigation it may start.
+struct Navigation {
+    started: chromiumoxide::listeners::EventStream<EventFrameStartedLoading>,
+    loaded: chromiumoxide::listeners::EventStream<EventLoadEventFired>,
+}
+
+impl Navigation {
+    /// Starts watching `tab`'s page.
+    async fn watch(tab: &Tab) -> Result<Navigation, BrowserError> {
+        let started = tab
+            .page
+            .event_listener::<EventFrameStartedLoading>()
+            .await
+            .map_err(failed("watching the page"))?;
+        let loaded = tab
+            .page
+            .event_listener::<EventLoadEventFired>()
+            .await
+            .map_err(failed("watching the page"))?;
+        Ok(Navigation { started, loaded })
+    }
+
+    /// After the action: when a navigation starts soon after, waits for
+    /// its load event.
+    async fn settle(mut self) {
+        if let Ok(Some(_)) = tokio::time::timeout(SETTLE_WINDOW, self.started.next()).await {
+            let _ = tokio::time::timeout(NAVIGATION_TIMEOUT, self.loaded.next()).await;
+        }
     }
 }
 
