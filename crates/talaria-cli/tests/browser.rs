@@ -8,7 +8,7 @@
 //! fail, never skip, without it.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -17,6 +17,9 @@ use axum::response::Html;
 use axum::routing::get;
 use serde_json::{Value, json};
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
+
+mod api_gateway;
+use api_gateway::{ApiGateway, free_port};
 
 const KEY: &str = "api-key-0123456789";
 
@@ -69,13 +72,6 @@ async fn site() -> String {
     format!("http://{addr}")
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 fn write_config(home: &Path, model: &str, port: u16, idle_secs: u64) {
     std::fs::create_dir_all(home).expect("home");
     std::fs::write(
@@ -91,77 +87,34 @@ fn write_config(home: &Path, model: &str, port: u16, idle_secs: u64) {
     .expect("config");
 }
 
-/// `talaria gateway run`, killed when dropped.
-struct Gateway {
-    child: Child,
-    url: String,
+/// The gateway, with Chromium required first (these tests fail, never
+/// skip, without it).
+async fn start(home: &Path, port: u16) -> ApiGateway {
+    assert!(
+        which("chromium"),
+        "Chromium is not installed: the browser tests need it (apt install chromium; scripts/test does)"
+    );
+    ApiGateway::start(home, port).await
 }
 
-impl Gateway {
-    async fn start(home: &Path, port: u16) -> Gateway {
-        assert!(
-            which("chromium"),
-            "Chromium is not installed: the browser tests need it (apt install chromium; scripts/test does)"
-        );
-        let log = home.join("gateway.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_talaria"))
-            .arg("--home")
-            .arg(home)
-            .args(["gateway", "run"])
-            .env_remove("TALARIA_HOME")
-            .env_remove("OPENAI_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("the gateway starts");
-        let mut gateway = Gateway {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        };
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = http.get(format!("{}/health", gateway.url)).send().await
-                && r.status().is_success()
-            {
-                return gateway;
-            }
-            if let Ok(Some(status)) = gateway.child.try_wait() {
-                panic!(
-                    "the gateway exited ({status}):\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            assert!(Instant::now() < deadline, "no /health");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// One turn in session `session`; the answer's text.
-    async fn ask(&self, session: &str, text: &str) -> String {
-        let resp = reqwest::Client::new()
-            .post(format!("{}/v1/chat/completions", self.url))
-            .bearer_auth(KEY)
-            .header("x-talaria-session-id", session)
-            .json(&json!({"model": "talaria", "messages": [{"role": "user", "content": text}]}))
-            .timeout(Duration::from_secs(90))
-            .send()
-            .await
-            .expect("answer");
-        assert_eq!(resp.status(), 200);
-        let body: Value = resp.json().await.expect("json");
-        body["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// One turn in session `session` through the API server; the answer's
+/// text.
+async fn ask(gateway: &ApiGateway, session: &str, text: &str) -> String {
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(KEY)
+        .header("x-talaria-session-id", session)
+        .json(&json!({"model": "talaria", "messages": [{"role": "user", "content": text}]}))
+        .timeout(Duration::from_secs(90))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.expect("json");
+    body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn which(program: &str) -> bool {
@@ -231,7 +184,7 @@ async fn a_model_fills_a_form_follows_a_link_and_takes_a_screenshot() {
     let home = dir.path().join("home");
     let port = free_port();
     write_config(&home, &mock.base_url(), port, 2);
-    let gateway = Gateway::start(&home, port).await;
+    let gateway = start(&home, port).await;
 
     // First the page: the references are the page's, so the script reads
     // them from what the model was shown.
@@ -242,7 +195,7 @@ async fn a_model_fills_a_form_follows_a_link_and_takes_a_screenshot() {
     ));
     mock.push(Reply::text("I see a form."));
     assert_eq!(
-        gateway.ask("guest", "open the guestbook").await,
+        ask(&gateway, "guest", "open the guestbook").await,
         "I see a form."
     );
     let page = tool_result(&mock, 1);
@@ -262,7 +215,7 @@ async fn a_model_fills_a_form_follows_a_link_and_takes_a_screenshot() {
     mock.push(call("c3", "browser_click", json!({"ref": button})));
     mock.push(call("c4", "browser_snapshot", json!({})));
     mock.push(Reply::text("Signed."));
-    assert_eq!(gateway.ask("guest", "sign it as Ada").await, "Signed.");
+    assert_eq!(ask(&gateway, "guest", "sign it as Ada").await, "Signed.");
     let thanks = tool_result(&mock, 5);
     assert!(thanks.contains("Thanks for signing, Ada"), "{thanks}");
     let link = reference(&thanks, "Read the other entries");
@@ -276,7 +229,7 @@ async fn a_model_fills_a_form_follows_a_link_and_takes_a_screenshot() {
     ));
     mock.push(Reply::text("42 entries."));
     assert_eq!(
-        gateway.ask("guest", "how many entries?").await,
+        ask(&gateway, "guest", "how many entries?").await,
         "42 entries."
     );
     let entries = tool_result(&mock, 8);
@@ -297,7 +250,7 @@ async fn a_model_fills_a_form_follows_a_link_and_takes_a_screenshot() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     mock.push(call("c8", "browser_snapshot", json!({})));
     mock.push(Reply::text("Nothing open."));
-    gateway.ask("guest", "what is open now?").await;
+    ask(&gateway, "guest", "what is open now?").await;
     let after = tool_result(&mock, 11);
     assert!(
         !after.contains("Entries so far"),
@@ -325,14 +278,14 @@ async fn no_chromium_outlives_a_gateway_killed_with_sigkill() {
     let home = dir.path().join("home");
     let port = free_port();
     write_config(&home, &mock.base_url(), port, 300);
-    let mut gateway = Gateway::start(&home, port).await;
+    let mut gateway = start(&home, port).await;
     mock.push(call(
         "c1",
         "browser_navigate",
         json!({"url": format!("{base}/")}),
     ));
     mock.push(Reply::text("Open."));
-    gateway.ask("s", "open it").await;
+    ask(&gateway, "s", "open it").await;
     let needle = home.join("browser").to_string_lossy().into_owned();
     assert!(!processes_naming(&needle).is_empty(), "Chromium runs");
     gateway.child.kill().expect("SIGKILL");
@@ -345,14 +298,14 @@ async fn no_chromium_outlives_a_gateway_killed_with_sigkill() {
 
     // The next start sweeps whatever a killed gateway's Chromium left
     // (here: its profile directory) and browses afresh.
-    let gateway = Gateway::start(&home, port).await;
+    let gateway = start(&home, port).await;
     mock.push(call(
         "c2",
         "browser_navigate",
         json!({"url": format!("{base}/")}),
     ));
     mock.push(Reply::text("Open again."));
-    assert_eq!(gateway.ask("s", "open it again").await, "Open again.");
+    assert_eq!(ask(&gateway, "s", "open it again").await, "Open again.");
     let profiles: Vec<String> = std::fs::read_dir(home.join("browser"))
         .map(|d| {
             d.flatten()

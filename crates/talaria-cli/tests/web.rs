@@ -10,6 +10,9 @@ use talaria_testkit::web_pages::{ARTICLE_FACT, WebPages};
 use talaria_testkit::web_search::FakeSearxng;
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 
+mod api_gateway;
+use api_gateway::{ApiGateway, free_port};
+
 async fn chat(home: &Path, prompt: &str) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_talaria"))
         .arg("--home")
@@ -162,24 +165,6 @@ async fn platform_toolsets_take_the_web_away() {
     );
 }
 
-/// A free port on 127.0.0.1 for the API server.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// `talaria gateway run`, killed when dropped.
-struct Gateway(std::process::Child);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_api_server_fetches_image_urls_through_the_guard() {
     let mock = MockOpenAi::start().await;
@@ -196,36 +181,9 @@ async fn the_api_server_fetches_image_urls_through_the_guard() {
             "platforms:\n  api_server:\n    enabled: true\n    port: {port}\n    key: api-key-0123456789\n"
         ),
     );
-    let log = home.join("gateway.log");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_talaria"))
-        .arg("--home")
-        .arg(&home)
-        .args(["gateway", "run"])
-        .env_remove("TALARIA_HOME")
-        .env_remove("OPENAI_API_KEY")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("gateway starts");
-    let mut gateway = Gateway(child);
+    let gateway = ApiGateway::start(&home, port).await;
     let http = reqwest::Client::new();
-    let url = format!("http://127.0.0.1:{port}");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        if let Ok(r) = http.get(format!("{url}/health")).send().await
-            && r.status().is_success()
-        {
-            break;
-        }
-        if let Ok(Some(status)) = gateway.0.try_wait() {
-            panic!(
-                "the gateway exited ({status}):\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        assert!(std::time::Instant::now() < deadline, "no /health");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let url = gateway.url.clone();
     let ask =
         |image: String| {
             http.post(format!("{url}/v1/chat/completions"))
