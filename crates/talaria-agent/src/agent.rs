@@ -50,6 +50,9 @@ pub struct TurnOptions {
     /// `api_server`): its `platform_toolsets` entry, when there is one,
     /// decides which toolsets the model is offered.
     pub platform: Option<String>,
+    /// The step budget of this turn instead of `agent.max_turns` (a
+    /// subagent's `delegation.max_iterations`).
+    pub max_turns: Option<u32>,
 }
 
 /// Runs turns over sessions. Cheap to share behind an `Arc`; holds no
@@ -234,6 +237,8 @@ impl Agent {
             .with_recall(recall)
             .with_outbox(options.outbox)
             .with_media(options.media)
+            .with_platform(options.platform)
+            .with_max_turns(options.max_turns)
             .run(user_text)
             .await?;
         if let Some(title) = title

@@ -26,7 +26,7 @@ const MEDIA_PREFIX: &str = "MEDIA:";
 pub const FILE_TOOLS: &[&str] = &["read_file", "write_file", "patch", "search_files"];
 
 /// Tools that run programs: withheld when the backend cannot start.
-pub const COMMAND_TOOLS: &[&str] = &["terminal"];
+pub const COMMAND_TOOLS: &[&str] = &["terminal", "execute_code"];
 
 /// Where a conversation's commands and files go.
 #[derive(Debug, Clone)]

@@ -30,6 +30,11 @@
 //! - [`memory_provider`]: the external memory provider trait and the
 //!   manager that holds one and isolates its failures.
 //! - [`interaction`]: the seam to a human (approvals, clarifying questions).
+//! - [`background`]: work that outlives its turn and where it reports
+//!   ([`background::Reports`]).
+//! - [`processes`]: background processes (`terminal(background=true)`):
+//!   the registry every session shares, their output buffers and logs,
+//!   limits, and their reports; the `process` tool is its handle.
 //! - [`tools`]: the [`tools::Tool`] trait, the registry, and the core tools.
 //! - [`untrusted`]: fencing what tools bring in from outside as data.
 //!
@@ -43,6 +48,7 @@
 
 pub mod agent;
 pub mod attach;
+pub mod background;
 pub mod compress;
 pub mod dispatch;
 mod error;
@@ -52,6 +58,7 @@ pub mod memory_context;
 pub mod memory_provider;
 pub mod observer;
 mod parts;
+pub mod processes;
 pub mod prompt;
 pub mod repair;
 mod session;
@@ -65,5 +72,5 @@ pub use agent::{
     session_title,
 };
 pub use execution::Execution;
-pub use observer::{NullObserver, TurnObserver};
+pub use observer::{NullObserver, Progress, TurnObserver};
 pub use turn::{TurnExit, TurnOutcome};

@@ -25,6 +25,34 @@ pub trait TurnObserver: Send + Sync {
     /// Something the user should know that is not part of the answer
     /// (compression, a retry after an empty reply, ...).
     fn notice(&self, _msg: &str) {}
+    /// A line from inside a running tool call: what a subagent of
+    /// `delegate_task` is doing, say. Frequent; show it compactly.
+    fn progress(&self, _line: &str) {}
+}
+
+/// How a tool call reports progress lines to its turn's observer
+/// ([`TurnObserver::progress`]) while it runs. Lines are dropped, never
+/// waited for, when the observer falls behind.
+#[derive(Debug, Clone, Default)]
+pub struct Progress(Option<tokio::sync::mpsc::Sender<String>>);
+
+impl Progress {
+    /// Progress that goes nowhere (a call outside a turn).
+    pub fn none() -> Progress {
+        Progress(None)
+    }
+
+    /// Progress sent on `tx`.
+    pub fn to(tx: tokio::sync::mpsc::Sender<String>) -> Progress {
+        Progress(Some(tx))
+    }
+
+    /// Reports `line`.
+    pub fn line(&self, line: impl Into<String>) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.try_send(line.into());
+        }
+    }
 }
 
 /// An observer that shows nothing (batch jobs, background work, tests).

@@ -11,7 +11,9 @@ use talaria_store::SessionStore;
 use crate::interaction::Interaction;
 use crate::tools::Registry;
 
-/// Everything an [`Agent`] is built from.
+/// Everything an [`Agent`] is built from. Cloning shares every part (a
+/// subagent runs on a copy with another provider).
+#[derive(Clone)]
 pub struct AgentParts {
     /// The loaded configuration (budget, compression, memory, model caps).
     pub config: Arc<Config>,

@@ -145,6 +145,10 @@ pub(crate) struct TurnRun<'a> {
     outbox: Option<std::sync::Arc<dyn Outbox>>,
     /// The final answer went through the outbox.
     owed: bool,
+    /// The platform of the conversation, for the tools.
+    platform: Option<String>,
+    /// The step budget, when not `agent.max_turns`.
+    max_turns: Option<u32>,
 }
 
 impl<'a> TurnRun<'a> {
@@ -179,7 +183,21 @@ impl<'a> TurnRun<'a> {
             repair_logged: false,
             outbox: None,
             owed: false,
+            platform: None,
+            max_turns: None,
         }
+    }
+
+    /// The platform the conversation is on, as the tools see it.
+    pub(crate) fn with_platform(mut self, platform: Option<String>) -> TurnRun<'a> {
+        self.platform = platform;
+        self
+    }
+
+    /// Spends at most `max_turns` steps instead of `agent.max_turns`.
+    pub(crate) fn with_max_turns(mut self, max_turns: Option<u32>) -> TurnRun<'a> {
+        self.max_turns = max_turns;
+        self
     }
 
     /// Stores the final answer through `outbox`, with its obligation.
@@ -258,7 +276,10 @@ impl<'a> TurnRun<'a> {
         let media = std::mem::take(&mut self.media);
         self.persist(Message::user_with_media(user_text, media))
             .await?;
-        let budget = self.parts.config.agent.max_turns.max(1);
+        let budget = self
+            .max_turns
+            .unwrap_or(self.parts.config.agent.max_turns)
+            .max(1);
         let mut iterations = 0;
         let mut nudge: Option<&str> = None;
         let mut retried_empty = false;

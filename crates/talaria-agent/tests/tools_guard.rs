@@ -220,7 +220,7 @@ fn shell_operators_are_recognised() {
 }
 
 async fn run(env: &Env, command: &str) -> String {
-    TerminalTool
+    TerminalTool::default()
         .call(json!({"command": command, "timeout": 20}), &env.ctx)
         .await
         .unwrap()
@@ -398,7 +398,7 @@ async fn always_approval_is_the_exact_command_for_later_sessions() {
     let mut ctx2 = env.ctx.clone();
     ctx2.session = Default::default();
     let dir = victim(&env);
-    let out = TerminalTool
+    let out = TerminalTool::default()
         .call(json!({"command": "rm -r victim"}), &ctx2)
         .await
         .unwrap();
@@ -408,7 +408,7 @@ async fn always_approval_is_the_exact_command_for_later_sessions() {
     // ...but asks for any other recursive delete (the script now denies)...
     let other = env.work().join("other");
     std::fs::create_dir_all(&other).unwrap();
-    let out = TerminalTool
+    let out = TerminalTool::default()
         .call(json!({"command": "rm -r other"}), &ctx2)
         .await
         .unwrap();
@@ -416,7 +416,7 @@ async fn always_approval_is_the_exact_command_for_later_sessions() {
     assert!(other.exists());
     // ...and for the same command chained with another.
     victim(&env);
-    let out = TerminalTool
+    let out = TerminalTool::default()
         .call(json!({"command": "rm -r victim && echo done"}), &ctx2)
         .await
         .unwrap();

@@ -43,7 +43,7 @@ async fn sandboxed(config: Config, chat: &str) -> (Env, Backends) {
 
 async fn run(env: &Env, command: &str) -> Value {
     json(
-        &TerminalTool
+        &TerminalTool::default()
             .call(json!({"command": command, "timeout": 60}), &env.ctx)
             .await
             .unwrap(),
@@ -202,7 +202,7 @@ async fn a_sandboxed_command_is_killed_at_its_cpu_limit() {
     config.terminal.sandbox.cpu_secs = 0;
     let (env, _b) = sandboxed(config, "telegram:group:-5b").await;
     let out = json(
-        &TerminalTool
+        &TerminalTool::default()
             .call(
                 json!({"command": "while :; do :; done", "timeout": 3}),
                 &env.ctx,
@@ -309,7 +309,7 @@ async fn an_isolated_command_is_not_held_for_approval_but_hardline_still_blocks(
     assert!(output(&out).contains("gone"), "{out}");
     assert!(env.human.asked().is_empty());
     // The hardline list holds everywhere.
-    let blocked = TerminalTool
+    let blocked = TerminalTool::default()
         .call(json!({"command": "rm -rf /"}), &env.ctx)
         .await
         .unwrap();

@@ -12,7 +12,7 @@ use talaria_core::Config;
 use tools_support::{Env, Scripted, json};
 
 async fn run(env: &Env, args: Value) -> Value {
-    json(&TerminalTool.call(args, &env.ctx).await.unwrap())
+    json(&TerminalTool::default().call(args, &env.ctx).await.unwrap())
 }
 
 #[tokio::test]
@@ -40,7 +40,7 @@ async fn runs_in_the_workdir_with_no_stdin() {
         "{text}"
     );
     assert!(text.contains("done"), "{text}");
-    let e = TerminalTool
+    let e = TerminalTool::default()
         .call(json!({"command": "true", "workdir": "missing"}), &env.ctx)
         .await
         .unwrap_err();
@@ -58,7 +58,10 @@ async fn arguments_are_validated() {
         (json!({"command": "true", "timeout": -1}), "timeout"),
         (json!({"command": "true", "workdir": []}), "workdir"),
     ] {
-        let e = TerminalTool.call(args.clone(), &env.ctx).await.unwrap_err();
+        let e = TerminalTool::default()
+            .call(args.clone(), &env.ctx)
+            .await
+            .unwrap_err();
         assert!(e.0.contains(field), "{args}: {e}");
     }
 }
@@ -170,7 +173,7 @@ async fn cancel_token_kills_a_running_command() {
     let cancel = ctx.cancel.clone();
     let started = Instant::now();
     let task = tokio::spawn(async move {
-        TerminalTool
+        TerminalTool::default()
             .call(
                 json!({"command": "echo begin; sleep 60", "timeout": 120}),
                 &ctx,

@@ -70,6 +70,9 @@ pub async fn measure(calls: usize) -> anyhow::Result<Vec<TerminalFigure>> {
         redactor: Redactor::new(Vec::new()),
         cancel: CancellationToken::new(),
         execution: Execution::local(workdir),
+        tools: std::sync::Arc::new(talaria_agent::tools::Registry::new()),
+        platform: None,
+        progress: talaria_agent::Progress::none(),
     };
     let execution = Execution::for_conversation(&backends, Trust::Untrusted, "bench").await;
     if let Err(e) = &execution.backend {
@@ -117,7 +120,7 @@ pub async fn measure(calls: usize) -> anyhow::Result<Vec<TerminalFigure>> {
 /// as its output (a call that failed fast would flatter the figure).
 async fn call(ctx: &ToolContext, command: &str, expected: &str) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let result = TerminalTool
+    let result = TerminalTool::default()
         .call(json!({"command": command, "timeout": 30}), ctx)
         .await;
     let elapsed = started.elapsed();

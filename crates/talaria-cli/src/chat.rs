@@ -43,6 +43,10 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     if let Some(memory) = agent.memory() {
         memory.initialize().await;
     }
+    // Background work reports here, beside the conversation.
+    rt.background
+        .reports
+        .bind(Arc::new(crate::terminal_reports::TerminalReports));
     let review = rt.attach_review(
         &agent,
         client.clone(),
@@ -68,6 +72,7 @@ pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
     // A one-shot's review finishes before the process ends (bounded); MCP
     // servers started for this chat stop with it.
     let _ = tokio::time::timeout(Duration::from_secs(60), review.idle()).await;
+    rt.background.shutdown().await;
     rt.mcp.shutdown().await;
     // A container made for this chat would otherwise wait for a gateway's
     // sweep.
@@ -332,6 +337,12 @@ impl TurnObserver for QuietObserver {
             eprintln!("{msg}");
         }
     }
+
+    fn progress(&self, line: &str) {
+        if self.verbose {
+            eprintln!("  {line}");
+        }
+    }
 }
 
 /// Interactive mode: tokens as they arrive, one line per tool call.
@@ -401,6 +412,11 @@ impl TurnObserver for StreamingObserver {
     fn notice(&self, msg: &str) {
         self.newline_if_needed();
         eprintln!("{msg}");
+    }
+
+    fn progress(&self, line: &str) {
+        self.newline_if_needed();
+        println!("    {}", preview(line, 160));
     }
 }
 

@@ -156,7 +156,7 @@ async fn run_now(rt: &Runtime, job: &str) -> anyhow::Result<ExitCode> {
     let scheduler = Scheduler::new(SchedulerParts {
         config: rt.config.clone(),
         home: rt.home.clone(),
-        agent: Arc::new(agent),
+        agent,
         store: rt.gateway_store.clone(),
         delivery,
         hooks: Arc::new(Hooks::load(&rt.home)),

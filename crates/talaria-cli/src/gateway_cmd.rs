@@ -183,7 +183,6 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
             ],
         )
         .map_err(bad_config)?;
-    let agent = Arc::new(agent);
     if let Some(memory) = agent.memory() {
         memory.initialize().await;
     }
@@ -250,6 +249,9 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
         hooks: Arc::new(Hooks::load(&rt.home)),
     });
     messenger.bind(gateway.delivery());
+    // Background work reports to the chat that started it.
+    rt.background.reports.bind(gateway.reports());
+    gateway.bind_session_work(Arc::new(rt.background.processes.clone()));
     // What a background review learned is said in the chat it reviewed.
     rt.attach_review(
         &agent,
@@ -311,6 +313,8 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     for task in [api_task, ingress_task].into_iter().flatten() {
         let _ = task.await;
     }
+    // The gateway told the chats what its stop ended; now it ends.
+    rt.background.shutdown().await;
     rt.mcp.shutdown().await;
     // The browser's Chromium ends with the gateway (a killed gateway's is
     // ended by the next start's sweep).

@@ -41,6 +41,7 @@ mod setup;
 mod skills_cmd;
 mod sources;
 mod store_cmd;
+mod terminal_reports;
 
 use std::process::ExitCode;
 

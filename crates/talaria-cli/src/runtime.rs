@@ -88,6 +88,51 @@ pub struct Runtime {
     /// there is no Chromium and no `browser.cdp_url`; Chromium itself
     /// starts on the first call.
     browser: std::sync::OnceLock<Option<Arc<talaria_web::browser::Browser>>>,
+    /// Work that outlives a turn: where it reports (bound by the front end:
+    /// the gateway's chats, or the terminal) and the tools that start it.
+    pub background: Background,
+}
+
+/// The parts behind the tools whose work outlives a turn.
+#[derive(Clone)]
+pub struct Background {
+    /// Where background work reports; bound by the front end.
+    pub reports: talaria_agent::background::ReportsSlot,
+    /// Commands started with `terminal(background=true)`, of every
+    /// conversation of this process.
+    pub processes: talaria_agent::processes::ProcessRegistry,
+    /// `delegate_task`'s way back to the agent that runs its subagents.
+    delegation: talaria_agent::tools::delegate::DelegateBinding,
+    /// The `delegate_task` tool of the agent built last, to stop its
+    /// detached delegations at the end.
+    delegate: Arc<std::sync::OnceLock<Arc<talaria_agent::tools::delegate::DelegateTool>>>,
+}
+
+impl Background {
+    /// Nothing running yet, for `home`.
+    fn new(home: &Home) -> Background {
+        let reports = talaria_agent::background::ReportsSlot::new();
+        Background {
+            processes: talaria_agent::processes::ProcessRegistry::new(home, reports.clone()),
+            reports,
+            delegation: Default::default(),
+            delegate: Default::default(),
+        }
+    }
+
+    /// Stops what still runs in the background (the chat or the gateway
+    /// is ending). Detached delegations report how they ended; background
+    /// commands are killed without a word, their obligations left to the
+    /// front end (the gateway has said in each chat what its stop ended).
+    pub async fn shutdown(&self) {
+        if let Some(delegate) = self.delegate.get() {
+            delegate.shutdown().await;
+        }
+        let killed = self.processes.kill_all().await;
+        if killed > 0 {
+            tracing::info!(killed, "background commands killed at the end");
+        }
+    }
 }
 
 impl Runtime {
@@ -122,6 +167,7 @@ impl Runtime {
             workdir,
         ));
         Ok(Runtime {
+            background: Background::new(&home),
             backends,
             browser: std::sync::OnceLock::new(),
             skills: Arc::new(talaria_learning::Library::new(&home)),
@@ -140,7 +186,7 @@ impl Runtime {
     pub fn agent(
         &self,
         interaction: Arc<dyn Interaction>,
-    ) -> anyhow::Result<(Agent, Arc<LlmClient>)> {
+    ) -> anyhow::Result<(Arc<Agent>, Arc<LlmClient>)> {
         self.agent_with_tools(interaction, Vec::new())
     }
 
@@ -173,13 +219,23 @@ impl Runtime {
         &self,
         interaction: Arc<dyn Interaction>,
         extra: Vec<Arc<dyn talaria_agent::tools::Tool>>,
-    ) -> anyhow::Result<(Agent, Arc<LlmClient>)> {
+    ) -> anyhow::Result<(Arc<Agent>, Arc<LlmClient>)> {
         let client = LlmClient::from_config(&self.config, &self.loaded.env).map_err(|e| {
             anyhow::anyhow!("{e}\n(config file: {})", self.home.config_file().display())
         })?;
         let client = Arc::new(client);
         let workdir = self.workdir()?;
         let mut registry = Registry::with_core_tools(&self.config);
+        // terminal with background commands, and the process tool for them.
+        let processes = self.background.processes.clone();
+        registry.replace(Arc::new(
+            talaria_agent::tools::terminal::TerminalTool::with_processes(processes.clone()),
+        ));
+        registry
+            .register(Arc::new(talaria_agent::tools::process::ProcessTool::new(
+                processes,
+            )))
+            .map_err(anyhow::Error::msg)?;
         for tool in talaria_learning::skill_tools(self.skills.clone()) {
             registry.register(tool).map_err(anyhow::Error::msg)?;
         }
@@ -278,6 +334,34 @@ impl Runtime {
                 Some(memory)
             }
         };
+        // delegate_task: subagents on the main model, or on
+        // `delegation.model` (same server) when one is set.
+        let child_provider = match &self.config.delegation.model {
+            Some(model) => {
+                let mut config = (*self.config).clone();
+                config.model.default = Some(model.clone());
+                let provider = LlmClient::from_config(&config, &self.loaded.env)
+                    .map_err(|e| anyhow::anyhow!("delegation.model: {e}"))?;
+                Some(Arc::new(provider) as Arc<dyn talaria_llm::Provider>)
+            }
+            None => None,
+        };
+        let delegate = Arc::new(
+            talaria_agent::tools::delegate::DelegateTool::new(
+                self.background.delegation.clone(),
+                self.background.reports.clone(),
+            )
+            .with_provider(child_provider),
+        );
+        let _ = self.background.delegate.set(delegate.clone());
+        registry.register(delegate).map_err(anyhow::Error::msg)?;
+        // execute_code: scripts that call the turn's tools, run where the
+        // conversation's commands run.
+        registry
+            .register(Arc::new(
+                talaria_agent::tools::execute_code::ExecuteCodeTool::new(),
+            ))
+            .map_err(anyhow::Error::msg)?;
         if !self.mcp.is_empty() {
             registry.add_source(self.mcp.clone());
             self.mcp.start_eager();
@@ -295,6 +379,8 @@ impl Runtime {
         if let Some(memory) = memory {
             agent.set_memory(memory);
         }
+        let agent = Arc::new(agent);
+        self.background.delegation.bind(&agent);
         Ok((agent, client))
     }
 

@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::process::Output;
 
+use serde_json::{Value, json};
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 
 async fn talaria(home: &Path, args: &[&str]) -> Output {
@@ -501,4 +502,140 @@ async fn an_image_attached_on_the_command_line_reaches_the_model() {
         text(&out.stderr)
     );
     assert_eq!(mock.requests().len(), 1, "no model call for a missing file");
+}
+
+// delegate_task and execute_code: what a person running the CLI gets.
+
+/// A home on `mock` whose commands run in its `work` directory, with
+/// `extra` YAML.
+fn home_with_workdir(mock: &MockOpenAi, extra: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let work = home.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    write_config(
+        &home,
+        &mock.base_url(),
+        &format!("terminal:\n  cwd: {}\n{extra}", work.display()),
+    );
+    (dir, home)
+}
+
+/// The names of the tools a recorded request offered.
+fn offered(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delegated_task_runs_on_its_own_model_with_fewer_tools_and_returns_its_summary() {
+    let mock = MockOpenAi::start().await;
+    let args = json!({
+        "goal": "Count the lines of notes.txt",
+        "context": "The file is in the working directory.",
+    });
+    mock.push(Reply::tool_calls(vec![ToolCallReply::new(
+        "call_delegate",
+        "delegate_task",
+        args.to_string(),
+    )]));
+    mock.push(Reply::text("notes.txt has 3 lines."));
+    mock.push(Reply::text("Your notes have three lines."));
+    let (_dir, home) = home_with_workdir(&mock, "delegation:\n  model: child-model\n");
+
+    let out = talaria(&home, &["chat", "-q", "how long are my notes?"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "Your notes have three lines.\n");
+
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    let parent = &requests[0].body;
+    let child = &requests[1].body;
+    let last = &requests[2].body;
+    // The parent is offered the work-that-outlives-a-turn tools.
+    let parent_tools = offered(parent);
+    for tool in ["terminal", "process", "delegate_task", "execute_code"] {
+        assert!(
+            parent_tools.iter().any(|t| t == tool),
+            "{tool}: {parent_tools:?}"
+        );
+    }
+    // The child runs on delegation.model, knows the task and nothing of
+    // the parent's conversation, and lacks the tools a subagent may not use.
+    assert_eq!(child["model"], "child-model");
+    assert_eq!(parent["model"], "mock-model");
+    let child_text = child["messages"].to_string();
+    assert!(
+        child_text.contains("Count the lines of notes.txt"),
+        "{child_text}"
+    );
+    assert!(
+        !child_text.contains("how long are my notes"),
+        "{child_text}"
+    );
+    let child_tools = offered(child);
+    assert!(
+        child_tools.iter().any(|t| t == "read_file"),
+        "{child_tools:?}"
+    );
+    for blocked in [
+        "delegate_task",
+        "memory",
+        "send_message",
+        "clarify",
+        "execute_code",
+    ] {
+        assert!(
+            !child_tools.iter().any(|t| t == blocked),
+            "{blocked}: {child_tools:?}"
+        );
+    }
+    // The parent's last request holds the child's summary.
+    assert!(
+        last["messages"]
+            .to_string()
+            .contains("notes.txt has 3 lines."),
+        "{}",
+        last["messages"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn execute_code_calls_tools_from_a_script_and_only_its_print_comes_back() {
+    let mock = MockOpenAi::start().await;
+    let script = "from talaria_tools import read_file, search_files\n\
+                  found = search_files('needle', target='content')\n\
+                  page = read_file('data.txt')\n\
+                  print('SUMMARY', 'needle' in str(found), len(str(page)) > 0)\n";
+    mock.push(Reply::tool_calls(vec![ToolCallReply::new(
+        "call_code",
+        "execute_code",
+        json!({ "code": script }).to_string(),
+    )]));
+    mock.push(Reply::text("The script found it."));
+    let (_dir, home) = home_with_workdir(&mock, "");
+    let work = home.join("work");
+    std::fs::write(work.join("data.txt"), "hay\nneedle\nhay\n").unwrap();
+
+    let out = talaria(&home, &["chat", "-q", "look for the needle"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "The script found it.\n");
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2);
+    let result = requests[1].body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "tool"))
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    assert!(result.contains("SUMMARY True True"), "{result}");
+    assert!(result.contains("\"tool_calls_made\":2"), "{result}");
+    // The file's own text went to the script, not to the model.
+    assert!(!result.contains("hay"), "{result}");
 }

@@ -142,6 +142,14 @@ pub static COMMANDS: &[CommandDef] = &[
         Allowed,
     ),
     def(
+        "background",
+        &["bg"],
+        "<prompt>",
+        "Run a prompt as its own conversation in the background; the answer comes here when ready",
+        GatewayOnly,
+        Allowed,
+    ),
+    def(
         "steer",
         &[],
         "<prompt>",
@@ -440,6 +448,7 @@ mod tests {
             ("help", &["commands"]),
             ("queue", &["q"]),
             ("steer", &[]),
+            ("background", &["bg"]),
             ("approve", &[]),
             ("deny", &[]),
             ("resume", &[]),

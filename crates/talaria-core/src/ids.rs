@@ -90,6 +90,13 @@ pub fn new_session_id() -> String {
     format!("{}_{suffix:06x}", now.format("%Y%m%d_%H%M%S"))
 }
 
+/// A new random id for something short-lived: `<prefix>_<12 hex>` (a
+/// background job, a process). Unique enough among the few alive at once.
+pub fn random_id(prefix: &str) -> String {
+    let n: u64 = rand::rng().random_range(0..(1u64 << 48));
+    format!("{prefix}_{n:012x}")
+}
+
 /// A platform id as it may appear in a prompt: `<prefix>_<12 hex of sha256>`.
 /// Models see a stable handle, never the raw id.
 pub fn hash_id(prefix: &str, raw: &str) -> String {

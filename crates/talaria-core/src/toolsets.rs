@@ -21,7 +21,7 @@ pub const TOOLSETS: &[(&str, &[&str])] = &[
             "browser_console",
         ],
     ),
-    ("terminal", &["terminal"]),
+    ("terminal", &["terminal", "process"]),
     (
         "file",
         &["read_file", "write_file", "patch", "search_files"],
@@ -35,6 +35,8 @@ pub const TOOLSETS: &[(&str, &[&str])] = &[
     ("image_gen", &["image_generate"]),
     ("tts", &["text_to_speech"]),
     ("messaging", &["send_message"]),
+    ("delegation", &["delegate_task"]),
+    ("code_execution", &["execute_code"]),
     (
         "homeassistant",
         &[

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use talaria_core::config::SandboxConfig;
 
-use crate::local::{spawn_grouped, spawn_grouped_reading};
+use crate::local::{spawn_grouped, spawn_grouped_input, spawn_grouped_reading, spawn_pty};
 use crate::workspace::INNER_ROOT;
 use crate::{Backend, BackendKind, CommandSpec, ExecError, Running, Workspace};
 
@@ -136,6 +136,12 @@ impl Sandbox {
 
     /// `bwrap`'s arguments up to the command (which follows them).
     pub fn args(&self, inner_workdir: &Path) -> Vec<OsString> {
+        self.args_reading_filter_from(inner_workdir, "0")
+    }
+
+    /// [`Sandbox::args`] with the seccomp filter read from descriptor `fd`
+    /// (when the filter is on).
+    fn args_reading_filter_from(&self, inner_workdir: &Path, fd: &str) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |items: &[&str]| a.extend(items.iter().map(OsString::from));
         push(&[
@@ -188,8 +194,9 @@ impl Sandbox {
             inner_workdir.into(),
         ]);
         if self.seccomp.is_some() {
-            // Read from stdin, which the command then finds at its end.
-            a.extend(["--seccomp".into(), "0".into()]);
+            // Read from stdin, which the command then finds at its end,
+            // or from the descriptor a wrapper opened (see `spawn`).
+            a.extend(["--seccomp".into(), fd.into()]);
         }
         a.push("--".into());
         a.extend(self.limits());
@@ -238,20 +245,64 @@ impl Backend for Sandbox {
             .workdir
             .clone()
             .unwrap_or_else(|| PathBuf::from(INNER_ROOT));
+        let env = crate::env::for_isolated(&spec.env, INNER_ROOT);
+        let here = self.workspace.host();
+        if spec.stdin || spec.pty {
+            return self.spawn_interactive(&spec, &inner, &env);
+        }
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(self.args(&inner))
             .arg("sh")
             .arg("-c")
             .arg(&spec.command);
-        let env = crate::env::for_isolated(&spec.env, INNER_ROOT);
         // bwrap runs on the host; give it a directory that surely exists
         // there (the command's own is set with --chdir).
         match self.seccomp_input()? {
-            Some(filter) => {
-                spawn_grouped_reading(cmd, self.workspace.host(), &env, "bwrap", filter)
-            }
-            None => spawn_grouped(cmd, self.workspace.host(), &env, "bwrap"),
+            Some(filter) => spawn_grouped_reading(cmd, here, &env, "bwrap", filter),
+            None => spawn_grouped(cmd, here, &env, "bwrap"),
         }
+    }
+}
+
+impl Sandbox {
+    /// Starts a command whose stdin is ours (a pipe or a terminal). The
+    /// seccomp filter can then not come in on stdin: a host `sh` opens it
+    /// as descriptor 3 and execs bubblewrap, which reads it from there.
+    fn spawn_interactive(
+        &self,
+        spec: &CommandSpec,
+        inner: &Path,
+        env: &[(String, String)],
+    ) -> Result<Running, ExecError> {
+        let mut argv: Vec<OsString> = Vec::new();
+        let program: OsString = match &self.seccomp {
+            Some(filter) => {
+                let sh = crate::find_program("sh").ok_or_else(|| {
+                    ExecError::Unavailable("cannot start the sandbox: no sh on PATH".to_owned())
+                })?;
+                argv.extend([
+                    "-c".into(),
+                    "f=$1; shift; exec \"$@\" 3<\"$f\"".into(),
+                    "sh".into(),
+                    filter.into(),
+                    self.program.clone().into(),
+                ]);
+                argv.extend(self.args_reading_filter_from(inner, "3"));
+                sh.into()
+            }
+            None => {
+                argv.extend(self.args(inner));
+                self.program.clone().into()
+            }
+        };
+        argv.extend(["sh".into(), "-c".into(), spec.command.clone().into()]);
+        let here = self.workspace.host();
+        if spec.pty {
+            return spawn_pty(&program, &argv, here, env, "bwrap");
+        }
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.args(&argv);
+        spawn_grouped_input(cmd, here, env, "bwrap")
     }
 }
 

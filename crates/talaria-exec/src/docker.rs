@@ -25,6 +25,10 @@
 //! collecting shortly after, even if a background job still holds it).
 //! The image is never pulled: what runs is what the owner built or pulled.
 //!
+//! Asked for stdin ([`CommandSpec::stdin`]) or a terminal
+//! ([`CommandSpec::pty`]), the exec attaches its stdin (and a terminal) and
+//! hands the attached connection's write side out as [`Running::input`].
+//!
 //! A docker exec cannot be signalled through the Engine API: killing a
 //! command restarts its conversation's container (see [`Process::kill`] on
 //! the process [`Backend::spawn`] returns here).
@@ -633,10 +637,11 @@ impl Inner {
             ]),
             env: Some(env),
             working_dir: Some(workdir),
-            attach_stdin: Some(false),
+            attach_stdin: Some(spec.stdin || spec.pty),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
-            tty: Some(false),
+            // A terminal's output is one stream already (Console frames).
+            tty: Some(spec.pty),
             ..Default::default()
         };
         let mut retried = false;
@@ -809,6 +814,14 @@ impl Backend for Container {
     async fn spawn(&self, spec: CommandSpec) -> Result<Running, ExecError> {
         let inner = self.inner.clone();
         let (scope, exec_id, output, input) = inner.exec(&self.key, &self.workspace, &spec).await?;
+        // Asked for, the attached stdin is the caller's; otherwise it is
+        // held by the output task (see below).
+        let (input, held) = if spec.stdin || spec.pty {
+            let input: Box<dyn tokio::io::AsyncWrite + Send + Unpin> = Box::new(input);
+            (Some(input), None)
+        } else {
+            (None, Some(input))
+        };
         scope.running.fetch_add(1, Ordering::SeqCst);
         scope.touch();
         let (reader, writer) = tokio::io::duplex(PIPE_BYTES);
@@ -821,7 +834,7 @@ impl Backend for Container {
             pump(output, writer, stop).await;
             // Kept until the output has ended, so the connection closes
             // only once everything is read.
-            drop(input);
+            drop(held);
             let exit = pump_inner.exit_of(&exec_id).await;
             pump_scope.running.fetch_sub(1, Ordering::SeqCst);
             pump_scope.touch();
@@ -829,6 +842,7 @@ impl Backend for Container {
         });
         Ok(Running {
             output: Box::new(reader),
+            input,
             process: Box::new(ExecProcess {
                 inner,
                 scope,

@@ -23,7 +23,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 pub mod bwrap;
 pub mod docker;
@@ -69,6 +69,33 @@ pub struct CommandSpec {
     pub workdir: Option<PathBuf>,
     /// The whole environment of the command (see [`env::child_env`]).
     pub env: Vec<(String, String)>,
+    /// Give the command a pipe from us as stdin ([`Running::input`])
+    /// instead of `/dev/null`: a background process the agent may answer.
+    pub stdin: bool,
+    /// Run the command under a pseudo-terminal, for programs that behave
+    /// differently (or refuse to run) without one: its output is the
+    /// terminal's (stdout and stderr, with the terminal's line endings),
+    /// its stdin the terminal's keyboard ([`Running::input`]). A backend
+    /// that cannot make one refuses the command.
+    pub pty: bool,
+}
+
+impl CommandSpec {
+    /// `command` run in `workdir` with `env`, without stdin or a terminal
+    /// (a foreground command: nobody is at the keyboard).
+    pub fn new(
+        command: impl Into<String>,
+        workdir: Option<PathBuf>,
+        env: Vec<(String, String)>,
+    ) -> CommandSpec {
+        CommandSpec {
+            command: command.into(),
+            workdir,
+            env,
+            stdin: false,
+            pty: false,
+        }
+    }
 }
 
 /// How a command ended.
@@ -85,6 +112,11 @@ pub struct Exit {
 pub struct Running {
     /// Ends (EOF) once everything the command started has closed it.
     pub output: Box<dyn AsyncRead + Send + Unpin>,
+    /// The command's stdin (or its terminal's keyboard), when
+    /// [`CommandSpec::stdin`] or [`CommandSpec::pty`] asked for one;
+    /// dropping it is the end of input (for a terminal, writing `^D`
+    /// is).
+    pub input: Option<Box<dyn AsyncWrite + Send + Unpin>>,
     /// Waits for or kills the command.
     pub process: Box<dyn Process>,
 }
@@ -107,6 +139,12 @@ pub trait Process: Send {
     /// The shell exited on its own: leave what it started in the
     /// background alone.
     fn disarm(&mut self);
+    /// The pid of the process on this host that leads the command (the
+    /// shell, or `bwrap`), for showing; `None` where there is none here
+    /// (a container, another machine) or it has been reaped.
+    fn pid(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// Somewhere commands run.

@@ -3,12 +3,18 @@
 //! The command runs as `sh -c` in a process group of its own, so a timeout
 //! or an interrupted turn kills everything it started, not just the shell.
 //! Its stdout and stderr are one pipe, so the output keeps the order it was
-//! written in.
+//! written in. Asked for ([`CommandSpec::stdin`]), its stdin is a pipe from
+//! us; asked for a terminal ([`CommandSpec::pty`]), it runs in a session of
+//! its own with a pseudo-terminal as stdin, stdout and stderr.
 
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::Stdio;
+use std::task::{Context, Poll};
 
 use async_trait::async_trait;
+use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::process_group::GroupKiller;
 use crate::{Backend, BackendKind, CommandSpec, ExecError, Exit, Process, Running, Workspace};
@@ -41,9 +47,88 @@ impl Backend for Local {
 
     async fn spawn(&self, spec: CommandSpec) -> Result<Running, ExecError> {
         let dir = spec.workdir.clone().unwrap_or_else(|| self.workdir.clone());
+        if spec.pty {
+            let args = [OsString::from("-c"), OsString::from(&spec.command)];
+            return spawn_pty(OsStr::new("sh"), &args, &dir, &spec.env, "sh");
+        }
         let mut cmd = tokio::process::Command::new("sh");
         cmd.arg("-c").arg(&spec.command);
-        spawn_grouped(cmd, &dir, &spec.env, "sh")
+        if spec.stdin {
+            spawn_grouped_input(cmd, &dir, &spec.env, "sh")
+        } else {
+            spawn_grouped(cmd, &dir, &spec.env, "sh")
+        }
+    }
+}
+
+/// [`spawn_grouped`] with stdin a pipe from us, handed out as
+/// [`Running::input`]: a background command the agent may answer.
+pub(crate) fn spawn_grouped_input(
+    cmd: tokio::process::Command,
+    dir: &Path,
+    env: &[(String, String)],
+    name: &str,
+) -> Result<Running, ExecError> {
+    let (mut running, stdin) = spawn_grouped_stdin(cmd, dir, env, name, Stdin::Piped)?;
+    let stdin =
+        stdin.ok_or_else(|| ExecError::Io(format!("cannot start {name}: no stdin pipe")))?;
+    running.input = Some(Box::new(stdin));
+    Ok(running)
+}
+
+/// Starts `program` with `args` in `dir` with exactly `env`, on a new
+/// pseudo-terminal: the child leads a session of its own (so its process
+/// group is killed as [`spawn_grouped`]'s is) whose controlling terminal
+/// is that one. The output is what the terminal shows; the input is its
+/// keyboard.
+pub(crate) fn spawn_pty(
+    program: &OsStr,
+    args: &[OsString],
+    dir: &Path,
+    env: &[(String, String)],
+    name: &str,
+) -> Result<Running, ExecError> {
+    let (pty, pts) = pty_process::open().map_err(|e| ExecError::io("open a pseudo-terminal", e))?;
+    // A size is needed for full-screen programs; 24x80 is what a terminal
+    // without one is taken to be.
+    pty.resize(pty_process::Size::new(24, 80))
+        .map_err(|e| ExecError::io("size the pseudo-terminal", e))?;
+    let cmd = pty_process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .kill_on_drop(true);
+    let child = cmd.spawn(pts).map_err(|e| match e {
+        pty_process::Error::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            ExecError::Unavailable(format!("cannot start {name}: it is not installed"))
+        }
+        e => ExecError::io(&format!("start {name} on a pseudo-terminal"), e),
+    })?;
+    let killer = GroupKiller::new(child.id());
+    let (read, write) = pty.into_split();
+    Ok(Running {
+        output: Box::new(PtyOutput(read)),
+        input: Some(Box::new(write)),
+        process: Box::new(HostProcess { child, killer }),
+    })
+}
+
+/// A terminal's output as a stream that ends: once nothing holds the
+/// terminal's other side any more, Linux answers reads with EIO rather
+/// than an end of file.
+struct PtyOutput(pty_process::OwnedReadPty);
+
+impl AsyncRead for PtyOutput {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.0).poll_read(cx, buf) {
+            Poll::Ready(Err(e)) if e.raw_os_error() == Some(libc::EIO) => Poll::Ready(Ok(())),
+            other => other,
+        }
     }
 }
 
@@ -136,6 +221,7 @@ fn spawn_grouped_stdin(
     let killer = GroupKiller::new(child.id());
     let running = Running {
         output: Box::new(rx),
+        input: None,
         process: Box::new(HostProcess { child, killer }),
     };
     Ok((running, stdin))
@@ -160,5 +246,9 @@ impl Process for HostProcess {
 
     fn disarm(&mut self) {
         self.killer.disarm();
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 }

@@ -36,13 +36,19 @@
 //! its own keeps what it left in the background, as on the host. The exit
 //! code is the command's; one killed by a signal on the remote side shows
 //! as 128 + the signal, as a shell reports it; 255 is `ssh` failing.
+//!
+//! Asked for a terminal ([`CommandSpec::pty`]), the connection is `ssh
+//! -tt`: the remote command runs on a terminal sshd makes, our pipe is its
+//! keyboard ([`Running::input`]), and the connection's end hangs that
+//! terminal up, which ends the command's session. A plain stdin is
+//! refused: the pipe is the stop signal above.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use talaria_core::config::SshConfig;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use crate::env::NON_INTERACTIVE;
 use crate::local::spawn_grouped_with_stdin;
@@ -51,6 +57,10 @@ use crate::{Backend, BackendKind, CommandSpec, ExecError, Exit, Process, Running
 /// The line the remote wrapper prints before anything else: once it is
 /// read, the connection, the host key and the login are known to be good.
 const READY: &[u8] = b"talaria-ssh-ready\n";
+
+/// The ready line as a remote terminal shows it: its line end becomes
+/// CR LF.
+const READY_ON_A_TERMINAL: &[u8] = b"talaria-ssh-ready\r\n";
 
 /// How much the remote login may print before the ready line (a noisy
 /// `.bashrc`) before it is taken as a failure.
@@ -136,7 +146,7 @@ impl Ssh {
     }
 
     /// `ssh`'s arguments up to the host, with `log` for its messages.
-    fn args(&self, log: &Path) -> Vec<std::ffi::OsString> {
+    fn args(&self, log: &Path, terminal: bool) -> Vec<std::ffi::OsString> {
         let c = &self.config;
         let mut a: Vec<std::ffi::OsString> = Vec::new();
         let mut opt = |o: String| {
@@ -159,7 +169,9 @@ impl Ssh {
             opt("IdentitiesOnly=yes".to_owned());
         }
         let mut push = |items: &[&str]| a.extend(items.iter().map(std::ffi::OsString::from));
-        push(&["-T", "-F", "/dev/null", "-p"]);
+        // -tt: a terminal on the remote side even though our stdin is a
+        // pipe.
+        push(&[if terminal { "-tt" } else { "-T" }, "-F", "/dev/null", "-p"]);
         a.push(c.port.to_string().into());
         if let Some(user) = &c.user {
             a.push("-l".into());
@@ -208,6 +220,17 @@ impl Ssh {
                 .map(|(k, v)| format!("{k}={}", quote(v))),
         );
         script.push_str(&format!("export {}\n", exports.join(" ")));
+        if spec.pty {
+            // On a terminal the connection's end hangs the terminal up,
+            // which ends the command's session: no watcher is needed, and
+            // stdin is the terminal's keyboard.
+            script.push_str("exec sh -c \"$1\"\n");
+            return Ok(format!(
+                "exec sh -c {} talaria-ssh {}",
+                quote(&script),
+                quote(&spec.command)
+            ));
+        }
         // fd 3 keeps the connection's stdin for the watcher: a background
         // job's own stdin is /dev/null. The command gets neither.
         script.push_str(concat!(
@@ -288,6 +311,7 @@ impl Ssh {
     /// output ended first or the login printed too much before it.
     async fn await_ready(
         output: &mut (dyn AsyncRead + Send + Unpin),
+        ready: &[u8],
     ) -> std::io::Result<Result<Vec<u8>, Vec<u8>>> {
         let mut seen: Vec<u8> = Vec::new();
         let mut buf = [0u8; 4096];
@@ -297,8 +321,8 @@ impl Ssh {
                 return Ok(Err(seen));
             }
             seen.extend_from_slice(&buf[..n]);
-            if let Some(at) = find(&seen, READY) {
-                return Ok(Ok(seen.split_off(at + READY.len())));
+            if let Some(at) = find(&seen, ready) {
+                return Ok(Ok(seen.split_off(at + ready.len())));
             }
             if seen.len() > BEFORE_READY_MAX {
                 return Ok(Err(seen));
@@ -331,6 +355,16 @@ impl Backend for Ssh {
     }
 
     async fn spawn(&self, spec: CommandSpec) -> Result<Running, ExecError> {
+        if spec.stdin && !spec.pty {
+            // Without a terminal the connection's stdin is the remote
+            // side's order to stop (see the module documentation): it
+            // cannot also be the command's.
+            return Err(ExecError::Unavailable(
+                "the ssh backend cannot give a command a plain stdin: run it with pty=true to \
+                 type into it, or give it its input in a file or its arguments"
+                    .to_owned(),
+            ));
+        }
         let log = tempfile::Builder::new()
             .prefix("talaria-ssh-")
             .suffix(".log")
@@ -338,7 +372,7 @@ impl Backend for Ssh {
             .map_err(|e| ExecError::io("create ssh's log file", e))?;
         let remote = self.remote_command(&spec)?;
         let mut cmd = tokio::process::Command::new(&self.program);
-        cmd.args(self.args(log.path())).arg(remote);
+        cmd.args(self.args(log.path(), spec.pty)).arg(remote);
         // ssh runs here; any existing directory does, and the temp dir's
         // is one.
         let here = log
@@ -348,15 +382,25 @@ impl Backend for Ssh {
             .unwrap_or_else(std::env::temp_dir);
         let (mut running, stdin) = spawn_grouped_with_stdin(cmd, &here, &spec.env, "ssh")?;
         let limit = Duration::from_secs(self.config.connect_timeout_secs.max(1).saturating_mul(3));
-        let ready = tokio::time::timeout(limit, Self::await_ready(running.output.as_mut())).await;
+        let marker = if spec.pty { READY_ON_A_TERMINAL } else { READY };
+        let ready =
+            tokio::time::timeout(limit, Self::await_ready(running.output.as_mut(), marker)).await;
         match ready {
             Ok(Ok(Ok(rest))) => {
                 let output = std::io::Cursor::new(rest).chain(running.output);
+                // On a terminal, the pipe is the keyboard; a kill ends the
+                // connection, which hangs the remote terminal up.
+                let (input, stdin): (Option<Box<dyn AsyncWrite + Send + Unpin>>, _) = if spec.pty {
+                    (Some(Box::new(stdin)), None)
+                } else {
+                    (None, Some(stdin))
+                };
                 Ok(Running {
                     output: Box::new(output),
+                    input,
                     process: Box::new(SshProcess {
                         inner: running.process,
-                        stdin: Some(stdin),
+                        stdin,
                         log,
                     }),
                 })

@@ -94,6 +94,8 @@ fn spec(command: &str) -> CommandSpec {
         command: command.to_owned(),
         workdir: None,
         env: talaria_exec::env::child_env(std::env::vars_os(), &[]),
+        stdin: false,
+        pty: false,
     }
 }
 
@@ -118,6 +120,64 @@ fn code(n: i32) -> Exit {
         code: Some(n),
         signal: None,
     }
+}
+
+/// Starts `command` with stdin (or a terminal), writes `input`, closes
+/// the input, and runs it to its end.
+async fn converse(backend: &dyn Backend, command: &str, pty: bool, input: &[u8]) -> (String, Exit) {
+    use tokio::io::AsyncWriteExt;
+    let mut running = backend
+        .spawn(CommandSpec {
+            stdin: !pty,
+            pty,
+            ..spec(command)
+        })
+        .await
+        .unwrap();
+    let mut stdin = running.input.take().expect("an input was asked for");
+    stdin.write_all(input).await.unwrap();
+    stdin.flush().await.unwrap();
+    if !pty {
+        stdin.shutdown().await.unwrap();
+    }
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, running.output.read_to_end(&mut out))
+        .await
+        .expect("the output never ended")
+        .unwrap();
+    let exit = tokio::time::timeout(PATIENCE, running.process.wait())
+        .await
+        .expect("the command never ended")
+        .unwrap();
+    running.process.disarm();
+    (String::from_utf8_lossy(&out).into_owned(), exit)
+}
+
+#[tokio::test]
+async fn a_command_reads_its_stdin_and_one_on_a_terminal_sees_a_terminal() {
+    let rig = Rig::new(|_| {}).await;
+    let backend = rig.backend("stdin").await;
+    let (out, exit) = converse(
+        &*backend,
+        "read x; echo got $x; cat; echo end",
+        false,
+        b"one\ntwo\n",
+    )
+    .await;
+    assert_eq!(exit, code(0), "{out}");
+    assert_eq!(out, "got one\ntwo\nend\n");
+    let (out, exit) = converse(
+        &*backend,
+        "test -t 0 && echo terminal; read x; echo got $x",
+        true,
+        b"keys\n",
+    )
+    .await;
+    assert_eq!(exit, code(0), "{out}");
+    assert!(
+        out.contains("terminal") && out.contains("got keys"),
+        "{out:?}"
+    );
 }
 
 #[tokio::test]

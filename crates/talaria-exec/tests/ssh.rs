@@ -31,6 +31,8 @@ fn spec(command: &str) -> CommandSpec {
         command: command.to_owned(),
         workdir: None,
         env: talaria_exec::env::child_env(std::env::vars_os(), &[]),
+        stdin: false,
+        pty: false,
     }
 }
 
@@ -39,6 +41,7 @@ async fn run(backend: &Ssh, spec: CommandSpec) -> (String, Exit) {
     let Running {
         mut output,
         mut process,
+        ..
     } = backend.spawn(spec).await.unwrap();
     let mut out = Vec::new();
     tokio::time::timeout(WAIT, output.read_to_end(&mut out))
@@ -85,6 +88,48 @@ async fn output_and_exit_code_come_back() {
     // A command killed by a signal over there reads as a shell reports it.
     let (_, exit) = run(&backend, spec("kill -9 $$")).await;
     assert_eq!(exit.code, Some(128 + 9));
+}
+
+#[tokio::test]
+async fn a_command_on_a_remote_terminal_is_typed_into_and_a_plain_stdin_is_refused() {
+    use tokio::io::AsyncWriteExt;
+    let sshd = Sshd::start();
+    let work = tempfile::tempdir().unwrap();
+    let backend = Ssh::new(&config(&sshd, &work.path().display().to_string())).unwrap();
+    let mut running = backend
+        .spawn(CommandSpec {
+            pty: true,
+            ..spec("tty; read x; echo got $x; exit 4")
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", sshd.log()));
+    let mut keyboard = running.input.take().expect("a terminal has a keyboard");
+    keyboard.write_all(b"keys\r").await.unwrap();
+    keyboard.flush().await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, running.output.read_to_end(&mut out))
+        .await
+        .expect("the output did not end")
+        .unwrap();
+    let exit = tokio::time::timeout(WAIT, running.process.wait())
+        .await
+        .expect("ssh did not exit")
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.contains("/dev/pts/"), "{out:?}");
+    assert!(out.contains("got keys"), "{out:?}");
+    assert!(!out.contains("talaria-ssh-ready"), "{out:?}");
+    assert_eq!(exit.code, Some(4), "{out:?}");
+
+    let msg = unavailable(
+        backend
+            .spawn(CommandSpec {
+                stdin: true,
+                ..spec("cat")
+            })
+            .await,
+    );
+    assert!(msg.contains("pty=true"), "{msg}");
 }
 
 #[tokio::test]
@@ -208,6 +253,8 @@ async fn secrets_of_this_process_do_not_reach_the_remote_inner() {
         command: "env; echo; cat /proc/self/environ | tr '\\0' '\\n'".to_owned(),
         workdir: None,
         env: env.clone(),
+        stdin: false,
+        pty: false,
     };
     let (out, exit) = run(&backend, plain).await;
     assert_eq!(exit.code, Some(0), "{out}");
@@ -225,6 +272,8 @@ async fn secrets_of_this_process_do_not_reach_the_remote_inner() {
         command: "env | base64".to_owned(),
         workdir: None,
         env,
+        stdin: false,
+        pty: false,
     };
     let (out, exit) = run(&backend, encoded).await;
     assert_eq!(exit.code, Some(0), "{out}");
@@ -283,6 +332,7 @@ async fn kill_stops_the_remote_command() {
     let Running {
         mut output,
         mut process,
+        ..
     } = backend.spawn(spec(&command)).await.unwrap();
     // Both sleeps are running on the "remote" side.
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -301,6 +351,31 @@ async fn kill_stops_the_remote_command() {
         .expect("the output did not end after the kill")
         .unwrap();
     assert!(!String::from_utf8_lossy(&out).contains("never"));
+}
+
+#[tokio::test]
+async fn kill_hangs_up_a_remote_terminal_and_stops_its_command() {
+    let sshd = Sshd::start();
+    let backend = Ssh::new(&config(&sshd, "/tmp")).unwrap();
+    let sleep = unique_sleep();
+    let command = format!("( {sleep} & {sleep}; ) ; echo never");
+    let mut running = backend
+        .spawn(CommandSpec {
+            pty: true,
+            ..spec(&command)
+        })
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pgrep(&format!("^{sleep}$")).len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sleeps never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.process.kill().await;
+    until_gone(&sleep).await;
 }
 
 #[tokio::test]

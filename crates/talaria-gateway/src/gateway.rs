@@ -245,6 +245,20 @@ impl Gateway {
         self.delivery.clone()
     }
 
+    /// Where the agent's tools report work that outlives its turn (bind it
+    /// to their `ReportsSlot`): the chat that started it, through the
+    /// delivery ledger.
+    pub fn reports(&self) -> Arc<dyn talaria_agent::background::Reports> {
+        self.runner.reports()
+    }
+
+    /// Binds what holds the background commands of the sessions (the
+    /// agent's process registry): `/status` lists them, and `/new` ends
+    /// them (`terminal.background.kill_on_reset`).
+    pub fn bind_session_work(&self, work: Arc<dyn talaria_agent::background::SessionWork>) {
+        self.runner.bind_session_work(work);
+    }
+
     /// The adapters' states, as `/status` and the state file show them
     /// (services outside the adapters, such as the API server, report
     /// here too).

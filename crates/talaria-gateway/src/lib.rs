@@ -17,6 +17,8 @@
 //!   run turns; a folder with one module per concern.
 //! - [`slash`]: what slash commands do, written once behind a small
 //!   front-end trait that the runner (a chat) and the CLI's REPL implement.
+//! - [`jobs`]: work that outlives its turn (background commands,
+//!   detached delegations, `/background`), owed its chat a report.
 //! - [`owed`]: every accepted message owed an answer until one is stored;
 //!   what a dead node left unanswered runs again or is said lost.
 //! - [`turn_lease`]: with a shared store, one running turn per session
@@ -69,6 +71,7 @@ pub mod dotenv;
 pub mod gateway;
 pub mod hooks;
 pub mod isolation;
+pub mod jobs;
 pub mod ledger;
 pub mod maintenance;
 pub mod media;

@@ -144,6 +144,12 @@ pub trait FrontEnd: Send + Sync {
     async fn attach(&mut self, _args: &str) -> Reply {
         Reply::Refuse(not_offered("image", Availability::CliOnly))
     }
+
+    /// `/background <prompt>`: the prompt runs as its own conversation
+    /// while this one stays free; its answer is delivered when ready.
+    async fn background(&mut self, _prompt: &str) -> Reply {
+        Reply::Refuse(not_offered("background", Availability::GatewayOnly))
+    }
 }
 
 /// Runs the slash command `invocation` on `front`.
@@ -183,6 +189,8 @@ pub enum Action {
     Queue,
     /// `/steer <prompt>`.
     Steer,
+    /// `/background <prompt>`.
+    Background,
     /// `/approve [session|always]`.
     Approve,
     /// `/deny`.
@@ -233,6 +241,7 @@ impl Action {
             "status" => Action::Status,
             "queue" => Action::Queue,
             "steer" => Action::Steer,
+            "background" => Action::Background,
             "approve" => Action::Approve,
             "deny" => Action::Deny,
             "sessions" => Action::Sessions,
@@ -265,11 +274,12 @@ impl Action {
             ),
             Action::Stop => Reply::Say(format!("Nothing is running.{}", front.idle_hint())),
             Action::Status => Reply::Say(status(front).await),
-            Action::Queue | Action::Steer if args.is_empty() => {
+            Action::Queue | Action::Steer | Action::Background if args.is_empty() => {
                 Reply::Refuse(format!("Usage: {}", def.usage()))
             }
             Action::Queue => front.queue(args),
             Action::Steer => front.steer(args),
+            Action::Background => front.background(args).await,
             Action::Approve => approval(front, approval_from_args(args)),
             Action::Deny => approval(front, ApprovalDecision::Deny),
             Action::Sessions => sessions(front).await,

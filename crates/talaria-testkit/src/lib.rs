@@ -252,6 +252,9 @@ struct Shared {
     /// What `GET /v1/models` lists.
     models: Mutex<Vec<String>>,
     script: Mutex<VecDeque<Reply>>,
+    /// Replies reserved for the first request whose body holds the text
+    /// (see `push_when`), tried before the script.
+    keyed: Mutex<Vec<(String, Reply)>>,
     recorded: Mutex<Vec<Recorded>>,
     shutdown: watch::Receiver<bool>,
 }
@@ -278,6 +281,7 @@ impl Server {
             flavor,
             models: Mutex::new(vec!["mock-model".to_owned()]),
             script: Mutex::new(VecDeque::new()),
+            keyed: Mutex::new(Vec::new()),
             recorded: Mutex::new(Vec::new()),
             shutdown: shutdown.clone(),
         });
@@ -303,12 +307,16 @@ impl Server {
         lock(&self.shared.script).push_back(reply);
     }
 
+    fn push_when(&self, needle: &str, reply: Reply) {
+        lock(&self.shared.keyed).push((needle.to_owned(), reply));
+    }
+
     fn requests(&self) -> Vec<Recorded> {
         lock(&self.shared.recorded).clone()
     }
 
     fn pending(&self) -> usize {
-        lock(&self.shared.script).len()
+        lock(&self.shared.script).len() + lock(&self.shared.keyed).len()
     }
 
     fn shutdown(&self) {
@@ -363,6 +371,15 @@ macro_rules! mock_api {
             /// `Reply::text("(mock: script empty)")`.
             pub fn push(&self, reply: Reply) {
                 self.server.push(reply);
+            }
+
+            /// Reserves `reply` for the first request whose JSON body
+            /// contains `needle` (plain text: quotes inside the body are
+            /// escaped), ahead of the script: concurrent clients (subagents)
+            /// then each get their own answer whatever order they ask in.
+            /// Reserved replies are tried in the order they were added.
+            pub fn push_when(&self, needle: &str, reply: Reply) {
+                self.server.push_when(needle, reply);
             }
 
             /// Every request received so far, in arrival order.
@@ -459,8 +476,20 @@ async fn handle(
         }
     }
 
-    let reply = lock(&shared.script)
-        .pop_front()
+    let reserved = {
+        let mut keyed = lock(&shared.keyed);
+        if keyed.is_empty() {
+            None
+        } else {
+            let text = body.to_string();
+            keyed
+                .iter()
+                .position(|(needle, _)| text.contains(needle.as_str()))
+                .map(|i| keyed.remove(i).1)
+        }
+    };
+    let reply = reserved
+        .or_else(|| lock(&shared.script).pop_front())
         .unwrap_or_else(|| Reply::text("(mock: script empty)"));
     if let Some(d) = reply.delay {
         tokio::time::sleep(d).await;

@@ -115,6 +115,9 @@ fn context(dir: &std::path::Path, session: &str) -> ToolContext {
         redactor: Redactor::default(),
         cancel: CancellationToken::new(),
         execution: talaria_agent::Execution::local(dir),
+        tools: std::sync::Arc::new(talaria_agent::tools::Registry::new()),
+        platform: None,
+        progress: talaria_agent::Progress::none(),
     }
 }
 

@@ -72,6 +72,9 @@ async fn tool_rig(allowed: &[&str], decisions: &[ApprovalDecision]) -> ToolRig {
         redactor: Redactor::default(),
         cancel: CancellationToken::new(),
         execution: talaria_agent::Execution::local(dir.path()),
+        tools: std::sync::Arc::new(talaria_agent::tools::Registry::new()),
+        platform: None,
+        progress: talaria_agent::Progress::none(),
     };
     ToolRig {
         ha,

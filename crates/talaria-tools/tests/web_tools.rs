@@ -80,6 +80,9 @@ fn rig(config: Config, summarizer: Option<Arc<dyn talaria_llm::Provider>>) -> Ri
         redactor: Redactor::default(),
         cancel: CancellationToken::new(),
         execution: talaria_agent::Execution::local(dir.path()),
+        tools: std::sync::Arc::new(talaria_agent::tools::Registry::new()),
+        platform: None,
+        progress: talaria_agent::Progress::none(),
     };
     Rig {
         tools,

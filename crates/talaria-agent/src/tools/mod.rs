@@ -17,10 +17,13 @@ use tokio_util::sync::CancellationToken;
 use crate::interaction::Interaction;
 
 pub mod clarify;
+pub mod delegate;
+pub mod execute_code;
 pub mod files;
 pub mod guard;
 pub mod media_out;
 pub mod memory;
+pub mod process;
 pub mod search_files;
 pub mod secret_files;
 pub mod send_message;
@@ -140,6 +143,14 @@ pub struct ToolContext {
     pub cancel: CancellationToken,
     /// Where commands run and which files the tools may touch.
     pub execution: crate::execution::Execution,
+    /// The tools offered in this turn: what `execute_code` may call and
+    /// what a subagent may inherit.
+    pub tools: Arc<Registry>,
+    /// The platform the conversation is on (`telegram`, `cli`,
+    /// `api_server`); `None` for scheduled jobs and subagents.
+    pub platform: Option<String>,
+    /// Lines for the turn's observer while this call runs.
+    pub progress: crate::observer::Progress,
 }
 
 /// Tools that come and go while the agent runs (an MCP server's): asked
@@ -318,7 +329,7 @@ impl Registry {
     /// when `config.memory.enabled`.
     pub fn with_core_tools(config: &Config) -> Registry {
         let mut tools: Vec<Arc<dyn Tool>> = vec![
-            Arc::new(terminal::TerminalTool),
+            Arc::new(terminal::TerminalTool::default()),
             Arc::new(files::ReadFileTool),
             Arc::new(files::WriteFileTool),
             Arc::new(files::PatchTool),

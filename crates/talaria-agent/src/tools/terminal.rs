@@ -16,6 +16,11 @@
 //! skipped, since what it guards (the host) is out of reach; the hardline
 //! list still applies.
 //!
+//! With `background=true` the command is handed to the
+//! [`ProcessRegistry`](crate::processes::ProcessRegistry) and the call
+//! returns at once with its id; `pty=true` runs it under a pseudo-terminal
+//! (in the foreground too, where the backend can make one).
+//!
 //! "Always" approvals are persisted to `$TALARIA_HOME/command_allowlist.txt`
 //! (one exact command per line, `#` comments) rather than into
 //! `config.yaml`: rewriting a hand-edited YAML file risks losing comments
@@ -37,8 +42,11 @@ use talaria_core::config::ApprovalMode;
 use tokio::io::AsyncReadExt;
 
 use super::guard::{self, GuardVerdict};
-use super::{Tool, ToolContext, ToolError, ToolResult, opt_str, opt_u64, req_str};
+use super::{
+    Tool, ToolContext, ToolError, ToolResult, opt_array, opt_bool, opt_str, opt_u64, req_str,
+};
 use crate::interaction::{ApprovalDecision, ApprovalRequest};
+use crate::processes::{ProcessRegistry, Spawn, SpawnOptions};
 use talaria_exec::{Backend, BackendKind, CommandSpec, Exit, Running};
 
 /// File name of the persisted allowlist inside the home.
@@ -70,7 +78,7 @@ const RETIRED_PREFIX: &str = "# no longer honoured (it allowed every command of 
 
 /// How long to keep reading after the shell exits while something it left
 /// in the background still holds the output pipe open.
-const DRAIN_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// The start of every message for a command the user refused.
 pub const DENIED_PREFIX: &str = "BLOCKED: User denied this command.";
@@ -444,7 +452,7 @@ pub async fn authorize(command: &str, workdir: &Path, ctx: &ToolContext) -> Resu
 
 /// Output kept from a command: the first and last bytes, with a count of
 /// what fell in between. Memory stays bounded however much is printed.
-struct Capture {
+pub(crate) struct Capture {
     head: Vec<u8>,
     tail: VecDeque<u8>,
     head_cap: usize,
@@ -453,7 +461,7 @@ struct Capture {
 }
 
 impl Capture {
-    fn new(max_chars: usize) -> Capture {
+    pub(crate) fn new(max_chars: usize) -> Capture {
         // Four bytes per char at worst; the char cap is applied at the end.
         let half = max_chars.saturating_mul(2).max(64);
         Capture {
@@ -465,7 +473,7 @@ impl Capture {
         }
     }
 
-    fn push(&mut self, mut bytes: &[u8]) {
+    pub(crate) fn push(&mut self, mut bytes: &[u8]) {
         if self.head.len() < self.head_cap {
             let n = (self.head_cap - self.head.len()).min(bytes.len());
             self.head.extend_from_slice(&bytes[..n]);
@@ -479,7 +487,7 @@ impl Capture {
         }
     }
 
-    fn finish(self, max_chars: usize) -> String {
+    pub(crate) fn finish(self, max_chars: usize) -> String {
         let half = max_chars / 2;
         let head = String::from_utf8_lossy(&self.head).into_owned();
         let tail_bytes: Vec<u8> = self.tail.into_iter().collect();
@@ -507,17 +515,106 @@ impl Capture {
     }
 }
 
-enum Ending {
+/// How a watched command ended.
+pub(crate) enum Ending {
+    /// Its shell exited.
     Exited(Exit),
+    /// The time given ran out (it still runs: the caller kills it).
     TimedOut,
+    /// The turn was interrupted (it still runs: the caller kills it).
     Cancelled,
+}
+
+/// What [`watch`] saw.
+pub(crate) struct Watched {
+    /// How it ended.
+    pub(crate) ending: Ending,
+    /// Its output reached its end (every process holding it closed it).
+    pub(crate) eof: bool,
+    /// It exited while something it started still held its output.
+    pub(crate) lingering: bool,
+}
+
+/// Reads a started command's output into `capture` until it has exited
+/// and its output ended (or, once it exited, [`DRAIN_GRACE`] passed with
+/// something it left behind still holding the output), `timeout` passes,
+/// or `cancel` fires. `what` names it in errors ("command", "script").
+pub(crate) async fn watch(
+    rx: &mut (dyn tokio::io::AsyncRead + Send + Unpin),
+    process: &mut dyn talaria_exec::Process,
+    capture: &mut Capture,
+    timeout: Duration,
+    cancel: &tokio_util::sync::CancellationToken,
+    what: &str,
+) -> Result<Watched, ToolError> {
+    let mut buf = vec![0u8; 16 * 1024];
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let mut status: Option<Exit> = None;
+    let mut eof = false;
+    let mut lingering = false;
+    // Armed for real once the shell exits.
+    let grace = tokio::time::sleep(Duration::from_secs(365 * 24 * 3600));
+    tokio::pin!(grace);
+    let ending = loop {
+        if eof && let Some(s) = status {
+            break Ending::Exited(s);
+        }
+        tokio::select! {
+            r = rx.read(&mut buf), if !eof => match r {
+                Ok(0) => eof = true,
+                Ok(n) => capture.push(&buf[..n]),
+                Err(e) => {
+                    tracing::warn!("reading the output of a {what} failed: {e}");
+                    eof = true;
+                }
+            },
+            s = process.wait(), if status.is_none() => {
+                let s = s.map_err(|e| ToolError::new(format!("cannot wait for the {what}: {e}")))?;
+                status = Some(s);
+                grace.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
+            },
+            _ = &mut grace, if status.is_some() && !eof => {
+                lingering = true;
+                if let Some(s) = status {
+                    break Ending::Exited(s);
+                }
+            },
+            _ = &mut deadline => break Ending::TimedOut,
+            _ = cancel.cancelled() => break Ending::Cancelled,
+        }
+    };
+    Ok(Watched {
+        ending,
+        eof,
+        lingering,
+    })
+}
+
+/// Collects what a killed command wrote before its end, for at most half
+/// a second: the output closes as soon as every process holding it is
+/// gone.
+pub(crate) async fn drain_killed(
+    rx: &mut (dyn tokio::io::AsyncRead + Send + Unpin),
+    capture: &mut Capture,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let drain = async {
+        loop {
+            match rx.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => capture.push(&buf[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(500), drain).await;
 }
 
 /// The environment of a command: the allowlist, `terminal.env_passthrough`
 /// and, in the owner's conversations, the variables the session's loaded
 /// skills declared (from the process environment, else the home's
 /// `.env`).
-fn command_env(ctx: &ToolContext) -> Vec<(String, String)> {
+pub(crate) fn command_env(ctx: &ToolContext) -> Vec<(String, String)> {
     let mut names = ctx.config.terminal.env_passthrough.clone();
     let mut from: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
     if ctx.execution.trust == talaria_exec::Trust::Owner {
@@ -554,15 +651,18 @@ async fn run(
     command: &str,
     workdir: Option<PathBuf>,
     timeout: Duration,
+    pty: bool,
     ctx: &ToolContext,
 ) -> ToolResult {
     let spec = CommandSpec {
-        command: command.to_owned(),
-        workdir,
-        env: command_env(ctx),
+        pty,
+        ..CommandSpec::new(command, workdir, command_env(ctx))
     };
+    // A terminal's keyboard stays unused (nobody types in the foreground);
+    // held so the terminal is not torn down early.
     let Running {
         output: mut rx,
+        input: _keyboard,
         mut process,
     } = backend
         .spawn(spec)
@@ -571,43 +671,17 @@ async fn run(
 
     let max_chars = ctx.config.terminal.max_output_chars.max(100);
     let mut capture = Capture::new(max_chars);
-    let mut buf = vec![0u8; 16 * 1024];
-    let deadline = tokio::time::sleep(timeout);
-    tokio::pin!(deadline);
-    let mut status: Option<Exit> = None;
-    let mut eof = false;
-    let mut lingering = false;
-    // Armed for real once the shell exits.
-    let grace = tokio::time::sleep(Duration::from_secs(365 * 24 * 3600));
-    tokio::pin!(grace);
-    let ending = loop {
-        if eof && let Some(s) = status {
-            break Ending::Exited(s);
-        }
-        tokio::select! {
-            r = rx.read(&mut buf), if !eof => match r {
-                Ok(0) => eof = true,
-                Ok(n) => capture.push(&buf[..n]),
-                Err(e) => {
-                    tracing::warn!("reading command output failed: {e}");
-                    eof = true;
-                }
-            },
-            s = process.wait(), if status.is_none() => {
-                let s = s.map_err(|e| ToolError::new(format!("cannot wait for the command: {e}")))?;
-                status = Some(s);
-                grace.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
-            },
-            _ = &mut grace, if status.is_some() && !eof => {
-                lingering = true;
-                if let Some(s) = status {
-                    break Ending::Exited(s);
-                }
-            },
-            _ = &mut deadline => break Ending::TimedOut,
-            _ = ctx.cancel.cancelled() => break Ending::Cancelled,
-        }
-    };
+    let Watched {
+        ending, lingering, ..
+    } = watch(
+        &mut rx,
+        process.as_mut(),
+        &mut capture,
+        timeout,
+        &ctx.cancel,
+        "command",
+    )
+    .await?;
 
     let mut out = serde_json::Map::new();
     match ending {
@@ -627,17 +701,7 @@ async fn run(
         }
         Ending::TimedOut | Ending::Cancelled => {
             process.kill().await;
-            // Collect what was written before the kill; the pipe closes as
-            // soon as every process in the group is gone.
-            let drain = async {
-                loop {
-                    match rx.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => capture.push(&buf[..n]),
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_millis(500), drain).await;
+            drain_killed(&mut rx, &mut capture).await;
             out.insert("exit_code".into(), Value::Null);
             let msg = if matches!(ending, Ending::TimedOut) {
                 format!(
@@ -657,14 +721,31 @@ async fn run(
             }
         }
     }
-    let output = ctx.redactor.redact(&capture.finish(max_chars));
+    let mut text = capture.finish(max_chars);
+    if pty {
+        // A terminal ends lines with CR LF; the model reads plain ones.
+        text = text.replace("\r\n", "\n");
+    }
+    let output = ctx.redactor.redact(&text);
     out.insert("output".into(), json!(output));
     Ok(Value::Object(out).to_string())
 }
 
 /// The `terminal` tool.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TerminalTool;
+#[derive(Debug, Clone, Default)]
+pub struct TerminalTool {
+    /// Where `background=true` commands go; without it they are refused.
+    processes: Option<ProcessRegistry>,
+}
+
+impl TerminalTool {
+    /// The tool with background commands run by `processes`.
+    pub fn with_processes(processes: ProcessRegistry) -> TerminalTool {
+        TerminalTool {
+            processes: Some(processes),
+        }
+    }
+}
 
 #[async_trait]
 impl Tool for TerminalTool {
@@ -674,11 +755,14 @@ impl Tool for TerminalTool {
 
     fn description(&self) -> &str {
         "Run a shell command (sh -c) in this conversation's environment and get its exit \
-         code and combined stdout/stderr. No stdin: use non-interactive flags (-y, --no-pager). Dangerous \
-         commands need the user's approval; some are always blocked. Long output is cut in \
-         the middle. In an isolated conversation commands run in a sandbox or container: \
-         the working directory is /workspace (kept between commands) and there may be no \
-         network."
+         code and combined stdout/stderr. In the foreground there is no stdin: use \
+         non-interactive flags (-y, --no-pager). Long jobs and servers: background=true returns \
+         at once with a process id for the `process` tool (poll, log, wait, kill, write); add \
+         notify_on_complete=true to be told when it ends. pty=true runs under a \
+         pseudo-terminal for programs that need one. Dangerous commands need the user's \
+         approval; some are always blocked. Long output is cut in the middle. In an isolated \
+         conversation commands run in a sandbox or container: the working directory is \
+         /workspace (kept between commands) and there may be no network."
     }
 
     fn parameters(&self) -> Value {
@@ -686,8 +770,12 @@ impl Tool for TerminalTool {
             "type": "object",
             "properties": {
                 "command": {"type": "string", "description": "The command line to run."},
-                "timeout": {"type": "integer", "minimum": 1, "description": "Seconds before the command is killed (default from config, capped by terminal.max_timeout_secs)."},
-                "workdir": {"type": "string", "description": "Directory to run in (default: the session's working directory)."}
+                "background": {"type": "boolean", "default": false, "description": "Run it in the background and return at once with a process id (for servers, watchers and long jobs; pair long jobs with notify_on_complete). Manage it with the `process` tool."},
+                "timeout": {"type": "integer", "minimum": 1, "description": "Seconds before a foreground command is killed (default from config, capped by terminal.max_timeout_secs)."},
+                "workdir": {"type": "string", "description": "Directory to run in (default: the session's working directory)."},
+                "pty": {"type": "boolean", "default": false, "description": "Run under a pseudo-terminal, for interactive programs that need one (local and sandbox backends)."},
+                "notify_on_complete": {"type": "boolean", "default": false, "description": "With background=true: the chat is told once when the process ends, with the end of its output. The right choice for almost every long job. Mutually exclusive with watch_patterns (which is dropped when both are set)."},
+                "watch_patterns": {"type": "array", "items": {"type": "string"}, "description": "With background=true: plain strings; a line of output containing one is reported to the chat. At most one notice per 15 seconds per process; after 3 windows in a row with dropped matches watching stops and the end is reported instead. Only for rare one-shot signals of long-lived processes (a server's 'ready' line), not for errors in loops or end markers."}
             },
             "required": ["command"]
         })
@@ -713,37 +801,16 @@ impl Tool for TerminalTool {
                 )));
             }
         };
-        let asked = opt_str(&args, "workdir")?.filter(|w| !w.trim().is_empty());
-        // Where the command runs, on this machine (for the checks) and as
-        // the backend sees it.
-        let (host_dir, run_dir) = if let Some(ws) = backend.workspace() {
-            let host = match asked {
-                Some(w) => ws.resolve(w).map_err(ToolError::new)?,
-                None => ws.host().to_path_buf(),
-            };
-            let inner = ws.to_inner(&host);
-            (Some(host), Some(inner))
-        } else if backend.kind() == BackendKind::Ssh {
-            // A directory on the remote host; it checks it.
-            (None, asked.map(PathBuf::from))
-        } else {
-            let host = match (asked, &ctx.execution.workspace, &cfg.cwd) {
-                (Some(w), _, _) => super::resolve_path(ctx, w)?,
-                (None, Some(ws), _) => ws.host().to_path_buf(),
-                (None, None, Some(c)) => super::resolve_path(ctx, &c.to_string_lossy())?,
-                (None, None, None) => ctx.workdir.clone(),
-            };
-            (Some(host.clone()), Some(host))
-        };
-        if let Some(dir) = &host_dir
-            && !dir.is_dir()
-        {
-            let shown = super::shown_path(ctx, dir);
-            return Err(ToolError::new(format!(
-                "argument `workdir`: {shown} is not a directory"
-            )));
+        let asked = opt_str(&args, "workdir")?;
+        let pty = opt_bool(&args, "pty")?.unwrap_or(false);
+        if opt_bool(&args, "background")?.unwrap_or(false) {
+            return self.background(&args, command, asked, pty, ctx).await;
         }
-        let check_dir = host_dir.unwrap_or_else(|| ctx.workdir.clone());
+        // Checked for their types only: without background they mean
+        // nothing.
+        opt_bool(&args, "notify_on_complete")?;
+        opt_array(&args, "watch_patterns")?;
+        let (check_dir, run_dir) = place(ctx, backend.as_ref(), asked)?;
         if let Err(blocked) = authorize(command, &check_dir, ctx).await {
             return Ok(blocked);
         }
@@ -752,10 +819,113 @@ impl Tool for TerminalTool {
             command,
             run_dir,
             Duration::from_secs(secs),
+            pty,
             ctx,
         )
         .await
     }
+}
+
+impl TerminalTool {
+    /// `terminal(background=true)`: hands the command to the registry.
+    async fn background(
+        &self,
+        args: &Value,
+        command: &str,
+        workdir: Option<&str>,
+        pty: bool,
+        ctx: &ToolContext,
+    ) -> ToolResult {
+        let Some(processes) = &self.processes else {
+            return Err(ToolError::new(
+                "background processes are not available here; run the command in the \
+                 foreground (without background=true) with a suitable timeout",
+            ));
+        };
+        let notify_on_complete = opt_bool(args, "notify_on_complete")?.unwrap_or(false);
+        let mut watch_patterns = Vec::new();
+        for (i, v) in opt_array(args, "watch_patterns")?
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            match v.as_str() {
+                Some(p) => watch_patterns.push(p.to_owned()),
+                None => {
+                    return Err(ToolError::new(format!(
+                        "argument `watch_patterns`: item {i} must be a string, got {}",
+                        super::json_type(v)
+                    )));
+                }
+            }
+        }
+        let opts = SpawnOptions {
+            pty,
+            notify_on_complete,
+            watch_patterns,
+        };
+        match processes.spawn(ctx, command, workdir, opts).await? {
+            Spawn::Blocked(message) => Ok(message),
+            Spawn::Started(started) => {
+                let mut out = serde_json::Map::new();
+                out.insert("session_id".into(), json!(started.id));
+                out.insert("status".into(), json!("running"));
+                if let Some(pid) = started.pid {
+                    out.insert("pid".into(), json!(pid));
+                }
+                out.insert(
+                    "notify_on_complete".into(),
+                    json!(started.notify_on_complete),
+                );
+                if !started.watch_patterns.is_empty() {
+                    out.insert("watch_patterns".into(), json!(started.watch_patterns));
+                }
+                out.insert("note".into(), json!(started.note));
+                Ok(Value::Object(out).to_string())
+            }
+        }
+    }
+}
+
+/// Where a command asked to run in `asked` runs: the directory on this
+/// machine the checks look at, and the directory as the backend sees it
+/// (`None`: the backend's default).
+pub(crate) fn place(
+    ctx: &ToolContext,
+    backend: &dyn Backend,
+    asked: Option<&str>,
+) -> Result<(PathBuf, Option<PathBuf>), ToolError> {
+    let cfg = &ctx.config.terminal;
+    let asked = asked.filter(|w| !w.trim().is_empty());
+    let (host_dir, run_dir) = if let Some(ws) = backend.workspace() {
+        let host = match asked {
+            Some(w) => ws.resolve(w).map_err(ToolError::new)?,
+            None => ws.host().to_path_buf(),
+        };
+        let inner = ws.to_inner(&host);
+        (Some(host), Some(inner))
+    } else if backend.kind() == BackendKind::Ssh {
+        // A directory on the remote host; it checks it.
+        (None, asked.map(PathBuf::from))
+    } else {
+        let host = match (asked, &ctx.execution.workspace, &cfg.cwd) {
+            (Some(w), _, _) => super::resolve_path(ctx, w)?,
+            (None, Some(ws), _) => ws.host().to_path_buf(),
+            (None, None, Some(c)) => super::resolve_path(ctx, &c.to_string_lossy())?,
+            (None, None, None) => ctx.workdir.clone(),
+        };
+        (Some(host.clone()), Some(host))
+    };
+    if let Some(dir) = &host_dir
+        && !dir.is_dir()
+    {
+        let shown = super::shown_path(ctx, dir);
+        return Err(ToolError::new(format!(
+            "argument `workdir`: {shown} is not a directory"
+        )));
+    }
+    let check_dir = host_dir.unwrap_or_else(|| ctx.workdir.clone());
+    Ok((check_dir, run_dir))
 }
 
 #[cfg(test)]

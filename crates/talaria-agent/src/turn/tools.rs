@@ -42,6 +42,9 @@ impl TurnRun<'_> {
             redactor: parts.redactor.clone(),
             cancel: self.cancel.clone(),
             execution: self.execution.clone(),
+            tools: self.registry.clone(),
+            platform: self.platform.clone(),
+            progress: crate::observer::Progress::none(),
         };
         let mut results: HashMap<usize, Done> = HashMap::new();
         for group in dispatch::groups(&plan) {
@@ -106,7 +109,23 @@ impl TurnRun<'_> {
             Action::Run { tool, args } => {
                 tracing::debug!(session = %self.session.id, tool = %name, "tool call");
                 self.observer.tool_started(name, &entry.call.arguments);
-                let (output, ok) = dispatch::execute(tool.clone(), args.clone(), ctx.clone()).await;
+                // Lines the call reports while it runs reach the observer
+                // from here: the observer is borrowed for the turn, the
+                // call's context is owned.
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
+                let mut ctx = ctx.clone();
+                ctx.progress = crate::observer::Progress::to(tx);
+                let call = dispatch::execute(tool.clone(), args.clone(), ctx);
+                tokio::pin!(call);
+                let (output, ok) = loop {
+                    tokio::select! {
+                        done = &mut call => break done,
+                        Some(line) = rx.recv() => self.observer.progress(&line),
+                    }
+                };
+                while let Ok(line) = rx.try_recv() {
+                    self.observer.progress(&line);
+                }
                 let status = if ok { Status::Ok } else { Status::Error };
                 (self.spill(&entry.call, output).await, status)
             }

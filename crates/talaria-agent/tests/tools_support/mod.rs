@@ -266,6 +266,9 @@ impl Env {
             redactor: Redactor::new(["super-secret-value-123".to_owned()]),
             cancel: CancellationToken::new(),
             execution: talaria_agent::Execution::local(workdir.clone()),
+            tools: std::sync::Arc::new(talaria_agent::tools::Registry::new()),
+            platform: None,
+            progress: talaria_agent::Progress::none(),
         };
         Env {
             dir,

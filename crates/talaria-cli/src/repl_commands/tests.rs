@@ -126,7 +126,6 @@ impl Fronts {
         .unwrap();
         let rt = Runtime::load(home.clone(), "warn").await.unwrap();
         let (agent, client) = rt.agent(Arc::new(NoHuman)).unwrap();
-        let agent = Arc::new(agent);
         let session = agent.new_session(SOURCE).await.unwrap();
         let recorder = Arc::new(Recorder::new("telegram"));
         let runner = Runner::new(RunnerParts {
@@ -350,6 +349,7 @@ const TABLE: &[(&str, Expect)] = &[
     ("/approve", Expect::ChatOnly),
     ("/deny", Expect::ChatOnly),
     ("/sethome", Expect::ChatOnly),
+    ("/background", Expect::ChatOnly),
     ("/exit", Expect::TerminalOnly),
     ("/image", Expect::TerminalOnlySays("usage: /image PATH")),
     ("/new Fresh", Expect::Same),

@@ -337,6 +337,9 @@ pub struct TerminalConfig {
     pub docker: DockerConfig,
     /// A remote host (`terminal.ssh:`).
     pub ssh: SshConfig,
+    /// Commands started with `terminal(background=true)`
+    /// (`terminal.background:`).
+    pub background: BackgroundProcessConfig,
 }
 
 impl Default for TerminalConfig {
@@ -354,6 +357,38 @@ impl Default for TerminalConfig {
             sandbox: SandboxConfig::default(),
             docker: DockerConfig::default(),
             ssh: SshConfig::default(),
+            background: BackgroundProcessConfig::default(),
+        }
+    }
+}
+
+/// `terminal.background:`: commands left running after their call returns
+/// (`terminal(background=true)`, managed with the `process` tool).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackgroundProcessConfig {
+    /// Running background processes one session may have; the next is
+    /// refused until one ends or is killed.
+    pub max_per_session: usize,
+    /// Running background processes of every session together.
+    pub max_total: usize,
+    /// Kill a session's background processes when it is reset (`/new`);
+    /// off, they run on unseen and count against the limits until they
+    /// end.
+    pub kill_on_reset: bool,
+    /// The most one process's log file under `<home>/processes/` keeps, in
+    /// bytes; past it a note ends the file and later output is only in the
+    /// memory buffer of recent output.
+    pub log_max_bytes: u64,
+}
+
+impl Default for BackgroundProcessConfig {
+    fn default() -> BackgroundProcessConfig {
+        BackgroundProcessConfig {
+            max_per_session: 8,
+            max_total: 32,
+            kill_on_reset: true,
+            log_max_bytes: 20 * 1024 * 1024,
         }
     }
 }

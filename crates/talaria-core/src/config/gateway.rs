@@ -51,6 +51,11 @@ pub struct GatewayConfig {
     /// in `terminal.untrusted_backend`. A platform missing here takes the
     /// ids written out on its `<PLATFORM>_ALLOWED_USERS`.
     pub owners: std::collections::BTreeMap<String, Vec<String>>,
+    /// When background work that asked to be followed up ends (a command
+    /// started with `notify_on_complete`, a detached delegation), the
+    /// agent gets a turn on its result after the notice, so it can act on
+    /// it. Off: the notice alone.
+    pub background_follow_up: bool,
 }
 
 impl Default for GatewayConfig {
@@ -66,6 +71,7 @@ impl Default for GatewayConfig {
             stream_edit_interval_ms: 1000,
             home_channels: Default::default(),
             owners: Default::default(),
+            background_follow_up: false,
         }
     }
 }

@@ -121,6 +121,9 @@ impl Config {
                 ));
             }
         }
+        if let Some((key, expected)) = self.code_execution.problem() {
+            return Err(invalid(key, expected));
+        }
         // A limit of nothing would refuse every file and every image.
         if self.media.max_bytes == 0 {
             return Err(invalid(
@@ -168,6 +171,9 @@ impl Config {
             }
         }
         self.validate_web(&invalid)?;
+        if let Some((key, expected)) = self.delegation.problem() {
+            return Err(invalid(key, expected));
+        }
         if self.curator.archive_after_days <= self.curator.stale_after_days {
             return Err(invalid(
                 "curator.archive_after_days",

@@ -158,10 +158,17 @@ pub struct Config {
     pub web: WebConfig,
     /// The browser tools (`browser:`).
     pub browser: BrowserConfig,
+    /// The `execute_code` tool: its time limit, tool-call budget and
+    /// Python interpreter (`code_execution:`).
+    pub code_execution: CodeExecutionConfig,
     /// Per platform (`telegram`, `cli`, `api_server`, ...), the toolsets
     /// its conversations get (`[terminal, file, web]`), as the ancestor
     /// writes it; a platform left out gets every toolset.
     pub platform_toolsets: BTreeMap<String, Vec<String>>,
+    /// Subagents of `delegate_task`: how many at once, their step budget,
+    /// their model, whether their commands need no approval
+    /// (`delegation:`).
+    pub delegation: DelegationConfig,
 }
 
 /// A parsed configuration with what was noticed on the way.
@@ -186,6 +193,8 @@ pub struct Loaded {
 mod yaml_errors;
 
 mod agent;
+mod code_execution;
+mod delegation;
 mod env;
 mod gateway;
 mod load;
@@ -196,6 +205,8 @@ mod services;
 mod web;
 
 pub use agent::*;
+pub use code_execution::*;
+pub use delegation::*;
 pub use env::*;
 pub use gateway::*;
 pub use load::*;

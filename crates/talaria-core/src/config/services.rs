@@ -95,12 +95,42 @@ impl<'de> Deserialize<'de> for MemoryNotifications {
     }
 }
 
+/// What a chat is shown of the work inside a turn (`display.tool_progress`,
+/// the ancestor's values). Today that is what the subagents of
+/// `delegate_task` do; the answer itself always comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolProgress {
+    /// Nothing: the typing indicator only.
+    #[default]
+    Off,
+    /// A line when a different tool starts.
+    New,
+    /// A line for every step.
+    All,
+}
+
+impl<'de> Deserialize<'de> for ToolProgress {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ToolProgress, D::Error> {
+        match switch_word(d)?.as_str() {
+            "off" => Ok(ToolProgress::Off),
+            "new" => Ok(ToolProgress::New),
+            "all" | "on" | "verbose" => Ok(ToolProgress::All),
+            other => Err(serde::de::Error::custom(format!(
+                "expected off, new or all, not `{other}`"
+            ))),
+        }
+    }
+}
+
 /// `display:`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct DisplayConfig {
     /// How much of background learning is shown under an answer.
     pub memory_notifications: MemoryNotifications,
+    /// What a chat is shown of the steps inside a turn.
+    pub tool_progress: ToolProgress,
 }
 
 /// `curator:`: agent-written skills that go unused turn stale, then are

@@ -639,3 +639,43 @@ fn vision_speech_and_image_settings_read_as_written_on_and_off_included() {
         }
     }
 }
+
+#[test]
+fn delegation_settings_have_defaults_and_are_checked() {
+    let (c, w) = parse("").unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(c.delegation.max_concurrent, 3);
+    assert_eq!(c.delegation.max_iterations, 50);
+    assert_eq!(c.delegation.model, None);
+    assert!(!c.delegation.subagent_auto_approve);
+
+    let (c, w) = parse(
+        "delegation:\n  max_concurrent: 5\n  max_iterations: 12\n  model: small-model\n  subagent_auto_approve: true\n",
+    )
+    .unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(c.delegation.max_concurrent, 5);
+    assert_eq!(c.delegation.max_iterations, 12);
+    assert_eq!(c.delegation.model.as_deref(), Some("small-model"));
+    assert!(c.delegation.subagent_auto_approve);
+
+    for (text, key) in [
+        (
+            "delegation:\n  max_concurrent: 0\n",
+            "delegation.max_concurrent",
+        ),
+        (
+            "delegation:\n  max_iterations: 0\n",
+            "delegation.max_iterations",
+        ),
+        ("delegation:\n  model: \" \"\n", "delegation.model"),
+    ] {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.contains(key), "{text}: {e}");
+    }
+    let (_, w) = parse("delegation:\n  max_children: 4\n").unwrap();
+    assert!(
+        w.iter().any(|w| w.contains("delegation.max_children")),
+        "{w:?}"
+    );
+}

@@ -538,6 +538,7 @@ impl Scheduler {
             execution: Some(execution),
             // Every toolset: a job's tools are chosen by whoever wrote it.
             platform: None,
+            max_turns: None,
         };
         let run =
             inner

@@ -162,6 +162,7 @@ impl FrontEnd for Chat<'_> {
         if let Some(previous) = &routed.previous {
             let old = crate::isolation::scope(scope, self.key.as_str(), previous);
             inner.backends.release(old).await;
+            self.runner.end_session_work(previous);
         }
         Ok(routed.handle.id)
     }
@@ -269,8 +270,20 @@ impl FrontEnd for Chat<'_> {
             &inner.backends,
             self.runner.trust_of(&self.event.source),
         ));
+        lines.extend(self.runner.job_lines(self.key));
         lines.push(format!("Gateway up {}s", inner.started.elapsed().as_secs()));
         lines
+    }
+
+    async fn background(&mut self, prompt: &str) -> Reply {
+        match self
+            .runner
+            .start_background(self.key, self.event, prompt)
+            .await
+        {
+            Ok(text) => Reply::Say(text),
+            Err(e) => Reply::Refuse(format!("⚠️ Cannot run that in the background: {e}")),
+        }
     }
 
     fn whoami(&self) -> String {

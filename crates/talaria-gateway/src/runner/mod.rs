@@ -22,6 +22,9 @@
 //!   questions asked in the chat.
 //! - [`recovery`](self::recovery): owed turns of a dead node, run again or
 //!   said lost.
+//! - [`jobs`](self::jobs): work that outlives its turn ([`crate::jobs`]):
+//!   the reports of the agent's background tools, `/background`, and what
+//!   a stop or a restart says about jobs.
 //!
 //! Hook payloads are the typed events of [`crate::hooks::events`].
 
@@ -54,6 +57,7 @@ mod commands;
 mod intake;
 pub(crate) use intake::UNREGISTERED;
 mod interaction;
+mod jobs;
 mod lane;
 mod recovery;
 mod turn;
@@ -130,6 +134,14 @@ struct Inner {
     /// Every lane driver, so a stopping gateway can wait for them.
     tasks: TaskTracker,
     started: Instant,
+    /// Background work open on this node, and where each reports.
+    jobs: crate::jobs::Jobs,
+    /// Stops `/background` tasks when the gateway stops.
+    background: CancellationToken,
+    /// The `/background` tasks, so a stop can wait for them to unwind.
+    background_tasks: TaskTracker,
+    /// What ends the background commands of a session that is reset.
+    session_work: std::sync::OnceLock<Arc<dyn talaria_agent::background::SessionWork>>,
 }
 
 impl Runner {
@@ -173,6 +185,10 @@ impl Runner {
                 draining: AtomicBool::new(false),
                 tasks: TaskTracker::new(),
                 started: Instant::now(),
+                jobs: crate::jobs::Jobs::default(),
+                background: CancellationToken::new(),
+                background_tasks: TaskTracker::new(),
+                session_work: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -235,12 +251,24 @@ impl Runner {
         let inner = &self.inner;
         inner.draining.store(true, Ordering::SeqCst);
         inner.tasks.close();
+        // Background tasks may run for hours: they stop now, and their
+        // chats are told so below rather than after a restart.
+        inner.background.cancel();
+        inner.background_tasks.close();
         if tokio::time::timeout(grace, inner.tasks.wait())
             .await
-            .is_ok()
+            .is_err()
         {
-            return;
+            self.interrupt_turns().await;
         }
+        let _ = tokio::time::timeout(Duration::from_secs(5), inner.background_tasks.wait()).await;
+        self.report_stopped_jobs().await;
+    }
+
+    /// Interrupts the turns still running at the end of a drain and waits
+    /// briefly for them to unwind.
+    async fn interrupt_turns(&self) {
+        let inner = &self.inner;
         tracing::info!("interrupting running turns to shut down");
         for lane in inner.lanes().values_mut() {
             lane.shut_down();

@@ -54,6 +54,11 @@ impl Runner {
 
     /// Runs a claimed owed turn again, or says it was lost.
     async fn resume_owed(&self, turn: OwedTurn) {
+        if crate::jobs::is_job(&turn.id) {
+            // A job's work died with its node: it can only be said lost.
+            self.report_lost_job(turn).await;
+            return;
+        }
         let inner = &self.inner;
         let event: MessageEvent = match serde_json::from_str(&turn.event) {
             Ok(event) => event,

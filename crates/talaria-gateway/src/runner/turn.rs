@@ -264,6 +264,8 @@ impl Runner {
         };
         inner.session_hooks(key, &event.source, &routed);
         let handle = routed.handle;
+        // Background work this turn's tools start reports to this chat.
+        inner.jobs.remember(&handle.id, key, &event);
         let tool = {
             let mut lanes = inner.lanes();
             match lanes.get_mut(key).and_then(|l| l.run_of(generation)) {
@@ -315,6 +317,7 @@ impl Runner {
         let observer = RunObserver {
             tool,
             preview: preview.as_ref().map(Preview::sink),
+            progress: self.progress_lines(&to),
         };
         let (text, media, voice_in) = self.take_in(&event, &to).await;
         let message_ref = event.message_id.clone().unwrap_or_default();
@@ -558,11 +561,71 @@ impl Runner {
     }
 }
 
-/// Tracks the running tool for `/status`, and feeds the streaming preview
-/// when there is one.
+/// Tracks the running tool for `/status`, feeds the streaming preview
+/// when there is one, and passes progress lines to the chat when
+/// `display.tool_progress` asks for them.
 struct RunObserver {
     tool: Arc<Mutex<Option<String>>>,
     preview: Option<PreviewSink>,
+    progress: Option<ProgressLines>,
+}
+
+/// Progress lines on their way to a chat: grouped, so a busy subagent
+/// makes one message every few seconds rather than one per step.
+struct ProgressLines {
+    tx: tokio::sync::mpsc::Sender<String>,
+    /// `new`: the tool of the last line sent, to skip repeats.
+    only_new: bool,
+    last: Mutex<Option<String>>,
+}
+
+/// Lines gathered into one message at most this often.
+const PROGRESS_EVERY: Duration = Duration::from_secs(3);
+
+/// Lines one message holds at most; more are counted, not shown.
+const PROGRESS_MAX_LINES: usize = 12;
+
+impl Runner {
+    /// Where this turn's progress lines go, when the chat is shown any.
+    fn progress_lines(&self, to: &Address) -> Option<ProgressLines> {
+        use talaria_core::config::ToolProgress;
+        let mode = self.inner.config.display.tool_progress;
+        if mode == ToolProgress::Off {
+            return None;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
+        let delivery = self.inner.delivery.clone();
+        let to = to.clone();
+        // Ends when the observer (and with it the sender) goes at the end
+        // of the turn, after sending what is left.
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut lines = vec![first];
+                let mut more = 0usize;
+                let window = tokio::time::sleep(PROGRESS_EVERY);
+                tokio::pin!(window);
+                loop {
+                    tokio::select! {
+                        _ = &mut window => break,
+                        line = rx.recv() => match line {
+                            Some(line) if lines.len() < PROGRESS_MAX_LINES => lines.push(line),
+                            Some(_) => more += 1,
+                            None => break,
+                        },
+                    }
+                }
+                if more > 0 {
+                    lines.push(format!("(+{more} more)"));
+                }
+                delivery.notify(&to, &lines.join("\n")).await;
+            }
+        });
+        Some(ProgressLines {
+            tx,
+            only_new: mode == ToolProgress::New,
+            last: Mutex::new(None),
+        })
+    }
 }
 
 impl TurnObserver for RunObserver {
@@ -587,5 +650,25 @@ impl TurnObserver for RunObserver {
 
     fn tool_finished(&self, _name: &str, _ok: bool, _preview: &str) {
         *self.tool.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn progress(&self, line: &str) {
+        let Some(progress) = &self.progress else {
+            return;
+        };
+        if progress.only_new {
+            // The tool is the line's first word after its marker.
+            let tool: String = line
+                .split_whitespace()
+                .find(|w| w.ends_with(':'))
+                .unwrap_or(line)
+                .to_owned();
+            let mut last = progress.last.lock().unwrap_or_else(|p| p.into_inner());
+            if last.as_deref() == Some(tool.as_str()) {
+                return;
+            }
+            *last = Some(tool);
+        }
+        let _ = progress.tx.try_send(line.to_owned());
     }
 }
