@@ -340,3 +340,87 @@ async fn new_ends_the_background_commands_of_the_old_conversation() {
     gateway.kill().unwrap();
     gateway.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_prompt_cut_off_by_sigkill_is_said_lost_after_restart() {
+    let llm = MockOpenAi::start().await;
+    let kit = TelegramKit::start().await;
+    let home = kit_home(&llm, &kit);
+    let mut first = spawn_gateway(&home, &home.root.join("test-gateway.log"));
+    kit.wait_connected(1).await;
+
+    llm.push(Reply::text("Too late.").with_delay(Duration::from_secs(30)));
+    kit.push_dm(Who::Friend, "/bg compare every sailing ship ever built");
+    wait_for_text(&kit, "Started in the background").await;
+    talaria_testkit::wait::wait_for("the background prompt at the model", || async {
+        if llm.requests().is_empty() {
+            Err(())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+
+    let seen = kit.connections();
+    let mut second = spawn_gateway(&home, &home.root.join("test-gateway-2.log"));
+    kit.wait_connected(seen + 1).await;
+    let sent = wait_for_text(&kit, "result is lost").await;
+    let lost: Vec<&String> = sent
+        .iter()
+        .map(|o| &o.text)
+        .filter(|t| t.contains("result is lost"))
+        .collect();
+    assert_eq!(lost.len(), 1, "{sent:?}");
+    assert!(
+        lost[0].contains("background task") && lost[0].contains("compare every sailing ship"),
+        "{}\n{}",
+        lost[0],
+        logs(&home)
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!texts(&kit).iter().any(|t| t.contains("Too late.")));
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_with_tool_progress_on_sees_what_a_subagent_does() {
+    let llm = MockOpenAi::start().await;
+    let kit = TelegramKit::start().await;
+    let home = kit_home(&llm, &kit);
+    let config = home.root.join("config.yaml");
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    yaml.push_str("display:\n  tool_progress: all\n");
+    std::fs::write(&config, yaml).unwrap();
+    let mut gateway = spawn_gateway(&home, &home.root.join("test-gateway.log"));
+    kit.wait_connected(1).await;
+
+    let task = serde_json::json!({"goal": "Say hello from a shell"});
+    llm.push(Reply::tool_calls(vec![ToolCallReply::new(
+        "call_delegate",
+        "delegate_task",
+        task.to_string(),
+    )]));
+    llm.push(Reply::tool_calls(vec![ToolCallReply::new(
+        "call_child",
+        "terminal",
+        serde_json::json!({"command": "echo hello-from-child"}).to_string(),
+    )]));
+    llm.push(Reply::text("The shell said hello."));
+    llm.push(Reply::text("Your subagent reports: hello."));
+    kit.push_dm(Who::Friend, "have a helper say hello");
+    let sent = wait_for_text(&kit, "Your subagent reports: hello.").await;
+    let progress: Vec<&String> = sent
+        .iter()
+        .map(|o| &o.text)
+        .filter(|t| t.contains("terminal:") && t.contains("echo hello-from-child"))
+        .collect();
+    assert_eq!(progress.len(), 1, "{sent:?}\n{}", logs(&home));
+    // The progress came before the answer.
+    let at = |needle: &str| sent.iter().position(|o| o.text.contains(needle));
+    assert!(at("terminal:") < at("Your subagent reports"), "{sent:?}");
+    gateway.kill().unwrap();
+    gateway.wait().unwrap();
+}

@@ -314,7 +314,7 @@ impl Runner {
                 let interval = inner.config.gateway.stream_edit_interval_ms.max(100);
                 Preview::start(a.clone(), to.clone(), Duration::from_millis(interval))
             });
-        let observer = RunObserver {
+        let mut observer = RunObserver {
             tool,
             preview: preview.as_ref().map(Preview::sink),
             progress: self.progress_lines(&to),
@@ -359,6 +359,7 @@ impl Runner {
             )
             .await;
         typing.cancel();
+        observer.flush_progress().await;
 
         // Steering that arrived too late for the turn becomes the next one.
         let leftover = handle.state.take_steer();
@@ -574,6 +575,8 @@ struct RunObserver {
 /// makes one message every few seconds rather than one per step.
 struct ProgressLines {
     tx: tokio::sync::mpsc::Sender<String>,
+    /// Sends the grouped lines; ends once `tx` is gone and the rest sent.
+    sender: tokio::task::JoinHandle<()>,
     /// `new`: the tool of the last line sent, to skip repeats.
     only_new: bool,
     last: Mutex<Option<String>>,
@@ -596,9 +599,9 @@ impl Runner {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
         let delivery = self.inner.delivery.clone();
         let to = to.clone();
-        // Ends when the observer (and with it the sender) goes at the end
-        // of the turn, after sending what is left.
-        tokio::spawn(async move {
+        // Ends when the turn is over (the sender is dropped), after sending
+        // what is left.
+        let sender = tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 let mut lines = vec![first];
                 let mut more = 0usize;
@@ -622,9 +625,22 @@ impl Runner {
         });
         Some(ProgressLines {
             tx,
+            sender,
             only_new: mode == ToolProgress::New,
             last: Mutex::new(None),
         })
+    }
+}
+
+impl RunObserver {
+    /// The turn is over: the progress lines still waiting go out now,
+    /// before the answer (bounded: a stuck platform does not hold the
+    /// answer back for long).
+    async fn flush_progress(&mut self) {
+        if let Some(ProgressLines { tx, sender, .. }) = self.progress.take() {
+            drop(tx);
+            let _ = tokio::time::timeout(Duration::from_secs(5), sender).await;
+        }
     }
 }
 
