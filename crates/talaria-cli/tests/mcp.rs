@@ -79,8 +79,8 @@ async fn talaria_serves_mcp_and_uses_it_from_chat() {
 
     let tools = talaria(&home, &["mcp", "tools", "self"]).await;
     let shown = text(&tools.stdout);
-    assert!(shown.contains("mcp_self_session_search"), "{shown}");
-    assert!(shown.contains("mcp_self_send_message"), "{shown}");
+    assert!(shown.contains("mcp__self__session_search"), "{shown}");
+    assert!(shown.contains("mcp__self__send_message"), "{shown}");
 
     let missing = talaria(&home, &["mcp", "test", "nope"]).await;
     assert!(!missing.status.success());
@@ -96,10 +96,14 @@ async fn talaria_serves_mcp_and_uses_it_from_chat() {
     // The next one searches it and sends a note to a local file, both
     // through the MCP server.
     llm.push(Reply::tool_calls(vec![
-        ToolCallReply::new("s1", "mcp_self_session_search", r#"{"query": "flamingo"}"#),
+        ToolCallReply::new(
+            "s1",
+            "mcp__self__session_search",
+            r#"{"query": "flamingo"}"#,
+        ),
         ToolCallReply::new(
             "s2",
-            "mcp_self_send_message",
+            "mcp__self__send_message",
             r#"{"target": "local", "message": "found the flamingo"}"#,
         ),
     ]));
@@ -165,7 +169,7 @@ async fn the_reference_time_server_answers_the_model_in_chat_and_its_errors_reac
     // The model asks for the time in UTC, then answers.
     llm.push(Reply::tool_calls(vec![ToolCallReply::new(
         "t1",
-        "mcp_time_get_current_time",
+        "mcp__time__get_current_time",
         r#"{"timezone": "UTC"}"#,
     )]));
     llm.push(Reply::text("It is some time in UTC."));
@@ -185,7 +189,7 @@ async fn the_reference_time_server_answers_the_model_in_chat_and_its_errors_reac
             f["name"]
                 .as_str()
                 .unwrap_or_default()
-                .starts_with("mcp_time_")
+                .starts_with("mcp__time__")
         })
         .collect();
     let names: Vec<&str> = offered
@@ -197,11 +201,11 @@ async fn the_reference_time_server_answers_the_model_in_chat_and_its_errors_reac
         2,
         "get_current_time and convert_time: {names:?}"
     );
-    assert!(names.contains(&"mcp_time_get_current_time"), "{names:?}");
-    assert!(names.contains(&"mcp_time_convert_time"), "{names:?}");
+    assert!(names.contains(&"mcp__time__get_current_time"), "{names:?}");
+    assert!(names.contains(&"mcp__time__convert_time"), "{names:?}");
     let get = offered
         .iter()
-        .find(|f| f["name"] == "mcp_time_get_current_time")
+        .find(|f| f["name"] == "mcp__time__get_current_time")
         .unwrap();
     assert_eq!(
         get["parameters"]["required"],
@@ -234,7 +238,7 @@ async fn the_reference_time_server_answers_the_model_in_chat_and_its_errors_reac
     // as a failed tool call, and the turn goes on to an answer.
     llm.push(Reply::tool_calls(vec![ToolCallReply::new(
         "t2",
-        "mcp_time_get_current_time",
+        "mcp__time__get_current_time",
         r#"{"timezone": "Mars/Olympus_Mons"}"#,
     )]));
     llm.push(Reply::text("Mars has no time zone I know."));

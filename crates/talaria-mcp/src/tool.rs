@@ -12,11 +12,23 @@ use crate::server::{CallError, McpServer};
 /// The longest tool name providers accept.
 const MAX_NAME: usize = 64;
 
-/// The model-facing name of `server`'s tool `tool`: `mcp_<server>_<tool>`,
-/// with anything outside `[A-Za-z0-9_-]` made `_`. A name longer than 64
-/// is cut and ends with a hash of the whole, so two long names stay apart.
+/// The model-facing name of `server`'s tool `tool`: `mcp__<server>__<tool>`,
+/// as the ancestor names it, with anything outside `[A-Za-z0-9_-]` made
+/// `_`. A name longer than 64 is cut and ends with a hash of the whole, so
+/// two long names stay apart.
 pub fn tool_name(server: &str, tool: &str) -> String {
-    let raw = format!("mcp_{server}_{tool}");
+    provider_name(&format!("mcp__{server}__{tool}"))
+}
+
+/// The name earlier releases gave the tool, `mcp_<server>_<tool>`: still
+/// accepted when the model calls it, so skills written with it keep
+/// working.
+pub fn legacy_tool_name(server: &str, tool: &str) -> String {
+    provider_name(&format!("mcp_{server}_{tool}"))
+}
+
+/// `raw` as a name providers accept (see [`tool_name`]).
+fn provider_name(raw: &str) -> String {
     let clean: String = raw
         .chars()
         .map(|c| {
@@ -131,8 +143,10 @@ pub struct McpTool {
     server: Arc<McpServer>,
     /// The name the server knows it by.
     remote: String,
-    /// `mcp_<server>_<tool>`.
+    /// `mcp__<server>__<tool>`.
     name: String,
+    /// `mcp_<server>_<tool>`, the name earlier releases offered.
+    legacy: String,
     description: String,
     parameters: Value,
 }
@@ -151,6 +165,7 @@ impl McpTool {
         };
         McpTool {
             name: tool_name(server.name(), remote),
+            legacy: legacy_tool_name(server.name(), remote),
             remote: remote.to_owned(),
             description,
             parameters: sanitize_schema(schema),
@@ -163,6 +178,10 @@ impl McpTool {
 impl Tool for McpTool {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn alias(&self) -> Option<&str> {
+        Some(&self.legacy)
     }
 
     fn description(&self) -> &str {
@@ -206,9 +225,13 @@ mod tests {
     fn names_are_prefixed_cleaned_and_bounded() {
         assert_eq!(
             tool_name("github", "create_issue"),
+            "mcp__github__create_issue"
+        );
+        assert_eq!(
+            legacy_tool_name("github", "create_issue"),
             "mcp_github_create_issue"
         );
-        assert_eq!(tool_name("fs", "read.file/v2"), "mcp_fs_read_file_v2");
+        assert_eq!(tool_name("fs", "read.file/v2"), "mcp__fs__read_file_v2");
         let a = tool_name("srv", &"x".repeat(80));
         let b = tool_name("srv", &format!("{}y", "x".repeat(79)));
         assert!(a.len() <= 64 && b.len() <= 64);

@@ -290,7 +290,7 @@ async fn include_and_exclude_filters_decide_what_the_agent_sees() {
         .map(|t| t.name().to_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["mcp_fix_add", "mcp_fix_echo"]);
+    assert_eq!(names, ["mcp__fix__add", "mcp__fix__echo"]);
     manager.shutdown().await;
 }
 
@@ -330,7 +330,7 @@ async fn lazy_servers_start_on_first_use_and_all_stop_with_the_manager() {
     let eager_pid = eager.wait_lines("starts.log", 1).await[0].clone();
     assert!(lazy.lines("starts.log").is_empty(), "lazy started early");
     let tools = manager.tools().await;
-    assert!(tools.iter().any(|t| t.name() == "mcp_lazy_echo"));
+    assert!(tools.iter().any(|t| t.name() == "mcp__lazy__echo"));
     let lazy_pid = lazy.wait_lines("starts.log", 1).await[0].clone();
 
     manager.shutdown().await;
@@ -376,8 +376,11 @@ async fn a_reload_restarts_changed_servers_and_stops_removed_ones() {
         .iter()
         .map(|t| t.name().to_owned())
         .collect();
-    assert!(!names.iter().any(|n| n == "mcp_a_crash"), "{names:?}");
-    assert!(!names.iter().any(|n| n.starts_with("mcp_b_")), "{names:?}");
+    assert!(!names.iter().any(|n| n == "mcp__a__crash"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.starts_with("mcp__b__")),
+        "{names:?}"
+    );
     manager.shutdown().await;
 }
 
@@ -531,7 +534,7 @@ async fn the_model_calls_an_mcp_tool_within_a_turn() {
     let session = agent.new_session("cli").await.unwrap();
     llm.push(Reply::tool_calls(vec![ToolCallReply::new(
         "c1",
-        "mcp_fix_add",
+        "mcp__fix__add",
         r#"{"a": 19, "b": 23}"#,
     )]));
     llm.push(Reply::text("The sum is 42."));
@@ -548,12 +551,12 @@ async fn the_model_calls_an_mcp_tool_within_a_turn() {
     let requests = llm.requests();
     // The MCP tools were offered, with schemas providers accept.
     let offered = requests[0].body["tools"].to_string();
-    assert!(offered.contains("mcp_fix_add") && offered.contains("mcp_fix_schema_zoo"));
+    assert!(offered.contains("mcp__fix__add") && offered.contains("mcp__fix__schema_zoo"));
     let zoo = requests[0].body["tools"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|t| t["function"]["name"] == "mcp_fix_schema_zoo")
+        .find(|t| t["function"]["name"] == "mcp__fix__schema_zoo")
         .unwrap()["function"]["parameters"]
         .clone();
     assert!(zoo.get("$schema").is_none(), "{zoo}");
@@ -572,11 +575,32 @@ async fn the_model_calls_an_mcp_tool_within_a_turn() {
         "{result}"
     );
 
+    // The name earlier releases offered (`mcp_<server>_<tool>`, in skills
+    // and prompts written then) still reaches the tool, though only the
+    // ancestor's spelling is offered.
+    assert!(!offered.contains("\"mcp_fix_add\""), "{offered}");
+    llm.push(Reply::tool_calls(vec![ToolCallReply::new(
+        "c1b",
+        "mcp_fix_add",
+        r#"{"a": 40, "b": 2}"#,
+    )]));
+    llm.push(Reply::text("Still 42."));
+    let outcome = agent
+        .run_turn(&session, "again", &NullObserver, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(outcome.answer, "Still 42.");
+    let last = llm.requests().last().unwrap().body["messages"].to_string();
+    assert!(
+        last.contains("42") && !last.contains("does not exist"),
+        "{last}"
+    );
+
     // An interrupt during a long MCP call cancels it at the server and the
     // turn ends interrupted.
     llm.push(Reply::tool_calls(vec![ToolCallReply::new(
         "c2",
-        "mcp_fix_slow",
+        "mcp__fix__slow",
         r#"{"seconds": 30}"#,
     )]));
     let cancel = CancellationToken::new();
@@ -597,7 +621,7 @@ async fn the_model_calls_an_mcp_tool_within_a_turn() {
     // A tool error comes back as an error result, and the turn goes on.
     llm.push(Reply::tool_calls(vec![ToolCallReply::new(
         "c3",
-        "mcp_fix_fail",
+        "mcp__fix__fail",
         "{}",
     )]));
     llm.push(Reply::text("It failed."));
@@ -666,7 +690,7 @@ async fn reload_mcp_reads_the_home_configuration_again() {
         .iter()
         .map(|t| t.name().to_owned())
         .collect();
-    assert!(names.iter().any(|n| n == "mcp_late_echo"), "{names:?}");
+    assert!(names.iter().any(|n| n == "mcp__late__echo"), "{names:?}");
 
     // A broken file changes nothing and says why.
     std::fs::write(home.config_file(), "mcp_servers: [not, a, map\n").unwrap();

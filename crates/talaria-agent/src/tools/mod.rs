@@ -71,6 +71,12 @@ pub trait Tool: Send + Sync {
         None
     }
 
+    /// Another name the model may call the tool by (an older spelling that
+    /// skills and prompts still use); offered under [`Tool::name`] only.
+    fn alias(&self) -> Option<&str> {
+        None
+    }
+
     /// Whether what the tool returns was written by someone outside (a web
     /// page, a search service, an MCP server): its results are then fenced
     /// as data by [`crate::untrusted::wrap`].
@@ -208,9 +214,14 @@ impl Registry {
         self.tools.insert(tool.name().to_owned(), tool);
     }
 
-    /// The tool registered under `name`, as the model calls it.
+    /// The tool registered under `name`, as the model calls it, or whose
+    /// [`Tool::alias`] it is.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.get(name)
+        // Aliases are the rare path (an older spelling): looked for only
+        // when no tool has the name.
+        self.tools
+            .get(name)
+            .or_else(|| self.tools.values().find(|t| t.alias() == Some(name)))
     }
 
     /// Tool names, sorted.
