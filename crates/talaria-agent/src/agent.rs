@@ -12,6 +12,7 @@ use talaria_store::{NewSession, SessionRecord};
 use tokio_util::sync::CancellationToken;
 
 use crate::interaction::Interaction;
+use crate::models::ModelSwitch;
 use crate::observer::TurnObserver;
 use crate::prompt::{PromptInputs, build_system_prompt};
 use crate::tools::Registry;
@@ -53,6 +54,9 @@ pub struct TurnOptions {
     /// The step budget of this turn instead of `agent.max_turns` (a
     /// subagent's `delegation.max_iterations`).
     pub max_turns: Option<u32>,
+    /// The model serving this turn instead of the session's (an API
+    /// client that named a route); see [`Agent::route_provider`].
+    pub provider: Option<Arc<dyn talaria_llm::Provider>>,
 }
 
 /// Runs turns over sessions. Cheap to share behind an `Arc`; holds no
@@ -63,6 +67,9 @@ pub struct Agent {
     turn_hook: std::sync::OnceLock<Arc<dyn TurnHook>>,
     /// An external memory provider's recall and sync; set once.
     memory: std::sync::OnceLock<Arc<crate::memory_provider::MemoryManager>>,
+    /// Builds the providers of models other than the default; without it
+    /// every conversation uses [`AgentParts::provider`].
+    models: std::sync::OnceLock<Arc<ModelSwitch>>,
 }
 
 /// Something that wants to know when a turn has finished, after its
@@ -80,7 +87,112 @@ impl Agent {
             parts,
             turn_hook: std::sync::OnceLock::new(),
             memory: std::sync::OnceLock::new(),
+            models: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Lets conversations switch models (`/model`) and API clients ask
+    /// for routes; a second call changes nothing.
+    pub fn set_models(&self, models: Arc<ModelSwitch>) {
+        let _ = self.models.set(models);
+    }
+
+    /// The model switch, when this agent has one.
+    pub fn models(&self) -> Option<&Arc<ModelSwitch>> {
+        self.models.get()
+    }
+
+    /// The model `session` talks to: its switch, else the default.
+    pub fn session_model(&self, session: &SessionHandle) -> String {
+        session
+            .model_choice()
+            .unwrap_or_else(|| self.parts.provider.model().to_owned())
+    }
+
+    /// Switches `session` to the model `name` names (a route, `model` or
+    /// `provider:model`), or back to the default with `None`; stored, so
+    /// it outlives a restart. Refused, changing nothing, when the model
+    /// cannot be served (no switch here, no key, no address). Returns the
+    /// model now in use.
+    pub async fn switch_model(
+        &self,
+        session: &SessionHandle,
+        name: Option<&str>,
+    ) -> Result<String, String> {
+        let choice = match name {
+            None => None,
+            Some(name) => {
+                let models = self.models.get().ok_or_else(|| {
+                    "switching models is not available here: only the configured model \
+                     answers"
+                        .to_owned()
+                })?;
+                let name = name.trim();
+                let route = models.resolve(name)?;
+                models.provider(&route)?;
+                // A route is kept by its name, so its own server and key
+                // apply; anything else in the form it is read back.
+                let stored = if models.config().route(name).is_some() {
+                    name.to_owned()
+                } else {
+                    route.spec()
+                };
+                // Choosing the default by name is no switch at all.
+                let is_default = route.provider.is_none()
+                    && route.base_url.is_none()
+                    && route.model == self.parts.provider.model();
+                (!is_default).then_some(stored)
+            }
+        };
+        self.parts
+            .store
+            .set_model_choice(&session.id, choice.as_deref())
+            .await
+            .map_err(|e| format!("cannot store the switch: {e}"))?;
+        session.set_model_choice(choice);
+        Ok(self.session_model(session))
+    }
+
+    /// The provider serving the route `name` of `model.routes`, when it is
+    /// one (and can be served); the API server's `"model"` field.
+    pub fn route_provider(&self, name: &str) -> Option<Arc<dyn talaria_llm::Provider>> {
+        let models = self.models.get()?;
+        let route = models.config().route(name)?;
+        match models.provider(route) {
+            Ok(provider) => Some(provider),
+            Err(e) => {
+                tracing::warn!(route = name, "model route cannot be served: {e}");
+                None
+            }
+        }
+    }
+
+    /// The provider of `session`'s switched model, or the default when it
+    /// did not switch or its model can no longer be served (said once per
+    /// turn through `observer`).
+    fn provider_for(
+        &self,
+        session: &SessionHandle,
+        observer: &dyn TurnObserver,
+    ) -> Arc<dyn talaria_llm::Provider> {
+        let Some(choice) = session.model_choice() else {
+            return self.parts.provider.clone();
+        };
+        let built = match self.models.get() {
+            Some(models) => models
+                .resolve(&choice)
+                .and_then(|route| models.provider(&route)),
+            None => Err("switching models is not available here".to_owned()),
+        };
+        built.unwrap_or_else(|e| {
+            tracing::warn!(session = %session.id, model = %choice, "switched model unusable: {e}");
+            observer.notice(&format!(
+                "⚠️ This conversation's model {choice} cannot be used ({e}); {} answers instead. \
+                 /model default goes back to it for good.",
+                self.parts.provider.model()
+            ));
+            self.parts.provider.clone()
+        })
     }
 
     /// The manager of the external memory provider, if one is set.
@@ -154,7 +266,9 @@ impl Agent {
                 p
             }
         };
-        Ok(SessionHandle::new(record.id, prompt))
+        let handle = SessionHandle::new(record.id, prompt);
+        handle.set_model_choice(record.model_choice);
+        Ok(handle)
     }
 
     /// Runs one turn: stores `user_text`, calls the model and tools until
@@ -231,7 +345,12 @@ impl Agent {
             Some(memory) => memory.recall(user_text, &session.id).await,
             None => None,
         };
+        let provider = match options.provider {
+            Some(provider) => provider,
+            None => self.provider_for(session, observer),
+        };
         let outcome = TurnRun::new(&self.parts, session, observer, cancel, history, interaction)
+            .with_provider(provider)
             .with_registry(registry)
             .with_execution(execution)
             .with_recall(recall)

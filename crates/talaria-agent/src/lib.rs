@@ -56,6 +56,7 @@ pub mod execution;
 pub mod interaction;
 pub mod memory_context;
 pub mod memory_provider;
+pub mod models;
 pub mod observer;
 mod parts;
 pub mod processes;

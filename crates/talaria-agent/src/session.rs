@@ -16,6 +16,10 @@ pub struct SessionHandle {
     /// approvals given).
     pub state: Arc<SessionState>,
     system_prompt: Arc<str>,
+    /// The model `/model` chose for the session, as stored (a route's
+    /// name, `model` or `provider:model`); `None` follows the configured
+    /// default.
+    model_choice: Arc<std::sync::Mutex<Option<String>>>,
     /// Held for the length of a turn: two turns interleaving on one
     /// transcript would corrupt it.
     pub(crate) turn_lock: Arc<tokio::sync::Mutex<()>>,
@@ -28,6 +32,7 @@ impl SessionHandle {
             id,
             state: Arc::new(SessionState::default()),
             system_prompt: system_prompt.into(),
+            model_choice: Arc::default(),
             turn_lock: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
@@ -35,5 +40,19 @@ impl SessionHandle {
     /// The system prompt sent, unchanged, with every request of the session.
     pub fn system_prompt(&self) -> &str {
         &self.system_prompt
+    }
+
+    /// The model this session switched to, if it did.
+    pub fn model_choice(&self) -> Option<String> {
+        self.model_choice
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records the session's switch in this handle (and its clones); the
+    /// caller stores it ([`crate::Agent::switch_model`] does both).
+    pub(crate) fn set_model_choice(&self, choice: Option<String>) {
+        *self.model_choice.lock().unwrap_or_else(|p| p.into_inner()) = choice;
     }
 }

@@ -149,6 +149,8 @@ pub(crate) struct TurnRun<'a> {
     platform: Option<String>,
     /// The step budget, when not `agent.max_turns`.
     max_turns: Option<u32>,
+    /// The model of this turn: the session's switch or the default.
+    provider: std::sync::Arc<dyn talaria_llm::Provider>,
 }
 
 impl<'a> TurnRun<'a> {
@@ -185,7 +187,17 @@ impl<'a> TurnRun<'a> {
             owed: false,
             platform: None,
             max_turns: None,
+            provider: parts.provider.clone(),
         }
+    }
+
+    /// The model this turn talks to, instead of [`AgentParts::provider`].
+    pub(crate) fn with_provider(
+        mut self,
+        provider: std::sync::Arc<dyn talaria_llm::Provider>,
+    ) -> TurnRun<'a> {
+        self.provider = provider;
+        self
     }
 
     /// The platform the conversation is on, as the tools see it.

@@ -358,10 +358,17 @@ async fn admit(
         Some(id) => open_named(&state, id, &request.earlier).await?,
         None => open_conversation(&state, &request).await?,
     };
+    // A route's name picks its model; any other name is only echoed back
+    // (clients send whatever model name they were set up with).
+    let provider = request
+        .model
+        .as_deref()
+        .and_then(|name| state.agent.route_provider(name));
     let model = request
         .model
         .unwrap_or_else(|| state.agent.parts().provider.model().to_owned());
     Ok(Admitted {
+        provider,
         state,
         session: opened.session,
         input,

@@ -455,32 +455,48 @@ async fn health() -> Response {
     .into_response()
 }
 
-/// The one model the server answers with, as OpenAI describes a model.
-fn model_object(state: &AppState) -> serde_json::Value {
+/// A model the server answers with, as OpenAI describes a model.
+fn model_object(id: &str) -> serde_json::Value {
     json!({
-        "id": state.agent.parts().provider.model(),
+        "id": id,
         "object": "model",
         "created": chat::unix_now(),
         "owned_by": "talaria",
     })
 }
 
+/// What `/v1/models` lists: the default model, then the names of
+/// `model.routes`, as the ancestor lists its route aliases.
+fn model_ids(state: &AppState) -> Vec<String> {
+    let mut ids = vec![state.agent.parts().provider.model().to_owned()];
+    for name in state.agent.parts().config.model.routes.keys() {
+        if !ids.contains(name) {
+            ids.push(name.clone());
+        }
+    }
+    ids
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let data: Vec<serde_json::Value> = model_ids(&state)
+        .iter()
+        .map(|id| model_object(id))
+        .collect();
     axum::Json(json!({
         "object": "list",
-        "data": [model_object(&state)],
+        "data": data,
     }))
     .into_response()
 }
 
-/// `GET /v1/models/{id}`: the model when `id` is the one listed, else 404
+/// `GET /v1/models/{id}`: the model when `id` is one listed, else 404
 /// with OpenAI's `model_not_found`.
 async fn model(
     State(state): State<Arc<AppState>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    if id == state.agent.parts().provider.model() {
-        axum::Json(model_object(&state)).into_response()
+    if model_ids(&state).contains(&id) {
+        axum::Json(model_object(&id)).into_response()
     } else {
         ApiError::model_not_found(&id).into_response()
     }

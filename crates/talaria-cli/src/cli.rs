@@ -38,6 +38,12 @@ pub enum Command {
     /// Set up the model (config.yaml) and optionally a Telegram bot (.env),
     /// interactively or from flags.
     Setup(SetupArgs),
+    /// List the models the configured server offers, or set the default.
+    Model {
+        /// The new default: a model name, or `provider:name` for another
+        /// provider (`openrouter:anthropic/claude-sonnet-4`).
+        name: Option<String>,
+    },
     /// Run and manage the messaging gateway.
     Gateway {
         #[command(subcommand)]

@@ -31,6 +31,7 @@ mod gateway_cmd;
 mod interact;
 mod logging;
 mod mcp_cmd;
+mod model_cmd;
 mod pairing_cmd;
 mod repl_commands;
 mod runtime;
@@ -227,6 +228,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Setup(args) => setup::run(&home, args).await,
+        Command::Model { name } => model_cmd::run(&home, name).await,
         Command::Gateway { command } => match command {
             GatewayCommand::Run => gateway_cmd::run(home).await,
             GatewayCommand::Start => gateway_cmd::start(home).await,

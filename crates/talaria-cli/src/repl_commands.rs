@@ -267,10 +267,6 @@ impl FrontEnd for Commands<'_> {
         )
     }
 
-    fn restart_hint(&self) -> &'static str {
-        "start talaria chat again"
-    }
-
     fn help_footer(&self) -> &'static str {
         "Ctrl-C interrupts the running turn; at the prompt it clears the line. Ctrl-D leaves."
     }

@@ -379,6 +379,12 @@ impl Runtime {
         if let Some(memory) = memory {
             agent.set_memory(memory);
         }
+        // `/model` and `model.routes`: other models on the configured
+        // servers, with the same retries and fallbacks.
+        agent.set_models(Arc::new(talaria_agent::models::ModelSwitch::new(
+            self.config.clone(),
+            self.loaded.env.clone(),
+        )));
         let agent = Arc::new(agent);
         self.background.delegation.bind(&agent);
         Ok((agent, client))

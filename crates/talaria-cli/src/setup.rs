@@ -368,7 +368,7 @@ fn pick_model(prompter: &mut Prompter, models: &[String], current: &str) -> anyh
 }
 
 /// Asks the server for its models: the connection test.
-async fn list_models(
+pub(crate) async fn list_models(
     provider: ProviderKind,
     base_url: &str,
     key: Option<&str>,

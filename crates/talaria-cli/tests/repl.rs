@@ -242,3 +242,25 @@ fn always_allows_exactly_the_command_shown() {
     let listed = String::from_utf8_lossy(&list.stdout).into_owned();
     assert!(listed.contains("No commands are approved"), "{listed}");
 }
+
+#[test]
+fn slash_model_switches_the_terminals_conversation() {
+    let mut chat = start();
+    chat.ask("/model small-model", "small-model for this conversation");
+    chat.mock.push(Reply::text("answered by the small one"));
+    chat.ask("who answers?", "answered by the small one");
+    let model = |chat: &Chat| {
+        chat.mock.requests().last().expect("a request").body["model"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(model(&chat), "small-model");
+    chat.ask("/status", "Model: small-model");
+    chat.ask("/model default", "the default, for this conversation");
+    chat.mock.push(Reply::text("answered by the default"));
+    chat.ask("and now?", "answered by the default");
+    assert_eq!(model(&chat), "mock-model");
+    chat.p.send_line("/exit").unwrap();
+    chat.p.exp_eof().unwrap();
+}

@@ -229,9 +229,8 @@ pub static COMMANDS: &[CommandDef] = &[
     def(
         "model",
         &[],
-        "",
-        // Switching is not implemented: say only what the command does.
-        "Show the model",
+        "[name|provider:name|default]",
+        "Show or switch this conversation's model",
         Both,
         Refused,
     ),

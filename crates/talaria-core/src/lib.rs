@@ -26,7 +26,7 @@ pub mod message;
 pub mod redact;
 pub mod toolsets;
 
-pub use config::{Config, Endpoint, Env, ProviderKind, Secret, constant_time_eq};
+pub use config::{Config, Endpoint, Env, ModelRoute, ProviderKind, Secret, constant_time_eq};
 pub use home::Home;
 pub use message::{MediaKind, MediaRef, Message, Role, ToolCall, Usage};
 pub use redact::Redactor;

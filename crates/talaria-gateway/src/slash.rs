@@ -116,9 +116,6 @@ pub trait FrontEnd: Send + Sync {
     /// `/whoami`: the user and the place, as this front end sees them.
     fn whoami(&self) -> String;
 
-    /// How a changed configuration takes effect here (`/model`).
-    fn restart_hint(&self) -> &'static str;
-
     /// Added to `/help`.
     fn help_footer(&self) -> &'static str {
         ""
@@ -288,7 +285,7 @@ impl Action {
             Action::Retry => retry(front).await,
             Action::Undo => undo(front, def, args).await,
             Action::Compress => compress(front).await,
-            Action::Model => Reply::Say(model(front, args)),
+            Action::Model => model(front, args).await,
             Action::SetHome => front.set_home(),
             Action::Image => front.attach(args).await,
             Action::Usage => usage(front).await,
@@ -471,8 +468,10 @@ async fn new(front: &mut impl FrontEnd, args: &str) -> Reply {
 
 async fn status(front: &impl FrontEnd) -> String {
     let mut lines = Vec::new();
+    let mut model = None;
     match front.current().await {
         Ok(Some(session)) => {
+            model.clone_from(&session.model_choice);
             lines.push(format!(
                 "Conversation: {}{}",
                 session.id,
@@ -495,7 +494,10 @@ async fn status(front: &impl FrontEnd) -> String {
         Err(e) => lines.push(format!("Conversation: unavailable ({e})")),
     }
     lines.extend(front.activity());
-    lines.push(format!("Model: {}", front.agent().parts().provider.model()));
+    lines.push(format!(
+        "Model: {}",
+        model.unwrap_or_else(|| front.agent().parts().provider.model().to_owned())
+    ));
     lines.extend(front.status_extra());
     lines.join("\n")
 }
@@ -649,17 +651,53 @@ async fn compress(front: &mut impl FrontEnd) -> Reply {
     }
 }
 
-fn model(front: &impl FrontEnd, args: &str) -> String {
-    let parts = front.agent().parts();
-    let model = parts.provider.model();
+/// `/model`: which model this conversation talks to, and with a name,
+/// a switch to another (a `model.routes` name, `model` on the same
+/// server, `provider:model` elsewhere; `default` goes back). The switch
+/// is stored with the session, so it outlives a restart; a new
+/// conversation starts on the configured default.
+async fn model(front: &mut impl FrontEnd, args: &str) -> Reply {
+    let default = front.agent().parts().provider.model().to_owned();
     if args.is_empty() {
-        format!("Model: {model}")
-    } else {
-        format!(
-            "Model: {model}. /model only shows the model; to use another, set model.default in {} and {}.",
-            parts.home.config_file().display(),
-            front.restart_hint()
-        )
+        let current = match front.current().await {
+            Ok(Some(session)) => session.model_choice.unwrap_or_else(|| default.clone()),
+            _ => default.clone(),
+        };
+        let mut text = if current == default {
+            format!("Model: {current}.")
+        } else {
+            format!("Model: {current} (this conversation; the default is {default}).")
+        };
+        let routes: Vec<&str> = front
+            .agent()
+            .models()
+            .map(|m| m.config().model.routes.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        if !routes.is_empty() {
+            text.push_str(&format!(" Named models: {}.", routes.join(", ")));
+        }
+        text.push_str(
+            " /model <name> or /model <provider>:<name> switches this conversation; \
+             /model default goes back.",
+        );
+        return Reply::Say(text);
+    }
+    let name = match args.trim() {
+        "default" | "reset" => None,
+        name => Some(name),
+    };
+    let session = match front.open().await {
+        Ok(session) => session,
+        Err(e) => return Reply::Refuse(format!("⚠️ Cannot switch models: {e}")),
+    };
+    match front.agent().switch_model(&session, name).await {
+        Ok(now) if now == default => {
+            Reply::Say(format!("Model: {now}, the default, for this conversation."))
+        }
+        Ok(now) => Reply::Say(format!(
+            "Model: {now} for this conversation from the next message (the default stays {default})."
+        )),
+        Err(e) => Reply::Refuse(format!("⚠️ Cannot switch to {}: {e}", args.trim())),
     }
 }
 

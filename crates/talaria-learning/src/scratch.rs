@@ -73,6 +73,7 @@ impl SessionStore for ScratchStore {
             cache_read_tokens: 0,
             cache_write_tokens: 0,
             reasoning_tokens: 0,
+            model_choice: None,
         });
         Ok(())
     }
@@ -90,6 +91,12 @@ impl SessionStore for ScratchStore {
     async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()> {
         self.change(id, |r| {
             r.system_prompt = Some(prompt.to_owned());
+        })
+    }
+
+    async fn set_model_choice(&self, id: &str, choice: Option<&str>) -> Result<()> {
+        self.change(id, |r| {
+            r.model_choice = choice.map(str::to_owned);
         })
     }
 

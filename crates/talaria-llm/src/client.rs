@@ -146,6 +146,13 @@ impl LlmClient {
     /// skipped and listed in [`LlmClient::warnings`].
     pub fn from_config(config: &Config, env: &Env) -> Result<LlmClient, String> {
         let primary = config.primary_endpoint(env)?;
+        Ok(LlmClient::serving(config, env, &primary))
+    }
+
+    /// The client of `model:`'s settings and `fallback_providers:` with
+    /// `primary` in the primary's place: a model a conversation switched
+    /// to (`/model`) or an API client asked for by a route's name.
+    pub fn serving(config: &Config, env: &Env, primary: &Endpoint) -> LlmClient {
         let (fallbacks, warnings) = config.fallback_endpoints(env);
         for w in &warnings {
             tracing::warn!("{w}");
@@ -167,7 +174,7 @@ impl LlmClient {
             ..opts.clone()
         };
         let mut client = LlmClient::new(
-            provider_with(&primary, primary_opts),
+            provider_with(primary, primary_opts),
             fallbacks
                 .iter()
                 .map(|e| provider_with(e, opts.clone()))
@@ -175,7 +182,7 @@ impl LlmClient {
             RetryPolicy::from_agent(&config.agent),
         );
         client.warnings = warnings;
-        Ok(client)
+        client
     }
 
     /// Replaces the retry policy (tests use millisecond backoff).

@@ -130,6 +130,9 @@ pub struct SessionRecord {
     pub title: Option<String>,
     /// The model the session started with.
     pub model: Option<String>,
+    /// The model `/model` chose for this session (`name` or
+    /// `provider:name`); `None` follows the configured default.
+    pub model_choice: Option<String>,
     /// The system prompt every turn replays unchanged.
     pub system_prompt: Option<String>,
     /// The session this one continues (compression rotation, /resume).
@@ -242,6 +245,10 @@ pub trait SessionStore: Send + Sync {
     }
     /// Replaces the stored system prompt.
     async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()>;
+    /// Sets the model a session uses instead of the configured default
+    /// (`/model`, as [`SessionRecord::model_choice`] spells it); `None`
+    /// returns it to the default.
+    async fn set_model_choice(&self, id: &str, choice: Option<&str>) -> Result<()>;
     /// Marks the session ended now, for `reason`.
     async fn end_session(&self, id: &str, reason: &str) -> Result<()>;
     /// Appends one row and returns its id.

@@ -327,6 +327,17 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn set_model_choice(&self, id: &str, choice: Option<&str>) -> Result<()> {
+        let (id, choice) = (id.to_string(), choice.map(str::to_owned));
+        self.write(move |tx| {
+            let n = tx
+                .prepare_cached("UPDATE sessions SET model_choice = ?2 WHERE id = ?1")?
+                .execute(params![id, choice])?;
+            changed_one(n, &id)
+        })
+        .await
+    }
+
     async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()> {
         let (id, prompt) = (id.to_string(), prompt.to_string());
         self.write(move |tx| {

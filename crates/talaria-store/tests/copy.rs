@@ -159,6 +159,10 @@ async fn fill<S: GatewayStore + ?Sized>(store: &S) {
         .await
         .unwrap();
     store.set_title(FIRST, "Llamas of Peru").await.unwrap();
+    store
+        .set_model_choice(FIRST, Some("small-model"))
+        .await
+        .unwrap();
 
     // A turn with tool calls, reasoning and usage, then compression.
     store

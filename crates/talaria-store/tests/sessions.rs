@@ -123,6 +123,7 @@ async fn missing_sessions_are_reported<S: Backend + SessionStore>(store: Fixture
     );
     missing(store.set_title("ghost", "t").await);
     missing(store.set_system_prompt("ghost", "p").await);
+    missing(store.set_model_choice("ghost", Some("m")).await);
     missing(store.end_session("ghost", "x").await);
     missing(store.add_usage("ghost", &Usage::default()).await);
     missing(store.messages("ghost").await.map(|_| ()));
@@ -146,6 +147,24 @@ async fn usage_title_prompt_and_end<S: Backend + SessionStore>(store: Fixture<S>
     store.add_usage("s1", &usage).await.unwrap();
     store.set_title("s1", "Deploying the thing").await.unwrap();
     store.set_system_prompt("s1", "new prompt").await.unwrap();
+    assert_eq!(
+        store.session("s1").await.unwrap().unwrap().model_choice,
+        None
+    );
+    store
+        .set_model_choice("s1", Some("openrouter:qwen/qwen3:free"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .session("s1")
+            .await
+            .unwrap()
+            .unwrap()
+            .model_choice
+            .as_deref(),
+        Some("openrouter:qwen/qwen3:free")
+    );
 
     let rec = store.session("s1").await.unwrap().unwrap();
     assert_eq!(

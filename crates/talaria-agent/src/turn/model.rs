@@ -164,7 +164,7 @@ impl TurnRun<'_> {
         request: &ChatRequest,
         sink: &(dyn Fn(StreamEvent) + Send + Sync),
     ) -> Result<ChatResponse, LlmError> {
-        let provider = &self.parts.provider;
+        let provider = &self.provider;
         tokio::select! {
             result = provider.chat(request, sink, &self.cancel) => result,
             () = async {

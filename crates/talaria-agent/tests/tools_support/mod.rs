@@ -88,6 +88,7 @@ pub fn record(id: &str, source: &str, started_at: f64, parent: Option<&str>) -> 
         cache_read_tokens: 0,
         cache_write_tokens: 0,
         reasoning_tokens: 0,
+        model_choice: None,
     }
 }
 
@@ -135,6 +136,9 @@ impl SessionStore for MemStore {
         Ok(())
     }
     async fn set_system_prompt(&self, _: &str, _: &str) -> talaria_store::Result<()> {
+        Ok(())
+    }
+    async fn set_model_choice(&self, _: &str, _: Option<&str>) -> talaria_store::Result<()> {
         Ok(())
     }
     async fn end_session(&self, _: &str, _: &str) -> talaria_store::Result<()> {

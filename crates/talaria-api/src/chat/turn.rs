@@ -68,6 +68,9 @@ pub(crate) struct Admitted {
     pub(crate) session_lock: tokio::sync::OwnedMutexGuard<()>,
     /// The session's turn lease, with a shared store.
     pub(crate) turn_lease: Option<talaria_gateway::turn_lease::HeldTurn>,
+    /// The model of a `model.routes` name the client asked for; `None`
+    /// is the session's own.
+    pub(crate) provider: Option<std::sync::Arc<dyn talaria_agent::models::Provider>>,
 }
 
 /// A turn running in its own task, which owns the run permit and the
@@ -93,6 +96,7 @@ impl Admitted {
             session_lock,
             turn_lease,
             remember,
+            provider,
             ..
         } = self;
         let cancel = state.turns.child_token();
@@ -117,6 +121,7 @@ impl Admitted {
                 media,
                 execution: Some(execution),
                 platform: Some("api_server".to_owned()),
+                provider,
                 ..talaria_agent::TurnOptions::default()
             };
             let outcome = agent

@@ -321,12 +321,8 @@ const TABLE: &[(&str, Expect)] = &[
     ),
     ("/usage", Expect::Same),
     ("/model", Expect::Same),
-    (
-        "/model other-model",
-        Expect::SamePrefix(
-            "Model: mock-model. /model only shows the model; to use another, set model.default in ",
-        ),
-    ),
+    ("/model other-model", Expect::Same),
+    ("/model default", Expect::Same),
     ("/whoami", Expect::SamePrefix("")),
     ("/sessions", Expect::Same),
     ("/undo 5", Expect::Same),

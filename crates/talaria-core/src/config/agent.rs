@@ -79,6 +79,9 @@ pub struct ModelConfig {
     /// Whether the model sees images: `auto` asks the model's name (a
     /// table of families known to), `on` and `off` decide outright.
     pub vision: VisionMode,
+    /// Names an API client may ask for (`"model": "fast"`), each mapped to
+    /// a configured model; `/v1/models` lists them beside the default.
+    pub routes: BTreeMap<String, ModelRoute>,
 }
 
 /// `model.vision`.
@@ -118,6 +121,7 @@ impl Default for ModelConfig {
             max_tokens: None,
             temperature: None,
             vision: VisionMode::Auto,
+            routes: BTreeMap::new(),
         }
     }
 }

@@ -539,6 +539,8 @@ impl Scheduler {
             // Every toolset: a job's tools are chosen by whoever wrote it.
             platform: None,
             max_turns: None,
+            // The configured model: a job is nobody's conversation.
+            provider: None,
         };
         let run =
             inner

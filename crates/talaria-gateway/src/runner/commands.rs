@@ -299,10 +299,6 @@ impl FrontEnd for Chat<'_> {
         )
     }
 
-    fn restart_hint(&self) -> &'static str {
-        "restart the gateway"
-    }
-
     fn skills(&self) -> Arc<Library> {
         // Read afresh: a skill written since the last command is listed.
         Arc::new(Library::new(&self.runner.inner.home))

@@ -80,6 +80,7 @@ const SESSIONS_COLUMNS: &[Column] = &[
     int("cache_read_tokens"),
     int("cache_write_tokens"),
     int("reasoning_tokens"),
+    text("model_choice"),
 ];
 
 const MESSAGES_COLUMNS: &[Column] = &[

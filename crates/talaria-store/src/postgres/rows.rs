@@ -17,7 +17,8 @@ use crate::{Result, SessionRecord, StoreError, StoredMessage};
 pub(super) const SESSION_COLUMNS: &str = "s.id, s.source, s.session_key, s.chat_id, \
      s.user_id, s.thread_id, s.title, s.model, s.system_prompt, s.parent_session_id, \
      s.started_at, s.ended_at, s.end_reason, s.message_count, s.input_tokens, \
-     s.output_tokens, s.cache_read_tokens, s.cache_write_tokens, s.reasoning_tokens";
+     s.output_tokens, s.cache_read_tokens, s.cache_write_tokens, s.reasoning_tokens, \
+     s.model_choice";
 
 /// Message columns (table alias `m`) in the order
 /// [`PostgresStore::message_from_row`] reads them.
@@ -98,6 +99,7 @@ impl PostgresStore {
             cache_read_tokens: count(16, "cache_read_tokens")?,
             cache_write_tokens: count(17, "cache_write_tokens")?,
             reasoning_tokens: count(18, "reasoning_tokens")?,
+            model_choice: self.column(row, at + 19)?,
             id,
         })
     }

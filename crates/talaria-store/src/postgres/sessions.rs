@@ -82,6 +82,11 @@ pub(super) const MEDIA_SCHEMA: &str = r#"
 ALTER TABLE messages ADD COLUMN media text;
 "#;
 
+/// Step 5 (issue 26): the model `/model` chose for a session.
+pub(super) const MODEL_CHOICE_SCHEMA: &str = r#"
+ALTER TABLE sessions ADD COLUMN model_choice text;
+"#;
+
 /// The largest count a `bigint` holds, as SQL: token sums saturate here
 /// instead of failing the write (SQLite's backend clamps the same way).
 const MAX_COUNT_SQL: &str = "9223372036854775807";
@@ -354,6 +359,16 @@ impl SessionStore for PostgresStore {
             .await
             .map_err(|e| self.error(e))?;
         Ok(changed == 1)
+    }
+
+    async fn set_model_choice(&self, id: &str, choice: Option<&str>) -> Result<()> {
+        let choice = choice.map(clean);
+        self.update_session(
+            id,
+            "UPDATE sessions SET model_choice = $2 WHERE id = $1",
+            &[&choice.as_deref()],
+        )
+        .await
     }
 
     async fn set_system_prompt(&self, id: &str, prompt: &str) -> Result<()> {

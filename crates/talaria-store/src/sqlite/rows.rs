@@ -24,7 +24,8 @@ pub(crate) const SESSION_COLUMNS: &str = concat!(
     "id, source, session_key, chat_id, user_id, thread_id, title, model, system_prompt, \
      parent_session_id, started_at, ended_at, end_reason, ",
     message_count!(),
-    ", input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens"
+    ", input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, \
+     model_choice"
 );
 
 /// Message columns in the order [`message_from_row`] reads them.
@@ -75,6 +76,7 @@ pub(crate) fn session_from_row(row: &Row<'_>) -> rusqlite::Result<SessionRecord>
         cache_read_tokens: from_sql_count(row.get(16)?),
         cache_write_tokens: from_sql_count(row.get(17)?),
         reasoning_tokens: from_sql_count(row.get(18)?),
+        model_choice: row.get(19)?,
     })
 }
 

@@ -17,7 +17,7 @@ pub(crate) const APPLICATION_ID: i32 = 0x5441_4C41;
 
 /// The migration steps, in order; step `i` moves the schema from version `i`
 /// to `i + 1`.
-const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
+const STEPS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11];
 
 /// The schema version this build writes.
 pub(crate) const LATEST: i64 = STEPS.len() as i64;
@@ -408,6 +408,12 @@ ALTER TABLE pairing_approved ADD COLUMN notice_chat TEXT;
 const V10: &str = r#"
 ALTER TABLE messages ADD COLUMN media TEXT;
 ALTER TABLE delivery_obligations ADD COLUMN parts_sent INTEGER NOT NULL DEFAULT 0;
+"#;
+
+/// Models (issue 26): the model `/model` chose for a session, NULL while
+/// it follows the configured default.
+const V11: &str = r#"
+ALTER TABLE sessions ADD COLUMN model_choice TEXT;
 "#;
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or
