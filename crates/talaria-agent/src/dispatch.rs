@@ -27,6 +27,9 @@ pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// contract inherited from the ancestor, so models trained on it recognise it.
 pub const INVALID_ARGUMENTS: &str = r#"{"error":"Invalid tool arguments","message":"Tool arguments must be a valid JSON object; tool was not executed."}"#;
 
+/// Close names listed when a tool name cannot be repaired.
+const MAX_SUGGESTIONS: usize = 5;
+
 /// What to do with one call of a batch.
 pub enum Action {
     /// Execute the tool with these parsed arguments.
@@ -35,6 +38,9 @@ pub enum Action {
         tool: Arc<dyn Tool>,
         /// The parsed argument object.
         args: serde_json::Value,
+        /// The name the model wrote when it was not the tool's (a repaired
+        /// near miss); the result tells the model.
+        repaired_from: Option<String>,
     },
     /// Do not execute; answer with this (error) text.
     Immediate(String),
@@ -69,13 +75,17 @@ pub fn plan(calls: &[ToolCall], registry: &Registry) -> Vec<Planned> {
         .iter()
         .enumerate()
         .map(|(i, call)| {
-            let action = match (registry.get(&call.name), parse_arguments(&call.arguments)) {
-                (None, _) => Action::Immediate(unknown_tool(&call.name, registry)),
-                (Some(_), None) => Action::Immediate(INVALID_ARGUMENTS.to_owned()),
-                (Some(tool), Some(args)) => {
+            let action = match (
+                resolve(&call.name, registry),
+                parse_arguments(&call.arguments),
+            ) {
+                (Err(refusal), _) => Action::Immediate(refusal),
+                (Ok(_), None) => Action::Immediate(INVALID_ARGUMENTS.to_owned()),
+                (Ok((tool, repaired)), Some(args)) => {
                     // Compare parsed values so that whitespace or key order
-                    // differences still count as the same call.
-                    let key = (call.name.clone(), args.to_string());
+                    // differences still count as the same call; a repaired
+                    // name counts as the tool's own.
+                    let key = (tool.name().to_owned(), args.to_string());
                     match seen.get(&key) {
                         Some(&first) => Action::Duplicate(first),
                         None => {
@@ -83,6 +93,7 @@ pub fn plan(calls: &[ToolCall], registry: &Registry) -> Vec<Planned> {
                             Action::Run {
                                 tool: tool.clone(),
                                 args,
+                                repaired_from: repaired.then(|| call.name.clone()),
                             }
                         }
                     }
@@ -126,13 +137,133 @@ pub fn parse_arguments(text: &str) -> Option<serde_json::Value> {
     }
 }
 
-/// The error result for a name the registry does not know.
+/// The tool a call names: the exact name or alias, else the one tool a
+/// near miss can only mean (`true` then: the name was repaired). `Err` is
+/// the error result for a name that fits no tool or several.
+pub fn resolve<'r>(
+    name: &str,
+    registry: &'r Registry,
+) -> Result<(&'r Arc<dyn Tool>, bool), String> {
+    if let Some(tool) = registry.get(name) {
+        return Ok((tool, false));
+    }
+    let wanted = spellings(name);
+    let matches: Vec<&Arc<dyn Tool>> = registry
+        .tools()
+        .filter(|t| {
+            std::iter::once(t.name())
+                .chain(t.alias())
+                .any(|known| wanted.contains(&squash(known)))
+        })
+        .collect();
+    match matches.as_slice() {
+        [tool] => Ok((*tool, true)),
+        _ => Err(unknown_tool(name, registry)),
+    }
+}
+
+/// The ways a near-miss name may be meant, squashed (see [`squash`]): as
+/// written, without a namespace (`functions.read_file`), and either of
+/// those without a `_tool` suffix (`read_file_tool`).
+fn spellings(name: &str) -> Vec<String> {
+    let mut out = vec![squash(name)];
+    if let Some((_, last)) = name.rsplit_once(['.', ':', '/']) {
+        out.push(squash(last));
+    }
+    let bare: Vec<String> = out
+        .iter()
+        .filter_map(|s| s.strip_suffix("tool"))
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    out.extend(bare);
+    out
+}
+
+/// A name with case and separators (`-`, `_`, `.`, spaces) taken out, so
+/// `ReadFile`, `read-file` and `READ_FILE` all read `readfile`.
+fn squash(name: &str) -> String {
+    name.chars()
+        .filter(|c| !matches!(c, '-' | '_' | '.' | ' '))
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// The tool result for a call whose name was repaired, so the model learns
+/// the right name.
+pub fn repaired_note(written: &str, tool: &str, output: &str) -> String {
+    format!("note: there is no tool `{written}`; ran `{tool}`.\n{output}")
+}
+
+/// Levenshtein distance between two short strings (names).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                diagonal
+            } else {
+                1 + diagonal.min(above).min(row[j])
+            };
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// Up to [`MAX_SUGGESTIONS`] tool names close to `name`, closest first: a
+/// small edit distance (about a third of the name) or a shared start of
+/// at least four characters, both compared squashed.
+fn close_names<'r>(name: &str, registry: &'r Registry) -> Vec<&'r str> {
+    // Names are short; a very long "name" is not worth comparing whole.
+    let wanted: String = squash(name).chars().take(64).collect();
+    if wanted.is_empty() {
+        return Vec::new();
+    }
+    let mut scored: Vec<(usize, &str)> = registry
+        .names()
+        .into_iter()
+        .filter_map(|known| {
+            let k = squash(known);
+            let distance = edit_distance(&wanted, &k);
+            let limit = (wanted.chars().count().max(k.chars().count()) / 3).max(1);
+            let shared = wanted
+                .chars()
+                .zip(k.chars())
+                .take_while(|(a, b)| a == b)
+                .count();
+            (distance <= limit || shared >= 4).then_some((distance, known))
+        })
+        .collect();
+    scored.sort();
+    scored
+        .into_iter()
+        .take(MAX_SUGGESTIONS)
+        .map(|(_, n)| n)
+        .collect()
+}
+
+/// The error result for a name no tool answers to: the close names when
+/// there are any, else every tool.
 pub fn unknown_tool(name: &str, registry: &Registry) -> String {
     let available = registry.names().join(", ");
-    let message = if name.trim().is_empty() {
-        format!("The tool call had no tool name. Available tools: {available}")
-    } else {
+    if name.trim().is_empty() {
+        return error_json(&format!(
+            "The tool call had no tool name. Available tools: {available}"
+        ));
+    }
+    let close = close_names(name, registry);
+    let message = if close.is_empty() {
         format!("Tool '{name}' does not exist. Available tools: {available}")
+    } else {
+        format!(
+            "Tool '{name}' does not exist. Did you mean: {}?",
+            close.join(", ")
+        )
     };
     error_json(&message)
 }
@@ -279,6 +410,149 @@ mod tests {
         assert!(matches!(p[2].action, Action::Duplicate(0)));
         assert!(matches!(&p[3].action, Action::Immediate(t) if t == INVALID_ARGUMENTS));
         assert!(matches!(p[4].action, Action::Run { .. }));
+    }
+
+    struct Aliased;
+
+    #[async_trait]
+    impl Tool for Aliased {
+        fn name(&self) -> &str {
+            "session_search"
+        }
+        fn alias(&self) -> Option<&str> {
+            Some("search_sessions")
+        }
+        fn description(&self) -> &str {
+            "t"
+        }
+        fn parameters(&self) -> serde_json::Value {
+            serde_json::json!({"type": "object"})
+        }
+        async fn call(&self, _args: serde_json::Value, _ctx: &ToolContext) -> ToolResult {
+            Ok("ok".into())
+        }
+    }
+
+    fn bigger_registry() -> Registry {
+        let mut r = Registry::new();
+        for name in [
+            "read_file",
+            "write_file",
+            "search_files",
+            "terminal",
+            "todo",
+            "web_search",
+            "web_extract",
+            "memory",
+        ] {
+            let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
+            r.register(Arc::new(T {
+                name,
+                parallel: true,
+            }))
+            .unwrap();
+        }
+        r.register(Arc::new(Aliased)).unwrap();
+        r
+    }
+
+    #[test]
+    fn near_miss_names_are_repaired_to_the_one_tool_they_mean() {
+        let r = bigger_registry();
+        for written in [
+            "ReadFile",
+            "read-file",
+            "functions.read_file",
+            "READ_FILE",
+            "read file",
+            "read_file_tool",
+            "readFile",
+        ] {
+            let (tool, repaired) =
+                resolve(written, &r).unwrap_or_else(|e| panic!("{written}: {e}"));
+            assert_eq!(tool.name(), "read_file", "{written}");
+            assert!(repaired, "{written}");
+        }
+        let (tool, repaired) = resolve("read_file", &r).unwrap();
+        assert_eq!((tool.name(), repaired), ("read_file", false));
+        // The alias itself is exact; a near miss of it is repaired.
+        let (tool, repaired) = resolve("search_sessions", &r).unwrap();
+        assert_eq!((tool.name(), repaired), ("session_search", false));
+        let (tool, repaired) = resolve("SearchSessions", &r).unwrap();
+        assert_eq!((tool.name(), repaired), ("session_search", true));
+    }
+
+    #[test]
+    fn a_repaired_call_runs_and_says_so() {
+        let r = bigger_registry();
+        let p = plan(
+            &[call("1", "ReadFile", "{}"), call("2", "read_file", "{}")],
+            &r,
+        );
+        match &p[0].action {
+            Action::Run {
+                tool,
+                repaired_from,
+                ..
+            } => {
+                assert_eq!(tool.name(), "read_file");
+                assert_eq!(repaired_from.as_deref(), Some("ReadFile"));
+            }
+            _ => panic!("a repaired call runs"),
+        }
+        // The same call under its right name is a duplicate of the first.
+        assert!(matches!(p[1].action, Action::Duplicate(0)));
+        assert_eq!(
+            repaired_note("ReadFile", "read_file", "ok"),
+            "note: there is no tool `ReadFile`; ran `read_file`.\nok"
+        );
+    }
+
+    #[test]
+    fn unrepairable_names_are_refused_with_close_names_or_all() {
+        let r = bigger_registry();
+        let refusal = resolve("read_fil", &r).err().unwrap();
+        assert!(
+            refusal.contains("Tool 'read_fil' does not exist"),
+            "{refusal}"
+        );
+        assert!(refusal.contains("Did you mean: read_file"), "{refusal}");
+        assert!(!refusal.contains("terminal"), "{refusal}");
+
+        let refusal = resolve("web_serch", &r).err().unwrap();
+        assert!(refusal.contains("Did you mean: web_search?"), "{refusal}");
+
+        // Too many edits away, but it starts like one.
+        let refusal = resolve("write_file_contents", &r).err().unwrap();
+        assert!(refusal.contains("Did you mean: write_file?"), "{refusal}");
+
+        let refusal = resolve("launch_rocket", &r).err().unwrap();
+        assert!(
+            refusal.contains("Available tools: memory, read_file, search_files, session_search, terminal, todo, web_extract, web_search, write_file"),
+            "{refusal}"
+        );
+        assert!(!refusal.contains("Did you mean"), "{refusal}");
+    }
+
+    #[test]
+    fn at_most_five_close_names() {
+        let mut r = Registry::new();
+        for i in 0..9 {
+            let name: &'static str = Box::leak(format!("tool_{i}").into_boxed_str());
+            r.register(Arc::new(T {
+                name,
+                parallel: true,
+            }))
+            .unwrap();
+        }
+        let refusal = resolve("tool_x", &r).err().unwrap();
+        let listed = refusal
+            .split("Did you mean: ")
+            .nth(1)
+            .unwrap()
+            .split(", ")
+            .count();
+        assert_eq!(listed, 5, "{refusal}");
     }
 
     #[test]

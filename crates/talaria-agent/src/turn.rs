@@ -81,6 +81,14 @@ list what remains to be done.";
 const EMPTY_NUDGE: &str = "Your last reply was empty. Continue with the task: call a tool if \
 one is needed, or give your answer to the user.";
 
+/// Sent (not stored) after the partial answer when the model stopped at its
+/// output limit (`finish_reason: length`).
+const CONTINUE_NUDGE: &str = "Continue exactly where you stopped.";
+
+/// Continuations of one answer cut at the output limit; the ancestor's
+/// number. The answer after the last one is kept as it is.
+const MAX_CONTINUATIONS: u32 = 3;
+
 /// Result of one model call, from the loop's point of view.
 enum Call {
     Answered(Box<ChatResponse>),
@@ -151,6 +159,10 @@ pub(crate) struct TurnRun<'a> {
     max_turns: Option<u32>,
     /// The model of this turn: the session's switch or the default.
     provider: std::sync::Arc<dyn talaria_llm::Provider>,
+    /// An answer cut at the model's output limit, while it is being
+    /// continued: sent (not stored) as the assistant row before the
+    /// continue nudge, and joined with what comes next.
+    continuation: Option<String>,
 }
 
 impl<'a> TurnRun<'a> {
@@ -188,6 +200,7 @@ impl<'a> TurnRun<'a> {
             platform: None,
             max_turns: None,
             provider: parts.provider.clone(),
+            continuation: None,
         }
     }
 
@@ -295,19 +308,52 @@ impl<'a> TurnRun<'a> {
         let mut iterations = 0;
         let mut nudge: Option<&str> = None;
         let mut retried_empty = false;
+        let mut continuations = 0;
         loop {
-            if iterations >= budget {
-                return self.budget_summary().await;
+            // Continuing a cut answer finishes the step it belongs to.
+            if self.continuation.is_none() {
+                if iterations >= budget {
+                    return self.budget_summary().await;
+                }
+                iterations += 1;
             }
-            iterations += 1;
             let response = match self.call_model(true, nudge.take()).await? {
                 Call::Answered(r) => r,
-                Call::Interrupted(partial) => return self.finish_interrupted(&partial).await,
+                Call::Interrupted(partial) => {
+                    let so_far = self.continuation.take().unwrap_or_default();
+                    return self.finish_interrupted(&format!("{so_far}{partial}")).await;
+                }
                 Call::Failed(reason) => {
+                    // What the model already wrote is the answer, cut short.
+                    if let Some(so_far) = self.continuation.take() {
+                        tracing::warn!(session = %self.session.id, "continuing a cut answer failed: {reason}");
+                        self.observer.notice(
+                            "The model could not finish its answer; keeping what it wrote.",
+                        );
+                        let mut row = Message::assistant(so_far.clone());
+                        row.finish_reason = Some("length".to_owned());
+                        let answer = so_far.trim().to_owned();
+                        self.persist_answer(row, &answer).await?;
+                        return Ok(self.outcome(answer, TurnExit::Completed));
+                    }
                     return Ok(self.outcome(String::new(), TurnExit::Failed(reason)));
                 }
             };
-            let reply = self.assistant_row(response.message);
+            let mut reply = self.assistant_row(response.message);
+            if let Some(so_far) = self.continuation.take() {
+                reply.content = format!("{so_far}{}", reply.content);
+            }
+            if !reply.has_tool_calls()
+                && reply.finish_reason.as_deref() == Some("length")
+                && !reply.content.trim().is_empty()
+                && continuations < MAX_CONTINUATIONS
+            {
+                continuations += 1;
+                tracing::debug!(session = %self.session.id, continuations, "answer cut at the output limit; asking the model to continue");
+                self.continuation = Some(reply.content);
+                nudge = Some(CONTINUE_NUDGE);
+                continue;
+            }
             if reply.has_tool_calls() {
                 // Stored before any tool runs: if the process dies mid-batch,
                 // the next turn's repair gives the missing results a stand-in.

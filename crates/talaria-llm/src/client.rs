@@ -171,6 +171,8 @@ impl LlmClient {
             // `model.vision` is about the primary model; fallbacks are
             // judged by their names.
             vision: config.model.vision,
+            // So is the text tool-call format; fallbacks keep `auto`.
+            tool_call_parser: config.model.tool_call_parser,
             ..opts.clone()
         };
         let mut client = LlmClient::new(

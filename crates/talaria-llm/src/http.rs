@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use talaria_core::config::url_secrets;
-use talaria_core::config::{AgentConfig, VisionMode};
+use talaria_core::config::{AgentConfig, ToolCallParser, VisionMode};
 use talaria_core::{Redactor, Secret};
 
 use crate::classify::{classify, classify_transport};
@@ -40,6 +40,9 @@ pub struct HttpOptions {
     /// Whether the model is sent images (`model.vision`); `auto` asks
     /// [`crate::vision::sees_images`] about the model's name.
     pub vision: VisionMode,
+    /// Which tool calls written as text in an answer become real calls
+    /// (`model.tool_call_parser`; see [`crate::text_calls`]).
+    pub tool_call_parser: ToolCallParser,
 }
 
 impl Default for HttpOptions {
@@ -60,6 +63,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("default_temperature", &self.default_temperature)
             .field("secrets", &format_args!("[{} hidden]", self.secrets.len()))
             .field("vision", &self.vision)
+            .field("tool_call_parser", &self.tool_call_parser)
             .finish()
     }
 }
@@ -76,6 +80,7 @@ impl HttpOptions {
             default_temperature: None,
             secrets: Vec::new(),
             vision: VisionMode::Auto,
+            tool_call_parser: ToolCallParser::Auto,
         }
     }
 }

@@ -15,6 +15,9 @@
 //!   request is built (the newest few as image parts, older ones as
 //!   placeholders).
 //! - [`vision`]: which models take images (`model.vision`).
+//! - [`text_calls`]: tool calls a model wrote as text in its answer
+//!   (`model.tool_call_parser`), and the stream filter that keeps them off
+//!   the screen.
 #![forbid(unsafe_code)]
 
 pub mod anthropic;
@@ -26,6 +29,7 @@ pub mod openai;
 pub mod repair;
 pub mod retry;
 pub mod sse;
+pub mod text_calls;
 pub mod vision;
 
 pub use anthropic::AnthropicProvider;

@@ -15,6 +15,7 @@ use crate::http::{Http, HttpOptions, join_url, rejects_streaming};
 use crate::media::{Attachments, DataUrl, ImagePart, MAX_IMAGE_BYTES, text_with_placeholders};
 use crate::repair::repair_json;
 use crate::sse::SseParser;
+use crate::text_calls::{Scrubber, TextCalls};
 use crate::{
     ChatRequest, ChatResponse, ErrorKind, EventSink, LlmError, Provider, StreamEvent, ToolSpec,
 };
@@ -98,6 +99,7 @@ impl OpenAiProvider {
         let mut stream = self.is_streaming();
         // Read once per request; the bytes live until the answer is in.
         let images = Attachments::load(&req.messages, self.sees_images, MAX_IMAGE_BYTES).await;
+        let text_calls = TextCalls::new(self.http.opts.tool_call_parser, &req.tools);
         loop {
             let mut rb = client
                 .post(&self.url)
@@ -117,14 +119,14 @@ impl OpenAiProvider {
                 return Err(err);
             }
             let (message, usage) = if is_event_stream(&resp) {
-                self.read_stream(resp, sink).await?
+                self.read_stream(resp, sink, &text_calls).await?
             } else {
                 if stream {
                     tracing::warn!(provider = %self.http.label, "server answered a streaming request with plain JSON; using non-streaming requests from now on");
                     self.stream.store(false, Ordering::Relaxed);
                 }
                 let v = self.http.json(resp).await?;
-                parse_completion(&v, sink)
+                parse_completion_with(&v, sink, &text_calls)
                     .map_err(|m| self.http.error(ErrorKind::FormatError, None, &m))?
             };
             return Ok(ChatResponse {
@@ -156,10 +158,11 @@ impl OpenAiProvider {
         &self,
         resp: reqwest::Response,
         sink: EventSink<'_>,
+        text_calls: &TextCalls,
     ) -> Result<(Message, Usage), LlmError> {
         let mut body = resp.bytes_stream();
         let mut parser = SseParser::new();
-        let mut acc = ChunkAccumulator::new();
+        let mut acc = ChunkAccumulator::with_text_calls(text_calls.clone());
         loop {
             let (events, end) = match self.http.next_chunk(&mut body).await? {
                 Some(bytes) => (parser.push(&bytes), false),
@@ -187,7 +190,7 @@ impl OpenAiProvider {
                 break;
             }
         }
-        acc.into_response()
+        acc.into_response_with(sink)
             .map_err(|(kind, m)| self.http.error(kind, None, &m))
     }
 }
@@ -474,8 +477,19 @@ fn finish_arguments(raw: String) -> (String, bool) {
 }
 
 /// Parses a non-streaming completion, reporting its parts to `sink` so
-/// consumers see the same events in both modes.
+/// consumers see the same events in both modes. Text tool calls are left
+/// as text (see [`parse_completion_with`]).
 pub fn parse_completion(v: &Value, sink: EventSink<'_>) -> Result<(Message, Usage), String> {
+    parse_completion_with(v, sink, &TextCalls::off())
+}
+
+/// [`parse_completion`], turning tool calls written in the answer text into
+/// real calls as `text_calls` allows when the response has no native ones.
+pub fn parse_completion_with(
+    v: &Value,
+    sink: EventSink<'_>,
+    text_calls: &TextCalls,
+) -> Result<(Message, Usage), String> {
     let choice = v.pointer("/choices/0").ok_or_else(|| {
         format!(
             "the response has no choices: {}",
@@ -483,19 +497,18 @@ pub fn parse_completion(v: &Value, sink: EventSink<'_>) -> Result<(Message, Usag
         )
     })?;
     let msg = choice.get("message").cloned().unwrap_or(Value::Null);
-    let content = content_text(msg.get("content"));
+    let mut content = content_text(msg.get("content"));
     let reasoning = msg
         .get("reasoning_content")
         .or_else(|| msg.get("reasoning"))
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    if !reasoning.is_empty() {
-        sink(StreamEvent::Reasoning(reasoning.clone()));
-    }
-    if !content.is_empty() {
-        sink(StreamEvent::Text(content.clone()));
-    }
+    let mut finish_reason = choice
+        .get("finish_reason")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned);
     let mut calls = Vec::new();
     for (i, c) in msg
         .get("tool_calls")
@@ -514,20 +527,33 @@ pub fn parse_completion(v: &Value, sink: EventSink<'_>) -> Result<(Message, Usag
             Some(Value::Null) | None => String::new(),
             Some(other) => other.to_string(),
         };
-        sink(StreamEvent::ToolCallStarted { name: name.clone() });
         calls.push(ToolCall {
             id: id_text(c.get("id")).unwrap_or_else(|| format!("call_{i}")),
             name,
             arguments: finish_arguments(raw).0,
         });
     }
+    if calls.is_empty()
+        && let Some(found) = text_calls.extract(&content)
+    {
+        content = found.content;
+        calls = found.calls;
+        finish_reason = Some("tool_calls".to_owned());
+    }
+    if !reasoning.is_empty() {
+        sink(StreamEvent::Reasoning(reasoning.clone()));
+    }
+    if !content.is_empty() {
+        sink(StreamEvent::Text(content.clone()));
+    }
+    for c in &calls {
+        sink(StreamEvent::ToolCallStarted {
+            name: c.name.clone(),
+        });
+    }
     let mut message = Message::assistant_tool_calls(content, calls);
     message.reasoning = (!reasoning.is_empty()).then_some(reasoning);
-    message.finish_reason = choice
-        .get("finish_reason")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned);
+    message.finish_reason = finish_reason;
     let usage = v.get("usage").map(parse_usage).unwrap_or_default();
     Ok((message, usage))
 }
@@ -553,12 +579,27 @@ pub struct ChunkAccumulator {
     usage: Option<Usage>,
     /// `data: [DONE]` arrived.
     pub done: bool,
+    /// Which tool calls written as text become real calls.
+    text_calls: TextCalls,
+    /// Holds back answer text that may be such a call.
+    scrubber: Scrubber,
 }
 
 impl ChunkAccumulator {
     /// An empty accumulator.
     pub fn new() -> ChunkAccumulator {
         ChunkAccumulator::default()
+    }
+
+    /// An empty accumulator that turns tool calls written in the answer
+    /// text into real calls as `text_calls` allows, and never forwards the
+    /// text of such a call to the sink.
+    pub fn with_text_calls(text_calls: TextCalls) -> ChunkAccumulator {
+        ChunkAccumulator {
+            scrubber: text_calls.scrubber(),
+            text_calls,
+            ..ChunkAccumulator::default()
+        }
     }
 
     /// Applies one chunk, forwarding visible progress to `sink`.
@@ -590,7 +631,10 @@ impl ChunkAccumulator {
             let text = content_text(delta.get("content"));
             if !text.is_empty() {
                 self.content.push_str(&text);
-                sink(StreamEvent::Text(text));
+                let shown = self.scrubber.advance(&self.content);
+                if !shown.is_empty() {
+                    sink(StreamEvent::Text(shown.to_owned()));
+                }
             }
             for tc in delta
                 .get("tool_calls")
@@ -665,6 +709,16 @@ impl ChunkAccumulator {
 
     /// The assembled message and usage, or why the stream is unusable.
     pub fn into_response(self) -> Result<(Message, Usage), (ErrorKind, String)> {
+        self.into_response_with(&|_| {})
+    }
+
+    /// [`ChunkAccumulator::into_response`], telling `sink` the answer text
+    /// held back while it might have been a tool call, and the calls found
+    /// in it.
+    pub fn into_response_with(
+        mut self,
+        sink: EventSink<'_>,
+    ) -> Result<(Message, Usage), (ErrorKind, String)> {
         if self.is_empty() {
             return Err((
                 ErrorKind::ServerError,
@@ -700,7 +754,30 @@ impl ChunkAccumulator {
                 ),
             ));
         }
-        let mut message = Message::assistant_tool_calls(self.content, calls);
+        // Text calls count only when the server sent no native ones.
+        let found = if calls.is_empty() {
+            self.text_calls.extract(&self.content)
+        } else {
+            None
+        };
+        let held = self
+            .scrubber
+            .finish(&self.content, found.as_ref().map(|f| f.content.as_str()));
+        if !held.is_empty() {
+            sink(StreamEvent::Text(held));
+        }
+        let mut content = self.content;
+        if let Some(found) = found {
+            for c in &found.calls {
+                sink(StreamEvent::ToolCallStarted {
+                    name: c.name.clone(),
+                });
+            }
+            content = found.content;
+            calls = found.calls;
+            self.finish_reason = Some("tool_calls".to_owned());
+        }
+        let mut message = Message::assistant_tool_calls(content, calls);
         message.reasoning = (!self.reasoning.is_empty()).then_some(self.reasoning);
         message.finish_reason = self.finish_reason;
         Ok((message, self.usage.unwrap_or_default()))

@@ -208,6 +208,10 @@ impl TurnRun<'_> {
         {
             own.content = format!("{recall}\n\n{}", own.content);
         }
+        // A cut answer being continued goes back as the model's own row.
+        if let Some(so_far) = &self.continuation {
+            messages.push(Message::assistant(so_far.clone()));
+        }
         if let Some(text) = nudge {
             messages.push(Message::user(text));
         }

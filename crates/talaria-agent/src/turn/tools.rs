@@ -106,7 +106,11 @@ impl TurnRun<'_> {
                 self.observer.tool_started(name, &entry.call.arguments);
                 (text.clone(), Status::Error)
             }
-            Action::Run { tool, args } => {
+            Action::Run {
+                tool,
+                args,
+                repaired_from,
+            } => {
                 tracing::debug!(session = %self.session.id, tool = %name, "tool call");
                 self.observer.tool_started(name, &entry.call.arguments);
                 // Lines the call reports while it runs reach the observer
@@ -127,7 +131,12 @@ impl TurnRun<'_> {
                     self.observer.progress(&line);
                 }
                 let status = if ok { Status::Ok } else { Status::Error };
-                (self.spill(&entry.call, output).await, status)
+                let output = self.spill(&entry.call, output).await;
+                let output = match repaired_from {
+                    Some(written) => dispatch::repaired_note(written, tool.name(), &output),
+                    None => output,
+                };
+                (output, status)
             }
         }
     }

@@ -82,6 +82,50 @@ pub struct ModelConfig {
     /// Names an API client may ask for (`"model": "fast"`), each mapped to
     /// a configured model; `/v1/models` lists them beside the default.
     pub routes: BTreeMap<String, ModelRoute>,
+    /// How tool calls the model writes as text in its answer are
+    /// recognised (local models often do); see [`ToolCallParser`].
+    pub tool_call_parser: ToolCallParser,
+}
+
+/// `model.tool_call_parser`: which text formats of tool calls are turned
+/// into real calls when a model writes them in its answer instead of using
+/// the API's tool-call field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolCallParser {
+    /// Every format, but only when the request offered tools and every
+    /// parsed name is one of them.
+    #[default]
+    Auto,
+    /// Answers are never searched for calls.
+    Off,
+    /// Hermes 2 Pro's `<tool_call>{...}</tool_call>` blocks.
+    Hermes,
+    /// Qwen 2.5's `<tool_call>` blocks (the Hermes format).
+    Qwen,
+    /// Llama 3.1's JSON object (bare or after `<|python_tag|>`).
+    Llama3,
+    /// Mistral's `[TOOL_CALLS]` list or `[TOOL_CALLS]name[ARGS]{...}`.
+    Mistral,
+    /// A bare JSON object with a name and arguments, optionally fenced.
+    Json,
+}
+
+impl<'de> Deserialize<'de> for ToolCallParser {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ToolCallParser, D::Error> {
+        match switch_word(d)?.as_str() {
+            "auto" => Ok(ToolCallParser::Auto),
+            "off" | "none" => Ok(ToolCallParser::Off),
+            "hermes" => Ok(ToolCallParser::Hermes),
+            "qwen" => Ok(ToolCallParser::Qwen),
+            "llama3" | "llama" => Ok(ToolCallParser::Llama3),
+            "mistral" => Ok(ToolCallParser::Mistral),
+            "json" => Ok(ToolCallParser::Json),
+            other => Err(serde::de::Error::custom(format!(
+                "expected auto, off, hermes, qwen, llama3, mistral or json, not `{other}`"
+            ))),
+        }
+    }
 }
 
 /// `model.vision`.
@@ -122,6 +166,7 @@ impl Default for ModelConfig {
             temperature: None,
             vision: VisionMode::Auto,
             routes: BTreeMap::new(),
+            tool_call_parser: ToolCallParser::Auto,
         }
     }
 }
