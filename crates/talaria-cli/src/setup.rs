@@ -55,6 +55,19 @@ const PROVIDERS: &[(ProviderKind, &str)] = &[
     (ProviderKind::Openai, "OpenAI"),
     (ProviderKind::Openrouter, "OpenRouter"),
     (ProviderKind::Anthropic, "Anthropic"),
+    (ProviderKind::Gemini, "Google Gemini"),
+    (ProviderKind::Deepseek, "DeepSeek"),
+    (ProviderKind::Groq, "Groq"),
+    (ProviderKind::Mistral, "Mistral"),
+    (ProviderKind::Xai, "xAI"),
+    (ProviderKind::Together, "Together AI"),
+    (ProviderKind::Fireworks, "Fireworks AI"),
+    (ProviderKind::Nous, "Nous Portal"),
+    (ProviderKind::Ollama, "Ollama on this machine"),
+    (ProviderKind::OllamaCloud, "Ollama Cloud"),
+    (ProviderKind::Lmstudio, "LM Studio on this machine"),
+    (ProviderKind::Vllm, "vLLM on this machine"),
+    (ProviderKind::Llamacpp, "llama.cpp on this machine"),
 ];
 
 /// How long the model server gets to list its models.
@@ -92,15 +105,13 @@ fn parse_provider(s: &str) -> Result<ProviderKind, String> {
             .map(|(p, _)| *p)
             .ok_or_else(|| format!("there is no provider number {n}"));
     }
-    match s.as_str() {
-        "custom" => Ok(ProviderKind::Custom),
-        "openai" => Ok(ProviderKind::Openai),
-        "openrouter" => Ok(ProviderKind::Openrouter),
-        "anthropic" => Ok(ProviderKind::Anthropic),
-        other => Err(format!(
-            "unknown provider `{other}`: expected custom, openai, openrouter or anthropic"
-        )),
-    }
+    ProviderKind::parse(&s).ok_or_else(|| {
+        let names: Vec<&str> = PROVIDERS.iter().map(|(p, _)| p.as_str()).collect();
+        format!(
+            "unknown provider `{s}`: expected a number or one of {}",
+            names.join(", ")
+        )
+    })
 }
 
 /// Checks a model server's base URL; the error says what a good one looks
@@ -259,14 +270,14 @@ async fn model_questions(
         let hint = match (&answers.api_key, stored, provider) {
             (Some(_), _, _) => " (hidden; Enter keeps the one you gave)".to_owned(),
             (None, true, _) => format!(" (hidden; Enter keeps {var} from .env)"),
-            (None, false, ProviderKind::Custom) => " (hidden; Enter for none)".to_owned(),
+            (None, false, p) if !p.needs_key() => " (hidden; Enter for none)".to_owned(),
             (None, false, _) => " (hidden)".to_owned(),
         };
         let typed = prompter.ask_hidden(&format!("API key{hint}"))?;
         if !typed.is_empty() {
             answers.api_key = Some(typed);
         }
-        if provider != ProviderKind::Custom && answers.api_key.is_none() && !stored {
+        if provider.needs_key() && answers.api_key.is_none() && !stored {
             eprintln!(
                 "  {} needs an API key (it goes into .env as {var}). Paste it, or choose \
                  another provider.",
@@ -516,7 +527,7 @@ fn non_interactive(home: &Home, args: SetupArgs) -> anyhow::Result<ExitCode> {
     };
     let env = Env::load(&home.dotenv_file())?;
     let var = provider.api_key_env();
-    if provider != ProviderKind::Custom
+    if provider.needs_key()
         && args.api_key.as_deref().is_none_or(str::is_empty)
         && env.get(var).is_none_or(|k| k.trim().is_empty())
     {
@@ -700,10 +711,16 @@ mod tests {
         assert_eq!(parse_provider("1"), Ok(ProviderKind::Custom));
         assert_eq!(parse_provider(" OpenAI "), Ok(ProviderKind::Openai));
         assert_eq!(parse_provider("4"), Ok(ProviderKind::Anthropic));
-        assert!(parse_provider("5").is_err());
+        assert!(parse_provider("18").is_err());
+        assert_eq!(parse_provider("5"), Ok(ProviderKind::Gemini));
+        assert_eq!(
+            parse_provider("Ollama-Cloud"),
+            Ok(ProviderKind::OllamaCloud)
+        );
+        assert_eq!(parse_provider("llama.cpp"), Ok(ProviderKind::Llamacpp));
         assert!(parse_provider("0").is_err());
         assert!(parse_provider("").is_err());
-        assert!(parse_provider("gemini").is_err());
+        assert!(parse_provider("gemmini").is_err());
     }
 
     #[test]

@@ -67,11 +67,11 @@ fn answers_are_checked_as_given_the_key_is_hidden_and_the_servers_models_are_off
 
     p.exp_string("Provider (a number or a name) [custom]:")
         .unwrap();
-    p.send_line("gemini").unwrap();
+    p.send_line("palm").unwrap();
     // The terminal echoes what is typed (so the hidden key below means
     // something).
-    let echoed = p.exp_string("unknown provider `gemini`").unwrap();
-    assert!(echoed.contains("gemini"), "{echoed:?}");
+    let echoed = p.exp_string("unknown provider `palm`").unwrap();
+    assert!(echoed.contains("palm"), "{echoed:?}");
     p.exp_string("Provider (a number or a name) [custom]:")
         .unwrap();
     p.send_line("1").unwrap();

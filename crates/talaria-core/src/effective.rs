@@ -90,7 +90,15 @@ pub fn effective(config: &Config, env: &Env, sections: &[Shown]) -> (Value, Vec<
         top.insert("platforms".to_owned(), Value::Object(platforms));
     }
     let mut supplied = Vec::new();
-    let api_key_var = config.model.provider.api_key_env();
+    // The variable the client would read: the first one set (Gemini's
+    // key may be under either of two names).
+    let provider = config.model.provider;
+    let api_key_var = provider
+        .api_key_envs()
+        .iter()
+        .copied()
+        .find(|v| env.get(v).is_some())
+        .unwrap_or(provider.api_key_env());
     let model_key = EnvKey {
         key: "model.api_key",
         var: api_key_var,

@@ -28,7 +28,7 @@ pub mod toolsets;
 
 pub use config::{Config, Endpoint, Env, ModelRoute, ProviderKind, Secret, constant_time_eq};
 pub use home::Home;
-pub use message::{MediaKind, MediaRef, Message, Role, ToolCall, Usage};
+pub use message::{MediaKind, MediaRef, Message, Role, ThinkingBlock, ToolCall, Usage};
 pub use redact::Redactor;
 
 /// Now, as seconds since the Unix epoch with microseconds: the one clock

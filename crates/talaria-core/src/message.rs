@@ -83,6 +83,34 @@ pub struct Message {
     /// stays small however many photos a chat holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub media: Vec<MediaRef>,
+    /// For an assistant row: the reasoning blocks its provider signed
+    /// (Anthropic's extended thinking), in the order they came. The API
+    /// refuses a tool-use loop whose earlier assistant turn comes back
+    /// without them or altered, so they are kept apart from `reasoning`
+    /// (which is for reading) and replayed exactly as received.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thinking: Vec<ThinkingBlock>,
+}
+
+/// A reasoning block as the provider returned it, to be sent back
+/// unchanged. Serialized in Anthropic's own shape (`{"type": "thinking",
+/// "thinking", "signature"}`, `{"type": "redacted_thinking", "data"}`), so
+/// the stored form is the wire form.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ThinkingBlock {
+    /// Reasoning the model wrote, with the signature that vouches for it.
+    Thinking {
+        /// The reasoning text, byte for byte.
+        thinking: String,
+        /// The provider's opaque signature over the text.
+        signature: String,
+    },
+    /// Reasoning the provider withheld, as the encrypted blob it sent.
+    RedactedThinking {
+        /// The opaque payload.
+        data: String,
+    },
 }
 
 impl Message {
@@ -96,6 +124,7 @@ impl Message {
             reasoning: None,
             finish_reason: None,
             media: Vec::new(),
+            thinking: Vec::new(),
         }
     }
 

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ToolCall, Usage};
+use talaria_core::config::{CacheTtl, PromptCachingConfig};
+use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ThinkingBlock, ToolCall, Usage};
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::classify_anthropic_error_type;
@@ -22,6 +23,11 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 pub const MAX_IMAGE_BYTES: u64 = 5_000_000 / 4 * 3;
 /// `max_tokens` is mandatory on this API; used when nothing else sets it.
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// The most `cache_control` breakpoints the API accepts in one request.
+pub const MAX_CACHE_BREAKPOINTS: usize = 4;
+/// How many of the newest messages get a breakpoint (the ancestor's
+/// `system_and_3` layout: the system prompt, then these).
+const CACHED_TAIL_MESSAGES: usize = 3;
 
 /// A Messages API endpoint.
 pub struct AnthropicProvider {
@@ -87,16 +93,30 @@ impl AnthropicProvider {
             .max_tokens
             .or(self.http.opts.default_max_tokens)
             .unwrap_or(DEFAULT_MAX_TOKENS);
+        let caching = self.http.opts.prompt_caching;
+        let mut messages = messages;
+        let mut tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+            .collect();
+        let mut system = system.map(|s| {
+            if caching.enabled {
+                // Only a block list can carry a breakpoint.
+                json!([{"type": "text", "text": s}])
+            } else {
+                json!(s)
+            }
+        });
+        if caching.enabled {
+            place_cache_breakpoints(caching, &mut tools, system.as_mut(), &mut messages);
+        }
         let mut body = json!({"model": self.model, "max_tokens": max_tokens, "messages": messages});
         if let Some(s) = system {
-            body["system"] = json!(s);
+            body["system"] = s;
         }
-        if !req.tools.is_empty() {
-            body["tools"] = req
-                .tools
-                .iter()
-                .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
-                .collect();
+        if !tools.is_empty() {
+            body["tools"] = Value::Array(tools);
         }
         if let Some(t) = req.temperature.or(self.http.opts.default_temperature) {
             body["temperature"] = json!(t);
@@ -250,6 +270,71 @@ fn input_object(arguments: &str) -> Value {
     }
 }
 
+/// The `cache_control` marker for `caching`'s lifetime. The five-minute
+/// default is sent without `ttl`, the form every API version accepts.
+pub fn cache_marker(caching: PromptCachingConfig) -> Value {
+    match caching.ttl {
+        CacheTtl::FiveMinutes => json!({"type": "ephemeral"}),
+        CacheTtl::OneHour => json!({"type": "ephemeral", "ttl": "1h"}),
+    }
+}
+
+/// Marks prompt-cache breakpoints, at most [`MAX_CACHE_BREAKPOINTS`]:
+/// one at the end of the system prompt, and one on the last block of each
+/// of the newest three messages.
+///
+/// The API builds its prefix in the order tools, system, messages, so the
+/// system breakpoint caches the tool definitions too; only when there is
+/// no system prompt does the last tool carry that breakpoint instead. The
+/// tail breakpoints move forward as the conversation grows; the API looks
+/// back from each for the longest prefix it already holds, so the
+/// previous request's entries are still read.
+pub fn place_cache_breakpoints(
+    caching: PromptCachingConfig,
+    tools: &mut [Value],
+    system: Option<&mut Value>,
+    messages: &mut [Value],
+) {
+    let marker = cache_marker(caching);
+    let mut placed = 0;
+    let head = match system.and_then(Value::as_array_mut) {
+        Some(blocks) => blocks.last_mut(),
+        None => tools.last_mut(),
+    };
+    if let Some(block) = head.and_then(Value::as_object_mut) {
+        block.insert("cache_control".to_owned(), marker.clone());
+        placed += 1;
+    }
+    let tail = messages.len().saturating_sub(CACHED_TAIL_MESSAGES);
+    for message in &mut messages[tail..] {
+        if placed >= MAX_CACHE_BREAKPOINTS {
+            break;
+        }
+        let Some(blocks) = message.get_mut("content").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        // Reasoning blocks cannot carry a breakpoint (the API refuses
+        // it); the last other block closes the same prefix or a longer one.
+        let target = blocks
+            .iter_mut()
+            .rev()
+            .find(|b| !is_thinking(b))
+            .and_then(Value::as_object_mut);
+        if let Some(block) = target {
+            block.insert("cache_control".to_owned(), marker.clone());
+            placed += 1;
+        }
+    }
+}
+
+/// Whether `block` is a reasoning block (signed or redacted).
+fn is_thinking(block: &Value) -> bool {
+    matches!(
+        block.get("type").and_then(Value::as_str),
+        Some("thinking" | "redacted_thinking")
+    )
+}
+
 /// Converts the transcript to the Messages API: the system text (joined)
 /// and the alternating user/assistant list, each row as its text (images
 /// are read only for a request; see [`to_anthropic_messages_with`]).
@@ -276,7 +361,14 @@ pub fn to_anthropic_messages_with(
             }
             Role::User => ("user", user_blocks(&m.content, images.row(i))),
             Role::Assistant => {
-                let mut b = text_blocks(&m.content);
+                // Signed reasoning goes first and unchanged: the API checks
+                // the signature of the turn it belongs to.
+                let mut b: Vec<Value> = m
+                    .thinking
+                    .iter()
+                    .filter_map(|t| serde_json::to_value(t).ok())
+                    .collect();
+                b.extend(text_blocks(&m.content));
                 b.extend(m.tool_calls.iter().map(|c| {
                     json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input_object(&c.arguments)})
                 }));
@@ -324,7 +416,8 @@ pub fn to_anthropic_messages_with(
                 _ => true,
             })
             .collect();
-        if blocks.is_empty() {
+        // Reasoning alone is not a turn (its calls were dropped above).
+        if blocks.iter().all(is_thinking) {
             continue;
         }
         // Roles must alternate: same-role neighbours are merged.
@@ -369,6 +462,15 @@ fn text_blocks(text: &str) -> Vec<Value> {
     }
 }
 
+/// A string field of a content block, or empty.
+fn str_field(block: &Value, key: &str) -> String {
+    block
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Maps a Messages API stop reason to the transcript's finish reason.
 pub fn map_stop_reason(s: &str) -> String {
     match s {
@@ -383,7 +485,13 @@ pub fn map_stop_reason(s: &str) -> String {
 #[derive(Debug)]
 enum Block {
     Text,
-    Thinking,
+    Thinking {
+        text: String,
+        signature: String,
+    },
+    RedactedThinking {
+        data: String,
+    },
     ToolUse {
         id: String,
         name: String,
@@ -439,7 +547,17 @@ impl Accumulator {
                         }
                         Block::Text
                     }
-                    Some("thinking") => Block::Thinking,
+                    Some("thinking") => {
+                        let text = str_field(&b, "thinking");
+                        self.push_reasoning(&text, sink);
+                        Block::Thinking {
+                            text,
+                            signature: str_field(&b, "signature"),
+                        }
+                    }
+                    Some("redacted_thinking") => Block::RedactedThinking {
+                        data: str_field(&b, "data"),
+                    },
                     Some("tool_use") => {
                         let name = b
                             .get("name")
@@ -482,6 +600,19 @@ impl Accumulator {
                             .and_then(Value::as_str)
                             .unwrap_or_default();
                         self.push_reasoning(t, sink);
+                        if let Some(Block::Thinking { text, .. }) = self.blocks.get_mut(&index) {
+                            text.push_str(t);
+                        }
+                    }
+                    Some("signature_delta") => {
+                        let p = d
+                            .get("signature")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default();
+                        if let Some(Block::Thinking { signature, .. }) = self.blocks.get_mut(&index)
+                        {
+                            signature.push_str(p);
+                        }
                     }
                     Some("input_json_delta") => {
                         let p = d
@@ -549,12 +680,23 @@ impl Accumulator {
                     );
                 }
                 Some("thinking") => {
-                    let t = b
-                        .get("thinking")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    acc.push_reasoning(t, sink);
-                    acc.blocks.insert(i, Block::Thinking);
+                    let text = str_field(b, "thinking");
+                    acc.push_reasoning(&text, sink);
+                    acc.blocks.insert(
+                        i,
+                        Block::Thinking {
+                            text,
+                            signature: str_field(b, "signature"),
+                        },
+                    );
+                }
+                Some("redacted_thinking") => {
+                    acc.blocks.insert(
+                        i,
+                        Block::RedactedThinking {
+                            data: str_field(b, "data"),
+                        },
+                    );
                 }
                 Some("tool_use") => {
                     let name = b
@@ -605,25 +747,41 @@ impl Accumulator {
         }
         let mut calls = Vec::new();
         let mut broken = Vec::new();
+        let mut thinking = Vec::new();
         for (i, b) in self.blocks {
-            if let Block::ToolUse { id, name, json } = b {
-                let arguments = if json.trim().is_empty() {
-                    "{}".to_owned()
-                } else if let Some(fixed) = repair_json(&json) {
-                    fixed
-                } else {
-                    broken.push(name.clone());
-                    json
-                };
-                calls.push(ToolCall {
-                    id: if id.is_empty() {
-                        format!("toolu_{i}")
+            match b {
+                // Unsigned reasoning (a stream cut before its signature, a
+                // server that signs nothing) would be refused if sent back;
+                // its text is kept in `reasoning` either way.
+                Block::Thinking { text, signature } if !signature.is_empty() => {
+                    thinking.push(ThinkingBlock::Thinking {
+                        thinking: text,
+                        signature,
+                    });
+                }
+                Block::RedactedThinking { data } if !data.is_empty() => {
+                    thinking.push(ThinkingBlock::RedactedThinking { data });
+                }
+                Block::ToolUse { id, name, json } => {
+                    let arguments = if json.trim().is_empty() {
+                        "{}".to_owned()
+                    } else if let Some(fixed) = repair_json(&json) {
+                        fixed
                     } else {
-                        id
-                    },
-                    name,
-                    arguments,
-                });
+                        broken.push(name.clone());
+                        json
+                    };
+                    calls.push(ToolCall {
+                        id: if id.is_empty() {
+                            format!("toolu_{i}")
+                        } else {
+                            id
+                        },
+                        name,
+                        arguments,
+                    });
+                }
+                _ => {}
             }
         }
         if !broken.is_empty() && !self.done && self.stop_reason.is_none() {
@@ -638,6 +796,7 @@ impl Accumulator {
         let mut message = Message::assistant_tool_calls(self.text, calls);
         message.reasoning = (!self.reasoning.is_empty()).then_some(self.reasoning);
         message.finish_reason = self.stop_reason.as_deref().map(map_stop_reason);
+        message.thinking = thinking;
         Ok((message, self.usage))
     }
 }

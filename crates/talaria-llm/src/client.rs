@@ -162,6 +162,10 @@ impl LlmClient {
         let opts = HttpOptions {
             default_max_tokens: config.model.max_tokens,
             secrets,
+            // Caching and routing choices are about the account, not one
+            // model, so fallbacks follow them too.
+            prompt_caching: config.model.prompt_caching,
+            openrouter: config.model.openrouter.clone(),
             ..HttpOptions::from_agent(&config.agent)
         };
         let primary_opts = HttpOptions {

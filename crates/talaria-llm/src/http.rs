@@ -43,6 +43,10 @@ pub struct HttpOptions {
     /// Which tool calls written as text in an answer become real calls
     /// (`model.tool_call_parser`; see [`crate::text_calls`]).
     pub tool_call_parser: ToolCallParser,
+    /// Cache breakpoints for Claude models (`model.prompt_caching`).
+    pub prompt_caching: talaria_core::config::PromptCachingConfig,
+    /// OpenRouter's routing preferences (`model.openrouter`).
+    pub openrouter: talaria_core::config::OpenRouterConfig,
 }
 
 impl Default for HttpOptions {
@@ -64,6 +68,8 @@ impl std::fmt::Debug for HttpOptions {
             .field("secrets", &format_args!("[{} hidden]", self.secrets.len()))
             .field("vision", &self.vision)
             .field("tool_call_parser", &self.tool_call_parser)
+            .field("prompt_caching", &self.prompt_caching)
+            .field("openrouter", &self.openrouter)
             .finish()
     }
 }
@@ -81,6 +87,8 @@ impl HttpOptions {
             secrets: Vec::new(),
             vision: VisionMode::Auto,
             tool_call_parser: ToolCallParser::Auto,
+            prompt_caching: Default::default(),
+            openrouter: Default::default(),
         }
     }
 }

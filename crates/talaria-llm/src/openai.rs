@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use serde::{Serialize, Serializer};
 use serde_json::Value;
+use talaria_core::config::OpenRouterRouting;
 use talaria_core::{Endpoint, Message, ProviderKind, Role, Secret, ToolCall, Usage};
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +32,18 @@ pub struct OpenAiProvider {
     stream: AtomicBool,
     /// Whether user rows' images go out as image parts (`model.vision`).
     sees_images: bool,
+    /// The `cache_control` marker for content parts, when requests go to
+    /// a Claude model through OpenRouter with caching on.
+    cache_marker: Option<Value>,
+}
+
+/// Whether `model` on a provider of `kind` is a Claude model behind
+/// OpenRouter, which takes Anthropic's `cache_control` breakpoints in
+/// content parts and passes them on.
+pub fn openrouter_claude(kind: ProviderKind, model: &str) -> bool {
+    let model = model.to_ascii_lowercase();
+    kind == ProviderKind::Openrouter
+        && (model.starts_with("anthropic/") || model.contains("claude"))
 }
 
 impl OpenAiProvider {
@@ -39,6 +52,9 @@ impl OpenAiProvider {
         let label = format!("{}:{}", endpoint.provider.as_str(), endpoint.model);
         let stream = opts.stream;
         let sees_images = crate::vision::sees_images(opts.vision, &endpoint.model);
+        let cache_marker = (opts.prompt_caching.enabled
+            && openrouter_claude(endpoint.provider, &endpoint.model))
+        .then(|| crate::anthropic::cache_marker(opts.prompt_caching));
         OpenAiProvider {
             kind: endpoint.provider,
             model: endpoint.model.clone(),
@@ -47,6 +63,7 @@ impl OpenAiProvider {
             http: Http::new(label, endpoint.api_key.as_ref(), &endpoint.base_url, opts),
             stream: AtomicBool::new(stream),
             sees_images,
+            cache_marker,
         }
     }
 
@@ -83,6 +100,7 @@ impl OpenAiProvider {
             messages: OpenAiMessages {
                 messages: &req.messages,
                 images,
+                cache_marker: self.cache_marker.as_ref(),
             },
             tools: OpenAiTools(&req.tools),
             max_tokens: req.max_tokens.or(self.http.opts.default_max_tokens),
@@ -91,6 +109,11 @@ impl OpenAiProvider {
             stream_options: stream.then_some(StreamOptions {
                 include_usage: true,
             }),
+            // Only OpenRouter reads it; another server could refuse it.
+            provider: match self.kind {
+                ProviderKind::Openrouter => self.http.opts.openrouter.provider.as_ref(),
+                _ => None,
+            },
         }
     }
 
@@ -243,6 +266,9 @@ pub struct RequestBody<'a> {
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
+    /// OpenRouter's provider routing (`model.openrouter.provider`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider: Option<&'a OpenRouterRouting>,
 }
 
 #[derive(Debug, Serialize)]
@@ -255,17 +281,79 @@ struct StreamOptions {
 struct OpenAiMessages<'a> {
     messages: &'a [Message],
     images: &'a Attachments,
+    /// Breakpoints to place (see [`cached_rows`]), when caching applies.
+    cache_marker: Option<&'a Value>,
 }
 
 impl Serialize for OpenAiMessages<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(
-            self.messages
-                .iter()
-                .enumerate()
-                .map(|(i, m)| openai_message(m, self.images.row(i))),
-        )
+        let marked = match self.cache_marker {
+            Some(_) => cached_rows(self.messages),
+            None => Vec::new(),
+        };
+        s.collect_seq(self.messages.iter().enumerate().map(|(i, m)| {
+            let plain = openai_message(m, self.images.row(i));
+            match self.cache_marker {
+                Some(marker) if marked.contains(&i) => with_breakpoint(plain, marker),
+                _ => Row::Plain(plain),
+            }
+        }))
     }
+}
+
+/// A row as sent: as built, or rebuilt with a breakpoint in its content.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Row<'a> {
+    Plain(OpenAiMessage<'a>),
+    Marked(Value),
+}
+
+/// The rows that get a breakpoint, as the Anthropic adapter places them
+/// (the ancestor's `system_and_3`): the last system row and the newest
+/// three others; four at most, Anthropic's limit.
+fn cached_rows(messages: &[Message]) -> Vec<usize> {
+    let mut rows: Vec<usize> = messages
+        .iter()
+        .rposition(|m| m.role == Role::System)
+        .into_iter()
+        .collect();
+    rows.extend(
+        messages
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, m)| m.role != Role::System)
+            .take(3)
+            .map(|(i, _)| i),
+    );
+    rows
+}
+
+/// `row` with its content as parts and `marker` on the last part, the
+/// form OpenRouter documents for Anthropic's `cache_control`. A row with
+/// no content to mark (an assistant row that is only tool calls) goes
+/// out unchanged.
+fn with_breakpoint<'a>(row: OpenAiMessage<'a>, marker: &Value) -> Row<'a> {
+    let Ok(mut v) = serde_json::to_value(&row) else {
+        return Row::Plain(row);
+    };
+    let parts = match v.get_mut("content") {
+        Some(Value::String(text)) if !text.is_empty() => {
+            let text = std::mem::take(text);
+            Some(vec![serde_json::json!({"type": "text", "text": text})])
+        }
+        Some(Value::Array(parts)) => Some(std::mem::take(parts)),
+        _ => None,
+    };
+    let Some(mut parts) = parts else {
+        return Row::Plain(row);
+    };
+    if let Some(Value::Object(last)) = parts.last_mut() {
+        last.insert("cache_control".to_owned(), marker.clone());
+    }
+    v["content"] = Value::Array(parts);
+    Row::Marked(v)
 }
 
 /// One message in the Chat Completions shape. Reasoning is not sent back:

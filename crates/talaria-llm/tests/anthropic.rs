@@ -46,7 +46,10 @@ async fn streaming_text_answer() {
     assert_eq!(req.header("x-api-key"), Some(KEY));
     assert_eq!(req.header("anthropic-version"), Some("2023-06-01"));
     assert!(req.header("authorization").is_none());
-    assert_eq!(req.body["system"], "You are terse.");
+    assert_eq!(
+        req.body["system"],
+        serde_json::json!([{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}])
+    );
     assert_eq!(req.body["max_tokens"], 4096);
     assert_eq!(req.body["stream"], true);
     assert_eq!(req.body["messages"][0]["role"], "user");

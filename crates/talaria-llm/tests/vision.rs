@@ -23,6 +23,12 @@ use tokio_util::sync::CancellationToken;
 fn vision_opts(stream: bool, vision: VisionMode) -> HttpOptions {
     HttpOptions {
         vision,
+        // These tests compare content blocks whole; cache breakpoints
+        // (tested in anthropic_caching.rs) would only add noise.
+        prompt_caching: talaria_core::config::PromptCachingConfig {
+            enabled: false,
+            ..Default::default()
+        },
         ..opts(stream)
     }
 }

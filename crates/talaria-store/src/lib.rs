@@ -34,6 +34,7 @@ mod media;
 pub mod owed;
 pub mod postgres;
 pub mod sqlite;
+mod thinking;
 
 pub use gateway::{
     ApprovalNotice, ApproveOutcome, ApprovedUser, ClaimedObligation, CursorStore, GatewayStore,

@@ -113,7 +113,7 @@ fn a_fresh_database_is_at_the_latest_version_with_the_gateway_cron_inbound_and_c
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 10);
+    assert_eq!(user_version(&path), 11);
     for name in GATEWAY_TABLES.iter().chain(&[
         "cron_jobs",
         "cron_occurrences",
@@ -127,7 +127,7 @@ fn a_fresh_database_is_at_the_latest_version_with_the_gateway_cron_inbound_and_c
     }
     // Reopening an up-to-date file migrates nothing and still works.
     drop(SqliteStore::open(&path).unwrap());
-    assert_eq!(user_version(&path), 10);
+    assert_eq!(user_version(&path), 11);
 }
 
 #[tokio::test]
@@ -175,7 +175,7 @@ async fn a_version_1_database_is_upgraded_in_place() {
     assert!(!has_object(&path, "gateway_routes"));
 
     let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(user_version(&path), 10);
+    assert_eq!(user_version(&path), 11);
     for name in GATEWAY_TABLES.iter().chain(&[
         "inbound_seen",
         "adapter_cursors",

@@ -16,9 +16,60 @@ pub enum ProviderKind {
     Openrouter,
     /// Anthropic's Messages API.
     Anthropic,
+    /// Google Gemini through its OpenAI-compatible endpoint.
+    Gemini,
+    /// DeepSeek's API.
+    Deepseek,
+    /// Groq's API.
+    Groq,
+    /// Mistral's API.
+    Mistral,
+    /// xAI's API (Grok).
+    #[serde(alias = "x-ai", alias = "grok")]
+    Xai,
+    /// Together AI.
+    Together,
+    /// Fireworks AI.
+    Fireworks,
+    /// Nous Research's Portal.
+    Nous,
+    /// A local Ollama server.
+    Ollama,
+    /// Ollama's hosted models.
+    #[serde(rename = "ollama-cloud", alias = "ollama_cloud")]
+    OllamaCloud,
+    /// A local LM Studio server.
+    #[serde(alias = "lm-studio")]
+    Lmstudio,
+    /// A local vLLM server.
+    Vllm,
+    /// A local llama.cpp server (`llama-server`).
+    #[serde(alias = "llama.cpp", alias = "llama-cpp")]
+    Llamacpp,
 }
 
 impl ProviderKind {
+    /// Every kind, in the order `talaria setup` offers them.
+    pub const ALL: [ProviderKind; 17] = [
+        ProviderKind::Custom,
+        ProviderKind::Openai,
+        ProviderKind::Openrouter,
+        ProviderKind::Anthropic,
+        ProviderKind::Gemini,
+        ProviderKind::Deepseek,
+        ProviderKind::Groq,
+        ProviderKind::Mistral,
+        ProviderKind::Xai,
+        ProviderKind::Together,
+        ProviderKind::Fireworks,
+        ProviderKind::Nous,
+        ProviderKind::Ollama,
+        ProviderKind::OllamaCloud,
+        ProviderKind::Lmstudio,
+        ProviderKind::Vllm,
+        ProviderKind::Llamacpp,
+    ];
+
     /// The name used in `config.yaml` and in messages (`custom`, `openai`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -26,16 +77,72 @@ impl ProviderKind {
             ProviderKind::Openai => "openai",
             ProviderKind::Openrouter => "openrouter",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Gemini => "gemini",
+            ProviderKind::Deepseek => "deepseek",
+            ProviderKind::Groq => "groq",
+            ProviderKind::Mistral => "mistral",
+            ProviderKind::Xai => "xai",
+            ProviderKind::Together => "together",
+            ProviderKind::Fireworks => "fireworks",
+            ProviderKind::Nous => "nous",
+            ProviderKind::Ollama => "ollama",
+            ProviderKind::OllamaCloud => "ollama-cloud",
+            ProviderKind::Lmstudio => "lmstudio",
+            ProviderKind::Vllm => "vllm",
+            ProviderKind::Llamacpp => "llamacpp",
         }
     }
 
-    /// The environment variable that holds this provider's key.
-    pub fn api_key_env(self) -> &'static str {
+    /// Parses a name as `config.yaml` takes it (aliases included);
+    /// `None` for anything else.
+    pub fn parse(name: &str) -> Option<ProviderKind> {
+        serde_json::from_value(serde_json::Value::String(name.trim().to_ascii_lowercase())).ok()
+    }
+
+    /// The environment variables that may hold this provider's key, in
+    /// the order they are tried; the first is the one messages name.
+    /// Local servers and `custom` take `OPENAI_API_KEY`, the convention
+    /// of OpenAI-compatible servers, and need none.
+    pub fn api_key_envs(self) -> &'static [&'static str] {
         match self {
-            ProviderKind::Custom | ProviderKind::Openai => "OPENAI_API_KEY",
-            ProviderKind::Openrouter => "OPENROUTER_API_KEY",
-            ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+            ProviderKind::Custom
+            | ProviderKind::Openai
+            | ProviderKind::Ollama
+            | ProviderKind::Lmstudio
+            | ProviderKind::Vllm
+            | ProviderKind::Llamacpp => &["OPENAI_API_KEY"],
+            ProviderKind::Openrouter => &["OPENROUTER_API_KEY"],
+            ProviderKind::Anthropic => &["ANTHROPIC_API_KEY"],
+            // Google's own examples use either name.
+            ProviderKind::Gemini => &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+            ProviderKind::Deepseek => &["DEEPSEEK_API_KEY"],
+            ProviderKind::Groq => &["GROQ_API_KEY"],
+            ProviderKind::Mistral => &["MISTRAL_API_KEY"],
+            ProviderKind::Xai => &["XAI_API_KEY"],
+            ProviderKind::Together => &["TOGETHER_API_KEY"],
+            ProviderKind::Fireworks => &["FIREWORKS_API_KEY"],
+            ProviderKind::Nous => &["NOUS_API_KEY"],
+            ProviderKind::OllamaCloud => &["OLLAMA_API_KEY"],
         }
+    }
+
+    /// The environment variable that holds this provider's key (the first
+    /// of [`ProviderKind::api_key_envs`]).
+    pub fn api_key_env(self) -> &'static str {
+        self.api_key_envs()[0]
+    }
+
+    /// Whether requests cannot go without a key: hosted services need
+    /// one, `custom` and local servers do not.
+    pub fn needs_key(self) -> bool {
+        !matches!(
+            self,
+            ProviderKind::Custom
+                | ProviderKind::Ollama
+                | ProviderKind::Lmstudio
+                | ProviderKind::Vllm
+                | ProviderKind::Llamacpp
+        )
     }
 
     /// The base URL used when none is configured; `None` for `custom`, which
@@ -46,6 +153,19 @@ impl ProviderKind {
             ProviderKind::Openai => Some("https://api.openai.com/v1"),
             ProviderKind::Openrouter => Some("https://openrouter.ai/api/v1"),
             ProviderKind::Anthropic => Some("https://api.anthropic.com"),
+            ProviderKind::Gemini => Some("https://generativelanguage.googleapis.com/v1beta/openai"),
+            ProviderKind::Deepseek => Some("https://api.deepseek.com/v1"),
+            ProviderKind::Groq => Some("https://api.groq.com/openai/v1"),
+            ProviderKind::Mistral => Some("https://api.mistral.ai/v1"),
+            ProviderKind::Xai => Some("https://api.x.ai/v1"),
+            ProviderKind::Together => Some("https://api.together.xyz/v1"),
+            ProviderKind::Fireworks => Some("https://api.fireworks.ai/inference/v1"),
+            ProviderKind::Nous => Some("https://inference-api.nousresearch.com/v1"),
+            ProviderKind::Ollama => Some("http://127.0.0.1:11434/v1"),
+            ProviderKind::OllamaCloud => Some("https://ollama.com/v1"),
+            ProviderKind::Lmstudio => Some("http://127.0.0.1:1234/v1"),
+            ProviderKind::Vllm => Some("http://127.0.0.1:8000/v1"),
+            ProviderKind::Llamacpp => Some("http://127.0.0.1:8080/v1"),
         }
     }
 
@@ -53,6 +173,74 @@ impl ProviderKind {
     pub fn is_anthropic(self) -> bool {
         matches!(self, ProviderKind::Anthropic)
     }
+}
+
+/// `model.prompt_caching`: cache breakpoints on requests to Claude models
+/// (Anthropic directly, or through OpenRouter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PromptCachingConfig {
+    /// Whether breakpoints are sent.
+    pub enabled: bool,
+    /// How long a cached prefix lives: `5m` (the API's default) or `1h`.
+    pub ttl: CacheTtl,
+}
+
+impl Default for PromptCachingConfig {
+    fn default() -> PromptCachingConfig {
+        PromptCachingConfig {
+            enabled: true,
+            ttl: CacheTtl::FiveMinutes,
+        }
+    }
+}
+
+/// `model.prompt_caching.ttl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum CacheTtl {
+    /// Five minutes, refreshed on every hit; sent without a `ttl` field.
+    #[default]
+    #[serde(rename = "5m")]
+    FiveMinutes,
+    /// One hour: writes cost more, but a prefix outlives a pause.
+    #[serde(rename = "1h")]
+    OneHour,
+}
+
+/// `model.openrouter`: settings only OpenRouter reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OpenRouterConfig {
+    /// Provider routing, sent as the request's `provider` object.
+    pub provider: Option<OpenRouterRouting>,
+}
+
+/// OpenRouter's provider routing preferences; unset fields are left out
+/// of the request so OpenRouter's defaults apply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OpenRouterRouting {
+    /// Provider slugs to try first, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub order: Vec<String>,
+    /// Whether other providers may serve when those fail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_fallbacks: Option<bool>,
+    /// Only providers that support every request parameter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub require_parameters: Option<bool>,
+    /// `allow` or `deny` providers that may store or train on data.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_collection: Option<String>,
+    /// Only these provider slugs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub only: Vec<String>,
+    /// Never these provider slugs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ignore: Vec<String>,
+    /// `price`, `throughput` or `latency`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sort: Option<String>,
 }
 
 /// The primary model (`model:`).
@@ -126,6 +314,10 @@ impl<'de> Deserialize<'de> for ToolCallParser {
             ))),
         }
     }
+    /// Cache breakpoints for Claude models (`model.prompt_caching`).
+    pub prompt_caching: PromptCachingConfig,
+    /// OpenRouter's routing preferences (`model.openrouter`).
+    pub openrouter: OpenRouterConfig,
 }
 
 /// `model.vision`.
@@ -167,6 +359,8 @@ impl Default for ModelConfig {
             vision: VisionMode::Auto,
             routes: BTreeMap::new(),
             tool_call_parser: ToolCallParser::Auto,
+            prompt_caching: PromptCachingConfig::default(),
+            openrouter: OpenRouterConfig::default(),
         }
     }
 }

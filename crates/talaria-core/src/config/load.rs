@@ -247,12 +247,12 @@ impl Config {
             .model
             .api_key
             .clone()
-            .or_else(|| env.get(provider.api_key_env()).map(Secret::new));
-        if api_key.is_none() && provider != ProviderKind::Custom {
+            .or_else(|| key_from_env(provider, env));
+        if api_key.is_none() && provider.needs_key() {
             return Err(format!(
                 "provider `{}` needs an API key: set `model.api_key` or {}",
                 provider.as_str(),
-                provider.api_key_env()
+                key_vars(provider)
             ));
         }
         Ok(Endpoint {
@@ -291,14 +291,11 @@ impl Config {
                 ));
                 continue;
             };
-            let api_key = f
-                .api_key
-                .clone()
-                .or_else(|| env.get(f.provider.api_key_env()).map(Secret::new));
-            if api_key.is_none() && f.provider != ProviderKind::Custom {
+            let api_key = f.api_key.clone().or_else(|| key_from_env(f.provider, env));
+            if api_key.is_none() && f.provider.needs_key() {
                 warnings.push(format!(
                     "fallback_providers[{i}] is skipped: no api_key and {} is not set",
-                    f.provider.api_key_env()
+                    key_vars(f.provider)
                 ));
                 continue;
             }
@@ -462,15 +459,12 @@ fn auxiliary_endpoint(key: &str, m: &ModelConfig, env: &Env) -> Option<Result<En
             "`{key}` with provider `custom` needs `base_url`"
         )));
     };
-    let api_key = m
-        .api_key
-        .clone()
-        .or_else(|| env.get(provider.api_key_env()).map(Secret::new));
-    if api_key.is_none() && provider != ProviderKind::Custom {
+    let api_key = m.api_key.clone().or_else(|| key_from_env(provider, env));
+    if api_key.is_none() && provider.needs_key() {
         return Some(Err(format!(
             "`{key}` with provider `{}` needs `api_key` or {}",
             provider.as_str(),
-            provider.api_key_env()
+            key_vars(provider)
         )));
     }
     Some(Ok(Endpoint {
@@ -479,4 +473,20 @@ fn auxiliary_endpoint(key: &str, m: &ModelConfig, env: &Env) -> Option<Result<En
         base_url,
         api_key,
     }))
+}
+
+/// The provider's key from the first of its variables that is set and
+/// not blank (Gemini's key may be under either of two names).
+fn key_from_env(provider: ProviderKind, env: &Env) -> Option<Secret> {
+    provider
+        .api_key_envs()
+        .iter()
+        .filter_map(|var| env.get(var))
+        .find(|v| !v.trim().is_empty())
+        .map(Secret::new)
+}
+
+/// The provider's key variables as a message names them (`A or B`).
+fn key_vars(provider: ProviderKind) -> String {
+    provider.api_key_envs().join(" or ")
 }

@@ -97,6 +97,7 @@ const MESSAGES_COLUMNS: &[Column] = &[
     text("reasoning"),
     boolean("active"),
     text("media"),
+    text("thinking"),
 ];
 
 const ROUTES_COLUMNS: &[Column] = &[

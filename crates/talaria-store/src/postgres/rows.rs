@@ -24,7 +24,7 @@ pub(super) const SESSION_COLUMNS: &str = "s.id, s.source, s.session_key, s.chat_
 /// [`PostgresStore::message_from_row`] reads them.
 pub(super) const MESSAGE_COLUMNS: &str = "m.id, m.session_id, m.role, m.content, m.tool_call_id, \
      m.tool_calls, m.tool_name, m.\"timestamp\", m.token_count, m.finish_reason, m.reasoning, \
-     m.active, m.media";
+     m.active, m.media, m.thinking";
 /// `text` as PostgreSQL can store it. A `text` value cannot hold U+0000
 /// (SQLite's can), and a tool's output sometimes contains one; refusing
 /// the write would lose the turn, so each NUL becomes U+FFFD, the usual
@@ -120,6 +120,7 @@ impl PostgresStore {
         };
         let token_count: Option<i64> = self.column(row, 8)?;
         let media: Option<String> = self.column(row, 12)?;
+        let thinking: Option<String> = self.column(row, 13)?;
         Ok(StoredMessage {
             id,
             session_id: self.column(row, 1)?,
@@ -132,6 +133,7 @@ impl PostgresStore {
                 reasoning: self.column(row, 10)?,
                 finish_reason: self.column(row, 9)?,
                 media: crate::media::decode(media.as_deref(), id)?,
+                thinking: crate::thinking::decode(thinking.as_deref(), id)?,
             },
             timestamp: self.column(row, 7)?,
             token_count: token_count

@@ -29,7 +29,10 @@ const STEPS: &[&[&str]] = &[
     &[super::owed::SCHEMA],
     &[super::gateway::NOTICE_SCHEMA],
     &[super::sessions::MEDIA_SCHEMA, super::ledger::PARTS_SCHEMA],
-    &[super::sessions::MODEL_CHOICE_SCHEMA],
+    &[
+        super::sessions::MODEL_CHOICE_SCHEMA,
+        super::sessions::THINKING_SCHEMA,
+    ],
 ];
 
 /// The schema version this build writes.

@@ -87,6 +87,13 @@ pub(super) const MODEL_CHOICE_SCHEMA: &str = r#"
 ALTER TABLE sessions ADD COLUMN model_choice text;
 "#;
 
+/// Signed reasoning (issue 26, schema step 5): an assistant row's thinking
+/// blocks as the provider issued them, a JSON array; NULL when none. As in
+/// SQLite's version 11.
+pub(super) const THINKING_SCHEMA: &str = r#"
+ALTER TABLE messages ADD COLUMN thinking text;
+"#;
+
 /// The largest count a `bigint` holds, as SQL: token sums saturate here
 /// instead of failing the write (SQLite's backend clamps the same way).
 const MAX_COUNT_SQL: &str = "9223372036854775807";
@@ -147,6 +154,7 @@ impl PostgresStore {
     ) -> Result<i64> {
         let tool_calls = encode_tool_calls(&message.tool_calls)?;
         let media = crate::media::encode(&message.media)?;
+        let thinking = crate::thinking::encode(&message.thinking)?;
         let sql = format!(
             "WITH s AS (\
                  UPDATE sessions SET message_count = message_count + 1, \
@@ -155,8 +163,8 @@ impl PostgresStore {
                  reasoning_tokens = {reasoning} \
                  WHERE id = $1 RETURNING id) \
              INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, \
-                 tool_name, \"timestamp\", finish_reason, reasoning, media) \
-             SELECT s.id, $2, $3, $4, $5, $6, {NOW}, $7, $8, $14 FROM s \
+                 tool_name, \"timestamp\", finish_reason, reasoning, media, thinking) \
+             SELECT s.id, $2, $3, $4, $5, $6, {NOW}, $7, $8, $14, $15 FROM s \
              RETURNING id",
             input = saturating_add("input_tokens", 9),
             output = saturating_add("output_tokens", 10),
@@ -193,6 +201,7 @@ impl PostgresStore {
                     &counts[3],
                     &counts[4],
                     &media.as_deref(),
+                    &thinking.as_deref(),
                 ],
             )
             .await
@@ -488,6 +497,7 @@ impl SessionStore for PostgresStore {
         let mut finish_reasons = Vec::with_capacity(replacement.len());
         let mut reasonings = Vec::with_capacity(replacement.len());
         let mut media = Vec::with_capacity(replacement.len());
+        let mut thinking = Vec::with_capacity(replacement.len());
         for message in replacement {
             roles.push(message.role.as_str());
             contents.push(clean(&message.content));
@@ -497,6 +507,7 @@ impl SessionStore for PostgresStore {
             finish_reasons.push(owned(&message.finish_reason));
             reasonings.push(owned(&message.reasoning));
             media.push(crate::media::encode(&message.media)?);
+            thinking.push(crate::thinking::encode(&message.thinking)?);
         }
         let contents: Vec<&str> = contents.iter().map(AsRef::as_ref).collect();
         let id = clean(session_id);
@@ -533,13 +544,13 @@ impl SessionStore for PostgresStore {
             let insert = tx
                 .prepare_cached(&format!(
                     "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, \
-                     tool_name, \"timestamp\", finish_reason, reasoning, media) \
+                     tool_name, \"timestamp\", finish_reason, reasoning, media, thinking) \
                      SELECT $1, r.role, r.content, r.tool_call_id, r.tool_calls, r.tool_name, \
-                     t.at, r.finish_reason, r.reasoning, r.media \
+                     t.at, r.finish_reason, r.reasoning, r.media, r.thinking \
                      FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-                     $7::text[], $8::text[], $9::text[]) WITH ORDINALITY \
+                     $7::text[], $8::text[], $9::text[], $10::text[]) WITH ORDINALITY \
                      AS r (role, content, tool_call_id, tool_calls, tool_name, finish_reason, \
-                     reasoning, media, ord) \
+                     reasoning, media, thinking, ord) \
                      CROSS JOIN (SELECT {NOW} AS at) t \
                      ORDER BY r.ord"
                 ))
@@ -557,6 +568,7 @@ impl SessionStore for PostgresStore {
                     &finish_reasons,
                     &reasonings,
                     &media,
+                    &thinking,
                 ],
             )
             .await

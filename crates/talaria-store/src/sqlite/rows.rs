@@ -30,7 +30,7 @@ pub(crate) const SESSION_COLUMNS: &str = concat!(
 
 /// Message columns in the order [`message_from_row`] reads them.
 pub(crate) const MESSAGE_COLUMNS: &str = "id, session_id, role, content, tool_call_id, \
-     tool_calls, tool_name, timestamp, token_count, finish_reason, reasoning, active, media";
+     tool_calls, tool_name, timestamp, token_count, finish_reason, reasoning, active, media, thinking";
 
 /// Now, as seconds since the epoch with microsecond precision.
 pub(crate) fn now() -> Timestamp {
@@ -96,6 +96,7 @@ pub(crate) struct RawMessage {
     reasoning: Option<String>,
     active: bool,
     media: Option<String>,
+    thinking: Option<String>,
 }
 
 pub(crate) fn message_from_row(row: &Row<'_>) -> rusqlite::Result<RawMessage> {
@@ -113,6 +114,7 @@ pub(crate) fn message_from_row(row: &Row<'_>) -> rusqlite::Result<RawMessage> {
         reasoning: row.get(10)?,
         active: row.get(11)?,
         media: row.get(12)?,
+        thinking: row.get(13)?,
     })
 }
 
@@ -149,6 +151,7 @@ impl RawMessage {
                 reasoning: self.reasoning,
                 finish_reason: self.finish_reason,
                 media: crate::media::decode(self.media.as_deref(), self.id)?,
+                thinking: crate::thinking::decode(self.thinking.as_deref(), self.id)?,
             },
             timestamp: self.timestamp,
             token_count: self.token_count.map(from_sql_count),
@@ -211,14 +214,15 @@ pub(crate) fn insert_message(
         )
     };
     let media = crate::media::encode(&message.media)?;
+    let thinking = crate::thinking::encode(&message.thinking)?;
     // Above the full-text watermark as well as every row: an id at or
     // below it would be taken for indexed and never reach the indexes.
     let watermark = indexed_through(conn)?;
     conn.prepare_cached(
         "INSERT INTO messages (id, session_id, role, content, tool_call_id, tool_calls, \
-         tool_name, timestamp, finish_reason, reasoning, active, media) \
+         tool_name, timestamp, finish_reason, reasoning, active, media, thinking) \
          VALUES (MAX(?10, COALESCE((SELECT MAX(id) FROM messages), 0)) + 1, \
-         ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1, ?11)",
+         ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1, ?11, ?12)",
     )?
     .execute(params![
         session_id,
@@ -232,6 +236,7 @@ pub(crate) fn insert_message(
         message.reasoning,
         watermark,
         media,
+        thinking,
     ])?;
     let id = conn.last_insert_rowid();
     if id - watermark >= FTS_BATCH {

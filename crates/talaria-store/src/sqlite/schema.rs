@@ -410,10 +410,14 @@ ALTER TABLE messages ADD COLUMN media TEXT;
 ALTER TABLE delivery_obligations ADD COLUMN parts_sent INTEGER NOT NULL DEFAULT 0;
 "#;
 
-/// Models (issue 26): the model `/model` chose for a session, NULL while
-/// it follows the configured default.
+/// Models (issue 26): the model `/model` chose for a session (NULL while
+/// it follows the configured default); an assistant row's signed
+/// reasoning blocks as the provider issued them, a JSON array (NULL when
+/// none, which is what rows from before this step read as), replayed
+/// unchanged in a tool-use loop.
 const V11: &str = r#"
 ALTER TABLE sessions ADD COLUMN model_choice TEXT;
+ALTER TABLE messages ADD COLUMN thinking TEXT;
 "#;
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or
