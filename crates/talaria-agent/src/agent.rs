@@ -323,6 +323,12 @@ impl Agent {
             None => registry,
         };
         let _one_at_a_time = session.turn_lock.lock().await;
+        // A spent budget refuses the turn before anything is stored or sent.
+        let kind =
+            match crate::budget::gate(&self.parts, &session.id, user_text, &options.media).await {
+                Ok(kind) => kind,
+                Err(refused) => return Ok(refused),
+            };
         let history: Vec<Message> = self
             .parts
             .store
@@ -358,6 +364,7 @@ impl Agent {
             .with_media(options.media)
             .with_platform(options.platform)
             .with_max_turns(options.max_turns)
+            .with_call_kind(kind)
             .run(user_text)
             .await?;
         if let Some(title) = title
@@ -395,16 +402,18 @@ impl Agent {
             .map(|row| row.message)
             .collect();
         let observer = crate::observer::NullObserver;
-        TurnRun::new(
+        let mut run = TurnRun::new(
             &self.parts,
             session,
             &observer,
             CancellationToken::new(),
             history,
             self.parts.interaction.clone(),
-        )
-        .compress()
-        .await
+        );
+        let compressed = run.compress().await;
+        // The summary call is paid for even when no turn follows.
+        run.store_pending_calls().await;
+        compressed
     }
 
     /// Drops the session's active transcript back to just before the `n`-th

@@ -49,6 +49,7 @@
 pub mod agent;
 pub mod attach;
 pub mod background;
+pub mod budget;
 pub mod compress;
 pub mod dispatch;
 mod error;

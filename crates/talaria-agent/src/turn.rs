@@ -18,6 +18,7 @@ use crate::parts::AgentParts;
 use crate::session::SessionHandle;
 
 mod model;
+mod spend;
 mod tools;
 
 /// Opens the user row that carries steering into a running turn. It marks
@@ -111,6 +112,20 @@ pub trait Outbox: Send + Sync {
         usage: &talaria_core::Usage,
         answer: &str,
     ) -> Result<i64, StoreError>;
+    /// [`Outbox::append_answer`] with the model calls that led to the
+    /// answer, stored in the same transaction with their cost and ledger
+    /// rows. The default passes on only their usage.
+    async fn append_answer_with_calls(
+        &self,
+        session_id: &str,
+        message: &Message,
+        calls: &[talaria_store::ModelCall],
+        answer: &str,
+    ) -> Result<i64, StoreError> {
+        let usage = talaria_store::ModelCall::total_usage(calls);
+        self.append_answer(session_id, message, &usage, answer)
+            .await
+    }
 }
 
 /// The working state of one turn.
@@ -124,9 +139,9 @@ pub(crate) struct TurnRun<'a> {
     new_messages: Vec<Message>,
     api_calls: u32,
     usage: Usage,
-    /// Usage not yet written: it is stored with the next row (one write
-    /// instead of two), or when the turn ends.
-    pending_usage: Usage,
+    /// Model calls not yet written: they are stored with the next row (one
+    /// write instead of two), or when the turn ends.
+    pending: spend::PendingCalls,
     /// The last real prompt size reported by the provider, and how many
     /// messages that request carried (rows after it are estimated).
     known_prompt: Option<(u64, usize)>,
@@ -185,7 +200,7 @@ impl<'a> TurnRun<'a> {
             new_messages: Vec::new(),
             api_calls: 0,
             usage: Usage::default(),
-            pending_usage: Usage::default(),
+            pending: spend::PendingCalls::default(),
             known_prompt: None,
             compressions: 0,
             compressed: false,
@@ -279,12 +294,7 @@ impl<'a> TurnRun<'a> {
         }
         // Usage of calls that produced no stored row (an interrupted or
         // failed call, an empty reply, a compression summary).
-        if self.pending_usage != Usage::default() {
-            let usage = std::mem::take(&mut self.pending_usage);
-            if let Err(e) = self.parts.store.add_usage(&self.session.id, &usage).await {
-                tracing::warn!(session = %self.session.id, error = %e, "could not store the turn's token usage");
-            }
-        }
+        self.store_pending_calls().await;
         result
     }
 
@@ -474,7 +484,7 @@ impl<'a> TurnRun<'a> {
         };
         let mut message = message;
         message.content = crate::memory_context::sanitize(&message.content);
-        let usage = std::mem::take(&mut self.pending_usage);
+        let calls = self.pending.take();
         // The files an untrusted conversation may send are checked here,
         // where its workspace is known.
         let owed = crate::memory_context::sanitize(
@@ -483,7 +493,7 @@ impl<'a> TurnRun<'a> {
                 .confine_media(answer, &self.parts.home.media_dir()),
         );
         outbox
-            .append_answer(&self.session.id, &message, &usage, &owed)
+            .append_answer_with_calls(&self.session.id, &message, &calls, &owed)
             .await?;
         self.owed = true;
         self.messages.push(message.clone());
@@ -497,10 +507,10 @@ impl<'a> TurnRun<'a> {
         if matches!(message.role, Role::User | Role::Assistant) {
             message.content = crate::memory_context::sanitize(&message.content);
         }
-        let usage = std::mem::take(&mut self.pending_usage);
+        let calls = self.pending.take();
         self.parts
             .store
-            .append_message_with_usage(&self.session.id, &message, &usage)
+            .append_message_with_calls(&self.session.id, &message, &calls)
             .await?;
         self.messages.push(message.clone());
         self.new_messages.push(message);

@@ -59,6 +59,15 @@ pub enum Command {
         #[command(subcommand)]
         command: PairingCommand,
     },
+    /// Tokens, cost, turns and tool calls by day, model, platform and chat.
+    Insights {
+        /// How many days back, today included (UTC).
+        #[arg(long, default_value_t = 30)]
+        days: u32,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
     /// Send a message to a chat: through the running gateway, or directly
     /// when none runs.
     Send {

@@ -28,6 +28,7 @@ mod cli;
 mod config_cmd;
 mod cron_cmd;
 mod gateway_cmd;
+mod insights_cmd;
 mod interact;
 mod logging;
 mod mcp_cmd;
@@ -226,6 +227,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     sessions_cmd::search(&rt, &query.join(" "), limit).await
                 }
             }
+        }
+        Command::Insights { days, json } => {
+            let rt = runtime::Runtime::load_without_model(home).await?;
+            insights_cmd::run(&rt, days, json).await
         }
         Command::Setup(args) => setup::run(&home, args).await,
         Command::Model { name } => model_cmd::run(&home, name).await,

@@ -129,8 +129,33 @@ impl talaria_agent::Outbox for ReplyOutbox {
         usage: &talaria_core::Usage,
         answer: &str,
     ) -> Result<i64, StoreError> {
+        let obligation = self.obligation(answer);
+        self.ledger
+            .store
+            .append_reply(session_id, message, usage, obligation)
+            .await
+    }
+
+    async fn append_answer_with_calls(
+        &self,
+        session_id: &str,
+        message: &talaria_core::Message,
+        calls: &[talaria_store::ModelCall],
+        answer: &str,
+    ) -> Result<i64, StoreError> {
+        let obligation = self.obligation(answer);
+        self.ledger
+            .store
+            .append_reply_with_calls(session_id, message, calls, obligation)
+            .await
+    }
+}
+
+impl ReplyOutbox {
+    /// What the answer `answer` owes its chat.
+    fn obligation(&self, answer: &str) -> NewObligation {
         let r = &self.reply;
-        let obligation = NewObligation {
+        NewObligation {
             id: obligation_id(&r.session_key, &r.message_ref, answer),
             session_key: r.session_key.clone(),
             platform: r.platform.clone(),
@@ -140,11 +165,7 @@ impl talaria_agent::Outbox for ReplyOutbox {
             content: answer.to_owned(),
             owner: self.ledger.me.clone(),
             settles: r.settles.clone(),
-        };
-        self.ledger
-            .store
-            .append_reply(session_id, message, usage, obligation)
-            .await
+        }
     }
 }
 

@@ -702,19 +702,35 @@ async fn model(front: &mut impl FrontEnd, args: &str) -> Reply {
 }
 
 async fn usage(front: &impl FrontEnd) -> Reply {
+    let parts = front.agent().parts();
     match front.current().await {
-        Ok(Some(s)) => Reply::Say(format!(
-            "This conversation: {}; tokens in {}, out {}, cache read {}, cache write {}, reasoning {}.",
-            match counts_of(front, &s).await {
-                Some(n) => messages(n),
-                None => "? messages".to_owned(),
-            },
-            s.input_tokens,
-            s.output_tokens,
-            s.cache_read_tokens,
-            s.cache_write_tokens,
-            s.reasoning_tokens
-        )),
+        Ok(Some(s)) => {
+            let cost = parts.store.session_cost_micros(&s.id).await.unwrap_or(0);
+            let mut text = format!(
+                "This conversation: {}; tokens in {}, out {}, cache read {}, cache write {}, reasoning {}; cost {}.",
+                match counts_of(front, &s).await {
+                    Some(n) => messages(n),
+                    None => "? messages".to_owned(),
+                },
+                s.input_tokens,
+                s.output_tokens,
+                s.cache_read_tokens,
+                s.cache_write_tokens,
+                s.reasoning_tokens,
+                talaria_agent::budget::usd(cost)
+            );
+            let now = talaria_core::unix_now();
+            match talaria_agent::budget::spend_lines(&parts.config, &*parts.store, &s, now).await {
+                Ok(lines) => {
+                    for line in lines {
+                        text.push('\n');
+                        text.push_str(&line);
+                    }
+                }
+                Err(e) => text.push_str(&format!("\n(cannot sum the spend: {e})")),
+            }
+            Reply::Say(text)
+        }
         Ok(None) => Reply::Say("No conversation yet.".to_owned()),
         Err(e) => Reply::Refuse(format!("⚠️ Cannot read usage: {e}")),
     }

@@ -209,6 +209,24 @@ async fn run_review(
     if NOT_REVIEWED.contains(&record.source.as_str()) {
         return Ok(None);
     }
+    // A review costs the conversation it reviews: a spent budget skips it.
+    match talaria_agent::budget::exceeded(
+        &parts.config,
+        &*parts.store,
+        &record,
+        talaria_core::unix_now(),
+    )
+    .await
+    {
+        Ok(Some(spent)) => {
+            tracing::info!(session = %session_id, "background review skipped: {}", spent.message());
+            return Ok(None);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(session = %session_id, error = %e, "cannot check budgets for the review")
+        }
+    }
     let transcript = parts
         .store
         .messages(session_id)
@@ -217,7 +235,7 @@ async fn run_review(
         .into_iter()
         .map(|m| m.message)
         .collect::<Vec<_>>();
-    let agent = review_agent(parts);
+    let agent = review_agent(parts, session_id);
     let handle = agent
         .start_session(NewSession {
             source: "review".into(),
@@ -248,7 +266,7 @@ async fn run_review(
 
 /// An agent with the same model, only the memory and skill tools, a small
 /// budget and an in-memory store.
-fn review_agent(p: &ReviewParts) -> Agent {
+fn review_agent(p: &ReviewParts, reviewed: &str) -> Agent {
     let mut config = (*p.config).clone();
     config.agent.max_turns = REVIEW_BUDGET;
     let config = Arc::new(config);
@@ -268,7 +286,7 @@ fn review_agent(p: &ReviewParts) -> Agent {
         config,
         home: p.home.clone(),
         provider: p.provider.clone(),
-        store: Arc::new(ScratchStore::default()),
+        store: Arc::new(ScratchStore::billed_to(p.store.clone(), reviewed)),
         registry: Arc::new(registry),
         interaction: Arc::new(NoHuman),
         redactor: p.redactor.clone(),

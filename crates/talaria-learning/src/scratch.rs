@@ -22,9 +22,38 @@ struct Inner {
 #[derive(Default)]
 pub struct ScratchStore {
     inner: Mutex<Inner>,
+    /// The real store and session that pay for the model calls: the
+    /// review's cost is the reviewed conversation's, and counts against
+    /// its budgets.
+    billed_to: Option<(std::sync::Arc<dyn SessionStore>, String)>,
 }
 
 impl ScratchStore {
+    /// A scratch store whose model calls are recorded (as `review` calls)
+    /// on `session_id` in `store`, and whose spend is `store`'s.
+    pub fn billed_to(store: std::sync::Arc<dyn SessionStore>, session_id: &str) -> ScratchStore {
+        ScratchStore {
+            inner: Mutex::default(),
+            billed_to: Some((store, session_id.to_owned())),
+        }
+    }
+
+    /// Records `calls` on the paying session, if there is one.
+    async fn bill(&self, calls: &[talaria_store::ModelCall]) -> Result<()> {
+        let Some((store, session)) = &self.billed_to else {
+            return Ok(());
+        };
+        let calls: Vec<talaria_store::ModelCall> = calls
+            .iter()
+            .map(|c| talaria_store::ModelCall {
+                kind: "review".to_owned(),
+                starts_turn: false,
+                ..c.clone()
+            })
+            .collect();
+        store.add_calls(session, &calls).await
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -132,6 +161,30 @@ impl SessionStore for ScratchStore {
             r.input_tokens += usage.input_tokens;
             r.output_tokens += usage.output_tokens;
         })
+    }
+
+    async fn add_calls(&self, session_id: &str, calls: &[talaria_store::ModelCall]) -> Result<()> {
+        self.add_usage(session_id, &talaria_store::ModelCall::total_usage(calls))
+            .await?;
+        self.bill(calls).await
+    }
+
+    async fn append_message_with_calls(
+        &self,
+        session_id: &str,
+        message: &Message,
+        calls: &[talaria_store::ModelCall],
+    ) -> Result<i64> {
+        let row = self.append_message(session_id, message).await?;
+        self.add_calls(session_id, calls).await?;
+        Ok(row)
+    }
+
+    async fn spend_since(&self, since: f64, scope: &talaria_store::SpendScope) -> Result<u64> {
+        match &self.billed_to {
+            Some((store, _)) => store.spend_since(since, scope).await,
+            None => Ok(0),
+        }
     }
 
     async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>> {

@@ -26,6 +26,7 @@ pub mod client;
 mod http;
 pub mod media;
 pub mod openai;
+pub mod pricing;
 pub mod repair;
 pub mod retry;
 pub mod sse;

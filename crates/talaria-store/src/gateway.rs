@@ -258,6 +258,21 @@ pub trait LedgerStore: Send + Sync {
         usage: &talaria_core::Usage,
         obligation: NewObligation,
     ) -> Result<i64>;
+    /// [`LedgerStore::append_reply`] with the model calls that led to the
+    /// answer: their counters, cost and ledger rows go in the same
+    /// transaction (as [`crate::SessionStore::append_message_with_calls`]).
+    /// The default stores only their usage.
+    async fn append_reply_with_calls(
+        &self,
+        session_id: &str,
+        message: &talaria_core::Message,
+        calls: &[crate::ModelCall],
+        obligation: NewObligation,
+    ) -> Result<i64> {
+        let usage = crate::ModelCall::total_usage(calls);
+        self.append_reply(session_id, message, &usage, obligation)
+            .await
+    }
     /// Records an obligation as `pending`, owned by `owner`, created now,
     /// and settles the owed turns it names, in one transaction.
     /// Recording an id again starts the row over (pending, new owner,

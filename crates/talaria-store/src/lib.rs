@@ -33,6 +33,7 @@ pub mod gateway;
 mod media;
 pub mod owed;
 pub mod postgres;
+pub mod spend;
 pub mod sqlite;
 mod thinking;
 
@@ -54,6 +55,7 @@ pub use cron::{
     OccurrenceClaim, OccurrenceEnd, OccurrenceStatus, Trigger,
 };
 pub use postgres::{PostgresOptions, PostgresStore};
+pub use spend::{ModelCall, SpendScope, UsageGroup, UsageReport, UsageTotals};
 pub use sqlite::{SqliteOptions, SqliteStore};
 
 /// Most matching messages one search ranks (the newest).
@@ -272,6 +274,44 @@ pub trait SessionStore: Send + Sync {
             self.add_usage(session_id, usage).await?;
         }
         Ok(row)
+    }
+    /// Stores model calls: their usage goes to the session's counters,
+    /// their cost to its total, and each becomes a row of the per-call
+    /// ledger, in one transaction. The default (stores without a ledger)
+    /// only adds the usage.
+    async fn add_calls(&self, session_id: &str, calls: &[ModelCall]) -> Result<()> {
+        let usage = ModelCall::total_usage(calls);
+        if usage != talaria_core::Usage::default() {
+            self.add_usage(session_id, &usage).await?;
+        }
+        Ok(())
+    }
+    /// [`SessionStore::append_message_with_usage`] for model calls: the
+    /// row, the counters, the cost and the ledger rows in one
+    /// transaction. The default only adds the usage.
+    async fn append_message_with_calls(
+        &self,
+        session_id: &str,
+        message: &Message,
+        calls: &[ModelCall],
+    ) -> Result<i64> {
+        self.append_message_with_usage(session_id, message, &ModelCall::total_usage(calls))
+            .await
+    }
+    /// What the session's model calls cost so far, in micro-dollars (0 for
+    /// an unknown session, or a store without a ledger).
+    async fn session_cost_micros(&self, _session_id: &str) -> Result<u64> {
+        Ok(0)
+    }
+    /// What the calls in `scope` made at or after `since` cost, in
+    /// micro-dollars: a sum over an index, for budgets.
+    async fn spend_since(&self, _since: Timestamp, _scope: &SpendScope) -> Result<u64> {
+        Ok(0)
+    }
+    /// Usage and cost since `since`, in total and by day, model, platform
+    /// and chat (at most `top` groups of each but days).
+    async fn usage_report(&self, _since: Timestamp, _top: usize) -> Result<UsageReport> {
+        Ok(UsageReport::default())
     }
     /// The active transcript in order.
     async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>>;

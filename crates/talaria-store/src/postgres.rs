@@ -46,6 +46,7 @@ mod schema;
 mod search;
 mod sessions;
 mod snippet;
+mod spend;
 mod step;
 mod tls;
 

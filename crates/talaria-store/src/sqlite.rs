@@ -14,6 +14,7 @@ mod owed;
 mod rows;
 mod schema;
 mod search;
+mod spend;
 
 use std::fmt;
 use std::path::Path;
@@ -389,6 +390,45 @@ impl SessionStore for SqliteStore {
             Ok(row)
         })
         .await
+    }
+
+    async fn add_calls(&self, session_id: &str, calls: &[crate::ModelCall]) -> Result<()> {
+        let (id, calls) = (session_id.to_string(), calls.to_vec());
+        let at = now();
+        self.write(move |tx| spend::record_calls(tx, &id, &calls, at))
+            .await
+    }
+
+    async fn append_message_with_calls(
+        &self,
+        session_id: &str,
+        message: &Message,
+        calls: &[crate::ModelCall],
+    ) -> Result<i64> {
+        let (id, message, calls) = (session_id.to_string(), message.clone(), calls.to_vec());
+        let timestamp = now();
+        self.write(move |tx| {
+            let row = append_row(tx, &id, &message, timestamp)?;
+            spend::record_calls(tx, &id, &calls, timestamp)?;
+            Ok(row)
+        })
+        .await
+    }
+
+    async fn session_cost_micros(&self, session_id: &str) -> Result<u64> {
+        let id = session_id.to_string();
+        self.read(move |tx| spend::session_cost(tx, &id)).await
+    }
+
+    async fn spend_since(&self, since: f64, scope: &crate::SpendScope) -> Result<u64> {
+        let scope = scope.clone();
+        self.read(move |tx| spend::spend_since(tx, since, &scope))
+            .await
+    }
+
+    async fn usage_report(&self, since: f64, top: usize) -> Result<crate::UsageReport> {
+        self.read(move |tx| spend::usage_report(tx, since, top))
+            .await
     }
 
     async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>> {

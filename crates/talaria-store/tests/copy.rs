@@ -163,6 +163,24 @@ async fn fill<S: GatewayStore + ?Sized>(store: &S) {
         .set_model_choice(FIRST, Some("small-model"))
         .await
         .unwrap();
+    // Two priced model calls in the per-call ledger, with their cost.
+    let priced = |model: &str, cost: u64| talaria_store::ModelCall {
+        provider: "openai".to_owned(),
+        model: model.to_owned(),
+        kind: "turn".to_owned(),
+        usage: Usage {
+            input_tokens: 10,
+            output_tokens: 2,
+            ..Usage::default()
+        },
+        cost_micros: cost,
+        tool_calls: 1,
+        starts_turn: true,
+    };
+    store
+        .add_calls(THIRD, &[priced("gpt-4o", 45), priced("gpt-4o-mini", 3)])
+        .await
+        .unwrap();
 
     // A turn with tool calls, reasoning and usage, then compression.
     store
@@ -386,6 +404,9 @@ struct Everything {
     cursors: Vec<Option<String>>,
     jobs: Vec<CronJob>,
     occurrences: Vec<Vec<Occurrence>>,
+    /// The per-call ledger's sums, and each session's cost.
+    spend: talaria_store::UsageReport,
+    costs: Vec<u64>,
 }
 
 async fn everything<S: GatewayStore + ?Sized>(store: &S) -> Everything {
@@ -413,6 +434,10 @@ async fn everything<S: GatewayStore + ?Sized>(store: &S) -> Everything {
     for (platform, name) in CURSORS {
         cursors.push(store.cursor(platform, name).await.unwrap());
     }
+    let mut costs = Vec::new();
+    for s in &sessions {
+        costs.push(store.session_cost_micros(&s.id).await.unwrap());
+    }
     let jobs = store.jobs().await.unwrap();
     let mut occurrences = Vec::new();
     for job in &jobs {
@@ -430,6 +455,8 @@ async fn everything<S: GatewayStore + ?Sized>(store: &S) -> Everything {
         cursors,
         jobs,
         occurrences,
+        spend: store.usage_report(0.0, 100).await.unwrap(),
+        costs,
     }
 }
 
@@ -457,6 +484,9 @@ fn assert_full(e: &Everything) {
     assert_eq!(e.pairing.lockouts.len(), 1, "{:?}", e.pairing);
     assert_eq!(e.jobs.len(), 3);
     assert_eq!(e.occurrences[0].len(), 2);
+    assert_eq!(e.spend.total.calls, 2);
+    assert_eq!(e.spend.total.cost_micros, 48);
+    assert_eq!(e.costs.iter().sum::<u64>(), 48);
 }
 
 /// A filled source, with what the API cannot write staged by hand: a

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use talaria_core::{Message, Role, Usage};
+use talaria_core::{Message, Role};
 use talaria_llm::{ChatRequest, ChatResponse, ErrorKind, LlmError, StreamEvent, ToolSpec};
 
 use super::{Call, TurnRun};
@@ -110,7 +110,7 @@ impl TurnRun<'_> {
                         answer_chars = response.message.content.chars().count(),
                         "model answered"
                     );
-                    self.record_usage(&response.usage);
+                    self.record_usage(&response);
                     // Providers report cached prompt tokens apart from the
                     // rest; the window holds all of them.
                     let u = &response.usage;
@@ -180,10 +180,10 @@ impl TurnRun<'_> {
         }
     }
 
-    /// Counts a model call's usage; it is stored with the next row.
-    pub(super) fn record_usage(&mut self, usage: &Usage) {
-        self.usage.add(usage);
-        self.pending_usage.add(usage);
+    /// Counts a model call's usage and cost; they are stored with the next
+    /// row (see `turn/spend.rs`).
+    pub(super) fn record_usage(&mut self, response: &ChatResponse) {
+        self.record_call(response, false);
     }
 
     /// The request for the current transcript: system prompt, repaired
@@ -276,7 +276,7 @@ impl TurnRun<'_> {
         let quiet = |_: StreamEvent| {};
         let summary = match self.chat(&request, &quiet).await {
             Ok(response) => {
-                self.record_usage(&response.usage);
+                self.record_call(&response, true);
                 response.message.content
             }
             Err(_) if self.cancel.is_cancelled() => return Ok(false),

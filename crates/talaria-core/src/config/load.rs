@@ -174,6 +174,13 @@ impl Config {
         if let Some((key, expected)) = self.delegation.problem() {
             return Err(invalid(key, expected));
         }
+        if let Some((key, expected)) = self
+            .budget
+            .problem()
+            .or_else(|| prices_problem(&self.prices))
+        {
+            return Err(invalid(&key, expected));
+        }
         if self.curator.archive_after_days <= self.curator.stale_after_days {
             return Err(invalid(
                 "curator.archive_after_days",

@@ -169,6 +169,11 @@ pub struct Config {
     /// their model, whether their commands need no approval
     /// (`delegation:`).
     pub delegation: DelegationConfig,
+    /// Prices per million tokens by model, over the built-in table
+    /// (`prices:`).
+    pub prices: BTreeMap<String, ModelPrice>,
+    /// Spending limits for the home and per chat (`budget:`).
+    pub budget: BudgetConfig,
 }
 
 /// A parsed configuration with what was noticed on the way.
@@ -200,6 +205,7 @@ mod gateway;
 mod load;
 mod media;
 mod routes;
+mod pricing;
 mod secret;
 mod sections;
 mod services;
@@ -213,6 +219,7 @@ pub use gateway::*;
 pub use load::*;
 pub use media::*;
 pub use routes::*;
+pub use pricing::*;
 pub use secret::*;
 pub use sections::*;
 pub use services::*;

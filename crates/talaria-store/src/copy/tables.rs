@@ -81,6 +81,27 @@ const SESSIONS_COLUMNS: &[Column] = &[
     int("cache_write_tokens"),
     int("reasoning_tokens"),
     text("model_choice"),
+    int("cost_micros"),
+];
+
+const MODEL_CALLS_COLUMNS: &[Column] = &[
+    int("id"),
+    text("session_id"),
+    real("at"),
+    text("platform"),
+    text("session_key"),
+    text("chat_id"),
+    text("provider"),
+    text("model"),
+    text("kind"),
+    int("input_tokens"),
+    int("output_tokens"),
+    int("cache_read_tokens"),
+    int("cache_write_tokens"),
+    int("reasoning_tokens"),
+    int("cost_micros"),
+    int("tool_calls"),
+    int("turns"),
 ];
 
 const MESSAGES_COLUMNS: &[Column] = &[
@@ -231,12 +252,14 @@ pub enum Table {
     CronJobs,
     /// `cron_occurrences`: the record of their runs.
     CronOccurrences,
+    /// `model_calls`: the per-call ledger of usage and cost.
+    ModelCalls,
 }
 
 impl Table {
     /// Every copied table, in the order a copy writes them: a table comes
     /// after the ones its foreign keys point at.
-    pub const ALL: [Table; 12] = [
+    pub const ALL: [Table; 13] = [
         Table::Sessions,
         Table::Messages,
         Table::Routes,
@@ -249,6 +272,7 @@ impl Table {
         Table::AdapterCursors,
         Table::CronJobs,
         Table::CronOccurrences,
+        Table::ModelCalls,
     ];
 
     /// Its name in both backends' schemas.
@@ -266,6 +290,7 @@ impl Table {
             Table::AdapterCursors => "adapter_cursors",
             Table::CronJobs => "cron_jobs",
             Table::CronOccurrences => "cron_occurrences",
+            Table::ModelCalls => "model_calls",
         }
     }
 
@@ -286,6 +311,7 @@ impl Table {
             Table::AdapterCursors => ADAPTER_CURSORS_COLUMNS,
             Table::CronJobs => CRON_JOBS_COLUMNS,
             Table::CronOccurrences => CRON_OCCURRENCES_COLUMNS,
+            Table::ModelCalls => MODEL_CALLS_COLUMNS,
         }
     }
 
@@ -296,7 +322,8 @@ impl Table {
             | Table::Messages
             | Table::Ledger
             | Table::CronJobs
-            | Table::OwedTurns => &["id"],
+            | Table::OwedTurns
+            | Table::ModelCalls => &["id"],
             Table::Routes => &["session_key"],
             Table::PairingPending => &["entry_id"],
             Table::PairingApproved => &["platform", "user_id"],

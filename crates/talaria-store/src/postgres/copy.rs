@@ -505,17 +505,22 @@ impl Load for PostgresLoad {
     async fn finish(&mut self) -> Result<()> {
         // Never backwards: a sequence that already handed out higher ids
         // keeps its place.
-        self.client
-            .execute(
-                "SELECT setval(s.seq::regclass, GREATEST(s.top, \
-                     COALESCE(pg_sequence_last_value(s.seq::regclass), 0))) \
-                 FROM (SELECT pg_get_serial_sequence('messages', 'id') AS seq, \
-                       (SELECT max(id) FROM messages) AS top) s \
-                 WHERE s.top IS NOT NULL",
-                &[],
-            )
-            .await
-            .map_err(|e| self.store.error(e))?;
+        // The ledger's ids are an identity column too.
+        for table in ["messages", "model_calls"] {
+            self.client
+                .execute(
+                    &format!(
+                        "SELECT setval(s.seq::regclass, GREATEST(s.top, \
+                             COALESCE(pg_sequence_last_value(s.seq::regclass), 0))) \
+                         FROM (SELECT pg_get_serial_sequence('{table}', 'id') AS seq, \
+                               (SELECT max(id) FROM {table}) AS top) s \
+                         WHERE s.top IS NOT NULL"
+                    ),
+                    &[],
+                )
+                .await
+                .map_err(|e| self.store.error(e))?;
+        }
         Ok(())
     }
 

@@ -214,6 +214,25 @@ impl LedgerStore for PostgresStore {
         Ok(row)
     }
 
+    async fn append_reply_with_calls(
+        &self,
+        session_id: &str,
+        message: &Message,
+        calls: &[crate::ModelCall],
+        obligation: NewObligation,
+    ) -> Result<i64> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.error(e))?;
+        let row = self
+            .append_row_on(&tx, session_id, message, &Usage::default())
+            .await?;
+        self.record_calls_on(&tx, session_id, calls).await?;
+        self.record_on(&tx, &obligation).await?;
+        self.settle_turns_on(&tx, &obligation.settles).await?;
+        tx.commit().await.map_err(|e| self.error(e))?;
+        Ok(row)
+    }
+
     async fn record_obligation(&self, o: NewObligation) -> Result<()> {
         if o.settles.is_empty() {
             let client = self.client().await?;

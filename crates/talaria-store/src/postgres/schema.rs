@@ -32,6 +32,7 @@ const STEPS: &[&[&str]] = &[
     &[
         super::sessions::MODEL_CHOICE_SCHEMA,
         super::sessions::THINKING_SCHEMA,
+        super::spend::SCHEMA,
     ],
 ];
 

@@ -435,6 +435,31 @@ impl SessionStore for PostgresStore {
         self.append_row(session_id, message, usage).await
     }
 
+    async fn add_calls(&self, session_id: &str, calls: &[crate::ModelCall]) -> Result<()> {
+        self.add_calls_tx(session_id, calls).await
+    }
+
+    async fn append_message_with_calls(
+        &self,
+        session_id: &str,
+        message: &Message,
+        calls: &[crate::ModelCall],
+    ) -> Result<i64> {
+        self.append_with_calls_tx(session_id, message, calls).await
+    }
+
+    async fn session_cost_micros(&self, session_id: &str) -> Result<u64> {
+        self.session_cost(session_id).await
+    }
+
+    async fn spend_since(&self, since: f64, scope: &crate::SpendScope) -> Result<u64> {
+        self.spend(since, scope).await
+    }
+
+    async fn usage_report(&self, since: f64, top: usize) -> Result<crate::UsageReport> {
+        self.report(since, top).await
+    }
+
     async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>> {
         let client = self.client().await?;
         self.require_session(&client, session_id).await?;

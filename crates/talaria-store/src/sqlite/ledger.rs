@@ -161,6 +161,25 @@ impl LedgerStore for SqliteStore {
         .await
     }
 
+    async fn append_reply_with_calls(
+        &self,
+        session_id: &str,
+        message: &Message,
+        calls: &[crate::ModelCall],
+        obligation: NewObligation,
+    ) -> Result<i64> {
+        let (id, message, calls) = (session_id.to_owned(), message.clone(), calls.to_vec());
+        let timestamp = now();
+        self.write(move |tx| {
+            let row = append_row(tx, &id, &message, timestamp)?;
+            super::spend::record_calls(tx, &id, &calls, timestamp)?;
+            record(tx, &obligation)?;
+            super::owed::settle(tx, &obligation.settles)?;
+            Ok(row)
+        })
+        .await
+    }
+
     async fn record_obligation(&self, obligation: NewObligation) -> Result<()> {
         self.write(move |tx| {
             record(tx, &obligation)?;

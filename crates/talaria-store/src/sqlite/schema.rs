@@ -414,10 +414,37 @@ ALTER TABLE delivery_obligations ADD COLUMN parts_sent INTEGER NOT NULL DEFAULT 
 /// it follows the configured default); an assistant row's signed
 /// reasoning blocks as the provider issued them, a JSON array (NULL when
 /// none, which is what rows from before this step read as), replayed
-/// unchanged in a tool-use loop.
+/// unchanged in a tool-use loop. Cost: a session's running cost, and the
+/// per-call ledger budgets and `talaria insights` sum. A ledger row copies
+/// its session's platform and chat, so sums by chat read one indexed
+/// table; it has no foreign key, so deleting a session does not erase what
+/// was spent.
 const V11: &str = r#"
 ALTER TABLE sessions ADD COLUMN model_choice TEXT;
 ALTER TABLE messages ADD COLUMN thinking TEXT;
+ALTER TABLE sessions ADD COLUMN cost_micros INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE model_calls (
+    id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id         TEXT NOT NULL,
+    at                 REAL NOT NULL,
+    platform           TEXT NOT NULL,
+    session_key        TEXT,
+    chat_id            TEXT,
+    provider           TEXT NOT NULL,
+    model              TEXT NOT NULL,
+    kind               TEXT NOT NULL,
+    input_tokens       INTEGER NOT NULL DEFAULT 0,
+    output_tokens      INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens  INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens   INTEGER NOT NULL DEFAULT 0,
+    cost_micros        INTEGER NOT NULL DEFAULT 0,
+    tool_calls         INTEGER NOT NULL DEFAULT 0,
+    turns              INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX model_calls_at ON model_calls (at);
+CREATE INDEX model_calls_key_at ON model_calls (session_key, at);
+CREATE INDEX model_calls_chat_at ON model_calls (platform, chat_id, at);
 "#;
 
 /// Brings the database to [`LATEST`], refusing files that are not ours or
