@@ -177,6 +177,19 @@ pub fn summary_message(body: &str) -> Message {
     ))
 }
 
+/// The summary row with the session's open todo items appended, so the
+/// model keeps its plan when the turns that wrote the list are summarised
+/// away. The list rides in the summary row rather than a row of its own so
+/// the roles around it stay as the APIs require.
+pub fn summary_message_with_todos(body: &str, todos: &[crate::tools::todo::TodoItem]) -> Message {
+    let mut message = summary_message(body);
+    if let Some(list) = crate::tools::todo::preserved_list(todos) {
+        message.content.push_str("\n\n");
+        message.content.push_str(&list);
+    }
+    message
+}
+
 /// Head, summary, tail.
 pub fn assemble(messages: &[Message], cut: Cut, summary: Message) -> Vec<Message> {
     let mut out = Vec::with_capacity(cut.head_end + 1 + messages.len() - cut.tail_start);

@@ -20,7 +20,8 @@ use crate::runtime::Runtime;
 use crate::sources::{ONE_SHOT_SOURCE, SOURCE};
 
 pub async fn run(home: Home, args: ChatArgs) -> anyhow::Result<ExitCode> {
-    let rt = Runtime::load_without_model(home).await?;
+    let mut rt = Runtime::load_without_model(home).await?;
+    rt.probe_model().await;
     retire_old_approvals(&rt.home);
     let interactive = io::stdin().is_terminal();
     let interaction = Arc::new(CliInteraction::new(

@@ -148,7 +148,8 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     // Read once before the runtime (which also opens the store) so that a
     // broken file is told apart from a database that is down.
     crate::sections::load(&home).map_err(bad_config)?;
-    let rt = Runtime::load(home, "info").await?;
+    let mut rt = Runtime::load(home, "info").await?;
+    rt.probe_model().await;
     log_open_file_limit();
     let pid_file = match PidFile::acquire(&rt.home) {
         Ok(f) => f,

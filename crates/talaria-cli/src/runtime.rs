@@ -91,6 +91,9 @@ pub struct Runtime {
     /// Work that outlives a turn: where it reports (bound by the front end:
     /// the gateway's chats, or the terminal) and the tools that start it.
     pub background: Background,
+    /// Local model servers found by [`Runtime::probe_model`] when no model
+    /// is configured, named in the error that says so.
+    local_servers: Vec<talaria_llm::probe::LocalServer>,
 }
 
 /// The parts behind the tools whose work outlives a turn.
@@ -178,7 +181,80 @@ impl Runtime {
             redactor,
             store: store.clone() as Arc<dyn SessionStore>,
             gateway_store: store,
+            local_servers: Vec::new(),
         })
+    }
+
+    /// Asks the model server what it is before the agent is built (for
+    /// `talaria chat` and `talaria gateway run`); never fails.
+    ///
+    /// - When `model.context_length` is not in config.yaml, the window the
+    ///   server reports replaces the default, so compression acts at the
+    ///   real limit.
+    /// - When the server says the model cannot take tool calls, that is
+    ///   said once, in the log and on stderr.
+    /// - When no model is configured, local servers on the usual ports are
+    ///   looked for, so the error can name one.
+    pub async fn probe_model(&mut self) {
+        let endpoint = match self.config.primary_endpoint(&self.loaded.env) {
+            Ok(endpoint) => endpoint,
+            Err(why) => {
+                if why.starts_with("no model is configured") {
+                    self.local_servers = find_local_servers().await;
+                }
+                return;
+            }
+        };
+        // Hosted APIs (OpenAI, OpenRouter, Anthropic, ...) are not asked:
+        // their answers carry no window, and a start should not wait on
+        // them. The ones that need no key are servers people run.
+        if endpoint.provider.needs_key() {
+            return;
+        }
+        let key = endpoint.api_key.as_ref().map(|k| k.expose().to_owned());
+        let info = talaria_llm::probe::probe(
+            &endpoint.base_url,
+            Some(&endpoint.model),
+            key.as_deref(),
+            talaria_llm::probe::PROBE_TIMEOUT,
+        )
+        .await;
+        tracing::debug!(?info, "probed the model server");
+        let server = format!("{} at {}", info.kind.label(), endpoint.base_url);
+        if let Some(window) = info.context_length {
+            if self.config.model.context_length_set {
+                if window < self.config.model.context_length {
+                    tracing::warn!(
+                        "model.context_length is {} but {server} runs {} with a window of {window} tokens; compression may start too late",
+                        self.config.model.context_length,
+                        endpoint.model
+                    );
+                }
+            } else {
+                // The schema's floor still holds for a tiny reported window.
+                let window = window.max(1024);
+                tracing::info!(
+                    "context window of {} from {server}: {window} tokens",
+                    endpoint.model
+                );
+                Arc::make_mut(&mut self.config).model.context_length = window;
+            }
+        }
+        if info.tools == Some(false) {
+            let line = format!(
+                "model {} on {server} does not support tool calls: it will answer in text only \
+                 and cannot run commands or edit files (choose a model with tool support{})",
+                endpoint.model,
+                if info.kind == talaria_llm::probe::ServerKind::LlamaCpp {
+                    ", or start llama-server with --jinja"
+                } else {
+                    ""
+                }
+            );
+            // One event: the terminal shows this binary's warnings (and the
+            // gateway's stderr is its log), so it is printed once.
+            tracing::warn!("{line}");
+        }
     }
 
     /// Builds the model client and the agent. Fails with a message that says
@@ -221,7 +297,23 @@ impl Runtime {
         extra: Vec<Arc<dyn talaria_agent::tools::Tool>>,
     ) -> anyhow::Result<(Arc<Agent>, Arc<LlmClient>)> {
         let client = LlmClient::from_config(&self.config, &self.loaded.env).map_err(|e| {
-            anyhow::anyhow!("{e}\n(config file: {})", self.home.config_file().display())
+            let found: Vec<String> = self
+                .local_servers
+                .iter()
+                .map(talaria_llm::probe::describe_local)
+                .collect();
+            let hint = if found.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "\n{}: run `talaria setup` or set model.default (and model.base_url)",
+                    found.join("; ")
+                )
+            };
+            anyhow::anyhow!(
+                "{e}{hint}\n(config file: {})",
+                self.home.config_file().display()
+            )
         })?;
         let client = Arc::new(client);
         let workdir = self.workdir()?;
@@ -413,6 +505,14 @@ impl Runtime {
         agent.set_turn_hook(review.clone());
         review
     }
+}
+
+/// Local model servers on the usual ports (or `TALARIA_LOCAL_PORTS`),
+/// probed at once on 127.0.0.1.
+pub async fn find_local_servers() -> Vec<talaria_llm::probe::LocalServer> {
+    let ports =
+        talaria_llm::probe::local_ports(std::env::var("TALARIA_LOCAL_PORTS").ok().as_deref());
+    talaria_llm::probe::detect_local(&ports, talaria_llm::probe::LOCAL_TIMEOUT).await
 }
 
 /// The browser for the `browser_*` tools, when one can run here: Chromium

@@ -231,6 +231,15 @@ async fn model_questions(
     // Kept across rounds, so switching to a hosted provider and back does
     // not lose the URL typed for the custom server.
     let mut custom_url = answers.base_url.clone();
+    // A model server already running here is the likely answer: it becomes
+    // the default base URL (the provider's default is already `custom`).
+    if custom_url.is_none() && answers.provider == ProviderKind::Custom {
+        let found = crate::runtime::find_local_servers().await;
+        for server in &found {
+            eprintln!("Found {}", talaria_llm::probe::describe_local(server));
+        }
+        custom_url = found.first().map(|s| s.base_url.clone());
+    }
     // A typed key belongs to the provider it was typed for.
     let mut key_for = answers.provider;
     'answers: loop {
@@ -299,6 +308,9 @@ async fn model_questions(
             match list_models(provider, &url, key.as_deref()).await {
                 Ok(models) => {
                     answers.model = pick_model(prompter, &models, &answers.model)?;
+                    if provider == ProviderKind::Custom {
+                        report_probe(&url, &answers.model, key.as_deref()).await;
+                    }
                     return Ok(());
                 }
                 Err(why) => {
@@ -376,6 +388,30 @@ fn pick_model(prompter: &mut Prompter, models: &[String], current: &str) -> anyh
         eprintln!("  (`{chosen}` is not in the server's list; using it anyway)");
     }
     Ok(chosen)
+}
+
+/// Says what the server reports about the chosen model: its context
+/// window (used unless `model.context_length` is set) and whether it takes
+/// tool calls.
+async fn report_probe(url: &str, model: &str, key: Option<&str>) {
+    use talaria_llm::probe;
+    let info = probe::probe(url, Some(model), key, probe::PROBE_TIMEOUT).await;
+    if info.kind == probe::ServerKind::Unknown {
+        return;
+    }
+    let window = match info.context_length {
+        Some(n) => format!("a context window of {n} tokens"),
+        None => "no context window (the default of model.context_length applies)".to_owned(),
+    };
+    eprintln!("{} reports {window} for {model}.", info.kind.label());
+    match info.tools {
+        Some(true) => eprintln!("{model} supports tool calls."),
+        Some(false) => eprintln!(
+            "Warning: {model} does not support tool calls; Talaria will answer in text only. \
+             Choose a model with tool support for commands and file edits."
+        ),
+        None => {}
+    }
 }
 
 /// Asks the server for its models: the connection test.

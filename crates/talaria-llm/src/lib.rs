@@ -27,6 +27,7 @@ mod http;
 pub mod media;
 pub mod openai;
 pub mod pricing;
+pub mod probe;
 pub mod repair;
 pub mod retry;
 pub mod sse;

@@ -256,6 +256,12 @@ struct Shared {
     /// (see `push_when`), tried before the script.
     keyed: Mutex<Vec<(String, Reply)>>,
     recorded: Mutex<Vec<Recorded>>,
+    /// Fixed JSON answers by method and path (see `set_route`), tried
+    /// before the built-in routes.
+    routes: Mutex<Vec<(Method, String, u16, Value)>>,
+    /// Requests from Talaria's server probe (user agent `talaria-probe`),
+    /// kept apart so they do not shift the API requests tests count.
+    probes: Mutex<Vec<Recorded>>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -283,6 +289,8 @@ impl Server {
             script: Mutex::new(VecDeque::new()),
             keyed: Mutex::new(Vec::new()),
             recorded: Mutex::new(Vec::new()),
+            routes: Mutex::new(Vec::new()),
+            probes: Mutex::new(Vec::new()),
             shutdown: shutdown.clone(),
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
@@ -382,15 +390,34 @@ macro_rules! mock_api {
                 self.server.push_when(needle, reply);
             }
 
-            /// Every request received so far, in arrival order.
+            /// Every request received so far, in arrival order, except
+            /// those of Talaria's server probe (see [`Self::probe_requests`]).
             pub fn requests(&self) -> Vec<Recorded> {
                 self.server.requests()
+            }
+
+            /// The requests of Talaria's server probe (user agent
+            /// `talaria-probe/…`), in arrival order.
+            pub fn probe_requests(&self) -> Vec<Recorded> {
+                lock(&self.server.shared.probes).clone()
             }
 
             /// Sets the models `GET /v1/models` lists (`mock-model` until
             /// set).
             pub fn set_models(&self, ids: &[&str]) {
                 *lock(&self.server.shared.models) = ids.iter().map(|m| (*m).to_owned()).collect();
+            }
+
+            /// Answers `method path` with `status` and the JSON `body` from
+            /// now on, ahead of the built-in routes: a model server's own
+            /// endpoints (llama.cpp's `GET /props`, Ollama's
+            /// `POST /api/show`, a vLLM `GET /v1/models`) beside the chat
+            /// API. A later call for the same route replaces the answer.
+            pub fn set_route(&self, method: &str, path: &str, status: u16, body: Value) {
+                let method = Method::from_bytes(method.as_bytes()).unwrap_or(Method::GET);
+                let mut routes = lock(&self.server.shared.routes);
+                routes.retain(|(m, p, _, _)| !(*m == method && p == path));
+                routes.push((method, path.to_owned(), status, body));
             }
 
             /// Scripted replies not yet consumed.
@@ -455,9 +482,24 @@ async fn handle(
         body: body.clone(),
         at,
     };
-    lock(&shared.recorded).push(recorded);
+    let probing = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ua| ua.starts_with("talaria-probe"));
+    if probing {
+        lock(&shared.probes).push(recorded);
+    } else {
+        lock(&shared.recorded).push(recorded);
+    }
 
     let path = uri.path();
+    let fixed = lock(&shared.routes)
+        .iter()
+        .find(|(m, p, _, _)| *m == method && p == path)
+        .map(|(_, _, status, body)| (*status, body.clone()));
+    if let Some((status, body)) = fixed {
+        return json_response(status, &body);
+    }
     match (shared.flavor, &method, path) {
         (Flavor::OpenAi, &Method::GET, "/v1/models") => {
             let data: Vec<Value> = lock(&shared.models)

@@ -277,52 +277,60 @@ fn not_found_hint(content: &str, old: &str) -> &'static str {
     }
 }
 
-/// The `patch` tool: exact find-and-replace with a diff of the change.
+/// The `patch` tool: find-and-replace tolerant of whitespace (mode
+/// `replace`) or a unified diff over one or more files (mode `patch`).
+/// Returns a unified diff of what changed. The argument names are the
+/// ancestor's.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PatchTool;
 
-#[async_trait]
-impl Tool for PatchTool {
-    fn name(&self) -> &str {
-        "patch"
+/// Reads a text file `patch` may edit. Blocking.
+fn read_for_patch(path: &Path) -> Result<String, ToolError> {
+    let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
+    if meta.is_dir() {
+        return Err(ToolError::new(format!("{} is a directory", path.display())));
     }
-
-    fn description(&self) -> &str {
-        "Edit a file by replacing old_string with new_string. old_string must match exactly \
-         once (include surrounding lines to make it unique) unless replace_all is true. \
-         Returns a unified diff of the change."
+    if meta.len() > MAX_PATCH_BYTES {
+        return Err(ToolError::new(format!(
+            "{} is {} bytes; patch handles files up to {MAX_PATCH_BYTES} bytes",
+            path.display(),
+            meta.len()
+        )));
     }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(|e| io_error(path, &e))?;
+    String::from_utf8(bytes).map_err(|_| {
+        ToolError::new(format!(
+            "{} is not UTF-8 text; patch only edits text files",
+            path.display()
+        ))
+    })
+}
 
-    fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "path": {"type": "string", "description": "File to edit."},
-                "old_string": {"type": "string", "description": "Exact text to find (whitespace matters)."},
-                "new_string": {"type": "string", "description": "Text to put in its place (may be empty to delete)."},
-                "replace_all": {"type": "boolean", "description": "Replace every occurrence instead of requiring exactly one. Default false."},
-                "mode": {"type": "string", "enum": ["replace"], "description": "Only 'replace' is supported."}
-            },
-            "required": ["path", "old_string", "new_string"]
-        })
-    }
+fn unified(before: &str, after: &str, shown: &str) -> String {
+    let (a, b) = (format!("a/{shown}"), format!("b/{shown}"));
+    similar::TextDiff::from_lines(before, after)
+        .unified_diff()
+        .context_radius(3)
+        .header(&a, &b)
+        .to_string()
+}
 
-    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolResult {
-        if let Some(mode) = opt_str(&args, "mode")?
-            && mode != "replace"
-        {
-            return Err(ToolError::new(format!(
-                "argument `mode`: '{mode}' is not supported; use old_string/new_string \
-                 (mode 'replace')"
-            )));
-        }
-        let raw = req_str(&args, "path")?;
+impl PatchTool {
+    async fn replace(&self, args: &Value, ctx: &ToolContext) -> ToolResult {
+        let raw = opt_str(args, "path")?.ok_or_else(|| {
+            ToolError::new(
+                "missing argument `path` (mode 'replace' needs path, old_string, new_string)",
+            )
+        })?;
         if raw.trim().is_empty() {
             return Err(ToolError::new("argument `path` is empty"));
         }
-        let old = req_str(&args, "old_string")?.to_owned();
-        let new = req_str(&args, "new_string")?.to_owned();
-        let replace_all = opt_bool(&args, "replace_all")?.unwrap_or(false);
+        let old = req_str(args, "old_string")?.to_owned();
+        let new = req_str(args, "new_string")?.to_owned();
+        let replace_all = opt_bool(args, "replace_all")?.unwrap_or(false);
         if old.is_empty() {
             return Err(ToolError::new(
                 "argument `old_string` is empty; to create or overwrite a whole file use \
@@ -337,30 +345,10 @@ impl Tool for PatchTool {
         let path = super::resolve_path(ctx, raw)?;
         refuse_protected(ctx, &path)?;
         let shown = raw.to_owned();
-        let (diff, count) =
-            tokio::task::spawn_blocking(move || -> Result<(String, usize), ToolError> {
-                let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, &e))?;
-                if meta.is_dir() {
-                    return Err(ToolError::new(format!("{} is a directory", path.display())));
-                }
-                if meta.len() > MAX_PATCH_BYTES {
-                    return Err(ToolError::new(format!(
-                        "{} is {} bytes; patch handles files up to {MAX_PATCH_BYTES} bytes",
-                        path.display(),
-                        meta.len()
-                    )));
-                }
-                let mut bytes = Vec::new();
-                std::fs::File::open(&path)
-                    .and_then(|mut f| f.read_to_end(&mut bytes))
-                    .map_err(|e| io_error(&path, &e))?;
-                let content = String::from_utf8(bytes).map_err(|_| {
-                    ToolError::new(format!(
-                        "{} is not UTF-8 text; patch only edits text files",
-                        path.display()
-                    ))
-                })?;
-                let (updated, count) = replace_exact(
+        let (diff, count, strategy) = tokio::task::spawn_blocking(
+            move || -> Result<(String, usize, super::patch::Strategy), ToolError> {
+                let content = read_for_patch(&path)?;
+                let done = super::patch::fuzzy_replace(
                     &content,
                     &old,
                     &new,
@@ -368,23 +356,198 @@ impl Tool for PatchTool {
                     &path.display().to_string(),
                 )
                 .map_err(ToolError::new)?;
-                super::atomic_write(&path, updated.as_bytes()).map_err(|e| io_error(&path, &e))?;
-                let diff = similar::TextDiff::from_lines(&content, &updated)
-                    .unified_diff()
-                    .context_radius(3)
-                    .header(&format!("a/{shown}"), &format!("b/{shown}"))
-                    .to_string();
-                Ok((diff, count))
-            })
-            .await
-            .map_err(join_error)??;
-        Ok(json!({
+                super::atomic_write(&path, done.text.as_bytes())
+                    .map_err(|e| io_error(&path, &e))?;
+                Ok((
+                    unified(&content, &done.text, &shown),
+                    done.count,
+                    done.strategy,
+                ))
+            },
+        )
+        .await
+        .map_err(join_error)??;
+        let mut out = json!({
             "success": true,
             "path": raw,
             "replacements": count,
             "diff": ctx.redactor.redact(&diff),
+        });
+        if strategy != super::patch::Strategy::Exact {
+            // Tell the model its text was not exact, so it copies better
+            // next time and checks the diff.
+            out["match"] = json!(strategy.label());
+        }
+        Ok(out.to_string())
+    }
+
+    async fn apply_diff(&self, args: &Value, ctx: &ToolContext) -> ToolResult {
+        let text = opt_str(args, "patch")?.ok_or_else(|| {
+            ToolError::new("missing argument `patch`: mode 'patch' takes a unified diff in `patch`")
+        })?;
+        if text.len() > super::patch::MAX_DIFF_BYTES {
+            return Err(ToolError::new(format!(
+                "argument `patch` is {} bytes; at most {}",
+                text.len(),
+                super::patch::MAX_DIFF_BYTES
+            )));
+        }
+        let files = super::patch::parse_patch(text).map_err(ToolError::new)?;
+        // Every path goes through the same resolution and refusals as the
+        // other file tools before anything is read.
+        let mut targets = Vec::with_capacity(files.len());
+        for file in files {
+            let raw = file.target().to_owned();
+            if raw.trim().is_empty() {
+                return Err(ToolError::new(
+                    "a file header in the diff has an empty path",
+                ));
+            }
+            let path = super::resolve_path(ctx, &raw)?;
+            refuse_protected(ctx, &path)?;
+            targets.push((raw, path, file));
+        }
+        let (diff, summary) = tokio::task::spawn_blocking(move || apply_all(targets))
+            .await
+            .map_err(join_error)??;
+        Ok(json!({
+            "success": true,
+            "mode": "patch",
+            "files": summary,
+            "diff": ctx.redactor.redact(&diff),
         })
         .to_string())
+    }
+}
+
+/// Computes every file's new text in memory, and writes only when all of
+/// them applied; a write that fails part-way restores what was written.
+fn apply_all(
+    targets: Vec<(String, std::path::PathBuf, super::patch::FileDiff)>,
+) -> Result<(String, Vec<Value>), ToolError> {
+    use std::collections::HashMap;
+    // path -> (text before this call, text now); None = absent.
+    let mut state: HashMap<std::path::PathBuf, (Option<String>, Option<String>)> = HashMap::new();
+    let mut order: Vec<(String, std::path::PathBuf)> = Vec::new();
+    let mut summary = Vec::new();
+    for (raw, path, file) in &targets {
+        if !state.contains_key(path) {
+            let before = if path.exists() {
+                Some(read_for_patch(path)?)
+            } else {
+                None
+            };
+            state.insert(path.clone(), (before.clone(), before));
+            order.push((raw.clone(), path.clone()));
+        }
+        let Some(entry) = state.get_mut(path) else {
+            continue;
+        };
+        let current = entry.1.as_deref();
+        if file.creates() && current.is_some() {
+            return Err(ToolError::new(format!(
+                "the diff creates {raw} (from /dev/null) but it already exists; nothing was \
+                 changed"
+            )));
+        }
+        if !file.creates() && current.is_none() {
+            return Err(ToolError::new(format!(
+                "{raw} does not exist (the diff edits it); nothing was changed"
+            )));
+        }
+        let next = super::patch::apply_file(current, file)
+            .map_err(|e| ToolError::new(format!("{e}; nothing was changed")))?;
+        entry.1 = if file.deletes() { None } else { Some(next) };
+        let action = if file.creates() {
+            "created"
+        } else if file.deletes() {
+            "deleted"
+        } else {
+            "modified"
+        };
+        summary.push(json!({"path": raw, "action": action, "hunks": file.hunk_count()}));
+    }
+    let mut diff = String::new();
+    for (raw, path) in &order {
+        if let Some((before, after)) = state.get(path) {
+            diff.push_str(&unified(
+                before.as_deref().unwrap_or(""),
+                after.as_deref().unwrap_or(""),
+                raw,
+            ));
+        }
+    }
+    let mut done: Vec<&std::path::PathBuf> = Vec::new();
+    for (_, path) in &order {
+        let Some((before, after)) = state.get(path) else {
+            continue;
+        };
+        let result = match after {
+            Some(text) => {
+                if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(parent).map_err(|e| io_error(parent, &e))?;
+                }
+                super::atomic_write(path, text.as_bytes())
+            }
+            None if before.is_some() => std::fs::remove_file(path),
+            None => Ok(()),
+        };
+        if let Err(e) = result {
+            // Best effort: put back what this call already changed.
+            for undo in done {
+                if let Some((before, _)) = state.get(undo) {
+                    let _ = match before {
+                        Some(text) => super::atomic_write(undo, text.as_bytes()),
+                        None => std::fs::remove_file(undo),
+                    };
+                }
+            }
+            return Err(io_error(path, &e));
+        }
+        done.push(path);
+    }
+    Ok((diff, summary))
+}
+
+#[async_trait]
+impl Tool for PatchTool {
+    fn name(&self) -> &str {
+        "patch"
+    }
+
+    fn description(&self) -> &str {
+        "Edit files. mode 'replace' (default): replace old_string with new_string in path; \
+         minor whitespace and indentation differences are tolerated (the replacement is \
+         re-indented to match), and the match must be unique unless replace_all is true. \
+         mode 'patch': apply a unified diff (--- a/file, +++ b/file, @@ hunks; several files; \
+         /dev/null to create) or a V4A patch (*** Begin Patch / *** Update File: path / @@ \
+         context hint / lines / *** End Patch) given in `patch`; it applies entirely or not at \
+         all. Returns a unified diff of the change."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "mode": {"type": "string", "enum": ["replace", "patch"], "default": "replace", "description": "'replace' (default) needs path, old_string, new_string; 'patch' needs patch."},
+                "path": {"type": "string", "description": "mode 'replace': the file to edit."},
+                "old_string": {"type": "string", "description": "mode 'replace': the text to find; include surrounding lines so it is unique."},
+                "new_string": {"type": "string", "description": "mode 'replace': the text to put in its place (empty to delete)."},
+                "replace_all": {"type": "boolean", "default": false, "description": "Replace every occurrence instead of requiring exactly one. Default false."},
+                "patch": {"type": "string", "description": "mode 'patch': a unified diff, e.g. '--- a/src/x.py\\n+++ b/src/x.py\\n@@ -3,2 +3,2 @@\\n context\\n-old\\n+new'."}
+            },
+            "required": ["mode"]
+        })
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolResult {
+        match opt_str(&args, "mode")?.unwrap_or("replace") {
+            "replace" => self.replace(&args, ctx).await,
+            "patch" => self.apply_diff(&args, ctx).await,
+            other => Err(ToolError::new(format!(
+                "argument `mode`: '{other}' is not one of 'replace', 'patch'"
+            ))),
+        }
     }
 }
 

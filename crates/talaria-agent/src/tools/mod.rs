@@ -23,6 +23,7 @@ pub mod files;
 pub mod guard;
 pub mod media_out;
 pub mod memory;
+pub mod patch;
 pub mod process;
 pub mod search_files;
 pub mod secret_files;

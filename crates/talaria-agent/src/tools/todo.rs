@@ -26,6 +26,42 @@ const MAX_ID_CHARS: usize = 200;
 /// The valid statuses, in display order.
 pub const STATUSES: [&str; 4] = ["pending", "in_progress", "completed", "cancelled"];
 
+/// Heading of the task list carried across context compression (the
+/// ancestor's wording, so prompts that look for it still find it).
+pub const PRESERVED_HEADER: &str =
+    "[Your active task list was preserved across context compression]";
+
+/// Most characters of the preserved list: a long plan must not eat the room
+/// compression just made.
+const MAX_PRESERVED_CHARS: usize = 16_000;
+
+/// The items still open (pending or in progress) as the text that goes back
+/// into the context after compression, or `None` when nothing is open.
+/// Completed and cancelled items are history the summary already covers.
+pub fn preserved_list(items: &[TodoItem]) -> Option<String> {
+    let open: Vec<&TodoItem> = items
+        .iter()
+        .filter(|t| t.status == "pending" || t.status == "in_progress")
+        .collect();
+    if open.is_empty() {
+        return None;
+    }
+    let mut out = format!("{PRESERVED_HEADER}\n");
+    for (n, t) in open.iter().enumerate() {
+        let line = format!("- [{}] {}: {}\n", t.status, t.id, t.content);
+        if out.len() + line.len() > MAX_PRESERVED_CHARS {
+            out.push_str(&format!(
+                "- … and {} more open items (call todo to read the whole list)\n",
+                open.len() - n
+            ));
+            break;
+        }
+        out.push_str(&line);
+    }
+    out.push_str("Keep working through this list; update it with the todo tool as items finish.");
+    Some(out)
+}
+
 /// One item of a call: in merge mode fields other than `id` may be absent.
 struct Update {
     id: String,

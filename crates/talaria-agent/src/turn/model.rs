@@ -291,7 +291,15 @@ impl TurnRun<'_> {
             tracing::warn!(session = %self.session.id, "the summariser returned nothing; not compressing");
             return Ok(false);
         }
-        let summary = compress::summary_message(&parts.redactor.redact(&summary));
+        let todos = self
+            .session
+            .state
+            .todos
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_else(|p| p.into_inner().clone());
+        let summary =
+            compress::summary_message_with_todos(&parts.redactor.redact(&summary), &todos);
         let active = compress::assemble(&history, cut, summary);
         parts
             .store

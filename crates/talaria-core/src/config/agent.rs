@@ -259,6 +259,11 @@ pub struct ModelConfig {
     pub api_key: Option<Secret>,
     /// Context window in tokens; drives compression.
     pub context_length: u64,
+    /// Whether `context_length` was written in config.yaml (set when the
+    /// file is parsed). When it was not, the window the model server
+    /// reports at start replaces the default.
+    #[serde(skip)]
+    pub context_length_set: bool,
     /// Output cap per request; `None` lets the server decide (Anthropic
     /// requires one, so its adapter falls back to 4096).
     pub max_tokens: Option<u32>,
@@ -354,6 +359,7 @@ impl Default for ModelConfig {
             base_url: None,
             api_key: None,
             context_length: 128_000,
+            context_length_set: false,
             max_tokens: None,
             temperature: None,
             vision: VisionMode::Auto,

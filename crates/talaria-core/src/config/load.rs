@@ -14,11 +14,16 @@ impl Config {
         } else {
             value
         };
+        // Whether the user chose the window, before the default fills it in.
+        let context_length_set = value
+            .pointer("/model/context_length")
+            .is_some_and(|v| !v.is_null());
         let mut unknown = Vec::new();
         let mut on_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
         let de = serde_ignored::Deserializer::new(value, &mut on_unknown);
-        let config: Config = serde_path_to_error::deserialize(de)
+        let mut config: Config = serde_path_to_error::deserialize(de)
             .map_err(|e| yaml_errors::invalid(text, origin, e))?;
+        config.model.context_length_set = context_length_set;
         config
             .validate(origin)
             .map_err(|e| yaml_errors::with_line(text, e))?;
