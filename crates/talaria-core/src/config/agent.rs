@@ -278,6 +278,10 @@ pub struct ModelConfig {
     /// How tool calls the model writes as text in its answer are
     /// recognised (local models often do); see [`ToolCallParser`].
     pub tool_call_parser: ToolCallParser,
+    /// Cache breakpoints for Claude models (`model.prompt_caching`).
+    pub prompt_caching: PromptCachingConfig,
+    /// OpenRouter's routing preferences (`model.openrouter`).
+    pub openrouter: OpenRouterConfig,
 }
 
 /// `model.tool_call_parser`: which text formats of tool calls are turned
@@ -319,10 +323,6 @@ impl<'de> Deserialize<'de> for ToolCallParser {
             ))),
         }
     }
-    /// Cache breakpoints for Claude models (`model.prompt_caching`).
-    pub prompt_caching: PromptCachingConfig,
-    /// OpenRouter's routing preferences (`model.openrouter`).
-    pub openrouter: OpenRouterConfig,
 }
 
 /// `model.vision`.
