@@ -236,7 +236,7 @@ async fn model_questions(
     if custom_url.is_none() && answers.provider == ProviderKind::Custom {
         let found = crate::runtime::find_local_servers().await;
         for server in &found {
-            eprintln!("Found {}", talaria_llm::probe::describe_local(server));
+            eprintln!("Found: {}", talaria_llm::probe::describe_local(server));
         }
         custom_url = found.first().map(|s| s.base_url.clone());
     }

@@ -174,7 +174,7 @@ fn sessions_resume_new_and_the_prompt_only_commands() {
     c.ask("/stop", "Ctrl-C while a turn runs");
     c.ask("/queue", "Usage: /queue <prompt>");
     c.ask("/whoami", "local user");
-    c.ask("/model other-model", "model.default");
+    c.ask("/model other-model", "other-model for this conversation");
     c.ask("/compact", "too short to compress");
     assert!(c.mock.requests().is_empty(), "a command reached the model");
 
@@ -221,7 +221,12 @@ fn a_one_shot_slash_command_runs_the_command_without_the_model() {
     let out = String::from_utf8_lossy(&help.stdout);
     assert!(help.status.success(), "{help:?}");
     assert!(out.contains("/exit (also /quit)"), "{out}");
-    assert!(out.contains("/model — Show the model\n"), "{out}");
+    assert!(
+        out.contains(
+            "/model [name|provider:name|default] — Show or switch this conversation's model\n"
+        ),
+        "{out}"
+    );
 
     let version = one_shot(&home, "/version");
     assert!(version.status.success());

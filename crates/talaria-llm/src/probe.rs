@@ -382,9 +382,14 @@ pub fn describe_local(server: &LocalServer) -> String {
         };
         format!("models {}{extra}", shown.join(", "))
     };
+    // The generic kinds' labels are phrases of their own ("an
+    // OpenAI-compatible server"), not names to put after "a local".
+    let what = match server.kind {
+        ServerKind::OpenAiCompatible | ServerKind::Unknown => "OpenAI-compatible server",
+        kind => kind.label(),
+    };
     format!(
-        "a local {} answers at {} with {models}",
-        server.kind.label(),
+        "a local {what} answers at {} with {models}",
         server.base_url
     )
 }

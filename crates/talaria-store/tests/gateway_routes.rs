@@ -145,7 +145,9 @@ async fn a_version_1_database_is_upgraded_in_place() {
     {
         let raw = rusqlite::Connection::open(&path).unwrap();
         raw.execute_batch(
-            "DROP TABLE cron_occurrences; DROP TABLE cron_jobs; \
+            "DROP TABLE model_calls; ALTER TABLE sessions DROP COLUMN model_choice; \
+             ALTER TABLE sessions DROP COLUMN cost_micros; \
+             DROP TABLE cron_occurrences; DROP TABLE cron_jobs; \
              DROP TABLE gateway_routes; DROP TABLE delivery_obligations; \
              DROP TABLE pairing_pending; DROP TABLE pairing_approved; \
              DROP TABLE pairing_stamps; DROP TABLE inbound_seen; \

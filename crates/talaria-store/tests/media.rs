@@ -186,6 +186,11 @@ async fn back_to_before_media<S>(f: &Fixture<S>) -> u32 {
     f.execute("ALTER TABLE messages DROP COLUMN media").await;
     // Later steps' columns go too, or migrating forward would add them twice.
     f.execute("ALTER TABLE messages DROP COLUMN thinking").await;
+    f.execute("ALTER TABLE sessions DROP COLUMN model_choice")
+        .await;
+    f.execute("ALTER TABLE sessions DROP COLUMN cost_micros")
+        .await;
+    f.execute("DROP TABLE model_calls").await;
     f.execute("ALTER TABLE delivery_obligations DROP COLUMN parts_sent")
         .await;
     match &f.place {

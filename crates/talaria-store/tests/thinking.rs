@@ -105,6 +105,13 @@ where
         .unwrap();
     let before = f.messages("s1").await.unwrap();
     f.execute("ALTER TABLE messages DROP COLUMN thinking").await;
+    // The same step's other changes go too, or migrating forward would
+    // add them twice.
+    f.execute("ALTER TABLE sessions DROP COLUMN model_choice")
+        .await;
+    f.execute("ALTER TABLE sessions DROP COLUMN cost_micros")
+        .await;
+    f.execute("DROP TABLE model_calls").await;
     match &f.place {
         Place::Sqlite { .. } => {
             f.execute(&format!("PRAGMA user_version = {SQLITE_BEFORE_THINKING}"))
