@@ -237,9 +237,9 @@ impl Agent {
         let prompt = self.build_prompt().await?;
         meta.model = Some(self.parts.provider.model().to_owned());
         meta.system_prompt = Some(prompt.clone());
-        let id = meta.id.clone();
+        let (id, source) = (meta.id.clone(), meta.source.clone());
         self.parts.store.create_session(meta).await?;
-        Ok(SessionHandle::new(id, prompt))
+        Ok(SessionHandle::new(id, source, prompt))
     }
 
     /// Reopens a stored session with the system prompt it was started with,
@@ -266,7 +266,7 @@ impl Agent {
                 p
             }
         };
-        let handle = SessionHandle::new(record.id, prompt);
+        let handle = SessionHandle::new(record.id, record.source, prompt);
         handle.set_model_choice(record.model_choice);
         Ok(handle)
     }
@@ -324,11 +324,11 @@ impl Agent {
         };
         let _one_at_a_time = session.turn_lock.lock().await;
         // A spent budget refuses the turn before anything is stored or sent.
-        let kind =
-            match crate::budget::gate(&self.parts, &session.id, user_text, &options.media).await {
-                Ok(kind) => kind,
-                Err(refused) => return Ok(refused),
-            };
+        let kind = match crate::budget::gate(&self.parts, session, user_text, &options.media).await
+        {
+            Ok(kind) => kind,
+            Err(refused) => return Ok(refused),
+        };
         let history: Vec<Message> = self
             .parts
             .store

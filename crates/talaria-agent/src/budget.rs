@@ -218,22 +218,27 @@ pub async fn exceeded(
 /// own writes will report the trouble.
 pub(crate) async fn gate(
     parts: &crate::parts::AgentParts,
-    session_id: &str,
+    session: &crate::SessionHandle,
     user_text: &str,
     media: &[talaria_core::MediaRef],
 ) -> Result<&'static str, crate::TurnOutcome> {
-    let record = match parts.store.session(session_id).await {
-        Ok(Some(record)) => record,
-        Ok(None) => return Ok("turn"),
-        Err(e) => {
-            tracing::warn!(session = %session_id, error = %e, "cannot read the session to check budgets");
-            return Ok("turn");
-        }
-    };
-    let kind = if record.source == "cron" {
+    let session_id = session.id.as_str();
+    let kind = if session.source() == "cron" {
         "cron"
     } else {
         "turn"
+    };
+    // Without a budget a turn costs no read here: this runs on every turn.
+    if !parts.config.budget.is_set() {
+        return Ok(kind);
+    }
+    let record = match parts.store.session(session_id).await {
+        Ok(Some(record)) => record,
+        Ok(None) => return Ok(kind),
+        Err(e) => {
+            tracing::warn!(session = %session_id, error = %e, "cannot read the session to check budgets");
+            return Ok(kind);
+        }
     };
     match exceeded(
         &parts.config,

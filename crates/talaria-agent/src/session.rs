@@ -15,6 +15,9 @@ pub struct SessionHandle {
     /// State that lives as long as the session in this process (todo list,
     /// approvals given).
     pub state: Arc<SessionState>,
+    /// Where the session came from (`cli`, `telegram`, `cron`, ...), as
+    /// stored.
+    source: Arc<str>,
     system_prompt: Arc<str>,
     /// The model `/model` chose for the session, as stored (a route's
     /// name, `model` or `provider:model`); `None` follows the configured
@@ -26,15 +29,22 @@ pub struct SessionHandle {
 }
 
 impl SessionHandle {
-    /// A handle on stored session `id`, whose system prompt is `system_prompt`.
-    pub(crate) fn new(id: String, system_prompt: String) -> SessionHandle {
+    /// A handle on stored session `id` from `source`, whose system prompt
+    /// is `system_prompt`.
+    pub(crate) fn new(id: String, source: String, system_prompt: String) -> SessionHandle {
         SessionHandle {
             id,
+            source: source.into(),
             state: Arc::new(SessionState::default()),
             system_prompt: system_prompt.into(),
             model_choice: Arc::default(),
             turn_lock: Arc::new(tokio::sync::Mutex::new(())),
         }
+    }
+
+    /// Where the session came from (`cli`, `telegram`, `cron`, ...).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The system prompt sent, unchanged, with every request of the session.
