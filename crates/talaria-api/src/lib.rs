@@ -18,6 +18,8 @@
 //! - `chat`: `/v1/chat/completions`: request parsing, admission, the turn
 //!   task and the non-streamed answer.
 //! - `sse`: the streamed answer.
+//! - `rest`: REST for sessions, cron jobs, pairing, capabilities, skills,
+//!   toolsets, `/health/detailed` and the OpenAPI description.
 //!
 //! # Invariants
 //!
@@ -38,6 +40,7 @@ mod auth;
 mod chat;
 mod config;
 mod error;
+mod rest;
 mod session;
 mod sse;
 
@@ -60,6 +63,7 @@ use self::session::{SessionLocks, TranscriptIndex};
 use talaria_platforms::listen::ConnectionLimits;
 
 pub use config::{ApiServerConfig, ENV};
+pub use rest::GatewayServices;
 
 /// The port used when neither the config nor `API_SERVER_PORT` sets one.
 pub const DEFAULT_PORT: u16 = 8642;
@@ -222,6 +226,9 @@ pub(crate) struct AppState {
     /// Where turns' commands run: API clients are not the owner unless
     /// `gateway.owners.api_server` says `*`.
     pub(crate) backends: std::sync::OnceLock<Arc<talaria_exec::Backends>>,
+    /// The gateway's parts for the jobs, pairing and health routes; unset
+    /// they answer 503.
+    pub(crate) gateway: std::sync::OnceLock<Arc<rest::GatewayServices>>,
 }
 
 impl AppState {
@@ -331,6 +338,7 @@ impl ApiServer {
             media: std::sync::OnceLock::new(),
             fetcher: std::sync::OnceLock::new(),
             backends: std::sync::OnceLock::new(),
+            gateway: std::sync::OnceLock::new(),
         });
         Ok(ApiServer {
             listener,
@@ -364,6 +372,13 @@ impl ApiServer {
     /// a set of its own.
     pub fn with_backends(self, backends: Arc<talaria_exec::Backends>) -> ApiServer {
         let _ = self.state.backends.set(backends);
+        self
+    }
+
+    /// Serves cron jobs, pairing and the detailed health report from the
+    /// gateway this server runs beside.
+    pub fn with_gateway(self, gateway: rest::GatewayServices) -> ApiServer {
+        let _ = self.state.gateway.set(Arc::new(gateway));
         self
     }
 
@@ -433,6 +448,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .merge(rest::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,

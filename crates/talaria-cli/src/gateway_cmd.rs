@@ -272,7 +272,13 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
                 .context("cannot start the API server")?
                 .with_transcript_store(rt.gateway_store.clone())
                 .with_media(gateway.media())
-                .with_backends(gateway.backends());
+                .with_backends(gateway.backends())
+                .with_gateway(talaria_api::GatewayServices {
+                    store: rt.gateway_store.clone(),
+                    scheduler: gateway.scheduler(),
+                    board: gateway.board(),
+                    running_turns: gateway.running_turns(),
+                });
             let config = &api_config;
             server.set_connection_limits(
                 server

@@ -266,6 +266,14 @@ impl Gateway {
         self.board.clone()
     }
 
+    /// Counts the chats with a turn running now; it stays usable after
+    /// the gateway moved into [`Gateway::run`] (the API server's health
+    /// report reads it).
+    pub fn running_turns(&self) -> Arc<dyn Fn() -> usize + Send + Sync> {
+        let runner = self.runner.clone();
+        Arc::new(move || runner.running_sessions().len())
+    }
+
     /// This gateway's identity in the shared store.
     pub fn node(&self) -> &Node {
         &self.node

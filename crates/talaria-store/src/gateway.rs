@@ -598,6 +598,10 @@ pub trait PairingStore: Send + Sync {
     ) -> Result<Vec<ApprovalNotice>>;
     /// Removes an approval; returns whether there was one.
     async fn pairing_revoke(&self, platform: &str, user_id: &str) -> Result<bool>;
+    /// Drops `user_id`'s pending code on `platform` (an operator turning
+    /// the request down); returns whether there was one. The user may ask
+    /// again once their offer interval has passed.
+    async fn pairing_deny(&self, platform: &str, user_id: &str) -> Result<bool>;
     /// Drops pending codes (of one platform, or all); returns how many.
     async fn pairing_clear_pending(&self, platform: Option<&str>) -> Result<u64>;
     /// Unexpired codes, approvals and active locks.

@@ -315,6 +315,35 @@ pub trait SessionStore: Send + Sync {
     }
     /// The active transcript in order.
     async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>>;
+    /// One page of the active transcript: at most `limit` rows with ids
+    /// above `after_id`, in order (0 starts at the beginning). Fails with
+    /// [`StoreError::NoSuchSession`] for an unknown session. The default
+    /// reads the whole transcript; backends read only the page.
+    async fn messages_page(
+        &self,
+        session_id: &str,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        Ok(self
+            .messages(session_id)
+            .await?
+            .into_iter()
+            .filter(|m| m.id > after_id)
+            .take(limit)
+            .collect())
+    }
+    /// Deletes the session and what belongs to it, in one transaction: its
+    /// transcript (active or not, so it leaves search too) and the gateway
+    /// routes pointing at it (the chat's next message starts a new
+    /// session). The per-call spend ledger is kept: budgets count what was
+    /// spent, whatever was deleted since. Returns whether the session
+    /// existed. The default refuses: a store must say how it deletes.
+    async fn delete_session(&self, id: &str) -> Result<bool> {
+        Err(StoreError::Database(format!(
+            "this store cannot delete sessions (asked to delete `{id}`)"
+        )))
+    }
     /// Messages `[from_id - before, from_id + after]` of one session, by
     /// position, active or not; for showing a search hit in context.
     async fn message_window(

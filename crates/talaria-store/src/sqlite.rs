@@ -447,6 +447,44 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn messages_page(
+        &self,
+        session_id: &str,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        let id = session_id.to_string();
+        self.read(move |tx| {
+            require_session(tx, &id)?;
+            query_messages(
+                tx,
+                &format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages \
+                     WHERE session_id = ?1 AND active = 1 AND id > ?2 ORDER BY id LIMIT ?3"
+                ),
+                params![id, after_id, sql_len(limit)],
+            )
+        })
+        .await
+    }
+
+    async fn delete_session(&self, id: &str) -> Result<bool> {
+        let id = id.to_string();
+        self.write(move |tx| {
+            // Rows first, explicitly: their delete trigger takes them out
+            // of the full-text indexes.
+            tx.prepare_cached("DELETE FROM messages WHERE session_id = ?1")?
+                .execute(params![id])?;
+            tx.prepare_cached("DELETE FROM gateway_routes WHERE session_id = ?1")?
+                .execute(params![id])?;
+            let n = tx
+                .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+                .execute(params![id])?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
     async fn message_window(
         &self,
         session_id: &str,

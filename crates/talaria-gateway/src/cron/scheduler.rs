@@ -332,7 +332,7 @@ impl Scheduler {
 
     /// Starts [`Scheduler::run_now`] in the background (the `cronjob`
     /// tool's `run`, which must not hold up the turn that asked).
-    pub(crate) fn spawn_run_now(&self, id_or_name: String, now: DateTime<Utc>) {
+    pub fn spawn_run_now(&self, id_or_name: String, now: DateTime<Utc>) {
         let this = self.clone();
         self.inner.tracker.spawn(async move {
             match this.run_now(&id_or_name, now).await {

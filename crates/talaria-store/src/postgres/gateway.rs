@@ -616,6 +616,18 @@ impl PairingStore for PostgresStore {
         settle(self, step)
     }
 
+    async fn pairing_deny(&self, platform: &str, user_id: &str) -> Result<bool> {
+        let client = self.client().await?;
+        let step: Step<bool> = async {
+            let statement = client
+                .prepare_cached("DELETE FROM pairing_pending WHERE platform = $1 AND user_id = $2")
+                .await?;
+            Ok(client.execute(&statement, &[&platform, &user_id]).await? > 0)
+        }
+        .await;
+        settle(self, step)
+    }
+
     /// As the trait says; the count may include codes that expired on a
     /// platform not served since (see the module docs).
     async fn pairing_clear_pending(&self, platform: Option<&str>) -> Result<u64> {

@@ -475,6 +475,53 @@ impl SessionStore for PostgresStore {
         .await
     }
 
+    async fn messages_page(
+        &self,
+        session_id: &str,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        let client = self.client().await?;
+        self.require_session(&client, session_id).await?;
+        let id = clean(session_id);
+        self.query_messages(
+            &client,
+            &format!(
+                "SELECT {MESSAGE_COLUMNS} FROM messages m \
+                 WHERE m.session_id = $1 AND m.active AND m.id > $2 ORDER BY m.id LIMIT $3"
+            ),
+            &[&id.as_ref(), &after_id, &sql_len(limit)],
+        )
+        .await
+    }
+
+    async fn delete_session(&self, id: &str) -> Result<bool> {
+        let id = clean(id);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.error(e))?;
+        // The session row first: its lock waits for appends under way and
+        // holds back new ones, which then find no session. The transcript
+        // (and with it the search columns) goes by the foreign key's
+        // cascade.
+        let session = tx
+            .prepare_cached("DELETE FROM sessions WHERE id = $1")
+            .await
+            .map_err(|e| self.error(e))?;
+        let deleted = tx
+            .execute(&session, &[&id.as_ref()])
+            .await
+            .map_err(|e| self.error(e))?;
+        let routes = tx
+            .prepare_cached("DELETE FROM gateway_routes WHERE session_id = $1")
+            .await
+            .map_err(|e| self.error(e))?;
+        tx.execute(&routes, &[&id.as_ref()])
+            .await
+            .map_err(|e| self.error(e))?;
+        tx.commit().await.map_err(|e| self.error(e))?;
+        Ok(deleted > 0)
+    }
+
     async fn message_window(
         &self,
         session_id: &str,

@@ -456,6 +456,18 @@ impl PairingStore for SqliteStore {
         .await
     }
 
+    async fn pairing_deny(&self, platform: &str, user_id: &str) -> Result<bool> {
+        let platform = platform.to_string();
+        let user_id = user_id.to_string();
+        self.write(move |tx| {
+            let deleted = tx
+                .prepare_cached("DELETE FROM pairing_pending WHERE platform = ?1 AND user_id = ?2")?
+                .execute(params![platform, user_id])?;
+            Ok(deleted > 0)
+        })
+        .await
+    }
+
     async fn pairing_clear_pending(&self, platform: Option<&str>) -> Result<u64> {
         let platform = platform.map(str::to_string);
         self.write(move |tx| {
