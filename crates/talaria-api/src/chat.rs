@@ -22,7 +22,7 @@ use talaria_core::{Message, Role};
 use super::error::ApiError;
 use super::session::{self, HERMES_SESSION_HEADER, SESSION_HEADER, TranscriptDigest};
 use super::{AppState, MAX_BODY_BYTES};
-use turn::{Admitted, Labels, Remember, RunningTurn, finish_reason, usage_json};
+use turn::{Admitted, AfterTurn, Labels, Remember, RunningTurn, finish_reason, usage_json};
 
 /// A request after parsing: what the turn needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,7 +94,7 @@ struct WireMessage {
 }
 
 /// Each message's `role` and `content`, as found.
-type RawMessages<'a> = Vec<(Option<&'a Value>, Option<&'a Value>)>;
+pub(crate) type RawMessages<'a> = Vec<(Option<&'a Value>, Option<&'a Value>)>;
 
 /// The [`ChatInput`] of a request's `messages` (`None` when it is not an
 /// array), `stream` and `model`.
@@ -106,25 +106,81 @@ fn assemble(
     let missing =
         || ApiError::bad_request("'messages' must be a non-empty array", "missing_messages");
     let messages = messages.filter(|m| !m.is_empty()).ok_or_else(missing)?;
-    let stream = match stream {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "'stream' must be a boolean",
-                "invalid_stream",
-            ));
-        }
-    };
-    let model = model
+    let stream = bool_field(stream, "stream", false, "invalid_stream")?;
+    let model = model_name(model);
+
+    let Conversation {
+        system,
+        last_user,
+        files,
+        earlier,
+    } = conversation_of("messages", &messages)?;
+    Ok(ChatInput {
+        model,
+        stream,
+        system,
+        last_user,
+        files,
+        earlier,
+    })
+}
+
+/// A boolean field of a request: `default` when absent or null.
+///
+/// # Errors
+/// 400 with `code` when it is anything but a boolean.
+pub(crate) fn bool_field(
+    value: Option<&Value>,
+    name: &str,
+    default: bool,
+    code: &'static str,
+) -> Result<bool, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_request(
+            format!("'{name}' must be a boolean"),
+            code,
+        )),
+    }
+}
+
+/// The model name a request asked for, when it named one.
+pub(crate) fn model_name(value: Option<&Value>) -> Option<String> {
+    value
         .and_then(Value::as_str)
         .filter(|m| !m.is_empty())
-        .map(str::to_owned);
+        .map(str::to_owned)
+}
 
+/// A conversation a client sent: the new input and what came before it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Conversation {
+    /// The system (and developer) messages joined with newlines.
+    pub(crate) system: String,
+    /// The new input: the last user message's text.
+    pub(crate) last_user: String,
+    /// The files of the last user message, still encoded.
+    pub(crate) files: Vec<InlineFile>,
+    /// User and assistant messages before the last user message.
+    pub(crate) earlier: Vec<Message>,
+}
+
+/// Splits the `(role, content)` of each message of the request's `field`
+/// (`messages` here, `input` for the Responses API) into a
+/// [`Conversation`].
+///
+/// # Errors
+/// 400 for a message without a role or with content of the wrong shape,
+/// and when no user message has text or files.
+pub(crate) fn conversation_of(
+    field: &str,
+    messages: &RawMessages<'_>,
+) -> Result<Conversation, ApiError> {
     let mut parsed = Vec::with_capacity(messages.len());
     for (i, (role, content)) in messages.iter().enumerate() {
         let bad =
-            |what: &str| ApiError::bad_request(format!("messages[{i}]: {what}"), "invalid_message");
+            |what: &str| ApiError::bad_request(format!("{field}[{i}]: {what}"), "invalid_message");
         let role = role
             .and_then(Value::as_str)
             .ok_or_else(|| bad("missing 'role'"))?;
@@ -143,7 +199,7 @@ fn assemble(
     };
     let Some(last_index) = parsed.iter().rposition(|m| is_user(&m)) else {
         return Err(ApiError::bad_request(
-            "No user message found in 'messages'",
+            format!("No user message found in '{field}'"),
             "no_user_message",
         ));
     };
@@ -160,9 +216,7 @@ fn assemble(
             _ => None,
         })
         .collect();
-    Ok(ChatInput {
-        model,
-        stream,
+    Ok(Conversation {
         system,
         last_user,
         files,
@@ -189,10 +243,12 @@ pub(crate) enum FileSource {
     Url(String),
 }
 
-/// The text of a `content` field (a string, or the `text` parts of an
-/// array joined with newlines) and its files: `image_url` parts holding a
-/// `data:` URL, `input_audio` parts. A remote image URL is refused: this
-/// server fetches nothing a client names.
+/// The text of a `content` field (a string, or the text parts of an array
+/// joined with newlines) and its files: `image_url` parts holding a
+/// `data:` URL or an `http(s)` URL (fetched later through the URL guard),
+/// `input_audio` parts. The Responses API's spellings are the same parts:
+/// `input_text` and `output_text` are text, `input_image` an image whose
+/// `image_url` is the URL itself.
 fn content_of(content: Option<&Value>) -> Result<(String, Vec<InlineFile>), String> {
     let shape = "'content' must be a string or an array of content parts";
     let parts = match content {
@@ -213,13 +269,15 @@ fn content_of(content: Option<&Value>) -> Result<(String, Vec<InlineFile>), Stri
             _ => return Err(shape.to_owned()),
         };
         match o.get("type").and_then(Value::as_str) {
-            Some("text") => texts.push(o.get("text").and_then(Value::as_str).ok_or(shape)?),
-            Some("image_url") => {
+            Some("text" | "input_text" | "output_text") => {
+                texts.push(o.get("text").and_then(Value::as_str).ok_or(shape)?)
+            }
+            Some("image_url" | "input_image") => {
                 let url = o
                     .get("image_url")
                     .and_then(|i| i.get("url").or(Some(i)))
                     .and_then(Value::as_str)
-                    .ok_or("an image_url part needs image_url.url")?;
+                    .ok_or("an image part needs image_url (a URL, or an object with url)")?;
                 let source = if let Some(rest) = url.strip_prefix("data:") {
                     let (_, data) = rest
                         .split_once(";base64,")
@@ -327,27 +385,11 @@ async fn admit(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Admitted, ApiError> {
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(MAX_BODY_BYTES)
-        } else {
-            ApiError::bad_request(
-                format!("Cannot read the request body: {rejection}"),
-                "invalid_body",
-            )
-        }
-    })?;
+    let body = read_body(body)?;
     let header_id = session::header_session_id(headers)?;
     let request = parse_request(&body)?;
-    let permit = match &state.runs {
-        None => None,
-        Some(runs) => Some(
-            runs.clone()
-                .try_acquire_owned()
-                .map_err(|_| ApiError::too_many_runs())?,
-        ),
-    };
-    let (input, media) = take_files(&state, &request).await?;
+    let permit = take_run_slot(&state)?;
+    let (input, media) = take_files(&state, &request.last_user, &request.files).await?;
     tracing::debug!(
         session = header_id.as_deref().unwrap_or("(from the messages)"),
         stream = request.stream,
@@ -358,15 +400,7 @@ async fn admit(
         Some(id) => open_named(&state, id, &request.earlier).await?,
         None => open_conversation(&state, &request).await?,
     };
-    // A route's name picks its model; any other name is only echoed back
-    // (clients send whatever model name they were set up with).
-    let provider = request
-        .model
-        .as_deref()
-        .and_then(|name| state.agent.route_provider(name));
-    let model = request
-        .model
-        .unwrap_or_else(|| state.agent.parts().provider.model().to_owned());
+    let (provider, model) = route(&state, request.model);
     Ok(Admitted {
         provider,
         state,
@@ -380,24 +414,71 @@ async fn admit(
             created: unix_now(),
             model,
         },
-        remember: opened.remember,
+        after: opened.remember.map(AfterTurn::Transcript),
         permit,
         session_lock: opened.lock,
         turn_lease: opened.lease,
     })
 }
 
+/// The body, or 413 / 400 when it could not be read.
+pub(crate) fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(MAX_BODY_BYTES)
+        } else {
+            ApiError::bad_request(
+                format!("Cannot read the request body: {rejection}"),
+                "invalid_body",
+            )
+        }
+    })
+}
+
+/// A run slot, when runs are capped.
+///
+/// # Errors
+/// 429 when every slot is taken.
+pub(crate) fn take_run_slot(
+    state: &AppState,
+) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+    match &state.runs {
+        None => Ok(None),
+        Some(runs) => runs
+            .clone()
+            .try_acquire_owned()
+            .map(Some)
+            .map_err(|_| ApiError::too_many_runs()),
+    }
+}
+
+/// The model serving a request that asked for `model`, and the name its
+/// answer is labelled with. A route's name picks its model; any other name
+/// is only echoed back (clients send whatever model name they were set up
+/// with).
+pub(crate) fn route(
+    state: &AppState,
+    model: Option<String>,
+) -> (Option<Arc<dyn talaria_agent::models::Provider>>, String) {
+    let provider = model
+        .as_deref()
+        .and_then(|name| state.agent.route_provider(name));
+    let model = model.unwrap_or_else(|| state.agent.parts().provider.model().to_owned());
+    (provider, model)
+}
+
 /// The turn's input: the last user message's text with what its files
 /// gave (a transcript, a document's text, words about an image), and the
 /// images for a model that sees them. The files go through the media
 /// cache and the same digest as a photo sent in a chat app.
-async fn take_files(
+pub(crate) async fn take_files(
     state: &AppState,
-    request: &ChatInput,
+    text: &str,
+    files: &[InlineFile],
 ) -> Result<(String, Vec<talaria_core::MediaRef>), ApiError> {
     use base64::Engine as _;
-    if request.files.is_empty() {
-        return Ok((request.last_user.clone(), Vec::new()));
+    if files.is_empty() {
+        return Ok((text.to_owned(), Vec::new()));
     }
     let Some(media) = state.media.get() else {
         return Err(ApiError::bad_request(
@@ -405,8 +486,8 @@ async fn take_files(
             "files_not_supported",
         ));
     };
-    let mut received = Vec::with_capacity(request.files.len());
-    for file in &request.files {
+    let mut received = Vec::with_capacity(files.len());
+    for file in files {
         let bytes = match &file.source {
             FileSource::Base64(data) => base64::engine::general_purpose::STANDARD
                 .decode(data.trim().as_bytes())
@@ -436,7 +517,7 @@ async fn take_files(
         });
     }
     let digest = talaria_agent::attach::digest(received, &media.attach_context()).await;
-    Ok((digest.message_text(&request.last_user), digest.media))
+    Ok((digest.message_text(text), digest.media))
 }
 
 /// A session opened for a turn, with what keeps it ours.
@@ -529,14 +610,14 @@ async fn open_conversation(state: &AppState, request: &ChatInput) -> Result<Open
     })
 }
 
-fn cannot_open(id: &str, e: &AgentError) -> ApiError {
+pub(crate) fn cannot_open(id: &str, e: &AgentError) -> ApiError {
     tracing::warn!(session = %id, error = %e, "cannot open API session");
     ApiError::internal(format!("Cannot open session: {e}"))
 }
 
 /// Across nodes sharing a store: waits for, and takes, the session's turn
 /// lease, so two nodes never run one session at once.
-async fn take_lease(
+pub(crate) async fn take_lease(
     state: &AppState,
     session_id: &str,
 ) -> Result<Option<talaria_gateway::turn_lease::HeldTurn>, ApiError> {

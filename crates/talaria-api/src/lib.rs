@@ -3,7 +3,9 @@
 //! Any OpenAI client can talk to the agent through it: `POST
 //! /v1/chat/completions` runs one agent turn (tools included) and answers
 //! with a `chat.completion` object or, with `"stream": true`, a stream of
-//! `chat.completion.chunk` server-sent events.
+//! `chat.completion.chunk` server-sent events; `POST /v1/responses` does the
+//! same in the shape of OpenAI's Responses API, whose responses are kept
+//! for `GET`/`DELETE /v1/responses/{id}` and `previous_response_id`.
 //!
 //! # Layout
 //!
@@ -20,6 +22,9 @@
 //! - `sse`: the streamed answer.
 //! - `rest`: REST for sessions, cron jobs, pairing, capabilities, skills,
 //!   toolsets, `/health/detailed` and the OpenAPI description.
+//! - `responses`: OpenAI's Responses API (`/v1/responses`): parsing, the
+//!   `response` object, its event stream, and the responses kept in the
+//!   store for retrieval and `previous_response_id`.
 //!
 //! # Invariants
 //!
@@ -34,6 +39,9 @@
 //!   its earlier messages are that session's whole conversation, ending
 //!   with our last answer, and no turn has run on it since; otherwise it
 //!   gets a new session. The opening alone never picks a session.
+//! - A response continues only the conversation of the response it names,
+//!   as it stood at that response: never another client's, never a later
+//!   turn's (`responses`).
 //! - The API key is never logged.
 
 mod auth;
@@ -41,6 +49,7 @@ mod chat;
 mod config;
 mod error;
 mod rest;
+mod responses;
 mod session;
 mod sse;
 
@@ -229,6 +238,8 @@ pub(crate) struct AppState {
     /// The gateway's parts for the jobs, pairing and health routes; unset
     /// they answer 503.
     pub(crate) gateway: std::sync::OnceLock<Arc<rest::GatewayServices>>,
+    /// The Responses API's stored responses.
+    pub(crate) responses: responses::ResponseStore,
 }
 
 impl AppState {
@@ -339,6 +350,7 @@ impl ApiServer {
             fetcher: std::sync::OnceLock::new(),
             backends: std::sync::OnceLock::new(),
             gateway: std::sync::OnceLock::new(),
+            responses: responses::ResponseStore::default(),
         });
         Ok(ApiServer {
             listener,
@@ -354,8 +366,10 @@ impl ApiServer {
     /// gateway's store), so a client that resends its history continues
     /// the stored session after a restart and on every node of a shared
     /// store. Without it each header-less request gets a session of its
-    /// own.
+    /// own. The Responses API keeps its responses there too; without it
+    /// none is kept.
     pub fn with_transcript_store(self, store: Arc<dyn talaria_store::CursorStore>) -> ApiServer {
+        self.state.responses.attach(store.clone());
         self.state.index.attach(store);
         self
     }
@@ -449,6 +463,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .merge(rest::routes())
+        .merge(responses::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,

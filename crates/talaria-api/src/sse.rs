@@ -41,17 +41,43 @@ pub(crate) const TOOL_PROGRESS_EVENT: &str = "talaria.tool.progress";
 
 /// What the turn task tells the response body.
 #[derive(Debug)]
-enum Progress {
+pub(crate) enum Progress {
     Text(String),
-    ToolStarted(String),
-    ToolFinished { name: String, ok: bool },
+    Tool(ToolProgress),
+}
+
+/// A tool starting or ending.
+#[derive(Debug)]
+pub(crate) enum ToolProgress {
+    Started(String),
+    Finished { name: String, ok: bool },
+}
+
+impl ToolProgress {
+    /// What its frame says.
+    pub(crate) fn data(&self) -> Value {
+        match self {
+            ToolProgress::Started(name) => json!({"tool": name, "status": "running"}),
+            ToolProgress::Finished { name, ok } => {
+                json!({"tool": name, "status": "completed", "ok": ok})
+            }
+        }
+    }
 }
 
 /// Forwards the turn's progress to the response body. The channel is
 /// unbounded because observer methods must not wait; it lives only as long
 /// as the turn, and a dropped receiver (client gone) makes sends no-ops.
-struct ChannelObserver {
+pub(crate) struct ChannelObserver {
     tx: mpsc::UnboundedSender<Progress>,
+}
+
+impl ChannelObserver {
+    /// An observer and the receiving end of what it forwards.
+    pub(crate) fn channel() -> (ChannelObserver, mpsc::UnboundedReceiver<Progress>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (ChannelObserver { tx }, rx)
+    }
 }
 
 /// Internal tools (leading `_`) are not shown to clients.
@@ -68,27 +94,35 @@ impl TurnObserver for ChannelObserver {
 
     fn tool_started(&self, name: &str, _args: &str) {
         if visible(name) {
-            let _ = self.tx.send(Progress::ToolStarted(name.to_owned()));
+            let _ = self
+                .tx
+                .send(Progress::Tool(ToolProgress::Started(name.to_owned())));
         }
     }
 
     fn tool_finished(&self, name: &str, ok: bool, _preview: &str) {
         if visible(name) {
-            let _ = self.tx.send(Progress::ToolFinished {
+            let _ = self.tx.send(Progress::Tool(ToolProgress::Finished {
                 name: name.to_owned(),
                 ok,
-            });
+            }));
         }
     }
 }
 
 /// Starts the turn and answers with its event stream.
 pub(crate) fn respond(admitted: Admitted) -> Response {
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (observer, rx) = ChannelObserver::channel();
     let named_progress = admitted.tool_progress;
-    let turn = admitted.spawn_turn(ChannelObserver { tx });
-    let sse = Sse::new(events(turn, rx, named_progress))
-        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"));
+    let turn = admitted.spawn_turn(observer);
+    stream_response(events(turn, rx, named_progress))
+}
+
+/// An SSE answer of `events`, with keepalive comments while it is quiet.
+pub(crate) fn stream_response(
+    events: impl Stream<Item = Result<Event, Infallible>> + Send + 'static,
+) -> Response {
+    let sse = Sse::new(events).keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"));
     let mut response = sse.into_response();
     // Tells nginx-style proxies not to buffer the stream.
     response.headers_mut().insert(
@@ -142,13 +176,7 @@ fn events(
 fn progress_event(labels: &Labels, progress: Progress, named: bool) -> Event {
     match progress {
         Progress::Text(delta) => chunk(labels, json!({"content": delta})),
-        Progress::ToolStarted(name) => {
-            tool_event(json!({"tool": name, "status": "running"}), named)
-        }
-        Progress::ToolFinished { name, ok } => tool_event(
-            json!({"tool": name, "status": "completed", "ok": ok}),
-            named,
-        ),
+        Progress::Tool(tool) => tool_event(tool.data(), named),
     }
 }
 
@@ -161,7 +189,7 @@ fn chunk(labels: &Labels, delta: Value) -> Event {
 /// which SSE clients skip (and which still tells a proxy the stream is
 /// alive while a long tool runs). JSON from `to_string` has no newline, so
 /// it fits on one comment line.
-fn tool_event(data: Value, named: bool) -> Event {
+pub(crate) fn tool_event(data: Value, named: bool) -> Event {
     if named {
         Event::default()
             .event(TOOL_PROGRESS_EVENT)

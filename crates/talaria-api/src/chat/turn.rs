@@ -58,9 +58,9 @@ pub(crate) struct Admitted {
     /// as SSE comments, which every client skips.
     pub(crate) tool_progress: bool,
     pub(crate) labels: Labels,
-    /// For a header-less request: what to record with the answer once the
-    /// turn has one.
-    pub(crate) remember: Option<Remember>,
+    /// What to record with the answer once the turn has one (where a
+    /// header-less conversation stands, a stored response).
+    pub(crate) after: Option<AfterTurn>,
     /// Held by the turn task: the run counts against the cap until the turn
     /// has really ended, not merely until the response is sent.
     pub(crate) permit: Option<OwnedSemaphorePermit>,
@@ -95,7 +95,7 @@ impl Admitted {
             permit,
             session_lock,
             turn_lease,
-            remember,
+            after,
             provider,
             ..
         } = self;
@@ -129,8 +129,16 @@ impl Admitted {
                 .await;
             // Recorded while the session is still ours (lock and lease), so
             // the row count is the one this answer left.
-            if let (Some(remember), Ok(outcome)) = (remember, &outcome) {
-                remember_answer(&state, &session.id, remember, outcome).await;
+            if let Ok(outcome) = &outcome {
+                match after {
+                    Some(AfterTurn::Transcript(remember)) => {
+                        remember_answer(&state, &session.id, remember, outcome).await;
+                    }
+                    Some(AfterTurn::Response(pending)) => {
+                        crate::responses::record(&state, &session.id, pending, outcome).await;
+                    }
+                    None => {}
+                }
             }
             drop(turn_lease);
             outcome
@@ -141,6 +149,16 @@ impl Admitted {
             task,
         }
     }
+}
+
+/// What the turn task records once the turn has an answer, while the
+/// session is still its own.
+pub(crate) enum AfterTurn {
+    /// Where a header-less chat conversation now stands.
+    Transcript(Remember),
+    /// A response of the Responses API, to keep for retrieval and
+    /// continuation.
+    Response(crate::responses::Pending),
 }
 
 /// A header-less conversation as the turn found it: the digest of the
@@ -167,16 +185,8 @@ async fn remember_answer(
     ) {
         return;
     }
-    // The session is still ours (lock and lease), so its rows are the ones
-    // it held plus the turn's, unless a compression rewrote the transcript:
-    // only then is the count read back.
-    let rows = if outcome.compressed {
-        match session::stored_rows(&state.agent, session_id).await {
-            Some(rows) => rows,
-            None => return,
-        }
-    } else {
-        remember.rows_before + outcome.new_messages.len() as u64
+    let Some(rows) = rows_after(state, session_id, remember.rows_before, outcome).await else {
+        return;
     };
     let Remember { mut digest, .. } = remember;
     digest.push(Role::Assistant, &outcome.answer);
@@ -188,6 +198,24 @@ async fn remember_answer(
         .index
         .record(&digest.key(), &at, digest.replaces())
         .await;
+}
+
+/// How many rows the session holds after the turn, `rows_before` being
+/// what it held before; `None` when that cannot be read. The session is
+/// still the turn's (lock and lease), so its rows are the ones it held plus
+/// the turn's, unless a compression rewrote the transcript: only then is
+/// the count read back.
+pub(crate) async fn rows_after(
+    state: &AppState,
+    session_id: &str,
+    rows_before: u64,
+    outcome: &TurnOutcome,
+) -> Option<u64> {
+    if outcome.compressed {
+        session::stored_rows(&state.agent, session_id).await
+    } else {
+        Some(rows_before + outcome.new_messages.len() as u64)
+    }
 }
 
 impl Labels {

@@ -43,32 +43,8 @@ pub async fn rig_with(max_runs: usize, configure: impl FnOnce(&mut Config)) -> R
     let dir = tempfile::tempdir().unwrap();
     let home = Home::at(dir.path().join("home"));
     home.ensure().unwrap();
-    let workdir = dir.path().join("work");
-    std::fs::create_dir_all(&workdir).unwrap();
-    let mut config = Config::default();
-    config.model.default = Some("test-model".into());
-    config.model.base_url = Some(mock.base_url());
-    config.agent.api_max_retries = 0;
-    configure(&mut config);
-    let config = Arc::new(config);
-    let endpoint = Endpoint {
-        provider: ProviderKind::Custom,
-        model: "test-model".into(),
-        base_url: mock.base_url(),
-        api_key: None,
-    };
-    let provider = talaria_llm::provider_for(&endpoint, &config.agent);
     let store = Arc::new(SqliteStore::open(&home.state_db()).unwrap());
-    let agent = Arc::new(Agent::new(AgentParts {
-        config: config.clone(),
-        home,
-        provider,
-        store: store.clone(),
-        registry: Arc::new(Registry::with_core_tools(&config)),
-        interaction: Arc::new(NoHuman),
-        redactor: Redactor::default(),
-        workdir,
-    }));
+    let agent = agent_over(&mock, dir.path(), home, store.clone(), configure);
     let (base, shutdown, task) = serve(&agent, &store, max_runs).await;
     Rig {
         mock,
@@ -84,6 +60,42 @@ pub async fn rig_with(max_runs: usize, configure: impl FnOnce(&mut Config)) -> R
         task: Some(task),
         max_runs,
     }
+}
+
+/// An agent over `store` whose model is `mock`, with the core tools and
+/// its workspace in `dir`, configured by `configure`.
+pub fn agent_over(
+    mock: &MockOpenAi,
+    dir: &std::path::Path,
+    home: Home,
+    store: Arc<dyn SessionStore>,
+    configure: impl FnOnce(&mut Config),
+) -> Arc<Agent> {
+    let workdir = dir.join("work");
+    std::fs::create_dir_all(&workdir).unwrap();
+    let mut config = Config::default();
+    config.model.default = Some("test-model".into());
+    config.model.base_url = Some(mock.base_url());
+    config.agent.api_max_retries = 0;
+    configure(&mut config);
+    let config = Arc::new(config);
+    let endpoint = Endpoint {
+        provider: ProviderKind::Custom,
+        model: "test-model".into(),
+        base_url: mock.base_url(),
+        api_key: None,
+    };
+    let provider = talaria_llm::provider_for(&endpoint, &config.agent);
+    Arc::new(Agent::new(AgentParts {
+        config: config.clone(),
+        home,
+        provider,
+        store,
+        registry: Arc::new(Registry::with_core_tools(&config)),
+        interaction: Arc::new(NoHuman),
+        redactor: Redactor::default(),
+        workdir,
+    }))
 }
 
 type ServerTask = tokio::task::JoinHandle<std::io::Result<()>>;
