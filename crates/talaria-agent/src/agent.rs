@@ -57,6 +57,9 @@ pub struct TurnOptions {
     /// The model serving this turn instead of the session's (an API
     /// client that named a route); see [`Agent::route_provider`].
     pub provider: Option<Arc<dyn talaria_llm::Provider>>,
+    /// Extra system instructions for this turn only (an API client's
+    /// `instructions`): sent after the system prompt, never stored.
+    pub instructions: Option<String>,
 }
 
 /// Runs turns over sessions. Cheap to share behind an `Arc`; holds no
@@ -364,6 +367,7 @@ impl Agent {
             .with_media(options.media)
             .with_platform(options.platform)
             .with_max_turns(options.max_turns)
+            .with_instructions(options.instructions)
             .with_call_kind(kind)
             .run(user_text)
             .await?;

@@ -178,6 +178,8 @@ pub(crate) struct TurnRun<'a> {
     /// continued: sent (not stored) as the assistant row before the
     /// continue nudge, and joined with what comes next.
     continuation: Option<String>,
+    /// This turn's extra system instructions, sent, never stored.
+    instructions: Option<String>,
 }
 
 impl<'a> TurnRun<'a> {
@@ -216,7 +218,15 @@ impl<'a> TurnRun<'a> {
             max_turns: None,
             provider: parts.provider.clone(),
             continuation: None,
+            instructions: None,
         }
+    }
+
+    /// Sends `instructions` after the system prompt in this turn's
+    /// requests.
+    pub(crate) fn with_instructions(mut self, instructions: Option<String>) -> TurnRun<'a> {
+        self.instructions = instructions.filter(|i| !i.trim().is_empty());
+        self
     }
 
     /// The model this turn talks to, instead of [`AgentParts::provider`].

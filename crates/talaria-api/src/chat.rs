@@ -403,6 +403,8 @@ async fn admit(
     let (provider, model) = route(&state, request.model);
     Ok(Admitted {
         provider,
+        interaction: None,
+        instructions: None,
         state,
         session: opened.session,
         input,
@@ -521,11 +523,11 @@ pub(crate) async fn take_files(
 }
 
 /// A session opened for a turn, with what keeps it ours.
-struct Opened {
-    session: talaria_agent::SessionHandle,
-    lock: tokio::sync::OwnedMutexGuard<()>,
-    lease: Option<talaria_gateway::turn_lease::HeldTurn>,
-    remember: Option<Remember>,
+pub(crate) struct Opened {
+    pub(crate) session: talaria_agent::SessionHandle,
+    pub(crate) lock: tokio::sync::OwnedMutexGuard<()>,
+    pub(crate) lease: Option<talaria_gateway::turn_lease::HeldTurn>,
+    pub(crate) remember: Option<Remember>,
 }
 
 /// The session the client named: waits for its lock (two requests for one
@@ -533,7 +535,11 @@ struct Opened {
 /// request's earlier messages. For a known session the store holds the
 /// history and those messages are the client's copy of it, not stored
 /// twice.
-async fn open_named(state: &AppState, id: String, earlier: &[Message]) -> Result<Opened, ApiError> {
+pub(crate) async fn open_named(
+    state: &AppState,
+    id: String,
+    earlier: &[Message],
+) -> Result<Opened, ApiError> {
     let lock = state.locks.get(&id).lock_owned().await;
     let lease = take_lease(state, &id).await?;
     let session = session::open_session(&state.agent, &id, earlier)

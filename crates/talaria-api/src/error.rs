@@ -15,7 +15,8 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    fn new(
+    /// An error of any status, for answers the helpers below do not cover.
+    pub(crate) fn new(
         status: StatusCode,
         message: impl Into<String>,
         kind: &'static str,

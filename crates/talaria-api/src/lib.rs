@@ -25,6 +25,8 @@
 //! - `responses`: OpenAI's Responses API (`/v1/responses`): parsing, the
 //!   `response` object, its event stream, and the responses kept in the
 //!   store for retrieval and `previous_response_id`.
+//! - `runs`: `/v1/runs` (asynchronous turns with a resumable event stream
+//!   and approvals) and `/api/sessions/{id}/chat` and `/chat/stream`.
 //!
 //! # Invariants
 //!
@@ -48,8 +50,9 @@ mod auth;
 mod chat;
 mod config;
 mod error;
-mod rest;
 mod responses;
+mod rest;
+mod runs;
 mod session;
 mod sse;
 
@@ -240,6 +243,8 @@ pub(crate) struct AppState {
     pub(crate) gateway: std::sync::OnceLock<Arc<rest::GatewayServices>>,
     /// The Responses API's stored responses.
     pub(crate) responses: responses::ResponseStore,
+    /// The asynchronous runs of `/v1/runs`, live and recently finished.
+    pub(crate) run_registry: runs::Registry,
 }
 
 impl AppState {
@@ -351,6 +356,7 @@ impl ApiServer {
             backends: std::sync::OnceLock::new(),
             gateway: std::sync::OnceLock::new(),
             responses: responses::ResponseStore::default(),
+            run_registry: runs::Registry::default(),
         });
         Ok(ApiServer {
             listener,
@@ -464,6 +470,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .merge(rest::routes())
         .merge(responses::routes())
+        .merge(runs::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,

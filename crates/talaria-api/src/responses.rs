@@ -228,6 +228,10 @@ async fn admit(
     });
     let admitted = Admitted {
         provider,
+        // As OpenAI does: the request's instructions steer this turn only
+        // (a continuation does not inherit the previous response's).
+        instructions: echo.instructions.clone(),
+        interaction: None,
         labels: Labels {
             id: echo.id.clone(),
             created: echo.created_at,

@@ -37,9 +37,21 @@ pub(crate) fn header_session_id(headers: &HeaderMap) -> Result<Option<String>, A
     else {
         return Ok(None);
     };
-    let invalid = || ApiError::bad_request("Invalid session ID", "invalid_session_id");
     // Non-ASCII bytes fail here, before they can reach any check below.
-    let raw = value.to_str().map_err(|_| invalid())?.trim();
+    let raw = value
+        .to_str()
+        .map_err(|_| ApiError::bad_request("Invalid session ID", "invalid_session_id"))?;
+    validate_client_id(raw).map(Some)
+}
+
+/// A session id a client sent (header, body or path), trimmed, when it is
+/// safe as a stored id and a file name.
+///
+/// # Errors
+/// 400 `invalid_session_id` when it is empty, too long or unsafe.
+pub(crate) fn validate_client_id(raw: &str) -> Result<String, ApiError> {
+    let invalid = || ApiError::bad_request("Invalid session ID", "invalid_session_id");
+    let raw = raw.trim();
     if raw.len() > MAX_HEADER_ID_LEN {
         return Err(ApiError::bad_request(
             "Session ID too long",
@@ -56,7 +68,7 @@ pub(crate) fn header_session_id(headers: &HeaderMap) -> Result<Option<String>, A
         return Err(invalid());
     }
     talaria_core::ids::validate_path_component(raw).map_err(|_| invalid())?;
-    Ok(Some(raw.to_owned()))
+    Ok(raw.to_owned())
 }
 
 /// A fresh id for a header-less conversation: `api-` + 32 random hex

@@ -157,6 +157,10 @@ async fn a_response_is_shaped_as_openai_has_it_and_kept_until_deleted() {
     assert_eq!(body["status"], "completed");
     assert_eq!(body["model"], "test-model");
     assert_eq!(body["instructions"], "be brief");
+    // The instructions steer the turn: they follow the system prompt.
+    let sent = rig.mock.requests().last().unwrap().body["messages"].clone();
+    let system = sent[0]["content"].as_str().unwrap();
+    assert!(system.ends_with("be brief"), "{system}");
     assert_eq!(body["metadata"], json!({"k": "v"}));
     assert_eq!(body["store"], true);
     assert_eq!(body["previous_response_id"], Value::Null);

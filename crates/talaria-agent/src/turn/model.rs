@@ -198,7 +198,10 @@ impl TurnRun<'_> {
             );
         }
         let mut messages = Vec::with_capacity(history.len() + 2);
-        messages.push(Message::system(self.session.system_prompt()));
+        messages.push(Message::system(match &self.instructions {
+            Some(extra) => format!("{}\n\n{extra}", self.session.system_prompt()),
+            None => self.session.system_prompt().to_owned(),
+        }));
         messages.extend(history);
         if let Some(recall) = &self.recall
             && let Some(own) = messages

@@ -71,6 +71,11 @@ pub(crate) struct Admitted {
     /// The model of a `model.routes` name the client asked for; `None`
     /// is the session's own.
     pub(crate) provider: Option<std::sync::Arc<dyn talaria_agent::models::Provider>>,
+    /// Who the turn's tools ask for approvals; `None` is the agent's own
+    /// (which has no human to ask on a server).
+    pub(crate) interaction: Option<Arc<dyn talaria_agent::interaction::Interaction>>,
+    /// Extra system instructions for this turn (a run's `instructions`).
+    pub(crate) instructions: Option<String>,
 }
 
 /// A turn running in its own task, which owns the run permit and the
@@ -97,6 +102,8 @@ impl Admitted {
             turn_lease,
             after,
             provider,
+            interaction,
+            instructions,
             ..
         } = self;
         let cancel = state.turns.child_token();
@@ -122,6 +129,8 @@ impl Admitted {
                 execution: Some(execution),
                 platform: Some("api_server".to_owned()),
                 provider,
+                interaction,
+                instructions,
                 ..talaria_agent::TurnOptions::default()
             };
             let outcome = agent

@@ -541,6 +541,7 @@ impl Scheduler {
             max_turns: None,
             // The configured model: a job is nobody's conversation.
             provider: None,
+            instructions: None,
         };
         let run =
             inner
