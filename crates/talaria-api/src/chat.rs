@@ -61,15 +61,7 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatInput, ApiError> {
         });
         return assemble(messages, wire.stream.as_ref(), wire.model.as_ref());
     }
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("Invalid JSON in request body: {e}"), "invalid_json")
-    })?;
-    let Some(object) = value.as_object() else {
-        return Err(ApiError::bad_request(
-            "Request body must be a JSON object",
-            "invalid_json",
-        ));
-    };
+    let object = body_object(body)?;
     let messages = object.get("messages").and_then(Value::as_array).map(|m| {
         m.iter()
             .map(|m| (m.get("role"), m.get("content")))
@@ -421,6 +413,21 @@ async fn admit(
         session_lock: opened.lock,
         turn_lease: opened.lease,
     })
+}
+
+/// The body as a JSON object, or 400 saying what is wrong with it.
+pub(crate) fn body_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(_) => Err(ApiError::bad_request(
+            "Request body must be a JSON object",
+            "invalid_json",
+        )),
+        Err(e) => Err(ApiError::bad_request(
+            format!("Invalid JSON in request body: {e}"),
+            "invalid_json",
+        )),
+    }
 }
 
 /// The body, or 413 / 400 when it could not be read.

@@ -29,7 +29,7 @@ use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::{AppState, MAX_BODY_BYTES, session};
+use crate::{AppState, session};
 use driver::NewRun;
 pub(crate) use registry::Registry;
 use registry::{Run, Status};
@@ -55,27 +55,7 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 
 /// The body as a JSON object.
 fn json_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(MAX_BODY_BYTES)
-        } else {
-            ApiError::bad_request(
-                format!("Cannot read the request body: {rejection}"),
-                "invalid_body",
-            )
-        }
-    })?;
-    match serde_json::from_slice(&body) {
-        Ok(Value::Object(object)) => Ok(object),
-        Ok(_) => Err(ApiError::bad_request(
-            "Request body must be a JSON object",
-            "invalid_json",
-        )),
-        Err(e) => Err(ApiError::bad_request(
-            format!("Invalid JSON in request body: {e}"),
-            "invalid_json",
-        )),
-    }
+    crate::chat::body_object(&crate::chat::read_body(body)?)
 }
 
 /// An optional string field.

@@ -4,9 +4,12 @@
 //! shows, the job is paused (and `talaria cron list` sees it paused), and
 //! `/health/detailed` reports the API server live, this node, and cron.
 
+mod api_gateway;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+
+use api_gateway::{ApiGateway, free_port};
 
 use serde_json::{Value, json};
 use talaria_testkit::{MockOpenAi, Reply};
@@ -14,34 +17,19 @@ use talaria_testkit::{MockOpenAi, Reply};
 const KEY: &str = "rest-test-key-0123456789abcdef";
 
 struct Gateway {
-    child: Child,
+    process: ApiGateway,
     base: String,
     dir: tempfile::TempDir,
 }
 
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Gateway {
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
+        self.process.log()
     }
 
     fn home(&self) -> PathBuf {
         self.dir.path().join("home")
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `talaria --home <home> <args>`, its stdout, failing on a non-zero exit.
@@ -93,44 +81,11 @@ async fn start_gateway(llm: &MockOpenAi) -> Gateway {
             "backups",
         ],
     );
-    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_talaria"))
-        .arg("--home")
-        .arg(&home)
-        .args(["gateway", "run"])
-        .env_remove("TALARIA_HOME")
-        .env_remove("TELEGRAM_BOT_TOKEN")
-        .env_remove("API_SERVER_KEY")
-        .env_remove("API_SERVER_PORT")
-        .env("TALARIA_GATEWAY_LOCK_DIR", dir.path().join("locks"))
-        .env("TALARIA_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut gateway = Gateway {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
+    let process = ApiGateway::start(&home, port).await;
+    Gateway {
+        base: process.url.clone(),
+        process,
         dir,
-    };
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = http.get(format!("{}/health", gateway.base)).send().await
-            && r.status().is_success()
-        {
-            return gateway;
-        }
-        if let Some(status) = gateway.child.try_wait().unwrap() {
-            panic!("the gateway exited ({status}):\n{}", gateway.log());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the gateway never answered /health:\n{}",
-            gateway.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -226,7 +181,7 @@ async fn the_gateway_serves_sessions_jobs_and_detailed_health() {
     // This gateway announced itself in the store.
     let nodes = health["nodes"].as_array().unwrap();
     assert!(
-        nodes.iter().any(|n| n["pid"] == gateway.child.id()),
+        nodes.iter().any(|n| n["pid"] == gateway.process.child.id()),
         "{health}"
     );
 

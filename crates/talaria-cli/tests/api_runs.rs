@@ -6,9 +6,12 @@
 //! approval; an untrusted client's commands would run in the sandbox,
 //! where the guard does not ask.
 
+mod api_gateway;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use api_gateway::{ApiGateway, free_port};
 
 use serde_json::{Value, json};
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
@@ -16,25 +19,9 @@ use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 const KEY: &str = "runs-test-key-0123456789abcdef";
 
 struct Gateway {
-    child: Child,
-    base: String,
+    process: ApiGateway,
     dir: tempfile::TempDir,
     http: reqwest::Client,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl Gateway {
@@ -62,58 +49,20 @@ impl Gateway {
         )
         .unwrap();
         std::fs::write(home.join(".env"), format!("API_SERVER_KEY={KEY}\n")).unwrap();
-        let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_talaria"))
-            .arg("--home")
-            .arg(&home)
-            .args(["gateway", "run"])
-            .current_dir(dir.path())
-            .env_remove("TALARIA_HOME")
-            .env_remove("TELEGRAM_BOT_TOKEN")
-            .env_remove("API_SERVER_KEY")
-            .env_remove("API_SERVER_PORT")
-            .env("TALARIA_GATEWAY_LOCK_DIR", dir.path().join("locks"))
-            .env("TALARIA_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut gateway = Gateway {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
+        let process = ApiGateway::start_in(&home, port, dir.path()).await;
+        Gateway {
+            process,
             dir,
             http: reqwest::Client::new(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = gateway
-                .http
-                .get(format!("{}/health", gateway.base))
-                .send()
-                .await
-                && r.status().is_success()
-            {
-                return gateway;
-            }
-            if let Some(status) = gateway.child.try_wait().unwrap() {
-                panic!("the gateway exited ({status}):\n{}", gateway.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the gateway never answered /health:\n{}",
-                gateway.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
+        self.process.log()
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        format!("{}{path}", self.process.url)
     }
 
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {

@@ -41,15 +41,7 @@ pub(crate) struct ResponsesInput {
 /// 400 in OpenAI's shape for invalid JSON, a missing or malformed `input`,
 /// no user text in it, and fields of the wrong type.
 pub(crate) fn parse_request(body: &[u8]) -> Result<ResponsesInput, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("Invalid JSON in request body: {e}"), "invalid_json")
-    })?;
-    let Some(object) = value.as_object() else {
-        return Err(ApiError::bad_request(
-            "Request body must be a JSON object",
-            "invalid_json",
-        ));
-    };
+    let object = crate::chat::body_object(body)?;
     // The ancestor's named chains are not kept here: a client relying on
     // one must hear so, not silently start over.
     if object.get("conversation").is_some_and(|c| !c.is_null()) {
