@@ -136,8 +136,7 @@ impl TranscriptDigest {
     /// The index key of the conversation so far.
     pub(crate) fn key(&self) -> String {
         let digest = self.hasher.clone().finalize();
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        format!("transcript:{hex}")
+        format!("transcript:{}", talaria_core::ids::to_hex(&digest))
     }
 }
 
@@ -260,23 +259,14 @@ impl TranscriptIndex {
             }
             recent.insert(key, at);
         }
-        // Both at once: they touch different entries, and the store's
-        // writer commits what is queued together, so the answer waits for
-        // one commit rather than two.
+        // One write: the old entry goes as the new one is written.
         let value = at.encode();
-        let set = store.set_cursor(INDEX_NAMESPACE, key, &value);
-        let drop_old = async {
-            match replaces {
-                Some(old) => store.delete_cursor(INDEX_NAMESPACE, old).await.map(drop),
-                None => Ok(()),
-            }
+        let written = match replaces {
+            Some(old) => store.move_cursor(INDEX_NAMESPACE, old, key, &value).await,
+            None => store.set_cursor(INDEX_NAMESPACE, key, &value).await,
         };
-        let (set, dropped) = tokio::join!(set, drop_old);
-        if let Err(e) = set {
+        if let Err(e) = written {
             tracing::warn!(session = %at.session_id, error = %e, "cannot record the API transcript index");
-        }
-        if let Err(e) = dropped {
-            tracing::warn!(session = %at.session_id, error = %e, "cannot drop an old API transcript index entry");
         }
     }
 }

@@ -182,10 +182,13 @@ impl Target {
     ) -> anyhow::Result<(Turn, String)> {
         let body = match &self.body_override {
             Some(b) => b.as_ref().clone(),
-            None if history.is_some() => serde_json::to_vec(&json!({
-                "model": "talaria",
-                "messages": history,
-            }))?,
+            // Serialized from the history in place: `json!` would copy
+            // every resent message first, client work on the cores the
+            // gateway is measured on.
+            None if history.is_some() => serde_json::to_vec(&HistoryBody {
+                model: "talaria",
+                messages: history.unwrap_or_default(),
+            })?,
             None => {
                 let content = match mode {
                     Mode::Tool => {
@@ -242,6 +245,13 @@ impl Target {
             answer,
         ))
     }
+}
+
+/// A header-less request: the history as the client resends it.
+#[derive(serde::Serialize)]
+struct HistoryBody<'a> {
+    model: &'a str,
+    messages: &'a [Value],
 }
 
 /// The answer must carry the mock's text; a 200 with an error inside does

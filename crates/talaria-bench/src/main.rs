@@ -200,6 +200,12 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
     let mock = mock::Mock::start().await?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
+        // Below the server's keep-alive limit (its header timeout, 10 s):
+        // a pooled connection the server is closing at the moment it is
+        // reused fails the request ("connection closed before message
+        // completed"), which a client with a longer idle time meets
+        // between the benchmark's phases.
+        .pool_idle_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(30))
         .build()?;
     let mut figures = Figures::describe_machine();

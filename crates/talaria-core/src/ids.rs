@@ -101,13 +101,29 @@ pub fn random_id(prefix: &str) -> String {
 /// Models see a stable handle, never the raw id.
 pub fn hash_id(prefix: &str, raw: &str) -> String {
     let digest = Sha256::digest(raw.as_bytes());
-    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}_{hex}")
+    format!("{prefix}_{}", to_hex(&digest[..6]))
+}
+
+/// Lower-case hex of `bytes`.
+pub fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_is_lower_case_two_digits_a_byte() {
+        assert_eq!(to_hex(&[]), "");
+        assert_eq!(to_hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
+    }
     use proptest::prelude::*;
 
     #[test]

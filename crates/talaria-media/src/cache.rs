@@ -142,7 +142,7 @@ impl MediaCache {
             .map_err(|e| cache_error(guard.path(), e))?;
         drop(file);
 
-        let sha256 = hex(&hasher.finalize());
+        let sha256 = talaria_core::ids::to_hex(&hasher.finalize());
         let sniffed = sniff(&head, hint.voice);
         let path = self.dir.join(format!("{sha256}.{}", sniffed.ext));
         tokio::fs::rename(guard.path(), &path)
@@ -252,14 +252,4 @@ async fn create_private_dir(dir: &Path) -> Result<(), MediaError> {
     #[cfg(unix)]
     builder.mode(0o700);
     builder.create(dir).await.map_err(|e| cache_error(dir, e))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(s, "{b:02x}");
-    }
-    s
 }

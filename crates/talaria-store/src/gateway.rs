@@ -4,7 +4,7 @@
 //! atomicity (claims, limits checked and applied in one transaction) here.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use talaria_core::ids::to_hex;
 
 use async_trait::async_trait;
 use rand::Rng;
@@ -347,16 +347,6 @@ pub(crate) fn truncate_chars(s: &str, max: usize) -> &str {
     }
 }
 
-/// Lower-case hex of `bytes`.
-pub(crate) fn to_hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
-
 /// `len_bytes` random bytes as hex: a pairing code's salt. The generator
 /// lives only inside this call, so no future holds it across an await.
 pub(crate) fn random_hex(len_bytes: usize) -> String {
@@ -634,6 +624,17 @@ pub trait CursorStore: Send + Sync {
     async fn set_cursor(&self, platform: &str, name: &str, value: &str) -> Result<()>;
     /// Forgets (`platform`, `name`); returns whether it was there.
     async fn delete_cursor(&self, platform: &str, name: &str) -> Result<bool>;
+    /// Saves `value` under (`platform`, `to`) and forgets (`platform`,
+    /// `from`) in one transaction: an entry that moves on with every
+    /// request (the API server's transcript index) costs one write, not
+    /// two.
+    async fn move_cursor(&self, platform: &str, from: &str, to: &str, value: &str) -> Result<()> {
+        self.set_cursor(platform, to, value).await?;
+        if from != to {
+            self.delete_cursor(platform, from).await?;
+        }
+        Ok(())
+    }
 }
 
 /// Everything the gateway needs from one backend.

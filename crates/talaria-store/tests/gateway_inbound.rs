@@ -1,6 +1,6 @@
 //! Inbound dedupe and adapter cursors, on both backends: one taker per
 //! event, even across two stores on one database; cursors survive a
-//! reopen.
+//! reopen and move in one write.
 
 #[macro_use]
 mod common;
@@ -79,7 +79,36 @@ async fn cursors_are_replaced_and_survive_a_reopen<S: Backend + CursorStore>(f: 
     assert!(store.cursor("mattermost", "since").await.unwrap().is_some());
 }
 
+async fn a_moved_cursor_leaves_its_old_name<S: Backend + CursorStore>(f: Fixture<S>) {
+    f.set_cursor("api_server", "a", "1 s1").await.unwrap();
+    f.set_cursor("api_server", "c", "old").await.unwrap();
+    f.move_cursor("api_server", "a", "b", "2 s1").await.unwrap();
+    assert_eq!(f.cursor("api_server", "a").await.unwrap(), None);
+    assert_eq!(
+        f.cursor("api_server", "b").await.unwrap().as_deref(),
+        Some("2 s1")
+    );
+    // Onto a name already taken: replaced. From a name that is gone: fine.
+    f.move_cursor("api_server", "b", "c", "3 s1").await.unwrap();
+    f.move_cursor("api_server", "missing", "d", "4 s2")
+        .await
+        .unwrap();
+    // Onto itself: kept, with the new value.
+    f.move_cursor("api_server", "d", "d", "5 s2").await.unwrap();
+    let store = f.reopen().await;
+    assert_eq!(store.cursor("api_server", "b").await.unwrap(), None);
+    assert_eq!(
+        store.cursor("api_server", "c").await.unwrap().as_deref(),
+        Some("3 s1")
+    );
+    assert_eq!(
+        store.cursor("api_server", "d").await.unwrap().as_deref(),
+        Some("5 s2")
+    );
+}
+
 contract_tests!(
+    a_moved_cursor_leaves_its_old_name,
     an_inbound_id_is_taken_once_per_platform,
     two_stores_racing_for_one_event_give_it_to_exactly_one,
     pruning_forgets_only_old_ids,

@@ -737,6 +737,32 @@ impl CursorStore for PostgresStore {
         settle(self, step)
     }
 
+    async fn move_cursor(&self, platform: &str, from: &str, to: &str, value: &str) -> Result<()> {
+        if from == to {
+            return self.set_cursor(platform, to, value).await;
+        }
+        let client = self.client().await?;
+        // One statement, so one round trip and one transaction: the old
+        // entry goes as the new one is written.
+        let step: Step<()> = async {
+            let statement = client
+                .prepare_cached(&format!(
+                    "WITH gone AS (DELETE FROM adapter_cursors WHERE platform = $1 AND name = $2) \
+                     INSERT INTO adapter_cursors (platform, name, value, updated_at) \
+                     VALUES ($1, $3, $4, {NOW}) \
+                     ON CONFLICT (platform, name) DO UPDATE SET \
+                     value = excluded.value, updated_at = excluded.updated_at"
+                ))
+                .await?;
+            client
+                .execute(&statement, &[&platform, &from, &to, &value])
+                .await?;
+            Ok(())
+        }
+        .await;
+        settle(self, step)
+    }
+
     async fn delete_cursor(&self, platform: &str, name: &str) -> Result<bool> {
         let client = self.client().await?;
         let step: Step<bool> = async {

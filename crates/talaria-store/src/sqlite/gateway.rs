@@ -591,16 +591,35 @@ impl CursorStore for SqliteStore {
 
     async fn set_cursor(&self, platform: &str, name: &str, value: &str) -> Result<()> {
         let (platform, name, value) = (platform.to_owned(), name.to_owned(), value.to_owned());
+        self.write(move |tx| upsert_cursor(tx, &platform, &name, &value))
+            .await
+    }
+
+    async fn move_cursor(&self, platform: &str, from: &str, to: &str, value: &str) -> Result<()> {
+        let (platform, from, to, value) = (
+            platform.to_owned(),
+            from.to_owned(),
+            to.to_owned(),
+            value.to_owned(),
+        );
         self.write(move |tx| {
-            tx.prepare_cached(
-                "INSERT INTO adapter_cursors (platform, name, value, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4) \
-                 ON CONFLICT (platform, name) DO UPDATE SET \
-                 value = excluded.value, updated_at = excluded.updated_at",
-            )?
-            .execute(params![platform, name, value, now()])?;
-            Ok(())
+            if from != to {
+                tx.prepare_cached("DELETE FROM adapter_cursors WHERE platform = ?1 AND name = ?2")?
+                    .execute(params![platform, from])?;
+            }
+            upsert_cursor(tx, &platform, &to, &value)
         })
         .await
     }
+}
+
+fn upsert_cursor(tx: &Transaction<'_>, platform: &str, name: &str, value: &str) -> OpResult<()> {
+    tx.prepare_cached(
+        "INSERT INTO adapter_cursors (platform, name, value, updated_at) \
+         VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (platform, name) DO UPDATE SET \
+         value = excluded.value, updated_at = excluded.updated_at",
+    )?
+    .execute(params![platform, name, value, now()])?;
+    Ok(())
 }
