@@ -1,6 +1,9 @@
 //! `talaria gateway run` with its API server, for the tests that drive it
 //! over HTTP.
 
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
