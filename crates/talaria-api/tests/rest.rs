@@ -2,6 +2,8 @@
 //! 127.0.0.1, a real SQLite store, the real agent on the mock model, and
 //! the gateway's real cron scheduler, pairing and status board.
 
+mod api_support;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -9,11 +11,8 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use talaria_agent::interaction::NoHuman;
-use talaria_agent::tools::Registry;
-use talaria_agent::{Agent, AgentParts};
 use talaria_api::{ApiServer, ApiServerSettings, GatewayServices};
-use talaria_core::{Config, Endpoint, Home, Message, ProviderKind, Redactor, Secret, ToolCall};
+use talaria_core::{Config, Home, Message, Secret, ToolCall};
 use talaria_gateway::cron::{Scheduler, SchedulerParts};
 use talaria_gateway::delivery::Delivery;
 use talaria_gateway::hooks::Hooks;
@@ -48,32 +47,9 @@ async fn rig(with_gateway: bool, configure: impl FnOnce(&mut Config)) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let home = Home::at(dir.path().join("home"));
     home.ensure().unwrap();
-    let workdir = dir.path().join("work");
-    std::fs::create_dir_all(&workdir).unwrap();
-    let mut config = Config::default();
-    config.model.default = Some("test-model".into());
-    config.model.base_url = Some(mock.base_url());
-    config.agent.api_max_retries = 0;
-    configure(&mut config);
-    let config = Arc::new(config);
-    let endpoint = Endpoint {
-        provider: ProviderKind::Custom,
-        model: "test-model".into(),
-        base_url: mock.base_url(),
-        api_key: None,
-    };
-    let provider = talaria_llm::provider_for(&endpoint, &config.agent);
     let store = Arc::new(SqliteStore::open(&home.state_db()).unwrap());
-    let agent = Arc::new(Agent::new(AgentParts {
-        config: config.clone(),
-        home: home.clone(),
-        provider,
-        store: store.clone(),
-        registry: Arc::new(Registry::with_core_tools(&config)),
-        interaction: Arc::new(NoHuman),
-        redactor: Redactor::default(),
-        workdir,
-    }));
+    let agent = api_support::agent_over(&mock, dir.path(), home.clone(), store.clone(), configure);
+    let config = agent.parts().config.clone();
     let settings = ApiServerSettings {
         host: "127.0.0.1".into(),
         port: 0,
