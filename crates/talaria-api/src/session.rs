@@ -24,7 +24,7 @@ pub(crate) const HERMES_SESSION_HEADER: &str = "x-hermes-session-id";
 const MAX_HEADER_ID_LEN: usize = talaria_core::ids::MAX_ID_LEN;
 
 /// What sessions created here are marked with.
-const SOURCE: &str = "api_server";
+pub(crate) const SOURCE: &str = "api_server";
 
 /// The session id the client chose, if it sent one.
 ///

@@ -127,7 +127,7 @@ impl Admitted {
             let options = talaria_agent::TurnOptions {
                 media,
                 execution: Some(execution),
-                platform: Some("api_server".to_owned()),
+                platform: Some(crate::session::SOURCE.to_owned()),
                 provider,
                 interaction,
                 instructions,

@@ -38,9 +38,8 @@ const MAX_MESSAGES: usize = 500;
 const FORK_BATCH: usize = 200;
 /// Longest title accepted, in chars.
 const MAX_TITLE_CHARS: usize = 200;
-/// Where sessions made through this API come from, as the chat routes
-/// record theirs.
-const SOURCE: &str = "api_server";
+/// Where sessions made through this API come from: the chat routes' mark.
+use crate::session::SOURCE;
 
 type PathId = Result<Path<String>, PathRejection>;
 type QueryParams = Result<Query<Params>, QueryRejection>;
