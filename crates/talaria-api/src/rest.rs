@@ -12,6 +12,10 @@
 //! - `jobs`: `/api/jobs` (cron jobs through the gateway's checks).
 //! - `pairing`: `/api/pairing` (pending codes, approve, deny, revoke).
 //! - `catalog`: `/v1/capabilities`, `/v1/skills`, `/v1/toolsets`.
+//! - `learning`: `/api/memory` (the memory files, changed through the
+//!   `memory` tool), `/api/skills` (a skill read, created, rewritten
+//!   through `skill_manage`), `/api/learning` (the learning log, rollback,
+//!   the learning graph).
 //! - `health`: `/health/detailed`.
 //! - `openapi`: `/openapi.json`, the description of every route.
 //!
@@ -21,6 +25,7 @@
 mod catalog;
 mod health;
 mod jobs;
+mod learning;
 pub(crate) mod openapi;
 mod pairing;
 mod sessions;
@@ -89,6 +94,18 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
         .route("/v1/capabilities", get(catalog::capabilities))
         .route("/v1/skills", get(catalog::skills))
         .route("/v1/toolsets", get(catalog::toolsets))
+        .route(
+            "/api/memory",
+            get(learning::memory).post(learning::memory_change),
+        )
+        .route("/api/skills", post(learning::skill_create))
+        .route(
+            "/api/skills/{name}",
+            get(learning::skill).put(learning::skill_edit),
+        )
+        .route("/api/learning", get(learning::log))
+        .route("/api/learning/rollback", post(learning::rollback))
+        .route("/api/learning/graph", get(learning::graph))
         .route("/health/detailed", get(health::detailed))
         .route("/openapi.json", get(openapi::document))
 }

@@ -16,6 +16,8 @@
 //!   memory, with contents kept by hash for rollback.
 //! - [`skill_history`]: that log read per skill: the skills the agent
 //!   wrote, and rolling one back.
+//! - [`restore`]: a skill's SKILL.md or a memory file put back to a
+//!   version the log kept (one step back, or by hash), by anyone.
 //! - [`graph`]: the learning graph (every skill by who wrote it, memory
 //!   cards, their links) as JSON, DOT or a self-contained HTML page.
 //! - [`curator`]: agent-written skills that go unused turn stale, then
@@ -34,6 +36,7 @@ pub mod graph;
 pub mod invoke;
 pub mod log;
 pub mod mem0;
+pub mod restore;
 pub mod review;
 pub mod scratch;
 pub mod skill_history;

@@ -21,7 +21,7 @@ use talaria_core::Home;
 pub struct Entry {
     /// When the change was made.
     pub at: DateTime<Utc>,
-    /// `agent`, `review`, `user` or `curator`.
+    /// `agent`, `review`, `user`, `curator` or `api` (the HTTP API).
     pub actor: String,
     /// `create`, `edit`, `patch`, `delete`, `write_file`, `remove_file`,
     /// `memory`, `rollback`, ...
@@ -34,6 +34,30 @@ pub struct Entry {
     pub before: Option<String>,
     /// Hash of the content after (`None`: it no longer exists).
     pub after: Option<String>,
+}
+
+/// Bytes the log is read backwards by at a time.
+const BLOCK: usize = 64 * 1024;
+
+/// Longest line read backwards: an entry is a few hundred
+/// bytes, so only a damaged file has longer ones.
+const MAX_LINE: usize = 64 * 1024;
+
+/// The hash the log names a content by: SHA-256, lower-case hex.
+pub fn content_hash(content: &[u8]) -> String {
+    Sha256::digest(content)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// One page of the log, newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Page {
+    /// The entries of the page.
+    pub entries: Vec<Entry>,
+    /// Whether older entries follow.
+    pub has_more: bool,
 }
 
 /// The log of one home.
@@ -109,10 +133,7 @@ impl LearningLog {
 
     /// Stores `content` under its hash; returns the hash.
     fn store_blob(&self, content: &[u8]) -> std::io::Result<String> {
-        let hash: String = Sha256::digest(content)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hash = content_hash(content);
         let dir = self.root.join("blobs");
         let path = dir.join(&hash);
         if !path.exists() {
@@ -141,6 +162,97 @@ impl LearningLog {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The entries `keep` accepts, newest first: `skip` of them passed
+    /// over, then at most `take`. The file is read backwards from its end
+    /// a block at a time, so a recent page costs a few blocks however long
+    /// the log has grown, and memory stays bounded; a deep page reads
+    /// everything after it. Lines that do not parse (or are absurdly long)
+    /// are skipped, as [`LearningLog::entries`] skips them.
+    pub fn newest(
+        &self,
+        skip: usize,
+        take: usize,
+        keep: impl Fn(&Entry) -> bool,
+    ) -> std::io::Result<Page> {
+        let mut page = Page::default();
+        let mut skipped = 0usize;
+        self.scan_back(|entry| {
+            if !keep(&entry) {
+                return false;
+            }
+            if skipped < skip {
+                skipped += 1;
+                false
+            } else if page.entries.len() < take {
+                page.entries.push(entry);
+                false
+            } else {
+                page.has_more = true;
+                true
+            }
+        })?;
+        Ok(page)
+    }
+
+    /// The newest entry `keep` accepts, read from the end of the log as
+    /// [`LearningLog::newest`] reads it.
+    pub fn latest(&self, keep: impl Fn(&Entry) -> bool) -> std::io::Result<Option<Entry>> {
+        let mut found = None;
+        self.scan_back(|entry| {
+            if keep(&entry) {
+                found = Some(entry);
+                true
+            } else {
+                false
+            }
+        })?;
+        Ok(found)
+    }
+
+    /// Hands `visit` every entry from the newest back, until it returns
+    /// true or the log's start is reached.
+    fn scan_back(&self, mut visit: impl FnMut(Entry) -> bool) -> std::io::Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut file = match std::fs::File::open(self.root.join("log.jsonl")) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut line = |bytes: &[u8]| -> bool {
+            serde_json::from_slice::<Entry>(bytes.trim_ascii()).is_ok_and(&mut visit)
+        };
+        let mut pos = file.metadata()?.len();
+        // The end of the line being read: its bytes after the block that
+        // holds its start.
+        let mut carry: Vec<u8> = Vec::new();
+        // Inside a line longer than MAX_LINE: dropped up to its start.
+        let mut oversized = false;
+        while pos > 0 {
+            let n = (BLOCK as u64).min(pos);
+            pos -= n;
+            file.seek(SeekFrom::Start(pos))?;
+            let mut buf = vec![0u8; n as usize];
+            file.read_exact(&mut buf)?;
+            buf.extend_from_slice(&carry);
+            while let Some(i) = buf.iter().rposition(|b| *b == b'\n') {
+                if !oversized && line(&buf[i + 1..]) {
+                    return Ok(());
+                }
+                oversized = false;
+                buf.truncate(i);
+            }
+            if buf.len() > MAX_LINE {
+                oversized = true;
+                buf.clear();
+            }
+            carry = buf;
+        }
+        if !oversized {
+            line(&carry);
+        }
+        Ok(())
     }
 
     /// The home the paths are relative to.
@@ -247,6 +359,59 @@ impl talaria_agent::tools::Tool for LoggedMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pages_are_read_newest_first_from_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().join("home"));
+        let log = LearningLog::new(&home);
+        std::fs::create_dir_all(dir.path().join("home/learning")).unwrap();
+        // Enough entries to span several blocks, a line that is not JSON
+        // and one far longer than any entry.
+        let mut text = String::new();
+        for i in 0..1500 {
+            let entry = Entry {
+                at: Utc::now(),
+                actor: "agent".into(),
+                action: "edit".into(),
+                target: format!("skill:s{}", i % 3),
+                path: format!("skills/s{i}/SKILL.md"),
+                before: None,
+                after: Some(format!("{i:064}")),
+            };
+            text.push_str(&serde_json::to_string(&entry).unwrap());
+            text.push('\n');
+            if i == 700 {
+                text.push_str("not json\n");
+                text.push_str(&"x".repeat(3 * MAX_LINE));
+                text.push('\n');
+            }
+        }
+        std::fs::write(dir.path().join("home/learning/log.jsonl"), text).unwrap();
+        let numbers = |page: &Page| -> Vec<usize> {
+            page.entries
+                .iter()
+                .map(|e| e.after.as_deref().unwrap().parse().unwrap())
+                .collect()
+        };
+        let first = log.newest(0, 3, |_| true).unwrap();
+        assert_eq!(numbers(&first), [1499, 1498, 1497]);
+        assert!(first.has_more);
+        let across = log.newest(797, 5, |_| true).unwrap();
+        assert_eq!(numbers(&across), [702, 701, 700, 699, 698]);
+        let last = log.newest(1498, 10, |_| true).unwrap();
+        assert_eq!(numbers(&last), [1, 0]);
+        assert!(!last.has_more);
+        let one_skill = log.newest(1, 2, |e| e.target == "skill:s1").unwrap();
+        assert_eq!(numbers(&one_skill), [1495, 1492]);
+        assert_eq!(log.newest(0, 2000, |_| true).unwrap().entries.len(), 1500);
+        let latest = log.latest(|e| e.target == "skill:s0").unwrap().unwrap();
+        assert_eq!(latest.path, "skills/s1497/SKILL.md");
+        assert!(log.latest(|e| e.target == "skill:none").unwrap().is_none());
+        // No log yet: an empty page.
+        let empty = LearningLog::new(&Home::at(dir.path().join("none")));
+        assert_eq!(empty.newest(0, 5, |_| true).unwrap(), Page::default());
+    }
 
     #[test]
     fn the_agent_wrote_the_skills_it_created_until_they_are_removed() {

@@ -25,7 +25,19 @@ pub fn review_skill_tools(library: Arc<Library>) -> Vec<Arc<dyn Tool>> {
     tools(library, Some(Arc::new(Mutex::new(HashSet::new()))))
 }
 
+/// `skill_manage` alone, for a caller other than the model (the HTTP
+/// API): the same checks and the same learning log, its changes recorded
+/// as `actor`'s.
+pub fn skill_manage_as(library: Arc<Library>, actor: &'static str) -> Arc<dyn Tool> {
+    Arc::new(SkillManage {
+        library,
+        review: None,
+        actor,
+    })
+}
+
 fn tools(library: Arc<Library>, review: Option<Viewed>) -> Vec<Arc<dyn Tool>> {
+    let actor = if review.is_some() { "review" } else { "agent" };
     vec![
         Arc::new(SkillsList {
             library: library.clone(),
@@ -34,7 +46,11 @@ fn tools(library: Arc<Library>, review: Option<Viewed>) -> Vec<Arc<dyn Tool>> {
             library: library.clone(),
             review: review.clone(),
         }),
-        Arc::new(SkillManage { library, review }),
+        Arc::new(SkillManage {
+            library,
+            review,
+            actor,
+        }),
     ]
 }
 
@@ -252,6 +268,8 @@ fn grant_env(ctx: &ToolContext, names: &[String], agent_made: bool) -> String {
 pub struct SkillManage {
     library: Arc<Library>,
     review: Option<Viewed>,
+    /// Who the learning log says made the change.
+    actor: &'static str,
 }
 
 #[async_trait]
@@ -288,6 +306,7 @@ impl Tool for SkillManage {
         let args = args.clone();
         let library = self.library.clone();
         let review = self.review.clone();
+        let actor = self.actor;
         tokio::task::spawn_blocking(move || -> ToolResult {
             let now = Utc::now();
             if let Some(viewed) = &review
@@ -296,7 +315,6 @@ impl Tool for SkillManage {
                 guard_review_write(&library, viewed, &name, &action, &args)?;
             }
             let by = review.as_ref().map(|_| "agent");
-            let actor = if review.is_some() { "review" } else { "agent" };
             // The file this action changes, read before and after for the
             // learning log.
             let file = match action.as_str() {

@@ -139,6 +139,100 @@ pub(crate) const OPERATIONS: &[Operation] = &[
     ),
     op(
         "get",
+        "/api/memory",
+        "memory",
+        "learning",
+        "MEMORY.md (memory) and USER.md (user): their entries, the characters they take and the limits.",
+        None,
+        (200, "Memory"),
+    ),
+    op(
+        "post",
+        "/api/memory",
+        "memory_change",
+        "learning",
+        "Adds, replaces or removes one memory entry through the agent's memory tool (logged); its refusal is a 400.",
+        Some("MemoryChange"),
+        (200, "Memory"),
+    ),
+    op(
+        "post",
+        "/api/skills",
+        "skill_create",
+        "learning",
+        "Creates a skill of the user's through skill_manage (validated, logged); 409 when the name is taken.",
+        Some("NewSkill"),
+        (201, "Skill"),
+    ),
+    op(
+        "get",
+        "/api/skills/{name}",
+        "skill",
+        "learning",
+        "A skill's SKILL.md, listing, origin (bundled skills are read-only) and support files.",
+        None,
+        (200, "Skill"),
+    ),
+    op(
+        "put",
+        "/api/skills/{name}",
+        "skill_edit",
+        "learning",
+        "Rewrites a user skill's SKILL.md through skill_manage (validated, logged); bundled skills are 403.",
+        Some("SkillContent"),
+        (200, "Skill"),
+    ),
+    with_query(
+        op(
+            "get",
+            "/api/learning",
+            "learning_log",
+            "learning",
+            "The learning log (every change to skills and memory), newest first, a page at a time.",
+            None,
+            (200, "LearningLog"),
+        ),
+        &[
+            (
+                "limit",
+                "integer",
+                "Entries per page: 0 to 200, default 50.",
+            ),
+            ("offset", "integer", "Entries to skip (at most 100000)."),
+            (
+                "target",
+                "string",
+                "Only one target's changes: skill:<name> (its support files included) or memory:MEMORY.md / memory:USER.md.",
+            ),
+        ],
+    ),
+    op(
+        "post",
+        "/api/learning/rollback",
+        "learning_rollback",
+        "learning",
+        "Puts a skill's SKILL.md or a memory file back one change, or to a version the log names (logged).",
+        Some("Rollback"),
+        (200, "RollbackResult"),
+    ),
+    with_query(
+        op(
+            "get",
+            "/api/learning/graph",
+            "learning_graph",
+            "learning",
+            "The learning graph: skills by who wrote them, memory cards, their links.",
+            None,
+            (200, "LearningGraph"),
+        ),
+        &[(
+            "format",
+            "string",
+            "json (the default) or dot (Graphviz, text/vnd.graphviz).",
+        )],
+    ),
+    op(
+        "get",
         "/v1/models",
         "models",
         "openai",
@@ -604,6 +698,60 @@ fn schemas() -> Value {
         json!({"type": "object", "additionalProperties": false, "required": ["platform", "user_id"],
             "properties": {"platform": string, "user_id": string}}),
     );
+    all.insert(
+        "MemoryTarget".into(),
+        json!({"type": "object", "properties": {
+            "target": {"enum": ["memory", "user"]}, "file": string,
+            "entries": {"type": "array", "items": string}, "entry_count": integer,
+            "chars_used": integer, "char_limit": integer, "usage_percent": integer}}),
+    );
+    all.insert(
+        "Memory".into(),
+        json!({"type": "object", "properties": {"object": string,
+            "enabled": {"type": "boolean"}, "delimiter": string,
+            "targets": {"type": "array", "items": schema("MemoryTarget")}, "message": string}}),
+    );
+    all.insert("MemoryChange".into(), json!({"type": "object", "additionalProperties": false,
+            "required": ["action", "target"], "properties": {
+            "action": {"enum": ["add", "replace", "remove"]}, "target": {"enum": ["memory", "user"]},
+            "content": string, "old_text": string}}));
+    all.insert(
+        "Skill".into(),
+        json!({"type": "object", "properties": {"object": string,
+            "name": string, "description": string, "category": string,
+            "origin": {"enum": ["user", "bundled"]}, "read_only": {"type": "boolean"},
+            "content": string, "files": {"type": "array", "items": string},
+            "files_truncated": {"type": "boolean"}, "message": string}}),
+    );
+    all.insert("NewSkill".into(), json!({"type": "object", "additionalProperties": false,
+            "required": ["name", "content"], "properties": {"name": string, "content": string, "category": string}}));
+    all.insert(
+        "SkillContent".into(),
+        json!({"type": "object", "additionalProperties": false,
+            "required": ["content"], "properties": {"content": string}}),
+    );
+    all.insert(
+        "LearningEntry".into(),
+        json!({"type": "object", "properties": {
+            "at": string, "actor": string, "action": string, "target": string, "path": string,
+            "before": nullable_string, "after": nullable_string}}),
+    );
+    all.insert(
+        "LearningLog".into(),
+        json!({"type": "object", "properties": {"object": string,
+            "data": {"type": "array", "items": schema("LearningEntry")},
+            "limit": integer, "offset": integer, "has_more": {"type": "boolean"}}}),
+    );
+    all.insert("Rollback".into(), json!({"type": "object", "additionalProperties": false, "properties": {
+            "skill": string, "memory": {"enum": ["memory", "user"]},
+            "to": {"type": "string", "description": "a version's hash from the log; omitted: one step back"}}}));
+    all.insert(
+        "RollbackResult".into(),
+        json!({"type": "object", "properties": {"object": string,
+            "target": string, "message": string, "from": nullable_string, "to": nullable_string,
+            "skill": {"oneOf": [schema("Skill"), {"type": "null"}]}, "memory": schema("Memory")}}),
+    );
+    all.insert("LearningGraph".into(), object.clone());
     Value::Object(all)
 }
 
@@ -613,9 +761,15 @@ fn error_response(description: &str) -> Value {
 
 fn operation(o: &Operation) -> Value {
     let mut parameters: Vec<Value> = Vec::new();
-    if o.path.contains("{id}") {
+    // Every `{name}` segment of the path is a parameter.
+    let params: Vec<&str> = o
+        .path
+        .split('/')
+        .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
+        .collect();
+    for name in &params {
         parameters.push(
-            json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}),
+            json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}),
         );
     }
     for (name, kind, description) in o.query {
@@ -638,7 +792,7 @@ fn operation(o: &Operation) -> Value {
     if !public {
         responses.insert("401".into(), error_response("Missing or wrong API key"));
     }
-    if o.path.contains("{id}") {
+    if !params.is_empty() {
         responses.insert("404".into(), error_response("No such id"));
     }
     let mut v = json!({
@@ -673,7 +827,7 @@ pub(crate) fn describe() -> Value {
             "title": "Talaria API server",
             "version": env!("CARGO_PKG_VERSION"),
             "description": "OpenAI-compatible chat, responses and runs, and REST for sessions, \
-                            cron jobs, pairing, skills and toolsets. Errors are OpenAI's \
+                            cron jobs, pairing, skills, memory, the learning log and toolsets. Errors are OpenAI's \
                             {\"error\": {\"message\", \"type\", \"code\"}}.",
         },
         "security": [{"bearerAuth": []}],
