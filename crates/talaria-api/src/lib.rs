@@ -402,6 +402,19 @@ impl ApiServer {
         self
     }
 
+    /// The API's routes as they are served (behind the key), for a
+    /// client in this process: the dashboard calls them with the key, so
+    /// it can do nothing the API cannot.
+    pub fn routes(&self) -> Router {
+        self.router.clone()
+    }
+
+    /// Serves `extra` (the dashboard's routes) on this server's port
+    /// beside the API's; paths the API has are not to be in it.
+    pub fn merge(&mut self, extra: Router) {
+        self.router = self.router.clone().merge(extra);
+    }
+
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr

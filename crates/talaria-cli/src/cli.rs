@@ -108,6 +108,18 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::store_cmd::StoreCommand,
     },
+    /// The web dashboard (served by `gateway run` under /ui).
+    Dashboard {
+        #[command(subcommand)]
+        command: DashboardCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DashboardCommand {
+    /// Print the argon2 hash of a password (read from standard input) for
+    /// `dashboard.password_hash`.
+    HashPassword,
 }
 
 #[derive(Debug, Subcommand)]

@@ -11,6 +11,7 @@ use talaria_agent::tools::send_message::SendMessageTool;
 use talaria_api::{ApiServer, ApiServerConfig, ApiServerSettings};
 use talaria_core::Home;
 use talaria_core::config::PlatformSection;
+use talaria_dashboard::{Dashboard, DashboardSettings};
 use talaria_gateway::Adapter;
 use talaria_gateway::cron::{CronTool, Zone};
 use talaria_gateway::delivery::Delivery;
@@ -221,6 +222,9 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     let api = ApiServerSettings::from_config(&api_config, &rt.loaded.env)
         .context("the API server is misconfigured")
         .map_err(bad_config)?;
+    let dashboard = DashboardSettings::from_config(&rt.config.dashboard, api.is_some())
+        .context("the dashboard is misconfigured")
+        .map_err(bad_config)?;
     if adapters.is_empty() && api.is_none() {
         return Err(bad_config(anyhow::anyhow!(
             "nothing to serve: no platform is enabled.\n\
@@ -265,8 +269,10 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
 
+    let mut dashboard_task = None;
     let api_task = match api {
         Some(settings) => {
+            let key = settings.key.clone();
             let mut server = ApiServer::bind_with(settings, agent.clone(), gateway.turn_leases())
                 .await
                 .context("cannot start the API server")?
@@ -290,6 +296,26 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
             let addr = server.local_addr();
             tracing::info!(%addr, "API server listening");
             eprintln!("talaria: API server listening on http://{addr}");
+            if let Some(settings) = dashboard {
+                let ui = Dashboard::new(
+                    settings.clone(),
+                    server.routes(),
+                    key,
+                    rt.gateway_store.clone(),
+                );
+                match &settings.own_listener {
+                    None => {
+                        server.merge(ui.router());
+                        eprintln!("talaria: dashboard on http://{addr}/ui/");
+                    }
+                    Some((host, port)) => {
+                        dashboard_task = Some(
+                            serve_dashboard(host, *port, ui, &gateway.board(), shutdown.clone())
+                                .await?,
+                        );
+                    }
+                }
+            }
             report_service(&gateway.board(), "api_server", true, None);
             let board = gateway.board();
             let stop = shutdown.clone();
@@ -317,7 +343,10 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
         eprintln!("talaria: gateway running for {}", names.join(", "));
     }
     gateway.run(shutdown).await;
-    for task in [api_task, ingress_task].into_iter().flatten() {
+    for task in [api_task, dashboard_task, ingress_task]
+        .into_iter()
+        .flatten()
+    {
         let _ = task.await;
     }
     // The gateway told the chats what its stop ended; now it ends.
@@ -331,6 +360,37 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     }
     drop(pid_file);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serves the dashboard on a port of its own (`dashboard.port`) until
+/// `shutdown`.
+async fn serve_dashboard(
+    host: &str,
+    port: u16,
+    ui: Dashboard,
+    board: &Arc<talaria_gateway::supervisor::StatusBoard>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let (listener, addr) = talaria_platforms::listen::bind_listener(host, port)
+        .await
+        .map_err(|(addr, e)| anyhow::anyhow!("cannot start the dashboard on {addr}: {e}"))?;
+    eprintln!("talaria: dashboard on http://{addr}/ui/");
+    report_service(board, "dashboard", true, None);
+    let board = board.clone();
+    Ok(tokio::spawn(async move {
+        let served = talaria_platforms::listen::serve(
+            "dashboard",
+            listener,
+            ui.router(),
+            talaria_platforms::listen::ConnectionLimits::for_this_process(),
+            shutdown.cancelled_owned(),
+        )
+        .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the dashboard failed");
+            report_service(&board, "dashboard", false, Some(e.to_string()));
+        }
+    }))
 }
 
 /// Says what the open-file limit is (raised at start, see `main`): the

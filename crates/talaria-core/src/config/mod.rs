@@ -174,6 +174,8 @@ pub struct Config {
     pub prices: BTreeMap<String, ModelPrice>,
     /// Spending limits for the home and per chat (`budget:`).
     pub budget: BudgetConfig,
+    /// The web dashboard (`dashboard:`).
+    pub dashboard: DashboardConfig,
 }
 
 /// A parsed configuration with what was noticed on the way.
@@ -199,6 +201,7 @@ mod yaml_errors;
 
 mod agent;
 mod code_execution;
+mod dashboard;
 mod delegation;
 mod env;
 mod gateway;
@@ -213,6 +216,7 @@ mod web;
 
 pub use agent::*;
 pub use code_execution::*;
+pub use dashboard::*;
 pub use delegation::*;
 pub use env::*;
 pub use gateway::*;
