@@ -387,5 +387,67 @@ async fn an_operator_uses_the_dashboard_in_chromium() {
         .await;
     assert_eq!(job["state"], "paused");
 
+    // Memory: edit an entry in the page; the memory tool makes the change
+    // and the learning log records it.
+    setup
+        .api(
+            reqwest::Method::POST,
+            "/api/memory",
+            json!({"action": "add", "target": "user", "content": "Prefers tea in the morning"}),
+        )
+        .await;
+    setup.open("/ui/memory").await;
+    setup
+        .eval(
+            "const box = document.querySelector('#memory-user textarea[name=content]');              box.value = 'Prefers coffee in the morning';              box.form.requestSubmit(); 1",
+        )
+        .await;
+    setup.wait_for("document.getElementById('flash') && document.getElementById('flash').className.includes('ok')").await;
+    setup.wait_for("document.querySelector('#memory-user textarea[name=content]').value === 'Prefers coffee in the morning'").await;
+    setup.shot("memory").await;
+    let memory = setup
+        .api(reqwest::Method::GET, "/api/memory", json!({}))
+        .await;
+    let user = memory["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["target"] == "user")
+        .unwrap();
+    assert_eq!(
+        user["entries"],
+        json!(["Prefers coffee in the morning"]),
+        "{memory}"
+    );
+    let log = setup
+        .api(reqwest::Method::GET, "/api/learning?limit=5", json!({}))
+        .await;
+    assert_eq!(log["data"][0]["target"], "memory:USER.md", "{log}");
+    assert_eq!(log["data"][0]["actor"], "api", "{log}");
+
+    // Skills, the learning log and the graph show what was learned.
+    setup
+        .api(
+            reqwest::Method::POST,
+            "/api/skills",
+            json!({"name": "brew-coffee", "content": "---\nname: brew-coffee\ndescription: How the user likes coffee made\n---\n\nGrind fine, brew four minutes.\n"}),
+        )
+        .await;
+    setup.open("/ui/skills/brew-coffee").await;
+    setup
+        .wait_for("document.getElementById('skill-content').value.includes('Grind fine')")
+        .await;
+    setup.shot("skill").await;
+    setup.open("/ui/learning").await;
+    setup
+        .wait_for("document.getElementById('learning-log').innerText.includes('skill:brew-coffee')")
+        .await;
+    setup.shot("learning").await;
+    setup.open("/ui/graph").await;
+    setup
+        .wait_for("document.querySelector('#learning-graph .node.yours')")
+        .await;
+    setup.shot("graph").await;
+
     setup.browser.close_all().await;
 }

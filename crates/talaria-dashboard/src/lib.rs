@@ -110,6 +110,18 @@ impl Dashboard {
             .route("/ui/pairing/{action}", post(pages::pairing::act))
             .route("/ui/cron", get(pages::cron::page).post(pages::cron::create))
             .route("/ui/cron/{id}/{action}", post(pages::cron::act))
+            .route(
+                "/ui/memory",
+                get(pages::memory::page).post(pages::memory::change),
+            )
+            .route("/ui/skills", get(pages::skills::list))
+            .route(
+                "/ui/skills/{name}",
+                get(pages::skills::show).post(pages::skills::save),
+            )
+            .route("/ui/learning", get(pages::learning::page))
+            .route("/ui/learning/rollback", post(pages::learning::rollback))
+            .route("/ui/graph", get(pages::graph::page))
             .route("/ui/logout", post(auth::logout))
             .route("/ui/api/{*path}", any(api::pass_through))
             .route_layer(axum::middleware::from_fn_with_state(

@@ -5,9 +5,13 @@
 
 pub(crate) mod chat;
 pub(crate) mod cron;
+pub(crate) mod graph;
+pub(crate) mod learning;
+pub(crate) mod memory;
 pub(crate) mod overview;
 pub(crate) mod pairing;
 pub(crate) mod sessions;
+pub(crate) mod skills;
 
 use axum::response::{IntoResponse, Redirect, Response};
 
