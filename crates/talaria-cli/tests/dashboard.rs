@@ -492,3 +492,60 @@ async fn the_dashboard_can_have_a_port_of_its_own() {
     let models: Value = models.json().await.unwrap();
     assert_eq!(models["data"][0]["id"], "mock-model");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_of_a_shared_store_serve_the_same_dashboard_and_logins() {
+    let llm = MockOpenAi::start().await;
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    let store = format!(
+        "store:\n  backend: postgres\n  postgres_url: {}\n  postgres_schema: {schema}\n  \
+         postgres_max_connections: 4\n",
+        talaria_testkit::postgres::url()
+    );
+    let a = Ui::start(&llm, &store).await;
+    let b = Ui::start(&llm, &store).await;
+    let made = a
+        .api(
+            reqwest::Method::POST,
+            "/api/sessions",
+            json!({"title": "made on node a"}),
+        )
+        .await;
+    let id = made["session"]["id"].as_str().unwrap().to_owned();
+
+    // Logged in on one node, known on the other.
+    let cookie = a.logged_in().await;
+    let page = b.page(&cookie, "/ui/sessions").await;
+    assert!(page.contains("made on node a"), "{page}");
+    let transcript = b.page(&cookie, &format!("/ui/sessions/{id}")).await;
+    assert!(transcript.contains("made on node a"));
+
+    // A change made through one node's page, with its token, is done.
+    let csrf = csrf_of(&b.page(&cookie, "/ui/").await);
+    let renamed = b
+        .post_form(
+            Some(&cookie),
+            &format!("/ui/sessions/{id}/rename"),
+            &[("csrf", &csrf), ("title", "renamed on node b")],
+            None,
+        )
+        .await;
+    assert_eq!(renamed.status(), StatusCode::SEE_OTHER);
+    assert!(
+        a.page(&cookie, &format!("/ui/sessions/{id}"))
+            .await
+            .contains("renamed on node b")
+    );
+
+    // Logging out on one node ends the login on both.
+    let out = b
+        .post_form(Some(&cookie), "/ui/logout", &[("csrf", &csrf)], None)
+        .await;
+    assert_eq!(out.status(), StatusCode::SEE_OTHER);
+    for node in [&a, &b] {
+        assert_eq!(
+            node.get(Some(&cookie), "/ui/").await.status(),
+            StatusCode::SEE_OTHER
+        );
+    }
+}
