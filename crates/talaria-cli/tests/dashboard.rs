@@ -262,7 +262,9 @@ async fn a_forged_change_is_refused_and_changes_nothing() {
     let cookie = ui.logged_in().await;
     let csrf = csrf_of(&ui.page(&cookie, "/ui/cron").await);
     let pause = format!("/ui/cron/{job_id}/pause");
-    let forged: [(&[(&str, &str)], Option<&str>); 4] = [
+    // Each forgery: the form's fields and the Origin sent.
+    type Forgery<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+    let forged: [Forgery; 4] = [
         (&[], None),
         (&[("csrf", "0123")], None),
         (&[("csrf", &csrf[..63])], None),
