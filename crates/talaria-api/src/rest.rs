@@ -1,6 +1,7 @@
 //! The REST side of the server: stored sessions, cron jobs, DM pairing,
 //! what the server offers (capabilities, skills, toolsets), the detailed
-//! health report and the OpenAPI description.
+//! health report, the configuration and the logs, and the OpenAPI
+//! description.
 //!
 //! # Layout
 //!
@@ -17,15 +18,21 @@
 //!   through `skill_manage`), `/api/learning` (the learning log, rollback,
 //!   the learning graph).
 //! - `health`: `/health/detailed`.
+//! - `config`: `/api/config` (the effective configuration, masked, with
+//!   `talaria config check`'s findings, through the gateway's hook).
+//! - `logs`: `/api/logs` (a log's tail, read backwards within bounds,
+//!   with a text and a level filter) and `/api/logs/files`.
 //! - `openapi`: `/openapi.json`, the description of every route.
 //!
 //! Every route here is behind the API key; the ones that need the gateway
 //! answer 503 when the server runs without one (tests, embedding).
 
 mod catalog;
+mod config;
 mod health;
 mod jobs;
 mod learning;
+mod logs;
 pub(crate) mod openapi;
 mod pairing;
 mod sessions;
@@ -45,8 +52,9 @@ use talaria_store::{GatewayStore, StoreError};
 use super::AppState;
 use super::error::ApiError;
 
-/// What the jobs, pairing and detailed-health routes use of the gateway
-/// the server runs beside. Without it those routes answer 503.
+/// What the jobs, pairing, detailed-health and configuration routes use
+/// of the gateway the server runs beside. Without it those routes answer
+/// 503.
 pub struct GatewayServices {
     /// The gateway's store: cron jobs, pairing, the ledger, the nodes.
     pub store: Arc<dyn GatewayStore>,
@@ -57,6 +65,13 @@ pub struct GatewayServices {
     pub board: Arc<StatusBoard>,
     /// How many chats have a turn running now.
     pub running_turns: Arc<dyn Fn() -> usize + Send + Sync>,
+    /// The configuration's report as `GET /api/config` answers it: read
+    /// from the files on disk at each call (so an edit shows at the next
+    /// request), secrets masked, with `talaria config check`'s findings.
+    /// The checks need every crate's sections, which this crate cannot
+    /// reach, so the binary hands them in. It blocks (it reads files):
+    /// call it off the async threads.
+    pub config_report: Arc<dyn Fn() -> serde_json::Value + Send + Sync>,
 }
 
 impl std::fmt::Debug for GatewayServices {
@@ -107,6 +122,9 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
         .route("/api/learning/rollback", post(learning::rollback))
         .route("/api/learning/graph", get(learning::graph))
         .route("/health/detailed", get(health::detailed))
+        .route("/api/config", get(config::show))
+        .route("/api/logs", get(logs::tail))
+        .route("/api/logs/files", get(logs::files))
         .route("/openapi.json", get(openapi::document))
 }
 
@@ -166,8 +184,8 @@ pub(crate) fn gateway(state: &AppState) -> Result<&GatewayServices, ApiError> {
     state.gateway.get().map(Arc::as_ref).ok_or_else(|| {
         error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "This API server runs without a gateway, so it has no cron jobs, pairing or \
-             platform status; run it with `talaria gateway run`",
+            "This API server runs without a gateway, so it has no cron jobs, pairing, \
+             platform status or configuration report; run it with `talaria gateway run`",
             "gateway_unavailable",
         )
     })

@@ -77,6 +77,7 @@ async fn rig(with_gateway: bool, configure: impl FnOnce(&mut Config)) -> Rig {
             scheduler: config.cron.enabled.then_some(scheduler),
             board: board.clone(),
             running_turns: Arc::new(|| 0),
+            config_report: Arc::new(|| json!({"config": {"probe": true}})),
         });
     }
     let base = format!("http://{}", server.local_addr());

@@ -1,32 +1,213 @@
-//! `talaria config show | check`.
+//! `talaria config show | check`, and the same report as JSON for the API
+//! server's `GET /api/config`.
+//!
+//! [`Report::gather`] reads the configuration once and works out
+//! everything both commands say; `show` and `check` print their parts of
+//! it, and [`Report::to_json`] hands the API the whole of it, so the three
+//! never disagree.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use talaria_core::{Config, Home};
+use serde_json::{Value, json};
+use talaria_core::Endpoint;
+use talaria_core::config::ConfigError;
+use talaria_core::effective::FromEnv;
+use talaria_core::{Config, Home, Redactor};
 use talaria_platforms::registry::{BuildError, PLATFORMS, Setup};
 use talaria_store::CursorStore;
+
+/// What `config show` and `config check` say about a home's configuration.
+pub struct Report {
+    /// Where the configuration file is looked for.
+    config_file: PathBuf,
+    /// The home's `.env`.
+    dotenv_file: PathBuf,
+    /// The configuration as loaded and checked, or why it cannot be loaded.
+    loaded: Result<Found, ConfigError>,
+}
+
+/// The findings about a configuration that loads.
+struct Found {
+    /// The file read; `None` when there is none and the defaults apply.
+    path: Option<PathBuf>,
+    /// The warnings of loading (unknown keys, sections nobody reads).
+    warnings: Vec<String>,
+    /// The effective tree (secrets masked) and the values the environment
+    /// supplied, or the error of a section that cannot be read.
+    effective: Result<(Value, Vec<FromEnv>), ConfigError>,
+    /// The model endpoint, or why there is none usable.
+    model: Result<Endpoint, String>,
+    /// The fallback endpoints that can be used.
+    fallbacks: Vec<Endpoint>,
+    /// Why some fallbacks are skipped.
+    fallback_warnings: Vec<String>,
+    /// What would stop `talaria chat` or the gateway.
+    errors: Vec<String>,
+    /// The platforms the configuration turns on.
+    platforms: Vec<&'static str>,
+    /// The secret values of the configuration and `.env`, to keep out of
+    /// the findings' sentences when they leave the process.
+    redactor: Redactor,
+}
+
+impl Report {
+    /// Reads the configuration of `home` as it is on disk now and works
+    /// out everything `config show` and `config check` report. Nothing
+    /// connects: the platforms are set up as `talaria gateway run` would
+    /// set them up, then dropped.
+    pub fn gather(home: &Home) -> Report {
+        let loaded = crate::sections::load(home).map(|loaded| {
+            let effective = crate::sections::shown(&loaded).map(|sections| {
+                talaria_core::effective::effective(&loaded.config, &loaded.env, &sections)
+            });
+            let model = loaded.config.primary_endpoint(&loaded.env);
+            let (fallbacks, fallback_warnings) = loaded.config.fallback_endpoints(&loaded.env);
+            let mut errors = problems(&loaded.config, &loaded.env);
+            let (platforms, platform_errors) = platforms_on(home, &loaded.config, &loaded.env);
+            errors.extend(platform_errors);
+            let redactor = Redactor::new(
+                loaded
+                    .env
+                    .secret_values()
+                    .into_iter()
+                    .chain(loaded.config.secret_values()),
+            );
+            Found {
+                path: loaded.path,
+                warnings: loaded.warnings,
+                effective,
+                model,
+                fallbacks,
+                fallback_warnings,
+                errors,
+                platforms,
+                redactor,
+            }
+        });
+        Report {
+            config_file: home.config_file(),
+            dotenv_file: home.dotenv_file(),
+            loaded,
+        }
+    }
+
+    /// The report as `GET /api/config` answers it: `path`, the effective
+    /// `config` tree (secrets masked), `from_env`, the `model` endpoint
+    /// (its key masked), the `platforms` turned on, and `findings`: the
+    /// errors and warnings `talaria config check` prints, each sentence
+    /// passed through the redactor in case a value was quoted in one.
+    pub fn to_json(&self) -> Value {
+        let found = match &self.loaded {
+            Ok(found) => found,
+            Err(e) => {
+                // Without a configuration there are no known secret values
+                // but `.env`'s; the credential patterns still apply.
+                let env = talaria_core::Env::load(&self.dotenv_file)
+                    .map(|env| env.secret_values())
+                    .unwrap_or_default();
+                let redactor = Redactor::new(env);
+                return json!({
+                    "path": Value::Null,
+                    "config_file": self.config_file.display().to_string(),
+                    "config": Value::Null,
+                    "from_env": [],
+                    "model": Value::Null,
+                    "platforms": [],
+                    "findings": {
+                        "errors": [redactor.redact(&e.to_string())],
+                        "warnings": [],
+                    },
+                });
+            }
+        };
+        let (tree, from_env) = match &found.effective {
+            Ok((tree, from_env)) => (tree.clone(), from_env.as_slice()),
+            Err(_) => (Value::Null, &[][..]),
+        };
+        let from_env: Vec<Value> = from_env
+            .iter()
+            .map(|v| {
+                json!({
+                    "key": v.key,
+                    "var": v.var,
+                    "shown": v.shown,
+                    "origin": v.origin,
+                    "overrode": v.overrode,
+                })
+            })
+            .collect();
+        let model = found.model.as_ref().ok().map(|ep| {
+            json!({
+                "provider": ep.provider.as_str(),
+                "model": ep.model,
+                "base_url": ep.base_url,
+                "api_key": ep.api_key.as_ref().map(|k| k.masked()),
+                "fallbacks": found.fallbacks.iter().map(|f| json!({
+                    "provider": f.provider.as_str(),
+                    "model": f.model,
+                    "base_url": f.base_url,
+                })).collect::<Vec<_>>(),
+            })
+        });
+        let redact = |lines: Vec<&String>| -> Vec<String> {
+            lines
+                .into_iter()
+                .map(|l| found.redactor.redact(l))
+                .collect()
+        };
+        let errors = redact(found.errors.iter().collect());
+        // `check` says why fallbacks are skipped only once nothing is
+        // wrong; the findings are what it prints.
+        let warnings = if found.errors.is_empty() {
+            redact(
+                found
+                    .warnings
+                    .iter()
+                    .chain(&found.fallback_warnings)
+                    .collect(),
+            )
+        } else {
+            redact(found.warnings.iter().collect())
+        };
+        json!({
+            "path": found.path.as_ref().map(|p| p.display().to_string()),
+            "config_file": self.config_file.display().to_string(),
+            "config": tree,
+            "from_env": from_env,
+            "model": model,
+            "platforms": found.platforms,
+            "findings": {"errors": errors, "warnings": warnings},
+        })
+    }
+}
+
+/// What the API server's `GET /api/config` calls: the report of `home`'s
+/// configuration as it is on disk at the time of the request.
+pub fn api_report(home: Home) -> Arc<dyn Fn() -> Value + Send + Sync> {
+    Arc::new(move || Report::gather(&home).to_json())
+}
 
 /// Prints the effective configuration (file merged over defaults, values
 /// from the environment filled in) as YAML, with secrets masked, followed
 /// by where those values and the model endpoint come from.
 pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
-    let loaded = crate::sections::load(home)?;
-    for w in &loaded.warnings {
+    let report = Report::gather(home);
+    let found = report.loaded?;
+    for w in &found.warnings {
         eprintln!("warning: {w}");
     }
-    match &loaded.path {
+    match &found.path {
         Some(p) => println!("# effective configuration from {}", p.display()),
         None => println!(
             "# no {} yet: these are the defaults",
-            home.config_file().display()
+            report.config_file.display()
         ),
     }
     // The file merged over the defaults, with what the environment
     // supplies filled in (masked), so a token kept in .env shows as set.
-    let sections = crate::sections::shown(&loaded)?;
-    let (tree, from_env) =
-        talaria_core::effective::effective(&loaded.config, &loaded.env, &sections);
+    let (tree, from_env) = found.effective?;
     print!("{}", serde_saphyr::to_string(&tree)?);
     if !from_env.is_empty() {
         println!("# from the environment:");
@@ -46,7 +227,7 @@ pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
         }
     }
     println!("# resolved model endpoint:");
-    match loaded.config.primary_endpoint(&loaded.env) {
+    match &found.model {
         Ok(ep) => {
             println!(
                 "#   {} {} at {} (api key: {})",
@@ -60,8 +241,7 @@ pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
         }
         Err(e) => println!("#   not usable: {e}"),
     }
-    let (fallbacks, warnings) = loaded.config.fallback_endpoints(&loaded.env);
-    for ep in fallbacks {
+    for ep in &found.fallbacks {
         println!(
             "#   fallback: {} {} at {}",
             ep.provider.as_str(),
@@ -69,7 +249,7 @@ pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
             ep.base_url
         );
     }
-    for w in warnings {
+    for w in &found.fallback_warnings {
         println!("#   {w}");
     }
     Ok(ExitCode::SUCCESS)
@@ -77,33 +257,29 @@ pub fn show(home: &Home) -> anyhow::Result<ExitCode> {
 
 /// Validates everything `talaria chat` needs; non-zero exit on any error.
 pub fn check(home: &Home) -> anyhow::Result<ExitCode> {
-    let loaded = match crate::sections::load(home) {
-        Ok(l) => l,
+    let found = match Report::gather(home).loaded {
+        Ok(found) => found,
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(ExitCode::FAILURE);
         }
     };
-    for w in &loaded.warnings {
+    for w in &found.warnings {
         eprintln!("warning: {w}");
     }
-    let mut errors = problems(&loaded.config, &loaded.env);
-    let (platforms, platform_errors) = platforms_on(home, &loaded.config, &loaded.env);
-    errors.extend(platform_errors);
-    for e in &errors {
+    for e in &found.errors {
         eprintln!("error: {e}");
     }
-    if errors.is_empty() {
-        if !platforms.is_empty() {
-            println!("platforms: {}", platforms.join(", "));
+    if found.errors.is_empty() {
+        if !found.platforms.is_empty() {
+            println!("platforms: {}", found.platforms.join(", "));
         }
-        let (_, fallback_warnings) = loaded.config.fallback_endpoints(&loaded.env);
-        for w in fallback_warnings {
+        for w in &found.fallback_warnings {
             eprintln!("warning: {w}");
         }
         println!(
             "ok: {}",
-            loaded.path.as_ref().map_or_else(
+            found.path.as_ref().map_or_else(
                 || "no config file; defaults apply".to_owned(),
                 |p| p.display().to_string()
             )

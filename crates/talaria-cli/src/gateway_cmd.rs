@@ -284,6 +284,7 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
                     scheduler: gateway.scheduler(),
                     board: gateway.board(),
                     running_turns: gateway.running_turns(),
+                    config_report: crate::config_cmd::api_report(rt.home.clone()),
                 });
             let config = &api_config;
             server.set_connection_limits(

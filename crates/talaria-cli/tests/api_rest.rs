@@ -195,3 +195,128 @@ async fn the_gateway_serves_sessions_jobs_and_detailed_health() {
     let (_, job) = call(&http, &gateway, Method::GET, "/api/jobs/backups", None).await;
     assert_eq!(job["state"], "paused");
 }
+
+/// `talaria config check`'s `error: ` and `warning: ` lines, as the API's
+/// findings list them.
+fn check_findings(home: &Path) -> (Vec<String>, Vec<String>) {
+    let out = Command::new(env!("CARGO_BIN_EXE_talaria"))
+        .arg("--home")
+        .arg(home)
+        .args(["config", "check"])
+        // The same environment as the gateway's (`ApiGateway`).
+        .env_remove("TALARIA_HOME")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("TELEGRAM_BOT_TOKEN")
+        .env_remove("API_SERVER_KEY")
+        .env_remove("API_SERVER_PORT")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // A finding may span lines: the lines after its first continue it.
+    let (mut errors, mut warnings): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+    let mut in_errors = None;
+    for line in stderr.lines() {
+        if let Some(e) = line.strip_prefix("error: ") {
+            errors.push(e.to_owned());
+            in_errors = Some(true);
+        } else if let Some(w) = line.strip_prefix("warning: ") {
+            warnings.push(w.to_owned());
+            in_errors = Some(false);
+        } else if let Some(errs) = in_errors {
+            let list = if errs { &mut errors } else { &mut warnings };
+            if let Some(entry) = list.last_mut() {
+                entry.push('\n');
+                entry.push_str(line);
+            }
+        }
+    }
+    (errors, warnings)
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {value}"))
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_is_served_masked_with_the_checks_findings() {
+    let llm = MockOpenAi::start().await;
+    let gateway = start_gateway(&llm).await;
+    let http = reqwest::Client::new();
+    let home = gateway.home();
+    const MODEL_KEY: &str = "sk-test-secret-key-0123456789";
+
+    let (status, report) = call(&http, &gateway, reqwest::Method::GET, "/api/config", None).await;
+    assert_eq!(status, 200, "{report}\n{}", gateway.log());
+    assert_eq!(report["object"], "talaria.config");
+    assert_eq!(
+        report["path"],
+        home.join("config.yaml").display().to_string()
+    );
+    assert_eq!(report["config"]["model"]["default"], "mock-model");
+    assert_eq!(report["model"]["model"], "mock-model");
+    assert_eq!(report["model"]["api_key"], "****6789");
+    assert_eq!(report["findings"]["errors"], json!([]), "{report}");
+    // The API server's key comes from .env: said so, masked.
+    let from_env = report["from_env"].as_array().unwrap();
+    let key_entry = from_env
+        .iter()
+        .find(|v| v["var"] == "API_SERVER_KEY")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(key_entry["origin"], ".env");
+    assert_eq!(key_entry["shown"], "****cdef");
+    let text = report.to_string();
+    assert!(!text.contains(KEY), "{text}");
+    assert!(!text.contains(MODEL_KEY), "{text}");
+
+    // An edit on disk shows at the next request: a Telegram token and half
+    // a WhatsApp set-up in .env. The findings are `config check`'s, word
+    // for word, and no token is in the answer.
+    let telegram = "123456:ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghi";
+    let whatsapp = "graph-secret-token-0123456789";
+    std::fs::write(
+        home.join(".env"),
+        format!(
+            "API_SERVER_KEY={KEY}\nTELEGRAM_BOT_TOKEN={telegram}\nWHATSAPP_CLOUD_TOKEN={whatsapp}\n"
+        ),
+    )
+    .unwrap();
+    let (errors, warnings) = check_findings(&home);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("WhatsApp Cloud is misconfigured")),
+        "{errors:?}"
+    );
+    let (status, report) = call(&http, &gateway, reqwest::Method::GET, "/api/config", None).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(strings(&report["findings"]["errors"]), errors, "{report}");
+    assert_eq!(
+        strings(&report["findings"]["warnings"]),
+        warnings,
+        "{report}"
+    );
+    assert!(
+        strings(&report["platforms"]).contains(&"telegram".to_owned()),
+        "{report}"
+    );
+    let text = report.to_string();
+    for secret in [KEY, MODEL_KEY, telegram, whatsapp, "ABCDEFGHIJKLMNOP"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    assert!(text.contains("****fghi"), "{text}");
+
+    // A file that no longer parses: the load error, as `check` says it.
+    std::fs::write(home.join("config.yaml"), "model: [\n").unwrap();
+    let (errors, _) = check_findings(&home);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let (status, report) = call(&http, &gateway, reqwest::Method::GET, "/api/config", None).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(strings(&report["findings"]["errors"]), errors, "{report}");
+    assert_eq!(report["config"], Value::Null);
+}

@@ -570,6 +570,57 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         Some("PairingUser"),
         (200, "Object"),
     ),
+    op(
+        "get",
+        "/api/config",
+        "config",
+        "ops",
+        "The effective configuration as `talaria config show` prints it (secrets masked), with the errors and warnings `talaria config check` reports.",
+        None,
+        (200, "Config"),
+    ),
+    with_query(
+        op(
+            "get",
+            "/api/logs",
+            "logs",
+            "ops",
+            "The last lines of a log file in $TALARIA_HOME/logs/, oldest first, optionally filtered.",
+            None,
+            (200, "LogTail"),
+        ),
+        &[
+            (
+                "lines",
+                "integer",
+                "Lines to return: 0 to 1000, default 200.",
+            ),
+            (
+                "filter",
+                "string",
+                "Only lines containing this text (any case).",
+            ),
+            (
+                "level",
+                "string",
+                "Only lines at this level or above: trace, debug, info, warn, error.",
+            ),
+            (
+                "file",
+                "string",
+                "A file name from /api/logs/files; default gateway.log, else the log written last.",
+            ),
+        ],
+    ),
+    op(
+        "get",
+        "/api/logs/files",
+        "log_files",
+        "ops",
+        "The files in $TALARIA_HOME/logs/ with their sizes.",
+        None,
+        (200, "LogFiles"),
+    ),
 ];
 
 /// A schema reference.
@@ -752,6 +803,28 @@ fn schemas() -> Value {
             "skill": {"oneOf": [schema("Skill"), {"type": "null"}]}, "memory": schema("Memory")}}),
     );
     all.insert("LearningGraph".into(), object.clone());
+    all.insert("Config".into(), json!({"type": "object", "properties": {"object": string,
+            "path": nullable_string, "config_file": string, "config": {"type": ["object", "null"]},
+            "from_env": {"type": "array", "items": {"type": "object", "properties": {
+                "key": string, "var": string, "shown": string, "origin": string, "overrode": {"type": "boolean"}}}},
+            "model": {"type": ["object", "null"], "properties": {"provider": string, "model": string,
+                "base_url": string, "api_key": nullable_string, "fallbacks": {"type": "array", "items": object}}},
+            "platforms": {"type": "array", "items": string},
+            "findings": {"type": "object", "properties": {
+                "errors": {"type": "array", "items": string}, "warnings": {"type": "array", "items": string}}}}}));
+    all.insert(
+        "LogTail".into(),
+        json!({"type": "object", "properties": {"object": string,
+            "file": nullable_string, "size": integer, "lines": {"type": "array", "items": string},
+            "truncated": {"type": "boolean"}}}),
+    );
+    all.insert(
+        "LogFiles".into(),
+        json!({"type": "object", "properties": {"object": string,
+            "data": {"type": "array", "items": {"type": "object", "properties": {
+                "name": string, "size": integer, "modified": number}}},
+            "has_more": {"type": "boolean"}}}),
+    );
     Value::Object(all)
 }
 
@@ -827,7 +900,8 @@ pub(crate) fn describe() -> Value {
             "title": "Talaria API server",
             "version": env!("CARGO_PKG_VERSION"),
             "description": "OpenAI-compatible chat, responses and runs, and REST for sessions, \
-                            cron jobs, pairing, skills, memory, the learning log and toolsets. Errors are OpenAI's \
+                            cron jobs, pairing, skills, memory, the learning log, toolsets, the \
+                            configuration and the logs. Errors are OpenAI's \
                             {\"error\": {\"message\", \"type\", \"code\"}}.",
         },
         "security": [{"bearerAuth": []}],
