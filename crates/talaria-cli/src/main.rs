@@ -351,6 +351,24 @@ pub(crate) fn clip_words(text: &str, max: usize) -> String {
     format!("{}…", cut.trim_end_matches([',', ';', ':', '.', ' ']))
 }
 
+/// `talaria dashboard hash-password`: the password is read from standard
+/// input (its first line), never from the command line, where other users
+/// of the machine could see it.
+fn hash_password() -> anyhow::Result<ExitCode> {
+    use std::io::{BufRead, IsTerminal};
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        eprint!("Password for the dashboard (it is shown as you type): ");
+    }
+    let mut line = String::new();
+    stdin.lock().read_line(&mut line)?;
+    let password = line.trim_end_matches(['\n', '\r']);
+    let hash = talaria_dashboard::hash_password(password)?;
+    println!("{hash}");
+    eprintln!("Put it in config.yaml as dashboard.password_hash (quoted).");
+    Ok(ExitCode::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,22 +399,4 @@ mod tests {
         assert_eq!(shell_quote("hello"), "hello");
         assert_eq!(shell_quote("it's here"), r"'it'\''s here'");
     }
-}
-
-/// `talaria dashboard hash-password`: the password is read from standard
-/// input (its first line), never from the command line, where other users
-/// of the machine could see it.
-fn hash_password() -> anyhow::Result<ExitCode> {
-    use std::io::{BufRead, IsTerminal};
-    let stdin = std::io::stdin();
-    if stdin.is_terminal() {
-        eprint!("Password for the dashboard (it is shown as you type): ");
-    }
-    let mut line = String::new();
-    stdin.lock().read_line(&mut line)?;
-    let password = line.trim_end_matches(['\n', '\r']);
-    let hash = talaria_dashboard::hash_password(password)?;
-    println!("{hash}");
-    eprintln!("Put it in config.yaml as dashboard.password_hash (quoted).");
-    Ok(ExitCode::SUCCESS)
 }
