@@ -449,5 +449,47 @@ async fn an_operator_uses_the_dashboard_in_chromium() {
         .await;
     setup.shot("graph").await;
 
+    // The configuration, masked, with the check's findings.
+    setup.open("/ui/config").await;
+    setup.wait_for("document.getElementById('findings')").await;
+    let shown = setup.eval("document.body.innerText").await;
+    for secret in [KEY, "sk-test-secret-key-0123456789"] {
+        assert!(
+            !shown.contains(secret),
+            "a secret on the config page:\n{shown}"
+        );
+    }
+    assert!(shown.contains("mock-model"), "{shown}");
+    setup.shot("config").await;
+
+    // The logs: the gateway's own lines, as `gateway start` keeps them in
+    // logs/gateway.log, filtered by level and text.
+    let logs = setup.home.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::copy(setup.home.join("gateway.log"), logs.join("gateway.log")).unwrap();
+    setup.open("/ui/logs").await;
+    setup
+        .eval(
+            "document.getElementById('log-text').value = 'listening';              document.querySelector('#log-filter select[name=level]').value = 'info';              document.getElementById('log-filter').requestSubmit(); 1",
+        )
+        .await;
+    setup
+        .wait_for("location.search.includes('filter=listening')")
+        .await;
+    setup
+        .wait_for("document.getElementById('log-lines').innerText.includes('API server listening')")
+        .await;
+    let lines = setup
+        .eval("document.getElementById('log-lines').innerText")
+        .await;
+    assert!(
+        lines
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .all(|l| l.contains("listening")),
+        "{lines}"
+    );
+    setup.shot("logs").await;
+
     setup.browser.close_all().await;
 }

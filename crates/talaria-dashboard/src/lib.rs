@@ -122,6 +122,8 @@ impl Dashboard {
             .route("/ui/learning", get(pages::learning::page))
             .route("/ui/learning/rollback", post(pages::learning::rollback))
             .route("/ui/graph", get(pages::graph::page))
+            .route("/ui/config", get(pages::config::page))
+            .route("/ui/logs", get(pages::logs::page))
             .route("/ui/logout", post(auth::logout))
             .route("/ui/api/{*path}", any(api::pass_through))
             .route_layer(axum::middleware::from_fn_with_state(

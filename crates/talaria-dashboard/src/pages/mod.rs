@@ -4,9 +4,11 @@
 //! repeats a change).
 
 pub(crate) mod chat;
+pub(crate) mod config;
 pub(crate) mod cron;
 pub(crate) mod graph;
 pub(crate) mod learning;
+pub(crate) mod logs;
 pub(crate) mod memory;
 pub(crate) mod overview;
 pub(crate) mod pairing;
