@@ -55,9 +55,18 @@ impl Gateway {
         platforms_yaml: &str,
         dotenv: &str,
     ) -> anyhow::Result<Gateway> {
-        let home = tempfile::Builder::new()
-            .prefix("talaria-bench-")
-            .tempdir()?;
+        Gateway::launch_in(new_home()?, talaria, model_url, platforms_yaml, dotenv)
+    }
+
+    /// [`Gateway::launch_with`] in `home`, made beforehand with
+    /// [`new_home`] (a home whose `state.db` is already filled, say).
+    pub fn launch_in(
+        home: tempfile::TempDir,
+        talaria: &Path,
+        model_url: &str,
+        platforms_yaml: &str,
+        dotenv: &str,
+    ) -> anyhow::Result<Gateway> {
         let port = free_port()?;
         std::fs::write(
             home.path().join("config.yaml"),
@@ -199,6 +208,13 @@ impl Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A fresh, empty home directory, removed when dropped.
+pub fn new_home() -> anyhow::Result<tempfile::TempDir> {
+    Ok(tempfile::Builder::new()
+        .prefix("talaria-bench-")
+        .tempdir()?)
 }
 
 /// The number after `name` on its line (`VmRSS:   1234 kB` → 1234).

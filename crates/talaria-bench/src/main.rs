@@ -7,18 +7,23 @@
 //! the bubblewrap sandbox adds to the agent's `terminal` calls. Everything
 //! runs on 127.0.0.1. `docs/PERFORMANCE.md` describes the method and the figures.
 //!
+//! `talaria-bench pages` is a second benchmark: the dashboard's pages and
+//! the API routes behind them on a store of 100,000 sessions ([`pages`]).
+//!
 //! # Layout
 //!
 //! - [`mock`]: the OpenAI-compatible model that answers at once.
 //! - [`gateway`]: the process under test and its `/proc` counters.
 //! - [`load`]: the closed-loop client and percentiles.
 //! - [`terminal`]: `terminal` calls on the host against the sandbox.
+//! - [`pages`]: a seeded store, and page loads against it.
 //! - [`report`]: the figures, as Markdown, JSON and an SVG plot.
 #![forbid(unsafe_code)]
 
 mod gateway;
 mod load;
 mod mock;
+mod pages;
 mod report;
 mod terminal;
 
@@ -27,7 +32,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 use gateway::{API_KEY, Gateway};
 use load::{Mode, Stop, Target, latency_percentiles, median};
@@ -37,8 +42,11 @@ use report::{ConcurrencyFigure, CurvePoint, Figures, SequentialFigure};
 #[derive(Debug, Parser)]
 #[command(name = "talaria-bench")]
 struct Args {
+    /// Another benchmark than the load benchmark.
+    #[command(subcommand)]
+    command: Option<Bench>,
     /// A few seconds in all, to check that everything works (CI).
-    #[arg(long)]
+    #[arg(long, global = true)]
     quick: bool,
     /// Repeats of each measurement; the median is reported.
     #[arg(long)]
@@ -61,11 +69,27 @@ struct Args {
     terminal_calls: Option<usize>,
     /// The `talaria` binary; by default the one built next to this program
     /// (built first when run through `cargo run`).
-    #[arg(long)]
+    #[arg(long, global = true)]
     talaria: Option<PathBuf>,
-    /// Where results.md, results.json and latency.svg are written.
-    #[arg(long, default_value = "target/talaria-bench")]
+    /// Where results.md, results.json and latency.svg are written
+    /// (`pages`: pages.md and pages.json).
+    #[arg(long, default_value = "target/talaria-bench", global = true)]
     out: PathBuf,
+}
+
+/// The benchmarks besides the load benchmark.
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// The dashboard's pages and the API routes behind them, on a store
+    /// seeded with 100,000 sessions (2,000 with --quick).
+    Pages {
+        /// Sessions to seed (the long transcript comes on top).
+        #[arg(long)]
+        sessions: Option<usize>,
+        /// Requests measured per route (after a warm-up).
+        #[arg(long)]
+        requests: Option<usize>,
+    },
 }
 
 /// How much of everything a run does.
@@ -144,6 +168,9 @@ impl Plan {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Bench::Pages { sessions, requests }) = args.command {
+        return run_pages(&args, pages::Plan::new(args.quick, sessions, requests));
+    }
     let plan = Plan::from_args(&args);
     terminal::require_bubblewrap()?;
     let talaria = match &args.talaria {
@@ -163,6 +190,29 @@ fn main() -> anyhow::Result<()> {
         serde_json::to_string_pretty(&figures)?,
     )?;
     report::plot(&figures, &args.out.join("latency.svg"))?;
+    println!("{markdown}");
+    println!("written to {}", args.out.display());
+    Ok(())
+}
+
+/// `talaria-bench pages`: writes pages.md and pages.json.
+fn run_pages(args: &Args, plan: pages::Plan) -> anyhow::Result<()> {
+    let talaria = match &args.talaria {
+        Some(p) => p.clone(),
+        None => build_talaria()?,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let figures = runtime.block_on(pages::run(&talaria, plan))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let markdown = report::pages_markdown(&figures);
+    std::fs::write(args.out.join("pages.md"), &markdown)?;
+    std::fs::write(
+        args.out.join("pages.json"),
+        serde_json::to_string_pretty(&figures)?,
+    )?;
     println!("{markdown}");
     println!("written to {}", args.out.display());
     Ok(())

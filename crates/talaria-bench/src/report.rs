@@ -432,6 +432,156 @@ pub fn markdown(f: &Figures) -> String {
     s
 }
 
+/// What `talaria-bench pages` measured: the dashboard's pages and the API
+/// routes behind them on a large store (issue 27). Times in milliseconds.
+#[derive(Debug, Default, Serialize)]
+pub struct PagesFigures {
+    /// The CPU, cores and kernel.
+    pub machine: String,
+    /// The amounts of the run.
+    pub plan: String,
+    /// The goal each page and route is judged against, on its p95.
+    pub goal_ms: f64,
+    /// Sessions in the store (the long transcript included).
+    pub sessions: usize,
+    /// Transcript rows in the store.
+    pub messages: usize,
+    /// How long seeding took, through the store's API.
+    pub seed_seconds: f64,
+    /// `state.db` and its WAL after seeding, in MiB.
+    pub db_mb: f64,
+    /// Launch of the gateway on the seeded home to `/health` answering.
+    pub launch_to_health_ms: f64,
+    /// Whether the build serves the dashboard (its login is not 404).
+    pub dashboard: bool,
+    /// Every route, in the order measured.
+    pub routes: Vec<RouteFigure>,
+}
+
+/// What a measured route is.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteKind {
+    /// `GET /health`: the same run's floor, not judged.
+    #[default]
+    Baseline,
+    /// A dashboard page (HTML, behind the login cookie).
+    Page,
+    /// An API route a page calls (JSON, behind the key).
+    Api,
+}
+
+/// Sequential requests of one route.
+#[derive(Debug, Default, Serialize)]
+pub struct RouteFigure {
+    /// What the route shows.
+    pub name: String,
+    /// The path and query requested.
+    pub path: String,
+    /// Page, API route or the floor.
+    pub kind: RouteKind,
+    /// Requests measured (after the warm-up).
+    pub requests: usize,
+    /// Client latency to the last byte, median.
+    pub p50_ms: f64,
+    /// The 95th percentile, which the goal is judged on.
+    pub p95_ms: f64,
+    /// The slowest request.
+    pub max_ms: f64,
+    /// Size of the last body, in bytes.
+    pub body_bytes: usize,
+    /// Gateway CPU time (user + system) per request.
+    pub cpu_ms_per_request: f64,
+    /// Whether the p95 is under the goal; `None` for the floor.
+    pub under_goal: Option<bool>,
+}
+
+impl RouteFigure {
+    /// The figure of a route from each request's latency (sorted in
+    /// place), judged against the goal of [`crate::pages::GOAL_MS`].
+    pub fn from_samples(
+        name: &str,
+        path: &str,
+        kind: RouteKind,
+        latencies: &mut [Duration],
+        body_bytes: usize,
+        cpu_ms_per_request: f64,
+    ) -> RouteFigure {
+        let p95_ms = ms(quantile(latencies, 0.95));
+        RouteFigure {
+            name: name.to_owned(),
+            path: path.to_owned(),
+            kind,
+            requests: latencies.len(),
+            p50_ms: ms(quantile(latencies, 0.50)),
+            p95_ms,
+            max_ms: ms(quantile(latencies, 1.0)),
+            body_bytes,
+            cpu_ms_per_request,
+            under_goal: (kind != RouteKind::Baseline).then_some(p95_ms < crate::pages::GOAL_MS),
+        }
+    }
+}
+
+/// The pages run as Markdown: the store, then a row per route with its
+/// verdict against the goal.
+pub fn pages_markdown(f: &PagesFigures) -> String {
+    let mut s = String::new();
+    s.push_str(&format!("Machine: {}\n\n", f.machine));
+    s.push_str(&format!(
+        "Store: {} sessions, {} messages; state.db and WAL {:.1} MB, seeded in {:.1} s \
+         through the store's API. Launch on it to /health: {:.1} ms.\n\n",
+        thousands(f.sessions),
+        thousands(f.messages),
+        f.db_mb,
+        f.seed_seconds,
+        f.launch_to_health_ms
+    ));
+    if !f.dashboard {
+        s.push_str(
+            "This build serves no dashboard (`POST /ui/login` answered 404): \
+             the API routes behind the pages only.\n\n",
+        );
+    }
+    s.push_str(&format!(
+        "| Route | Request | p50 | p95 | max | body | gateway CPU/request | p95 < {:.0} ms |\n",
+        f.goal_ms
+    ));
+    s.push_str("|---|---|---|---|---|---|---|---|\n");
+    for r in &f.routes {
+        let verdict = match r.under_goal {
+            None => "(floor)",
+            Some(true) => "yes",
+            Some(false) => "**no**",
+        };
+        s.push_str(&format!(
+            "| {} | `GET {}` | {:.2} ms | {:.2} ms | {:.2} ms | {:.1} kB | {:.2} ms | {} |\n",
+            r.name,
+            r.path,
+            r.p50_ms,
+            r.p95_ms,
+            r.max_ms,
+            r.body_bytes as f64 / 1000.0,
+            r.cpu_ms_per_request,
+            verdict
+        ));
+    }
+    s
+}
+
+/// `100000` as `100,000`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Latency (p50 and p99) against concurrent users, Talaria and the mock
 /// alone, on log-scaled axes.
 pub fn plot(f: &Figures, path: &Path) -> anyhow::Result<()> {
@@ -609,6 +759,70 @@ mod tests {
             md.contains("| `true` | 20 | 11.00 ms | 20.00 ms | 21.00 ms | 30.00 ms | 10.00 ms |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn routes_are_judged_on_their_p95_and_the_floor_is_not() {
+        let ms = Duration::from_millis;
+        // 19 fast requests and one slow: the p95 is the 19th of 20.
+        let mut fast: Vec<Duration> = (1..=19).map(ms).chain([ms(400)]).collect();
+        let page = RouteFigure::from_samples(
+            "overview page",
+            "/ui/",
+            RouteKind::Page,
+            &mut fast,
+            12_345,
+            1.5,
+        );
+        assert_eq!((page.p50_ms, page.p95_ms, page.max_ms), (10.0, 19.0, 400.0));
+        assert_eq!(page.under_goal, Some(true));
+        let mut slow: Vec<Duration> = (0..20).map(|_| ms(100)).collect();
+        let api = RouteFigure::from_samples("a", "/api/x", RouteKind::Api, &mut slow, 10, 0.1);
+        // 100 ms exactly is not under 100 ms.
+        assert_eq!(api.under_goal, Some(false));
+        let floor = RouteFigure::from_samples(
+            "floor",
+            "/health",
+            RouteKind::Baseline,
+            &mut [ms(1)],
+            2,
+            0.0,
+        );
+        assert_eq!(floor.under_goal, None);
+
+        let f = PagesFigures {
+            goal_ms: 100.0,
+            sessions: 100_001,
+            messages: 400_404,
+            routes: vec![floor, page, api],
+            ..PagesFigures::default()
+        };
+        let md = pages_markdown(&f);
+        assert!(md.contains("100,001 sessions, 400,404 messages"), "{md}");
+        assert!(md.contains("serves no dashboard"), "{md}");
+        assert!(
+            md.contains(
+                "| overview page | `GET /ui/` | 10.00 ms | 19.00 ms | 400.00 ms | 12.3 kB | 1.50 ms | yes |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| `GET /api/x` |") && md.contains("| **no** |"),
+            "{md}"
+        );
+        assert!(md.contains("| (floor) |"), "{md}");
+        let json = serde_json::to_value(&f).unwrap();
+        assert_eq!(json["routes"][1]["kind"], "page");
+        assert_eq!(json["routes"][0]["under_goal"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(2_001), "2,001");
+        assert_eq!(thousands(100_000), "100,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
     }
 
     #[test]

@@ -75,3 +75,38 @@ fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
     let svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
     assert!(svg.contains("Talaria p99"));
 }
+
+#[test]
+fn the_quick_pages_benchmark_seeds_a_store_and_measures_every_route() {
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_talaria-bench"))
+        .args(["pages", "--quick"])
+        .arg("--talaria")
+        .arg(talaria())
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("pages.json")).unwrap()).unwrap();
+    // The quick store: 2,000 short sessions and the long one.
+    assert_eq!(results["sessions"], 2_001, "{results}");
+    assert!(results["messages"].as_u64().unwrap() > 8_000, "{results}");
+    let routes = results["routes"].as_array().unwrap();
+    // The floor and six API routes, and five pages once the dashboard
+    // is served.
+    let expected = if results["dashboard"] == true { 12 } else { 7 };
+    assert_eq!(routes.len(), expected, "{routes:?}");
+    for r in routes {
+        assert_eq!(r["requests"], 20, "{r}");
+        assert!(r["p50_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["p95_ms"].as_f64() >= r["p50_ms"].as_f64(), "{r}");
+        assert!(r["body_bytes"].as_u64().unwrap() > 0, "{r}");
+        // Judged against the goal, except the floor.
+        assert_eq!(r["under_goal"].is_null(), r["kind"] == "baseline", "{r}");
+    }
+    let md = std::fs::read_to_string(out.path().join("pages.md")).unwrap();
+    assert!(md.contains("| `GET /api/sessions?limit=20` |"), "{md}");
+}
