@@ -95,6 +95,18 @@ pub(crate) trait Page: Template {
     fn frame(&self) -> &Frame;
 }
 
+/// Makes a template struct with a `frame` field a [`Page`].
+macro_rules! framed {
+    ($($page:ty),+ $(,)?) => {
+        $(impl $crate::view::Page for $page {
+            fn frame(&self) -> &$crate::view::Frame {
+                &self.frame
+            }
+        })+
+    };
+}
+pub(crate) use framed;
+
 /// The rendered page (and the flash cleared, once shown).
 pub(crate) fn render<P: Page>(page: &P) -> Response {
     let shown_flash = page.frame().flash.is_some();

@@ -17,7 +17,7 @@ use super::sessions::{Entry, entries};
 use crate::Ui;
 use crate::auth::Login;
 use crate::form;
-use crate::view::{self, Frame, Page, encode};
+use crate::view::{self, Frame, encode};
 
 /// Earlier messages shown above the chat.
 const EARLIER: usize = 100;
@@ -31,11 +31,7 @@ struct Chat {
     more: bool,
 }
 
-impl Page for Chat {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(Chat);
 
 /// `GET /ui/chat?session=`.
 pub(crate) async fn page(

@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::Shown;
 use crate::Ui;
 use crate::auth::Login;
-use crate::view::{self, Frame, Page, text};
+use crate::view::{self, Frame, text};
 
 pub(crate) struct FromEnv {
     key: String,
@@ -41,11 +41,7 @@ struct ConfigPage {
     report: Shown<Report>,
 }
 
-impl Page for ConfigPage {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(ConfigPage);
 
 fn strings(value: &Value) -> Vec<String> {
     value

@@ -14,7 +14,7 @@ use super::Shown;
 use crate::Ui;
 use crate::auth::Login;
 use crate::form::Fields;
-use crate::view::{self, Frame, Page, encode, text, when_value};
+use crate::view::{self, Frame, encode, text, when_value};
 
 pub(crate) struct Job {
     id: String,
@@ -36,11 +36,7 @@ struct CronPage {
     more: bool,
 }
 
-impl Page for CronPage {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(CronPage);
 
 fn schedule_text(schedule: &Value) -> String {
     match schedule {

@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::Shown;
 use crate::Ui;
 use crate::auth::Login;
-use crate::view::{self, Frame, Page, count, text};
+use crate::view::{self, Frame, count, text};
 
 /// The drawing's size, and the radius nodes are placed on.
 const SIZE: f64 = 640.0;
@@ -54,11 +54,7 @@ struct GraphPage {
     graph: Shown<Drawing>,
 }
 
-impl Page for GraphPage {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(GraphPage);
 
 fn coordinate(value: f64) -> String {
     format!("{value:.1}")

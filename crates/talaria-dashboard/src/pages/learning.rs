@@ -16,7 +16,7 @@ use super::Shown;
 use crate::Ui;
 use crate::auth::Login;
 use crate::form::{self, Fields};
-use crate::view::{self, Frame, Page, encode, text};
+use crate::view::{self, Frame, encode, text};
 
 /// Log entries per page.
 const PAGE: usize = 50;
@@ -73,11 +73,7 @@ struct LearningPage {
     next: Option<String>,
 }
 
-impl Page for LearningPage {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(LearningPage);
 
 /// `GET /ui/learning?target=&offset=`.
 pub(crate) async fn page(

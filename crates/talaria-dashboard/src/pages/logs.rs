@@ -14,7 +14,7 @@ use super::Shown;
 use crate::Ui;
 use crate::auth::Login;
 use crate::form;
-use crate::view::{self, Frame, Page, encode, text};
+use crate::view::{self, Frame, encode, text};
 
 /// The levels offered, most verbose first.
 const LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error"];
@@ -38,11 +38,7 @@ struct LogsPage {
     tail: Shown<Tail>,
 }
 
-impl Page for LogsPage {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(LogsPage);
 
 /// `GET /ui/logs?file=&filter=&level=&lines=`.
 pub(crate) async fn page(

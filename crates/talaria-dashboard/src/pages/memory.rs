@@ -16,7 +16,7 @@ use super::Shown;
 use crate::Ui;
 use crate::auth::Login;
 use crate::form::Fields;
-use crate::view::{self, Frame, Page, count, text};
+use crate::view::{self, Frame, count, text};
 
 pub(crate) struct Target {
     target: String,
@@ -35,11 +35,7 @@ struct MemoryPage {
     enabled: bool,
 }
 
-impl Page for MemoryPage {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(MemoryPage);
 
 /// `GET /ui/memory`.
 pub(crate) async fn page(

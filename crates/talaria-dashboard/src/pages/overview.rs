@@ -16,7 +16,7 @@ use super::Shown;
 use super::sessions::{SessionRow, session_rows};
 use crate::Ui;
 use crate::auth::Login;
-use crate::view::{self, Frame, Page, count, text, when_value};
+use crate::view::{self, Frame, count, text, when_value};
 
 /// Sessions the overview lists.
 const RECENT_SESSIONS: usize = 8;
@@ -65,11 +65,7 @@ struct Overview {
     errors: Shown<Vec<String>>,
 }
 
-impl Page for Overview {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(Overview);
 
 fn counts(value: &Value) -> Vec<Count> {
     value

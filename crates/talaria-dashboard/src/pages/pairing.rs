@@ -15,7 +15,7 @@ use super::Shown;
 use crate::Ui;
 use crate::auth::Login;
 use crate::form::Fields;
-use crate::view::{self, Frame, Page, text, when_value};
+use crate::view::{self, Frame, text, when_value};
 
 pub(crate) struct Person {
     platform: String,
@@ -42,11 +42,7 @@ struct PairingPage {
     pairing: Shown<Pairing>,
 }
 
-impl Page for PairingPage {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(PairingPage);
 
 fn people(list: &Value, at: &str) -> Vec<Person> {
     list.as_array()

@@ -16,7 +16,7 @@ use super::Shown;
 use crate::Ui;
 use crate::auth::Login;
 use crate::form::{self, Fields};
-use crate::view::{self, Frame, Page, count, encode, text, when_value};
+use crate::view::{self, Frame, count, encode, text, when_value};
 
 /// Sessions per page of the list.
 const PAGE: usize = 50;
@@ -74,11 +74,7 @@ struct List {
     next: Option<String>,
 }
 
-impl Page for List {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(List);
 
 /// `GET /ui/sessions?q=&offset=`.
 pub(crate) async fn list(
@@ -242,11 +238,7 @@ struct Transcript {
     next: Option<String>,
 }
 
-impl Page for Transcript {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(Transcript);
 
 /// `GET /ui/sessions/{id}?after=`.
 pub(crate) async fn transcript(

@@ -15,7 +15,7 @@ use super::Shown;
 use crate::Ui;
 use crate::auth::Login;
 use crate::form::Fields;
-use crate::view::{self, Frame, Page, encode, text};
+use crate::view::{self, Frame, encode, text};
 
 pub(crate) struct SkillRow {
     name: String,
@@ -31,11 +31,7 @@ struct List {
     skills: Shown<Vec<SkillRow>>,
 }
 
-impl Page for List {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(List);
 
 /// `GET /ui/skills`.
 pub(crate) async fn list(
@@ -88,11 +84,7 @@ struct Show {
     skill: Shown<Skill>,
 }
 
-impl Page for Show {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-}
+view::framed!(Show);
 
 /// `GET /ui/skills/{name}`.
 pub(crate) async fn show(
