@@ -241,7 +241,7 @@ pub(crate) enum FileSource {
 /// `input_audio` parts. The Responses API's spellings are the same parts:
 /// `input_text` and `output_text` are text, `input_image` an image whose
 /// `image_url` is the URL itself.
-fn content_of(content: Option<&Value>) -> Result<(String, Vec<InlineFile>), String> {
+pub(crate) fn content_of(content: Option<&Value>) -> Result<(String, Vec<InlineFile>), String> {
     let shape = "'content' must be a string or an array of content parts";
     let parts = match content {
         None | Some(Value::Null) => return Ok((String::new(), Vec::new())),

@@ -28,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 
+use crate::chat::InlineFile;
 use crate::error::ApiError;
 use crate::{AppState, session};
 use driver::NewRun;
@@ -72,37 +73,44 @@ fn optional_text(object: &Map<String, Value>, key: &str) -> Result<Option<String
 }
 
 /// The user's message: a string, or (as the ancestor also took) an array
-/// of messages whose last user message is the input.
-fn input_text(value: Option<&Value>, key: &str) -> Result<String, ApiError> {
+/// of messages whose last user message is the input. That message's
+/// content may be an array of parts, files among them (`image_url` with a
+/// `data:` or `http(s)` URL, `input_audio`), as in a chat completion.
+fn input_of(value: Option<&Value>, key: &str) -> Result<(String, Vec<InlineFile>), ApiError> {
     let missing = || {
         ApiError::bad_request(
             format!("'{key}' must be a non-empty string or an array of messages"),
             "missing_input",
         )
     };
-    let text = match value {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(messages)) => messages
-            .iter()
-            .rev()
-            .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-            .and_then(|m| m.get("content"))
-            .map(|c| match c {
-                Value::String(s) => s.clone(),
-                Value::Array(parts) => parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-                _ => String::new(),
-            })
-            .unwrap_or_default(),
-        _ => String::new(),
+    let (text, files) = match value {
+        Some(Value::String(s)) => (s.clone(), Vec::new()),
+        Some(Value::Array(messages)) => {
+            let content = messages
+                .iter()
+                .rev()
+                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+                .and_then(|m| m.get("content"));
+            crate::chat::content_of(content)
+                .map_err(|e| ApiError::bad_request(e, "invalid_input"))?
+        }
+        _ => (String::new(), Vec::new()),
     };
-    if text.trim().is_empty() {
+    if text.trim().is_empty() && files.is_empty() {
         return Err(missing());
     }
-    Ok(text)
+    Ok((text, files))
+}
+
+/// [`input_of`], its files taken into the media cache (and described or
+/// kept for a model that sees them) as a chat completion's are.
+async fn take_input(
+    state: &AppState,
+    value: Option<&Value>,
+    key: &str,
+) -> Result<(String, Vec<talaria_core::MediaRef>), ApiError> {
+    let (text, files) = input_of(value, key)?;
+    crate::chat::take_files(state, &text, &files).await
 }
 
 /// The run `id`, or 404.
@@ -137,7 +145,7 @@ async fn create(
                 ));
             }
         }
-        let input = input_text(object.get("input"), "input")?;
+        let (input, media) = take_input(&state, object.get("input"), "input").await?;
         let session_id = optional_text(&object, "session_id")?
             .map(|id| session::validate_client_id(&id))
             .transpose()?;
@@ -147,6 +155,7 @@ async fn create(
             &state,
             NewRun {
                 input,
+                media,
                 session_id,
                 model,
                 instructions,
@@ -271,7 +280,7 @@ async fn start_session_chat(
     } else {
         "input"
     };
-    let input = input_text(object.get(key), key)?;
+    let (input, media) = take_input(state, object.get(key), key).await?;
     let model = optional_text(&object, "model")?;
     let instructions = optional_text(&object, "instructions")?;
     match state.agent.parts().store.session(&id).await {
@@ -293,6 +302,7 @@ async fn start_session_chat(
         state,
         NewRun {
             input,
+            media,
             session_id: Some(id),
             model,
             instructions,
@@ -350,23 +360,24 @@ mod tests {
 
     #[test]
     fn the_input_is_text_or_the_last_user_message() {
-        assert_eq!(
-            input_text(Some(&json!("hi")), "input").ok(),
-            Some("hi".into())
-        );
+        let text = |v: &Value| input_of(Some(v), "input").ok().map(|(t, _)| t);
+        assert_eq!(text(&json!("hi")), Some("hi".into()));
         let messages = json!([
             {"role": "user", "content": "first"},
             {"role": "assistant", "content": "a"},
             {"role": "user", "content": [{"type": "text", "text": "second"}]},
         ]);
-        assert_eq!(
-            input_text(Some(&messages), "input").ok(),
-            Some("second".into())
-        );
+        assert_eq!(text(&messages), Some("second".into()));
+        // A file alone is an input; its text may be empty.
+        let photo = json!([{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+        ]}]);
+        let (said, files) = input_of(Some(&photo), "input").unwrap();
+        assert_eq!((said.as_str(), files.len()), ("", 1));
         for bad in [json!(""), json!("  "), json!(5), json!([])] {
-            let e = input_text(Some(&bad), "input").err().and_then(|e| e.code);
+            let e = input_of(Some(&bad), "input").err().and_then(|e| e.code);
             assert_eq!(e, Some("missing_input"), "{bad}");
         }
-        assert!(input_text(None, "input").is_err());
+        assert!(input_of(None, "input").is_err());
     }
 }

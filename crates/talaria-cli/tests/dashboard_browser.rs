@@ -322,6 +322,30 @@ async fn an_operator_uses_the_dashboard_in_chromium() {
     assert!(url.starts_with("?session="), "{url}");
     setup.shot("chat").await;
 
+    // An attachment: a text file picked in the page reaches the model
+    // with the message, through the media cache like a file sent in a
+    // chat app.
+    llm.push_when("cardamom", Reply::text("Your notes name cardamom."));
+    setup
+        .eval(
+            "const file = new File(['The secret ingredient is cardamom.'], 'notes.txt', \
+             {type: 'text/plain'}); \
+             const picked = new DataTransfer(); picked.items.add(file); \
+             const input = document.getElementById('chat-file'); input.files = picked.files; \
+             input.dispatchEvent(new Event('change')); \
+             document.getElementById('chat-input').value = 'What do my notes say?'; \
+             document.getElementById('chat-send').click(); 1",
+        )
+        .await;
+    setup
+        .wait_for("(document.querySelector('.msg.assistant:last-child .text') || {}).textContent === 'Your notes name cardamom.'")
+        .await;
+    let shown = setup
+        .eval("document.getElementById('conversation').innerText")
+        .await;
+    assert!(shown.contains("[notes.txt]"), "{shown}");
+    setup.shot("chat-attachment").await;
+
     // Pairing: a stranger asked on Telegram and was given a code.
     let store = talaria_store::SqliteStore::open(&setup.home.join("state.db")).unwrap();
     let pairing = talaria_gateway::pairing::Pairing::new(Arc::new(store));

@@ -52,7 +52,26 @@ function setupChat(chat) {
   const stop = document.getElementById("chat-stop");
   const status = document.getElementById("chat-status");
   const conversation = document.getElementById("conversation");
+  const fileInput = document.getElementById("chat-file");
+  const fileNames = document.getElementById("chat-files");
   let current = null;
+
+  // The API takes at most 10 MiB a request, and files travel as base64
+  // (a third larger).
+  const MAX_FILE_BYTES = 7 * 1024 * 1024;
+
+  fileInput.addEventListener("change", () => {
+    fileNames.textContent = Array.from(fileInput.files).map((f) => f.name).join(", ");
+  });
+
+  function dataUrl(file) {
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(new Error("Cannot read " + file.name));
+      reader.readAsDataURL(file);
+    });
+  }
 
   function scrollDown() {
     window.scrollTo(0, document.body.scrollHeight);
@@ -61,6 +80,7 @@ function setupChat(chat) {
   function busy(on) {
     send.disabled = on;
     input.disabled = on;
+    fileInput.disabled = on;
     stop.hidden = !on;
   }
 
@@ -185,15 +205,36 @@ function setupChat(chat) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const message = input.value.trim();
-    if (!message || current) return;
-    addMessage("user", message);
+    const files = Array.from(fileInput.files);
+    if ((!message && files.length === 0) || current) return;
+    const total = files.reduce((sum, f) => sum + f.size, 0);
+    if (total > MAX_FILE_BYTES) {
+      status.textContent = "The files are too large: at most 7 MB in all.";
+      return;
+    }
+    const names = files.map((f) => "[" + f.name + "]").join(" ");
+    addMessage("user", [message, names].filter((s) => s).join("\n"));
     input.value = "";
     busy(true);
     status.textContent = "Working";
     const answer = addMessage("assistant", "");
-    const body = { input: message };
-    if (chat.dataset.session) body.session_id = chat.dataset.session;
+    const body = {};
     try {
+      if (files.length === 0) {
+        body.input = message;
+      } else {
+        // Files go as content parts of the message, as a chat completion
+        // sends them; the server sniffs what each one is from its bytes.
+        const parts = [];
+        if (message) parts.push({ type: "text", text: message });
+        for (const file of files) {
+          parts.push({ type: "image_url", image_url: { url: await dataUrl(file) } });
+        }
+        body.input = [{ role: "user", content: parts }];
+        fileInput.value = "";
+        fileNames.textContent = "";
+      }
+      if (chat.dataset.session) body.session_id = chat.dataset.session;
       const run = await api("POST", "/v1/runs", body);
       current = run.id;
       if (run.session_id && run.session_id !== chat.dataset.session) {

@@ -23,6 +23,8 @@ use crate::session;
 pub(crate) struct NewRun {
     /// The user's message.
     pub(crate) input: String,
+    /// Its files, already in the media cache.
+    pub(crate) media: Vec<talaria_core::MediaRef>,
     /// The session to continue; `None` starts a new one.
     pub(crate) session_id: Option<String>,
     /// A `model.routes` name; any other name is only echoed back.
@@ -63,6 +65,7 @@ pub(crate) fn start(state: &Arc<AppState>, new: NewRun) -> Result<Arc<Run>, ApiE
     tokio::spawn(async move {
         let turn = Turn {
             input: new.input,
+            media: new.media,
             instructions: new.instructions,
             permit,
             provider,
@@ -78,6 +81,7 @@ pub(crate) fn start(state: &Arc<AppState>, new: NewRun) -> Result<Arc<Run>, ApiE
 /// What the run's turn takes.
 struct Turn {
     input: String,
+    media: Vec<talaria_core::MediaRef>,
     instructions: Option<String>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     provider: Option<Arc<dyn talaria_agent::models::Provider>>,
@@ -86,6 +90,7 @@ struct Turn {
 async fn drive(state: &Arc<AppState>, run: &Arc<Run>, turn: Turn) {
     let Turn {
         input,
+        media,
         instructions,
         permit,
         provider,
@@ -110,7 +115,7 @@ async fn drive(state: &Arc<AppState>, run: &Arc<Run>, turn: Turn) {
         state: state.clone(),
         session: opened.session,
         input,
-        media: Vec::new(),
+        media,
         stream: false,
         tool_progress: false,
         labels: Labels {
