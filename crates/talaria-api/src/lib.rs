@@ -20,13 +20,18 @@
 //! - `chat`: `/v1/chat/completions`: request parsing, admission, the turn
 //!   task and the non-streamed answer.
 //! - `sse`: the streamed answer.
-//! - `rest`: REST for sessions, cron jobs, pairing, capabilities, skills,
-//!   toolsets, `/health/detailed` and the OpenAPI description.
+//! - `rest`: REST for sessions, cron jobs, pairing, capabilities, skills
+//!   and toolsets, memory and the learning log, the configuration and the
+//!   logs, `/health/detailed` and the OpenAPI description.
 //! - `responses`: OpenAI's Responses API (`/v1/responses`): parsing, the
 //!   `response` object, its event stream, and the responses kept in the
 //!   store for retrieval and `previous_response_id`.
 //! - `runs`: `/v1/runs` (asynchronous turns with a resumable event stream
 //!   and approvals) and `/api/sessions/{id}/chat` and `/chat/stream`.
+//!
+//! [`ApiServer::routes`] hands the router to the dashboard
+//! (`talaria-dashboard`), which calls it in-process with the key, and
+//! [`ApiServer::merge`] serves the dashboard's pages beside it.
 //!
 //! # Invariants
 //!
