@@ -171,16 +171,13 @@ impl Auth {
 /// 32 random bytes as hex.
 fn random_hex() -> String {
     let bytes: [u8; 32] = rand::random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    talaria_core::ids::to_hex(&bytes)
 }
 
 /// What the store keeps a token under: its hash, so reading the store
 /// does not give a working cookie.
 fn token_key(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    talaria_core::ids::to_hex(&Sha256::digest(token.as_bytes()))
 }
 
 /// The value of cookie `name` in the request's headers.

@@ -45,10 +45,7 @@ const MAX_LINE: usize = 64 * 1024;
 
 /// The hash the log names a content by: SHA-256, lower-case hex.
 pub fn content_hash(content: &[u8]) -> String {
-    Sha256::digest(content)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    talaria_core::ids::to_hex(&Sha256::digest(content))
 }
 
 /// One page of the log, newest first.
