@@ -328,6 +328,9 @@ pub enum Skip {
     /// The platform sends no files (`Capabilities::sends` is empty): a
     /// file goes as a line naming it.
     SendsNoFiles,
+    /// The platform has no shared chats the bot is addressed in: every
+    /// conversation is one person's (SMS, a personal account's DMs).
+    NoGroups,
 }
 
 /// Generates one test per scenario a kit runs, and one test that checks

@@ -59,6 +59,34 @@ pub async fn thread_reply<K: AdapterKit>() {
     assert_eq!(rig.kit.sent().len(), 1);
 }
 
+/// In a shared chat a friend's message that does not address the bot
+/// starts no turn, and one that mentions it is answered in that chat (in
+/// its thread, where the platform answers there), once, with the speaker
+/// named to the model. The unaddressed message goes first, so the answer
+/// to the mention is the barrier after which its absence is observed.
+pub async fn group_mention<K: AdapterKit>() {
+    let rig = Rig::<K>::started(&[], |_| {}).await;
+    rig.kit.push_in_group("chatting among ourselves", false);
+    rig.llm.push(Reply::text("group answer"));
+    let asked = rig.kit.push_in_group("what is the time", true);
+    let sent = rig.wait_for_text("group answer").await;
+    let reply = sent.iter().find(|o| o.text == "group answer").unwrap();
+    assert_eq!(reply.chat, asked.chat);
+    assert_eq!(reply.thread, asked.thread);
+    rig.wait_for_delivered(1).await;
+    assert_eq!(rig.llm.requests().len(), 1, "one turn, for the mention");
+    let asked_text = rig.user_messages(0);
+    assert!(
+        asked_text.last().unwrap().ends_with("] what is the time"),
+        "{asked_text:?}"
+    );
+    assert!(
+        asked_text.iter().all(|m| !m.contains("chatting among")),
+        "the unaddressed message reached the model: {asked_text:?}"
+    );
+    assert_eq!(rig.kit.sent().len(), 1, "{:?}", rig.kit.sent());
+}
+
 /// An answer several times the platform's limit arrives in numbered parts,
 /// each under the limit in the platform's unit, that reassemble to it
 /// exactly; only the first names the question where replies quote.

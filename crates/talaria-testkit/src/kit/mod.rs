@@ -197,6 +197,18 @@ pub trait PlatformKit: Sized {
     /// a friend in a shared chat (mentioning it, where that is needed).
     fn push_stranger_in_group(&self, _text: &str) {}
 
+    /// A message from [`Who::Friend`] in a shared chat (a group, a
+    /// channel), addressing the bot the way the platform does (an
+    /// @-mention) when `mention` is true and not addressing it at all
+    /// otherwise; says where its answer must land.
+    ///
+    /// # Panics
+    /// On a kit whose platform has no shared chats (the suite never calls
+    /// it there).
+    fn push_in_group(&self, _text: &str, _mention: bool) -> Threaded {
+        panic!("{} declares no shared chats", Self::NAME)
+    }
+
     /// Whether the bot showed it was typing in `chat`; `None` where the
     /// fake cannot tell.
     fn typed_in(&self, _chat: &str) -> Option<bool> {
