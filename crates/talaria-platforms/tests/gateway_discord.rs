@@ -27,7 +27,7 @@ impl AdapterKit for DiscordKit {
 }
 
 adapter_contract!(DiscordKit;
-    run: dm_turn, thread_reply, long_answer_split, redelivery, dropped_connection,
+    run: dm_turn, group_mention, thread_reply, long_answer_split, redelivery, dropped_connection,
          rate_limit, unauthorized, media_in, media_out;
     skip: );
 

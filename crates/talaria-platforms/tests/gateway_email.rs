@@ -64,6 +64,7 @@ fn email_adapter(
 adapter_contract!(EmailKit;
     run: dm_turn, long_answer_split, dropped_connection, unauthorized, media_in, media_out;
     skip: thread_reply => contract::Skip::Threadless,
+          group_mention => contract::Skip::NoGroups,
           redelivery => contract::Skip::DeliversOnce,
           rate_limit => contract::Skip::UnlimitedSends);
 

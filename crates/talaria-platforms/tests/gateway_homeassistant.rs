@@ -61,6 +61,7 @@ impl AdapterKit for HomeAssistantKit {
 adapter_contract!(HomeAssistantKit;
     run: dm_turn, redelivery, unauthorized;
     skip: thread_reply => contract::Skip::Threadless,
+          group_mention => contract::Skip::NoGroups,
           long_answer_split => contract::Skip::Reassembled,
           dropped_connection => contract::Skip::Connectionless,
           rate_limit => contract::Skip::UnlimitedSends,

@@ -43,7 +43,7 @@ fn matrix_adapter(config: &Config, env: &Env, cursors: Arc<dyn CursorStore>) -> 
 }
 
 adapter_contract!(MatrixKit;
-    run: dm_turn, thread_reply, long_answer_split, redelivery, dropped_connection,
+    run: dm_turn, group_mention, thread_reply, long_answer_split, redelivery, dropped_connection,
          rate_limit, unauthorized, media_in, media_out;
     skip: );
 

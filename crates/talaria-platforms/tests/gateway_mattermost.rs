@@ -23,7 +23,7 @@ impl AdapterKit for MattermostKit {
 }
 
 adapter_contract!(MattermostKit;
-    run: dm_turn, thread_reply, long_answer_split, redelivery, dropped_connection,
+    run: dm_turn, group_mention, thread_reply, long_answer_split, redelivery, dropped_connection,
          rate_limit, unauthorized, media_in, media_out;
     skip: );
 

@@ -25,7 +25,7 @@ impl<const POLLED: bool> AdapterKit for SignalKitIn<POLLED> {
 }
 
 adapter_contract!(SignalKit;
-    run: dm_turn, long_answer_split, redelivery, dropped_connection, rate_limit,
+    run: dm_turn, group_mention, long_answer_split, redelivery, dropped_connection, rate_limit,
          unauthorized, media_in, media_out;
     skip: thread_reply => contract::Skip::Threadless);
 
@@ -34,7 +34,8 @@ mod polled {
     use talaria_testkit::kit::signal::PolledSignalKit;
 
     adapter_contract!(PolledSignalKit;
-    run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized, media_in, media_out;
+    run: dm_turn, group_mention, long_answer_split, redelivery, rate_limit, unauthorized, media_in,
+         media_out;
     skip: thread_reply => crate::contract::Skip::Threadless,
               dropped_connection => crate::contract::Skip::Connectionless);
 }

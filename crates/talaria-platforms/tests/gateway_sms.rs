@@ -50,6 +50,7 @@ impl AdapterKit for SmsKit {
 adapter_contract!(SmsKit;
     run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized, media_in;
     skip: thread_reply => contract::Skip::Threadless,
+          group_mention => contract::Skip::NoGroups,
           dropped_connection => contract::Skip::Connectionless,
           media_out => contract::Skip::SendsNoFiles);
 

@@ -24,7 +24,7 @@ impl contract::AdapterKit for TelegramKit {
 }
 
 adapter_contract!(TelegramKit;
-    run: dm_turn, thread_reply, long_answer_split, redelivery, rate_limit, unauthorized, media_in, media_out;
+    run: dm_turn, group_mention, thread_reply, long_answer_split, redelivery, rate_limit, unauthorized, media_in, media_out;
     skip: dropped_connection => contract::Skip::Connectionless);
 
 fn has(sent: &[talaria_testkit::telegram::Sent], needle: &str) -> bool {

@@ -60,6 +60,7 @@ impl AdapterKit for WebhookKit {
 adapter_contract!(WebhookKit;
     run: dm_turn, redelivery, rate_limit, unauthorized;
     skip: thread_reply => contract::Skip::Threadless,
+          group_mention => contract::Skip::NotAChat,
           long_answer_split => contract::Skip::NotAChat,
           dropped_connection => contract::Skip::Connectionless,
           media_in => contract::Skip::ReceivesNoFiles,

@@ -52,6 +52,7 @@ fn whatsapp_adapter(config: &Config, env: &Env) -> WhatsappAdapter {
 adapter_contract!(WhatsappKit;
     run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized, media_in, media_out;
     skip: thread_reply => contract::Skip::Threadless,
+          group_mention => contract::Skip::NoGroups,
           dropped_connection => contract::Skip::Connectionless);
 
 /// Waits until some ledger row is in `state`; returns the open rows.

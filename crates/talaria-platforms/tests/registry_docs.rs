@@ -46,3 +46,44 @@ fn every_registered_platform_has_its_row_and_the_table_has_no_other() {
     assert_eq!(rows.len(), PLATFORMS.len() + 1, "{rows:#?}");
     assert!(rows.iter().any(|r| r.contains("API_SERVER_KEY")));
 }
+
+/// The table's "Supports" column says what each adapter declares: threads
+/// exactly where it has them, files in and out exactly where it receives
+/// or sends them.
+#[test]
+fn each_rows_supports_column_agrees_with_the_adapters_capabilities() {
+    let rows = table_rows();
+    for p in PLATFORMS {
+        let prefix = format!("`{}", platform_var(p.name, ""));
+        let section = format!("`platforms.{}", p.name);
+        let Some(row) = rows
+            .iter()
+            .find(|r| r.contains(&prefix) || r.contains(&section))
+        else {
+            panic!("{}: no row", p.name);
+        };
+        let cells: Vec<&str> = row.split(" | ").collect();
+        assert_eq!(cells.len(), 4, "{}: four columns: {row}", p.name);
+        let supports = cells[2];
+        let caps = &p.capabilities;
+        assert_eq!(
+            supports.contains("threads"),
+            caps.threads,
+            "{}: threads in {supports:?}",
+            p.name
+        );
+        let both = supports.contains("files in and out");
+        assert_eq!(
+            both || supports.contains("files in"),
+            !caps.receives.is_empty(),
+            "{}: files in, in {supports:?}",
+            p.name
+        );
+        assert_eq!(
+            both || supports.contains("files out"),
+            !caps.sends.is_empty(),
+            "{}: files out, in {supports:?}",
+            p.name
+        );
+    }
+}

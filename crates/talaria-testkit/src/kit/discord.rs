@@ -174,6 +174,22 @@ impl PlatformKit for DiscordKit {
             .fail_next_send_with_429(after.as_secs_f64(), false);
     }
 
+    fn push_in_group(&self, text: &str, mention: bool) -> Threaded {
+        let text = if mention {
+            format!("{} {text}", self.fake.mention())
+        } else {
+            text.to_owned()
+        };
+        let id = self
+            .fake
+            .push_guild_message("7", "70", user(Who::Friend), &text);
+        Threaded {
+            id,
+            chat: "70".into(),
+            thread: None,
+        }
+    }
+
     fn push_stranger_in_group(&self, text: &str) {
         let at = self.fake.mention();
         self.fake

@@ -237,6 +237,20 @@ impl PlatformKit for MatrixKit {
         self.fake.fail_next_send_with_429(ms);
     }
 
+    fn push_in_group(&self, text: &str, mention: bool) -> Threaded {
+        let body = if mention {
+            mentioning(text)
+        } else {
+            text.to_owned()
+        };
+        let id = self.fake.push_text(TEAM, ALICE, &body);
+        Threaded {
+            id,
+            chat: TEAM.into(),
+            thread: None,
+        }
+    }
+
     fn push_stranger_in_group(&self, text: &str) {
         self.fake.push_text(TEAM, MALLORY, &mentioning(text));
     }

@@ -173,6 +173,23 @@ impl PlatformKit for MattermostKit {
         self.fake.fail_next_posts_with_429(secs, Some(secs));
     }
 
+    fn push_in_group(&self, text: &str, mention: bool) -> Threaded {
+        // A channel mention opens a thread rooted at the mentioning post.
+        let text = if mention {
+            format!("@{} {text}", self.fake.bot_username())
+        } else {
+            text.to_owned()
+        };
+        let id = self
+            .fake
+            .push(NewPost::channel("town", user(Who::Friend), &text));
+        Threaded {
+            chat: "town".into(),
+            thread: Some(id.clone()),
+            id,
+        }
+    }
+
     fn push_stranger_in_group(&self, text: &str) {
         let bot = self.fake.bot_username();
         self.fake.push(NewPost::channel(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use talaria_adapter::MediaKind;
 
-use super::{KitFile, Out, PlatformKit, Uploaded, Who};
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
 use crate::FakeSignal;
 use crate::signal::{Mode, NewMessage, Person};
 use crate::wait::{WAIT, wait_for};
@@ -199,6 +199,19 @@ impl<const POLLED: bool> PlatformKit for SignalKitIn<POLLED> {
     fn rate_limit_next_send(&self, after: Duration) {
         self.fake
             .fail_next_sends_with_429(Some(after.as_secs().max(1)));
+    }
+
+    fn push_in_group(&self, text: &str, mention: bool) -> Threaded {
+        let mut message = NewMessage::dm(&alice(), text).in_group(GROUP, "Team");
+        if mention {
+            message = message.mentioning(BOT);
+        }
+        let id = self.fake.push(message);
+        Threaded {
+            id: id.to_string(),
+            chat: FakeSignal::group_recipient(GROUP),
+            thread: None,
+        }
     }
 
     fn push_stranger_in_group(&self, text: &str) {

@@ -190,6 +190,28 @@ impl PlatformKit for SlackKit {
             .fail_next_post(PostFailure::RateLimited(after.as_secs().max(1)));
     }
 
+    fn push_in_group(&self, text: &str, mention: bool) -> Threaded {
+        // A top-level mention is answered at the top level; Slack sends
+        // it twice (message and app_mention), as in a thread.
+        let text = if mention {
+            format!("<@{}> {text}", self.fake.bot_user_id())
+        } else {
+            text.to_owned()
+        };
+        let (_, ts) = self
+            .fake
+            .push_channel_message("C1", user(Who::Friend), &text, None);
+        if mention {
+            self.fake
+                .push_app_mention("C1", user(Who::Friend), &text, &ts, None);
+        }
+        Threaded {
+            id: ts,
+            chat: "C1".into(),
+            thread: None,
+        }
+    }
+
     fn push_stranger_in_group(&self, text: &str) {
         let bot = self.fake.bot_user_id();
         self.fake.push_channel_message(

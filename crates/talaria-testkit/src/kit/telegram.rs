@@ -162,6 +162,22 @@ impl PlatformKit for TelegramKit {
         self.fake.fail_next_send_with_429(after.as_secs().max(1));
     }
 
+    fn push_in_group(&self, text: &str, mention: bool) -> Threaded {
+        let text = if mention {
+            format!("@{} {text}", self.fake.bot_username())
+        } else {
+            text.to_owned()
+        };
+        let id = self
+            .fake
+            .push_group_text(-100500, user(Who::Friend), &text, None, false);
+        Threaded {
+            id: id.to_string(),
+            chat: "-100500".into(),
+            thread: None,
+        }
+    }
+
     fn push_stranger_in_group(&self, text: &str) {
         self.fake
             .push_group_text(-100500, user(Who::Stranger), text, None, false);
