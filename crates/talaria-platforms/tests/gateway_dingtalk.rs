@@ -14,7 +14,7 @@ use talaria_platforms::dingtalk::{DingTalkAdapter, DingTalkSettings};
 use talaria_platforms::registry::{Built, Setup};
 use talaria_testkit::Reply;
 use talaria_testkit::dingtalk::Via;
-use talaria_testkit::kit::Who;
+use talaria_testkit::kit::{PlatformKit, Who};
 use talaria_testkit::kit::dingtalk::{DingTalkKit, GROUP};
 
 type DingTalkRig = Rig<DingTalkKit>;

@@ -301,11 +301,12 @@ impl FakeDingTalk {
                 }
             };
             let expires_ms = now_ms() + SESSION_LIFETIME_MS;
+            let dead = st.sessions_expired;
             st.sessions.insert(
                 session.clone(),
                 Session {
                     conversation: from.conversation.to_owned(),
-                    expires_ms: if st.sessions_expired { 0 } else { expires_ms },
+                    expires_ms: if dead { 0 } else { expires_ms },
                 },
             );
             if !from.group {
