@@ -159,7 +159,10 @@ async fn a_session_webhook_outside_the_allowed_hosts_is_never_posted_to() {
         .unwrap();
     // It went through the robot send API, to the user.
     let sent = fake.sent();
-    assert_eq!((sent[0].via, sent[0].conversation.as_str()), (Via::Robot, "cidDM1"));
+    assert_eq!(
+        (sent[0].via, sent[0].conversation.as_str()),
+        (Via::Robot, "cidDM1")
+    );
     assert!(
         tokio::time::timeout(Duration::from_millis(200), trap.accept())
             .await
@@ -250,7 +253,10 @@ async fn the_custom_robot_is_signed_and_the_fake_refuses_tampered_and_replayed_s
         .await
         .unwrap();
     let sent = fake.sent();
-    assert_eq!((sent[0].via, sent[0].text.as_str()), (Via::Custom, "from cron"));
+    assert_eq!(
+        (sent[0].via, sent[0].text.as_str()),
+        (Via::Custom, "from cron")
+    );
     // The adapter's query carried a signature the test computes itself.
     let now = chrono::Utc::now().timestamp_millis();
     let ok = post_custom(&fake, now, &independent_sign(ROBOT_SECRET, now)).await;

@@ -14,8 +14,8 @@ use talaria_platforms::dingtalk::{DingTalkAdapter, DingTalkSettings};
 use talaria_platforms::registry::{Built, Setup};
 use talaria_testkit::Reply;
 use talaria_testkit::dingtalk::Via;
-use talaria_testkit::kit::{PlatformKit, Who};
 use talaria_testkit::kit::dingtalk::{DingTalkKit, GROUP};
+use talaria_testkit::kit::{PlatformKit, Who};
 
 type DingTalkRig = Rig<DingTalkKit>;
 
@@ -99,7 +99,10 @@ async fn a_group_answer_goes_to_the_group_and_mentions_can_be_switched_off() {
     let sent = rig.wait_for_text("heard without a mention").await;
     assert_eq!(sent[0].chat, GROUP);
     let asked = rig.user_messages(0);
-    assert!(asked.last().unwrap().ends_with("] anyone there"), "{asked:?}");
+    assert!(
+        asked.last().unwrap().ends_with("] anyone there"),
+        "{asked:?}"
+    );
     // After the webhook is gone, the group is reached by its conversation.
     rig.kit.fake.expire_sessions();
     rig.llm.push(Reply::text("via the robot"));
@@ -118,7 +121,11 @@ async fn a_disconnect_notice_brings_a_new_connection_with_a_fresh_ticket() {
     assert_eq!(ack.data, r#"{"opaque":"probe-1"}"#);
     rig.kit.fake.send_disconnect();
     rig.kit.fake.wait_for_connection(2, WAIT).await;
-    assert_eq!(rig.kit.fake.refused_dials(), 0, "every dial had a fresh ticket");
+    assert_eq!(
+        rig.kit.fake.refused_dials(),
+        0,
+        "every dial had a fresh ticket"
+    );
     rig.llm.push(Reply::text("after the reconnect"));
     rig.kit.push_dm(Who::Friend, "still there?");
     rig.wait_for_text("after the reconnect").await;

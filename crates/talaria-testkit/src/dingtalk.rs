@@ -272,7 +272,10 @@ impl FakeDingTalk {
 
     /// Pushes a text message; returns its `msgId`.
     pub fn push_text(&self, from: &Incoming<'_>, text: &str) -> String {
-        self.push_message(from, json!({ "msgtype": "text", "text": { "content": text } }))
+        self.push_message(
+            from,
+            json!({ "msgtype": "text", "text": { "content": text } }),
+        )
     }
 
     /// A file others can send: `downloadCode` for it.
@@ -296,7 +299,8 @@ impl FakeDingTalk {
                 Some(s) => s.clone(),
                 None => {
                     let s = format!("session-{n}-{}", from.conversation);
-                    st.session_of.insert(from.conversation.to_owned(), s.clone());
+                    st.session_of
+                        .insert(from.conversation.to_owned(), s.clone());
                     s
                 }
             };
@@ -644,7 +648,11 @@ async fn open(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
     if body["clientId"] != shared.client_id.as_str()
         || body["clientSecret"] != shared.client_secret.as_str()
     {
-        return error(401, "InvalidAuthentication", "clientId or clientSecret is wrong");
+        return error(
+            401,
+            "InvalidAuthentication",
+            "clientId or clientSecret is wrong",
+        );
     }
     let subscribed = body["subscriptions"].as_array().is_some_and(|subs| {
         subs.iter()
@@ -761,9 +769,15 @@ fn on_ack(shared: &Shared, text: &str) {
     }
 }
 
-async fn access_token(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn access_token(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let (body, _) = log(&shared, "/v1.0/oauth2/accessToken", &headers, &body);
-    if body["appKey"] != shared.client_id.as_str() || body["appSecret"] != shared.client_secret.as_str() {
+    if body["appKey"] != shared.client_id.as_str()
+        || body["appSecret"] != shared.client_secret.as_str()
+    {
         return error(400, "invalidClientId", "appKey or appSecret is wrong");
     }
     let mut st = shared.core.change();
@@ -781,7 +795,9 @@ fn read_body(msgtype: &str, fields: &Value) -> Option<(String, Option<String>, S
             fields["title"].as_str().map(str::to_owned),
             fields["text"].as_str()?.to_owned(),
         )),
-        "text" | "sampleText" => Some(("text".into(), None, fields["content"].as_str()?.to_owned())),
+        "text" | "sampleText" => {
+            Some(("text".into(), None, fields["content"].as_str()?.to_owned()))
+        }
         _ => None,
     }
 }
@@ -881,15 +897,27 @@ async fn robot(
     let path = format!("/v1.0/robot/{method}");
     let (body, authorized) = log(&shared, &path, &headers, &body);
     if !authorized {
-        return error(401, "InvalidAuthentication", "the access token is missing or wrong");
+        return error(
+            401,
+            "InvalidAuthentication",
+            "the access token is missing or wrong",
+        );
     }
     if body["robotCode"] != shared.client_id.as_str() {
-        return error(400, "invalidParameter.robotCode", "robotCode does not exist");
+        return error(
+            400,
+            "invalidParameter.robotCode",
+            "robotCode does not exist",
+        );
     }
     if method == "messageFiles/download" {
         let code = body["downloadCode"].as_str().unwrap_or("");
         if !shared.core.read().files.contains_key(code) {
-            return error(400, "invalidParameter.downloadCode", "downloadCode is invalid");
+            return error(
+                400,
+                "invalidParameter.downloadCode",
+                "downloadCode is invalid",
+            );
         }
         return json_response(
             200,
@@ -912,7 +940,11 @@ async fn robot(
         "groupMessages/send" => match body["openConversationId"].as_str() {
             Some(c) if shared.core.read().session_of.contains_key(c) => c.to_owned(),
             _ => {
-                return error(400, "invalidParameter.openConversationId", "unknown conversation");
+                return error(
+                    400,
+                    "invalidParameter.openConversationId",
+                    "unknown conversation",
+                );
             }
         },
         _ => return error(404, "NotFound", "no such API"),
@@ -926,10 +958,17 @@ async fn robot(
         .and_then(|p| serde_json::from_str(p).ok())
         .unwrap_or(Value::Null);
     let Some(parsed) = read_body(key, &param) else {
-        return error(400, "invalidParameter.msgParam", "msgKey or msgParam is invalid");
+        return error(
+            400,
+            "invalidParameter.msgParam",
+            "msgKey or msgParam is invalid",
+        );
     };
     accept(&shared, Via::Robot, &conversation, parsed);
-    json_response(200, &json!({ "processQueryKey": format!("pqk-{}", now_ms()) }))
+    json_response(
+        200,
+        &json!({ "processQueryKey": format!("pqk-{}", now_ms()) }),
+    )
 }
 
 async fn file(State(shared): State<Arc<Shared>>, Path(code): Path<String>) -> Response {

@@ -93,9 +93,13 @@ impl Api {
                 "oauth2/accessToken answered without an accessToken".into(),
             )));
         };
-        let lifetime = Duration::from_secs(answer.get("expireIn").and_then(Value::as_u64).unwrap_or(0));
+        let lifetime =
+            Duration::from_secs(answer.get("expireIn").and_then(Value::as_u64).unwrap_or(0));
         let token = Secret::new(token);
-        *cached = Some((token.clone(), Instant::now() + lifetime.saturating_sub(TOKEN_MARGIN)));
+        *cached = Some((
+            token.clone(),
+            Instant::now() + lifetime.saturating_sub(TOKEN_MARGIN),
+        ));
         Ok(token)
     }
 
@@ -116,7 +120,12 @@ impl Api {
 
     /// Posts `body` to an OpenAPI `url` and reads its JSON answer; a
     /// refusal carries DingTalk's `code` and `message`.
-    async fn post(&self, url: &str, body: &Value, token: Option<&Secret>) -> Result<Value, HttpError> {
+    async fn post(
+        &self,
+        url: &str,
+        body: &Value,
+        token: Option<&Secret>,
+    ) -> Result<Value, HttpError> {
         let mut request = self.http.client().post(url).json(body);
         if let Some(token) = token {
             request = request.header("x-acs-dingtalk-access-token", token.expose());
@@ -126,9 +135,14 @@ impl Api {
             return self.http.decode(&answer);
         }
         let parsed: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
-        let code = parsed.get("code").and_then(Value::as_str).map(str::to_owned);
+        let code = parsed
+            .get("code")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         let message = parsed.get("message").and_then(Value::as_str).unwrap_or("");
-        Err(self.http.refused(answer.status, code, message, answer.retry_after()))
+        Err(self
+            .http
+            .refused(answer.status, code, message, answer.retry_after()))
     }
 
     /// Posts `body` to a webhook (a session webhook, a custom robot's): the
@@ -152,7 +166,11 @@ impl Api {
     }
 
     /// Asks where a file of a message can be fetched: a short-lived URL.
-    pub(crate) async fn download_url(&self, code: &str, robot_code: &str) -> Result<String, HttpError> {
+    pub(crate) async fn download_url(
+        &self,
+        code: &str,
+        robot_code: &str,
+    ) -> Result<String, HttpError> {
         let body = json!({ "downloadCode": code, "robotCode": robot_code });
         let answer = self.call("robot/messageFiles/download", &body).await?;
         answer
@@ -160,8 +178,9 @@ impl Api {
             .and_then(Value::as_str)
             .map(str::to_owned)
             .ok_or_else(|| {
-                self.http
-                    .fail(Failure::Other("messageFiles/download answered without a URL".into()))
+                self.http.fail(Failure::Other(
+                    "messageFiles/download answered without a URL".into(),
+                ))
             })
     }
 
@@ -186,8 +205,8 @@ pub(crate) fn sign(secret: &str, timestamp_ms: i64) -> String {
 
 /// `url` with the custom robot's `timestamp` and `sign` appended.
 pub(crate) fn signed_url(url: &str, secret: &str, timestamp_ms: i64) -> Result<String, String> {
-    let mut parsed =
-        reqwest::Url::parse(url).map_err(|e| format!("the custom robot webhook URL is invalid: {e}"))?;
+    let mut parsed = reqwest::Url::parse(url)
+        .map_err(|e| format!("the custom robot webhook URL is invalid: {e}"))?;
     parsed
         .query_pairs_mut()
         .append_pair("timestamp", &timestamp_ms.to_string())

@@ -25,7 +25,8 @@ pub(crate) fn to_markdown(text: &str) -> String {
             }
             None => {
                 if is_numbered(trimmed)
-                    && previous.is_some_and(|p| !p.trim().is_empty() && !is_numbered(p.trim_start()))
+                    && previous
+                        .is_some_and(|p| !p.trim().is_empty() && !is_numbered(p.trim_start()))
                 {
                     out.push('\n');
                 }

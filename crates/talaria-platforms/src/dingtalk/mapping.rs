@@ -161,7 +161,10 @@ fn body(m: &BotMessage) -> (String, Vec<Attachment>) {
     };
     match m.msgtype.as_str() {
         "text" | "" => (
-            m.text.as_ref().map(|t| t.content.clone()).unwrap_or_default(),
+            m.text
+                .as_ref()
+                .map(|t| t.content.clone())
+                .unwrap_or_default(),
             Vec::new(),
         ),
         "richText" => {
@@ -247,7 +250,10 @@ mod tests {
         assert_eq!(mapped.event.source.user_id.as_deref(), Some("staff1"));
         assert_eq!(mapped.event.message_id.as_deref(), Some("m1"));
         assert_eq!(mapped.route, Some(Route::Dm("staff1".into())));
-        assert_eq!(mapped.webhook, Some(("https://api.dingtalk.com/s".into(), 5)));
+        assert_eq!(
+            mapped.webhook,
+            Some(("https://api.dingtalk.com/s".into(), 5))
+        );
     }
 
     #[test]
@@ -280,7 +286,10 @@ mod tests {
         let mapped = map_message(&m, true).unwrap();
         assert_eq!(mapped.event.text, "look");
         assert_eq!(mapped.event.attachments[0].kind, MediaKind::Image);
-        assert_eq!(Route::decode(&Route::Dm("s".into()).encode()), Some(Route::Dm("s".into())));
+        assert_eq!(
+            Route::decode(&Route::Dm("s".into()).encode()),
+            Some(Route::Dm("s".into()))
+        );
         assert_eq!(Route::decode("group"), Some(Route::Group));
         assert_eq!(Route::decode("dm:"), None);
     }

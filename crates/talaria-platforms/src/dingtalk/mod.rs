@@ -304,7 +304,9 @@ impl DingTalkAdapter {
             .ok()
             .filter(|u| matches!(u.scheme(), "ws" | "wss"))
             .ok_or_else(|| {
-                AdapterError::Disconnected("connections/open answered a non-WebSocket endpoint".into())
+                AdapterError::Disconnected(
+                    "connections/open answered a non-WebSocket endpoint".into(),
+                )
             })?;
         url.query_pairs_mut().append_pair("ticket", ticket.expose());
         Ok(url.into())
@@ -357,7 +359,10 @@ impl DingTalkAdapter {
                     Ok(code) => (ack(&id, code, r#"{"response":null}"#), None),
                     Err(()) => return Ended::Shutdown,
                 },
-                ("EVENT", _) => (ack(&id, 200, r#"{"status":"SUCCESS","message":"ok"}"#), None),
+                ("EVENT", _) => (
+                    ack(&id, 200, r#"{"status":"SUCCESS","message":"ok"}"#),
+                    None,
+                ),
                 _ => (ack(&id, 404, "{}"), None),
             };
             if id.is_empty() {
@@ -477,7 +482,10 @@ impl DingTalkAdapter {
             return Some(route);
         }
         if let Some(cursors) = &self.cursors {
-            match cursors.cursor("dingtalk", &format!("route:{chat_id}")).await {
+            match cursors
+                .cursor("dingtalk", &format!("route:{chat_id}"))
+                .await
+            {
                 Ok(Some(text)) => {
                     if let Some(route) = Route::decode(&text) {
                         return Some(route);

@@ -150,7 +150,9 @@ impl PlatformKit for DingTalkKit {
         // of its own, without a caption.
         let code = self.fake.add_file(&file.bytes);
         let body = match file.kind {
-            MediaKind::Image => json!({ "msgtype": "picture", "content": { "downloadCode": code } }),
+            MediaKind::Image => {
+                json!({ "msgtype": "picture", "content": { "downloadCode": code } })
+            }
             MediaKind::Voice | MediaKind::Audio => json!({
                 "msgtype": "audio",
                 "content": { "downloadCode": code, "duration": 3000, "recognition": "" },
