@@ -5,6 +5,7 @@
 
 mod crash_support;
 
+use talaria_testkit::kit::dingtalk::DingTalkKit;
 use talaria_testkit::kit::discord::DiscordKit;
 use talaria_testkit::kit::email::EmailKit;
 use talaria_testkit::kit::homeassistant::HomeAssistantKit;
@@ -45,6 +46,7 @@ crash_resend!(
     homeassistant: super::HomeAssistantKit,
     webhook: super::WebhookKit,
     email: super::EmailKit,
+    dingtalk: super::DingTalkKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

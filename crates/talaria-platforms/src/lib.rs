@@ -16,6 +16,8 @@
 //! - [`matrix`]: a Matrix account over the client-server API's `/sync`.
 //! - [`email`]: a mailbox over IMAP (IDLE or polling), replies over SMTP.
 //! - [`slack`]: Slack over Socket Mode, sending through the Web API.
+//! - [`dingtalk`]: DingTalk's Stream mode in, session webhooks and the
+//!   robot send API out.
 //! - [`webhook`]: signed webhook deliveries as agent turns.
 //! - [`ingress`]: the one HTTP listener (port 8644) that every platform
 //!   delivering by webhook is mounted on.
@@ -34,6 +36,8 @@
 //!   escaping for HTML-like markups; `net`: the loopback check.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "dingtalk")]
+pub mod dingtalk;
 #[cfg(feature = "discord")]
 pub mod discord;
 #[cfg(feature = "email")]
@@ -50,7 +54,8 @@ pub mod homeassistant;
     feature = "matrix",
     feature = "signal",
     feature = "whatsapp",
-    feature = "sms"
+    feature = "sms",
+    feature = "dingtalk"
 ))]
 mod http;
 #[cfg(feature = "ingress")]

@@ -20,6 +20,7 @@
 //! for the adapter contract suite and the crash tests.
 #![forbid(unsafe_code)]
 
+pub mod dingtalk;
 pub mod discord;
 pub mod docker;
 pub mod email;
@@ -44,6 +45,7 @@ pub mod web_pages;
 pub mod web_search;
 pub mod whatsapp;
 mod wire;
+pub use dingtalk::FakeDingTalk;
 pub use discord::FakeDiscord;
 pub use email::MailServer;
 pub use homeassistant::FakeHomeAssistant;

@@ -11,6 +11,7 @@
 //! suite declares them skipped, with the reason, per platform.
 
 pub mod deliver;
+pub mod dingtalk;
 pub mod discord;
 pub mod email;
 pub mod homeassistant;
