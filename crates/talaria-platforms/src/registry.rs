@@ -134,6 +134,10 @@ pub const PLATFORMS: &[Platform] = &[
     crate::homeassistant::ENTRY,
     #[cfg(feature = "webhook")]
     crate::webhook::ENTRY,
+    #[cfg(feature = "qqbot")]
+    crate::qqbot::ENTRY,
+    #[cfg(feature = "weixin")]
+    crate::weixin::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;
@@ -368,6 +372,8 @@ mod tests {
             ".platforms.email.password",
             ".platforms.homeassistant.token",
             ".platforms.homeassistant.conversation_token",
+            ".platforms.qqbot.client_secret",
+            ".platforms.weixin.token",
         ] {
             let name = want.split('.').nth(2).unwrap_or_default();
             if platform(name).is_some() {
