@@ -417,12 +417,11 @@ impl FakeQq {
         let mut st = self.shared.core.change();
         match st.current.clone() {
             Some(session) => {
-                if let Some(payload) = log_dispatch(&mut st, &session, kind, d) {
-                    if let Some(a) = &st.attached
-                        && a.session.as_deref() == Some(session.as_str())
-                    {
-                        let _ = a.tx.send(Control::Send(payload));
-                    }
+                if let Some(payload) = log_dispatch(&mut st, &session, kind, d)
+                    && let Some(a) = &st.attached
+                    && a.session.as_deref() == Some(session.as_str())
+                {
+                    let _ = a.tx.send(Control::Send(payload));
                 }
             }
             None => st.backlog.push((kind.to_owned(), d)),

@@ -175,7 +175,11 @@ impl FakeWeixin {
         let copy = st
             .queue
             .iter()
-            .find(|m| m["message_id"].to_string() == id)
+            .find(|m| match &m["message_id"] {
+                Value::Number(n) => n.to_string() == id,
+                Value::String(s) => s == id,
+                _ => false,
+            })
             .cloned();
         if let Some(m) = copy {
             st.queue.push(m);
