@@ -982,3 +982,55 @@ async fn create(shared: &Shared, scope: &str, target: &str, body: &Value, v2: bo
         &json!({"id": id, "timestamp": "2026-12-06T19:00:01+08:00"}),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn post(url: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+        let mut req = reqwest::Client::new().post(url).json(&body);
+        if let Some(t) = token {
+            req = req.header("Authorization", format!("QQBot {t}"));
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    #[tokio::test]
+    async fn replies_need_a_known_msg_id_and_a_fresh_seq() {
+        let fake = FakeQq::start("1", "s", Duration::from_secs(40)).await;
+        let (status, t) = post(
+            &fake.token_url(),
+            None,
+            json!({"appId": "1", "clientSecret": "s"}),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(t["expires_in"], "7200");
+        let token = t["access_token"].as_str().unwrap().to_owned();
+        let (status, _) = post(
+            &fake.token_url(),
+            None,
+            json!({"appId": "1", "clientSecret": "x"}),
+        )
+        .await;
+        assert_eq!(status, 401);
+        let id = fake.push_c2c("U", "hi");
+        let url = format!("{}/v2/users/U/messages", fake.api_base());
+        let body = |seq: u64| json!({"content": "a", "msg_type": 0, "msg_id": id, "msg_seq": seq});
+        assert_eq!(post(&url, Some("wrong"), body(1)).await.0, 401);
+        assert_eq!(post(&url, Some(&token), body(1)).await.0, 200);
+        let (status, e) = post(&url, Some(&token), body(1)).await;
+        assert_eq!(
+            (status, e["code"].as_i64()),
+            (400, Some(CODE_DUPLICATE_SEQ))
+        );
+        assert_eq!(post(&url, Some(&token), body(2)).await.0, 200);
+        // Another chat's message id is no passive reply here.
+        let other = format!("{}/v2/groups/G/messages", fake.api_base());
+        let (status, e) = post(&other, Some(&token), body(3)).await;
+        assert_eq!((status, e["code"].as_i64()), (400, Some(CODE_BAD_MSG_ID)));
+        assert_eq!(fake.sent().len(), 2);
+    }
+}

@@ -463,3 +463,48 @@ async fn send(shared: &Shared, body: &Value) -> Response {
     });
     answer(json!({"ret": 0}))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn calls_without_the_ilink_headers_or_base_info_are_refused() {
+        let fake = FakeWeixin::start("tok", Duration::from_millis(50)).await;
+        let url = format!("{}/ilink/bot/getupdates", fake.base_url());
+        let uin = base64::engine::general_purpose::STANDARD.encode("3141592653");
+        let call = |uin: &str, body: Value| {
+            reqwest::Client::new()
+                .post(&url)
+                .header("AuthorizationType", "ilink_bot_token")
+                .header("Authorization", "Bearer tok")
+                .header("X-WECHAT-UIN", uin.to_owned())
+                .header("iLink-App-Id", "bot")
+                .json(&body)
+                .send()
+        };
+        let good = json!({"get_updates_buf": "", "base_info": {"channel_version": "2.2.0"}});
+        let v: Value = call(&uin, good.clone())
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["ret"], 0);
+        let v: Value = call("not-base64!", good)
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["ret"], -1);
+        let v: Value = call(&uin, json!({"get_updates_buf": ""}))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["ret"], -1);
+        assert_eq!(fake.requests().iter().filter(|r| r.well_formed).count(), 1);
+    }
+}
