@@ -161,10 +161,7 @@ impl AuthPolicy {
             };
         };
 
-        let mut users = self.list(&talaria_core::config::platform_var(
-            &platform,
-            "ALLOWED_USERS",
-        ));
+        let mut users = self.platform_list(&platform, "ALLOWED_USERS");
         users.extend(self.list(GLOBAL_LIST_KEY));
         let listed = |e: &&str| {
             if is_email {
@@ -192,10 +189,7 @@ impl AuthPolicy {
                 && caps.offers_pairing(),
         };
 
-        if self.flag(&talaria_core::config::platform_var(
-            &platform,
-            "ALLOW_ALL_USERS",
-        )) {
+        if self.platform_flag(&platform, "ALLOW_ALL_USERS") {
             return Decision::Allow(Reason::PlatformAllowAll);
         }
         if paired {
@@ -234,10 +228,7 @@ impl AuthPolicy {
         };
         let platform = source.platform.to_ascii_lowercase();
         let is_email = caps.sender_ids == SenderIds::Email;
-        let mut users = self.list(&talaria_core::config::platform_var(
-            &platform,
-            "ALLOWED_USERS",
-        ));
+        let mut users = self.platform_list(&platform, "ALLOWED_USERS");
         users.extend(self.list(GLOBAL_LIST_KEY));
         users.iter().any(|e| {
             if is_email {
@@ -261,6 +252,22 @@ impl AuthPolicy {
             .unwrap_or_default()
     }
 
+    /// `<P>_<suffix>`'s entries, and those of the ancestor's name for the
+    /// same variable where it used another prefix.
+    fn platform_list(&self, platform: &str, suffix: &str) -> Vec<&str> {
+        let mut entries = self.list(&talaria_core::config::platform_var(platform, suffix));
+        if let Some(prefix) = ancestor_prefix(platform) {
+            entries.extend(self.list(&format!("{prefix}_{suffix}")));
+        }
+        entries
+    }
+
+    /// `<P>_<suffix>` (or the ancestor's name for it) is set true.
+    fn platform_flag(&self, platform: &str, suffix: &str) -> bool {
+        self.flag(&talaria_core::config::platform_var(platform, suffix))
+            || ancestor_prefix(platform).is_some_and(|p| self.flag(&format!("{p}_{suffix}")))
+    }
+
     fn flag(&self, key: &str) -> bool {
         self.env.get(key).is_some_and(|v| {
             let v = v.trim();
@@ -268,6 +275,16 @@ impl AuthPolicy {
                 .iter()
                 .any(|t| v.eq_ignore_ascii_case(t))
         })
+    }
+}
+
+/// The prefix the system this one descends from gave a platform's user
+/// variables where it is not the platform's name: QQ Bot (`qqbot`) read
+/// `QQ_ALLOWED_USERS` and `QQ_ALLOW_ALL_USERS`. Both names are honoured.
+fn ancestor_prefix(platform: &str) -> Option<&'static str> {
+    match platform {
+        "qqbot" => Some("QQ"),
+        _ => None,
     }
 }
 

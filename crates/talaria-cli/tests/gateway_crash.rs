@@ -11,11 +11,13 @@ use talaria_testkit::kit::email::EmailKit;
 use talaria_testkit::kit::homeassistant::HomeAssistantKit;
 use talaria_testkit::kit::matrix::MatrixKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
+use talaria_testkit::kit::qqbot::QqbotKit;
 use talaria_testkit::kit::signal::{PolledSignalKit, SignalKit};
 use talaria_testkit::kit::slack::SlackKit;
 use talaria_testkit::kit::sms::SmsKit;
 use talaria_testkit::kit::telegram::TelegramKit;
 use talaria_testkit::kit::webhook::WebhookKit;
+use talaria_testkit::kit::weixin::WeixinKit;
 use talaria_testkit::kit::whatsapp::WhatsappKit;
 
 /// One crash test per platform kit.
@@ -47,6 +49,8 @@ crash_resend!(
     webhook: super::WebhookKit,
     email: super::EmailKit,
     dingtalk: super::DingTalkKit,
+    qqbot: super::QqbotKit,
+    weixin: super::WeixinKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

@@ -29,6 +29,10 @@
 //! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
 //! - [`homeassistant`]: Home Assistant's conversation endpoint and the
 //!   `ha_*` tools.
+//! - [`qqbot`]: a QQ bot over QQ's official API v2 (gateway WebSocket in,
+//!   OpenAPI out).
+//! - [`weixin`]: a personal WeChat account through Tencent's iLink bot API
+//!   (long polling).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `ws`: WebSocket
@@ -56,6 +60,8 @@ pub mod homeassistant;
     feature = "whatsapp",
     feature = "sms",
     feature = "dingtalk"
+    feature = "qqbot",
+    feature = "weixin"
 ))]
 mod http;
 #[cfg(feature = "ingress")]
@@ -66,6 +72,8 @@ pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
 mod net;
+#[cfg(feature = "qqbot")]
+pub mod qqbot;
 pub mod registry;
 #[cfg(any(feature = "mattermost", feature = "signal", feature = "matrix"))]
 mod rest;
@@ -79,6 +87,8 @@ pub mod sms;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+#[cfg(feature = "weixin")]
+pub mod weixin;
 #[cfg(feature = "whatsapp")]
 pub mod whatsapp;
 #[cfg(feature = "websocket")]

@@ -136,6 +136,10 @@ pub const PLATFORMS: &[Platform] = &[
     crate::webhook::ENTRY,
     #[cfg(feature = "dingtalk")]
     crate::dingtalk::ENTRY,
+    #[cfg(feature = "qqbot")]
+    crate::qqbot::ENTRY,
+    #[cfg(feature = "weixin")]
+    crate::weixin::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;
@@ -372,6 +376,8 @@ mod tests {
             ".platforms.homeassistant.conversation_token",
             ".platforms.dingtalk.client_secret",
             ".platforms.dingtalk.webhook_secret",
+            ".platforms.qqbot.client_secret",
+            ".platforms.weixin.token",
         ] {
             let name = want.split('.').nth(2).unwrap_or_default();
             if platform(name).is_some() {

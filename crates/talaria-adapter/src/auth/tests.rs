@@ -633,3 +633,36 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn qq_bot_reads_the_ancestors_qq_variables_too() {
+    let policy = |pairs: &[(&str, &str)]| AuthPolicy::from_env(&Env::from_pairs(pairs.to_vec()));
+    let caps = caps("qqbot");
+    let listed = policy(&[("QQ_ALLOWED_USERS", "OPENID1")]);
+    assert_eq!(
+        listed.decide(&dm("qqbot", "OPENID1"), &caps, false),
+        ALLOW_LISTED
+    );
+    assert!(listed.names_sender(&dm("qqbot", "OPENID1"), &caps));
+    assert!(
+        !listed
+            .decide(&dm("qqbot", "OPENID2"), &caps, false)
+            .is_allowed()
+    );
+    let own = policy(&[("QQBOT_ALLOWED_USERS", "OPENID2")]);
+    assert_eq!(
+        own.decide(&dm("qqbot", "OPENID2"), &caps, false),
+        ALLOW_LISTED
+    );
+    let all = policy(&[("QQ_ALLOW_ALL_USERS", "true")]);
+    assert_eq!(
+        all.decide(&dm("qqbot", "ANY"), &caps, false),
+        ALLOW_PLATFORM
+    );
+    // Only QQ Bot: another platform's `QQ_` is not its variable.
+    assert!(
+        !listed
+            .decide(&dm("discord", "OPENID1"), &caps, false)
+            .is_allowed()
+    );
+}

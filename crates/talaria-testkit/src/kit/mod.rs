@@ -17,11 +17,13 @@ pub mod email;
 pub mod homeassistant;
 pub mod matrix;
 pub mod mattermost;
+pub mod qqbot;
 pub mod signal;
 pub mod slack;
 pub mod sms;
 pub mod telegram;
 pub mod webhook;
+pub mod weixin;
 pub mod whatsapp;
 
 use std::time::{Duration, Instant};

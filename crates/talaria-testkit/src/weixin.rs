@@ -1,0 +1,510 @@
+//! A fake iLink bot API (Weixin personal accounts) on 127.0.0.1, built
+//! from the fact sheet's description of the protocol and its checklist
+//! (the API is not publicly documented; the shapes agree with the
+//! community ports).
+//!
+//! Every call is a `POST /ilink/bot/<endpoint>` with a JSON body that
+//! carries `base_info.channel_version`, and the headers
+//! `AuthorizationType: ilink_bot_token`, `Authorization: Bearer <token>`,
+//! `X-WECHAT-UIN` (base64 of the decimal text of a uint32) and
+//! `iLink-App-Id`. The HTTP status is always 200: failures are `ret` /
+//! `errcode` / `errmsg` in the body. A call missing a header or
+//! `base_info` gets `ret: -1` and is recorded as malformed.
+//!
+//! - `getupdates` `{get_updates_buf}` holds up to the configured time
+//!   for messages after the cursor and answers them with a new cursor
+//!   (`cur-<n>`), so a client that saves the cursor never sees a message
+//!   twice; a re-delivery is a message queued again. It can answer `-14`
+//!   (session expired) or `-2` (rate limited) instead.
+//! - `sendmessage` `{msg}` records text items; a `context_token` must be
+//!   the peer's latest (a stale one gets `-14`); a `client_id` seen
+//!   before is answered as a success without sending again.
+//! - `getconfig` answers a `typing_ticket`; `sendtyping` records it.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::post;
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::fake::{Core, Faults, bind, started};
+
+/// The bot's account id.
+pub const ACCOUNT_ID: &str = "e9b0c1d2a3f4@im.bot";
+
+/// One text the bot sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sent {
+    /// The peer it went to.
+    pub to: String,
+    /// The text.
+    pub text: String,
+    /// The context token it echoed.
+    pub context_token: Option<String>,
+    /// Its `client_id`.
+    pub client_id: String,
+    /// When the fake accepted it.
+    pub at: Instant,
+}
+
+/// One call, as it arrived.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The endpoint (`getupdates`, `sendmessage`, ...).
+    pub endpoint: String,
+    /// The body.
+    pub body: Value,
+    /// The headers and `base_info` were all as iLink wants them.
+    pub well_formed: bool,
+    /// When it arrived.
+    pub at: Instant,
+}
+
+/// What the next poll answers instead of messages.
+#[derive(Debug, Clone, Copy)]
+enum PollFault {
+    Code(i64),
+}
+
+struct Book {
+    token: String,
+    hold: Duration,
+    queue: Vec<Value>,
+    next_msg: u64,
+    /// Peer -> their latest context token.
+    tokens: HashMap<String, String>,
+    next_token: u64,
+    sent: Vec<Sent>,
+    client_ids: HashSet<String>,
+    typing: Vec<(String, String)>,
+    tickets: u64,
+    polls: usize,
+    poll_faults: Faults<PollFault>,
+    send_faults: Faults<i64>,
+    expired: bool,
+}
+
+struct Shared {
+    core: Core<Book, Request>,
+}
+
+/// A fake iLink bot API (see the module docs).
+pub struct FakeWeixin {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+}
+
+impl FakeWeixin {
+    /// Starts the fake accepting `token`, holding an empty poll `hold`.
+    ///
+    /// # Panics
+    /// When no local port can be bound.
+    pub async fn start(token: &str, hold: Duration) -> FakeWeixin {
+        started("the fake iLink API", Self::try_start(token, hold))
+    }
+
+    /// Like [`Self::start`], returning the error instead.
+    pub fn try_start(token: &str, hold: Duration) -> std::io::Result<FakeWeixin> {
+        let (listener, addr) = bind()?;
+        let shared = Arc::new(Shared {
+            core: Core::new(Book {
+                token: token.to_owned(),
+                hold,
+                queue: Vec::new(),
+                next_msg: 7_448_678_501_208_393_000,
+                tokens: HashMap::new(),
+                next_token: 0,
+                sent: Vec::new(),
+                client_ids: HashSet::new(),
+                typing: Vec::new(),
+                tickets: 0,
+                polls: 0,
+                poll_faults: Faults::default(),
+                send_faults: Faults::default(),
+                expired: false,
+            }),
+        });
+        let app = Router::new()
+            .route("/ilink/bot/{endpoint}", post(endpoint))
+            .with_state(shared.clone());
+        shared.core.serve("fake-ilink", listener, app)?;
+        Ok(FakeWeixin { shared, addr })
+    }
+
+    /// `http://127.0.0.1:PORT`: the adapter's `base_url`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A text message from `peer`; returns its message id. Each message
+    /// brings the peer a new context token, as a new exchange does.
+    pub fn push_text(&self, peer: &str, text: &str) -> String {
+        let mut st = self.shared.core.change();
+        st.next_msg += 1;
+        st.next_token += 1;
+        let id = st.next_msg;
+        let token = format!("ctx-{peer}-{}", st.next_token);
+        st.tokens.insert(peer.to_owned(), token.clone());
+        let m = json!({
+            "message_id": id, "from_user_id": peer, "to_user_id": ACCOUNT_ID,
+            "client_id": format!("wx-{id}"), "create_time_ms": 1_765_000_000_000u64 + id % 1000,
+            "session_id": format!("s-{peer}"), "message_type": 1, "message_state": 2,
+            "context_token": token,
+            "item_list": [{"type": 1, "text_item": {"text": text}}],
+        });
+        st.queue.push(m);
+        id.to_string()
+    }
+
+    /// Queues any message object as the next delivery.
+    pub fn push_raw(&self, m: Value) {
+        self.shared.core.change().queue.push(m);
+    }
+
+    /// Delivers the message `id` again (a copy queued after the cursor).
+    pub fn redeliver(&self, id: &str) {
+        let mut st = self.shared.core.change();
+        let copy = st
+            .queue
+            .iter()
+            .find(|m| match &m["message_id"] {
+                Value::Number(n) => n.to_string() == id,
+                Value::String(s) => s == id,
+                _ => false,
+            })
+            .cloned();
+        if let Some(m) = copy {
+            st.queue.push(m);
+        }
+    }
+
+    /// The next poll answers `code` (`-14` expired, `-2` rate limited).
+    pub fn fail_next_poll(&self, code: i64) {
+        self.shared
+            .core
+            .change()
+            .poll_faults
+            .push(PollFault::Code(code));
+    }
+
+    /// From now on every call answers `-14`, as after the login expired.
+    pub fn expire_session(&self) {
+        self.shared.core.change().expired = true;
+    }
+
+    /// The next send answers `code`.
+    pub fn fail_next_send(&self, code: i64) {
+        self.shared.core.change().send_faults.push(code);
+    }
+
+    /// The peer's latest context token.
+    pub fn context_token(&self, peer: &str) -> Option<String> {
+        self.shared.core.read().tokens.get(peer).cloned()
+    }
+
+    /// Gives the peer a new context token, making the old one stale.
+    pub fn rotate_context_token(&self, peer: &str) {
+        let mut st = self.shared.core.change();
+        st.next_token += 1;
+        let token = format!("ctx-{peer}-{}", st.next_token);
+        st.tokens.insert(peer.to_owned(), token);
+    }
+
+    /// While set, sends hang unanswered and are never delivered.
+    pub fn hang_send(&self, hang: bool) {
+        self.shared.core.set_hang(hang);
+    }
+
+    /// Every text accepted.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.shared.core.read().sent.clone()
+    }
+
+    /// Every typing call: (peer, ticket).
+    pub fn typing(&self) -> Vec<(String, String)> {
+        self.shared.core.read().typing.clone()
+    }
+
+    /// How many polls were answered.
+    pub fn polls(&self) -> usize {
+        self.shared.core.read().polls
+    }
+
+    /// Every call so far.
+    pub fn requests(&self) -> Vec<Request> {
+        self.shared.core.requests()
+    }
+
+    /// The send calls so far, answered or not.
+    pub fn send_attempts(&self) -> Vec<Request> {
+        self.shared
+            .core
+            .requests_where(|r| r.endpoint == "sendmessage")
+    }
+
+    /// Waits until at least `n` polls were answered.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_polls(&self, n: usize, timeout: Duration) {
+        self.shared
+            .core
+            .wait(
+                &format!("{n} polls"),
+                timeout,
+                |st| (st.polls >= n).then_some(()),
+                |st| st.polls,
+            )
+            .await;
+    }
+
+    /// Waits until at least `n` texts were accepted.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
+        self.shared
+            .core
+            .wait_len("sent texts", n, timeout, |st| &st.sent)
+            .await
+    }
+
+    /// Waits until at least `n` sends arrived.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) -> Vec<Request> {
+        self.shared
+            .core
+            .wait_requests("send attempts", n, timeout, |r| r.endpoint == "sendmessage")
+            .await
+    }
+
+    /// Stops the server (also on drop).
+    pub fn shutdown(&self) {
+        self.shared.core.stop();
+    }
+}
+
+impl Drop for FakeWeixin {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Whether the call carries what iLink wants: the headers, and
+/// `base_info` in the body.
+fn well_formed(headers: &HeaderMap, body: &Value) -> bool {
+    let h = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let uin_ok = h("x-wechat-uin")
+        .and_then(|u| base64::engine::general_purpose::STANDARD.decode(u).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .is_some_and(|d| d.parse::<u32>().is_ok());
+    h("authorizationtype") == Some("ilink_bot_token")
+        && h("ilink-app-id").is_some_and(|v| !v.is_empty())
+        && uin_ok
+        && body
+            .pointer("/base_info/channel_version")
+            .and_then(Value::as_str)
+            .is_some_and(|v| !v.is_empty())
+}
+
+fn answer(v: Value) -> Response {
+    crate::json_response(200, &v)
+}
+
+fn failed(code: i64, message: &str) -> Response {
+    answer(json!({"ret": code, "errcode": code, "errmsg": message}))
+}
+
+async fn endpoint(
+    State(shared): State<Arc<Shared>>,
+    Path(endpoint): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let ok = well_formed(&headers, &body);
+    shared.core.record(Request {
+        endpoint: endpoint.clone(),
+        body: body.clone(),
+        well_formed: ok,
+        at: Instant::now(),
+    });
+    if !ok {
+        return failed(-1, "malformed request");
+    }
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    {
+        let st = shared.core.read();
+        if bearer.as_deref() != Some(st.token.as_str()) || st.expired {
+            drop(st);
+            if endpoint == "getupdates" {
+                shared.core.change().polls += 1;
+            }
+            return failed(-14, "session timeout");
+        }
+    }
+    match endpoint.as_str() {
+        "getupdates" => poll(&shared, &body).await,
+        "sendmessage" => send(&shared, &body).await,
+        "getconfig" => {
+            let mut st = shared.core.change();
+            st.tickets += 1;
+            answer(json!({"ret": 0, "typing_ticket": format!("ticket-{}", st.tickets)}))
+        }
+        "sendtyping" => {
+            let peer = body["ilink_user_id"].as_str().unwrap_or("").to_owned();
+            let ticket = body["typing_ticket"].as_str().unwrap_or("").to_owned();
+            if !ticket.starts_with("ticket-") {
+                return failed(-1, "bad typing ticket");
+            }
+            shared.core.change().typing.push((peer, ticket));
+            answer(json!({"ret": 0}))
+        }
+        _ => failed(-1, "unknown endpoint"),
+    }
+}
+
+/// The index after which a cursor's messages start.
+fn position(cursor: &str) -> usize {
+    cursor
+        .strip_prefix("cur-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn poll(shared: &Shared, body: &Value) -> Response {
+    let from = position(body["get_updates_buf"].as_str().unwrap_or(""));
+    let (hold, fault) = {
+        let mut st = shared.core.change();
+        (st.hold, st.poll_faults.take())
+    };
+    if let Some(PollFault::Code(code)) = fault {
+        shared.core.change().polls += 1;
+        return failed(
+            code,
+            if code == -2 {
+                "rate limited"
+            } else {
+                "session timeout"
+            },
+        );
+    }
+    let batch = shared
+        .core
+        .changes()
+        .until(hold, || {
+            let st = shared.core.read();
+            (st.queue.len() > from).then(|| st.queue[from..].to_vec())
+        })
+        .await
+        .unwrap_or_default();
+    let mut st = shared.core.change();
+    st.polls += 1;
+    let next = from + batch.len();
+    answer(json!({
+        "ret": 0, "errcode": 0, "errmsg": "", "msgs": batch,
+        "get_updates_buf": format!("cur-{next}"),
+        "longpolling_timeout_ms": u64::try_from(st.hold.as_millis()).unwrap_or(35_000),
+    }))
+}
+
+async fn send(shared: &Shared, body: &Value) -> Response {
+    if shared.core.hanging() {
+        shared.core.held().await;
+        return failed(-1, "system busy");
+    }
+    let msg = &body["msg"];
+    let to = msg["to_user_id"].as_str().unwrap_or("").to_owned();
+    let client_id = msg["client_id"].as_str().unwrap_or("").to_owned();
+    let text: Vec<&str> = msg["item_list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["type"] == 1)
+        .filter_map(|i| i.pointer("/text_item/text").and_then(Value::as_str))
+        .collect();
+    let mut st = shared.core.change();
+    if let Some(code) = st.send_faults.take() {
+        return failed(code, "injected failure");
+    }
+    if to.is_empty() || client_id.is_empty() || text.is_empty() || msg["message_type"] != 2 {
+        return failed(-1, "invalid msg");
+    }
+    let token = msg["context_token"].as_str().map(str::to_owned);
+    if let Some(t) = &token
+        && st.tokens.get(&to) != Some(t)
+    {
+        return failed(-14, "context token expired");
+    }
+    if !st.client_ids.insert(client_id.clone()) {
+        // The same message again: already sent.
+        return answer(json!({"ret": 0}));
+    }
+    st.sent.push(Sent {
+        to,
+        text: text.join(""),
+        context_token: token,
+        client_id,
+        at: Instant::now(),
+    });
+    answer(json!({"ret": 0}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn calls_without_the_ilink_headers_or_base_info_are_refused() {
+        let fake = FakeWeixin::start("tok", Duration::from_millis(50)).await;
+        let url = format!("{}/ilink/bot/getupdates", fake.base_url());
+        let uin = base64::engine::general_purpose::STANDARD.encode("3141592653");
+        let call = |uin: &str, body: Value| {
+            reqwest::Client::new()
+                .post(&url)
+                .header("AuthorizationType", "ilink_bot_token")
+                .header("Authorization", "Bearer tok")
+                .header("X-WECHAT-UIN", uin.to_owned())
+                .header("iLink-App-Id", "bot")
+                .json(&body)
+                .send()
+        };
+        let good = json!({"get_updates_buf": "", "base_info": {"channel_version": "2.2.0"}});
+        let v: Value = call(&uin, good.clone())
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["ret"], 0);
+        let v: Value = call("not-base64!", good)
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["ret"], -1);
+        let v: Value = call(&uin, json!({"get_updates_buf": ""}))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["ret"], -1);
+        assert_eq!(fake.requests().iter().filter(|r| r.well_formed).count(), 1);
+    }
+}
