@@ -16,6 +16,7 @@ use talaria_testkit::kit::sms::SmsKit;
 use talaria_testkit::kit::telegram::TelegramKit;
 use talaria_testkit::kit::webhook::WebhookKit;
 use talaria_testkit::kit::whatsapp::WhatsappKit;
+use talaria_testkit::kit::yuanbao::YuanbaoKit;
 
 /// One crash test per platform kit.
 macro_rules! crash_resend {
@@ -45,6 +46,7 @@ crash_resend!(
     homeassistant: super::HomeAssistantKit,
     webhook: super::WebhookKit,
     email: super::EmailKit,
+    yuanbao: super::YuanbaoKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

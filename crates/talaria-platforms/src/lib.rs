@@ -27,6 +27,8 @@
 //! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
 //! - [`homeassistant`]: Home Assistant's conversation endpoint and the
 //!   `ha_*` tools.
+//! - [`yuanbao`]: Tencent Yuanbao's bot socket (a signed token, then
+//!   protobuf frames both ways).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `ws`: WebSocket
@@ -78,3 +80,5 @@ pub mod webhook;
 pub mod whatsapp;
 #[cfg(feature = "websocket")]
 mod ws;
+#[cfg(feature = "yuanbao")]
+pub mod yuanbao;

@@ -44,6 +44,7 @@ pub mod web_pages;
 pub mod web_search;
 pub mod whatsapp;
 mod wire;
+pub mod yuanbao;
 pub use discord::FakeDiscord;
 pub use email::MailServer;
 pub use homeassistant::FakeHomeAssistant;
@@ -54,6 +55,7 @@ pub use slack::FakeSlack;
 pub use telegram::FakeTelegram;
 pub use twilio::FakeTwilio;
 pub use whatsapp::FakeGraph;
+pub use yuanbao::FakeYuanbao;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

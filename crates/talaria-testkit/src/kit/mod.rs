@@ -22,6 +22,7 @@ pub mod sms;
 pub mod telegram;
 pub mod webhook;
 pub mod whatsapp;
+pub mod yuanbao;
 
 use std::time::{Duration, Instant};
 
