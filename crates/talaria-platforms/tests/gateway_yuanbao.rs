@@ -39,9 +39,8 @@ adapter_contract!(YuanbaoKit;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reply_heartbeat_runs_while_working_and_finishes_after_the_answer() {
     let rig = YuanbaoRig::started(&[], |_| {}).await;
-    rig.llm.push(
-        Reply::text("Done thinking.").with_delay(std::time::Duration::from_millis(1500)),
-    );
+    rig.llm
+        .push(Reply::text("Done thinking.").with_delay(std::time::Duration::from_millis(1500)));
     rig.kit.fake.push_dm(FRIEND, "think hard");
     rig.sent(1).await;
     let chat = format!("direct:{FRIEND}");
@@ -116,7 +115,9 @@ async fn the_owner_resets_a_group_session_without_mentioning_the_bot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_stay_closed_under_the_default_policy() {
     let rig = YuanbaoRig::started(&[("YUANBAO_GROUP_POLICY", "pairing")], |_| {}).await;
-    rig.kit.fake.push_group(FRIEND, GROUP, "anyone there?", true);
+    rig.kit
+        .fake
+        .push_group(FRIEND, GROUP, "anyone there?", true);
     rig.llm.push(Reply::text("dm answer"));
     rig.kit.fake.push_dm(FRIEND, "hello");
     let sent = rig.sent(1).await;

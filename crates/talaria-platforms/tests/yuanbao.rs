@@ -130,7 +130,10 @@ async fn the_token_request_is_signed_with_hmac_sha256_in_beijing_time() {
     let (nonce, ts, sig) = (field("nonce"), field("timestamp"), field("signature"));
     assert_eq!(field("app_key"), APP_KEY);
     assert_eq!(nonce.len(), 32);
-    assert!(!body.to_string().contains(APP_SECRET), "the secret is never sent");
+    assert!(
+        !body.to_string().contains(APP_SECRET),
+        "the secret is never sent"
+    );
     // Computed here by openssl, not by the adapter's code.
     let expected = openssl_hmac(APP_SECRET, &format!("{nonce}{ts}{APP_KEY}{APP_SECRET}"));
     assert_eq!(sig, expected);
@@ -220,7 +223,11 @@ async fn a_retry_code_is_retried_and_an_expired_bind_signs_again() {
     let r = spawn(settings(&fake));
     fake.wait_for_connection(1, WAIT).await;
     let codes: Vec<i64> = fake.sign_requests().iter().map(|s| s.code).collect();
-    assert_eq!(codes, vec![10099, 0, 0], "retried, then signed again for the bind");
+    assert_eq!(
+        codes,
+        vec![10099, 0, 0],
+        "retried, then signed again for the bind"
+    );
     let binds: Vec<i32> = fake.binds().iter().map(|b| b.code).collect();
     assert_eq!(binds, vec![41103, 0]);
     r.shutdown.cancel();
@@ -277,7 +284,10 @@ async fn groups_need_a_mention_the_owner_excepted_and_a_recall_drops_the_message
         "ann42",
         "g1",
         &recalled,
-        vec![wire::mention(BOT_ID, "Talaria"), wire::text(" take this back")],
+        vec![
+            wire::mention(BOT_ID, "Talaria"),
+            wire::text(" take this back"),
+        ],
     ));
     let id = fake.push_group("ann42", "g1", "what time is it", true);
     let event = next(&mut r.events).await;
@@ -340,7 +350,10 @@ async fn sends_wait_for_their_response_and_heartbeats_show_the_work() {
     // A refusal is retried after a wait; every request id is fresh.
     fake.fail_next_send(20016);
     let before = fake.send_attempts().len();
-    r.adapter.send(&message("direct:ann42", "again")).await.unwrap();
+    r.adapter
+        .send(&message("direct:ann42", "again"))
+        .await
+        .unwrap();
     let attempts = fake.send_attempts();
     assert_eq!(attempts.len(), before + 2);
     assert!(attempts[before + 1].at.duration_since(attempts[before].at) >= Duration::from_secs(1));
@@ -368,13 +381,19 @@ async fn close_codes_decide_whether_to_reconnect() {
     fake.wait_for_connection(1, WAIT).await;
     fake.close_with(4013);
     let err = ended(r).await.unwrap_err();
-    assert!(matches!(&err, AdapterError::Fatal(t) if t.contains("4013")), "{err:?}");
+    assert!(
+        matches!(&err, AdapterError::Fatal(t) if t.contains("4013")),
+        "{err:?}"
+    );
 
     let r = spawn(settings(&fake));
     fake.wait_for_connection(2, WAIT).await;
     fake.close_with(4011);
     let err = ended(r).await.unwrap_err();
-    assert!(matches!(&err, AdapterError::Disconnected(t) if t.contains("4011")), "{err:?}");
+    assert!(
+        matches!(&err, AdapterError::Disconnected(t) if t.contains("4011")),
+        "{err:?}"
+    );
     // Each connection signed its own token.
     assert_eq!(fake.sign_requests().len(), 2);
 }
@@ -386,7 +405,11 @@ async fn two_unanswered_pings_give_the_socket_up() {
     fake.wait_for_connection(1, WAIT).await;
     // Answered pings first: the watchdog leaves a healthy socket alone.
     talaria_testkit::wait::wait_for("two pings", || async {
-        if fake.pings() >= 2 { Ok(()) } else { Err(fake.pings()) }
+        if fake.pings() >= 2 {
+            Ok(())
+        } else {
+            Err(fake.pings())
+        }
     })
     .await;
     fake.go_deaf(true);

@@ -439,7 +439,12 @@ impl FakeYuanbao {
             .wait(
                 "a heartbeat",
                 timeout,
-                |b| b.heartbeats.iter().any(&probe).then(|| b.heartbeats.clone()),
+                |b| {
+                    b.heartbeats
+                        .iter()
+                        .any(&probe)
+                        .then(|| b.heartbeats.clone())
+                },
                 |b| b.heartbeats.clone(),
             )
             .await
@@ -536,7 +541,11 @@ fn beijing_shaped(ts: &str) -> bool {
             .all(|r| b[r.clone()].iter().all(u8::is_ascii_digit))
 }
 
-async fn sign_token(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn sign_token(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let field = |k: &str| body.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
     let (key, nonce, ts, sig) = (
@@ -634,7 +643,10 @@ async fn serve_socket(shared: Arc<Shared>, mut ws: WebSocket) {
                 env_name: req.env_name.clone(),
                 code: c,
             });
-            (response(&head, code(c, if c == 0 { "ok" } else { "refused" })), c == 0)
+            (
+                response(&head, code(c, if c == 0 { "ok" } else { "refused" })),
+                c == 0,
+            )
         };
         if ws.send(Message::Binary(answer.into())).await.is_err() {
             return;

@@ -136,9 +136,8 @@ pub(super) fn map_push(push: &InboundMessagePush, bot_id: &str, access: &Access)
     if push.msg_id.is_empty() {
         return Inbound::Skip("no message id");
     }
-    let in_group = !push.group_code.is_empty()
-        || command.starts_with("Group.")
-        || push.claw_msg_type == 1;
+    let in_group =
+        !push.group_code.is_empty() || command.starts_with("Group.") || push.claw_msg_type == 1;
     let (text, mentioned) = text_of(&push.msg_body, bot_id);
     if text.is_empty() {
         return Inbound::Skip("no text (media is not supported)");
@@ -149,13 +148,16 @@ pub(super) fn map_push(push: &InboundMessagePush, bot_id: &str, access: &Access)
         }
         match access.group {
             Policy::Open => {}
-            Policy::Allowlist if access.group_allow_from.iter().any(|g| *g == push.group_code) => {}
+            Policy::Allowlist
+                if access
+                    .group_allow_from
+                    .iter()
+                    .any(|g| *g == push.group_code) => {}
             Policy::Allowlist => return Inbound::Skip("the group is not on the group allowlist"),
             Policy::Pairing | Policy::Disabled => return Inbound::Skip("groups are disabled"),
         }
-        let owner_command = !push.bot_owner_id.is_empty()
-            && from == push.bot_owner_id
-            && is_owner_command(&text);
+        let owner_command =
+            !push.bot_owner_id.is_empty() && from == push.bot_owner_id && is_owner_command(&text);
         if !mentioned && !owner_command {
             return Inbound::Skip("a group message that does not mention the bot");
         }
@@ -163,7 +165,8 @@ pub(super) fn map_push(push: &InboundMessagePush, bot_id: &str, access: &Access)
     } else {
         match access.dm {
             Policy::Open | Policy::Pairing => {}
-            Policy::Allowlist if access.allow_all || access.dm_allow_from.iter().any(|a| a == from) => {}
+            Policy::Allowlist
+                if access.allow_all || access.dm_allow_from.iter().any(|a| a == from) => {}
             Policy::Allowlist => return Inbound::Skip("the sender is not on the DM allowlist"),
             Policy::Disabled => return Inbound::Skip("direct messages are disabled"),
         }
@@ -180,7 +183,11 @@ pub(super) fn map_push(push: &InboundMessagePush, bot_id: &str, access: &Access)
             platform: "yuanbao".into(),
             chat_id: chat.id(),
             chat_name,
-            chat_type: if in_group { ChatType::Group } else { ChatType::Dm },
+            chat_type: if in_group {
+                ChatType::Group
+            } else {
+                ChatType::Dm
+            },
             user_id: Some(from.to_owned()),
             user_name: nickname,
             thread_id: None,
@@ -319,7 +326,11 @@ mod tests {
         assert!(matches!(map_push(&push, "bot", &open()), Inbound::Skip(_)));
         let push = group_push(vec![mention("other", "Bob"), text(" hi")]);
         assert!(matches!(map_push(&push, "bot", &open()), Inbound::Skip(_)));
-        let push = group_push(vec![mention("bot", "Talaria"), text(" what time "), mention("other", "Bob")]);
+        let push = group_push(vec![
+            mention("bot", "Talaria"),
+            text(" what time "),
+            mention("other", "Bob"),
+        ]);
         let Inbound::Message(event) = map_push(&push, "bot", &open()) else {
             panic!("not a message");
         };
@@ -335,7 +346,10 @@ mod tests {
         let mut push = group_push(vec![text("/new")]);
         assert!(matches!(map_push(&push, "bot", &open()), Inbound::Skip(_)));
         push.from_account = "owner".into();
-        assert!(matches!(map_push(&push, "bot", &open()), Inbound::Message(_)));
+        assert!(matches!(
+            map_push(&push, "bot", &open()),
+            Inbound::Message(_)
+        ));
         push.msg_body = vec![text("/newfangled idea")];
         assert!(matches!(map_push(&push, "bot", &open()), Inbound::Skip(_)));
     }
@@ -347,7 +361,8 @@ mod tests {
             from_account: "u1".into(),
             msg_id: "m2".into(),
             msg_body: vec![text("hi")],
-            cloud_custom_data: r#"{"quote":{"id":"m0","desc":"earlier","sender_nickname":"x"}}"#.into(),
+            cloud_custom_data: r#"{"quote":{"id":"m0","desc":"earlier","sender_nickname":"x"}}"#
+                .into(),
             ..InboundMessagePush::default()
         };
         let Inbound::Message(event) = map_push(&dm, "bot", &open()) else {
@@ -371,7 +386,10 @@ mod tests {
         access.group = Policy::Allowlist;
         assert!(matches!(map_push(&push, "bot", &access), Inbound::Skip(_)));
         access.group_allow_from = vec!["g9".into()];
-        assert!(matches!(map_push(&push, "bot", &access), Inbound::Message(_)));
+        assert!(matches!(
+            map_push(&push, "bot", &access),
+            Inbound::Message(_)
+        ));
     }
 
     #[test]
@@ -387,7 +405,10 @@ mod tests {
             }],
             ..InboundMessagePush::default()
         };
-        assert_eq!(map_push(&recall, "bot", &open()), Inbound::Recall(vec!["m7".into()]));
+        assert_eq!(
+            map_push(&recall, "bot", &open()),
+            Inbound::Recall(vec!["m7".into()])
+        );
     }
 
     #[test]

@@ -349,7 +349,14 @@ impl YuanbaoAdapter {
         format!("{prefix}_{}", self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    fn frame(&self, cmd_type: u32, cmd: &str, module: &str, msg_id: &str, data: Vec<u8>) -> Vec<u8> {
+    fn frame(
+        &self,
+        cmd_type: u32,
+        cmd: &str,
+        module: &str,
+        msg_id: &str,
+        data: Vec<u8>,
+    ) -> Vec<u8> {
         ConnMsg {
             head: Some(Head {
                 cmd_type,
@@ -396,7 +403,9 @@ impl YuanbaoAdapter {
         let mut renew = false;
         for _ in 0..2 {
             let token = self.token(renew).await.map_err(|e| match e {
-                SignError::Refused { code, .. } if code != 10099 => AdapterError::Fatal(e.to_string()),
+                SignError::Refused { code, .. } if code != 10099 => {
+                    AdapterError::Fatal(e.to_string())
+                }
                 _ => AdapterError::Disconnected(e.to_string()),
             })?;
             let Some(bot_id) = self.bot_id() else {
@@ -409,17 +418,27 @@ impl YuanbaoAdapter {
                 .map_err(AdapterError::Disconnected)?;
             let id = self.next_request_id("auth");
             stream
-                .send(Message::Binary(self.auth_bind_frame(&token, &bot_id, &id).into()))
+                .send(Message::Binary(
+                    self.auth_bind_frame(&token, &bot_id, &id).into(),
+                ))
                 .await
-                .map_err(|e| AdapterError::Disconnected(format!("cannot send the auth-bind: {e}")))?;
-            let code = tokio::time::timeout(self.settings.request_timeout, bind_answer(&mut stream, &id))
-                .await
-                .map_err(|_| AdapterError::Disconnected("the auth-bind went unanswered".into()))??;
+                .map_err(|e| {
+                    AdapterError::Disconnected(format!("cannot send the auth-bind: {e}"))
+                })?;
+            let code =
+                tokio::time::timeout(self.settings.request_timeout, bind_answer(&mut stream, &id))
+                    .await
+                    .map_err(|_| {
+                        AdapterError::Disconnected("the auth-bind went unanswered".into())
+                    })??;
             if BIND_OK.contains(&code.code) {
                 return Ok(stream);
             }
             if BIND_EXPIRED.contains(&code.code) && !renew {
-                tracing::info!(code = code.code, "Yuanbao says the token expired; signing again");
+                tracing::info!(
+                    code = code.code,
+                    "Yuanbao says the token expired; signing again"
+                );
                 renew = true;
                 let _ = stream.close(None).await;
                 continue;
@@ -593,7 +612,12 @@ impl YuanbaoAdapter {
     }
 
     /// Sends one business request and waits for its response.
-    async fn request(&self, cmd: &str, prefix: &str, data: Vec<u8>) -> Result<proto::CodeRsp, SendError> {
+    async fn request(
+        &self,
+        cmd: &str,
+        prefix: &str,
+        data: Vec<u8>,
+    ) -> Result<proto::CodeRsp, SendError> {
         let Some(link) = lock(&self.link).clone() else {
             return Err(SendError::Unavailable("Yuanbao".into()));
         };
@@ -603,7 +627,9 @@ impl YuanbaoAdapter {
         {
             let mut pending = lock(&self.pending);
             if pending.len() >= MAX_PENDING {
-                return Err(SendError::Unavailable("Yuanbao (too many requests in flight)".into()));
+                return Err(SendError::Unavailable(
+                    "Yuanbao (too many requests in flight)".into(),
+                ));
             }
             pending.insert(id.clone(), tx);
         }
@@ -614,7 +640,9 @@ impl YuanbaoAdapter {
         match tokio::time::timeout(self.settings.request_timeout, rx).await {
             Ok(Ok((status, data))) => {
                 if status != 0 {
-                    return Err(SendError::Transient(format!("{cmd}: transport status {status}")));
+                    return Err(SendError::Transient(format!(
+                        "{cmd}: transport status {status}"
+                    )));
                 }
                 proto::CodeRsp::decode(data.as_slice())
                     .map_err(|e| SendError::Transient(format!("{cmd}: unreadable response: {e}")))
@@ -624,7 +652,9 @@ impl YuanbaoAdapter {
             ))),
             Err(_) => {
                 lock(&self.pending).remove(&id);
-                Err(SendError::Ambiguous(format!("Yuanbao did not answer {cmd} in time")))
+                Err(SendError::Ambiguous(format!(
+                    "Yuanbao did not answer {cmd} in time"
+                )))
             }
         }
     }
@@ -663,7 +693,10 @@ impl YuanbaoAdapter {
         };
         let rsp = self.request(cmd, "hb", data).await?;
         if rsp.code != 0 {
-            return Err(SendError::Transient(format!("{cmd}: code {} {}", rsp.code, rsp.message)));
+            return Err(SendError::Transient(format!(
+                "{cmd}: code {} {}",
+                rsp.code, rsp.message
+            )));
         }
         Ok(())
     }
@@ -673,8 +706,16 @@ impl YuanbaoAdapter {
 async fn bind_answer(stream: &mut ws::WsStream, id: &str) -> Result<proto::CodeRsp, AdapterError> {
     loop {
         let message = match stream.next().await {
-            None => return Err(AdapterError::Disconnected("the Yuanbao socket closed during the auth-bind".into())),
-            Some(Err(e)) => return Err(AdapterError::Disconnected(format!("the Yuanbao socket failed during the auth-bind: {e}"))),
+            None => {
+                return Err(AdapterError::Disconnected(
+                    "the Yuanbao socket closed during the auth-bind".into(),
+                ));
+            }
+            Some(Err(e)) => {
+                return Err(AdapterError::Disconnected(format!(
+                    "the Yuanbao socket failed during the auth-bind: {e}"
+                )));
+            }
             Some(Ok(m)) => m,
         };
         match message {
@@ -683,13 +724,16 @@ async fn bind_answer(stream: &mut ws::WsStream, id: &str) -> Result<proto::CodeR
                     continue;
                 };
                 let head = frame.head.unwrap_or_default();
-                if head.cmd_type == proto::RESPONSE && head.cmd == "auth-bind" && head.msg_id == id {
+                if head.cmd_type == proto::RESPONSE && head.cmd == "auth-bind" && head.msg_id == id
+                {
                     return proto::CodeRsp::decode(frame.data.as_slice()).map_err(|e| {
                         AdapterError::Disconnected(format!("unreadable auth-bind response: {e}"))
                     });
                 }
             }
-            Message::Close(frame) => return Err(closed(frame.map(|f| (f.code, f.reason.to_string())))),
+            Message::Close(frame) => {
+                return Err(closed(frame.map(|f| (f.code, f.reason.to_string()))));
+            }
             _ => {}
         }
     }
@@ -860,8 +904,8 @@ pub const ENTRY: Platform = Platform {
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) =
-        YuanbaoSettings::from_config(&setup.section()?, setup.env).map_err(BuildError::misconfigured)?
+    let Some(settings) = YuanbaoSettings::from_config(&setup.section()?, setup.env)
+        .map_err(BuildError::misconfigured)?
     else {
         return Ok(None);
     };

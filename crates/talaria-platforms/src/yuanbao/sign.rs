@@ -225,11 +225,15 @@ impl Signer<'_> {
             .data
             .filter(|d| !d.token.is_empty())
             .ok_or_else(|| SignError::Unreachable("the answer holds no token".into()))?;
-        let life = Duration::from_secs(data.duration.filter(|d| *d > 0).unwrap_or(DEFAULT_DURATION));
+        let life =
+            Duration::from_secs(data.duration.filter(|d| *d > 0).unwrap_or(DEFAULT_DURATION));
         Ok(Token {
             token: Secret::new(data.token),
             bot_id: data.bot_id,
-            source: data.source.filter(|s| !s.is_empty()).unwrap_or_else(|| "bot".into()),
+            source: data
+                .source
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "bot".into()),
             renew_at: Instant::now() + life.saturating_sub(MARGIN),
         })
     }
@@ -254,7 +258,10 @@ mod tests {
     fn the_signature_matches_python_hmac() {
         // Computed by Python's standard library, not by this module.
         let (key, secret) = ("app-key-1", "s3cr3t/+=");
-        let (nonce, ts) = ("0123456789abcdef0123456789abcdef", "2026-12-07T03:04:05+08:00");
+        let (nonce, ts) = (
+            "0123456789abcdef0123456789abcdef",
+            "2026-12-07T03:04:05+08:00",
+        );
         let script = "import hmac,hashlib,sys;k,s,n,t=sys.argv[1:5];\
                       print(hmac.new(s.encode(),(n+t+k+s).encode(),hashlib.sha256).hexdigest())";
         let out = std::process::Command::new("python3")
@@ -270,7 +277,10 @@ mod tests {
     fn a_nonce_is_32_hex_characters_and_differs_each_time() {
         let (a, b) = (nonce(), nonce());
         assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
         assert_ne!(a, b);
     }
 }
