@@ -19,6 +19,7 @@ use talaria_testkit::kit::telegram::TelegramKit;
 use talaria_testkit::kit::webhook::WebhookKit;
 use talaria_testkit::kit::weixin::WeixinKit;
 use talaria_testkit::kit::whatsapp::WhatsappKit;
+use talaria_testkit::kit::yuanbao::YuanbaoKit;
 
 /// One crash test per platform kit.
 macro_rules! crash_resend {
@@ -51,6 +52,7 @@ crash_resend!(
     dingtalk: super::DingTalkKit,
     qqbot: super::QqbotKit,
     weixin: super::WeixinKit,
+    yuanbao: super::YuanbaoKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

@@ -33,6 +33,8 @@
 //!   OpenAPI out).
 //! - [`weixin`]: a personal WeChat account through Tencent's iLink bot API
 //!   (long polling).
+//! - [`yuanbao`]: Tencent Yuanbao's bot socket (a signed token, then
+//!   protobuf frames both ways).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `ws`: WebSocket
@@ -93,3 +95,5 @@ pub mod weixin;
 pub mod whatsapp;
 #[cfg(feature = "websocket")]
 mod ws;
+#[cfg(feature = "yuanbao")]
+pub mod yuanbao;

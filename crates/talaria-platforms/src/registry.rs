@@ -140,6 +140,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::qqbot::ENTRY,
     #[cfg(feature = "weixin")]
     crate::weixin::ENTRY,
+    #[cfg(feature = "yuanbao")]
+    crate::yuanbao::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;
@@ -378,6 +380,8 @@ mod tests {
             ".platforms.dingtalk.webhook_secret",
             ".platforms.qqbot.client_secret",
             ".platforms.weixin.token",
+            ".platforms.yuanbao.app_key",
+            ".platforms.yuanbao.app_secret",
         ] {
             let name = want.split('.').nth(2).unwrap_or_default();
             if platform(name).is_some() {

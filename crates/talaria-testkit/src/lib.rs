@@ -48,6 +48,7 @@ pub mod weixin;
 pub mod whatsapp;
 mod wire;
 pub use dingtalk::FakeDingTalk;
+pub mod yuanbao;
 pub use discord::FakeDiscord;
 pub use email::MailServer;
 pub use homeassistant::FakeHomeAssistant;
@@ -60,6 +61,7 @@ pub use telegram::FakeTelegram;
 pub use twilio::FakeTwilio;
 pub use weixin::FakeWeixin;
 pub use whatsapp::FakeGraph;
+pub use yuanbao::FakeYuanbao;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

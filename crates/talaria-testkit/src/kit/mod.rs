@@ -25,6 +25,7 @@ pub mod telegram;
 pub mod webhook;
 pub mod weixin;
 pub mod whatsapp;
+pub mod yuanbao;
 
 use std::time::{Duration, Instant};
 

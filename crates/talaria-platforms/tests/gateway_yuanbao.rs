@@ -1,0 +1,142 @@
+//! The gateway end to end with Yuanbao, in one process: the adapter
+//! contract suite through the fake platform (signed token, protobuf
+//! socket), and what only Yuanbao does.
+
+#[macro_use]
+mod contract;
+
+use std::sync::Arc;
+
+use contract::{AdapterKit, Rig, Skip, WAIT};
+use talaria_core::{Config, Env};
+use talaria_gateway::Adapter;
+use talaria_platforms::yuanbao::{YuanbaoAdapter, YuanbaoSettings};
+use talaria_testkit::Reply;
+use talaria_testkit::kit::PlatformKit;
+use talaria_testkit::kit::yuanbao::{GROUP, YuanbaoKit};
+use talaria_testkit::yuanbao::{OWNER_ID, wire};
+
+type YuanbaoRig = Rig<YuanbaoKit>;
+
+const FRIEND: &str = "ann42";
+
+impl AdapterKit for YuanbaoKit {
+    fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter> {
+        let settings = YuanbaoSettings::from_config(&config.section().unwrap(), env)
+            .unwrap()
+            .unwrap();
+        Arc::new(YuanbaoAdapter::new(settings).unwrap())
+    }
+}
+
+adapter_contract!(YuanbaoKit;
+    run: dm_turn, group_mention, long_answer_split, redelivery, dropped_connection,
+         rate_limit, unauthorized;
+    skip: thread_reply => Skip::Threadless,
+          media_in => Skip::ReceivesNoFiles,
+          media_out => Skip::SendsNoFiles);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reply_heartbeat_runs_while_working_and_finishes_after_the_answer() {
+    let rig = YuanbaoRig::started(&[], |_| {}).await;
+    rig.llm
+        .push(Reply::text("Done thinking.").with_delay(std::time::Duration::from_millis(1500)));
+    rig.kit.fake.push_dm(FRIEND, "think hard");
+    rig.sent(1).await;
+    let chat = format!("direct:{FRIEND}");
+    let beats = rig
+        .kit
+        .fake
+        .wait_for_heartbeat(WAIT, |h| h.chat == chat && h.beat == 2)
+        .await;
+    let mine: Vec<i32> = beats
+        .iter()
+        .filter(|h| h.chat == chat)
+        .map(|h| h.beat)
+        .collect();
+    // RUNNING repeated while the model worked, FINISH last.
+    assert!(mine.iter().filter(|b| **b == 1).count() >= 2, "{mine:?}");
+    assert_eq!(mine.last(), Some(&2), "{mine:?}");
+    rig.wait_for_delivered(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_replayed_after_a_restart_starts_no_second_turn() {
+    let mut rig = YuanbaoRig::started(&[], |_| {}).await;
+    rig.llm.push(Reply::text("First answer."));
+    let id = rig.kit.fake.push_dm(FRIEND, "only once");
+    rig.sent(1).await;
+    rig.kit.fake.wait_for_all_acked(WAIT).await;
+    rig.wait_for_delivered(1).await;
+    // A new process forgets what the adapter saw; the store remembers.
+    rig.restart().await;
+    rig.kit.fake.push(&wire::dm(FRIEND, &id, "only once"));
+    rig.llm.push(Reply::text("Second answer."));
+    rig.kit.fake.push_dm(FRIEND, "only once");
+    let sent = rig.sent(2).await;
+    assert_eq!(sent[1].text, "Second answer.");
+    rig.settle().await;
+    assert_eq!(rig.llm.requests().len(), 2);
+    assert_eq!(rig.kit.sent().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_resets_a_group_session_without_mentioning_the_bot() {
+    let rig = YuanbaoRig::started(
+        &[("YUANBAO_ALLOWED_USERS", &format!("{FRIEND},{OWNER_ID}"))],
+        |_| {},
+    )
+    .await;
+    rig.llm.push(Reply::text("group answer"));
+    rig.kit.fake.push_group(FRIEND, GROUP, "remember 42", true);
+    rig.wait_for_text("group answer").await;
+    rig.wait_for_delivered(1).await;
+    rig.kit.fake.push(&wire::group(
+        OWNER_ID,
+        GROUP,
+        &rig.kit.fake.next_msg_id(),
+        vec![wire::text("/new")],
+    ));
+    // The command's confirmation goes to the group; no model turn.
+    let sent = rig.sent(2).await;
+    assert_eq!(sent[1].chat, format!("group:{GROUP}"));
+    assert_eq!(rig.llm.requests().len(), 1);
+    // Someone else's unmentioned command is chatter.
+    rig.kit.fake.push(&wire::group(
+        FRIEND,
+        GROUP,
+        &rig.kit.fake.next_msg_id(),
+        vec![wire::text("/new")],
+    ));
+    rig.settle().await;
+    assert_eq!(rig.kit.sent().len(), 2, "{:?}", rig.kit.sent());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_stay_closed_under_the_default_policy() {
+    let rig = YuanbaoRig::started(&[("YUANBAO_GROUP_POLICY", "pairing")], |_| {}).await;
+    rig.kit
+        .fake
+        .push_group(FRIEND, GROUP, "anyone there?", true);
+    rig.llm.push(Reply::text("dm answer"));
+    rig.kit.fake.push_dm(FRIEND, "hello");
+    let sent = rig.sent(1).await;
+    assert_eq!(sent[0].text, "dm answer");
+    rig.settle().await;
+    assert_eq!(rig.llm.requests().len(), 1);
+    assert_eq!(rig.kit.sent().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_reconnect_close_code_shows_in_the_status() {
+    let rig = YuanbaoRig::started(&[], |_| {}).await;
+    rig.kit.fake.close_with(4014);
+    talaria_testkit::wait::wait_for("the close in the status", || async {
+        match rig.status() {
+            Some((_, Some(error))) if error.contains("4014") => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    assert!(!rig.kit.fake.is_connected());
+}
