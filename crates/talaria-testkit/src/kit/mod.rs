@@ -13,6 +13,7 @@
 pub mod deliver;
 pub mod discord;
 pub mod email;
+pub mod feishu;
 pub mod homeassistant;
 pub mod matrix;
 pub mod mattermost;
