@@ -33,7 +33,11 @@ fn python_signature(timestamp: &str, nonce: &str, key: &str, body: &[u8]) -> Str
         .arg(hex(body))
         .output()
         .expect("python3 runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
@@ -56,11 +60,24 @@ fn openssl_encrypt(key: &str, plain: &str) -> Value {
     let input = dir.path().join("plain.json");
     std::fs::write(&input, plain).unwrap();
     let out = Command::new("openssl")
-        .args(["enc", "-aes-256-cbc", "-nosalt", "-K", &key_hex, "-iv", iv, "-in"])
+        .args([
+            "enc",
+            "-aes-256-cbc",
+            "-nosalt",
+            "-K",
+            &key_hex,
+            "-iv",
+            iv,
+            "-in",
+        ])
         .arg(&input)
         .output()
         .expect("openssl runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut blob: Vec<u8> = (0u8..16).collect();
     blob.extend_from_slice(&out.stdout);
     let b64 = Command::new("python3")
@@ -109,7 +126,12 @@ async fn hooked(encrypt_key: Option<&str>) -> Hooked {
     // Deliveries are taken once the adapter attached its inbox.
     let health = format!("http://{addr}/health");
     for _ in 0..200 {
-        if http.get(&health).send().await.is_ok_and(|r| r.status() == 200) {
+        if http
+            .get(&health)
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -140,7 +162,10 @@ impl Hooked {
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 fn signed(body: &[u8], at: u64, nonce: &str) -> Vec<(&'static str, String)> {
@@ -171,7 +196,10 @@ async fn the_url_challenge_is_answered_plain_and_encrypted_with_the_right_token(
     let wrong = json!({"type": "url_verification", "challenge": "abc123", "token": "nope"});
     let (status, _) = h.post(wrong.to_string().as_bytes(), &[]).await;
     assert_eq!(status, 401);
-    let encrypted = openssl_encrypt(KEY, &json!({"type": "url_verification", "challenge": "enc-9", "token": TOKEN}).to_string());
+    let encrypted = openssl_encrypt(
+        KEY,
+        &json!({"type": "url_verification", "challenge": "enc-9", "token": TOKEN}).to_string(),
+    );
     let (status, body) = h.post(encrypted.to_string().as_bytes(), &[]).await;
     assert_eq!((status, body), (200, json!({"challenge": "enc-9"})));
     let other_key = openssl_encrypt("another-key", &plain.to_string());
@@ -198,7 +226,10 @@ async fn signed_encrypted_events_are_taken_once_and_tampered_or_stale_ones_refus
     // Signed ten minutes ago: a replay of an old capture.
     let old = signed(&body, now() - 600, "n-0");
     assert_eq!(h.post(&body, &old).await.0, 401);
-    assert!(h.events.try_recv().is_err(), "nothing refused was handed on");
+    assert!(
+        h.events.try_recv().is_err(),
+        "nothing refused was handed on"
+    );
 
     assert_eq!(h.post(&body, &headers).await.0, 200);
     let got = tokio::time::timeout(Duration::from_secs(5), h.events.recv())

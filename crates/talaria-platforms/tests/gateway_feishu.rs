@@ -77,10 +77,14 @@ mod socket {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_comment_over_the_long_connection_is_answered_in_its_thread() {
     let rig = Rig::<FeishuSocketKit>::started(&[], |_| {}).await;
-    rig.kit
-        .0
-        .fake
-        .add_comment("doxcnWS", "Spec", "7200", "the API", &[("8200", "which API?")], 0);
+    rig.kit.0.fake.add_comment(
+        "doxcnWS",
+        "Spec",
+        "7200",
+        "the API",
+        &[("8200", "which API?")],
+        0,
+    );
     rig.llm.push(Reply::text("The REST one."));
     rig.kit.0.push_comment(ADA, BOT, "doxcnWS", "7200", "8200");
     let replies = rig.kit.0.fake.wait_for_comment_replies(1, WAIT).await;
@@ -119,7 +123,8 @@ async fn a_comment_mentioning_the_bot_gets_the_answer_in_its_thread() {
     // Feishu delivers the same notice again: no second turn.
     rig.kit.deliver(envelope);
     // Nor for notices addressed elsewhere or written by the bot itself.
-    rig.kit.push_comment(ADA, "ou_someone_else", "doxcnPLAN", "7001", "8002");
+    rig.kit
+        .push_comment(ADA, "ou_someone_else", "doxcnPLAN", "7001", "8002");
     rig.kit.push_comment(BOT, BOT, "doxcnPLAN", "7001", "8003");
     rig.kit.wait_acknowledged().await;
     rig.settle().await;
@@ -133,9 +138,14 @@ async fn a_comment_mentioning_the_bot_gets_the_answer_in_its_thread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_comment_thread_gets_a_new_comment_and_strangers_nothing() {
     let rig = Rig::<FeishuKit>::started(&[], |_| {}).await;
-    rig.kit
-        .fake
-        .add_comment("doxcnX", "Notes", "7100", "", &[("8100", "summarise")], 0);
+    rig.kit.fake.add_comment(
+        "doxcnX",
+        "Notes",
+        "7100",
+        "",
+        &[("8100", "summarise"), ("8101", "summarise please")],
+        0,
+    );
     rig.kit.fake.close_comment("7100");
     rig.kit.push_comment(MALLORY, BOT, "doxcnX", "7100", "8100");
     rig.llm.push(Reply::text("A short summary."));

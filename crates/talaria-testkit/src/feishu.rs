@@ -47,14 +47,14 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::response::IntoResponse;
-use prost::Message as _;
-use tokio::sync::mpsc;
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
+use axum::response::IntoResponse;
 use axum::response::Response;
 use base64::Engine;
+use prost::Message as _;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
 
 use crate::fake::{Core, Faults, bind, started};
 use crate::json_response;
@@ -266,7 +266,11 @@ impl FakeFeishu {
     }
 
     /// Like [`Self::start`], returning the error instead of panicking.
-    pub fn try_start(app_id: &str, app_secret: &str, bot_open_id: &str) -> std::io::Result<FakeFeishu> {
+    pub fn try_start(
+        app_id: &str,
+        app_secret: &str,
+        bot_open_id: &str,
+    ) -> std::io::Result<FakeFeishu> {
         let (listener, addr) = bind()?;
         let shared = Arc::new(Shared {
             app_id: app_id.to_owned(),
@@ -372,7 +376,11 @@ impl FakeFeishu {
 
     /// The message is withdrawn: replies to it answer 230011.
     pub fn withdraw(&self, message_id: &str) {
-        self.shared.core.change().withdrawn.insert(message_id.to_owned());
+        self.shared
+            .core
+            .change()
+            .withdrawn
+            .insert(message_id.to_owned());
     }
 
     /// Registers a comment on a document (its quote and its replies as
@@ -538,7 +546,9 @@ async fn handle(
     let path = uri.path().to_owned();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     if path == "/callback/ws/endpoint" && method == Method::POST {
-        if body["AppID"] != shared.app_id.as_str() || body["AppSecret"] != shared.app_secret.as_str() {
+        if body["AppID"] != shared.app_id.as_str()
+            || body["AppSecret"] != shared.app_secret.as_str()
+        {
             return json_response(200, &json!({"code": 514, "msg": "auth failed"}));
         }
         let host = headers
@@ -555,7 +565,9 @@ async fn handle(
         );
     }
     if path == "/open-apis/auth/v3/tenant_access_token/internal" && method == Method::POST {
-        if body["app_id"] != shared.app_id.as_str() || body["app_secret"] != shared.app_secret.as_str() {
+        if body["app_id"] != shared.app_id.as_str()
+            || body["app_secret"] != shared.app_secret.as_str()
+        {
             return err(400, 10_014, "app secret invalid");
         }
         let mut st = shared.core.change();
@@ -636,18 +648,33 @@ async fn handle(
                 .filter_map(|d| {
                     let token = d["doc_token"].as_str()?;
                     let title = st.titles.get(token)?;
-                    Some(json!({"doc_token": token, "doc_type": d["doc_type"], "title": title,
-                        "url": format!("https://example.feishu.cn/docx/{token}")}))
+                    Some(
+                        json!({"doc_token": token, "doc_type": d["doc_type"], "title": title,
+                        "url": format!("https://example.feishu.cn/docx/{token}")}),
+                    )
                 })
                 .collect();
             ok(json!({"metas": metas, "failed_list": []}))
         }
-        ("POST", ["open-apis", "drive", "v1", "files", _token, "comments", "batch_query"]) => {
+        (
+            "POST",
+            [
+                "open-apis",
+                "drive",
+                "v1",
+                "files",
+                _token,
+                "comments",
+                "batch_query",
+            ],
+        ) => {
             let mut st = shared.core.change();
             let mut items = Vec::new();
             for id in body["comment_ids"].as_array().into_iter().flatten() {
                 let Some(id) = id.as_str() else { continue };
-                let Some(c) = st.comments.get_mut(id) else { continue };
+                let Some(c) = st.comments.get_mut(id) else {
+                    continue;
+                };
                 if c.lag > 0 {
                     c.lag -= 1;
                     continue;
@@ -655,17 +682,33 @@ async fn handle(
                 let replies: Vec<Value> = c
                     .replies
                     .iter()
-                    .map(|(rid, text)| json!({"reply_id": rid, "content": {"elements": [
-                        {"type": "person", "person": {"user_id": shared.bot_open_id}},
-                        {"type": "text_run", "text_run": {"text": text}},
-                    ]}}))
+                    .map(|(rid, text)| {
+                        json!({"reply_id": rid, "content": {"elements": [
+                            {"type": "person", "person": {"user_id": shared.bot_open_id}},
+                            {"type": "text_run", "text_run": {"text": text}},
+                        ]}})
+                    })
                     .collect();
-                items.push(json!({"comment_id": id, "is_whole": false, "is_solved": false,
-                    "quote": c.quote, "reply_list": {"replies": replies}}));
+                items.push(
+                    json!({"comment_id": id, "is_whole": false, "is_solved": false,
+                    "quote": c.quote, "reply_list": {"replies": replies}}),
+                );
             }
             ok(json!({"items": items}))
         }
-        ("POST", ["open-apis", "drive", "v1", "files", token, "comments", comment_id, "replies"]) => {
+        (
+            "POST",
+            [
+                "open-apis",
+                "drive",
+                "v1",
+                "files",
+                token,
+                "comments",
+                comment_id,
+                "replies",
+            ],
+        ) => {
             let mut st = shared.core.change();
             match st.comments.get(*comment_id) {
                 None => return err(404, 1_069_303, "comment not found"),
@@ -711,7 +754,12 @@ async fn handle(
     }
 }
 
-async fn send(shared: &Shared, parent: Option<String>, id_type: Option<String>, body: &Value) -> Response {
+async fn send(
+    shared: &Shared,
+    parent: Option<String>,
+    id_type: Option<String>,
+    body: &Value,
+) -> Response {
     let hung = shared.core.hanging();
     shared.core.change().send_attempts.push(Instant::now());
     if hung {

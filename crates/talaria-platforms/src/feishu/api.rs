@@ -167,7 +167,9 @@ impl Api {
             .get("tenant_access_token")
             .and_then(Value::as_str)
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| ApiError::Other("the token answer holds no tenant_access_token".into()))?;
+            .ok_or_else(|| {
+                ApiError::Other("the token answer holds no tenant_access_token".into())
+            })?;
         let expire = answer.get("expire").and_then(Value::as_u64).unwrap_or(7200);
         let life = Duration::from_secs(expire).saturating_sub(REFRESH_EARLY);
         let token = Secret::new(value);

@@ -53,8 +53,8 @@ impl Comment {
         let Some(bot) = bot_open_id else {
             return Err("a comment notice, but the bot's open id is unknown".into());
         };
-        let from = text("/notice_meta/from_user_id/open_id")
-            .ok_or("a comment notice without a sender")?;
+        let from =
+            text("/notice_meta/from_user_id/open_id").ok_or("a comment notice without a sender")?;
         if from == bot {
             return Err("the bot's own comment".into());
         }
@@ -112,7 +112,10 @@ pub(crate) fn parse_message(message_id: &str) -> Option<&str> {
 
 /// Reads the comment and the document and builds the turn.
 pub(crate) async fn to_event(api: &Api, comment: &Comment) -> MessageEvent {
-    let query = [("file_type", comment.file_type.as_str()), ("user_id_type", "open_id")];
+    let query = [
+        ("file_type", comment.file_type.as_str()),
+        ("user_id_type", "open_id"),
+    ];
     let path = format!(
         "/open-apis/drive/v1/files/{}/comments/batch_query",
         comment.file_token
@@ -140,14 +143,19 @@ pub(crate) async fn to_event(api: &Api, comment: &Comment) -> MessageEvent {
     let title = document_title(api, comment).await;
     let (quote, said) = match &item {
         Some(i) => (
-            i.get("quote").and_then(Value::as_str).unwrap_or("").to_owned(),
+            i.get("quote")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
             reply_text(i, comment.reply_id.as_deref()),
         ),
         None => (String::new(), String::new()),
     };
     let mut context = format!(
         "[A comment on the Feishu document {} ({} {})",
-        title.as_deref().map_or_else(|| "(untitled)".to_owned(), |t| format!("{t:?}")),
+        title
+            .as_deref()
+            .map_or_else(|| "(untitled)".to_owned(), |t| format!("{t:?}")),
         comment.file_type,
         comment.file_token
     );
@@ -207,10 +215,18 @@ fn reply_text(item: &Value, reply_id: Option<&str>) -> String {
     {
         match el.get("type").and_then(Value::as_str) {
             Some("text_run") => {
-                text.push_str(el.pointer("/text_run/text").and_then(Value::as_str).unwrap_or(""));
+                text.push_str(
+                    el.pointer("/text_run/text")
+                        .and_then(Value::as_str)
+                        .unwrap_or(""),
+                );
             }
             Some("docs_link") => {
-                text.push_str(el.pointer("/docs_link/url").and_then(Value::as_str).unwrap_or(""));
+                text.push_str(
+                    el.pointer("/docs_link/url")
+                        .and_then(Value::as_str)
+                        .unwrap_or(""),
+                );
             }
             _ => {}
         }
@@ -224,7 +240,12 @@ async fn document_title(api: &Api, comment: &Comment) -> Option<String> {
         "with_url": true,
     });
     match api
-        .call(Method::POST, "/open-apis/drive/v1/metas/batch_query", &[], Some(&body))
+        .call(
+            Method::POST,
+            "/open-apis/drive/v1/metas/batch_query",
+            &[],
+            Some(&body),
+        )
         .await
     {
         Ok(data) => data
@@ -250,13 +271,17 @@ pub(crate) async fn reply(
     text: &str,
 ) -> Result<Option<String>, ApiError> {
     if let Some(comment_id) = comment_id {
-        let path =
-            format!("/open-apis/drive/v1/files/{file_token}/comments/{comment_id}/replies");
+        let path = format!("/open-apis/drive/v1/files/{file_token}/comments/{comment_id}/replies");
         let body = json!({"content": {"elements": [
             {"type": "text_run", "text_run": {"text": text}}
         ]}});
         match api
-            .call(Method::POST, &path, &[("file_type", file_type)], Some(&body))
+            .call(
+                Method::POST,
+                &path,
+                &[("file_type", file_type)],
+                Some(&body),
+            )
             .await
         {
             Ok(data) => {

@@ -166,14 +166,17 @@ impl Parts {
         }
         let now = Instant::now();
         let before = self.pending.len();
-        self.pending.retain(|_, (at, _)| now.duration_since(*at) < PARTS_TIMEOUT);
+        self.pending
+            .retain(|_, (at, _)| now.duration_since(*at) < PARTS_TIMEOUT);
         if self.pending.len() != before {
             self.recount();
         }
         if !self.pending.contains_key(id)
             && (self.pending.len() >= MAX_PENDING || self.bytes + part.len() > MAX_PENDING_BYTES)
         {
-            tracing::warn!("too many split Feishu events pending; dropping one (it is re-delivered)");
+            tracing::warn!(
+                "too many split Feishu events pending; dropping one (it is re-delivered)"
+            );
             return None;
         }
         let entry = self
@@ -258,7 +261,11 @@ pub(crate) async fn run(
             next = stream.next() => next,
         };
         let message = match message {
-            None => return Err(AdapterError::Disconnected("Feishu closed the long connection".into())),
+            None => {
+                return Err(AdapterError::Disconnected(
+                    "Feishu closed the long connection".into(),
+                ));
+            }
             Some(Err(e)) => {
                 return Err(AdapterError::Disconnected(format!(
                     "the Feishu long connection failed: {e}"
@@ -272,7 +279,9 @@ pub(crate) async fn run(
             Message::Close(frame) => {
                 return Err(AdapterError::Disconnected(format!(
                     "Feishu closed the long connection{}",
-                    frame.map(|f| format!(": {} {}", f.code, f.reason)).unwrap_or_default()
+                    frame
+                        .map(|f| format!(": {} {}", f.code, f.reason))
+                        .unwrap_or_default()
                 )));
             }
             _ => continue,
@@ -296,8 +305,14 @@ pub(crate) async fn run(
             }
             DATA => {
                 let started = Instant::now();
-                let sum = frame.header("sum").and_then(|s| s.parse().ok()).unwrap_or(1);
-                let seq = frame.header("seq").and_then(|s| s.parse().ok()).unwrap_or(0);
+                let sum = frame
+                    .header("sum")
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(1);
+                let seq = frame
+                    .header("seq")
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
                 let id = frame.header("message_id").unwrap_or("").to_owned();
                 let part = frame.payload.clone().unwrap_or_default();
                 let Some(whole) = parts.add(&id, sum, seq, part) else {
@@ -326,7 +341,11 @@ pub(crate) async fn run(
                 answer.payload = Some(json!({ "code": code }).to_string().into_bytes());
                 sink.send(Message::Binary(answer.encode_to_vec().into()))
                     .await
-                    .map_err(|e| AdapterError::Disconnected(format!("the Feishu long connection failed: {e}")))?;
+                    .map_err(|e| {
+                        AdapterError::Disconnected(format!(
+                            "the Feishu long connection failed: {e}"
+                        ))
+                    })?;
             }
             _ => {}
         }
@@ -357,8 +376,8 @@ mod tests {
         assert_eq!(
             bytes,
             vec![
-                0x08, 1, 0x10, 2, 0x18, 3, 0x20, 1, 0x2a, 6, 0x0a, 1, b'k', 0x12, 1, b'v', 0x42,
-                2, b'{', b'}'
+                0x08, 1, 0x10, 2, 0x18, 3, 0x20, 1, 0x2a, 6, 0x0a, 1, b'k', 0x12, 1, b'v', 0x42, 2,
+                b'{', b'}'
             ]
         );
         assert_eq!(Frame::decode(bytes.as_slice()).unwrap(), f);

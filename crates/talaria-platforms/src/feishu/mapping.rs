@@ -43,7 +43,11 @@ pub(crate) fn token(envelope: &Value) -> Option<&str> {
 }
 
 /// Maps one authentic event.
-pub(crate) fn map_event(envelope: &Value, bot_open_id: Option<&str>, require_mention: bool) -> Inbound {
+pub(crate) fn map_event(
+    envelope: &Value,
+    bot_open_id: Option<&str>,
+    require_mention: bool,
+) -> Inbound {
     let kind = envelope
         .pointer("/header/event_type")
         .and_then(Value::as_str)
@@ -98,9 +102,7 @@ fn map_message(event: &Value, bot_open_id: Option<&str>, require_mention: bool) 
         bot_open_id.is_some() && id == bot_open_id
     };
     let mentioned = mentions.iter().any(|m| is_bot_mention(m))
-        || mentions
-            .iter()
-            .any(|m| text_at(m, "/key") == Some("@_all"));
+        || mentions.iter().any(|m| text_at(m, "/key") == Some("@_all"));
     if chat_type == ChatType::Group && require_mention && !mentioned {
         return Inbound::Ignored("a group message that does not mention the bot".into());
     }
@@ -165,10 +167,19 @@ fn post_text(content: &Value) -> String {
             .unwrap_or(&Value::Null)
     };
     let mut lines = Vec::new();
-    if let Some(title) = body.get("title").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+    if let Some(title) = body
+        .get("title")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
+    {
         lines.push(title.to_owned());
     }
-    for row in body.get("content").and_then(Value::as_array).into_iter().flatten() {
+    for row in body
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let mut line = String::new();
         for el in row.as_array().into_iter().flatten() {
             match el.get("tag").and_then(Value::as_str) {
@@ -245,10 +256,16 @@ mod tests {
     fn own_messages_and_other_types_are_ignored() {
         let mut own = message("p2p", "hi", json!([]));
         own["event"]["sender"]["sender_id"]["open_id"] = json!("ou_bot");
-        assert!(matches!(map_event(&own, Some("ou_bot"), true), Inbound::Ignored(_)));
+        assert!(matches!(
+            map_event(&own, Some("ou_bot"), true),
+            Inbound::Ignored(_)
+        ));
         let mut image = message("p2p", "x", json!([]));
         image["event"]["message"]["message_type"] = json!("image");
-        assert!(matches!(map_event(&image, Some("ou_bot"), true), Inbound::Ignored(_)));
+        assert!(matches!(
+            map_event(&image, Some("ou_bot"), true),
+            Inbound::Ignored(_)
+        ));
     }
 
     #[test]

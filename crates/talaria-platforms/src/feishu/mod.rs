@@ -361,11 +361,7 @@ impl FeishuAdapter {
         let mut retries = 0;
         let mut backoff = self.rate_limit_wait;
         loop {
-            match self
-                .api
-                .call(method.clone(), path, query, Some(body))
-                .await
-            {
+            match self.api.call(method.clone(), path, query, Some(body)).await {
                 Err(e) if e.rate_limit().is_some() => {
                     let wait = e.rate_limit().flatten().unwrap_or(backoff);
                     if retries >= self.rate_limit_retries || wait > MAX_RETRY_WAIT {
@@ -526,7 +522,10 @@ impl Adapter for FeishuAdapter {
                 "uuid": uuid,
             });
             let path = format!("/open-apis/im/v1/messages/{parent}/reply");
-            match self.call_with_retries(Method::POST, &path, &[], &body).await {
+            match self
+                .call_with_retries(Method::POST, &path, &[], &body)
+                .await
+            {
                 Ok(data) => {
                     self.clear_typing(&message.chat_id, parent);
                     return Ok(SentMessage {
@@ -647,9 +646,14 @@ mod tests {
     #[test]
     fn off_unless_configured_and_webhook_needs_a_check() {
         let cfg = FeishuConfig::default();
-        assert!(matches!(FeishuSettings::from_config(&cfg, &env(&[])), Ok(None)));
+        assert!(matches!(
+            FeishuSettings::from_config(&cfg, &env(&[])),
+            Ok(None)
+        ));
         let base = [("FEISHU_APP_ID", "cli_1"), ("FEISHU_APP_SECRET", "s3cret")];
-        let s = FeishuSettings::from_config(&cfg, &env(&base)).unwrap().unwrap();
+        let s = FeishuSettings::from_config(&cfg, &env(&base))
+            .unwrap()
+            .unwrap();
         assert_eq!(s.mode, ConnectionMode::Websocket, "no key or token needed");
         let base = [
             ("FEISHU_APP_ID", "cli_1"),
@@ -662,12 +666,16 @@ mod tests {
         );
         let mut pairs = base.to_vec();
         pairs.push(("FEISHU_VERIFICATION_TOKEN", "vt"));
-        let s = FeishuSettings::from_config(&cfg, &env(&pairs)).unwrap().unwrap();
+        let s = FeishuSettings::from_config(&cfg, &env(&pairs))
+            .unwrap()
+            .unwrap();
         assert_eq!(s.base_url, FEISHU_BASE);
         assert!(s.require_mention);
         pairs.push(("FEISHU_DOMAIN", "lark"));
         pairs.push(("FEISHU_REQUIRE_MENTION", "false"));
-        let s = FeishuSettings::from_config(&cfg, &env(&pairs)).unwrap().unwrap();
+        let s = FeishuSettings::from_config(&cfg, &env(&pairs))
+            .unwrap()
+            .unwrap();
         assert_eq!(s.base_url, LARK_BASE);
         assert!(!s.require_mention);
         assert_eq!(s.mode, ConnectionMode::Webhook);
@@ -706,9 +714,15 @@ mod tests {
         let mut s = FeishuSettings::new("cli_1", "APPSECRETAPPSECRET", "http://127.0.0.1:9");
         s.encrypt_key = Some(Secret::new("ENCRYPTKEYENCRYPT"));
         let shown = format!("{s:?}");
-        assert!(!shown.contains("APPSECRETAPP") && !shown.contains("ENCRYPTKEY"), "{shown}");
+        assert!(
+            !shown.contains("APPSECRETAPP") && !shown.contains("ENCRYPTKEY"),
+            "{shown}"
+        );
         let a = FeishuAdapter::new(s).unwrap();
         let shown = format!("{a:?}");
-        assert!(!shown.contains("APPSECRETAPP") && !shown.contains("ENCRYPTKEY"), "{shown}");
+        assert!(
+            !shown.contains("APPSECRETAPP") && !shown.contains("ENCRYPTKEY"),
+            "{shown}"
+        );
     }
 }

@@ -4,14 +4,16 @@
 //! own when it refuses:
 //!
 //! 1. body over `max_body_bytes` → 413; not JSON → 400
-//! 2. `{"encrypt": …}` without an encrypt key configured, or one that does
+//! 2. encrypt key configured and `X-Lark-Signature` present: wrong, or its
+//!    timestamp outside the allowed skew (a replay) → 401, checked on the
+//!    raw body before anything is decrypted or parsed
+//! 3. `{"encrypt": …}` without an encrypt key configured, or one that does
 //!    not decrypt → 400
-//! 3. verification token configured and not the one the event carries
+//! 4. verification token configured and not the one the event carries
 //!    (constant-time) → 401
-//! 4. `url_verification` → 200 `{"challenge": …}` (the console's check
-//!    when the request URL is saved; plain or encrypted)
-//! 5. encrypt key configured: `X-Lark-Signature` missing, wrong, or its
-//!    timestamp outside the allowed skew (a replay) → 401
+//! 5. `url_verification` → 200 `{"challenge": …}` (the console's check
+//!    when the request URL is saved; plain or encrypted, may be unsigned)
+//! 5b. encrypt key configured and the event unsigned → 401
 //! 6. an `event_id` seen before → 200, ignored (Feishu re-delivers)
 //! 7. a chat message handed to the inbox → 200; no inbox or a full one →
 //!    503, and Feishu delivers it again. A comment is read and handed on in
@@ -169,6 +171,30 @@ async fn receive(State(hook): State<Arc<Hook>>, headers: HeaderMap, body: Body) 
             return json_refusal(e.status(), &e.to_string());
         }
     };
+    // With an encrypt key Feishu signs its requests: a signed one is
+    // checked on the raw body before anything in it is read. Only the
+    // console's URL check may come unsigned (it proves itself by
+    // decrypting and by its token).
+    let signed = header(&headers, "x-lark-signature").is_some();
+    if let Some(key) = hook.encrypt_key.as_ref()
+        && signed
+    {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if let Err(why) = crypto::check_signature(
+            key.expose(),
+            header(&headers, "x-lark-request-timestamp"),
+            header(&headers, "x-lark-request-nonce"),
+            header(&headers, "x-lark-signature"),
+            &raw,
+            now,
+            hook.max_skew,
+        ) {
+            tracing::info!(reason = why.as_str(), "Feishu webhook delivery refused");
+            return json_refusal(StatusCode::UNAUTHORIZED, "missing or invalid signature");
+        }
+    }
     let outer: Value = match serde_json::from_slice(&raw) {
         Ok(v) => v,
         Err(_) => return json_refusal(StatusCode::BAD_REQUEST, "the body is not valid JSON"),
@@ -218,22 +244,9 @@ async fn receive(State(hook): State<Arc<Hook>>, headers: HeaderMap, body: Body) 
         )
             .into_response();
     }
-    if let Some(key) = hook.encrypt_key.as_ref() {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if let Err(why) = crypto::check_signature(
-            key.expose(),
-            header(&headers, "x-lark-request-timestamp"),
-            header(&headers, "x-lark-request-nonce"),
-            header(&headers, "x-lark-signature"),
-            &raw,
-            now,
-            hook.max_skew,
-        ) {
-            tracing::info!(reason = why.as_str(), "Feishu webhook delivery refused");
-            return json_refusal(StatusCode::UNAUTHORIZED, "missing or invalid signature");
-        }
+    if hook.encrypt_key.is_some() && !signed {
+        tracing::info!("an unsigned Feishu event refused (an encrypt key is configured)");
+        return json_refusal(StatusCode::UNAUTHORIZED, "missing or invalid signature");
     }
     let Some(inbox) = hook.slot.inbox() else {
         return json_refusal(

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{Out, PlatformKit, Threaded, Who};
-use crate::feishu::{FakeFeishu, Failure, encrypt, event, sign, text_message};
+use crate::feishu::{Failure, FakeFeishu, encrypt, event, sign, text_message};
 use crate::lock;
 use crate::wait::{WAIT, wait_for};
 
@@ -92,7 +92,10 @@ fn free_port() -> u16 {
             return port;
         }
     }
-    panic!("no free port on 127.0.0.1 between {FIRST} and {}", FIRST + COUNT)
+    panic!(
+        "no free port on 127.0.0.1 between {FIRST} and {}",
+        FIRST + COUNT
+    )
 }
 
 /// The headers and body Feishu posts for `envelope`: encrypted with a
@@ -199,7 +202,14 @@ impl FeishuKit {
     }
 
     /// A comment notice from `from` on a document, addressed to `to`.
-    pub fn push_comment(&self, from: &str, to: &str, file_token: &str, comment_id: &str, reply_id: &str) -> Value {
+    pub fn push_comment(
+        &self,
+        from: &str,
+        to: &str,
+        file_token: &str,
+        comment_id: &str,
+        reply_id: &str,
+    ) -> Value {
         let envelope = event(
             &self.next_id("ev"),
             "drive.notice.comment_add_v1",
