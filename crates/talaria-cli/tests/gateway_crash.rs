@@ -8,6 +8,7 @@ mod crash_support;
 use talaria_testkit::kit::dingtalk::DingTalkKit;
 use talaria_testkit::kit::discord::DiscordKit;
 use talaria_testkit::kit::email::EmailKit;
+use talaria_testkit::kit::feishu::{FeishuKit, FeishuSocketKit};
 use talaria_testkit::kit::homeassistant::HomeAssistantKit;
 use talaria_testkit::kit::matrix::MatrixKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
@@ -45,6 +46,8 @@ crash_resend!(
     signal: super::SignalKit,
     signal_polled: super::PolledSignalKit,
     whatsapp: super::WhatsappKit,
+    feishu: super::FeishuKit,
+    feishu_socket: super::FeishuSocketKit,
     sms: super::SmsKit,
     homeassistant: super::HomeAssistantKit,
     webhook: super::WebhookKit,

@@ -26,6 +26,8 @@
 //!   derived from the open-file limit.
 //! - [`signal`]: a Signal account through a signal-cli REST API server.
 //! - [`whatsapp`]: the WhatsApp Cloud API (Meta's webhook in, Graph out).
+//! - [`feishu`]: Feishu / Lark (event webhook in, Open Platform REST out)
+//!   and document comments answered in their threads.
 //! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
 //! - [`homeassistant`]: Home Assistant's conversation endpoint and the
 //!   `ha_*` tools.
@@ -50,6 +52,8 @@ pub mod discord;
 pub mod email;
 #[cfg(any(feature = "telegram", feature = "slack"))]
 mod entities;
+#[cfg(feature = "feishu")]
+pub mod feishu;
 #[cfg(feature = "homeassistant")]
 pub mod homeassistant;
 #[cfg(any(

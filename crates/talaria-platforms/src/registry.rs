@@ -126,6 +126,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::signal::ENTRY,
     #[cfg(feature = "whatsapp")]
     crate::whatsapp::ENTRY,
+    #[cfg(feature = "feishu")]
+    crate::feishu::ENTRY,
     #[cfg(feature = "sms")]
     crate::sms::ENTRY,
     #[cfg(feature = "email")]
@@ -372,6 +374,9 @@ mod tests {
             ".platforms.whatsapp_cloud.token",
             ".platforms.whatsapp_cloud.app_secret",
             ".platforms.whatsapp_cloud.verify_token",
+            ".platforms.feishu.app_secret",
+            ".platforms.feishu.encrypt_key",
+            ".platforms.feishu.verification_token",
             ".platforms.sms.auth_token",
             ".platforms.email.password",
             ".platforms.homeassistant.token",

@@ -25,6 +25,7 @@ pub mod discord;
 pub mod docker;
 pub mod email;
 mod fake;
+pub mod feishu;
 pub mod homeassistant;
 pub mod kit;
 pub mod matrix;

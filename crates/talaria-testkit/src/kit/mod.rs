@@ -14,6 +14,7 @@ pub mod deliver;
 pub mod dingtalk;
 pub mod discord;
 pub mod email;
+pub mod feishu;
 pub mod homeassistant;
 pub mod matrix;
 pub mod mattermost;

@@ -1,0 +1,1058 @@
+//! Both sides of Feishu / Lark's Open Platform, for adapter and end-to-end
+//! tests, written from Feishu's documentation.
+//!
+//! [`FakeFeishu`] is the Open Platform on 127.0.0.1 over real HTTP, as far
+//! as a bot uses it. Every answer is `{code, msg, data}` (code 0 is
+//! success); every call but the token's needs `Authorization: Bearer
+//! <tenant_access_token>`, else HTTP 400 with code 99991663.
+//!
+//! - `POST /open-apis/auth/v3/tenant_access_token/internal` `{app_id,
+//!   app_secret}` → `{code, msg, tenant_access_token, expire}`; a test can
+//!   make the current token invalid ([`FakeFeishu::invalidate_token`]).
+//! - `GET /open-apis/bot/v3/info` → `{code, msg, bot: {open_id, app_name}}`.
+//! - `POST /open-apis/im/v1/messages?receive_id_type=chat_id|open_id|thread_id`
+//!   and `POST /open-apis/im/v1/messages/:id/reply` (`reply_in_thread`),
+//!   each with `msg_type` `text` or `post` and `content` a JSON string;
+//!   a `uuid` seen before gets the first message back and posts nothing.
+//!   A withdrawn parent ([`FakeFeishu::withdraw`]) answers 230011, an
+//!   unknown one 231003. Queued failures ([`FakeFeishu::fail_next_send`])
+//!   answer the next sends, e.g. 429 with code 99991400 and
+//!   `x-ogw-ratelimit-reset`.
+//! - `POST/DELETE /open-apis/im/v1/messages/:id/reactions[/:reaction_id]`.
+//! - Drive comments: `POST /open-apis/drive/v1/files/:token/comments/batch_query`,
+//!   `POST /open-apis/drive/v1/metas/batch_query`,
+//!   `POST …/comments/:comment_id/replies` (1069302 for a comment that
+//!   takes no replies), `POST …/files/:token/new_comments`.
+//!
+//! The long connection: `POST /callback/ws/endpoint` `{AppID, AppSecret}`
+//! (no token; 514 for wrong credentials) names `ws://…/ws?device_id=…&
+//! service_id=…`; every WebSocket message there is a binary protobuf
+//! `pbbp2.Frame`. A pushed event ([`FakeFeishu::push_event`]) goes out as
+//! a data frame (`type: event`), in two parts (`sum`/`seq`) when its JSON
+//! is longer than 300 bytes; it counts as delivered only once the client
+//! answers the frame with the payload `{"code":200}`, and everything not
+//! delivered is sent again on the next connection. A `type: ping` control
+//! frame is answered with a `type: pong` frame carrying a ClientConfig.
+//!
+//! [`event`], [`sign`] and [`encrypt`] build what Feishu posts to a webhook:
+//! the v2 envelope, `X-Lark-Signature` and the `{"encrypt": …}` body.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aes::cipher::{BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
+use axum::response::IntoResponse;
+use axum::response::Response;
+use base64::Engine;
+use prost::Message as _;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use crate::fake::{Core, Faults, bind, started};
+use crate::json_response;
+
+/// The code of an invalid tenant access token.
+pub const TOKEN_INVALID: i64 = 99_991_663;
+
+/// One message the bot posted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sent {
+    /// The new message's id.
+    pub message_id: String,
+    /// The chat it landed in.
+    pub chat: String,
+    /// The topic thread it landed in.
+    pub thread: Option<String>,
+    /// The message it replies to (replies only).
+    pub parent: Option<String>,
+    /// `text` or `post`.
+    pub msg_type: String,
+    /// The text: a text's `text`, a post's `md`/`text` elements joined.
+    pub text: String,
+    /// The `uuid` given.
+    pub uuid: Option<String>,
+    /// When it was accepted.
+    pub at: Instant,
+}
+
+/// One reply the bot posted in a comment thread (or a new comment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommentReply {
+    /// The document's token.
+    pub file_token: String,
+    /// The `file_type` query parameter (or body field).
+    pub file_type: String,
+    /// The thread's comment id; `None` for a new whole-document comment.
+    pub comment_id: Option<String>,
+    /// The text of its elements.
+    pub text: String,
+}
+
+/// A reaction the bot added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaction {
+    /// The message it is on.
+    pub message_id: String,
+    /// Its emoji type (`Typing`).
+    pub emoji: String,
+    /// Its id.
+    pub reaction_id: String,
+    /// Whether the bot removed it again.
+    pub removed: bool,
+}
+
+/// A failure the next send takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The HTTP status.
+    pub status: u16,
+    /// Feishu's code.
+    pub code: i64,
+    /// `x-ogw-ratelimit-reset`, seconds.
+    pub reset: Option<u64>,
+}
+
+impl Failure {
+    /// A rate limit asking to wait `secs` seconds.
+    pub fn rate_limited(secs: u64) -> Failure {
+        Failure {
+            status: 429,
+            code: 99_991_400,
+            reset: Some(secs),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Known {
+    chat: String,
+    thread: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Comment {
+    quote: String,
+    replies: Vec<(String, String)>,
+    /// Calls to batch_query that still find nothing (reads lag writes).
+    lag: usize,
+    closed: bool,
+}
+
+/// One header of a [`Frame`] (`pbbp2.Header`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FrameHeader {
+    /// `key` = 1.
+    #[prost(string, required, tag = "1")]
+    pub key: String,
+    /// `value` = 2.
+    #[prost(string, required, tag = "2")]
+    pub value: String,
+}
+
+/// `pbbp2.Frame`, as Feishu's SDKs define it (proto2).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Frame {
+    /// `SeqID` = 1.
+    #[prost(uint64, required, tag = "1")]
+    pub seq_id: u64,
+    /// `LogID` = 2.
+    #[prost(uint64, required, tag = "2")]
+    pub log_id: u64,
+    /// `service` = 3.
+    #[prost(int32, required, tag = "3")]
+    pub service: i32,
+    /// `method` = 4: 0 control, 1 data.
+    #[prost(int32, required, tag = "4")]
+    pub method: i32,
+    /// `headers` = 5.
+    #[prost(message, repeated, tag = "5")]
+    pub headers: Vec<FrameHeader>,
+    /// `payload_encoding` = 6.
+    #[prost(string, optional, tag = "6")]
+    pub payload_encoding: Option<String>,
+    /// `payload_type` = 7.
+    #[prost(string, optional, tag = "7")]
+    pub payload_type: Option<String>,
+    /// `payload` = 8.
+    #[prost(bytes = "vec", optional, tag = "8")]
+    pub payload: Option<Vec<u8>>,
+    /// `LogIDNew` = 9.
+    #[prost(string, optional, tag = "9")]
+    pub log_id_new: Option<String>,
+}
+
+fn frame_header<'a>(f: &'a Frame, key: &str) -> Option<&'a str> {
+    f.headers
+        .iter()
+        .find(|h| h.key == key)
+        .map(|h| h.value.as_str())
+}
+
+/// The service id the fake's socket URL names.
+pub const SERVICE_ID: i32 = 7;
+
+/// An event pushed over the long connection.
+#[derive(Debug, Clone)]
+struct Pushed {
+    frame_id: String,
+    payload: Vec<u8>,
+    delivered: bool,
+}
+
+enum Command {
+    Frame(Vec<u8>),
+    Drop,
+}
+
+#[derive(Default)]
+struct Book {
+    pushed: Vec<Pushed>,
+    socket_connections: usize,
+    live: Option<mpsc::UnboundedSender<Command>>,
+    pings: usize,
+    tokens_issued: usize,
+    token: String,
+    sent: Vec<Sent>,
+    send_attempts: Vec<Instant>,
+    by_uuid: HashMap<String, String>,
+    messages: HashMap<String, Known>,
+    withdrawn: HashSet<String>,
+    reactions: Vec<Reaction>,
+    failures: Faults<Failure>,
+    comments: HashMap<String, Comment>,
+    titles: HashMap<String, String>,
+    comment_replies: Vec<CommentReply>,
+    next: u64,
+    unauthorized: usize,
+}
+
+struct Shared {
+    app_id: String,
+    app_secret: String,
+    bot_open_id: String,
+    core: Core<Book>,
+}
+
+/// The fake Open Platform (see the module docs).
+pub struct FakeFeishu {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Drop for FakeFeishu {
+    fn drop(&mut self) {
+        self.shared.core.stop();
+    }
+}
+
+impl FakeFeishu {
+    /// Starts the fake for one app whose bot has `bot_open_id`.
+    ///
+    /// # Panics
+    /// When no local port can be bound.
+    pub async fn start(app_id: &str, app_secret: &str, bot_open_id: &str) -> FakeFeishu {
+        started(
+            "the fake Feishu Open Platform",
+            Self::try_start(app_id, app_secret, bot_open_id),
+        )
+    }
+
+    /// Like [`Self::start`], returning the error instead of panicking.
+    pub fn try_start(
+        app_id: &str,
+        app_secret: &str,
+        bot_open_id: &str,
+    ) -> std::io::Result<FakeFeishu> {
+        let (listener, addr) = bind()?;
+        let shared = Arc::new(Shared {
+            app_id: app_id.to_owned(),
+            app_secret: app_secret.to_owned(),
+            bot_open_id: bot_open_id.to_owned(),
+            core: Core::new(Book::default()),
+        });
+        let app = Router::new()
+            .route("/ws", axum::routing::get(socket))
+            .fallback(handle)
+            .with_state(shared.clone());
+        shared.core.serve("fake-feishu", listener, app)?;
+        Ok(FakeFeishu { addr, shared })
+    }
+
+    /// `http://127.0.0.1:PORT`: the base URL to configure.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Pushes an event envelope over the long connection (now, or on the
+    /// next connection).
+    pub fn push_event(&self, envelope: &Value) {
+        let mut st = self.shared.core.change();
+        st.next += 1;
+        let pushed = Pushed {
+            frame_id: format!("frame_{}", st.next),
+            payload: envelope.to_string().into_bytes(),
+            delivered: false,
+        };
+        if let Some(live) = &st.live {
+            for f in data_frames(&pushed) {
+                let _ = live.send(Command::Frame(f));
+            }
+        }
+        st.pushed.push(pushed);
+    }
+
+    /// How many long connections were opened.
+    pub fn socket_connections(&self) -> usize {
+        self.shared.core.read().socket_connections
+    }
+
+    /// Waits until `n` long connections were opened.
+    pub async fn wait_for_socket_connections(&self, n: usize, timeout: Duration) {
+        self.shared
+            .core
+            .wait(
+                &format!("{n} Feishu long connections"),
+                timeout,
+                |b| (b.socket_connections >= n).then_some(()),
+                |b| b.socket_connections,
+            )
+            .await;
+    }
+
+    /// Pushed events not yet answered with `{"code":200}`.
+    pub fn undelivered(&self) -> usize {
+        self.shared
+            .core
+            .read()
+            .pushed
+            .iter()
+            .filter(|p| !p.delivered)
+            .count()
+    }
+
+    /// Waits until every pushed event was answered with `{"code":200}`.
+    pub async fn wait_for_all_delivered(&self, timeout: Duration) {
+        self.shared
+            .core
+            .wait(
+                "every Feishu event answered with code 200",
+                timeout,
+                |b| b.pushed.iter().all(|p| p.delivered).then_some(()),
+                |b| b.pushed.iter().filter(|p| !p.delivered).count(),
+            )
+            .await;
+    }
+
+    /// Pings received over the long connection.
+    pub fn pings(&self) -> usize {
+        self.shared.core.read().pings
+    }
+
+    /// Closes the live long connection.
+    pub fn drop_connection(&self) {
+        if let Some(live) = self.shared.core.change().live.take() {
+            let _ = live.send(Command::Drop);
+        }
+    }
+
+    /// Registers a message a user posted, so replies to it can land.
+    pub fn add_message(&self, message_id: &str, chat: &str, thread: Option<&str>) {
+        self.shared.core.change().messages.insert(
+            message_id.to_owned(),
+            Known {
+                chat: chat.to_owned(),
+                thread: thread.map(str::to_owned),
+            },
+        );
+    }
+
+    /// The message is withdrawn: replies to it answer 230011.
+    pub fn withdraw(&self, message_id: &str) {
+        self.shared
+            .core
+            .change()
+            .withdrawn
+            .insert(message_id.to_owned());
+    }
+
+    /// Registers a comment on a document (its quote and its replies as
+    /// `(reply_id, text)`); batch_query finds nothing the first `lag` times.
+    pub fn add_comment(
+        &self,
+        file_token: &str,
+        title: &str,
+        comment_id: &str,
+        quote: &str,
+        replies: &[(&str, &str)],
+        lag: usize,
+    ) {
+        let mut st = self.shared.core.change();
+        st.titles.insert(file_token.to_owned(), title.to_owned());
+        st.comments.insert(
+            comment_id.to_owned(),
+            Comment {
+                quote: quote.to_owned(),
+                replies: replies
+                    .iter()
+                    .map(|(i, t)| ((*i).to_owned(), (*t).to_owned()))
+                    .collect(),
+                lag,
+                closed: false,
+            },
+        );
+    }
+
+    /// The comment takes no replies (solved, or whole-document): 1069302.
+    pub fn close_comment(&self, comment_id: &str) {
+        if let Some(c) = self.shared.core.change().comments.get_mut(comment_id) {
+            c.closed = true;
+        }
+    }
+
+    /// Every message posted, in order.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.shared.core.read().sent.clone()
+    }
+
+    /// Waits until `n` messages were posted.
+    pub async fn wait_for_sent(&self, n: usize, timeout: Duration) -> Vec<Sent> {
+        self.shared
+            .core
+            .wait_len("sent Feishu messages", n, timeout, |b| &b.sent)
+            .await
+    }
+
+    /// When each send (create or reply) arrived.
+    pub fn send_attempts(&self) -> Vec<Instant> {
+        self.shared.core.read().send_attempts.clone()
+    }
+
+    /// Waits until `n` sends arrived.
+    pub async fn wait_for_send_attempts(&self, n: usize, timeout: Duration) {
+        self.shared
+            .core
+            .wait_len("Feishu send attempts", n, timeout, |b| &b.send_attempts)
+            .await;
+    }
+
+    /// While set, sends hang unanswered and post nothing.
+    pub fn hang_send(&self, on: bool) {
+        self.shared.core.set_hang(on);
+    }
+
+    /// The next send fails with `failure`.
+    pub fn fail_next_send(&self, failure: Failure) {
+        self.shared.core.change().failures.push(failure);
+    }
+
+    /// The current tenant token stops working (as at its expiry).
+    pub fn invalidate_token(&self) {
+        self.shared.core.change().token = String::new();
+    }
+
+    /// How many tenant tokens were issued.
+    pub fn tokens_issued(&self) -> usize {
+        self.shared.core.read().tokens_issued
+    }
+
+    /// How many calls were refused for a bad token.
+    pub fn unauthorized(&self) -> usize {
+        self.shared.core.read().unauthorized
+    }
+
+    /// Reactions the bot added.
+    pub fn reactions(&self) -> Vec<Reaction> {
+        self.shared.core.read().reactions.clone()
+    }
+
+    /// The chat a registered message is in.
+    pub fn chat_of(&self, message_id: &str) -> Option<String> {
+        self.shared
+            .core
+            .read()
+            .messages
+            .get(message_id)
+            .map(|k| k.chat.clone())
+    }
+
+    /// Replies and comments posted on documents, in order.
+    pub fn comment_replies(&self) -> Vec<CommentReply> {
+        self.shared.core.read().comment_replies.clone()
+    }
+
+    /// Waits until `n` comment replies were posted.
+    pub async fn wait_for_comment_replies(&self, n: usize, timeout: Duration) -> Vec<CommentReply> {
+        self.shared
+            .core
+            .wait_len("Feishu comment replies", n, timeout, |b| &b.comment_replies)
+            .await
+    }
+}
+
+fn ok(data: Value) -> Response {
+    json_response(200, &json!({"code": 0, "msg": "success", "data": data}))
+}
+
+fn err(status: u16, code: i64, msg: &str) -> Response {
+    json_response(status, &json!({"code": code, "msg": msg}))
+}
+
+fn query_param(uri: &Uri, name: &str) -> Option<String> {
+    uri.query()?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == name).then(|| v.to_owned())
+    })
+}
+
+/// The text a user reads of a `text` or `post` content.
+fn read_content(msg_type: &str, content: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(content).ok()?;
+    match msg_type {
+        "text" => v.get("text")?.as_str().map(str::to_owned),
+        "post" => {
+            let body = v.as_object()?.values().next()?;
+            let rows = body.get("content")?.as_array()?;
+            let lines: Vec<String> = rows
+                .iter()
+                .map(|row| {
+                    row.as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|el| el.get("text").and_then(Value::as_str))
+                        .collect::<String>()
+                })
+                .collect();
+            Some(lines.join("\n"))
+        }
+        _ => None,
+    }
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_owned();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if path == "/callback/ws/endpoint" && method == Method::POST {
+        if body["AppID"] != shared.app_id.as_str()
+            || body["AppSecret"] != shared.app_secret.as_str()
+        {
+            return json_response(200, &json!({"code": 514, "msg": "auth failed"}));
+        }
+        let host = headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("127.0.0.1");
+        return json_response(
+            200,
+            &json!({"code": 0, "msg": "ok", "data": {
+                "URL": format!("ws://{host}/ws?device_id=dev_kit&service_id={SERVICE_ID}"),
+                "ClientConfig": {"ReconnectCount": -1, "ReconnectInterval": 120,
+                    "ReconnectNonce": 30, "PingInterval": 120},
+            }}),
+        );
+    }
+    if path == "/open-apis/auth/v3/tenant_access_token/internal" && method == Method::POST {
+        if body["app_id"] != shared.app_id.as_str()
+            || body["app_secret"] != shared.app_secret.as_str()
+        {
+            return err(400, 10_014, "app secret invalid");
+        }
+        let mut st = shared.core.change();
+        st.tokens_issued += 1;
+        st.token = format!("t-kit-{}", st.tokens_issued);
+        return json_response(
+            200,
+            &json!({"code": 0, "msg": "ok", "tenant_access_token": st.token, "expire": 7200}),
+        );
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    {
+        let mut st = shared.core.change();
+        if st.token.is_empty() || presented != st.token {
+            st.unauthorized += 1;
+            return err(400, TOKEN_INVALID, "Invalid access token for authorization");
+        }
+    }
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (method.as_str(), segments.as_slice()) {
+        ("GET", ["open-apis", "bot", "v3", "info"]) => json_response(
+            200,
+            &json!({"code": 0, "msg": "ok", "bot": {
+                "open_id": shared.bot_open_id, "app_name": "Talaria", "activate_status": 2,
+            }}),
+        ),
+        ("POST", ["open-apis", "im", "v1", "messages"]) => {
+            let id_type = query_param(&uri, "receive_id_type").unwrap_or_default();
+            send(&shared, None, Some(id_type), &body).await
+        }
+        ("POST", ["open-apis", "im", "v1", "messages", parent, "reply"]) => {
+            send(&shared, Some((*parent).to_owned()), None, &body).await
+        }
+        ("POST", ["open-apis", "im", "v1", "messages", id, "reactions"]) => {
+            let mut st = shared.core.change();
+            if !st.messages.contains_key(*id) {
+                return err(400, 231_003, "message not found");
+            }
+            st.next += 1;
+            let reaction_id = format!("r_{}", st.next);
+            let emoji = body
+                .pointer("/reaction_type/emoji_type")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            st.reactions.push(Reaction {
+                message_id: (*id).to_owned(),
+                emoji: emoji.clone(),
+                reaction_id: reaction_id.clone(),
+                removed: false,
+            });
+            ok(json!({"reaction_id": reaction_id, "reaction_type": {"emoji_type": emoji}}))
+        }
+        ("DELETE", ["open-apis", "im", "v1", "messages", id, "reactions", rid]) => {
+            let mut st = shared.core.change();
+            match st
+                .reactions
+                .iter_mut()
+                .find(|r| r.message_id == *id && r.reaction_id == *rid)
+            {
+                Some(r) => {
+                    r.removed = true;
+                    ok(json!({"reaction_id": rid}))
+                }
+                None => err(400, 231_003, "reaction not found"),
+            }
+        }
+        ("POST", ["open-apis", "drive", "v1", "metas", "batch_query"]) => {
+            let st = shared.core.read();
+            let metas: Vec<Value> = body["request_docs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| {
+                    let token = d["doc_token"].as_str()?;
+                    let title = st.titles.get(token)?;
+                    Some(
+                        json!({"doc_token": token, "doc_type": d["doc_type"], "title": title,
+                        "url": format!("https://example.feishu.cn/docx/{token}")}),
+                    )
+                })
+                .collect();
+            ok(json!({"metas": metas, "failed_list": []}))
+        }
+        (
+            "POST",
+            [
+                "open-apis",
+                "drive",
+                "v1",
+                "files",
+                _token,
+                "comments",
+                "batch_query",
+            ],
+        ) => {
+            let mut st = shared.core.change();
+            let mut items = Vec::new();
+            for id in body["comment_ids"].as_array().into_iter().flatten() {
+                let Some(id) = id.as_str() else { continue };
+                let Some(c) = st.comments.get_mut(id) else {
+                    continue;
+                };
+                if c.lag > 0 {
+                    c.lag -= 1;
+                    continue;
+                }
+                let replies: Vec<Value> = c
+                    .replies
+                    .iter()
+                    .map(|(rid, text)| {
+                        json!({"reply_id": rid, "content": {"elements": [
+                            {"type": "person", "person": {"user_id": shared.bot_open_id}},
+                            {"type": "text_run", "text_run": {"text": text}},
+                        ]}})
+                    })
+                    .collect();
+                items.push(
+                    json!({"comment_id": id, "is_whole": false, "is_solved": false,
+                    "quote": c.quote, "reply_list": {"replies": replies}}),
+                );
+            }
+            ok(json!({"items": items}))
+        }
+        (
+            "POST",
+            [
+                "open-apis",
+                "drive",
+                "v1",
+                "files",
+                token,
+                "comments",
+                comment_id,
+                "replies",
+            ],
+        ) => {
+            let mut st = shared.core.change();
+            match st.comments.get(*comment_id) {
+                None => return err(404, 1_069_303, "comment not found"),
+                Some(c) if c.closed => return err(400, 1_069_302, "comment cannot be replied"),
+                Some(_) => {}
+            }
+            let text: String = body
+                .pointer("/content/elements")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.pointer("/text_run/text").and_then(Value::as_str))
+                .collect();
+            st.next += 1;
+            let reply_id = format!("reply_{}", st.next);
+            st.comment_replies.push(CommentReply {
+                file_token: (*token).to_owned(),
+                file_type: query_param(&uri, "file_type").unwrap_or_default(),
+                comment_id: Some((*comment_id).to_owned()),
+                text,
+            });
+            ok(json!({"reply_id": reply_id}))
+        }
+        ("POST", ["open-apis", "drive", "v1", "files", token, "new_comments"]) => {
+            let mut st = shared.core.change();
+            let text: String = body["reply_elements"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.get("text").and_then(Value::as_str))
+                .collect();
+            st.next += 1;
+            let comment_id = format!("comment_{}", st.next);
+            st.comment_replies.push(CommentReply {
+                file_token: (*token).to_owned(),
+                file_type: body["file_type"].as_str().unwrap_or("").to_owned(),
+                comment_id: None,
+                text,
+            });
+            ok(json!({"comment_id": comment_id}))
+        }
+        _ => err(404, 404, "not found"),
+    }
+}
+
+async fn send(
+    shared: &Shared,
+    parent: Option<String>,
+    id_type: Option<String>,
+    body: &Value,
+) -> Response {
+    let hung = shared.core.hanging();
+    shared.core.change().send_attempts.push(Instant::now());
+    if hung {
+        shared.core.held().await;
+        return err(502, 1, "the request was lost");
+    }
+    let mut st = shared.core.change();
+    if let Some(f) = st.failures.take() {
+        let mut r = err(f.status, f.code, "request trigger frequency limit");
+        if let Some(reset) = f.reset
+            && let Ok(v) = HeaderValue::from_str(&reset.to_string())
+        {
+            r.headers_mut().insert("x-ogw-ratelimit-reset", v);
+        }
+        return r;
+    }
+    let msg_type = body["msg_type"].as_str().unwrap_or("").to_owned();
+    let content = body["content"].as_str().unwrap_or("");
+    let Some(text) = read_content(&msg_type, content) else {
+        return err(400, 230_001, "invalid message content");
+    };
+    if text.chars().count() > 30_000 {
+        return err(400, 230_025, "the message is too long");
+    }
+    let uuid = body["uuid"].as_str().map(str::to_owned);
+    if let Some(u) = &uuid
+        && let Some(id) = st.by_uuid.get(u)
+    {
+        return ok(json!({"message_id": id}));
+    }
+    let (chat, thread) = match (&parent, id_type.as_deref()) {
+        (Some(p), _) => {
+            if st.withdrawn.contains(p) {
+                return err(400, 230_011, "the message was withdrawn");
+            }
+            let Some(known) = st.messages.get(p) else {
+                return err(400, 231_003, "the message is not found");
+            };
+            let in_thread = body["reply_in_thread"].as_bool().unwrap_or(false);
+            let thread = if in_thread {
+                Some(known.thread.clone().unwrap_or_else(|| format!("omt_{p}")))
+            } else {
+                None
+            };
+            (known.chat.clone(), thread)
+        }
+        (None, Some("chat_id" | "open_id")) => {
+            (body["receive_id"].as_str().unwrap_or("").to_owned(), None)
+        }
+        (None, Some("thread_id")) => {
+            let thread = body["receive_id"].as_str().unwrap_or("").to_owned();
+            let chat = st
+                .messages
+                .values()
+                .find(|k| k.thread.as_deref() == Some(thread.as_str()))
+                .map(|k| k.chat.clone());
+            let Some(chat) = chat else {
+                return err(400, 230_002, "the thread is not found");
+            };
+            (chat, Some(thread))
+        }
+        _ => return err(400, 99_992_402, "field validation failed: receive_id_type"),
+    };
+    if chat.is_empty() {
+        return err(400, 230_002, "the chat is not found");
+    }
+    st.next += 1;
+    let message_id = format!("om_bot_{}", st.next);
+    if let Some(u) = &uuid {
+        st.by_uuid.insert(u.clone(), message_id.clone());
+    }
+    st.messages.insert(
+        message_id.clone(),
+        Known {
+            chat: chat.clone(),
+            thread: thread.clone(),
+        },
+    );
+    st.sent.push(Sent {
+        message_id: message_id.clone(),
+        chat: chat.clone(),
+        thread: thread.clone(),
+        parent,
+        msg_type,
+        text,
+        uuid,
+        at: Instant::now(),
+    });
+    ok(json!({"message_id": message_id, "chat_id": chat, "thread_id": thread}))
+}
+
+/// A v2 event envelope, as Feishu posts it.
+pub fn event(event_id: &str, event_type: &str, token: &str, body: Value) -> Value {
+    json!({
+        "schema": "2.0",
+        "header": {
+            "event_id": event_id, "event_type": event_type, "create_time": "1700000000000",
+            "token": token, "app_id": "cli_kit", "tenant_key": "tenant_kit",
+        },
+        "event": body,
+    })
+}
+
+/// The body of an `im.message.receive_v1` text message.
+pub fn text_message(
+    sender_open_id: &str,
+    message_id: &str,
+    chat_id: &str,
+    chat_type: &str,
+    thread_id: Option<&str>,
+    text: &str,
+    mentions: Value,
+) -> Value {
+    let mut message = json!({
+        "message_id": message_id, "chat_id": chat_id, "chat_type": chat_type,
+        "message_type": "text", "create_time": "1700000000000",
+        "content": json!({"text": text}).to_string(),
+        "mentions": mentions,
+    });
+    if let Some(t) = thread_id {
+        message["thread_id"] = json!(t);
+        message["root_id"] = json!(format!("om_root_{t}"));
+    }
+    json!({
+        "sender": {"sender_id": {"open_id": sender_open_id, "user_id": "u_x", "union_id": "on_x"},
+            "sender_type": "user", "tenant_key": "tenant_kit"},
+        "message": message,
+    })
+}
+
+/// The `X-Lark-Signature` of a body: hex SHA-256 of
+/// `timestamp + nonce + encrypt_key + body`.
+pub fn sign(timestamp: &str, nonce: &str, encrypt_key: &str, body: &[u8]) -> String {
+    let mut d = Sha256::new();
+    d.update(timestamp.as_bytes());
+    d.update(nonce.as_bytes());
+    d.update(encrypt_key.as_bytes());
+    d.update(body);
+    d.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `{"encrypt": base64(iv ‖ AES-256-CBC(PKCS#7(plain)))}` under SHA-256 of
+/// the encrypt key, with the IV given.
+pub fn encrypt(encrypt_key: &str, iv: [u8; 16], plain: &[u8]) -> Value {
+    let key: [u8; 32] = Sha256::digest(encrypt_key.as_bytes()).into();
+    let cipher = cbc::Encryptor::<aes::Aes256>::new(&key.into(), &iv.into())
+        .encrypt_padded_vec_mut::<Pkcs7>(plain);
+    let mut blob = iv.to_vec();
+    blob.extend_from_slice(&cipher);
+    json!({"encrypt": base64::engine::general_purpose::STANDARD.encode(blob)})
+}
+
+/// The data frames that carry one pushed event.
+fn data_frames(p: &Pushed) -> Vec<Vec<u8>> {
+    let chunks: Vec<&[u8]> = if p.payload.len() > 300 {
+        let mid = p.payload.len() / 2;
+        vec![&p.payload[..mid], &p.payload[mid..]]
+    } else {
+        vec![&p.payload[..]]
+    };
+    let sum = chunks.len();
+    // The parts go out last first: the client must order them by `seq`.
+    chunks
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(seq, chunk)| {
+            let headers = [
+                ("type", "event".to_owned()),
+                ("message_id", p.frame_id.clone()),
+                ("sum", sum.to_string()),
+                ("seq", seq.to_string()),
+                ("trace_id", format!("trace_{}", p.frame_id)),
+            ];
+            Frame {
+                seq_id: 0,
+                log_id: 0,
+                service: SERVICE_ID,
+                method: 1,
+                headers: headers
+                    .into_iter()
+                    .map(|(k, v)| FrameHeader {
+                        key: k.to_owned(),
+                        value: v,
+                    })
+                    .collect(),
+                payload: Some(chunk.to_vec()),
+                ..Frame::default()
+            }
+            .encode_to_vec()
+        })
+        .collect()
+}
+
+async fn socket(State(shared): State<Arc<Shared>>, upgrade: WebSocketUpgrade) -> Response {
+    upgrade
+        .on_upgrade(move |ws| serve_socket(shared, ws))
+        .into_response()
+}
+
+async fn serve_socket(shared: Arc<Shared>, mut ws: WebSocket) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let resend: Vec<Vec<u8>> = {
+        let mut st = shared.core.change();
+        st.socket_connections += 1;
+        // A new connection replaces the old one.
+        if let Some(old) = st.live.replace(tx.clone()) {
+            let _ = old.send(Command::Drop);
+        }
+        st.pushed
+            .iter()
+            .filter(|p| !p.delivered)
+            .flat_map(data_frames)
+            .collect()
+    };
+    for f in resend {
+        if ws.send(Message::Binary(f.into())).await.is_err() {
+            return;
+        }
+    }
+    loop {
+        tokio::select! {
+            () = shared.core.stopped() => return,
+            cmd = rx.recv() => match cmd {
+                Some(Command::Frame(f)) => {
+                    if ws.send(Message::Binary(f.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Command::Drop) | None => break,
+            },
+            incoming = ws.recv() => match incoming {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
+                Some(Ok(Message::Binary(bytes))) => {
+                    let Ok(frame) = Frame::decode(bytes.as_ref()) else { continue };
+                    if let Some(pong) = on_client_frame(&shared, &tx, frame)
+                        && ws.send(Message::Binary(pong.into())).await.is_err()
+                    {
+                        break;
+                    }
+                }
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+    let mut st = shared.core.change();
+    if st.live.as_ref().is_some_and(|l| l.same_channel(&tx)) {
+        st.live = None;
+    }
+}
+
+/// A ping gets a pong; a data frame's answer marks its event delivered
+/// when it says code 200 (and only on the live connection).
+fn on_client_frame(
+    shared: &Shared,
+    tx: &mpsc::UnboundedSender<Command>,
+    frame: Frame,
+) -> Option<Vec<u8>> {
+    let mut st = shared.core.change();
+    if !st.live.as_ref().is_some_and(|l| l.same_channel(tx)) {
+        return None;
+    }
+    match (frame.method, frame_header(&frame, "type")) {
+        (0, Some("ping")) => {
+            st.pings += 1;
+            let config = json!({"ReconnectCount": -1, "ReconnectInterval": 120,
+                "ReconnectNonce": 30, "PingInterval": 120});
+            Some(
+                Frame {
+                    service: frame.service,
+                    method: 0,
+                    headers: vec![FrameHeader {
+                        key: "type".into(),
+                        value: "pong".into(),
+                    }],
+                    payload: Some(config.to_string().into_bytes()),
+                    ..Frame::default()
+                }
+                .encode_to_vec(),
+            )
+        }
+        (1, _) => {
+            let ok = frame
+                .payload
+                .as_deref()
+                .and_then(|p| serde_json::from_slice::<Value>(p).ok())
+                .is_some_and(|v| v["code"] == 200);
+            let id = frame_header(&frame, "message_id").unwrap_or("").to_owned();
+            if ok && let Some(p) = st.pushed.iter_mut().find(|p| p.frame_id == id) {
+                p.delivered = true;
+            }
+            None
+        }
+        _ => None,
+    }
+}
