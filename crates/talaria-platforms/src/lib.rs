@@ -65,7 +65,7 @@ pub mod homeassistant;
     feature = "signal",
     feature = "whatsapp",
     feature = "sms",
-    feature = "dingtalk"
+    feature = "dingtalk",
     feature = "qqbot",
     feature = "weixin"
 ))]
