@@ -980,3 +980,72 @@ async fn file(State(shared): State<Arc<Shared>>, Path(code): Path<String>) -> Re
     drop(st);
     bytes.into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn post(url: &str, body: Value) -> (u16, Value) {
+        let r = reqwest::Client::new()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    #[tokio::test]
+    async fn open_checks_the_credentials_and_the_subscription() {
+        let fake = FakeDingTalk::start("id", "secret", "tok", None).await;
+        let url = format!("{}/v1.0/gateway/connections/open", fake.api_base());
+        let subs = json!([{ "type": "CALLBACK", "topic": BOT_TOPIC }]);
+        let (status, _) = post(
+            &url,
+            json!({ "clientId": "id", "clientSecret": "nope", "subscriptions": subs }),
+        )
+        .await;
+        assert_eq!(status, 401);
+        let (status, _) = post(
+            &url,
+            json!({ "clientId": "id", "clientSecret": "secret", "subscriptions": [] }),
+        )
+        .await;
+        assert_eq!(status, 400);
+        let (status, answer) = post(
+            &url,
+            json!({ "clientId": "id", "clientSecret": "secret", "subscriptions": subs }),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert!(answer["endpoint"].as_str().unwrap().starts_with("ws://"));
+        assert!(answer["ticket"].as_str().is_some_and(|t| !t.is_empty()));
+    }
+
+    #[tokio::test]
+    async fn the_custom_robot_checks_a_python_computed_signature() {
+        // base64.b64encode(hmac.new(b"SECx", b"1700000000000\nSECx",
+        // hashlib.sha256).digest()), computed with Python's standard library.
+        assert_eq!(
+            custom_robot_sign("SECx", "1700000000000"),
+            "rgcjbH+yFyES+S0llX+cAPCwVRpsr7sbiX5Lnyo/ocU="
+        );
+        let fake = FakeDingTalk::start("id", "secret", "tok", Some("SECx")).await;
+        let body = json!({ "msgtype": "text", "text": { "content": "hi" } });
+        let now = now_ms().to_string();
+        let sign = custom_robot_sign("SECx", &now);
+        let mut url = reqwest::Url::parse(&fake.custom_robot_url()).unwrap();
+        url.query_pairs_mut()
+            .append_pair("timestamp", &now)
+            .append_pair("sign", &sign);
+        let (_, ok) = post(url.as_str(), body.clone()).await;
+        assert_eq!(ok["errcode"], 0);
+        let (_, tampered) = post(
+            &format!("{}&timestamp={now}&sign=AAAA", fake.custom_robot_url()),
+            body,
+        )
+        .await;
+        assert_eq!(tampered["errcode"], 310000);
+        assert_eq!(fake.sent().len(), 1);
+    }
+}
