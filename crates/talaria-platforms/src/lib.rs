@@ -26,8 +26,8 @@
 //!   derived from the open-file limit.
 //! - [`signal`]: a Signal account through a signal-cli REST API server.
 //! - [`whatsapp`]: the WhatsApp Cloud API (Meta's webhook in, Graph out).
-//! - [`feishu`]: Feishu / Lark (event webhook in, Open Platform REST out)
-//!   and document comments answered in their threads.
+//! - [`feishu`]: Feishu / Lark (long connection or event webhook in, Open
+//!   Platform REST out) and document comments answered in their threads.
 //! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
 //! - [`homeassistant`]: Home Assistant's conversation endpoint and the
 //!   `ha_*` tools.

@@ -148,10 +148,13 @@ async fn endpoint(hook: &Hook, app_id: &str, app_secret: &str) -> Result<Endpoin
     })
 }
 
+/// When the first part of an event arrived, and its parts so far.
+type Partial = (Instant, Vec<Option<Vec<u8>>>);
+
 /// Parts of events split across frames, by `message_id`.
 #[derive(Default)]
 struct Parts {
-    pending: HashMap<String, (Instant, Vec<Option<Vec<u8>>>)>,
+    pending: HashMap<String, Partial>,
     bytes: usize,
 }
 

@@ -1,7 +1,7 @@
-//! The Feishu / Lark adapter: a custom app's bot through the event
-//! subscription (webhook in, on the shared listener) and the Open
-//! Platform's REST API (out), with document comments answered in their
-//! threads.
+//! The Feishu / Lark adapter: a custom app's bot receiving events over
+//! the long connection (the default) or the event subscription (webhook
+//! on the shared listener), answering through the Open Platform's REST
+//! API, with document comments answered in their threads.
 //!
 //! # Layout
 //!

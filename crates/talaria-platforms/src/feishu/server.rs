@@ -13,9 +13,9 @@
 //!    (constant-time) → 401
 //! 5. `url_verification` → 200 `{"challenge": …}` (the console's check
 //!    when the request URL is saved; plain or encrypted, may be unsigned)
-//! 5b. encrypt key configured and the event unsigned → 401
-//! 6. an `event_id` seen before → 200, ignored (Feishu re-delivers)
-//! 7. a chat message handed to the inbox → 200; no inbox or a full one →
+//! 6. encrypt key configured and the event unsigned → 401
+//! 7. an `event_id` seen before → 200, ignored (Feishu re-delivers)
+//! 8. a chat message handed to the inbox → 200; no inbox or a full one →
 //!    503, and Feishu delivers it again. A comment is read and handed on in
 //!    the background (its reads may take longer than Feishu waits).
 
@@ -272,7 +272,7 @@ pub(crate) enum Dispatched {
     NotTaken,
 }
 
-/// Steps 6 and 7 (see the module docs), shared by the webhook and the
+/// Steps 7 and 8 (see the module docs), shared by the webhook and the
 /// long connection: dedupe on `event_id`, map, hand on.
 pub(crate) async fn dispatch(hook: &Arc<Hook>, envelope: &Value, inbox: &Inbox) -> Dispatched {
     let Some(event_id) = mapping::event_id(envelope).map(str::to_owned) else {
