@@ -148,11 +148,7 @@ pub(super) fn map_push(push: &InboundMessagePush, bot_id: &str, access: &Access)
         }
         match access.group {
             Policy::Open => {}
-            Policy::Allowlist
-                if access
-                    .group_allow_from
-                    .iter()
-                    .any(|g| *g == push.group_code) => {}
+            Policy::Allowlist if access.group_allow_from.contains(&push.group_code) => {}
             Policy::Allowlist => return Inbound::Skip("the group is not on the group allowlist"),
             Policy::Pairing | Policy::Disabled => return Inbound::Skip("groups are disabled"),
         }
