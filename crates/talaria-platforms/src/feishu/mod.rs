@@ -498,6 +498,16 @@ impl Adapter for FeishuAdapter {
         CAPABILITIES
     }
 
+    fn credential(&self) -> Option<(&'static str, String)> {
+        // Feishu hands each event of a long connection to one of the app's
+        // connections, so two gateways would each see only some of them.
+        // Webhook deliveries go to whichever node the request reaches.
+        match self.mode {
+            ConnectionMode::Websocket => Some(("feishu-app-id", self.app_id.clone())),
+            ConnectionMode::Webhook => None,
+        }
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         self.discover_bot().await?;
         match self.mode {
