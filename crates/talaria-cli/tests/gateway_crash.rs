@@ -15,6 +15,7 @@ use talaria_testkit::kit::slack::SlackKit;
 use talaria_testkit::kit::sms::SmsKit;
 use talaria_testkit::kit::telegram::TelegramKit;
 use talaria_testkit::kit::webhook::WebhookKit;
+use talaria_testkit::kit::wecom_callback::WecomCallbackKit;
 use talaria_testkit::kit::whatsapp::WhatsappKit;
 
 /// One crash test per platform kit.
@@ -45,6 +46,7 @@ crash_resend!(
     homeassistant: super::HomeAssistantKit,
     webhook: super::WebhookKit,
     email: super::EmailKit,
+    wecom_callback: super::WecomCallbackKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

@@ -27,6 +27,8 @@
 //! - [`sms`]: SMS through a Twilio number, its webhook on [`ingress`].
 //! - [`homeassistant`]: Home Assistant's conversation endpoint and the
 //!   `ha_*` tools.
+//! - [`wecom`]: WeCom's self-built app (encrypted XML callback on
+//!   [`ingress`]) and its intelligent robot (a WebSocket).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `ws`: WebSocket
@@ -74,6 +76,8 @@ pub mod sms;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+#[cfg(feature = "wecom")]
+pub mod wecom;
 #[cfg(feature = "whatsapp")]
 pub mod whatsapp;
 #[cfg(feature = "websocket")]

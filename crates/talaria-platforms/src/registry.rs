@@ -134,6 +134,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::homeassistant::ENTRY,
     #[cfg(feature = "webhook")]
     crate::webhook::ENTRY,
+    #[cfg(feature = "wecom")]
+    crate::wecom::callback::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;
@@ -368,6 +370,9 @@ mod tests {
             ".platforms.email.password",
             ".platforms.homeassistant.token",
             ".platforms.homeassistant.conversation_token",
+            ".platforms.wecom_callback.corp_secret",
+            ".platforms.wecom_callback.token",
+            ".platforms.wecom_callback.encoding_aes_key",
         ] {
             let name = want.split('.').nth(2).unwrap_or_default();
             if platform(name).is_some() {

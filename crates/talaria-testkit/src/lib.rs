@@ -42,6 +42,7 @@ pub mod twilio;
 pub mod wait;
 pub mod web_pages;
 pub mod web_search;
+pub mod wecom;
 pub mod whatsapp;
 mod wire;
 pub use discord::FakeDiscord;
@@ -53,6 +54,7 @@ pub use signal::FakeSignal;
 pub use slack::FakeSlack;
 pub use telegram::FakeTelegram;
 pub use twilio::FakeTwilio;
+pub use wecom::FakeWecom;
 pub use whatsapp::FakeGraph;
 
 use std::collections::VecDeque;

@@ -21,6 +21,7 @@ pub mod slack;
 pub mod sms;
 pub mod telegram;
 pub mod webhook;
+pub mod wecom_callback;
 pub mod whatsapp;
 
 use std::time::{Duration, Instant};
