@@ -163,7 +163,7 @@ fn python_signature(parts: [&str; 4]) -> String {
 /// fills whole 32-byte blocks, so the padding is one whole block of 32s.
 fn whole_block_len(min: usize) -> usize {
     let mut len = min;
-    while (16 + 4 + len + CORP.len()) % 32 != 0 {
+    while !(16 + 4 + len + CORP.len()).is_multiple_of(32) {
         len += 1;
     }
     len
