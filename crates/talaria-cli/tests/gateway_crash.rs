@@ -19,6 +19,7 @@ use talaria_testkit::kit::sms::SmsKit;
 use talaria_testkit::kit::telegram::TelegramKit;
 use talaria_testkit::kit::webhook::WebhookKit;
 use talaria_testkit::kit::weixin::WeixinKit;
+use talaria_testkit::kit::wecom_callback::WecomCallbackKit;
 use talaria_testkit::kit::whatsapp::WhatsappKit;
 use talaria_testkit::kit::yuanbao::YuanbaoKit;
 
@@ -56,6 +57,7 @@ crash_resend!(
     qqbot: super::QqbotKit,
     weixin: super::WeixinKit,
     yuanbao: super::YuanbaoKit,
+    wecom_callback: super::WecomCallbackKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

@@ -37,6 +37,8 @@
 //!   (long polling).
 //! - [`yuanbao`]: Tencent Yuanbao's bot socket (a signed token, then
 //!   protobuf frames both ways).
+//! - [`wecom`]: WeCom's self-built app (encrypted XML callback on
+//!   [`ingress`]) and its intelligent robot (a WebSocket).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `ws`: WebSocket
@@ -95,6 +97,8 @@ pub mod telegram;
 pub mod webhook;
 #[cfg(feature = "weixin")]
 pub mod weixin;
+#[cfg(feature = "wecom")]
+pub mod wecom;
 #[cfg(feature = "whatsapp")]
 pub mod whatsapp;
 #[cfg(feature = "websocket")]

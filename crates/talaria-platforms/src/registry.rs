@@ -144,6 +144,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::weixin::ENTRY,
     #[cfg(feature = "yuanbao")]
     crate::yuanbao::ENTRY,
+    #[cfg(feature = "wecom")]
+    crate::wecom::callback::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;
@@ -387,6 +389,9 @@ mod tests {
             ".platforms.weixin.token",
             ".platforms.yuanbao.app_key",
             ".platforms.yuanbao.app_secret",
+            ".platforms.wecom_callback.corp_secret",
+            ".platforms.wecom_callback.token",
+            ".platforms.wecom_callback.encoding_aes_key",
         ] {
             let name = want.split('.').nth(2).unwrap_or_default();
             if platform(name).is_some() {

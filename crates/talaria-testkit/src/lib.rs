@@ -46,6 +46,7 @@ pub mod wait;
 pub mod web_pages;
 pub mod web_search;
 pub mod weixin;
+pub mod wecom;
 pub mod whatsapp;
 mod wire;
 pub use dingtalk::FakeDingTalk;
@@ -61,6 +62,7 @@ pub use slack::FakeSlack;
 pub use telegram::FakeTelegram;
 pub use twilio::FakeTwilio;
 pub use weixin::FakeWeixin;
+pub use wecom::FakeWecom;
 pub use whatsapp::FakeGraph;
 pub use yuanbao::FakeYuanbao;
 

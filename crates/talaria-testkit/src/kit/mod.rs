@@ -25,6 +25,7 @@ pub mod sms;
 pub mod telegram;
 pub mod webhook;
 pub mod weixin;
+pub mod wecom_callback;
 pub mod whatsapp;
 pub mod yuanbao;
 
