@@ -18,8 +18,8 @@ use talaria_testkit::kit::slack::SlackKit;
 use talaria_testkit::kit::sms::SmsKit;
 use talaria_testkit::kit::telegram::TelegramKit;
 use talaria_testkit::kit::webhook::WebhookKit;
-use talaria_testkit::kit::weixin::WeixinKit;
 use talaria_testkit::kit::wecom_callback::WecomCallbackKit;
+use talaria_testkit::kit::weixin::WeixinKit;
 use talaria_testkit::kit::whatsapp::WhatsappKit;
 use talaria_testkit::kit::yuanbao::YuanbaoKit;
 

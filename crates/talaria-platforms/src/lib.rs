@@ -38,7 +38,7 @@
 //! - [`yuanbao`]: Tencent Yuanbao's bot socket (a signed token, then
 //!   protobuf frames both ways).
 //! - [`wecom`]: WeCom's self-built app (encrypted XML callback on
-//!   [`ingress`]) and its intelligent robot (a WebSocket).
+//!   [`ingress`], the corp API out).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `ws`: WebSocket
@@ -95,10 +95,10 @@ pub mod sms;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;
-#[cfg(feature = "weixin")]
-pub mod weixin;
 #[cfg(feature = "wecom")]
 pub mod wecom;
+#[cfg(feature = "weixin")]
+pub mod weixin;
 #[cfg(feature = "whatsapp")]
 pub mod whatsapp;
 #[cfg(feature = "websocket")]

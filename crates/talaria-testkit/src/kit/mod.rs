@@ -24,8 +24,8 @@ pub mod slack;
 pub mod sms;
 pub mod telegram;
 pub mod webhook;
-pub mod weixin;
 pub mod wecom_callback;
+pub mod weixin;
 pub mod whatsapp;
 pub mod yuanbao;
 
