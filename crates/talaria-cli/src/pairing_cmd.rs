@@ -157,7 +157,13 @@ mod tests {
                 "slack",
                 "signal",
                 "whatsapp_cloud",
-                "sms"
+                "feishu",
+                "sms",
+                "dingtalk",
+                "qqbot",
+                "weixin",
+                "yuanbao",
+                "wecom_callback"
             ]
         );
         assert_eq!(pairing_platform(" Telegram ").unwrap(), "telegram");
