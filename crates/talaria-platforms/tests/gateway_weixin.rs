@@ -78,6 +78,7 @@ impl CursorStore for Cursors {
 adapter_contract!(WeixinKit;
     run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized;
     skip: thread_reply => Skip::Threadless,
+          group_mention => Skip::NoGroups,
           dropped_connection => Skip::Connectionless,
           media_in => Skip::ReceivesNoFiles,
           media_out => Skip::SendsNoFiles);
