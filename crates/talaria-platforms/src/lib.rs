@@ -41,7 +41,8 @@
 //!   [`ingress`], the corp API out).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
-//!   a bearer token (Mattermost, Signal, Matrix); `ws`: WebSocket
+//!   a bearer token (Mattermost, Signal, Matrix); `seen`: the bounded set
+//!   of ids already handed over (Slack, DingTalk, Feishu); `ws`: WebSocket
 //!   connections and a socket given up when it goes silent; `entities`:
 //!   escaping for HTML-like markups; `net`: the loopback check.
 #![forbid(unsafe_code)]
@@ -85,6 +86,8 @@ pub mod qqbot;
 pub mod registry;
 #[cfg(any(feature = "mattermost", feature = "signal", feature = "matrix"))]
 mod rest;
+#[cfg(any(feature = "slack", feature = "dingtalk", feature = "feishu"))]
+mod seen;
 #[cfg(feature = "signal")]
 pub mod signal;
 #[cfg(feature = "slack")]

@@ -27,7 +27,7 @@ mod config;
 mod format;
 mod mapping;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -175,26 +175,6 @@ pub enum DingTalkError {
     Client(String),
 }
 
-/// Recently handed-over message ids, oldest first out.
-#[derive(Debug, Default)]
-struct Seen {
-    order: VecDeque<String>,
-    set: HashSet<String>,
-}
-
-impl Seen {
-    fn insert(&mut self, key: String) {
-        if self.set.insert(key.clone()) {
-            self.order.push_back(key);
-        }
-        while self.order.len() > SEEN_CAPACITY {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
-            }
-        }
-    }
-}
-
 /// What is known of one chat.
 #[derive(Debug, Clone, Default)]
 struct Chat {
@@ -209,7 +189,7 @@ pub struct DingTalkAdapter {
     api: Api,
     settings: DingTalkSettings,
     cursors: Option<Arc<dyn CursorStore>>,
-    seen: Mutex<Seen>,
+    seen: Mutex<crate::seen::Seen>,
     chats: Mutex<HashMap<String, Chat>>,
 }
 
@@ -274,7 +254,7 @@ impl DingTalkAdapter {
             api,
             settings,
             cursors,
-            seen: Mutex::new(Seen::default()),
+            seen: Mutex::new(crate::seen::Seen::new(SEEN_CAPACITY)),
             chats: Mutex::new(HashMap::new()),
         })
     }
@@ -396,7 +376,7 @@ impl DingTalkAdapter {
         };
         let chat_id = mapped.event.source.chat_id.clone();
         self.remember(&chat_id, mapped.webhook, mapped.route).await;
-        if lock(&self.seen).set.contains(&message.msg_id) {
+        if lock(&self.seen).contains(&message.msg_id) {
             tracing::debug!(msg_id = %message.msg_id, "dropping a message already handed over");
             return Ok(200);
         }
@@ -408,7 +388,7 @@ impl DingTalkAdapter {
         if !taken {
             return Err(());
         }
-        lock(&self.seen).insert(message.msg_id);
+        lock(&self.seen).first(&message.msg_id);
         Ok(200)
     }
 

@@ -325,7 +325,7 @@ impl FeishuAdapter {
             bot_open_id: RwLock::new(settings.bot_open_id.clone()),
             slot: InboxSlot::new(),
             api: api.clone(),
-            seen_events: Mutex::new(server::Seen::new(SEEN_EVENTS)),
+            seen_events: Mutex::new(crate::seen::Seen::new(SEEN_EVENTS)),
             last_inbound: Mutex::new(HashMap::new()),
             last_comment: Mutex::new(HashMap::new()),
         };

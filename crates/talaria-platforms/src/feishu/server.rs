@@ -19,7 +19,7 @@
 //!    503, and Feishu delivers it again. A comment is read and handed on in
 //!    the background (its reads may take longer than Feishu waits).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -47,48 +47,6 @@ const SUBMIT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Chats whose last inbound message is remembered for the typing reaction.
 const MAX_REMEMBERED_CHATS: usize = 10_000;
 
-/// A bounded set of ids seen, forgetting the oldest first.
-#[derive(Debug)]
-pub(crate) struct Seen {
-    set: HashSet<String>,
-    order: VecDeque<String>,
-    cap: usize,
-}
-
-impl Seen {
-    pub(crate) fn new(cap: usize) -> Seen {
-        Seen {
-            set: HashSet::new(),
-            order: VecDeque::new(),
-            cap: cap.max(1),
-        }
-    }
-
-    /// Records `id`; `false` when it was seen already.
-    pub(crate) fn first(&mut self, id: &str) -> bool {
-        if self.set.contains(id) {
-            return false;
-        }
-        if self.order.len() >= self.cap
-            && let Some(old) = self.order.pop_front()
-        {
-            self.set.remove(&old);
-        }
-        self.set.insert(id.to_owned());
-        self.order.push_back(id.to_owned());
-        true
-    }
-}
-
-impl Seen {
-    /// Forgets `id`, so its next delivery is taken.
-    pub(crate) fn forget(&mut self, id: &str) {
-        if self.set.remove(id) {
-            self.order.retain(|o| o != id);
-        }
-    }
-}
-
 /// What the handler and the adapter share.
 pub(crate) struct Hook {
     pub path: String,
@@ -101,7 +59,7 @@ pub(crate) struct Hook {
     pub bot_open_id: RwLock<Option<String>>,
     pub slot: InboxSlot,
     pub api: Arc<Api>,
-    pub seen_events: Mutex<Seen>,
+    pub seen_events: Mutex<crate::seen::Seen>,
     /// chat id → its last inbound message id (and its typing reaction).
     pub last_inbound: Mutex<HashMap<String, (String, Option<String>)>>,
     /// Document chat → the comment its last turn came from, for the
@@ -324,22 +282,5 @@ pub(crate) async fn dispatch(hook: &Arc<Hook>, envelope: &Value, inbox: &Inbox) 
             });
             Dispatched::Taken
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seen_is_bounded_and_forgets_the_oldest() {
-        let mut s = Seen::new(2);
-        assert!(s.first("a"));
-        assert!(!s.first("a"));
-        assert!(s.first("b"));
-        assert!(s.first("c"));
-        assert!(s.first("a"), "a was forgotten");
-        assert!(!s.first("c"));
-        assert!(s.set.len() <= 2);
     }
 }

@@ -23,7 +23,7 @@ mod mapping;
 mod media;
 
 use crate::registry::{BuildError, Built, Platform, Setup};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -143,30 +143,6 @@ pub enum SlackError {
     Client(String),
 }
 
-/// Recently handed-over messages and event ids, oldest first out.
-#[derive(Debug, Default)]
-struct Seen {
-    order: VecDeque<String>,
-    set: HashSet<String>,
-}
-
-impl Seen {
-    fn contains_any(&self, keys: &[String]) -> bool {
-        keys.iter().any(|k| self.set.contains(k))
-    }
-
-    fn insert(&mut self, key: String) {
-        if self.set.insert(key.clone()) {
-            self.order.push_back(key);
-        }
-        while self.order.len() > SEEN_CAPACITY {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
-            }
-        }
-    }
-}
-
 /// The message a "working on it" reaction goes on, per conversation.
 #[derive(Debug)]
 struct Working {
@@ -189,7 +165,7 @@ pub struct SlackAdapter {
     /// The bot's identity, once `auth.test` answered.
     me: Mutex<Option<Me>>,
     /// Kept across `run` calls, so a reconnect's re-deliveries are dropped.
-    seen: Mutex<Seen>,
+    seen: Mutex<crate::seen::Seen>,
     working: Mutex<HashMap<Conversation, Working>>,
 }
 
@@ -240,7 +216,7 @@ impl SlackAdapter {
             ping_interval: settings.ping_interval.max(Duration::from_millis(1)),
             ping_timeout: settings.ping_timeout.max(Duration::from_millis(1)),
             me: Mutex::new(None),
-            seen: Mutex::new(Seen::default()),
+            seen: Mutex::new(crate::seen::Seen::new(SEEN_CAPACITY)),
             working: Mutex::new(HashMap::new()),
         })
     }
@@ -506,7 +482,7 @@ impl SlackAdapter {
         if let Some(id) = &event_id {
             keys.push(format!("e\u{1f}{id}"));
         }
-        if lock(&self.seen).contains_any(&keys) {
+        if keys.iter().any(|k| lock(&self.seen).contains(k)) {
             tracing::debug!(retry, "dropping a message already handed over");
             return true;
         }
@@ -523,8 +499,8 @@ impl SlackAdapter {
             }
         }
         let mut seen = lock(&self.seen);
-        for key in keys {
-            seen.insert(key);
+        for key in &keys {
+            seen.first(key);
         }
         drop(seen);
         true
