@@ -1220,4 +1220,43 @@ mod tests {
         assert_eq!((status, e["code"].as_i64()), (400, Some(CODE_BAD_MSG_ID)));
         assert_eq!(fake.sent().len(), 2);
     }
+
+    #[tokio::test]
+    async fn files_must_be_what_their_type_says_and_sent_in_their_own_chat() {
+        use base64::Engine;
+        let fake = FakeQq::start("1", "s", Duration::from_secs(40)).await;
+        let (_, t) = post(
+            &fake.token_url(),
+            None,
+            json!({"appId": "1", "clientSecret": "s"}),
+        )
+        .await;
+        let token = t["access_token"].as_str().unwrap().to_owned();
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let files = format!("{}/v2/users/U/files", fake.api_base());
+        // Text labelled an image is refused; as a file it is taken.
+        let (status, _) = post(
+            &files,
+            Some(&token),
+            json!({"file_type": 1, "file_data": b64(b"hello"), "srv_send_msg": false}),
+        )
+        .await;
+        assert_eq!(status, 400);
+        let (status, up) = post(
+            &files,
+            Some(&token),
+            json!({"file_type": 4, "file_data": b64(b"hello"), "srv_send_msg": false,
+                "file_name": "a.txt"}),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let info = up["file_info"].as_str().unwrap();
+        // The file_info is good only in the chat it was uploaded for.
+        let other = format!("{}/v2/users/V/messages", fake.api_base());
+        let body = json!({"msg_type": 7, "media": {"file_info": info}});
+        assert_eq!(post(&other, Some(&token), body.clone()).await.0, 400);
+        let own = format!("{}/v2/users/U/messages", fake.api_base());
+        assert_eq!(post(&own, Some(&token), body).await.0, 200);
+        assert_eq!(fake.media_sent()[0].bytes, b"hello");
+    }
 }

@@ -895,4 +895,55 @@ mod tests {
         assert_eq!(v["ret"], -1);
         assert_eq!(fake.requests().iter().filter(|r| r.well_formed).count(), 1);
     }
+
+    #[tokio::test]
+    async fn the_cdn_refuses_an_upload_that_does_not_match_its_announcement() {
+        let fake = FakeWeixin::start("tok", Duration::from_millis(50)).await;
+        let key = [5u8; 16];
+        let plain = b"twelve bytes";
+        let md5 = hex(&Md5::digest(plain));
+        let call = |body: Value| {
+            reqwest::Client::new()
+                .post(format!("{}/ilink/bot/getuploadurl", fake.base_url()))
+                .header("AuthorizationType", "ilink_bot_token")
+                .header("Authorization", "Bearer tok")
+                .header(
+                    "X-WECHAT-UIN",
+                    base64::engine::general_purpose::STANDARD.encode("42"),
+                )
+                .header("iLink-App-Id", "bot")
+                .json(&body)
+                .send()
+        };
+        let announce = |filesize: u64| {
+            json!({"filekey": "ab12", "media_type": 3, "to_user_id": "u", "rawsize": 12,
+                "rawfilemd5": md5, "filesize": filesize, "no_need_thumb": true,
+                "aeskey": hex(&key), "base_info": {"channel_version": "2.2.0"}})
+        };
+        // 12 bytes pad to 16: any other filesize is refused.
+        let v: Value = call(announce(12)).await.unwrap().json().await.unwrap();
+        assert_eq!(v["ret"], -1);
+        let v: Value = call(announce(16)).await.unwrap().json().await.unwrap();
+        let param = v["upload_param"].as_str().unwrap().to_owned();
+        let upload = |body: Vec<u8>, filekey: &str| {
+            reqwest::Client::new()
+                .post(format!("{}/upload", fake.cdn_base_url()))
+                .query(&[
+                    ("encrypted_query_param", param.as_str()),
+                    ("filekey", filekey),
+                ])
+                .body(body)
+                .send()
+        };
+        // Wrong key, wrong file key, then the right ciphertext.
+        let r = upload(encrypt(&[6u8; 16], plain), "ab12").await.unwrap();
+        assert_eq!(r.status(), 400);
+        let r = upload(encrypt(&key, plain), "zz").await.unwrap();
+        assert_eq!(r.status(), 400);
+        let r = upload(encrypt(&key, plain), "ab12").await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().contains_key("x-encrypted-param"));
+        assert_eq!(fake.uploads().len(), 1);
+        assert_eq!(decrypt(&key, &fake.uploads()[0].ciphertext).unwrap(), plain);
+    }
 }
