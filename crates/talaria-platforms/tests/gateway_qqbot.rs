@@ -33,10 +33,8 @@ impl AdapterKit for QqbotKit {
 
 adapter_contract!(QqbotKit;
     run: dm_turn, group_mention, long_answer_split, redelivery, dropped_connection,
-         rate_limit, unauthorized;
-    skip: thread_reply => Skip::Threadless,
-          media_in => Skip::ReceivesNoFiles,
-          media_out => Skip::SendsNoFiles);
+         rate_limit, unauthorized, media_in, media_out;
+    skip: thread_reply => Skip::Threadless);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_at_message_is_answered_passively_in_the_group_as_markdown() {

@@ -76,12 +76,10 @@ impl CursorStore for Cursors {
 }
 
 adapter_contract!(WeixinKit;
-    run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized;
+    run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized, media_in, media_out;
     skip: thread_reply => Skip::Threadless,
           group_mention => Skip::NoGroups,
-          dropped_connection => Skip::Connectionless,
-          media_in => Skip::ReceivesNoFiles,
-          media_out => Skip::SendsNoFiles);
+          dropped_connection => Skip::Connectionless);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_echo_the_context_token_and_every_call_is_well_formed() {

@@ -4,12 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::json;
+use talaria_adapter::{AttachmentSource, DownloadError, MediaKind, OutboundFile};
 use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, ChatType, Inbox, Liveness, LivenessReporter,
     MessageEvent, OutboundMessage, SendError,
 };
 use talaria_platforms::qqbot::{QqbotAdapter, QqbotSettings, QqbotTimings};
 use talaria_testkit::qqbot::{self as fake_qq, FakeQq};
+use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +36,7 @@ fn settings(fake: &FakeQq) -> QqbotSettings {
         gateway_url: None,
         markdown: true,
         all_guild_messages: false,
+        media_hosts: vec!["127.0.0.1".into()],
         timings: QqbotTimings {
             connect_timeout: Duration::from_secs(5),
             reidentify_delay: Duration::from_millis(20),
@@ -374,5 +378,211 @@ async fn a_rate_limit_is_waited_out_no_sooner_than_asked() {
     fake.set_passive_window(Duration::ZERO);
     let err = a.send(&out(USER, Some(&id), "late")).await.unwrap_err();
     assert!(matches!(err, SendError::Rejected(_)), "{err:?}");
+    run.stop().await.unwrap();
+}
+
+/// A PNG's first bytes, which is all QQ's format check (and the fake's) reads.
+const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR-rest-of-a-picture";
+
+fn file(
+    dir: &std::path::Path,
+    chat: &str,
+    name: &str,
+    kind: MediaKind,
+    mime: &str,
+    bytes: &[u8],
+) -> OutboundFile {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    OutboundFile {
+        chat_id: chat.into(),
+        thread_id: None,
+        reply_to: None,
+        path,
+        kind,
+        mime: mime.into(),
+        name: name.into(),
+        caption: None,
+    }
+}
+
+#[tokio::test]
+async fn attachments_are_fetched_with_the_token_from_the_media_hosts_only() {
+    let fake = fake().await;
+    let a = adapter(settings(&fake));
+    let mut run = spawn(&a);
+    fake.wait_for_sessions(1, WAIT).await;
+    let url = fake.serve_media("p.png", PNG.to_vec());
+    // QQ's scheme-less form of the same address is made https, which the
+    // plain-HTTP fake cannot answer: the whole form is used here.
+    fake.push_c2c_with(
+        USER,
+        "see",
+        json!([
+            {"content_type": "image/png", "url": url, "filename": "p.png", "size": PNG.len()},
+            {"content_type": "voice", "url": "https://multimedia.nt.qq.com.cn/v.silk",
+             "asr_refer_text": "call mum at six"}
+        ]),
+    );
+    let ev = run.next().await;
+    assert_eq!(ev.text, "see\ncall mum at six");
+    assert_eq!(ev.attachments.len(), 1);
+    let AttachmentSource::Remote(locator) = &ev.attachments[0].source else {
+        panic!("{:?}", ev.attachments[0]);
+    };
+    assert_eq!(ev.attachments[0].kind, MediaKind::Image);
+    let mut dl = a.download(locator).await.unwrap();
+    let mut got = Vec::new();
+    dl.reader.read_to_end(&mut got).await.unwrap();
+    assert_eq!(got, PNG);
+    let fetches = || {
+        fake.requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with("/media/"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(fetches().len(), 1);
+    assert!(fetches()[0].authorized, "the QQBot token goes with a fetch");
+    // Another host (the same server under another name) is never asked.
+    let elsewhere = locator.replace("127.0.0.1", "localhost");
+    assert!(matches!(
+        a.download(&elsewhere).await,
+        Err(DownloadError::Gone(_))
+    ));
+    assert!(matches!(
+        a.download("file:///etc/passwd").await,
+        Err(DownloadError::Gone(_))
+    ));
+    assert!(matches!(
+        a.download(&locator.replace("p.png", "missing.png")).await,
+        Err(DownloadError::Gone(_))
+    ));
+    assert_eq!(fetches().len(), 2, "only the allowed host was asked");
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn files_are_uploaded_then_sent_as_passive_media_messages() {
+    let fake = fake().await;
+    let a = adapter(settings(&fake));
+    let mut run = spawn(&a);
+    fake.wait_for_sessions(1, WAIT).await;
+    let id = fake.push_c2c(USER, "send me things");
+    run.next().await;
+    let dir = tempfile::tempdir().unwrap();
+    let png = file(
+        dir.path(),
+        USER,
+        "chart.png",
+        MediaKind::Image,
+        "image/png",
+        PNG,
+    );
+    a.send_file(&png).await.unwrap();
+    // An MP3 is no SILK: it goes as a file, and so does a WebP picture.
+    let mp3 = file(
+        dir.path(),
+        USER,
+        "song.mp3",
+        MediaKind::Audio,
+        "audio/mpeg",
+        b"ID3\x04tune",
+    );
+    a.send_file(&mp3).await.unwrap();
+    let sent = fake.wait_for_media(2, WAIT).await;
+    assert_eq!(
+        (
+            sent[0].file_type,
+            sent[0].bytes.as_slice(),
+            sent[0].name.as_deref()
+        ),
+        (1, PNG, Some("chart.png"))
+    );
+    assert_eq!(
+        (sent[1].file_type, sent[1].name.as_deref()),
+        (4, Some("song.mp3"))
+    );
+    assert_eq!(sent[1].bytes, b"ID3\x04tune");
+    // Both replied passively to the user's message, each with its own seq.
+    assert!(
+        sent.iter()
+            .all(|m| m.msg_id.as_deref() == Some(id.as_str()))
+    );
+    assert_ne!(sent[0].msg_seq, sent[1].msg_seq);
+    let uploads: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == format!("/v2/users/{USER}/files"))
+        .collect();
+    assert_eq!(uploads.len(), 2);
+    assert!(
+        uploads
+            .iter()
+            .all(|r| r.authorized && r.body["srv_send_msg"] == false)
+    );
+    // A file QQ would not take inline is refused with its reason, unsent.
+    let big = dir.path().join("big.bin");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(talaria_platforms::qqbot::MAX_INLINE_UPLOAD + 1)
+        .unwrap();
+    let mut huge = file(
+        dir.path(),
+        USER,
+        "x.bin",
+        MediaKind::Document,
+        "application/octet-stream",
+        b"x",
+    );
+    huge.path = big;
+    let err = a.send_file(&huge).await.unwrap_err();
+    assert!(
+        matches!(&err, SendError::Rejected(m) if m.contains("x.bin")),
+        "{err:?}"
+    );
+    // A guild channel has no files endpoint: a line names the file.
+    let guild = file(
+        dir.path(),
+        "channel:55",
+        "g.png",
+        MediaKind::Image,
+        "image/png",
+        PNG,
+    );
+    fake.set_proactive_quota(10);
+    a.send_file(&guild).await.unwrap();
+    let lines = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(lines[0].scope, "channels");
+    assert!(lines[0].text.contains("g.png"), "{}", lines[0].text);
+    assert_eq!(fake.media_sent().len(), 2);
+    run.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_group_file_goes_to_the_groups_files_endpoint() {
+    let fake = fake().await;
+    let a = adapter(settings(&fake));
+    let mut run = spawn(&a);
+    fake.wait_for_sessions(1, WAIT).await;
+    let id = fake.push_group_at("G1", "M1", "a picture please");
+    run.next().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut png = file(
+        dir.path(),
+        "group:G1",
+        "p.png",
+        MediaKind::Image,
+        "image/png",
+        PNG,
+    );
+    png.caption = Some("here".into());
+    a.send_file(&png).await.unwrap();
+    let sent = fake.wait_for_media(1, WAIT).await;
+    assert_eq!(
+        (sent[0].scope.as_str(), sent[0].target.as_str()),
+        ("groups", "G1")
+    );
+    assert_eq!(sent[0].msg_id.as_deref(), Some(id.as_str()));
+    assert_eq!(sent[0].content.as_deref(), Some("here"));
     run.stop().await.unwrap();
 }

@@ -24,6 +24,16 @@
 //!   notice (typing), recorded apart. Errors are `{code, message}` with a
 //!   4xx status; a rate limit is HTTP 429, code 22009 and `Retry-After`.
 //!
+//! - Files [doc]: `POST /v2/{users|groups}/{id}/files` `{file_type,
+//!   file_data (base64) | url, srv_send_msg, file_name}` answers
+//!   `{file_uuid, file_info, ttl}`. The fake takes `file_data` only (it
+//!   fetches no URLs) and `srv_send_msg: false` only, and checks the
+//!   bytes are what `file_type` says (1 PNG/JPEG, 2 MP4, 3 SILK, 4
+//!   anything). A `msg_type` 7 message must carry `media.file_info` the
+//!   fake gave for that same chat; it is recorded as [`MediaSent`].
+//! - Files users send are served at `GET /media/<name>` to requests
+//!   carrying the bot's `QQBot` token.
+//!
 //! Codes the fake gives that QQ's public docs do not pin down (the passive
 //! window, cap and quota refusals) are named as constants here.
 
@@ -95,6 +105,36 @@ pub struct Sent {
     pub id: String,
     /// When the fake accepted it.
     pub at: Instant,
+}
+
+/// One media message (`msg_type` 7) accepted, with its file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediaSent {
+    /// `users` or `groups`.
+    pub scope: String,
+    /// The openid or group openid.
+    pub target: String,
+    /// The upload's `file_type`: 1 image, 2 video, 3 voice, 4 file.
+    pub file_type: u64,
+    /// The upload's `file_name`.
+    pub name: Option<String>,
+    /// The file's bytes.
+    pub bytes: Vec<u8>,
+    /// The message's `content` (a caption), when it had one.
+    pub content: Option<String>,
+    /// The `msg_id` it replies to, or `None` (proactive).
+    pub msg_id: Option<String>,
+    /// Its `msg_seq`.
+    pub msg_seq: Option<u64>,
+    /// When the fake accepted it.
+    pub at: Instant,
+}
+
+struct FileUpload {
+    chat: String,
+    file_type: u64,
+    name: Option<String>,
+    bytes: Vec<u8>,
 }
 
 /// One input notice (`msg_type` 6) accepted.
@@ -189,6 +229,12 @@ struct Book {
     identified_intents: Vec<u64>,
     fail_429: Faults<f64>,
     fail_status: Faults<(u16, i64)>,
+    /// Files users sent, by the name they are served under.
+    served: HashMap<String, Vec<u8>>,
+    /// Uploads by the `file_info` answered.
+    files: HashMap<String, FileUpload>,
+    next_file: u64,
+    media_sent: Vec<MediaSent>,
 }
 
 struct Shared {
@@ -255,6 +301,10 @@ impl FakeQq {
                 identified_intents: Vec::new(),
                 fail_429: Faults::default(),
                 fail_status: Faults::default(),
+                served: HashMap::new(),
+                files: HashMap::new(),
+                next_file: 0,
+                media_sent: Vec::new(),
             }),
         });
         let app = Router::new()
@@ -326,6 +376,45 @@ impl FakeQq {
             json!({"id": id, "content": text, "author": {"user_openid": openid}}),
         );
         id
+    }
+
+    /// Serves `bytes` at `GET /media/<name>` (to the bot's token only);
+    /// returns the full URL.
+    pub fn serve_media(&self, name: &str, bytes: Vec<u8>) -> String {
+        self.shared
+            .core
+            .change()
+            .served
+            .insert(name.to_owned(), bytes);
+        format!("http://{}/media/{name}", self.shared.addr)
+    }
+
+    /// A C2C message from `openid` with `attachments` (their `url`s as
+    /// given, e.g. from [`FakeQq::serve_media`]); returns its id.
+    pub fn push_c2c_with(&self, openid: &str, text: &str, attachments: Value) -> String {
+        let id = self.next_id();
+        self.push_message(
+            "C2C_MESSAGE_CREATE",
+            json!({"id": id, "content": text, "author": {"user_openid": openid},
+                "attachments": attachments}),
+        );
+        id
+    }
+
+    /// Every media message accepted.
+    pub fn media_sent(&self) -> Vec<MediaSent> {
+        self.shared.core.read().media_sent.clone()
+    }
+
+    /// Waits until at least `n` media messages were accepted.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_media(&self, n: usize, timeout: Duration) -> Vec<MediaSent> {
+        self.shared
+            .core
+            .wait_len("media messages", n, timeout, |st| &st.media_sent)
+            .await
     }
 
     /// A group message from `member` that @-mentions the bot (the only
@@ -873,6 +962,20 @@ async fn rest(State(shared): State<Arc<Shared>>, request: axum::extract::Request
         (Method::POST, [scope @ ("channels" | "dms"), id, "messages"]) => {
             create(&shared, scope, id, &body, false).await
         }
+        (Method::POST, ["v2", scope @ ("users" | "groups"), id, "files"]) => {
+            upload(&shared, scope, id, &body)
+        }
+        (Method::GET, ["media", name]) => {
+            let bytes = shared.core.read().served.get(*name).cloned();
+            match bytes {
+                Some(b) => Response::builder()
+                    .status(200)
+                    .header(header::CONTENT_TYPE, "application/octet-stream")
+                    .body(axum::body::Body::from(b))
+                    .unwrap_or_else(|_| error(500, 500, "cannot answer")),
+                None => error(404, 404, "no such file"),
+            }
+        }
         _ => error(404, 404, "not found"),
     }
 }
@@ -898,18 +1001,27 @@ async fn create(shared: &Shared, scope: &str, target: &str, body: &Value, v2: bo
             return error(status, code, "injected failure");
         }
     }
+    let media = v2 && msg_type == 7;
     let text = match msg_type {
         0 => body.get("content").and_then(Value::as_str),
         2 if v2 => body.pointer("/markdown/content").and_then(Value::as_str),
         6 if typing && scope == "users" => Some(""),
+        7 if media => Some(""),
         _ => return error(400, 40034002, "unsupported msg_type"),
     }
     .unwrap_or("")
     .to_owned();
-    if text.trim().is_empty() && !typing {
+    if text.trim().is_empty() && !typing && !media {
         return error(400, 40034004, "content is empty");
     }
     let chat = format!("{scope}/{target}");
+    let file_info = body
+        .pointer("/media/file_info")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if media && st.files.get(file_info).is_none_or(|f| f.chat != chat) {
+        return error(400, 40034007, "media.file_info invalid for this chat");
+    }
     let msg_id = body
         .get("msg_id")
         .and_then(Value::as_str)
@@ -959,7 +1071,26 @@ async fn create(shared: &Shared, scope: &str, target: &str, body: &Value, v2: bo
     }
     st.next_id += 1;
     let id = format!("ROBOT1.0_sent{:08}", st.next_id);
-    if typing {
+    if media {
+        let (file_type, name, bytes) = match st.files.get(file_info) {
+            Some(f) => (f.file_type, f.name.clone(), f.bytes.clone()),
+            None => return error(400, 40034007, "media.file_info invalid"),
+        };
+        st.media_sent.push(MediaSent {
+            scope: scope.to_owned(),
+            target: target.to_owned(),
+            file_type,
+            name,
+            bytes,
+            content: body
+                .get("content")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            msg_id,
+            msg_seq,
+            at: Instant::now(),
+        });
+    } else if typing {
         st.typing.push(Typing {
             openid: target.to_owned(),
             msg_id: msg_id.unwrap_or_default(),
@@ -980,6 +1111,62 @@ async fn create(shared: &Shared, scope: &str, target: &str, body: &Value, v2: bo
     crate::json_response(
         200,
         &json!({"id": id, "timestamp": "2026-12-06T19:00:01+08:00"}),
+    )
+}
+
+/// Whether `bytes` are what QQ accepts for `file_type` [doc]: 1 PNG or
+/// JPEG, 2 MP4, 3 SILK, 4 anything.
+fn format_ok(file_type: u64, bytes: &[u8]) -> bool {
+    match file_type {
+        1 => bytes.starts_with(b"\x89PNG\r\n\x1a\n") || bytes.starts_with(&[0xff, 0xd8, 0xff]),
+        2 => bytes.get(4..8) == Some(b"ftyp"),
+        3 => bytes.starts_with(b"#!SILK") || bytes.starts_with(b"\x02#!SILK"),
+        4 => true,
+        _ => false,
+    }
+}
+
+fn upload(shared: &Shared, scope: &str, target: &str, body: &Value) -> Response {
+    use base64::Engine;
+    let file_type = body.get("file_type").and_then(Value::as_u64).unwrap_or(0);
+    if !(1..=4).contains(&file_type) {
+        return error(400, 40034010, "file_type invalid");
+    }
+    if body.get("srv_send_msg").and_then(Value::as_bool) == Some(true) {
+        return error(400, 40034011, "the fake takes srv_send_msg: false only");
+    }
+    let data = body.get("file_data").and_then(Value::as_str);
+    if body.get("url").is_some() || data.is_none() {
+        return error(400, 40034012, "the fake takes file_data only");
+    }
+    let Some(bytes) = data
+        .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+        .filter(|b| !b.is_empty())
+    else {
+        return error(400, 40034013, "file_data is not base64 of a file");
+    };
+    if !format_ok(file_type, &bytes) {
+        return error(400, 40034014, "the file is not of its file_type's format");
+    }
+    let mut st = shared.core.change();
+    st.next_file += 1;
+    let n = st.next_file;
+    let info = format!("fakeFileInfo{n:06}+/=");
+    st.files.insert(
+        info.clone(),
+        FileUpload {
+            chat: format!("{scope}/{target}"),
+            file_type,
+            name: body
+                .get("file_name")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            bytes,
+        },
+    );
+    crate::json_response(
+        200,
+        &json!({"file_uuid": format!("uuid-{n}"), "file_info": info, "ttl": 3600}),
     )
 }
 
@@ -1032,5 +1219,44 @@ mod tests {
         let (status, e) = post(&other, Some(&token), body(3)).await;
         assert_eq!((status, e["code"].as_i64()), (400, Some(CODE_BAD_MSG_ID)));
         assert_eq!(fake.sent().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn files_must_be_what_their_type_says_and_sent_in_their_own_chat() {
+        use base64::Engine;
+        let fake = FakeQq::start("1", "s", Duration::from_secs(40)).await;
+        let (_, t) = post(
+            &fake.token_url(),
+            None,
+            json!({"appId": "1", "clientSecret": "s"}),
+        )
+        .await;
+        let token = t["access_token"].as_str().unwrap().to_owned();
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let files = format!("{}/v2/users/U/files", fake.api_base());
+        // Text labelled an image is refused; as a file it is taken.
+        let (status, _) = post(
+            &files,
+            Some(&token),
+            json!({"file_type": 1, "file_data": b64(b"hello"), "srv_send_msg": false}),
+        )
+        .await;
+        assert_eq!(status, 400);
+        let (status, up) = post(
+            &files,
+            Some(&token),
+            json!({"file_type": 4, "file_data": b64(b"hello"), "srv_send_msg": false,
+                "file_name": "a.txt"}),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let info = up["file_info"].as_str().unwrap();
+        // The file_info is good only in the chat it was uploaded for.
+        let other = format!("{}/v2/users/V/messages", fake.api_base());
+        let body = json!({"msg_type": 7, "media": {"file_info": info}});
+        assert_eq!(post(&other, Some(&token), body.clone()).await.0, 400);
+        let own = format!("{}/v2/users/U/messages", fake.api_base());
+        assert_eq!(post(&own, Some(&token), body).await.0, 200);
+        assert_eq!(fake.media_sent()[0].bytes, b"hello");
     }
 }

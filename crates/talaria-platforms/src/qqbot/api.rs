@@ -99,6 +99,11 @@ impl Api {
         Ok(value)
     }
 
+    /// The client, for fetching files from QQ's media hosts.
+    pub(crate) fn http(&self) -> &Http {
+        &self.http
+    }
+
     /// Forgets the token (QQ refused it): the next call fetches another.
     pub(crate) async fn forget_token(&self) {
         *self.token.lock().await = None;
@@ -155,21 +160,63 @@ impl Api {
         body: Option<&Value>,
         timeout: Duration,
     ) -> Result<Value, ApiError> {
+        self.request_with(method, path, timeout, |req| async move {
+            Ok(match body {
+                Some(b) => req.json(b),
+                None => req,
+            })
+        })
+        .await
+    }
+
+    /// `POST {api_base}{path}` with a JSON body of `fields` plus
+    /// `"file_data"`: the file at `file`, base64, streamed from the disk
+    /// as it is sent (built afresh for each try) rather than held whole.
+    pub(crate) async fn post_file_data(
+        &self,
+        path: &str,
+        fields: &Value,
+        file: &std::path::Path,
+        timeout: Duration,
+    ) -> Result<Value, ApiError> {
+        self.request_with(Method::POST, path, timeout, |req| async move {
+            let (body, len) = file_data_body(fields, file).await.map_err(|e| {
+                self.http
+                    .fail(Failure::Other(format!("cannot read the file: {e}")))
+            })?;
+            Ok(req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .header(reqwest::header::CONTENT_LENGTH, len)
+                .body(reqwest::Body::wrap_stream(body)))
+        })
+        .await
+    }
+
+    /// The request loop: `attach` puts the body on each try.
+    async fn request_with<F, Fut>(
+        &self,
+        method: Method,
+        path: &str,
+        timeout: Duration,
+        attach: F,
+    ) -> Result<Value, ApiError>
+    where
+        F: Fn(reqwest::RequestBuilder) -> Fut,
+        Fut: std::future::Future<Output = Result<reqwest::RequestBuilder, ApiError>>,
+    {
         let mut retries = 0;
         let mut refreshed = false;
         loop {
             let token = self.token(timeout).await?;
             let http = self.http.clone().hiding(&token, "<token>");
-            let mut req = http
+            let req = http
                 .client()
                 .request(method.clone(), format!("{}{path}", self.api_base))
                 .header(
                     reqwest::header::AUTHORIZATION,
                     format!("QQBot {}", token.expose()),
                 );
-            if let Some(b) = body {
-                req = req.json(b);
-            }
+            let req = attach(req).await?;
             let answer = http.send(req, timeout).await?;
             let json: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
             if answer.is_success() {
@@ -214,6 +261,66 @@ impl Api {
     }
 }
 
+/// How much of a file is read at a time while encoding it: a multiple
+/// of 3, so each piece encodes to base64 without padding.
+const FILE_CHUNK: usize = 3 * 16 * 1024;
+
+/// A body being streamed.
+type BodyStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static>>;
+
+/// `fields` as a JSON object with `"file_data":"<base64 of file>"` added
+/// at its end, as a streamed body, and the body's exact length.
+async fn file_data_body(
+    fields: &Value,
+    file: &std::path::Path,
+) -> std::io::Result<(BodyStream, u64)> {
+    use base64::Engine;
+    use futures::StreamExt;
+    use tokio::io::AsyncReadExt;
+    let mut head = serde_json::to_string(fields).map_err(std::io::Error::other)?;
+    if !head.ends_with('}') {
+        return Err(std::io::Error::other(
+            "the upload's fields are not an object",
+        ));
+    }
+    head.pop();
+    if head.len() > 1 {
+        head.push(',');
+    }
+    head.push_str("\"file_data\":\"");
+    let tail = "\"}";
+    let reader = tokio::fs::File::open(file).await?;
+    let size = reader.metadata().await?.len();
+    let len = head.len() as u64 + size.div_ceil(3) * 4 + tail.len() as u64;
+    let encoded = futures::stream::unfold(Some(reader), |state| async move {
+        let mut reader = state?;
+        let mut buf = vec![0u8; FILE_CHUNK];
+        let mut filled = 0;
+        // Fill the whole piece (reads may return less) so only the last
+        // one carries padding.
+        while filled < FILE_CHUNK {
+            match reader.read(&mut buf[filled..]).await {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) => return Some((Err(e), None)),
+            }
+        }
+        if filled == 0 {
+            return None;
+        }
+        let text = base64::engine::general_purpose::STANDARD.encode(&buf[..filled]);
+        let next = (filled == FILE_CHUNK).then_some(reader);
+        Some((Ok(bytes::Bytes::from(text)), next))
+    });
+    let body = futures::stream::once(async move { Ok(bytes::Bytes::from(head)) })
+        .chain(encoded)
+        .chain(futures::stream::once(async move {
+            Ok(bytes::Bytes::from_static(tail.as_bytes()))
+        }));
+    Ok((Box::pin(body), len))
+}
+
 /// QQ's `{code, message}` (or `{err_code, msg}`) from an error body.
 fn refusal(v: &Value) -> (Option<String>, String) {
     let code = ["code", "err_code"].iter().find_map(|k| match v.get(*k) {
@@ -232,6 +339,40 @@ fn refusal(v: &Value) -> (Option<String>, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn file_data_bodies_are_json_with_the_file_in_base64() {
+        use base64::Engine;
+        use futures::StreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        for len in [
+            0usize,
+            1,
+            2,
+            3,
+            FILE_CHUNK - 1,
+            FILE_CHUNK,
+            FILE_CHUNK * 2 + 1,
+        ] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+            let path = dir.path().join("f");
+            std::fs::write(&path, &bytes).unwrap();
+            let fields = json!({"file_type": 1, "file_name": "a \"b\".png"});
+            let (mut stream, declared) = file_data_body(&fields, &path).await.unwrap();
+            let mut all = Vec::new();
+            while let Some(c) = stream.next().await {
+                all.extend_from_slice(&c.unwrap());
+            }
+            assert_eq!(all.len() as u64, declared, "len {len}");
+            let v: Value = serde_json::from_slice(&all).unwrap();
+            assert_eq!(v["file_type"], 1);
+            assert_eq!(v["file_name"], "a \"b\".png");
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(v["file_data"].as_str().unwrap())
+                .unwrap();
+            assert_eq!(data, bytes, "len {len}");
+        }
+    }
 
     #[test]
     fn refusals_read_code_and_message() {

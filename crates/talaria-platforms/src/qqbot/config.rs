@@ -35,7 +35,15 @@ pub struct QqbotConfig {
     /// (`GUILD_MESSAGES`, a private-domain bot's intent), not only those
     /// that @-mention the bot; the unaddressed ones are still not answered.
     pub all_guild_messages: bool,
+    /// The hosts files users send are fetched from (with the bot's
+    /// token), each also covering its subdomains. An attachment anywhere
+    /// else is not fetched: its address comes from the chat.
+    pub media_hosts: Vec<String>,
 }
+
+/// QQ's media hosts [?]: attachments come from `multimedia.nt.qq.com.cn`
+/// and the `*.qpic.cn` picture hosts.
+pub const DEFAULT_MEDIA_HOSTS: &[&str] = &["multimedia.nt.qq.com.cn", "qpic.cn"];
 
 impl Default for QqbotConfig {
     fn default() -> QqbotConfig {
@@ -48,6 +56,10 @@ impl Default for QqbotConfig {
             gateway_url: None,
             markdown_support: true,
             all_guild_messages: false,
+            media_hosts: DEFAULT_MEDIA_HOSTS
+                .iter()
+                .map(|h| (*h).to_owned())
+                .collect(),
         }
     }
 }

@@ -16,7 +16,10 @@
 
 use serde::Deserialize;
 use serde_json::Value;
-use talaria_adapter::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::media::guess_kind;
+use talaria_adapter::{
+    Attachment, AttachmentSource, ChatType, MediaKind, MessageEvent, SessionSource,
+};
 
 use super::PLATFORM;
 
@@ -71,6 +74,15 @@ impl Target {
             Target::Group(id) => format!("/v2/groups/{id}/messages"),
             Target::Channel(id) => format!("/channels/{id}/messages"),
             Target::Dms(id) => format!("/dms/{id}/messages"),
+        }
+    }
+
+    /// The path files for it are uploaded to (users and groups only).
+    pub(crate) fn files_path(&self) -> Option<String> {
+        match self {
+            Target::User(id) => Some(format!("/v2/users/{id}/files")),
+            Target::Group(id) => Some(format!("/v2/groups/{id}/files")),
+            Target::Channel(_) | Target::Dms(_) => None,
         }
     }
 
@@ -131,6 +143,27 @@ struct Reference {
     message_id: Option<String>,
 }
 
+/// A file that came with a message [doc]: what QQ claims of it and where
+/// it is.
+#[derive(Debug, Default, Deserialize)]
+struct RawAttachment {
+    #[serde(default)]
+    content_type: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    filename: Option<String>,
+    /// A number, or a numeric string.
+    #[serde(default)]
+    size: Option<Value>,
+    /// QQ's transcript of a voice message.
+    #[serde(default)]
+    asr_refer_text: Option<String>,
+    /// A WAV rendering of a voice message (the original is SILK).
+    #[serde(default)]
+    voice_wav_url: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 struct Message {
     id: String,
@@ -150,6 +183,82 @@ struct Message {
     member: Option<Member>,
     #[serde(default)]
     message_reference: Option<Reference>,
+    #[serde(default)]
+    attachments: Vec<RawAttachment>,
+}
+
+/// The most attachments taken from one message.
+const MAX_ATTACHMENTS: usize = 20;
+
+/// An attachment's URL made whole: QQ sends some without a scheme
+/// (`//host/path`, and in guilds `host/path`), which means HTTPS.
+/// Anything but an http(s) URL is not one.
+pub(crate) fn media_url(raw: &str) -> Option<String> {
+    let raw = raw.trim();
+    let whole = if raw.starts_with("//") {
+        format!("https:{raw}")
+    } else if !raw.contains("://") && !raw.contains(':') {
+        format!("https://{raw}")
+    } else {
+        raw.to_owned()
+    };
+    match reqwest::Url::parse(&whole) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {
+            Some(u.to_string())
+        }
+        _ => None,
+    }
+}
+
+/// QQ's attachments as the gateway's, and the transcripts of voice
+/// messages QQ already transcribed (those are taken as words, and their
+/// audio is not fetched to be transcribed again).
+fn attachments(raw: &[RawAttachment]) -> (Vec<Attachment>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut transcripts = Vec::new();
+    for a in raw.iter().take(MAX_ATTACHMENTS) {
+        let claimed = a.content_type.as_deref().map(str::trim).unwrap_or("");
+        let voice = claimed.eq_ignore_ascii_case("voice") || claimed.starts_with("audio/silk");
+        if voice
+            && let Some(t) = a.asr_refer_text.as_deref().map(str::trim)
+            && !t.is_empty()
+        {
+            transcripts.push(t.to_owned());
+            continue;
+        }
+        let kind = if voice {
+            MediaKind::Voice
+        } else {
+            guess_kind(Some(claimed), a.filename.as_deref())
+        };
+        // A voice message's WAV is what a transcriber can read.
+        let raw_url = if voice {
+            a.voice_wav_url
+                .as_deref()
+                .filter(|u| !u.trim().is_empty())
+                .or(a.url.as_deref())
+        } else {
+            a.url.as_deref()
+        };
+        let size = match &a.size {
+            Some(Value::Number(n)) => n.as_u64(),
+            Some(Value::String(s)) => s.trim().parse().ok(),
+            _ => None,
+        };
+        let mime = Some(claimed).filter(|c| c.contains('/')).map(str::to_owned);
+        let source = match raw_url.and_then(media_url) {
+            Some(url) => AttachmentSource::Remote(url),
+            None => AttachmentSource::Refused("QQ sent this file without a usable address".into()),
+        };
+        out.push(Attachment {
+            kind,
+            name: a.filename.clone().filter(|n| !n.is_empty()),
+            mime,
+            size,
+            source,
+        });
+    }
+    (out, transcripts)
 }
 
 /// The dispatch types that carry a user's message.
@@ -247,8 +356,14 @@ pub(crate) fn map_message(kind: &str, d: &Value, bot_id: &str) -> Result<Message
         }
         _ => return Err("not a message"),
     };
-    if text.is_empty() {
-        return Err("no text");
+    let (attachments, transcripts) = attachments(&msg.attachments);
+    let text = std::iter::once(text)
+        .chain(transcripts)
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    if text.is_empty() && attachments.is_empty() {
+        return Err("no text and no file");
     }
     Ok(MessageEvent {
         source: SessionSource {
@@ -265,7 +380,7 @@ pub(crate) fn map_message(kind: &str, d: &Value, bot_id: &str) -> Result<Message
         message_id: Some(msg.id),
         reply_to_message_id: msg.message_reference.and_then(|r| r.message_id),
         reply_to_text: None,
-        attachments: Vec::new(),
+        attachments,
         reply_target: None,
     })
 }
@@ -359,6 +474,51 @@ mod tests {
         let bare = json!({"id": "m4", "content": "@Talaria", "group_openid": "G1",
             "author": {"member_openid": "M1"}});
         assert!(map_message("GROUP_AT_MESSAGE_CREATE", &bare, "B").is_err());
+    }
+
+    #[test]
+    fn attachments_become_files_and_voice_transcripts_words() {
+        let d = json!({"id": "m1", "content": "look", "author": {"user_openid": "U1"},
+        "attachments": [
+            {"content_type": "image/png", "url": "//multimedia.nt.qq.com.cn/a.png?x=1",
+             "filename": "a.png", "size": "2048", "width": 10, "height": 10},
+            {"content_type": "voice", "url": "https://x.qq.com/v.silk",
+             "voice_wav_url": "https://x.qq.com/v.wav", "asr_refer_text": " call mum "},
+            {"content_type": "voice", "url": "https://x.qq.com/w.silk",
+             "voice_wav_url": "https://x.qq.com/w.wav"},
+            {"content_type": "file", "url": "ftp://nope/x", "filename": "r.pdf", "size": 9}
+        ]});
+        let ev = map_message("C2C_MESSAGE_CREATE", &d, "B").unwrap();
+        assert_eq!(ev.text, "look\ncall mum");
+        assert_eq!(ev.attachments.len(), 3);
+        let img = &ev.attachments[0];
+        assert_eq!(img.kind, MediaKind::Image);
+        assert_eq!(img.size, Some(2048));
+        assert_eq!(img.mime.as_deref(), Some("image/png"));
+        assert_eq!(
+            img.source,
+            AttachmentSource::Remote("https://multimedia.nt.qq.com.cn/a.png?x=1".into())
+        );
+        let voice = &ev.attachments[1];
+        assert_eq!(voice.kind, MediaKind::Voice);
+        assert_eq!(
+            voice.source,
+            AttachmentSource::Remote("https://x.qq.com/w.wav".into())
+        );
+        let doc = &ev.attachments[2];
+        assert_eq!(doc.kind, MediaKind::Document);
+        assert!(matches!(doc.source, AttachmentSource::Refused(_)));
+        // A file alone is a message.
+        let only = json!({"id": "m2", "content": "", "author": {"user_openid": "U1"},
+            "attachments": [{"content_type": "image/jpeg", "url": "https://h.qpic.cn/x"}]});
+        let ev = map_message("C2C_MESSAGE_CREATE", &only, "B").unwrap();
+        assert_eq!((ev.text.as_str(), ev.attachments.len()), ("", 1));
+        assert_eq!(media_url("javascript:alert(1)"), None);
+        assert_eq!(media_url("//h/x").as_deref(), Some("https://h/x"));
+        assert_eq!(
+            media_url("gchat.qpic.cn/a/b").as_deref(),
+            Some("https://gchat.qpic.cn/a/b")
+        );
     }
 
     #[test]

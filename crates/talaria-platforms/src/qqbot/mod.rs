@@ -19,8 +19,15 @@
 //! QQ allows only a few times a month per user or group: a refusal is
 //! reported, never retried blindly.
 //!
-//! Files are not carried yet: attachments in and `MEDIA:` files out are
-//! declared unsupported (a file sent becomes a line naming it).
+//! Files: what users attach (images, voice, video, files) becomes
+//! attachments fetched, with the bot's token, from QQ's media hosts only
+//! (`media_hosts`; the address comes from the chat, so nowhere else); a
+//! voice message QQ transcribed (`asr_refer_text`) arrives as its words.
+//! A file sent to a user or a group is uploaded to `/v2/.../files` as
+//! base64 `file_data` streamed from disk, then sent as a media message
+//! (`msg_type` 7) with the `file_info` QQ answered, passively when it
+//! can. Guild channels and guild DMs get a line naming the file instead:
+//! their API takes files only as a multipart image form.
 
 mod api;
 mod config;
@@ -38,8 +45,8 @@ use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::{Value, json};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, Liveness, LivenessReporter, MessageEvent, MessageLimits,
-    OutboundMessage, SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Download, DownloadError, Liveness, LivenessReporter,
+    MediaKind, MessageEvent, MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
 use talaria_core::config::{secret_or_env, text_or_env};
@@ -50,7 +57,7 @@ use api::{Api, ApiError, DUPLICATE_SEQ};
 use gateway::End;
 use mapping::Target;
 
-pub use config::{ENV, QqbotConfig};
+pub use config::{DEFAULT_MEDIA_HOSTS, ENV, QqbotConfig};
 
 /// The platform's name in keys and configuration.
 pub const PLATFORM: &str = "qqbot";
@@ -76,6 +83,18 @@ const TYPING_EVERY: Duration = Duration::from_secs(50);
 
 /// Retries of a reply QQ de-duplicated, each with the next `msg_seq`.
 const MAX_SEQ_RETRIES: u32 = 3;
+
+/// How long fetching one file may take, body included.
+const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long uploading one file may take.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The largest file sent inline as `file_data` [?]. QQ's own limits are
+/// higher (images 30 MB, video and files 100 MB per the community's
+/// notes), but past this QQ wants its chunked upload, which this adapter
+/// does not speak: such a file is refused with a reason.
+pub const MAX_INLINE_UPLOAD: u64 = 20 * 1024 * 1024;
 
 /// Timings, configurable so tests need not wait for QQ's real ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +135,8 @@ pub struct QqbotSettings {
     pub markdown: bool,
     /// Subscribe to every guild message (`GUILD_MESSAGES`).
     pub all_guild_messages: bool,
+    /// Hosts (and their subdomains) attachments are fetched from.
+    pub media_hosts: Vec<String>,
     /// Connect and reconnect waits (tests shorten them).
     pub timings: QqbotTimings,
 }
@@ -166,6 +187,7 @@ impl QqbotSettings {
             gateway_url: config.gateway_url.clone().filter(|u| !u.trim().is_empty()),
             markdown: config.markdown_support,
             all_guild_messages: config.all_guild_messages,
+            media_hosts: config.media_hosts.clone(),
             timings: QqbotTimings::default(),
         }))
     }
@@ -235,6 +257,7 @@ pub struct QqbotAdapter {
     gateway_url: Option<String>,
     markdown: bool,
     intents: u64,
+    media_hosts: Vec<String>,
     timings: QqbotTimings,
     state: Mutex<State>,
 }
@@ -287,6 +310,12 @@ impl QqbotAdapter {
             gateway_url: settings.gateway_url.map(|u| u.trim().to_owned()),
             markdown: settings.markdown,
             intents,
+            media_hosts: settings
+                .media_hosts
+                .iter()
+                .map(|h| h.trim().trim_start_matches('.').to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect(),
             timings: settings.timings,
             state: Mutex::new(State::default()),
         })
@@ -409,6 +438,86 @@ impl QqbotAdapter {
         self.note_request(!failed_to_reach);
         result
     }
+    /// Whether `url` is on one of the media hosts (or a subdomain).
+    fn media_host_allowed(&self, url: &reqwest::Url) -> bool {
+        let Some(host) = url.host_str().map(str::to_ascii_lowercase) else {
+            return false;
+        };
+        matches!(url.scheme(), "http" | "https")
+            && self
+                .media_hosts
+                .iter()
+                .any(|h| host == *h || host.ends_with(&format!(".{h}")))
+    }
+
+    /// Posts a message `body` to `chat`: passively (with the `msg_id` and
+    /// the next `msg_seq`) while QQ allows, else proactively.
+    async fn deliver(
+        &self,
+        chat: &str,
+        target: &Target,
+        reply_to: Option<&str>,
+        mut body: Value,
+    ) -> Result<SentMessage, SendError> {
+        let passive = self.passive_for(chat, target, reply_to, true);
+        if let Some((id, seq)) = &passive {
+            body["msg_id"] = json!(id);
+            if target.is_v2() {
+                body["msg_seq"] = json!(seq);
+            }
+        } else {
+            tracing::debug!(
+                chat,
+                "no passive reply possible; sending a proactive message"
+            );
+        }
+        let path = target.messages_path();
+        let mut tries = 0;
+        loop {
+            match self.post(&path, &body).await {
+                Ok(sent) => {
+                    return Ok(SentMessage {
+                        message_id: sent.get("id").and_then(Value::as_str).map(str::to_owned),
+                    });
+                }
+                Err(e) if is_duplicate_seq(&e) && passive.is_some() && tries < MAX_SEQ_RETRIES => {
+                    // Another reply (a typing notice, a process before a
+                    // restart) took that msg_seq.
+                    tries += 1;
+                    match self.next_seq(chat) {
+                        Some(seq) => body["msg_seq"] = json!(seq),
+                        None => return Err(classify(e)),
+                    }
+                }
+                Err(e) => {
+                    if passive.is_none() {
+                        tracing::warn!(
+                            chat,
+                            "QQ refused a proactive message (QQ allows few per month): {e}"
+                        );
+                    }
+                    return Err(classify(e));
+                }
+            }
+        }
+    }
+}
+
+/// QQ's `file_type` for a file: 1 image (PNG/JPEG), 2 video (MP4), 3
+/// voice (SILK only), 4 any file. Other images, videos and all other
+/// audio go as files.
+fn file_type(file: &OutboundFile) -> u8 {
+    let mime = file.mime.to_ascii_lowercase();
+    match file.kind {
+        MediaKind::Image if matches!(mime.as_str(), "image/png" | "image/jpeg" | "image/jpg") => 1,
+        MediaKind::Video if mime == "video/mp4" => 2,
+        MediaKind::Voice | MediaKind::Audio
+            if mime.contains("silk") || file.name.to_ascii_lowercase().ends_with(".silk") =>
+        {
+            3
+        }
+        _ => 4,
+    }
 }
 
 /// How a refusal reads for the ledger.
@@ -426,6 +535,19 @@ fn is_duplicate_seq(e: &ApiError) -> bool {
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     markup: Markup::Markdown,
+    receives: &[
+        MediaKind::Image,
+        MediaKind::Voice,
+        MediaKind::Video,
+        MediaKind::Document,
+    ],
+    sends: &[
+        MediaKind::Image,
+        MediaKind::Voice,
+        MediaKind::Audio,
+        MediaKind::Video,
+        MediaKind::Document,
+    ],
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_MESSAGE_LEN,
         unit: LengthUnit::Chars,
@@ -487,53 +609,90 @@ impl Adapter for QqbotAdapter {
                 message.text.clone()
             }
         };
-        let mut body = match (target.is_v2(), markdown) {
+        let body = match (target.is_v2(), markdown) {
             (true, true) => json!({"markdown": {"content": text}, "msg_type": 2}),
             (true, false) => json!({"content": text, "msg_type": 0}),
             (false, _) => json!({"content": text}),
         };
-        let chat = message.chat_id.trim();
-        let passive = self.passive_for(chat, &target, message.reply_to.as_deref(), true);
-        if let Some((id, seq)) = &passive {
-            body["msg_id"] = json!(id);
-            if target.is_v2() {
-                body["msg_seq"] = json!(seq);
-            }
-        } else {
-            tracing::debug!(
-                chat,
-                "no passive reply possible; sending a proactive message"
-            );
+        self.deliver(
+            message.chat_id.trim(),
+            &target,
+            message.reply_to.as_deref(),
+            body,
+        )
+        .await
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        let url = reqwest::Url::parse(locator)
+            .map_err(|_| DownloadError::Gone("not a QQ attachment address".to_owned()))?;
+        if !self.media_host_allowed(&url) {
+            // The address came from the chat: only QQ's own hosts get
+            // the bot's token, or a request at all.
+            return Err(DownloadError::Gone(format!(
+                "{} is not one of QQ's media hosts (platforms.qqbot.media_hosts)",
+                url.host_str().unwrap_or("that address")
+            )));
         }
-        let path = target.messages_path();
-        let mut tries = 0;
-        loop {
-            match self.post(&path, &body).await {
-                Ok(sent) => {
-                    return Ok(SentMessage {
-                        message_id: sent.get("id").and_then(Value::as_str).map(str::to_owned),
-                    });
-                }
-                Err(e) if is_duplicate_seq(&e) && passive.is_some() && tries < MAX_SEQ_RETRIES => {
-                    // Another reply (a typing notice, a process before a
-                    // restart) took that msg_seq.
-                    tries += 1;
-                    match self.next_seq(chat) {
-                        Some(seq) => body["msg_seq"] = json!(seq),
-                        None => return Err(classify(e)),
-                    }
-                }
-                Err(e) => {
-                    if passive.is_none() {
-                        tracing::warn!(
-                            chat,
-                            "QQ refused a proactive message (QQ allows few per month): {e}"
-                        );
-                    }
-                    return Err(classify(e));
-                }
-            }
+        let token = self
+            .api
+            .token(SEND_TIMEOUT)
+            .await
+            .map_err(|e| DownloadError::Unavailable(e.to_string()))?;
+        let http = self.api.http().clone().hiding(&token, "<token>");
+        let request = http.client().get(url).header(
+            reqwest::header::AUTHORIZATION,
+            format!("QQBot {}", token.expose()),
+        );
+        http.download(request, DOWNLOAD_TIMEOUT).await
+    }
+
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let target = Target::parse(&file.chat_id).map_err(SendError::Rejected)?;
+        let Some(files_path) = target.files_path() else {
+            // Guild channels and DMs: no v2 files endpoint.
+            let line = OutboundMessage {
+                chat_id: file.chat_id.clone(),
+                thread_id: file.thread_id.clone(),
+                reply_to: file.reply_to.clone(),
+                text: file.fallback_text(PLATFORM),
+            };
+            return self.send(&line).await;
+        };
+        let size = tokio::fs::metadata(&file.path)
+            .await
+            .map_err(|e| SendError::Rejected(format!("cannot read {}: {e}", file.name)))?
+            .len();
+        if size > MAX_INLINE_UPLOAD {
+            return Err(SendError::Rejected(format!(
+                "{} is {size} bytes; QQ Bot sends files up to {MAX_INLINE_UPLOAD} bytes",
+                file.name
+            )));
         }
+        let fields = json!({
+            "file_type": file_type(file),
+            "srv_send_msg": false,
+            "file_name": file.name,
+        });
+        let uploaded = self
+            .api
+            .post_file_data(&files_path, &fields, &file.path, UPLOAD_TIMEOUT)
+            .await;
+        self.note_request(!matches!(&uploaded, Err(e) if e.status().is_none_or(|s| s >= 500)));
+        let uploaded = uploaded.map_err(classify)?;
+        let info = uploaded
+            .get("file_info")
+            .and_then(Value::as_str)
+            .filter(|i| !i.is_empty())
+            .ok_or_else(|| {
+                SendError::Transient("QQ took the file but answered no file_info".to_owned())
+            })?;
+        let mut body = json!({"msg_type": 7, "media": {"file_info": info}});
+        if let Some(caption) = file.caption.as_deref().filter(|c| !c.trim().is_empty()) {
+            body["content"] = json!(caption);
+        }
+        self.deliver(file.chat_id.trim(), &target, file.reply_to.as_deref(), body)
+            .await
     }
 
     async fn typing(&self, chat_id: &str, _thread_id: Option<&str>) -> Result<(), SendError> {
@@ -607,6 +766,10 @@ mod tests {
             gateway_url: None,
             markdown: true,
             all_guild_messages: false,
+            media_hosts: DEFAULT_MEDIA_HOSTS
+                .iter()
+                .map(|h| (*h).to_owned())
+                .collect(),
             timings: QqbotTimings::default(),
         }
     }

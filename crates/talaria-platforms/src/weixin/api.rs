@@ -106,6 +106,11 @@ impl Api {
         Ok(Outcome::Failed { code, message })
     }
 
+    /// The client, for the media CDN (which takes no iLink headers).
+    pub(crate) fn http(&self) -> &Http {
+        &self.http
+    }
+
     /// A failure as the shared error type, for the ledger's reading.
     pub(crate) fn failure(&self, code: i64, message: &str) -> HttpError {
         self.http.fail(Failure::Status {

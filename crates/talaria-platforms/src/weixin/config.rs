@@ -25,6 +25,10 @@ pub struct WeixinConfig {
     /// The API root the login named; else `WEIXIN_BASE_URL`, else
     /// `https://ilinkai.weixin.qq.com`.
     pub base_url: Option<String>,
+    /// The media CDN files are fetched from and uploaded to; else
+    /// `WEIXIN_CDN_BASE_URL`, else `https://novac2c.cdn.weixin.qq.com/c2c`.
+    /// Files are only ever fetched from here.
+    pub cdn_base_url: Option<String>,
     /// How long the server may hold one `getupdates` (it says so itself
     /// after the first answer).
     pub poll_timeout_secs: u64,
@@ -46,6 +50,7 @@ impl Default for WeixinConfig {
             token: None,
             account_id: None,
             base_url: None,
+            cdn_base_url: None,
             poll_timeout_secs: 35,
             send_chunk_delay_seconds: None,
             send_chunk_retries: None,
@@ -64,4 +69,5 @@ pub const ENV: &[EnvKey] = &[
     fills("token", "WEIXIN_TOKEN"),
     fills("account_id", "WEIXIN_ACCOUNT_ID"),
     fills("base_url", "WEIXIN_BASE_URL"),
+    fills("cdn_base_url", "WEIXIN_CDN_BASE_URL"),
 ];

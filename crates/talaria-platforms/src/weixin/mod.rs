@@ -18,11 +18,22 @@
 //! (rate limited) is waited out, polls and sends alike; the parts of a
 //! long answer go out no faster than the configured pace.
 //!
-//! Not carried: files (the CDN's AES-128-ECB media), and the QR login
-//! itself (the docs page says how to get the token).
+//! Files cross the media CDN AES-128-ECB encrypted (see [`media`]):
+//! images, voice notes, files and videos a user sends become attachments
+//! whose locator holds the CDN's download parameter and the key, fetched
+//! from the configured CDN only and decrypted as they stream in (a voice
+//! note WeChat transcribed arrives as its text instead). A file the bot
+//! sends is encrypted under a fresh random key as it is read, uploaded
+//! to the address `getuploadurl` names (only on the CDN's or the API's
+//! host), and sent as an image, video or file item carrying the CDN's
+//! handle and the key.
+//!
+//! Not carried: the QR login itself (the docs page says how to get the
+//! token).
 
 mod api;
 mod config;
+mod media;
 
 use crate::registry::{BuildError, Built, Platform, Setup};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -33,8 +44,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, ChatType, Liveness, MessageEvent, MessageLimits,
-    OutboundMessage, SendError, SentMessage, SessionSource,
+    Adapter, AdapterContext, AdapterError, Attachment, AttachmentSource, ChatType, Download,
+    DownloadError, Liveness, MediaKind, MessageEvent, MessageLimits, OutboundFile, OutboundMessage,
+    SendError, SentMessage, SessionSource,
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
 use talaria_core::config::{secret_or_env, text_or_env};
@@ -60,8 +72,18 @@ pub const LOGIN_AGAIN: &str = "the Weixin login expired (iLink answered -14): lo
      the iLink QR login (docs/platforms/weixin.md) and set the new WEIXIN_TOKEN and \
      WEIXIN_ACCOUNT_ID, then restart the gateway";
 
+/// The media CDN when neither the file nor `WEIXIN_CDN_BASE_URL` names one.
+pub const DEFAULT_CDN_BASE_URL: &str = "https://novac2c.cdn.weixin.qq.com/c2c";
+
 /// How long a send or a typing call may take.
 const SEND_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long fetching or uploading one file may take, body included.
+const MEDIA_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The largest file sent [?]: WeChat's own limit for files is larger, but
+/// a bot's upload is one request and this keeps it reasonable.
+pub const MAX_UPLOAD_BYTES: u64 = 100 * 1024 * 1024;
 
 /// Message ids remembered against a second delivery.
 const SEEN_CAP: usize = 1000;
@@ -114,6 +136,8 @@ pub struct WeixinSettings {
     pub account_id: String,
     /// The API root.
     pub base_url: String,
+    /// The media CDN root (`{cdn}/download`, `{cdn}/upload`).
+    pub cdn_base_url: String,
     /// Poll and send pacing.
     pub timings: WeixinTimings,
 }
@@ -182,6 +206,8 @@ impl WeixinSettings {
         let account_id = account.ok_or(WeixinError::Missing("account_id (WEIXIN_ACCOUNT_ID)"))?;
         let base_url = text_or_env(config.base_url.as_deref(), env, "WEIXIN_BASE_URL")
             .unwrap_or_else(|| DEFAULT_BASE_URL.to_owned());
+        let cdn_base_url = text_or_env(config.cdn_base_url.as_deref(), env, "WEIXIN_CDN_BASE_URL")
+            .unwrap_or_else(|| DEFAULT_CDN_BASE_URL.to_owned());
         let retries = match config.send_chunk_retries {
             Some(n) => n,
             None => match env.get("WEIXIN_SEND_CHUNK_RETRIES").map(str::trim) {
@@ -196,6 +222,7 @@ impl WeixinSettings {
             token,
             account_id,
             base_url,
+            cdn_base_url,
             timings: WeixinTimings {
                 poll_timeout: Duration::from_secs(config.poll_timeout_secs.clamp(1, 120)),
                 chunk_delay: seconds(
@@ -239,6 +266,10 @@ struct State {
 /// The Weixin connector (see the module docs).
 pub struct WeixinAdapter {
     api: Api,
+    /// The media CDN's root, without a trailing slash.
+    cdn: String,
+    /// The hosts an upload address may point at: the CDN's and the API's.
+    upload_hosts: Vec<String>,
     account_id: String,
     timings: WeixinTimings,
     cursors: Arc<dyn CursorStore>,
@@ -286,9 +317,30 @@ impl WeixinAdapter {
                 ));
             }
         }
+        let cdn = settings
+            .cdn_base_url
+            .trim()
+            .trim_end_matches('/')
+            .to_owned();
+        let mut upload_hosts = Vec::new();
+        for (key, url) in [("cdn_base_url", &cdn), ("base_url", &base)] {
+            match reqwest::Url::parse(url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {
+                    upload_hosts.extend(u.host_str().map(str::to_ascii_lowercase));
+                }
+                _ => {
+                    return Err(WeixinError::Invalid(
+                        key,
+                        format!("{url:?} is not an http(s) URL"),
+                    ));
+                }
+            }
+        }
         let api = Api::new(&base, &token).map_err(WeixinError::Client)?;
         Ok(WeixinAdapter {
             api,
+            cdn,
+            upload_hosts,
             account_id: settings.account_id.trim().to_owned(),
             timings: settings.timings,
             cursors,
@@ -418,6 +470,7 @@ impl WeixinAdapter {
             _ => return Err("no message id"),
         };
         let mut parts = Vec::new();
+        let mut attachments = Vec::new();
         for item in m
             .get("item_list")
             .and_then(Value::as_array)
@@ -426,16 +479,22 @@ impl WeixinAdapter {
         {
             let text = match item.get("type").and_then(Value::as_i64) {
                 Some(1) => item.pointer("/text_item/text").and_then(Value::as_str),
-                // A voice note's transcript, where WeChat made one.
-                Some(3) => item.pointer("/voice_item/text").and_then(Value::as_str),
+                // A voice note's transcript, where WeChat made one: the
+                // words are what the note is for, so the audio is not
+                // fetched and transcribed again.
+                Some(3) => item
+                    .pointer("/voice_item/text")
+                    .and_then(Value::as_str)
+                    .filter(|t| !t.trim().is_empty()),
                 _ => None,
             };
-            if let Some(t) = text.map(str::trim).filter(|t| !t.is_empty()) {
-                parts.push(t.to_owned());
+            match text.map(str::trim).filter(|t| !t.is_empty()) {
+                Some(t) => parts.push(t.to_owned()),
+                None => attachments.extend(item_attachment(item)),
             }
         }
-        if parts.is_empty() {
-            return Err("no text (files are not carried)");
+        if parts.is_empty() && attachments.is_empty() {
+            return Err("no text and no file");
         }
         Ok(MessageEvent {
             source: SessionSource {
@@ -452,7 +511,7 @@ impl WeixinAdapter {
             message_id: Some(id),
             reply_to_message_id: None,
             reply_to_text: None,
-            attachments: Vec::new(),
+            attachments,
             reply_target: None,
         })
     }
@@ -580,58 +639,10 @@ impl WeixinAdapter {
         }
     }
 
-    /// Waits until the pace allows the next part to `peer`.
-    async fn pace(&self, peer: &str) {
-        let wait = {
-            let state = self.state();
-            state
-                .peers
-                .get(peer)
-                .and_then(|p| p.last_send)
-                .map(|at| self.timings.chunk_delay.saturating_sub(at.elapsed()))
-                .unwrap_or_default()
-        };
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-    }
-}
-
-/// What the platform can do; also the registry's declaration.
-pub const CAPABILITIES: Capabilities = Capabilities {
-    markup: Markup::Plain,
-    ..Capabilities::chat(MessageLimits {
-        max_len: MAX_MESSAGE_LEN,
-        unit: LengthUnit::Chars,
-    })
-};
-
-#[async_trait]
-impl Adapter for WeixinAdapter {
-    fn platform(&self) -> &'static str {
-        PLATFORM
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
-
-    fn credential(&self) -> Option<(&'static str, String)> {
-        // The ancestor's scoped lock `weixin-bot-token`: one poller per login.
-        Some(("weixin-bot-token", self.account_id.clone()))
-    }
-
-    async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
-        if self.state().expired {
-            // Polling again cannot help: only a new login can.
-            return Err(AdapterError::Fatal(LOGIN_AGAIN.to_owned()));
-        }
-        ctx.liveness.set(Liveness::Connecting);
-        self.poll(&ctx).await
-    }
-
-    async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
-        let peer = check_peer(&message.chat_id)?;
+    /// Sends one message of `items` to `peer`, echoing the peer's context
+    /// token (once more without it when iLink calls it stale), waiting out
+    /// rate limits as configured.
+    async fn send_items(&self, peer: &str, items: Value) -> Result<SentMessage, SendError> {
         self.pace(peer).await;
         let mut token = self.context_token(peer).await;
         // One id for every try of this part: the server can tell a retry.
@@ -646,7 +657,7 @@ impl Adapter for WeixinAdapter {
                 "client_id": client_id,
                 "message_type": 2,
                 "message_state": 2,
-                "item_list": [{"type": 1, "text_item": {"text": message.text}}],
+                "item_list": items,
             });
             if let Some(t) = &token {
                 msg["context_token"] = json!(t);
@@ -695,6 +706,367 @@ impl Adapter for WeixinAdapter {
                 Err(e) => return Err(e.classify()),
             }
         }
+    }
+
+    /// Encrypts `file` under a fresh key and puts it on the CDN for
+    /// `peer`: `getuploadurl`, then the ciphertext POSTed, streamed from
+    /// disk, to the address it named; the CDN's answer names the handle.
+    async fn upload(&self, peer: &str, file: &OutboundFile) -> Result<CdnFile, SendError> {
+        let unreadable = |e: std::io::Error| {
+            SendError::Rejected(format!("cannot read {}: {e}", file.path.display()))
+        };
+        let (size, md5) = media::size_and_md5(&file.path).await.map_err(unreadable)?;
+        if size > MAX_UPLOAD_BYTES {
+            return Err(SendError::Rejected(format!(
+                "{} is {} bytes; Weixin bots send files up to {MAX_UPLOAD_BYTES} bytes",
+                file.name, size
+            )));
+        }
+        let shown = CdnKind::of(file.kind);
+        let key: [u8; 16] = rand::random();
+        let filekey = media::hex(&rand::random::<[u8; 16]>());
+        let cipher_len = media::encrypted_len(size);
+        let body = json!({
+            "filekey": filekey,
+            "media_type": shown.media_type(),
+            "to_user_id": peer,
+            "rawsize": size,
+            "rawfilemd5": md5,
+            "filesize": cipher_len,
+            "no_need_thumb": true,
+            "aeskey": media::hex(&key),
+        });
+        let v = match self.api.call("getuploadurl", body, SEND_TIMEOUT).await {
+            Ok(Outcome::Ok(v)) => v,
+            Ok(Outcome::Failed { code, message }) => {
+                let reason = self.api.failure(code, &message).reason();
+                return Err(if code == RATE_LIMITED {
+                    SendError::RateLimited(self.timings.chunk_retry_delay)
+                } else if code == SESSION_EXPIRED {
+                    SendError::Rejected(format!("{reason}; {LOGIN_AGAIN}"))
+                } else {
+                    SendError::Rejected(format!("iLink gave no upload address: {reason}"))
+                });
+            }
+            Err(e) => return Err(e.classify()),
+        };
+        let url = self.upload_url(&v, &filekey)?;
+        let encrypted = media::encrypting(&file.path, &key)
+            .await
+            .map_err(unreadable)?;
+        let http = self.api.http();
+        let request = http
+            .client()
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .header(reqwest::header::CONTENT_LENGTH, cipher_len)
+            .body(reqwest::Body::wrap_stream(encrypted));
+        let answer = http
+            .send(request, MEDIA_TIMEOUT)
+            .await
+            .map_err(|e| e.classify())?;
+        if !answer.is_success() {
+            let why = answer
+                .headers
+                .get("x-error-message")
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned)
+                .unwrap_or_else(|| {
+                    String::from_utf8_lossy(&answer.body[..answer.body.len().min(300)])
+                        .trim()
+                        .to_owned()
+                });
+            return Err(http
+                .refused(answer.status, None, &why, answer.retry_after())
+                .classify());
+        }
+        let handle = answer
+            .headers
+            .get("x-encrypted-param")
+            .and_then(|h| h.to_str().ok())
+            .filter(|h| !h.trim().is_empty())
+            .ok_or_else(|| {
+                SendError::Transient(
+                    "the Weixin CDN took the upload but named no handle (x-encrypted-param)"
+                        .to_owned(),
+                )
+            })?;
+        Ok(CdnFile {
+            handle: handle.trim().to_owned(),
+            key,
+            shown,
+            size,
+            cipher_len,
+            md5,
+        })
+    }
+
+    /// Where the ciphertext goes: `upload_full_url` when it is on the
+    /// CDN's or the API's host (an address elsewhere is not followed),
+    /// else `{cdn}/upload` with `upload_param` and the file key.
+    fn upload_url(&self, v: &Value, filekey: &str) -> Result<reqwest::Url, SendError> {
+        if let Some(full) = v
+            .get("upload_full_url")
+            .and_then(Value::as_str)
+            .filter(|u| !u.trim().is_empty())
+        {
+            match reqwest::Url::parse(full.trim()) {
+                Ok(u)
+                    if matches!(u.scheme(), "http" | "https")
+                        && u.host_str().is_some_and(|h| {
+                            self.upload_hosts.iter().any(|a| a.eq_ignore_ascii_case(h))
+                        }) =>
+                {
+                    return Ok(u);
+                }
+                _ => tracing::warn!(
+                    "iLink named an upload address off the CDN's host; using the CDN's own"
+                ),
+            }
+        }
+        let param = v
+            .get("upload_param")
+            .and_then(Value::as_str)
+            .filter(|p| !p.trim().is_empty())
+            .ok_or_else(|| {
+                SendError::Transient("iLink answered getuploadurl without an address".to_owned())
+            })?;
+        let mut url = reqwest::Url::parse(&format!("{}/upload", self.cdn))
+            .map_err(|e| SendError::Rejected(format!("the CDN URL is invalid: {e}")))?;
+        url.query_pairs_mut()
+            .append_pair("encrypted_query_param", param)
+            .append_pair("filekey", filekey);
+        Ok(url)
+    }
+
+    /// Waits until the pace allows the next part to `peer`.
+    async fn pace(&self, peer: &str) {
+        let wait = {
+            let state = self.state();
+            state
+                .peers
+                .get(peer)
+                .and_then(|p| p.last_send)
+                .map(|at| self.timings.chunk_delay.saturating_sub(at.elapsed()))
+                .unwrap_or_default()
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// How a sent file is shown: iLink's upload `media_type` and item type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CdnKind {
+    Image,
+    Video,
+    File,
+}
+
+impl CdnKind {
+    /// Photos and videos as themselves; everything else, voice notes and
+    /// audio included, as a file (a WeChat voice note must be SILK with
+    /// its play time, which a file the model made is not).
+    fn of(kind: MediaKind) -> CdnKind {
+        match kind {
+            MediaKind::Image => CdnKind::Image,
+            MediaKind::Video => CdnKind::Video,
+            _ => CdnKind::File,
+        }
+    }
+
+    /// `getuploadurl`'s `media_type`: 1 image, 2 video, 3 file.
+    fn media_type(self) -> u8 {
+        match self {
+            CdnKind::Image => 1,
+            CdnKind::Video => 2,
+            CdnKind::File => 3,
+        }
+    }
+}
+
+/// A file on the CDN, ready to be sent as an item.
+#[derive(Debug, Clone)]
+struct CdnFile {
+    /// The CDN's `x-encrypted-param`.
+    handle: String,
+    key: [u8; 16],
+    shown: CdnKind,
+    size: u64,
+    cipher_len: u64,
+    md5: String,
+}
+
+impl CdnFile {
+    /// The `item_list` entry that sends it.
+    fn item(&self, file: &OutboundFile) -> Value {
+        let media = json!({
+            "encrypt_query_param": self.handle,
+            "aes_key": media::key_for_message(&self.key),
+            "encrypt_type": 1,
+        });
+        match self.shown {
+            CdnKind::Image => json!({"type": 2, "image_item": {
+                "media": media, "mid_size": self.cipher_len}}),
+            CdnKind::Video => json!({"type": 5, "video_item": {
+                "media": media, "video_size": self.cipher_len}}),
+            CdnKind::File => json!({"type": 4, "file_item": {
+                "media": media, "file_name": file.name, "md5": self.md5,
+                "len": self.size.to_string()}}),
+        }
+    }
+}
+
+/// A media item (image 2, voice 3, file 4, video 5) as an attachment;
+/// `None` for items that are not media or name nothing to fetch.
+fn item_attachment(item: &Value) -> Option<Attachment> {
+    let (field, kind) = match item.get("type").and_then(Value::as_i64)? {
+        2 => ("image_item", MediaKind::Image),
+        3 => ("voice_item", MediaKind::Voice),
+        4 => ("file_item", MediaKind::Document),
+        5 => ("video_item", MediaKind::Video),
+        _ => return None,
+    };
+    let body = item.get(field)?;
+    let media = body.get("media")?;
+    let param = media
+        .get("encrypt_query_param")
+        .and_then(Value::as_str)
+        .filter(|p| !p.trim().is_empty())?;
+    let name = body
+        .get("file_name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned);
+    // `len` has come both as a number and as a string.
+    let size = match body.get("len") {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(s)) => s.trim().parse().ok(),
+        _ => None,
+    };
+    // Images may carry the key as hex text of their own (`aeskey`),
+    // which then wins over the media block's.
+    let key = body
+        .get("aeskey")
+        .and_then(Value::as_str)
+        .and_then(media::parse_key)
+        .or_else(|| {
+            media
+                .get("aes_key")
+                .and_then(Value::as_str)
+                .and_then(media::parse_key)
+        });
+    let source = match key {
+        Some(key) => AttachmentSource::Remote(
+            media::Locator {
+                key,
+                param: param.trim().to_owned(),
+            }
+            .encode(),
+        ),
+        None => AttachmentSource::Refused(
+            "Weixin sent this file without a key it could be opened with".to_owned(),
+        ),
+    };
+    let mime = match kind {
+        // WeChat records voice notes as SILK.
+        MediaKind::Voice => Some("audio/silk".to_owned()),
+        _ => None,
+    };
+    Some(Attachment {
+        kind,
+        name,
+        mime,
+        size,
+        source,
+    })
+}
+
+/// What the platform can do; also the registry's declaration.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    markup: Markup::Plain,
+    receives: &[
+        MediaKind::Image,
+        MediaKind::Voice,
+        MediaKind::Document,
+        MediaKind::Video,
+    ],
+    sends: &[
+        MediaKind::Image,
+        MediaKind::Voice,
+        MediaKind::Audio,
+        MediaKind::Document,
+        MediaKind::Video,
+    ],
+    ..Capabilities::chat(MessageLimits {
+        max_len: MAX_MESSAGE_LEN,
+        unit: LengthUnit::Chars,
+    })
+};
+
+#[async_trait]
+impl Adapter for WeixinAdapter {
+    fn platform(&self) -> &'static str {
+        PLATFORM
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn credential(&self) -> Option<(&'static str, String)> {
+        // The ancestor's scoped lock `weixin-bot-token`: one poller per login.
+        Some(("weixin-bot-token", self.account_id.clone()))
+    }
+
+    async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
+        if self.state().expired {
+            // Polling again cannot help: only a new login can.
+            return Err(AdapterError::Fatal(LOGIN_AGAIN.to_owned()));
+        }
+        ctx.liveness.set(Liveness::Connecting);
+        self.poll(&ctx).await
+    }
+
+    async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
+        let peer = check_peer(&message.chat_id)?;
+        self.send_items(
+            peer,
+            json!([{"type": 1, "text_item": {"text": message.text}}]),
+        )
+        .await
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        let loc = media::Locator::decode(locator)
+            .ok_or_else(|| DownloadError::Gone("not a Weixin media locator".to_owned()))?;
+        let mut url = reqwest::Url::parse(&format!("{}/download", self.cdn))
+            .map_err(|e| DownloadError::Unavailable(format!("the CDN URL is invalid: {e}")))?;
+        url.query_pairs_mut()
+            .append_pair("encrypted_query_param", &loc.param);
+        let http = self.api.http();
+        let fetched = http.download(http.client().get(url), MEDIA_TIMEOUT).await?;
+        let cipher = Box::pin(tokio_util::io::ReaderStream::new(fetched.reader));
+        let plain = media::decrypting(cipher, &loc.key);
+        Ok(Download {
+            reader: Box::pin(tokio_util::io::StreamReader::new(plain)),
+            // The CDN's length is the ciphertext's, up to a block more
+            // than the file's: the cache counts what arrives instead.
+            length: None,
+        })
+    }
+
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let peer = check_peer(&file.chat_id)?;
+        let upload = self.upload(peer, file).await?;
+        let sent = self.send_items(peer, json!([upload.item(file)])).await?;
+        if let Some(caption) = file.caption.as_deref().filter(|c| !c.trim().is_empty()) {
+            // iLink items carry no caption: it follows as its own text.
+            self.send_items(peer, json!([{"type": 1, "text_item": {"text": caption}}]))
+                .await?;
+        }
+        Ok(sent)
     }
 
     async fn typing(&self, chat_id: &str, _thread_id: Option<&str>) -> Result<(), SendError> {

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Out, PlatformKit, Threaded, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
 use crate::qqbot::FakeQq;
 use crate::wait::WAIT;
 
@@ -71,7 +73,7 @@ impl PlatformKit for QqbotKit {
 
     fn section(&self) -> String {
         format!(
-            "  qqbot:\n    api_base: {}\n    bots_base: {}\n    all_guild_messages: true\n",
+            "  qqbot:\n    api_base: {}\n    bots_base: {}\n    all_guild_messages: true\n    media_hosts: [127.0.0.1]\n",
             self.fake.api_base(),
             self.fake.api_base()
         )
@@ -101,6 +103,42 @@ impl PlatformKit for QqbotKit {
 
     fn push_dm(&self, who: Who, text: &str) -> String {
         self.fake.push_c2c(openid(who), text)
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        let n = self.fake.requests().len();
+        let name = file.name.clone().unwrap_or_else(|| "file.bin".to_owned());
+        let url = self
+            .fake
+            .serve_media(&format!("{n}-{name}"), file.bytes.clone());
+        let attachment = match file.kind {
+            // QQ names voice messages `voice` and adds a WAV rendering.
+            MediaKind::Voice => json!({"content_type": "voice", "url": url,
+                "voice_wav_url": url, "filename": name, "size": file.bytes.len()}),
+            MediaKind::Image | MediaKind::Video => json!({"content_type": file.mime,
+                "url": url, "filename": name, "size": file.bytes.len()}),
+            MediaKind::Audio | MediaKind::Document => json!({"content_type": "file",
+                "url": url, "filename": name, "size": file.bytes.len()}),
+        };
+        self.fake
+            .push_c2c_with(openid(who), caption, json!([attachment]))
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        self.fake
+            .media_sent()
+            .into_iter()
+            .map(|m| Uploaded {
+                kind: match m.file_type {
+                    1 => MediaKind::Image,
+                    2 => MediaKind::Video,
+                    3 => MediaKind::Voice,
+                    _ => MediaKind::Document,
+                },
+                name: m.name,
+                bytes: m.bytes,
+            })
+            .collect()
     }
 
     fn dm_chat(&self, who: Who) -> String {

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Out, PlatformKit, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Uploaded, Who};
 use crate::wait::WAIT;
 use crate::weixin::{ACCOUNT_ID, FakeWeixin};
 
@@ -37,8 +39,9 @@ impl PlatformKit for WeixinKit {
 
     fn section(&self) -> String {
         format!(
-            "  weixin:\n    base_url: {}\n    send_chunk_delay_seconds: 0.05\n",
-            self.fake.base_url()
+            "  weixin:\n    base_url: {}\n    cdn_base_url: {}\n    send_chunk_delay_seconds: 0.05\n",
+            self.fake.base_url(),
+            self.fake.cdn_base_url()
         )
     }
 
@@ -64,6 +67,39 @@ impl PlatformKit for WeixinKit {
 
     fn push_dm(&self, who: Who, text: &str) -> String {
         self.fake.push_text(user(who), text)
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        let item_type = match file.kind {
+            MediaKind::Image => 2,
+            MediaKind::Voice => 3,
+            MediaKind::Video => 5,
+            MediaKind::Audio | MediaKind::Document => 4,
+        };
+        self.fake.push_file(
+            user(who),
+            item_type,
+            file.name.as_deref(),
+            &file.bytes,
+            caption,
+        )
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        self.fake
+            .media_sent()
+            .into_iter()
+            .map(|m| Uploaded {
+                kind: match m.item_type {
+                    2 => MediaKind::Image,
+                    3 => MediaKind::Voice,
+                    5 => MediaKind::Video,
+                    _ => MediaKind::Document,
+                },
+                name: m.name,
+                bytes: m.bytes,
+            })
+            .collect()
     }
 
     fn dm_chat(&self, who: Who) -> String {
