@@ -145,10 +145,10 @@ async fn a_file_in_an_answer_is_uploaded_and_sent_through_the_robot_api() {
     std::fs::write(rig.dir.path().join("report.pdf"), &pdf).unwrap();
     rig.llm
         .push(Reply::text("The report is attached.\nMEDIA:report.pdf"));
-    rig.kit.push_in_group("the report please", true);
+    rig.kit.push_dm(Who::Friend, "the report please");
     rig.wait_for_text("The report is attached.").await;
     let files = rig.kit.fake.wait_for_file_messages(1, WAIT).await;
-    assert_eq!(files[0].conversation, GROUP);
+    assert_eq!(files[0].conversation, "cidDM42");
     assert_eq!(files[0].msg_key, "sampleFile");
     assert_eq!(files[0].file_name.as_deref(), Some("report.pdf"));
     assert_eq!(files[0].file_type.as_deref(), Some("pdf"));
@@ -163,6 +163,12 @@ async fn a_file_in_an_answer_is_uploaded_and_sent_through_the_robot_api() {
     let requests = rig.kit.fake.requests();
     let upload = requests.iter().find(|r| r.path == "/media/upload").unwrap();
     assert!(upload.authorized);
+    let batch = requests
+        .iter()
+        .find(|r| r.path == "/v1.0/robot/oToMessages/batchSend")
+        .unwrap();
+    assert!(batch.authorized);
+    assert_eq!(batch.body["userIds"][0], "staff42");
     rig.wait_for_delivered(1).await;
 }
 
