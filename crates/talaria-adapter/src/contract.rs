@@ -340,6 +340,29 @@ pub trait Adapter: Send + Sync + 'static {
         false
     }
 
+    /// Sends the first message of a streaming preview (the text so far),
+    /// which [`Adapter::edit`] then grows. Platforms whose streamed answers
+    /// are a message kind of their own (DingTalk's AI cards) open one here;
+    /// the default sends an ordinary message.
+    async fn start_preview(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
+        self.send(message).await
+    }
+
+    /// Ends a streaming preview with its last text: the answer, or, when
+    /// `failed`, what streamed before the turn stopped. Platforms that
+    /// mark a streamed message finished (DingTalk's AI cards) do so here,
+    /// once; the default is one more [`Adapter::edit`].
+    async fn finish_preview(
+        &self,
+        chat_id: &str,
+        message_id: &str,
+        text: &str,
+        failed: bool,
+    ) -> Result<(), SendError> {
+        let _ = failed;
+        self.edit(chat_id, message_id, text).await
+    }
+
     /// Replaces the text of a message sent earlier. Platforms that cannot
     /// edit report [`SendError::Rejected`].
     async fn edit(&self, chat_id: &str, message_id: &str, text: &str) -> Result<(), SendError> {

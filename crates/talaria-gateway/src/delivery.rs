@@ -328,13 +328,15 @@ impl Delivery {
                         t.insert_str(0, RECOVERY_MARKER);
                     }
                     let edited = match (edit, i) {
-                        (Some(id), 0) => match adapter.edit(&to.chat_id, id, &t).await {
-                            Ok(()) => true,
-                            Err(e) => {
-                                tracing::debug!(error = %e, "could not turn the preview into the answer; sending it anew");
-                                false
+                        (Some(id), 0) => {
+                            match adapter.finish_preview(&to.chat_id, id, &t, false).await {
+                                Ok(()) => true,
+                                Err(e) => {
+                                    tracing::debug!(error = %e, "could not turn the preview into the answer; sending it anew");
+                                    false
+                                }
                             }
-                        },
+                        }
                         _ => false,
                     };
                     if !edited {

@@ -142,7 +142,7 @@ impl Preview {
             adapter.limits(),
             "",
         );
-        if let Err(e) = adapter.edit(&chat_id, &id, &body).await {
+        if let Err(e) = adapter.finish_preview(&chat_id, &id, &body, true).await {
             tracing::debug!(error = %e, "could not mark an abandoned preview");
         }
     }
@@ -181,7 +181,7 @@ async fn edit_loop(
                     reply_to: to.reply_to.clone(),
                     text: body,
                 };
-                match adapter.send(&first).await {
+                match adapter.start_preview(&first).await {
                     Ok(sent) => match sent.message_id {
                         Some(id) => message_id = Some(id),
                         None => {

@@ -9,9 +9,10 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
+use talaria_adapter::{MediaKind, OutboundFile};
 use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, ChatType, Inbox, LivenessReporter, MessageEvent,
-    OutboundMessage,
+    OutboundMessage, SendError,
 };
 use talaria_platforms::dingtalk::{DingTalkAdapter, DingTalkSettings};
 use talaria_testkit::FakeDingTalk;
@@ -36,6 +37,8 @@ fn settings(fake: &FakeDingTalk) -> DingTalkSettings {
         client_secret: SECRET.into(),
         robot_code: ID.into(),
         api_base: fake.api_base(),
+        media_base: fake.api_base(),
+        card_template_id: None,
         webhook_hosts: vec![format!("{}/", fake.api_base())],
         require_mention: true,
         markdown: false,
@@ -276,4 +279,100 @@ async fn the_custom_robot_is_signed_and_the_fake_refuses_tampered_and_replayed_s
     let replayed = post_custom(&fake, old, &independent_sign(ROBOT_SECRET, old)).await;
     assert_eq!(replayed["errcode"], 310000, "{replayed}");
     assert_eq!(fake.sent().len(), 2);
+}
+
+fn outbound(chat: &str, path: &std::path::Path, kind: MediaKind, mime: &str) -> OutboundFile {
+    OutboundFile {
+        chat_id: chat.into(),
+        thread_id: None,
+        reply_to: None,
+        path: path.to_owned(),
+        kind,
+        mime: mime.into(),
+        name: path.file_name().unwrap().to_string_lossy().into_owned(),
+        caption: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_go_up_then_out_as_images_or_files_and_what_dingtalk_cannot_take_is_named() {
+    let fake = fake().await;
+    let adapter = Arc::new(DingTalkAdapter::new(settings(&fake), None).unwrap());
+    let mut run = spawn(&adapter);
+    fake.wait_for_connection(1, WAIT).await;
+    fake.push_text(&FRIEND, "send me things");
+    next(&mut run).await;
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("chart.png");
+    std::fs::write(&png, b"\x89PNG\r\n\x1a\n a chart").unwrap();
+    adapter
+        .send_file(&outbound("cidDM1", &png, MediaKind::Image, "image/png"))
+        .await
+        .unwrap();
+    let files = fake.file_messages();
+    assert_eq!(files.len(), 1);
+    assert_eq!(
+        (files[0].msg_key.as_str(), files[0].conversation.as_str()),
+        ("sampleImageMsg", "cidDM1")
+    );
+    let uploads = fake.uploads();
+    assert_eq!(
+        (uploads[0].kind.as_str(), uploads[0].media_id.as_str()),
+        ("image", files[0].media.as_str())
+    );
+    assert_eq!(uploads[0].file_name, "chart.png");
+    // The image went through the robot API to the user, not the webhook.
+    let batch = fake
+        .requests()
+        .into_iter()
+        .rfind(|r| r.path == "/v1.0/robot/oToMessages/batchSend")
+        .unwrap();
+    assert_eq!(batch.body["userIds"], json!(["staff1"]));
+    // A text file is not a format DingTalk's upload takes: a line names it.
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, b"some notes").unwrap();
+    adapter
+        .send_file(&outbound(
+            "cidDM1",
+            &notes,
+            MediaKind::Document,
+            "text/plain",
+        ))
+        .await
+        .unwrap();
+    let sent = fake.sent();
+    assert!(sent.last().unwrap().text.contains("notes.txt"), "{sent:?}");
+    // Past 20 MB nothing is uploaded, and the error names the limit.
+    let big = dir.path().join("big.pdf");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(21 * 1024 * 1024)
+        .unwrap();
+    let e = adapter
+        .send_file(&outbound(
+            "cidDM1",
+            &big,
+            MediaKind::Document,
+            "application/pdf",
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, SendError::Rejected(m) if m.contains("20 MB")),
+        "{e:?}"
+    );
+    // A chat the robot never heard from gets nothing uploaded either.
+    let e = adapter
+        .send_file(&outbound(
+            "someone-else",
+            &png,
+            MediaKind::Image,
+            "image/png",
+        ))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, SendError::Rejected(_)), "{e:?}");
+    assert_eq!(fake.uploads().len(), 1);
+    run.shutdown.cancel();
+    assert_eq!(run.task.await.unwrap(), Ok(()));
 }

@@ -6,6 +6,7 @@
 mod contract;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use contract::{AdapterKit, Rig, Skip, WAIT};
 use talaria_core::{Config, Env};
@@ -16,6 +17,7 @@ use talaria_testkit::Reply;
 use talaria_testkit::dingtalk::Via;
 use talaria_testkit::kit::dingtalk::{DingTalkKit, GROUP};
 use talaria_testkit::kit::{PlatformKit, Who};
+use talaria_testkit::wait::wait_for;
 
 type DingTalkRig = Rig<DingTalkKit>;
 
@@ -36,8 +38,8 @@ impl AdapterKit for DingTalkKit {
 
 adapter_contract!(DingTalkKit;
     run: dm_turn, group_mention, long_answer_split, redelivery, dropped_connection,
-         rate_limit, unauthorized, media_in;
-    skip: thread_reply => Skip::Threadless, media_out => Skip::SendsNoFiles);
+         rate_limit, unauthorized, media_in, media_out;
+    skip: thread_reply => Skip::Threadless);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_goes_as_markdown_through_the_session_webhook() {
@@ -133,5 +135,156 @@ async fn a_disconnect_notice_brings_a_new_connection_with_a_fresh_ticket() {
     assert_eq!(
         rig.status().map(|s| s.0),
         Some(talaria_gateway::Liveness::Live)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_in_an_answer_is_uploaded_and_sent_through_the_robot_api() {
+    let rig = DingTalkRig::started(&[], |_| {}).await;
+    let pdf = b"%PDF-1.4 a report".to_vec();
+    std::fs::write(rig.dir.path().join("report.pdf"), &pdf).unwrap();
+    rig.llm
+        .push(Reply::text("The report is attached.\nMEDIA:report.pdf"));
+    rig.kit.push_dm(Who::Friend, "the report please");
+    rig.wait_for_text("The report is attached.").await;
+    let files = rig.kit.fake.wait_for_file_messages(1, WAIT).await;
+    assert_eq!(files[0].conversation, "cidDM42");
+    assert_eq!(files[0].msg_key, "sampleFile");
+    assert_eq!(files[0].file_name.as_deref(), Some("report.pdf"));
+    assert_eq!(files[0].file_type.as_deref(), Some("pdf"));
+    let uploads = rig.kit.fake.uploads();
+    assert_eq!(uploads.len(), 1);
+    assert_eq!(
+        (uploads[0].kind.as_str(), &uploads[0].bytes),
+        ("file", &pdf)
+    );
+    assert_eq!(uploads[0].media_id, files[0].media);
+    // Both the upload and the message carried the app's access token.
+    let requests = rig.kit.fake.requests();
+    let upload = requests.iter().find(|r| r.path == "/media/upload").unwrap();
+    assert!(upload.authorized);
+    let batch = requests
+        .iter()
+        .find(|r| r.path == "/v1.0/robot/oToMessages/batchSend")
+        .unwrap();
+    assert!(batch.authorized);
+    assert_eq!(batch.body["userIds"][0], "staff42");
+    rig.wait_for_delivered(1).await;
+}
+
+/// The AI card of `rig` once `n` are finalized, checked to have grown
+/// and to be finalized exactly once.
+async fn finalized_card(rig: &DingTalkRig, n: usize) -> talaria_testkit::dingtalk::Card {
+    let cards = rig.kit.fake.wait_for_finalized_cards(n, WAIT).await;
+    let card = cards.into_iter().find(|c| c.finalized()).unwrap();
+    assert_eq!(card.template, "tpl-answer.schema");
+    let finals = card.updates.iter().filter(|u| u.finalize).count();
+    assert_eq!(finals, 1, "finalized once: {:?}", card.updates);
+    assert!(card.updates.last().unwrap().finalize, "{:?}", card.updates);
+    assert!(card.updates.iter().all(|u| u.full));
+    card
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_card_template_the_answer_streams_into_one_ai_card() {
+    let rig = DingTalkRig::started(&[("DINGTALK_CARD_TEMPLATE_ID", "tpl-answer.schema")], |c| {
+        c.gateway.stream_edit_interval_ms = 100;
+    })
+    .await;
+    let answer = "Cards grow while the model writes, then they are finished.";
+    rig.llm
+        .push(Reply::text(answer).with_chunk_pause(Duration::from_millis(300)));
+    rig.kit.push_dm(Who::Friend, "tell me about cards");
+    let card = finalized_card(&rig, 1).await;
+    assert_eq!(card.space.as_deref(), Some("dtv1.card//IM_ROBOT.staff42"));
+    let contents: Vec<&str> = card.updates.iter().map(|u| u.content.as_str()).collect();
+    assert!(contents.len() >= 3, "the card grew in steps: {contents:?}");
+    let growing = &card.updates[..card.updates.len() - 1];
+    for (i, u) in growing.iter().enumerate() {
+        assert!(!u.error && !u.finalize, "{contents:?}");
+        let text = u.content.trim_end_matches(" ▍");
+        assert!(
+            u.content.ends_with('▍') && answer.starts_with(text),
+            "{contents:?}"
+        );
+        if let Some(next) = growing.get(i + 1) {
+            assert!(
+                next.content.trim_end_matches(" ▍").len() >= text.len(),
+                "{contents:?}"
+            );
+        }
+    }
+    let last = card.updates.last().unwrap();
+    assert_eq!((last.content.as_str(), last.error), (answer, false));
+    // The card was the answer: no message went besides it.
+    rig.wait_for_delivered(1).await;
+    assert!(rig.kit.fake.sent().is_empty(), "{:?}", rig.kit.fake.sent());
+    assert_eq!(rig.kit.fake.cards().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_card_is_finalized_as_an_error_and_the_next_answer_gets_its_own() {
+    let rig = DingTalkRig::started(&[("DINGTALK_CARD_TEMPLATE_ID", "tpl-answer.schema")], |c| {
+        c.gateway.stream_edit_interval_ms = 100;
+        c.gateway.busy_ack = false;
+    })
+    .await;
+    rig.llm
+        .push(Reply::text("This answer never finishes because").stall_after(1));
+    rig.llm.push(Reply::text("Second answer."));
+    rig.kit.push_in_group("first", true);
+    wait_for("the first card", || async {
+        let cards = rig.kit.fake.cards();
+        if cards.iter().any(|c| !c.updates.is_empty()) {
+            Ok(())
+        } else {
+            Err(cards)
+        }
+    })
+    .await;
+    rig.kit.push_in_group("second", true);
+    let cards = rig.kit.fake.wait_for_finalized_cards(2, WAIT).await;
+    assert_eq!(cards.len(), 2, "{cards:?}");
+    let first = &cards[0];
+    let end = first.updates.last().unwrap();
+    assert!(end.finalize && end.error, "{:?}", first.updates);
+    assert!(end.content.contains("Stopped before"), "{end:?}");
+    assert_eq!(
+        first.space.as_deref(),
+        Some(format!("dtv1.card//IM_GROUP.{GROUP}").as_str())
+    );
+    let end = cards[1].updates.last().unwrap();
+    assert_eq!((end.content.as_str(), end.error), ("Second answer.", false));
+    // Each card was finalized once, whatever the interleaving.
+    for card in &cards {
+        assert_eq!(card.template, "tpl-answer.schema");
+        assert_eq!(
+            card.updates.iter().filter(|u| u.finalize).count(),
+            1,
+            "{card:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_card_template_answers_are_messages() {
+    let rig = DingTalkRig::started(&[], |c| {
+        c.gateway.stream_edit_interval_ms = 100;
+    })
+    .await;
+    rig.llm.push(
+        Reply::text("Sent whole, once it is done.").with_chunk_pause(Duration::from_millis(150)),
+    );
+    rig.kit.push_dm(Who::Friend, "hello");
+    let sent = rig.wait_for_text("Sent whole, once it is done.").await;
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    rig.wait_for_delivered(1).await;
+    assert!(rig.kit.fake.cards().is_empty());
+    assert!(
+        rig.kit
+            .fake
+            .requests()
+            .iter()
+            .all(|r| !r.path.starts_with("/v1.0/card/"))
     );
 }

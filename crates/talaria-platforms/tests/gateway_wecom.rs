@@ -50,12 +50,11 @@ mod callback {
     use super::*;
 
     adapter_contract!(WecomCallbackKit;
-        run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized;
+        run: dm_turn, long_answer_split, redelivery, rate_limit, unauthorized, media_in,
+             media_out;
         skip: thread_reply => contract::Skip::Threadless,
               group_mention => contract::Skip::NoGroups,
-              dropped_connection => contract::Skip::Connectionless,
-              media_in => contract::Skip::ReceivesNoFiles,
-              media_out => contract::Skip::SendsNoFiles);
+              dropped_connection => contract::Skip::Connectionless);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use talaria_adapter::{AttachmentSource, DownloadError, MediaKind, OutboundFile};
 use talaria_core::Secret;
 use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, Inbox, Liveness, LivenessReporter, MessageEvent,
@@ -21,7 +22,10 @@ use talaria_platforms::wecom::callback::{
     DEFAULT_PATH, MessageFormat, WecomCallbackAdapter, WecomCallbackSettings,
 };
 use talaria_testkit::FakeWecom;
-use talaria_testkit::wecom::{Callback, Failure, encrypt, now_secs, signature, text_xml};
+use talaria_testkit::wecom::{
+    Callback, Failure, encrypt, media_xml, now_secs, signature, text_xml,
+};
+use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -471,4 +475,128 @@ fn base64_decode(s: &str) -> Vec<u8> {
     )
     .decode(s)
     .unwrap()
+}
+
+async fn read_all(r: &Running, locator: &str) -> Vec<u8> {
+    let mut download = r.adapter.download(locator).await.unwrap();
+    let mut bytes = Vec::new();
+    download.reader.read_to_end(&mut bytes).await.unwrap();
+    bytes
+}
+
+fn locator(event: &MessageEvent) -> String {
+    match &event.attachments[0].source {
+        AttachmentSource::Remote(l) => l.clone(),
+        other => panic!("not fetched later: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn media_messages_are_attachments_fetched_by_media_id_with_a_fresh_token() {
+    let mut r = start().await;
+    let png = b"\x89PNG\r\n\x1a\n a picture".to_vec();
+    let media = r.fake.add_media("image", "image/png", &png);
+    let extra = "<PicUrl><![CDATA[http://127.0.0.1:9/elsewhere.png]]></PicUrl>";
+    let xml = media_xml(CORP, AGENT, "zhangsan", "image", &media, extra, "5001");
+    assert_eq!(
+        r.post_message(&xml, "m1").await,
+        (200, "success".to_owned())
+    );
+    let event = r.next_event().await;
+    assert_eq!(event.attachments.len(), 1);
+    assert_eq!(event.attachments[0].kind, MediaKind::Image);
+    assert_eq!(locator(&event), media);
+    // The token expired meanwhile: refused once, fetched anew, retried.
+    r.fake.expire_tokens();
+    assert_eq!(read_all(&r, &locator(&event)).await, png);
+    let fetches = r.fake.media_fetches();
+    assert_eq!(fetches.len(), 2, "{fetches:?}");
+    assert_eq!(r.fake.tokens_issued(), 2);
+    // A voice message's transcript is its text; the recording comes too.
+    let voice = r.fake.add_media("voice", "audio/amr", b"#!AMR\n0123456789");
+    let extra =
+        "<Format><![CDATA[amr]]></Format><Recognition><![CDATA[明天十点开会]]></Recognition>";
+    let xml = media_xml(CORP, AGENT, "zhangsan", "voice", &voice, extra, "5002");
+    assert_eq!(r.post_message(&xml, "m2").await.0, 200);
+    let event = r.next_event().await;
+    assert_eq!(event.text, "明天十点开会");
+    assert_eq!(event.attachments[0].kind, MediaKind::Voice);
+    assert_eq!(read_all(&r, &voice).await, b"#!AMR\n0123456789");
+}
+
+#[tokio::test]
+async fn an_unknown_media_id_is_gone_and_a_malformed_one_is_never_asked_for() {
+    let r = start().await;
+    let gone = r.adapter.download("1-no-such-media").await.unwrap_err();
+    assert!(
+        matches!(&gone, DownloadError::Gone(m) if m.contains("40007")),
+        "{gone:?}"
+    );
+    let before = r.fake.media_fetches().len();
+    let bad = r.adapter.download("a b&media_id=x").await.unwrap_err();
+    assert!(matches!(bad, DownloadError::Gone(_)), "{bad:?}");
+    assert_eq!(r.fake.media_fetches().len(), before);
+}
+
+fn outbound(path: &std::path::Path, kind: MediaKind, mime: &str) -> OutboundFile {
+    OutboundFile {
+        chat_id: format!("{CORP}:zhangsan"),
+        thread_id: None,
+        reply_to: None,
+        path: path.to_owned(),
+        kind,
+        mime: mime.into(),
+        name: path.file_name().unwrap().to_string_lossy().into_owned(),
+        caption: None,
+    }
+}
+
+#[tokio::test]
+async fn files_go_out_as_their_kind_a_large_image_as_a_file_and_too_large_is_refused() {
+    let r = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("chart.png");
+    std::fs::write(&small, b"\x89PNG\r\n\x1a\n small chart").unwrap();
+    r.adapter
+        .send_file(&outbound(&small, MediaKind::Image, "image/png"))
+        .await
+        .unwrap();
+    // Over the image limit (10 MB), within a file's (20 MB).
+    let large = dir.path().join("poster.png");
+    std::fs::File::create(&large)
+        .unwrap()
+        .set_len(11 * 1024 * 1024)
+        .unwrap();
+    r.adapter
+        .send_file(&outbound(&large, MediaKind::Image, "image/png"))
+        .await
+        .unwrap();
+    let sent = r.fake.sent();
+    let kinds: Vec<&str> = sent.iter().map(|s| s.msgtype.as_str()).collect();
+    assert_eq!(kinds, ["image", "file"]);
+    let uploads = r.fake.uploads();
+    assert_eq!(uploads.len(), 2);
+    assert_eq!(uploads[0].kind, "image");
+    assert_eq!(uploads[0].bytes, std::fs::read(&small).unwrap());
+    assert_eq!(
+        (uploads[1].kind.as_str(), uploads[1].bytes.len()),
+        ("file", 11 * 1024 * 1024)
+    );
+    assert_eq!(sent[1].content, uploads[1].media_id);
+    // Past 20 MB nothing is uploaded, and the error says why.
+    let huge = dir.path().join("archive.zip");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(21 * 1024 * 1024)
+        .unwrap();
+    let e = r
+        .adapter
+        .send_file(&outbound(&huge, MediaKind::Document, "application/zip"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, SendError::Rejected(m) if m.contains("20 MB")),
+        "{e:?}"
+    );
+    assert_eq!(r.fake.uploads().len(), 2);
 }

@@ -27,6 +27,22 @@
 //!   and `sign` (base64 of HMAC-SHA256 over `timestamp\nsecret`).
 //! - Sends can be made to hang, or to be refused once as too fast
 //!   (`errcode` 130101 on a webhook, HTTP 429 on the robot API).
+//! - `POST /media/upload?access_token=&type=` (the old OpenAPI) takes one
+//!   `multipart/form-data` file in the field `media`, as the documentation
+//!   limits it: `image` JPG/GIF/PNG/BMP, `voice` AMR/MP3/WAV up to 2 MB,
+//!   `video` MP4, `file` DOC(X)/XLS(X)/PPT(X)/ZIP/PDF/RAR, each else up to
+//!   20 MB; it answers `{errcode: 0, type, media_id, created_at}`. The
+//!   robot send API then takes `sampleImageMsg` (`photoURL`: an uploaded
+//!   image's media id or an http(s) URL) and `sampleFile` (`mediaId` of an
+//!   uploaded file, `fileName`, `fileType`).
+//! - AI cards: `POST /v1.0/card/instances` (a `cardTemplateId`, a new
+//!   `outTrackId`, `cardData.cardParamMap`), `POST
+//!   /v1.0/card/instances/deliver` (an `openSpaceId` of
+//!   `dtv1.card//IM_GROUP.<conversation>` with `imGroupOpenDeliverModel.robotCode`,
+//!   or `dtv1.card//IM_ROBOT.<staff id>` with `imRobotOpenDeliverModel`)
+//!   and `PUT /v1.0/card/streaming` (`outTrackId`, `guid`, `key`,
+//!   `content`, `isFull`, `isFinalize`, `isError`), refused after the card
+//!   was finalized.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,11 +51,12 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::multipart::MultipartRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Multipart, Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, get, post, put};
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
@@ -108,6 +125,72 @@ pub struct Ack {
     pub data: String,
 }
 
+/// A file uploaded to `media/upload`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    /// The `type` it was uploaded as: `image`, `voice`, `video`, `file`.
+    pub kind: String,
+    /// The file name of the `media` part.
+    pub file_name: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// The media id given.
+    pub media_id: String,
+}
+
+/// A file or image message the robot send API accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMessage {
+    /// The conversation it went to.
+    pub conversation: String,
+    /// `sampleImageMsg` or `sampleFile`.
+    pub msg_key: String,
+    /// The media id (or the image URL) it named.
+    pub media: String,
+    /// `fileName`, for a file.
+    pub file_name: Option<String>,
+    /// `fileType`, for a file.
+    pub file_type: Option<String>,
+}
+
+/// One `card/streaming` update.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CardUpdate {
+    /// The content streamed.
+    pub content: String,
+    /// `isFull`.
+    pub full: bool,
+    /// `isFinalize`.
+    pub finalize: bool,
+    /// `isError`.
+    pub error: bool,
+}
+
+/// An AI card instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Card {
+    /// Its `outTrackId`.
+    pub out_track_id: String,
+    /// The template it was made from.
+    pub template: String,
+    /// The `openSpaceId` it was delivered to, once delivered.
+    pub space: Option<String>,
+    /// Its streamed updates, in order.
+    pub updates: Vec<CardUpdate>,
+}
+
+impl Card {
+    /// Whether an update finalized it.
+    pub fn finalized(&self) -> bool {
+        self.updates.iter().any(|u| u.finalize)
+    }
+
+    /// The content last streamed.
+    pub fn content(&self) -> Option<&str> {
+        self.updates.last().map(|u| u.content.as_str())
+    }
+}
+
 /// A failure the next send takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendFault {
@@ -163,6 +246,9 @@ struct Book {
     downloads: usize,
     /// Session webhooks answer as expired from the start.
     sessions_expired: bool,
+    uploads: Vec<Upload>,
+    file_messages: Vec<FileMessage>,
+    cards: Vec<Card>,
 }
 
 struct Shared {
@@ -252,6 +338,10 @@ impl FakeDingTalk {
             .route("/robot/sendBySession", post(session_send))
             .route("/robot/send", post(custom_send))
             .route("/files/{code}", get(file))
+            .route("/media/upload", post(media_upload))
+            .route("/v1.0/card/instances", post(card_create))
+            .route("/v1.0/card/instances/deliver", post(card_deliver))
+            .route("/v1.0/card/streaming", put(card_stream))
             .with_state(shared.clone());
         shared.core.serve("fake-dingtalk", listener, app)?;
         Ok(FakeDingTalk { shared })
@@ -466,6 +556,51 @@ impl FakeDingTalk {
     /// Every message accepted, in order.
     pub fn sent(&self) -> Vec<Sent> {
         self.shared.core.read().sent.clone()
+    }
+
+    /// Every file uploaded so far.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.core.read().uploads.clone()
+    }
+
+    /// Every image or file message accepted so far.
+    pub fn file_messages(&self) -> Vec<FileMessage> {
+        self.shared.core.read().file_messages.clone()
+    }
+
+    /// Waits until at least `n` image or file messages were accepted.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_file_messages(&self, n: usize, timeout: Duration) -> Vec<FileMessage> {
+        self.shared
+            .core
+            .wait_len("file messages", n, timeout, |st| &st.file_messages)
+            .await
+    }
+
+    /// Every AI card created so far.
+    pub fn cards(&self) -> Vec<Card> {
+        self.shared.core.read().cards.clone()
+    }
+
+    /// Waits until at least `n` cards were finalized; all cards then.
+    ///
+    /// # Panics
+    /// When `timeout` passes first.
+    pub async fn wait_for_finalized_cards(&self, n: usize, timeout: Duration) -> Vec<Card> {
+        self.shared
+            .core
+            .wait(
+                &format!("{n} finalized cards"),
+                timeout,
+                |st| {
+                    (st.cards.iter().filter(|c| c.finalized()).count() >= n)
+                        .then(|| st.cards.clone())
+                },
+                |st| st.cards.clone(),
+            )
+            .await
     }
 
     /// Every request so far.
@@ -957,6 +1092,21 @@ async fn robot(
         .as_str()
         .and_then(|p| serde_json::from_str(p).ok())
         .unwrap_or(Value::Null);
+    let file = {
+        let st = shared.core.read();
+        file_message(&st, key, &param, &conversation)
+    };
+    match file {
+        Some(Ok(message)) => {
+            shared.core.change().file_messages.push(message);
+            return json_response(
+                200,
+                &json!({ "processQueryKey": format!("pqk-{}", now_ms()) }),
+            );
+        }
+        Some(Err(why)) => return error(400, "invalidParameter.msgParam", why),
+        None => {}
+    }
     let Some(parsed) = read_body(key, &param) else {
         return error(
             400,
@@ -969,6 +1119,277 @@ async fn robot(
         200,
         &json!({ "processQueryKey": format!("pqk-{}", now_ms()) }),
     )
+}
+
+/// An image or file message's fields, checked against the uploads;
+/// `None` for other message keys.
+fn file_message(
+    st: &Book,
+    key: &str,
+    param: &Value,
+    conversation: &str,
+) -> Option<Result<FileMessage, &'static str>> {
+    let uploaded = |id: &str, kind: &[&str]| {
+        st.uploads
+            .iter()
+            .any(|u| u.media_id == id && kind.contains(&u.kind.as_str()))
+    };
+    let checked = match key {
+        "sampleImageMsg" => match param["photoURL"].as_str() {
+            Some(p) if p.starts_with("http://") || p.starts_with("https://") => Ok((p, None, None)),
+            Some(p) if uploaded(p, &["image"]) => Ok((p, None, None)),
+            _ => Err("photoURL is neither an image URL nor an uploaded image's media id"),
+        },
+        "sampleFile" => {
+            let id = param["mediaId"].as_str().unwrap_or("");
+            let name = param["fileName"].as_str().filter(|n| !n.is_empty());
+            let kind = param["fileType"].as_str().filter(|t| !t.is_empty());
+            match (
+                uploaded(id, &["file", "image", "voice", "video"]),
+                name,
+                kind,
+            ) {
+                (true, Some(n), Some(t)) => Ok((id, Some(n), Some(t))),
+                (false, ..) => Err("mediaId is not an uploaded file"),
+                _ => Err("sampleFile needs fileName and fileType"),
+            }
+        }
+        _ => return None,
+    };
+    Some(checked.map(|(media, name, kind)| FileMessage {
+        conversation: conversation.to_owned(),
+        msg_key: key.to_owned(),
+        media: media.to_owned(),
+        file_name: name.map(str::to_owned),
+        file_type: kind.map(str::to_owned),
+    }))
+}
+
+/// The formats and largest size each upload `type` takes.
+fn upload_rule(kind: &str) -> Option<(&'static [&'static str], usize)> {
+    const MB: usize = 1024 * 1024;
+    match kind {
+        "image" => Some((&["jpg", "jpeg", "gif", "png", "bmp"], 20 * MB)),
+        "voice" => Some((&["amr", "mp3", "wav"], 2 * MB)),
+        "video" => Some((&["mp4"], 20 * MB)),
+        "file" => Some((
+            &[
+                "doc", "docx", "xls", "xlsx", "ppt", "pptx", "zip", "pdf", "rar",
+            ],
+            20 * MB,
+        )),
+        _ => None,
+    }
+}
+
+async fn media_upload(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Response {
+    let token = query.get("access_token").cloned().unwrap_or_default();
+    let authorized = !token.is_empty() && shared.core.read().tokens.contains(&token);
+    shared.core.record(Request {
+        path: "/media/upload".into(),
+        body: Value::Null,
+        authorized,
+        at: Instant::now(),
+    });
+    if !authorized {
+        return errcode(40014, "invalid access_token");
+    }
+    let Ok(mut multipart) = multipart else {
+        return errcode(40035, "not a multipart/form-data body");
+    };
+    let mut kind = query.get("type").cloned();
+    let mut media: Option<(String, Vec<u8>)> = None;
+    loop {
+        let field = match multipart.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(_) => return errcode(40035, "unreadable multipart body"),
+        };
+        match field.name().unwrap_or("") {
+            "type" => kind = field.text().await.ok(),
+            "media" => {
+                let name = field.file_name().unwrap_or("").to_owned();
+                match field.bytes().await {
+                    Ok(b) => media = Some((name, b.to_vec())),
+                    Err(_) => return errcode(40035, "unreadable media"),
+                }
+            }
+            _ => {}
+        }
+    }
+    let kind = kind.unwrap_or_default();
+    let Some((formats, max)) = upload_rule(&kind) else {
+        return errcode(40004, "invalid media type");
+    };
+    let Some((file_name, bytes)) = media.filter(|(n, _)| !n.is_empty()) else {
+        return errcode(41001, "missing media with a filename");
+    };
+    let ext = file_name
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    if !formats.contains(&ext.as_str()) {
+        return errcode(40005, "invalid file type");
+    }
+    if bytes.is_empty() || bytes.len() > max {
+        return errcode(40006, "invalid file size");
+    }
+    let mut st = shared.core.change();
+    let media_id = format!("@lAD{}_{kind}", st.next);
+    st.next += 1;
+    st.uploads.push(Upload {
+        kind: kind.clone(),
+        file_name,
+        bytes,
+        media_id: media_id.clone(),
+    });
+    json_response(
+        200,
+        &json!({
+            "errcode": 0, "errmsg": "ok", "type": kind,
+            "media_id": media_id, "created_at": now_ms(),
+        }),
+    )
+}
+
+async fn card_create(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (body, authorized) = log(&shared, "/v1.0/card/instances", &headers, &body);
+    if !authorized {
+        return error(
+            401,
+            "InvalidAuthentication",
+            "the access token is missing or wrong",
+        );
+    }
+    let template = body["cardTemplateId"].as_str().unwrap_or("");
+    let id = body["outTrackId"].as_str().unwrap_or("");
+    if template.is_empty() || id.is_empty() || !body["cardData"]["cardParamMap"].is_object() {
+        return error(
+            400,
+            "invalidParameter",
+            "cardTemplateId, outTrackId and cardData.cardParamMap are required",
+        );
+    }
+    let mut st = shared.core.change();
+    if st.cards.iter().any(|c| c.out_track_id == id) {
+        return error(
+            400,
+            "invalidParameter.outTrackId",
+            "outTrackId already exists",
+        );
+    }
+    st.cards.push(Card {
+        out_track_id: id.to_owned(),
+        template: template.to_owned(),
+        space: None,
+        updates: Vec::new(),
+    });
+    json_response(200, &json!({ "success": true, "result": id }))
+}
+
+async fn card_deliver(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (body, authorized) = log(&shared, "/v1.0/card/instances/deliver", &headers, &body);
+    if !authorized {
+        return error(
+            401,
+            "InvalidAuthentication",
+            "the access token is missing or wrong",
+        );
+    }
+    let id = body["outTrackId"].as_str().unwrap_or("");
+    let space = body["openSpaceId"].as_str().unwrap_or("");
+    let mut st = shared.core.change();
+    let reachable = if let Some(group) = space.strip_prefix("dtv1.card//IM_GROUP.") {
+        st.session_of.contains_key(group)
+            && body["imGroupOpenDeliverModel"]["robotCode"] == shared.client_id.as_str()
+    } else if let Some(staff) = space.strip_prefix("dtv1.card//IM_ROBOT.") {
+        st.dm_of.contains_key(staff) && body["imRobotOpenDeliverModel"].is_object()
+    } else {
+        false
+    };
+    if !reachable {
+        return error(
+            400,
+            "invalidParameter.openSpaceId",
+            "openSpaceId or its deliver model is invalid",
+        );
+    }
+    let Some(card) = st.cards.iter_mut().find(|c| c.out_track_id == id) else {
+        return error(
+            400,
+            "invalidParameter.outTrackId",
+            "no card with this outTrackId",
+        );
+    };
+    card.space = Some(space.to_owned());
+    json_response(
+        200,
+        &json!({ "success": true, "result": [{ "spaceId": space, "success": true }] }),
+    )
+}
+
+async fn card_stream(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (body, authorized) = log(&shared, "/v1.0/card/streaming", &headers, &body);
+    if !authorized {
+        return error(
+            401,
+            "InvalidAuthentication",
+            "the access token is missing or wrong",
+        );
+    }
+    let id = body["outTrackId"].as_str().unwrap_or("");
+    let guid = body["guid"].as_str().unwrap_or("");
+    let (Some(key), Some(content)) = (body["key"].as_str(), body["content"].as_str()) else {
+        return error(400, "invalidParameter", "key and content are required");
+    };
+    if guid.is_empty() || key != "content" {
+        return error(
+            400,
+            "invalidParameter",
+            "a guid and the template's variable are required",
+        );
+    }
+    let mut st = shared.core.change();
+    let Some(card) = st.cards.iter_mut().find(|c| c.out_track_id == id) else {
+        return error(
+            400,
+            "invalidParameter.outTrackId",
+            "no card with this outTrackId",
+        );
+    };
+    if card.space.is_none() {
+        return error(
+            400,
+            "invalidParameter.outTrackId",
+            "the card was not delivered",
+        );
+    }
+    if card.finalized() {
+        return error(400, "cardFinalized", "the card's stream was finalized");
+    }
+    card.updates.push(CardUpdate {
+        content: content.to_owned(),
+        full: body["isFull"].as_bool().unwrap_or(false),
+        finalize: body["isFinalize"].as_bool().unwrap_or(false),
+        error: body["isError"].as_bool().unwrap_or(false),
+    });
+    json_response(200, &json!({ "success": true }))
 }
 
 async fn file(State(shared): State<Arc<Shared>>, Path(code): Path<String>) -> Response {

@@ -13,9 +13,20 @@
 //!   (`text` or `markdown`), `agentid` and the content: `msgid`. No token
 //!   → 41001; a token never issued → 40014; a token [`FakeWecom::expire_tokens`]
 //!   expired → 42001; another agent → 40056; a content over 2048 UTF-8
-//!   bytes → 45002; an empty one → 44004. Tests script errcodes for the
-//!   next sends ([`FakeWecom::fail_next_send`]: 45009 rate limit, 60020
-//!   untrusted IP, …) or hang them.
+//!   bytes → 45002; an empty one → 44004. `image`, `voice`, `video` and
+//!   `file` messages name a `media_id` this fake issued for that type
+//!   (else 40007). Tests script errcodes for the next sends
+//!   ([`FakeWecom::fail_next_send`]: 45009 rate limit, 60020 untrusted IP,
+//!   …) or hang them.
+//! - `POST /cgi-bin/media/upload?access_token=&type=` with one
+//!   `multipart/form-data` part `media` (a file name required), within the
+//!   documented limits: over 5 bytes; image JPG/PNG ≤ 10 MB, voice AMR
+//!   ≤ 2 MB, video MP4 ≤ 10 MB, file ≤ 20 MB (40004 bad type, 40005 bad
+//!   format, 40006 bad size) → `{type, media_id, created_at}`.
+//! - `GET /cgi-bin/media/get?access_token=&media_id=`: the bytes of media
+//!   a test added ([`FakeWecom::add_media`]) or the app uploaded, with
+//!   their `Content-Type`; an unknown id answers the JSON errcode 40007
+//!   instead, a bad token 40014 / 42001 as for sends.
 //!
 //! [`Callback`] builds what WeCom posts to the app, computed without the
 //! adapter's code: the message XML, its AES-256-CBC ciphertext by the
@@ -33,9 +44,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{Method, Uri};
+use axum::extract::multipart::MultipartRejection;
+use axum::extract::{Multipart, State};
+use axum::http::{HeaderValue, Method, Uri, header};
 use axum::response::Response;
+use axum::routing::post;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
@@ -77,6 +90,27 @@ pub struct SentWecom {
     pub at: Instant,
 }
 
+/// A file the app uploaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadedMedia {
+    /// The upload's `type`.
+    pub kind: String,
+    /// The `media` part's file name.
+    pub file_name: String,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// The media id issued.
+    pub media_id: String,
+}
+
+/// Media the fake holds: a test's (for `media/get`) or the app's upload.
+#[derive(Debug, Clone)]
+struct Media {
+    kind: String,
+    content_type: String,
+    bytes: Vec<u8>,
+}
+
 /// What the next send gets instead of success.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
@@ -93,6 +127,9 @@ struct Book {
     tokens: u64,
     sent: Vec<SentWecom>,
     failures: Faults<Failure>,
+    media: std::collections::HashMap<String, Media>,
+    uploads: Vec<UploadedMedia>,
+    next_media: u64,
 }
 
 struct Shared {
@@ -112,6 +149,10 @@ fn errmsg(code: i64) -> &'static str {
     match code {
         0 => "ok",
         40001 => "invalid credential",
+        40004 => "invalid media type",
+        40005 => "invalid file type",
+        40006 => "invalid file size",
+        40007 => "invalid media_id",
         40013 => "invalid corpid",
         40014 => "invalid access_token",
         40056 => "invalid agentid",
@@ -151,7 +192,15 @@ impl FakeWecom {
             agent_id,
             core: Core::new(Book::default()),
         });
-        let app = Router::new().fallback(api).with_state(shared.clone());
+        let app = Router::new()
+            // Past the documented 20 MB, so the fake (not axum's default
+            // 2 MB) decides what is too large.
+            .route(
+                "/cgi-bin/media/upload",
+                post(upload).layer(axum::extract::DefaultBodyLimit::max(24 * 1024 * 1024)),
+            )
+            .fallback(api)
+            .with_state(shared.clone());
         shared.core.serve("fake-wecom", listener, app)?;
         Ok(FakeWecom { addr, shared })
     }
@@ -164,6 +213,38 @@ impl FakeWecom {
     /// Every message accepted so far.
     pub fn sent(&self) -> Vec<SentWecom> {
         self.shared.core.read().sent.clone()
+    }
+
+    /// Media a user sent, fetched through `media/get`: its media id.
+    pub fn add_media(&self, kind: &str, content_type: &str, bytes: &[u8]) -> String {
+        let mut st = self.shared.core.change();
+        st.next_media += 1;
+        let id = format!(
+            "1{}-media-{kind}-{:x}",
+            st.next_media,
+            st.next_media * 104_729
+        );
+        st.media.insert(
+            id.clone(),
+            Media {
+                kind: kind.to_owned(),
+                content_type: content_type.to_owned(),
+                bytes: bytes.to_vec(),
+            },
+        );
+        id
+    }
+
+    /// Every file the app uploaded.
+    pub fn uploads(&self) -> Vec<UploadedMedia> {
+        self.shared.core.read().uploads.clone()
+    }
+
+    /// Every `media/get` so far.
+    pub fn media_fetches(&self) -> Vec<Request> {
+        self.shared
+            .core
+            .requests_where(|r| r.path == "/cgi-bin/media/get")
     }
 
     /// Every request so far.
@@ -286,6 +367,20 @@ async fn api(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, body: 
         return json_response(502, &json!({"error": "the request was lost"}));
     }
     match (&method, path.as_str()) {
+        (&Method::GET, "/cgi-bin/media/get") => {
+            if let Err(code) = check_token(&shared, field("access_token")) {
+                return error(code);
+            }
+            let media = field("media_id").and_then(|id| shared.core.read().media.get(&id).cloned());
+            let Some(media) = media else {
+                return error(40007);
+            };
+            let mut r = Response::new(axum::body::Body::from(media.bytes));
+            if let Ok(v) = HeaderValue::from_str(&media.content_type) {
+                r.headers_mut().insert(header::CONTENT_TYPE, v);
+            }
+            r
+        }
         (&Method::GET, "/cgi-bin/gettoken") => {
             if field("corpid").as_deref() != Some(shared.corp_id.as_str()) {
                 return error(40013);
@@ -303,17 +398,8 @@ async fn api(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, body: 
             )
         }
         (&Method::POST, "/cgi-bin/message/send") => {
-            let Some(token) = field("access_token").filter(|t| !t.is_empty()) else {
-                return error(41001);
-            };
-            {
-                let st = shared.core.read();
-                if st.expired.contains(&token) {
-                    return error(42001);
-                }
-                if !st.issued.contains(&token) {
-                    return error(40014);
-                }
+            if let Err(code) = check_token(&shared, field("access_token")) {
+                return error(code);
             }
             if let Some(Failure::Code(code)) = failure {
                 return error(code);
@@ -328,9 +414,23 @@ async fn api(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, body: 
                 return error(40056);
             }
             let msgtype = body["msgtype"].as_str().unwrap_or("").to_owned();
+            if matches!(msgtype.as_str(), "image" | "voice" | "video" | "file") {
+                // A media message names media uploaded as its own type.
+                let id = body[msgtype.as_str()]["media_id"].as_str().unwrap_or("");
+                let known = shared
+                    .core
+                    .read()
+                    .media
+                    .get(id)
+                    .is_some_and(|m| m.kind == msgtype);
+                if !known {
+                    return error(40007);
+                }
+            }
             let content = match msgtype.as_str() {
                 "text" => body["text"]["content"].as_str(),
                 "markdown" => body["markdown"]["content"].as_str(),
+                "image" | "voice" | "video" | "file" => body[msgtype.as_str()]["media_id"].as_str(),
                 _ => None,
             }
             .unwrap_or("")
@@ -361,6 +461,148 @@ async fn api(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, body: 
         }
         _ => json_response(404, &json!({"errcode": 404, "errmsg": "not found"})),
     }
+}
+
+/// 41001 without a token, 42001 for an expired one, 40014 for one never
+/// issued.
+fn check_token(shared: &Shared, token: Option<String>) -> Result<(), i64> {
+    let Some(token) = token.filter(|t| !t.is_empty()) else {
+        return Err(41001);
+    };
+    let st = shared.core.read();
+    if st.expired.contains(&token) {
+        return Err(42001);
+    }
+    if !st.issued.contains(&token) {
+        return Err(40014);
+    }
+    Ok(())
+}
+
+/// The formats and largest size of each upload `type` (`None`: any format).
+fn upload_rule(kind: &str) -> Option<(Option<&'static [&'static str]>, usize)> {
+    const MB: usize = 1024 * 1024;
+    match kind {
+        "image" => Some((Some(&["jpg", "jpeg", "png"]), 10 * MB)),
+        "voice" => Some((Some(&["amr"]), 2 * MB)),
+        "video" => Some((Some(&["mp4"]), 10 * MB)),
+        "file" => Some((None, 20 * MB)),
+        _ => None,
+    }
+}
+
+async fn upload(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Response {
+    let query: Vec<(String, String)> = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+        .into_owned()
+        .collect();
+    let field = |name: &str| {
+        query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    shared.core.record(Request {
+        method: "POST".into(),
+        path: "/cgi-bin/media/upload".into(),
+        query: query.clone(),
+        body: None,
+        at: Instant::now(),
+    });
+    if let Err(code) = check_token(&shared, field("access_token")) {
+        return error(code);
+    }
+    let kind = field("type").unwrap_or_default();
+    let Some((formats, max)) = upload_rule(&kind) else {
+        return error(40004);
+    };
+    let Ok(mut multipart) = multipart else {
+        return json_response(
+            200,
+            &json!({"errcode": 47001, "errmsg": "data format error"}),
+        );
+    };
+    let mut media = None;
+    while let Ok(Some(part)) = multipart.next_field().await {
+        if part.name() == Some("media") {
+            let name = part.file_name().unwrap_or("").to_owned();
+            let content_type = part
+                .content_type()
+                .unwrap_or("application/octet-stream")
+                .to_owned();
+            if let Ok(bytes) = part.bytes().await {
+                media = Some((name, content_type, bytes.to_vec()));
+            }
+        }
+    }
+    let Some((file_name, content_type, bytes)) = media.filter(|(n, _, _)| !n.is_empty()) else {
+        return json_response(
+            200,
+            &json!({"errcode": 41005, "errmsg": "media data missing"}),
+        );
+    };
+    let ext = file_name
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    if formats.is_some_and(|f| !f.contains(&ext.as_str())) {
+        return error(40005);
+    }
+    if bytes.len() <= 5 || bytes.len() > max {
+        return error(40006);
+    }
+    let mut st = shared.core.change();
+    st.next_media += 1;
+    let media_id = format!(
+        "3{}-upload-{kind}-{:x}",
+        st.next_media,
+        st.next_media * 7_877
+    );
+    st.media.insert(
+        media_id.clone(),
+        Media {
+            kind: kind.clone(),
+            content_type,
+            bytes: bytes.clone(),
+        },
+    );
+    st.uploads.push(UploadedMedia {
+        kind: kind.clone(),
+        file_name,
+        bytes,
+        media_id: media_id.clone(),
+    });
+    json_response(
+        200,
+        &json!({
+            "errcode": 0, "errmsg": "ok", "type": kind,
+            "media_id": media_id, "created_at": now_secs().to_string(),
+        }),
+    )
+}
+
+/// The XML of a media message (`image`, `voice`, `video`, `file`) from
+/// `from`; `extra` holds the type's own elements (`<PicUrl>`, `<Format>`,
+/// ...).
+pub fn media_xml(
+    corp_id: &str,
+    agent_id: i64,
+    from: &str,
+    msg_type: &str,
+    media_id: &str,
+    extra: &str,
+    msg_id: &str,
+) -> String {
+    format!(
+        "<xml><ToUserName><![CDATA[{corp_id}]]></ToUserName><FromUserName><![CDATA[{from}]]>\
+         </FromUserName><CreateTime>{}</CreateTime><MsgType><![CDATA[{msg_type}]]></MsgType>\
+         <MediaId><![CDATA[{media_id}]]></MediaId>{extra}<MsgId>{msg_id}</MsgId>\
+         <AgentID>{agent_id}</AgentID></xml>",
+        now_secs()
+    )
 }
 
 /// The sending side of an app's callback (see the module docs).

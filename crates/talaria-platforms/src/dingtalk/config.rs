@@ -22,8 +22,15 @@ pub struct DingTalkConfig {
     /// which is what an internal app's robot uses.
     pub robot_code: Option<String>,
     /// The OpenAPI root (`/v1.0/...` is appended): Stream mode's
-    /// connection endpoint, the access token, the robot send API.
+    /// connection endpoint, the access token, the robot send API, AI cards.
     pub api_base: String,
+    /// The old OpenAPI root that files are uploaded to
+    /// (`{media_base}/media/upload`): the media upload has no `/v1.0`
+    /// version and lives on the `oapi` host.
+    pub media_base: String,
+    /// The AI card template whose `content` variable answers stream into
+    /// (`DINGTALK_CARD_TEMPLATE_ID`); empty: answers are plain messages.
+    pub card_template_id: Option<String>,
     /// The only URL prefixes a session webhook may start with. A session
     /// webhook arrives inside each message and is posted to as it is, so
     /// anything else is refused rather than fetched.
@@ -56,6 +63,8 @@ impl Default for DingTalkConfig {
             client_secret: None,
             robot_code: None,
             api_base: "https://api.dingtalk.com".to_owned(),
+            media_base: "https://oapi.dingtalk.com".to_owned(),
+            card_template_id: None,
             webhook_hosts: vec![
                 "https://api.dingtalk.com/".to_owned(),
                 "https://oapi.dingtalk.com/".to_owned(),
@@ -81,6 +90,12 @@ impl PlatformSection for DingTalkConfig {
                 "expected an http:// or https:// URL",
             ));
         }
+        if !is_http_url(&self.media_base) {
+            return Err(SectionError::new(
+                "media_base",
+                "expected an http:// or https:// URL",
+            ));
+        }
         if let Some(bad) = self
             .webhook_hosts
             .iter()
@@ -102,4 +117,5 @@ pub const ENV: &[EnvKey] = &[
     fills("client_secret", "DINGTALK_CLIENT_SECRET"),
     fills("webhook_url", "DINGTALK_WEBHOOK_URL"),
     fills("webhook_secret", "DINGTALK_WEBHOOK_SECRET"),
+    fills("card_template_id", "DINGTALK_CARD_TEMPLATE_ID"),
 ];

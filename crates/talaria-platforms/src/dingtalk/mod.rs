@@ -20,12 +20,19 @@
 //! The chat `webhook` is the operator's custom robot
 //! (`DINGTALK_WEBHOOK_URL`), signed when a secret is configured.
 //!
-//! DingTalk has no threads, no typing indicator and no edits.
+//! Files go out through the robot send API after an upload (`media`);
+//! with a card template configured, answers stream into AI cards
+//! (`card`).
+//!
+//! DingTalk has no threads, no typing indicator, and no edits outside AI
+//! cards.
 
 mod api;
+mod card;
 mod config;
 mod format;
 mod mapping;
+mod media;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,7 +42,8 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Capabilities, Download, DownloadError, LengthUnit,
-    Liveness, Markup, MediaKind, MessageLimits, OutboundMessage, SendError, SentMessage,
+    Liveness, Markup, MediaKind, MessageLimits, OutboundFile, OutboundMessage, SendError,
+    SentMessage,
 };
 use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
@@ -92,6 +100,10 @@ pub struct DingTalkSettings {
     pub robot_code: String,
     /// The OpenAPI root.
     pub api_base: String,
+    /// The old OpenAPI root files are uploaded to.
+    pub media_base: String,
+    /// The AI card template answers stream into, when set.
+    pub card_template_id: Option<String>,
     /// URL prefixes a session webhook must start with.
     pub webhook_hosts: Vec<String>,
     /// In groups, submit only messages that @mention the robot.
@@ -143,6 +155,14 @@ impl DingTalkSettings {
             client_id,
             client_secret,
             api_base: config.api_base.trim().trim_end_matches('/').to_owned(),
+            media_base: config.media_base.trim().trim_end_matches('/').to_owned(),
+            card_template_id: text_or_env(
+                config.card_template_id.as_deref(),
+                env,
+                "DINGTALK_CARD_TEMPLATE_ID",
+            )
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty()),
             webhook_hosts: config.webhook_hosts.clone(),
             require_mention: env
                 .flag("DINGTALK_REQUIRE_MENTION")
@@ -170,6 +190,9 @@ pub enum DingTalkError {
     /// `api_base` is not an http(s) URL.
     #[error("platforms.dingtalk.api_base is not an http(s) URL: {0}")]
     BadApiBase(String),
+    /// `media_base` is not an http(s) URL.
+    #[error("platforms.dingtalk.media_base is not an http(s) URL: {0}")]
+    BadMediaBase(String),
     /// The HTTP client could not be built.
     #[error("cannot build the HTTP client: {0}")]
     Client(String),
@@ -191,6 +214,7 @@ pub struct DingTalkAdapter {
     cursors: Option<Arc<dyn CursorStore>>,
     seen: Mutex<crate::seen::Seen>,
     chats: Mutex<HashMap<String, Chat>>,
+    cards: Mutex<card::OpenCards>,
 }
 
 impl std::fmt::Debug for DingTalkAdapter {
@@ -247,6 +271,10 @@ impl DingTalkAdapter {
             Ok(u) if matches!(u.scheme(), "http" | "https") => {}
             _ => return Err(DingTalkError::BadApiBase(settings.api_base.clone())),
         }
+        match reqwest::Url::parse(&settings.media_base) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+            _ => return Err(DingTalkError::BadMediaBase(settings.media_base.clone())),
+        }
         let secret = Secret::new(settings.client_secret.expose().trim());
         let api = Api::new(&settings.api_base, &settings.client_id, &secret)
             .map_err(DingTalkError::Client)?;
@@ -256,6 +284,7 @@ impl DingTalkAdapter {
             cursors,
             seen: Mutex::new(crate::seen::Seen::new(SEEN_CAPACITY)),
             chats: Mutex::new(HashMap::new()),
+            cards: Mutex::new(card::OpenCards::default()),
         })
     }
 
@@ -509,15 +538,26 @@ impl DingTalkAdapter {
         }
     }
 
+    /// Why `chat_id` cannot be sent to.
+    fn unreachable(&self, chat_id: &str) -> SendError {
+        SendError::Rejected(format!(
+            "no session webhook for DingTalk chat {chat_id} and no way to reach it through \
+             the robot send API (it sent no message the gateway saw)"
+        ))
+    }
+
     /// One send attempt through the robot send API.
     async fn robot_send(&self, chat_id: &str, text: &str) -> Result<(), Attempt> {
-        let Some(route) = self.route(chat_id).await else {
-            return Err(Attempt::Failed(SendError::Rejected(format!(
-                "no session webhook for DingTalk chat {chat_id} and no way to reach it through \
-                 the robot send API (it sent no message the gateway saw)"
-            ))));
-        };
         let (key, param) = self.robot_message(text);
+        self.robot_send_as(chat_id, key, &param).await
+    }
+
+    /// One attempt to send the robot message `key` with `param` (a JSON
+    /// document as a string) to `chat_id`.
+    async fn robot_send_as(&self, chat_id: &str, key: &str, param: &str) -> Result<(), Attempt> {
+        let Some(route) = self.route(chat_id).await else {
+            return Err(Attempt::Failed(self.unreachable(chat_id)));
+        };
         let (path, body) = match route {
             Route::Dm(staff) => (
                 "robot/oToMessages/batchSend",
@@ -593,8 +633,8 @@ enum Attempt {
     Failed(SendError),
 }
 
-/// Images, voice notes, audio, video and files come in; nothing goes out
-/// as a file (the robot would need a media upload the ancestor never did).
+/// Images, voice notes, audio, video and files come in; images and
+/// office files go out (see `media` for the formats DingTalk takes).
 const RECEIVES: &[MediaKind] = &[
     MediaKind::Image,
     MediaKind::Voice,
@@ -602,10 +642,14 @@ const RECEIVES: &[MediaKind] = &[
     MediaKind::Document,
 ];
 
+/// Kinds sent as files; others go as the fallback line.
+const SENDS: &[MediaKind] = &[MediaKind::Image, MediaKind::Document];
+
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     markup: Markup::Markdown,
     receives: RECEIVES,
+    sends: SENDS,
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_MESSAGE_LEN,
         unit: LengthUnit::Chars,
@@ -701,6 +745,40 @@ impl Adapter for DingTalkAdapter {
             })?;
         let http = self.api.http();
         http.download(http.client().get(url), Duration::from_secs(120))
+            .await
+    }
+
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        self.post_file(file).await
+    }
+
+    /// Answers stream into AI cards when a card template is configured.
+    fn streaming_edits(&self) -> bool {
+        self.settings.card_template_id.is_some()
+    }
+
+    async fn start_preview(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
+        match &self.settings.card_template_id {
+            Some(template) if message.chat_id != CUSTOM_ROBOT_CHAT => {
+                self.open_card(template, message).await
+            }
+            _ => self.send(message).await,
+        }
+    }
+
+    async fn edit(&self, chat_id: &str, message_id: &str, text: &str) -> Result<(), SendError> {
+        self.stream_card(chat_id, message_id, text, false, false)
+            .await
+    }
+
+    async fn finish_preview(
+        &self,
+        chat_id: &str,
+        message_id: &str,
+        text: &str,
+        failed: bool,
+    ) -> Result<(), SendError> {
+        self.stream_card(chat_id, message_id, text, true, failed)
             .await
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use talaria_adapter::MediaKind;
 
-use super::{KitFile, Out, PlatformKit, Threaded, Who};
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
 use crate::dingtalk::{FakeDingTalk, Incoming, SendFault};
 use crate::wait::WAIT;
 
@@ -77,7 +77,8 @@ impl PlatformKit for DingTalkKit {
         // host they may point at; "too fast" names no wait, so the
         // configured one is the contract suite's.
         format!(
-            "  dingtalk:\n    api_base: {base}\n    webhook_hosts: [\"{base}/\"]\n    \
+            "  dingtalk:\n    api_base: {base}\n    media_base: {base}\n    \
+             webhook_hosts: [\"{base}/\"]\n    \
              rate_limit_wait_ms: 1000\n    ping_interval_ms: 1000\n",
             base = self.fake.api_base()
         )
@@ -167,6 +168,29 @@ impl PlatformKit for DingTalkKit {
             }),
         };
         self.fake.push_message(&Self::dm(who), body)
+    }
+
+    /// Uploads the robot sent in a message, as the message shows them:
+    /// `sampleImageMsg` as an image, `sampleFile` as a document.
+    fn uploads(&self) -> Vec<Uploaded> {
+        let uploads = self.fake.uploads();
+        self.fake
+            .file_messages()
+            .into_iter()
+            .filter_map(|m| {
+                let up = uploads.iter().find(|u| u.media_id == m.media)?;
+                let kind = if m.msg_key == "sampleImageMsg" {
+                    MediaKind::Image
+                } else {
+                    MediaKind::Document
+                };
+                Some(Uploaded {
+                    kind,
+                    name: m.file_name.or_else(|| Some(up.file_name.clone())),
+                    bytes: up.bytes.clone(),
+                })
+            })
+            .collect()
     }
 
     fn redeliver(&self, id: &str, _text: &str) {

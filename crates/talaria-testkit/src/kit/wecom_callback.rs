@@ -6,9 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::deliver::{Delivery, Sender, free_port};
-use super::{Out, PlatformKit, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Uploaded, Who};
 use crate::wait::{WAIT, wait_for};
-use crate::wecom::{Callback, Failure, FakeWecom, text_xml};
+use crate::wecom::{Callback, Failure, FakeWecom, media_xml, text_xml};
 
 /// The company.
 pub const CORP_ID: &str = "ww0a1b2c3d4e5f6a7b";
@@ -118,10 +120,12 @@ impl PlatformKit for WecomCallbackKit {
         format!("{CORP_ID}:{}", user(who))
     }
 
+    /// The text and markdown messages (files are [`Self::uploads`]).
     fn sent(&self) -> Vec<Out> {
         self.fake
             .sent()
             .into_iter()
+            .filter(|s| matches!(s.msgtype.as_str(), "text" | "markdown"))
             .map(|s| Out {
                 chat: format!("{CORP_ID}:{}", s.touser),
                 thread: None,
@@ -148,6 +152,62 @@ impl PlatformKit for WecomCallbackKit {
 
     fn hang_send(&self, hang: bool) {
         self.fake.hang_sends(hang);
+    }
+
+    /// WeCom posts a picture, a voice message, a video or a file as a
+    /// message of its own, without a caption; the bytes wait on the fake
+    /// for `media/get`. An image's `PicUrl` points where nothing answers:
+    /// the adapter must fetch by media id.
+    fn push_dm_file(&self, who: Who, file: &KitFile, _caption: &str) -> String {
+        let id =
+            (7_300_000_000_000_000_000 + self.next_id.fetch_add(1, Ordering::SeqCst)).to_string();
+        let (msg_type, extra) = match file.kind {
+            MediaKind::Image => (
+                "image",
+                "<PicUrl><![CDATA[http://127.0.0.1:9/never-fetched.png]]></PicUrl>".to_owned(),
+            ),
+            MediaKind::Voice | MediaKind::Audio => {
+                ("voice", "<Format><![CDATA[amr]]></Format>".to_owned())
+            }
+            MediaKind::Video => (
+                "video",
+                "<ThumbMediaId><![CDATA[thumb-1]]></ThumbMediaId>".to_owned(),
+            ),
+            MediaKind::Document => (
+                "file",
+                format!(
+                    "<FileName><![CDATA[{}]]></FileName>",
+                    file.name.as_deref().unwrap_or("file")
+                ),
+            ),
+        };
+        let media = self.fake.add_media(msg_type, &file.mime, &file.bytes);
+        let xml = media_xml(CORP_ID, AGENT_ID, user(who), msg_type, &media, &extra, &id);
+        self.post_message(&xml, &id);
+        id
+    }
+
+    /// Uploads the app sent in a message, as the message type shows them.
+    fn uploads(&self) -> Vec<Uploaded> {
+        let uploads = self.fake.uploads();
+        self.fake
+            .sent()
+            .into_iter()
+            .filter_map(|s| {
+                let up = uploads.iter().find(|u| u.media_id == s.content)?;
+                let kind = match s.msgtype.as_str() {
+                    "image" => MediaKind::Image,
+                    "voice" => MediaKind::Voice,
+                    "video" => MediaKind::Video,
+                    _ => MediaKind::Document,
+                };
+                Some(Uploaded {
+                    kind,
+                    name: Some(up.file_name.clone()),
+                    bytes: up.bytes.clone(),
+                })
+            })
+            .collect()
     }
 
     /// WeCom posts the same message again (same `MsgId`, a new timestamp

@@ -1,6 +1,8 @@
 //! The WeCom server API a self-built app sends through: the corp access
-//! token (`cgi-bin/gettoken`, cached until a minute before it expires) and
-//! `cgi-bin/message/send`.
+//! token (`cgi-bin/gettoken`, cached until a minute before it expires),
+//! `cgi-bin/message/send`, and temporary media: `cgi-bin/media/upload`
+//! (multipart, field `media`) and `cgi-bin/media/get` (the bytes, or a
+//! JSON `errcode` body instead of them).
 //!
 //! WeCom answers HTTP 200 with an `errcode` for nearly every failure, so
 //! errors are read from the body. The access token rides in the query
@@ -9,8 +11,10 @@
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
+use talaria_adapter::{Download, DownloadError};
 use talaria_core::Secret;
 use tokio::sync::Mutex;
 
@@ -34,7 +38,24 @@ pub(crate) mod code {
     pub(crate) const IP_NOT_TRUSTED: i64 = 60020;
     /// WeCom is busy.
     pub(crate) const BUSY: i64 = -1;
+    /// The media id is unknown (or expired: media live three days).
+    pub(crate) const INVALID_MEDIA_ID: i64 = 40007;
 }
+
+/// Whether WeCom refused the token used (invalid or expired), so a fresh
+/// one may pass.
+fn token_refused(code: Option<i64>) -> bool {
+    matches!(
+        code,
+        Some(code::INVALID_TOKEN | code::INVALID_CREDENTIAL | code::TOKEN_EXPIRED)
+    )
+}
+
+/// How long a whole media transfer may take, body included.
+const MEDIA_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The most of an error body read in place of a file.
+const MAX_ERROR_BODY: usize = 4096;
 
 /// Tokens this close to expiry are refreshed before use (the ancestor's
 /// margin).
@@ -102,6 +123,8 @@ struct Envelope {
     msgid: Option<String>,
     #[serde(default)]
     invaliduser: Option<String>,
+    #[serde(default)]
+    media_id: Option<String>,
 }
 
 /// A cached access token.
@@ -161,8 +184,17 @@ impl Api {
 
     /// One call, WeCom's `errcode` read from the body.
     async fn call(&self, request: reqwest::RequestBuilder) -> Result<Envelope, ApiError> {
+        self.call_within(request, self.timeout).await
+    }
+
+    /// [`Api::call`] within `timeout`.
+    async fn call_within(
+        &self,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<Envelope, ApiError> {
         let response = request
-            .timeout(self.timeout)
+            .timeout(timeout)
             .send()
             .await
             .map_err(ApiError::from_reqwest)?;
@@ -234,22 +266,128 @@ impl Api {
                         invalid_user: answer.invaliduser.filter(|u| !u.is_empty()),
                     });
                 }
-                Err(e)
-                    if !fresh
-                        && matches!(
-                            e.errcode(),
-                            Some(
-                                code::INVALID_TOKEN
-                                    | code::INVALID_CREDENTIAL
-                                    | code::TOKEN_EXPIRED
-                            )
-                        ) =>
-                {
+                Err(e) if !fresh && token_refused(e.errcode()) => {
                     tracing::info!("the WeCom access token was refused; fetching a new one");
                     fresh = true;
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// `POST cgi-bin/media/upload?type=<kind>` with the file at `path`
+    /// streamed as the multipart field `media`; WeCom's media id. The file
+    /// is opened again for the retry after a refused token.
+    pub(crate) async fn upload(
+        &self,
+        kind: &str,
+        path: &std::path::Path,
+        name: &str,
+        mime: &str,
+    ) -> Result<String, ApiError> {
+        let mut fresh = false;
+        loop {
+            let token = self.token(fresh).await?;
+            let part = crate::http::file_part(path, name, mime)
+                .await
+                .map_err(|e| ApiError::Other(format!("cannot read {name}: {e}")))?;
+            let request = self
+                .client
+                .post(format!("{}/cgi-bin/media/upload", self.base))
+                .query(&[("access_token", token.expose()), ("type", kind)])
+                .multipart(reqwest::multipart::Form::new().part("media", part));
+            // A large file on a slow link takes longer than a message.
+            match self.call_within(request, MEDIA_TIMEOUT).await {
+                Ok(answer) => {
+                    return answer.media_id.filter(|m| !m.is_empty()).ok_or_else(|| {
+                        ApiError::Other("media/upload returned no media_id".into())
+                    });
+                }
+                Err(e) if !fresh && token_refused(e.errcode()) => {
+                    tracing::info!("the WeCom access token was refused; fetching a new one");
+                    fresh = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// `GET cgi-bin/media/get?media_id=`: the file, streamed. WeCom answers
+    /// a refusal with a JSON `errcode` body in place of the bytes; that is
+    /// read (bounded) and reported, after one retry with a fresh token
+    /// when the token was what it refused.
+    pub(crate) async fn media(&self, media_id: &str) -> Result<Download, DownloadError> {
+        let mut fresh = false;
+        loop {
+            let token = self.token(fresh).await.map_err(|e| match e {
+                ApiError::Code { .. } => DownloadError::Gone(e.to_string()),
+                _ => DownloadError::Unavailable(e.to_string()),
+            })?;
+            let response = self
+                .client
+                .get(format!("{}/cgi-bin/media/get", self.base))
+                .query(&[("access_token", token.expose()), ("media_id", media_id)])
+                .timeout(MEDIA_TIMEOUT)
+                .send()
+                .await
+                .map_err(|e| DownloadError::Unavailable(ApiError::from_reqwest(e).to_string()))?;
+            let status = response.status().as_u16();
+            if !(200..300).contains(&status) {
+                let why = ApiError::Status(status).to_string();
+                return Err(match status {
+                    403 | 404 | 410 => DownloadError::Gone(why),
+                    _ => DownloadError::Unavailable(why),
+                });
+            }
+            let textual = response
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(|t| t.to_ascii_lowercase())
+                .is_some_and(|t| t.starts_with("application/json") || t.starts_with("text/"));
+            if !textual {
+                let length = response.content_length();
+                let body = response.bytes_stream().map(|chunk| {
+                    chunk.map_err(|e| std::io::Error::other(ApiError::from_reqwest(e).to_string()))
+                });
+                return Ok(Download {
+                    reader: Box::pin(tokio_util::io::StreamReader::new(body)),
+                    length,
+                });
+            }
+            let refusal = read_refusal(response).await;
+            match refusal {
+                ApiError::Code { errcode, .. } if !fresh && token_refused(Some(errcode)) => {
+                    tracing::info!("the WeCom access token was refused; fetching a new one");
+                    fresh = true;
+                }
+                ApiError::Code {
+                    errcode: code::INVALID_MEDIA_ID,
+                    ..
+                } => return Err(DownloadError::Gone(refusal.to_string())),
+                e => return Err(DownloadError::Unavailable(e.to_string())),
+            }
+        }
+    }
+}
+
+/// The `errcode` of a JSON body sent in place of a file, reading no more
+/// than [`MAX_ERROR_BODY`] bytes of it.
+async fn read_refusal(mut response: reqwest::Response) -> ApiError {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) => break,
+            Err(e) => return ApiError::from_reqwest(e),
+        }
+    }
+    body.truncate(MAX_ERROR_BODY);
+    match serde_json::from_slice::<Envelope>(&body) {
+        Ok(e) if e.errcode != 0 => ApiError::Code {
+            errcode: e.errcode,
+            errmsg: e.errmsg.chars().take(200).collect(),
+        },
+        _ => ApiError::Other("media/get answered text instead of the file".into()),
     }
 }

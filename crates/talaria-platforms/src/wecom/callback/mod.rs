@@ -12,8 +12,16 @@
 //!   (sending, error mapping, the routes to mount, `run`).
 //! - `server`: URL verification and the message callback, in processing
 //!   order.
-//! - `api`: the access token and `message/send`.
+//! - `api`: the access token, `message/send`, `media/upload` and
+//!   `media/get`.
+//! - `media`: which kind of media a file goes out as, within WeCom's
+//!   limits.
 //! - `config`: the section and its environment variables.
+//!
+//! Images, voice messages, videos and files users send are handed over as
+//! attachments whose locator is WeCom's media id; the gateway fetches them
+//! through `media/get` when the turn runs. Files go out by an upload, then
+//! a message naming the media id.
 //!
 //! # Invariants
 //!
@@ -26,6 +34,7 @@
 
 mod api;
 mod config;
+mod media;
 mod server;
 
 use std::sync::Arc;
@@ -34,8 +43,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::json;
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, Capabilities, LengthUnit, Liveness, MessageLimits,
-    OutboundMessage, SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Capabilities, Download, DownloadError, LengthUnit,
+    Liveness, MediaKind, MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage,
 };
 use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
@@ -297,10 +306,78 @@ impl WecomCallbackAdapter {
 
     /// One message, waiting out "too frequent" a bounded number of times.
     async fn send_one(&self, to_user: &str, content: &str) -> Result<SentMessage, SendError> {
-        let body = self.body(to_user, content);
+        self.send_body(&self.body(to_user, content)).await
+    }
+
+    /// The user a chat id names: `<corp_id>:<user_id>`, or a bare user id
+    /// (`talaria send`).
+    fn user_of<'a>(&self, chat_id: &'a str) -> Result<&'a str, SendError> {
+        let chat = chat_id.trim();
+        let user = match chat.split_once(':') {
+            Some((corp, user)) if corp == self.inbound.corp_id => user,
+            Some(_) => {
+                return Err(SendError::Rejected(format!(
+                    "`{chat}` is a chat of another WeCom corp"
+                )));
+            }
+            None => chat,
+        };
+        if user.is_empty() || user.contains(['|', ' ']) {
+            return Err(SendError::Rejected(format!(
+                "`{chat}` does not name one WeCom user"
+            )));
+        }
+        Ok(user)
+    }
+
+    /// Uploads `file` as the kind it fits and sends it (see `media`).
+    async fn post_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let user = self.user_of(&file.chat_id)?;
+        let size = tokio::fs::metadata(&file.path)
+            .await
+            .map_err(|e| SendError::Rejected(format!("cannot read {}: {e}", file.name)))?
+            .len();
+        let kind = media::choose(file, size).map_err(SendError::Rejected)?;
+        let media_id = self
+            .api
+            .upload(kind.as_str(), &file.path, &file.name, &file.mime)
+            .await
+            .map_err(|e| match e {
+                // WeCom refused the file itself (its type, its size).
+                ApiError::Code { errcode, .. } if (40004..=40009).contains(&errcode) => {
+                    SendError::Rejected(format!(
+                        "WeCom refused {} as {}: {e}",
+                        file.name,
+                        kind.as_str()
+                    ))
+                }
+                e => classify(e, self.rate_limit_wait),
+            })?;
+        let msgtype = kind.as_str();
+        let mut body = json!({
+            "touser": user,
+            "msgtype": msgtype,
+            "agentid": self.agent_id,
+            "safe": 0,
+        });
+        body[msgtype] = json!({ "media_id": media_id });
+        if kind == media::Kind::Video {
+            body[msgtype]["title"] = json!(file.name);
+        }
+        let sent = self.send_body(&body).await?;
+        if let Some(caption) = file.caption.as_deref().filter(|c| !c.trim().is_empty()) {
+            for piece in split_bytes(caption, MAX_CONTENT_BYTES) {
+                self.send_one(user, piece).await?;
+            }
+        }
+        Ok(sent)
+    }
+
+    /// Sends `body`, waiting out "too frequent" a bounded number of times.
+    async fn send_body(&self, body: &serde_json::Value) -> Result<SentMessage, SendError> {
         let mut retries = 0;
         loop {
-            match self.api.send(&body).await {
+            match self.api.send(body).await {
                 Ok(sent) => {
                     if let Some(invalid) = sent.invalid_user {
                         return Err(SendError::Rejected(format!(
@@ -389,8 +466,29 @@ pub fn split_bytes(text: &str, max: usize) -> Vec<&str> {
     pieces
 }
 
+/// Kinds users send that are handed over (WeCom documents image, voice and
+/// video messages for apps; a `file` message is taken too).
+const RECEIVES: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Video,
+    MediaKind::Document,
+];
+
+/// Kinds sent as files (each as its own message type where it fits, else
+/// as a file).
+const SENDS: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Audio,
+    MediaKind::Video,
+    MediaKind::Document,
+];
+
 /// What the app can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
+    receives: RECEIVES,
+    sends: SENDS,
     ..Capabilities::chat(MessageLimits {
         // WeCom counts 2048 *bytes*; the gateway splits by characters, so
         // a part of non-ASCII text over 2048 bytes is cut again by bytes
@@ -439,22 +537,7 @@ impl Adapter for WecomCallbackAdapter {
     }
 
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
-        let chat = message.chat_id.trim();
-        // `<corp_id>:<user_id>`, or a bare user id (`talaria send`).
-        let user = match chat.split_once(':') {
-            Some((corp, user)) if corp == self.inbound.corp_id => user,
-            Some(_) => {
-                return Err(SendError::Rejected(format!(
-                    "`{chat}` is a chat of another WeCom corp"
-                )));
-            }
-            None => chat,
-        };
-        if user.is_empty() || user.contains(['|', ' ']) {
-            return Err(SendError::Rejected(format!(
-                "`{chat}` does not name one WeCom user"
-            )));
-        }
+        let user = self.user_of(&message.chat_id)?;
         if message.text.trim().is_empty() {
             return Ok(SentMessage::default());
         }
@@ -463,6 +546,20 @@ impl Adapter for WecomCallbackAdapter {
             last = self.send_one(user, piece).await?;
         }
         Ok(last)
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        if !server::is_media_id(locator) {
+            let shown: String = locator.chars().take(80).collect();
+            return Err(DownloadError::Gone(format!(
+                "{shown:?} is not a WeCom media id"
+            )));
+        }
+        self.api.media(locator).await
+    }
+
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        self.post_file(file).await
     }
 }
 

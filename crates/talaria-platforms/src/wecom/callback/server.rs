@@ -12,8 +12,9 @@
 //! 4. a timestamp further from now than the allowed skew → 403 (a replay
 //!    of an old delivery);
 //! 5. a ciphertext that does not open, or opens for another corp → 403;
-//! 6. events, messages for another agent, and anything but text →
-//!    `success`, nothing handed over;
+//! 6. events, messages for another agent, and anything but text, an
+//!    image, a voice message, a video or a file → `success`, nothing
+//!    handed over;
 //! 7. a `MsgId` seen in the last five minutes → `success`, nothing handed
 //!    over (WeCom retries a delivery it thinks was lost; a replay is
 //!    dropped the same way);
@@ -23,6 +24,13 @@
 //! The turn itself runs in the background: `success` goes back as soon as
 //! the runner recorded the message as owed an answer, well inside the
 //! five seconds WeCom allows.
+//!
+//! Media messages carry a `MediaId` (an image also a `PicUrl`, a voice
+//! message its `Format` and, when the app has speech recognition on, a
+//! `Recognition` transcript). The media id is the attachment's locator:
+//! the gateway fetches the bytes later through `cgi-bin/media/get` with
+//! the app's token (media ids live three days), never from the `PicUrl`,
+//! whose host the message chooses.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -35,7 +43,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
-use talaria_adapter::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{Attachment, ChatType, MediaKind, MessageEvent, SessionSource};
 
 use super::super::crypto::{CryptoError, Key, signature_matches};
 use super::super::seen::Seen;
@@ -107,6 +115,74 @@ pub(crate) struct Message {
     pub(crate) agent_id: String,
     #[serde(rename = "Event")]
     pub(crate) event: String,
+    /// Images, voice messages, videos, files: what `media/get` fetches.
+    #[serde(rename = "MediaId")]
+    pub(crate) media_id: String,
+    /// An image's URL on WeCom's CDN (not fetched; see the module docs).
+    #[serde(rename = "PicUrl")]
+    pub(crate) pic_url: String,
+    /// A voice message's format (`amr`, `speex`).
+    #[serde(rename = "Format")]
+    pub(crate) format: String,
+    /// A voice message's transcript, when the app has recognition on.
+    #[serde(rename = "Recognition")]
+    pub(crate) recognition: String,
+    /// A file's name.
+    #[serde(rename = "FileName")]
+    pub(crate) file_name: String,
+}
+
+/// The largest media id taken; WeCom's are well under it.
+const MAX_MEDIA_ID: usize = 512;
+
+/// Whether `id` can be a media id (it goes into a query string, so only
+/// its length and printable ASCII are asked for).
+pub(crate) fn is_media_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_MEDIA_ID && id.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// The text and files of a message, by its type; `None` for a type that
+/// starts no turn (events, locations, links).
+fn body(message: &Message) -> Option<(String, Vec<Attachment>)> {
+    let media = message.media_id.trim();
+    let attach = |kind: MediaKind| {
+        is_media_id(media)
+            .then(|| Attachment::remote(kind, media))
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
+    match message.msg_type.as_str() {
+        "text" => Some((message.content.clone(), Vec::new())),
+        "image" => Some((String::new(), attach(MediaKind::Image))),
+        // WeCom's own transcript is the text; the recording still goes to
+        // the gateway, whose speech-to-text is used when configured.
+        "voice" => {
+            let format = message.format.trim().to_ascii_lowercase();
+            let files = attach(MediaKind::Voice)
+                .into_iter()
+                .map(|a| {
+                    let mime = match format.as_str() {
+                        "amr" => Some("audio/amr"),
+                        "speex" => Some("audio/speex"),
+                        _ => None,
+                    };
+                    a.claiming(mime)
+                        .named((!format.is_empty()).then(|| format!("voice.{format}")))
+                })
+                .collect();
+            Some((message.recognition.trim().to_owned(), files))
+        }
+        "video" => Some((String::new(), attach(MediaKind::Video))),
+        "file" => {
+            let name = Some(message.file_name.trim()).filter(|n| !n.is_empty());
+            let files = is_media_id(media)
+                .then(|| Attachment::guessed(media, name, None, None))
+                .into_iter()
+                .collect();
+            Some((String::new(), files))
+        }
+        _ => None,
+    }
 }
 
 fn plain(status: StatusCode, body: impl Into<String>) -> Response {
@@ -230,12 +306,12 @@ async fn handle(inbound: &Inbound, message: Message) -> Response {
         tracing::info!("WeCom message for another agent ignored");
         return success();
     }
-    if message.msg_type != "text" {
-        // Events (`enter_agent`, `subscribe`) start no turn; media is not
-        // handed over (see the capabilities).
+    let Some((text, attachments)) = body(&message) else {
+        // Events (`enter_agent`, `subscribe`), locations and links start
+        // no turn.
         tracing::debug!(msg_type = %message.msg_type, event = %message.event, "WeCom callback ignored");
         return success();
-    }
+    };
     let user = message.from_user.trim();
     if user.is_empty() || user.len() > 64 || user.contains(':') {
         return plain(StatusCode::BAD_REQUEST, "no usable FromUserName");
@@ -245,7 +321,7 @@ async fn handle(inbound: &Inbound, message: Message) -> Response {
     } else {
         message.msg_id.trim().to_owned()
     };
-    if message.content.trim().is_empty() {
+    if text.trim().is_empty() && attachments.is_empty() {
         return success();
     }
     if !inbound.seen.insert(&id) {
@@ -254,7 +330,8 @@ async fn handle(inbound: &Inbound, message: Message) -> Response {
     }
     let event = MessageEvent {
         message_id: Some(id.clone()),
-        ..MessageEvent::text(source(&inbound.corp_id, user), &message.content)
+        attachments,
+        ..MessageEvent::text(source(&inbound.corp_id, user), text)
     };
     let handed = match inbound.slot.inbox() {
         Some(inbox) => matches!(
@@ -311,6 +388,43 @@ mod tests {
             quick_xml::de::from_str("<xml><ToUserName>a</ToUserName><AgentID>1</AgentID><Encrypt><![CDATA[abc=]]></Encrypt></xml>")
                 .unwrap();
         assert_eq!(outer.encrypt.as_deref(), Some("abc="));
+    }
+
+    #[test]
+    fn media_messages_become_attachments_fetched_by_media_id() {
+        let read = |xml: &str| quick_xml::de::from_str::<Message>(xml).unwrap();
+        let image = read(
+            "<xml><MsgType><![CDATA[image]]></MsgType><PicUrl><![CDATA[https://wework.qpic.cn/x]]>\
+             </PicUrl><MediaId><![CDATA[2-media_ID-1]]></MediaId><MsgId>1</MsgId></xml>",
+        );
+        assert_eq!(image.pic_url, "https://wework.qpic.cn/x");
+        let (text, files) = body(&image).unwrap();
+        assert!(text.is_empty());
+        assert_eq!(
+            files,
+            vec![Attachment::remote(MediaKind::Image, "2-media_ID-1")]
+        );
+        let voice = read(
+            "<xml><MsgType>voice</MsgType><MediaId>v1</MediaId><Format>AMR</Format>\
+             <Recognition><![CDATA[明天开会]]></Recognition></xml>",
+        );
+        let (text, files) = body(&voice).unwrap();
+        assert_eq!(text, "明天开会");
+        assert_eq!(files[0].kind, MediaKind::Voice);
+        assert_eq!(files[0].mime.as_deref(), Some("audio/amr"));
+        let file = read(
+            "<xml><MsgType>file</MsgType><MediaId>f1</MediaId><FileName>q3.pdf</FileName></xml>",
+        );
+        let (_, files) = body(&file).unwrap();
+        assert_eq!(files[0].kind, MediaKind::Document);
+        assert_eq!(files[0].name.as_deref(), Some("q3.pdf"));
+        let video = read("<xml><MsgType>video</MsgType><MediaId>m1</MediaId></xml>");
+        assert_eq!(body(&video).unwrap().1[0].kind, MediaKind::Video);
+        // A media id with spaces is not fetched; an event starts nothing.
+        let bad = read("<xml><MsgType>image</MsgType><MediaId>a b</MediaId></xml>");
+        assert!(body(&bad).unwrap().1.is_empty());
+        let event = read("<xml><MsgType>event</MsgType><Event>enter_agent</Event></xml>");
+        assert!(body(&event).is_none());
     }
 
     #[test]
