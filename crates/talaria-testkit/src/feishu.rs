@@ -631,14 +631,9 @@ impl FakeFeishu {
     }
 }
 
-/// Checks the bearer token (refused like Feishu: 400, 99991663) and
-/// records the call.
-fn authorize(
-    shared: &Shared,
-    headers: &HeaderMap,
-    method: &Method,
-    uri: &Uri,
-) -> Result<(), Response> {
+/// Checks the bearer token and records the call; the refusal (like
+/// Feishu's: 400, 99991663) when the token is wrong.
+fn authorize(shared: &Shared, headers: &HeaderMap, method: &Method, uri: &Uri) -> Option<Response> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -647,14 +642,14 @@ fn authorize(
     let mut st = shared.core.change();
     if st.token.is_empty() || presented != st.token {
         st.unauthorized += 1;
-        return Err(err(
+        return Some(err(
             400,
             TOKEN_INVALID,
             "Invalid access token for authorization",
         ));
     }
     st.calls.push(format!("{method} {uri}"));
-    Ok(())
+    None
 }
 
 /// One comment as the comment APIs answer it.
@@ -737,7 +732,7 @@ async fn upload_image(
     headers: HeaderMap,
     form: Multipart,
 ) -> Response {
-    if let Err(refused) = authorize(&shared, &headers, &method, &uri) {
+    if let Some(refused) = authorize(&shared, &headers, &method, &uri) {
         return refused;
     }
     let (fields, mut files) = match read_form(form).await {
@@ -773,7 +768,7 @@ async fn upload_file(
     headers: HeaderMap,
     form: Multipart,
 ) -> Response {
-    if let Err(refused) = authorize(&shared, &headers, &method, &uri) {
+    if let Some(refused) = authorize(&shared, &headers, &method, &uri) {
         return refused;
     }
     let (fields, mut files) = match read_form(form).await {
@@ -839,12 +834,10 @@ fn file_key(st: &Book, msg_type: &str, content: &str) -> Option<String> {
     };
     let key = v.get(field)?.as_str()?;
     let upload = st.uploads.iter().find(|u| u.key == key)?;
-    let fits = match (msg_type, upload.file_type.as_deref()) {
-        ("image", None) | ("file", Some(_)) | ("audio", Some("opus")) | ("media", Some("mp4")) => {
-            true
-        }
-        _ => false,
-    };
+    let fits = matches!(
+        (msg_type, upload.file_type.as_deref()),
+        ("image", None) | ("file", Some(_)) | ("audio", Some("opus")) | ("media", Some("mp4"))
+    );
     fits.then(|| key.to_owned())
 }
 
@@ -914,7 +907,7 @@ async fn handle(
             &json!({"code": 0, "msg": "ok", "tenant_access_token": st.token, "expire": 7200}),
         );
     }
-    if let Err(refused) = authorize(&shared, &headers, &method, &uri) {
+    if let Some(refused) = authorize(&shared, &headers, &method, &uri) {
         return refused;
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();

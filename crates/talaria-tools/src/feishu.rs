@@ -175,7 +175,7 @@ fn bounded(text: String, max: usize, how: &str) -> String {
 }
 
 /// The text of a reply's elements: text runs, links, and mentions (as
-/// `@<user id>`).
+/// `@<user id>`), on one line.
 fn reply_text(reply: &Value) -> String {
     let mut text = String::new();
     for el in reply
@@ -188,9 +188,10 @@ fn reply_text(reply: &Value) -> String {
             Some("text_run") => el.pointer("/text_run/text").and_then(Value::as_str),
             Some("docs_link") => el.pointer("/docs_link/url").and_then(Value::as_str),
             Some("person") => {
+                // Spaced apart from the words around it; runs of space are
+                // folded below.
                 if let Some(id) = el.pointer("/person/user_id").and_then(Value::as_str) {
-                    text.push('@');
-                    text.push_str(id);
+                    text.push_str(&format!(" @{id} "));
                 }
                 None
             }
@@ -198,7 +199,7 @@ fn reply_text(reply: &Value) -> String {
         };
         text.push_str(part.unwrap_or(""));
     }
-    text
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
