@@ -399,6 +399,19 @@ impl Runtime {
                 registry.register(tool).map_err(anyhow::Error::msg)?;
             }
         }
+        // The feishu_doc_read and feishu_drive_* tools, when the Feishu app
+        // credentials are set; a Feishu section the gateway cannot use
+        // leaves them out (the gateway says why).
+        let feishu = talaria_platforms::feishu::FeishuConfig::read(&self.config)?;
+        match talaria_platforms::feishu::FeishuSettings::from_config(&feishu, &self.loaded.env) {
+            Ok(Some(settings)) => {
+                for tool in talaria_tools::feishu::feishu_tools(&settings)? {
+                    registry.register(tool).map_err(anyhow::Error::msg)?;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "the Feishu tools are off"),
+        }
         // The external memory provider, if configured: its tools join the
         // registry, and the agent recalls through it.
         let memory = match &self.config.memory.provider {

@@ -46,6 +46,16 @@ pub const TOOLSETS: &[(&str, &[&str])] = &[
             "ha_call_service",
         ],
     ),
+    ("feishu_doc", &["feishu_doc_read"]),
+    (
+        "feishu_drive",
+        &[
+            "feishu_drive_list_comments",
+            "feishu_drive_list_comment_replies",
+            "feishu_drive_reply_comment",
+            "feishu_drive_add_comment",
+        ],
+    ),
 ];
 
 /// The entry that withholds every MCP server's tools.

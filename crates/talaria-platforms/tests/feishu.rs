@@ -7,7 +7,9 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
-use talaria_adapter::{Adapter, AdapterContext, Inbox, LivenessReporter, MessageEvent};
+use talaria_adapter::{
+    Adapter, AdapterContext, Inbox, LivenessReporter, MediaKind, MessageEvent, OutboundFile,
+};
 use talaria_core::Secret;
 use talaria_platforms::feishu::{FeishuAdapter, FeishuSettings};
 use talaria_platforms::ingress::Ingress;
@@ -276,4 +278,202 @@ async fn without_an_encrypt_key_the_token_decides_and_group_messages_need_a_ment
     let encrypted = openssl_encrypt(KEY, &addressed.to_string());
     assert_eq!(h.post(encrypted.to_string().as_bytes(), &[]).await.0, 400);
     assert!(h.events.try_recv().is_err());
+}
+
+/// The adapter on its own against the fake, for files.
+async fn media_adapter() -> (FakeFeishu, FeishuAdapter, tempfile::TempDir) {
+    let fake = FakeFeishu::start("cli_m", "secret_m", BOT).await;
+    let mut settings = FeishuSettings::new("cli_m", "secret_m", &fake.base_url());
+    settings.rate_limit_wait = Duration::from_millis(10);
+    let adapter = FeishuAdapter::new(settings).unwrap();
+    (fake, adapter, tempfile::tempdir().unwrap())
+}
+
+async fn read_all(download: talaria_adapter::Download) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut bytes = Vec::new();
+    let mut reader = download.reader;
+    reader.read_to_end(&mut bytes).await.unwrap();
+    bytes
+}
+
+/// A resource is fetched through its message with the right `type`, the
+/// token renewed once when refused; a locator that is not one the adapter
+/// wrote never reaches Feishu; a resource Feishu does not have is gone.
+#[tokio::test]
+async fn downloads_stream_a_messages_resource_and_refuse_other_locators() {
+    use talaria_adapter::DownloadError;
+    let (fake, adapter, _dir) = media_adapter().await;
+    fake.add_resource("om_pic", "img_v3_pic", true, "image/png", b"\x89PNG fake");
+    fake.add_resource(
+        "om_doc",
+        "file_v3_doc",
+        false,
+        "application/pdf",
+        b"%PDF-1.4",
+    );
+    let d = adapter.download("image:om_pic:img_v3_pic").await.unwrap();
+    assert_eq!(d.length, Some(9));
+    assert_eq!(read_all(d).await, b"\x89PNG fake");
+    fake.invalidate_token();
+    let d = adapter.download("file:om_doc:file_v3_doc").await.unwrap();
+    assert_eq!(read_all(d).await, b"%PDF-1.4");
+    assert_eq!(fake.tokens_issued(), 2);
+    let calls = fake.calls();
+    assert!(
+        calls.contains(
+            &"GET /open-apis/im/v1/messages/om_pic/resources/img_v3_pic?type=image".to_owned()
+        ),
+        "{calls:?}"
+    );
+    let before = fake.calls().len();
+    for bad in [
+        "image:om_pic:../../../open-apis/bot/v3/info",
+        "https://open.feishu.cn/x",
+        "file:oc_chat:file_v3_doc",
+        "image:om_pic:img_v3_pic:x",
+    ] {
+        assert!(
+            matches!(adapter.download(bad).await, Err(DownloadError::Gone(_))),
+            "{bad}"
+        );
+    }
+    assert_eq!(fake.calls().len(), before, "nothing reached Feishu");
+    // The right key with the wrong type, and a key the message lacks.
+    assert!(matches!(
+        adapter.download("file:om_pic:img_v3_pic").await,
+        Err(DownloadError::Gone(_))
+    ));
+    assert!(matches!(
+        adapter.download("image:om_pic:img_v3_none").await,
+        Err(DownloadError::Gone(_))
+    ));
+}
+
+fn outbound(
+    dir: &std::path::Path,
+    name: &str,
+    bytes: &[u8],
+    kind: MediaKind,
+    mime: &str,
+) -> OutboundFile {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    OutboundFile {
+        chat_id: "oc_files".into(),
+        thread_id: None,
+        reply_to: None,
+        path,
+        kind,
+        mime: mime.into(),
+        name: name.into(),
+        caption: None,
+    }
+}
+
+/// A photo goes through the image upload as an `image` message, a voice
+/// note through the file upload (opus) as `audio`, a PDF as a `file`
+/// replying in a topic thread; a re-send posts nothing twice.
+#[tokio::test]
+async fn files_are_uploaded_and_sent_as_their_message_types() {
+    let (fake, adapter, dir) = media_adapter().await;
+    let photo = outbound(
+        dir.path(),
+        "chart.png",
+        b"\x89PNG chart",
+        MediaKind::Image,
+        "image/png",
+    );
+    let sent = adapter.send_file(&photo).await.unwrap();
+    let voice = outbound(
+        dir.path(),
+        "note.ogg",
+        b"OggS voice",
+        MediaKind::Voice,
+        "audio/ogg",
+    );
+    adapter.send_file(&voice).await.unwrap();
+    fake.add_message("om_topic_q", "oc_topic", Some("omt_t1"));
+    let mut pdf = outbound(
+        dir.path(),
+        "report.pdf",
+        b"%PDF-1.4 r",
+        MediaKind::Document,
+        "application/pdf",
+    );
+    pdf.chat_id = "oc_topic".into();
+    pdf.thread_id = Some("omt_t1".into());
+    pdf.reply_to = Some("om_topic_q".into());
+    pdf.caption = Some("the report".into());
+    adapter.send_file(&pdf).await.unwrap();
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 3);
+    assert_eq!(
+        (uploads[0].file_type.as_deref(), uploads[0].bytes.as_slice()),
+        (None, &b"\x89PNG chart"[..])
+    );
+    assert_eq!(uploads[1].file_type.as_deref(), Some("opus"));
+    assert_eq!(uploads[2].file_type.as_deref(), Some("pdf"));
+    assert_eq!(uploads[2].name.as_deref(), Some("report.pdf"));
+    let posted = fake.sent();
+    assert_eq!(posted.len(), 4, "three files and the caption: {posted:?}");
+    assert_eq!(posted[0].msg_type, "image");
+    assert_eq!(posted[0].key.as_deref(), Some(uploads[0].key.as_str()));
+    assert_eq!(
+        sent.message_id.as_deref(),
+        Some(posted[0].message_id.as_str())
+    );
+    assert_eq!(posted[0].chat, "oc_files");
+    assert_eq!(posted[1].msg_type, "audio");
+    assert_eq!(posted[2].msg_type, "file");
+    assert_eq!(posted[2].parent.as_deref(), Some("om_topic_q"));
+    assert_eq!(
+        posted[2].thread.as_deref(),
+        Some("omt_t1"),
+        "answered in the thread"
+    );
+    assert_eq!(
+        (posted[3].msg_type.as_str(), posted[3].text.as_str()),
+        ("text", "the report")
+    );
+    // The ledger sends the photo again (its answer was lost): one message.
+    adapter.send_file(&photo).await.unwrap();
+    assert_eq!(fake.sent().len(), 4);
+}
+
+/// A file over Feishu's 30 MB is refused with a clear error before any
+/// upload, and so is an empty one.
+#[tokio::test]
+async fn a_file_too_large_for_feishu_is_a_clear_error() {
+    let (fake, adapter, dir) = media_adapter().await;
+    let path = dir.path().join("huge.bin");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(31 * 1024 * 1024).unwrap();
+    let mut huge = outbound(
+        dir.path(),
+        "x",
+        b"",
+        MediaKind::Document,
+        "application/octet-stream",
+    );
+    huge.path = path;
+    huge.name = "huge.bin".into();
+    let err = adapter.send_file(&huge).await.unwrap_err();
+    let talaria_adapter::SendError::Rejected(why) = err else {
+        panic!("{err:?}")
+    };
+    assert!(why.contains("huge.bin") && why.contains("30 MB"), "{why}");
+    let empty = outbound(
+        dir.path(),
+        "empty.txt",
+        b"",
+        MediaKind::Document,
+        "text/plain",
+    );
+    assert!(matches!(
+        adapter.send_file(&empty).await,
+        Err(talaria_adapter::SendError::Rejected(_))
+    ));
+    assert!(fake.uploads().is_empty());
+    assert!(fake.sent().is_empty());
 }

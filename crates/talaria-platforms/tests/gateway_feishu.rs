@@ -56,10 +56,8 @@ fn feishu_adapter(config: &Config, env: &Env) -> FeishuAdapter {
 
 adapter_contract!(FeishuKit;
     run: dm_turn, thread_reply, group_mention, long_answer_split, redelivery, rate_limit,
-         unauthorized;
-    skip: dropped_connection => contract::Skip::Connectionless,
-          media_in => contract::Skip::ReceivesNoFiles,
-          media_out => contract::Skip::SendsNoFiles);
+         unauthorized, media_in, media_out;
+    skip: dropped_connection => contract::Skip::Connectionless);
 
 /// The same suite over the long connection (the ancestor's default).
 mod socket {
@@ -67,9 +65,8 @@ mod socket {
 
     adapter_contract!(FeishuSocketKit;
         run: dm_turn, thread_reply, group_mention, long_answer_split, redelivery,
-             dropped_connection, rate_limit, unauthorized;
-        skip: media_in => crate::contract::Skip::ReceivesNoFiles,
-              media_out => crate::contract::Skip::SendsNoFiles);
+             dropped_connection, rate_limit, unauthorized, media_in, media_out;
+        skip:);
 }
 
 /// A comment notice over the long connection is answered in its thread

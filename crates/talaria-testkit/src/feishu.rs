@@ -22,7 +22,28 @@
 //! - Drive comments: `POST /open-apis/drive/v1/files/:token/comments/batch_query`,
 //!   `POST /open-apis/drive/v1/metas/batch_query`,
 //!   `POST …/comments/:comment_id/replies` (1069302 for a comment that
-//!   takes no replies), `POST …/files/:token/new_comments`.
+//!   takes no replies), `POST …/files/:token/new_comments`, and the paged
+//!   lists `GET …/files/:token/comments` (`file_type` required; `is_whole`,
+//!   `page_size` ≤ 100, default 50; `page_token`) and
+//!   `GET …/comments/:comment_id/replies`, each answering `{items,
+//!   has_more, page_token}`.
+//! - `GET /open-apis/docx/v1/documents/:id/raw_content` → `{content}`; an
+//!   unknown document 404 with code 1770002, one the app may not read
+//!   ([`FakeFeishu::forbid_document`]) 403 with code 1770032.
+//! - Uploads, multipart: `POST /open-apis/im/v1/images` needs
+//!   `image_type=message` and a non-empty `image` part of at most 10 MB
+//!   (→ `{image_key}`); `POST /open-apis/im/v1/files` needs `file_type`
+//!   (opus, mp4, pdf, doc, xls, ppt or stream), `file_name` and a
+//!   non-empty `file` part of at most 30 MB (→ `{file_key}`). Anything
+//!   else is 400 with code 234001; every accepted upload is recorded
+//!   ([`FakeFeishu::uploads`]). A message of type `image` must carry a key
+//!   the image upload gave, `file` / `audio` / `media` one the file upload
+//!   gave (`audio` only an opus one, `media` only an mp4 one).
+//! - `GET /open-apis/im/v1/messages/:id/resources/:key?type=image|file`
+//!   serves a resource a test registered on a message
+//!   ([`FakeFeishu::add_resource`]) with its type and length; a wrong or
+//!   missing `type` is 400 (234001), an unknown message or key 404
+//!   (234003).
 //!
 //! The long connection: `POST /callback/ws/endpoint` `{AppID, AppSecret}`
 //! (no token; 514 for wrong credentials) names `ws://…/ws?device_id=…&
@@ -45,8 +66,8 @@ use std::time::{Duration, Instant};
 use aes::cipher::{BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{DefaultBodyLimit, Multipart, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use axum::response::IntoResponse;
 use axum::response::Response;
@@ -61,6 +82,18 @@ use crate::json_response;
 
 /// The code of an invalid tenant access token.
 pub const TOKEN_INVALID: i64 = 99_991_663;
+
+/// Feishu's largest image upload.
+pub const MAX_IMAGE_BYTES: usize = 10 * 1024 * 1024;
+
+/// Feishu's largest file upload.
+pub const MAX_FILE_BYTES: usize = 30 * 1024 * 1024;
+
+/// Request bodies the fake reads: a largest file with its form around it.
+const UPLOAD_BODY_LIMIT: usize = MAX_FILE_BYTES + 1024 * 1024;
+
+/// The upload's `file_type`s.
+const FILE_TYPES: &[&str] = &["opus", "mp4", "pdf", "doc", "xls", "ppt", "stream"];
 
 /// One message the bot posted.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,8 +112,37 @@ pub struct Sent {
     pub text: String,
     /// The `uuid` given.
     pub uuid: Option<String>,
+    /// The `image_key` or `file_key` a file message carries.
+    pub key: Option<String>,
     /// When it was accepted.
     pub at: Instant,
+}
+
+/// A file the bot uploaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    /// `None` for the image upload, else the `file_type` given.
+    pub file_type: Option<String>,
+    /// The `file_name` field (file upload) or the part's file name.
+    pub name: Option<String>,
+    /// The key handed back.
+    pub key: String,
+    /// The bytes received.
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+struct StoredResource {
+    /// `image` or `file`: the `type` the download must name.
+    kind: &'static str,
+    content_type: String,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+enum Document {
+    Readable(String),
+    Forbidden,
 }
 
 /// One reply the bot posted in a comment thread (or a new comment).
@@ -139,6 +201,10 @@ struct Known {
 
 #[derive(Debug, Clone)]
 struct Comment {
+    file_token: String,
+    /// Insertion order: lists are in it.
+    seq: u64,
+    is_whole: bool,
     quote: String,
     replies: Vec<(String, String)>,
     /// Calls to batch_query that still find nothing (reads lag writes).
@@ -232,6 +298,12 @@ struct Book {
     comment_replies: Vec<CommentReply>,
     next: u64,
     unauthorized: usize,
+    uploads: Vec<Upload>,
+    /// message id → key → the resource.
+    resources: HashMap<String, HashMap<String, StoredResource>>,
+    documents: HashMap<String, Document>,
+    /// `METHOD path?query` of every authorized call.
+    calls: Vec<String>,
 }
 
 struct Shared {
@@ -280,7 +352,10 @@ impl FakeFeishu {
         });
         let app = Router::new()
             .route("/ws", axum::routing::get(socket))
+            .route("/open-apis/im/v1/images", axum::routing::post(upload_image))
+            .route("/open-apis/im/v1/files", axum::routing::post(upload_file))
             .fallback(handle)
+            .layer(DefaultBodyLimit::max(UPLOAD_BODY_LIMIT))
             .with_state(shared.clone());
         shared.core.serve("fake-feishu", listener, app)?;
         Ok(FakeFeishu { addr, shared })
@@ -396,9 +471,14 @@ impl FakeFeishu {
     ) {
         let mut st = self.shared.core.change();
         st.titles.insert(file_token.to_owned(), title.to_owned());
+        st.next += 1;
+        let seq = st.next;
         st.comments.insert(
             comment_id.to_owned(),
             Comment {
+                file_token: file_token.to_owned(),
+                seq,
+                is_whole: quote.is_empty(),
                 quote: quote.to_owned(),
                 replies: replies
                     .iter()
@@ -408,6 +488,60 @@ impl FakeFeishu {
                 closed: false,
             },
         );
+    }
+
+    /// Registers a file a user sent in message `message_id` under `key`
+    /// (an `image_key` when `image`, else a `file_key`).
+    pub fn add_resource(
+        &self,
+        message_id: &str,
+        key: &str,
+        image: bool,
+        content_type: &str,
+        bytes: &[u8],
+    ) {
+        self.shared
+            .core
+            .change()
+            .resources
+            .entry(message_id.to_owned())
+            .or_default()
+            .insert(
+                key.to_owned(),
+                StoredResource {
+                    kind: if image { "image" } else { "file" },
+                    content_type: content_type.to_owned(),
+                    bytes: bytes.to_vec(),
+                },
+            );
+    }
+
+    /// Registers a docx document and its plain text.
+    pub fn add_document(&self, document_id: &str, text: &str) {
+        self.shared
+            .core
+            .change()
+            .documents
+            .insert(document_id.to_owned(), Document::Readable(text.to_owned()));
+    }
+
+    /// The document exists but is not shared with the app: 403, 1770032.
+    pub fn forbid_document(&self, document_id: &str) {
+        self.shared
+            .core
+            .change()
+            .documents
+            .insert(document_id.to_owned(), Document::Forbidden);
+    }
+
+    /// Every file uploaded, in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.core.read().uploads.clone()
+    }
+
+    /// `METHOD path?query` of every call made with a valid token, in order.
+    pub fn calls(&self) -> Vec<String> {
+        self.shared.core.read().calls.clone()
     }
 
     /// The comment takes no replies (solved, or whole-document): 1069302.
@@ -497,6 +631,183 @@ impl FakeFeishu {
     }
 }
 
+/// Checks the bearer token and records the call; the refusal (like
+/// Feishu's: 400, 99991663) when the token is wrong.
+fn authorize(shared: &Shared, headers: &HeaderMap, method: &Method, uri: &Uri) -> Option<Response> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let mut st = shared.core.change();
+    if st.token.is_empty() || presented != st.token {
+        st.unauthorized += 1;
+        return Some(err(
+            400,
+            TOKEN_INVALID,
+            "Invalid access token for authorization",
+        ));
+    }
+    st.calls.push(format!("{method} {uri}"));
+    None
+}
+
+/// One comment as the comment APIs answer it.
+fn comment_json(id: &str, c: &Comment, bot: &str) -> Value {
+    let replies: Vec<Value> = c.replies.iter().map(|r| reply_json(r, bot)).collect();
+    json!({"comment_id": id, "is_whole": c.is_whole, "is_solved": c.closed && !c.is_whole,
+        "quote": c.quote, "has_more": false, "reply_list": {"replies": replies}})
+}
+
+/// One reply: the bot mentioned, then the text.
+fn reply_json((rid, text): &(String, String), bot: &str) -> Value {
+    json!({"reply_id": rid, "user_id": "ou_commenter", "content": {"elements": [
+        {"type": "person", "person": {"user_id": bot}},
+        {"type": "text_run", "text_run": {"text": text}},
+    ]}})
+}
+
+/// One page of `items`: `page_size` (default 50, 1..=100) from the
+/// offset `page_token` names.
+fn page(uri: &Uri, items: Vec<Value>) -> Response {
+    let size = match query_param(uri, "page_size") {
+        None => 50,
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=100).contains(&n) => n,
+            _ => return err(400, 1_069_301, "invalid page_size"),
+        },
+    };
+    let start = match query_param(uri, "page_token") {
+        None => 0,
+        Some(t) => match t.parse::<usize>() {
+            Ok(n) if n <= items.len() => n,
+            _ => return err(400, 1_069_301, "invalid page_token"),
+        },
+    };
+    let end = (start + size).min(items.len());
+    let has_more = end < items.len();
+    let mut data = json!({"items": items[start..end].to_vec(), "has_more": has_more});
+    if has_more {
+        data["page_token"] = json!(end.to_string());
+    }
+    ok(data)
+}
+
+/// A multipart form read whole: its text fields and its file parts
+/// (part name → file name and bytes).
+type Form = (
+    HashMap<String, String>,
+    HashMap<String, (Option<String>, Vec<u8>)>,
+);
+
+async fn read_form(mut form: Multipart) -> Result<Form, Response> {
+    let mut fields = HashMap::new();
+    let mut files = HashMap::new();
+    loop {
+        match form.next_field().await {
+            Ok(Some(field)) => {
+                let name = field.name().unwrap_or("").to_owned();
+                let file_name = field.file_name().map(str::to_owned);
+                let is_file = file_name.is_some() || field.content_type().is_some();
+                let Ok(bytes) = field.bytes().await else {
+                    return Err(err(400, 234_001, "Invalid request param: unreadable form"));
+                };
+                if is_file {
+                    files.insert(name, (file_name, bytes.to_vec()));
+                } else {
+                    fields.insert(name, String::from_utf8_lossy(&bytes).into_owned());
+                }
+            }
+            Ok(None) => return Ok((fields, files)),
+            Err(_) => return Err(err(400, 234_001, "Invalid request param: not a form")),
+        }
+    }
+}
+
+/// `POST /open-apis/im/v1/images`.
+async fn upload_image(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    form: Multipart,
+) -> Response {
+    if let Some(refused) = authorize(&shared, &headers, &method, &uri) {
+        return refused;
+    }
+    let (fields, mut files) = match read_form(form).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    if fields.get("image_type").map(String::as_str) != Some("message") {
+        return err(400, 234_001, "Invalid request param: image_type");
+    }
+    let Some((name, bytes)) = files.remove("image") else {
+        return err(400, 234_001, "Invalid request param: image");
+    };
+    if bytes.is_empty() || bytes.len() > MAX_IMAGE_BYTES {
+        return err(400, 234_006, "The image size exceeds the limit or is empty");
+    }
+    let mut st = shared.core.change();
+    st.next += 1;
+    let key = format!("img_v3_kit{}", st.next);
+    st.uploads.push(Upload {
+        file_type: None,
+        name,
+        key: key.clone(),
+        bytes,
+    });
+    ok(json!({"image_key": key}))
+}
+
+/// `POST /open-apis/im/v1/files`.
+async fn upload_file(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    form: Multipart,
+) -> Response {
+    if let Some(refused) = authorize(&shared, &headers, &method, &uri) {
+        return refused;
+    }
+    let (fields, mut files) = match read_form(form).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let Some(file_type) = fields
+        .get("file_type")
+        .filter(|t| FILE_TYPES.contains(&t.as_str()))
+    else {
+        return err(400, 234_001, "Invalid request param: file_type");
+    };
+    let Some(file_name) = fields.get("file_name").filter(|n| !n.is_empty()) else {
+        return err(400, 234_001, "Invalid request param: file_name");
+    };
+    if fields
+        .get("duration")
+        .is_some_and(|d| d.parse::<u64>().is_err())
+    {
+        return err(400, 234_001, "Invalid request param: duration");
+    }
+    let Some((_, bytes)) = files.remove("file") else {
+        return err(400, 234_001, "Invalid request param: file");
+    };
+    if bytes.is_empty() || bytes.len() > MAX_FILE_BYTES {
+        return err(400, 234_006, "The file size exceeds the limit or is empty");
+    }
+    let mut st = shared.core.change();
+    st.next += 1;
+    let key = format!("file_v3_kit{}", st.next);
+    st.uploads.push(Upload {
+        file_type: Some(file_type.clone()),
+        name: Some(file_name.clone()),
+        key: key.clone(),
+        bytes,
+    });
+    ok(json!({"file_key": key}))
+}
+
 fn ok(data: Value) -> Response {
     json_response(200, &json!({"code": 0, "msg": "success", "data": data}))
 }
@@ -510,6 +821,24 @@ fn query_param(uri: &Uri, name: &str) -> Option<String> {
         let (k, v) = pair.split_once('=')?;
         (k == name).then(|| v.to_owned())
     })
+}
+
+/// The key a file message carries, when an upload gave it and it fits
+/// the message type.
+fn file_key(st: &Book, msg_type: &str, content: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(content).ok()?;
+    let field = if msg_type == "image" {
+        "image_key"
+    } else {
+        "file_key"
+    };
+    let key = v.get(field)?.as_str()?;
+    let upload = st.uploads.iter().find(|u| u.key == key)?;
+    let fits = matches!(
+        (msg_type, upload.file_type.as_deref()),
+        ("image", None) | ("file", Some(_)) | ("audio", Some("opus")) | ("media", Some("mp4"))
+    );
+    fits.then(|| key.to_owned())
 }
 
 /// The text a user reads of a `text` or `post` content.
@@ -578,20 +907,99 @@ async fn handle(
             &json!({"code": 0, "msg": "ok", "tenant_access_token": st.token, "expire": 7200}),
         );
     }
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    {
-        let mut st = shared.core.change();
-        if st.token.is_empty() || presented != st.token {
-            st.unauthorized += 1;
-            return err(400, TOKEN_INVALID, "Invalid access token for authorization");
-        }
+    if let Some(refused) = authorize(&shared, &headers, &method, &uri) {
+        return refused;
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (method.as_str(), segments.as_slice()) {
+        (
+            "GET",
+            [
+                "open-apis",
+                "im",
+                "v1",
+                "messages",
+                message_id,
+                "resources",
+                key,
+            ],
+        ) => {
+            let st = shared.core.read();
+            let Some(found) = st.resources.get(*message_id).and_then(|r| r.get(*key)) else {
+                return err(404, 234_003, "the resource is not found in the message");
+            };
+            if query_param(&uri, "type").as_deref() != Some(found.kind) {
+                return err(400, 234_001, "Invalid request param: type");
+            }
+            let mut r = Response::new(axum::body::Body::from(found.bytes.clone()));
+            if let Ok(v) = HeaderValue::from_str(&found.content_type) {
+                r.headers_mut().insert(header::CONTENT_TYPE, v);
+            }
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(found.bytes.len()));
+            r
+        }
+        ("GET", ["open-apis", "docx", "v1", "documents", id, "raw_content"]) => {
+            match shared.core.read().documents.get(*id) {
+                Some(Document::Readable(text)) => ok(json!({"content": text})),
+                Some(Document::Forbidden) => err(403, 1_770_032, "forbidden"),
+                None => err(404, 1_770_002, "not found"),
+            }
+        }
+        ("GET", ["open-apis", "drive", "v1", "files", token, "comments"]) => {
+            if query_param(&uri, "file_type").is_none() {
+                return err(400, 1_069_301, "file_type is required");
+            }
+            let whole = query_param(&uri, "is_whole");
+            let st = shared.core.read();
+            let mut found: Vec<(&String, &Comment)> = st
+                .comments
+                .iter()
+                .filter(|(_, c)| c.file_token == *token)
+                .filter(|(_, c)| match whole.as_deref() {
+                    Some("true") => c.is_whole,
+                    Some("false") => !c.is_whole,
+                    _ => true,
+                })
+                .collect();
+            found.sort_by_key(|(_, c)| c.seq);
+            let items = found
+                .into_iter()
+                .map(|(id, c)| comment_json(id, c, &shared.bot_open_id))
+                .collect();
+            page(&uri, items)
+        }
+        (
+            "GET",
+            [
+                "open-apis",
+                "drive",
+                "v1",
+                "files",
+                token,
+                "comments",
+                comment_id,
+                "replies",
+            ],
+        ) => {
+            if query_param(&uri, "file_type").is_none() {
+                return err(400, 1_069_301, "file_type is required");
+            }
+            let st = shared.core.read();
+            let Some(c) = st
+                .comments
+                .get(*comment_id)
+                .filter(|c| c.file_token == *token)
+            else {
+                return err(404, 1_069_303, "comment not found");
+            };
+            let items = c
+                .replies
+                .iter()
+                .map(|r| reply_json(r, &shared.bot_open_id))
+                .collect();
+            page(&uri, items)
+        }
         ("GET", ["open-apis", "bot", "v3", "info"]) => json_response(
             200,
             &json!({"code": 0, "msg": "ok", "bot": {
@@ -679,20 +1087,7 @@ async fn handle(
                     c.lag -= 1;
                     continue;
                 }
-                let replies: Vec<Value> = c
-                    .replies
-                    .iter()
-                    .map(|(rid, text)| {
-                        json!({"reply_id": rid, "content": {"elements": [
-                            {"type": "person", "person": {"user_id": shared.bot_open_id}},
-                            {"type": "text_run", "text_run": {"text": text}},
-                        ]}})
-                    })
-                    .collect();
-                items.push(
-                    json!({"comment_id": id, "is_whole": false, "is_solved": false,
-                    "quote": c.quote, "reply_list": {"replies": replies}}),
-                );
+                items.push(comment_json(id, c, &shared.bot_open_id));
             }
             ok(json!({"items": items}))
         }
@@ -724,6 +1119,9 @@ async fn handle(
                 .collect();
             st.next += 1;
             let reply_id = format!("reply_{}", st.next);
+            if let Some(c) = st.comments.get_mut(*comment_id) {
+                c.replies.push((reply_id.clone(), text.clone()));
+            }
             st.comment_replies.push(CommentReply {
                 file_token: (*token).to_owned(),
                 file_type: query_param(&uri, "file_type").unwrap_or_default(),
@@ -740,11 +1138,30 @@ async fn handle(
                 .flatten()
                 .filter_map(|e| e.get("text").and_then(Value::as_str))
                 .collect();
+            let Some(file_type) = body["file_type"].as_str().filter(|t| !t.is_empty()) else {
+                return err(400, 1_069_301, "file_type is required");
+            };
+            if text.is_empty() {
+                return err(400, 1_069_301, "reply_elements is empty");
+            }
             st.next += 1;
-            let comment_id = format!("comment_{}", st.next);
+            let seq = st.next;
+            let comment_id = format!("comment_{seq}");
+            st.comments.insert(
+                comment_id.clone(),
+                Comment {
+                    file_token: (*token).to_owned(),
+                    seq,
+                    is_whole: true,
+                    quote: String::new(),
+                    replies: vec![(format!("reply_{seq}"), text.clone())],
+                    lag: 0,
+                    closed: true,
+                },
+            );
             st.comment_replies.push(CommentReply {
                 file_token: (*token).to_owned(),
-                file_type: body["file_type"].as_str().unwrap_or("").to_owned(),
+                file_type: file_type.to_owned(),
                 comment_id: None,
                 text,
             });
@@ -778,8 +1195,21 @@ async fn send(
     }
     let msg_type = body["msg_type"].as_str().unwrap_or("").to_owned();
     let content = body["content"].as_str().unwrap_or("");
-    let Some(text) = read_content(&msg_type, content) else {
-        return err(400, 230_001, "invalid message content");
+    let (text, key) = match msg_type.as_str() {
+        "image" | "file" | "audio" | "media" => match file_key(&st, &msg_type, content) {
+            Some(key) => (String::new(), Some(key)),
+            None => {
+                return err(
+                    400,
+                    230_001,
+                    "invalid message content: unknown or unfit key",
+                );
+            }
+        },
+        _ => match read_content(&msg_type, content) {
+            Some(text) => (text, None),
+            None => return err(400, 230_001, "invalid message content"),
+        },
     };
     if text.chars().count() > 30_000 {
         return err(400, 230_025, "the message is too long");
@@ -846,6 +1276,7 @@ async fn send(
         msg_type,
         text,
         uuid,
+        key,
         at: Instant::now(),
     });
     ok(json!({"message_id": message_id, "chat_id": chat, "thread_id": thread}))
@@ -873,20 +1304,42 @@ pub fn text_message(
     text: &str,
     mentions: Value,
 ) -> Value {
-    let mut message = json!({
-        "message_id": message_id, "chat_id": chat_id, "chat_type": chat_type,
-        "message_type": "text", "create_time": "1700000000000",
-        "content": json!({"text": text}).to_string(),
-        "mentions": mentions,
-    });
+    let mut body = typed_message(
+        sender_open_id,
+        message_id,
+        chat_id,
+        chat_type,
+        "text",
+        &json!({"text": text}),
+    );
+    body["message"]["mentions"] = mentions;
     if let Some(t) = thread_id {
-        message["thread_id"] = json!(t);
-        message["root_id"] = json!(format!("om_root_{t}"));
+        body["message"]["thread_id"] = json!(t);
+        body["message"]["root_id"] = json!(format!("om_root_{t}"));
     }
+    body
+}
+
+/// The body of an `im.message.receive_v1` message of any `message_type`
+/// (`image`, `file`, `audio`, `media`, `post`), its `content` given as
+/// JSON and sent as the string Feishu sends.
+pub fn typed_message(
+    sender_open_id: &str,
+    message_id: &str,
+    chat_id: &str,
+    chat_type: &str,
+    message_type: &str,
+    content: &Value,
+) -> Value {
     json!({
         "sender": {"sender_id": {"open_id": sender_open_id, "user_id": "u_x", "union_id": "on_x"},
             "sender_type": "user", "tenant_key": "tenant_kit"},
-        "message": message,
+        "message": {
+            "message_id": message_id, "chat_id": chat_id, "chat_type": chat_type,
+            "message_type": message_type, "create_time": "1700000000000",
+            "content": content.to_string(),
+            "mentions": [],
+        },
     })
 }
 

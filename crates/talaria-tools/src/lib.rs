@@ -6,10 +6,13 @@
 //!
 //! - [`browser`]: the `browser_*` tools over a headless Chromium
 //!   (`talaria_web::browser`).
+//! - [`feishu`]: the `feishu_doc_read` and `feishu_drive_*` tools over the
+//!   Feishu / Lark Open Platform.
 //! - [`homeassistant`]: the `ha_*` tools over Home Assistant's REST API.
 //! - [`web`]: `web_search` and `web_extract`.
 #![forbid(unsafe_code)]
 
 pub mod browser;
+pub mod feishu;
 pub mod homeassistant;
 pub mod web;

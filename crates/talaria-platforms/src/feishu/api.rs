@@ -6,6 +6,7 @@
 //! when a call says it is invalid.
 
 use std::fmt;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
@@ -14,11 +15,14 @@ use talaria_adapter::SendError;
 use talaria_core::Secret;
 use tokio::sync::Mutex;
 
+/// How much of an error answer to a download is read.
+const ERROR_BODY_BYTES: usize = 16 * 1024;
+
 /// The token is renewed this long before Feishu says it expires.
 const REFRESH_EARLY: Duration = Duration::from_secs(600);
 
 /// Codes that mean the tenant access token is invalid or expired.
-const TOKEN_INVALID: &[i64] = &[99_991_663, 99_991_661, 99_991_668];
+pub(crate) const TOKEN_INVALID: &[i64] = &[99_991_663, 99_991_661, 99_991_668];
 
 /// Feishu's rate-limit code (with HTTP 429, or 400 on older APIs).
 pub(crate) const RATE_LIMITED: i64 = 99_991_400;
@@ -30,13 +34,17 @@ pub(crate) const NOT_FOUND: i64 = 231_003;
 /// The comment thread takes no replies (whole or solved comment).
 pub(crate) const NO_THREAD_REPLY: i64 = 1_069_302;
 
-/// A failed call.
+/// A failed call to the Open Platform (re-exported as
+/// `FeishuApiError` for the `feishu_*` tools).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ApiError {
+pub enum ApiError {
     /// Feishu answered with an error code (or a bad status).
     Refused {
+        /// The HTTP status.
         status: u16,
+        /// Feishu's `code` (-1 when the answer had none).
         code: i64,
+        /// Feishu's `msg`, scrubbed of the app secret.
         msg: String,
         /// `x-ogw-ratelimit-reset`, when given.
         reset: Option<Duration>,
@@ -64,7 +72,7 @@ impl fmt::Display for ApiError {
 
 impl ApiError {
     /// Feishu's own code, when it answered.
-    pub(crate) fn code(&self) -> Option<i64> {
+    pub fn code(&self) -> Option<i64> {
         match self {
             ApiError::Refused { code, .. } => Some(*code),
             _ => None,
@@ -147,6 +155,34 @@ impl Api {
         })
     }
 
+    /// The one client of this app in this process: the adapter and the
+    /// `feishu_*` tools share it, so they share one tenant token (Feishu
+    /// hands out a new one per request otherwise, and each is a call).
+    pub(crate) fn shared(
+        base: &str,
+        app_id: &str,
+        app_secret: Secret,
+        timeout: Duration,
+    ) -> Result<Arc<Api>, String> {
+        static CLIENTS: StdMutex<Vec<Weak<Api>>> = StdMutex::new(Vec::new());
+        let mut clients = CLIENTS.lock().unwrap_or_else(|p| p.into_inner());
+        // Only live clients are kept: one per app configured, at most.
+        clients.retain(|c| c.strong_count() > 0);
+        let base = base.trim_end_matches('/');
+        let found = clients.iter().filter_map(Weak::upgrade).find(|c| {
+            c.base == base
+                && c.app_id == app_id
+                && c.timeout == timeout
+                && c.app_secret.expose() == app_secret.expose()
+        });
+        if let Some(found) = found {
+            return Ok(found);
+        }
+        let api = Arc::new(Api::new(base, app_id, app_secret, timeout)?);
+        clients.push(Arc::downgrade(&api));
+        Ok(api)
+    }
+
     /// The cached token, or a fresh one.
     async fn token(&self, fresh: bool) -> Result<Secret, ApiError> {
         let mut slot = self.token.lock().await;
@@ -211,6 +247,22 @@ impl Api {
         body: Option<&Value>,
         token: Option<&Secret>,
     ) -> Result<Value, ApiError> {
+        let mut request = self.request(method, path, query, token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let answer = request.send().await.map_err(|e| self.transport(&e))?;
+        self.read_answer(answer).await
+    }
+
+    /// A request to `path` with the call timeout and, when given, the token.
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        token: Option<&Secret>,
+    ) -> reqwest::RequestBuilder {
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -221,26 +273,26 @@ impl Api {
         if let Some(token) = token {
             request = request.bearer_auth(token.expose());
         }
-        if let Some(body) = body {
-            request = request.json(body);
+        request
+    }
+
+    /// What a transport failure means: nothing sent, maybe sent, or broken.
+    fn transport(&self, e: &reqwest::Error) -> ApiError {
+        let text = self.scrub(&e.to_string());
+        if e.is_connect() {
+            ApiError::Connect(text)
+        } else if e.is_timeout() {
+            ApiError::Timeout(text)
+        } else {
+            ApiError::Other(text)
         }
-        let answer = request.send().await.map_err(|e| {
-            let text = self.scrub(&e.to_string());
-            if e.is_connect() {
-                ApiError::Connect(text)
-            } else if e.is_timeout() {
-                ApiError::Timeout(text)
-            } else {
-                ApiError::Other(text)
-            }
-        })?;
+    }
+
+    /// Reads a `{code, msg, data}` answer: `data` on code 0, else the
+    /// refusal.
+    async fn read_answer(&self, answer: reqwest::Response) -> Result<Value, ApiError> {
         let status = answer.status().as_u16();
-        let reset = answer
-            .headers()
-            .get("x-ogw-ratelimit-reset")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let reset = reset_of(&answer);
         let text = answer
             .text()
             .await
@@ -252,17 +304,101 @@ impl Api {
                 // The token call answers at the top level.
                 value.clone()
             })),
-            _ => Err(ApiError::Refused {
-                status,
-                code: code.unwrap_or(-1),
-                msg: self.scrub(
-                    value
-                        .get("msg")
-                        .and_then(Value::as_str)
-                        .unwrap_or("no message"),
-                ),
-                reset,
-            }),
+            _ => Err(self.refusal(status, &value, reset)),
+        }
+    }
+
+    fn refusal(&self, status: u16, value: &Value, reset: Option<Duration>) -> ApiError {
+        ApiError::Refused {
+            status,
+            code: value.get("code").and_then(Value::as_i64).unwrap_or(-1),
+            msg: self.scrub(
+                value
+                    .get("msg")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no message"),
+            ),
+            reset,
+        }
+    }
+
+    /// Opens a binary resource (`GET`, tenant token): the answer is handed
+    /// back unread so its body can be streamed. Feishu answers a refusal
+    /// in JSON, which is read (a bounded piece of it) into the error.
+    pub(crate) async fn fetch(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<reqwest::Response, ApiError> {
+        let mut fresh = false;
+        loop {
+            let token = self.token(fresh).await?;
+            let answer = self
+                .request(Method::GET, path, query, Some(&token))
+                .timeout(timeout)
+                .send()
+                .await
+                .map_err(|e| self.transport(&e))?;
+            let status = answer.status().as_u16();
+            let json = answer
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("application/json"));
+            if status < 400 && !json {
+                return Ok(answer);
+            }
+            let reset = reset_of(&answer);
+            let head = read_head(answer, ERROR_BODY_BYTES).await;
+            let value: Value = serde_json::from_slice(&head).unwrap_or(Value::Null);
+            let error = self.refusal(status, &value, reset);
+            match error.code() {
+                Some(c) if TOKEN_INVALID.contains(&c) && !fresh => {
+                    tracing::info!(
+                        "the Feishu tenant access token was refused; fetching a new one"
+                    );
+                    fresh = true;
+                }
+                _ => return Err(error),
+            }
+        }
+    }
+
+    /// A multipart upload (`POST`, tenant token). `form` builds the form
+    /// afresh for each attempt, since a streamed part is spent once sent.
+    pub(crate) async fn upload<F, Fut>(
+        &self,
+        path: &str,
+        timeout: Duration,
+        form: F,
+    ) -> Result<Value, ApiError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = std::io::Result<reqwest::multipart::Form>>,
+    {
+        let mut fresh = false;
+        loop {
+            let token = self.token(fresh).await?;
+            let form = form()
+                .await
+                .map_err(|e| ApiError::Other(format!("cannot read the file to upload: {e}")))?;
+            let answer = self
+                .request(Method::POST, path, &[], Some(&token))
+                .timeout(timeout)
+                .multipart(form)
+                .send()
+                .await
+                .map_err(|e| self.transport(&e))?;
+            match self.read_answer(answer).await {
+                Err(e) if !fresh && e.code().is_some_and(|c| TOKEN_INVALID.contains(&c)) => {
+                    tracing::info!(
+                        "the Feishu tenant access token was refused; fetching a new one"
+                    );
+                    fresh = true;
+                }
+                other => return other,
+            }
         }
     }
 
@@ -296,4 +432,29 @@ impl Api {
             text.replace(secret, "***")
         }
     }
+}
+
+/// `x-ogw-ratelimit-reset`, when given.
+fn reset_of(answer: &reqwest::Response) -> Option<Duration> {
+    answer
+        .headers()
+        .get("x-ogw-ratelimit-reset")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// The first `cap` bytes of a body (an error's explanation), never more.
+async fn read_head(mut answer: reqwest::Response, cap: usize) -> Vec<u8> {
+    let mut head = Vec::new();
+    while head.len() < cap {
+        match answer.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = cap - head.len();
+                head.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    head
 }

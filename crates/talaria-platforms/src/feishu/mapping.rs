@@ -110,15 +110,33 @@ fn map_message(event: &Value, bot_open_id: Option<&str>, require_mention: bool) 
     let content: Value = text_at(message, "/content")
         .and_then(|c| serde_json::from_str(c).ok())
         .unwrap_or(Value::Null);
-    let mut text = match message_type {
-        "text" => content
-            .get("text")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned(),
-        "post" => post_text(&content),
+    let (mut text, attachments) = match message_type {
+        "text" => (
+            content
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            Vec::new(),
+        ),
+        "post" => (
+            post_text(&content),
+            super::media::of_post(post_body(&content), message_id),
+        ),
+        "image" | "file" | "audio" | "media" => {
+            match super::media::of_message(message_type, &content, message_id) {
+                Some(a) => (String::new(), vec![a]),
+                None => {
+                    return Inbound::Ignored(format!(
+                        "a {message_type:?} message without a usable key"
+                    ));
+                }
+            }
+        }
         other => {
-            return Inbound::Ignored(format!("a {other:?} message (only text and post are read)"));
+            return Inbound::Ignored(format!(
+                "a {other:?} message (only text, post, image, file, audio and media are read)"
+            ));
         }
     };
     for m in &mentions {
@@ -133,7 +151,7 @@ fn map_message(event: &Value, bot_open_id: Option<&str>, require_mention: bool) 
         text = text.replace(key, &replacement);
     }
     let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if text.is_empty() {
+    if text.is_empty() && attachments.is_empty() {
         return Inbound::Ignored("an empty message".into());
     }
     let thread_id = text_at(message, "/thread_id").map(str::to_owned);
@@ -151,21 +169,27 @@ fn map_message(event: &Value, bot_open_id: Option<&str>, require_mention: bool) 
     let mut event = MessageEvent::text(source, text);
     event.message_id = Some(message_id.to_owned());
     event.reply_to_message_id = reply_to;
+    event.attachments = attachments;
     Inbound::Message(Box::new(event))
 }
 
-/// The text of a rich-text (`post`) message: its title and every text,
-/// link, mention and markdown element, one paragraph a line.
-fn post_text(content: &Value) -> String {
-    // Received posts are either `{title, content}` or keyed by language.
-    let body = if content.get("content").is_some() {
+/// A post's `{title, content}`: received posts are either that or keyed
+/// by language.
+fn post_body(content: &Value) -> &Value {
+    if content.get("content").is_some() {
         content
     } else {
         content
             .as_object()
             .and_then(|o| o.values().next())
             .unwrap_or(&Value::Null)
-    };
+    }
+}
+
+/// The text of a rich-text (`post`) message: its title and every text,
+/// link, mention and markdown element, one paragraph a line.
+fn post_text(content: &Value) -> String {
+    let body = post_body(content);
     let mut lines = Vec::new();
     if let Some(title) = body
         .get("title")
@@ -260,12 +284,35 @@ mod tests {
             map_event(&own, Some("ou_bot"), true),
             Inbound::Ignored(_)
         ));
-        let mut image = message("p2p", "x", json!([]));
-        image["event"]["message"]["message_type"] = json!("image");
+        let mut sticker = message("p2p", "x", json!([]));
+        sticker["event"]["message"]["message_type"] = json!("sticker");
         assert!(matches!(
-            map_event(&image, Some("ou_bot"), true),
+            map_event(&sticker, Some("ou_bot"), true),
             Inbound::Ignored(_)
         ));
+        // An image without a key is nothing to answer either.
+        let mut keyless = message("p2p", "x", json!([]));
+        keyless["event"]["message"]["message_type"] = json!("image");
+        assert!(matches!(
+            map_event(&keyless, Some("ou_bot"), true),
+            Inbound::Ignored(_)
+        ));
+    }
+
+    #[test]
+    fn an_image_message_is_an_attachment_without_text() {
+        let mut image = message("p2p", "x", json!([]));
+        image["event"]["message"]["message_type"] = json!("image");
+        image["event"]["message"]["content"] = json!(json!({"image_key": "img_v3_1"}).to_string());
+        let Inbound::Message(e) = map_event(&image, Some("ou_bot"), true) else {
+            panic!()
+        };
+        assert_eq!(e.text, "");
+        assert_eq!(e.attachments.len(), 1);
+        assert_eq!(
+            e.attachments[0].source,
+            talaria_adapter::AttachmentSource::Remote("image:om_1:img_v3_1".into())
+        );
     }
 
     #[test]

@@ -15,7 +15,11 @@
 //! - `mapping`: the event envelope and what it becomes.
 //! - `comments`: `drive.notice.comment_add_v1` and replies in a comment
 //!   thread.
-//! - `api`: the tenant access token and the REST calls.
+//! - `api`: the tenant access token and the REST calls, one client per
+//!   app in the process ([`FeishuClient`] lends it to the `feishu_*`
+//!   tools).
+//! - `media`: attachments in (message resources) and files out (image
+//!   and file uploads).
 //! - `format`: `text` or a `post` with an `md` element.
 //!
 //! # Invariants
@@ -37,6 +41,7 @@ mod crypto;
 mod format;
 mod longconn;
 mod mapping;
+mod media;
 mod server;
 
 use std::collections::HashMap;
@@ -49,8 +54,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, Capabilities, LengthUnit, Markup, MessageLimits,
-    OutboundMessage, SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Capabilities, Download, DownloadError, LengthUnit,
+    Markup, MediaKind, MessageLimits, OutboundFile, OutboundMessage, SendError, SentMessage,
 };
 use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
@@ -59,6 +64,7 @@ use crate::ingress::{InboxSlot, Mount};
 use crate::registry::{BuildError, Built, Platform, Setup};
 use api::{Api, ApiError};
 
+pub use api::ApiError as FeishuApiError;
 pub use config::{ENV, FeishuConfig};
 
 /// The platform name in session keys, config and allowlists
@@ -77,6 +83,12 @@ pub const LARK_BASE: &str = "https://open.larksuite.com";
 
 /// Waits longer than this are not worth holding a send for.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
+
+/// How long one file download may take, body included.
+const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long one upload (at most 30 MB) may take.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How many ids of events seen are remembered against re-deliveries.
 const SEEN_EVENTS: usize = 2048;
@@ -288,6 +300,126 @@ fn idempotency_key(message: &OutboundMessage) -> String {
         .collect()
 }
 
+/// Where a message goes: the chat, its topic thread, the message answered.
+struct Destination<'a> {
+    chat_id: &'a str,
+    thread_id: Option<&'a str>,
+    reply_to: Option<&'a str>,
+}
+
+/// The `uuid` of a file's message: from where it goes and the file's
+/// bytes (streamed through the digest, never held whole), so a re-sent
+/// file is posted once and a different file under the same name is not
+/// taken for it.
+async fn file_idempotency_key(file: &OutboundFile) -> std::io::Result<String> {
+    use tokio::io::AsyncReadExt;
+    let mut digest = Sha256::new();
+    for part in [
+        file.chat_id.as_str(),
+        file.thread_id.as_deref().unwrap_or(""),
+        file.reply_to.as_deref().unwrap_or(""),
+        file.name.as_str(),
+    ] {
+        digest.update(part.as_bytes());
+        digest.update([0]);
+    }
+    let mut reader = tokio::fs::File::open(&file.path).await?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        digest.update(&buf[..n]);
+    }
+    Ok(digest
+        .finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// A file on disk as a multipart part, streamed as the request is sent.
+async fn file_part(
+    path: &std::path::Path,
+    name: &str,
+    mime: &str,
+) -> std::io::Result<reqwest::multipart::Part> {
+    let file = tokio::fs::File::open(path).await?;
+    let len = file.metadata().await?.len();
+    let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+    reqwest::multipart::Part::stream_with_length(body, len)
+        .file_name(name.to_owned())
+        .mime_str(mime)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
+}
+
+/// The app's client, shared by everything in the process that uses it.
+fn shared_api(settings: &FeishuSettings) -> Result<Arc<Api>, FeishuError> {
+    if settings.app_id.trim().is_empty() {
+        return Err(FeishuError::Missing("the app id"));
+    }
+    if settings.app_secret.expose().trim().is_empty() {
+        return Err(FeishuError::Missing("the app secret"));
+    }
+    Api::shared(
+        &settings.base_url,
+        settings.app_id.trim(),
+        Secret::new(settings.app_secret.expose().trim()),
+        settings.send_timeout,
+    )
+    .map_err(FeishuError::Client)
+}
+
+/// The Open Platform as the app's tenant, for the `feishu_*` tools: the
+/// same client (and tenant token) the adapter uses, when both run.
+#[derive(Clone)]
+pub struct FeishuClient {
+    api: Arc<Api>,
+}
+
+impl fmt::Debug for FeishuClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FeishuClient")
+            .field("api", &self.api)
+            .finish()
+    }
+}
+
+impl FeishuClient {
+    /// The app's client.
+    ///
+    /// # Errors
+    /// An empty credential, or a client that cannot be built.
+    pub fn new(settings: &FeishuSettings) -> Result<FeishuClient, FeishuError> {
+        Ok(FeishuClient {
+            api: shared_api(settings)?,
+        })
+    }
+
+    /// `GET path?query`; the answer's `data`.
+    ///
+    /// # Errors
+    /// Feishu's refusal, or a transport failure (secrets scrubbed).
+    pub async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Value, FeishuApiError> {
+        self.api.call(Method::GET, path, query, None).await
+    }
+
+    /// `POST path?query` with a JSON body; the answer's `data`.
+    ///
+    /// # Errors
+    /// Feishu's refusal, or a transport failure (secrets scrubbed).
+    pub async fn post(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+        body: &Value,
+    ) -> Result<Value, FeishuApiError> {
+        self.api.call(Method::POST, path, query, Some(body)).await
+    }
+}
+
 impl FeishuAdapter {
     /// Checks the settings and builds the HTTP client; serves nothing
     /// until [`FeishuAdapter::mount`] is mounted on the shared listener.
@@ -301,15 +433,7 @@ impl FeishuAdapter {
         if settings.app_secret.expose().trim().is_empty() {
             return Err(FeishuError::Missing("the app secret"));
         }
-        let api = Arc::new(
-            Api::new(
-                &settings.base_url,
-                settings.app_id.trim(),
-                Secret::new(settings.app_secret.expose().trim()),
-                settings.send_timeout,
-            )
-            .map_err(FeishuError::Client)?,
-        );
+        let api = shared_api(&settings)?;
         let hook = server::Hook {
             path: settings.webhook_path.clone(),
             encrypt_key: settings
@@ -380,6 +504,116 @@ impl FeishuAdapter {
     fn classify(&self, e: &ApiError) -> SendError {
         let wait = e.rate_limit().flatten().unwrap_or(self.rate_limit_wait);
         e.classify(wait)
+    }
+
+    /// Posts one message where an answer goes: a reply to the message
+    /// answered (in its topic thread when there is one), else, and when
+    /// that message is withdrawn or gone, a new message in the thread or
+    /// chat.
+    async fn post(
+        &self,
+        to: &Destination<'_>,
+        msg_type: &str,
+        content: &str,
+        uuid: &str,
+    ) -> Result<SentMessage, ApiError> {
+        let message_id = |data: &Value| SentMessage {
+            message_id: data
+                .get("message_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        };
+        if let Some(parent) = to.reply_to.filter(|p| p.starts_with("om_")) {
+            let body = json!({
+                "content": content,
+                "msg_type": msg_type,
+                "reply_in_thread": to.thread_id.is_some(),
+                "uuid": uuid,
+            });
+            let path = format!("/open-apis/im/v1/messages/{parent}/reply");
+            match self
+                .call_with_retries(Method::POST, &path, &[], &body)
+                .await
+            {
+                Ok(data) => {
+                    self.clear_typing(to.chat_id, parent);
+                    return Ok(message_id(&data));
+                }
+                Err(e) if matches!(e.code(), Some(api::WITHDRAWN | api::NOT_FOUND)) => {
+                    tracing::info!(
+                        error = %e,
+                        "the Feishu message answered is gone; sending the answer on its own"
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let (id_type, receive_id) = match to.thread_id {
+            Some(thread) if thread.starts_with("omt_") => ("thread_id", thread),
+            _ if to.chat_id.starts_with("ou_") => ("open_id", to.chat_id),
+            _ => ("chat_id", to.chat_id),
+        };
+        let body = json!({
+            "receive_id": receive_id,
+            "msg_type": msg_type,
+            "content": content,
+            "uuid": uuid,
+        });
+        let data = self
+            .call_with_retries(
+                Method::POST,
+                "/open-apis/im/v1/messages",
+                &[("receive_id_type", id_type)],
+                &body,
+            )
+            .await?;
+        Ok(message_id(&data))
+    }
+
+    /// Uploads a file as `plan` says and returns its `image_key` or
+    /// `file_key`, waiting out rate limits a bounded number of times.
+    async fn upload(&self, file: &OutboundFile, plan: &media::Plan) -> Result<String, SendError> {
+        let (path, key_name) = match plan.file_type {
+            None => ("/open-apis/im/v1/images", "image_key"),
+            Some(_) => ("/open-apis/im/v1/files", "file_key"),
+        };
+        let form = || async {
+            let part = file_part(&file.path, &file.name, &file.mime).await?;
+            Ok(match plan.file_type {
+                None => reqwest::multipart::Form::new()
+                    .text("image_type", "message")
+                    .part("image", part),
+                Some(file_type) => reqwest::multipart::Form::new()
+                    .text("file_type", file_type)
+                    .text("file_name", file.name.clone())
+                    .part("file", part),
+            })
+        };
+        let mut retries = 0;
+        let data = loop {
+            match self.api.upload(path, UPLOAD_TIMEOUT, form).await {
+                Err(e) if e.rate_limit().is_some() && retries < self.rate_limit_retries => {
+                    let wait = e.rate_limit().flatten().unwrap_or(self.rate_limit_wait);
+                    if wait > MAX_RETRY_WAIT {
+                        return Err(self.classify(&e));
+                    }
+                    retries += 1;
+                    tokio::time::sleep(wait).await;
+                }
+                // An upload that timed out stored at most an unused key:
+                // trying again sends nothing twice.
+                Err(ApiError::Timeout(e)) => return Err(SendError::Transient(e)),
+                Err(e) => return Err(self.classify(&e)),
+                Ok(data) => break data,
+            }
+        };
+        data.get(key_name)
+            .and_then(Value::as_str)
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                SendError::Ambiguous(format!("Feishu's upload answer holds no {key_name}"))
+            })
     }
 
     /// Answers in a document's comment thread.
@@ -482,6 +716,20 @@ impl FeishuAdapter {
 pub const CAPABILITIES: Capabilities = Capabilities {
     threads: true,
     markup: Markup::Markdown,
+    receives: &[
+        MediaKind::Image,
+        MediaKind::Voice,
+        MediaKind::Audio,
+        MediaKind::Video,
+        MediaKind::Document,
+    ],
+    sends: &[
+        MediaKind::Image,
+        MediaKind::Voice,
+        MediaKind::Audio,
+        MediaKind::Video,
+        MediaKind::Document,
+    ],
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_TEXT_CHARS,
         unit: LengthUnit::Chars,
@@ -524,62 +772,96 @@ impl Adapter for FeishuAdapter {
         }
         let (msg_type, content) = format::content(&message.text);
         let uuid = idempotency_key(message);
-        if let Some(parent) = message.reply_to.as_deref().filter(|p| p.starts_with("om_")) {
-            let body = json!({
-                "content": content,
-                "msg_type": msg_type,
-                "reply_in_thread": message.thread_id.is_some(),
-                "uuid": uuid,
-            });
-            let path = format!("/open-apis/im/v1/messages/{parent}/reply");
-            match self
-                .call_with_retries(Method::POST, &path, &[], &body)
-                .await
-            {
-                Ok(data) => {
-                    self.clear_typing(&message.chat_id, parent);
-                    return Ok(SentMessage {
-                        message_id: data
-                            .get("message_id")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned),
-                    });
-                }
-                Err(e) if matches!(e.code(), Some(api::WITHDRAWN | api::NOT_FOUND)) => {
-                    tracing::info!(
-                        error = %e,
-                        "the Feishu message answered is gone; sending the answer on its own"
-                    );
-                }
-                Err(e) => return Err(self.classify(&e)),
-            }
-        }
-        let (id_type, receive_id) = match message.thread_id.as_deref() {
-            Some(thread) if thread.starts_with("omt_") => ("thread_id", thread),
-            _ if message.chat_id.starts_with("ou_") => ("open_id", message.chat_id.as_str()),
-            _ => ("chat_id", message.chat_id.as_str()),
+        let to = Destination {
+            chat_id: &message.chat_id,
+            thread_id: message.thread_id.as_deref(),
+            reply_to: message.reply_to.as_deref(),
         };
-        let body = json!({
-            "receive_id": receive_id,
-            "msg_type": msg_type,
-            "content": content,
-            "uuid": uuid,
-        });
-        let data = self
-            .call_with_retries(
-                Method::POST,
-                "/open-apis/im/v1/messages",
-                &[("receive_id_type", id_type)],
-                &body,
-            )
+        self.post(&to, msg_type, &content, &uuid)
             .await
-            .map_err(|e| self.classify(&e))?;
-        Ok(SentMessage {
-            message_id: data
-                .get("message_id")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
+            .map_err(|e| self.classify(&e))
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        let Some((resource, message_id, key)) = media::parse_locator(locator) else {
+            return Err(DownloadError::Gone(format!(
+                "{locator:?} is not a Feishu message resource"
+            )));
+        };
+        let (path, kind) = media::resource_path(resource, message_id, key);
+        let answer = self
+            .api
+            .fetch(&path, &[("type", kind.as_str())], DOWNLOAD_TIMEOUT)
+            .await
+            .map_err(|e| match &e {
+                ApiError::Refused { status, code, .. }
+                    if *status < 500
+                        && e.rate_limit().is_none()
+                        && !api::TOKEN_INVALID.contains(code) =>
+                {
+                    DownloadError::Gone(e.to_string())
+                }
+                _ => DownloadError::Unavailable(e.to_string()),
+            })?;
+        let length = answer.content_length();
+        let body = futures::StreamExt::map(answer.bytes_stream(), |chunk| {
+            chunk.map_err(|e| std::io::Error::other(format!("the Feishu download broke off: {e}")))
+        });
+        Ok(Download {
+            reader: Box::pin(tokio_util::io::StreamReader::new(body)),
+            length,
         })
+    }
+
+    /// Uploads the file (image or file upload, by kind and size), then
+    /// posts the message that carries its key where a text would go; a
+    /// caption follows as a text.
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        if comments::parse_chat(&file.chat_id).is_some() {
+            // A comment thread carries text only.
+            let message = OutboundMessage {
+                chat_id: file.chat_id.clone(),
+                thread_id: file.thread_id.clone(),
+                reply_to: file.reply_to.clone(),
+                text: file.fallback_text(PLATFORM),
+            };
+            return self.send(&message).await;
+        }
+        let meta = tokio::fs::metadata(&file.path).await.map_err(|e| {
+            SendError::Rejected(format!("cannot read {}: {e}", file.path.display()))
+        })?;
+        let plan = media::plan(file.kind, &file.mime, &file.name, meta.len())
+            .map_err(SendError::Rejected)?;
+        let key = self.upload(file, &plan).await?;
+        let to = Destination {
+            chat_id: &file.chat_id,
+            thread_id: file.thread_id.as_deref(),
+            reply_to: file.reply_to.as_deref(),
+        };
+        let uuid = file_idempotency_key(file)
+            .await
+            .map_err(|e| SendError::Rejected(format!("cannot read {}: {e}", file.name)))?;
+        let content = media::content(plan.msg_type, &key);
+        let sent = match self.post(&to, plan.msg_type, &content, &uuid).await {
+            // The video message wants the video's details right; the same
+            // key as a plain file always goes.
+            Err(ApiError::Refused { status: 400, .. }) if plan.msg_type == "media" => {
+                tracing::info!("Feishu refused the video message; sending the video as a file");
+                self.post(&to, "file", &content, &format!("{uuid}f")).await
+            }
+            other => other,
+        }
+        .map_err(|e| self.classify(&e))?;
+        if let Some(caption) = file.caption.as_deref().filter(|c| !c.trim().is_empty()) {
+            let message = OutboundMessage {
+                chat_id: file.chat_id.clone(),
+                thread_id: file.thread_id.clone(),
+                reply_to: file.reply_to.clone(),
+                text: caption.to_owned(),
+            };
+            self.send(&message).await?;
+        }
+        Ok(sent)
     }
 
     /// Puts a `Typing` reaction on the chat's last message (once; it is

@@ -19,8 +19,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{Out, PlatformKit, Threaded, Who};
-use crate::feishu::{Failure, FakeFeishu, encrypt, event, sign, text_message};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
+use crate::feishu::{Failure, FakeFeishu, encrypt, event, sign, text_message, typed_message};
 use crate::lock;
 use crate::wait::{WAIT, wait_for};
 
@@ -201,6 +203,74 @@ impl FeishuKit {
         id
     }
 
+    /// A file `from` sends in a DM, as Feishu delivers it: a photo with
+    /// text is a `post` (text and an `img` element), a photo alone an
+    /// `image` message, a voice note an `audio` message, a video a
+    /// `media` message, anything else a `file` message. The bytes are
+    /// served as the message's resource. Feishu's other file messages
+    /// carry no text, so a caption goes only with a photo.
+    pub fn push_file(&self, from: &str, chat: &str, file: &KitFile, caption: &str) -> String {
+        let id = self.next_id("om");
+        self.fake.add_message(&id, chat, None);
+        let image = file.kind == MediaKind::Image;
+        let key = if image {
+            self.next_id("img_v3")
+        } else {
+            self.next_id("file_v3")
+        };
+        self.fake
+            .add_resource(&id, &key, image, &file.mime, &file.bytes);
+        let name = file.name.clone().unwrap_or_else(|| "file".to_owned());
+        let (message_type, content) = match file.kind {
+            MediaKind::Image if !caption.is_empty() => (
+                "post",
+                json!({"title": "", "content": [
+                    [{"tag": "text", "text": caption}],
+                    [{"tag": "img", "image_key": key}],
+                ]}),
+            ),
+            MediaKind::Image => ("image", json!({"image_key": key})),
+            MediaKind::Voice => ("audio", json!({"file_key": key, "duration": 2000})),
+            MediaKind::Video => (
+                "media",
+                json!({"file_key": key, "image_key": "img_v3_cover", "file_name": name,
+                    "duration": 2000}),
+            ),
+            MediaKind::Audio | MediaKind::Document => {
+                ("file", json!({"file_key": key, "file_name": name}))
+            }
+        };
+        let envelope = event(
+            &self.next_id("ev"),
+            "im.message.receive_v1",
+            VERIFICATION_TOKEN,
+            typed_message(from, &id, chat, "p2p", message_type, &content),
+        );
+        lock(&self.delivered).insert(id.clone(), envelope.clone());
+        self.deliver(envelope);
+        id
+    }
+
+    /// The files the bot uploaded, as the message types it sent them as
+    /// show them: the image upload as a photo, an opus file as a voice
+    /// note, an mp4 as a video, anything else as a file.
+    pub fn uploaded(&self) -> Vec<Uploaded> {
+        self.fake
+            .uploads()
+            .into_iter()
+            .map(|u| Uploaded {
+                kind: match u.file_type.as_deref() {
+                    None => MediaKind::Image,
+                    Some("opus") => MediaKind::Voice,
+                    Some("mp4") => MediaKind::Video,
+                    Some(_) => MediaKind::Document,
+                },
+                name: u.name,
+                bytes: u.bytes,
+            })
+            .collect()
+    }
+
     /// A comment notice from `from` on a document, addressed to `to`.
     pub fn push_comment(
         &self,
@@ -313,6 +383,15 @@ impl PlatformKit for FeishuKit {
     fn push_dm(&self, who: Who, text: &str) -> String {
         let chat = self.dm_chat(who);
         self.push_message(open_id(who), &chat, "p2p", None, text, false)
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        let chat = self.dm_chat(who);
+        self.push_file(open_id(who), &chat, file, caption)
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        self.uploaded()
     }
 
     fn dm_chat(&self, who: Who) -> String {
@@ -461,6 +540,14 @@ impl PlatformKit for FeishuSocketKit {
 
     fn dm_chat(&self, who: Who) -> String {
         self.0.dm_chat(who)
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        self.0.push_dm_file(who, file, caption)
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        self.0.uploaded()
     }
 
     fn sent(&self) -> Vec<Out> {
