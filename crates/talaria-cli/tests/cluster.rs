@@ -755,7 +755,11 @@ async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
     })
     .await;
     for i in 0..OWED {
-        let row = store.obligation(&format!("owed-{i:03}")).await.unwrap().unwrap();
+        let row = store
+            .obligation(&format!("owed-{i:03}"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(row.attempts, 1, "{row:?}");
         assert_ne!(row.owner.as_ref(), Some(&doomed), "{row:?}");
     }

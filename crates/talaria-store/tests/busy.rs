@@ -89,7 +89,10 @@ async fn write_succeeds_once_the_lock_is_released() {
     // The write began while the lock was held and ended after its release
     // began: it waited for the lock, however slow or fast this machine.
     let released = holder.join().unwrap();
-    assert!(written > released, "the write ended before the lock was released");
+    assert!(
+        written > released,
+        "the write ended before the lock was released"
+    );
     let msgs = store.messages("s1").await.unwrap();
     assert_eq!(msgs.len(), 1);
     assert_eq!(msgs[0].id, id);

@@ -171,13 +171,24 @@ fn hostile_queries_are_safe() {
         words += usize::from(w);
         grams += usize::from(g);
     }
-    eprintln!("{words} words and {grams} trigram queries of {}", hostile.len());
+    eprintln!(
+        "{words} words and {grams} trigram queries of {}",
+        hostile.len()
+    );
     // Most of these hold a word worth searching for: a sanitizer that gave
     // up on them (or on everything) would pass the checks vacuously. The
     // counts are today's; a sanitizer that makes fewer queries is a change
     // to look at.
-    assert!(words >= 32, "only {words} of {} made a words query", hostile.len());
-    assert!(grams >= 47, "only {grams} of {} made a trigram query", hostile.len());
+    assert!(
+        words >= 32,
+        "only {words} of {} made a words query",
+        hostile.len()
+    );
+    assert!(
+        grams >= 47,
+        "only {grams} of {} made a trigram query",
+        hostile.len()
+    );
 }
 
 #[test]
@@ -239,14 +250,26 @@ fn arbitrary_text_never_breaks_match() {
     eprintln!("{words} words and {grams} trigram queries of {CASES}");
     // Random text is mostly letters of some script: most of it must make a
     // query, or the property above held for nothing.
-    assert!(words * 2 > CASES as usize, "{words} words queries of {CASES}");
-    assert!(grams * 2 > CASES as usize, "{grams} trigram queries of {CASES}");
+    assert!(
+        words * 2 > CASES as usize,
+        "{words} words queries of {CASES}"
+    );
+    assert!(
+        grams * 2 > CASES as usize,
+        "{grams} trigram queries of {CASES}"
+    );
 }
 
 #[test]
 fn syntax_soup_never_breaks_match() {
     let (words, grams) = check_many(syntaxy(), CASES);
     eprintln!("{words} words and {grams} trigram queries of {CASES}");
-    assert!(words * 2 > CASES as usize, "{words} words queries of {CASES}");
-    assert!(grams * 2 > CASES as usize, "{grams} trigram queries of {CASES}");
+    assert!(
+        words * 2 > CASES as usize,
+        "{words} words queries of {CASES}"
+    );
+    assert!(
+        grams * 2 > CASES as usize,
+        "{grams} trigram queries of {CASES}"
+    );
 }
