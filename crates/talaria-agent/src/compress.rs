@@ -323,13 +323,20 @@ mod tests {
             v.push(Message::user(format!("q{i}")));
             v.extend(long_turn(i % 3 + 1, i % 2 + 1).into_iter().skip(1));
         }
+        let mut cuts = 0;
         for first in 0..6 {
             for last in 0..v.len() + 2 {
                 if let Some(cut) = choose_cut(&v, first, last) {
                     check(&v, cut);
+                    cuts += 1;
                 }
             }
         }
+        // Most of these ask for a small head and tail of a long transcript:
+        // a cut exists. A `choose_cut` that gave up on them all would pass
+        // the checks above vacuously.
+        let asked = 6 * (v.len() + 2);
+        assert!(cuts * 2 > asked, "{cuts} cuts of {asked}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ mod turn_common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use talaria_agent::{NullObserver, TurnExit};
 use talaria_core::{Message, Role};
@@ -21,18 +21,18 @@ async fn an_interrupt_mid_stream_keeps_the_partial_text() {
     let s = r.agent.new_session("test").await.unwrap();
     let cancel = CancellationToken::new();
     let obs = Recorder::cancelling(cancel.clone());
-    // A safety net so a broken interrupt fails the test instead of hanging it.
-    let net = cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        net.cancel();
-    });
-    let started = Instant::now();
-    let out = r.agent.run_turn(&s, "talk", &obs, cancel).await.unwrap();
-    let took = started.elapsed();
+    // The stream stalls for good after two chunks: only the interrupt the
+    // observer raises can end this turn. A broken interrupt hangs it, and
+    // the deadline (far beyond any prompt return) fails the test.
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        r.agent.run_turn(&s, "talk", &obs, cancel),
+    )
+    .await
+    .expect("the interrupt did not end the turn")
+    .unwrap();
 
     assert_eq!(out.exit, TurnExit::Interrupted);
-    assert!(took < Duration::from_millis(1500), "took {took:?}");
     let streamed = obs.streamed_text();
     assert!(!streamed.is_empty());
     assert_eq!(out.answer, streamed.trim());

@@ -615,12 +615,18 @@ async fn a_turn_busy_on_one_node_is_interrupted_by_a_message_reaching_another() 
     }
 }
 
-/// Two nodes serving the same webhook platform both sweep the ledger when
-/// they start (and every few seconds after): replies owed by a node that
-/// is gone are each claimed, and sent, by exactly one of them.
+/// Two nodes serving the same webhook platform sweep the ledger every few
+/// seconds: replies owed by a node that is gone are each claimed, and sent,
+/// by exactly one of them.
+///
+/// The race is made to happen and seen to happen: the test holds the
+/// ledger table locked while the dead node's rows become claimable, waits
+/// until both nodes' sweeps are blocked inside the claim (seen in
+/// PostgreSQL's lock table, by each node's connection name), and then
+/// lets both go at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
-    use talaria_store::{LedgerStore, NewObligation, NodeId};
+    use talaria_store::{LedgerStore, NewObligation, NodeAnnouncement, NodeId};
     const WA_TOKEN: &str = "EAAGclitest-access-token-0123456789";
     const NUMBER: &str = "106540352242922";
     const OWED: usize = 60;
@@ -628,13 +634,23 @@ async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
     let llm = MockOpenAi::start().await;
     let graph = talaria_testkit::FakeGraph::start(WA_TOKEN, NUMBER).await;
     let schema = talaria_testkit::postgres::fresh_schema().await;
-    // A node that died owing replies (it never comes back).
-    let store = {
-        let mut options = PostgresOptions::new(talaria_testkit::postgres::url());
-        options.schema = Some(schema.clone());
-        PostgresStore::connect(options).await.unwrap()
-    };
-    let gone = NodeId::new("a-node-that-died").unwrap();
+    let store = open_store(&schema).await;
+    // A node on another host that will die owing replies. Alive for now,
+    // so the sweeps leave its rows alone.
+    let doomed = NodeId::new("a-node-about-to-die").unwrap();
+    store
+        .heartbeat(
+            &NodeAnnouncement {
+                id: doomed.clone(),
+                host: "a-host-elsewhere".to_owned(),
+                pid: 4242,
+                started_at: Some(1),
+                version: "test".to_owned(),
+            },
+            300.0,
+        )
+        .await
+        .unwrap();
     for i in 0..OWED {
         store
             .record_obligation(NewObligation {
@@ -645,7 +661,7 @@ async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
                 thread_id: None,
                 reply_to: None,
                 content: format!("owed reply number {i}"),
-                owner: gone.clone(),
+                owner: doomed.clone(),
                 settles: Vec::new(),
             })
             .await
@@ -668,7 +684,16 @@ async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
                      WHATSAPP_CLOUD_ALLOWED_USERS=16505550000\n"
                 ),
             );
-            use_postgres(&home, &schema);
+            // Each node's connections carry its name, so the lock table
+            // below can say whose sweep waits.
+            let path = home.root.join("config.yaml");
+            let mut config = std::fs::read_to_string(&path).unwrap();
+            config.push_str(&format!(
+                "store:\n  backend: postgres\n  postgres_url: {}?application_name=sweep-node-{i}\n  \
+                 postgres_schema: {schema}\n  postgres_max_connections: 4\n",
+                talaria_testkit::postgres::url()
+            ));
+            std::fs::write(path, config).unwrap();
             let log = home.root.join("node.log");
             Node {
                 home,
@@ -678,13 +703,66 @@ async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
             }
         })
         .collect();
-    // Started together, so their first sweeps race.
     for node in &mut nodes {
         node.start();
     }
+    for node in &nodes {
+        listener_address(node).await;
+    }
+
+    // The table locked against claims (plain reads still pass), then the
+    // owner declared dead: both nodes' next sweeps find rows to claim and
+    // wait on the lock.
+    let mut gate = talaria_testkit::postgres::connect(Some(&schema)).await;
+    let held = gate.transaction().await.unwrap();
+    held.batch_execute("LOCK TABLE delivery_obligations IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    assert!(store.expire_node(&doomed).await.unwrap());
+    let watcher = talaria_testkit::postgres::connect(Some(&schema)).await;
+    let waiting = eventually(
+        Duration::from_secs(60),
+        "both nodes' sweeps waiting on the locked ledger",
+        || async {
+            let rows = watcher
+                .query(
+                    "SELECT DISTINCT a.application_name FROM pg_locks l \
+                     JOIN pg_stat_activity a ON a.pid = l.pid \
+                     WHERE NOT l.granted AND l.relation = 'delivery_obligations'::regclass \
+                       AND a.query LIKE '%owner_node%'",
+                    &[],
+                )
+                .await
+                .ok()?;
+            let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            (names.len() == 2).then_some(names)
+        },
+    )
+    .await;
+    assert!(
+        waiting.iter().all(|n| n.starts_with("sweep-node-")),
+        "{waiting:?}"
+    );
+    // Both released at once.
+    held.rollback().await.unwrap();
+
     graph.wait_for_sent(OWED, Duration::from_secs(60)).await;
-    // Let a few periodic sweeps pass: nothing more may go out.
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // Every row delivered, each claimed once: a second claim would have
+    // counted a second attempt (and sent a second copy).
+    eventually(Duration::from_secs(30), "every row delivered", || async {
+        let counts = store.obligation_counts().await.ok()?;
+        (counts.get(&ObligationState::Delivered).copied() == Some(OWED as u64)).then_some(())
+    })
+    .await;
+    for i in 0..OWED {
+        let row = store
+            .obligation(&format!("owed-{i:03}"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.attempts, 1, "{row:?}");
+        assert_ne!(row.owner.as_ref(), Some(&doomed), "{row:?}");
+    }
     let mut bodies: Vec<String> = graph.sent().into_iter().map(|s| s.body).collect();
     bodies.sort();
     let mut expected: Vec<String> = (0..OWED)
@@ -692,25 +770,6 @@ async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
         .collect();
     expected.sort();
     assert_eq!(bodies, expected, "each owed reply exactly once");
-    let counts = store.obligation_counts().await.unwrap();
-    assert_eq!(
-        counts.get(&ObligationState::Delivered).copied(),
-        Some(OWED as u64),
-        "{counts:?}"
-    );
-    // Who sent what: every row was taken over by one of the two nodes.
-    let owners: std::collections::BTreeSet<String> = {
-        let client = talaria_testkit::postgres::connect(Some(&schema)).await;
-        client
-            .query("SELECT DISTINCT owner_node FROM delivery_obligations", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect()
-    };
-    assert!(!owners.contains(gone.as_str()), "{owners:?}");
-    eprintln!("the owed replies were sent by {} node(s)", owners.len());
     for node in &mut nodes {
         let status = node.stop().unwrap();
         assert!(status.success(), "{}", node.log());

@@ -133,10 +133,8 @@ async fn a_live_local_nodes_rows_are_left_and_a_reused_pid_counts_as_dead() {
         .unwrap();
     let live_process = (child.id(), owner::start_time(child.id()));
     let live = announce(store.as_ref(), "live", &host_name(), live_process).await;
-    store
-        .record_obligation(row("live", "telegram", &live))
-        .await
-        .unwrap();
+    let live_row = row("live", "telegram", &live);
+    store.record_obligation(live_row.clone()).await.unwrap();
     // Same pid as a live process (this one), but another start time: the
     // pid was reused, so the node's process is gone.
     let current = owner::current();
@@ -160,7 +158,8 @@ async fn a_live_local_nodes_rows_are_left_and_a_reused_pid_counts_as_dead() {
     child.kill().unwrap();
     child.wait().unwrap();
     let claimed = ledger(&store, &mine).sweep(&telegram()).await.unwrap();
-    assert_eq!(claimed.len(), 1);
+    let ids: Vec<&str> = claimed.iter().map(|c| c.obligation.id.as_str()).collect();
+    assert_eq!(ids, vec![live_row.id.as_str()]);
 }
 
 /// A node on another host cannot be checked by pid: it is alive until its

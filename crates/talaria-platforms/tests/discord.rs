@@ -127,7 +127,11 @@ async fn identify_then_a_dm_becomes_an_event() {
 
     let identify = &fake.frames_with_op(2)[0].d;
     assert_eq!(identify["token"], TOKEN);
-    assert_eq!(identify["intents"], 1 | 512 | 4096 | 32768);
+    // The intents sent, by the bits Discord's gateway documentation gives
+    // them: GUILDS, GUILD_MESSAGES, DIRECT_MESSAGES and (privileged)
+    // MESSAGE_CONTENT; no more, so no other privileged intent is asked for.
+    let intents: u64 = (1 << 0) | (1 << 9) | (1 << 12) | (1 << 15);
+    assert_eq!(identify["intents"], intents);
     let conn = &fake.connections()[0];
     assert_eq!(conn.path, "/gateway");
     assert_eq!(conn.query, "v=10&encoding=json");

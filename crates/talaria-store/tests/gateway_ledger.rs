@@ -645,40 +645,55 @@ async fn counts_group_rows_by_state<S: Backend + LedgerStore>(f: Fixture<S>) {
     assert_eq!(counts, expected);
 }
 
-/// Three handles on one database, as three gateways would have, sweep a
-/// dead node's rows at once, a few rows per call: each row is claimed by
-/// exactly one of them, and all are claimed.
+/// Three sweepers, each on its own connection, claim 120 orphaned rows in
+/// batches of 7. A barrier releases all three into every claim at the same
+/// instant, so each claim really contends with the other two (on
+/// PostgreSQL, for the same row locks). Every row goes to exactly one
+/// sweeper, once; and the race is shown to have happened: more than one
+/// sweeper won rows (run one after another, the first would take them all).
 async fn racing_sweepers_claim_each_row_exactly_once<S: Backend + LedgerStore + ClusterStore>(
     f: Fixture<S>,
 ) {
     const ROWS: usize = 120;
+    const SWEEPERS: usize = 3;
+    const LIMIT: usize = 7;
+    // Enough claims for one sweeper to take every row alone, and one more
+    // that must come back empty.
+    const CLAIMS: usize = ROWS.div_ceil(LIMIT) + 1;
     let gone = dead(&f, "node-gone").await;
     for i in 0..ROWS {
         f.record_obligation(obligation(&format!("row{i:03}"), &gone))
             .await
             .unwrap();
     }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(SWEEPERS));
     let mut sweepers = Vec::new();
-    for n in 0..3 {
+    for n in 0..SWEEPERS {
         let store = f.reopen().await;
         let me = live(&f, &format!("sweeper-{n}")).await;
+        let barrier = barrier.clone();
         sweepers.push(tokio::spawn(async move {
             let mut claim = claim_for(&me, &["telegram"]);
-            claim.limit = 7;
+            claim.limit = LIMIT;
             let mut won = Vec::new();
-            loop {
+            for _ in 0..CLAIMS {
+                barrier.wait().await;
                 let batch = store.claim_owed(&claim).await.unwrap();
-                if batch.claimed.is_empty() {
-                    break;
-                }
                 won.extend(batch.claimed.into_iter().map(|c| c.obligation.id));
             }
             (me, won)
         }));
     }
     let mut winners: HashMap<String, NodeId> = HashMap::new();
+    let mut won_by: BTreeMap<NodeId, usize> = BTreeMap::new();
     for sweeper in sweepers {
-        let (me, won) = sweeper.await.unwrap();
+        // A sweeper that failed leaves the others at the barrier: give up
+        // rather than hang.
+        let (me, won) = tokio::time::timeout(std::time::Duration::from_secs(120), sweeper)
+            .await
+            .expect("a sweeper stopped (see its panic above)")
+            .unwrap();
+        *won_by.entry(me.clone()).or_default() += won.len();
         for row in won {
             assert!(
                 winners.insert(row.clone(), me.clone()).is_none(),
@@ -687,6 +702,10 @@ async fn racing_sweepers_claim_each_row_exactly_once<S: Backend + LedgerStore + 
         }
     }
     assert_eq!(winners.len(), ROWS, "every row was claimed");
+    assert!(
+        won_by.values().filter(|&&n| n > 0).count() > 1,
+        "the claims did not race: one sweeper won every row ({won_by:?})"
+    );
     for (row, me) in &winners {
         let stored = f.obligation(row).await.unwrap().unwrap();
         assert_eq!(stored.owner.as_ref(), Some(me), "{row}");

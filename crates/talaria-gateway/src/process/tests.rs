@@ -81,18 +81,18 @@ fn a_stale_file_without_a_lock_is_taken_over() {
 }
 
 /// Another process holding the lock, as a killed gateway would have.
-/// `None` (with a note) where flock(1) is missing.
-fn spawn_flock_holder(path: &Path) -> Option<std::process::Child> {
-    if Command::new("flock")
+/// Fails, never skips, where flock(1) is missing.
+fn spawn_flock_holder(path: &Path) -> std::process::Child {
+    let found = Command::new("flock")
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .status()
-        .is_err()
-    {
-        eprintln!("note: flock(1) is not installed; skipping the cross-process test");
-        return None;
-    }
+        .status();
+    assert!(
+        found.is_ok(),
+        "this test needs flock(1) to hold the lock from another process: \
+         install it with `apt-get install util-linux`"
+    );
     let script = r#"exec 9>>"$1"; flock -x 9 || exit 1; printf '{"pid":%s}\n' "$$" >&9; echo locked; exec sleep 30"#;
     let mut child = Command::new("sh")
         .args(["-c", script, "sh"])
@@ -106,7 +106,7 @@ fn spawn_flock_holder(path: &Path) -> Option<std::process::Child> {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line.trim(), "locked", "the helper could not take the lock");
-    Some(child)
+    child
 }
 
 #[test]
@@ -114,9 +114,7 @@ fn a_lock_held_by_another_process_blocks_until_it_dies() {
     let (_dir, home) = temp_home();
     create_private_dir(home.root()).unwrap();
     let path = home.gateway_pid_file();
-    let Some(mut child) = spawn_flock_holder(&path) else {
-        return;
-    };
+    let mut child = spawn_flock_holder(&path);
     match PidFile::acquire(&home) {
         Err(PidFileError::AlreadyRunning { pid }) => assert_eq!(pid, child.id()),
         other => panic!("expected AlreadyRunning, got {other:?}"),

@@ -607,21 +607,33 @@ mod tests {
         }
     }
 
+    /// Four operations queued while a fifth holds the writer are taken as
+    /// one batch: the last of them looks from another connection and sees
+    /// the fifth's row (committed) but not the first of the four's (not
+    /// committed yet), which it would if each operation were committed
+    /// alone. The good ones are committed; the failing and the panicking
+    /// one are undone, alone.
     #[tokio::test]
     async fn one_batch_commits_the_good_operations_and_undoes_only_the_bad_ones() {
         let dir = tempfile::tempdir().unwrap();
         let conns = connections(dir.path());
-        // The first operation holds the writer a moment, so the rest queue
-        // up behind it and are committed together.
+        // The first operation holds the writer until the others are
+        // queued, so they are taken as one batch behind it.
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        let (queued_tx, queued) = std::sync::mpsc::channel::<()>();
         let (slow_tx, slow) = tokio::sync::oneshot::channel();
         conns.write(
-            |tx: &Transaction<'_>| {
-                std::thread::sleep(Duration::from_millis(100));
+            move |tx: &Transaction<'_>| {
+                let _ = started_tx.send(());
+                let _ = queued.recv_timeout(Duration::from_secs(30));
                 tx.execute("INSERT INTO t (v) VALUES ('slow')", [])?;
                 Ok(())
             },
             slow_tx,
         );
+        // Its batch is closed once it runs: the rest make the next one.
+        started.recv_timeout(Duration::from_secs(30)).unwrap();
+        let path = dir.path().join("w.db");
         let mut replies = Vec::new();
         for op in 0..4 {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -640,13 +652,37 @@ mod tests {
                     |_: &Transaction<'_>| -> OpResult<usize> { panic!("a bug in an operation") },
                     tx,
                 ),
-                _ => conns.write(insert("b"), tx),
+                // Writes, then counts as another connection sees them the
+                // slow row (tens) and the batch's first row (units).
+                _ => {
+                    let path = path.clone();
+                    conns.write(
+                        move |tx: &Transaction<'_>| -> OpResult<usize> {
+                            tx.execute("INSERT INTO t (v) VALUES ('b')", [])?;
+                            let outside = Connection::open(&path)?;
+                            let seen: i64 = outside.query_row(
+                                "SELECT 10 * count(*) FILTER (WHERE v = 'slow') \
+                                        + count(*) FILTER (WHERE v = 'a') FROM t",
+                                [],
+                                |r| r.get(0),
+                            )?;
+                            Ok(usize::try_from(seen).unwrap_or(usize::MAX))
+                        },
+                        tx,
+                    )
+                }
             }
             replies.push(rx);
         }
+        queued_tx.send(()).unwrap();
         slow.await.unwrap().unwrap();
-        let outcomes: Vec<bool> = futures_outcomes(replies).await;
-        assert_eq!(outcomes, vec![true, false, false, true]);
+        let mut outcomes = Vec::new();
+        for r in replies {
+            outcomes.push(r.await.unwrap().ok());
+        }
+        // `b` saw the slow row, committed in its own batch, and not `a`:
+        // `a` and `b` were in one transaction, not yet committed.
+        assert_eq!(outcomes, vec![Some(1), None, None, Some(10)]);
         let (rx_tx, rx) = tokio::sync::oneshot::channel();
         conns.write(
             |tx: &Transaction<'_>| -> OpResult<Vec<String>> {
@@ -657,16 +693,6 @@ mod tests {
             rx_tx,
         );
         assert_eq!(rx.await.unwrap().unwrap(), vec!["a", "b", "slow"]);
-    }
-
-    async fn futures_outcomes(
-        replies: Vec<tokio::sync::oneshot::Receiver<Result<usize, StoreError>>>,
-    ) -> Vec<bool> {
-        let mut out = Vec::new();
-        for r in replies {
-            out.push(r.await.unwrap().is_ok());
-        }
-        out
     }
 
     #[tokio::test]
