@@ -46,6 +46,10 @@ pub const TOOLSETS: &[(&str, &[&str])] = &[
             "ha_call_service",
         ],
     ),
+    (
+        "yuanbao",
+        &["yb_query_group_info", "yb_query_group_members"],
+    ),
 ];
 
 /// The entry that withholds every MCP server's tools.

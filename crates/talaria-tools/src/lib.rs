@@ -8,8 +8,10 @@
 //!   (`talaria_web::browser`).
 //! - [`homeassistant`]: the `ha_*` tools over Home Assistant's REST API.
 //! - [`web`]: `web_search` and `web_extract`.
+//! - [`yuanbao`]: the `yb_*` group tools over Yuanbao's bot socket.
 #![forbid(unsafe_code)]
 
 pub mod browser;
 pub mod homeassistant;
 pub mod web;
+pub mod yuanbao;
