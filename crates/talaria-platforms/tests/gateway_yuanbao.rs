@@ -63,9 +63,7 @@ async fn the_model_looks_a_member_up_over_the_gateways_socket() {
     rig.llm.push(Reply::tool_calls(vec![ToolCallReply::new(
         "c1",
         "yb_query_group_members",
-        &format!(
-            r#"{{"group_code": "{GROUP}", "action": "find", "name": "bob", "mention": true}}"#
-        ),
+        format!(r#"{{"group_code": "{GROUP}", "action": "find", "name": "bob", "mention": true}}"#),
     )]));
     rig.llm.push(Reply::text("Bob is @Bob Builder"));
     rig.kit.fake.push_group(FRIEND, GROUP, "who is bob?", true);
