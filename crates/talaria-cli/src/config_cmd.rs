@@ -303,6 +303,8 @@ pub(crate) fn platforms_on(
         env,
         cursors: Arc::new(NoCursors),
         media: talaria_media::MediaCache::for_home(home, &config.media),
+        // Only checks what builds: no socket is opened here.
+        yuanbao: Default::default(),
     };
     let mut on = Vec::new();
     let mut errors = Vec::new();

@@ -57,6 +57,7 @@ fn build_platforms(
         env: &rt.loaded.env,
         cursors: rt.gateway_store.clone(),
         media: talaria_media::MediaCache::for_home(&rt.home, &rt.config.media),
+        yuanbao: rt.yuanbao.clone(),
     };
     let mut adapters: Vec<Arc<dyn Adapter>> = Vec::new();
     let mut mounts: Vec<Mount> = Vec::new();

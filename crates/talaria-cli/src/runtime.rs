@@ -94,6 +94,9 @@ pub struct Runtime {
     /// Local model servers found by [`Runtime::probe_model`] when no model
     /// is configured, named in the error that says so.
     local_servers: Vec<talaria_llm::probe::LocalServer>,
+    /// Yuanbao's socket request channel: the adapter `gateway run` builds
+    /// serves it, the `yb_*` tools ask over it.
+    pub yuanbao: talaria_platforms::yuanbao::YuanbaoLink,
 }
 
 /// The parts behind the tools whose work outlives a turn.
@@ -182,6 +185,7 @@ impl Runtime {
             store: store.clone() as Arc<dyn SessionStore>,
             gateway_store: store,
             local_servers: Vec::new(),
+            yuanbao: talaria_platforms::yuanbao::YuanbaoLink::new(),
         })
     }
 
@@ -411,6 +415,17 @@ impl Runtime {
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "the Feishu tools are off"),
+        }
+        // Yuanbao's yb_* group tools, when Yuanbao is configured: they ask
+        // over the socket of the adapter built on the same link.
+        let yuanbao = talaria_platforms::yuanbao::YuanbaoConfig::read(&self.config)?;
+        if matches!(
+            talaria_platforms::yuanbao::YuanbaoSettings::from_config(&yuanbao, &self.loaded.env),
+            Ok(Some(_))
+        ) {
+            for tool in talaria_tools::yuanbao::yb_tools(self.yuanbao.clone()) {
+                registry.register(tool).map_err(anyhow::Error::msg)?;
+            }
         }
         // The external memory provider, if configured: its tools join the
         // registry, and the agent recalls through it.

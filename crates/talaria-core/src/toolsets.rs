@@ -56,6 +56,10 @@ pub const TOOLSETS: &[(&str, &[&str])] = &[
             "feishu_drive_add_comment",
         ],
     ),
+    (
+        "yuanbao",
+        &["yb_query_group_info", "yb_query_group_members"],
+    ),
 ];
 
 /// The entry that withholds every MCP server's tools.

@@ -30,6 +30,10 @@ pub struct Setup<'a> {
     /// The media cache, for an adapter that receives files' bytes inline
     /// (an e-mail's parts) and stores them at intake.
     pub media: talaria_media::MediaCache,
+    /// Yuanbao's socket request channel, shared with the `yb_*` tools of
+    /// the same process.
+    #[cfg(feature = "yuanbao")]
+    pub yuanbao: crate::yuanbao::YuanbaoLink,
 }
 
 impl Setup<'_> {

@@ -5,36 +5,84 @@
 #[macro_use]
 mod contract;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use contract::{AdapterKit, Rig, Skip, WAIT};
+use talaria_agent::tools::Tool;
 use talaria_core::{Config, Env};
 use talaria_gateway::Adapter;
-use talaria_platforms::yuanbao::{YuanbaoAdapter, YuanbaoSettings};
-use talaria_testkit::Reply;
+use talaria_platforms::yuanbao::{YuanbaoAdapter, YuanbaoConfig, YuanbaoLink, YuanbaoSettings};
 use talaria_testkit::kit::PlatformKit;
 use talaria_testkit::kit::yuanbao::{GROUP, YuanbaoKit};
 use talaria_testkit::yuanbao::{OWNER_ID, wire};
+use talaria_testkit::{Reply, ToolCallReply};
 
 type YuanbaoRig = Rig<YuanbaoKit>;
 
 const FRIEND: &str = "ann42";
+
+/// The link each fake's gateway shares between its adapter and its tools,
+/// by the fake's socket address: what `talaria gateway run` holds in its
+/// runtime, kept here because the rig asks for tools and the adapter apart.
+fn link_for(config: &Config) -> YuanbaoLink {
+    static LINKS: OnceLock<Mutex<HashMap<String, YuanbaoLink>>> = OnceLock::new();
+    let section: YuanbaoConfig = config.section().unwrap();
+    LINKS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap()
+        .entry(section.ws_url)
+        .or_default()
+        .clone()
+}
 
 impl AdapterKit for YuanbaoKit {
     fn adapter(&self, config: &Config, env: &Env) -> Arc<dyn Adapter> {
         let settings = YuanbaoSettings::from_config(&config.section().unwrap(), env)
             .unwrap()
             .unwrap();
-        Arc::new(YuanbaoAdapter::new(settings).unwrap())
+        Arc::new(YuanbaoAdapter::with_link(settings, link_for(config)).unwrap())
+    }
+
+    fn tools(&self, config: &Config, _env: &Env) -> Vec<Arc<dyn Tool>> {
+        talaria_tools::yuanbao::yb_tools(link_for(config))
     }
 }
 
 adapter_contract!(YuanbaoKit;
     run: dm_turn, group_mention, long_answer_split, redelivery, dropped_connection,
-         rate_limit, unauthorized;
-    skip: thread_reply => Skip::Threadless,
-          media_in => Skip::ReceivesNoFiles,
-          media_out => Skip::SendsNoFiles);
+         rate_limit, unauthorized, media_in, media_out;
+    skip: thread_reply => Skip::Threadless);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_looks_a_member_up_over_the_gateways_socket() {
+    let rig = YuanbaoRig::started(&[], |_| {}).await;
+    rig.kit.fake.add_member(GROUP, "u-bob", "Bob Builder", 0);
+    rig.kit.fake.add_member(GROUP, FRIEND, "Ann", 2);
+    rig.llm.push(Reply::tool_calls(vec![ToolCallReply::new(
+        "c1",
+        "yb_query_group_members",
+        format!(r#"{{"group_code": "{GROUP}", "action": "find", "name": "bob", "mention": true}}"#),
+    )]));
+    rig.llm.push(Reply::text("Bob is @Bob Builder"));
+    rig.kit.fake.push_group(FRIEND, GROUP, "who is bob?", true);
+    rig.wait_for_text("Bob is @Bob Builder").await;
+    // The tool's answer, from the platform, reached the model.
+    let second = rig.llm.requests()[1].body.to_string();
+    assert!(second.contains("u-bob"), "{second}");
+    assert!(second.contains("mention_hint"), "{second}");
+    let asked: Vec<String> = rig
+        .kit
+        .fake
+        .requests()
+        .iter()
+        .map(|r| r.cmd.clone())
+        .filter(|c| c == "get_group_member_list")
+        .collect();
+    assert_eq!(asked.len(), 1);
+    rig.wait_for_delivered(1).await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reply_heartbeat_runs_while_working_and_finishes_after_the_answer() {

@@ -41,6 +41,8 @@ fn settings(fake: &FakeYuanbao) -> YuanbaoSettings {
         ping_interval: Duration::from_millis(200),
         pong_timeout: Duration::from_millis(300),
         request_timeout: Duration::from_secs(2),
+        cos_endpoint: fake.cos_endpoint(),
+        media_hosts: vec!["myqcloud.com".into()],
     }
 }
 
@@ -418,4 +420,271 @@ async fn two_unanswered_pings_give_the_socket_up() {
         matches!(&err, AdapterError::Disconnected(t) if t.contains("two pings")),
         "{err:?}"
     );
+}
+
+/// Reads a download to its end.
+async fn read_all(d: talaria_adapter::Download) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut reader = d.reader;
+    reader.read_to_end(&mut out).await.unwrap();
+    out
+}
+
+fn image_push(fake: &FakeYuanbao, bytes: &[u8]) -> (String, wire::InboundMessagePush) {
+    let url = fake.add_resource(bytes);
+    let id = fake.next_msg_id();
+    let mut push = wire::dm("ann42", &id, "");
+    push.msg_body = vec![wire::MsgBodyElement {
+        msg_type: "TIMImageElem".into(),
+        msg_content: Some(wire::MsgContent {
+            uuid: "u1".into(),
+            image_format: 3,
+            image_info_array: vec![
+                wire::ImageInfo {
+                    r#type: 3,
+                    size: 10,
+                    url: "https://thumb.myqcloud.com/t".into(),
+                    ..wire::ImageInfo::default()
+                },
+                wire::ImageInfo {
+                    r#type: 1,
+                    size: bytes.len() as u32,
+                    width: 2,
+                    height: 2,
+                    url,
+                },
+            ],
+            ..wire::MsgContent::default()
+        }),
+    }];
+    (id, push)
+}
+
+#[tokio::test]
+async fn an_image_is_an_attachment_fetched_through_the_download_endpoint() {
+    let fake = FakeYuanbao::start(APP_KEY, APP_SECRET).await;
+    let mut r = spawn(settings(&fake));
+    fake.wait_for_connection(1, WAIT).await;
+    let bytes = b"\x89PNG\r\n\x1a\nnot-really-a-png".to_vec();
+    let (id, push) = image_push(&fake, &bytes);
+    fake.push(&push);
+    let event = next(&mut r.events).await;
+    assert_eq!(event.message_id.as_deref(), Some(id.as_str()));
+    assert_eq!(event.text, "", "an image alone is still a message");
+    assert_eq!(event.attachments.len(), 1);
+    let a = &event.attachments[0];
+    assert_eq!(a.kind, talaria_adapter::MediaKind::Image);
+    assert_eq!(
+        a.size,
+        Some(bytes.len() as u64),
+        "the original, not the thumbnail"
+    );
+    let talaria_adapter::AttachmentSource::Remote(locator) = &a.source else {
+        panic!("{a:?}");
+    };
+    let got = read_all(r.adapter.download(locator).await.unwrap()).await;
+    assert_eq!(got, bytes);
+    assert_eq!(fake.download_calls().len(), 1);
+    assert_eq!(fake.download_calls()[0].status, 200);
+
+    // The platform forgets the token: one 401, one new signature, fetched.
+    let signs = fake.sign_requests().len();
+    fake.expire_tokens();
+    let got = read_all(r.adapter.download(locator).await.unwrap()).await;
+    assert_eq!(got, bytes);
+    let statuses: Vec<u16> = fake.download_calls().iter().map(|c| c.status).collect();
+    assert_eq!(statuses, vec![200, 401, 200]);
+    assert_eq!(fake.sign_requests().len(), signs + 1);
+    r.shutdown.cancel();
+    ended(r).await.unwrap();
+}
+
+#[tokio::test]
+async fn files_are_fetched_only_from_the_api_and_the_media_hosts() {
+    let fake = FakeYuanbao::start(APP_KEY, APP_SECRET).await;
+    // Another server on this machine, standing for an internal address.
+    let other = FakeYuanbao::start(APP_KEY, APP_SECRET).await;
+    let inside = other.add_resource(b"internal secrets");
+    let r = spawn(settings(&fake));
+    fake.wait_for_connection(1, WAIT).await;
+    let (_, push) = image_push(&fake, b"GIF89a");
+    let rid = match push.msg_body[0]
+        .msg_content
+        .as_ref()
+        .unwrap()
+        .image_info_array[1]
+        .url
+        .split_once("resourceId=")
+    {
+        Some((_, id)) => format!("rid:{id}"),
+        None => panic!("no resource id"),
+    };
+    // The download endpoint names an address elsewhere: refused, unfetched.
+    fake.name_download_address(&format!("{}/yb-res/res-00001", other.api_domain()));
+    let err = r.adapter.download(&rid).await.unwrap_err();
+    assert!(
+        matches!(&err, talaria_adapter::DownloadError::Gone(t) if t.contains("media_hosts")),
+        "{err:?}"
+    );
+    // An element's own URL elsewhere: refused too.
+    let err = r
+        .adapter
+        .download(&format!(
+            "url:{}",
+            inside.replace("/api/resource/download?resourceId=", "/yb-res/")
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, talaria_adapter::DownloadError::Gone(_)),
+        "{err:?}"
+    );
+    for bad in [
+        "url:http://169.254.169.254/latest/meta-data",
+        "url:file:///etc/passwd",
+        "nonsense",
+    ] {
+        assert!(r.adapter.download(bad).await.is_err(), "{bad}");
+    }
+    // Refused before any request left: the other server saw none.
+    assert!(other.served().is_empty(), "{:?}", other.served());
+    assert!(other.download_calls().is_empty());
+    r.shutdown.cancel();
+    ended(r).await.unwrap();
+}
+
+fn outbound(
+    dir: &std::path::Path,
+    name: &str,
+    bytes: &[u8],
+    kind: talaria_adapter::MediaKind,
+    mime: &str,
+) -> talaria_adapter::OutboundFile {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    talaria_adapter::OutboundFile {
+        chat_id: "direct:ann42".into(),
+        thread_id: None,
+        reply_to: None,
+        path,
+        kind,
+        mime: mime.into(),
+        name: name.into(),
+        caption: None,
+    }
+}
+
+/// A real 3×2 PNG.
+fn png() -> Vec<u8> {
+    let img = image::RgbImage::from_fn(3, 2, |x, y| image::Rgb([x as u8 * 80, y as u8 * 90, 7]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+#[tokio::test]
+async fn files_go_to_cos_signed_and_then_out_as_image_or_file_elements() {
+    let fake = FakeYuanbao::start(APP_KEY, APP_SECRET).await;
+    let r = spawn(settings(&fake));
+    fake.wait_for_connection(1, WAIT).await;
+    let mut liveness = r.liveness.clone();
+    liveness.wait_for(|l| *l == Liveness::Live).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+
+    let photo = png();
+    let mut file = outbound(
+        dir.path(),
+        "chart.png",
+        &photo,
+        talaria_adapter::MediaKind::Image,
+        "image/png",
+    );
+    file.caption = Some("the chart".into());
+    r.adapter.send_file(&file).await.unwrap();
+    let puts = fake.cos_puts();
+    assert_eq!(puts.len(), 1);
+    assert!(puts[0].accepted, "{:?}", puts[0].why);
+    let sent = fake.sent();
+    assert_eq!(sent.len(), 2, "the image, then its caption");
+    let media = &sent[0].media;
+    assert_eq!(media.len(), 1);
+    assert_eq!(media[0].msg_type, "TIMImageElem");
+    assert_eq!(media[0].image_format, 3, "PNG, read from the bytes");
+    assert_eq!(media[0].dims, (3, 2));
+    assert_eq!(fake.uploaded(&media[0].url).unwrap(), photo);
+    assert_eq!(sent[1].text, "the chart");
+
+    let pdf = b"%PDF-1.4 a report".to_vec();
+    let file = outbound(
+        dir.path(),
+        "报告 1.pdf",
+        &pdf,
+        talaria_adapter::MediaKind::Document,
+        "application/pdf",
+    );
+    r.adapter.send_file(&file).await.unwrap();
+    let puts = fake.cos_puts();
+    assert!(puts[1].accepted, "{:?}", puts[1].why);
+    assert!(puts[1].path.ends_with("/报告 1.pdf"), "{}", puts[1].path);
+    let media = &fake.sent()[2].media;
+    assert_eq!(media[0].msg_type, "TIMFileElem");
+    assert_eq!(media[0].name.as_deref(), Some("报告 1.pdf"));
+    assert_eq!(fake.uploaded(&media[0].url).unwrap(), pdf);
+
+    // The fake checks the signature: the accepted request replayed with
+    // another content type is refused.
+    let accepted = &fake.cos_puts()[1];
+    let client = reqwest::Client::new();
+    let mut replay = client.put(format!(
+        "{}{}",
+        fake.cos_endpoint(),
+        accepted
+            .path
+            .replace(' ', "%20")
+            .replace("报告", "%E6%8A%A5%E5%91%8A")
+    ));
+    for (k, v) in &accepted.headers {
+        if k != "content-length" && k != "host" {
+            let v = if k == "content-type" {
+                "text/plain"
+            } else {
+                v.as_str()
+            };
+            replay = replay.header(k, v);
+        }
+    }
+    let status = replay.body(pdf.clone()).send().await.unwrap().status();
+    assert_eq!(status.as_u16(), 403);
+    let last = fake.cos_puts().last().cloned().unwrap();
+    assert!(
+        !last.accepted && last.why == "SignatureDoesNotMatch",
+        "{last:?}"
+    );
+
+    // Over 50 MB: refused before anything is asked or uploaded.
+    let big = dir.path().join("big.bin");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len((50 << 20) + 1)
+        .unwrap();
+    let mut file = outbound(
+        dir.path(),
+        "small.bin",
+        b"x",
+        talaria_adapter::MediaKind::Document,
+        "application/octet-stream",
+    );
+    file.path = big;
+    file.name = "big.bin".into();
+    let puts_before = fake.cos_puts().len();
+    let err = r.adapter.send_file(&file).await.unwrap_err();
+    assert!(
+        matches!(&err, SendError::Rejected(t) if t.contains("50 MB")),
+        "{err:?}"
+    );
+    assert_eq!(fake.cos_puts().len(), puts_before);
+    assert_eq!(fake.sent().len(), 3);
+    r.shutdown.cancel();
+    ended(r).await.unwrap();
 }

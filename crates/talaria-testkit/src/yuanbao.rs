@@ -23,6 +23,13 @@
 //! again on the next connection. Tests can cut the connection or close it
 //! with a code.
 //!
+//! `get_group_member_list` pages by `offset` and `limit` (at most 200),
+//! as the platform does. Files (see `files`): resources users sent are
+//! exchanged at `GET /api/resource/v1/download` (an issued token in
+//! `X-Token`, else 401) for a direct address; `genUploadInfo` hands out a
+//! location and temporary credentials, a stand-in COS takes the signed
+//! `PUT`, and a sent image or file element must point at an upload taken.
+//!
 //! The message shapes are the fake's own prost structs (see `wire`),
 //! written from the protocol sheet, not shared with the adapter.
 
@@ -33,11 +40,12 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, post};
+use axum::routing::{any, get, post, put};
 use hmac::{Hmac, Mac};
 use prost::Message as _;
 use serde_json::{Value, json};
@@ -47,8 +55,10 @@ use tokio::sync::mpsc;
 use crate::fake::{Core, Faults, bind, started};
 use crate::json_response;
 
+mod files;
 pub mod wire;
 
+pub use files::{CosPut, DownloadCall, SentMedia, cos_signature};
 use wire::{ConnMsg, Head};
 
 /// The bot's account id sign-token reports.
@@ -82,6 +92,8 @@ pub struct Sent {
     pub from: String,
     /// The message's random value.
     pub random: String,
+    /// Its image and file elements, each checked against the uploads.
+    pub media: Vec<SentMedia>,
     /// When the fake received it.
     pub at: Instant,
 }
@@ -154,6 +166,10 @@ struct Book {
     live: Option<mpsc::UnboundedSender<Command>>,
     /// Group members, by group code: (user id, nickname, role).
     members: Vec<(String, String, String, i32)>,
+    /// Member-list pages asked for: (offset, limit).
+    member_pages: Vec<(u32, u32)>,
+    /// Resources and uploads.
+    files: files::Files,
 }
 
 struct Shared {
@@ -200,6 +216,14 @@ impl FakeYuanbao {
         let app = Router::new()
             .route("/api/v5/robotLogic/sign-token", post(sign_token))
             .route("/wss/connection", any(socket))
+            .route("/api/resource/genUploadInfo", post(files::upload_info))
+            .route("/api/resource/v1/download", get(files::download))
+            .route("/yb-res/{id}", get(files::resource))
+            .route("/yb-cdn/{n}", get(files::cdn))
+            .route(
+                "/yb-cos/{*rest}",
+                put(files::cos_put).layer(DefaultBodyLimit::max(64 << 20)),
+            )
             .with_state(shared.clone());
         shared.core.serve("fake-yuanbao", listener, app)?;
         Ok(FakeYuanbao { shared })
@@ -458,6 +482,11 @@ impl FakeYuanbao {
             nickname.to_owned(),
             role,
         ));
+    }
+
+    /// The member-list pages asked for so far: (offset, limit).
+    pub fn member_pages(&self) -> Vec<(u32, u32)> {
+        self.shared.core.read().member_pages.clone()
     }
 
     fn send(&self, command: Command) {
@@ -763,17 +792,26 @@ fn business(shared: &Arc<Shared>, cmd: &str, data: &[u8]) -> Vec<u8> {
                 let Ok(r) = wire::SendC2cMessageReq::decode(data) else {
                     return code(400, "malformed request");
                 };
+                let media = match files::sent_media(&st.files, &r.msg_body) {
+                    Ok(m) => m,
+                    Err(why) => return code(400, &why),
+                };
                 Sent {
                     chat: format!("direct:{}", r.to_account),
                     text: body_text(&r.msg_body),
                     ref_msg_id: None,
                     from: r.from_account,
                     random: r.msg_random.to_string(),
+                    media,
                     at: Instant::now(),
                 }
             } else {
                 let Ok(r) = wire::SendGroupMessageReq::decode(data) else {
                     return code(400, "malformed request");
+                };
+                let media = match files::sent_media(&st.files, &r.msg_body) {
+                    Ok(m) => m,
+                    Err(why) => return code(400, &why),
                 };
                 Sent {
                     chat: format!("group:{}", r.group_code),
@@ -781,6 +819,7 @@ fn business(shared: &Arc<Shared>, cmd: &str, data: &[u8]) -> Vec<u8> {
                     ref_msg_id: Some(r.ref_msg_id).filter(|s| !s.is_empty()),
                     from: r.from_account,
                     random: r.random,
+                    media,
                     at: Instant::now(),
                 }
             };
@@ -843,21 +882,32 @@ fn business(shared: &Arc<Shared>, cmd: &str, data: &[u8]) -> Vec<u8> {
             let Ok(r) = wire::GroupCodeReq::decode(data) else {
                 return code(400, "malformed request");
             };
+            st.member_pages.push((r.offset, r.limit));
+            if r.limit == 0 || r.limit > 200 {
+                return code(400, "limit must be 1 to 200");
+            }
+            let all: Vec<wire::Member> = st
+                .members
+                .iter()
+                .filter(|m| m.0 == r.group_code)
+                .map(|m| wire::Member {
+                    user_id: m.1.clone(),
+                    nickname: m.2.clone(),
+                    role: m.3,
+                    name_card: String::new(),
+                })
+                .collect();
+            if all.is_empty() {
+                return code(404, "no such group");
+            }
+            let start = (r.offset as usize).min(all.len());
+            let end = (start + r.limit as usize).min(all.len());
             wire::GroupMemberListRsp {
                 code: 0,
                 message: "ok".into(),
-                members: st
-                    .members
-                    .iter()
-                    .filter(|m| m.0 == r.group_code)
-                    .map(|m| wire::Member {
-                        user_id: m.1.clone(),
-                        nickname: m.2.clone(),
-                        role: m.3,
-                    })
-                    .collect(),
-                next_offset: 0,
-                is_complete: true,
+                members: all[start..end].to_vec(),
+                next_offset: end as u32,
+                is_complete: end >= all.len(),
             }
             .encode_to_vec()
         }

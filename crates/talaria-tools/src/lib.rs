@@ -10,9 +10,11 @@
 //!   Feishu / Lark Open Platform.
 //! - [`homeassistant`]: the `ha_*` tools over Home Assistant's REST API.
 //! - [`web`]: `web_search` and `web_extract`.
+//! - [`yuanbao`]: the `yb_*` group tools over Yuanbao's bot socket.
 #![forbid(unsafe_code)]
 
 pub mod browser;
 pub mod feishu;
 pub mod homeassistant;
 pub mod web;
+pub mod yuanbao;

@@ -44,6 +44,12 @@ pub struct YuanbaoConfig {
     pub pong_timeout_ms: u64,
     /// Milliseconds a send waits for the platform's answer.
     pub request_timeout_ms: u64,
+    /// Where uploads go: Tencent COS's address for the bucket
+    /// `genUploadInfo` names, `{bucket}` and `{region}` filled in.
+    pub cos_endpoint: String,
+    /// Hosts (and their subdomains) files are fetched from over https,
+    /// besides the API domain itself: where Yuanbao serves what users send.
+    pub media_hosts: Vec<String>,
 }
 
 impl Default for YuanbaoConfig {
@@ -63,6 +69,12 @@ impl Default for YuanbaoConfig {
             ping_interval_ms: 30_000,
             pong_timeout_ms: 10_000,
             request_timeout_ms: 30_000,
+            cos_endpoint: "https://{bucket}.cos.accelerate.myqcloud.com".to_owned(),
+            media_hosts: vec![
+                "myqcloud.com".to_owned(),
+                "yuanbao.tencent.com".to_owned(),
+                "hunyuan.tencent.com".to_owned(),
+            ],
         }
     }
 }
@@ -85,6 +97,26 @@ impl PlatformSection for YuanbaoConfig {
             return Err(SectionError::new(
                 "ws_url",
                 "expected a ws:// or wss:// URL",
+            ));
+        }
+        let cos = self
+            .cos_endpoint
+            .replace("{bucket}", "bucket")
+            .replace("{region}", "region");
+        if !is_http_url(&cos) {
+            return Err(SectionError::new(
+                "cos_endpoint",
+                "expected an http:// or https:// URL ({bucket} and {region} are filled in)",
+            ));
+        }
+        if let Some(bad) = self
+            .media_hosts
+            .iter()
+            .find(|h| h.trim().is_empty() || h.contains(['/', ':', ' ', '*']))
+        {
+            return Err(SectionError::new(
+                "media_hosts",
+                format!("{bad:?} is not a host name (write example.com; subdomains are included)"),
             ));
         }
         for (key, value) in [

@@ -2,7 +2,7 @@
 //! policies, quotes and recalls.
 
 use serde_json::Value;
-use talaria_adapter::{ChatType, MessageEvent, SessionSource};
+use talaria_adapter::{Attachment, ChatType, MediaKind, MessageEvent, SessionSource};
 
 use super::proto::{InboundMessagePush, MsgBodyElement};
 
@@ -139,8 +139,9 @@ pub(super) fn map_push(push: &InboundMessagePush, bot_id: &str, access: &Access)
     let in_group =
         !push.group_code.is_empty() || command.starts_with("Group.") || push.claw_msg_type == 1;
     let (text, mentioned) = text_of(&push.msg_body, bot_id);
-    if text.is_empty() {
-        return Inbound::Skip("no text (media is not supported)");
+    let attachments = attachments(&push.msg_body);
+    if text.is_empty() && attachments.is_empty() {
+        return Inbound::Skip("nothing readable (no text, no file)");
     }
     let chat = if in_group {
         if push.group_code.is_empty() {
@@ -192,6 +193,7 @@ pub(super) fn map_push(push: &InboundMessagePush, bot_id: &str, access: &Access)
         text,
     );
     event.message_id = Some(push.msg_id.clone());
+    event.attachments = attachments;
     if let Some((id, desc)) = quote(&push.cloud_custom_data) {
         event.reply_to_message_id = Some(id);
         event.reply_to_text = desc;
@@ -235,6 +237,65 @@ fn text_of(body: &[MsgBodyElement], bot_id: &str) -> (String, bool) {
     let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
     (text, mentioned)
 }
+
+/// The files among the elements: images (their original rendition, else
+/// the largest), files, voice notes and videos, each fetched later through
+/// the adapter by its locator.
+fn attachments(body: &[MsgBodyElement]) -> Vec<Attachment> {
+    let mut out = Vec::new();
+    for element in body {
+        let Some(content) = &element.msg_content else {
+            continue;
+        };
+        let name = Some(content.file_name.trim()).filter(|n| !n.is_empty());
+        let size = Some(u64::from(content.file_size)).filter(|s| *s > 0);
+        let attachment = match element.msg_type.as_str() {
+            "TIMImageElem" => {
+                let renditions: Vec<_> = content
+                    .image_info_array
+                    .iter()
+                    .filter(|i| !i.url.trim().is_empty())
+                    .collect();
+                let best = renditions
+                    .iter()
+                    .find(|i| i.r#type == 1)
+                    .or_else(|| renditions.iter().max_by_key(|i| i.size));
+                let Some(best) = best else { continue };
+                let Some(locator) = super::media::locator(&best.url) else {
+                    continue;
+                };
+                Attachment::remote(MediaKind::Image, locator)
+                    .sized(Some(u64::from(best.size)).filter(|s| *s > 0))
+            }
+            "TIMFileElem" => {
+                let Some(locator) = super::media::locator(&content.url) else {
+                    continue;
+                };
+                Attachment::guessed(locator, name, None, size)
+            }
+            "TIMSoundElem" | "TIMVideoFileElem" => {
+                let Some(locator) = super::media::locator(&content.url) else {
+                    continue;
+                };
+                let kind = if element.msg_type == "TIMSoundElem" {
+                    MediaKind::Voice
+                } else {
+                    MediaKind::Video
+                };
+                Attachment::remote(kind, locator).named(name).sized(size)
+            }
+            _ => continue,
+        };
+        // Bounded: a message names a handful of files at most.
+        if out.len() < MAX_ATTACHMENTS {
+            out.push(attachment);
+        }
+    }
+    out
+}
+
+/// The most files taken from one message.
+const MAX_ATTACHMENTS: usize = 20;
 
 /// A JSON number, or a string holding one.
 fn number(v: &Value) -> Option<i64> {

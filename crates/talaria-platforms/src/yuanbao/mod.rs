@@ -17,37 +17,45 @@
 //!
 //! Chat ids are `direct:<account>` and `group:<group_code>`; in groups the
 //! bot answers only when mentioned (the owner's commands excepted).
+//!
+//! Files: `media` fetches what users send (only from the API or the
+//! configured media hosts) and uploads what the agent sends to Tencent COS
+//! before posting an element that points at it. `link` is the socket's
+//! request channel, which the `yb_*` group tools share with the adapter.
 
 mod config;
+mod link;
 mod mapping;
+mod media;
 pub mod proto;
 mod sign;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
 use prost::Message as _;
 use talaria_adapter::{
-    Adapter, AdapterContext, AdapterError, Capabilities, LengthUnit, Liveness, Markup,
-    MessageLimits, OutboundMessage, SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Capabilities, Download, DownloadError, LengthUnit,
+    Liveness, Markup, MediaKind, MessageLimits, OutboundFile, OutboundMessage, SendError,
+    SentMessage,
 };
 use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::registry::{BuildError, Built, Platform, Setup};
 use crate::ws;
 use mapping::{Chat, Inbound};
-use proto::{BIZ_MODULE, CONN_MODULE, ConnMsg, Head};
+use proto::{CONN_MODULE, ConnMsg, Head};
 use sign::{SignError, Signer, Token};
 
 pub use config::{ENV, YuanbaoConfig};
+pub use link::{GroupMember, GroupSummary, LinkError, MemberList, Role, YuanbaoLink};
 pub use mapping::{Access, Policy};
 
 /// Yuanbao messages are cut at 4000 characters, as the ancestor does.
@@ -70,10 +78,6 @@ const SEND_BACKOFF: [Duration; 3] = [
 /// How many handed-over message ids are remembered, and for how long.
 const SEEN_CAPACITY: usize = 1000;
 const SEEN_TTL: Duration = Duration::from_secs(300);
-
-/// Requests waiting for their response at most; more are refused as
-/// unavailable rather than queued without bound.
-const MAX_PENDING: usize = 256;
 
 /// Auth-bind codes: bound, or bound already.
 const BIND_OK: [i32; 2] = [0, 41101];
@@ -109,6 +113,10 @@ pub struct YuanbaoSettings {
     pub pong_timeout: Duration,
     /// How long a request waits for its response.
     pub request_timeout: Duration,
+    /// Where uploads go (`{bucket}` and `{region}` filled in).
+    pub cos_endpoint: String,
+    /// Hosts files may be fetched from besides the API domain.
+    pub media_hosts: Vec<String>,
 }
 
 fn list(values: &[String], env: &Env, var: &str) -> Vec<String> {
@@ -179,6 +187,8 @@ impl YuanbaoSettings {
             ping_interval: Duration::from_millis(config.ping_interval_ms.max(1)),
             pong_timeout: Duration::from_millis(config.pong_timeout_ms.max(1)),
             request_timeout: Duration::from_millis(config.request_timeout_ms.max(1)),
+            cos_endpoint: config.cos_endpoint.trim().to_owned(),
+            media_hosts: config.media_hosts.clone(),
         }))
     }
 }
@@ -236,9 +246,6 @@ impl Seen {
     }
 }
 
-/// A response to one of our requests: the head's status and the data.
-type Response = (i32, Vec<u8>);
-
 /// The Yuanbao connector (see the module docs).
 #[derive(Debug)]
 pub struct YuanbaoAdapter {
@@ -247,18 +254,16 @@ pub struct YuanbaoAdapter {
     token: tokio::sync::Mutex<Option<Token>>,
     /// The bot's account: configured, or learnt from sign-token.
     bot_id: Mutex<Option<String>>,
-    /// The live socket's writer, while there is one.
-    link: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
-    /// Requests awaiting their response, by request id.
-    pending: Mutex<HashMap<String, oneshot::Sender<Response>>>,
-    next_id: AtomicU64,
-    seq: AtomicU32,
+    /// The socket's request channel, shared with the group tools.
+    link: YuanbaoLink,
     /// Handed over, kept across connections so a re-delivery is dropped.
     seen: Mutex<Seen>,
     /// Taken back by their senders before they were handed over.
     recalled: Mutex<Seen>,
     /// Chats shown a RUNNING heartbeat that still owe a FINISH.
     working: Mutex<HashSet<String>>,
+    /// Where files may be fetched from.
+    guard: media::HostGuard,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -278,6 +283,15 @@ enum Ended {
 impl YuanbaoAdapter {
     /// Checks the settings and builds the HTTP client; does not connect.
     pub fn new(settings: YuanbaoSettings) -> Result<YuanbaoAdapter, YuanbaoError> {
+        YuanbaoAdapter::with_link(settings, YuanbaoLink::new())
+    }
+
+    /// [`YuanbaoAdapter::new`] on `link`, the request channel the group
+    /// tools of this process share.
+    pub fn with_link(
+        settings: YuanbaoSettings,
+        link: YuanbaoLink,
+    ) -> Result<YuanbaoAdapter, YuanbaoError> {
         let mut settings = settings;
         settings.app_key = Secret::new(settings.app_key.expose().trim());
         settings.app_secret = Secret::new(settings.app_secret.expose().trim());
@@ -301,15 +315,18 @@ impl YuanbaoAdapter {
             .build()
             .map_err(|e| YuanbaoError::Client(e.to_string()))?;
         let bot_id = settings.bot_id.clone();
+        link.attach(settings.request_timeout);
+        if let Some(id) = &bot_id {
+            link.set_bot(id);
+        }
+        let guard = media::HostGuard::new(&settings.api_domain, &settings.media_hosts);
         Ok(YuanbaoAdapter {
+            guard,
             settings,
             http,
             token: tokio::sync::Mutex::new(None),
             bot_id: Mutex::new(bot_id),
-            link: Mutex::new(None),
-            pending: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
-            seq: AtomicU32::new(0),
+            link,
             seen: Mutex::new(Seen::default()),
             recalled: Mutex::new(Seen::default()),
             working: Mutex::new(HashSet::new()),
@@ -339,14 +356,20 @@ impl YuanbaoAdapter {
         let mut bot = lock(&self.bot_id);
         if bot.is_none() && !token.bot_id.is_empty() {
             *bot = Some(token.bot_id.clone());
+            self.link.set_bot(&token.bot_id);
         }
         drop(bot);
         *cached = Some(token.clone());
         Ok(token)
     }
 
+    /// The request channel this adapter's socket serves.
+    pub fn link(&self) -> &YuanbaoLink {
+        &self.link
+    }
+
     fn next_request_id(&self, prefix: &str) -> String {
-        format!("{prefix}_{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+        self.link.next_id(prefix)
     }
 
     fn frame(
@@ -357,19 +380,7 @@ impl YuanbaoAdapter {
         msg_id: &str,
         data: Vec<u8>,
     ) -> Vec<u8> {
-        ConnMsg {
-            head: Some(Head {
-                cmd_type,
-                cmd: cmd.to_owned(),
-                seq_no: self.seq.fetch_add(1, Ordering::Relaxed),
-                msg_id: msg_id.to_owned(),
-                module: module.to_owned(),
-                need_ack: false,
-                status: 0,
-            }),
-            data,
-        }
-        .encode_to_vec()
+        self.link.frame(cmd_type, cmd, module, msg_id, data)
     }
 
     fn auth_bind_frame(&self, token: &Token, bot_id: &str, msg_id: &str) -> Vec<u8> {
@@ -457,7 +468,7 @@ impl YuanbaoAdapter {
     async fn serve(&self, stream: ws::WsStream, ctx: &AdapterContext) -> Ended {
         let (mut sink, mut stream) = stream.split();
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
-        *lock(&self.link) = Some(tx);
+        self.link.connected(tx);
         ctx.liveness.set(Liveness::Live);
         tracing::info!("connected to Yuanbao");
         let interval = self.settings.ping_interval;
@@ -519,9 +530,7 @@ impl YuanbaoAdapter {
                                     missed = 0;
                                 }
                                 proto::RESPONSE => {
-                                    if let Some(waiter) = lock(&self.pending).remove(&head.msg_id) {
-                                        let _ = waiter.send((head.status, frame.data));
-                                    }
+                                    self.link.answer(&head.msg_id, (head.status, frame.data));
                                 }
                                 proto::PUSH => {
                                     if head.cmd == "kickout" {
@@ -548,10 +557,9 @@ impl YuanbaoAdapter {
                 }
             }
         };
-        *lock(&self.link) = None;
-        // Their responses cannot come on another socket: the waiters see
-        // the connection gone.
-        lock(&self.pending).clear();
+        // Answers cannot come on another socket: the waiters see the
+        // connection gone.
+        self.link.disconnected();
         ended
     }
 
@@ -611,51 +619,95 @@ impl YuanbaoAdapter {
         }
     }
 
-    /// Sends one business request and waits for its response.
+    /// Sends one business request and waits for its `{code, message}`
+    /// response.
     async fn request(
         &self,
         cmd: &str,
         prefix: &str,
         data: Vec<u8>,
     ) -> Result<proto::CodeRsp, SendError> {
-        let Some(link) = lock(&self.link).clone() else {
-            return Err(SendError::Unavailable("Yuanbao".into()));
-        };
-        let id = self.next_request_id(prefix);
-        let frame = self.frame(proto::REQUEST, cmd, BIZ_MODULE, &id, data);
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut pending = lock(&self.pending);
-            if pending.len() >= MAX_PENDING {
-                return Err(SendError::Unavailable(
-                    "Yuanbao (too many requests in flight)".into(),
-                ));
-            }
-            pending.insert(id.clone(), tx);
-        }
-        if link.send(frame).await.is_err() {
-            lock(&self.pending).remove(&id);
-            return Err(SendError::Unavailable("Yuanbao".into()));
-        }
-        match tokio::time::timeout(self.settings.request_timeout, rx).await {
-            Ok(Ok((status, data))) => {
-                if status != 0 {
-                    return Err(SendError::Transient(format!(
-                        "{cmd}: transport status {status}"
-                    )));
+        let answer = self
+            .link
+            .request(cmd, prefix, data)
+            .await
+            .map_err(|e| match e {
+                LinkError::NoAdapter | LinkError::Down => SendError::Unavailable("Yuanbao".into()),
+                LinkError::Busy => {
+                    SendError::Unavailable("Yuanbao (too many requests in flight)".into())
                 }
-                proto::CodeRsp::decode(data.as_slice())
-                    .map_err(|e| SendError::Transient(format!("{cmd}: unreadable response: {e}")))
+                LinkError::Closed(_) | LinkError::Timeout(_) => SendError::Ambiguous(e.to_string()),
+                LinkError::Refused { .. } => SendError::Transient(e.to_string()),
+            })?;
+        proto::CodeRsp::decode(answer.as_slice())
+            .map_err(|e| SendError::Transient(format!("{cmd}: unreadable response: {e}")))
+    }
+
+    /// Sends one message of `body` to `chat`, retrying refusals a few
+    /// times with growing waits, as the ancestor does.
+    async fn send_body(
+        &self,
+        chat: &Chat,
+        body: Vec<proto::MsgBodyElement>,
+        reply_to: Option<&str>,
+    ) -> Result<(), SendError> {
+        let from = self.my_account()?;
+        // One random per message, kept across retries, so the platform
+        // can tell a retry from a second message.
+        let random: u32 = rand::random();
+        let mut attempt = 0;
+        loop {
+            let (cmd, prefix, data) = match chat {
+                Chat::Direct(to) => (
+                    "send_c2c_message",
+                    "c2c",
+                    proto::SendC2cMessageReq {
+                        msg_id: self.next_request_id("c2c_body"),
+                        to_account: to.clone(),
+                        from_account: from.clone(),
+                        msg_random: random,
+                        msg_body: body.clone(),
+                    }
+                    .encode_to_vec(),
+                ),
+                Chat::Group(group) => (
+                    "send_group_message",
+                    "grp",
+                    proto::SendGroupMessageReq {
+                        msg_id: self.next_request_id("grp_body"),
+                        group_code: group.clone(),
+                        from_account: from.clone(),
+                        to_account: String::new(),
+                        random: random.to_string(),
+                        msg_body: body.clone(),
+                        ref_msg_id: reply_to.unwrap_or_default().to_owned(),
+                    }
+                    .encode_to_vec(),
+                ),
+            };
+            let rsp = self.request(cmd, prefix, data).await?;
+            if rsp.code == 0 {
+                return Ok(());
             }
-            Ok(Err(_)) => Err(SendError::Ambiguous(format!(
-                "the connection closed before Yuanbao answered {cmd}"
-            ))),
-            Err(_) => {
-                lock(&self.pending).remove(&id);
-                Err(SendError::Ambiguous(format!(
-                    "Yuanbao did not answer {cmd} in time"
-                )))
-            }
+            // The platform documents no codes: every refusal is retried.
+            let Some(wait) = SEND_BACKOFF.get(attempt) else {
+                return Err(SendError::Transient(format!(
+                    "{cmd} refused (code {}): {}",
+                    rsp.code, rsp.message
+                )));
+            };
+            tracing::info!(code = rsp.code, ?wait, "Yuanbao refused a send; retrying");
+            attempt += 1;
+            tokio::time::sleep(*wait).await;
+        }
+    }
+
+    /// Ends the reply heartbeat of a chat shown one.
+    async fn finish_work(&self, chat_id: &str, chat: &Chat) {
+        if lock(&self.working).remove(chat_id)
+            && let Err(e) = self.heartbeat(chat, proto::FINISH).await
+        {
+            tracing::debug!("cannot end the Yuanbao reply heartbeat: {e}");
         }
     }
 
@@ -759,14 +811,33 @@ fn closed(frame: Option<(CloseCode, String)>) -> AdapterError {
     }
 }
 
+/// Every kind of file: images go as image elements, the rest as files.
+const ALL_KINDS: &[MediaKind] = &[
+    MediaKind::Image,
+    MediaKind::Voice,
+    MediaKind::Audio,
+    MediaKind::Video,
+    MediaKind::Document,
+];
+
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     markup: Markup::Markdown,
+    receives: ALL_KINDS,
+    sends: ALL_KINDS,
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_MESSAGE_LEN,
         unit: LengthUnit::Chars,
     })
 };
+
+fn parse_chat(chat_id: &str) -> Result<Chat, SendError> {
+    Chat::parse(chat_id).ok_or_else(|| {
+        SendError::Rejected(format!(
+            "{chat_id:?} is not a Yuanbao chat (direct:<account> or group:<group_code>)"
+        ))
+    })
+}
 
 fn text_body(text: &str) -> Vec<proto::MsgBodyElement> {
     vec![proto::MsgBodyElement {
@@ -811,67 +882,31 @@ impl Adapter for YuanbaoAdapter {
     }
 
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
-        let Some(chat) = Chat::parse(&message.chat_id) else {
-            return Err(SendError::Rejected(format!(
-                "{:?} is not a Yuanbao chat (direct:<account> or group:<group_code>)",
-                message.chat_id
-            )));
-        };
-        let from = self.my_account()?;
-        // One random per answer part, kept across retries, so the
-        // platform can tell a retry from a second message.
-        let random: u32 = rand::random();
-        let mut attempt = 0;
-        loop {
-            let (cmd, prefix, data) = match &chat {
-                Chat::Direct(to) => (
-                    "send_c2c_message",
-                    "c2c",
-                    proto::SendC2cMessageReq {
-                        msg_id: self.next_request_id("c2c_body"),
-                        to_account: to.clone(),
-                        from_account: from.clone(),
-                        msg_random: random,
-                        msg_body: text_body(&message.text),
-                    }
-                    .encode_to_vec(),
-                ),
-                Chat::Group(group) => (
-                    "send_group_message",
-                    "grp",
-                    proto::SendGroupMessageReq {
-                        msg_id: self.next_request_id("grp_body"),
-                        group_code: group.clone(),
-                        from_account: from.clone(),
-                        to_account: String::new(),
-                        random: random.to_string(),
-                        msg_body: text_body(&message.text),
-                        ref_msg_id: message.reply_to.clone().unwrap_or_default(),
-                    }
-                    .encode_to_vec(),
-                ),
-            };
-            let rsp = self.request(cmd, prefix, data).await?;
-            if rsp.code == 0 {
-                break;
-            }
-            // The platform documents no codes: every refusal is retried
-            // a few times with growing waits, as the ancestor does.
-            let Some(wait) = SEND_BACKOFF.get(attempt) else {
-                return Err(SendError::Transient(format!(
-                    "{cmd} refused (code {}): {}",
-                    rsp.code, rsp.message
-                )));
-            };
-            tracing::info!(code = rsp.code, ?wait, "Yuanbao refused a send; retrying");
-            attempt += 1;
-            tokio::time::sleep(*wait).await;
+        let chat = parse_chat(&message.chat_id)?;
+        self.send_body(&chat, text_body(&message.text), message.reply_to.as_deref())
+            .await?;
+        self.finish_work(&message.chat_id, &chat).await;
+        Ok(SentMessage { message_id: None })
+    }
+
+    async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        self.open_file(locator).await
+    }
+
+    async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
+        let chat = parse_chat(&file.chat_id)?;
+        let upload = self.upload(file).await?;
+        self.send_body(
+            &chat,
+            vec![media::element(file, &upload)],
+            file.reply_to.as_deref(),
+        )
+        .await?;
+        // Yuanbao's media elements carry no caption: it follows as text.
+        if let Some(caption) = file.caption.as_deref().filter(|c| !c.trim().is_empty()) {
+            self.send_body(&chat, text_body(caption), None).await?;
         }
-        if lock(&self.working).remove(&message.chat_id)
-            && let Err(e) = self.heartbeat(&chat, proto::FINISH).await
-        {
-            tracing::debug!("cannot end the Yuanbao reply heartbeat: {e}");
-        }
+        self.finish_work(&file.chat_id, &chat).await;
         Ok(SentMessage { message_id: None })
     }
 
@@ -909,6 +944,7 @@ fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
     else {
         return Ok(None);
     };
-    let adapter = YuanbaoAdapter::new(settings).map_err(BuildError::set_up)?;
+    let adapter =
+        YuanbaoAdapter::with_link(settings, setup.yuanbao.clone()).map_err(BuildError::set_up)?;
     Ok(Some(Built::connected(adapter)))
 }

@@ -210,12 +210,50 @@ pub struct MsgContent {
     /// A text element's text.
     #[prost(string, tag = "1")]
     pub text: String,
+    /// A media element's own id.
+    #[prost(string, tag = "2")]
+    pub uuid: String,
+    /// An image's format: 1 JPEG, 2 GIF, 3 PNG, 4 BMP, 255 anything else.
+    #[prost(uint32, tag = "3")]
+    pub image_format: u32,
     /// A custom element's JSON (`elem_type` 1002 is a mention).
     #[prost(string, tag = "4")]
     pub data: String,
     /// A custom element's description.
     #[prost(string, tag = "5")]
     pub desc: String,
+    /// An image's renditions (original, large, thumbnail).
+    #[prost(message, repeated, tag = "8")]
+    pub image_info_array: Vec<ImageInfo>,
+    /// Where a file, voice note or video is.
+    #[prost(string, tag = "10")]
+    pub url: String,
+    /// A file's size in bytes.
+    #[prost(uint32, tag = "11")]
+    pub file_size: u32,
+    /// A file's name.
+    #[prost(string, tag = "12")]
+    pub file_name: String,
+}
+
+/// One rendition of an image element.
+#[derive(Clone, PartialEq, Message)]
+pub struct ImageInfo {
+    /// 1 the original, 2 large, 3 a thumbnail.
+    #[prost(uint32, tag = "1")]
+    pub r#type: u32,
+    /// Its size in bytes.
+    #[prost(uint32, tag = "2")]
+    pub size: u32,
+    /// Its width in pixels (0 when unknown).
+    #[prost(uint32, tag = "3")]
+    pub width: u32,
+    /// Its height in pixels (0 when unknown).
+    #[prost(uint32, tag = "4")]
+    pub height: u32,
+    /// Where it is.
+    #[prost(string, tag = "5")]
+    pub url: String,
 }
 
 /// `send_c2c_message`'s request.
@@ -302,3 +340,97 @@ pub struct GroupHeartbeatReq {
 pub const RUNNING: i32 = 1;
 /// Heartbeat: the bot is done.
 pub const FINISH: i32 = 2;
+
+/// `query_group_info`'s request (and the group part of the member list's).
+#[derive(Clone, PartialEq, Message)]
+pub struct QueryGroupInfoReq {
+    /// The group.
+    #[prost(string, tag = "1")]
+    pub group_code: String,
+}
+
+/// `query_group_info`'s answer.
+#[derive(Clone, PartialEq, Message)]
+pub struct QueryGroupInfoRsp {
+    /// 0 when it worked.
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    /// Why not.
+    #[prost(string, tag = "2")]
+    pub message: String,
+    /// The group.
+    #[prost(message, optional, tag = "3")]
+    pub group_info: Option<GroupInfo>,
+}
+
+/// A group's description.
+#[derive(Clone, PartialEq, Message)]
+pub struct GroupInfo {
+    /// Its name.
+    #[prost(string, tag = "1")]
+    pub group_name: String,
+    /// Its owner's account.
+    #[prost(string, tag = "2")]
+    pub group_owner_user_id: String,
+    /// Its owner's name.
+    #[prost(string, tag = "3")]
+    pub group_owner_nickname: String,
+    /// How many members it has.
+    #[prost(uint32, tag = "4")]
+    pub group_size: u32,
+}
+
+/// `get_group_member_list`'s request: one page.
+#[derive(Clone, PartialEq, Message)]
+pub struct GetGroupMemberListReq {
+    /// The group.
+    #[prost(string, tag = "1")]
+    pub group_code: String,
+    /// Where the page starts.
+    #[prost(uint32, tag = "2")]
+    pub offset: u32,
+    /// How many members at most.
+    #[prost(uint32, tag = "3")]
+    pub limit: u32,
+}
+
+/// `get_group_member_list`'s answer.
+#[derive(Clone, PartialEq, Message)]
+pub struct GetGroupMemberListRsp {
+    /// 0 when it worked.
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    /// Why not.
+    #[prost(string, tag = "2")]
+    pub message: String,
+    /// This page's members.
+    #[prost(message, repeated, tag = "3")]
+    pub members: Vec<MemberInfo>,
+    /// Where the next page starts.
+    #[prost(uint32, tag = "4")]
+    pub next_offset: u32,
+    /// No page follows.
+    #[prost(bool, tag = "5")]
+    pub is_complete: bool,
+}
+
+/// One group member.
+#[derive(Clone, PartialEq, Message)]
+pub struct MemberInfo {
+    /// The member's account.
+    #[prost(string, tag = "1")]
+    pub user_id: String,
+    /// The member's name.
+    #[prost(string, tag = "2")]
+    pub nickname: String,
+    /// 0 member, 1 admin, 2 owner (see `link::Role` for what else is read
+    /// here).
+    #[prost(uint32, tag = "3")]
+    pub role: u32,
+    /// When the member joined (Unix seconds).
+    #[prost(uint32, tag = "4")]
+    pub join_time: u32,
+    /// The member's name in this group, when set.
+    #[prost(string, tag = "5")]
+    pub name_card: String,
+}

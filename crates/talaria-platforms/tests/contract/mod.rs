@@ -166,6 +166,8 @@ impl<K: AdapterKit> Rig<K> {
             env: &env,
             cursors: store.clone(),
             media: talaria_media::MediaCache::for_home(&self.home, &config.media),
+            #[cfg(feature = "yuanbao")]
+            yuanbao: Default::default(),
         });
         #[cfg(feature = "ingress")]
         let listen = built.mount.map(|mount| {

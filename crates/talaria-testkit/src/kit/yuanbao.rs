@@ -2,9 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Out, PlatformKit, Threaded, Who};
+use talaria_adapter::MediaKind;
+
+use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
 use crate::FakeYuanbao;
 use crate::wait::WAIT;
+use crate::yuanbao::wire;
 
 /// The app key the gateway is given.
 pub const APP_KEY: &str = "yb-kit-app-key-0123456789";
@@ -42,10 +45,11 @@ impl PlatformKit for YuanbaoKit {
 
     fn section(&self) -> String {
         format!(
-            "  yuanbao:\n    ws_url: {}\n    api_domain: {}\n    ping_interval_ms: 300\n    \
-             pong_timeout_ms: 2000\n    request_timeout_ms: 5000\n",
+            "  yuanbao:\n    ws_url: {}\n    api_domain: {}\n    cos_endpoint: {}\n    \
+             ping_interval_ms: 300\n    pong_timeout_ms: 2000\n    request_timeout_ms: 5000\n",
             self.fake.ws_url(),
-            self.fake.api_domain()
+            self.fake.api_domain(),
+            self.fake.cos_endpoint()
         )
     }
 
@@ -72,6 +76,73 @@ impl PlatformKit for YuanbaoKit {
 
     fn push_dm(&self, who: Who, text: &str) -> String {
         self.fake.push_dm(user(who), text)
+    }
+
+    fn push_dm_file(&self, who: Who, file: &KitFile, caption: &str) -> String {
+        // The element names the file by Yuanbao's protected address; the
+        // bot exchanges it at the download endpoint.
+        let url = self.fake.add_resource(&file.bytes);
+        let size = file.bytes.len() as u32;
+        let content = match file.kind {
+            MediaKind::Image => wire::MsgContent {
+                uuid: "img-1".into(),
+                image_format: 3,
+                image_info_array: vec![wire::ImageInfo {
+                    r#type: 1,
+                    size,
+                    width: 64,
+                    height: 48,
+                    url,
+                }],
+                ..wire::MsgContent::default()
+            },
+            _ => wire::MsgContent {
+                uuid: "file-1".into(),
+                url,
+                file_size: size,
+                file_name: file.name.clone().unwrap_or_default(),
+                ..wire::MsgContent::default()
+            },
+        };
+        let msg_type = match file.kind {
+            MediaKind::Image => "TIMImageElem",
+            MediaKind::Voice | MediaKind::Audio => "TIMSoundElem",
+            MediaKind::Video => "TIMVideoFileElem",
+            MediaKind::Document => "TIMFileElem",
+        };
+        let id = self.fake.next_msg_id();
+        let mut push = wire::dm(user(who), &id, caption);
+        push.msg_body = vec![wire::MsgBodyElement {
+            msg_type: msg_type.into(),
+            msg_content: Some(content),
+        }];
+        if !caption.is_empty() {
+            push.msg_body.push(wire::text(caption));
+        }
+        self.fake.push(&push);
+        id
+    }
+
+    fn uploads(&self) -> Vec<Uploaded> {
+        // A file counts once a message shows it: an image element as a
+        // picture, a file element as a file to download.
+        self.fake
+            .sent()
+            .iter()
+            .flat_map(|s| s.media.clone())
+            .filter_map(|m| {
+                let bytes = self.fake.uploaded(&m.url)?;
+                Some(Uploaded {
+                    kind: if m.msg_type == "TIMImageElem" {
+                        MediaKind::Image
+                    } else {
+                        MediaKind::Document
+                    },
+                    name: m.name,
+                    bytes,
+                })
+            })
+            .collect()
     }
 
     fn dm_chat(&self, who: Who) -> String {

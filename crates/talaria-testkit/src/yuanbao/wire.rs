@@ -161,9 +161,47 @@ pub struct MsgContent {
     /// Text.
     #[prost(string, tag = "1")]
     pub text: String,
+    /// A media element's id.
+    #[prost(string, tag = "2")]
+    pub uuid: String,
+    /// 1 JPEG, 2 GIF, 3 PNG, 4 BMP, 255 other.
+    #[prost(uint32, tag = "3")]
+    pub image_format: u32,
     /// Custom data (JSON).
     #[prost(string, tag = "4")]
     pub data: String,
+    /// An image's renditions.
+    #[prost(message, repeated, tag = "8")]
+    pub image_info_array: Vec<ImageInfo>,
+    /// A file's, voice note's or video's address.
+    #[prost(string, tag = "10")]
+    pub url: String,
+    /// A file's size.
+    #[prost(uint32, tag = "11")]
+    pub file_size: u32,
+    /// A file's name.
+    #[prost(string, tag = "12")]
+    pub file_name: String,
+}
+
+/// One rendition of an image.
+#[derive(Clone, PartialEq, Message)]
+pub struct ImageInfo {
+    /// 1 original, 2 large, 3 thumbnail.
+    #[prost(uint32, tag = "1")]
+    pub r#type: u32,
+    /// Bytes.
+    #[prost(uint32, tag = "2")]
+    pub size: u32,
+    /// Pixels.
+    #[prost(uint32, tag = "3")]
+    pub width: u32,
+    /// Pixels.
+    #[prost(uint32, tag = "4")]
+    pub height: u32,
+    /// Address.
+    #[prost(string, tag = "5")]
+    pub url: String,
 }
 
 /// send_c2c_message.
@@ -253,6 +291,12 @@ pub struct GroupCodeReq {
     /// The group.
     #[prost(string, tag = "1")]
     pub group_code: String,
+    /// Where the member page starts.
+    #[prost(uint32, tag = "2")]
+    pub offset: u32,
+    /// How many members the page holds at most.
+    #[prost(uint32, tag = "3")]
+    pub limit: u32,
 }
 
 /// query_group_info's answer.
@@ -318,6 +362,9 @@ pub struct Member {
     /// 0 member, 1 admin, 2 owner.
     #[prost(int32, tag = "3")]
     pub role: i32,
+    /// The name in this group, when set.
+    #[prost(string, tag = "5")]
+    pub name_card: String,
 }
 
 /// A text element.
@@ -326,7 +373,7 @@ pub fn text(t: &str) -> MsgBodyElement {
         msg_type: "TIMTextElem".into(),
         msg_content: Some(MsgContent {
             text: t.into(),
-            data: String::new(),
+            ..MsgContent::default()
         }),
     }
 }
@@ -336,9 +383,9 @@ pub fn mention(user_id: &str, name: &str) -> MsgBodyElement {
     MsgBodyElement {
         msg_type: "TIMCustomElem".into(),
         msg_content: Some(MsgContent {
-            text: String::new(),
             data: serde_json::json!({ "elem_type": 1002, "text": format!("@{name}"), "user_id": user_id })
                 .to_string(),
+            ..MsgContent::default()
         }),
     }
 }
