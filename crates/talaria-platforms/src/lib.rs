@@ -38,7 +38,8 @@
 //! - [`yuanbao`]: Tencent Yuanbao's bot socket (a signed token, then
 //!   protobuf frames both ways).
 //! - [`wecom`]: WeCom's self-built app (encrypted XML callback on
-//!   [`ingress`], the corp API out).
+//!   [`ingress`], the corp API out) and its intelligent robot (a long
+//!   connection both ways).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `seen`: the bounded set
@@ -86,7 +87,7 @@ pub mod qqbot;
 pub mod registry;
 #[cfg(any(feature = "mattermost", feature = "signal", feature = "matrix"))]
 mod rest;
-#[cfg(any(feature = "slack", feature = "dingtalk", feature = "feishu"))]
+#[cfg(any(feature = "slack", feature = "dingtalk", feature = "feishu", feature = "wecom"))]
 mod seen;
 #[cfg(feature = "signal")]
 pub mod signal;
