@@ -87,7 +87,12 @@ pub mod qqbot;
 pub mod registry;
 #[cfg(any(feature = "mattermost", feature = "signal", feature = "matrix"))]
 mod rest;
-#[cfg(any(feature = "slack", feature = "dingtalk", feature = "feishu", feature = "wecom"))]
+#[cfg(any(
+    feature = "slack",
+    feature = "dingtalk",
+    feature = "feishu",
+    feature = "wecom"
+))]
 mod seen;
 #[cfg(feature = "signal")]
 pub mod signal;

@@ -61,7 +61,9 @@ async fn a_group_answer_with_no_message_to_answer_fails_into_the_ledger() {
     // The group's answer is held until the connection it came on is gone.
     rig.kit.hang_send(true);
     rig.llm.push(Reply::text("group answer"));
-    rig.kit.fake.push_text_group(user(Who::Friend), GROUP, "hello all", true);
+    rig.kit
+        .fake
+        .push_text_group(user(Who::Friend), GROUP, "hello all", true);
     rig.kit.wait_send_attempts(1).await;
     rig.kit.fake.drop_connection();
     rig.kit.wait_connected(2).await;
@@ -73,7 +75,13 @@ async fn a_group_answer_with_no_message_to_answer_fails_into_the_ledger() {
     wait_for("the group's answer abandoned", || async {
         let open = store.open_obligations(0).await.unwrap();
         let counts = store.obligation_counts().await.unwrap();
-        if open.is_empty() && counts.get(&ObligationState::Abandoned).copied().unwrap_or(0) == 1 {
+        if open.is_empty()
+            && counts
+                .get(&ObligationState::Abandoned)
+                .copied()
+                .unwrap_or(0)
+                == 1
+        {
             Ok(())
         } else {
             Err((open, counts))

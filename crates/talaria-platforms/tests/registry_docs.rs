@@ -57,8 +57,14 @@ fn a_variable_belongs_to_the_longest_prefix_and_a_key_to_its_exact_section() {
         && talaria_platforms::registry::platform("wecom_callback").is_some()
     {
         assert_eq!(owners("| `WECOM_CALLBACK_TOKEN` |"), vec!["wecom_callback"]);
-        assert_eq!(owners("| `WECOM_BOT_ID`, `platforms.wecom.secret` |"), vec!["wecom"]);
-        assert_eq!(owners("| `platforms.wecom_callback` |"), vec!["wecom_callback"]);
+        assert_eq!(
+            owners("| `WECOM_BOT_ID`, `platforms.wecom.secret` |"),
+            vec!["wecom"]
+        );
+        assert_eq!(
+            owners("| `platforms.wecom_callback` |"),
+            vec!["wecom_callback"]
+        );
     }
 }
 

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use talaria_adapter::{AttachmentSource, MediaKind, OutboundFile};
 use talaria_core::Secret;
 use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, ChatType, Inbox, Liveness, LivenessReporter,
     MessageEvent, OutboundMessage, SendError,
 };
 use talaria_platforms::wecom::bot::{Access, Policy, WecomBotAdapter, WecomBotSettings};
-use talaria_adapter::{AttachmentSource, MediaKind, OutboundFile};
 use talaria_testkit::FakeWecomBot;
 use talaria_testkit::wait::{WAIT, wait_for};
 use talaria_testkit::wecom_bot::{BAD_SECRET, dm_body, group_body};
@@ -149,11 +149,24 @@ fn openssl_seal(plain: &[u8]) -> Vec<u8> {
     let key = String::from_utf8(key.stdout).unwrap();
     assert_eq!(key.len(), 64, "{key}");
     let out = Command::new("openssl")
-        .args(["enc", "-aes-256-cbc", "-nopad", "-K", &key, "-iv", &key[..32], "-in"])
+        .args([
+            "enc",
+            "-aes-256-cbc",
+            "-nopad",
+            "-K",
+            &key,
+            "-iv",
+            &key[..32],
+            "-in",
+        ])
         .arg(&input)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout
 }
 
@@ -177,7 +190,10 @@ async fn a_wrong_secret_is_a_fatal_error_that_names_the_variables_not_the_secret
     let mut s = settings(&fake);
     s.secret = Secret::new("a-wrong-secret-value");
     let running = spawn(s);
-    let result = tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap();
+    let result = tokio::time::timeout(WAIT, running.task)
+        .await
+        .unwrap()
+        .unwrap();
     let Err(AdapterError::Fatal(why)) = result else {
         panic!("{result:?}");
     };
@@ -201,7 +217,12 @@ async fn texts_voice_and_mixed_messages_become_events_and_repeats_are_dropped() 
     // Delivered again: dropped. The voice message after it is the barrier.
     fake.redeliver(&id);
     let voice = fake.next_msgid();
-    fake.push_message(dm_body(&voice, "ann", "voice", json!({ "content": "call mum" })));
+    fake.push_message(dm_body(
+        &voice,
+        "ann",
+        "voice",
+        json!({ "content": "call mum" }),
+    ));
     let e = next_event(&mut r.events).await;
     assert_eq!(e.text, "call mum");
 
@@ -224,7 +245,11 @@ async fn texts_voice_and_mixed_messages_become_events_and_repeats_are_dropped() 
     assert_eq!(e.attachments[0].kind, MediaKind::Image);
     assert_eq!(read_all(&r.adapter, &locator(&e)).await.unwrap(), b"png!");
     wait_for("a heartbeat", || async {
-        if fake.pings() >= 1 { Ok(()) } else { Err(fake.pings()) }
+        if fake.pings() >= 1 {
+            Ok(())
+        } else {
+            Err(fake.pings())
+        }
     })
     .await;
     r.shutdown.cancel();
@@ -237,10 +262,18 @@ async fn files_decrypt_as_they_stream_and_a_bad_key_or_host_is_refused() {
     let mut r = spawn(settings(&fake));
     fake.wait_for_connection(1, WAIT).await;
     // 32 bytes: a whole block of padding; 1.5 MB: many network reads.
-    for plain in [vec![7u8; 32], (0..1_500_000u32).map(|i| (i % 251) as u8).collect()] {
+    for plain in [
+        vec![7u8; 32],
+        (0..1_500_000u32).map(|i| (i % 251) as u8).collect(),
+    ] {
         let url = fake.host_media(openssl_seal(&plain));
         let id = fake.next_msgid();
-        fake.push_message(dm_body(&id, "ann", "file", json!({ "url": url, "aeskey": AESKEY })));
+        fake.push_message(dm_body(
+            &id,
+            "ann",
+            "file",
+            json!({ "url": url, "aeskey": AESKEY }),
+        ));
         let e = next_event(&mut r.events).await;
         assert_eq!(e.attachments[0].kind, MediaKind::Document);
         assert_eq!(read_all(&r.adapter, &locator(&e)).await.unwrap(), plain);
@@ -279,7 +312,11 @@ async fn answers_use_the_messages_req_id_and_dms_go_proactively_after_a_reconnec
     fake.drop_connection();
     fake.wait_for_connection(2, WAIT).await;
     wait_for("live again", || async {
-        if *r.liveness.borrow() == Liveness::Live { Ok(()) } else { Err(*r.liveness.borrow()) }
+        if *r.liveness.borrow() == Liveness::Live {
+            Ok(())
+        } else {
+            Err(*r.liveness.borrow())
+        }
     })
     .await;
     // The old req_ids belong to a closed connection: the DM goes
@@ -288,8 +325,15 @@ async fn answers_use_the_messages_req_id_and_dms_go_proactively_after_a_reconnec
     let sent = fake.wait_for_sent(3, WAIT).await;
     assert_eq!(sent[2].answering, None);
     assert_eq!(sent[2].chat, "ann");
-    let err = r.adapter.send(&text("wrgroup1", "anyone?")).await.unwrap_err();
-    assert!(matches!(&err, SendError::Rejected(why) if why.contains("group")), "{err:?}");
+    let err = r
+        .adapter
+        .send(&text("wrgroup1", "anyone?"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, SendError::Rejected(why) if why.contains("group")),
+        "{err:?}"
+    );
     // A user the robot never heard from is refused by WeCom, for good.
     let err = r.adapter.send(&text("nobody", "hi")).await.unwrap_err();
     assert!(matches!(err, SendError::Rejected(_)), "{err:?}");
@@ -297,7 +341,13 @@ async fn answers_use_the_messages_req_id_and_dms_go_proactively_after_a_reconnec
     fake.fail_next_send(45_009);
     r.adapter.send(&text("ann", "after a pause")).await.unwrap();
     assert_eq!(fake.wait_for_sent(4, WAIT).await[3].text, "after a pause");
-    assert_eq!(fake.refusals().iter().filter(|f| f.errcode == 45_009).count(), 1);
+    assert_eq!(
+        fake.refusals()
+            .iter()
+            .filter(|f| f.errcode == 45_009)
+            .count(),
+        1
+    );
     r.shutdown.cancel();
 }
 
@@ -336,7 +386,10 @@ async fn a_file_is_uploaded_in_chunks_with_its_md5_and_sent() {
     assert_eq!(chunks, 3, "512 KiB chunks");
     let sent = fake.wait_for_sent(1, WAIT).await;
     assert_eq!(sent[0].msgtype, "file");
-    assert_eq!(sent[0].media_id.as_deref(), Some(uploads[0].media_id.as_str()));
+    assert_eq!(
+        sent[0].media_id.as_deref(),
+        Some(uploads[0].media_id.as_str())
+    );
     assert_eq!(sent[0].answering, None, "a file goes to a user directly");
     r.shutdown.cancel();
 }
@@ -358,13 +411,23 @@ async fn enter_chat_is_welcomed_and_a_takeover_stops_the_adapter() {
     );
     fake.supersede();
     wait_for("standing by", || async {
-        if *r.liveness.borrow() == Liveness::Standby { Ok(()) } else { Err(*r.liveness.borrow()) }
+        if *r.liveness.borrow() == Liveness::Standby {
+            Ok(())
+        } else {
+            Err(*r.liveness.borrow())
+        }
     })
     .await;
     // Never subscribes again.
     assert_eq!(fake.subscriptions().len(), 1);
     r.shutdown.cancel();
-    assert!(tokio::time::timeout(WAIT, r.task).await.unwrap().unwrap().is_ok());
+    assert!(
+        tokio::time::timeout(WAIT, r.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_ok()
+    );
 }
 
 #[tokio::test]

@@ -600,7 +600,8 @@ fn is_message_send(cmd: &str) -> bool {
 }
 
 fn answer(req_id: &str, errcode: i64, errmsg: &str, body: Option<Value>) -> String {
-    let mut frame = json!({ "headers": { "req_id": req_id }, "errcode": errcode, "errmsg": errmsg });
+    let mut frame =
+        json!({ "headers": { "req_id": req_id }, "errcode": errcode, "errmsg": errmsg });
     if let Some(body) = body {
         frame["body"] = body;
     }
@@ -880,10 +881,7 @@ fn handle(shared: &Arc<Shared>, conn: u64, cmd: &str, req_id: &str, body: &Value
             if !(1..=100).contains(&total_chunks)
                 || total_size.div_ceil(CHUNK_BYTES as u64) != total_chunks
             {
-                return Err((
-                    BAD_UPLOAD,
-                    "total_chunks does not fit total_size".into(),
-                ));
+                return Err((BAD_UPLOAD, "total_chunks does not fit total_size".into()));
             }
             if md5.len() != 32 || !md5.chars().all(|c| c.is_ascii_hexdigit()) {
                 return Err((BAD_UPLOAD, "md5 is not 32 hex digits".into()));
@@ -906,7 +904,10 @@ fn handle(shared: &Arc<Shared>, conn: u64, cmd: &str, req_id: &str, body: &Value
         "aibot_upload_media_chunk" => {
             let upload_id = body.get("upload_id").and_then(Value::as_str).unwrap_or("");
             let index = body.get("chunk_index").and_then(Value::as_u64);
-            let data = body.get("base64_data").and_then(Value::as_str).unwrap_or("");
+            let data = body
+                .get("base64_data")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             let partial = st
                 .partial
                 .get_mut(upload_id)
@@ -964,13 +965,20 @@ fn handle(shared: &Arc<Shared>, conn: u64, cmd: &str, req_id: &str, body: &Value
 }
 
 /// The message type, its text and its media id, or why it cannot be sent.
-fn check_message(st: &Book, body: &Value) -> Result<(String, String, Option<String>), (i64, String)> {
+fn check_message(
+    st: &Book,
+    body: &Value,
+) -> Result<(String, String, Option<String>), (i64, String)> {
     let msgtype = body
         .get("msgtype")
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_owned();
-    let text_of = |path: &str| body.pointer(path).and_then(Value::as_str).map(str::to_owned);
+    let text_of = |path: &str| {
+        body.pointer(path)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
     match msgtype.as_str() {
         "markdown" | "text" => {
             let text = text_of(&format!("/{msgtype}/content"))

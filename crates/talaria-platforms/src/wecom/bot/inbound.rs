@@ -185,8 +185,7 @@ pub(super) fn map(cb: &Callback, access: &Access) -> Inbound {
     let mut text = String::new();
     let mut attachments = Vec::new();
     let mut refused = false;
-    let mut file = |media: &Option<Media>, kind: MediaKind| match media.as_ref().and_then(locator)
-    {
+    let mut file = |media: &Option<Media>, kind: MediaKind| match media.as_ref().and_then(locator) {
         Some(l) => attachments.push(Attachment::remote(kind, l)),
         None => refused = true,
     };

@@ -240,7 +240,8 @@ mod tests {
         let mut d = Decrypting::new(key.decryptor());
         d.feed(&sealed[..sealed.len() - 3]);
         assert_eq!(d.finish(), Err(CryptoError::Malformed));
-        let other = Key::from_encoding_aes_key("ZYXWVUTSRQPONMLKJIHGFEDCBA9876543210abcdefg").unwrap();
+        let other =
+            Key::from_encoding_aes_key("ZYXWVUTSRQPONMLKJIHGFEDCBA9876543210abcdefg").unwrap();
         let mut d = Decrypting::new(other.decryptor());
         d.feed(&sealed);
         assert!(d.finish().is_err());

@@ -184,10 +184,7 @@ impl WecomBotSettings {
                 .iter()
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
-            welcome: config
-                .welcome
-                .clone()
-                .filter(|w| !w.trim().is_empty()),
+            welcome: config.welcome.clone().filter(|w| !w.trim().is_empty()),
             ping_interval: Duration::from_millis(config.ping_interval_ms.max(1)),
             request_timeout: Duration::from_millis(config.request_timeout_ms.max(1)),
             rate_limit_wait: Duration::from_millis(config.rate_limit_wait_ms),
@@ -627,7 +624,13 @@ impl WecomBotAdapter {
     }
 
     /// Uploads `file` in WeCom's three steps; its `media_id`.
-    async fn upload(&self, file: &OutboundFile, kind: Upload, size: u64, md5: String) -> Result<String, SendError> {
+    async fn upload(
+        &self,
+        file: &OutboundFile,
+        kind: Upload,
+        size: u64,
+        md5: String,
+    ) -> Result<String, SendError> {
         let refused = |step: &str, f: Failure| match f {
             Failure::Offline => SendError::Unavailable("WeCom".into()),
             Failure::Lost(why) => SendError::Transient(why),
@@ -662,7 +665,10 @@ impl WecomBotAdapter {
                 .await
                 .map_err(|e| SendError::Rejected(format!("cannot read {}: {e}", file.name)))?;
             if chunk.is_empty() {
-                return Err(SendError::Rejected(format!("{} shrank while it was sent", file.name)));
+                return Err(SendError::Rejected(format!(
+                    "{} shrank while it was sent",
+                    file.name
+                )));
             }
             let data = base64::engine::general_purpose::STANDARD.encode(&chunk);
             self.request(
@@ -786,7 +792,10 @@ impl Adapter for WecomBotAdapter {
             .map_err(|e| SendError::Rejected(format!("cannot read {}: {e}", file.name)))?;
         let kind = Upload::choose(file.kind, size).map_err(SendError::Rejected)?;
         if media::chunk_count(size) > media::MAX_CHUNKS {
-            return Err(SendError::Rejected(format!("{} is too large for WeCom", file.name)));
+            return Err(SendError::Rejected(format!(
+                "{} is too large for WeCom",
+                file.name
+            )));
         }
         let media_id = self.upload(file, kind, size, md5).await?;
         let mut body = json!({ "msgtype": kind.name() });
@@ -825,7 +834,9 @@ impl Adapter for WecomBotAdapter {
             .timeout(DOWNLOAD_TIMEOUT)
             .send()
             .await
-            .map_err(|e| DownloadError::Unavailable(format!("cannot fetch {shown}: {}", e.without_url())))?;
+            .map_err(|e| {
+                DownloadError::Unavailable(format!("cannot fetch {shown}: {}", e.without_url()))
+            })?;
         let status = response.status().as_u16();
         if !(200..300).contains(&status) {
             let why = format!("{shown} answered HTTP {status}");
@@ -858,8 +869,8 @@ pub const ENTRY: Platform = Platform {
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) =
-        WecomBotSettings::from_config(&setup.section()?, setup.env).map_err(BuildError::misconfigured)?
+    let Some(settings) = WecomBotSettings::from_config(&setup.section()?, setup.env)
+        .map_err(BuildError::misconfigured)?
     else {
         return Ok(None);
     };
@@ -872,8 +883,11 @@ mod tests {
     use super::*;
 
     fn settings(env: &[(&str, &str)]) -> Option<WecomBotSettings> {
-        WecomBotSettings::from_config(&WecomBotConfig::default(), &Env::from_pairs(env.iter().copied()))
-            .unwrap()
+        WecomBotSettings::from_config(
+            &WecomBotConfig::default(),
+            &Env::from_pairs(env.iter().copied()),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -894,7 +908,11 @@ mod tests {
         assert!(settings(&[("WECOM_BOT_ID", "aib123")]).is_none());
         let bad = WecomBotSettings::from_config(
             &WecomBotConfig::default(),
-            &Env::from_pairs([("WECOM_BOT_ID", "a"), ("WECOM_SECRET", "b"), ("WECOM_DM_POLICY", "maybe")]),
+            &Env::from_pairs([
+                ("WECOM_BOT_ID", "a"),
+                ("WECOM_SECRET", "b"),
+                ("WECOM_DM_POLICY", "maybe"),
+            ]),
         );
         assert!(matches!(bad, Err(WecomBotError::BadPolicy(..))));
         let adapter = WecomBotAdapter::new(s).unwrap();
