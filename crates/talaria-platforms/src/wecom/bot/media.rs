@@ -200,7 +200,9 @@ mod tests {
     use cbc::cipher::block_padding::NoPadding;
     use cbc::cipher::{BlockEncryptMut, KeyIvInit};
 
-    const AES_KEY: &str = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG";
+    // Its last character carries no bits past the 32nd byte, so the
+    // strict decoder below takes it too.
+    const AES_KEY: &str = "Zm9vYmFyYmF6cXV4MDEyMzQ1Njc4OWFiY2RlZmdoaWo";
 
     fn seal(plain: &[u8]) -> Vec<u8> {
         use base64::Engine as _;
