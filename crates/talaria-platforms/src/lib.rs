@@ -43,8 +43,9 @@
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `seen`: the bounded set
-//!   of ids already handed over (Slack, DingTalk, Feishu, the WeCom robot); `ws`: WebSocket
-//!   connections and a socket given up when it goes silent; `entities`:
+//!   of ids already handed over (Slack, DingTalk, Feishu, the WeCom
+//!   robot); `ws`: WebSocket connections and a socket given up when it
+//!   goes silent; `entities`:
 //!   escaping for HTML-like markups; `net`: the loopback check.
 #![forbid(unsafe_code)]
 
