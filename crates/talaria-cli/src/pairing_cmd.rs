@@ -163,7 +163,8 @@ mod tests {
                 "qqbot",
                 "weixin",
                 "yuanbao",
-                "wecom_callback"
+                "wecom_callback",
+                "wecom"
             ]
         );
         assert_eq!(pairing_platform(" Telegram ").unwrap(), "telegram");

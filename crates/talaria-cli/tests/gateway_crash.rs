@@ -18,6 +18,7 @@ use talaria_testkit::kit::slack::SlackKit;
 use talaria_testkit::kit::sms::SmsKit;
 use talaria_testkit::kit::telegram::TelegramKit;
 use talaria_testkit::kit::webhook::WebhookKit;
+use talaria_testkit::kit::wecom_bot::WecomBotKit;
 use talaria_testkit::kit::wecom_callback::WecomCallbackKit;
 use talaria_testkit::kit::weixin::WeixinKit;
 use talaria_testkit::kit::whatsapp::WhatsappKit;
@@ -58,6 +59,7 @@ crash_resend!(
     weixin: super::WeixinKit,
     yuanbao: super::YuanbaoKit,
     wecom_callback: super::WecomCallbackKit,
+    wecom_bot: super::WecomBotKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

@@ -38,12 +38,14 @@
 //! - [`yuanbao`]: Tencent Yuanbao's bot socket (a signed token, then
 //!   protobuf frames both ways).
 //! - [`wecom`]: WeCom's self-built app (encrypted XML callback on
-//!   [`ingress`], the corp API out).
+//!   [`ingress`], the corp API out) and its intelligent robot (a long
+//!   connection both ways).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `seen`: the bounded set
-//!   of ids already handed over (Slack, DingTalk, Feishu); `ws`: WebSocket
-//!   connections and a socket given up when it goes silent; `entities`:
+//!   of ids already handed over (Slack, DingTalk, Feishu, the WeCom
+//!   robot); `ws`: WebSocket connections and a socket given up when it
+//!   goes silent; `entities`:
 //!   escaping for HTML-like markups; `net`: the loopback check.
 #![forbid(unsafe_code)]
 
@@ -86,7 +88,12 @@ pub mod qqbot;
 pub mod registry;
 #[cfg(any(feature = "mattermost", feature = "signal", feature = "matrix"))]
 mod rest;
-#[cfg(any(feature = "slack", feature = "dingtalk", feature = "feishu"))]
+#[cfg(any(
+    feature = "slack",
+    feature = "dingtalk",
+    feature = "feishu",
+    feature = "wecom"
+))]
 mod seen;
 #[cfg(feature = "signal")]
 pub mod signal;

@@ -150,6 +150,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::yuanbao::ENTRY,
     #[cfg(feature = "wecom")]
     crate::wecom::callback::ENTRY,
+    #[cfg(feature = "wecom")]
+    crate::wecom::bot::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;
@@ -396,6 +398,7 @@ mod tests {
             ".platforms.wecom_callback.corp_secret",
             ".platforms.wecom_callback.token",
             ".platforms.wecom_callback.encoding_aes_key",
+            ".platforms.wecom.secret",
         ] {
             let name = want.split('.').nth(2).unwrap_or_default();
             if platform(name).is_some() {

@@ -78,6 +78,13 @@ impl Key {
         iv
     }
 
+    /// A CBC decryptor of this key and its IV, for ciphertext that comes
+    /// as a stream (the robot's files, which carry no length or receive
+    /// id: only the 32-byte-block padding, removed with [`unpad`]).
+    pub(crate) fn decryptor(&self) -> cbc::Decryptor<Aes256> {
+        cbc::Decryptor::<Aes256>::new(&self.key.into(), &self.iv().into())
+    }
+
     /// Opens base64 `ciphertext` and returns the message, checking that
     /// the receive id is `receiver` (any, when `None`).
     pub(crate) fn decrypt(
@@ -131,7 +138,7 @@ impl Key {
 
 /// Strips the 32-byte-block padding: the last byte says how many bytes
 /// (1..=32) of that same value end the text.
-fn unpad(plain: &[u8]) -> Option<&[u8]> {
+pub(crate) fn unpad(plain: &[u8]) -> Option<&[u8]> {
     let &last = plain.last()?;
     let pad = usize::from(last);
     if pad == 0 || pad > PAD_BLOCK || pad > plain.len() {

@@ -24,6 +24,7 @@ pub mod slack;
 pub mod sms;
 pub mod telegram;
 pub mod webhook;
+pub mod wecom_bot;
 pub mod wecom_callback;
 pub mod weixin;
 pub mod whatsapp;
