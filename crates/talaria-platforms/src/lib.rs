@@ -73,7 +73,8 @@ pub mod homeassistant;
     feature = "sms",
     feature = "dingtalk",
     feature = "qqbot",
-    feature = "weixin"
+    feature = "weixin",
+    feature = "feishu"
 ))]
 mod http;
 #[cfg(feature = "ingress")]
