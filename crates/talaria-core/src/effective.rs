@@ -32,6 +32,17 @@ pub const fn fills(key: &'static str, var: &'static str) -> EnvKey {
     }
 }
 
+/// The key `key` that `var` sets whatever the file says: a key whose
+/// default is always filled in, so only a variable can change it at run
+/// time (`WECOM_DM_POLICY`).
+pub const fn overrides(key: &'static str, var: &'static str) -> EnvKey {
+    EnvKey {
+        key,
+        var,
+        overrides: true,
+    }
+}
+
 /// The keys outside `platforms:` a variable of a fixed name supplies, as
 /// the model client reads them. The model's key variable depends on the
 /// provider and is handled apart; the sections under `platforms:` list

@@ -45,7 +45,8 @@
 //!   a bearer token (Mattermost, Signal, Matrix); `seen`: the bounded set
 //!   of ids already handed over (Slack, DingTalk, Feishu, the WeCom
 //!   robot); `ws`: WebSocket connections and a socket given up when it
-//!   goes silent; `entities`:
+//!   goes silent; `access`: the ancestor's DM and group policies (the
+//!   WeCom robot, Yuanbao); `entities`:
 //!   escaping for HTML-like markups; `net`: the loopback check.
 #![forbid(unsafe_code)]
 
@@ -72,7 +73,8 @@ pub mod homeassistant;
     feature = "sms",
     feature = "dingtalk",
     feature = "qqbot",
-    feature = "weixin"
+    feature = "weixin",
+    feature = "feishu"
 ))]
 mod http;
 #[cfg(feature = "ingress")]
@@ -95,6 +97,9 @@ mod rest;
     feature = "wecom"
 ))]
 mod seen;
+// The ancestor's DM and group policies, for the platforms that have them.
+#[cfg(any(feature = "wecom", feature = "yuanbao"))]
+mod access;
 #[cfg(feature = "signal")]
 pub mod signal;
 #[cfg(feature = "slack")]

@@ -337,8 +337,15 @@ mod tests {
                     } else if leaf
                         && (low.contains("url") || low.ends_with("base") || low == "homeserver")
                     {
+                        // A socket's address must be ws:// or wss:// to pass
+                        // its section's check.
+                        let scheme = if low.contains("websocket") {
+                            "wss"
+                        } else {
+                            "https"
+                        };
                         let value = format!(
-                            "https://bot:pw{tag}-0123456789@h.example/v1?api-key=qk{tag}-0123456789"
+                            "{scheme}://bot:pw{tag}-0123456789@h.example/v1?api-key=qk{tag}-0123456789"
                         );
                         *v = Value::String(value.clone());
                         planted.push((here, value, true));

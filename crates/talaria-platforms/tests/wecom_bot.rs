@@ -37,7 +37,7 @@ fn settings(fake: &FakeWecomBot) -> WecomBotSettings {
         websocket_url: fake.ws_url(),
         access: Access {
             dm: Policy::Open,
-            allowed_users: vec![],
+            dm_allow_from: vec![],
             allow_all: false,
             group: Policy::Open,
             group_allow_from: vec![],

@@ -340,21 +340,6 @@ async fn file_idempotency_key(file: &OutboundFile) -> std::io::Result<String> {
         .collect())
 }
 
-/// A file on disk as a multipart part, streamed as the request is sent.
-async fn file_part(
-    path: &std::path::Path,
-    name: &str,
-    mime: &str,
-) -> std::io::Result<reqwest::multipart::Part> {
-    let file = tokio::fs::File::open(path).await?;
-    let len = file.metadata().await?.len();
-    let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
-    reqwest::multipart::Part::stream_with_length(body, len)
-        .file_name(name.to_owned())
-        .mime_str(mime)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
-}
-
 /// The app's client, shared by everything in the process that uses it.
 fn shared_api(settings: &FeishuSettings) -> Result<Arc<Api>, FeishuError> {
     if settings.app_id.trim().is_empty() {
@@ -578,7 +563,7 @@ impl FeishuAdapter {
             Some(_) => ("/open-apis/im/v1/files", "file_key"),
         };
         let form = || async {
-            let part = file_part(&file.path, &file.name, &file.mime).await?;
+            let part = crate::http::file_part(&file.path, &file.name, &file.mime).await?;
             Ok(match plan.file_type {
                 None => reqwest::multipart::Form::new()
                     .text("image_type", "message")

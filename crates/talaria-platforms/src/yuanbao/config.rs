@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use talaria_core::Secret;
 use talaria_core::config::{PlatformSection, SectionError, is_http_url};
-use talaria_core::effective::{EnvKey, fills};
+use talaria_core::effective::{EnvKey, fills, overrides};
 
 /// `platforms.yuanbao:`. The app key and secret may instead come from
 /// `YUANBAO_APP_ID` (or `YUANBAO_APP_KEY`) and `YUANBAO_APP_SECRET`;
@@ -131,15 +131,6 @@ impl PlatformSection for YuanbaoConfig {
             }
         }
         Ok(())
-    }
-}
-
-/// The variable `var` wins over `key`, whose default is always set.
-const fn overrides(key: &'static str, var: &'static str) -> EnvKey {
-    EnvKey {
-        key,
-        var,
-        overrides: true,
     }
 }
 

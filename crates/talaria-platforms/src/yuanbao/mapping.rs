@@ -5,6 +5,7 @@ use serde_json::Value;
 use talaria_adapter::{Attachment, ChatType, MediaKind, MessageEvent, SessionSource};
 
 use super::proto::{InboundMessagePush, MsgBodyElement};
+use crate::access::Access;
 
 /// The custom element type of an @-mention.
 const MENTION: i64 = 1002;
@@ -58,48 +59,6 @@ impl Chat {
     }
 }
 
-/// One of the ancestor's access policies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// Anyone (the gateway's allowlists still apply).
-    Open,
-    /// Only the listed accounts (DMs) or group codes (groups).
-    Allowlist,
-    /// DMs: strangers are offered a pairing code by the gateway. Groups:
-    /// blocked, as the ancestor treats it.
-    Pairing,
-    /// Nothing gets through.
-    Disabled,
-}
-
-impl Policy {
-    /// The policy named `name` (any case); `None` for an unknown name.
-    pub fn parse(name: &str) -> Option<Policy> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "open" => Some(Policy::Open),
-            "allowlist" => Some(Policy::Allowlist),
-            "pairing" => Some(Policy::Pairing),
-            "disabled" => Some(Policy::Disabled),
-            _ => None,
-        }
-    }
-}
-
-/// Who may reach the bot, before the gateway's own allowlists.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Access {
-    /// Direct messages.
-    pub dm: Policy,
-    /// Accounts a DM allowlist admits.
-    pub dm_allow_from: Vec<String>,
-    /// Groups.
-    pub group: Policy,
-    /// Group codes a group allowlist admits.
-    pub group_allow_from: Vec<String>,
-    /// `YUANBAO_ALLOW_ALL_USERS`: the DM allowlist is lifted.
-    pub allow_all: bool,
-}
-
 /// What a push means.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Inbound {
@@ -147,11 +106,8 @@ pub(super) fn map_push(push: &InboundMessagePush, bot_id: &str, access: &Access)
         if push.group_code.is_empty() {
             return Inbound::Skip("a group message without a group code");
         }
-        match access.group {
-            Policy::Open => {}
-            Policy::Allowlist if access.group_allow_from.contains(&push.group_code) => {}
-            Policy::Allowlist => return Inbound::Skip("the group is not on the group allowlist"),
-            Policy::Pairing | Policy::Disabled => return Inbound::Skip("groups are disabled"),
+        if let Some(why) = access.refuses_group(&push.group_code) {
+            return Inbound::Skip(why);
         }
         let owner_command =
             !push.bot_owner_id.is_empty() && from == push.bot_owner_id && is_owner_command(&text);
@@ -160,12 +116,8 @@ pub(super) fn map_push(push: &InboundMessagePush, bot_id: &str, access: &Access)
         }
         Chat::Group(push.group_code.clone())
     } else {
-        match access.dm {
-            Policy::Open | Policy::Pairing => {}
-            Policy::Allowlist
-                if access.allow_all || access.dm_allow_from.iter().any(|a| a == from) => {}
-            Policy::Allowlist => return Inbound::Skip("the sender is not on the DM allowlist"),
-            Policy::Disabled => return Inbound::Skip("direct messages are disabled"),
+        if let Some(why) = access.refuses_dm(from) {
+            return Inbound::Skip(why);
         }
         Chat::Direct(from.to_owned())
     };
@@ -332,6 +284,7 @@ fn quote(custom: &str) -> Option<(String, Option<String>)> {
 mod tests {
     use super::super::proto::{ImMsgSeq, MsgContent};
     use super::*;
+    use crate::access::Policy;
 
     fn text(t: &str) -> MsgBodyElement {
         MsgBodyElement {

@@ -54,9 +54,9 @@ use mapping::{Chat, Inbound};
 use proto::{CONN_MODULE, ConnMsg, Head};
 use sign::{SignError, Signer, Token};
 
+pub use crate::access::{Access, Policy};
 pub use config::{ENV, YuanbaoConfig};
 pub use link::{GroupMember, GroupSummary, LinkError, MemberList, Role, YuanbaoLink};
-pub use mapping::{Access, Policy};
 
 /// Yuanbao messages are cut at 4000 characters, as the ancestor does.
 pub const MAX_MESSAGE_LEN: usize = 4000;

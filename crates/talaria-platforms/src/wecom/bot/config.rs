@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use talaria_core::Secret;
 use talaria_core::config::{PlatformSection, SectionError};
-use talaria_core::effective::{EnvKey, fills};
+use talaria_core::effective::{EnvKey, fills, overrides};
 
 /// `platforms.wecom:`, an intelligent robot (智能机器人) in API mode over
 /// WeCom's long connection. The robot's id and secret may instead come
@@ -121,15 +121,6 @@ impl PlatformSection for WecomBotConfig {
             ));
         }
         Ok(())
-    }
-}
-
-/// The variable `var` wins over `key`, whose default is always set.
-const fn overrides(key: &'static str, var: &'static str) -> EnvKey {
-    EnvKey {
-        key,
-        var,
-        overrides: true,
     }
 }
 

@@ -6,48 +6,7 @@ use serde::Deserialize;
 use talaria_adapter::{Attachment, ChatType, MediaKind, MessageEvent, SessionSource};
 
 use super::PLATFORM;
-
-/// One of the ancestor's access policies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// Anyone (the gateway's allowlists still apply).
-    Open,
-    /// Only listed users (DMs) or group chat ids (groups).
-    Allowlist,
-    /// DMs: strangers are offered a pairing code by the gateway. Groups:
-    /// closed, as the ancestor treats it.
-    Pairing,
-    /// Nothing gets through.
-    Disabled,
-}
-
-impl Policy {
-    /// The policy named `name` (any case); `None` for an unknown name.
-    pub fn parse(name: &str) -> Option<Policy> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "open" => Some(Policy::Open),
-            "allowlist" => Some(Policy::Allowlist),
-            "pairing" => Some(Policy::Pairing),
-            "disabled" => Some(Policy::Disabled),
-            _ => None,
-        }
-    }
-}
-
-/// Who may reach the robot, before the gateway's own allowlists.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Access {
-    /// Direct messages.
-    pub dm: Policy,
-    /// `WECOM_ALLOWED_USERS`, for a DM `allowlist`.
-    pub allowed_users: Vec<String>,
-    /// `WECOM_ALLOW_ALL_USERS`: the DM allowlist is lifted.
-    pub allow_all: bool,
-    /// Groups.
-    pub group: Policy,
-    /// Group chat ids a group `allowlist` admits.
-    pub group_allow_from: Vec<String>,
-}
+use crate::access::Access;
 
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Callback {
@@ -164,20 +123,13 @@ pub(super) fn map(cb: &Callback, access: &Access) -> Inbound {
         if chat.is_empty() {
             return Inbound::Skip("a group message without a chat id");
         }
-        match access.group {
-            Policy::Open => {}
-            Policy::Allowlist if access.group_allow_from.iter().any(|g| g == chat) => {}
-            Policy::Allowlist => return Inbound::Skip("the group is not on the group allowlist"),
-            Policy::Pairing | Policy::Disabled => return Inbound::Skip("groups are closed"),
+        if let Some(why) = access.refuses_group(chat) {
+            return Inbound::Skip(why);
         }
         chat.to_owned()
     } else {
-        match access.dm {
-            Policy::Open | Policy::Pairing => {}
-            Policy::Allowlist
-                if access.allow_all || access.allowed_users.iter().any(|u| u == from) => {}
-            Policy::Allowlist => return Inbound::Skip("the sender is not on the DM allowlist"),
-            Policy::Disabled => return Inbound::Skip("direct messages are disabled"),
+        if let Some(why) = access.refuses_dm(from) {
+            return Inbound::Skip(why);
         }
         from.to_owned()
     };
@@ -257,11 +209,12 @@ fn content(c: &Option<Content>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::Policy;
 
     fn open() -> Access {
         Access {
             dm: Policy::Open,
-            allowed_users: vec!["ann".into()],
+            dm_allow_from: vec!["ann".into()],
             allow_all: false,
             group: Policy::Open,
             group_allow_from: vec!["wrgroup".into()],

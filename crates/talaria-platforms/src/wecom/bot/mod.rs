@@ -65,8 +65,8 @@ use crate::ws;
 use inbound::{Inbound, parse_locator};
 use media::{Decrypting, Upload};
 
+pub use crate::access::{Access, Policy};
 pub use config::{ENV, WecomBotConfig};
-pub use inbound::{Access, Policy};
 
 /// The platform name in session keys, allowlists (`WECOM_ALLOWED_USERS`)
 /// and targets.
@@ -161,7 +161,7 @@ impl WecomBotSettings {
             .collect();
         let access = Access {
             dm: policy(&config.dm_policy, env, "WECOM_DM_POLICY")?,
-            allowed_users,
+            dm_allow_from: allowed_users,
             allow_all: env.flag("WECOM_ALLOW_ALL_USERS").unwrap_or(false),
             group: policy(&config.group_policy, env, "WECOM_GROUP_POLICY")?,
             group_allow_from: config
@@ -902,7 +902,7 @@ mod tests {
         assert_eq!(s.bot_id, "aib123");
         assert_eq!(s.secret.expose(), "s3cret-value");
         assert_eq!(s.websocket_url, "wss://openws.work.weixin.qq.com");
-        assert_eq!(s.access.allowed_users, vec!["ann", "bob"]);
+        assert_eq!(s.access.dm_allow_from, vec!["ann", "bob"]);
         assert_eq!(s.access.dm, Policy::Pairing);
         assert_eq!(s.access.group, Policy::Open);
         assert!(settings(&[("WECOM_BOT_ID", "aib123")]).is_none());
