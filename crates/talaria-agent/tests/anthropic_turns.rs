@@ -9,7 +9,7 @@
 //! documentation (`cache_control` on the last block of a message, tools
 //! then system then messages as the cached order).
 
-mod turn_common;
+use crate::turn_common;
 
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 //! bubblewrap sandbox (bubblewrap must be installed, as for
 //! `tools_sandbox`).
 
-mod tools_support;
+use crate::tools_support;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The `patch` tool: tolerant replacement (whitespace and indentation),
 //! the unique-match rule, and unified diffs applied all-or-nothing.
 
-mod tools_support;
+use crate::tools_support;
 
 use serde_json::{Value, json};
 use talaria_agent::tools::Tool;

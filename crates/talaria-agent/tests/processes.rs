@@ -2,7 +2,7 @@
 //! tool, with real processes on the local backend (and one in the
 //! bubblewrap sandbox), and a `Reports` that records what it is told.
 
-mod tools_support;
+use crate::tools_support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

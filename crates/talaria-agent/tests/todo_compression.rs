@@ -1,7 +1,7 @@
 //! The todo list survives context compression: after the turns that wrote
 //! it are summarised away, its open items are back in the next request.
 
-mod turn_common;
+use crate::turn_common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! read_file, write_file and patch.
 
-mod tools_support;
+use crate::tools_support;
 
 use proptest::prelude::*;
 use serde_json::json;

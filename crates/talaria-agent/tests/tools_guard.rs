@@ -4,7 +4,7 @@
 //! guard failed: hardline examples are prefixed with `false &&`, so the
 //! shell would never run the destructive part.
 
-mod tools_support;
+use crate::tools_support;
 
 use proptest::prelude::*;
 use serde_json::json;

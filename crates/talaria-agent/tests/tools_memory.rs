@@ -1,6 +1,6 @@
 //! The memory tool: every rule, on real files in a temp home.
 
-mod tools_support;
+use crate::tools_support;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};

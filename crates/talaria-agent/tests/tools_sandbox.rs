@@ -5,7 +5,7 @@
 //! workspace. bubblewrap must be installed (`scripts/test` installs it):
 //! these tests fail without it.
 
-mod tools_support;
+use crate::tools_support;
 
 use std::io::Read;
 use std::net::TcpListener;

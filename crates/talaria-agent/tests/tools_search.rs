@@ -1,6 +1,6 @@
 //! search_files: content and file-name search over an ignore-aware walk.
 
-mod tools_support;
+use crate::tools_support;
 
 use serde_json::{Value, json};
 use talaria_agent::tools::Tool;

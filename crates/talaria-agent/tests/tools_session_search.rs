@@ -1,7 +1,7 @@
 //! session_search: discover, read, scroll and browse, over an in-memory
 //! store (for the filtering rules) and the real SQLite store (for FTS).
 
-mod tools_support;
+use crate::tools_support;
 
 use std::sync::Arc;
 

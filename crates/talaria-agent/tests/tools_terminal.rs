@@ -1,7 +1,7 @@
 //! The terminal tool's execution: exit codes, timeouts, output caps,
 //! redaction and cancellation.
 
-mod tools_support;
+use crate::tools_support;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! todo, clarify, and the core registry.
 
-mod tools_support;
+use crate::tools_support;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! What a turn reads and rewrites: the frozen system prompt, repair of a
 //! damaged stored transcript, spilled tool output, and compression.
 
-mod turn_common;
+use crate::turn_common;
 
 use std::sync::Arc;
 

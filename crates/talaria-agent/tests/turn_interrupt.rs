@@ -1,7 +1,7 @@
 //! Interrupts: during a streaming model response and between tools. The
 //! turn must return promptly and leave a transcript an API accepts.
 
-mod turn_common;
+use crate::turn_common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -2,7 +2,7 @@
 //! answers, tool round trips, tool-call errors, duplicates, parallelism,
 //! the iteration budget, empty replies and provider failures.
 
-mod turn_common;
+use crate::turn_common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -1,7 +1,7 @@
 //! The outbox: a front end that owes the answer to someone stores it, and
 //! the debt, in one step; a failing outbox stores no answer.
 
-mod turn_common;
+use crate::turn_common;
 
 use std::sync::{Arc, Mutex};
 

@@ -1,7 +1,7 @@
 //! `Agent::rewind`, behind `/undo` and `/retry`: cutting the active
 //! transcript back to before a user message.
 
-mod turn_common;
+use crate::turn_common;
 
 use talaria_agent::compress::summary_message;
 use talaria_agent::{AgentError, NullObserver};

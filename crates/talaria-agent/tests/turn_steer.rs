@@ -1,7 +1,7 @@
 //! Steering: text the user sends while a turn runs reaches the model after
 //! the next tool batch, as a user row after the tool results.
 
-mod turn_common;
+use crate::turn_common;
 
 use talaria_agent::TurnExit;
 use talaria_core::Role;

@@ -3,7 +3,7 @@
 //! names that nearly match are repaired (or refused with close names), and
 //! tool calls written as text in the answer run.
 
-mod turn_common;
+use crate::turn_common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -1,7 +1,7 @@
 //! `vision_analyze` called as the model calls it: arguments as JSON, paths
 //! relative to the working directory, against the mock OpenAI server.
 
-mod tools_support;
+use crate::tools_support;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! continuation and branching, the event stream, and stored responses
 //! surviving a restart.
 
-mod api_support;
+use crate::api_support;
 
 use api_support::{KEY, Rig, conversation, parse_sse, rig};
 use serde_json::{Value, json};

@@ -1,7 +1,7 @@
 //! Two API servers (two nodes) over one PostgreSQL store: a response one
 //! node answered is retrieved, continued and deleted through the other.
 
-mod api_support;
+use crate::api_support;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! against the server on 127.0.0.1, the real agent and SQLite store, and
 //! the mock model server.
 
-mod api_support;
+use crate::api_support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! 127.0.0.1, a real SQLite store, the real agent on the mock model, and
 //! the gateway's real cron scheduler, pairing and status board.
 
-mod api_support;
+use crate::api_support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

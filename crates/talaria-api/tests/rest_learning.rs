@@ -3,7 +3,7 @@
 //! the real agent's home in a temporary directory, checked both through
 //! the API and on disk.
 
-mod api_support;
+use crate::api_support;
 
 use std::path::PathBuf;
 

@@ -4,7 +4,7 @@
 //! configuration report itself is tested through the binary
 //! (`talaria-cli/tests/api_rest.rs`), where the checks live.
 
-mod api_support;
+use crate::api_support;
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -5,7 +5,7 @@
 //! and event against the SDK's models), then checks what the model was
 //! sent.
 
-mod api_gateway;
+use crate::api_gateway;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! shows, the job is paused (and `talaria cron list` sees it paused), and
 //! `/health/detailed` reports the API server live, this node, and cron.
 
-mod api_gateway;
+use crate::api_gateway;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

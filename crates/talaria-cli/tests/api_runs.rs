@@ -6,7 +6,7 @@
 //! approval; an untrusted client's commands would run in the sandbox,
 //! where the guard does not ask.
 
-mod api_gateway;
+use crate::api_gateway;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! became of it after the restart: lost if it was still running, its
 //! report (once) if it had just finished.
 
-mod crash_support;
+use crate::crash_support;
 
 use std::time::Duration;
 

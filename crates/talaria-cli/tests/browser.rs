@@ -18,7 +18,7 @@ use axum::routing::get;
 use serde_json::{Value, json};
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 
-mod api_gateway;
+use crate::api_gateway;
 use api_gateway::{ApiGateway, free_port};
 
 const KEY: &str = "api-key-0123456789";

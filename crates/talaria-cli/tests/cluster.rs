@@ -9,7 +9,7 @@
 //! - Consecutive API-server turns of one session, served by different
 //!   nodes, see the same history.
 
-mod crash_support;
+use crate::crash_support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

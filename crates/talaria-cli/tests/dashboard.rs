@@ -5,7 +5,7 @@
 //! logout, and the dashboard can have a port of its own. The browser test
 //! (`dashboard_browser.rs`) drives the pages themselves.
 
-mod api_gateway;
+use crate::api_gateway;
 
 use api_gateway::{ApiGateway, free_port};
 use reqwest::StatusCode;

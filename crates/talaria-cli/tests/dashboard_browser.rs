@@ -7,7 +7,7 @@
 //! pauses a cron job and edits a memory entry. A screenshot of each page
 //! is kept in `target/tmp/dashboard-screenshots/`.
 
-mod api_gateway;
+use crate::api_gateway;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

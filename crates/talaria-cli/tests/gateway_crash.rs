@@ -3,7 +3,7 @@
 //! wire loses nothing, and the restarted gateway sends it exactly once
 //! with the recovery line (see `crash_support`).
 
-mod crash_support;
+use crate::crash_support;
 
 use talaria_testkit::kit::dingtalk::DingTalkKit;
 use talaria_testkit::kit::discord::DiscordKit;

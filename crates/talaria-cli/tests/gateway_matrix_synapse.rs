@@ -5,7 +5,7 @@
 //! The tests of this binary share one homeserver (starting one takes
 //! seconds), each with its own bot account, users and rooms.
 
-mod crash_support;
+use crate::crash_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Child;

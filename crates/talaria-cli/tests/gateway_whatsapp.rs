@@ -5,7 +5,7 @@
 //! the start with an error naming what is missing. (The crash re-send is
 //! the suite's, in `gateway_crash.rs`.)
 
-mod crash_support;
+use crate::crash_support;
 
 use std::process::Child;
 use std::time::{Duration, Instant};

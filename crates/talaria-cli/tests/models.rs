@@ -3,8 +3,8 @@
 //! the switch outlives a restart), `talaria model` listing the server's
 //! models and setting the default, and `model.routes` on the API server.
 
-mod api_gateway;
-mod crash_support;
+use crate::api_gateway;
+use crate::crash_support;
 
 use std::process::Command;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! command says; and the next turn of the same session carries the earlier
 //! one to the model.
 
-mod crash_support;
+use crate::crash_support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};

@@ -10,7 +10,7 @@ use talaria_testkit::web_pages::{ARTICLE_FACT, WebPages};
 use talaria_testkit::web_search::FakeSearxng;
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 
-mod api_gateway;
+use crate::api_gateway;
 use api_gateway::{ApiGateway, free_port};
 
 async fn chat(home: &Path, prompt: &str) -> std::process::Output {

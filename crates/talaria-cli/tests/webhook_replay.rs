@@ -4,7 +4,7 @@
 //! a new `X-GitHub-Delivery` (which GitHub does not sign), must not reach
 //! the model a second time, and must not be answered 202 "accepted".
 
-mod crash_support;
+use crate::crash_support;
 
 use crash_support::{kit_home, logs, spawn_gateway};
 use serde_json::{Value, json};

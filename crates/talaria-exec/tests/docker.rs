@@ -318,7 +318,7 @@ async fn the_environment_holds_none_of_the_hosts_variables() {
     // The secret is planted in a child test process's environment (this
     // process's own cannot be changed safely while threads run).
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "env_probe", "--ignored", "--nocapture"])
+        .args(["--exact", "docker::env_probe", "--ignored", "--nocapture"])
         .env("TALARIA_TEST_SECRET_XYZ", "planted-s3cret-4711")
         .output()
         .unwrap();
@@ -603,7 +603,12 @@ async fn the_containers_of_a_killed_gateway_are_swept_at_the_next_start() {
     rig.backend("survivor").await;
     // A gateway in another process makes a container, then is killed.
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "gateway_probe", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "docker::gateway_probe",
+            "--ignored",
+            "--nocapture",
+        ])
         .env("TALARIA_TEST_OWNER", &rig.owner)
         .env("TALARIA_TEST_ROOT", rig.root.path())
         .stdout(std::process::Stdio::piped())

@@ -224,7 +224,7 @@ fn a_config_without_a_host_is_refused() {
 /// `unsafe`).
 #[test]
 fn secrets_of_this_process_do_not_reach_the_remote() {
-    let name = "secrets_of_this_process_do_not_reach_the_remote_inner";
+    let name = "ssh::secrets_of_this_process_do_not_reach_the_remote_inner";
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", name, "--nocapture", "--include-ignored"])
         .env(SECRET, SECRET_VALUE)

@@ -99,7 +99,7 @@ fn a_handler_gets_the_event_on_stdin_and_nothing_else() {
     if std::env::var_os(SECRET_VAR).is_none() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
-                "a_handler_gets_the_event_on_stdin_and_nothing_else",
+                "hooks::a_handler_gets_the_event_on_stdin_and_nothing_else",
                 "--exact",
                 "--nocapture",
                 "--test-threads=1",

@@ -5,7 +5,7 @@
 //! inside the canvas, no two labels overlapping, a legend with the graph's
 //! counts), with screenshots kept.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

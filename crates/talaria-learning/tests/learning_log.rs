@@ -2,7 +2,7 @@
 //! writes are recorded with their contents, and a skill change can be
 //! rolled back.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

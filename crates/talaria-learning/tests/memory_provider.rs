@@ -4,7 +4,7 @@
 //! or failing service costs only its recall; only one provider is allowed;
 //! a model echoing the fence leaks nothing to the screen or the store.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

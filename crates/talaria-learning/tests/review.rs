@@ -4,7 +4,7 @@
 //! skill tools, must read a skill before changing it, and leaves no
 //! session in the database.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

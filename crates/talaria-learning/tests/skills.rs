@@ -3,7 +3,7 @@
 //! bundled and user skills, usage counts, the index cache across sessions,
 //! and `/skill-name` invocations.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! The Messages API provider against the mock server.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -12,7 +12,7 @@
 //! blocks carry `data`, and both must come back unchanged, first in the
 //! assistant turn, while a tool-use loop continues.
 
-mod common;
+use crate::common;
 
 use common::{endpoint, opts};
 use serde_json::{Value, json};

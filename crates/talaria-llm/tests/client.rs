@@ -1,6 +1,6 @@
 //! Retries and the fallback chain, end to end against the mocks.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! The Chat Completions provider against the mock server.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

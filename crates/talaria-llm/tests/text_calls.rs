@@ -2,7 +2,7 @@
 //! those model families' chat templates produce, and the OpenAI-compatible
 //! provider against the mock model server, streamed and not.
 
-mod common;
+use crate::common;
 
 use common::{Events, endpoint, opts, request};
 use serde_json::{Value, json};

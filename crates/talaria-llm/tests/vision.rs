@@ -2,7 +2,7 @@
 //! OpenAI's `image_url` with a `data:` URL, Anthropic's base64 `image`
 //! block.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,6 @@
 //! Images made ready for a model: sizes, formats, and what is refused.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

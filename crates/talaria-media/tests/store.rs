@@ -1,6 +1,6 @@
 //! Storing files: limits, failures part-way, types from bytes, dedupe.
 
-mod common;
+use crate::common;
 
 use std::io;
 use std::pin::Pin;

@@ -1,6 +1,6 @@
 //! Retention: old files go, new ones stay, nothing outside is touched.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};

@@ -2,8 +2,7 @@
 //! contract suite through the fake DingTalk (Stream mode, session webhooks
 //! and the robot send API), and what only DingTalk does.
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 use std::time::Duration;

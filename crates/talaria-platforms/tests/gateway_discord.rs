@@ -2,8 +2,7 @@
 //! contract suite through the fake Discord (REST and gateway WebSocket),
 //! and what only Discord does.
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 use std::time::Duration;

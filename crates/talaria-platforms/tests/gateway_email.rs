@@ -5,8 +5,7 @@
 //! tested below on the same rig.
 #![cfg(feature = "email")]
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 

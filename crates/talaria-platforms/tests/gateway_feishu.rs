@@ -4,8 +4,7 @@
 //! does (document comments, withdrawn parents, token refresh, posts).
 #![cfg(feature = "feishu")]
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,8 +6,7 @@
 //! has is tested below on the same rig.
 #![cfg(feature = "homeassistant")]
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 use std::time::Duration;

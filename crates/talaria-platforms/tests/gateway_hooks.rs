@@ -1,7 +1,7 @@
 //! Event hooks end to end: a hook installed in the home sees a Telegram DM
 //! turn and a `/new` through the real gateway, with platform ids hashed.
 
-mod gateway_support;
+use crate::gateway_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -1,8 +1,7 @@
 //! The gateway end to end with Matrix, in one process: the adapter
 //! contract suite through the fake homeserver, and what only Matrix does.
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -2,8 +2,7 @@
 //! contract suite through the fake Mattermost server, and what only
 //! Mattermost does.
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 

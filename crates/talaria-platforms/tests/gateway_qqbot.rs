@@ -2,8 +2,7 @@
 //! contract suite through the fake QQ open platform (token, OpenAPI,
 //! gateway WebSocket), and what only QQ does.
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 use std::time::Duration;

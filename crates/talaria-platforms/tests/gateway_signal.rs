@@ -2,8 +2,7 @@
 //! contract suite through the fake signal-cli REST API, over its WebSocket
 //! and by polling it, and what only Signal does.
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 

@@ -2,8 +2,7 @@
 //! suite through the fake Slack (Socket Mode and Web API), and what only
 //! Slack does.
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,8 +6,7 @@
 //! [`SmsKit`]; what only SMS has is tested below on the same rig.
 #![cfg(feature = "sms")]
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 

@@ -2,9 +2,8 @@
 //! the mock LLM, a real SQLite file, and the real runner, ledger, router
 //! and Telegram adapter between them.
 
-mod gateway_support;
-#[macro_use]
-mod contract;
+use crate::contract;
+use crate::gateway_support;
 
 use std::sync::Arc;
 use std::time::Duration;

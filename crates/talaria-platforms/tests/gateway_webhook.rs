@@ -7,8 +7,7 @@
 //! same rig.
 #![cfg(feature = "webhook")]
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 

@@ -6,8 +6,7 @@
 //! on the same rig.
 #![cfg(feature = "wecom")]
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 

@@ -4,8 +4,7 @@
 //! group that can only be answered through its own message).
 #![cfg(feature = "wecom")]
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 

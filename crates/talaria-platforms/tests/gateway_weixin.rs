@@ -3,8 +3,7 @@
 //! Weixin does (the poll cursor kept across restarts, the context token,
 //! the expired login told to the operator).
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -3,8 +3,7 @@
 //! to the shared webhook listener, and what only WhatsApp does.
 #![cfg(feature = "whatsapp")]
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -2,8 +2,7 @@
 //! contract suite through the fake platform (signed token, protobuf
 //! socket), and what only Yuanbao does.
 
-#[macro_use]
-mod contract;
+use crate::contract;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

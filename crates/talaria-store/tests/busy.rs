@@ -1,6 +1,6 @@
 //! Behaviour while another connection holds the write lock.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,6 @@
 //! Nodes and leases, on both backends.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -1,6 +1,6 @@
 //! Many tasks writing and reading at once.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

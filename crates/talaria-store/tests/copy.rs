@@ -5,8 +5,7 @@
 //! in use, half a copy of something else, a live gateway), resuming an
 //! interrupted copy, and a round trip back out of each backend.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

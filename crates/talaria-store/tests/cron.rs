@@ -2,8 +2,7 @@
 //! keeps, which jobs are due, and that an occurrence is claimed once however
 //! many schedulers race for it.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,8 +2,7 @@
 //! event, even across two stores on one database; cursors survive a
 //! reopen and move in one write.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

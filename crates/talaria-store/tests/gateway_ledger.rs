@@ -1,8 +1,7 @@
 //! The delivery ledger, on both backends: every transition, fenced
 //! attempts, what a sweep may claim, and racing sweepers.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,8 +1,7 @@
 //! DM pairing: offers and their limits, approvals, lockouts, and that the
 //! code itself is never written down.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,8 +2,7 @@
 //! routes whose session is still open, and ending a route's session at
 //! most once per expiry.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

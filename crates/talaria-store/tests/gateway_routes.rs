@@ -1,8 +1,7 @@
 //! Session routes (on both backends), and the SQLite schema step that
 //! added the gateway's tables.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::{Backend, Fixture, new_session};
 use talaria_store::{RouteStore, SessionStore, SqliteStore};

@@ -4,8 +4,7 @@
 //! cost a NULL; a database from the schema before media opens with its
 //! rows intact.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

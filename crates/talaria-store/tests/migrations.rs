@@ -1,6 +1,6 @@
 //! Opening existing, future and foreign files.
 
-mod common;
+use crate::common;
 
 use common::new_session;
 use talaria_core::Message;

@@ -2,8 +2,7 @@
 //! step, settled with the answer that stores them, and taken over once
 //! from a dead node, even by racing nodes.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

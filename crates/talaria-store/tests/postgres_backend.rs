@@ -1,8 +1,7 @@
 //! What is particular to the PostgreSQL backend: connecting, migrating
 //! (once, even when nodes start together), refusing what it cannot use.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::{Backend, postgres_url, raw_postgres};
 use talaria_store::{PostgresOptions, PostgresStore, StoreError};

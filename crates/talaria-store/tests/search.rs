@@ -1,7 +1,6 @@
 //! Full-text search through the store, on both backends.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::{Backend, Fixture, new_session};
 use talaria_core::{Message, Role};

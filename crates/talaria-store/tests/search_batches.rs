@@ -2,7 +2,7 @@
 //! or before a search, never twice, and deleting or editing rows keeps both
 //! indexes equal to the table whether or not the rows were indexed yet.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,8 +2,7 @@
 //! transcript reads only the page, and denying a pairing request drops
 //! only that request: on both backends.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::{Backend, Fixture, new_session};
 use talaria_core::{Message, ToolCall};

@@ -1,8 +1,7 @@
 //! Sessions and transcripts round-trip through a real database, on both
 //! backends.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::{Backend, Fixture, new_session};
 use talaria_core::{Message, Role, ToolCall, Usage};

@@ -2,8 +2,7 @@
 //! and cost, the spend budgets sum, and the report `talaria insights`
 //! prints, on both backends.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::{Backend, Fixture};
 use talaria_core::{Message, Usage};

@@ -3,8 +3,7 @@
 //! for rows without any, and a database from the schema before them
 //! opens with its rows intact.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::{Backend, Fixture, Place, new_session};
 use talaria_core::{Message, ThinkingBlock, ToolCall, Usage};

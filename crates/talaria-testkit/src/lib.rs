@@ -39,6 +39,7 @@ pub mod recorder;
 pub mod signal;
 pub mod slack;
 pub mod sshd;
+pub mod suite;
 pub mod synapse;
 pub mod telegram;
 pub mod twilio;

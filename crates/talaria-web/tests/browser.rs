@@ -586,7 +586,7 @@ async fn chromium_dies_with_an_owner_killed_by_sigkill() {
     let exe = std::env::current_exe().expect("the test binary");
     let mut owner = std::process::Command::new(exe)
         .args([
-            "owner_process",
+            "browser::owner_process",
             "--exact",
             "--ignored",
             "--nocapture",

@@ -1,0 +1,52 @@
+//! The crate's integration tests, linked as one binary: one link instead
+//! of one per file keeps the build's size and time down. Every file here
+//! is a module below; `every_test_file_is_a_module` fails when one is not.
+
+mod api_gateway;
+mod crash_support;
+
+mod api_openai_sdk;
+mod api_responses_sdk;
+mod api_rest;
+mod api_runs;
+mod approvals;
+mod background;
+mod browser;
+mod cli;
+mod cluster;
+mod config_show;
+mod connections;
+mod cost;
+mod cron;
+mod dashboard;
+mod dashboard_browser;
+mod gateway;
+mod gateway_crash;
+mod gateway_lifecycle;
+mod gateway_matrix_synapse;
+mod gateway_whatsapp;
+mod homeassistant;
+mod isolation;
+mod logs;
+mod mcp;
+mod messages;
+mod models;
+mod probe;
+mod readme;
+mod repl;
+mod repl_commands;
+mod secrets;
+mod sessions_cli;
+mod setup;
+mod store_migrate;
+mod text_tool_calls;
+mod web;
+mod webhook_replay;
+
+#[test]
+fn every_test_file_is_a_module() {
+    talaria_testkit::suite::check_every_file_is_a_module(
+        env!("CARGO_MANIFEST_DIR"),
+        include_str!("suite.rs"),
+    );
+}
