@@ -2,6 +2,7 @@
 //! of one per file keeps the build's size and time down. Every file here
 //! is a module below; `every_test_file_is_a_module` fails when one is not.
 
+#[macro_use]
 mod common;
 
 mod busy;
