@@ -378,6 +378,7 @@ impl Delivery {
             thread_id: to.thread_id.clone(),
             reply_to,
             text: text.to_owned(),
+            choices: Vec::new(),
         };
         self.retrying(|| adapter.send(&message)).await
     }

@@ -809,6 +809,7 @@ impl Adapter for FeishuAdapter {
                 thread_id: file.thread_id.clone(),
                 reply_to: file.reply_to.clone(),
                 text: file.fallback_text(PLATFORM),
+                choices: Vec::new(),
             };
             return self.send(&message).await;
         }
@@ -843,6 +844,7 @@ impl Adapter for FeishuAdapter {
                 thread_id: file.thread_id.clone(),
                 reply_to: file.reply_to.clone(),
                 text: caption.to_owned(),
+                choices: Vec::new(),
             };
             self.send(&message).await?;
         }
@@ -976,6 +978,7 @@ mod tests {
             thread_id: None,
             reply_to: Some("om_1".into()),
             text: "hi".into(),
+            choices: Vec::new(),
         };
         assert_eq!(idempotency_key(&m), idempotency_key(&m.clone()));
         assert_eq!(idempotency_key(&m).len(), 32);
