@@ -32,6 +32,32 @@ pub struct OutboundMessage {
     pub reply_to: Option<String>,
     /// The text to send, plain; the adapter formats it for its platform.
     pub text: String,
+    /// Answers the user may pick instead of typing them (an approval's
+    /// `/approve`, `/deny`). The text names them too, so a platform
+    /// without buttons ignores this; one with buttons shows one per
+    /// choice, and a click arrives as an ordinary message whose text is
+    /// the choice's command, from the user who clicked, in this chat.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<Choice>,
+}
+
+/// One answer offered with a message (see [`OutboundMessage::choices`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Choice {
+    /// What the button says.
+    pub label: String,
+    /// What a click sends, as if the user had typed it (`/approve`).
+    pub command: String,
+}
+
+impl Choice {
+    /// A choice labelled `label` that sends `command`.
+    pub fn new(label: impl Into<String>, command: impl Into<String>) -> Choice {
+        Choice {
+            label: label.into(),
+            command: command.into(),
+        }
+    }
 }
 
 /// What the platform returned for a sent message.
@@ -323,6 +349,7 @@ pub trait Adapter: Send + Sync + 'static {
             thread_id: file.thread_id.clone(),
             reply_to: file.reply_to.clone(),
             text: file.fallback_text(self.platform()),
+            choices: Vec::new(),
         };
         self.send(&message).await
     }

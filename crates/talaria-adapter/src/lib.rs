@@ -36,8 +36,9 @@ pub mod target;
 
 pub use capabilities::{Capabilities, Markup, MediaKind, SenderIds};
 pub use contract::{
-    Adapter, AdapterContext, AdapterError, Admission, Admit, AdmitReply, Inbox, InboxClosed,
-    LengthUnit, Liveness, LivenessReporter, MessageLimits, OutboundMessage, SendError, SentMessage,
+    Adapter, AdapterContext, AdapterError, Admission, Admit, AdmitReply, Choice, Inbox,
+    InboxClosed, LengthUnit, Liveness, LivenessReporter, MessageLimits, OutboundMessage, SendError,
+    SentMessage,
 };
 pub use event::{ChatType, Invocation, MessageEvent, SessionSource};
 pub use key::{KeyPolicy, SessionKey};

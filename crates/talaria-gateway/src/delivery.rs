@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use talaria_adapter::OutboundFile;
+use talaria_adapter::{Choice, OutboundFile};
 
 use crate::adapter::{Adapter, OutboundMessage, SendError};
 use crate::event::MessageEvent;
@@ -277,18 +277,21 @@ impl Delivery {
     /// Sends `text`, split to fit, part by part, with the files its
     /// `MEDIA:` lines name. Only the first part is anchored as a reply.
     pub async fn send_text(&self, to: &Address, text: &str) -> Result<(), SendError> {
-        self.send_over(to, text, None, Progress::default()).await
+        self.send_over(to, text, None, Progress::default(), &[])
+            .await
     }
 
     /// Like [`Delivery::send_text`], but the first part replaces the text of
     /// the message `edit` (a streaming preview) when given. If that edit
-    /// fails, the first part is sent as a new message instead.
+    /// fails, the first part is sent as a new message instead. `choices`
+    /// go with the last text part: the question they answer ends there.
     async fn send_over(
         &self,
         to: &Address,
         text: &str,
         edit: Option<&str>,
         progress: Progress<'_>,
+        choices: &[Choice],
     ) -> Result<(), SendError> {
         if to.platform == LOCAL {
             return self.write_local(&to.chat_id, text).await;
@@ -302,6 +305,7 @@ impl Delivery {
         if first >= parts.len() && first > 0 {
             return Ok(());
         }
+        let last_text = parts.iter().rposition(|p| matches!(p, Part::Text(_)));
         if progress.marker {
             // Said on its own when it cannot lead the first part: a part
             // must keep its length, or the parts counted as sent would no
@@ -309,7 +313,7 @@ impl Delivery {
             let fits = matches!(parts.get(first), Some(Part::Text(t))
                 if limits.unit.measure(t) + limits.unit.measure(RECOVERY_MARKER) <= limits.max_len);
             if !fits {
-                self.send_message(adapter.as_ref(), to, RECOVERY_MARKER.trim_end(), None)
+                self.send_message(adapter.as_ref(), to, RECOVERY_MARKER.trim_end(), None, &[])
                     .await?;
             }
         }
@@ -340,7 +344,8 @@ impl Delivery {
                         _ => false,
                     };
                     if !edited {
-                        self.send_message(adapter.as_ref(), to, &t, reply_to)
+                        let choices = if Some(i) == last_text { choices } else { &[] };
+                        self.send_message(adapter.as_ref(), to, &t, reply_to, choices)
                             .await?;
                     }
                 }
@@ -372,12 +377,14 @@ impl Delivery {
         to: &Address,
         text: &str,
         reply_to: Option<String>,
+        choices: &[Choice],
     ) -> Result<(), SendError> {
         let message = OutboundMessage {
             chat_id: to.chat_id.clone(),
             thread_id: to.thread_id.clone(),
             reply_to,
             text: text.to_owned(),
+            choices: choices.to_vec(),
         };
         self.retrying(|| adapter.send(&message)).await
     }
@@ -407,7 +414,17 @@ impl Delivery {
     /// Sends something not owed through the ledger (command replies,
     /// notices); a failure is logged.
     pub async fn notify(&self, to: &Address, text: &str) {
-        if let Err(e) = self.send_text(to, text).await {
+        self.notify_with_choices(to, text, &[]).await;
+    }
+
+    /// [`Delivery::notify`] for a question with answers the user may pick
+    /// (buttons, where the platform has them; the text must name them
+    /// too, for platforms that have none).
+    pub async fn notify_with_choices(&self, to: &Address, text: &str, choices: &[Choice]) {
+        if let Err(e) = self
+            .send_over(to, text, None, Progress::default(), choices)
+            .await
+        {
             tracing::warn!(platform = %to.platform, error = %e, "could not send a notice");
         }
     }
@@ -497,7 +514,7 @@ impl Delivery {
             attempt: self.ledger.as_ref().zip(attempt.as_ref()),
             ..Progress::default()
         };
-        let result = self.send_over(to, text, preview, progress).await;
+        let result = self.send_over(to, text, preview, progress, &[]).await;
         if let (Some(ledger), Some(attempt)) = (&self.ledger, &attempt) {
             ledger.settle(attempt, &result).await;
         }
@@ -531,7 +548,7 @@ impl Delivery {
             attempt: Some((ledger, &attempt)),
             marker: claimed.needs_marker,
         };
-        let result = self.send_over(&to, &row.content, None, progress).await;
+        let result = self.send_over(&to, &row.content, None, progress, &[]).await;
         match &result {
             Ok(()) => {
                 tracing::info!(id = %row.id, platform = %row.platform, "recovered an undelivered reply");

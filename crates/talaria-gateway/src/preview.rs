@@ -180,6 +180,7 @@ async fn edit_loop(
                     thread_id: to.thread_id.clone(),
                     reply_to: to.reply_to.clone(),
                     text: body,
+                    choices: Vec::new(),
                 };
                 match adapter.start_preview(&first).await {
                     Ok(sent) => match sent.message_id {

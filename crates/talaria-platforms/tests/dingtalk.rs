@@ -125,6 +125,7 @@ async fn messages_are_acknowledged_after_hand_over_and_unaddressed_group_chatter
             thread_id: None,
             reply_to: None,
             text: "**plain**".into(),
+            choices: Vec::new(),
         })
         .await
         .unwrap();
@@ -157,6 +158,7 @@ async fn a_session_webhook_outside_the_allowed_hosts_is_never_posted_to() {
             thread_id: None,
             reply_to: None,
             text: "answer".into(),
+            choices: Vec::new(),
         })
         .await
         .unwrap();
@@ -208,6 +210,7 @@ async fn too_fast_is_retried_no_sooner_than_the_configured_wait() {
             thread_id: None,
             reply_to: None,
             text: "x".into(),
+            choices: Vec::new(),
         })
         .await
         .unwrap();
@@ -252,6 +255,7 @@ async fn the_custom_robot_is_signed_and_the_fake_refuses_tampered_and_replayed_s
             thread_id: None,
             reply_to: None,
             text: "from cron".into(),
+            choices: Vec::new(),
         })
         .await
         .unwrap();

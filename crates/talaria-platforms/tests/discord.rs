@@ -103,6 +103,7 @@ fn out(
         thread_id: thread_id.map(Into::into),
         reply_to: reply_to.map(Into::into),
         text: text.into(),
+        choices: Vec::new(),
     }
 }
 

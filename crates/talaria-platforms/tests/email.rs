@@ -270,6 +270,7 @@ async fn replies_thread_after_a_restart_and_fresh_mail_has_its_own_subject() {
             thread_id: event.source.thread_id.clone(),
             reply_to: event.message_id.clone(),
             text: "Grüße zurück".into(),
+            choices: Vec::new(),
         })
         .await
         .unwrap();
@@ -280,6 +281,7 @@ async fn replies_thread_after_a_restart_and_fresh_mail_has_its_own_subject() {
             thread_id: event.source.thread_id.clone(),
             reply_to: None,
             text: "part two".into(),
+            choices: Vec::new(),
         })
         .await
         .unwrap();
@@ -290,6 +292,7 @@ async fn replies_thread_after_a_restart_and_fresh_mail_has_its_own_subject() {
             thread_id: None,
             reply_to: None,
             text: "Daily report\nAll is well.".into(),
+            choices: Vec::new(),
         })
         .await
         .unwrap()
@@ -339,6 +342,7 @@ async fn a_wrong_password_is_fatal_for_run_and_unavailable_for_send() {
             thread_id: None,
             reply_to: None,
             text: "hi".into(),
+            choices: Vec::new(),
         })
         .await
         .unwrap_err();
@@ -380,6 +384,7 @@ async fn unreachable_servers_and_bad_recipients() {
         thread_id: None,
         reply_to: None,
         text: "hi".into(),
+        choices: Vec::new(),
     };
     let err = adapter.send(&out("alice@example.org")).await.unwrap_err();
     assert!(matches!(err, SendError::Unavailable(_)), "{err:?}");

@@ -131,6 +131,7 @@ impl Running {
                     None
                 },
                 text: part,
+                choices: Vec::new(),
             };
             self.adapter.send(&message).await.unwrap();
         }
@@ -282,6 +283,7 @@ async fn an_answer_nobody_waits_for_becomes_a_persistent_notification() {
         thread_id: None,
         reply_to: Some("gone".into()),
         text: "The washing machine is done.".into(),
+        choices: Vec::new(),
     };
     rig.adapter.send(&message).await.unwrap();
     let n = rig.ha.wait_for_notifications(1, WAIT).await;

@@ -161,6 +161,7 @@ fn out(room: &str, thread: Option<&str>, reply_to: Option<&str>, text: &str) -> 
         thread_id: thread.map(Into::into),
         reply_to: reply_to.map(Into::into),
         text: text.into(),
+        choices: Vec::new(),
     }
 }
 

@@ -109,6 +109,7 @@ fn out(chat_id: &str, reply_to: Option<&str>, text: &str) -> OutboundMessage {
         thread_id: None,
         reply_to: reply_to.map(Into::into),
         text: text.into(),
+        choices: Vec::new(),
     }
 }
 

@@ -157,6 +157,7 @@ fn out(chat_id: &str, thread_id: Option<&str>, text: &str) -> OutboundMessage {
         thread_id: thread_id.map(Into::into),
         reply_to: None,
         text: text.into(),
+        choices: Vec::new(),
     }
 }
 

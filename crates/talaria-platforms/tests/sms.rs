@@ -129,6 +129,7 @@ impl Running {
             thread_id: None,
             reply_to: None,
             text: text.to_owned(),
+            choices: Vec::new(),
         }
     }
 }
@@ -402,6 +403,7 @@ async fn a_wrong_token_is_unavailable_for_sends_and_fatal_for_run() {
             thread_id: None,
             reply_to: None,
             text: "hi".to_owned(),
+            choices: Vec::new(),
         })
         .await
         .unwrap_err();

@@ -15,6 +15,7 @@ mod gateway_dingtalk;
 mod gateway_discord;
 mod gateway_email;
 mod gateway_feishu;
+mod gateway_feishu_cards;
 mod gateway_homeassistant;
 mod gateway_hooks;
 mod gateway_matrix;

@@ -787,6 +787,7 @@ async fn send_only_logs() {
             thread_id: None,
             reply_to: None,
             text: "an answer nobody reads here".into(),
+            choices: Vec::new(),
         })
         .await
         .unwrap();

@@ -338,6 +338,7 @@ fn dm(text: &str) -> OutboundMessage {
         thread_id: None,
         reply_to: None,
         text: text.into(),
+        choices: Vec::new(),
     }
 }
 

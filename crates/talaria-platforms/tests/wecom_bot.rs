@@ -127,6 +127,7 @@ fn text(chat: &str, text: &str) -> OutboundMessage {
         thread_id: None,
         reply_to: None,
         text: text.into(),
+        choices: Vec::new(),
     }
 }
 

@@ -134,6 +134,7 @@ fn out(text: &str) -> OutboundMessage {
         thread_id: None,
         reply_to: None,
         text: text.into(),
+        choices: Vec::new(),
     }
 }
 

@@ -65,6 +65,7 @@ impl Running {
             thread_id: None,
             reply_to: reply_to.map(str::to_owned),
             text: text.to_owned(),
+            choices: Vec::new(),
         }
     }
 }

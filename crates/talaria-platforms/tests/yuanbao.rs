@@ -313,6 +313,7 @@ async fn sends_wait_for_their_response_and_heartbeats_show_the_work() {
         thread_id: None,
         reply_to: None,
         text: text.into(),
+        choices: Vec::new(),
     };
     // Not connected yet (or ever): nothing is sent and nothing is lost.
     let early = YuanbaoAdapter::new(settings(&fake)).unwrap();

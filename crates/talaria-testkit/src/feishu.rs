@@ -12,8 +12,18 @@
 //! - `GET /open-apis/bot/v3/info` → `{code, msg, bot: {open_id, app_name}}`.
 //! - `POST /open-apis/im/v1/messages?receive_id_type=chat_id|open_id|thread_id`
 //!   and `POST /open-apis/im/v1/messages/:id/reply` (`reply_in_thread`),
-//!   each with `msg_type` `text` or `post` and `content` a JSON string;
-//!   a `uuid` seen before gets the first message back and posts nothing.
+//!   each with `msg_type` `text`, `post` or `interactive` and `content` a
+//!   JSON string; a `uuid` seen before gets the first message back and
+//!   posts nothing. A card (`interactive`, card JSON 1.0 `elements` or 2.0
+//!   `body.elements`) must be an object whose elements all have a `tag`,
+//!   else 230099; a card request over 30 KB is refused with 230025.
+//! - `PATCH /open-apis/im/v1/messages/:id` `{content}` replaces a card
+//!   ([`FakeFeishu::card`], [`FakeFeishu::patches`]). As Feishu: only a
+//!   card can be patched (anything else 400, 230001 "This message is NOT a
+//!   card"), only a shared one (`config.update_multi: true` in the card
+//!   sent and in its replacement, else 230001), a request over 30 KB is
+//!   230025, a sixth patch of one card within a second 230020 (the
+//!   frequency limit), a withdrawn message 230011.
 //!   A withdrawn parent ([`FakeFeishu::withdraw`]) answers 230011, an
 //!   unknown one 231003. Queued failures ([`FakeFeishu::fail_next_send`])
 //!   answer the next sends, e.g. 429 with code 99991400 and
@@ -55,6 +65,12 @@
 //! delivered is sent again on the next connection. A `type: ping` control
 //! frame is answered with a `type: pong` frame carrying a ClientConfig.
 //!
+//! A card callback ([`card_action`], a click on a button) goes out over
+//! the long connection as a data frame of type `card`
+//! ([`FakeFeishu::push_card_action`]); the client's answer frame carries
+//! `{"code":200,"data":<base64 of the answer's JSON>}`, read back with
+//! [`FakeFeishu::wait_for_card_answer`].
+//!
 //! [`event`], [`sign`] and [`encrypt`] build what Feishu posts to a webhook:
 //! the v2 envelope, `X-Lark-Signature` and the `{"encrypt": …}` body.
 
@@ -95,6 +111,43 @@ const UPLOAD_BODY_LIMIT: usize = MAX_FILE_BYTES + 1024 * 1024;
 /// The upload's `file_type`s.
 const FILE_TYPES: &[&str] = &["opus", "mp4", "pdf", "doc", "xls", "ppt", "stream"];
 
+/// Feishu's largest card request (create, reply or patch).
+pub const MAX_CARD_REQUEST_BYTES: usize = 30 * 1024;
+
+/// Patches one card may take within a second.
+const PATCHES_PER_SECOND: usize = 5;
+
+/// A button on a card.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Button {
+    /// What it says.
+    pub label: String,
+    /// What a click sends back in the callback's `action.value`.
+    pub value: Value,
+}
+
+/// A card as a user sees it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CardView {
+    /// Its Markdown and text elements, one a line.
+    pub text: String,
+    /// Its `note` elements' texts.
+    pub notes: Vec<String>,
+    /// Its buttons, in order.
+    pub buttons: Vec<Button>,
+}
+
+/// One accepted patch of a card.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Patch {
+    /// The card's message.
+    pub message_id: String,
+    /// The card as it now shows.
+    pub card: CardView,
+    /// When it was accepted.
+    pub at: Instant,
+}
+
 /// One message the bot posted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sent {
@@ -106,10 +159,13 @@ pub struct Sent {
     pub thread: Option<String>,
     /// The message it replies to (replies only).
     pub parent: Option<String>,
-    /// `text` or `post`.
+    /// `text`, `post`, `interactive`, or a file message's type.
     pub msg_type: String,
-    /// The text: a text's `text`, a post's `md`/`text` elements joined.
+    /// The text: a text's `text`, a post's `md`/`text` elements joined, a
+    /// card's Markdown as sent.
     pub text: String,
+    /// A card's notes and buttons as sent.
+    pub card: Option<CardView>,
     /// The `uuid` given.
     pub uuid: Option<String>,
     /// The `image_key` or `file_key` a file message carries.
@@ -197,6 +253,21 @@ impl Failure {
 struct Known {
     chat: String,
     thread: Option<String>,
+    /// A card the bot sent, as it shows now, and its JSON.
+    card: Option<(CardView, Value)>,
+    /// When it was patched, the last second's worth.
+    patched_at: Vec<Instant>,
+}
+
+impl Known {
+    fn new(chat: &str, thread: Option<&str>) -> Known {
+        Known {
+            chat: chat.to_owned(),
+            thread: thread.map(str::to_owned),
+            card: None,
+            patched_at: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -265,12 +336,16 @@ fn frame_header<'a>(f: &'a Frame, key: &str) -> Option<&'a str> {
 /// The service id the fake's socket URL names.
 pub const SERVICE_ID: i32 = 7;
 
-/// An event pushed over the long connection.
+/// An event (or card callback) pushed over the long connection.
 #[derive(Debug, Clone)]
 struct Pushed {
     frame_id: String,
+    /// The frame's `type` header: `event` or `card`.
+    kind: &'static str,
     payload: Vec<u8>,
     delivered: bool,
+    /// The payload of the client's answer frame.
+    answer: Option<Value>,
 }
 
 enum Command {
@@ -287,6 +362,7 @@ struct Book {
     tokens_issued: usize,
     token: String,
     sent: Vec<Sent>,
+    patches: Vec<Patch>,
     send_attempts: Vec<Instant>,
     by_uuid: HashMap<String, String>,
     messages: HashMap<String, Known>,
@@ -369,19 +445,73 @@ impl FakeFeishu {
     /// Pushes an event envelope over the long connection (now, or on the
     /// next connection).
     pub fn push_event(&self, envelope: &Value) {
+        self.push(envelope, "event");
+    }
+
+    /// Pushes a card callback over the long connection (a frame of type
+    /// `card`); returns its frame id, for [`Self::wait_for_card_answer`].
+    pub fn push_card_action(&self, envelope: &Value) -> String {
+        self.push(envelope, "card")
+    }
+
+    fn push(&self, envelope: &Value, kind: &'static str) -> String {
         let mut st = self.shared.core.change();
         st.next += 1;
         let pushed = Pushed {
             frame_id: format!("frame_{}", st.next),
+            kind,
             payload: envelope.to_string().into_bytes(),
             delivered: false,
+            answer: None,
         };
         if let Some(live) = &st.live {
             for f in data_frames(&pushed) {
                 let _ = live.send(Command::Frame(f));
             }
         }
+        let id = pushed.frame_id.clone();
         st.pushed.push(pushed);
+        id
+    }
+
+    /// Waits for the client's answer to frame `frame_id` with code 200 and
+    /// returns what its `data` holds: the JSON the clicker is shown
+    /// (`Value::Null` when it holds none).
+    ///
+    /// # Panics
+    /// When no such answer comes within `timeout`, or its `data` is not
+    /// base64 of JSON.
+    pub async fn wait_for_card_answer(&self, frame_id: &str, timeout: Duration) -> Value {
+        let answer = self
+            .shared
+            .core
+            .wait(
+                &format!("the answer to card callback frame {frame_id}"),
+                timeout,
+                |b| {
+                    b.pushed
+                        .iter()
+                        .find(|p| p.frame_id == frame_id && p.delivered)
+                        .and_then(|p| p.answer.clone())
+                },
+                |b| {
+                    b.pushed
+                        .iter()
+                        .find(|p| p.frame_id == frame_id)
+                        .map(|p| p.answer.clone())
+                },
+            )
+            .await;
+        match answer.get("data").and_then(Value::as_str) {
+            None => Value::Null,
+            Some(data) => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .unwrap_or_else(|e| panic!("the answer's data is not base64: {e}"));
+                serde_json::from_slice(&bytes)
+                    .unwrap_or_else(|e| panic!("the answer's data is not JSON: {e}"))
+            }
+        }
     }
 
     /// How many long connections were opened.
@@ -440,13 +570,58 @@ impl FakeFeishu {
 
     /// Registers a message a user posted, so replies to it can land.
     pub fn add_message(&self, message_id: &str, chat: &str, thread: Option<&str>) {
-        self.shared.core.change().messages.insert(
-            message_id.to_owned(),
-            Known {
-                chat: chat.to_owned(),
-                thread: thread.map(str::to_owned),
-            },
-        );
+        self.shared
+            .core
+            .change()
+            .messages
+            .insert(message_id.to_owned(), Known::new(chat, thread));
+    }
+
+    /// A card the bot sent, as it shows now (after its patches).
+    pub fn card(&self, message_id: &str) -> Option<CardView> {
+        self.shared
+            .core
+            .read()
+            .messages
+            .get(message_id)
+            .and_then(|k| k.card.as_ref())
+            .map(|(view, _)| view.clone())
+    }
+
+    /// Every patch accepted, in order.
+    pub fn patches(&self) -> Vec<Patch> {
+        self.shared.core.read().patches.clone()
+    }
+
+    /// Waits until a card the bot sent shows what `done` looks for, and
+    /// returns it.
+    pub async fn wait_for_card(
+        &self,
+        message_id: &str,
+        timeout: Duration,
+        done: impl Fn(&CardView) -> bool,
+    ) -> CardView {
+        self.shared
+            .core
+            .wait(
+                &format!("card {message_id} to show what the test waits for"),
+                timeout,
+                |b| {
+                    b.messages
+                        .get(message_id)
+                        .and_then(|k| k.card.as_ref())
+                        .map(|(view, _)| view)
+                        .filter(|v| done(v))
+                        .cloned()
+                },
+                |b| {
+                    b.messages
+                        .get(message_id)
+                        .and_then(|k| k.card.as_ref())
+                        .map(|(view, _)| view.clone())
+                },
+            )
+            .await
     }
 
     /// The message is withdrawn: replies to it answer 230011.
@@ -865,6 +1040,118 @@ fn read_content(msg_type: &str, content: &str) -> Option<String> {
     }
 }
 
+/// A card's JSON (1.0 `elements`, or 2.0 `body.elements`) as a user sees
+/// it; `None` when Feishu could not render it.
+fn read_card(content: &str) -> Option<(CardView, Value)> {
+    let card: Value = serde_json::from_str(content).ok()?;
+    let elements = card
+        .get("elements")
+        .or_else(|| card.pointer("/body/elements"))?
+        .as_array()?;
+    let mut view = CardView::default();
+    let mut lines = Vec::new();
+    for el in elements {
+        read_element(el, &mut view, &mut lines)?;
+    }
+    view.text = lines.join("\n");
+    Some((view, card))
+}
+
+/// Reads one element (and those inside it) into `view`; `None` for one
+/// without a `tag`.
+fn read_element(el: &Value, view: &mut CardView, lines: &mut Vec<String>) -> Option<()> {
+    let text_of = |v: &Value| v.get("content").and_then(Value::as_str).map(str::to_owned);
+    match el.get("tag")?.as_str()? {
+        "markdown" => lines.push(text_of(el)?),
+        "div" => lines.push(el.get("text").and_then(text_of)?),
+        "note" => {
+            for inner in el.get("elements")?.as_array()? {
+                view.notes.extend(text_of(inner));
+            }
+        }
+        "action" => {
+            for inner in el.get("actions")?.as_array()? {
+                read_element(inner, view, lines)?;
+            }
+        }
+        "button" => {
+            // 1.0 carries the callback's value on the button, 2.0 in a
+            // `callback` behavior.
+            let value = el.get("value").cloned().or_else(|| {
+                el.get("behaviors")?
+                    .as_array()?
+                    .iter()
+                    .find(|b| b["type"] == "callback")?
+                    .get("value")
+                    .cloned()
+            });
+            view.buttons.push(Button {
+                label: el.get("text").and_then(text_of)?,
+                value: value.unwrap_or(Value::Null),
+            });
+        }
+        _ => {}
+    }
+    Some(())
+}
+
+/// Whether a card is shared (`config.update_multi`), which Feishu needs
+/// of a card before and after a patch.
+fn shared_card(card: &Value) -> bool {
+    card.pointer("/config/update_multi") == Some(&Value::Bool(true))
+}
+
+/// `PATCH /open-apis/im/v1/messages/:id`.
+fn patch(shared: &Shared, message_id: &str, raw_len: usize, body: &Value) -> Response {
+    let mut st = shared.core.change();
+    if st.withdrawn.contains(message_id) {
+        return err(400, 230_011, "the message was withdrawn");
+    }
+    let Some(known) = st.messages.get_mut(message_id) else {
+        return err(400, 231_003, "the message is not found");
+    };
+    let Some((_, before)) = known.card.as_ref() else {
+        return err(
+            400,
+            230_001,
+            "Your request contains an invalid request parameter, ext=This message is NOT a card",
+        );
+    };
+    if raw_len > MAX_CARD_REQUEST_BYTES {
+        return err(
+            400,
+            230_025,
+            "The length of the message content reaches its limit",
+        );
+    }
+    let Some((view, card)) = body["content"].as_str().and_then(read_card) else {
+        return err(400, 230_099, "Failed to create card content");
+    };
+    if !shared_card(before) || !shared_card(&card) {
+        return err(
+            400,
+            230_001,
+            "Your request contains an invalid request parameter, ext=the card is not shared \
+             (config.update_multi)",
+        );
+    }
+    let now = Instant::now();
+    known
+        .patched_at
+        .retain(|at| now.duration_since(*at) < Duration::from_secs(1));
+    if known.patched_at.len() >= PATCHES_PER_SECOND {
+        return err(400, 230_020, "This operation triggers the frequency limit");
+    }
+    known.patched_at.push(now);
+    known.card = Some((view.clone(), card));
+    st.patches.push(Patch {
+        message_id: message_id.to_owned(),
+        card: view,
+        at: now,
+    });
+    ok(json!({}))
+}
+
 async fn handle(
     State(shared): State<Arc<Shared>>,
     method: Method,
@@ -873,6 +1160,7 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_owned();
+    let raw_len = body.len();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     if path == "/callback/ws/endpoint" && method == Method::POST {
         if body["AppID"] != shared.app_id.as_str()
@@ -1008,11 +1296,12 @@ async fn handle(
         ),
         ("POST", ["open-apis", "im", "v1", "messages"]) => {
             let id_type = query_param(&uri, "receive_id_type").unwrap_or_default();
-            send(&shared, None, Some(id_type), &body).await
+            send(&shared, None, Some(id_type), raw_len, &body).await
         }
         ("POST", ["open-apis", "im", "v1", "messages", parent, "reply"]) => {
-            send(&shared, Some((*parent).to_owned()), None, &body).await
+            send(&shared, Some((*parent).to_owned()), None, raw_len, &body).await
         }
+        ("PATCH", ["open-apis", "im", "v1", "messages", id]) => patch(&shared, id, raw_len, &body),
         ("POST", ["open-apis", "im", "v1", "messages", id, "reactions"]) => {
             let mut st = shared.core.change();
             if !st.messages.contains_key(*id) {
@@ -1175,6 +1464,7 @@ async fn send(
     shared: &Shared,
     parent: Option<String>,
     id_type: Option<String>,
+    raw_len: usize,
     body: &Value,
 ) -> Response {
     let hung = shared.core.hanging();
@@ -1195,6 +1485,7 @@ async fn send(
     }
     let msg_type = body["msg_type"].as_str().unwrap_or("").to_owned();
     let content = body["content"].as_str().unwrap_or("");
+    let mut card = None;
     let (text, key) = match msg_type.as_str() {
         "image" | "file" | "audio" | "media" => match file_key(&st, &msg_type, content) {
             Some(key) => (String::new(), Some(key)),
@@ -1206,6 +1497,23 @@ async fn send(
                 );
             }
         },
+        "interactive" => {
+            if raw_len > MAX_CARD_REQUEST_BYTES {
+                return err(
+                    400,
+                    230_025,
+                    "The length of the message content reaches its limit",
+                );
+            }
+            match read_card(content) {
+                Some((view, json)) => {
+                    let text = view.text.clone();
+                    card = Some((view, json));
+                    (text, None)
+                }
+                None => return err(400, 230_099, "Failed to create card content"),
+            }
+        }
         _ => match read_content(&msg_type, content) {
             Some(text) => (text, None),
             None => return err(400, 230_001, "invalid message content"),
@@ -1261,13 +1569,9 @@ async fn send(
     if let Some(u) = &uuid {
         st.by_uuid.insert(u.clone(), message_id.clone());
     }
-    st.messages.insert(
-        message_id.clone(),
-        Known {
-            chat: chat.clone(),
-            thread: thread.clone(),
-        },
-    );
+    let mut known = Known::new(&chat, thread.as_deref());
+    known.card = card.clone();
+    st.messages.insert(message_id.clone(), known);
     st.sent.push(Sent {
         message_id: message_id.clone(),
         chat: chat.clone(),
@@ -1275,6 +1579,7 @@ async fn send(
         parent,
         msg_type,
         text,
+        card: card.map(|(view, _)| view),
         uuid,
         key,
         at: Instant::now(),
@@ -1291,6 +1596,20 @@ pub fn event(event_id: &str, event_type: &str, token: &str, body: Value) -> Valu
             "token": token, "app_id": "cli_kit", "tenant_key": "tenant_kit",
         },
         "event": body,
+    })
+}
+
+/// The body of a `card.action.trigger` callback: `operator` clicked a
+/// button whose value is `value` on card `message_id` in `chat_id`. Wrap
+/// it with [`event`] (event type `card.action.trigger`).
+pub fn card_action(operator: &str, message_id: &str, chat_id: &str, value: &Value) -> Value {
+    json!({
+        "operator": {"tenant_key": "tenant_kit", "user_id": "u_x", "open_id": operator,
+            "union_id": "on_x"},
+        "token": format!("c-kit-{message_id}"),
+        "action": {"tag": "button", "value": value},
+        "host": "im_message",
+        "context": {"open_message_id": message_id, "open_chat_id": chat_id},
     })
 }
 
@@ -1381,7 +1700,7 @@ fn data_frames(p: &Pushed) -> Vec<Vec<u8>> {
         .rev()
         .map(|(seq, chunk)| {
             let headers = [
-                ("type", "event".to_owned()),
+                ("type", p.kind.to_owned()),
                 ("message_id", p.frame_id.clone()),
                 ("sum", sum.to_string()),
                 ("seq", seq.to_string()),
@@ -1495,14 +1814,15 @@ fn on_client_frame(
             )
         }
         (1, _) => {
-            let ok = frame
+            let answer = frame
                 .payload
                 .as_deref()
-                .and_then(|p| serde_json::from_slice::<Value>(p).ok())
-                .is_some_and(|v| v["code"] == 200);
+                .and_then(|p| serde_json::from_slice::<Value>(p).ok());
+            let ok = answer.as_ref().is_some_and(|v| v["code"] == 200);
             let id = frame_header(&frame, "message_id").unwrap_or("").to_owned();
-            if ok && let Some(p) = st.pushed.iter_mut().find(|p| p.frame_id == id) {
-                p.delivered = true;
+            if let Some(p) = st.pushed.iter_mut().find(|p| p.frame_id == id) {
+                p.delivered |= ok;
+                p.answer = answer;
             }
             None
         }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use talaria_adapter::Choice;
 use talaria_agent::interaction::{ApprovalDecision, ApprovalRequest, ClarifyRequest, Interaction};
 use tokio::sync::oneshot;
 
@@ -37,7 +38,10 @@ impl Interaction for ChatInteraction {
             request.reason,
             timeout.as_secs()
         );
-        inner.delivery.notify(&self.to, &text).await;
+        inner
+            .delivery
+            .notify_with_choices(&self.to, &text, &approval_choices())
+            .await;
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(decision)) => decision,
             Ok(Err(_)) => ApprovalDecision::Deny,
@@ -73,4 +77,15 @@ impl Interaction for ChatInteraction {
             .and_then(|i| request.choices.get(i).cloned());
         Some(picked.unwrap_or(answer))
     }
+}
+
+/// The answers to an approval as buttons, where the platform has them: a
+/// click is the same command the question's text names.
+fn approval_choices() -> [Choice; 4] {
+    [
+        Choice::new("Approve once", "/approve"),
+        Choice::new("Approve for this conversation", "/approve session"),
+        Choice::new("Always approve", "/approve always"),
+        Choice::new("Deny", "/deny"),
+    ]
 }

@@ -147,6 +147,7 @@ impl DingTalkAdapter {
                 thread_id: None,
                 reply_to: None,
                 text: caption.to_owned(),
+                choices: Vec::new(),
             };
             self.send(&message).await?;
         }
@@ -161,6 +162,7 @@ fn fallback(file: &OutboundFile, platform: &str) -> OutboundMessage {
         thread_id: file.thread_id.clone(),
         reply_to: file.reply_to.clone(),
         text: file.fallback_text(platform),
+        choices: Vec::new(),
     }
 }
 

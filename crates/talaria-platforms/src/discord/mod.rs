@@ -440,6 +440,7 @@ impl Adapter for DiscordAdapter {
             thread_id: file.thread_id.clone(),
             reply_to: file.reply_to.clone(),
             text: file.fallback_text(self.platform()),
+            choices: Vec::new(),
         };
         if size > MAX_UPLOAD_BYTES {
             return self.send(&fallback()).await;
@@ -483,6 +484,7 @@ impl Adapter for DiscordAdapter {
                     thread_id: file.thread_id.clone(),
                     reply_to: reply_to.clone(),
                     text: part,
+                    choices: Vec::new(),
                 };
                 if let Err(e) = self.send(&message).await {
                     tracing::warn!("the caption after a file could not be sent: {e}");
@@ -632,6 +634,7 @@ mod tests {
                 thread_id: None,
                 reply_to: None,
                 text: "hi".into(),
+                choices: Vec::new(),
             })
             .await
             .unwrap_err();
@@ -643,6 +646,7 @@ mod tests {
                 thread_id: None,
                 reply_to: None,
                 text: "hi".into(),
+                choices: Vec::new(),
             })
             .await,
             Err(SendError::Rejected(_))

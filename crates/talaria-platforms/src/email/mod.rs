@@ -909,6 +909,7 @@ impl Adapter for EmailAdapter {
                     thread_id: file.thread_id.clone(),
                     reply_to: file.reply_to.clone(),
                     text,
+                    choices: Vec::new(),
                 })
                 .await;
         };

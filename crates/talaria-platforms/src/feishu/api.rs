@@ -27,6 +27,11 @@ pub(crate) const TOKEN_INVALID: &[i64] = &[99_991_663, 99_991_661, 99_991_668];
 /// Feishu's rate-limit code (with HTTP 429, or 400 on older APIs).
 pub(crate) const RATE_LIMITED: i64 = 99_991_400;
 
+/// The messaging API's own frequency limit ("This operation triggers the
+/// frequency limit"): five messages a second to one chat, five patches a
+/// second of one card.
+pub(crate) const MESSAGE_RATE_LIMITED: i64 = 230_020;
+
 /// The message replied to was withdrawn.
 pub(crate) const WITHDRAWN: i64 = 230_011;
 /// The message replied to does not exist.
@@ -87,7 +92,9 @@ impl ApiError {
                 code,
                 reset,
                 ..
-            } if *status == 429 || *code == RATE_LIMITED => Some(*reset),
+            } if *status == 429 || *code == RATE_LIMITED || *code == MESSAGE_RATE_LIMITED => {
+                Some(*reset)
+            }
             _ => None,
         }
     }

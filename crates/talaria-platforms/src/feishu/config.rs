@@ -43,6 +43,10 @@ pub struct FeishuConfig {
     pub max_clock_skew_secs: u64,
     /// Larger webhook bodies get 413 without being read further.
     pub max_body_bytes: usize,
+    /// Show an answer growing in a card while it streams (patched about
+    /// once per `gateway.stream_edit_interval_ms`); otherwise it is sent
+    /// whole when done. `FEISHU_STREAMING_CARDS` overrides it.
+    pub streaming_cards: bool,
 }
 
 impl Default for FeishuConfig {
@@ -61,6 +65,7 @@ impl Default for FeishuConfig {
             bot_open_id: None,
             max_clock_skew_secs: 300,
             max_body_bytes: 1024 * 1024,
+            streaming_cards: false,
         }
     }
 }

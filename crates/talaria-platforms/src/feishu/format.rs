@@ -1,6 +1,7 @@
 //! Which message type carries a text: plain `text`, or a rich-text `post`
 //! whose one `md` element Feishu renders as Markdown (bold, italic,
-//! strikethrough, links, lists, quotes, code blocks).
+//! strikethrough, links, lists, quotes, code blocks). Cards (`card`) show
+//! the same Markdown.
 
 use serde_json::{Value, json};
 
@@ -21,24 +22,28 @@ pub(crate) fn looks_like_markdown(text: &str) -> bool {
         })
 }
 
+/// `text` as Feishu's Markdown subset shows it: headings, which the `md`
+/// element does not render, become bold lines.
+pub(crate) fn markdown(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            let t = l.trim_start();
+            match t.trim_start_matches('#') {
+                rest if rest.len() < t.len() && rest.starts_with(' ') => {
+                    format!("**{}**", rest.trim())
+                }
+                _ => l.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `(msg_type, content)` for a send; `content` is the JSON string Feishu
 /// wants.
 pub(crate) fn content(text: &str) -> (&'static str, String) {
     if looks_like_markdown(text) {
-        // Headings are not part of the md subset: shown bold instead.
-        let body: String = text
-            .lines()
-            .map(|l| {
-                let t = l.trim_start();
-                match t.trim_start_matches('#') {
-                    rest if rest.len() < t.len() && rest.starts_with(' ') => {
-                        format!("**{}**", rest.trim())
-                    }
-                    _ => l.to_owned(),
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
+        let body = markdown(text);
         let post: Value = json!({"zh_cn": {"content": [[{"tag": "md", "text": body}]]}});
         ("post", post.to_string())
     } else {

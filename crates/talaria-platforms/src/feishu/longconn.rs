@@ -11,7 +11,11 @@
 //!    into `sum` parts when large (`seq` 0-based, joined by `message_id`).
 //! 3. Each data frame is answered with the same frame whose payload is
 //!    `{"code":200}` once the event was taken; anything else makes Feishu
-//!    deliver it again.
+//!    deliver it again. A card callback (`card.action.trigger`, in a frame
+//!    of type `card`, or `event` as some of Feishu's SDKs receive it) is
+//!    answered the same way, with the answer the clicker sees as the
+//!    payload's `data` (its JSON, base64-encoded, as Feishu's SDKs send a
+//!    byte field).
 //!
 //! A closed or silent socket ends the run with `Disconnected`; the
 //! supervisor reconnects (with a new endpoint URL) after its back-off.
@@ -21,13 +25,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use futures::{SinkExt, StreamExt};
 use prost::Message as _;
 use serde_json::{Value, json};
 use talaria_adapter::{AdapterContext, AdapterError, Liveness};
 use tokio_tungstenite::tungstenite::Message;
 
-use super::server::{Dispatched, Hook, dispatch};
+use super::callback;
+use super::server::{Dispatched, Hook, dispatch, dispatch_click};
 
 /// Frame methods.
 const CONTROL: i32 = 0;
@@ -321,19 +327,33 @@ pub(crate) async fn run(
                 let Some(whole) = parts.add(&id, sum, seq, part) else {
                     continue;
                 };
-                let code = match serde_json::from_slice::<Value>(&whole) {
-                    Ok(envelope) if frame.header("type") == Some("event") => {
-                        match dispatch(hook, &envelope, &ctx.inbox).await {
-                            Dispatched::Taken => 200,
-                            Dispatched::NotTaken => 500,
+                let kind = frame.header("type");
+                let reply = match serde_json::from_slice::<Value>(&whole) {
+                    Ok(envelope)
+                        if matches!(kind, Some("event" | "card"))
+                            && callback::is_card_action(&envelope) =>
+                    {
+                        match dispatch_click(hook, &envelope, &ctx.inbox).await {
+                            (Dispatched::Taken, answer) => json!({
+                                "code": 200,
+                                "data": base64::engine::general_purpose::STANDARD
+                                    .encode(answer.to_string()),
+                            }),
+                            (Dispatched::NotTaken, _) => json!({"code": 500}),
                         }
                     }
-                    // Card callbacks and other types are not handled:
-                    // acknowledged, so they are not sent again.
-                    Ok(_) => 200,
+                    Ok(envelope) if kind == Some("event") => {
+                        match dispatch(hook, &envelope, &ctx.inbox).await {
+                            Dispatched::Taken => json!({"code": 200}),
+                            Dispatched::NotTaken => json!({"code": 500}),
+                        }
+                    }
+                    // Other types are not handled: acknowledged, so they
+                    // are not sent again.
+                    Ok(_) => json!({"code": 200}),
                     Err(_) => {
                         tracing::info!("a Feishu event frame that is not JSON; acknowledged");
-                        200
+                        json!({"code": 200})
                     }
                 };
                 let mut answer = frame;
@@ -341,7 +361,7 @@ pub(crate) async fn run(
                     key: "biz_rt".into(),
                     value: started.elapsed().as_millis().to_string(),
                 });
-                answer.payload = Some(json!({ "code": code }).to_string().into_bytes());
+                answer.payload = Some(reply.to_string().into_bytes());
                 sink.send(Message::Binary(answer.encode_to_vec().into()))
                     .await
                     .map_err(|e| {

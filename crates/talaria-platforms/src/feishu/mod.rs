@@ -21,6 +21,10 @@
 //! - `media`: attachments in (message resources) and files out (image
 //!   and file uploads).
 //! - `format`: `text` or a `post` with an `md` element.
+//! - `card`: interactive cards: streamed answers (created, then patched)
+//!   and messages whose choices are buttons.
+//! - `callback`: `card.action.trigger`, a click, and the message it
+//!   becomes.
 //!
 //! # Invariants
 //!
@@ -31,10 +35,16 @@
 //!   topic thread), carrying a `uuid` derived from what is sent, so the
 //!   ledger's re-send of a reply whose answer was lost posts it once.
 //!   A reply to a withdrawn or missing message becomes a plain create.
+//!   Cards are sent the same way.
+//! - A card callback is checked exactly as an event is, and a click is
+//!   taken once (its event id) and only on a card this adapter sent with
+//!   that choice.
 //! - Secrets (app secret, encrypt key, verification token, tenant token)
 //!   are never logged nor part of an error message; `Debug` masks them.
 
 mod api;
+mod callback;
+mod card;
 mod comments;
 mod config;
 mod crypto;
@@ -135,6 +145,8 @@ pub struct FeishuSettings {
     pub rate_limit_retries: u32,
     /// The first wait after a rate limit that names none; doubled each time.
     pub rate_limit_wait: Duration,
+    /// Show answers growing in a card while they stream.
+    pub streaming_cards: bool,
 }
 
 /// Why the adapter cannot be configured.
@@ -183,6 +195,7 @@ impl FeishuSettings {
             send_timeout: Duration::from_secs(30),
             rate_limit_retries: 3,
             rate_limit_wait: Duration::from_secs(1),
+            streaming_cards: d.streaming_cards,
         }
     }
 
@@ -253,6 +266,9 @@ impl FeishuSettings {
             bot_open_id: text_or_env(config.bot_open_id.as_deref(), env, "FEISHU_BOT_OPEN_ID"),
             max_clock_skew_secs: config.max_clock_skew_secs,
             max_body_bytes: config.max_body_bytes.max(1),
+            streaming_cards: env
+                .flag("FEISHU_STREAMING_CARDS")
+                .unwrap_or(config.streaming_cards),
             ..FeishuSettings::new(&app_id, secret.expose(), &base_url)
         }))
     }
@@ -267,6 +283,7 @@ pub struct FeishuAdapter {
     hook: Arc<server::Hook>,
     rate_limit_retries: u32,
     rate_limit_wait: Duration,
+    streaming_cards: bool,
 }
 
 impl fmt::Debug for FeishuAdapter {
@@ -280,8 +297,10 @@ impl fmt::Debug for FeishuAdapter {
 
 /// The `uuid` of a send: the same message to the same place always gets
 /// the same one, so Feishu posts a re-send (the ledger's, after a lost
-/// answer or a crash) once within its hour of deduplication.
-fn idempotency_key(message: &OutboundMessage) -> String {
+/// answer or a crash) once within its hour of deduplication. `kind` sets
+/// apart messages of another kind with the same text (a streaming
+/// preview's card); plain sends give none.
+fn idempotency_key(message: &OutboundMessage, kind: &str) -> String {
     let mut digest = Sha256::new();
     for part in [
         message.chat_id.as_str(),
@@ -291,6 +310,16 @@ fn idempotency_key(message: &OutboundMessage) -> String {
     ] {
         digest.update(part.as_bytes());
         digest.update([0]);
+    }
+    if !kind.is_empty() {
+        digest.update(kind.as_bytes());
+        digest.update([0]);
+    }
+    for choice in &message.choices {
+        for part in [&choice.label, &choice.command] {
+            digest.update(part.as_bytes());
+            digest.update([0]);
+        }
     }
     digest
         .finalize()
@@ -437,6 +466,9 @@ impl FeishuAdapter {
             seen_events: Mutex::new(crate::seen::Seen::new(SEEN_EVENTS)),
             last_inbound: Mutex::new(HashMap::new()),
             last_comment: Mutex::new(HashMap::new()),
+            chat_types: Mutex::new(HashMap::new()),
+            cards: Mutex::new(card::Cards::default()),
+            card_sends: tokio::sync::RwLock::new(()),
         };
         Ok(FeishuAdapter {
             api,
@@ -446,6 +478,7 @@ impl FeishuAdapter {
             hook: Arc::new(hook),
             rate_limit_retries: settings.rate_limit_retries,
             rate_limit_wait: settings.rate_limit_wait,
+            streaming_cards: settings.streaming_cards,
         })
     }
 
@@ -753,10 +786,15 @@ impl Adapter for FeishuAdapter {
 
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
         if let Some((file_type, file_token)) = comments::parse_chat(&message.chat_id) {
+            // A comment thread carries text only; its text names the
+            // choices.
             return self.send_comment(message, file_type, file_token).await;
         }
+        if !message.choices.is_empty() {
+            return self.send_card(message, false).await;
+        }
         let (msg_type, content) = format::content(&message.text);
-        let uuid = idempotency_key(message);
+        let uuid = idempotency_key(message, "");
         let to = Destination {
             chat_id: &message.chat_id,
             thread_id: message.thread_id.as_deref(),
@@ -765,6 +803,41 @@ impl Adapter for FeishuAdapter {
         self.post(&to, msg_type, &content, &uuid)
             .await
             .map_err(|e| self.classify(&e))
+    }
+
+    /// Answers stream into cards when `streaming_cards` is on.
+    fn streaming_edits(&self) -> bool {
+        self.streaming_cards
+    }
+
+    /// Opens the card the answer streams into. Document comments take
+    /// no cards: their answer is posted whole.
+    async fn start_preview(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
+        if comments::parse_chat(&message.chat_id).is_some() {
+            return Err(SendError::Rejected(
+                "a document comment cannot show a streaming card".to_owned(),
+            ));
+        }
+        self.send_card(message, true).await
+    }
+
+    /// Patches a streaming card with the text so far.
+    async fn edit(&self, chat_id: &str, message_id: &str, text: &str) -> Result<(), SendError> {
+        self.patch_card(chat_id, message_id, text, false, false)
+            .await
+    }
+
+    /// Patches a streaming card one last time: the answer, or what
+    /// streamed before a failed turn, marked so.
+    async fn finish_preview(
+        &self,
+        chat_id: &str,
+        message_id: &str,
+        text: &str,
+        failed: bool,
+    ) -> Result<(), SendError> {
+        self.patch_card(chat_id, message_id, text, failed, true)
+            .await
     }
 
     async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
@@ -809,6 +882,7 @@ impl Adapter for FeishuAdapter {
                 thread_id: file.thread_id.clone(),
                 reply_to: file.reply_to.clone(),
                 text: file.fallback_text(PLATFORM),
+                choices: Vec::new(),
             };
             return self.send(&message).await;
         }
@@ -843,6 +917,7 @@ impl Adapter for FeishuAdapter {
                 thread_id: file.thread_id.clone(),
                 reply_to: file.reply_to.clone(),
                 text: caption.to_owned(),
+                choices: Vec::new(),
             };
             self.send(&message).await?;
         }
@@ -976,14 +1051,21 @@ mod tests {
             thread_id: None,
             reply_to: Some("om_1".into()),
             text: "hi".into(),
+            choices: Vec::new(),
         };
-        assert_eq!(idempotency_key(&m), idempotency_key(&m.clone()));
-        assert_eq!(idempotency_key(&m).len(), 32);
+        assert_eq!(idempotency_key(&m, ""), idempotency_key(&m.clone(), ""));
+        assert_eq!(idempotency_key(&m, "").len(), 32);
         let other = OutboundMessage {
             text: "hi (2/2)".into(),
             ..m.clone()
         };
-        assert_ne!(idempotency_key(&m), idempotency_key(&other));
+        assert_ne!(idempotency_key(&m, ""), idempotency_key(&other, ""));
+        assert_ne!(idempotency_key(&m, ""), idempotency_key(&m, "preview"));
+        let asking = OutboundMessage {
+            choices: vec![talaria_adapter::Choice::new("Yes", "/approve")],
+            ..m.clone()
+        };
+        assert_ne!(idempotency_key(&m, ""), idempotency_key(&asking, ""));
     }
 
     #[test]

@@ -18,6 +18,11 @@
 //! 8. a chat message handed to the inbox → 200; no inbox or a full one →
 //!    503, and Feishu delivers it again. A comment is read and handed on in
 //!    the background (its reads may take longer than Feishu waits).
+//!
+//! A card callback (`card.action.trigger`, see the `callback` module) goes
+//! through steps 1 to 6 like an event; then a click seen before gets 200
+//! with an empty answer, and any other 200 with the toast the clicker
+//! sees (503 when the gateway did not take it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -31,10 +36,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use talaria_adapter::Inbox;
+use talaria_adapter::{Admission, ChatType, Inbox};
 use talaria_core::Secret;
 
 use super::api::Api;
+use super::callback::{self, Click};
+use super::card::Cards;
 use super::comments;
 use super::crypto;
 use super::mapping::{self, Inbound};
@@ -46,6 +53,11 @@ const SUBMIT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Chats whose last inbound message is remembered for the typing reaction.
 const MAX_REMEMBERED_CHATS: usize = 10_000;
+
+/// How long a click on a card not known yet waits for the cards being
+/// sent: Feishu may show a card (and take its click) before the answer to
+/// its send arrives here with its id.
+const CARD_SEND_WAIT: Duration = Duration::from_millis(800);
 
 /// What the handler and the adapter share.
 pub(crate) struct Hook {
@@ -65,6 +77,14 @@ pub(crate) struct Hook {
     /// Document chat → the comment its last turn came from, for the
     /// parts of an answer after the first.
     pub last_comment: Mutex<HashMap<String, String>>,
+    /// chat id → the kind of chat its messages said it is, for clicks on
+    /// cards sent there.
+    pub chat_types: Mutex<HashMap<String, ChatType>>,
+    /// The cards sent: previews being patched, buttons being clicked.
+    pub cards: Mutex<Cards>,
+    /// Held shared while a card is sent and until it is remembered; a
+    /// click on an unknown card takes it whole, so it waits those out.
+    pub card_sends: tokio::sync::RwLock<()>,
 }
 
 impl Hook {
@@ -75,12 +95,31 @@ impl Hook {
             .clone()
     }
 
-    fn remember(&self, chat_id: &str, message_id: &str) {
-        let mut map = self.last_inbound.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= MAX_REMEMBERED_CHATS && !map.contains_key(chat_id) {
-            map.clear();
+    fn remember(&self, chat_id: &str, message_id: &str, chat_type: ChatType) {
+        {
+            let mut map = self.last_inbound.lock().unwrap_or_else(|p| p.into_inner());
+            if map.len() >= MAX_REMEMBERED_CHATS && !map.contains_key(chat_id) {
+                map.clear();
+            }
+            map.insert(chat_id.to_owned(), (message_id.to_owned(), None));
         }
-        map.insert(chat_id.to_owned(), (message_id.to_owned(), None));
+        let mut types = self.chat_types.lock().unwrap_or_else(|p| p.into_inner());
+        if types.len() >= MAX_REMEMBERED_CHATS && !types.contains_key(chat_id) {
+            types.clear();
+        }
+        types.insert(chat_id.to_owned(), chat_type);
+    }
+
+    /// The kind of chat `chat_id` is, as its messages said; a chat known
+    /// only by a user's open id is that user's DM.
+    pub(crate) fn chat_type(&self, chat_id: &str) -> Option<ChatType> {
+        let known = self
+            .chat_types
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(chat_id)
+            .copied();
+        known.or_else(|| chat_id.starts_with("ou_").then_some(ChatType::Dm))
     }
 
     pub(crate) fn last_comment(&self, chat_id: &str) -> Option<String> {
@@ -212,6 +251,15 @@ async fn receive(State(hook): State<Arc<Hook>>, headers: HeaderMap, body: Body) 
             "the gateway is not taking deliveries right now; retry later",
         );
     };
+    if callback::is_card_action(&envelope) {
+        return match dispatch_click(&hook, &envelope, &inbox).await {
+            (Dispatched::Taken, answer) => (StatusCode::OK, axum::Json(answer)).into_response(),
+            (Dispatched::NotTaken, _) => json_refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the gateway is not taking deliveries right now; retry later",
+            ),
+        };
+    }
     match dispatch(&hook, &envelope, &inbox).await {
         Dispatched::Taken => ok(),
         Dispatched::NotTaken => json_refusal(
@@ -249,7 +297,7 @@ pub(crate) async fn dispatch(hook: &Arc<Hook>, envelope: &Value, inbox: &Inbox) 
         }
         Inbound::Message(event) => {
             if let Some(id) = event.message_id.as_deref() {
-                hook.remember(&event.source.chat_id, id);
+                hook.remember(&event.source.chat_id, id, event.source.chat_type);
             }
             let handed = matches!(
                 tokio::time::timeout(SUBMIT_TIMEOUT, inbox.submit(*event)).await,
@@ -281,6 +329,66 @@ pub(crate) async fn dispatch(hook: &Arc<Hook>, envelope: &Value, inbox: &Inbox) 
                 }
             });
             Dispatched::Taken
+        }
+    }
+}
+
+/// A card callback, shared by the webhook and the long connection: dedupe
+/// on its event id, turn the click into its command's message, hand it on;
+/// with the answer the clicker sees.
+pub(crate) async fn dispatch_click(
+    hook: &Arc<Hook>,
+    envelope: &Value,
+    inbox: &Inbox,
+) -> (Dispatched, Value) {
+    let click = match Click::parse(envelope) {
+        Ok(c) => c,
+        Err(why) => {
+            tracing::info!(reason = why, "a Feishu card callback ignored");
+            return (Dispatched::Taken, callback::silent());
+        }
+    };
+    if !hook.first_event(&click.key) {
+        tracing::debug!(key = %click.key, "a Feishu card click delivered again; ignored");
+        return (Dispatched::Taken, callback::silent());
+    }
+    let known = || {
+        hook.cards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&click.message_id)
+            .cloned()
+    };
+    let mut card = known();
+    if card.is_none()
+        && let Ok(_sent) = tokio::time::timeout(CARD_SEND_WAIT, hook.card_sends.write()).await
+    {
+        card = known();
+    }
+    let event = match click.to_event(card.as_ref(), hook.bot().as_deref()) {
+        Ok(event) => event,
+        Err(why) => {
+            tracing::info!(card = %click.message_id, reason = why, "a Feishu card click not taken");
+            return (Dispatched::Taken, callback::toast("info", why));
+        }
+    };
+    let command = event.text.clone();
+    match tokio::time::timeout(SUBMIT_TIMEOUT, inbox.admit(event)).await {
+        Ok(Ok(Admission::Accepted)) => (
+            Dispatched::Taken,
+            callback::toast("success", &format!("Sent: {command}")),
+        ),
+        Ok(Ok(Admission::Duplicate)) => (Dispatched::Taken, callback::silent()),
+        // Refused like the same words typed by the same person: the runner
+        // said why in its log; the clicker learns only that it went nowhere.
+        Ok(Ok(Admission::Refused)) => (Dispatched::Taken, callback::toast("warning", "Not taken.")),
+        Ok(Err(_)) | Err(_) => {
+            hook.seen_events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .forget(&click.key);
+            tracing::warn!(card = %click.message_id, "the gateway did not take a Feishu card click");
+            (Dispatched::NotTaken, callback::silent())
         }
     }
 }

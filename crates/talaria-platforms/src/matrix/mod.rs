@@ -814,6 +814,7 @@ impl Adapter for MatrixAdapter {
                 file.name,
                 file.caption.as_deref().unwrap_or("")
             ),
+            choices: Vec::new(),
         };
         let (txn, digest) = self.txn_for(&key);
         self.put_event(&key, &txn, &digest, &content).await

@@ -39,6 +39,7 @@ fn out(text: &str) -> OutboundMessage {
         thread_id: None,
         reply_to: Some("$e".into()),
         text: text.into(),
+        choices: Vec::new(),
     }
 }
 

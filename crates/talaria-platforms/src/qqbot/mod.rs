@@ -656,6 +656,7 @@ impl Adapter for QqbotAdapter {
                 thread_id: file.thread_id.clone(),
                 reply_to: file.reply_to.clone(),
                 text: file.fallback_text(PLATFORM),
+                choices: Vec::new(),
             };
             return self.send(&line).await;
         };
@@ -866,6 +867,7 @@ mod tests {
             thread_id: None,
             reply_to: None,
             text: "hi".into(),
+            choices: Vec::new(),
         };
         let err = a.send(&msg("U1")).await.unwrap_err();
         assert!(matches!(err, SendError::Unavailable(_)), "{err:?}");

@@ -615,6 +615,7 @@ impl Adapter for SignalAdapter {
                     thread_id: file.thread_id.clone(),
                     reply_to: file.reply_to.clone(),
                     text,
+                    choices: Vec::new(),
                 })
                 .await;
         }

@@ -398,6 +398,7 @@ impl TelegramAdapter {
             thread_id: file.thread_id.clone(),
             reply_to: file.reply_to.clone(),
             text: file.fallback_text(self.platform()),
+            choices: Vec::new(),
         })
         .await
     }
@@ -740,6 +741,7 @@ impl Adapter for TelegramAdapter {
                     thread_id: file.thread_id.clone(),
                     reply_to: reply_to.clone(),
                     text: part,
+                    choices: Vec::new(),
                 };
                 if let Err(e) = self.send(&message).await {
                     tracing::warn!("the caption after a file could not be sent: {e}");
@@ -846,6 +848,7 @@ mod tests {
                 thread_id: None,
                 reply_to: None,
                 text: "hi".into(),
+                choices: Vec::new(),
             })
             .await
             .unwrap_err();

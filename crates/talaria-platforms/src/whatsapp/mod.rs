@@ -503,6 +503,7 @@ impl Adapter for WhatsappAdapter {
                     thread_id: file.thread_id.clone(),
                     reply_to: file.reply_to.clone(),
                     text,
+                    choices: Vec::new(),
                 })
                 .await;
         };
@@ -545,6 +546,7 @@ impl Adapter for WhatsappAdapter {
                 thread_id: None,
                 reply_to: None,
                 text: caption.to_owned(),
+                choices: Vec::new(),
             };
             if let Err(e) = self.send(&text).await {
                 tracing::warn!(error = %e, "the caption after a WhatsApp audio was not sent");

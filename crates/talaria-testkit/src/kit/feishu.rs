@@ -7,6 +7,12 @@
 //! event the kit posts is encrypted, carries the token and is signed
 //! (`X-Lark-Signature`). Like Feishu, the kit posts events one at a time,
 //! in order, and posts one again until the listener takes it with a 200.
+//!
+//! A click on a card's button ([`FeishuKit::click`]) is a
+//! `card.action.trigger` callback, checked like an event: posted once to
+//! the webhook (encrypted, signed, with the token) or pushed over the long
+//! connection as a frame of type `card`; either way the kit hands back the
+//! answer the clicker would see.
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
@@ -22,7 +28,9 @@ use tokio::task::JoinHandle;
 use talaria_adapter::MediaKind;
 
 use super::{KitFile, Out, PlatformKit, Threaded, Uploaded, Who};
-use crate::feishu::{Failure, FakeFeishu, encrypt, event, sign, text_message, typed_message};
+use crate::feishu::{
+    Failure, FakeFeishu, card_action, encrypt, event, sign, text_message, typed_message,
+};
 use crate::lock;
 use crate::wait::{WAIT, wait_for};
 
@@ -269,6 +277,73 @@ impl FeishuKit {
                 bytes: u.bytes,
             })
             .collect()
+    }
+
+    /// The callback Feishu sends when `who` clicks the button labelled
+    /// `label` on card `message_id`: the button's own value, the card's
+    /// chat, a fresh event id.
+    ///
+    /// # Panics
+    /// When the bot sent no such card, or the card has no such button.
+    pub fn click_envelope(&self, message_id: &str, who: &str, label: &str) -> Value {
+        let card = self
+            .fake
+            .card(message_id)
+            .unwrap_or_else(|| panic!("the bot sent no card {message_id}"));
+        let button = card
+            .buttons
+            .iter()
+            .find(|b| b.label == label)
+            .unwrap_or_else(|| panic!("card {message_id} has no button {label:?}: {card:?}"));
+        let chat = self.fake.chat_of(message_id).unwrap_or_default();
+        event(
+            &self.next_id("ev"),
+            "card.action.trigger",
+            VERIFICATION_TOKEN,
+            card_action(who, message_id, &chat, &button.value),
+        )
+    }
+
+    /// `who` clicks the button labelled `label` on card `message_id`;
+    /// returns the answer Feishu would show them.
+    pub async fn click(&self, message_id: &str, who: &str, label: &str) -> Value {
+        let envelope = self.click_envelope(message_id, who, label);
+        self.deliver_click(&envelope).await
+    }
+
+    /// Feishu delivers a card callback (once: a click is not posted again)
+    /// and returns the answer's JSON.
+    ///
+    /// # Panics
+    /// When the webhook does not answer 200 with JSON, or the long
+    /// connection does not answer the frame with code 200.
+    pub async fn deliver_click(&self, envelope: &Value) -> Value {
+        if self.socket {
+            let frame = self.fake.push_card_action(envelope);
+            return self.fake.wait_for_card_answer(&frame, WAIT).await;
+        }
+        let (headers, body) = signed_delivery(envelope);
+        let mut request = self
+            .http
+            .post(format!("{}/feishu/webhook", self.base))
+            .header("content-type", "application/json; charset=utf-8")
+            .body(body)
+            .timeout(WAIT);
+        for (k, v) in &headers {
+            request = request.header(k, v);
+        }
+        let answer = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("the card callback was not answered: {e}"));
+        let status = answer.status().as_u16();
+        let text = answer.text().await.unwrap_or_default();
+        assert_eq!(
+            status, 200,
+            "the card callback was answered {status}: {text}"
+        );
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("the card callback's answer is not JSON ({e}): {text}"))
     }
 
     /// A comment notice from `from` on a document, addressed to `to`.
