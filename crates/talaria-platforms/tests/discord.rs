@@ -255,7 +255,14 @@ async fn an_event_not_handed_over_is_replayed_on_resume() {
     fake.wait_for_sessions(1, WAIT).await;
     fake.push_dm("1", "one");
     fake.push_dm("1", "two");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // "one" fills the inbox; "two" comes after it on the socket.
+    talaria_testkit::wait::wait_for("\"one\" handed over", || async {
+        match run.events.len() {
+            1 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
     run.shutdown.cancel();
     let (result, mut events) = run.ended().await;
     result.unwrap();

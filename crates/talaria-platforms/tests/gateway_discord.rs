@@ -37,13 +37,21 @@ async fn unmentioned_chatter_is_ignored_and_the_parent_channel_is_a_conversation
     // Guild channels need a mention by default.
     dc.push_thread_message("7", "70", "7001", "42", "no mention here");
     dc.push_guild_message("7", "70", "42", "nor here");
-    rig.settle().await;
-    assert!(rig.llm.requests().is_empty());
 
+    // The mention comes after them on the same connection: by its answer
+    // both were decided on.
     rig.llm.push(Reply::text("thread answer"));
     let at = dc.mention();
     let id = dc.push_thread_message("7", "70", "7001", "42", &format!("{at} in the thread"));
     let sent = rig.wait_for_text("thread answer").await;
+    rig.assert_nothing_owed().await;
+    assert_eq!(
+        rig.llm.requests().len(),
+        1,
+        "the unmentioned started a turn"
+    );
+    let asked = rig.user_messages(0);
+    assert_eq!(asked.len(), 1, "{asked:?}");
     let reply = sent.iter().find(|s| s.text == "thread answer").unwrap();
     assert_eq!(reply.chat, "7001");
     assert_eq!(reply.reply_to.as_deref(), Some(id.as_str()));

@@ -167,15 +167,36 @@ async fn a_mail_seen_again_starts_one_turn() {
         sent_mail[1].in_reply_to.as_deref(),
         Some("twice@example.org")
     );
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 2, "the old mail started no turn");
-    assert_eq!(rig.kit.mail.sent().len(), 2);
+    rig.barrier().await;
+    assert_eq!(
+        rig.llm.requests().len(),
+        3,
+        "the old mail started a turn besides the new one and the marker"
+    );
+    assert_eq!(rig.kit.mail.sent().len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_fatal_and_nothing_runs() {
     let mut rig = EmailRig::new(&[("EMAIL_PASSWORD", "not-the-password")], |_| {}).await;
+    // A mail waits after the saved position the whole time: one the
+    // adapter would answer, had it got in.
+    let store = SqliteStore::open(&rig.home.state_db()).unwrap();
+    store
+        .set_cursor(
+            "email",
+            &format!("uid:{ADDRESS}:INBOX"),
+            &format!("{}:0", rig.kit.uid_validity()),
+        )
+        .await
+        .unwrap();
+    drop(store);
+    rig.kit
+        .deliver_text(ALICE, "Hello?", "h@example.org", "anyone there?");
     rig.start();
+    // The board shows an error only once the adapter's run has returned,
+    // and the next run is a fatal error's long backoff away: what this
+    // run did is all done.
     let error = wait_for("the adapter to give up on the login", || async {
         match rig.status() {
             Some((Liveness::Backoff, Some(e))) => Ok(e),
@@ -186,9 +207,7 @@ async fn a_wrong_password_is_fatal_and_nothing_runs() {
     assert!(error.contains("refused the login"), "{error}");
     assert!(error.contains("EMAIL_PASSWORD"), "{error}");
     assert!(!error.contains("not-the-password"), "{error}");
-    rig.kit
-        .deliver_text(ALICE, "Hello?", "h@example.org", "anyone there?");
-    rig.settle().await;
+    rig.assert_nothing_owed().await;
     assert!(rig.llm.requests().is_empty());
     assert!(rig.kit.mail.sent().is_empty());
 }
@@ -233,19 +252,22 @@ async fn machines_never_reach_the_model_and_the_allowlist_ignores_case() {
     rig.kit.deliver(&format!(
         "From: {ADDRESS}\nTo: {ADDRESS}\nSubject: Me\nMessage-ID: <me@example.test>\n\nmyself"
     ));
-    rig.settle().await;
-    assert!(rig.llm.requests().is_empty());
-    assert!(rig.kit.mail.sent().is_empty());
 
-    // The allowlist compares whole addresses, case-insensitively.
+    // The allowlist compares whole addresses, case-insensitively. Fetched
+    // after the machines' mails, this one's answer is the barrier.
     rig.llm.push(Reply::text("Hi Alice."));
     rig.kit
         .deliver_text("Alice <ALICE@Example.ORG>", "Hi", "a1@example.org", "hello");
     let sent_mail = sent(&rig, 1).await;
     assert_eq!(sent_mail[0].text.trim_end(), "Hi Alice.");
     assert_eq!(sent_mail[0].rcpt_to, vec![ALICE]);
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 1);
+    rig.barrier().await;
+    assert_eq!(
+        rig.llm.requests().len(),
+        2,
+        "a machine's mail reached the model"
+    );
+    assert_eq!(rig.kit.mail.sent().len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,8 +312,8 @@ async fn a_restart_resumes_after_the_cursor_and_mail_from_before_the_first_start
     assert_eq!(sent_mail[1].text.trim_end(), "I am back.");
     assert_eq!(sent_mail[1].subject, "Re: Later");
     rig.wait_for_delivered(2).await;
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 2, "nothing was answered twice");
+    rig.barrier().await;
+    assert_eq!(rig.llm.requests().len(), 3, "something was answered twice");
     assert_eq!(
         rig.user_messages(1).last().unwrap(),
         "Subject: Later\n\nare you back?"

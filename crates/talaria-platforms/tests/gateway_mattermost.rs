@@ -57,8 +57,8 @@ async fn unmentioned_posts_are_ignored_and_a_thread_goes_on_without_a_mention() 
     let history = rig.user_messages(1);
     assert_eq!(history.len(), 2, "{history:?}");
     assert!(history[0].ends_with("my name is Ada") && history[1].ends_with("who am I?"));
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 2);
+    rig.barrier().await;
+    assert_eq!(rig.llm.requests().len(), 3, "two turns and the marker's");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

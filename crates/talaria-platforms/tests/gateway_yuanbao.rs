@@ -122,9 +122,9 @@ async fn a_push_replayed_after_a_restart_starts_no_second_turn() {
     rig.kit.fake.push_dm(FRIEND, "only once");
     let sent = rig.sent(2).await;
     assert_eq!(sent[1].text, "Second answer.");
-    rig.settle().await;
-    assert_eq!(rig.llm.requests().len(), 2);
-    assert_eq!(rig.kit.sent().len(), 2);
+    rig.barrier().await;
+    assert_eq!(rig.llm.requests().len(), 3, "the replay started a turn");
+    assert_eq!(rig.kit.sent().len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,8 +155,15 @@ async fn the_owner_resets_a_group_session_without_mentioning_the_bot() {
         &rig.kit.fake.next_msg_id(),
         vec![wire::text("/new")],
     ));
-    rig.settle().await;
-    assert_eq!(rig.kit.sent().len(), 2, "{:?}", rig.kit.sent());
+    // Had it been taken as a command, its confirmation would have gone
+    // out before the marker was taken.
+    rig.barrier().await;
+    assert_eq!(rig.kit.sent().len(), 3, "{:?}", rig.kit.sent());
+    assert_eq!(
+        rig.llm.requests().len(),
+        2,
+        "the group's turn and the marker's"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,7 +176,9 @@ async fn groups_stay_closed_under_the_default_policy() {
     rig.kit.fake.push_dm(FRIEND, "hello");
     let sent = rig.sent(1).await;
     assert_eq!(sent[0].text, "dm answer");
-    rig.settle().await;
+    // The DM came after the group's message: its answer is the barrier.
+    rig.kit.wait_acknowledged().await;
+    rig.assert_nothing_owed().await;
     assert_eq!(rig.llm.requests().len(), 1);
     assert_eq!(rig.kit.sent().len(), 1);
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use talaria_gateway::{
-    Adapter, AdapterContext, AdapterError, ChatType, Inbox, Liveness, LivenessReporter,
-    MessageEvent, OutboundMessage, SendError,
+    Adapter, AdapterContext, AdapterError, Admission, Admit, ChatType, Inbox, Liveness,
+    LivenessReporter, MessageEvent, OutboundMessage, SendError,
 };
 use talaria_platforms::slack::{SlackAdapter, SlackSettings};
 use talaria_testkit::FakeSlack;
@@ -124,6 +124,13 @@ async fn next(events: &mut mpsc::Receiver<MessageEvent>) -> MessageEvent {
     tokio::time::timeout(WAIT, events.recv())
         .await
         .expect("no event in time")
+        .expect("inbox closed")
+}
+
+async fn next_admit(admits: &mut mpsc::Receiver<Admit>) -> Admit {
+    tokio::time::timeout(WAIT, admits.recv())
+        .await
+        .expect("nothing handed over in time")
         .expect("inbox closed")
 }
 
@@ -267,23 +274,50 @@ async fn channel_messages_need_a_mention_and_the_app_mention_twin_is_dropped() {
 async fn an_envelope_is_acknowledged_only_after_the_inbox_took_it() {
     let fake = FakeSlack::start(BOT, APP).await;
     let a = adapter(&fake);
-    // Capacity 1 and nobody reading: "one" fills the inbox, "two" waits.
-    let mut run = spawn(&a, 1);
-    wait_live(&mut run.liveness).await;
+    // The test is the runner: it admits "one" and holds "two" unanswered,
+    // so the adapter waits in `admit` with "two" read off the socket.
+    let (inbox, mut admits) = Inbox::admitting(1);
+    let (reporter, mut liveness) = LivenessReporter::new();
+    let shutdown = CancellationToken::new();
+    let ctx = AdapterContext {
+        inbox,
+        liveness: reporter,
+        shutdown: shutdown.clone(),
+    };
+    let runner = a.clone();
+    let task = tokio::spawn(async move { runner.run(ctx).await });
+    wait_live(&mut liveness).await;
     let (e1, _) = fake.push_dm("D1", "U1", "one");
     let (e2, _) = fake.push_dm("D1", "U1", "two");
-    let deadline = Instant::now() + WAIT;
-    while fake.acks().is_empty() {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let one = next_admit(&mut admits).await;
+    assert_eq!(one.answer(Admission::Accepted).text, "one");
+    let held = next_admit(&mut admits).await;
+    assert_eq!(held.event.text, "two");
+    // Stopped while "two" waits: the fake reads the connection in order,
+    // so once it sees it closed it has read every ack sent before.
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("run did not return")
+        .expect("run panicked")
+        .unwrap();
+    talaria_testkit::wait::wait_for("the connection closed", || async {
+        if fake.connected() {
+            Err(fake.acks())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     assert_eq!(
         fake.acks(),
         std::slice::from_ref(&e1),
         "two was acknowledged before hand-over"
     );
-    assert_eq!(next(&mut run.events).await.text, "one");
+    drop(held);
+
+    // Unacknowledged, "two" comes again on the next connection.
+    let mut run = spawn(&a, 8);
     assert_eq!(next(&mut run.events).await.text, "two");
     fake.wait_for_all_acked(WAIT).await;
     assert_eq!(fake.acks(), [e1, e2]);
@@ -363,7 +397,8 @@ async fn re_sent_envelopes_are_acknowledged_but_not_handed_over_again() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(fake.acks(), [e1.clone(), e1]);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // An envelope is acknowledged only after its event was handed over
+    // or dropped, so the repeat would be queued by now.
     assert!(run.events.try_recv().is_err());
     run.stop().await.unwrap();
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use talaria_gateway::{
-    Adapter, AdapterContext, AdapterError, ChatType, Inbox, Liveness, LivenessReporter,
+    Adapter, AdapterContext, AdapterError, Admission, ChatType, Inbox, Liveness, LivenessReporter,
     MessageEvent, OutboundMessage, SendError,
 };
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
@@ -186,27 +186,48 @@ async fn groups_with_require_mention_only_pass_messages_for_the_bot() {
 async fn the_offset_advances_only_after_hand_over() {
     let fake = FakeTelegram::start(TOKEN).await;
     let a = adapter(&fake, false);
-    let u1 = fake.push_private_text(1, "one");
+    fake.push_private_text(1, "one");
     let u2 = fake.push_private_text(1, "two");
     let u3 = fake.push_private_text(1, "three");
-    // Capacity 1 and nobody reading: "one" fills the inbox, "two" waits.
-    let mut run = spawn(&a, 1);
-    fake.wait_for_get_updates_calls(1, WAIT).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let calls = fake.get_updates_calls();
-    assert_eq!(calls.len(), 1, "polled again before hand-over: {calls:?}");
-    assert_eq!(calls[0].offset, None);
-
-    assert_eq!(run.next().await.text, "one");
-    assert_eq!(run.next().await.text, "two");
-    // "three" sits in the inbox now, so the batch is done and the next poll
-    // confirms all three.
+    // The test is the runner, and admits each update only once it has
+    // looked: the adapter waits in `admit` meanwhile, as behind a busy
+    // runner.
+    let (inbox, mut admits) = Inbox::admitting(1);
+    let (reporter, _liveness) = LivenessReporter::new();
+    let shutdown = CancellationToken::new();
+    let ctx = AdapterContext {
+        inbox,
+        liveness: reporter,
+        shutdown: shutdown.clone(),
+    };
+    let runner = a.clone();
+    let task = tokio::spawn(async move { runner.run(ctx).await });
+    for text in ["one", "two", "three"] {
+        let admit = tokio::time::timeout(WAIT, admits.recv())
+            .await
+            .expect("no update handed over in time")
+            .expect("inbox closed");
+        // The adapter is waiting for this admission, so a poll it made
+        // before asking (and waited for, as every poll is) is on record.
+        let calls = fake.get_updates_calls();
+        assert_eq!(
+            calls.len(),
+            1,
+            "polled again before {text:?} was handed over: {calls:?}"
+        );
+        assert_eq!(calls[0].offset, None);
+        assert_eq!(admit.answer(Admission::Accepted).text, text);
+    }
+    // The batch is handed over, so the next poll confirms all three.
     let calls = fake.wait_for_get_updates_calls(2, WAIT).await;
     assert_eq!(calls[1].offset, Some(u3 + 1), "{calls:?}");
     assert!(calls.iter().all(|c| c.offset != Some(u2 + 1)));
-    assert_eq!(run.next().await.text, "three");
-    run.stop().await.unwrap();
-    let _ = u1;
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("run did not return")
+        .expect("run panicked")
+        .unwrap();
 }
 
 #[tokio::test]
@@ -217,7 +238,14 @@ async fn an_update_not_handed_over_is_delivered_again() {
     fake.push_private_text(1, "two");
     let run = spawn(&a, 1);
     fake.wait_for_get_updates_calls(1, WAIT).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // "one" fills the inbox; "two", of the same batch, waits for room.
+    talaria_testkit::wait::wait_for("\"one\" handed over", || async {
+        match run.events.len() {
+            1 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
     // Stop while "two" waits for the inbox: it must not be confirmed.
     let mut events = {
         let Running {

@@ -14,7 +14,7 @@ use talaria_gateway::{
 };
 use talaria_platforms::yuanbao::{Access, Policy, YuanbaoAdapter, YuanbaoSettings};
 use talaria_testkit::FakeYuanbao;
-use talaria_testkit::wait::{WAIT, settle};
+use talaria_testkit::wait::WAIT;
 use talaria_testkit::yuanbao::{BOT_ID, OWNER_ID, wire};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -258,7 +258,8 @@ async fn pushes_are_acknowledged_after_hand_over_and_a_replay_is_ignored() {
     assert_eq!(event.message_id.as_deref(), Some(id2.as_str()));
     fake.wait_for_all_acked(WAIT).await;
     assert_eq!(fake.acks().len(), 4, "replays are acknowledged too");
-    settle().await;
+    // A push is acknowledged only once it was handed over or dropped, so
+    // a replay handed over would be queued by now.
     assert!(r.events.try_recv().is_err());
     r.shutdown.cancel();
     ended(r).await.unwrap();
@@ -297,8 +298,9 @@ async fn groups_need_a_mention_the_owner_excepted_and_a_recall_drops_the_message
     assert_eq!(event.text, "what time is it");
     assert_eq!(event.source.chat_type, ChatType::Group);
     assert_eq!(event.source.chat_name.as_deref(), Some("Pai g1"));
+    // A push is acknowledged only once it was handed over or dropped, so
+    // the chatter and the recalled message would be queued by now.
     fake.wait_for_all_acked(WAIT).await;
-    settle().await;
     assert!(r.events.try_recv().is_err());
     r.shutdown.cancel();
     ended(r).await.unwrap();

@@ -14,6 +14,7 @@ pub mod scenarios;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use talaria_agent::interaction::NoHuman;
 use talaria_agent::tools::{Registry, Tool};
@@ -26,11 +27,11 @@ use talaria_gateway::supervisor::StatusBoard;
 #[cfg(feature = "ingress")]
 use talaria_platforms::ingress::Ingress;
 use talaria_platforms::registry::{Built, Setup};
-use talaria_store::{LedgerStore, ObligationState, SqliteStore};
-use talaria_testkit::MockOpenAi;
-use talaria_testkit::kit::{Out, PlatformKit};
+use talaria_store::{LedgerStore, ObligationState, OwedTurnStore, SqliteStore};
+use talaria_testkit::kit::{Out, PlatformKit, Who};
 pub use talaria_testkit::wait::WAIT;
 use talaria_testkit::wait::wait_for;
+use talaria_testkit::{MockOpenAi, Reply};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -80,6 +81,7 @@ pub struct Rig<K> {
     pub config: Config,
     board: Option<Arc<StatusBoard>>,
     running: Option<(CancellationToken, JoinHandle<()>)>,
+    markers: Markers,
 }
 
 impl<K: AdapterKit> Rig<K> {
@@ -115,6 +117,7 @@ impl<K: AdapterKit> Rig<K> {
             config,
             board: None,
             running: None,
+            markers: Markers::default(),
         }
     }
 
@@ -273,9 +276,40 @@ impl<K: AdapterKit> Rig<K> {
         .await;
     }
 
-    /// Gives the gateway a moment to do something it should not do.
-    pub async fn settle(&self) {
-        talaria_testkit::wait::settle().await;
+    /// The observed point after which a test may assert that something
+    /// did *not* happen (a second turn, an answer to a stranger, a
+    /// duplicate send): everything pushed before it has been decided on
+    /// and every turn it started has made its model call.
+    ///
+    /// Waits until the adapter handed over all it was given (where the
+    /// platform shows that), then sends a marker, a DM from the friend
+    /// with a reply reserved for its text, and waits for its answer. The
+    /// runner's intake takes one event at a time, in the order the adapter
+    /// hands them over, and decides each before the next: a command is
+    /// answered, a pairing offer sent, a repeat or a stranger dropped, and
+    /// a message that starts a turn recorded as owed. So by the marker's
+    /// answer every earlier event was decided, and a turn taken for one is
+    /// either still owed (the check here fails) or was answered, which it
+    /// is only after its model call. The counts a test asserts next are
+    /// final and include the marker: one more model call, one more sent
+    /// message, one more delivered ledger row.
+    pub async fn barrier(&self) {
+        self.kit.wait_handed_over().await;
+        // A marker that met a turn still finishing in its chat would be
+        // told the chat is busy: the answers on their way go out first.
+        wait_for_answers_out(&self.home).await;
+        let marker = self.markers.next(&self.llm);
+        self.kit.push_dm(Who::Friend, &marker.text);
+        self.wait_for_text(&marker.answer).await;
+        assert_nothing_owed(&self.home).await;
+        // Its turn is over once the answer is delivered: a message the test
+        // sends next in the friend's chat is not met as a busy notice.
+        wait_for_answers_out(&self.home).await;
+    }
+
+    /// See [`assert_nothing_owed`].
+    pub async fn assert_nothing_owed(&self) {
+        assert_nothing_owed(&self.home).await;
     }
 
     /// The adapter's liveness and last error on the running gateway's
@@ -293,6 +327,60 @@ impl<K: AdapterKit> Rig<K> {
         let env = Env::from_pairs(self.env.clone());
         self.kit.adapter(&self.config, &env).capabilities()
     }
+}
+
+/// The markers a rig sends (see [`Rig::barrier`]), each with a text and an
+/// answer of its own.
+#[derive(Default)]
+pub struct Markers(AtomicUsize);
+
+/// One marker: what the friend writes and what the model answers.
+pub struct Marker {
+    pub text: String,
+    pub answer: String,
+}
+
+impl Markers {
+    /// The next marker, its answer reserved on `llm` for the request
+    /// that carries its text (so no other turn can take it).
+    pub fn next(&self, llm: &MockOpenAi) -> Marker {
+        let n = self.0.fetch_add(1, Ordering::Relaxed) + 1;
+        let marker = Marker {
+            text: format!("marker {n} please"),
+            answer: format!("marker {n} answered"),
+        };
+        llm.push_when(&marker.text, Reply::text(marker.answer.clone()));
+        marker
+    }
+}
+
+/// Waits until the ledger of the gateway at `home` holds no answer still
+/// on its way (pending, or a send in progress).
+pub async fn wait_for_answers_out(home: &Home) {
+    let store = SqliteStore::open(&home.state_db()).unwrap();
+    wait_for("no answer on its way in the ledger", || async {
+        let counts = store.obligation_counts().await.unwrap();
+        let moving = [ObligationState::Pending, ObligationState::Attempting]
+            .iter()
+            .any(|s| counts.get(s).is_some_and(|n| *n > 0));
+        if moving { Err(counts) } else { Ok(()) }
+    })
+    .await;
+}
+
+/// No message the gateway at `home` took is still owed an answer. Called
+/// once an answer to a later message is out (see [`Rig::barrier`]), it
+/// shows that no earlier message started a turn that has not made its
+/// model call (or said it failed) yet. An answer is stored, settling its
+/// own owed turn, before it is sent, so the later message's turn is no
+/// exception.
+pub async fn assert_nothing_owed(home: &Home) {
+    let store = SqliteStore::open(&home.state_db()).unwrap();
+    let owed = store.owed_turn_count().await.unwrap();
+    assert_eq!(
+        owed, 0,
+        "a message the gateway took still waits for its turn"
+    );
 }
 
 impl<K> Drop for Rig<K> {

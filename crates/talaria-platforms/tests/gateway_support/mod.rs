@@ -15,11 +15,18 @@ use talaria_gateway::gateway::{Gateway, GatewayParts};
 use talaria_gateway::hooks::Hooks;
 use talaria_platforms::telegram::{TelegramAdapter, TelegramSettings};
 use talaria_store::SqliteStore;
+use talaria_testkit::wait::wait_for;
 use talaria_testkit::{FakeTelegram, MockOpenAi};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::contract::{self, Markers};
+
 pub const TOKEN: &str = "123456:test-token-abcdefghijklmnop";
+
+/// The user whose DM carries [`Rig::barrier`]'s marker: a test that uses
+/// it puts them on the allowlist.
+pub const FRIEND: i64 = 42;
 
 /// How long a test waits for something that should happen.
 pub const WAIT: Duration = Duration::from_secs(15);
@@ -32,6 +39,7 @@ pub struct Rig {
     pub env: Vec<(String, String)>,
     pub config: Config,
     running: Option<(CancellationToken, JoinHandle<()>)>,
+    markers: Markers,
 }
 
 impl Rig {
@@ -60,6 +68,7 @@ impl Rig {
                 .collect(),
             config,
             running: None,
+            markers: Markers::default(),
         }
     }
 
@@ -156,9 +165,28 @@ impl Rig {
         }
     }
 
-    /// Gives the gateway a moment to do something it should not do.
-    pub async fn settle(&self) {
-        tokio::time::sleep(Duration::from_millis(700)).await;
+    /// [`contract::Rig::barrier`] on Telegram: once every update is
+    /// confirmed (so handed over) and the answers on their way are out,
+    /// a DM from [`FRIEND`] whose answer is reserved for it; then no turn
+    /// may be owed. The counts a test asserts next include the marker.
+    pub async fn barrier(&self) {
+        self.tg.wait_for_confirmed_updates(WAIT).await;
+        contract::wait_for_answers_out(&self.home).await;
+        let marker = self.markers.next(&self.llm);
+        self.tg.push_private_text(FRIEND, &marker.text);
+        wait_for(&format!("the answer {:?}", marker.answer), || async {
+            let sent: Vec<String> = self.tg.sent().iter().map(|s| s.rendered()).collect();
+            if sent.iter().any(|s| s.contains(&marker.answer)) {
+                Ok(())
+            } else {
+                Err(sent)
+            }
+        })
+        .await;
+        contract::assert_nothing_owed(&self.home).await;
+        // Its turn is over once the answer is delivered: a message the test
+        // sends next in the friend's chat is not met as a busy notice.
+        contract::wait_for_answers_out(&self.home).await;
     }
 }
 

@@ -251,6 +251,14 @@ impl PlatformKit for MatrixKit {
         }
     }
 
+    /// Rooms in one sync batch are handed over in no set order, so a
+    /// later message in another room is no proof: the sync after the
+    /// batch is (the adapter saves its token only once the batch is
+    /// handed over).
+    async fn wait_handed_over(&self) {
+        self.fake.wait_until_caught_up(WAIT).await;
+    }
+
     fn push_stranger_in_group(&self, text: &str) {
         self.fake.push_text(TEAM, MALLORY, &mentioning(text));
     }

@@ -239,6 +239,19 @@ pub trait PlatformKit: Sized {
     /// does not acknowledge.
     async fn wait_acknowledged(&self) {}
 
+    /// Waits until the adapter has taken everything pushed so far off the
+    /// platform: acknowledged it, confirmed it with a later offset,
+    /// synced past it. An adapter does that only once the runner has
+    /// decided on each event (taken, a repeat, refused), so what follows
+    /// is causally after every decision. The default is
+    /// [`PlatformKit::wait_acknowledged`]; where the platform shows no
+    /// such thing, the adapter hands events over one at a time in the
+    /// order they were pushed, and the answer to a later message is the
+    /// proof instead.
+    async fn wait_handed_over(&self) {
+        self.wait_acknowledged().await;
+    }
+
     /// Reactions the bot put on messages (Slack's working indicator);
     /// `None` where the platform shows none.
     fn reactions(&self) -> Option<usize> {

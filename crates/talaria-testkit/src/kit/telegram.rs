@@ -183,6 +183,12 @@ impl PlatformKit for TelegramKit {
             .push_group_text(-100500, user(Who::Stranger), text, None, false);
     }
 
+    /// The offset moves past an update only after the adapter handed
+    /// over its whole batch.
+    async fn wait_handed_over(&self) {
+        self.fake.wait_for_confirmed_updates(WAIT).await;
+    }
+
     fn typed_in(&self, chat: &str) -> Option<bool> {
         Some(
             self.fake
