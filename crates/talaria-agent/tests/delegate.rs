@@ -17,7 +17,7 @@ use talaria_agent::tools::{Registry, Tool, ToolContext, ToolResult};
 use talaria_agent::{Agent, AgentParts, TurnExit, TurnObserver};
 use talaria_core::{Config, Endpoint, Home, Message, ProviderKind, Redactor, Role};
 use talaria_store::{SessionStore, SqliteStore};
-use talaria_testkit::wait::{settle, wait_for};
+use talaria_testkit::wait::wait_for;
 use talaria_testkit::{MockOpenAi, Recorded, Reply, ToolCallReply};
 use tokio_util::sync::CancellationToken;
 
@@ -390,12 +390,23 @@ async fn an_interrupt_during_the_batch_stops_every_child() {
         assert!(child.ended_at.is_some(), "child {id} was left open");
         assert_eq!(child.end_reason.as_deref(), Some("subagent_interrupted"));
     }
-    // Nothing keeps running: no child asks the model again.
-    let seen = r.mock.requests().len();
-    settle().await;
-    assert_eq!(r.mock.requests().len(), seen);
-    assert_eq!(seen, 4, "the parent's next request was never made");
-    assert_eq!(r.mock.pending(), 1);
+    // Nothing keeps running: every child hung up on its model call (one
+    // left running would still be waiting for its two-minute reply), and
+    // neither a child nor the parent asked the model again.
+    let hung_up = {
+        let r = &r;
+        move || async move {
+            let n = r.mock.hung_up();
+            if n == 3 { Ok(()) } else { Err(n) }
+        }
+    };
+    wait_for("the three children to hang up on the model", hung_up).await;
+    assert_eq!(
+        r.mock.requests().len(),
+        4,
+        "a model call after the interrupt"
+    );
+    assert_eq!(r.mock.pending(), 1, "the parent's next request was made");
 }
 
 #[tokio::test]

@@ -192,7 +192,7 @@ fn pid_alive(pid: &str) -> bool {
 }
 
 async fn gone(pid: &str) -> bool {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + WAIT;
     while pid_alive(pid) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

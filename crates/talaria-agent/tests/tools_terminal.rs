@@ -104,7 +104,7 @@ async fn timeout_kills_the_whole_process_group() {
     );
     assert!(out["output"].as_str().unwrap().contains("started"), "{out}");
     let pid = std::fs::read_to_string(&pidfile).unwrap().trim().to_owned();
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + talaria_testkit::wait::WAIT;
     while pid_alive(&pid) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -12,10 +12,25 @@ use serde_json::{Value, json};
 use talaria_api::ApiServerConfig;
 use talaria_api::{ApiServerError, ApiServerSettings};
 use talaria_core::{Env, Role, Secret};
+use talaria_testkit::wait::wait_for;
 use talaria_testkit::{Reply, ToolCallReply};
 
 fn user(text: &str) -> Value {
     json!({"model": "test-model", "messages": [{"role": "user", "content": text}]})
+}
+
+/// Asks until the one run slot admits a request (429 while the previous
+/// run holds it); the answer's JSON.
+async fn admitted(rig: &api_support::Rig) -> Value {
+    wait_for("a request admitted once the slot is free", || async {
+        let resp = rig.chat(&user("are you there?"), &[]).await;
+        match resp.status().as_u16() {
+            200 => Ok(resp.json::<Value>().await.unwrap()),
+            429 => Err(429),
+            other => panic!("neither admitted nor refused as busy: {other}"),
+        }
+    })
+    .await
 }
 
 fn session_header(resp: &reqwest::Response) -> Option<String> {
@@ -807,15 +822,11 @@ async fn identical_openings_run_in_parallel() {
             })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while rig.mock.requests().len() < CLIENTS {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {CLIENTS} model requests arrived",
-            rig.mock.requests().len()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for("every client's model request", || async {
+        let n = rig.mock.requests().len();
+        if n >= CLIENTS { Ok(()) } else { Err(n) }
+    })
+    .await;
     let answered = tasks.iter().filter(|t| t.is_finished()).count();
     assert_eq!(
         answered, 0,
@@ -925,11 +936,14 @@ async fn concurrency_cap_refuses_with_429() {
                 .unwrap()
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rig.mock.requests().is_empty() {
-        assert!(Instant::now() < deadline, "the first run never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for("the first run at the model", || async {
+        if rig.mock.requests().is_empty() {
+            Err("no request yet")
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let resp = rig.chat(&user("me too"), &[]).await;
     assert_eq!(resp.status(), 429);
     let body: Value = resp.json().await.unwrap();
@@ -967,24 +981,16 @@ async fn client_disconnect_interrupts_a_stalled_stream() {
     }
     drop(stream);
 
-    // The run slot is freed only when the turn task ends, so a second
-    // request being admitted shows the turn was interrupted.
+    // The turn hung up on its stalled model stream, and the run slot,
+    // freed only when the turn task ends, admits a second request.
+    wait_for("the stalled turn to hang up on the model", || async {
+        let n = rig.mock.hung_up();
+        if n == 1 { Ok(()) } else { Err(n) }
+    })
+    .await;
     rig.mock.push(Reply::text("still healthy"));
-    let started = Instant::now();
-    loop {
-        let resp = rig.chat(&user("are you there?"), &[]).await;
-        if resp.status() == 200 {
-            let v: Value = resp.json().await.unwrap();
-            assert_eq!(v["choices"][0]["message"]["content"], "still healthy");
-            break;
-        }
-        assert_eq!(resp.status(), 429);
-        assert!(
-            started.elapsed() < Duration::from_secs(8),
-            "the stalled turn was not interrupted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let v = admitted(&rig).await;
+    assert_eq!(v["choices"][0]["message"]["content"], "still healthy");
 
     let stored = rig.stored("stalled").await;
     assert_eq!(stored[0].content, "tell me something long");
@@ -1020,20 +1026,14 @@ async fn client_disconnect_interrupts_a_non_streamed_turn() {
     assert!(gave_up.is_err(), "the stalled turn answered: {gave_up:?}");
     assert_eq!(rig.mock.requests().len(), 1);
 
+    wait_for("the abandoned turn to hang up on the model", || async {
+        let n = rig.mock.hung_up();
+        if n == 1 { Ok(()) } else { Err(n) }
+    })
+    .await;
     rig.mock.push(Reply::text("still healthy"));
-    let started = Instant::now();
-    loop {
-        let resp = rig.chat(&user("are you there?"), &[]).await;
-        if resp.status() == 200 {
-            break;
-        }
-        assert_eq!(resp.status(), 429);
-        assert!(
-            started.elapsed() < Duration::from_secs(8),
-            "the abandoned turn was not interrupted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let v = admitted(&rig).await;
+    assert_eq!(v["choices"][0]["message"]["content"], "still healthy");
     let stored = rig.stored("impatient").await;
     assert!(
         stored
@@ -1054,9 +1054,14 @@ async fn shutdown_interrupts_open_streams() {
     let resp = rig.chat(&body, &[]).await;
     assert_eq!(resp.status(), 200);
     let reader = tokio::spawn(async move { resp.text().await });
-    while rig.mock.requests().is_empty() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for("the turn at the model", || async {
+        if rig.mock.requests().is_empty() {
+            Err("no request yet")
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     // `stop` fails the test if graceful shutdown waits on the stalled turn.
     rig.stop().await;
     let text = reader.await.unwrap().unwrap_or_default();

@@ -333,10 +333,15 @@ async fn a_slow_non_streaming_request_times_out() {
 
 #[tokio::test]
 async fn a_refused_connection_is_a_network_error() {
-    let mock = MockOpenAi::start().await;
-    let url = mock.base_url();
-    drop(mock);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A port bound and closed again here: nothing listens on it once the
+    // listener is dropped (a stopped server's socket closes only when its
+    // task notices).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/v1");
     let p = OpenAiProvider::new(&endpoint(ProviderKind::Custom, "m", url, None), opts(true));
     let e = p
         .chat(&request(), &|_| {}, &CancellationToken::new())

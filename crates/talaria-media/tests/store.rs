@@ -91,7 +91,8 @@ async fn a_store_dropped_part_way_leaves_nothing() {
     // Run the store until its partial file is there, as it is when a
     // shutdown or a cancelled turn drops a download.
     let mut partial = Vec::new();
-    for _ in 0..200 {
+    let deadline = tokio::time::Instant::now() + talaria_testkit::wait::WAIT;
+    while tokio::time::Instant::now() < deadline {
         tokio::select! {
             outcome = &mut store => panic!("the stream never ends, yet: {outcome:?}"),
             () = tokio::time::sleep(Duration::from_millis(5)) => {}

@@ -373,12 +373,14 @@ mod tests {
         let core = std::sync::Arc::new(Core::<Book>::new(Book::default()));
         core.set_hang(true);
         assert!(core.hanging());
-        let held = {
-            let core = core.clone();
-            tokio::spawn(async move { core.held().await })
-        };
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!held.is_finished());
+        let mut held = Box::pin(core.held());
+        // Polled once: it looked at the switch and is parked on it, so only
+        // a change can end it (no wait for it to show it is stuck).
+        tokio::select! {
+            biased;
+            () = &mut held => panic!("a held request went through with the switch on"),
+            () = std::future::ready(()) => {}
+        }
         core.set_hang(false);
         assert!(
             tokio::time::timeout(Duration::from_secs(5), held)

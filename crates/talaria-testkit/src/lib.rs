@@ -71,6 +71,7 @@ pub use yuanbao::FakeYuanbao;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -276,7 +277,43 @@ struct Shared {
     /// Requests from Talaria's server probe (user agent `talaria-probe`),
     /// kept apart so they do not shift the API requests tests count.
     probes: Mutex<Vec<Recorded>>,
+    /// Chat requests whose client went away before the reply went out
+    /// (see [`Pending`]).
+    hung_up: AtomicUsize,
     shutdown: watch::Receiver<bool>,
+}
+
+/// A chat request whose reply has not gone out yet. Dropped before
+/// [`Pending::answered`], it counts as hung up: the server drops a
+/// handler, or a stream's body, when the client closes its connection, so
+/// a drop while a reply is held back (a delay, a stall) is the client
+/// giving up, which a test can wait for instead of guessing how long an
+/// interrupt takes.
+pub(crate) struct Pending {
+    shared: Arc<Shared>,
+    answered: bool,
+}
+
+impl Pending {
+    fn new(shared: Arc<Shared>) -> Pending {
+        Pending {
+            shared,
+            answered: false,
+        }
+    }
+
+    /// The whole reply was handed to the server to send.
+    pub(crate) fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.shared.hung_up.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -305,6 +342,7 @@ impl Server {
             recorded: Mutex::new(Vec::new()),
             routes: Mutex::new(Vec::new()),
             probes: Mutex::new(Vec::new()),
+            hung_up: AtomicUsize::new(0),
             shutdown: shutdown.clone(),
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
@@ -439,6 +477,15 @@ macro_rules! mock_api {
                 self.server.pending()
             }
 
+            /// Chat requests whose client went away while their reply was
+            /// held back ([`Reply::with_delay`], [`Reply::stall_after`]):
+            /// the connection closed before the reply went out. What a
+            /// test waits for to know an interrupted client really
+            /// stopped waiting, rather than sleeping and hoping.
+            pub fn hung_up(&self) -> usize {
+                self.server.shared.hung_up.load(Ordering::SeqCst)
+            }
+
             /// Stops accepting connections and ends stalled streams. Also
             /// happens on drop.
             pub fn shutdown(&self) {
@@ -547,6 +594,9 @@ async fn handle(
     let reply = reserved
         .or_else(|| lock(&shared.script).pop_front())
         .unwrap_or_else(|| Reply::text("(mock: script empty)"));
+    // From here a closed connection drops this future (or the stream's
+    // task below), and with it `pending`.
+    let pending = Pending::new(shared.clone());
     if let Some(d) = reply.delay {
         tokio::time::sleep(d).await;
     }
@@ -572,6 +622,7 @@ async fn handle(
             *r.status_mut() = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST);
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+            pending.answered();
             r
         }
         (Kind::RawSse(events), flavor) => {
@@ -582,20 +633,28 @@ async fn handle(
             if flavor == Flavor::OpenAi {
                 frames.push(control(data_frame(None, "[DONE]")));
             }
-            sse_response(frames, &reply, shared.shutdown.clone())
+            sse_response(frames, &reply, shared.shutdown.clone(), pending)
         }
         (Kind::Answer, Flavor::OpenAi) if stream => sse_response(
             openai_stream(&reply, &model, include_usage),
             &reply,
             shared.shutdown.clone(),
+            pending,
         ),
-        (Kind::Answer, Flavor::OpenAi) => json_response(200, &openai_json(&reply, &model)),
+        (Kind::Answer, Flavor::OpenAi) => {
+            pending.answered();
+            json_response(200, &openai_json(&reply, &model))
+        }
         (Kind::Answer, Flavor::Anthropic) if stream => sse_response(
             anthropic_stream(&reply, &model),
             &reply,
             shared.shutdown.clone(),
+            pending,
         ),
-        (Kind::Answer, Flavor::Anthropic) => json_response(200, &anthropic_json(&reply, &model)),
+        (Kind::Answer, Flavor::Anthropic) => {
+            pending.answered();
+            json_response(200, &anthropic_json(&reply, &model))
+        }
     };
     if let Some(secs) = reply.retry_after
         && let Ok(v) = HeaderValue::from_str(&secs.to_string())

@@ -51,11 +51,13 @@ pub(super) fn data_frame(event: Option<&str>, data: &str) -> String {
 /// Streams the frames one write at a time, so the client really sees several
 /// chunks. With `stall_after(n)`, hangs right after the n-th content frame
 /// (or after the last one, when there are fewer) until the client goes away
-/// or the mock shuts down.
+/// or the mock shuts down. `pending` goes with the stream: dropped
+/// unanswered when the client goes away first.
 pub(super) fn sse_response(
     frames: Vec<Frame>,
     reply: &Reply,
     mut shutdown: watch::Receiver<bool>,
+    pending: Pending,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(4);
     let stall = reply.stall_after;
@@ -83,10 +85,14 @@ pub(super) fn sse_response(
         }
         if stall.is_some() {
             tokio::select! {
-                _ = tx.closed() => {}
+                // A shutdown may close the connection too: it is the
+                // server's doing then, not a hang-up.
+                biased;
                 _ = shutdown.wait_for(|s| *s) => {}
+                _ = tx.closed() => return,
             }
         }
+        pending.answered();
     });
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     let mut r = Response::new(body);

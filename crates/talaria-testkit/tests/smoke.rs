@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use talaria_testkit::wait::{WAIT, wait_for};
 use talaria_testkit::{MockAnthropic, MockOpenAi, Reply, ToolCallReply};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -106,12 +107,93 @@ async fn stalled_stream_ends_on_shutdown() {
     let addr = m.addr();
     let h =
         tokio::spawn(async move { post(addr, "/v1/chat/completions", r#"{"stream":true}"#).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!h.is_finished());
+    // Recorded before the reply is chosen: from here the stream is the
+    // stalled one, whenever the shutdown comes.
+    wait_for("the request at the mock", || async {
+        if m.requests().is_empty() {
+            Err("no request yet")
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     m.shutdown();
-    let r = tokio::time::timeout(Duration::from_secs(5), h)
-        .await
-        .unwrap()
-        .unwrap();
+    let r = tokio::time::timeout(WAIT, h).await.unwrap().unwrap();
+    assert!(r.contains("one t"), "the stream had begun: {r}");
     assert!(!r.contains("[DONE]"), "{r}");
+    assert_eq!(
+        m.hung_up(),
+        0,
+        "the server ended the stream, not the client"
+    );
+}
+
+/// Writes one request and returns the open connection, unread.
+async fn send_only(addr: std::net::SocketAddr, body: &str) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    s
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_on_a_held_reply_is_counted() {
+    let m = MockOpenAi::start().await;
+    let hung_up = |n: usize| {
+        let m = &m;
+        move || async move {
+            let seen = m.hung_up();
+            if seen == n { Ok(()) } else { Err(seen) }
+        }
+    };
+
+    // Held back by a delay: the client leaves before it ends.
+    m.push(Reply::text("too late").with_delay(Duration::from_secs(120)));
+    let s = send_only(m.addr(), "{}").await;
+    wait_for("the delayed request at the mock", || async {
+        if m.requests().len() == 1 {
+            Ok(())
+        } else {
+            Err(m.requests().len())
+        }
+    })
+    .await;
+    drop(s);
+    wait_for("the delayed request hung up", hung_up(1)).await;
+
+    // A stalled stream: the client reads its start, then leaves.
+    m.push(Reply::text("one two three four").stall_after(1));
+    let mut s = send_only(m.addr(), r#"{"stream":true}"#).await;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains("one") {
+        let n = tokio::time::timeout(WAIT, s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            n > 0,
+            "the stream ended: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(s);
+    wait_for("the stalled stream hung up", hung_up(2)).await;
+
+    // Replies that went out whole are not counted: each is marked before
+    // the client can have read it, so the count is final once it has.
+    m.push(Reply::text("whole"));
+    m.push(Reply::text("streamed whole"));
+    assert!(
+        post(m.addr(), "/v1/chat/completions", "{}")
+            .await
+            .contains("whole")
+    );
+    let r = post(m.addr(), "/v1/chat/completions", r#"{"stream":true}"#).await;
+    assert!(r.contains("[DONE]"), "{r}");
+    assert_eq!(m.hung_up(), 2);
 }
