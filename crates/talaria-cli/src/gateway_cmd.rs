@@ -153,21 +153,6 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     let mut rt = Runtime::load(home, "info").await?;
     rt.probe_model().await;
     log_open_file_limit();
-    let pid_file = match PidFile::acquire(&rt.home) {
-        Ok(f) => f,
-        Err(PidFileError::AlreadyRunning { pid }) => {
-            return Err(anyhow::anyhow!(
-                "a gateway is already running for {} (pid {pid}); stop it with `talaria gateway stop`",
-                rt.home.root().display()
-            )
-            .into());
-        }
-        Err(e) => {
-            return Err(anyhow::Error::new(e)
-                .context("cannot take the gateway PID file")
-                .into());
-        }
-    };
     // Approvals are asked in each chat by the runner; this is only the
     // fallback for work that has no chat.
     let messenger = GatewayMessenger::new(rt.store.clone());
@@ -186,14 +171,56 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
             ],
         )
         .map_err(bad_config)?;
-    if let Some(memory) = agent.memory() {
-        memory.initialize().await;
-    }
 
     // Every platform, the webhook routes included: a bad route stops the
     // start here.
     let ConfiguredAdapters { adapters, mounts } =
         build_platforms(&rt, |_| true).map_err(bad_config)?;
+    let api_config = ApiServerConfig::read(&rt.config).map_err(bad_config)?;
+    let api = ApiServerSettings::from_config(&api_config, &rt.loaded.env)
+        .context("the API server is misconfigured")
+        .map_err(bad_config)?;
+    let dashboard = DashboardSettings::from_config(&rt.config.dashboard, api.is_some())
+        .context("the dashboard is misconfigured")
+        .map_err(bad_config)?;
+    if adapters.is_empty() && api.is_none() {
+        return Err(bad_config(anyhow::anyhow!(
+            "nothing to serve: no platform is enabled.\n\
+             Set a platform's credentials (TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN, \
+             SLACK_BOT_TOKEN and SLACK_APP_TOKEN, MATTERMOST_URL and MATTERMOST_TOKEN, \
+             MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, \
+             SIGNAL_HTTP_URL and SIGNAL_ACCOUNT, EMAIL_ADDRESS, EMAIL_PASSWORD, \
+             EMAIL_IMAP_HOST and EMAIL_SMTP_HOST, WHATSAPP_CLOUD_TOKEN (with the three other \
+             WHATSAPP_CLOUD_ variables), TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN, HASS_CONVERSATION_TOKEN, \
+             or their platforms.<name> keys) \
+             or API_SERVER_KEY \
+             (or platforms.api_server.key) in {} or the environment, or configure \
+             platforms.webhook.routes in config.yaml.",
+            rt.home.dotenv_file().display()
+        )));
+    }
+    // Only now, with the configuration found usable, does this process
+    // claim the home: `gateway start` takes the PID file as the sign that
+    // the gateway came up, and a run that was going to exit for a bad
+    // configuration must never be seen holding it.
+    let pid_file = match PidFile::acquire(&rt.home) {
+        Ok(f) => f,
+        Err(PidFileError::AlreadyRunning { pid }) => {
+            return Err(anyhow::anyhow!(
+                "a gateway is already running for {} (pid {pid}); stop it with `talaria gateway stop`",
+                rt.home.root().display()
+            )
+            .into());
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context("cannot take the gateway PID file")
+                .into());
+        }
+    };
+    if let Some(memory) = agent.memory() {
+        memory.initialize().await;
+    }
     // Bound before anything runs, so a busy port stops the start here.
     let ingress = if mounts.is_empty() {
         None
@@ -219,29 +246,6 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
         );
         Some(ingress)
     };
-    let api_config = ApiServerConfig::read(&rt.config).map_err(bad_config)?;
-    let api = ApiServerSettings::from_config(&api_config, &rt.loaded.env)
-        .context("the API server is misconfigured")
-        .map_err(bad_config)?;
-    let dashboard = DashboardSettings::from_config(&rt.config.dashboard, api.is_some())
-        .context("the dashboard is misconfigured")
-        .map_err(bad_config)?;
-    if adapters.is_empty() && api.is_none() {
-        return Err(bad_config(anyhow::anyhow!(
-            "nothing to serve: no platform is enabled.\n\
-             Set a platform's credentials (TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN, \
-             SLACK_BOT_TOKEN and SLACK_APP_TOKEN, MATTERMOST_URL and MATTERMOST_TOKEN, \
-             MATRIX_HOMESERVER and MATRIX_ACCESS_TOKEN, \
-             SIGNAL_HTTP_URL and SIGNAL_ACCOUNT, EMAIL_ADDRESS, EMAIL_PASSWORD, \
-             EMAIL_IMAP_HOST and EMAIL_SMTP_HOST, WHATSAPP_CLOUD_TOKEN (with the three other \
-             WHATSAPP_CLOUD_ variables), TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN, HASS_CONVERSATION_TOKEN, \
-             or their platforms.<name> keys) \
-             or API_SERVER_KEY \
-             (or platforms.api_server.key) in {} or the environment, or configure \
-             platforms.webhook.routes in config.yaml.",
-            rt.home.dotenv_file().display()
-        )));
-    }
     let names: Vec<&str> = adapters.iter().map(|a| a.platform()).collect();
 
     let gateway = Gateway::new(GatewayParts {

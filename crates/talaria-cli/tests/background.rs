@@ -29,26 +29,6 @@ fn start_in_background(command: &str) -> Reply {
     )])
 }
 
-/// Waits until `n` replies are marked delivered in the ledger.
-async fn wait_delivered(home: &crash_support::Home, n: u64) {
-    use talaria_store::{LedgerStore, ObligationState};
-    let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
-    talaria_testkit::wait::wait_for("replies delivered in the ledger", || async {
-        let counts = store.obligation_counts().await.unwrap();
-        if counts
-            .get(&ObligationState::Delivered)
-            .copied()
-            .unwrap_or(0)
-            >= n
-        {
-            Ok(())
-        } else {
-            Err(counts)
-        }
-    })
-    .await;
-}
-
 /// The texts the chat got so far.
 fn texts(kit: &TelegramKit) -> Vec<String> {
     kit.sent().into_iter().map(|o| o.text).collect()
@@ -181,7 +161,7 @@ async fn a_background_command_running_at_a_sigkill_is_said_lost_once_after_resta
     kit.wait_sent(1).await;
     // The answer is marked delivered before the kill, so the restart's
     // only message is about the job.
-    wait_delivered(&home, 1).await;
+    crash_support::wait_delivered(&home, 1).await;
     first.kill().unwrap();
     first.wait().unwrap();
 
@@ -215,7 +195,7 @@ async fn a_report_on_the_wire_at_a_sigkill_is_delivered_once_after_restart() {
     llm.push(Reply::text("Started."));
     kit.push_dm(Who::Friend, "quick background job");
     kit.wait_sent(1).await;
-    wait_delivered(&home, 1).await;
+    crash_support::wait_delivered(&home, 1).await;
     let attempts = kit.send_attempts().len();
     // The platform stops answering: the report is recorded and on the wire
     // when the gateway dies.
@@ -263,7 +243,7 @@ async fn a_normal_stop_tells_the_chat_at_once_and_the_restart_says_nothing_more(
     llm.push(Reply::text("Running."));
     kit.push_dm(Who::Friend, "start the long job");
     kit.wait_sent(1).await;
-    wait_delivered(&home, 1).await;
+    crash_support::wait_delivered(&home, 1).await;
     let pid = nix::unistd::Pid::from_raw(i32::try_from(first.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = first.wait().unwrap();

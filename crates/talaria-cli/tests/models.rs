@@ -35,6 +35,9 @@ async fn model_switches_a_chat_is_refused_mid_turn_and_outlives_a_restart() {
     kit.push_dm(Who::Friend, "hello");
     wait_for_text(&kit, "first answer").await;
     assert_eq!(model_of(&llm, 0), "mock-model");
+    // The turn is over once its answer is marked delivered: a command sent
+    // before that would be refused as arriving mid-turn.
+    crash_support::wait_delivered(&home, 1).await;
 
     kit.push_dm(Who::Friend, "/model small-model");
     let sent = wait_for_text(&kit, "small-model for this conversation").await;
@@ -47,6 +50,7 @@ async fn model_switches_a_chat_is_refused_mid_turn_and_outlives_a_restart() {
     kit.push_dm(Who::Friend, "and now?");
     wait_for_text(&kit, "answer from the small one").await;
     assert_eq!(model_of(&llm, 1), "small-model", "{}", logs(&home));
+    crash_support::wait_delivered(&home, 2).await;
 
     // A switch while a turn runs is refused and the turn goes on.
     llm.push(Reply::text("slow answer").with_delay(Duration::from_secs(2)));
@@ -63,6 +67,7 @@ async fn model_switches_a_chat_is_refused_mid_turn_and_outlives_a_restart() {
     wait_for_text(&kit, "A turn is running, so /model can't run now").await;
     wait_for_text(&kit, "slow answer").await;
     assert_eq!(model_of(&llm, 2), "small-model");
+    crash_support::wait_delivered(&home, 3).await;
     kit.push_dm(Who::Friend, "/model");
     wait_for_text(
         &kit,
@@ -80,6 +85,7 @@ async fn model_switches_a_chat_is_refused_mid_turn_and_outlives_a_restart() {
     kit.push_dm(Who::Friend, "still you?");
     wait_for_text(&kit, "after the restart").await;
     assert_eq!(model_of(&llm, 3), "small-model", "{}", logs(&home));
+    crash_support::wait_delivered(&home, 4).await;
 
     // Back to the default, and a model no server can serve is refused.
     kit.push_dm(Who::Friend, "/model default");

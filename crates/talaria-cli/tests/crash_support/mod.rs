@@ -292,3 +292,23 @@ pub async fn reply_cut_off_by_sigkill_is_sent_once_after_restart<K: PlatformKit>
     second.kill().unwrap();
     second.wait().unwrap();
 }
+
+/// Waits until `n` replies are marked delivered in the ledger.
+pub async fn wait_delivered(home: &Home, n: u64) {
+    use talaria_store::{LedgerStore, ObligationState};
+    let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
+    talaria_testkit::wait::wait_for("replies delivered in the ledger", || async {
+        let counts = store.obligation_counts().await.unwrap();
+        if counts
+            .get(&ObligationState::Delivered)
+            .copied()
+            .unwrap_or(0)
+            >= n
+        {
+            Ok(())
+        } else {
+            Err(counts)
+        }
+    })
+    .await;
+}
