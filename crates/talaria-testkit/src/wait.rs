@@ -14,10 +14,6 @@ use tokio::sync::watch;
 /// How long a test waits for something that should happen.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// How long a test watches for something that should *not* happen (a
-/// second answer, a turn for a stranger) before deciding it did not.
-pub const SETTLE: Duration = Duration::from_millis(700);
-
 /// A counter a fake bumps on every change a test may be waiting for.
 #[derive(Debug)]
 pub struct Changes(watch::Sender<u64>);
@@ -132,11 +128,6 @@ where
     fn check(&mut self) -> impl std::future::Future<Output = Result<T, S>> {
         self()
     }
-}
-
-/// Lets whatever should not happen have its chance to (see [`SETTLE`]).
-pub async fn settle() {
-    tokio::time::sleep(SETTLE).await;
 }
 
 #[cfg(test)]
