@@ -24,7 +24,8 @@
 //!   anonymous ones too.
 //!
 //! Ids are compared exactly (after trimming list entries); where the
-//! adapter declares [`SenderIds::Email`], case-insensitively. Unlike the system this one descends
+//! adapter declares [`crate::SenderIds::Email`] or [`crate::SenderIds::Nick`],
+//! case-insensitively. Unlike the system this one descends
 //! from, an entry `alice` does not admit `alice@anywhere`: a local part is
 //! not an identity.
 
@@ -32,7 +33,7 @@ use std::fmt;
 
 use talaria_core::Env;
 
-use crate::capabilities::{Capabilities, SenderIds};
+use crate::capabilities::Capabilities;
 use crate::event::{ChatType, SessionSource};
 
 /// Which rule let a message in; for logs and tests.
@@ -134,7 +135,7 @@ impl AuthPolicy {
     /// it up).
     pub fn decide(&self, source: &SessionSource, caps: &Capabilities, paired: bool) -> Decision {
         let platform = source.platform.to_ascii_lowercase();
-        let is_email = caps.sender_ids == SenderIds::Email;
+        let caseless = caps.sender_ids.caseless();
 
         // Checked before the sender because channel posts and anonymous
         // group admins carry no usable user id, and Telegram shows the
@@ -164,7 +165,7 @@ impl AuthPolicy {
         let mut users = self.platform_list(&platform, "ALLOWED_USERS");
         users.extend(self.list(GLOBAL_LIST_KEY));
         let listed = |e: &&str| {
-            if is_email {
+            if caseless {
                 e.to_lowercase() == user.to_lowercase()
             } else {
                 *e == user
@@ -227,11 +228,11 @@ impl AuthPolicy {
             return false;
         };
         let platform = source.platform.to_ascii_lowercase();
-        let is_email = caps.sender_ids == SenderIds::Email;
+        let caseless = caps.sender_ids.caseless();
         let mut users = self.platform_list(&platform, "ALLOWED_USERS");
         users.extend(self.list(GLOBAL_LIST_KEY));
         users.iter().any(|e| {
-            if is_email {
+            if caseless {
                 e.eq_ignore_ascii_case(user)
             } else {
                 *e == user

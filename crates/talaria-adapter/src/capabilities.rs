@@ -79,7 +79,9 @@ impl Capabilities {
     /// known by an id an operator approves (an e-mail address is matched
     /// against the allowlist instead, since anyone can claim one).
     pub const fn offers_pairing(&self) -> bool {
-        self.chat && !self.verifies_senders && !matches!(self.sender_ids, SenderIds::Email)
+        self.chat
+            && !self.verifies_senders
+            && !matches!(self.sender_ids, SenderIds::Email | SenderIds::Nick)
     }
 
     /// A plain-text chat with opaque sender ids and no threads, edits or
@@ -123,6 +125,17 @@ pub enum SenderIds {
     /// An e-mail address: compared without case, and never offered a
     /// pairing code, since anyone can write from any address.
     Email,
+    /// A nickname (IRC): compared without case, as the network does, and
+    /// never offered a pairing code, since anyone may take a nick its
+    /// owner is not using.
+    Nick,
+}
+
+impl SenderIds {
+    /// Whether ids of this kind are compared without (ASCII) case.
+    pub const fn caseless(self) -> bool {
+        matches!(self, SenderIds::Email | SenderIds::Nick)
+    }
 }
 
 /// A kind of media a platform can carry (core's, so the media cache and

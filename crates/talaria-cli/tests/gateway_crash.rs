@@ -10,6 +10,7 @@ use talaria_testkit::kit::discord::DiscordKit;
 use talaria_testkit::kit::email::EmailKit;
 use talaria_testkit::kit::feishu::{FeishuKit, FeishuSocketKit};
 use talaria_testkit::kit::homeassistant::HomeAssistantKit;
+use talaria_testkit::kit::irc::IrcKit;
 use talaria_testkit::kit::matrix::MatrixKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
 use talaria_testkit::kit::qqbot::QqbotKit;
@@ -60,6 +61,7 @@ crash_resend!(
     yuanbao: super::YuanbaoKit,
     wecom_callback: super::WecomCallbackKit,
     wecom_bot: super::WecomBotKit,
+    irc: super::IrcKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

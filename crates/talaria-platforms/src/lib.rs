@@ -40,6 +40,8 @@
 //! - [`wecom`]: WeCom's self-built app (encrypted XML callback on
 //!   [`ingress`], the corp API out) and its intelligent robot (a long
 //!   connection both ways).
+//! - [`irc`]: one nick on an IRC network (TLS, SASL PLAIN), channels and
+//!   private messages.
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `seen`: the bounded set
@@ -47,7 +49,8 @@
 //!   robot); `ws`: WebSocket connections and a socket given up when it
 //!   goes silent; `access`: the ancestor's DM and group policies (the
 //!   WeCom robot, Yuanbao); `entities`:
-//!   escaping for HTML-like markups; `net`: the loopback check.
+//!   escaping for HTML-like markups; `net`: the loopback check; `plain`:
+//!   Markdown as plain text (Signal, IRC).
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "dingtalk")]
@@ -79,12 +82,16 @@ pub mod homeassistant;
 mod http;
 #[cfg(feature = "ingress")]
 pub mod ingress;
+#[cfg(feature = "irc")]
+pub mod irc;
 pub mod listen;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
 mod net;
+#[cfg(any(feature = "signal", feature = "irc"))]
+mod plain;
 #[cfg(feature = "qqbot")]
 pub mod qqbot;
 pub mod registry;

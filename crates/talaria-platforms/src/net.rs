@@ -2,7 +2,7 @@
 
 /// Whether `host` names this machine only (`localhost`, a loopback
 /// address, bracketed or not).
-#[cfg(any(feature = "ingress", feature = "email"))]
+#[cfg(any(feature = "ingress", feature = "email", feature = "irc"))]
 pub(crate) fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     bare.eq_ignore_ascii_case("localhost")

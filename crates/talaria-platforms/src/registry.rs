@@ -152,6 +152,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::wecom::callback::ENTRY,
     #[cfg(feature = "wecom")]
     crate::wecom::bot::ENTRY,
+    #[cfg(feature = "irc")]
+    crate::irc::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;

@@ -27,6 +27,7 @@ pub mod email;
 mod fake;
 pub mod feishu;
 pub mod homeassistant;
+pub mod ircd;
 pub mod kit;
 pub mod matrix;
 pub mod mattermost;

@@ -33,7 +33,6 @@
 
 mod api;
 mod config;
-mod format;
 mod mapping;
 
 use crate::registry::{BuildError, Built, Platform, Setup};
@@ -567,7 +566,7 @@ impl Adapter for SignalAdapter {
     }
 
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
-        let mut text = format::to_plain(&message.text);
+        let mut text = crate::plain::to_plain(&message.text);
         if text.trim().is_empty() {
             text = message.text.clone();
         }
@@ -642,7 +641,7 @@ impl Adapter for SignalAdapter {
         let caption = file
             .caption
             .as_deref()
-            .map(format::to_plain)
+            .map(crate::plain::to_plain)
             .unwrap_or_default();
         let attachment = api::data_uri(&file.mime, &file.name, &bytes);
         drop(bytes);

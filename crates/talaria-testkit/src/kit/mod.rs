@@ -16,6 +16,7 @@ pub mod discord;
 pub mod email;
 pub mod feishu;
 pub mod homeassistant;
+pub mod irc;
 pub mod matrix;
 pub mod mattermost;
 pub mod qqbot;

@@ -1,9 +1,10 @@
-//! Markdown to the plain text Signal shows.
+//! Markdown to plain text, for the platforms that show none (Signal, IRC).
 //!
-//! Signal renders no Markdown, and the REST API's `text_mode: styled` has
-//! its own syntax (single `*` for italic, `||` for spoilers) that model
-//! output would trip over, so answers go out as plain text: markup that
-//! only decorates is removed, structure that reads well as text stays.
+//! Signal renders no Markdown (and the REST API's `text_mode: styled` has
+//! its own syntax, single `*` for italic and `||` for spoilers, that model
+//! output would trip over); IRC shows text as sent. So answers go out as
+//! plain text: markup that only decorates is removed, structure that reads
+//! well as text stays.
 //!
 //! - fenced code blocks lose their fence lines; their content is kept
 //!   byte for byte (no markup is touched inside);
