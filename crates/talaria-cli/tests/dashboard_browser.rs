@@ -214,8 +214,10 @@ async fn an_operator_uses_the_dashboard_in_chromium() {
              document.querySelector('form.search').requestSubmit(); 1",
         )
         .await;
+    // The address changes when the results page commits, before its
+    // document is parsed: wait for the whole page.
     setup
-        .wait_for("location.search.includes('q=zanzibar')")
+        .wait_for("location.search.includes('q=zanzibar') && document.readyState === 'complete'")
         .await;
     let links = setup
         .eval("Array.from(document.querySelectorAll('.session-link')).map(a => a.textContent.trim()).join('|')")

@@ -102,7 +102,7 @@ impl MediaCache {
         R: AsyncRead + Unpin,
     {
         create_private_dir(&self.dir).await?;
-        let temp = TempFile::create(&self.dir).await?;
+        let temp = TempFile::create(&self.dir)?;
         let mut file = temp.file;
         let guard = temp.guard;
 
@@ -179,7 +179,7 @@ struct TempFile {
 impl TempFile {
     /// A new file with a name no other store uses, readable by the user
     /// only (what people send is private).
-    async fn create(dir: &Path) -> Result<TempFile, MediaError> {
+    fn create(dir: &Path) -> Result<TempFile, MediaError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -190,17 +190,18 @@ impl TempFile {
             "{TEMP_PREFIX}{}-{n}-{nanos:09}",
             std::process::id()
         ));
-        let mut options = tokio::fs::OpenOptions::new();
+        let mut options = std::fs::OpenOptions::new();
         // `create_new`: never write into a file someone else put there.
         options.write(true).create_new(true);
         #[cfg(unix)]
-        options.mode(0o600);
-        let file = options
-            .open(&path)
-            .await
-            .map_err(|e| cache_error(&path, e))?;
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        // Opened in place rather than on Tokio's blocking pool: a store
+        // dropped while the pool still opened the file would leave it
+        // behind with no guard yet to remove it. One open, like the one
+        // unlink in the guard's drop.
+        let file = options.open(&path).map_err(|e| cache_error(&path, e))?;
         Ok(TempFile {
-            file,
+            file: tokio::fs::File::from_std(file),
             guard: RemoveOnDrop { path: Some(path) },
         })
     }

@@ -190,12 +190,24 @@ async fn hooks_see_new_as_a_command_and_a_session_reset() {
     let ended = payload(&seen, "session:end");
     assert_eq!(ended["session_id"], old_id.as_str());
     assert_eq!(ended["reason"], "new_session");
-    assert!(
-        seen.iter().any(|e| e["event"] == "session:start"
-            && e["payload"]["session_id"] == new_id
-            && e["payload"]["reason"] == "new_session"),
-        "{seen:?}"
-    );
+    // The new session's start is an event of its own, emitted after the
+    // reset: wait for it rather than expect it with the others.
+    let new_start = |seen: &[Value]| {
+        seen.iter().any(|e| {
+            e["event"] == "session:start"
+                && e["payload"]["session_id"] == new_id
+                && e["payload"]["reason"] == "new_session"
+        })
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let seen = loop {
+        let seen = recorded(&dir);
+        if new_start(&seen) {
+            break seen;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{seen:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     for event in &seen {
         assert_no_raw_id(&event["payload"], "42", event["event"].as_str().unwrap());
     }

@@ -931,7 +931,9 @@ impl Browser {
                 let idle_keys: Vec<String> = st
                     .tabs
                     .iter()
-                    .filter(|(_, t)| t.idle_for() >= idle)
+                    // A tab whose operation outlasts the idle time is in
+                    // use, not idle: closing it would fail the operation.
+                    .filter(|(_, t)| t.idle_for() >= idle && t.busy.try_lock().is_ok())
                     .map(|(k, _)| k.clone())
                     .collect();
                 for key in idle_keys {
