@@ -181,16 +181,17 @@ async fn the_bot_comes_back_after_a_server_restart() {
     rig.wait_for_delivered(3).await;
 }
 
-/// Runs `adapter` with a fresh inbox; returns the inbox's receiver, the
-/// liveness and the run's handle.
-fn run(
-    adapter: Arc<IrcAdapter>,
-) -> (
+/// An adapter running on its own: what it hands over, its liveness, its
+/// stop switch and its task.
+type Running = (
     tokio::sync::mpsc::Receiver<talaria_adapter::MessageEvent>,
     tokio::sync::watch::Receiver<Liveness>,
     CancellationToken,
     tokio::task::JoinHandle<Result<(), talaria_adapter::AdapterError>>,
-) {
+);
+
+/// Runs `adapter` with a fresh inbox.
+fn run(adapter: Arc<IrcAdapter>) -> Running {
     let (inbox, events) = Inbox::channel(16);
     let (liveness, live) = LivenessReporter::new();
     let shutdown = CancellationToken::new();

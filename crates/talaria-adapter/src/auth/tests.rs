@@ -3,6 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::SenderIds;
 use crate::contract::{LengthUnit, MessageLimits};
 
 /// What the adapters of the platforms in these tables declare.
@@ -18,6 +19,10 @@ fn caps(platform: &str) -> Capabilities {
         },
         "telegram" => Capabilities {
             group_chat_allowlist: true,
+            ..base
+        },
+        "irc" => Capabilities {
+            sender_ids: SenderIds::Nick,
             ..base
         },
         _ => base,
@@ -380,6 +385,18 @@ fn decision_table() {
             "other ids compare case-sensitively",
             &[("MATRIX_ALLOWED_USERS", "@Alice:example.org")],
             dm("matrix", "@alice:example.org"),
+            DENY,
+        ),
+        case(
+            "nicks compare case-insensitively",
+            &[("IRC_ALLOWED_USERS", "Alice")],
+            dm("irc", "alice"),
+            ALLOW_LISTED,
+        ),
+        case(
+            "nick strangers are never offered a code",
+            &[],
+            dm("irc", "mallory"),
             DENY,
         ),
         case(

@@ -810,7 +810,9 @@ impl Adapter for IrcAdapter {
 pub const ENTRY: Platform = Platform {
     name: "irc",
     title: "IRC",
-    standalone: true,
+    // A message goes out only on a registered connection, which only a
+    // running gateway holds: `talaria send` hands it to the gateway.
+    standalone: false,
     capabilities: CAPABILITIES,
     check: talaria_core::config::check_section::<IrcConfig>,
     env: ENV,
