@@ -305,13 +305,6 @@ impl IrcAdapter {
         })
     }
 
-    /// The nick the bot has now (the configured one until it connects).
-    pub fn nick(&self) -> String {
-        self.current_link()
-            .map(|l| l.state.nick())
-            .unwrap_or_else(|| self.endpoint.nick.clone())
-    }
-
     fn current_link(&self) -> Option<Link> {
         self.link.lock().ok()?.clone()
     }
