@@ -164,7 +164,8 @@ mod tests {
                 "weixin",
                 "yuanbao",
                 "wecom_callback",
-                "wecom"
+                "wecom",
+                "line"
             ]
         );
         assert_eq!(pairing_platform(" Telegram ").unwrap(), "telegram");

@@ -11,6 +11,7 @@ use talaria_testkit::kit::email::EmailKit;
 use talaria_testkit::kit::feishu::{FeishuKit, FeishuSocketKit};
 use talaria_testkit::kit::homeassistant::HomeAssistantKit;
 use talaria_testkit::kit::irc::IrcKit;
+use talaria_testkit::kit::line::LineKit;
 use talaria_testkit::kit::matrix::MatrixKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
 use talaria_testkit::kit::qqbot::QqbotKit;
@@ -62,6 +63,7 @@ crash_resend!(
     wecom_callback: super::WecomCallbackKit,
     wecom_bot: super::WecomBotKit,
     irc: super::IrcKit,
+    line: super::LineKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

@@ -42,6 +42,8 @@
 //!   connection both ways).
 //! - [`irc`]: one nick on an IRC network (TLS, SASL PLAIN), channels and
 //!   private messages.
+//! - [`line`]: a LINE Official Account (the Messaging API's signed webhook
+//!   on [`ingress`], reply tokens and idempotent pushes out).
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `seen`: the bounded set
@@ -77,20 +79,23 @@ pub mod homeassistant;
     feature = "dingtalk",
     feature = "qqbot",
     feature = "weixin",
-    feature = "feishu"
+    feature = "feishu",
+    feature = "line"
 ))]
 mod http;
 #[cfg(feature = "ingress")]
 pub mod ingress;
 #[cfg(feature = "irc")]
 pub mod irc;
+#[cfg(feature = "line")]
+pub mod line;
 pub mod listen;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
 mod net;
-#[cfg(any(feature = "signal", feature = "irc"))]
+#[cfg(any(feature = "signal", feature = "irc", feature = "line"))]
 mod plain;
 #[cfg(feature = "qqbot")]
 pub mod qqbot;

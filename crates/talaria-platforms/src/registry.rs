@@ -154,6 +154,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::wecom::bot::ENTRY,
     #[cfg(feature = "irc")]
     crate::irc::ENTRY,
+    #[cfg(feature = "line")]
+    crate::line::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;
@@ -408,6 +410,8 @@ mod tests {
             ".platforms.wecom_callback.token",
             ".platforms.wecom_callback.encoding_aes_key",
             ".platforms.wecom.secret",
+            ".platforms.line.channel_access_token",
+            ".platforms.line.channel_secret",
         ] {
             let name = want.split('.').nth(2).unwrap_or_default();
             if platform(name).is_some() {

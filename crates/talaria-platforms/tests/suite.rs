@@ -19,6 +19,7 @@ mod gateway_feishu_cards;
 mod gateway_homeassistant;
 mod gateway_hooks;
 mod gateway_irc;
+mod gateway_line;
 mod gateway_matrix;
 mod gateway_mattermost;
 mod gateway_names;

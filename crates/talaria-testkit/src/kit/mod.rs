@@ -17,6 +17,7 @@ pub mod email;
 pub mod feishu;
 pub mod homeassistant;
 pub mod irc;
+pub mod line;
 pub mod matrix;
 pub mod mattermost;
 pub mod qqbot;
