@@ -165,7 +165,8 @@ mod tests {
                 "yuanbao",
                 "wecom_callback",
                 "wecom",
-                "line"
+                "line",
+                "bluebubbles"
             ]
         );
         assert_eq!(pairing_platform(" Telegram ").unwrap(), "telegram");

@@ -5,6 +5,7 @@
 
 use crate::crash_support;
 
+use talaria_testkit::kit::bluebubbles::BlueBubblesKit;
 use talaria_testkit::kit::dingtalk::DingTalkKit;
 use talaria_testkit::kit::discord::DiscordKit;
 use talaria_testkit::kit::email::EmailKit;
@@ -64,6 +65,7 @@ crash_resend!(
     wecom_bot: super::WecomBotKit,
     irc: super::IrcKit,
     line: super::LineKit,
+    bluebubbles: super::BlueBubblesKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

@@ -42,6 +42,8 @@
 //!   connection both ways).
 //! - [`irc`]: one nick on an IRC network (TLS, SASL PLAIN), channels and
 //!   private messages.
+//! - [`bluebubbles`]: iMessage through a BlueBubbles server on a Mac (its
+//!   webhook on [`ingress`], caught up from its REST API).
 //! - [`line`]: a LINE Official Account (the Messaging API's signed webhook
 //!   on [`ingress`], reply tokens and idempotent pushes out).
 //! - `http`: the client, error type and default send-error reading every
@@ -55,6 +57,8 @@
 //!   Markdown as plain text (Signal, IRC).
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "bluebubbles")]
+pub mod bluebubbles;
 #[cfg(feature = "dingtalk")]
 pub mod dingtalk;
 #[cfg(feature = "discord")]
@@ -80,7 +84,8 @@ pub mod homeassistant;
     feature = "qqbot",
     feature = "weixin",
     feature = "feishu",
-    feature = "line"
+    feature = "line",
+    feature = "bluebubbles"
 ))]
 mod http;
 #[cfg(feature = "ingress")]
@@ -95,7 +100,12 @@ pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
 mod net;
-#[cfg(any(feature = "signal", feature = "irc", feature = "line"))]
+#[cfg(any(
+    feature = "signal",
+    feature = "irc",
+    feature = "line",
+    feature = "bluebubbles"
+))]
 mod plain;
 #[cfg(feature = "qqbot")]
 pub mod qqbot;

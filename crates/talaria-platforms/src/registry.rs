@@ -156,6 +156,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::irc::ENTRY,
     #[cfg(feature = "line")]
     crate::line::ENTRY,
+    #[cfg(feature = "bluebubbles")]
+    crate::bluebubbles::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;
@@ -412,6 +414,7 @@ mod tests {
             ".platforms.wecom.secret",
             ".platforms.line.channel_access_token",
             ".platforms.line.channel_secret",
+            ".platforms.bluebubbles.password",
         ] {
             let name = want.split('.').nth(2).unwrap_or_default();
             if platform(name).is_some() {

@@ -11,6 +11,7 @@ mod dingtalk;
 mod discord;
 mod email;
 mod feishu;
+mod gateway_bluebubbles;
 mod gateway_dingtalk;
 mod gateway_discord;
 mod gateway_email;

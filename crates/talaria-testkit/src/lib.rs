@@ -20,6 +20,7 @@
 //! for the adapter contract suite and the crash tests.
 #![forbid(unsafe_code)]
 
+pub mod bluebubbles;
 pub mod dingtalk;
 pub mod discord;
 pub mod docker;

@@ -10,6 +10,7 @@
 //! threads, no connection to drop) are not methods the kit fakes: the
 //! suite declares them skipped, with the reason, per platform.
 
+pub mod bluebubbles;
 pub mod deliver;
 pub mod dingtalk;
 pub mod discord;
