@@ -10,6 +10,7 @@ use talaria_testkit::kit::dingtalk::DingTalkKit;
 use talaria_testkit::kit::discord::DiscordKit;
 use talaria_testkit::kit::email::EmailKit;
 use talaria_testkit::kit::feishu::{FeishuKit, FeishuSocketKit};
+use talaria_testkit::kit::google_chat::GoogleChatKit;
 use talaria_testkit::kit::homeassistant::HomeAssistantKit;
 use talaria_testkit::kit::irc::IrcKit;
 use talaria_testkit::kit::line::LineKit;
@@ -66,6 +67,7 @@ crash_resend!(
     irc: super::IrcKit,
     line: super::LineKit,
     bluebubbles: super::BlueBubblesKit,
+    google_chat: super::GoogleChatKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

@@ -44,6 +44,9 @@
 //!   private messages.
 //! - [`bluebubbles`]: iMessage through a BlueBubbles server on a Mac (its
 //!   webhook on [`ingress`], caught up from its REST API).
+//! - [`google_chat`]: a Google Chat app's HTTP endpoint on [`ingress`]
+//!   (Google-signed tokens checked), the Chat API out as its service
+//!   account.
 //! - [`line`]: a LINE Official Account (the Messaging API's signed webhook
 //!   on [`ingress`], reply tokens and idempotent pushes out).
 //! - `http`: the client, error type and default send-error reading every
@@ -69,6 +72,8 @@ pub mod email;
 mod entities;
 #[cfg(feature = "feishu")]
 pub mod feishu;
+#[cfg(feature = "google_chat")]
+pub mod google_chat;
 #[cfg(feature = "homeassistant")]
 pub mod homeassistant;
 #[cfg(any(
@@ -85,7 +90,8 @@ pub mod homeassistant;
     feature = "weixin",
     feature = "feishu",
     feature = "line",
-    feature = "bluebubbles"
+    feature = "bluebubbles",
+    feature = "google_chat"
 ))]
 mod http;
 #[cfg(feature = "ingress")]
@@ -104,7 +110,8 @@ mod net;
     feature = "signal",
     feature = "irc",
     feature = "line",
-    feature = "bluebubbles"
+    feature = "bluebubbles",
+    feature = "google_chat"
 ))]
 mod plain;
 #[cfg(feature = "qqbot")]

@@ -158,6 +158,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::line::ENTRY,
     #[cfg(feature = "bluebubbles")]
     crate::bluebubbles::ENTRY,
+    #[cfg(feature = "google_chat")]
+    crate::google_chat::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;
@@ -415,6 +417,7 @@ mod tests {
             ".platforms.line.channel_access_token",
             ".platforms.line.channel_secret",
             ".platforms.bluebubbles.password",
+            ".platforms.google_chat.service_account_key",
         ] {
             let name = want.split('.').nth(2).unwrap_or_default();
             if platform(name).is_some() {

@@ -17,6 +17,7 @@ mod gateway_discord;
 mod gateway_email;
 mod gateway_feishu;
 mod gateway_feishu_cards;
+mod gateway_google_chat;
 mod gateway_homeassistant;
 mod gateway_hooks;
 mod gateway_irc;

@@ -27,6 +27,7 @@ pub mod docker;
 pub mod email;
 mod fake;
 pub mod feishu;
+pub mod google_chat;
 pub mod homeassistant;
 pub mod ircd;
 pub mod kit;
