@@ -103,6 +103,26 @@ pub enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+    /// Write one archive of the home (database, config, memories, skills,
+    /// learning log, hooks, cron output); a running gateway is fine.
+    Backup {
+        /// The archive to write (default: talaria-backup-DATE-TIME.tar.gz
+        /// here). It must not exist.
+        file: Option<std::path::PathBuf>,
+        /// Include .env (API keys, platform tokens) in the archive.
+        #[arg(long)]
+        with_secrets: bool,
+    },
+    /// Make the home again from an archive `talaria backup` wrote; every
+    /// file is checked against the archive's manifest before anything is
+    /// written.
+    Restore {
+        /// The archive.
+        file: std::path::PathBuf,
+        /// Replace a home that is not empty (it is kept beside, renamed).
+        #[arg(long)]
+        force: bool,
+    },
     /// The database: copy this home's SQLite file into PostgreSQL.
     Store {
         #[command(subcommand)]

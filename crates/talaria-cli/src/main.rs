@@ -23,6 +23,7 @@
 
 mod approvals_cmd;
 mod attach;
+mod backup_cmd;
 mod chat;
 mod cli;
 mod config_cmd;
@@ -264,6 +265,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cron { command } => cron_cmd::run(home, command).await,
         Command::Mcp { command } => mcp_cmd::run(home, command).await,
         Command::Store { command } => store_cmd::run(home, command).await,
+        Command::Backup { file, with_secrets } => backup_cmd::backup(&home, file, with_secrets),
+        Command::Restore { file, force } => backup_cmd::restore(&home, &file, force),
         Command::Memory { command } => {
             let rt = runtime::Runtime::load_without_model(home).await?;
             skills_cmd::memory(&rt, command).await

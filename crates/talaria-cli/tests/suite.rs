@@ -11,6 +11,7 @@ mod api_rest;
 mod api_runs;
 mod approvals;
 mod background;
+mod backup;
 mod browser;
 mod cli;
 mod cluster;

@@ -33,6 +33,7 @@ pub mod gateway;
 mod media;
 pub mod owed;
 pub mod postgres;
+pub mod snapshot;
 pub mod spend;
 pub mod sqlite;
 mod thinking;
