@@ -7,7 +7,6 @@
 //! adapter registered, at the URL it registered; before any registration
 //! it is only in the list, as on a real server.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde_json::Value;
@@ -50,14 +49,12 @@ pub struct BlueBubblesKit {
     pub port: u16,
     /// Posts the webhook payloads, in order.
     pub sender: Sender,
-    posted: AtomicUsize,
 }
 
 impl BlueBubblesKit {
     /// Posts `payload` to every registered webhook.
     pub fn post(&self, payload: &Value) {
         for url in self.fake.webhook_urls() {
-            self.posted.fetch_add(1, Ordering::SeqCst);
             self.sender.push(Delivery {
                 url,
                 headers: Vec::new(),
@@ -84,7 +81,6 @@ impl PlatformKit for BlueBubblesKit {
             fake: FakeBlueBubbles::start(PASSWORD),
             port: free_port(),
             sender: Sender::start(),
-            posted: AtomicUsize::new(0),
         }
     }
 
@@ -252,17 +248,10 @@ impl PlatformKit for BlueBubblesKit {
     }
 
     fn unacknowledged(&self) -> Option<usize> {
-        let posted = self.posted.load(Ordering::SeqCst);
-        Some(posted.saturating_sub(self.sender.taken().len()))
+        Some(self.sender.pending())
     }
 
     async fn wait_acknowledged(&self) {
-        wait_for("the server's posts taken", || async {
-            match self.unacknowledged() {
-                Some(0) => Ok(()),
-                held => Err(held),
-            }
-        })
-        .await;
+        self.sender.wait_all_taken().await;
     }
 }

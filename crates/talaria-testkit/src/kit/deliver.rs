@@ -49,6 +49,8 @@ pub struct Taken {
 #[derive(Default)]
 struct Shared {
     taken: Mutex<Vec<Taken>>,
+    /// Deliveries queued so far.
+    pushed: std::sync::atomic::AtomicUsize,
     changes: Changes,
 }
 
@@ -86,9 +88,27 @@ impl Sender {
 
     /// Queues `delivery` behind the ones before it.
     pub fn push(&self, delivery: Delivery) {
+        self.shared
+            .pushed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // The task only ends when the sender is dropped, so the queue is
         // open for as long as `self` exists.
         let _ = self.queue.send(delivery);
+    }
+
+    /// Deliveries queued and not yet taken by the listener.
+    pub fn pending(&self) -> usize {
+        let pushed = self.shared.pushed.load(std::sync::atomic::Ordering::SeqCst);
+        pushed.saturating_sub(lock(&self.shared.taken).len())
+    }
+
+    /// Waits until the listener took every delivery queued so far.
+    ///
+    /// # Panics
+    /// When [`crate::wait::WAIT`] passes first.
+    pub async fn wait_all_taken(&self) {
+        let n = self.shared.pushed.load(std::sync::atomic::Ordering::SeqCst);
+        self.wait_taken(n).await;
     }
 
     /// What the listener answered each delivery it took, in order.

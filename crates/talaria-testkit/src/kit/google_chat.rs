@@ -4,7 +4,7 @@
 //! Like Chat, the kit posts an event in a space only when it mentions the
 //! app: an unaddressed message in a space never reaches an app.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -49,7 +49,6 @@ pub struct GoogleChatKit {
     pub sender: Sender,
     dir: tempfile::TempDir,
     next: AtomicU64,
-    posted: AtomicUsize,
 }
 
 impl GoogleChatKit {
@@ -58,7 +57,6 @@ impl GoogleChatKit {
         let headers = token
             .map(|t| vec![("Authorization".to_owned(), format!("Bearer {t}"))])
             .unwrap_or_default();
-        self.posted.fetch_add(1, Ordering::SeqCst);
         self.sender.push(Delivery {
             url: format!("http://127.0.0.1:{}/google_chat/events", self.port),
             headers,
@@ -129,7 +127,6 @@ impl PlatformKit for GoogleChatKit {
             sender: Sender::start(),
             dir: tempfile::tempdir().expect("a temporary folder"),
             next: AtomicU64::new(1),
-            posted: AtomicUsize::new(0),
         }
     }
 
@@ -269,17 +266,10 @@ impl PlatformKit for GoogleChatKit {
     }
 
     fn unacknowledged(&self) -> Option<usize> {
-        let posted = self.posted.load(Ordering::SeqCst);
-        Some(posted.saturating_sub(self.sender.taken().len()))
+        Some(self.sender.pending())
     }
 
     async fn wait_acknowledged(&self) {
-        wait_for("Chat's posts taken", || async {
-            match self.unacknowledged() {
-                Some(0) => Ok(()),
-                held => Err(held),
-            }
-        })
-        .await;
+        self.sender.wait_all_taken().await;
     }
 }

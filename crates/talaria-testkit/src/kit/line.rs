@@ -7,7 +7,6 @@
 //! redelivery on: one posted while the gateway is down or starting
 //! arrives once it is up.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use talaria_adapter::MediaKind;
@@ -48,7 +47,6 @@ pub struct LineKit {
     pub port: u16,
     /// Posts the deliveries, in order, until the listener takes them.
     pub sender: Sender,
-    posted: AtomicUsize,
 }
 
 impl LineKit {
@@ -65,7 +63,6 @@ impl LineKit {
         let headers = signature
             .map(|s| vec![("x-line-signature".to_owned(), s.to_owned())])
             .unwrap_or_default();
-        self.posted.fetch_add(1, Ordering::SeqCst);
         self.sender.push(Delivery {
             url: format!("http://127.0.0.1:{}/line/webhook", self.port),
             headers,
@@ -119,7 +116,6 @@ impl PlatformKit for LineKit {
             fake: FakeLine::start(TOKEN, BOT),
             port: free_port(),
             sender: Sender::start(),
-            posted: AtomicUsize::new(0),
         }
     }
 
@@ -256,17 +252,10 @@ impl PlatformKit for LineKit {
     }
 
     fn unacknowledged(&self) -> Option<usize> {
-        let posted = self.posted.load(Ordering::SeqCst);
-        Some(posted.saturating_sub(self.sender.taken().len()))
+        Some(self.sender.pending())
     }
 
     async fn wait_acknowledged(&self) {
-        wait_for("LINE's deliveries taken with a 200", || async {
-            match self.unacknowledged() {
-                Some(0) => Ok(()),
-                held => Err(held),
-            }
-        })
-        .await;
+        self.sender.wait_all_taken().await;
     }
 }
