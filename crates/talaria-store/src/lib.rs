@@ -9,6 +9,8 @@
 //! - [`cluster`]: the nodes of a deployment and the leases they hold.
 //! - [`cron`]: scheduled jobs and the claimed record of their runs.
 //! - [`copy`]: copying everything a store holds into another backend.
+//! - [`snapshot`]: a consistent copy of a live SQLite file (SQLite's
+//!   online backup API), for `talaria backup`.
 //! - [`sqlite`]: the embedded backend (bundled SQLite, WAL, FTS5).
 //! - [`postgres`]: the shared backend for several nodes (PostgreSQL, a
 //!   connection pool, `tsvector` search, `SKIP LOCKED` claims).
