@@ -123,6 +123,13 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish,
+    /// elvish, powershell). For bash: `source <(talaria completions bash)`
+    /// in ~/.bashrc; zsh: write it as `_talaria` in a folder of $fpath.
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
     /// The database: copy this home's SQLite file into PostgreSQL.
     Store {
         #[command(subcommand)]

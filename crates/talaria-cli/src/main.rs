@@ -63,6 +63,17 @@ use crate::cli::{Cli, Command, ConfigCommand, GatewayCommand, PairingCommand, Se
 fn main() -> ExitCode {
     let cli = Cli::parse();
     end_quietly_on_a_closed_stdout();
+    // Needs no home, no runtime: nothing is created for it.
+    if let Command::Completions { shell } = &cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(
+            *shell,
+            &mut Cli::command(),
+            "talaria",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
     // Before any thread or descriptor exists; logged by the gateway once
     // logging is set up.
     let _ = OPEN_FILES.set(raise_open_file_limit());
@@ -265,6 +276,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cron { command } => cron_cmd::run(home, command).await,
         Command::Mcp { command } => mcp_cmd::run(home, command).await,
         Command::Store { command } => store_cmd::run(home, command).await,
+        // Answered in `main`, before a home is resolved.
+        Command::Completions { .. } => Ok(ExitCode::SUCCESS),
         Command::Backup { file, with_secrets } => backup_cmd::backup(&home, file, with_secrets),
         Command::Restore { file, force } => backup_cmd::restore(&home, &file, force),
         Command::Memory { command } => {

@@ -639,3 +639,36 @@ async fn execute_code_calls_tools_from_a_script_and_only_its_print_comes_back() 
     // The file's own text went to the script, not to the model.
     assert!(!result.contains("hay"), "{result}");
 }
+
+/// `talaria completions bash` is a script bash takes: completing
+/// `talaria ga` offers `gateway`, and `talaria backup --w` offers
+/// `--with-secrets`. The home is not touched.
+#[tokio::test]
+async fn bash_completes_subcommands_and_flags_from_the_generated_script() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("untouched");
+    let out = talaria(&home, &["completions", "bash"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!home.exists(), "completions made a home");
+    let script = dir.path().join("talaria.bash");
+    std::fs::write(&script, &out.stdout).unwrap();
+    let complete = |words: &str| {
+        let program = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+             COMP_LINE=\"${{COMP_WORDS[*]}}\"; COMP_POINT=${{#COMP_LINE}}; \
+             _talaria talaria \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display()
+        );
+        let run = std::process::Command::new("bash")
+            .args(["--norc", "-c", &program])
+            .output()
+            .expect("bash runs");
+        assert!(run.status.success(), "{}", text(&run.stderr));
+        text(&run.stdout)
+    };
+    let offered = complete("talaria ga");
+    assert!(offered.lines().any(|l| l == "gateway"), "{offered}");
+    let offered = complete("talaria backup --w");
+    assert!(offered.lines().any(|l| l == "--with-secrets"), "{offered}");
+}
