@@ -54,6 +54,8 @@ fn bluebubbles_adapter(
         .expect("BlueBubbles is on");
     let settings = BlueBubblesSettings {
         catch_up_every: Duration::from_millis(300),
+        // Every turn shows typing, however close the turns.
+        typing_every: Duration::ZERO,
         ..settings
     };
     BlueBubblesAdapter::new(settings, cursors).expect("the BlueBubbles adapter")
@@ -157,4 +159,19 @@ async fn posts_without_the_password_get_401_and_run_nothing() {
     let sent = rig.kit.fake.wait_for_sent(1, WAIT).await;
     assert_eq!(sent[0].text, "Read back.");
     assert_eq!(sent[0].chat, dm(Who::Friend));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_turn_marks_its_chat_read_and_shows_typing() {
+    let rig = Rig::<BlueBubblesKit>::started(&[], |_| {}).await;
+    for (i, text) in ["first", "second"].into_iter().enumerate() {
+        rig.llm.push(Reply::text(format!("answer {i}")));
+        rig.kit.push_dm(Who::Friend, text);
+        rig.kit.fake.wait_for_sent(i + 1, WAIT).await;
+        rig.wait_for_delivered(i as u64 + 1).await;
+    }
+    let chat = dm(Who::Friend);
+    // At least once per turn (a long turn refreshes both).
+    assert!(rig.kit.fake.reads().iter().filter(|c| **c == chat).count() >= 2);
+    assert!(rig.kit.fake.typing().iter().filter(|c| **c == chat).count() >= 2);
 }

@@ -452,6 +452,9 @@ async fn handle(
                 .cloned()
                 .collect();
             found.sort_by_key(|m| m["dateCreated"].as_i64().unwrap_or(0));
+            if body["sort"] == "DESC" {
+                found.reverse();
+            }
             found.truncate(limit);
             envelope(json!(found))
         }

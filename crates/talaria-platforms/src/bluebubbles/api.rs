@@ -285,6 +285,21 @@ impl Api {
         Ok(data.as_array().cloned().unwrap_or_default())
     }
 
+    /// The creation time of the server's newest message, if it has any.
+    pub(crate) async fn newest_message_ms(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<i64>, ApiError> {
+        let body = json!({ "limit": 1, "offset": 0, "sort": "DESC" });
+        let data = self.post(&["message", "query"], &body, timeout).await?;
+        Ok(data[0]["dateCreated"].as_i64())
+    }
+
+    /// A failure that is not the server's answer, as this client's error.
+    pub(crate) fn other_error(&self, text: String) -> ApiError {
+        self.http.fail(Failure::Other(text))
+    }
+
     /// Streams attachment `guid`.
     pub(crate) async fn download(
         &self,

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use regex::Regex;
@@ -78,7 +78,7 @@ const CATCH_UP_PAGE: usize = 100;
 /// How long one file may take, body included.
 const MEDIA_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Typing is shown again at most this often per chat.
+/// Typing is shown again at most this often per chat, by default.
 const TYPING_REFRESH: Duration = Duration::from_secs(10);
 
 /// Chats whose typing time is remembered; when full, the memory starts
@@ -106,6 +106,9 @@ pub struct BlueBubblesSettings {
     pub max_body_bytes: usize,
     /// How often the adapter reads back what the webhook may have missed.
     pub catch_up_every: Duration,
+    /// Typing (and the read receipt) is shown again at most this often
+    /// per chat.
+    pub typing_every: Duration,
     /// How long one REST call may take.
     pub send_timeout: Duration,
 }
@@ -147,6 +150,7 @@ impl BlueBubblesSettings {
             send_read_receipts: d.send_read_receipts,
             max_body_bytes: d.max_body_bytes,
             catch_up_every: Duration::from_secs(30),
+            typing_every: TYPING_REFRESH,
             send_timeout: Duration::from_secs(30),
         }
     }
@@ -227,6 +231,7 @@ pub struct BlueBubblesAdapter {
     registered_url: Secret,
     cursors: Arc<dyn CursorStore>,
     catch_up_every: Duration,
+    typing_every: Duration,
     send_timeout: Duration,
     send_read_receipts: bool,
     /// The server's Private API helper is connected (threaded replies,
@@ -316,6 +321,7 @@ impl BlueBubblesAdapter {
             registered_url: Secret::new(hook_url.to_string()),
             cursors,
             catch_up_every: settings.catch_up_every.max(Duration::from_millis(50)),
+            typing_every: settings.typing_every,
             send_timeout: settings.send_timeout,
             send_read_receipts: settings.send_read_receipts,
             private_api: AtomicBool::new(false),
@@ -341,17 +347,9 @@ impl BlueBubblesAdapter {
             .cursor(PLATFORM, CURSOR)
             .await
             .map_err(|e| format!("cannot read the catch-up position: {e}"))?;
-        let mut after: i64 = match saved.and_then(|s| s.parse().ok()) {
-            Some(ms) => ms,
-            None => {
-                // The first start: history is not replayed, only what
-                // comes from now on.
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-                self.save(now).await?;
-                return Ok(0);
-            }
+        let Some(mut after) = saved.and_then(|s| s.parse::<i64>().ok()) else {
+            self.start_position().await?;
+            return Ok(0);
         };
         let mut handed = 0;
         loop {
@@ -382,6 +380,26 @@ impl BlueBubblesAdapter {
                 return Ok(handed);
             }
         }
+    }
+
+    /// On the very first start, the position is the server's newest
+    /// message (in the server's clock, not ours): history is not
+    /// replayed, only what arrives from here on.
+    async fn start_position(&self) -> Result<(), String> {
+        let saved = self
+            .cursors
+            .cursor(PLATFORM, CURSOR)
+            .await
+            .map_err(|e| format!("cannot read the catch-up position: {e}"))?;
+        if saved.is_some() {
+            return Ok(());
+        }
+        let newest = self
+            .api
+            .newest_message_ms(self.send_timeout)
+            .await
+            .map_err(|e| format!("cannot read the newest message: {e}"))?;
+        self.save(newest.unwrap_or(0)).await
     }
 
     async fn save(&self, after_ms: i64) -> Result<(), String> {
@@ -475,6 +493,11 @@ impl Adapter for BlueBubblesAdapter {
         let prepared = async {
             self.api.ping(self.send_timeout).await?;
             let info = self.api.server_info(self.send_timeout).await?;
+            // Before the webhook exists: a message is then either posted
+            // or read back, never neither.
+            self.start_position()
+                .await
+                .map_err(|e| self.api.other_error(e))?;
             let id = self
                 .api
                 .ensure_webhook(self.registered_url.expose(), self.send_timeout)
@@ -615,27 +638,29 @@ impl Adapter for BlueBubblesAdapter {
     }
 
     /// Marks the chat read and shows typing, when the Private API helper
-    /// is connected (both need it); at most every few seconds per chat.
+    /// is connected (both need it); at most every few seconds per chat,
+    /// so each turn's messages are marked read as it starts.
     async fn typing(&self, chat_id: &str, _thread_id: Option<&str>) -> Result<(), SendError> {
         if !self.private_api.load(Ordering::Relaxed) || !chat_id.contains(';') {
             return Ok(());
         }
-        let first = {
+        {
             let mut map = self.typed.lock().unwrap_or_else(|p| p.into_inner());
-            match map.get(chat_id) {
-                Some(at) if at.elapsed() < TYPING_REFRESH => return Ok(()),
-                seen => {
-                    let first = seen.is_none();
-                    if map.len() >= MAX_TYPING_CHATS {
-                        map.clear();
-                    }
-                    map.insert(chat_id.to_owned(), Instant::now());
-                    first
-                }
+            if map
+                .get(chat_id)
+                .is_some_and(|at| at.elapsed() < self.typing_every)
+            {
+                return Ok(());
             }
-        };
-        if first
-            && self.send_read_receipts
+            if map.len() >= MAX_TYPING_CHATS {
+                map.clear();
+            }
+            map.insert(chat_id.to_owned(), Instant::now());
+        }
+        // Whatever arrived since the last receipt is being answered now:
+        // marked read with each typing refresh, so every turn's messages
+        // are.
+        if self.send_read_receipts
             && let Err(e) = self.api.mark_read(chat_id, self.send_timeout).await
         {
             tracing::debug!(error = %e, "BlueBubbles read receipt not sent");
