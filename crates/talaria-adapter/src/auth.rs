@@ -134,29 +134,78 @@ impl AuthPolicy {
     /// holds an approval for this sender on this platform (the caller looks
     /// it up).
     pub fn decide(&self, source: &SessionSource, caps: &Capabilities, paired: bool) -> Decision {
+        self.walk(source, caps, paired, &mut |_| {})
+    }
+
+    /// [`AuthPolicy::decide`], with a sentence for every rule it looked at
+    /// in the order it looked (`talaria doctor auth`): what the rule reads
+    /// and whether it decided.
+    pub fn explain(
+        &self,
+        source: &SessionSource,
+        caps: &Capabilities,
+        paired: bool,
+    ) -> (Decision, Vec<String>) {
+        let mut steps = Vec::new();
+        let decision = self.walk(source, caps, paired, &mut |step| {
+            steps.push(step.to_string());
+        });
+        (decision, steps)
+    }
+
+    /// The rules in their fixed order. `note` hears each rule's finding;
+    /// `decide` passes a closure that drops them, and `format_args!` is
+    /// lazy, so the sentences are only written out when explained.
+    fn walk(
+        &self,
+        source: &SessionSource,
+        caps: &Capabilities,
+        paired: bool,
+        note: &mut dyn FnMut(fmt::Arguments<'_>),
+    ) -> Decision {
         let platform = source.platform.to_ascii_lowercase();
         let caseless = caps.sender_ids.caseless();
+        let group_var = talaria_core::config::platform_var(&platform, "GROUP_ALLOWED_CHATS");
 
         // Checked before the sender because channel posts and anonymous
         // group admins carry no usable user id, and Telegram shows the
         // latter as a bot; the operator vouched for the whole chat.
         let group_chats = if caps.group_chat_allowlist && is_group_scoped(source.chat_type) {
-            self.list(&talaria_core::config::platform_var(
-                &platform,
-                "GROUP_ALLOWED_CHATS",
-            ))
+            self.list(&group_var)
         } else {
             Vec::new()
         };
-        if !source.chat_id.is_empty()
+        if !caps.group_chat_allowlist {
+            note(format_args!(
+                "chat allowlist: {platform} has none (only user ids decide)"
+            ));
+        } else if !is_group_scoped(source.chat_type) {
+            note(format_args!(
+                "chat allowlist: {group_var} applies to group chats, this is a {}",
+                source.chat_type
+            ));
+        } else if !source.chat_id.is_empty()
             && group_chats
                 .iter()
                 .any(|c| *c == "*" || *c == source.chat_id)
         {
+            note(format_args!(
+                "chat allowlist: chat {} is on {group_var}: let in",
+                source.chat_id
+            ));
             return Decision::Allow(Reason::GroupChat);
+        } else {
+            note(format_args!(
+                "chat allowlist: chat {} is not on {group_var} ({})",
+                source.chat_id,
+                shown_list(&group_chats)
+            ));
         }
 
         let Some(user) = source.user_id.as_deref().filter(|u| !u.trim().is_empty()) else {
+            note(format_args!(
+                "sender: the message carries no user id, so no user rule can let it in: kept out"
+            ));
             return Decision::Deny {
                 offer_pairing: false,
             };
@@ -171,13 +220,21 @@ impl AuthPolicy {
                 *e == user
             }
         };
+        let users_var = talaria_core::config::platform_var(&platform, "ALLOWED_USERS");
 
         // Bots (including other agents) are not users: allow-all flags,
         // pairing and `*` are about people, so a bot needs its own entry.
         if source.is_bot {
             return if users.iter().any(listed) {
+                note(format_args!(
+                    "bot: {user} is a bot, named on {users_var} or {GLOBAL_LIST_KEY}: let in"
+                ));
                 Decision::Allow(Reason::Allowlisted)
             } else {
+                note(format_args!(
+                    "bot: {user} is a bot; bots need their own id on {users_var} or \
+                     {GLOBAL_LIST_KEY} (allow-all, `*` and pairing are for people): kept out"
+                ));
                 Decision::Deny {
                     offer_pairing: false,
                 }
@@ -190,27 +247,54 @@ impl AuthPolicy {
                 && caps.offers_pairing(),
         };
 
+        let all_var = talaria_core::config::platform_var(&platform, "ALLOW_ALL_USERS");
         if self.platform_flag(&platform, "ALLOW_ALL_USERS") {
+            note(format_args!("{all_var} is set: let in"));
             return Decision::Allow(Reason::PlatformAllowAll);
         }
+        note(format_args!("{all_var} is not set"));
         if paired {
+            note(format_args!(
+                "pairing: {user} was approved on {platform}: let in"
+            ));
             return Decision::Allow(Reason::Paired);
         }
+        note(format_args!(
+            "pairing: {user} has no approval on {platform}"
+        ));
         if users.is_empty() && group_chats.is_empty() {
             // Any applicable list switches the global flag off, so adding
             // one user to a list can never widen access.
             return if self.flag(GLOBAL_ALLOW_ALL_KEY) {
+                note(format_args!(
+                    "no allowlist applies and {GLOBAL_ALLOW_ALL_KEY} is set: let in"
+                ));
                 Decision::Allow(Reason::GlobalAllowAll)
             } else {
+                note(format_args!(
+                    "no allowlist applies ({users_var} and {GLOBAL_LIST_KEY} are empty) and \
+                     {GLOBAL_ALLOW_ALL_KEY} is not set: kept out"
+                ));
                 deny
             };
         }
+        note(format_args!(
+            "{GLOBAL_ALLOW_ALL_KEY} does not count: an allowlist applies"
+        ));
         if users.contains(&"*") {
+            note(format_args!("allowlist: it holds `*`: let in"));
             return Decision::Allow(Reason::Wildcard);
         }
         if users.iter().any(listed) {
+            note(format_args!(
+                "allowlist: {user} is on {users_var} or {GLOBAL_LIST_KEY}: let in"
+            ));
             return Decision::Allow(Reason::Allowlisted);
         }
+        note(format_args!(
+            "allowlist: {user} is not on {users_var} or {GLOBAL_LIST_KEY} ({}): kept out",
+            shown_list(&users)
+        ));
         deny
     }
 
@@ -286,6 +370,20 @@ fn ancestor_prefix(platform: &str) -> Option<&'static str> {
     match platform {
         "qqbot" => Some("QQ"),
         _ => None,
+    }
+}
+
+/// A list's entries for a sentence: a few of them, or that it is empty.
+fn shown_list(entries: &[&str]) -> String {
+    const SHOWN: usize = 5;
+    match entries.len() {
+        0 => "the list is empty".to_owned(),
+        n if n <= SHOWN => format!("it holds {}", entries.join(", ")),
+        n => format!(
+            "it holds {}, and {} more",
+            entries[..SHOWN].join(", "),
+            n - SHOWN
+        ),
     }
 }
 

@@ -405,4 +405,15 @@ pub trait Adapter: Send + Sync + 'static {
         let _ = (chat_id, thread_id);
         Ok(())
     }
+
+    /// Asks the platform whom the configured credentials belong to, with
+    /// one request and without receiving anything: `talaria doctor`'s
+    /// credential check. `Ok` names the account (`@talaria_bot`); a
+    /// [`AdapterError::Fatal`] means the platform refused the credentials,
+    /// a [`AdapterError::Disconnected`] that it could not be reached.
+    /// `None` (the default): the platform has no such question, and its
+    /// credentials are first tried when the gateway connects.
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        None
+    }
 }

@@ -291,7 +291,21 @@ impl<'a> TurnRun<'a> {
             chars = user_text.chars().count(),
             "turn started"
         );
+        let started = std::time::Instant::now();
         let result = self.steps(user_text).await;
+        let outcome = match &result {
+            Ok(o) => match o.exit {
+                TurnExit::Completed | TurnExit::BudgetExhausted => "ok",
+                TurnExit::Interrupted => "interrupted",
+                TurnExit::Failed(_) => "error",
+            },
+            Err(_) => "error",
+        };
+        talaria_core::metrics::turn_finished(
+            self.platform.as_deref().unwrap_or("cli"),
+            outcome,
+            started.elapsed(),
+        );
         match &result {
             Ok(outcome) => tracing::debug!(
                 session = %self.session.id,

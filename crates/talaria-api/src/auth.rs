@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
+use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -16,23 +17,26 @@ pub(crate) async fn require_key(
     request: Request,
     next: Next,
 ) -> Response {
-    let presented = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
-    let ok = presented.is_some_and(|k| {
-        talaria_core::constant_time_eq(k.as_bytes(), state.key.expose().as_bytes())
-    });
-    if !ok {
+    if !has_key(&state, request.headers()) {
         tracing::debug!(
             path = %request.uri().path(),
-            had_header = presented.is_some(),
+            had_header = request.headers().contains_key(AUTHORIZATION),
             "API request refused: bad or missing key"
         );
         return ApiError::invalid_key().into_response();
     }
     next.run(request).await
+}
+
+/// Whether `headers` carry `Authorization: Bearer <the key>`.
+pub(crate) fn has_key(state: &AppState, headers: &HeaderMap) -> bool {
+    headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .is_some_and(|k| {
+            talaria_core::constant_time_eq(k.as_bytes(), state.key.expose().as_bytes())
+        })
 }
 
 /// The token of an `Authorization` value; the scheme is case-insensitive

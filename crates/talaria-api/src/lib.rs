@@ -55,6 +55,7 @@ mod auth;
 mod chat;
 mod config;
 mod error;
+mod metrics;
 mod responses;
 mod rest;
 mod runs;
@@ -222,6 +223,9 @@ fn parse_bool(raw: &str) -> Option<bool> {
 pub(crate) struct AppState {
     pub(crate) agent: Arc<Agent>,
     pub(crate) key: Secret,
+    /// `/metrics` is served without the key (`metrics.public` on a
+    /// loopback listener).
+    pub(crate) metrics_public: bool,
     /// `None` when runs are not capped.
     pub(crate) runs: Option<Arc<Semaphore>>,
     /// Parent of every turn's token: cancelled when the server shuts down,
@@ -347,7 +351,15 @@ impl ApiServer {
                 .await
                 .map_err(|(addr, source)| ApiServerError::Bind { addr, source })?;
         let turns = CancellationToken::new();
+        let metrics_public = agent.parts().config.metrics.public;
+        if metrics_public && !addr.ip().is_loopback() {
+            tracing::warn!(
+                %addr,
+                "metrics.public is honoured on loopback only: /metrics keeps asking for the key"
+            );
+        }
         let state = Arc::new(AppState {
+            metrics_public: metrics_public && addr.ip().is_loopback(),
             agent,
             key: settings.key,
             runs: (settings.max_concurrent_runs > 0)
@@ -496,6 +508,7 @@ fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/health", get(health))
+        .route("/metrics", get(metrics::scrape))
         .merge(protected)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

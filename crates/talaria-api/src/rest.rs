@@ -72,6 +72,9 @@ pub struct GatewayServices {
     /// reach, so the binary hands them in. It blocks (it reads files):
     /// call it off the async threads.
     pub config_report: Arc<dyn Fn() -> serde_json::Value + Send + Sync>,
+    /// The process's metrics in Prometheus' text format, as `/metrics`
+    /// serves them; `None` where no recorder is installed.
+    pub metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
 }
 
 impl std::fmt::Debug for GatewayServices {

@@ -78,6 +78,7 @@ async fn rig(with_gateway: bool, configure: impl FnOnce(&mut Config)) -> Rig {
             board: board.clone(),
             running_turns: Arc::new(|| 0),
             config_report: Arc::new(|| json!({"config": {"probe": true}})),
+            metrics: None,
         });
     }
     let base = format!("http://{}", server.local_addr());

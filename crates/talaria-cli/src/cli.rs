@@ -130,6 +130,20 @@ pub enum Command {
         /// The shell to complete in.
         shell: clap_complete::Shell,
     },
+    /// Check that everything the agent needs works: the configuration,
+    /// the database, the model (asked to call a tool), each platform's
+    /// credentials (asked of the platform), the home's permissions, disk
+    /// space, the sandbox and the MCP servers. Exits 1 on any failure.
+    Doctor {
+        #[command(subcommand)]
+        command: Option<DoctorCommand>,
+        /// Print the findings as JSON.
+        #[arg(long, global = true)]
+        json: bool,
+        /// Ask nothing over the network (model and platforms skipped).
+        #[arg(long)]
+        offline: bool,
+    },
     /// The database: copy this home's SQLite file into PostgreSQL.
     Store {
         #[command(subcommand)]
@@ -140,6 +154,36 @@ pub enum Command {
         #[command(subcommand)]
         command: DashboardCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DoctorCommand {
+    /// Explain, rule by rule, whether a sender is let in: `talaria doctor
+    /// auth telegram:123456789`.
+    Auth {
+        /// `<platform>:<user_id>`.
+        who: String,
+        /// The chat the message comes from (default: the user's DM).
+        /// Telegram's group ids are negative, hence hyphens are taken.
+        #[arg(long, allow_hyphen_values = true)]
+        chat: Option<String>,
+        /// The kind of chat.
+        #[arg(long, value_enum, default_value_t = ChatKind::Dm)]
+        chat_type: ChatKind,
+        /// The sender is a bot.
+        #[arg(long)]
+        bot: bool,
+    },
+}
+
+/// The kinds of chat a sender can write from.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ChatKind {
+    Dm,
+    Group,
+    Channel,
+    Thread,
+    Forum,
 }
 
 #[derive(Debug, Subcommand)]

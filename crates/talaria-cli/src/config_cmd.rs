@@ -15,7 +15,8 @@ use talaria_core::Endpoint;
 use talaria_core::config::ConfigError;
 use talaria_core::effective::FromEnv;
 use talaria_core::{Config, Home, Redactor};
-use talaria_platforms::registry::{BuildError, PLATFORMS, Setup};
+use talaria_gateway::Adapter;
+use talaria_platforms::registry::{BuildError, PLATFORMS, Platform, Setup};
 use talaria_store::CursorStore;
 
 /// What `config show` and `config check` say about a home's configuration.
@@ -298,6 +299,20 @@ pub(crate) fn platforms_on(
     config: &Config,
     env: &talaria_core::Env,
 ) -> (Vec<&'static str>, Vec<String>) {
+    let (built, errors) = built_platforms(home, config, env);
+    (built.into_iter().map(|(p, _)| p.name).collect(), errors)
+}
+
+/// A platform set up and its adapter, not connected.
+pub(crate) type BuiltPlatform = (&'static Platform, Arc<dyn Adapter>);
+
+/// [`platforms_on`] with the adapters themselves, unconnected: what
+/// `talaria doctor` asks whom their credentials belong to.
+pub(crate) fn built_platforms(
+    home: &talaria_core::Home,
+    config: &Config,
+    env: &talaria_core::Env,
+) -> (Vec<BuiltPlatform>, Vec<String>) {
     let setup = Setup {
         config,
         env,
@@ -310,7 +325,7 @@ pub(crate) fn platforms_on(
     let mut errors = Vec::new();
     for platform in PLATFORMS {
         match (platform.build)(&setup) {
-            Ok(Some(_)) => on.push(platform.name),
+            Ok(Some(built)) => on.push((platform, built.adapter)),
             Ok(None) => {}
             Err(BuildError::Misconfigured(e)) => {
                 errors.push(format!("{} is misconfigured: {e}", platform.title));
@@ -343,7 +358,7 @@ impl CursorStore for NoCursors {
 }
 
 /// Errors that would stop `talaria chat`.
-fn problems(config: &Config, env: &talaria_core::Env) -> Vec<String> {
+pub(crate) fn problems(config: &Config, env: &talaria_core::Env) -> Vec<String> {
     let mut out = Vec::new();
     if let Err(e) = config.primary_endpoint(env) {
         out.push(e);

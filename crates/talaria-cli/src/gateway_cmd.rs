@@ -150,6 +150,8 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     // Read once before the runtime (which also opens the store) so that a
     // broken file is told apart from a database that is down.
     crate::sections::load(&home).map_err(bad_config)?;
+    // Before anything records: counts from the start are kept.
+    let metrics = install_metrics();
     let mut rt = Runtime::load(home, "info").await?;
     rt.probe_model().await;
     log_open_file_limit();
@@ -290,6 +292,7 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
                     board: gateway.board(),
                     running_turns: gateway.running_turns(),
                     config_report: crate::config_cmd::api_report(rt.home.clone()),
+                    metrics: metrics.clone(),
                 });
             let config = &api_config;
             server.set_connection_limits(
@@ -402,6 +405,34 @@ async fn serve_dashboard(
 /// Says what the open-file limit is (raised at start, see `main`): the
 /// listeners' connection caps derive from it, and a low one explains
 /// "Too many open files".
+/// Installs the Prometheus recorder every crate's counters go to, and
+/// returns what renders it for `/metrics`. `None` (logged) if a recorder
+/// is installed already, which only a second gateway in one process could
+/// do.
+fn install_metrics() -> Option<Arc<dyn Fn() -> String + Send + Sync>> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let installed = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(talaria_core::metrics::TURN_SECONDS.to_owned()),
+            talaria_core::metrics::TURN_BUCKETS,
+        )
+        .and_then(PrometheusBuilder::install_recorder);
+    let handle = match installed {
+        Ok(handle) => handle,
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics are not recorded: /metrics will not be served");
+            return None;
+        }
+    };
+    talaria_core::metrics::describe();
+    Some(Arc::new(move || {
+        // Folds the histograms' recent samples into their buckets, which
+        // keeps the recorder's memory bounded between scrapes.
+        handle.run_upkeep();
+        handle.render()
+    }))
+}
+
 fn log_open_file_limit() {
     let Some(limit) = crate::open_files() else {
         return;

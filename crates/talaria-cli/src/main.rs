@@ -28,6 +28,7 @@ mod chat;
 mod cli;
 mod config_cmd;
 mod cron_cmd;
+mod doctor;
 mod gateway_cmd;
 mod insights_cmd;
 mod interact;
@@ -278,6 +279,36 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Store { command } => store_cmd::run(home, command).await,
         // Answered in `main`, before a home is resolved.
         Command::Completions { .. } => Ok(ExitCode::SUCCESS),
+        Command::Doctor {
+            command: None,
+            json,
+            offline,
+        } => doctor::run(&home, doctor::Options { offline }, json).await,
+        Command::Doctor {
+            command:
+                Some(cli::DoctorCommand::Auth {
+                    who,
+                    chat,
+                    chat_type,
+                    bot,
+                }),
+            ..
+        } => {
+            let chat_type = match chat_type {
+                cli::ChatKind::Dm => talaria_gateway::event::ChatType::Dm,
+                cli::ChatKind::Group => talaria_gateway::event::ChatType::Group,
+                cli::ChatKind::Channel => talaria_gateway::event::ChatType::Channel,
+                cli::ChatKind::Thread => talaria_gateway::event::ChatType::Thread,
+                cli::ChatKind::Forum => talaria_gateway::event::ChatType::Forum,
+            };
+            let sender = doctor::auth::Sender {
+                who,
+                chat,
+                chat_type,
+                bot,
+            };
+            doctor::auth::run(&home, sender).await
+        }
         Command::Backup { file, with_secrets } => backup_cmd::backup(&home, file, with_secrets),
         Command::Restore { file, force } => backup_cmd::restore(&home, &file, force),
         Command::Memory { command } => {

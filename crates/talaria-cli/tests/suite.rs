@@ -21,6 +21,7 @@ mod cost;
 mod cron;
 mod dashboard;
 mod dashboard_browser;
+mod doctor;
 mod gateway;
 mod gateway_crash;
 mod gateway_lifecycle;

@@ -23,6 +23,7 @@ pub mod effective;
 pub mod home;
 pub mod ids;
 pub mod message;
+pub mod metrics;
 pub mod redact;
 pub mod toolsets;
 

@@ -457,7 +457,7 @@ async fn write_snapshot(
     delivery: &Delivery,
     state: &str,
 ) {
-    let ledger = match delivery.ledger() {
+    let ledger: std::collections::BTreeMap<String, u64> = match delivery.ledger() {
         Some(l) => l
             .counts()
             .await
@@ -469,6 +469,12 @@ async fn write_snapshot(
             .unwrap_or_default(),
         None => Default::default(),
     };
+    // The gauges a scrape of `/metrics` reads are brought up to date with
+    // the status file, so both say the same.
+    for (state, rows) in &ledger {
+        talaria_core::metrics::ledger_rows(state, *rows);
+    }
+    talaria_core::metrics::busy_queued(runner.queued());
     let me = crate::owner::current();
     let status = GatewayStatus {
         node: delivery.ledger().map(|l| l.node().to_string()),

@@ -81,6 +81,7 @@ impl StatusBoard {
         }
         drop(states);
         if changed {
+            talaria_core::metrics::adapter_connected(platform, liveness == Liveness::Live);
             self.touch();
         }
         if rose {
@@ -396,6 +397,7 @@ async fn run_connected(
             Err(AdapterError::Fatal(e)) => (BACKOFF_MAX, e),
         };
         tracing::warn!(platform, error = %error, retry_in = ?delay, "adapter disconnected");
+        talaria_core::metrics::adapter_reconnect(platform);
         board.set(platform, Liveness::Backoff, Some(error));
         tokio::select! {
             _ = stop.cancelled() => return,

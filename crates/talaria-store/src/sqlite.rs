@@ -9,6 +9,7 @@ mod conn;
 mod copy;
 mod cron;
 mod gateway;
+mod health;
 mod ledger;
 mod owed;
 mod rows;
@@ -25,6 +26,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 use talaria_core::ids::validate_path_component;
 use talaria_core::{Message, Usage};
 
+pub use self::health::{Health, inspect};
 // Tuning of the connections, which `conn` owns; public as `SqliteOptions`.
 pub use self::conn::SqliteOptions;
 use self::conn::{Connections, OpResult, configure, set_cache_kib, with_retry};

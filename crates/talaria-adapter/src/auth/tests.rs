@@ -649,6 +649,19 @@ proptest! {
             prop_assert_eq!(paired, unpaired);
         }
     }
+
+    /// `doctor auth` tells what the gateway does: the explained decision
+    /// is the decision, and its last step says which way it went.
+    #[test]
+    fn the_explanation_reaches_the_decision(c in config(), (_p, s) in message(), paired in any::<bool>()) {
+        let policy = AuthPolicy::from_env(&c.env());
+        let caps = caps(&s.platform);
+        let (explained, steps) = policy.explain(&s, &caps, paired);
+        prop_assert_eq!(explained, policy.decide(&s, &caps, paired));
+        let last = steps.last().cloned().unwrap_or_default();
+        let verdict = if explained.is_allowed() { "let in" } else { "kept out" };
+        prop_assert!(last.ends_with(verdict), "{:?} after {:?}", explained, steps);
+    }
 }
 
 #[test]

@@ -139,6 +139,7 @@ impl TurnRun<'_> {
                             "model call failed: {}",
                             self.parts.redactor.redact(&e.to_string())
                         );
+                        talaria_core::metrics::model_failed(self.provider.model());
                         return Ok(Call::Failed(e.summary()));
                     }
                 }
@@ -151,6 +152,7 @@ impl TurnRun<'_> {
                         "model call failed: {}",
                         self.parts.redactor.redact(&e.to_string())
                     );
+                    talaria_core::metrics::model_failed(self.provider.model());
                     return Ok(Call::Failed(e.summary()));
                 }
             }

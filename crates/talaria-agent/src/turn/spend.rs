@@ -69,6 +69,14 @@ impl<'a> TurnRun<'a> {
         if starts_turn {
             self.pending.turn_counted = true;
         }
+        talaria_core::metrics::model_answered(
+            &model,
+            response.usage.input_tokens
+                + response.usage.cache_read_tokens
+                + response.usage.cache_write_tokens,
+            response.usage.output_tokens,
+            cost_micros,
+        );
         self.pending.calls.push(ModelCall {
             provider: response.provider.clone(),
             model,

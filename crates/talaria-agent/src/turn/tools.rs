@@ -176,6 +176,14 @@ impl TurnRun<'_> {
         if *status != Status::Skipped {
             self.observer
                 .tool_finished(&call.name, *status == Status::Ok, &preview(content, 200));
+            // The name is the model's: one it made up counts as `unknown`,
+            // so the metric's labels stay the registry's tools.
+            let tool = if self.registry.get(&call.name).is_some() {
+                call.name.as_str()
+            } else {
+                "unknown"
+            };
+            talaria_core::metrics::tool_finished(tool, *status == Status::Ok);
         }
         self.persist(Message::tool_result(&call.id, &call.name, content.as_str()))
             .await

@@ -176,6 +176,8 @@ pub struct Config {
     pub budget: BudgetConfig,
     /// The web dashboard (`dashboard:`).
     pub dashboard: DashboardConfig,
+    /// What `/metrics` serves and to whom (`metrics:`).
+    pub metrics: MetricsConfig,
 }
 
 /// A parsed configuration with what was noticed on the way.
@@ -207,6 +209,7 @@ mod env;
 mod gateway;
 mod load;
 mod media;
+mod metrics;
 mod pricing;
 mod routes;
 mod secret;
@@ -222,6 +225,7 @@ pub use env::*;
 pub use gateway::*;
 pub use load::*;
 pub use media::*;
+pub use metrics::*;
 pub use pricing::*;
 pub use routes::*;
 pub use secret::*;

@@ -234,6 +234,7 @@ impl Scheduler {
                     }),
                 };
                 if inner.store.claim_occurrence(claim).await? {
+                    talaria_core::metrics::cron_ran("missed");
                     tracing::info!(job = %job.name, due = %inner.zone.format(scheduled), "cron job missed its time; skipped as its misfire policy says");
                     let end = OccurrenceEnd {
                         status: OccurrenceStatus::Missed,
@@ -415,6 +416,11 @@ impl Scheduler {
             Ok(answer) => (OccurrenceStatus::Ok, answer, None),
             Err(e) => (OccurrenceStatus::Failed, String::new(), Some(e)),
         };
+        talaria_core::metrics::cron_ran(match status {
+            OccurrenceStatus::Failed => "error",
+            OccurrenceStatus::Silent => "silent",
+            _ => "ok",
+        });
         let output_path = match self
             .save_output(
                 job,

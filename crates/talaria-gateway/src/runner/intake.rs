@@ -174,6 +174,7 @@ impl Runner {
         {
             Ok(true) => true,
             Ok(false) => {
+                talaria_core::metrics::duplicate_dropped(&source.platform);
                 tracing::info!(platform = %source.platform, message_id = %message_id, "re-delivered message ignored");
                 false
             }

@@ -245,6 +245,15 @@ impl Runner {
             .collect()
     }
 
+    /// Messages waiting behind a running turn, in every conversation.
+    pub fn queued(&self) -> usize {
+        self.inner
+            .lanes()
+            .values()
+            .map(|lane| lane.queue.len())
+            .sum()
+    }
+
     /// Stops taking work, lets running turns finish for up to `grace`,
     /// then interrupts what is left and waits briefly for it to unwind.
     pub async fn drain(&self, grace: Duration) {

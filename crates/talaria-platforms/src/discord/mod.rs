@@ -357,6 +357,32 @@ impl Adapter for DiscordAdapter {
         "discord"
     }
 
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        // `GET /users/@me` with a bot token is the bot's own user.
+        let answer = self
+            .rest
+            .request(
+                Method::GET,
+                "/users/@me",
+                "GET /users/@me",
+                "",
+                None,
+                Duration::from_secs(15),
+            )
+            .await;
+        Some(match answer {
+            Ok(user) => Ok(format!(
+                "{} ({})",
+                user.get("username").and_then(Value::as_str).unwrap_or("?"),
+                user.get("id").and_then(Value::as_str).unwrap_or("?")
+            )),
+            Err(e) if matches!(e.status(), Some(401 | 403)) => Err(AdapterError::Fatal(format!(
+                "Discord rejected the bot token ({e}); check DISCORD_BOT_TOKEN"
+            ))),
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        })
+    }
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }

@@ -660,6 +660,13 @@ impl Adapter for MatrixAdapter {
         PLATFORM
     }
 
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(self.identify().await.map(|me| match me.display_name {
+            Some(name) => format!("{} ({name})", me.user_id),
+            None => me.user_id,
+        }))
+    }
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }

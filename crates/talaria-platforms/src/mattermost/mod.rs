@@ -433,6 +433,14 @@ impl Adapter for MattermostAdapter {
         "mattermost"
     }
 
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(
+            self.get_me()
+                .await
+                .map(|me| format!("@{} ({})", me.username, me.id)),
+        )
+    }
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }

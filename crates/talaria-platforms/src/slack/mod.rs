@@ -629,6 +629,14 @@ impl Adapter for SlackAdapter {
         "slack"
     }
 
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(
+            self.auth_test()
+                .await
+                .map(|me| format!("bot user {}", me.user_id)),
+        )
+    }
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }

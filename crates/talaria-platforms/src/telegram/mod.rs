@@ -555,6 +555,13 @@ impl Adapter for TelegramAdapter {
         "telegram"
     }
 
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(self.get_me().await.map(|me| match me.username.as_str() {
+            "" => format!("bot {}", me.id),
+            name => format!("@{name} (bot {})", me.id),
+        }))
+    }
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }

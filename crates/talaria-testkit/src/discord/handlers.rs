@@ -270,6 +270,13 @@ pub(super) async fn rest(
                 "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 1}}),
             &[],
         ),
+        // Discord's "Get Current User": the bot's own user object.
+        ("GET", ["users", "@me"]) => json_response(
+            200,
+            &json!({"id": shared.bot_id, "username": super::BOT_USERNAME,
+                "discriminator": "0", "global_name": null, "bot": true}),
+            &[],
+        ),
         ("POST", ["channels", channel, "typing"]) => {
             shared.core.change().typing.push(Typing {
                 channel_id: (*channel).to_owned(),
