@@ -32,6 +32,7 @@ mod isolation;
 mod logs;
 mod mcp;
 mod messages;
+mod metrics;
 mod models;
 mod probe;
 mod readme;

@@ -74,12 +74,14 @@ impl Runner {
             match self.take_owed(&key, &event).await {
                 Some(owed) => owed,
                 None => {
+                    talaria_core::metrics::duplicate_dropped(&event.source.platform);
                     reply.send(Admission::Duplicate);
                     return;
                 }
             }
         } else {
             if !self.first_delivery(&event).await {
+                talaria_core::metrics::duplicate_dropped(&event.source.platform);
                 reply.send(Admission::Duplicate);
                 return;
             }
@@ -174,7 +176,6 @@ impl Runner {
         {
             Ok(true) => true,
             Ok(false) => {
-                talaria_core::metrics::duplicate_dropped(&source.platform);
                 tracing::info!(platform = %source.platform, message_id = %message_id, "re-delivered message ignored");
                 false
             }
