@@ -509,6 +509,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics::scrape))
+        .route("/readyz", get(readyz))
         .merge(protected)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -522,6 +523,40 @@ async fn health() -> Response {
         "version": env!("CARGO_PKG_VERSION"),
     }))
     .into_response()
+}
+
+/// `GET /readyz`: 200 once every platform the gateway runs is connected,
+/// or held by another node of a shared store (that node serves it; this
+/// one takes over if it dies), else 503 naming those still connecting.
+/// A server without a gateway beside it is ready as soon as it listens.
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    use talaria_gateway::adapter::Liveness;
+    let waiting: Vec<String> = match state.gateway.get() {
+        Some(gateway) => {
+            let states = gateway.board.snapshot();
+            gateway
+                .platforms
+                .iter()
+                .filter(|p| {
+                    !states
+                        .get(p.as_str())
+                        .is_some_and(|s| matches!(s.liveness, Liveness::Live | Liveness::Standby))
+                })
+                .cloned()
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    let status = if waiting.is_empty() {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"ready": waiting.is_empty(), "waiting": waiting})),
+    )
+        .into_response()
 }
 
 /// A model the server answers with, as OpenAI describes a model.

@@ -63,6 +63,9 @@ pub struct GatewayServices {
     pub scheduler: Option<Scheduler>,
     /// The platforms' liveness.
     pub board: Arc<StatusBoard>,
+    /// The platforms the gateway runs, which `/readyz` waits for: known
+    /// before any has reported to the board.
+    pub platforms: Vec<String>,
     /// How many chats have a turn running now.
     pub running_turns: Arc<dyn Fn() -> usize + Send + Sync>,
     /// The configuration's report as `GET /api/config` answers it: read

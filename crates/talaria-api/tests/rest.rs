@@ -76,6 +76,7 @@ async fn rig(with_gateway: bool, configure: impl FnOnce(&mut Config)) -> Rig {
             // As the gateway: no scheduler while cron is disabled.
             scheduler: config.cron.enabled.then_some(scheduler),
             board: board.clone(),
+            platforms: Vec::new(),
             running_turns: Arc::new(|| 0),
             config_report: Arc::new(|| json!({"config": {"probe": true}})),
             metrics: None,
@@ -930,7 +931,7 @@ async fn every_route_but_health_needs_the_key() {
                 let resp = req.send().await.unwrap();
                 let status = resp.status();
                 let body: Value = resp.json().await.unwrap_or(Value::Null);
-                if path == "/health" || path == "/v1/health" {
+                if path == "/health" || path == "/v1/health" || path == "/readyz" {
                     assert_eq!(status, 200, "{method} {path}");
                 } else if NOT_YET_SERVED.contains(&(method.as_str(), path.as_str())) {
                     assert_eq!(status, 404, "{method} {path}");

@@ -17,6 +17,16 @@ pub struct Cli {
     /// The Talaria home (config, database, memories). Default: $TALARIA_HOME or ~/.talaria.
     #[arg(long, global = true, value_name = "DIR")]
     pub home: Option<PathBuf>,
+    /// Use the profile NAME: a separate agent with its own home under
+    /// <home>/profiles/NAME (`default` is the home itself).
+    #[arg(
+        short = 'p',
+        long,
+        global = true,
+        value_name = "NAME",
+        env = "TALARIA_PROFILE"
+    )]
+    pub profile: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -144,6 +154,12 @@ pub enum Command {
         #[arg(long)]
         offline: bool,
     },
+    /// Profiles: separate agents on one machine, each with its own
+    /// configuration, database, memory, skills and gateway.
+    Profile {
+        #[command(subcommand)]
+        command: ProfileCommand,
+    },
     /// The database: copy this home's SQLite file into PostgreSQL.
     Store {
         #[command(subcommand)]
@@ -154,6 +170,29 @@ pub enum Command {
         #[command(subcommand)]
         command: DashboardCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfileCommand {
+    /// Every profile, the active one marked, with its gateway's state.
+    List,
+    /// Make a new profile (an empty home; `--copy-config` starts it with
+    /// this profile's config.yaml and .env).
+    Create {
+        name: String,
+        /// Copy config.yaml and .env from the profile in use.
+        #[arg(long)]
+        copy_config: bool,
+    },
+    /// Delete a profile and everything in it (its gateway must be stopped).
+    Delete {
+        name: String,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Where a profile lives, its model, platforms and gateway.
+    Show { name: Option<String> },
 }
 
 #[derive(Debug, Subcommand)]
@@ -349,7 +388,11 @@ pub enum GatewayCommand {
     /// Run in the background (log: $TALARIA_HOME/logs/gateway.log).
     Start,
     /// Stop the background gateway gracefully.
-    Stop,
+    Stop {
+        /// Stop the gateway of every profile of the home, the default's too.
+        #[arg(long)]
+        all: bool,
+    },
     /// Show whether it runs, its platforms, running turns and the ledger.
     Status,
     /// Write a systemd user unit that runs the gateway.

@@ -290,6 +290,7 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
                     store: rt.gateway_store.clone(),
                     scheduler: gateway.scheduler(),
                     board: gateway.board(),
+                    platforms: names.iter().map(|n| (*n).to_owned()).collect(),
                     running_turns: gateway.running_turns(),
                     config_report: crate::config_cmd::api_report(rt.home.clone()),
                     metrics: metrics.clone(),
@@ -351,7 +352,16 @@ async fn serve(home: Home) -> Result<ExitCode, RunError> {
     if !names.is_empty() {
         eprintln!("talaria: gateway running for {}", names.join(", "));
     }
+    crate::service::ready(&names);
+    // Pings go on through the drain: a long drain is not a hang.
+    let pinging = CancellationToken::new();
+    let watchdog = crate::service::watchdog(pinging.clone());
+    crate::service::stopping_on(shutdown.clone());
     gateway.run(shutdown).await;
+    pinging.cancel();
+    if let Some(watchdog) = watchdog {
+        let _ = watchdog.await;
+    }
     for task in [api_task, dashboard_task, ingress_task]
         .into_iter()
         .flatten()
@@ -499,6 +509,9 @@ pub async fn start(home: Home) -> anyhow::Result<ExitCode> {
         .arg("--home")
         .arg(home.root())
         .args(["gateway", "run"])
+        // The home given is the profile's already; the variable would
+        // look for a profile inside it.
+        .env_remove("TALARIA_PROFILE")
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -813,14 +826,14 @@ fn human_duration(secs: f64) -> String {
 }
 
 /// `talaria gateway install`: writes a systemd user unit.
-pub fn install(home: &Home, force: bool) -> anyhow::Result<ExitCode> {
+pub fn install(home: &Home, force: bool, unit: &str) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find the talaria executable")?;
     let dir = match std::env::var_os("XDG_CONFIG_HOME") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".config"),
     }
     .join("systemd/user");
-    let path = dir.join("talaria-gateway.service");
+    let path = dir.join(format!("{unit}.service"));
     if path.exists() && !force {
         bail!(
             "{} already exists; pass --force to replace it",
@@ -832,7 +845,7 @@ pub fn install(home: &Home, force: bool) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot write {}", path.display()))?;
     println!("Wrote {}", path.display());
     println!(
-        "Enable and start it with:\n  systemctl --user daemon-reload\n  systemctl --user enable --now talaria-gateway"
+        "Enable and start it with:\n  systemctl --user daemon-reload\n  systemctl --user enable --now {unit}"
     );
     println!("To keep it running after you log out:\n  loginctl enable-linger $USER");
     Ok(ExitCode::SUCCESS)

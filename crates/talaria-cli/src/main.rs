@@ -36,10 +36,12 @@ mod logging;
 mod mcp_cmd;
 mod model_cmd;
 mod pairing_cmd;
+mod profile_cmd;
 mod repl_commands;
 mod runtime;
 mod sections;
 mod send_cmd;
+mod service;
 mod sessions_cmd;
 mod setup;
 mod skills_cmd;
@@ -194,7 +196,9 @@ fn raise_open_file_limit() -> OpenFiles {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let home = runtime::resolve_home(cli.home.as_deref())?;
+    let base = runtime::resolve_home(cli.home.as_deref())?;
+    let home = profile_cmd::select(base.clone(), cli.profile.as_deref())?;
+    let profile = cli.profile.clone();
     // The gateway's stderr is its log; every other command keeps the
     // terminal for the person and logs to a file.
     logging::choose(
@@ -250,9 +254,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Gateway { command } => match command {
             GatewayCommand::Run => gateway_cmd::run(home).await,
             GatewayCommand::Start => gateway_cmd::start(home).await,
-            GatewayCommand::Stop => gateway_cmd::stop(home).await,
+            GatewayCommand::Stop { all: false } => gateway_cmd::stop(home).await,
+            GatewayCommand::Stop { all: true } => profile_cmd::stop_all(&base).await,
             GatewayCommand::Status => gateway_cmd::status(&home).await,
-            GatewayCommand::Install { force } => gateway_cmd::install(&home, force),
+            GatewayCommand::Install { force } => {
+                gateway_cmd::install(&home, force, &profile_cmd::unit_name(profile.as_deref()))
+            }
         },
         Command::Pairing { command } => {
             let rt = runtime::Runtime::load_without_model(home).await?;
@@ -309,6 +316,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             doctor::auth::run(&home, sender).await
         }
+        Command::Profile { command } => profile_cmd::run(&base, &home, command),
         Command::Backup { file, with_secrets } => backup_cmd::backup(&home, file, with_secrets),
         Command::Restore { file, force } => backup_cmd::restore(&home, &file, force),
         Command::Memory { command } => {

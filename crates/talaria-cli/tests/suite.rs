@@ -35,6 +35,7 @@ mod messages;
 mod metrics;
 mod models;
 mod probe;
+mod profiles;
 mod readme;
 mod repl;
 mod repl_commands;

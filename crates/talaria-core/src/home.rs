@@ -3,6 +3,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+/// The profile that is the home itself.
+pub const DEFAULT_PROFILE: &str = "default";
+
 /// `TALARIA_HOME`: where configuration, the database, memories and skills live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Home {
@@ -98,6 +101,25 @@ impl Home {
     /// Gateway event hooks, one folder each (`hooks/<name>/HOOK.yaml`).
     pub fn hooks_dir(&self) -> PathBuf {
         self.root.join("hooks")
+    }
+
+    /// Where the profiles live: each is a home of its own,
+    /// `profiles/<name>/`, with its own configuration, database, memory,
+    /// skills and gateway.
+    pub fn profiles_dir(&self) -> PathBuf {
+        self.root.join("profiles")
+    }
+
+    /// The home of the profile `name` (`default` is this home itself).
+    ///
+    /// # Errors
+    /// A name that could not be one folder (`..`, `/`, a leading dot).
+    pub fn profile(&self, name: &str) -> Result<Home, crate::ids::IdError> {
+        if name == DEFAULT_PROFILE {
+            return Ok(self.clone());
+        }
+        crate::ids::validate_path_component(name)?;
+        Ok(Home::at(self.profiles_dir().join(name)))
     }
 
     /// The running gateway's PID file, held under an exclusive lock.

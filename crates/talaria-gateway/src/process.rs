@@ -283,7 +283,11 @@ pub fn systemd_unit(exe: &Path, home: &Home) -> String {
          After=network-online.target\n\
          \n\
          [Service]\n\
-         Type=simple\n\
+         # The gateway says READY=1 once it serves, and pings the watchdog\n\
+         # from its event loop: a hung gateway is restarted.\n\
+         Type=notify\n\
+         NotifyAccess=main\n\
+         WatchdogSec=60\n\
          ExecStart={exec} gateway run\n\
          Environment={env}\n\
          Restart=on-failure\n\

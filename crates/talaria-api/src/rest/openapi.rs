@@ -70,7 +70,7 @@ const fn with_query(
 }
 
 /// Routes that answer without the key.
-pub(crate) const PUBLIC: &[&str] = &["/health", "/v1/health"];
+pub(crate) const PUBLIC: &[&str] = &["/health", "/v1/health", "/readyz"];
 
 /// Every operation of the server.
 pub(crate) const OPERATIONS: &[Operation] = &[
@@ -91,6 +91,24 @@ pub(crate) const OPERATIONS: &[Operation] = &[
         "The same as /health.",
         None,
         (200, "Health"),
+    ),
+    op(
+        "get",
+        "/readyz",
+        "readyz",
+        "health",
+        "Readiness: 200 once every enabled platform is connected (or held by another node), else 503 naming those still connecting (no key needed).",
+        None,
+        (200, "Readiness"),
+    ),
+    op(
+        "get",
+        "/metrics",
+        "metrics",
+        "ops",
+        "The gateway's counters and gauges in Prometheus' text format (the key is needed unless metrics.public on loopback).",
+        None,
+        (200, "MetricsText"),
     ),
     op(
         "get",
@@ -654,6 +672,15 @@ fn schemas() -> Value {
         "Health".into(),
         json!({"type": "object", "required": ["status", "platform", "version"], "properties": {
             "status": string, "platform": string, "version": string}}),
+    );
+    all.insert(
+        "Readiness".into(),
+        json!({"type": "object", "required": ["ready", "waiting"], "properties": {
+            "ready": {"type": "boolean"}, "waiting": {"type": "array", "items": string}}}),
+    );
+    all.insert(
+        "MetricsText".into(),
+        json!({"type": "string", "description": "text/plain; version=0.0.4"}),
     );
     all.insert(
         "DetailedHealth".into(),
