@@ -15,6 +15,9 @@ pub struct SessionActivity {
     pub session: SessionRecord,
     /// Its last activity (see the module documentation).
     pub last_active: Timestamp,
+    /// Whether a gateway owes it a turn now, which keeps it from
+    /// [`crate::SessionStore::delete_session_if_idle`].
+    pub turn_owed: bool,
 }
 
 /// Which sessions one call of [`crate::SessionStore::session_page`]

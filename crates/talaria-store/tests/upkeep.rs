@@ -179,6 +179,16 @@ async fn an_idle_session_goes_unless_used_since_or_owed_a_turn<
     );
     assert!(store.session("busy").await.unwrap().is_some());
     assert!(store.session("leased").await.unwrap().is_some());
+    // Pages say so too, so a listing of what would go can leave them out.
+    let owed: Vec<String> = store
+        .session_page(page(None, 10))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.turn_owed)
+        .map(|a| a.session.id)
+        .collect();
+    assert_eq!(owed, ["busy", "leased"]);
 
     // Once answered and released, they go like the idle one.
     store.settle_turns(&["t1".to_owned()]).await.unwrap();

@@ -15,6 +15,19 @@ const LAST_ACTIVE: &str = "GREATEST(s.started_at, s.ended_at, \
      (SELECT m.\"timestamp\" FROM messages m WHERE m.session_id = s.id \
       ORDER BY m.id DESC LIMIT 1))";
 
+/// Whether a gateway owes session `id` (an SQL expression) a turn: an
+/// accepted message of a chat routed to it, or a live turn lease of such
+/// a chat.
+fn turn_owed(id: &str) -> String {
+    format!(
+        "(EXISTS (SELECT 1 FROM gateway_routes r \
+           JOIN owed_turns o ON o.session_key = r.session_key WHERE r.session_id = {id}) \
+         OR EXISTS (SELECT 1 FROM gateway_routes r \
+           JOIN cluster_leases l ON l.name = 'turn:' || r.session_key \
+           WHERE r.session_id = {id} AND l.lease_until > {NOW}))"
+    )
+}
+
 /// A count read back as the API's unsigned type; the columns it comes
 /// from cannot be negative.
 fn count(n: i64) -> u64 {
@@ -81,13 +94,7 @@ impl PostgresStore {
             return Ok(IdleDeletion::ActiveSince(last));
         }
         let owed = tx
-            .prepare_cached(&format!(
-                "SELECT EXISTS (SELECT 1 FROM gateway_routes r \
-                   JOIN owed_turns o ON o.session_key = r.session_key WHERE r.session_id = $1) \
-                 OR EXISTS (SELECT 1 FROM gateway_routes r \
-                   JOIN cluster_leases l ON l.name = 'turn:' || r.session_key \
-                   WHERE r.session_id = $1 AND l.lease_until > {NOW})"
-            ))
+            .prepare_cached(&format!("SELECT {}", turn_owed("$1")))
             .await
             .map_err(|e| self.error(e))?;
         let row = tx
@@ -110,7 +117,9 @@ impl PostgresStore {
         let limit = sql_len(page.limit.max(1));
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&after];
         let mut inner = format!(
-            "SELECT {SESSION_COLUMNS}, {LAST_ACTIVE} AS last_active FROM sessions s WHERE s.id > $1"
+            "SELECT {SESSION_COLUMNS}, {LAST_ACTIVE} AS last_active, {} AS turn_owed \
+             FROM sessions s WHERE s.id > $1",
+            turn_owed("s.id")
         );
         if source_ref.is_some() {
             params.push(&source_ref);
@@ -137,6 +146,7 @@ impl PostgresStore {
                 Ok(SessionActivity {
                     session: self.session_from_row(row, 0)?,
                     last_active: self.column(row, 20)?,
+                    turn_owed: self.column(row, 21)?,
                 })
             })
             .collect()

@@ -17,14 +17,18 @@ const LAST_ACTIVE: &str = "max(sessions.started_at, \
      coalesce((SELECT m.timestamp FROM messages m WHERE m.session_id = sessions.id \
                ORDER BY m.id DESC LIMIT 1), sessions.started_at))";
 
-/// Whether a gateway owes session `?1` a turn: an accepted message of a
-/// chat routed to it, or a live turn lease of such a chat (lease times
-/// against `?2`, now).
-const TURN_OWED: &str = "SELECT EXISTS (SELECT 1 FROM gateway_routes r \
-       JOIN owed_turns o ON o.session_key = r.session_key WHERE r.session_id = ?1) \
-     OR EXISTS (SELECT 1 FROM gateway_routes r \
-       JOIN cluster_leases l ON l.name = 'turn:' || r.session_key \
-       WHERE r.session_id = ?1 AND l.lease_until > ?2)";
+/// Whether a gateway owes session `id` (an SQL expression) a turn: an
+/// accepted message of a chat routed to it, or a live turn lease of such
+/// a chat, measured against `now` (an SQL expression).
+fn turn_owed(id: &str, now: &str) -> String {
+    format!(
+        "(EXISTS (SELECT 1 FROM gateway_routes r \
+           JOIN owed_turns o ON o.session_key = r.session_key WHERE r.session_id = {id}) \
+         OR EXISTS (SELECT 1 FROM gateway_routes r \
+           JOIN cluster_leases l ON l.name = 'turn:' || r.session_key \
+           WHERE r.session_id = {id} AND l.lease_until > {now}))"
+    )
+}
 
 /// Deletes session `id`, its transcript and the routes to it, inside the
 /// caller's transaction; whether it existed.
@@ -61,7 +65,7 @@ pub(super) fn delete_if_idle(
         return Ok(IdleDeletion::ActiveSince(last));
     }
     let owed: bool = tx
-        .prepare_cached(TURN_OWED)?
+        .prepare_cached(&format!("SELECT {}", turn_owed("?1", "?2")))?
         .query_row(params![id, now()], |row| row.get(0))?;
     if owed {
         return Ok(IdleDeletion::TurnRunning);
@@ -72,11 +76,16 @@ pub(super) fn delete_if_idle(
 
 /// See [`crate::SessionStore::session_page`].
 pub(super) fn page(tx: &Transaction<'_>, page: &SessionPage) -> OpResult<Vec<SessionActivity>> {
+    // Values in the order their `?` appear in the text.
     let mut inner = format!(
-        "SELECT {SESSION_COLUMNS}, {LAST_ACTIVE} AS last_active FROM sessions WHERE id > ?"
+        "SELECT {SESSION_COLUMNS}, {LAST_ACTIVE} AS last_active, {} AS turn_owed \
+         FROM sessions WHERE id > ?",
+        turn_owed("sessions.id", "?")
     );
-    let mut values: Vec<rusqlite::types::Value> =
-        vec![page.after_id.clone().unwrap_or_default().into()];
+    let mut values: Vec<rusqlite::types::Value> = vec![
+        now().into(),
+        page.after_id.clone().unwrap_or_default().into(),
+    ];
     if let Some(source) = &page.source {
         inner.push_str(" AND source = ?");
         values.push(source.clone().into());
@@ -96,6 +105,7 @@ pub(super) fn page(tx: &Transaction<'_>, page: &SessionPage) -> OpResult<Vec<Ses
             Ok(SessionActivity {
                 session: session_from_row(row)?,
                 last_active: row.get(20)?,
+                turn_owed: row.get(21)?,
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
