@@ -17,7 +17,9 @@
 //! - [`mcp_cmd`]: `talaria mcp`, MCP servers' offers and Talaria as one.
 //! - [`cron_cmd`]: `talaria cron`, scheduled jobs (run here, or ticked by the gateway).
 //! - [`store_cmd`]: `talaria store migrate`, copying the database into PostgreSQL.
-//! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
+//! - [`sessions_cmd`]: `talaria sessions`, browsing, renaming, deleting
+//!   and pruning sessions; [`sessions_export`]: writing them out.
+//! - [`config_cmd`], [`setup`]: the other sub-commands.
 //! - [`logging`]: the log (a file, or the gateway's stderr) through the secret redactor.
 #![forbid(unsafe_code)]
 
@@ -41,6 +43,7 @@ mod runtime;
 mod sections;
 mod send_cmd;
 mod sessions_cmd;
+mod sessions_export;
 mod setup;
 mod skills_cmd;
 mod sources;
@@ -239,6 +242,40 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 SessionsCommand::Search { query, limit } => {
                     sessions_cmd::search(&rt, &query.join(" "), limit).await
                 }
+                SessionsCommand::Export {
+                    id,
+                    all: _,
+                    source,
+                    format,
+                    output,
+                } => {
+                    let export = sessions_export::Export {
+                        id,
+                        source,
+                        format,
+                        output,
+                    };
+                    sessions_export::export(&rt, export).await
+                }
+                SessionsCommand::Delete { id, yes } => sessions_cmd::delete(&rt, &id, yes).await,
+                SessionsCommand::Prune {
+                    older_than,
+                    source,
+                    dry_run,
+                    yes,
+                } => {
+                    let prune = sessions_cmd::Prune {
+                        older_than,
+                        source,
+                        dry_run,
+                        yes,
+                    };
+                    sessions_cmd::prune(&rt, prune).await
+                }
+                SessionsCommand::Rename { id, title } => {
+                    sessions_cmd::rename(&rt, &id, &title).await
+                }
+                SessionsCommand::Stats { json } => sessions_cmd::stats(&rt, json).await,
             }
         }
         Command::Insights { days, json } => {
@@ -346,6 +383,21 @@ pub(crate) fn count(n: usize, one: &str, many: &str) -> String {
         format!("1 {one}")
     } else {
         format!("{n} {many}")
+    }
+}
+
+/// A size in bytes for people: `512 B`, `3.4 KiB`, `12.0 MiB`.
+pub(crate) fn human_bytes(n: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let n = n as f64;
+    if n < KIB {
+        format!("{n} B")
+    } else if n < KIB * KIB {
+        format!("{:.1} KiB", n / KIB)
+    } else if n < KIB * KIB * KIB {
+        format!("{:.1} MiB", n / (KIB * KIB))
+    } else {
+        format!("{:.1} GiB", n / (KIB * KIB * KIB))
     }
 }
 

@@ -39,6 +39,7 @@ mod readme;
 mod repl;
 mod repl_commands;
 mod secrets;
+mod sessions_admin;
 mod sessions_cli;
 mod setup;
 mod store_migrate;
