@@ -25,7 +25,7 @@ pub struct Cli {
 pub enum Command {
     /// Talk to the agent: an interactive session, or one prompt with -q.
     Chat(ChatArgs),
-    /// Show or check the configuration.
+    /// Show, check, read, set or edit the configuration.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
@@ -406,6 +406,27 @@ pub enum ConfigCommand {
     Check,
     /// Print the path of config.yaml.
     Path,
+    /// Print one setting as it takes effect (secrets masked):
+    /// `talaria config get agent.max_turns`.
+    Get {
+        /// The setting's dotted name.
+        key: String,
+    },
+    /// Set one setting in config.yaml, keeping its comments and layout:
+    /// `talaria config set agent.max_turns 30`. Nothing is written unless
+    /// the result passes `config check`; the old file is kept as
+    /// config.yaml.bak.
+    Set {
+        /// The setting's dotted name.
+        key: String,
+        /// The value, read as YAML: a number, true/false, null or text
+        /// (quote text that would read as something else: '"30"').
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+    /// Edit config.yaml in $VISUAL or $EDITOR (default vi); the result is
+    /// checked, and an invalid one is never left in place.
+    Edit,
 }
 
 #[derive(Debug, Subcommand)]

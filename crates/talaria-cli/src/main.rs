@@ -19,7 +19,10 @@
 //! - [`store_cmd`]: `talaria store migrate`, copying the database into PostgreSQL.
 //! - [`sessions_cmd`]: `talaria sessions`, browsing, renaming, deleting
 //!   and pruning sessions; [`sessions_export`]: writing them out.
-//! - [`config_cmd`], [`setup`]: the other sub-commands.
+//! - [`config_cmd`]: `talaria config show | check`; [`config_write`]:
+//!   `config get | set | edit`, over [`yaml_set`], which sets one key in
+//!   the file's text with its comments kept.
+//! - [`setup`] and the other `*_cmd` modules: the other sub-commands.
 //! - [`logging`]: the log (a file, or the gateway's stderr) through the secret redactor.
 #![forbid(unsafe_code)]
 
@@ -29,6 +32,7 @@ mod backup_cmd;
 mod chat;
 mod cli;
 mod config_cmd;
+mod config_write;
 mod cron_cmd;
 mod doctor;
 mod gateway_cmd;
@@ -49,6 +53,7 @@ mod skills_cmd;
 mod sources;
 mod store_cmd;
 mod terminal_reports;
+mod yaml_set;
 
 use std::process::ExitCode;
 
@@ -232,6 +237,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", home.config_file().display());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Config {
+            command: ConfigCommand::Get { key },
+        } => config_write::get(&home, &key),
+        Command::Config {
+            command: ConfigCommand::Set { key, value },
+        } => config_write::set(&home, &key, &value),
+        Command::Config {
+            command: ConfigCommand::Edit,
+        } => config_write::edit(&home).await,
         Command::Sessions { command } => {
             let rt = runtime::Runtime::load_without_model(home).await?;
             match command {

@@ -16,6 +16,7 @@ mod browser;
 mod cli;
 mod cluster;
 mod config_show;
+mod config_write;
 mod connections;
 mod cost;
 mod cron;
