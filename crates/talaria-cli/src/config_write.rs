@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::Value;
 use talaria_core::Home;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::config_cmd::{Findings, Report};
 use crate::yaml_set;
@@ -241,15 +242,23 @@ pub async fn edit(home: &Home) -> anyhow::Result<ExitCode> {
                 .filter(|v| !v.trim().is_empty())
         })
         .unwrap_or_else(|| "vi".to_owned());
-    // Ctrl-C belongs to the editor while it runs: caught here (the
-    // handler is in place once `signal` returns), it no longer ends this
-    // process before the check and the restore.
-    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .context("cannot take Ctrl-C while the editor runs")?;
-    let ctrl_c = tokio::spawn(async move { while interrupts.recv().await.is_some() {} });
-    let result = edit_until_valid(home, &file, old.as_deref(), &start, &before, &editor).await;
-    ctrl_c.abort();
-    result
+    // Ctrl-C belongs to the editor while it runs (it reaches it, being in
+    // the terminal's foreground group) and must not end this process
+    // before the check and the restore; at the question after an invalid
+    // edit it means no. Caught from here on: the handler is in place once
+    // `signal` returns.
+    let mut interrupts =
+        signal(SignalKind::interrupt()).context("cannot take Ctrl-C while the editor runs")?;
+    edit_until_valid(
+        home,
+        &file,
+        old.as_deref(),
+        &start,
+        &before,
+        &editor,
+        &mut interrupts,
+    )
+    .await
 }
 
 async fn edit_until_valid(
@@ -259,16 +268,24 @@ async fn edit_until_valid(
     start: &str,
     before: &Result<Findings, String>,
     editor: &str,
+    interrupts: &mut Signal,
 ) -> anyhow::Result<ExitCode> {
     loop {
-        let status = tokio::process::Command::new("sh")
+        let mut child = tokio::process::Command::new("sh")
             .arg("-c")
             .arg(format!("{editor} \"$1\""))
             .arg("sh")
             .arg(file)
-            .status()
-            .await
+            .spawn()
             .with_context(|| format!("cannot start the editor `{editor}`"))?;
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => {
+                    break status.with_context(|| format!("cannot wait for the editor `{editor}`"))?;
+                }
+                _ = interrupts.recv() => {}
+            }
+        };
         let new = read(file)?.unwrap_or_default();
         if !status.success() {
             eprintln!("the editor `{editor}` failed ({status})");
@@ -319,22 +336,35 @@ async fn edit_until_valid(
         for p in &problems {
             eprintln!("error: {p}");
         }
-        if !again()? {
+        if !again(interrupts).await? {
             return give_up(file, old, start, &new);
         }
     }
 }
 
-/// Whether to open the editor again: asked on a terminal, no elsewhere.
-fn again() -> anyhow::Result<bool> {
-    let stdin = std::io::stdin();
-    if !stdin.is_terminal() {
+/// Whether to open the editor again: asked on a terminal, no elsewhere;
+/// Ctrl-C and Ctrl-D say no.
+async fn again(interrupts: &mut Signal) -> anyhow::Result<bool> {
+    if !std::io::stdin().is_terminal() {
         return Ok(false);
     }
     eprint!("Edit again? [Y/n] ");
     std::io::stderr().flush()?;
-    let mut answer = String::new();
-    stdin.lock().read_line(&mut answer)?;
+    // Read on a thread of its own, so Ctrl-C can answer instead; a read
+    // left waiting there ends with the process.
+    let answer = tokio::task::spawn_blocking(|| {
+        let mut answer = String::new();
+        let read = std::io::stdin().lock().read_line(&mut answer)?;
+        Ok::<_, std::io::Error>((read > 0).then_some(answer))
+    });
+    let answer = tokio::select! {
+        answer = answer => answer.context("cannot read the answer")??,
+        _ = interrupts.recv() => None,
+    };
+    let Some(answer) = answer else {
+        eprintln!();
+        return Ok(false);
+    };
     Ok(!matches!(
         answer.trim().to_ascii_lowercase().as_str(),
         "n" | "no"

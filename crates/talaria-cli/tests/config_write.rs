@@ -412,7 +412,8 @@ fn edit_on_a_terminal_offers_another_go_at_an_invalid_file() {
     );
     assert!(home.files("config.yaml.rejected").is_empty());
 
-    // Declining puts the old file back, the attempt kept aside.
+    // Declining (here with Ctrl-C, which must not end the command before
+    // it restores) puts the old file back, the attempt kept aside.
     std::fs::write(home.config(), COMMENTED).unwrap();
     std::fs::remove_file(&count).unwrap();
     let mut cmd = home.command(&["config", "edit"]);
@@ -425,7 +426,7 @@ fn edit_on_a_terminal_offers_another_go_at_an_invalid_file() {
     )
     .unwrap();
     p.exp_string("Edit again? [Y/n]").unwrap();
-    p.send_line("n").unwrap();
+    p.send_control('c').unwrap();
     let rest = p.exp_eof().unwrap();
     assert!(rest.contains("is as it was"), "{rest}");
     let status = p.process().wait().unwrap();
