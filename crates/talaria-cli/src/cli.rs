@@ -35,12 +35,12 @@ pub struct Cli {
 pub enum Command {
     /// Talk to the agent: an interactive session, or one prompt with -q.
     Chat(ChatArgs),
-    /// Show or check the configuration.
+    /// Show, check, read, set or edit the configuration.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
     },
-    /// Browse and search past sessions.
+    /// Browse, search, export, rename, delete and prune past sessions.
     Sessions {
         #[command(subcommand)]
         command: SessionsCommand,
@@ -449,6 +449,27 @@ pub enum ConfigCommand {
     Check,
     /// Print the path of config.yaml.
     Path,
+    /// Print one setting as it takes effect (secrets masked):
+    /// `talaria config get agent.max_turns`.
+    Get {
+        /// The setting's dotted name.
+        key: String,
+    },
+    /// Set one setting in config.yaml, keeping its comments and layout:
+    /// `talaria config set agent.max_turns 30`. Nothing is written unless
+    /// the result passes `config check`; the old file is kept as
+    /// config.yaml.bak.
+    Set {
+        /// The setting's dotted name.
+        key: String,
+        /// The value, read as YAML: a number, true/false, null or text
+        /// (quote text that would read as something else: '"30"').
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+    /// Edit config.yaml in $VISUAL or $EDITOR (default vi); the result is
+    /// checked, and an invalid one is never left in place.
+    Edit,
 }
 
 #[derive(Debug, Subcommand)]
@@ -470,6 +491,73 @@ pub enum SessionsCommand {
         #[arg(short = 'n', long, default_value_t = 10)]
         limit: usize,
     },
+    /// Write sessions out with their messages: one, or all of them.
+    /// JSONL (the default) is one object per line and session, every row
+    /// included, for other programs; markdown is for reading.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
+    Export {
+        /// The session's id (see `talaria sessions list`).
+        id: Option<String>,
+        /// Every session, oldest id first.
+        #[arg(long)]
+        all: bool,
+        /// With --all: only sessions from this source (cli, telegram, ...).
+        #[arg(long, requires = "all")]
+        source: Option<String>,
+        #[arg(long, value_enum, default_value_t = ExportFormat::Jsonl)]
+        format: ExportFormat,
+        /// Write to this new file (readable by you only) instead of
+        /// standard output; it must not exist.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Delete a session and its messages (the spend ledger keeps its
+    /// costs). Asks first, on a terminal.
+    Delete {
+        id: String,
+        /// Don't ask (needed without a terminal).
+        #[arg(short, long)]
+        yes: bool,
+    },
+    /// Delete the sessions nobody has used for DAYS days: no message, no
+    /// start and no end since. Sessions a running gateway still owes an
+    /// answer are kept. Asks first, on a terminal.
+    Prune {
+        /// Days since a session's last activity.
+        #[arg(long, value_name = "DAYS", value_parser = clap::value_parser!(u32).range(1..))]
+        older_than: u32,
+        /// Only sessions from this source (cli, telegram, ...).
+        #[arg(long)]
+        source: Option<String>,
+        /// List what would be deleted and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Don't ask (needed without a terminal).
+        #[arg(short, long)]
+        yes: bool,
+    },
+    /// Give a session a new title.
+    Rename {
+        id: String,
+        #[arg(required = true, num_args = 1..)]
+        title: Vec<String>,
+    },
+    /// Sessions and messages by source, first and last activity, and the
+    /// database's size.
+    Stats {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What `sessions export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// One JSON object per line and session, with every row.
+    Jsonl,
+    /// The conversations as they stand, for reading.
+    Markdown,
 }
 
 #[derive(Debug, Args)]

@@ -29,6 +29,24 @@ pub struct Report {
     loaded: Result<Found, ConfigError>,
 }
 
+/// The topic of the model endpoint's errors.
+const MODEL_TOPIC: &str = "model endpoint";
+
+/// What `config check` says about a configuration that loads.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Findings {
+    /// What would stop `talaria chat` or the gateway.
+    pub errors: Vec<String>,
+    /// What each error is about, in the same order: `model endpoint` for
+    /// the model's (whose wording changes as it is set up bit by bit),
+    /// else the error itself.
+    pub topics: Vec<String>,
+    /// Keys nothing reads, sections no platform has.
+    pub warnings: Vec<String>,
+    /// Fallbacks that would be skipped, and why.
+    pub notes: Vec<String>,
+}
+
 /// The findings about a configuration that loads.
 struct Found {
     /// The file read; `None` when there is none and the defaults apply.
@@ -46,6 +64,8 @@ struct Found {
     fallback_warnings: Vec<String>,
     /// What would stop `talaria chat` or the gateway.
     errors: Vec<String>,
+    /// What each error is about (see [`Findings::topics`]).
+    topics: Vec<String>,
     /// The platforms the configuration turns on.
     platforms: Vec<&'static str>,
     /// The secret values of the configuration and `.env`, to keep out of
@@ -59,14 +79,26 @@ impl Report {
     /// connects: the platforms are set up as `talaria gateway run` would
     /// set them up, then dropped.
     pub fn gather(home: &Home) -> Report {
-        let loaded = crate::sections::load(home).map(|loaded| {
+        Report::of(home, crate::sections::load(home))
+    }
+
+    /// [`Report::gather`] for `text` in place of the file's contents: what
+    /// `config check` would say were the file to hold it.
+    pub fn of_text(home: &Home, text: &str) -> Report {
+        Report::of(home, crate::sections::load_text(home, text))
+    }
+
+    fn of(home: &Home, loaded: Result<talaria_core::config::Loaded, ConfigError>) -> Report {
+        let loaded = loaded.map(|loaded| {
             let effective = crate::sections::shown(&loaded).map(|sections| {
                 talaria_core::effective::effective(&loaded.config, &loaded.env, &sections)
             });
             let model = loaded.config.primary_endpoint(&loaded.env);
             let (fallbacks, fallback_warnings) = loaded.config.fallback_endpoints(&loaded.env);
             let mut errors = problems(&loaded.config, &loaded.env);
+            let mut topics = vec![MODEL_TOPIC.to_owned(); errors.len()];
             let (platforms, platform_errors) = platforms_on(home, &loaded.config, &loaded.env);
+            topics.extend(platform_errors.iter().cloned());
             errors.extend(platform_errors);
             let redactor = Redactor::new(
                 loaded
@@ -83,6 +115,7 @@ impl Report {
                 fallbacks,
                 fallback_warnings,
                 errors,
+                topics,
                 platforms,
                 redactor,
             }
@@ -91,6 +124,40 @@ impl Report {
             config_file: home.config_file(),
             dotenv_file: home.dotenv_file(),
             loaded,
+        }
+    }
+
+    /// What `config check` finds: the error that stops the file loading,
+    /// or its findings.
+    pub(crate) fn findings(&self) -> Result<Findings, String> {
+        match &self.loaded {
+            Err(e) => Err(e.to_string()),
+            Ok(found) => {
+                let mut errors = found.errors.clone();
+                let mut topics = found.topics.clone();
+                if let Err(e) = &found.effective {
+                    errors.push(e.to_string());
+                    topics.push(e.to_string());
+                }
+                Ok(Findings {
+                    errors,
+                    topics,
+                    warnings: found.warnings.clone(),
+                    notes: found.fallback_warnings.clone(),
+                })
+            }
+        }
+    }
+
+    /// The effective tree (secrets masked) and the values the environment
+    /// supplies, when the configuration loads.
+    pub(crate) fn effective(&self) -> Result<(&Value, &[FromEnv]), String> {
+        match &self.loaded {
+            Err(e) => Err(e.to_string()),
+            Ok(found) => match &found.effective {
+                Ok((tree, from_env)) => Ok((tree, from_env.as_slice())),
+                Err(e) => Err(e.to_string()),
+            },
         }
     }
 

@@ -17,7 +17,12 @@
 //! - [`mcp_cmd`]: `talaria mcp`, MCP servers' offers and Talaria as one.
 //! - [`cron_cmd`]: `talaria cron`, scheduled jobs (run here, or ticked by the gateway).
 //! - [`store_cmd`]: `talaria store migrate`, copying the database into PostgreSQL.
-//! - [`config_cmd`], [`sessions_cmd`], [`setup`]: the other sub-commands.
+//! - [`sessions_cmd`]: `talaria sessions`, browsing, renaming, deleting
+//!   and pruning sessions; [`sessions_export`]: writing them out.
+//! - [`config_cmd`]: `talaria config show | check`; [`config_write`]:
+//!   `config get | set | edit`, over [`yaml_set`], which sets one key in
+//!   the file's text with its comments kept.
+//! - [`setup`] and the other `*_cmd` modules: the other sub-commands.
 //! - [`logging`]: the log (a file, or the gateway's stderr) through the secret redactor.
 #![forbid(unsafe_code)]
 
@@ -27,6 +32,7 @@ mod backup_cmd;
 mod chat;
 mod cli;
 mod config_cmd;
+mod config_write;
 mod cron_cmd;
 mod doctor;
 mod gateway_cmd;
@@ -43,11 +49,13 @@ mod sections;
 mod send_cmd;
 mod service;
 mod sessions_cmd;
+mod sessions_export;
 mod setup;
 mod skills_cmd;
 mod sources;
 mod store_cmd;
 mod terminal_reports;
+mod yaml_set;
 
 use std::process::ExitCode;
 
@@ -233,6 +241,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", home.config_file().display());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Config {
+            command: ConfigCommand::Get { key },
+        } => config_write::get(&home, &key),
+        Command::Config {
+            command: ConfigCommand::Set { key, value },
+        } => config_write::set(&home, &key, &value),
+        Command::Config {
+            command: ConfigCommand::Edit,
+        } => config_write::edit(&home).await,
         Command::Sessions { command } => {
             let rt = runtime::Runtime::load_without_model(home).await?;
             match command {
@@ -243,6 +260,40 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 SessionsCommand::Search { query, limit } => {
                     sessions_cmd::search(&rt, &query.join(" "), limit).await
                 }
+                SessionsCommand::Export {
+                    id,
+                    all: _,
+                    source,
+                    format,
+                    output,
+                } => {
+                    let export = sessions_export::Export {
+                        id,
+                        source,
+                        format,
+                        output,
+                    };
+                    sessions_export::export(&rt, export).await
+                }
+                SessionsCommand::Delete { id, yes } => sessions_cmd::delete(&rt, &id, yes).await,
+                SessionsCommand::Prune {
+                    older_than,
+                    source,
+                    dry_run,
+                    yes,
+                } => {
+                    let prune = sessions_cmd::Prune {
+                        older_than,
+                        source,
+                        dry_run,
+                        yes,
+                    };
+                    sessions_cmd::prune(&rt, prune).await
+                }
+                SessionsCommand::Rename { id, title } => {
+                    sessions_cmd::rename(&rt, &id, &title).await
+                }
+                SessionsCommand::Stats { json } => sessions_cmd::stats(&rt, json).await,
             }
         }
         Command::Insights { days, json } => {
@@ -354,6 +405,21 @@ pub(crate) fn count(n: usize, one: &str, many: &str) -> String {
         format!("1 {one}")
     } else {
         format!("{n} {many}")
+    }
+}
+
+/// A size in bytes for people: `512 B`, `3.4 KiB`, `12.0 MiB`.
+pub(crate) fn human_bytes(n: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let n = n as f64;
+    if n < KIB {
+        format!("{n} B")
+    } else if n < KIB * KIB {
+        format!("{:.1} KiB", n / KIB)
+    } else if n < KIB * KIB * KIB {
+        format!("{:.1} MiB", n / (KIB * KIB))
+    } else {
+        format!("{:.1} GiB", n / (KIB * KIB * KIB))
     }
 }
 

@@ -45,6 +45,24 @@ pub fn load(home: &Home) -> Result<Loaded, ConfigError> {
     Ok(loaded)
 }
 
+/// [`load`] with `text` as the file's contents (the file is not read):
+/// what the configuration would be were the file to hold `text`.
+pub fn load_text(home: &Home, text: &str) -> Result<Loaded, ConfigError> {
+    let path = home.config_file();
+    let env = talaria_core::Env::load(&home.dotenv_file())?;
+    let (config, warnings) = Config::parse(text, &path)?;
+    let mut loaded = Loaded {
+        config,
+        warnings,
+        env,
+        path: Some(path),
+        text: Some(text.to_owned()),
+    };
+    let warnings = check(&loaded)?;
+    loaded.warnings.extend(warnings);
+    Ok(loaded)
+}
+
 /// The warnings about `loaded`'s sections, or the first error in one.
 fn check(loaded: &Loaded) -> Result<Vec<String>, ConfigError> {
     let origin = loaded.origin();

@@ -218,6 +218,7 @@ async fn a_reader_that_stops_early_ends_every_printing_command_quietly() {
     let id = session_titled(home, "say a lot");
     for args in [
         vec!["sessions", "show", id.as_str()],
+        vec!["sessions", "export", "--all", "--format", "markdown"],
         vec!["config", "show"],
         vec!["sessions", "list"],
     ] {
@@ -250,8 +251,8 @@ async fn a_reader_that_stops_early_ends_every_printing_command_quietly() {
             "{args:?}: {:?} {err}",
             out.status
         );
-        if args[1] == "show" && args[0] == "sessions" {
-            assert_eq!(code, Some(141), "{err}");
+        if args[0] == "sessions" && (args[1] == "show" || args[1] == "export") {
+            assert_eq!(code, Some(141), "{args:?}: {err}");
         }
     }
 }

@@ -15,6 +15,8 @@
 //! - [`postgres`]: the shared backend for several nodes (PostgreSQL, a
 //!   connection pool, `tsvector` search, `SKIP LOCKED` claims).
 //! - [`fts`]: turning user text into a safe FTS5 query.
+//! - [`upkeep`]: sessions a page at a time with their last activity,
+//!   deleting idle ones, and counts of what is stored.
 //! - `media`: the `messages.media` column (attachments by reference).
 //!
 //! # Invariant
@@ -39,6 +41,7 @@ pub mod snapshot;
 pub mod spend;
 pub mod sqlite;
 mod thinking;
+pub mod upkeep;
 
 pub use gateway::{
     ApprovalNotice, ApproveOutcome, ApprovedUser, ClaimedObligation, CursorStore, GatewayStore,
@@ -60,6 +63,7 @@ pub use cron::{
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use spend::{ModelCall, SpendScope, UsageGroup, UsageReport, UsageTotals};
 pub use sqlite::{SqliteOptions, SqliteStore};
+pub use upkeep::{IdleDeletion, SessionActivity, SessionPage, SourceStats, StoreSize, StoreStats};
 
 /// Most matching messages one search ranks (the newest).
 pub const MAX_RANKED_MATCHES: usize = 2000;
@@ -346,6 +350,37 @@ pub trait SessionStore: Send + Sync {
         Err(StoreError::Database(format!(
             "this store cannot delete sessions (asked to delete `{id}`)"
         )))
+    }
+    /// Deletes the session as [`SessionStore::delete_session`] does, but
+    /// only if, when the deletion happens, its last activity (see
+    /// [`upkeep`]) is still before `idle_before` and no gateway owes it a
+    /// turn: a message accepted and not answered yet for a chat routed to
+    /// it, or a live turn lease of such a chat. The check and the deletion
+    /// are one transaction, so a turn that starts meanwhile keeps its
+    /// session. The default refuses, as `delete_session` does.
+    async fn delete_session_if_idle(
+        &self,
+        id: &str,
+        _idle_before: Timestamp,
+    ) -> Result<IdleDeletion> {
+        Err(StoreError::Database(format!(
+            "this store cannot delete sessions (asked to delete `{id}`)"
+        )))
+    }
+    /// One page of sessions in id order, each with its last activity:
+    /// every session can be read this way without holding them all. The
+    /// default refuses: a store must say how it pages.
+    async fn session_page(&self, _page: SessionPage) -> Result<Vec<SessionActivity>> {
+        Err(StoreError::Database(
+            "this store cannot page through its sessions".to_owned(),
+        ))
+    }
+    /// Counts of sessions and rows by source, first start and last
+    /// activity, and the room the store takes. The default refuses.
+    async fn session_stats(&self) -> Result<StoreStats> {
+        Err(StoreError::Database(
+            "this store cannot count its sessions".to_owned(),
+        ))
     }
     /// Messages `[from_id - before, from_id + after]` of one session, by
     /// position, active or not; for showing a search hit in context.

@@ -33,6 +33,8 @@
 //! - `cron`: scheduled jobs and the claimed record of their runs;
 //! - `cluster`: nodes and leases; `ledger`: the delivery ledger;
 //! - `copy`: reading a store out and writing a copy in ([`crate::copy`]).
+//! - `upkeep`: sessions a page at a time, idle ones deleted, the counts
+//!   of what is stored ([`crate::upkeep`]).
 
 mod cluster;
 mod copy;
@@ -49,6 +51,7 @@ mod snippet;
 mod spend;
 mod step;
 mod tls;
+mod upkeep;
 
 use std::fmt;
 use std::sync::Arc;

@@ -16,6 +16,7 @@ mod rows;
 mod schema;
 mod search;
 mod spend;
+mod upkeep;
 
 use std::fmt;
 use std::path::Path;
@@ -472,19 +473,26 @@ impl SessionStore for SqliteStore {
 
     async fn delete_session(&self, id: &str) -> Result<bool> {
         let id = id.to_string();
-        self.write(move |tx| {
-            // Rows first, explicitly: their delete trigger takes them out
-            // of the full-text indexes.
-            tx.prepare_cached("DELETE FROM messages WHERE session_id = ?1")?
-                .execute(params![id])?;
-            tx.prepare_cached("DELETE FROM gateway_routes WHERE session_id = ?1")?
-                .execute(params![id])?;
-            let n = tx
-                .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-                .execute(params![id])?;
-            Ok(n > 0)
-        })
-        .await
+        self.write(move |tx| upkeep::delete_session(tx, &id)).await
+    }
+
+    async fn delete_session_if_idle(
+        &self,
+        id: &str,
+        idle_before: crate::Timestamp,
+    ) -> Result<crate::IdleDeletion> {
+        let id = id.to_string();
+        self.write(move |tx| upkeep::delete_if_idle(tx, &id, idle_before))
+            .await
+    }
+
+    async fn session_page(&self, page: crate::SessionPage) -> Result<Vec<crate::SessionActivity>> {
+        self.read(move |tx| upkeep::page(tx, &page)).await
+    }
+
+    async fn session_stats(&self) -> Result<crate::StoreStats> {
+        let path = self.inner.path.clone();
+        self.read(move |tx| upkeep::stats(tx, &path)).await
     }
 
     async fn message_window(

@@ -26,6 +26,7 @@ mod session_delete;
 mod sessions;
 mod spend;
 mod thinking;
+mod upkeep;
 
 #[test]
 fn every_test_file_is_a_module() {

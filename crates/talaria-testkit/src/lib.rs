@@ -43,6 +43,7 @@ pub mod recorder;
 pub mod signal;
 pub mod slack;
 pub mod sshd;
+pub mod state_db;
 pub mod suite;
 pub mod synapse;
 pub mod telegram;

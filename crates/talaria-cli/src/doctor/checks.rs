@@ -14,6 +14,7 @@ use talaria_llm::{ChatRequest, ToolSpec};
 use tokio_util::sync::CancellationToken;
 
 use super::{Finding, Options, Status, dotenv_redactor};
+use crate::human_bytes;
 
 /// How long the model has to answer the tool-call question.
 const MODEL_WAIT: Duration = Duration::from_secs(60);
@@ -557,18 +558,4 @@ fn gateway(home: &Home, out: &mut Vec<Finding>) {
         None => "not running; `talaria gateway start` starts it".to_owned(),
     };
     out.push(Finding::new("gateway", Status::Ok, detail));
-}
-
-fn human_bytes(n: u64) -> String {
-    const KIB: f64 = 1024.0;
-    let n = n as f64;
-    if n < KIB {
-        format!("{n} B")
-    } else if n < KIB * KIB {
-        format!("{:.1} KiB", n / KIB)
-    } else if n < KIB * KIB * KIB {
-        format!("{:.1} MiB", n / (KIB * KIB))
-    } else {
-        format!("{:.1} GiB", n / (KIB * KIB * KIB))
-    }
 }

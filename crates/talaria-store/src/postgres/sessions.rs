@@ -499,27 +499,25 @@ impl SessionStore for PostgresStore {
         let id = clean(id);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(|e| self.error(e))?;
-        // The session row first: its lock waits for appends under way and
-        // holds back new ones, which then find no session. The transcript
-        // (and with it the search columns) goes by the foreign key's
-        // cascade.
-        let session = tx
-            .prepare_cached("DELETE FROM sessions WHERE id = $1")
-            .await
-            .map_err(|e| self.error(e))?;
-        let deleted = tx
-            .execute(&session, &[&id.as_ref()])
-            .await
-            .map_err(|e| self.error(e))?;
-        let routes = tx
-            .prepare_cached("DELETE FROM gateway_routes WHERE session_id = $1")
-            .await
-            .map_err(|e| self.error(e))?;
-        tx.execute(&routes, &[&id.as_ref()])
-            .await
-            .map_err(|e| self.error(e))?;
+        let deleted = self.delete_session_in(&tx, &id).await?;
         tx.commit().await.map_err(|e| self.error(e))?;
-        Ok(deleted > 0)
+        Ok(deleted)
+    }
+
+    async fn delete_session_if_idle(
+        &self,
+        id: &str,
+        idle_before: crate::Timestamp,
+    ) -> Result<crate::IdleDeletion> {
+        self.delete_if_idle(id, idle_before).await
+    }
+
+    async fn session_page(&self, page: crate::SessionPage) -> Result<Vec<crate::SessionActivity>> {
+        self.page(page).await
+    }
+
+    async fn session_stats(&self) -> Result<crate::StoreStats> {
+        self.stats().await
     }
 
     async fn message_window(
