@@ -639,9 +639,17 @@ pub(crate) async fn take_lease(
     };
     use talaria_gateway::turn_lease::Taken;
     let key = format!("api:{session_id}");
-    match leases.take(&key, &state.turns, false, || {}).await {
-        Taken::Held(held) => Ok(Some(held)),
-        Taken::Cancelled => Err(ApiError::unavailable("The server is shutting down")),
+    match tokio::time::timeout(
+        state.busy_wait,
+        leases.take(&key, &state.turns, false, || {}),
+    )
+    .await
+    {
+        Ok(Taken::Held(held)) => Ok(Some(held)),
+        Ok(Taken::Cancelled) => Err(ApiError::unavailable("The server is shutting down")),
+        // The turn elsewhere may well run for minutes: the client is told
+        // when to come back rather than held.
+        Err(_) => Err(ApiError::session_busy(state.busy_wait)),
     }
 }
 

@@ -26,6 +26,10 @@ pub struct ApiServerConfig {
     /// Seconds a client may take to send a request head (also the most a
     /// kept-alive connection idles); then the connection is closed.
     pub header_timeout_secs: u64,
+    /// Seconds a request waits for its session while another node of a
+    /// shared store runs a turn of it; then 429 with `Retry-After`, so a
+    /// client is never held indefinitely by a long turn elsewhere.
+    pub busy_wait_secs: u64,
     /// Seconds a client may take to send a request body; then the
     /// request fails and the connection is closed.
     pub body_timeout_secs: u64,
@@ -41,6 +45,7 @@ impl Default for ApiServerConfig {
             max_concurrent_runs: 10,
             header_timeout_secs: 10,
             body_timeout_secs: 30,
+            busy_wait_secs: 60,
         }
     }
 }

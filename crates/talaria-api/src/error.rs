@@ -12,6 +12,8 @@ pub(crate) struct ApiError {
     pub(crate) message: String,
     pub(crate) kind: &'static str,
     pub(crate) code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header, when the client should retry.
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -27,6 +29,24 @@ impl ApiError {
             message: message.into(),
             kind,
             code,
+            retry_after: None,
+        }
+    }
+
+    /// 429: the session is running a turn on another node and did not
+    /// come free within `waited`; retry after about as long.
+    pub(crate) fn session_busy(waited: std::time::Duration) -> ApiError {
+        ApiError {
+            retry_after: Some(waited.as_secs().max(1)),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "This session is running a turn on another node and was not free within {} s; try again later",
+                    waited.as_secs()
+                ),
+                "rate_limit_error",
+                Some("session_busy"),
+            )
         }
     }
 
@@ -138,6 +158,13 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
+        response
     }
 }

@@ -143,6 +143,8 @@ pub struct ApiServerSettings {
     pub key: Secret,
     /// Turns allowed to run at once; more get 429. 0 means no cap.
     pub max_concurrent_runs: usize,
+    /// How long a request waits for its session busy on another node.
+    pub busy_wait: std::time::Duration,
 }
 
 impl ApiServerSettings {
@@ -207,6 +209,7 @@ impl ApiServerSettings {
             port,
             key,
             max_concurrent_runs: config.max_concurrent_runs,
+            busy_wait: std::time::Duration::from_secs(config.busy_wait_secs.max(1)),
         }))
     }
 }
@@ -226,6 +229,8 @@ pub(crate) struct AppState {
     /// `/metrics` is served without the key (`metrics.public` on a
     /// loopback listener).
     pub(crate) metrics_public: bool,
+    /// How long a request waits for its session's turn lease.
+    pub(crate) busy_wait: std::time::Duration,
     /// `None` when runs are not capped.
     pub(crate) runs: Option<Arc<Semaphore>>,
     /// Parent of every turn's token: cancelled when the server shuts down,
@@ -360,6 +365,7 @@ impl ApiServer {
         }
         let state = Arc::new(AppState {
             metrics_public: metrics_public && addr.ip().is_loopback(),
+            busy_wait: settings.busy_wait,
             agent,
             key: settings.key,
             runs: (settings.max_concurrent_runs > 0)

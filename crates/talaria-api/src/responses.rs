@@ -69,6 +69,7 @@ fn response_not_found(id: &str) -> ApiError {
         message: format!("Response with id {shown:?} not found."),
         kind: "invalid_request_error",
         code: Some("response_not_found"),
+        retry_after: None,
     }
 }
 
@@ -295,6 +296,7 @@ async fn continue_from(
         message: "The conversation of the previous response is no longer stored".to_owned(),
         kind: "invalid_request_error",
         code: Some("response_not_found"),
+        retry_after: None,
     };
     let record = store
         .session(id)
@@ -339,6 +341,7 @@ async fn continue_from(
                 .to_owned(),
             kind: "invalid_request_error",
             code: Some("conversation_compressed"),
+            retry_after: None,
         });
     }
     let seed: Vec<Message> = transcript

@@ -150,6 +150,7 @@ pub(crate) fn error(
         message: message.into(),
         kind,
         code: Some(code),
+        retry_after: None,
     }
 }
 

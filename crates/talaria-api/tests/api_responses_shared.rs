@@ -27,6 +27,7 @@ async fn node(
         port: 0,
         key: Secret::new(KEY),
         max_concurrent_runs: 0,
+        busy_wait: std::time::Duration::from_secs(60),
     };
     let server = ApiServer::bind(settings, agent)
         .await

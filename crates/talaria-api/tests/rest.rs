@@ -55,6 +55,7 @@ async fn rig(with_gateway: bool, configure: impl FnOnce(&mut Config)) -> Rig {
         port: 0,
         key: Secret::new(KEY),
         max_concurrent_runs: 0,
+        busy_wait: std::time::Duration::from_secs(60),
     };
     let board = Arc::new(StatusBoard::default());
     let mut server = ApiServer::bind(settings, agent.clone()).await.unwrap();

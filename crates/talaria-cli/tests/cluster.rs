@@ -485,6 +485,105 @@ async fn api_turns_of_one_session_on_different_nodes_see_the_same_history() {
     }
 }
 
+/// A request for a session another node is running a turn of waits
+/// `api_server.busy_wait_secs`, then gets 429 with `Retry-After`; once the
+/// turn ends, the same request goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_busy_on_another_node_is_a_429_after_the_busy_wait() {
+    let llm = MockOpenAi::start().await;
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    let key = "sk-cluster-busy-key-0123456789";
+    let mut nodes: Vec<(Node, u16)> = (0..2)
+        .map(|i| {
+            let port = free_port();
+            let home = home(
+                &llm,
+                &format!(
+                    "  api_server:\n    enabled: true\n    host: 127.0.0.1\n    port: {port}\n    busy_wait_secs: 1\n"
+                ),
+                &format!("API_SERVER_KEY={key}\n"),
+            );
+            use_postgres(&home, &schema);
+            let log = home.root.join("node.log");
+            (
+                Node {
+                    home,
+                    log,
+                    host: format!("busy-host-{i}"),
+                    child: None,
+                },
+                port,
+            )
+        })
+        .collect();
+    for (node, _) in &mut nodes {
+        node.start();
+    }
+    let http = reqwest::Client::new();
+    for (_, port) in &nodes {
+        let url = format!("http://127.0.0.1:{port}/health");
+        eventually(Duration::from_secs(20), "the API server", || {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let r = http.get(&url).send().await.ok()?;
+                r.status().is_success().then_some(())
+            }
+        })
+        .await;
+    }
+    let ask = |port: u16, text: &'static str| {
+        let http = http.clone();
+        async move {
+            http.post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+                .bearer_auth(key)
+                .header("x-talaria-session-id", "busy-session")
+                .json(&serde_json::json!({
+                    "model": "talaria",
+                    "messages": [{"role": "user", "content": text}],
+                }))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    llm.push(talaria_testkit::Reply::text("slow").with_delay(Duration::from_secs(4)));
+    let (port0, port1) = (nodes[0].1, nodes[1].1);
+    let slow = tokio::spawn(ask(port0, "a long question"));
+    eventually(
+        Duration::from_secs(20),
+        "the slow turn to start",
+        || async { (llm.requests().len() == 1).then_some(()) },
+    )
+    .await;
+    let started = Instant::now();
+    let refused = ask(port1, "meanwhile").await;
+    assert_eq!(refused.status(), 429);
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "session_busy", "{body}");
+    assert_eq!(
+        llm.requests().len(),
+        1,
+        "the refused request reached the model"
+    );
+
+    assert!(slow.await.unwrap().status().is_success());
+    llm.push(talaria_testkit::Reply::text("now free"));
+    let later = ask(port1, "meanwhile").await;
+    assert!(later.status().is_success(), "{}", later.status());
+    for (node, _) in &mut nodes {
+        let status = node.stop().unwrap();
+        assert!(status.success(), "{}", node.log());
+    }
+}
+
 /// The listener's address, from the line a gateway prints at start.
 async fn listener_address(node: &Node) -> String {
     eventually(Duration::from_secs(20), "a webhook listener", || async {

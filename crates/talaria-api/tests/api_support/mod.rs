@@ -112,6 +112,7 @@ async fn serve(
         port: 0,
         key: Secret::new(KEY),
         max_concurrent_runs: max_runs,
+        busy_wait: std::time::Duration::from_secs(60),
     };
     let server = ApiServer::bind(settings, agent.clone())
         .await
