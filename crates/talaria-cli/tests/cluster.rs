@@ -228,9 +228,20 @@ async fn the_telegram_connector_moves_to_a_survivor_and_nothing_is_lost_or_answe
     // message. The send hangs, so the row is `attempting` when it dies.
     tg.hang_send(true);
     let attempts_before = tg.send_attempts().len();
-    tg.push_private_text(users[3], "are you there?");
+    let fourth = tg.push_private_text(users[3], "are you there?");
     tg.wait_for_send_attempts(attempts_before + 1, Duration::from_secs(30))
         .await;
+    // The leader keeps its getUpdates offset in the shared store: the
+    // fourth update was handed over, so the offset is past it.
+    let cursor = format!("offset:{}", tg.bot_id());
+    let stored: i64 = eventually(Duration::from_secs(20), "the stored offset", || async {
+        let value = talaria_store::CursorStore::cursor(&store, "telegram", &cursor)
+            .await
+            .ok()??;
+        let offset: i64 = value.parse().ok()?;
+        (offset > fourth).then_some(offset)
+    })
+    .await;
     let killed_at = Instant::now();
     nodes[leader].kill();
     tg.hang_send(false);
@@ -240,13 +251,16 @@ async fn the_telegram_connector_moves_to_a_survivor_and_nothing_is_lost_or_answe
     }
 
     // A survivor polls again within 15 s.
-    let takeover = eventually(Duration::from_secs(30), "a new poller", || async {
+    let (takeover, resumed_at) = eventually(Duration::from_secs(30), "a new poller", || async {
         tg.get_updates_calls()
             .iter()
             .find(|c| c.at > killed_at)
-            .map(|c| c.at - killed_at)
+            .map(|c| (c.at - killed_at, c.offset))
     })
     .await;
+    // It starts where the dead leader stopped, not at what Telegram still
+    // holds unconfirmed.
+    assert_eq!(resumed_at, Some(stored), "the new leader's first poll");
     eprintln!("the connector was taken over {takeover:?} after the leader died");
     assert!(
         takeover < Duration::from_secs(15),

@@ -18,8 +18,8 @@ mod format;
 mod mapping;
 
 use crate::registry::{BuildError, Built, Platform, Setup, token_switch};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -30,6 +30,7 @@ use talaria_adapter::{
 };
 use talaria_adapter::{Capabilities, LengthUnit, Markup};
 use talaria_core::{Env, Secret};
+use talaria_store::CursorStore;
 
 use api::{Api, ApiError, File, SentResult, Update, User};
 use mapping::{GENERAL_TOPIC, Me};
@@ -144,6 +145,9 @@ pub enum TelegramError {
     Client(String),
 }
 
+/// The platform's name: its adapter's, its section's and its cursors'.
+const PLATFORM: &str = "telegram";
+
 /// The Telegram connector (see the module docs).
 #[derive(Debug)]
 pub struct TelegramAdapter {
@@ -157,6 +161,10 @@ pub struct TelegramAdapter {
     offset: AtomicI64,
     /// The bot's identity, once `getMe` answered.
     me: Mutex<Option<Me>>,
+    /// Where the offset is kept between processes: with a shared store,
+    /// the node that takes the connector over starts where the last one
+    /// stopped, instead of at what Telegram still holds unconfirmed.
+    cursors: Option<Arc<dyn CursorStore>>,
 }
 
 impl TelegramAdapter {
@@ -185,7 +193,53 @@ impl TelegramAdapter {
             streaming_edits: settings.streaming_edits,
             offset: AtomicI64::new(0),
             me: Mutex::new(None),
+            cursors: None,
         })
+    }
+
+    /// Keeps the `getUpdates` offset in `cursors` (under `telegram`,
+    /// `offset:<bot id>`) as well as in memory.
+    pub fn keeping_offset_in(mut self, cursors: Arc<dyn CursorStore>) -> TelegramAdapter {
+        self.cursors = Some(cursors);
+        self
+    }
+
+    fn offset_cursor(me: &Me) -> String {
+        // Per bot: another token's offsets mean nothing to this one.
+        format!("offset:{}", me.id)
+    }
+
+    /// Takes the stored offset when it is ahead of the one in memory (a
+    /// new process, or another node that ran the bot meanwhile).
+    async fn load_offset(&self, me: &Me) {
+        let Some(cursors) = &self.cursors else {
+            return;
+        };
+        match cursors.cursor(PLATFORM, &Self::offset_cursor(me)).await {
+            Ok(Some(stored)) => match stored.parse::<i64>() {
+                Ok(offset) => {
+                    self.offset.fetch_max(offset, Ordering::SeqCst);
+                }
+                Err(_) => tracing::warn!(%stored, "ignoring a stored Telegram offset that is not a number"),
+            },
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read the stored Telegram offset; starting from Telegram's"),
+        }
+    }
+
+    /// Stores the offset after a batch was handed over. A failure costs
+    /// at most a re-read after a takeover, which the gateway's duplicate
+    /// check absorbs: it is logged, not fatal.
+    async fn save_offset(&self, me: &Me) {
+        let (Some(cursors), Some(offset)) = (&self.cursors, self.next_offset()) else {
+            return;
+        };
+        if let Err(e) = cursors
+            .set_cursor(PLATFORM, &Self::offset_cursor(me), &offset.to_string())
+            .await
+        {
+            tracing::warn!(error = %e, "cannot store the Telegram offset");
+        }
     }
 
     /// The bot's `@username`, once `run` has called `getMe`.
@@ -582,6 +636,7 @@ impl Adapter for TelegramAdapter {
             r = self.get_me() => r?,
         };
         tracing::info!(bot = %me.username, "connected to Telegram");
+        self.load_offset(&me).await;
         // A webhook left behind by another deployment makes getUpdates fail.
         let no_params = json!({});
         tokio::select! {
@@ -604,10 +659,15 @@ impl Adapter for TelegramAdapter {
                 Ok(updates) => {
                     failures = 0;
                     ctx.liveness.set(Liveness::Live);
+                    let taken = !updates.is_empty();
                     for raw in updates {
                         if !self.hand_over(raw, &me, &ctx).await {
+                            self.save_offset(&me).await;
                             return Ok(());
                         }
+                    }
+                    if taken {
+                        self.save_offset(&me).await;
                     }
                 }
                 Err(e) if e.status() == Some(401) => {
@@ -775,7 +835,9 @@ fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
     let Some(settings) = TelegramSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
-    let adapter = TelegramAdapter::new(settings).map_err(BuildError::set_up)?;
+    let adapter = TelegramAdapter::new(settings)
+        .map_err(BuildError::set_up)?
+        .keeping_offset_in(setup.cursors.clone());
     Ok(Some(Built::connected(adapter)))
 }
 
