@@ -62,6 +62,16 @@ pub async fn open_store(
             let store = PostgresStore::connect(options)
                 .await
                 .context("cannot open the PostgreSQL store")?;
+            if let Some((source, started)) = store
+                .unfinished_copy()
+                .await
+                .context("cannot check the PostgreSQL store for an unfinished copy")?
+            {
+                anyhow::bail!(
+                    "the PostgreSQL store holds a copy of {source} that `talaria store migrate`                      started ({}) and never finished: run the same `talaria store migrate` again                      to finish it before using this database",
+                    talaria_gateway::slash::when(started)
+                );
+            }
             Ok(Arc::new(store))
         }
     }

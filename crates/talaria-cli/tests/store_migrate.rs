@@ -4,7 +4,8 @@
 //! that gateway runs, then copies into a fresh PostgreSQL schema once it
 //! stopped, printing no password; the home is switched to PostgreSQL as the
 //! command says; and the next turn of the same session carries the earlier
-//! one to the model.
+//! one to the model. A database whose copy did not finish is refused until
+//! the copy is run again.
 
 use crate::crash_support;
 
@@ -278,4 +279,78 @@ async fn a_conversation_continues_on_postgres_after_the_move() {
     let messages = store.messages(SESSION).await.unwrap();
     assert_eq!(messages.len(), 4, "{messages:?}");
     assert!(messages.windows(2).all(|w| w[0].id < w[1].id));
+}
+
+/// A copy that stopped halfway leaves its marker unfinished; nothing runs
+/// on such a database (it would look like lost conversations) until the
+/// same `store migrate` is run again and finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_runs_on_a_database_whose_copy_did_not_finish() {
+    let llm = MockOpenAi::start().await;
+    let port = free_port();
+    let home = home(
+        &llm,
+        &format!("  api_server:\n    enabled: true\n    host: 127.0.0.1\n    port: {port}\n"),
+        &format!("API_SERVER_KEY={KEY}\n"),
+    );
+    {
+        let store = talaria_store::SqliteStore::open(&home.root.join("state.db")).unwrap();
+        store
+            .create_session(talaria_store::NewSession {
+                id: SESSION.to_owned(),
+                source: "api_server".to_owned(),
+                ..talaria_store::NewSession::default()
+            })
+            .await
+            .unwrap();
+    }
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    let url = talaria_testkit::postgres::url();
+    let copied = migrate(&home, &url, &schema);
+    assert!(copied.status.success(), "{:?}", text(&copied));
+    // What a copy cut off before its verification leaves behind.
+    let client = talaria_testkit::postgres::connect(Some(&schema)).await;
+    client
+        .execute("UPDATE talaria_copy SET finished_at = NULL", &[])
+        .await
+        .unwrap();
+
+    let config = home.root.join("config.yaml");
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    yaml.push_str(&format!(
+        "store:\n  backend: postgres\n  postgres_url: {url}\n  postgres_schema: {schema}\n"
+    ));
+    std::fs::write(&config, yaml).unwrap();
+
+    let log = home.root.join("refused.log");
+    let mut command = gateway_command(&home, &log);
+    let status = command.status().unwrap();
+    assert!(!status.success());
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("never finished") && said.contains("talaria store migrate"),
+        "{said}"
+    );
+    assert!(!health_answers(port).await);
+
+    // The same copy again finishes it, and the database is usable.
+    let again = migrate(&home, &url, &schema);
+    assert!(again.status.success(), "{:?}", text(&again));
+    let listed = Command::new(env!("CARGO_BIN_EXE_talaria"))
+        .arg("--home")
+        .arg(&home.root)
+        .args(["sessions", "list"])
+        .env_remove("TALARIA_HOME")
+        .env_remove("TALARIA_DATABASE_URL")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{:?}", text(&listed));
+    assert!(text(&listed).0.contains(SESSION), "{:?}", text(&listed));
+}
+
+async fn health_answers(port: u16) -> bool {
+    reqwest::get(format!("http://127.0.0.1:{port}/health"))
+        .await
+        .is_ok_and(|r| r.status().is_success())
 }

@@ -596,3 +596,40 @@ impl StoreCopy for PostgresStore {
         }))
     }
 }
+
+impl PostgresStore {
+    /// The source and start of a `store migrate` copy into this database
+    /// that never finished, if one did not: a gateway must not run on
+    /// such a database, which would look like lost conversations.
+    pub async fn unfinished_copy(&self) -> Result<Option<(String, Timestamp)>> {
+        let client = self.client().await?;
+        let err = |e: tokio_postgres::Error| self.error(e);
+        let exists = client
+            .query_one(
+                "SELECT to_regclass(format('%I.%I', current_schema(), $1::text)) IS NOT NULL",
+                &[&MARKER_TABLE],
+            )
+            .await
+            .map_err(err)?;
+        if !exists.try_get::<_, bool>(0).map_err(err)? {
+            return Ok(None);
+        }
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT source, started_at FROM {} WHERE id = 1 AND finished_at IS NULL",
+                    quoted(MARKER_TABLE)
+                ),
+                &[],
+            )
+            .await
+            .map_err(err)?;
+        match row {
+            None => Ok(None),
+            Some(row) => Ok(Some((
+                row.try_get(0).map_err(err)?,
+                row.try_get(1).map_err(err)?,
+            ))),
+        }
+    }
+}
