@@ -395,12 +395,17 @@ pub enum GatewayCommand {
     },
     /// Show whether it runs, its platforms, running turns and the ledger.
     Status,
+    /// Stop the background gateway (letting running turns finish), then
+    /// start it again: after a configuration change, say.
+    Restart,
     /// Write a systemd user unit that runs the gateway.
     Install {
         /// Replace an existing unit file.
         #[arg(long)]
         force: bool,
     },
+    /// Remove the systemd user unit `install` wrote.
+    Uninstall,
 }
 
 #[derive(Debug, Subcommand)]

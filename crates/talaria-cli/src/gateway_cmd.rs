@@ -826,13 +826,51 @@ fn human_duration(secs: f64) -> String {
 }
 
 /// `talaria gateway install`: writes a systemd user unit.
-pub fn install(home: &Home, force: bool, unit: &str) -> anyhow::Result<ExitCode> {
-    let exe = std::env::current_exe().context("cannot find the talaria executable")?;
-    let dir = match std::env::var_os("XDG_CONFIG_HOME") {
+/// Where systemd looks for the user's units.
+fn user_unit_dir() -> anyhow::Result<PathBuf> {
+    Ok(match std::env::var_os("XDG_CONFIG_HOME") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".config"),
     }
-    .join("systemd/user");
+    .join("systemd/user"))
+}
+
+/// `talaria gateway restart`: a graceful stop (if one runs), then a start.
+pub async fn restart(home: Home) -> anyhow::Result<ExitCode> {
+    if process::running_gateway(&home).is_some() {
+        let stopped = stop(home.clone()).await?;
+        if stopped != ExitCode::SUCCESS {
+            return Ok(stopped);
+        }
+    } else {
+        println!("The gateway was not running; starting it.");
+    }
+    start(home).await
+}
+
+/// `talaria gateway uninstall`: removes the unit file `install` wrote
+/// (after saying how to stop and disable a running unit first).
+pub fn uninstall(unit: &str) -> anyhow::Result<ExitCode> {
+    let path = user_unit_dir()?.join(format!("{unit}.service"));
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            println!("Removed {}", path.display());
+            println!(
+                "If it was enabled, also run:\n  systemctl --user disable --now {unit}\n  systemctl --user daemon-reload"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!("No unit to remove: {} does not exist.", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot remove {}", path.display())),
+    }
+}
+
+pub fn install(home: &Home, force: bool, unit: &str) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe().context("cannot find the talaria executable")?;
+    let dir = user_unit_dir()?;
     let path = dir.join(format!("{unit}.service"));
     if path.exists() && !force {
         bail!(

@@ -308,6 +308,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             GatewayCommand::Stop { all: false } => gateway_cmd::stop(home).await,
             GatewayCommand::Stop { all: true } => profile_cmd::stop_all(&base).await,
             GatewayCommand::Status => gateway_cmd::status(&home).await,
+            GatewayCommand::Restart => gateway_cmd::restart(home).await,
+            GatewayCommand::Uninstall => {
+                gateway_cmd::uninstall(&profile_cmd::unit_name(profile.as_deref()))
+            }
             GatewayCommand::Install { force } => {
                 gateway_cmd::install(&home, force, &profile_cmd::unit_name(profile.as_deref()))
             }

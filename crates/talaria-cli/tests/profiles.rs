@@ -340,3 +340,53 @@ async fn systemd_hears_ready_the_watchdog_and_stopping_and_readyz_waits_for_tele
     };
     assert!(status.success(), "{status}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_starts_a_new_gateway_and_uninstall_removes_the_profiles_unit() {
+    let llm = MockOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("home");
+    let out = talaria(&base, &["profile", "create", "ops"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let port = free_port();
+    configure(&base.join("profiles/ops"), &llm, port);
+    let pid_of = || -> String {
+        std::fs::read_to_string(base.join("profiles/ops/gateway.pid"))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+
+    // Nothing runs yet: restart starts it.
+    let out = talaria(&base, &["-p", "ops", "gateway", "restart"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("was not running"), "{}", text(&out));
+    assert!(health(port).await);
+    let first = pid_of();
+    assert!(!first.is_empty());
+    let out = talaria(&base, &["-p", "ops", "gateway", "restart"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(health(port).await);
+    let second = pid_of();
+    assert!(!second.is_empty() && second != first, "{first} then {second}");
+    let out = talaria(&base, &["-p", "ops", "gateway", "stop"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // The profile's own unit, installed and removed.
+    let xdg = dir.path().join("xdg");
+    let unit = xdg.join("systemd/user/talaria-gateway-ops.service");
+    let out = command(&base, &["-p", "ops", "gateway", "install"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let written = std::fs::read_to_string(&unit).unwrap();
+    assert!(written.contains("Type=notify"), "{written}");
+    assert!(written.contains("profiles/ops"), "{written}");
+    let out = command(&base, &["-p", "ops", "gateway", "uninstall"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!unit.exists());
+}
