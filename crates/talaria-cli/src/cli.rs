@@ -154,6 +154,11 @@ pub enum Command {
         #[arg(long)]
         offline: bool,
     },
+    /// The gateway's hooks: which load, and one run by hand.
+    Hooks {
+        #[command(subcommand)]
+        command: HooksCommand,
+    },
     /// Profiles: separate agents on one machine, each with its own
     /// configuration, database, memory, skills and gateway.
     Profile {
@@ -169,6 +174,23 @@ pub enum Command {
     Dashboard {
         #[command(subcommand)]
         command: DashboardCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HooksCommand {
+    /// The hooks under $TALARIA_HOME/hooks/ that load, with their events;
+    /// folders that do not load are named (exit 1).
+    List,
+    /// Run one hook with an event, as the gateway would, and show its answer.
+    Test {
+        /// The hook's name.
+        name: String,
+        /// The event (`agent:end`, `command:new`, ...).
+        event: String,
+        /// The event's payload as JSON (default `{"test": true}`).
+        #[arg(long)]
+        payload: Option<String>,
     },
 }
 

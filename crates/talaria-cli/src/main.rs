@@ -36,6 +36,7 @@ mod config_write;
 mod cron_cmd;
 mod doctor;
 mod gateway_cmd;
+mod hooks_cmd;
 mod insights_cmd;
 mod interact;
 mod logging;
@@ -371,6 +372,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             doctor::auth::run(&home, sender).await
         }
+        Command::Hooks { command } => hooks_cmd::run(&home, command).await,
         Command::Profile { command } => profile_cmd::run(&base, &home, command),
         Command::Backup { file, with_secrets } => backup_cmd::backup(&home, file, with_secrets),
         Command::Restore { file, force } => backup_cmd::restore(&home, &file, force),

@@ -390,3 +390,56 @@ async fn restart_starts_a_new_gateway_and_uninstall_removes_the_profiles_unit() 
     assert!(out.status.success(), "{}", text(&out));
     assert!(!unit.exists());
 }
+
+#[test]
+fn hooks_list_names_what_loads_and_test_runs_one_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("home");
+    let hook = base.join("hooks/audit");
+    std::fs::create_dir_all(&hook).unwrap();
+    std::fs::write(
+        hook.join("HOOK.yaml"),
+        "description: Echo what happened\nevents: [\"agent:*\"]\ntimeout_secs: 5\n",
+    )
+    .unwrap();
+    // Answers with what it read, so the test sees the event went in.
+    std::fs::write(
+        hook.join("handler"),
+        "#!/bin/sh\nread line\nprintf '{\"heard\": %s}\\n' \"$line\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(hook.join("handler"), std::fs::Permissions::from_mode(0o755))
+        .unwrap();
+    std::fs::create_dir_all(base.join("hooks/broken")).unwrap();
+
+    let out = talaria(&base, &["hooks", "list"]);
+    let listing = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{listing}");
+    assert!(listing.contains("audit"), "{listing}");
+    assert!(listing.contains("events: agent:*; timeout 5 s"), "{listing}");
+    assert!(listing.contains("broken: not loaded"), "{listing}");
+
+    let out = talaria(
+        &base,
+        &[
+            "hooks",
+            "test",
+            "audit",
+            "agent:end",
+            "--payload",
+            r#"{"exit": "completed"}"#,
+        ],
+    );
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("audit answered"), "{said}");
+    assert!(said.contains("\"exit\":\"completed\""), "{said}");
+    assert!(said.contains("agent:end"), "{said}");
+
+    let out = talaria(&base, &["hooks", "test", "audit", "message:received"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("does not subscribe"), "{}", text(&out));
+    let out = talaria(&base, &["hooks", "test", "nobody", "agent:end"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("no hook named `nobody`"), "{}", text(&out));
+}

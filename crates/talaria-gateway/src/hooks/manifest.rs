@@ -16,6 +16,16 @@ pub enum EventPattern {
     Prefix(String),
 }
 
+impl std::fmt::Display for EventPattern {
+    /// As a manifest writes it: `agent:end`, `command:*`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EventPattern::Exact(name) => f.write_str(name),
+            EventPattern::Prefix(prefix) => write!(f, "{prefix}:*"),
+        }
+    }
+}
+
 impl EventPattern {
     /// Reads one `events` entry. Command names are resolved to their
     /// canonical form, so `command:reset` subscribes to `/new`.

@@ -228,6 +228,17 @@ impl Hooks {
         }
     }
 
+    /// The hook named `name` alone, sharing this set's limits and
+    /// environment: `talaria hooks test` runs one hook without the others
+    /// that subscribe to the same event.
+    pub fn only(&self, name: &str) -> Option<Hooks> {
+        let hook = self.hooks.iter().find(|h| h.name() == name)?;
+        Some(Hooks {
+            hooks: vec![hook.clone()],
+            runtime: self.runtime.clone(),
+        })
+    }
+
     /// Whether no hook loaded.
     pub fn is_empty(&self) -> bool {
         self.hooks.is_empty()
