@@ -1,8 +1,10 @@
 //! The Python environment that holds the third-party software the tests
 //! drive Talaria with: the official OpenAI SDK (`openai`), the Synapse
 //! homeserver (`matrix-synapse`), the MCP Python SDK (`mcp`), the
-//! reference MCP servers (`mcp-server-time`) and the Prometheus client's
-//! text-format parser (`prometheus-client`).
+//! reference MCP servers (`mcp-server-time`), the Prometheus client's
+//! text-format parser (`prometheus-client`) and hermes-agent, Talaria's
+//! Python ancestor (`hermes-agent`: its modules `run_agent` and
+//! `hermes_state`), which writes the homes `talaria import hermes` reads.
 //!
 //! `.ci/run` installs them into a virtual environment at
 //! [`DEFAULT_VENV`] (or wherever `TALARIA_TEST_VENV` points). A test that
@@ -60,7 +62,7 @@ fn missing(path: &Path, what: &str) -> ! {
     panic!(
         "{what} is needed by this test and is not installed in {} (looked for {}). \
          `.ci/run` installs it: python3 -m venv {0} && {0}/bin/pip install \
-         openai matrix-synapse mcp mcp-server-time prometheus-client",
+         openai matrix-synapse mcp mcp-server-time prometheus-client hermes-agent",
         venv().display(),
         path.display(),
     )
