@@ -116,7 +116,7 @@ pub async fn hermes(home: Home, from: Option<PathBuf>, dry_run: bool) -> anyhow:
     let loaded = crate::sections::load(&home)?;
 
     // Phase one: read and plan, writing nothing.
-    let config = config_map::plan(&source, &home)?;
+    let config = config_map::plan(&source)?;
     let env = files::plan_env(&source, &home)?;
     let soul = files::plan_soul(&source, &home)?;
     let memories = files::plan_memories(&source, &home)?;

@@ -386,7 +386,7 @@ fn map_config(src: &Map<String, Value>) -> (Map<String, Value>, Vec<String>, Vec
     (m.out, m.notes, unmapped, m.mapped)
 }
 
-pub fn plan(source: &Path, home: &Home) -> anyhow::Result<ConfigPlan> {
+pub fn plan(source: &Path) -> anyhow::Result<ConfigPlan> {
     let path = source.join("config.yaml");
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
@@ -414,7 +414,7 @@ pub fn plan(source: &Path, home: &Home) -> anyhow::Result<ConfigPlan> {
     if !out.is_empty() {
         yaml.push_str(&serde_saphyr::to_string(&Value::Object(out))?);
     }
-    check_loads(&yaml, home)?;
+    check_loads(&yaml)?;
     Ok(ConfigPlan {
         text: Some(yaml),
         notes,
@@ -423,9 +423,9 @@ pub fn plan(source: &Path, home: &Home) -> anyhow::Result<ConfigPlan> {
     })
 }
 
-/// Loads `yaml` as Talaria would (in a scratch home beside nothing), so
+/// Loads `yaml` as Talaria would, in a scratch home holding only it, so
 /// a configuration that would not start is never written.
-fn check_loads(yaml: &str, _home: &Home) -> anyhow::Result<()> {
+fn check_loads(yaml: &str) -> anyhow::Result<()> {
     let scratch = tempfile::tempdir().context("cannot make a scratch folder")?;
     let home = Home::at(scratch.path());
     std::fs::write(home.config_file(), yaml)?;
