@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use talaria_testkit::python::python_with;
+use talaria_testkit::python::hermes_python;
 use talaria_testkit::{MockOpenAi, Reply, ToolCallReply};
 
 /// Drives hermes-agent: one `AIAgent` per conversation, writing to the
@@ -140,7 +140,7 @@ fn assert_same(
 /// Writes a hermes-agent home with the real package and returns its
 /// folder and the ids of its two sessions.
 async fn hermes_home(mock: &MockOpenAi) -> (tempfile::TempDir, Vec<String>) {
-    let python = python_with(&["run_agent", "hermes_state"]);
+    let python = hermes_python(&["run_agent", "hermes_state"]);
     let dir = tempfile::tempdir().unwrap();
     // The ancestor's configuration as a person has it: a model, settings
     // Talaria has, and some it has not.
