@@ -170,6 +170,11 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::store_cmd::StoreCommand,
     },
+    /// Bring another agent's home into this one.
+    Import {
+        #[command(subcommand)]
+        command: ImportCommand,
+    },
     /// The web dashboard (served by `gateway run` under /ui).
     Dashboard {
         #[command(subcommand)]
@@ -191,6 +196,22 @@ pub enum HooksCommand {
         /// The event's payload as JSON (default `{"test": true}`).
         #[arg(long)]
         payload: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImportCommand {
+    /// A hermes-agent home: its config (mapped to Talaria's keys), .env,
+    /// SOUL.md, memories, skills, sessions, cron jobs and pairing
+    /// approvals. What is here already is kept; running it twice adds
+    /// nothing.
+    Hermes {
+        /// The hermes-agent home (default: $HERMES_HOME or ~/.hermes).
+        #[arg(long, value_name = "DIR")]
+        from: Option<PathBuf>,
+        /// Print what would be imported, per category, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 

@@ -56,10 +56,8 @@ fn list(home: &Home, hooks: &Hooks) -> anyhow::Result<ExitCode> {
     for folder in &skipped {
         println!(
             "{folder}: not loaded (why is in {})",
-            crate::logging::log_file().map_or_else(
-                || "the log".to_owned(),
-                |p| p.display().to_string()
-            )
+            crate::logging::log_file()
+                .map_or_else(|| "the log".to_owned(), |p| p.display().to_string())
         );
     }
     Ok(if skipped.is_empty() {
@@ -104,10 +102,8 @@ async fn test(
         _ => {
             println!(
                 "{name} ran and gave no answer (it printed nothing, failed or timed out; what it wrote to stderr is in {})",
-                crate::logging::log_file().map_or_else(
-                    || "the log".to_owned(),
-                    |p| p.display().to_string()
-                )
+                crate::logging::log_file()
+                    .map_or_else(|| "the log".to_owned(), |p| p.display().to_string())
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -16,6 +16,7 @@
 //! - [`skills_cmd`]: `talaria skills`, and the curator's look at start-up.
 //! - [`mcp_cmd`]: `talaria mcp`, MCP servers' offers and Talaria as one.
 //! - [`cron_cmd`]: `talaria cron`, scheduled jobs (run here, or ticked by the gateway).
+//! - [`import_cmd`]: `talaria import hermes`, bringing over the ancestor's home.
 //! - [`store_cmd`]: `talaria store migrate`, copying the database into PostgreSQL.
 //! - [`sessions_cmd`]: `talaria sessions`, browsing, renaming, deleting
 //!   and pruning sessions; [`sessions_export`]: writing them out.
@@ -37,6 +38,7 @@ mod cron_cmd;
 mod doctor;
 mod gateway_cmd;
 mod hooks_cmd;
+mod import_cmd;
 mod insights_cmd;
 mod interact;
 mod logging;
@@ -374,6 +376,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Hooks { command } => hooks_cmd::run(&home, command).await,
         Command::Profile { command } => profile_cmd::run(&base, &home, command),
+        Command::Import {
+            command: cli::ImportCommand::Hermes { from, dry_run },
+        } => import_cmd::hermes(home, from, dry_run).await,
         Command::Backup { file, with_secrets } => backup_cmd::backup(&home, file, with_secrets),
         Command::Restore { file, force } => backup_cmd::restore(&home, &file, force),
         Command::Memory { command } => {

@@ -368,7 +368,10 @@ async fn restart_starts_a_new_gateway_and_uninstall_removes_the_profiles_unit() 
     assert!(out.status.success(), "{}", text(&out));
     assert!(health(port).await);
     let second = pid_of();
-    assert!(!second.is_empty() && second != first, "{first} then {second}");
+    assert!(
+        !second.is_empty() && second != first,
+        "{first} then {second}"
+    );
     let out = talaria(&base, &["-p", "ops", "gateway", "stop"]);
     assert!(out.status.success(), "{}", text(&out));
 
@@ -408,15 +411,17 @@ fn hooks_list_names_what_loads_and_test_runs_one_hook() {
         "#!/bin/sh\nread line\nprintf '{\"heard\": %s}\\n' \"$line\"\n",
     )
     .unwrap();
-    std::fs::set_permissions(hook.join("handler"), std::fs::Permissions::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(hook.join("handler"), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::create_dir_all(base.join("hooks/broken")).unwrap();
 
     let out = talaria(&base, &["hooks", "list"]);
     let listing = text(&out);
     assert_eq!(out.status.code(), Some(1), "{listing}");
     assert!(listing.contains("audit"), "{listing}");
-    assert!(listing.contains("events: agent:*; timeout 5 s"), "{listing}");
+    assert!(
+        listing.contains("events: agent:*; timeout 5 s"),
+        "{listing}"
+    );
     assert!(listing.contains("broken: not loaded"), "{listing}");
 
     let out = talaria(
@@ -441,5 +446,9 @@ fn hooks_list_names_what_loads_and_test_runs_one_hook() {
     assert!(text(&out).contains("does not subscribe"), "{}", text(&out));
     let out = talaria(&base, &["hooks", "test", "nobody", "agent:end"]);
     assert!(!out.status.success());
-    assert!(text(&out).contains("no hook named `nobody`"), "{}", text(&out));
+    assert!(
+        text(&out).contains("no hook named `nobody`"),
+        "{}",
+        text(&out)
+    );
 }

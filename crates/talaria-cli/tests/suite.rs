@@ -29,6 +29,7 @@ mod gateway_lifecycle;
 mod gateway_matrix_synapse;
 mod gateway_whatsapp;
 mod homeassistant;
+mod import_hermes;
 mod isolation;
 mod logs;
 mod mcp;

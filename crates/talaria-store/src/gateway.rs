@@ -586,6 +586,18 @@ pub trait PairingStore: Send + Sync {
         platforms: &[String],
         limit: usize,
     ) -> Result<Vec<ApprovalNotice>>;
+    /// Records `user_id` on `platform` as approved at `approved_at`
+    /// without a code (an approval brought over from another agent by
+    /// `talaria import`); returns false, changing nothing, when they are
+    /// approved already. No notice is owed: they were told when they were
+    /// approved there.
+    async fn pairing_grant(
+        &self,
+        platform: &str,
+        user_id: &str,
+        user_name: Option<&str>,
+        approved_at: Timestamp,
+    ) -> Result<bool>;
     /// Removes an approval; returns whether there was one.
     async fn pairing_revoke(&self, platform: &str, user_id: &str) -> Result<bool>;
     /// Drops `user_id`'s pending code on `platform` (an operator turning

@@ -9,6 +9,8 @@
 //! - [`cluster`]: the nodes of a deployment and the leases they hold.
 //! - [`cron`]: scheduled jobs and the claimed record of their runs.
 //! - [`copy`]: copying everything a store holds into another backend.
+//! - [`hermes`]: reading the session database of hermes-agent, the
+//!   Python ancestor, for `talaria import hermes`.
 //! - [`snapshot`]: a consistent copy of a live SQLite file (SQLite's
 //!   online backup API), for `talaria backup`.
 //! - [`sqlite`]: the embedded backend (bundled SQLite, WAL, FTS5).
@@ -34,6 +36,7 @@ pub mod copy;
 pub mod cron;
 pub mod fts;
 pub mod gateway;
+pub mod hermes;
 mod media;
 pub mod owed;
 pub mod postgres;
@@ -183,6 +186,30 @@ pub struct StoredMessage {
     /// The provider's token count for the row, when it reported one.
     pub token_count: Option<u64>,
     /// False once compression replaced the row; inactive rows stay searchable.
+    pub active: bool,
+}
+
+/// A session made by another agent, brought in whole (`talaria import`):
+/// its own id, times, counters and transcript, so it lists, searches and
+/// continues like one Talaria recorded.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ImportedSession {
+    /// The session row. `message_count` and `model_choice` are ignored:
+    /// the count is of the rows below, and no `/model` choice came with it.
+    pub record: SessionRecord,
+    /// The transcript in order.
+    pub messages: Vec<ImportedMessage>,
+}
+
+/// One transcript row of an [`ImportedSession`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImportedMessage {
+    /// The row.
+    pub message: Message,
+    /// When it was written, as the other agent recorded it.
+    pub timestamp: Timestamp,
+    /// False for a row the other agent's compression replaced: kept and
+    /// searchable, not replayed.
     pub active: bool,
 }
 
@@ -381,6 +408,17 @@ pub trait SessionStore: Send + Sync {
         Err(StoreError::Database(
             "this store cannot count its sessions".to_owned(),
         ))
+    }
+    /// Stores `session` with its transcript in one transaction, keeping
+    /// its id, times and counters. Writes nothing and returns false when a
+    /// session with that id exists already: importing twice adds nothing,
+    /// and a session is never half there. The default refuses: a store
+    /// must say how it imports.
+    async fn import_session(&self, session: ImportedSession) -> Result<bool> {
+        Err(StoreError::Database(format!(
+            "this store cannot import sessions (asked to import `{}`)",
+            session.record.id
+        )))
     }
     /// Messages `[from_id - before, from_id + after]` of one session, by
     /// position, active or not; for showing a search hit in context.

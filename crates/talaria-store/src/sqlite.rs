@@ -12,6 +12,7 @@ mod gateway;
 mod health;
 mod ledger;
 mod owed;
+pub mod probe;
 mod rows;
 mod schema;
 mod search;
@@ -36,8 +37,8 @@ use self::rows::{
     query_messages, require_session, session_exists, session_from_row, to_sql_count,
 };
 use crate::{
-    NewSession, Result, SearchHit, SearchQuery, SessionFilter, SessionRecord, SessionStore,
-    StoreError, StoredMessage,
+    ImportedSession, NewSession, Result, SearchHit, SearchQuery, SessionFilter, SessionRecord,
+    SessionStore, StoreError, StoredMessage,
 };
 
 /// The SQLite-backed [`crate::SessionStore`].
@@ -493,6 +494,53 @@ impl SessionStore for SqliteStore {
     async fn session_stats(&self) -> Result<crate::StoreStats> {
         let path = self.inner.path.clone();
         self.read(move |tx| upkeep::stats(tx, &path)).await
+    }
+
+    async fn import_session(&self, session: ImportedSession) -> Result<bool> {
+        validate_path_component(&session.record.id)?;
+        self.write(move |tx| {
+            let r = &session.record;
+            if session_exists(tx, &r.id)? {
+                return Ok(false);
+            }
+            tx.prepare_cached(
+                "INSERT INTO sessions (id, source, session_key, chat_id, user_id, thread_id, \
+                 title, model, system_prompt, parent_session_id, started_at, ended_at, \
+                 end_reason, input_tokens, output_tokens, cache_read_tokens, \
+                 cache_write_tokens, reasoning_tokens) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+                 ?16, ?17, ?18)",
+            )?
+            .execute(params![
+                r.id,
+                r.source,
+                r.session_key,
+                r.chat_id,
+                r.user_id,
+                r.thread_id,
+                r.title,
+                r.model,
+                r.system_prompt,
+                r.parent_session_id,
+                r.started_at,
+                r.ended_at,
+                r.end_reason,
+                to_sql_count(r.input_tokens),
+                to_sql_count(r.output_tokens),
+                to_sql_count(r.cache_read_tokens),
+                to_sql_count(r.cache_write_tokens),
+                to_sql_count(r.reasoning_tokens),
+            ])?;
+            for row in &session.messages {
+                let id = insert_message(tx, &r.id, &row.message, row.timestamp)?;
+                if !row.active {
+                    tx.prepare_cached("UPDATE messages SET active = 0 WHERE id = ?1")?
+                        .execute(params![id])?;
+                }
+            }
+            Ok(true)
+        })
+        .await
     }
 
     async fn message_window(

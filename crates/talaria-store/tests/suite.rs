@@ -15,6 +15,7 @@ mod gateway_ledger;
 mod gateway_pairing;
 mod gateway_route_expiry;
 mod gateway_routes;
+mod imports;
 mod media;
 mod migrations;
 mod owed_turns;

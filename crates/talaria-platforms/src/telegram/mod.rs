@@ -164,7 +164,17 @@ pub struct TelegramAdapter {
     /// Where the offset is kept between processes: with a shared store,
     /// the node that takes the connector over starts where the last one
     /// stopped, instead of at what Telegram still holds unconfirmed.
-    cursors: Option<Arc<dyn CursorStore>>,
+    cursors: Option<Cursors>,
+}
+
+/// The store the offset is kept in; shown in debug output by name only.
+#[derive(Clone)]
+struct Cursors(Arc<dyn CursorStore>);
+
+impl std::fmt::Debug for Cursors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CursorStore")
+    }
 }
 
 impl TelegramAdapter {
@@ -200,7 +210,7 @@ impl TelegramAdapter {
     /// Keeps the `getUpdates` offset in `cursors` (under `telegram`,
     /// `offset:<bot id>`) as well as in memory.
     pub fn keeping_offset_in(mut self, cursors: Arc<dyn CursorStore>) -> TelegramAdapter {
-        self.cursors = Some(cursors);
+        self.cursors = Some(Cursors(cursors));
         self
     }
 
@@ -212,7 +222,7 @@ impl TelegramAdapter {
     /// Takes the stored offset when it is ahead of the one in memory (a
     /// new process, or another node that ran the bot meanwhile).
     async fn load_offset(&self, me: &Me) {
-        let Some(cursors) = &self.cursors else {
+        let Some(Cursors(cursors)) = &self.cursors else {
             return;
         };
         match cursors.cursor(PLATFORM, &Self::offset_cursor(me)).await {
@@ -220,10 +230,14 @@ impl TelegramAdapter {
                 Ok(offset) => {
                     self.offset.fetch_max(offset, Ordering::SeqCst);
                 }
-                Err(_) => tracing::warn!(%stored, "ignoring a stored Telegram offset that is not a number"),
+                Err(_) => {
+                    tracing::warn!(%stored, "ignoring a stored Telegram offset that is not a number")
+                }
             },
             Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot read the stored Telegram offset; starting from Telegram's"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the stored Telegram offset; starting from Telegram's")
+            }
         }
     }
 
@@ -231,7 +245,7 @@ impl TelegramAdapter {
     /// at most a re-read after a takeover, which the gateway's duplicate
     /// check absorbs: it is logged, not fatal.
     async fn save_offset(&self, me: &Me) {
-        let (Some(cursors), Some(offset)) = (&self.cursors, self.next_offset()) else {
+        let (Some(Cursors(cursors)), Some(offset)) = (&self.cursors, self.next_offset()) else {
             return;
         };
         if let Err(e) = cursors

@@ -604,6 +604,30 @@ impl PairingStore for PostgresStore {
         settle(self, step)
     }
 
+    async fn pairing_grant(
+        &self,
+        platform: &str,
+        user_id: &str,
+        user_name: Option<&str>,
+        approved_at: f64,
+    ) -> Result<bool> {
+        let client = self.client().await?;
+        let step: Step<bool> = async {
+            let statement = client
+                .prepare_cached(
+                    "INSERT INTO pairing_approved (platform, user_id, user_name, approved_at) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (platform, user_id) DO NOTHING",
+                )
+                .await?;
+            Ok(client
+                .execute(&statement, &[&platform, &user_id, &user_name, &approved_at])
+                .await?
+                > 0)
+        }
+        .await;
+        settle(self, step)
+    }
+
     async fn pairing_revoke(&self, platform: &str, user_id: &str) -> Result<bool> {
         let client = self.client().await?;
         let step: Step<bool> = async {

@@ -16,8 +16,8 @@ use tokio_postgres::types::ToSql;
 use super::rows::{MESSAGE_COLUMNS, SESSION_COLUMNS, clean, clean_opt, sql_len, to_sql_count};
 use super::{NOW, PostgresStore, search};
 use crate::{
-    NewSession, Result, SearchHit, SearchQuery, SessionFilter, SessionRecord, SessionStore,
-    StoreError, StoredMessage,
+    ImportedSession, NewSession, Result, SearchHit, SearchQuery, SessionFilter, SessionRecord,
+    SessionStore, StoreError, StoredMessage,
 };
 
 /// DDL for sessions and messages (part of schema step 1).
@@ -555,6 +555,99 @@ impl SessionStore for PostgresStore {
             .await?;
         earlier.extend(rest);
         Ok(earlier)
+    }
+
+    async fn import_session(&self, session: ImportedSession) -> Result<bool> {
+        validate_path_component(&session.record.id)?;
+        let r = &session.record;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.error(e))?;
+        // ON CONFLICT: a session already here (an earlier import) is left
+        // as it is, and so is its transcript.
+        let insert_session = tx
+            .prepare_cached(
+                "INSERT INTO sessions (id, source, session_key, chat_id, user_id, thread_id, \
+                 title, model, system_prompt, parent_session_id, started_at, ended_at, \
+                 end_reason, message_count, input_tokens, output_tokens, cache_read_tokens, \
+                 cache_write_tokens, reasoning_tokens) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+                 $16, $17, $18, $19) ON CONFLICT (id) DO NOTHING",
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        let count = sql_len(session.messages.len());
+        let usage = [
+            to_sql_count(r.input_tokens),
+            to_sql_count(r.output_tokens),
+            to_sql_count(r.cache_read_tokens),
+            to_sql_count(r.cache_write_tokens),
+            to_sql_count(r.reasoning_tokens),
+        ];
+        let inserted = tx
+            .execute(
+                &insert_session,
+                &[
+                    &r.id,
+                    &clean(&r.source).as_ref(),
+                    &clean_opt(&r.session_key).as_deref(),
+                    &clean_opt(&r.chat_id).as_deref(),
+                    &clean_opt(&r.user_id).as_deref(),
+                    &clean_opt(&r.thread_id).as_deref(),
+                    &clean_opt(&r.title).as_deref(),
+                    &clean_opt(&r.model).as_deref(),
+                    &clean_opt(&r.system_prompt).as_deref(),
+                    &clean_opt(&r.parent_session_id).as_deref(),
+                    &r.started_at,
+                    &r.ended_at,
+                    &clean_opt(&r.end_reason).as_deref(),
+                    &count,
+                    &usage[0],
+                    &usage[1],
+                    &usage[2],
+                    &usage[3],
+                    &usage[4],
+                ],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        if inserted == 0 {
+            return Ok(false);
+        }
+        let insert_row = tx
+            .prepare_cached(
+                "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, \
+                 tool_name, \"timestamp\", finish_reason, reasoning, media, thinking, active) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        for row in &session.messages {
+            let m = &row.message;
+            let tool_calls = encode_tool_calls(&m.tool_calls)?;
+            let media = crate::media::encode(&m.media)?;
+            let thinking = crate::thinking::encode(&m.thinking)?;
+            tx.execute(
+                &insert_row,
+                &[
+                    &r.id,
+                    &m.role.as_str(),
+                    &clean(&m.content).as_ref(),
+                    &clean_opt(&m.tool_call_id).as_deref(),
+                    &tool_calls.as_deref(),
+                    &clean_opt(&m.tool_name).as_deref(),
+                    &row.timestamp,
+                    &clean_opt(&m.finish_reason).as_deref(),
+                    &clean_opt(&m.reasoning).as_deref(),
+                    &media.as_deref(),
+                    &thinking.as_deref(),
+                    &row.active,
+                ],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        }
+        tx.commit().await.map_err(|e| self.error(e))?;
+        Ok(true)
     }
 
     async fn replace_active(&self, session_id: &str, replacement: &[Message]) -> Result<()> {

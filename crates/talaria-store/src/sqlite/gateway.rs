@@ -442,6 +442,28 @@ impl PairingStore for SqliteStore {
         .await
     }
 
+    async fn pairing_grant(
+        &self,
+        platform: &str,
+        user_id: &str,
+        user_name: Option<&str>,
+        approved_at: f64,
+    ) -> Result<bool> {
+        let platform = platform.to_string();
+        let user_id = user_id.to_string();
+        let user_name = user_name.map(str::to_string);
+        self.write(move |tx| {
+            let inserted = tx
+                .prepare_cached(
+                    "INSERT INTO pairing_approved (platform, user_id, user_name, approved_at) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (platform, user_id) DO NOTHING",
+                )?
+                .execute(params![platform, user_id, user_name, approved_at])?;
+            Ok(inserted > 0)
+        })
+        .await
+    }
+
     async fn pairing_revoke(&self, platform: &str, user_id: &str) -> Result<bool> {
         let platform = platform.to_string();
         let user_id = user_id.to_string();
