@@ -160,6 +160,7 @@ fn replies_by_chat(tg: &FakeTelegram) -> BTreeMap<i64, Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_telegram_connector_moves_to_a_survivor_and_nothing_is_lost_or_answered_twice() {
+    const METRICS_KEY: &str = "sk-cluster-metrics-key-0123456789";
     let llm = MockOpenAi::start().await;
     let tg = FakeTelegram::start(TOKEN).await;
     let schema = talaria_testkit::postgres::fresh_schema().await;
@@ -169,15 +170,22 @@ async fn the_telegram_connector_moves_to_a_survivor_and_nothing_is_lost_or_answe
         .map(i64::to_string)
         .collect::<Vec<_>>()
         .join(",");
+    // Each node serves its API too, for its `/metrics`.
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let mut nodes: Vec<Node> = (0..3)
         .map(|i| {
             let home = home(
                 &llm,
                 &format!(
-                    "  telegram:\n    base_url: {}\n    poll_timeout_secs: 1\n",
-                    tg.base_url()
+                    "  telegram:\n    base_url: {}\n    poll_timeout_secs: 1\n  \
+                     api_server:\n    enabled: true\n    host: 127.0.0.1\n    port: {}\n",
+                    tg.base_url(),
+                    ports[i]
                 ),
-                &format!("TELEGRAM_BOT_TOKEN={TOKEN}\nTELEGRAM_ALLOWED_USERS={allowed}\n"),
+                &format!(
+                    "TELEGRAM_BOT_TOKEN={TOKEN}\nTELEGRAM_ALLOWED_USERS={allowed}\n\
+                     API_SERVER_KEY={METRICS_KEY}\n"
+                ),
             );
             use_postgres(&home, &schema);
             let log = home.root.join("node.log");
@@ -217,6 +225,28 @@ async fn the_telegram_connector_moves_to_a_survivor_and_nothing_is_lost_or_answe
         (live.iter().filter(|n| n.lease_until > now).count() == 3).then_some(())
     })
     .await;
+
+    // Each node's `/metrics` says which holds the connector's lease.
+    for (i, port) in ports.iter().enumerate() {
+        let want = if i == leader { 1 } else { 0 };
+        let line = format!("talaria_node_leases{{kind=\"connector\"}} {want}");
+        eventually(Duration::from_secs(20), "the lease gauge", || {
+            let line = line.clone();
+            async move {
+                let text = reqwest::Client::new()
+                    .get(format!("http://127.0.0.1:{port}/metrics"))
+                    .bearer_auth(METRICS_KEY)
+                    .send()
+                    .await
+                    .ok()?
+                    .text()
+                    .await
+                    .ok()?;
+                text.lines().any(|l| l == line).then_some(())
+            }
+        })
+        .await;
+    }
 
     // Phase 1: three messages, three answers.
     for user in &users[..3] {

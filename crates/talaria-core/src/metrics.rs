@@ -40,8 +40,8 @@ pub const DUPLICATES: &str = "talaria_inbound_duplicates_total";
 pub const BUSY_QUEUED: &str = "talaria_busy_queue_depth";
 /// Cron job runs, by outcome (`ok`, `silent`, `error`, `missed`).
 pub const CRON_RUNS: &str = "talaria_cron_runs_total";
-/// Leases this node holds in the shared store, by kind (`connector`,
-/// `turn`); read when scraped.
+/// Leases this node holds in the store, by kind (`connector`: the
+/// platform credentials it runs); set with the status file.
 pub const NODE_LEASES: &str = "talaria_node_leases";
 
 /// The buckets of [`TURN_SECONDS`]: a chat answer takes seconds, a turn

@@ -9,7 +9,7 @@ use std::time::Duration;
 use talaria_agent::Agent;
 use talaria_core::config::StoreBackend;
 use talaria_core::{Config, Env, Home};
-use talaria_store::GatewayStore;
+use talaria_store::{GatewayStore, NodeId};
 use tokio_util::sync::CancellationToken;
 
 use crate::adapter::{Adapter, Inbox, Liveness};
@@ -348,6 +348,7 @@ impl Gateway {
             self.runner.clone(),
             self.board.clone(),
             self.delivery.clone(),
+            (self.store.clone(), self.node.id().clone()),
             background.clone(),
         ));
         let maintenance = Maintenance::start(self.maintenance_tasks());
@@ -433,10 +434,12 @@ async fn status_writer(
     runner: Runner,
     board: Arc<StatusBoard>,
     delivery: Delivery,
+    (store, me): (Arc<dyn GatewayStore>, NodeId),
     stop: CancellationToken,
 ) {
     loop {
         write_snapshot(&home, &runner, &board, &delivery, "running").await;
+        count_connector_leases(store.as_ref(), &me).await;
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(STATUS_INTERVAL) => {}
@@ -448,6 +451,21 @@ async fn status_writer(
             }
         }
     }
+}
+
+/// Sets the `/metrics` gauge of the connector leases this node holds:
+/// one per platform credential at most, so the query stays small however
+/// much the store holds (turn leases, one per conversation ever run on a
+/// shared store, are left out for that reason).
+async fn count_connector_leases(store: &dyn GatewayStore, me: &NodeId) {
+    let (Ok(now), Ok(leases)) = (store.clock().await, store.leases("connector:").await) else {
+        return;
+    };
+    let held = leases
+        .iter()
+        .filter(|l| l.holder == *me && l.lease_until > now)
+        .count();
+    talaria_core::metrics::node_leases("connector", held);
 }
 
 async fn write_snapshot(
