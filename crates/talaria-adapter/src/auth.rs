@@ -165,13 +165,19 @@ impl AuthPolicy {
     ) -> Decision {
         let platform = source.platform.to_ascii_lowercase();
         let caseless = caps.sender_ids.caseless();
-        let group_var = talaria_core::config::platform_var(&platform, "GROUP_ALLOWED_CHATS");
+        // Variable names for the sentences, spelled only if one is written.
+        let group_var = VarName(&platform, "GROUP_ALLOWED_CHATS");
+        let users_var = VarName(&platform, "ALLOWED_USERS");
+        let all_var = VarName(&platform, "ALLOW_ALL_USERS");
 
         // Checked before the sender because channel posts and anonymous
         // group admins carry no usable user id, and Telegram shows the
         // latter as a bot; the operator vouched for the whole chat.
         let group_chats = if caps.group_chat_allowlist && is_group_scoped(source.chat_type) {
-            self.list(&group_var)
+            self.list(&talaria_core::config::platform_var(
+                &platform,
+                "GROUP_ALLOWED_CHATS",
+            ))
         } else {
             Vec::new()
         };
@@ -220,7 +226,6 @@ impl AuthPolicy {
                 *e == user
             }
         };
-        let users_var = talaria_core::config::platform_var(&platform, "ALLOWED_USERS");
 
         // Bots (including other agents) are not users: allow-all flags,
         // pairing and `*` are about people, so a bot needs its own entry.
@@ -247,7 +252,6 @@ impl AuthPolicy {
                 && caps.offers_pairing(),
         };
 
-        let all_var = talaria_core::config::platform_var(&platform, "ALLOW_ALL_USERS");
         if self.platform_flag(&platform, "ALLOW_ALL_USERS") {
             note(format_args!("{all_var} is set: let in"));
             return Decision::Allow(Reason::PlatformAllowAll);
@@ -370,6 +374,16 @@ fn ancestor_prefix(platform: &str) -> Option<&'static str> {
     match platform {
         "qqbot" => Some("QQ"),
         _ => None,
+    }
+}
+
+/// `<P>_<suffix>` as [`talaria_core::config::platform_var`] spells it,
+/// written out only when displayed: deciding a message costs no string.
+struct VarName<'a>(&'a str, &'static str);
+
+impl fmt::Display for VarName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&talaria_core::config::platform_var(self.0, self.1))
     }
 }
 

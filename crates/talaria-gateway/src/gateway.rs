@@ -348,7 +348,10 @@ impl Gateway {
             self.runner.clone(),
             self.board.clone(),
             self.delivery.clone(),
-            (self.store.clone(), self.node.id().clone()),
+            // Store leases are PostgreSQL's: on SQLite the machine lock
+            // decides, and there is nothing to count every tick.
+            (self.config.store.backend == StoreBackend::Postgres)
+                .then(|| (self.store.clone(), self.node.id().clone())),
             background.clone(),
         ));
         let maintenance = Maintenance::start(self.maintenance_tasks());
@@ -434,12 +437,14 @@ async fn status_writer(
     runner: Runner,
     board: Arc<StatusBoard>,
     delivery: Delivery,
-    (store, me): (Arc<dyn GatewayStore>, NodeId),
+    leases: Option<(Arc<dyn GatewayStore>, NodeId)>,
     stop: CancellationToken,
 ) {
     loop {
         write_snapshot(&home, &runner, &board, &delivery, "running").await;
-        count_connector_leases(store.as_ref(), &me).await;
+        if let Some((store, me)) = &leases {
+            count_connector_leases(store.as_ref(), me).await;
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(STATUS_INTERVAL) => {}

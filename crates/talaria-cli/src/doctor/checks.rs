@@ -4,7 +4,6 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use talaria_core::config::{BackendKind, Loaded, StoreBackend};
@@ -492,7 +491,7 @@ async fn terminal(home: &Home, loaded: &Loaded, out: &mut Vec<Finding>) {
         .cwd
         .clone()
         .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| ".".into()));
-    let backends = Arc::new(talaria_exec::Backends::new(terminal, home, workdir));
+    let backends = talaria_exec::Backends::new(terminal, home, workdir);
     backends.check().await;
     let mut kinds = vec![
         ("owner commands", terminal.backend),
