@@ -471,6 +471,13 @@ impl Agent {
 
     /// Builds the prompt off the async threads: it reads several files.
     async fn build_prompt(&self) -> Result<String, AgentError> {
+        // What other nodes learned since this one last looked, so the new
+        // session's memory and skills index are the deployment's.
+        if let Some(files) = self.parts.store.shared_files()
+            && let Err(e) = crate::shared_home::pull(&self.parts.home, files).await
+        {
+            tracing::warn!("the session starts with this node's memory and skills: {e}");
+        }
         let home = self.parts.home.clone();
         let config = self.parts.config.clone();
         let registry = self.parts.registry.clone();

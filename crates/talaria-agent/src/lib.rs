@@ -21,6 +21,8 @@
 //! - [`compress`]: context compression: estimates, the cut, the summary
 //!   request (pure parts).
 //! - [`spill`]: moving oversized tool output to files.
+//! - [`shared_home`]: keeping the memory files and skills in step with the
+//!   copy a multi-node store shares.
 //! - [`execution`]: where a conversation's commands run and which files
 //!   its tools may touch (the backend from `talaria-exec`, the workspace,
 //!   the tools withheld when an isolated backend can't start).
@@ -64,6 +66,7 @@ pub mod processes;
 pub mod prompt;
 pub mod repair;
 mod session;
+pub mod shared_home;
 pub mod spill;
 pub mod tools;
 pub mod turn;

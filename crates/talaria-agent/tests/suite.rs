@@ -11,6 +11,7 @@ mod delegate;
 mod execute_code;
 mod patch;
 mod processes;
+mod shared_home;
 mod todo_compression;
 mod tool_sources;
 mod tools_files;

@@ -8,6 +8,8 @@
 //!   by a survivor, once, marked as a possible duplicate.
 //! - Consecutive API-server turns of one session, served by different
 //!   nodes, see the same history.
+//! - What a turn on one node saves to memory or to a skill is in the next
+//!   session's prompt on the other.
 
 use crate::crash_support;
 
@@ -389,27 +391,32 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn api_turns_of_one_session_on_different_nodes_see_the_same_history() {
-    let llm = MockOpenAi::start().await;
-    let schema = talaria_testkit::postgres::fresh_schema().await;
-    let key = "sk-cluster-api-key-0123456789";
+/// Two started nodes on `schema`, each serving the API on a port of its
+/// own (returned with it) with `key`, its `api_server:` section extended
+/// by `api_extra`; returns once both answer `/health`.
+async fn api_nodes(
+    llm: &MockOpenAi,
+    schema: &str,
+    key: &str,
+    api_extra: &str,
+    tag: &str,
+) -> Vec<(Node, u16)> {
     let mut nodes: Vec<(Node, u16)> = (0..2)
         .map(|i| {
             let port = free_port();
             let home = home(
-                &llm,
+                llm,
                 &format!(
-                    "  api_server:\n    enabled: true\n    host: 127.0.0.1\n    port: {port}\n"
+                    "  api_server:\n    enabled: true\n    host: 127.0.0.1\n    port: {port}\n{api_extra}"
                 ),
                 &format!("API_SERVER_KEY={key}\n"),
             );
-            use_postgres(&home, &schema);
+            use_postgres(&home, schema);
             let log = home.root.join("node.log");
             let node = Node {
                 home,
                 log,
-                host: format!("api-host-{i}"),
+                host: format!("{tag}-host-{i}"),
                 child: None,
             };
             (node, port)
@@ -431,6 +438,16 @@ async fn api_turns_of_one_session_on_different_nodes_see_the_same_history() {
         .await;
         assert!(node.pid().is_some());
     }
+    nodes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_turns_of_one_session_on_different_nodes_see_the_same_history() {
+    let llm = MockOpenAi::start().await;
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    let key = "sk-cluster-api-key-0123456789";
+    let mut nodes = api_nodes(&llm, &schema, key, "", "api").await;
+    let http = reqwest::Client::new();
     let turn = |port: u16, text: &'static str| {
         let http = http.clone();
         async move {
@@ -537,44 +554,8 @@ async fn a_session_busy_on_another_node_is_a_429_after_the_busy_wait() {
     let llm = MockOpenAi::start().await;
     let schema = talaria_testkit::postgres::fresh_schema().await;
     let key = "sk-cluster-busy-key-0123456789";
-    let mut nodes: Vec<(Node, u16)> = (0..2)
-        .map(|i| {
-            let port = free_port();
-            let home = home(
-                &llm,
-                &format!(
-                    "  api_server:\n    enabled: true\n    host: 127.0.0.1\n    port: {port}\n    busy_wait_secs: 1\n"
-                ),
-                &format!("API_SERVER_KEY={key}\n"),
-            );
-            use_postgres(&home, &schema);
-            let log = home.root.join("node.log");
-            (
-                Node {
-                    home,
-                    log,
-                    host: format!("busy-host-{i}"),
-                    child: None,
-                },
-                port,
-            )
-        })
-        .collect();
-    for (node, _) in &mut nodes {
-        node.start();
-    }
+    let mut nodes = api_nodes(&llm, &schema, key, "    busy_wait_secs: 1\n", "busy").await;
     let http = reqwest::Client::new();
-    for (_, port) in &nodes {
-        let url = format!("http://127.0.0.1:{port}/health");
-        eventually(Duration::from_secs(20), "the API server", || {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let r = http.get(&url).send().await.ok()?;
-                r.status().is_success().then_some(())
-            }
-        })
-        .await;
-    }
     let ask = |port: u16, text: &'static str| {
         let http = http.clone();
         async move {
@@ -914,6 +895,120 @@ async fn two_nodes_sweeping_the_same_owed_replies_send_each_once() {
     expected.sort();
     assert_eq!(bodies, expected, "each owed reply exactly once");
     for node in &mut nodes {
+        let status = node.stop().unwrap();
+        assert!(status.success(), "{}", node.log());
+    }
+}
+
+/// What a turn on one node saves to memory or to a skill is in the next
+/// session's prompt on the other node, in both directions, and in the
+/// other node's files (which stay the interface).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_skills_saved_on_one_node_are_in_the_next_prompt_on_another() {
+    use talaria_testkit::{Reply, ToolCallReply};
+    let llm = MockOpenAi::start().await;
+    let schema = talaria_testkit::postgres::fresh_schema().await;
+    let key = "sk-cluster-memory-key-0123456789";
+    let mut nodes = api_nodes(&llm, &schema, key, "", "memory").await;
+    let http = reqwest::Client::new();
+    let turn = |port: u16, session: &'static str, text: &'static str| {
+        let http = http.clone();
+        async move {
+            let response = http
+                .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+                .bearer_auth(key)
+                .header("x-talaria-session-id", session)
+                .json(&serde_json::json!({
+                    "model": "talaria",
+                    "messages": [{"role": "user", "content": text}],
+                }))
+                .send()
+                .await
+                .unwrap();
+            assert!(response.status().is_success(), "{}", response.status());
+        }
+    };
+    let system_prompt = |index: usize| -> String {
+        let requests = llm.requests();
+        requests[index].body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let skill = "---\nname: llama-care\ndescription: Looking after Pablo the llama\n---\n\n1. Hay twice a day.\n";
+
+    // Node 0: the model saves a fact about the user and writes a skill.
+    llm.push(Reply::tool_calls(vec![
+        ToolCallReply::new(
+            "call_memory",
+            "memory",
+            serde_json::json!({"action": "add", "target": "user", "content": "Owns a llama called Pablo."})
+                .to_string(),
+        ),
+        ToolCallReply::new(
+            "call_skill",
+            "skill_manage",
+            serde_json::json!({"action": "create", "name": "llama-care", "content": skill})
+                .to_string(),
+        ),
+    ]));
+    llm.push(Reply::text("Noted."));
+    turn(nodes[0].1, "memory-session-1", "remember my llama Pablo").await;
+    assert_eq!(llm.requests().len(), 2);
+    let results: Vec<String> = llm.requests()[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        results.iter().all(|r| r.contains("\"success\":true")),
+        "{results:?}"
+    );
+
+    // Node 1, a new session: the fact and the skill are in its prompt.
+    llm.push(Reply::text("Pablo, of course."));
+    turn(nodes[1].1, "memory-session-2", "what is my llama called?").await;
+    let prompt = system_prompt(2);
+    assert!(prompt.contains("Owns a llama called Pablo."), "{prompt}");
+    assert!(prompt.contains("llama-care"), "{prompt}");
+    let home1 = &nodes[1].0.home.root;
+    assert_eq!(
+        std::fs::read_to_string(home1.join("memories/USER.md")).unwrap(),
+        "Owns a llama called Pablo."
+    );
+    assert_eq!(
+        std::fs::read_to_string(home1.join("skills/llama-care/SKILL.md")).unwrap(),
+        skill
+    );
+
+    // And back: node 1 saves a second fact; node 0's next session has
+    // both, the first one kept.
+    llm.push(Reply::tool_calls(vec![ToolCallReply::new(
+        "call_memory_2",
+        "memory",
+        serde_json::json!({"action": "add", "target": "user", "content": "Prefers tea to coffee."})
+            .to_string(),
+    )]));
+    llm.push(Reply::text("Noted too."));
+    turn(nodes[1].1, "memory-session-3", "I prefer tea").await;
+    llm.push(Reply::text("Tea, and Pablo."));
+    turn(nodes[0].1, "memory-session-4", "what do you know about me?").await;
+    let prompt = system_prompt(5);
+    assert!(prompt.contains("Owns a llama called Pablo."), "{prompt}");
+    assert!(prompt.contains("Prefers tea to coffee."), "{prompt}");
+
+    let store = open_store(&schema).await;
+    let shared = talaria_store::SharedFileStore::shared_file(&store, "memories/USER.md")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        shared.content.as_deref(),
+        Some("Owns a llama called Pablo.\n§\nPrefers tea to coffee.".as_bytes())
+    );
+    for (node, _) in &mut nodes {
         let status = node.stop().unwrap();
         assert!(status.success(), "{}", node.log());
     }

@@ -52,6 +52,11 @@ const APPROVAL_NOTICE_INTERVAL: Duration = Duration::from_secs(3);
 /// How often delivered and abandoned ledger rows are pruned.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 
+/// How often a node on a shared store sends memory and skill files changed
+/// outside a tool and applies what other nodes changed. Tools and new
+/// sessions do both at once; this catches everything else.
+const SHARED_HOME_INTERVAL: Duration = Duration::from_secs(30);
+
 /// How often containers of dead gateways are swept and idle ones removed.
 const CONTAINER_REAP_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -646,6 +651,32 @@ impl Gateway {
         ));
         if let Some(task) = media_sweep(&self.home, &self.config) {
             tasks.push(task);
+        }
+        if self.store.shared_files().is_some() {
+            // Memory and skills changed on this node outside a tool (by
+            // hand, by a CLI command, before this node joined) reach the
+            // others; the first run is at start.
+            let (store, home) = (self.store.clone(), self.home.clone());
+            tasks.push(PeriodicTask::new(
+                "shared-home",
+                SHARED_HOME_INTERVAL,
+                move || {
+                    let (store, home) = (store.clone(), home.clone());
+                    async move {
+                        let Some(files) = store.shared_files() else {
+                            return Ok(());
+                        };
+                        match talaria_agent::shared_home::reconcile(&home, files).await {
+                            Ok((0, 0)) => Ok(()),
+                            Ok((sent, applied)) => {
+                                tracing::info!(sent, applied, "memory and skills in step");
+                                Ok(())
+                            }
+                            Err(e) => Err(format!("cannot keep memory and skills in step: {e}")),
+                        }
+                    }
+                },
+            ));
         }
         // The first run is at start: containers a killed gateway left are
         // swept before any conversation needs one.

@@ -266,4 +266,12 @@ impl SessionStore for ScratchStore {
         // A review has no past to search.
         Ok(Vec::new())
     }
+
+    /// The paying store's: what a review saves to memory or to a skill
+    /// reaches every node, like any other write.
+    fn shared_files(&self) -> Option<&dyn talaria_store::SharedFileStore> {
+        self.billed_to
+            .as_ref()
+            .and_then(|(store, _)| store.shared_files())
+    }
 }

@@ -300,14 +300,23 @@ impl Tool for SkillManage {
         })
     }
 
-    async fn call(&self, args: Value, _ctx: &ToolContext) -> ToolResult {
+    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolResult {
         let action = required(&args, "action", "skill_manage")?.to_owned();
         let name = required(&args, "name", &action)?.trim().to_owned();
+        let shared = ctx.store.shared_files();
+        if let Some(files) = shared {
+            // A change builds on the deployment's newest copy of the skill.
+            talaria_agent::shared_home::pull(&ctx.home, files)
+                .await
+                .map_err(|e| ToolError::new(format!("cannot bring skills up to date: {e}")))?;
+        }
+        let existed = self.library.file_of(&name, None);
+        let skill = name.clone();
         let args = args.clone();
         let library = self.library.clone();
         let review = self.review.clone();
         let actor = self.actor;
-        tokio::task::spawn_blocking(move || -> ToolResult {
+        let result = tokio::task::spawn_blocking(move || -> ToolResult {
             let now = Utc::now();
             if let Some(viewed) = &review
                 && action != "create"
@@ -394,8 +403,31 @@ impl Tool for SkillManage {
             Ok(json!({"success": true, "message": message}).to_string())
         })
         .await
-        .map_err(|e| ToolError::new(e.to_string()))?
+        .map_err(|e| ToolError::new(e.to_string()))??;
+        if let Some(files) = shared
+            && let Some(prefix) = self
+                .library
+                .file_of(&skill, None)
+                .or(existed)
+                .and_then(|md| shared_prefix(&ctx.home, &md))
+        {
+            // The change is made here; the other nodes get it now. Failing
+            // to send it is not the model's problem: the next reconcile
+            // sends it.
+            if let Err(e) = talaria_agent::shared_home::push(&ctx.home, files, &prefix).await {
+                tracing::warn!(%skill, "the change stays on this node for now: {e}");
+            }
+        }
+        Ok(result)
     }
+}
+
+/// `skills/<…>/<name>/`: the shared prefix of the skill whose SKILL.md is
+/// at `skill_md`, when it lives in the home.
+fn shared_prefix(home: &talaria_core::Home, skill_md: &std::path::Path) -> Option<String> {
+    let rel = skill_md.parent()?.strip_prefix(home.root()).ok()?;
+    let rel = rel.to_str()?;
+    rel.starts_with("skills/").then(|| format!("{rel}/"))
 }
 
 /// What the background review may change: skills the agent created, after

@@ -17,6 +17,8 @@
 //! - [`postgres`]: the shared backend for several nodes (PostgreSQL, a
 //!   connection pool, `tsvector` search, `SKIP LOCKED` claims).
 //! - [`fts`]: turning user text into a safe FTS5 query.
+//! - [`shared`]: the memory files and skills every node of a multi-node
+//!   deployment shares (PostgreSQL only).
 //! - [`upkeep`]: sessions a page at a time with their last activity,
 //!   deleting idle ones, and counts of what is stored.
 //! - `media`: the `messages.media` column (attachments by reference).
@@ -40,6 +42,7 @@ pub mod hermes;
 mod media;
 pub mod owed;
 pub mod postgres;
+pub mod shared;
 pub mod snapshot;
 pub mod spend;
 pub mod sqlite;
@@ -64,6 +67,9 @@ pub use cron::{
     OccurrenceClaim, OccurrenceEnd, OccurrenceStatus, Trigger,
 };
 pub use postgres::{PostgresOptions, PostgresStore};
+pub use shared::{
+    Expect, SharedConflict, SharedFile, SharedFileInfo, SharedFileStore, SharedWrite,
+};
 pub use spend::{ModelCall, SpendScope, UsageGroup, UsageReport, UsageTotals};
 pub use sqlite::{SqliteOptions, SqliteStore};
 pub use upkeep::{IdleDeletion, SessionActivity, SessionPage, SourceStats, StoreSize, StoreStats};
@@ -92,6 +98,10 @@ pub enum StoreError {
     /// The file system refused (missing directory, permissions, ...).
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    /// The caller asked for something no backend could do (an empty write,
+    /// a path outside what the store holds).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// The result of a store operation.
@@ -471,4 +481,10 @@ pub trait SessionStore: Send + Sync {
     /// answers by recency instead: the sessions of the newest matches,
     /// newest first, each with its newest match.
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>>;
+    /// The home files this backend shares between nodes (the memory files
+    /// and skills), when it is one several nodes use at once; `None` (the
+    /// default) when the home's files are the only copy.
+    fn shared_files(&self) -> Option<&dyn SharedFileStore> {
+        None
+    }
 }

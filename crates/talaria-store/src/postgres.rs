@@ -33,6 +33,7 @@
 //! - `cron`: scheduled jobs and the claimed record of their runs;
 //! - `cluster`: nodes and leases; `ledger`: the delivery ledger;
 //! - `copy`: reading a store out and writing a copy in ([`crate::copy`]).
+//! - `shared`: the home files every node shares ([`crate::shared`]).
 //! - `upkeep`: sessions a page at a time, idle ones deleted, the counts
 //!   of what is stored ([`crate::upkeep`]).
 
@@ -47,6 +48,7 @@ mod rows;
 mod schema;
 mod search;
 mod sessions;
+mod shared;
 mod snippet;
 mod spend;
 mod step;

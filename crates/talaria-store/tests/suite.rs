@@ -25,6 +25,7 @@ mod search;
 mod search_batches;
 mod session_delete;
 mod sessions;
+mod shared_files;
 mod spend;
 mod thinking;
 mod upkeep;

@@ -463,6 +463,68 @@ fn apply(
     }))
 }
 
+/// Most times a change is redone because other nodes wrote the same file
+/// first. Each retry waits a little longer, with jitter, so two busy
+/// nodes stop colliding instead of one starving the other.
+const MAX_SHARED_ATTEMPTS: u64 = 20;
+
+/// [`apply`] on this node's files and, when the store shares them between
+/// nodes, on the shared copy: the files are brought up to the store's
+/// version first, and a write that lost a race with another node's is
+/// redone on top of it, so concurrent adds on two nodes both survive.
+async fn apply_everywhere(
+    ctx: &ToolContext,
+    config: &MemoryConfig,
+    ops: Vec<Op>,
+) -> Result<Result<Applied, Refusal>, ToolError> {
+    let mut targets: Vec<MemoryTarget> = ops.iter().map(|o| o.target).collect();
+    targets.sort();
+    targets.dedup();
+    let rels: Vec<String> = targets
+        .iter()
+        .map(|t| format!("memories/{}", t.file_name()))
+        .collect();
+    let rels: Vec<&str> = rels.iter().map(String::as_str).collect();
+    let shared = ctx.store.shared_files();
+    let shared_error =
+        |e: crate::shared_home::SharedHomeError| ToolError::new(format!("cannot update memory: {e}"));
+    for attempt in 0..MAX_SHARED_ATTEMPTS {
+        if attempt > 0 {
+            let jitter = rand::random_range(0..20u64);
+            tokio::time::sleep(std::time::Duration::from_millis(attempt * 5 + jitter)).await;
+        }
+        let pending = match shared {
+            Some(files) => Some(
+                crate::shared_home::begin_write(&ctx.home, files, &rels)
+                    .await
+                    .map_err(shared_error)?,
+            ),
+            None => None,
+        };
+        let dir = ctx.home.memories_dir();
+        let cfg = config.clone();
+        let batch = ops.clone();
+        let outcome = tokio::task::spawn_blocking(move || apply(&dir, &cfg, &batch))
+            .await
+            .map_err(|e| ToolError::new(format!("memory write task failed: {e}")))?
+            .map_err(|e| ToolError::new(format!("cannot update memory files: {e}")))?;
+        let (Some(files), Some(pending), Ok(_)) = (shared, pending, &outcome) else {
+            return Ok(outcome);
+        };
+        if pending
+            .commit(&ctx.home, files)
+            .await
+            .map_err(shared_error)?
+        {
+            return Ok(outcome);
+        }
+        tracing::debug!("another node changed memory first; redoing the change on its version");
+    }
+    Err(ToolError::new(
+        "memory kept changing on other nodes while this change was saved; try again",
+    ))
+}
+
 fn target_json(
     target: MemoryTarget,
     entries: &[String],
@@ -568,13 +630,8 @@ impl Tool for MemoryTool {
                 return Err(ToolError::new(format!("{prefix}{finding}{tail}")));
             }
         }
-        let dir = ctx.home.memories_dir();
-        let cfg = config.clone();
         let batch = ops.len() > 1;
-        let outcome = tokio::task::spawn_blocking(move || apply(&dir, &cfg, &ops))
-            .await
-            .map_err(|e| ToolError::new(format!("memory write task failed: {e}")))?
-            .map_err(|e| ToolError::new(format!("cannot update memory files: {e}")))?;
+        let outcome = apply_everywhere(ctx, &config, ops).await?;
         let value = match outcome {
             Ok(applied) => {
                 let mut states = applied.states;

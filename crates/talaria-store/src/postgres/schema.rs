@@ -34,6 +34,7 @@ const STEPS: &[&[&str]] = &[
         super::sessions::THINKING_SCHEMA,
         super::spend::SCHEMA,
     ],
+    &[super::shared::SCHEMA],
 ];
 
 /// The schema version this build writes.

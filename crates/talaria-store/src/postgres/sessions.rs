@@ -852,4 +852,8 @@ impl SessionStore for PostgresStore {
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
         search::search(self, &query).await
     }
+
+    fn shared_files(&self) -> Option<&dyn crate::SharedFileStore> {
+        Some(self)
+    }
 }
