@@ -155,7 +155,10 @@ fn read_local(home: &Home, rel: &str) -> Result<Option<Vec<u8>>, SharedHomeError
 fn write_local(home: &Home, rel: &str, content: Option<&[u8]>) -> Result<bool, SharedHomeError> {
     if !is_shared(rel) {
         // A row no writer of ours could have made; never act on it.
-        tracing::warn!(path = rel, "ignored a shared file outside memories/ and skills/");
+        tracing::warn!(
+            path = rel,
+            "ignored a shared file outside memories/ and skills/"
+        );
         return Ok(false);
     }
     let path = home.root().join(rel);

@@ -50,13 +50,21 @@ async fn a_first_node_seeds_the_store_and_a_second_gets_it_and_adds_its_own() {
     let (a, b) = (node(&store), node(&store));
     let (ra, rb) = (a.ctx.home.root(), b.ctx.home.root());
     put(ra, "memories/MEMORY.md", "the llama is Pablo");
-    put(ra, "skills/llama-care/SKILL.md", "---\nname: llama-care\n---\nhay");
+    put(
+        ra,
+        "skills/llama-care/SKILL.md",
+        "---\nname: llama-care\n---\nhay",
+    );
     put(ra, "skills/llama-care/references/hay.md", "timothy");
     // Node-local files stay local.
     put(ra, "skills/.usage.json", "{}");
     put(ra, "memories/MEMORY.md.lock", "");
     put(ra, "memories/MEMORY.md.bak.1700000000", "old");
-    put(rb, "skills/knitting/SKILL.md", "---\nname: knitting\n---\npurl");
+    put(
+        rb,
+        "skills/knitting/SKILL.md",
+        "---\nname: knitting\n---\npurl",
+    );
 
     let (sent, _) = reconcile(&a.ctx.home, store.as_ref()).await.unwrap();
     assert_eq!(sent, 3);
@@ -211,8 +219,16 @@ async fn call(env: &Env, args: serde_json::Value) -> serde_json::Value {
 async fn memory_changes_build_on_the_newest_copy() {
     let store = shared_store().await;
     let (a, b) = (node(&store), node(&store));
-    call(&a, json!({"action": "add", "target": "user", "content": "Name: Ana"})).await;
-    call(&a, json!({"action": "add", "target": "user", "content": "Likes tea"})).await;
+    call(
+        &a,
+        json!({"action": "add", "target": "user", "content": "Name: Ana"}),
+    )
+    .await;
+    call(
+        &a,
+        json!({"action": "add", "target": "user", "content": "Likes tea"}),
+    )
+    .await;
     // b has pulled nothing, yet its replace finds a's entry.
     let out = call(
         &b,
@@ -221,7 +237,11 @@ async fn memory_changes_build_on_the_newest_copy() {
     .await;
     assert_eq!(out["success"], true, "{out}");
     assert_eq!(out["entries"], json!(["Name: Ana", "Likes coffee"]));
-    let out = call(&a, json!({"action": "remove", "target": "user", "old_text": "Ana"})).await;
+    let out = call(
+        &a,
+        json!({"action": "remove", "target": "user", "old_text": "Ana"}),
+    )
+    .await;
     assert_eq!(out["success"], true, "{out}");
     assert_eq!(out["entries"], json!(["Likes coffee"]));
     assert_eq!(

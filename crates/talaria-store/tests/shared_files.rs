@@ -8,9 +8,7 @@ use crate::common;
 use std::collections::BTreeMap;
 
 use common::Backend;
-use talaria_store::{
-    Expect, PostgresStore, SessionStore, SharedConflict, SharedWrite, StoreError,
-};
+use talaria_store::{Expect, PostgresStore, SessionStore, SharedConflict, SharedWrite, StoreError};
 
 fn write(path: &str, content: Option<&str>, expect: Expect) -> SharedWrite {
     SharedWrite {
@@ -55,7 +53,11 @@ async fn writes_get_rising_revisions_and_stale_ones_are_refused() {
     // on either writes neither.
     let both = files
         .put_shared_files(&[
-            write("memories/MEMORY.md", Some("a\n§\nb"), Expect::Revision(Some(1))),
+            write(
+                "memories/MEMORY.md",
+                Some("a\n§\nb"),
+                Expect::Revision(Some(1)),
+            ),
             write("memories/USER.md", Some("Ana"), Expect::Revision(None)),
         ])
         .await
@@ -70,7 +72,11 @@ async fn writes_get_rising_revisions_and_stale_ones_are_refused() {
         .await
         .unwrap();
     assert_eq!(refused.unwrap_err().path, "memories/MEMORY.md");
-    let user = files.shared_file("memories/USER.md").await.unwrap().unwrap();
+    let user = files
+        .shared_file("memories/USER.md")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(user.content.as_deref(), Some(&b"Ana"[..]));
     assert_eq!(user.revision, 3);
     // An operator's write wins whatever is there.
@@ -153,7 +159,13 @@ async fn deletes_leave_tombstones_and_lists_follow_folders() {
 async fn paths_outside_the_shared_folders_and_empty_writes_are_refused() {
     let store = PostgresStore::fresh().await;
     let files = store.shared_files().unwrap();
-    for path in ["config.yaml", ".env", "skills/../.env", "/memories/M.md", "memories/"] {
+    for path in [
+        "config.yaml",
+        ".env",
+        "skills/../.env",
+        "/memories/M.md",
+        "memories/",
+    ] {
         let err = files
             .put_shared_files(&[write(path, Some("x"), Expect::Anything)])
             .await
@@ -166,7 +178,11 @@ async fn paths_outside_the_shared_folders_and_empty_writes_are_refused() {
     ));
     let big = "x".repeat(talaria_store::shared::MAX_SHARED_FILE_BYTES + 1);
     let err = files
-        .put_shared_files(&[write("skills/a/assets/big.txt", Some(&big), Expect::Anything)])
+        .put_shared_files(&[write(
+            "skills/a/assets/big.txt",
+            Some(&big),
+            Expect::Anything,
+        )])
         .await
         .unwrap_err();
     assert!(err.to_string().contains("at most"), "{err}");

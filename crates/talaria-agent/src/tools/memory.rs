@@ -486,8 +486,9 @@ async fn apply_everywhere(
         .collect();
     let rels: Vec<&str> = rels.iter().map(String::as_str).collect();
     let shared = ctx.store.shared_files();
-    let shared_error =
-        |e: crate::shared_home::SharedHomeError| ToolError::new(format!("cannot update memory: {e}"));
+    let shared_error = |e: crate::shared_home::SharedHomeError| {
+        ToolError::new(format!("cannot update memory: {e}"))
+    };
     for attempt in 0..MAX_SHARED_ATTEMPTS {
         if attempt > 0 {
             let jitter = rand::random_range(0..20u64);

@@ -45,7 +45,9 @@ fn file_from_row(row: &tokio_postgres::Row) -> Step<SharedFile> {
 
 fn check(writes: &[SharedWrite]) -> Result<()> {
     if writes.is_empty() {
-        return Err(StoreError::Invalid("a shared-file write names no file".into()));
+        return Err(StoreError::Invalid(
+            "a shared-file write names no file".into(),
+        ));
     }
     for w in writes {
         if !valid_shared_path(&w.path) {
