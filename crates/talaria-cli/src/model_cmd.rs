@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use talaria_core::{Config, Home, ModelRoute};
 
 /// Without a name: the models the configured server lists, the default
@@ -76,31 +76,30 @@ async fn set(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
-    let mut tree: serde_json::Value = if text.trim().is_empty() {
-        serde_json::json!({})
-    } else {
-        serde_saphyr::from_str(&text).with_context(|| format!("cannot read {}", path.display()))?
-    };
-    let Some(root) = tree.as_object_mut() else {
-        bail!("{} is not a mapping of settings", path.display());
-    };
-    let model = root.entry("model").or_insert_with(|| serde_json::json!({}));
-    let Some(model) = model.as_object_mut() else {
-        bail!("`model` in {} is not a mapping", path.display());
-    };
-    model.insert("default".to_owned(), route.model.clone().into());
-    if provider != config.model.provider {
-        model.insert("provider".to_owned(), provider.as_str().into());
-        // The old server's address and key would send the new provider's
-        // requests to the wrong place with the wrong credentials; a
-        // provider with a known address needs none, and its key is read
-        // from its own variable.
-        if provider.default_base_url().is_some() {
-            model.remove("base_url");
+    // The file is edited where the keys stand, so its comments and the
+    // rest of its layout stay as the person wrote them.
+    let key = |k: &str| vec!["model".to_owned(), k.to_owned()];
+    let edit = |text: &str| -> Result<String, String> {
+        let mut out = crate::yaml_set::set(text, &key("default"), &route.model.clone().into())?;
+        if provider != config.model.provider {
+            out = crate::yaml_set::set(&out, &key("provider"), &provider.as_str().into())?;
+            // The old server's address and key would send the new
+            // provider's requests to the wrong place with the wrong
+            // credentials; a provider with a known address needs none, and
+            // its key is read from its own variable.
+            if provider.default_base_url().is_some() {
+                out = crate::yaml_set::remove(&out, &key("base_url"))?;
+            }
+            out = crate::yaml_set::remove(&out, &key("api_key"))?;
         }
-        model.remove("api_key");
-    }
-    let new_text = serde_saphyr::to_string(&tree)?;
+        Ok(out)
+    };
+    let new_text = edit(&text).map_err(|why| {
+        anyhow::anyhow!(
+            "cannot change the model in {}: {why}\n(nothing was changed)",
+            path.display()
+        )
+    })?;
     let (parsed, _) = Config::parse(&new_text, &path)
         .map_err(|e| anyhow::anyhow!("the configuration would be invalid: {e}"))?;
     // The new default must be usable as written, or nothing is changed.
@@ -118,7 +117,6 @@ async fn set(
         Err(e) => eprintln!("note: cannot check the server's models ({e}); set anyway"),
     }
     if path.exists() {
-        // Comments do not survive the rewrite: the file as it was is kept.
         let backup = path.with_extension("yaml.bak");
         std::fs::copy(&path, &backup)
             .with_context(|| format!("cannot back up to {}", backup.display()))?;

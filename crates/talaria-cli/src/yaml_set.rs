@@ -117,6 +117,46 @@ pub fn set(text: &str, path: &[String], value: &Value) -> Result<String, String>
     }
 }
 
+/// `text` without the setting at `path`, everything else kept byte for
+/// byte; `text` itself when the setting is not there.
+pub fn remove(text: &str, path: &[String]) -> Result<String, String> {
+    let Some((last, parents)) = path.split_last() else {
+        return Err("no setting named".to_owned());
+    };
+    let before = meaning(text)?;
+    let mut node = &before;
+    for key in parents {
+        match node.get(key) {
+            Some(child @ Value::Object(_)) => node = child,
+            _ => return Ok(text.to_owned()),
+        }
+    }
+    if node.get(last).is_none() {
+        return Ok(text.to_owned());
+    }
+    let doc = Document::from_str(text)
+        .map_err(|_| "its layout is one this editor cannot follow".to_owned())?;
+    let mut mapping = doc
+        .as_mapping()
+        .ok_or_else(|| "its layout is one this editor cannot follow".to_owned())?;
+    for key in parents {
+        mapping = mapping
+            .get_mapping(key.as_str())
+            .ok_or_else(|| format!("`{key}` is written in a way this editor cannot follow"))?;
+    }
+    mapping.remove(last.as_str());
+    let edited = doc.to_string();
+    let mut expected = before;
+    take(&mut expected, path);
+    match meaning(&edited) {
+        Ok(after) if after == expected => Ok(edited),
+        _ => Err(
+            "the file cannot be changed there without touching other settings; use              `talaria config edit`"
+                .to_owned(),
+        ),
+    }
+}
+
 /// The edit itself: `path[..present]` are mappings already.
 fn edit(
     text: &str,
@@ -218,6 +258,23 @@ fn put(tree: &mut Value, path: &[String], value: Value) {
     }
 }
 
+/// `tree` without the value at `path`.
+fn take(tree: &mut Value, path: &[String]) {
+    match path {
+        [last] => {
+            if let Value::Object(map) = tree {
+                map.remove(last);
+            }
+        }
+        [first, rest @ ..] => {
+            if let Some(child) = tree.get_mut(first) {
+                take(child, rest);
+            }
+        }
+        [] => {}
+    }
+}
+
 /// What a value is, for people.
 fn kind(value: &Value) -> &'static str {
     match value {
@@ -255,6 +312,23 @@ agent:
 terminal:
   backend: local
 ";
+
+    #[test]
+    fn a_key_is_removed_with_its_line_and_the_comments_stay() {
+        let out = remove(COMMENTED, &key("model.base_url")).unwrap();
+        assert_eq!(
+            out,
+            COMMENTED.replace("  base_url: http://127.0.0.1:11434/v1\n", "")
+        );
+        // Not there: nothing to do.
+        assert_eq!(remove(COMMENTED, &key("model.api_key")).unwrap(), COMMENTED);
+        assert_eq!(remove(COMMENTED, &key("nope.api_key")).unwrap(), COMMENTED);
+        // A key whose parent is not a mapping is not there either.
+        assert_eq!(
+            remove(COMMENTED, &key("model.default.x")).unwrap(),
+            COMMENTED
+        );
+    }
 
     #[test]
     fn a_scalar_is_replaced_where_it_stands_and_nothing_else_moves() {

@@ -131,7 +131,7 @@ async fn talaria_model_lists_the_servers_models_and_sets_the_default() {
     std::fs::write(
         home.join("config.yaml"),
         format!(
-            "# my settings\nmodel:\n  default: mock-model\n  base_url: {}\n  api_key: sk-test-secret-key-0123456789\n  routes:\n    fast: {{model: small-model}}\nagent:\n  max_turns: 7\n",
+            "# my settings\nmodel:\n  default: mock-model   # the cheap one\n  base_url: {}\n  api_key: sk-test-secret-key-0123456789\n  routes:\n    fast: {{model: small-model}}\n# tuned by hand\nagent:\n  max_turns: 7\n",
             llm.base_url()
         ),
     )
@@ -160,7 +160,13 @@ async fn talaria_model_lists_the_servers_models_and_sets_the_default() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let before = std::fs::read_to_string(home.join("config.yaml.bak")).unwrap();
     let text = std::fs::read_to_string(home.join("config.yaml")).unwrap();
+    // Only the one value changed: comments and layout are as written.
+    assert_eq!(
+        text,
+        before.replace("default: mock-model ", "default: small-model ")
+    );
     let config: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
     assert_eq!(config["model"]["default"], "small-model");
     // Everything else is kept, the key included; the old file is beside it.
