@@ -20,13 +20,13 @@ mod files;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, bail};
 use talaria_core::Home;
 use talaria_core::config::StoreBackend;
 use talaria_gateway::cron::{CronError, Zone, jobs};
-use talaria_store::hermes::HermesSessions;
+use talaria_store::hermes::{HermesDb, HermesSessions};
 use talaria_store::sqlite::probe::Present;
 use talaria_store::{CronStore, GatewayStore, PairingStore};
 
@@ -121,7 +121,7 @@ pub async fn hermes(home: Home, from: Option<PathBuf>, dry_run: bool) -> anyhow:
     let soul = files::plan_soul(&source, &home)?;
     let memories = files::plan_memories(&source, &home)?;
     let skills = files::plan_skills(&source, &home)?;
-    let sessions = read_sessions(&source).await?;
+    let (db, sessions) = read_sessions(&source).await?;
     let cron = files::read_cron_jobs(&source)?;
     let pairing = files::read_pairing(&source)?;
     let cron_notes = cron.notes.clone();
@@ -207,7 +207,7 @@ pub async fn hermes(home: Home, from: Option<PathBuf>, dry_run: bool) -> anyhow:
     ];
 
     let mut s = Section::new("sessions");
-    let messages: usize = new_sessions.iter().map(|s| s.messages.len()).sum();
+    let messages: usize = new_sessions.iter().map(|s| s.messages).sum();
     s.line(format!(
         "{} {} ({}), {} already imported",
         count(new_sessions.len(), "session", "sessions"),
@@ -221,14 +221,28 @@ pub async fn hermes(home: Home, from: Option<PathBuf>, dry_run: bool) -> anyhow:
             count(sessions.skipped_rows, "row", "rows")
         ));
     }
-    if !dry_run && let Some(store) = &store {
-        for mut session in new_sessions {
-            // The ancestor's system prompt describes its own tools and
-            // home; without one, Talaria writes its own on the next turn.
-            session.record.system_prompt = None;
+    if !dry_run && let (Some(store), Some(db)) = (&store, &db) {
+        // One transcript in memory at a time, however long the history.
+        for session in new_sessions {
             let id = session.record.id.clone();
+            let db = db.clone();
+            let read = id.clone();
+            let messages = tokio::task::spawn_blocking(move || {
+                db.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .transcript(&read)
+            })
+            .await
+            .context("the session reader stopped")?
+            .with_context(|| format!("cannot read session {id}"))?;
+            // Without the ancestor's system prompt (it describes its own
+            // tools and home), Talaria writes its own on the next turn.
+            let imported = talaria_store::ImportedSession {
+                record: session.record,
+                messages,
+            };
             store
-                .import_session(session)
+                .import_session(imported)
                 .await
                 .with_context(|| format!("cannot import session {id}"))?;
         }
@@ -339,16 +353,25 @@ async fn present_in_store(
     Ok(present)
 }
 
-async fn read_sessions(source: &Path) -> anyhow::Result<HermesSessions> {
+/// The ancestor's session database, when it has one, and its sessions
+/// (without their transcripts).
+async fn read_sessions(
+    source: &Path,
+) -> anyhow::Result<(Option<Arc<Mutex<HermesDb>>>, HermesSessions)> {
     let db = source.join("state.db");
     if !db.exists() {
-        return Ok(HermesSessions::default());
+        return Ok((None, HermesSessions::default()));
     }
     let path = db.clone();
-    tokio::task::spawn_blocking(move || talaria_store::hermes::read_sessions(&path))
-        .await
-        .context("the session reader stopped")?
-        .with_context(|| format!("cannot import the sessions of {}", db.display()))
+    let (reader, sessions) = tokio::task::spawn_blocking(move || {
+        let reader = HermesDb::open(&path)?;
+        let sessions = reader.sessions()?;
+        Ok::<_, talaria_store::StoreError>((reader, sessions))
+    })
+    .await
+    .context("the session reader stopped")?
+    .with_context(|| format!("cannot import the sessions of {}", db.display()))?;
+    Ok((Some(Arc::new(Mutex::new(reader))), sessions))
 }
 
 /// The words for what happens: what a dry run would do, or what was done.

@@ -7,124 +7,192 @@
 //! Columns later versions added (`title`, `active`, the token counters)
 //! are read when present and taken as empty when not.
 
-use std::collections::HashSet;
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags, Row};
 use talaria_core::{Message, Role, ToolCall};
 
-use crate::{ImportedMessage, ImportedSession, Result, SessionRecord, StoreError};
+use crate::{ImportedMessage, Result, SessionRecord, StoreError};
 
 /// Columns without which a session cannot be brought over.
 const SESSION_REQUIRED: &[&str] = &["id", "source", "started_at"];
 /// Columns without which a transcript cannot be brought over.
 const MESSAGE_REQUIRED: &[&str] = &["id", "session_id", "role", "content", "timestamp"];
 
-/// Every session of the ancestor's database, oldest first, with its
-/// transcript, and how many rows were left out (roles Talaria has no
-/// place for).
+/// The roles Talaria keeps; rows of any other are left out.
+const KEPT_ROLES: &str = "('user', 'assistant', 'tool')";
+
+/// Every session of the ancestor's database, oldest first, without its
+/// transcript (read one session at a time with [`HermesDb::transcript`],
+/// so an import holds one conversation in memory, never all of them), and
+/// how many rows will be left out.
 #[derive(Debug, Default)]
 pub struct HermesSessions {
     /// The sessions, in the order they were started.
-    pub sessions: Vec<ImportedSession>,
+    pub sessions: Vec<HermesSession>,
     /// Rows with a role other than user, assistant or tool.
     pub skipped_rows: usize,
 }
 
-/// Reads every session and message of the hermes-agent database at
-/// `path`, without writing to it.
-pub fn read_sessions(path: &Path) -> Result<HermesSessions> {
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| foreign(path, &e))?;
-    // A writer (the ancestor still running) may hold the file briefly.
-    conn.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(|e| foreign(path, &e))?;
-    let session_cols = columns(&conn, path, "sessions")?;
-    let message_cols = columns(&conn, path, "messages")?;
-    require(path, "sessions", &session_cols, SESSION_REQUIRED)?;
-    require(path, "messages", &message_cols, MESSAGE_REQUIRED)?;
+/// One session of the ancestor's database.
+#[derive(Debug)]
+pub struct HermesSession {
+    /// The session row, without the ancestor's system prompt (it describes
+    /// the ancestor's tools and home; Talaria writes its own).
+    pub record: SessionRecord,
+    /// Rows of its transcript that will be brought over.
+    pub messages: usize,
+}
 
-    let optional = |cols: &HashSet<String>, name: &str| {
-        if cols.contains(name) {
-            name.to_owned()
-        } else {
-            format!("NULL AS {name}")
+/// The hermes-agent session database at a path, opened read-only and
+/// checked to have the shape this reader knows.
+pub struct HermesDb {
+    conn: Connection,
+    path: PathBuf,
+    session_sql: String,
+    message_sql: String,
+}
+
+impl HermesDb {
+    /// Opens `path` without ever writing to it; a database of an unknown
+    /// shape is refused naming the table and column that are missing.
+    pub fn open(path: &Path) -> Result<HermesDb> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| foreign(path, &e))?;
+        // A writer (the ancestor still running) may hold the file briefly.
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(|e| foreign(path, &e))?;
+        let session_cols = columns(&conn, path, "sessions")?;
+        let message_cols = columns(&conn, path, "messages")?;
+        require(path, "sessions", &session_cols, SESSION_REQUIRED)?;
+        require(path, "messages", &message_cols, MESSAGE_REQUIRED)?;
+        let optional = |cols: &HashSet<String>, name: &str| {
+            if cols.contains(name) {
+                name.to_owned()
+            } else {
+                format!("NULL AS {name}")
+            }
+        };
+        let session_sql = format!(
+            "SELECT id, source, {}, {}, {}, {}, {}, {}, {}, started_at, {}, {}, {}, {}, {}, {}, {} \
+             FROM sessions ORDER BY started_at, id",
+            optional(&session_cols, "session_key"),
+            optional(&session_cols, "chat_id"),
+            optional(&session_cols, "user_id"),
+            optional(&session_cols, "thread_id"),
+            optional(&session_cols, "title"),
+            optional(&session_cols, "model"),
+            optional(&session_cols, "parent_session_id"),
+            optional(&session_cols, "ended_at"),
+            optional(&session_cols, "end_reason"),
+            optional(&session_cols, "input_tokens"),
+            optional(&session_cols, "output_tokens"),
+            optional(&session_cols, "cache_read_tokens"),
+            optional(&session_cols, "cache_write_tokens"),
+            optional(&session_cols, "reasoning_tokens"),
+        );
+        // `reasoning_content` is where later versions keep what the
+        // provider called its reasoning; the older `reasoning` wins when
+        // both are set.
+        let reasoning = match (
+            message_cols.contains("reasoning"),
+            message_cols.contains("reasoning_content"),
+        ) {
+            (true, true) => "COALESCE(reasoning, reasoning_content)",
+            (true, false) => "reasoning",
+            (false, true) => "reasoning_content",
+            (false, false) => "NULL",
+        };
+        let message_sql = format!(
+            "SELECT role, content, {}, {}, {}, timestamp, {}, {reasoning}, {} \
+             FROM messages WHERE session_id = ?1 AND role IN {KEPT_ROLES} ORDER BY id",
+            optional(&message_cols, "tool_call_id"),
+            optional(&message_cols, "tool_calls"),
+            optional(&message_cols, "tool_name"),
+            optional(&message_cols, "finish_reason"),
+            optional(&message_cols, "active"),
+        );
+        Ok(HermesDb {
+            conn,
+            path: path.to_owned(),
+            session_sql,
+            message_sql,
+        })
+    }
+
+    /// Every session, oldest first, with how many of its rows will be
+    /// brought over; and how many rows will not.
+    pub fn sessions(&self) -> Result<HermesSessions> {
+        let path = &self.path;
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        let mut skipped_rows = 0;
+        {
+            let mut stmt = self
+                .conn
+                .prepare(&format!(
+                    "SELECT session_id, role IN {KEPT_ROLES}, COUNT(*) FROM messages \
+                     GROUP BY session_id, role IN {KEPT_ROLES}"
+                ))
+                .map_err(|e| foreign(path, &e))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, Option<String>>(0)?,
+                        r.get::<_, bool>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })
+                .map_err(|e| foreign(path, &e))?;
+            for row in rows {
+                let (session, kept, n) = row.map_err(|e| foreign(path, &e))?;
+                let n = usize::try_from(n).unwrap_or(0);
+                match (session, kept) {
+                    (Some(session), true) => *counts.entry(session).or_default() += n,
+                    _ => skipped_rows += n,
+                }
+            }
         }
-    };
-    let session_sql = format!(
-        "SELECT id, source, {}, {}, {}, {}, {}, {}, {}, {}, started_at, {}, {}, {}, {}, {}, {}, {} \
-         FROM sessions ORDER BY started_at, id",
-        optional(&session_cols, "session_key"),
-        optional(&session_cols, "chat_id"),
-        optional(&session_cols, "user_id"),
-        optional(&session_cols, "thread_id"),
-        optional(&session_cols, "title"),
-        optional(&session_cols, "model"),
-        optional(&session_cols, "system_prompt"),
-        optional(&session_cols, "parent_session_id"),
-        optional(&session_cols, "ended_at"),
-        optional(&session_cols, "end_reason"),
-        optional(&session_cols, "input_tokens"),
-        optional(&session_cols, "output_tokens"),
-        optional(&session_cols, "cache_read_tokens"),
-        optional(&session_cols, "cache_write_tokens"),
-        optional(&session_cols, "reasoning_tokens"),
-    );
-    let mut sessions = Vec::new();
-    {
-        let mut stmt = conn.prepare(&session_sql).map_err(|e| foreign(path, &e))?;
+        let mut stmt = self
+            .conn
+            .prepare(&self.session_sql)
+            .map_err(|e| foreign(path, &e))?;
         let rows = stmt
             .query_map([], session_row)
             .map_err(|e| foreign(path, &e))?;
+        let mut sessions = Vec::new();
         for row in rows {
-            sessions.push(ImportedSession {
-                record: row.map_err(|e| foreign(path, &e))?,
-                messages: Vec::new(),
-            });
+            let record = row.map_err(|e| foreign(path, &e))?;
+            let messages = counts.get(&record.id).copied().unwrap_or(0);
+            sessions.push(HermesSession { record, messages });
         }
+        Ok(HermesSessions {
+            sessions,
+            skipped_rows,
+        })
     }
 
-    // `reasoning_content` is where later versions keep what the provider
-    // called its reasoning; the older `reasoning` wins when both are set.
-    let reasoning = match (
-        message_cols.contains("reasoning"),
-        message_cols.contains("reasoning_content"),
-    ) {
-        (true, true) => "COALESCE(reasoning, reasoning_content)",
-        (true, false) => "reasoning",
-        (false, true) => "reasoning_content",
-        (false, false) => "NULL",
-    };
-    let message_sql = format!(
-        "SELECT role, content, {}, {}, {}, timestamp, {}, {reasoning}, {} \
-         FROM messages WHERE session_id = ?1 ORDER BY id",
-        optional(&message_cols, "tool_call_id"),
-        optional(&message_cols, "tool_calls"),
-        optional(&message_cols, "tool_name"),
-        optional(&message_cols, "finish_reason"),
-        optional(&message_cols, "active"),
-    );
-    let mut stmt = conn.prepare(&message_sql).map_err(|e| foreign(path, &e))?;
-    let mut skipped_rows = 0;
-    for session in &mut sessions {
-        let rows = stmt
-            .query_map([&session.record.id], raw_message)
+    /// The transcript of session `id`, in order.
+    pub fn transcript(&self, id: &str) -> Result<Vec<ImportedMessage>> {
+        let path = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare_cached(&self.message_sql)
             .map_err(|e| foreign(path, &e))?;
+        let rows = stmt
+            .query_map([id], raw_message)
+            .map_err(|e| foreign(path, &e))?;
+        let mut out = Vec::new();
         for row in rows {
             let raw = row.map_err(|e| foreign(path, &e))?;
-            match raw.into_message() {
-                Some(message) => session.messages.push(message),
-                None => skipped_rows += 1,
-            }
+            // The query asks only for kept roles.
+            out.extend(raw.into_message());
         }
+        Ok(out)
     }
-    Ok(HermesSessions {
-        sessions,
-        skipped_rows,
-    })
 }
 
 fn foreign(path: &Path, e: &rusqlite::Error) -> StoreError {
@@ -185,16 +253,15 @@ fn session_row(r: &Row<'_>) -> rusqlite::Result<SessionRecord> {
         thread_id: r.get(5)?,
         title: r.get(6)?,
         model: r.get(7)?,
-        system_prompt: r.get(8)?,
-        parent_session_id: r.get(9)?,
-        started_at: r.get(10)?,
-        ended_at: r.get(11)?,
-        end_reason: r.get(12)?,
-        input_tokens: count(r.get(13)?),
-        output_tokens: count(r.get(14)?),
-        cache_read_tokens: count(r.get(15)?),
-        cache_write_tokens: count(r.get(16)?),
-        reasoning_tokens: count(r.get(17)?),
+        parent_session_id: r.get(8)?,
+        started_at: r.get(9)?,
+        ended_at: r.get(10)?,
+        end_reason: r.get(11)?,
+        input_tokens: count(r.get(12)?),
+        output_tokens: count(r.get(13)?),
+        cache_read_tokens: count(r.get(14)?),
+        cache_write_tokens: count(r.get(15)?),
+        reasoning_tokens: count(r.get(16)?),
         ..SessionRecord::default()
     })
 }
@@ -315,6 +382,48 @@ mod tests {
     }
 
     #[test]
+    fn sessions_are_listed_with_counts_and_transcripts_read_one_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE sessions (id TEXT, source TEXT, started_at REAL, system_prompt TEXT);
+             CREATE TABLE messages (id INTEGER PRIMARY KEY, session_id TEXT, role TEXT,
+                                    content TEXT, timestamp REAL);
+             INSERT INTO sessions VALUES ('b', 'cli', 2.0, 'their prompt'), ('a', 'telegram', 1.0, NULL);
+             INSERT INTO messages (session_id, role, content, timestamp) VALUES
+               ('a', 'system', 'sys', 1.0), ('a', 'user', 'hi', 1.1), ('a', 'assistant', 'hello', 1.2),
+               ('b', 'user', 'q', 2.1), ('b', 'session_meta', '{}', 2.2), ('b', 'tool', 'out', 2.3);",
+        )
+        .unwrap();
+        drop(conn);
+        let db = HermesDb::open(&path).unwrap();
+        let listed = db.sessions().unwrap();
+        let shown: Vec<(&str, usize, Option<&str>)> = listed
+            .sessions
+            .iter()
+            .map(|s| {
+                (
+                    s.record.id.as_str(),
+                    s.messages,
+                    s.record.system_prompt.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(shown, [("a", 2, None), ("b", 2, None)]);
+        assert_eq!(listed.skipped_rows, 2);
+        let a: Vec<String> = db
+            .transcript("a")
+            .unwrap()
+            .into_iter()
+            .map(|m| m.message.content)
+            .collect();
+        assert_eq!(a, ["hi", "hello"]);
+        assert_eq!(db.transcript("b").unwrap().len(), 2);
+        assert!(db.transcript("nope").unwrap().is_empty());
+    }
+
+    #[test]
     fn a_database_without_a_needed_column_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
@@ -325,7 +434,10 @@ mod tests {
         )
         .unwrap();
         drop(conn);
-        let err = read_sessions(&path).unwrap_err().to_string();
+        let err = HermesDb::open(&path)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(
             err.contains("table `sessions` has no column `source`"),
             "{err}"
