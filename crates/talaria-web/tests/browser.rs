@@ -472,6 +472,41 @@ async fn idle_contexts_close_and_the_cap_closes_the_least_recent() {
         .expect("cookie");
     assert_eq!(other, "");
     browser.close_all().await;
+
+    // A context in use is never the one closed: while `a` waits on a slow
+    // script, `b` is the least recent idle one and makes room for `c`;
+    // with both left busy, a fourth conversation is told to wait.
+    let browser = Arc::new(Browser::new(&config(300, 2), guard(), dir.path()));
+    browser.navigate("a", &site.url("/form")).await.expect("a");
+    browser.navigate("b", &site.url("/other")).await.expect("b");
+    let slow = |key: &'static str| {
+        let browser = browser.clone();
+        tokio::spawn(async move {
+            browser
+                .evaluate(key, "new Promise(r => setTimeout(() => r('done'), 3000))")
+                .await
+        })
+    };
+    let waiting_a = slow("a");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    browser.navigate("c", &site.url("/other")).await.expect("c");
+    let mut open = browser.open_contexts().await;
+    open.sort();
+    assert_eq!(open, vec!["a".to_owned(), "c".to_owned()]);
+    let waiting_c = slow("c");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let refused = browser.navigate("d", &site.url("/other")).await;
+    assert!(
+        matches!(&refused, Err(BrowserError::Unavailable(m)) if m.contains("in use")),
+        "{refused:?}"
+    );
+    assert_eq!(waiting_a.await.expect("join").expect("a's script"), "done");
+    assert_eq!(waiting_c.await.expect("join").expect("c's script"), "done");
+    browser
+        .navigate("d", &site.url("/other"))
+        .await
+        .expect("d later");
+    browser.close_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

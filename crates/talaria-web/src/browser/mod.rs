@@ -11,7 +11,8 @@
 //! - Each conversation key (the session id) gets its own browser context
 //!   (`Target.createBrowserContext`: cookies and storage of its own) with one
 //!   page. At most `browser.max_contexts` are open; the least recently used
-//!   is closed to make room, and a context unused for
+//!   that no call is using is closed to make room (when every one is in
+//!   use, the new conversation is told to try again), and a context unused for
 //!   `browser.idle_timeout_secs` is closed by a background task.
 //! - The guard, for the local Chromium: every request goes through a forward
 //!   proxy inside this process (module `proxy`), which connects only to addresses
@@ -820,13 +821,21 @@ impl Browser {
             st.engine = Some(self.start().await?);
         }
         while st.tabs.len() >= self.inner.settings.max_contexts {
+            // A tab an operation holds (the map's is the only other
+            // reference) is in use however long ago it was touched:
+            // closing it would fail another conversation's call.
             let Some(oldest) = st
                 .tabs
                 .iter()
+                .filter(|(_, t)| Arc::strong_count(t) == 1)
                 .max_by_key(|(_, t)| t.idle_for())
                 .map(|(k, _)| k.clone())
             else {
-                break;
+                return Err(BrowserError::Unavailable(format!(
+                    "every browser context is in use by another conversation \
+                     (browser.max_contexts: {}); try again in a moment",
+                    self.inner.settings.max_contexts
+                )));
             };
             if let Some(tab) = st.tabs.remove(&oldest) {
                 tracing::debug!(key = %oldest, "closing the least recently used browser context");
