@@ -42,6 +42,7 @@ mod matrix;
 mod mattermost;
 mod qqbot;
 mod registry_docs;
+mod resume_stored;
 mod signal;
 mod slack;
 mod sms;
