@@ -52,6 +52,7 @@ mod wecom;
 mod wecom_bot;
 mod weixin;
 mod whatsapp;
+mod whoami;
 mod yuanbao;
 
 #[test]
