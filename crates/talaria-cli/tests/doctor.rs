@@ -3,7 +3,9 @@
 //! read-only database, a `.env` others may read, a Telegram token the
 //! platform refuses) it names each and exits 1; against the same home put
 //! right it exits 0, having had the model call a tool and Telegram say
-//! whose the token is. `doctor auth` walks the rules for one sender.
+//! whose the token is. LINE's and Twilio's credentials are asked of
+//! their fakes: the one accepted is named, the one refused fails the
+//! doctor. `doctor auth` walks the rules for one sender.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -11,7 +13,9 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 use talaria_store::{PairingLimits, PairingStore, SqliteStore};
-use talaria_testkit::{FakeTelegram, MockOpenAi, Reply, ToolCallReply};
+use talaria_testkit::kit::line as line_kit;
+use talaria_testkit::kit::sms as sms_kit;
+use talaria_testkit::{FakeLine, FakeTelegram, FakeTwilio, MockOpenAi, Reply, ToolCallReply};
 
 const TOKEN: &str = "123456:doctor-right-token";
 
@@ -256,4 +260,134 @@ async fn doctor_auth_walks_the_rules_for_one_sender() {
     let out = talaria(&root, &["doctor", "auth", "nowhere:1"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no platform named `nowhere`"));
+}
+
+/// A home with LINE and SMS (Twilio), each pointed at its fake, and the
+/// mock model.
+fn write_two_platform_home(root: &Path, llm: &MockOpenAi, line: &FakeLine, twilio: &FakeTwilio) {
+    std::fs::create_dir_all(root).unwrap();
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let config = root.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "model:\n  default: mock-model\n  provider: custom\n  base_url: {}\n\
+             terminal:\n  backend: local\n  untrusted_backend: local\n\
+             platforms:\n  line:\n    api_base: {line}\n    data_base: {line}\n\
+             \x20 sms:\n    api_base: {twilio}\n",
+            llm.base_url(),
+            line = line.base_url(),
+            twilio = twilio.base_url(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    drop(SqliteStore::open(&root.join("state.db")).unwrap());
+}
+
+/// `.env` with these LINE and Twilio secrets.
+fn write_platform_secrets(root: &Path, line_token: &str, twilio_token: &str) {
+    let path = root.join(".env");
+    std::fs::write(
+        &path,
+        format!(
+            "OPENAI_API_KEY=sk-doctor-key-0123456789\n\
+             LINE_CHANNEL_ACCESS_TOKEN={line_token}\nLINE_CHANNEL_SECRET={}\n\
+             TWILIO_ACCOUNT_SID={}\nTWILIO_AUTH_TOKEN={twilio_token}\n\
+             TWILIO_PHONE_NUMBER={}\nSMS_WEBHOOK_URL={}\n",
+            line_kit::SECRET,
+            sms_kit::ACCOUNT_SID,
+            sms_kit::NUMBER,
+            sms_kit::PUBLIC_URL,
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// `talaria doctor --json` with none of the platforms' variables of the
+/// machine running the test.
+fn doctor_json(root: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_talaria"))
+        .arg("--home")
+        .arg(root)
+        .args(["doctor", "--json"])
+        .env_remove("TALARIA_HOME")
+        .env_remove("TALARIA_DATABASE_URL")
+        .env_remove("LINE_CHANNEL_ACCESS_TOKEN")
+        .env_remove("LINE_CHANNEL_SECRET")
+        .env_remove("TWILIO_ACCOUNT_SID")
+        .env_remove("TWILIO_AUTH_TOKEN")
+        .env_remove("TWILIO_PHONE_NUMBER")
+        .env_remove("SMS_WEBHOOK_URL")
+        .env_remove("GATEWAY_ALLOWED_USERS")
+        .env_remove("GATEWAY_ALLOW_ALL_USERS")
+        .stdin(Stdio::null())
+        .output()
+        .expect("talaria runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn line_and_twilio_credentials_are_each_asked_of_their_platform() {
+    let llm = MockOpenAi::start().await;
+    let line = FakeLine::start(line_kit::TOKEN, line_kit::BOT);
+    let twilio = FakeTwilio::start(sms_kit::ACCOUNT_SID, sms_kit::AUTH_TOKEN, sms_kit::NUMBER);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("home");
+    write_two_platform_home(&root, &llm, &line, &twilio);
+    let tool_call = || {
+        Reply::tool_calls(vec![ToolCallReply::new(
+            "call_1",
+            "doctor_ping",
+            r#"{"ok": true}"#,
+        )])
+    };
+    let has = |found: &[(String, String, String)], check: &str, status: &str, needle: &str| {
+        found
+            .iter()
+            .any(|(c, s, d)| c == check && s == status && d.contains(needle))
+    };
+
+    // LINE takes its token and names the bot; Twilio refuses its token,
+    // and that alone fails the doctor.
+    write_platform_secrets(&root, line_kit::TOKEN, "a-token-twilio-refuses");
+    llm.push_when("doctor_ping", tool_call());
+    let out = doctor_json(&root);
+    let found = findings(&out);
+    assert_eq!(out.status.code(), Some(1), "{found:#?}");
+    assert!(has(&found, "line", "ok", "Talaria @123fakeb"), "{found:#?}");
+    assert!(has(&found, "sms", "fail", "Twilio rejected"), "{found:#?}");
+    assert_eq!(
+        found.iter().filter(|(_, s, _)| s == "fail").count(),
+        1,
+        "only the refused token fails: {found:#?}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("a-token-twilio-refuses"), "{text}");
+
+    // The other way round.
+    write_platform_secrets(&root, "a-token-line-refuses", sms_kit::AUTH_TOKEN);
+    llm.push_when("doctor_ping", tool_call());
+    let out = doctor_json(&root);
+    let found = findings(&out);
+    assert_eq!(out.status.code(), Some(1), "{found:#?}");
+    assert!(has(&found, "line", "fail", "LINE refused"), "{found:#?}");
+    assert!(
+        has(&found, "sms", "ok", "Talaria test account"),
+        "{found:#?}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("a-token-line-refuses"), "{text}");
+
+    // Both right: the doctor passes.
+    write_platform_secrets(&root, line_kit::TOKEN, sms_kit::AUTH_TOKEN);
+    llm.push_when("doctor_ping", tool_call());
+    let out = doctor_json(&root);
+    let found = findings(&out);
+    assert_eq!(out.status.code(), Some(0), "{found:#?}");
+    assert!(has(&found, "line", "ok", "@123fakeb"), "{found:#?}");
+    assert!(
+        has(&found, "sms", "ok", "Talaria test account"),
+        "{found:#?}"
+    );
 }

@@ -18,6 +18,7 @@ mod cluster;
 mod config_show;
 mod config_write;
 mod connections;
+mod connector_resume;
 mod cost;
 mod cron;
 mod dashboard;

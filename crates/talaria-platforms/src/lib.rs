@@ -54,7 +54,8 @@
 //!   a bearer token (Mattermost, Signal, Matrix); `seen`: the bounded set
 //!   of ids already handed over (Slack, DingTalk, Feishu, the WeCom
 //!   robot); `ws`: WebSocket connections and a socket given up when it
-//!   goes silent; `access`: the ancestor's DM and group policies (the
+//!   goes silent; `kept`: a connection's resume state in the store,
+//!   written at most once per interval (Discord, Mattermost); `access`: the ancestor's DM and group policies (the
 //!   WeCom robot, Yuanbao); `entities`:
 //!   escaping for HTML-like markups; `net`: the loopback check; `plain`:
 //!   Markdown as plain text (Signal, IRC).
@@ -98,6 +99,8 @@ mod http;
 pub mod ingress;
 #[cfg(feature = "irc")]
 pub mod irc;
+#[cfg(any(feature = "discord", feature = "mattermost"))]
+mod kept;
 #[cfg(feature = "line")]
 pub mod line;
 pub mod listen;

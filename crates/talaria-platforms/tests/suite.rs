@@ -42,6 +42,7 @@ mod matrix;
 mod mattermost;
 mod qqbot;
 mod registry_docs;
+mod resume_stored;
 mod signal;
 mod slack;
 mod sms;
@@ -51,6 +52,7 @@ mod wecom;
 mod wecom_bot;
 mod weixin;
 mod whatsapp;
+mod whoami;
 mod yuanbao;
 
 #[test]

@@ -6,8 +6,10 @@
 //! query parameter, else 401. Answers are `{status, message, data}`,
 //! errors `{status, message, error: {type, message}}`:
 //!
-//! - `GET /api/v1/ping`, `GET /api/v1/server/info` (`private_api`,
-//!   `helper_connected`: on unless [`FakeBlueBubbles::set_private_api`]);
+//! - `GET /api/v1/ping`, `GET /api/v1/server/info` (`server_version`,
+//!   `os_version`, `detected_icloud`: the signed-in iCloud account,
+//!   [`ICLOUD_ACCOUNT`]; `private_api`, `helper_connected`: on unless
+//!   [`FakeBlueBubbles::set_private_api`]);
 //! - `GET`/`POST /api/v1/webhook`, `DELETE /api/v1/webhook/{id}`: the
 //!   registrations, kept across gateway restarts as the server keeps them;
 //! - `POST /api/v1/message/text` `{chatGuid, tempGuid, message, method,
@@ -41,6 +43,9 @@ use serde_json::{Value, json};
 
 use crate::fake::{Core, Faults, bind, started};
 use crate::json_response;
+
+/// The iCloud account the fake server's Mac is signed in to.
+pub const ICLOUD_ACCOUNT: &str = "talaria.test@icloud.com";
 
 /// A failure the next text send gets.
 #[derive(Debug, Clone, PartialEq)]
@@ -403,7 +408,8 @@ async fn handle(
         ("GET", ["server", "info"]) => {
             let on = !shared.core.read().no_private_api;
             envelope(json!({"server_version": "1.9.9", "private_api": on,
-                            "helper_connected": on, "os_version": "14.5"}))
+                            "helper_connected": on, "os_version": "14.5",
+                            "detected_icloud": ICLOUD_ACCOUNT}))
         }
         ("GET", ["webhook"]) => {
             let hooks: Vec<Value> = shared

@@ -17,6 +17,8 @@
 //! - `POST /{version}/{phone_number_id}/media`, a multipart form with
 //!   `messaging_product=whatsapp`, `type` and the `file` part, answered
 //!   `{"id": "<media id>"}` and recorded as an [`Upload`];
+//! - `GET /{version}/{phone_number_id}`: the business number
+//!   (`verified_name`, `display_phone_number`, `quality_rating`, `id`, ...);
 //! - `GET /{version}/{media_id}` for a file a test registered
 //!   ([`FakeGraph::add_media`]) or uploaded, answered `{"messaging_product",
 //!   "url", "mime_type", "sha256", "file_size", "id"}`, the URL pointing
@@ -237,6 +239,12 @@ struct Book {
     /// When each text send arrived, answered or not.
     send_attempts: Vec<Instant>,
 }
+
+/// The business name the fake's number is verified under.
+pub const VERIFIED_NAME: &str = "Talaria Test Business";
+
+/// The fake's number as WhatsApp shows it.
+pub const DISPLAY_PHONE_NUMBER: &str = "+1 555-010-0199";
 
 struct Shared {
     addr: SocketAddr,
@@ -819,6 +827,9 @@ async fn media_info(
     if !ok {
         return unauthorized();
     }
+    if media_id == shared.phone_number_id {
+        return phone_number(&shared);
+    }
     let st = shared.core.read();
     let Some(media) = st.media.get(&media_id) else {
         return unknown_object(&media_id, "get");
@@ -843,6 +854,18 @@ async fn media_info(
         200,
         &json!({"messaging_product": "whatsapp", "url": url, "mime_type": media.mime,
                 "sha256": sha, "file_size": media.bytes.len().to_string(), "id": media_id}),
+    )
+}
+
+/// `GET /{phone_number_id}`: the business number, with the fields Graph
+/// returns by default.
+fn phone_number(shared: &Shared) -> Response {
+    json_response(
+        200,
+        &json!({"verified_name": VERIFIED_NAME, "code_verification_status": "VERIFIED",
+                "display_phone_number": DISPLAY_PHONE_NUMBER, "quality_rating": "GREEN",
+                "platform_type": "CLOUD_API", "throughput": {"level": "STANDARD"},
+                "id": shared.phone_number_id}),
     )
 }
 

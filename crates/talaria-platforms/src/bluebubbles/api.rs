@@ -70,11 +70,15 @@ struct ErrorBody {
 }
 
 /// What `GET /api/v1/server/info` says of the Private API.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ServerInfo {
     /// The Private API is on and its helper connected: threaded replies,
     /// typing and read receipts work.
     pub private_api: bool,
+    /// The server's version, when it says.
+    pub version: Option<String>,
+    /// The iCloud account the Mac is signed in to, when it says.
+    pub icloud: Option<String>,
 }
 
 /// A client of one server.
@@ -161,9 +165,18 @@ impl Api {
     /// `GET /api/v1/server/info`.
     pub(crate) async fn server_info(&self, timeout: Duration) -> Result<ServerInfo, ApiError> {
         let data = self.get(&["server", "info"], timeout).await?;
+        let text = |key: &str| {
+            data[key]
+                .as_str()
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
         Ok(ServerInfo {
             private_api: data["private_api"].as_bool() == Some(true)
                 && data["helper_connected"].as_bool() == Some(true),
+            version: text("server_version"),
+            icloud: text("detected_icloud"),
         })
     }
 

@@ -488,6 +488,29 @@ impl Adapter for BlueBubblesAdapter {
     /// Checks the server and the password, learns whether the Private API
     /// works, registers the webhook (once), then takes deliveries and
     /// catches up until the gateway stops.
+    /// `GET /api/v1/server/info` with the password: the server's version
+    /// and the iCloud account of its Mac, or [`AdapterError::Fatal`] when
+    /// the server refuses the password (401).
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        let answer = self.api.server_info(self.send_timeout).await;
+        Some(match answer {
+            Ok(info) => {
+                let server = match &info.version {
+                    Some(v) => format!("the BlueBubbles server {v}"),
+                    None => "the BlueBubbles server".to_owned(),
+                };
+                Ok(match &info.icloud {
+                    Some(account) => format!("{server} signed in to iCloud as {account}"),
+                    None => server,
+                })
+            }
+            Err(e) if matches!(e.status(), Some(401 | 403)) => Err(AdapterError::Fatal(format!(
+                "the BlueBubbles server refused the password (BLUEBUBBLES_PASSWORD): {e}"
+            ))),
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        })
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         ctx.liveness.set(Liveness::Connecting);
         let prepared = async {

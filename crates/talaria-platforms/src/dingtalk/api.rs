@@ -77,6 +77,12 @@ impl Api {
         }
     }
 
+    /// Whether DingTalk takes the app's key and secret: an access token
+    /// is fetched (or the cached one is still good).
+    pub(crate) async fn check_credentials(&self) -> Result<(), HttpError> {
+        self.access_token().await.map(drop)
+    }
+
     /// The app's access token, fetched or refreshed when due.
     async fn access_token(&self) -> Result<Secret, HttpError> {
         let mut cached = self.token.lock().await;

@@ -671,6 +671,25 @@ impl Adapter for DingTalkAdapter {
         Some(("dingtalk-client-id", self.settings.client_id.clone()))
     }
 
+    /// `POST /v1.0/oauth2/accessToken` with the app's key and secret:
+    /// DingTalk answers 400 (`invalid.client`) to credentials it does not
+    /// know, which is [`AdapterError::Fatal`].
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(match self.api.check_credentials().await {
+            Ok(()) => Ok(match self.settings.robot_code.trim() {
+                "" => format!("the app {}", self.settings.client_id),
+                robot => format!("the app {} (robot {robot})", self.settings.client_id),
+            }),
+            Err(e) if matches!(e.status(), Some(400 | 401 | 403)) => {
+                Err(AdapterError::Fatal(format!(
+                    "DingTalk refused the app's credentials ({e}); check DINGTALK_CLIENT_ID \
+                     and DINGTALK_CLIENT_SECRET"
+                )))
+            }
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        })
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         loop {
             ctx.liveness.set(Liveness::Connecting);

@@ -55,7 +55,7 @@ fn fatal_close(code: u16) -> Option<&'static str> {
 }
 
 /// `url` with the version and encoding Discord's gateway expects.
-fn with_query(url: &str) -> Result<String, AdapterError> {
+pub(crate) fn with_query(url: &str) -> Result<String, AdapterError> {
     let mut parsed = reqwest::Url::parse(url.trim()).map_err(|e| {
         AdapterError::Fatal(format!("the Discord gateway URL {url:?} is not a URL: {e}"))
     })?;
@@ -194,6 +194,7 @@ impl DiscordAdapter {
                     }
                 }
             }
+            let save_at = self.save_due();
             tokio::select! {
                 biased;
                 _ = ctx.shutdown.cancelled() => {
@@ -227,6 +228,9 @@ impl DiscordAdapter {
                     self.heartbeat(&mut socket).await?;
                     awaiting_ack = true;
                     next_beat = Instant::now() + interval;
+                }
+                _ = tokio::time::sleep_until(save_at.unwrap_or(next_beat)), if save_at.is_some() => {
+                    self.save(false).await;
                 }
                 frame = socket.next() => {
                     let text = match frame {
@@ -278,7 +282,9 @@ impl DiscordAdapter {
                             let resumable = payload.get("d").and_then(Value::as_bool) == Some(true);
                             close_resumable(&mut socket).await;
                             if !resumable {
-                                self.state().session = None;
+                                // Forgotten here and, when the session ends,
+                                // in the store.
+                                self.state().set_session(None);
                                 // Discord asks for a pause before a fresh identify.
                                 let max = self.timings.reidentify_delay.as_millis().max(1) as u64;
                                 let wait = Duration::from_millis(rand::rng().random_range(max / 5..=max));
@@ -363,7 +369,7 @@ impl DiscordAdapter {
         }
         // An invalid sequence or a timed-out session cannot be resumed.
         if matches!(code, Some(4007 | 4009)) {
-            self.state().session = None;
+            self.state().set_session(None);
         }
         AdapterError::Disconnected(match code {
             Some(c) => format!("the Discord gateway closed the connection ({c})"),
@@ -390,11 +396,11 @@ impl DiscordAdapter {
                     .or_else(|| self.gateway_url.clone())
                     .unwrap_or_default();
                 // READY starts a new sequence; it is handled at once.
-                state.session = Some(Session {
+                state.set_session(Some(Session {
                     id: id.to_owned(),
                     resume_url,
                     seq: seq.unwrap_or(0),
-                });
+                }));
                 state.bot_id = Some(bot.to_owned());
                 drop(state);
                 tracing::info!("connected to Discord");
@@ -428,8 +434,12 @@ impl DiscordAdapter {
 
     /// Records that the dispatch numbered `seq` was handled.
     fn handled(&self, seq: Option<u64>) {
-        if let (Some(seq), Some(s)) = (seq, self.state().session.as_mut()) {
-            s.seq = s.seq.max(seq);
+        let mut state = self.state();
+        if let (Some(seq), Some(s)) = (seq, state.session.as_mut())
+            && seq > s.seq
+        {
+            s.seq = seq;
+            state.revision += 1;
         }
     }
 }

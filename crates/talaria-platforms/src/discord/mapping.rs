@@ -23,6 +23,8 @@ pub(crate) type Skip = &'static str;
 #[derive(Debug, Default)]
 pub(crate) struct Threads {
     parents: HashMap<String, String>,
+    /// Counts the changes, for the copy in the store.
+    revision: u64,
 }
 
 #[derive(Deserialize)]
@@ -51,8 +53,10 @@ impl Threads {
             }
             "THREAD_CREATE" | "THREAD_UPDATE" | "CHANNEL_CREATE" => self.learn(d),
             "THREAD_DELETE" => {
-                if let Some(id) = d.get("id").and_then(Value::as_str) {
-                    self.parents.remove(id);
+                if let Some(id) = d.get("id").and_then(Value::as_str)
+                    && self.parents.remove(id).is_some()
+                {
+                    self.revision += 1;
                 }
             }
             _ => {}
@@ -65,11 +69,16 @@ impl Threads {
                 id,
                 parent_id: Some(parent),
                 kind,
-            }) if is_thread(kind) => {
-                self.parents.insert(id, parent);
-            }
+            }) if is_thread(kind) => self.insert(id, parent),
             Ok(_) => {}
             Err(e) => tracing::debug!("skipping a malformed Discord channel: {e}"),
+        }
+    }
+
+    fn insert(&mut self, id: String, parent: String) {
+        if self.parents.get(&id) != Some(&parent) {
+            self.parents.insert(id, parent);
+            self.revision += 1;
         }
     }
 
@@ -77,6 +86,37 @@ impl Threads {
     pub(crate) fn parent(&self, channel_id: &str) -> Option<&str> {
         self.parents.get(channel_id).map(String::as_str)
     }
+
+    /// How many changes the map has seen.
+    pub(crate) fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The map, thread id to parent id, to keep in the store.
+    pub(crate) fn to_json(&self) -> String {
+        serde_json::to_string(&self.parents).unwrap_or_else(|_| "{}".to_owned())
+    }
+
+    /// Learns the threads of a map kept in the store ([`Self::to_json`]);
+    /// `false` when it is not one (nothing is learnt then).
+    pub(crate) fn learn_json(&mut self, json: &str) -> bool {
+        match serde_json::from_str::<HashMap<String, String>>(json) {
+            Ok(parents) => {
+                for (id, parent) in parents {
+                    if is_snowflake(&id) && is_snowflake(&parent) {
+                        self.insert(id, parent);
+                    }
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Digits only: what a channel id is.
+fn is_snowflake(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 20 && id.chars().all(|c| c.is_ascii_digit())
 }
 
 #[derive(Debug, Deserialize)]

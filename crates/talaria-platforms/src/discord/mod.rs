@@ -8,6 +8,12 @@
 //! after a drop Discord replays what was missed instead of losing it.
 //! Liveness is `Live` only once `READY` or `RESUMED` arrived.
 //!
+//! With a store ([`DiscordAdapter::keeping_session_in`]) the session, and
+//! the thread map a resumed session gets no `GUILD_CREATE` for, are kept
+//! there too (see `stored`), so a restarted process, or another node
+//! taking the connector over, resumes with op 6 instead of identifying
+//! afresh and losing what arrived meanwhile.
+//!
 //! Sends go to `POST /channels/{id}/messages` (a thread is its own
 //! channel), honouring Discord's per-bucket limits and 429 `retry_after`.
 //!
@@ -20,7 +26,9 @@ mod format;
 mod gateway;
 mod mapping;
 mod rest;
+mod stored;
 
+use crate::kept::Kept;
 use crate::registry::{BuildError, Built, Platform, Setup, token_switch};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
@@ -149,11 +157,22 @@ struct Session {
 #[derive(Debug, Default)]
 struct State {
     session: Option<Session>,
-    /// The bot's user id, from READY.
+    /// Counts the changes to `session`, for the copy in the store.
+    revision: u64,
+    /// The bot's user id, from READY (or `GET /users/@me`).
     bot_id: Option<String>,
     threads: mapping::Threads,
     /// The running connection's reporter, so sends can mark it degraded.
     liveness: Option<LivenessReporter>,
+}
+
+impl State {
+    /// Replaces the session (a new one, or none when it cannot be
+    /// resumed).
+    fn set_session(&mut self, session: Option<Session>) {
+        self.session = session;
+        self.revision += 1;
+    }
 }
 
 /// The Discord connector (see the module docs).
@@ -167,6 +186,8 @@ pub struct DiscordAdapter {
     require_mention: bool,
     timings: DiscordTimings,
     state: Mutex<State>,
+    /// Where the session is kept between processes, when anywhere.
+    kept: Option<Kept>,
 }
 
 impl fmt::Debug for DiscordAdapter {
@@ -208,12 +229,46 @@ impl DiscordAdapter {
             require_mention: settings.require_mention,
             timings: settings.timings,
             state: Mutex::new(State::default()),
+            kept: None,
         })
     }
 
-    /// The bot's user id, once a session was READY.
+    /// The bot's user id, once a session was READY (or, with a store,
+    /// once `run` asked for it).
     pub fn bot_id(&self) -> Option<String> {
         self.state().bot_id.clone()
+    }
+
+    /// `GET /users/@me`: with a bot token, the bot's own user, as its id
+    /// and username.
+    async fn me(&self) -> Result<(String, String), AdapterError> {
+        let answer = self
+            .rest
+            .request(
+                Method::GET,
+                "/users/@me",
+                "GET /users/@me",
+                "",
+                None,
+                Duration::from_secs(15),
+            )
+            .await;
+        match answer {
+            Ok(user) => {
+                let id = user.get("id").and_then(Value::as_str).unwrap_or("");
+                if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
+                    return Err(AdapterError::Disconnected(
+                        "Discord answered GET /users/@me without a user id".to_owned(),
+                    ));
+                }
+                let name = user.get("username").and_then(Value::as_str).unwrap_or("?");
+                Ok((id.to_owned(), name.to_owned()))
+            }
+            Err(e) if matches!(e.status(), Some(401 | 403)) => Err(AdapterError::Fatal(format!(
+                "Discord rejected the bot token ({e}); check DISCORD_BOT_TOKEN"
+            ))),
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -297,6 +352,35 @@ impl DiscordAdapter {
     }
 }
 
+impl DiscordAdapter {
+    /// Connects again and again while Discord asks for it; each
+    /// connection's end is written to the store before the next.
+    async fn connections(&self, ctx: &AdapterContext) -> Result<(), AdapterError> {
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return Ok(()),
+            r = self.restore() => r?,
+        }
+        let mut quick = 0;
+        loop {
+            let ended = self.session(ctx).await;
+            self.save(true).await;
+            match ended {
+                Ok(End::Shutdown) => return Ok(()),
+                Ok(End::Again { was_live, why }) => {
+                    quick = if was_live { 1 } else { quick + 1 };
+                    tracing::info!("{why}; reconnecting");
+                    if quick > MAX_QUICK_RECONNECTS {
+                        return Err(AdapterError::Disconnected(why));
+                    }
+                    ctx.liveness.set(Liveness::Connecting);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// A channel id is a snowflake: digits only, so it is safe in a path.
 fn check_channel(channel: &str) -> Result<(), SendError> {
     if channel.is_empty() || !channel.chars().all(|c| c.is_ascii_digit()) {
@@ -358,29 +442,11 @@ impl Adapter for DiscordAdapter {
     }
 
     async fn whoami(&self) -> Option<Result<String, AdapterError>> {
-        // `GET /users/@me` with a bot token is the bot's own user.
-        let answer = self
-            .rest
-            .request(
-                Method::GET,
-                "/users/@me",
-                "GET /users/@me",
-                "",
-                None,
-                Duration::from_secs(15),
-            )
-            .await;
-        Some(match answer {
-            Ok(user) => Ok(format!(
-                "{} ({})",
-                user.get("username").and_then(Value::as_str).unwrap_or("?"),
-                user.get("id").and_then(Value::as_str).unwrap_or("?")
-            )),
-            Err(e) if matches!(e.status(), Some(401 | 403)) => Err(AdapterError::Fatal(format!(
-                "Discord rejected the bot token ({e}); check DISCORD_BOT_TOKEN"
-            ))),
-            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
-        })
+        Some(
+            self.me()
+                .await
+                .map(|(id, username)| format!("{username} ({id})")),
+        )
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -394,21 +460,7 @@ impl Adapter for DiscordAdapter {
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         ctx.liveness.set(Liveness::Connecting);
         self.state().liveness = Some(ctx.liveness.clone());
-        let mut quick = 0;
-        let result = loop {
-            match self.session(&ctx).await {
-                Ok(End::Shutdown) => break Ok(()),
-                Ok(End::Again { was_live, why }) => {
-                    quick = if was_live { 1 } else { quick + 1 };
-                    tracing::info!("{why}; reconnecting");
-                    if quick > MAX_QUICK_RECONNECTS {
-                        break Err(AdapterError::Disconnected(why));
-                    }
-                    ctx.liveness.set(Liveness::Connecting);
-                }
-                Err(e) => break Err(e),
-            }
-        };
+        let result = self.connections(&ctx).await;
         self.state().liveness = None;
         result
     }
@@ -545,7 +597,9 @@ fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
     let Some(settings) = DiscordSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
-    let adapter = DiscordAdapter::new(settings).map_err(BuildError::set_up)?;
+    let adapter = DiscordAdapter::new(settings)
+        .map_err(BuildError::set_up)?
+        .keeping_session_in(setup.cursors.clone());
     Ok(Some(Built::connected(adapter)))
 }
 

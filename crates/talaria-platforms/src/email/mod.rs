@@ -875,6 +875,31 @@ impl Adapter for EmailAdapter {
         ))
     }
 
+    /// IMAP `LOGIN` with the address and password, then `LOGOUT`: a
+    /// server that answers `NO` refused the credentials
+    /// ([`AdapterError::Fatal`]). SMTP is not asked: its credentials are
+    /// tried with the first mail sent.
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        let mut session = match self.login().await {
+            Ok(session) => session,
+            Err(Stop::Failed(e)) => return Some(Err(e)),
+            Err(Stop::Shutdown) => {
+                return Some(Err(AdapterError::Disconnected("stopped".to_owned())));
+            }
+        };
+        // Polite, and not worth a failure: the login is what was asked.
+        if let Err(Stop::Failed(e)) = self.step("LOGOUT", session.logout()).await {
+            tracing::debug!("the IMAP LOGOUT after the credentials check failed: {e}");
+        }
+        let endpoint = &self.settings.imap;
+        Some(Ok(format!(
+            "{} on the IMAP server {}:{}",
+            self.settings.address.trim(),
+            endpoint.host,
+            endpoint.port
+        )))
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         ctx.liveness.set(Liveness::Connecting);
         let served = tokio::select! {

@@ -774,6 +774,40 @@ impl Adapter for FeishuAdapter {
         }
     }
 
+    /// `GET /open-apis/bot/v3/info` with a tenant token made from the
+    /// app id and secret: the bot's name and open_id, or
+    /// [`AdapterError::Fatal`] when Feishu refuses the credentials (the
+    /// token call answers `app secret invalid`, code 10014) or the bot
+    /// capability is off.
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        let info = self
+            .api
+            .call(Method::GET, "/open-apis/bot/v3/info", &[], None)
+            .await;
+        Some(match info {
+            Ok(info) => {
+                let field = |key: &str| {
+                    info.pointer(&format!("/bot/{key}"))
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                };
+                match (field("app_name"), field("open_id")) {
+                    (Some(name), Some(id)) => Ok(format!("{name} (bot {id})")),
+                    (None, Some(id)) => Ok(format!("bot {id}")),
+                    (Some(name), None) => Ok(format!("{name} (app {})", self.app_id)),
+                    (None, None) => Ok(format!("app {}", self.app_id)),
+                }
+            }
+            Err(e @ ApiError::Refused { status, .. }) if status < 500 && status != 429 => {
+                Err(AdapterError::Fatal(format!(
+                    "Feishu refused the app's credentials or the bot info: {e} (check \
+                     FEISHU_APP_ID / FEISHU_APP_SECRET and that the bot capability is on)"
+                )))
+            }
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        })
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         self.discover_bot().await?;
         match self.mode {

@@ -214,4 +214,9 @@ impl Api {
     pub(crate) async fn check(&self, timeout: Duration) -> Result<(), ApiError> {
         self.token(timeout).await.map(|_| ())
     }
+
+    /// The service account the app acts as.
+    pub(crate) fn account_email(&self) -> &str {
+        &self.account.email
+    }
 }

@@ -281,6 +281,23 @@ impl Adapter for GoogleChatAdapter {
 
     /// Fetches an access token (a refused key stops here with a clear
     /// error), then takes events until the gateway stops.
+    /// The JWT bearer grant with the service account's key, as the
+    /// gateway makes it: Google answers 400 `invalid_grant` to an
+    /// assertion it does not accept (a deleted key, another account's
+    /// key) and 401 to an unknown client, both [`AdapterError::Fatal`].
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(match self.api.check(self.send_timeout).await {
+            Ok(()) => Ok(format!("the service account {}", self.api.account_email())),
+            Err(e) if matches!(e.status(), Some(400 | 401 | 403)) => {
+                Err(AdapterError::Fatal(format!(
+                    "Google refused the Chat app's service account \
+                     (GOOGLE_CHAT_SERVICE_ACCOUNT_JSON): {e}"
+                )))
+            }
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        })
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         ctx.liveness.set(Liveness::Connecting);
         let checked = tokio::select! {

@@ -102,6 +102,11 @@ impl HassApi {
         })
     }
 
+    /// The root URL, without `/api`.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// `GET /api/<path>`. `path` is built from validated parts only.
     pub async fn get(&self, path: &str) -> Result<Value, ApiError> {
         let request = self.http.get(format!("{}/api/{path}", self.base));

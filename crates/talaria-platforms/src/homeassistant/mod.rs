@@ -313,6 +313,21 @@ impl Adapter for HomeAssistantAdapter {
         CAPABILITIES
     }
 
+    /// `GET /api/` with `HASS_TOKEN`, when one is set: Home Assistant
+    /// answers it only to a token it accepts. The conversation token is
+    /// Home Assistant's to present, so there is nothing to ask about it.
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        let api = self.shared.api.as_ref()?;
+        Some(match api.get("").await {
+            Ok(_) => Ok(format!(
+                "a user of the Home Assistant at {} (HASS_TOKEN)",
+                api.base()
+            )),
+            Err(e @ ApiError::Unauthorized(_)) => Err(AdapterError::Fatal(e.to_string())),
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        })
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         // Requests still waiting when the gateway stops are answered
         // "pending" at once rather than holding the listener's shutdown.

@@ -108,6 +108,18 @@ struct SentOne {
     id: String,
 }
 
+/// What `GET /v2/bot/info` says of the bot.
+#[derive(Debug, Deserialize)]
+pub(crate) struct BotInfo {
+    #[serde(rename = "userId")]
+    pub user_id: String,
+    /// `@` and the account's basic id.
+    #[serde(rename = "basicId", default)]
+    pub basic_id: String,
+    #[serde(rename = "displayName", default)]
+    pub display_name: String,
+}
+
 /// How a push ended.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Pushed {
@@ -235,13 +247,8 @@ impl Api {
         }
     }
 
-    /// `GET /v2/bot/info`: the bot's user id.
-    pub(crate) async fn bot_user_id(&self, timeout: Duration) -> Result<String, ApiError> {
-        #[derive(Deserialize)]
-        struct Info {
-            #[serde(rename = "userId")]
-            user_id: String,
-        }
+    /// `GET /v2/bot/info`: who the bot is.
+    pub(crate) async fn bot_info(&self, timeout: Duration) -> Result<BotInfo, ApiError> {
         let request = self
             .http
             .client()
@@ -251,7 +258,7 @@ impl Api {
         if !answer.is_success() {
             return Err(self.refusal(&answer));
         }
-        self.http.decode::<Info>(&answer).map(|i| i.user_id)
+        self.http.decode::<BotInfo>(&answer)
     }
 
     /// Streams the content of message `id` (digits, checked by the

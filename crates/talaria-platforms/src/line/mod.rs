@@ -291,6 +291,24 @@ impl LineAdapter {
         })
     }
 
+    /// Asks `GET /v2/bot/info` whose the channel access token is: the
+    /// bot's name and basic id, or [`AdapterError::Fatal`] when LINE
+    /// refuses the token (401) and [`AdapterError::Disconnected`] when it
+    /// cannot be asked.
+    async fn whoami_line(&self) -> Result<String, AdapterError> {
+        match self.api.bot_info(self.send_timeout).await {
+            Ok(info) => Ok(match (info.display_name.as_str(), info.basic_id.as_str()) {
+                ("", "") => format!("bot {}", info.user_id),
+                ("", id) | (id, "") => format!("{id} (bot {})", info.user_id),
+                (name, id) => format!("{name} {id} (bot {})", info.user_id),
+            }),
+            Err(e) if matches!(e.status(), Some(401 | 403)) => Err(AdapterError::Fatal(format!(
+                "LINE refused the channel access token (LINE_CHANNEL_ACCESS_TOKEN): {e}"
+            ))),
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        }
+    }
+
     /// `POST /line/webhook`, to mount on the shared listener.
     pub fn mount(&self) -> Mount {
         Mount {
@@ -517,18 +535,18 @@ impl Adapter for LineAdapter {
         let checked = tokio::select! {
             biased;
             _ = ctx.shutdown.cancelled() => return Ok(()),
-            r = self.api.bot_user_id(self.send_timeout) => r,
+            r = self.whoami_line() => r,
         };
         match checked {
-            Ok(id) => tracing::info!(bot_user_id = %id, "LINE accepted the channel access token"),
-            Err(e) if e.status() == Some(401) => {
-                return Err(AdapterError::Fatal(
-                    "LINE refused the channel access token (LINE_CHANNEL_ACCESS_TOKEN)".to_owned(),
-                ));
-            }
+            Ok(who) => tracing::info!(bot = %who, "LINE accepted the channel access token"),
+            Err(fatal @ AdapterError::Fatal(_)) => return Err(fatal),
             Err(e) => tracing::warn!("cannot check the LINE channel access token: {e}"),
         }
         self.hook.slot.attach(&ctx).await
+    }
+
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(self.whoami_line().await)
     }
 
     /// The first answer to a message replies with its token while the

@@ -15,6 +15,11 @@
 //! server cannot resume it starts a new connection with a new `hello`,
 //! and the adapter logs that events may have been missed.
 //!
+//! With a store ([`MattermostAdapter::keeping_connection_in`]) the
+//! connection id and sequence number are kept there too (see `stored`),
+//! so a restarted process, or another node taking the connector over,
+//! resumes the same connection instead of starting a new one.
+//!
 //! Application-level pings go out every `ping_interval`; a socket that
 //! says nothing for two intervals is given up, and the supervisor
 //! reconnects.
@@ -26,7 +31,9 @@ mod config;
 mod format;
 mod mapping;
 mod media;
+mod stored;
 
+use crate::kept::Kept;
 use crate::registry::{BuildError, Built, Platform, Setup, token_switch};
 use crate::ws::{Beat, Watched};
 use std::sync::Mutex;
@@ -64,6 +71,8 @@ struct Resume {
     connection_id: Option<String>,
     /// The next sequence number expected (last handed over + 1).
     next_seq: i64,
+    /// Counts the changes, for the copy in the store.
+    revision: u64,
 }
 
 /// What the adapter needs to connect.
@@ -165,6 +174,8 @@ pub struct MattermostAdapter {
     resume: Mutex<Resume>,
     me: Mutex<Option<Me>>,
     threads: Mutex<BotThreads>,
+    /// Where the connection is kept between processes, when anywhere.
+    kept: Option<Kept>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -206,6 +217,7 @@ impl MattermostAdapter {
             resume: Mutex::new(Resume::default()),
             me: Mutex::new(None),
             threads: Mutex::new(BotThreads::default()),
+            kept: None,
         })
     }
 
@@ -322,7 +334,10 @@ impl MattermostAdapter {
         }
         if let Some(seq) = frame.seq {
             let mut resume = lock(&self.resume);
-            resume.next_seq = resume.next_seq.max(seq + 1);
+            if seq + 1 > resume.next_seq {
+                resume.next_seq = seq + 1;
+                resume.revision += 1;
+            }
         }
         true
     }
@@ -339,6 +354,7 @@ impl MattermostAdapter {
             // A server without the reliable WebSocket: nothing to resume.
             resume.connection_id = None;
             resume.next_seq = frame.seq.unwrap_or(0) + 1;
+            resume.revision += 1;
             return;
         }
         if resume.connection_id.as_deref() == Some(id.as_str()) {
@@ -353,6 +369,68 @@ impl MattermostAdapter {
         tracing::info!("connected to Mattermost");
         resume.connection_id = Some(id);
         resume.next_seq = frame.seq.unwrap_or(0) + 1;
+        resume.revision += 1;
+    }
+
+    /// One WebSocket connection, resumed when there is one to resume,
+    /// until it ends; events are handed over as they come.
+    async fn connection(&self, me: &Me, ctx: &AdapterContext) -> Result<(), AdapterError> {
+        let url = self.connect_url();
+        let resuming = url.contains("connection_id=");
+        let auth = format!("Bearer {}", self.token.expose());
+        let headers = [("Authorization", auth.as_str())];
+        let stream = tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return Ok(()),
+            r = crate::ws::connect(&url, &headers, self.connect_timeout) => {
+                r.map_err(AdapterError::Disconnected)?
+            }
+        };
+        let mut socket = Watched::new(
+            stream,
+            "the Mattermost WebSocket",
+            "Mattermost",
+            self.ping_interval,
+        );
+        let mut action_seq: i64 = 1;
+        // For servers (or proxies) that do not pass the header on.
+        let challenge = json!({
+            "seq": action_seq,
+            "action": "authentication_challenge",
+            "data": { "token": self.token.expose() },
+        });
+        action_seq += 1;
+        socket.send(Message::text(challenge.to_string())).await?;
+        // A resumed connection gets no hello: its answer to a ping is the
+        // sign that the server is really there.
+        let mut ping_now = resuming;
+        loop {
+            if ping_now {
+                let action = json!({ "seq": action_seq, "action": "ping" });
+                action_seq += 1;
+                socket.send(Message::text(action.to_string())).await?;
+            }
+            let save_at = self.save_due(me);
+            let beat = tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(save_at.unwrap_or_else(tokio::time::Instant::now)), if save_at.is_some() => {
+                    self.save(me, false).await;
+                    ping_now = false;
+                    continue;
+                }
+                beat = socket.next(ctx) => beat?,
+            };
+            ping_now = match beat {
+                None => return Ok(()),
+                Some(Beat::PingDue) => true,
+                Some(Beat::Text(text)) => {
+                    if !self.on_frame(text.as_str(), me, ctx).await {
+                        return Ok(());
+                    }
+                    false
+                }
+            };
+        }
     }
 
     /// `POST /posts`, waiting out 429s a bounded number of times.
@@ -456,52 +534,15 @@ impl Adapter for MattermostAdapter {
             _ = ctx.shutdown.cancelled() => return Ok(()),
             r = self.get_me() => r?,
         };
-        let url = self.connect_url();
-        let resuming = url.contains("connection_id=");
-        let auth = format!("Bearer {}", self.token.expose());
-        let headers = [("Authorization", auth.as_str())];
-        let stream = tokio::select! {
+        tokio::select! {
             biased;
             _ = ctx.shutdown.cancelled() => return Ok(()),
-            r = crate::ws::connect(&url, &headers, self.connect_timeout) => {
-                r.map_err(AdapterError::Disconnected)?
-            }
-        };
-        let mut socket = Watched::new(
-            stream,
-            "the Mattermost WebSocket",
-            "Mattermost",
-            self.ping_interval,
-        );
-        let mut action_seq: i64 = 1;
-        // For servers (or proxies) that do not pass the header on.
-        let challenge = json!({
-            "seq": action_seq,
-            "action": "authentication_challenge",
-            "data": { "token": self.token.expose() },
-        });
-        action_seq += 1;
-        socket.send(Message::text(challenge.to_string())).await?;
-        // A resumed connection gets no hello: its answer to a ping is the
-        // sign that the server is really there.
-        let mut ping_now = resuming;
-        loop {
-            if ping_now {
-                let action = json!({ "seq": action_seq, "action": "ping" });
-                action_seq += 1;
-                socket.send(Message::text(action.to_string())).await?;
-            }
-            ping_now = match socket.next(&ctx).await? {
-                None => return Ok(()),
-                Some(Beat::PingDue) => true,
-                Some(Beat::Text(text)) => {
-                    if !self.on_frame(text.as_str(), &me, &ctx).await {
-                        return Ok(());
-                    }
-                    false
-                }
-            };
+            () = self.restore(&me) => {}
         }
+        let result = self.connection(&me, &ctx).await;
+        // However it ended, a clean shutdown included.
+        self.save(&me, true).await;
+        result
     }
 
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
@@ -562,7 +603,9 @@ fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
     let Some(settings) = MattermostSettings::from_config(&setup.section()?, setup.env) else {
         return Ok(None);
     };
-    let adapter = MattermostAdapter::new(settings).map_err(BuildError::set_up)?;
+    let adapter = MattermostAdapter::new(settings)
+        .map_err(BuildError::set_up)?
+        .keeping_connection_in(setup.cursors.clone());
     Ok(Some(Built::connected(adapter)))
 }
 

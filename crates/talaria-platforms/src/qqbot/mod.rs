@@ -569,6 +569,19 @@ impl Adapter for QqbotAdapter {
         Some(("qqbot-appid", self.app_id.clone()))
     }
 
+    /// `POST /app/getAppAccessToken` with the AppID and AppSecret, as the
+    /// gateway makes it: QQ refuses credentials it does not know with a
+    /// 4xx (`invalid appid or secret`), which is [`AdapterError::Fatal`].
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(match self.api.token(SEND_TIMEOUT).await {
+            Ok(_) => Ok(format!("the bot with AppID {}", self.app_id)),
+            Err(e) if matches!(e.status(), Some(400..=403)) => Err(AdapterError::Fatal(format!(
+                "QQ refused the AppID/AppSecret ({e}); check QQ_APP_ID and QQ_CLIENT_SECRET"
+            ))),
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        })
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         ctx.liveness.set(Liveness::Connecting);
         self.state().liveness = Some(ctx.liveness.clone());

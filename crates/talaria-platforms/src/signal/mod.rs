@@ -272,6 +272,26 @@ impl SignalAdapter {
     /// `GET /v1/about` and `GET /v1/accounts`: the server is there and
     /// holds the account. Returns the receive style to use.
     async fn handshake(&self) -> Result<SignalReceiveMode, AdapterError> {
+        let about = self.check().await?;
+        let mode = match about.mode.as_deref() {
+            Some("json-rpc") => SignalReceiveMode::Websocket,
+            Some("normal" | "native") => SignalReceiveMode::Poll,
+            _ => self.receive_mode,
+        };
+        if mode != self.receive_mode {
+            tracing::info!(
+                server_mode = about.mode.as_deref().unwrap_or(""),
+                "the Signal REST API's mode decides the receive style: {mode:?}"
+            );
+        }
+        tracing::debug!(version = ?about.version, ?mode, "Signal REST API answered");
+        Ok(mode)
+    }
+
+    /// `GET /v1/about`, then `GET /v1/accounts`: [`AdapterError::Fatal`]
+    /// when the server is not a signal-cli REST API or does not hold the
+    /// account; what the server says of itself otherwise.
+    async fn check(&self) -> Result<About, AdapterError> {
         let about: About =
             self.api
                 .get("/v1/about", self.send_timeout)
@@ -304,19 +324,7 @@ impl SignalAdapter {
             Err(e) if e.status() == Some(404) => {}
             Err(e) => return Err(AdapterError::Disconnected(e.to_string())),
         }
-        let mode = match about.mode.as_deref() {
-            Some("json-rpc") => SignalReceiveMode::Websocket,
-            Some("normal" | "native") => SignalReceiveMode::Poll,
-            _ => self.receive_mode,
-        };
-        if mode != self.receive_mode {
-            tracing::info!(
-                server_mode = about.mode.as_deref().unwrap_or(""),
-                "the Signal REST API's mode decides the receive style: {mode:?}"
-            );
-        }
-        tracing::debug!(version = ?about.version, ?mode, "Signal REST API answered");
-        Ok(mode)
+        Ok(about)
     }
 
     /// Maps and submits one received item. `false`: stop (shutdown or the
@@ -550,6 +558,19 @@ impl Adapter for SignalAdapter {
         // Two readers of one account would each take messages from the
         // other's stream.
         Some(("signal-phone", self.me.account.clone()))
+    }
+
+    /// The account, once the server answered that it holds it (see
+    /// `check`). The REST API has no credential of its own: the account
+    /// being registered or linked there is what lets the bot work.
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(self.check().await.map(|about| {
+            let version = about.version.map(|v| format!(" {v}")).unwrap_or_default();
+            format!(
+                "{} on the signal-cli REST API{version} at {}",
+                self.me.account, self.url
+            )
+        }))
     }
 
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {

@@ -53,6 +53,18 @@ pub(crate) struct CreatedMessage {
     pub status: String,
 }
 
+/// What `GET /Accounts/{sid}.json` says of the account.
+#[derive(Debug, Default, serde::Deserialize)]
+pub(crate) struct Account {
+    #[serde(default)]
+    pub sid: String,
+    #[serde(default)]
+    pub friendly_name: String,
+    /// `active`, `suspended` or `closed`.
+    #[serde(default)]
+    pub status: String,
+}
+
 /// A REST client for one account.
 #[derive(Debug, Clone)]
 pub(crate) struct Api {
@@ -125,15 +137,14 @@ impl Api {
         self.http.download(request, timeout).await
     }
 
-    /// `GET /2010-04-01/Accounts/{sid}.json`: checks the credentials.
-    pub(crate) async fn account(&self, timeout: Duration) -> Result<(), ApiError> {
+    /// `GET /2010-04-01/Accounts/{sid}.json`: checks the credentials and
+    /// says whose they are.
+    pub(crate) async fn account(&self, timeout: Duration) -> Result<Account, ApiError> {
         let request = self
             .http
             .client()
             .get(format!("{}.json", self.account_url()));
-        self.call::<serde_json::Value>(request, timeout)
-            .await
-            .map(drop)
+        self.call::<Account>(request, timeout).await
     }
 
     async fn call<T: serde::de::DeserializeOwned>(

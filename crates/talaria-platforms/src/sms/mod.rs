@@ -234,6 +234,32 @@ fn http_url_with_host(url: &str) -> bool {
 }
 
 impl SmsAdapter {
+    /// Asks Twilio for the account (`GET /Accounts/{sid}.json`): its name
+    /// and sid, [`AdapterError::Fatal`] when Twilio refuses the sid and
+    /// auth token or the account is not active, and
+    /// [`AdapterError::Disconnected`] when it cannot be asked.
+    async fn whoami_twilio(&self) -> Result<String, AdapterError> {
+        match self.api.account(self.send_timeout).await {
+            Ok(account) if !account.status.is_empty() && account.status != "active" => {
+                Err(AdapterError::Fatal(format!(
+                    "the Twilio account {} is {}",
+                    account.sid, account.status
+                )))
+            }
+            // The sid is what was configured (and reports mask it as a
+            // secret of `.env`): the account's name says more.
+            Ok(account) => Ok(match account.friendly_name.as_str() {
+                "" => format!("the account {}", account.sid),
+                name => format!("the account {name:?}"),
+            }),
+            Err(e) if matches!(e.status(), Some(401 | 403)) => Err(AdapterError::Fatal(format!(
+                "Twilio rejected the account SID and auth token (TWILIO_ACCOUNT_SID, \
+                     TWILIO_AUTH_TOKEN): {e}"
+            ))),
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        }
+    }
+
     /// Checks the settings and builds the HTTP client; contacts nobody.
     ///
     /// # Errors
@@ -438,20 +464,18 @@ impl Adapter for SmsAdapter {
         let checked = tokio::select! {
             biased;
             _ = ctx.shutdown.cancelled() => return Ok(()),
-            r = self.api.account(self.send_timeout) => r,
+            r = self.whoami_twilio() => r,
         };
         match checked {
-            Ok(()) => tracing::info!("Twilio accepted the SMS credentials"),
-            Err(e) if matches!(e.status(), Some(401 | 403)) => {
-                return Err(AdapterError::Fatal(
-                    "Twilio rejected the account SID and auth token (TWILIO_ACCOUNT_SID, \
-                     TWILIO_AUTH_TOKEN)"
-                        .to_owned(),
-                ));
-            }
+            Ok(who) => tracing::info!(account = %who, "Twilio accepted the SMS credentials"),
+            Err(fatal @ AdapterError::Fatal(_)) => return Err(fatal),
             Err(e) => tracing::warn!("cannot check the SMS credentials with Twilio: {e}"),
         }
         self.inbound.slot.attach(&ctx).await
+    }
+
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(self.whoami_twilio().await)
     }
 
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {

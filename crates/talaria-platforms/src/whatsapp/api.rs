@@ -102,6 +102,19 @@ pub(crate) struct Api {
     token: Secret,
 }
 
+/// What `GET /{phone_number_id}` says of the business number.
+#[derive(Debug, Deserialize)]
+pub(crate) struct PhoneNumber {
+    #[serde(default)]
+    pub id: String,
+    /// The number as people see it (`+1 555-010-0100`).
+    #[serde(default)]
+    pub display_phone_number: String,
+    /// The business name WhatsApp verified for it.
+    #[serde(default)]
+    pub verified_name: String,
+}
+
 /// What `GET /{media_id}` says of a file.
 #[derive(Debug, Deserialize)]
 pub(crate) struct MediaInfo {
@@ -200,6 +213,22 @@ impl Api {
                     "the Graph API accepted the upload without a media id".to_owned(),
                 ))
             })
+    }
+
+    /// `GET /{phone_number_id}`: the business number the token sends
+    /// from, as WhatsApp shows it.
+    pub(crate) async fn phone_number(&self, timeout: Duration) -> Result<PhoneNumber, ApiError> {
+        let request = self
+            .http
+            .client()
+            .get(format!("{}/{}", self.root, self.phone_number_id))
+            .header(AUTHORIZATION, self.bearer());
+        let answer = self.read(request, timeout).await?;
+        serde_json::from_value(answer).map_err(|e| {
+            self.http.fail(Failure::Other(format!(
+                "the Graph API described the phone number in a way not understood: {e}"
+            )))
+        })
     }
 
     /// `GET /{media_id}?phone_number_id=`: where the file is for the next

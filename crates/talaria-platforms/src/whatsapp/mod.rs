@@ -432,6 +432,36 @@ impl Adapter for WhatsappAdapter {
         self.hook.slot.attach(&ctx).await
     }
 
+    /// `GET /{phone_number_id}`: the business number and its verified
+    /// name, or [`AdapterError::Fatal`] when Graph refuses the token
+    /// (401, code 190) or does not let it see the number (the wrong id,
+    /// or a token of another business: 400 with code 100, or 403).
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        let answer = self.api.phone_number(self.send_timeout).await;
+        Some(match answer {
+            Ok(n) => Ok(
+                match (n.verified_name.as_str(), n.display_phone_number.as_str()) {
+                    ("", "") => format!("phone number id {}", n.id),
+                    (name, "") => format!("{name} (phone number id {})", n.id),
+                    ("", number) => format!("{number} (phone number id {})", n.id),
+                    (name, number) => format!("{name}, {number} (phone number id {})", n.id),
+                },
+            ),
+            Err(e) if e.status() == Some(401) || api::graph_code(&e) == Some(api::BAD_TOKEN) => {
+                Err(AdapterError::Fatal(format!(
+                    "WhatsApp Cloud refused the access token (WHATSAPP_CLOUD_TOKEN): {e}"
+                )))
+            }
+            Err(e) if matches!(e.status(), Some(400 | 403 | 404)) => {
+                Err(AdapterError::Fatal(format!(
+                    "the access token cannot reach the phone number id \
+                     (WHATSAPP_CLOUD_PHONE_NUMBER_ID): {e}"
+                )))
+            }
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        })
+    }
+
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
         let mut text = format::to_whatsapp(&message.text);
         if text.chars().count() > MAX_TEXT_CHARS || text.trim().is_empty() {

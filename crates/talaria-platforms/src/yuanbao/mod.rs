@@ -863,6 +863,24 @@ impl Adapter for YuanbaoAdapter {
         Some(("yuanbao-app-key", self.settings.app_key.expose().to_owned()))
     }
 
+    /// The sign-token call with the app key and secret, as the socket's
+    /// auth-bind needs it: the bot's account id, or
+    /// [`AdapterError::Fatal`] when Yuanbao refuses to sign (wrong key or
+    /// signature; any code but the retry code 10099).
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(match self.token(false).await {
+            Ok(token) if !token.bot_id.is_empty() => Ok(format!("the bot {}", token.bot_id)),
+            Ok(_) => Ok(match self.bot_id() {
+                Some(bot) => format!("the bot {bot}"),
+                None => "a bot Yuanbao signed a token for".to_owned(),
+            }),
+            Err(e @ SignError::Refused { code, .. }) if code != 10099 => Err(AdapterError::Fatal(
+                format!("{e}; check YUANBAO_APP_ID, YUANBAO_APP_KEY and YUANBAO_APP_SECRET"),
+            )),
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        })
+    }
+
     async fn run(&self, ctx: AdapterContext) -> Result<(), AdapterError> {
         ctx.liveness.set(Liveness::Connecting);
         let stream = tokio::select! {

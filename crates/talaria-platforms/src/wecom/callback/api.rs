@@ -182,6 +182,11 @@ impl Api {
         })
     }
 
+    /// The corp the app belongs to.
+    pub(crate) fn corp_id(&self) -> &str {
+        &self.corp_id
+    }
+
     /// One call, WeCom's `errcode` read from the body.
     async fn call(&self, request: reqwest::RequestBuilder) -> Result<Envelope, ApiError> {
         self.call_within(request, self.timeout).await

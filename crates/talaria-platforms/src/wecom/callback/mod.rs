@@ -498,6 +498,33 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     })
 };
 
+impl WecomCallbackAdapter {
+    /// Fetches an access token: whom the credentials name (the app of the
+    /// corp), [`AdapterError::Fatal`] when WeCom refuses them and
+    /// [`AdapterError::Disconnected`] when it cannot be asked.
+    async fn check_credentials(&self) -> Result<String, AdapterError> {
+        match self.api.token(false).await {
+            Ok(_) => Ok(format!(
+                "the app {} of the corp {}",
+                self.agent_id,
+                self.api.corp_id()
+            )),
+            Err(e)
+                if matches!(
+                    e.errcode(),
+                    Some(code::INVALID_CORP_ID | code::INVALID_CREDENTIAL)
+                ) =>
+            {
+                Err(AdapterError::Fatal(format!(
+                    "WeCom refused the app's credentials; check WECOM_CALLBACK_CORP_ID and \
+                     WECOM_CALLBACK_CORP_SECRET ({e})"
+                )))
+            }
+            Err(e) => Err(AdapterError::Disconnected(e.to_string())),
+        }
+    }
+}
+
 #[async_trait]
 impl Adapter for WecomCallbackAdapter {
     fn platform(&self) -> &'static str {
@@ -516,24 +543,21 @@ impl Adapter for WecomCallbackAdapter {
         let checked = tokio::select! {
             biased;
             _ = ctx.shutdown.cancelled() => return Ok(()),
-            r = self.api.token(false) => r,
+            r = self.check_credentials() => r,
         };
         match checked {
             Ok(_) => tracing::info!("WeCom issued an access token for the app"),
-            Err(e)
-                if matches!(
-                    e.errcode(),
-                    Some(code::INVALID_CORP_ID | code::INVALID_CREDENTIAL)
-                ) =>
-            {
-                return Err(AdapterError::Fatal(format!(
-                    "WeCom refused the app's credentials; check WECOM_CALLBACK_CORP_ID and \
-                     WECOM_CALLBACK_CORP_SECRET ({e})"
-                )));
-            }
+            Err(fatal @ AdapterError::Fatal(_)) => return Err(fatal),
             Err(e) => tracing::warn!("cannot fetch a WeCom access token yet: {e}"),
         }
         self.inbound.slot.attach(&ctx).await
+    }
+
+    /// `GET /cgi-bin/gettoken` with the corp id and the app's secret:
+    /// WeCom refuses credentials it does not know with errcode 40013
+    /// (corp id) or 40001 (secret), which is [`AdapterError::Fatal`].
+    async fn whoami(&self) -> Option<Result<String, AdapterError>> {
+        Some(self.check_credentials().await)
     }
 
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
