@@ -88,6 +88,10 @@ pub enum Command {
         #[arg(required = true, num_args = 1..)]
         text: Vec<String>,
     },
+    /// Show a log under $TALARIA_HOME/logs/ (gateway.log unless FILE is
+    /// named): its last lines, filtered by level and time, or followed as
+    /// it grows.
+    Logs(LogsArgs),
     /// Scheduled jobs: prompts that run by themselves and deliver their answer.
     Cron {
         #[command(subcommand)]
@@ -356,6 +360,39 @@ pub enum McpCommand {
     Tools { server: String },
     /// Be an MCP server on stdin/stdout: session_search and send_message.
     Serve,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The file in $TALARIA_HOME/logs/: gateway.log (the default; the
+    /// gateway's, when `gateway start` runs it), talaria.log (every other
+    /// command's), a rotated one (talaria.log.1).
+    pub file: Option<String>,
+    /// Keep printing lines as they are written, across the file's rotation
+    /// or truncation, until Ctrl-C.
+    #[arg(short, long)]
+    pub follow: bool,
+    /// Only records at LEVEL or more severe: trace, debug, info, warn,
+    /// error.
+    #[arg(long, value_name = "LEVEL")]
+    pub level: Option<talaria_core::logs::Level>,
+    /// Only records since WHEN: a span back from now (30s, 10m, 2h, 1d,
+    /// 1w) or an RFC 3339 time (2026-12-07T09:30:00Z).
+    #[arg(long, value_name = "WHEN", value_parser = since)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// How many of the last lines to show (at most 10000; 0 with -f shows
+    /// only new ones).
+    #[arg(
+        short = 'n',
+        long = "lines",
+        value_name = "LINES",
+        default_value_t = 100
+    )]
+    pub lines: usize,
+}
+
+fn since(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    talaria_core::logs::parse_since(text, chrono::Utc::now())
 }
 
 #[derive(Debug, Subcommand)]

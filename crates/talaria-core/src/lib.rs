@@ -11,7 +11,8 @@
 //! - [`home`]: `TALARIA_HOME` and the paths inside it.
 //! - [`redact`]: secret redaction for tool output, logs and stored text.
 //! - [`logs`]: reading the log files: their tails backwards within bounds,
-//!   a line's time and level, the filters of `/api/logs`.
+//!   a line's time and level, the filters `/api/logs` and `talaria logs`
+//!   share.
 //! - [`ids`]: session ids, hashed platform ids, path and key validators.
 //! - [`toolsets`]: the named groups of tools `platform_toolsets` switches.
 //!
