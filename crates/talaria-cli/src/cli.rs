@@ -401,6 +401,21 @@ pub enum CronCommand {
     List,
     /// Add a job.
     Add(CronAddArgs),
+    /// Change a job in place (by id or name): only what is given changes.
+    /// A new schedule is checked as `add` checks one and its next run
+    /// computed afresh; the record of its runs is kept.
+    Edit(CronEditArgs),
+    /// Whether the scheduler runs (a gateway for this home with
+    /// cron.enabled), the jobs by state, the next one due and the latest
+    /// runs.
+    Status {
+        /// Print it as JSON.
+        #[arg(long)]
+        json: bool,
+        /// How many of the latest runs to show.
+        #[arg(short = 'n', long, default_value_t = 5)]
+        runs: usize,
+    },
     /// Delete a job (its output files stay).
     Remove {
         /// The job's id or name.
@@ -440,6 +455,39 @@ pub struct CronAddArgs {
     #[arg(long)]
     pub repeat: Option<u32>,
     /// After downtime: run once late (`run-once`, the default) or skip the missed run.
+    #[arg(long, value_enum)]
+    pub misfire: Option<MisfireArg>,
+}
+
+#[derive(Debug, Args)]
+pub struct CronEditArgs {
+    /// The job's id or name.
+    pub job: String,
+    /// A new schedule, as `add` takes it: `every 30m`, `0 9 * * 1-5`, `in 2h`, `2026-12-24T18:00`.
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// A new prompt (`""` removes it, when the job has a skill).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// A new name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The skills each run follows, replacing the job's (repeatable).
+    #[arg(long, conflicts_with = "no_skills")]
+    pub skill: Vec<String>,
+    /// Follow no skill any more.
+    #[arg(long)]
+    pub no_skills: bool,
+    /// Where answers go, replacing the job's targets (repeatable).
+    #[arg(long)]
+    pub deliver: Vec<String>,
+    /// How many runs in all.
+    #[arg(long, conflicts_with = "no_repeat_limit")]
+    pub repeat: Option<u32>,
+    /// Run for as long as the schedule lasts (no repeat limit).
+    #[arg(long)]
+    pub no_repeat_limit: bool,
+    /// After downtime: run once late (`run-once`) or skip the missed run.
     #[arg(long, value_enum)]
     pub misfire: Option<MisfireArg>,
 }
