@@ -24,6 +24,7 @@ use talaria_core::Home;
 use talaria_core::logs::{
     self, CHUNK, Forwards, GATEWAY_LOG, MAX_LINE_BYTES, Query, line_text, valid_name,
 };
+use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::LogsArgs;
 
@@ -65,6 +66,19 @@ pub async fn run(home: &Home, args: LogsArgs) -> anyhow::Result<ExitCode> {
         since: args.since,
         ..Query::last(args.lines, SCAN_LIMIT)
     };
+    // Listened for before anything is printed: a signal that comes as
+    // soon as a line shows must find its handler in place.
+    let signals = if args.follow {
+        let listen = |kind: SignalKind, name: &str| {
+            signal(kind).with_context(|| format!("cannot listen for {name}"))
+        };
+        Some((
+            listen(SignalKind::interrupt(), "SIGINT")?,
+            listen(SignalKind::terminate(), "SIGTERM")?,
+        ))
+    } else {
+        None
+    };
     // Reading is blocking file I/O; it runs off the async threads.
     let shown = {
         let (query, path) = (query.clone(), path.clone());
@@ -72,17 +86,15 @@ pub async fn run(home: &Home, args: LogsArgs) -> anyhow::Result<ExitCode> {
             .await
             .context("the log reader stopped")??
     };
-    if !args.follow {
+    let Some((mut interrupt, mut terminate)) = signals else {
         return Ok(ExitCode::SUCCESS);
-    }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let mut follower = {
         let stop = stop.clone();
         let mut follower = Follower::new(path, shown, size, Forwards::new(query))?;
         tokio::task::spawn_blocking(move || follower.run(&stop))
     };
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
     tokio::select! {
         ended = &mut follower => {
             // Only an error ends it by itself (a closed stdout, a read
@@ -90,7 +102,7 @@ pub async fn run(home: &Home, args: LogsArgs) -> anyhow::Result<ExitCode> {
             ended.context("the log follower stopped")??;
             return Ok(ExitCode::SUCCESS);
         }
-        _ = tokio::signal::ctrl_c() => {}
+        _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
     }
     stop.store(true, Ordering::Relaxed);
