@@ -88,6 +88,10 @@ pub enum Command {
         #[arg(required = true, num_args = 1..)]
         text: Vec<String>,
     },
+    /// Show a log under $TALARIA_HOME/logs/ (gateway.log unless FILE is
+    /// named): its last lines, filtered by level and time, or followed as
+    /// it grows.
+    Logs(LogsArgs),
     /// Scheduled jobs: prompts that run by themselves and deliver their answer.
     Cron {
         #[command(subcommand)]
@@ -358,12 +362,60 @@ pub enum McpCommand {
     Serve,
 }
 
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The file in $TALARIA_HOME/logs/: gateway.log (the default; the
+    /// gateway's, when `gateway start` runs it), talaria.log (every other
+    /// command's), a rotated one (talaria.log.1).
+    pub file: Option<String>,
+    /// Keep printing lines as they are written, across the file's rotation
+    /// or truncation, until Ctrl-C.
+    #[arg(short, long)]
+    pub follow: bool,
+    /// Only records at LEVEL or more severe: trace, debug, info, warn,
+    /// error.
+    #[arg(long, value_name = "LEVEL")]
+    pub level: Option<talaria_core::logs::Level>,
+    /// Only records since WHEN: a span back from now (30s, 10m, 2h, 1d,
+    /// 1w) or an RFC 3339 time (2026-12-07T09:30:00Z).
+    #[arg(long, value_name = "WHEN", value_parser = since)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// How many of the last lines to show (at most 10000; 0 with -f shows
+    /// only new ones).
+    #[arg(
+        short = 'n',
+        long = "lines",
+        value_name = "LINES",
+        default_value_t = 100
+    )]
+    pub lines: usize,
+}
+
+fn since(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    talaria_core::logs::parse_since(text, chrono::Utc::now())
+}
+
 #[derive(Debug, Subcommand)]
 pub enum CronCommand {
     /// Every job with its schedule, state and next run.
     List,
     /// Add a job.
     Add(CronAddArgs),
+    /// Change a job in place (by id or name): only what is given changes.
+    /// A new schedule is checked as `add` checks one and its next run
+    /// computed afresh; the record of its runs is kept.
+    Edit(CronEditArgs),
+    /// Whether the scheduler runs (a gateway for this home with
+    /// cron.enabled), the jobs by state, the next one due and the latest
+    /// runs.
+    Status {
+        /// Print it as JSON.
+        #[arg(long)]
+        json: bool,
+        /// How many of the latest runs to show.
+        #[arg(short = 'n', long, default_value_t = 5)]
+        runs: usize,
+    },
     /// Delete a job (its output files stay).
     Remove {
         /// The job's id or name.
@@ -403,6 +455,39 @@ pub struct CronAddArgs {
     #[arg(long)]
     pub repeat: Option<u32>,
     /// After downtime: run once late (`run-once`, the default) or skip the missed run.
+    #[arg(long, value_enum)]
+    pub misfire: Option<MisfireArg>,
+}
+
+#[derive(Debug, Args)]
+pub struct CronEditArgs {
+    /// The job's id or name.
+    pub job: String,
+    /// A new schedule, as `add` takes it: `every 30m`, `0 9 * * 1-5`, `in 2h`, `2026-12-24T18:00`.
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// A new prompt (`""` removes it, when the job has a skill).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// A new name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The skills each run follows, replacing the job's (repeatable).
+    #[arg(long, conflicts_with = "no_skills")]
+    pub skill: Vec<String>,
+    /// Follow no skill any more.
+    #[arg(long)]
+    pub no_skills: bool,
+    /// Where answers go, replacing the job's targets (repeatable).
+    #[arg(long)]
+    pub deliver: Vec<String>,
+    /// How many runs in all.
+    #[arg(long, conflicts_with = "no_repeat_limit")]
+    pub repeat: Option<u32>,
+    /// Run for as long as the schedule lasts (no repeat limit).
+    #[arg(long)]
+    pub no_repeat_limit: bool,
+    /// After downtime: run once late (`run-once`) or skip the missed run.
     #[arg(long, value_enum)]
     pub misfire: Option<MisfireArg>,
 }

@@ -1,4 +1,5 @@
-//! `talaria cron list | add | remove | pause | resume | run | logs`.
+//! `talaria cron list | add | edit | status | remove | pause | resume | run
+//! | logs`.
 //!
 //! Everything but `run` only reads and writes the jobs in the database, so
 //! a running gateway picks the change up at its next tick. `run` runs the
@@ -10,13 +11,14 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
 use talaria_agent::interaction::NoHuman;
 use talaria_core::Home;
 use talaria_gateway::cron::{CronError, JobSpec, Scheduler, SchedulerParts, Zone, jobs};
 use talaria_gateway::hooks::Hooks;
-use talaria_store::{CronJob, CronStore, OccurrenceStatus};
+use talaria_store::{CronJob, CronStore, JobState, Occurrence, OccurrenceStatus};
 
-use crate::cli::{CronAddArgs, CronCommand};
+use crate::cli::{CronAddArgs, CronCommand, CronEditArgs};
 use crate::runtime::Runtime;
 use crate::sessions_cmd::when;
 use crate::{clip_words, gateway_cmd};
@@ -29,6 +31,8 @@ pub async fn run(home: Home, command: CronCommand) -> anyhow::Result<ExitCode> {
     let result = match command {
         CronCommand::List => return list(store, zone).await,
         CronCommand::Add(args) => add(&rt, store, zone, args, now).await,
+        CronCommand::Edit(args) => edit(&rt, store, zone, args, now).await,
+        CronCommand::Status { json, runs } => return status(&rt, zone, json, runs, now).await,
         CronCommand::Remove { job } => jobs::remove(store, &job).await.map(|j| {
             println!(
                 "removed {} ({}); its output files stay in {}",
@@ -113,13 +117,7 @@ async fn add(
     args: CronAddArgs,
     now: DateTime<Utc>,
 ) -> Result<(), CronError> {
-    // Checked here so the message names the command that lists skills
-    // (the scheduler's own names the agent's tool).
-    if let Some(name) = args.skill.iter().find(|s| rt.skills.find(s).is_none()) {
-        return Err(CronError::Invalid(format!(
-            "no skill named `{name}`; `talaria skills list` shows them"
-        )));
-    }
+    known_skills(rt, &args.skill)?;
     let prompt = (!args.prompt.is_empty()).then(|| args.prompt.join(" "));
     let spec = JobSpec {
         name: args.name,
@@ -146,6 +144,277 @@ async fn add(
         );
     }
     Ok(())
+}
+
+/// Checked here so the message names the command that lists skills (the
+/// scheduler's own names the agent's tool).
+fn known_skills(rt: &Runtime, skills: &[String]) -> Result<(), CronError> {
+    match skills.iter().find(|s| rt.skills.find(s).is_none()) {
+        Some(name) => Err(CronError::Invalid(format!(
+            "no skill named `{name}`; `talaria skills list` shows them"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Changes a job in place, through the checks `add` makes, and says what
+/// changed.
+async fn edit(
+    rt: &Runtime,
+    store: &dyn CronStore,
+    zone: Zone,
+    args: CronEditArgs,
+    now: DateTime<Utc>,
+) -> Result<(), CronError> {
+    known_skills(rt, &args.skill)?;
+    let changes = jobs::JobChanges {
+        name: args.name,
+        prompt: args.prompt,
+        skills: if args.no_skills {
+            Some(Vec::new())
+        } else {
+            (!args.skill.is_empty()).then_some(args.skill)
+        },
+        schedule: args.schedule,
+        deliver: (!args.deliver.is_empty()).then_some(args.deliver),
+        repeat: if args.no_repeat_limit {
+            Some(None)
+        } else {
+            args.repeat.map(Some)
+        },
+        misfire: args.misfire.map(Into::into),
+    };
+    if changes == jobs::JobChanges::default() {
+        return Err(CronError::Invalid(
+            "nothing to change: give at least one of --schedule, --prompt, --name, --skill, \
+             --no-skills, --deliver, --repeat, --no-repeat-limit or --misfire"
+                .into(),
+        ));
+    }
+    let before = jobs::find(store, &args.job).await?;
+    let after = jobs::update(store, &rt.home, zone, &before.id, changes, now).await?;
+    let differences = differences(&before, &after, zone);
+    if differences.is_empty() {
+        println!(
+            "{} ({}) already had those settings; nothing changed",
+            after.name, after.id
+        );
+        return Ok(());
+    }
+    println!("changed {} ({}):", after.name, after.id);
+    for (what, was, is) in differences {
+        println!("  {what}: {was} -> {is}");
+    }
+    Ok(())
+}
+
+/// The settings that differ between two versions of a job, as shown.
+fn differences(
+    before: &CronJob,
+    after: &CronJob,
+    zone: Zone,
+) -> Vec<(&'static str, String, String)> {
+    let shown = |job: &CronJob| {
+        [
+            ("name", job.name.clone()),
+            (
+                "prompt",
+                job.prompt
+                    .as_deref()
+                    .map_or_else(|| "(none)".to_owned(), |p| clip_words(p, 60)),
+            ),
+            ("skills", list_or_none(&job.skills)),
+            ("schedule", job.schedule.clone()),
+            ("next run", next_run(job, zone)),
+            ("state", job.state.as_str().to_owned()),
+            ("deliver", job.deliver.join(", ")),
+            (
+                "repeat",
+                job.repeat
+                    .map_or_else(|| "no limit".to_owned(), |n| format!("{n} runs in all")),
+            ),
+            ("misfire", job.misfire.as_str().to_owned()),
+        ]
+    };
+    shown(before)
+        .into_iter()
+        .zip(shown(after))
+        .filter(|((_, was), (_, is))| was != is)
+        .map(|((what, was), (_, is))| (what, was, is))
+        .collect()
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "(none)".to_owned()
+    } else {
+        items.join(", ")
+    }
+}
+
+/// Whether the scheduler runs, the jobs by state, the next one due and the
+/// latest runs.
+async fn status(
+    rt: &Runtime,
+    zone: Zone,
+    json: bool,
+    runs: usize,
+    now: DateTime<Utc>,
+) -> anyhow::Result<ExitCode> {
+    let store = rt.gateway_store.as_ref();
+    let enabled = rt.config.cron.enabled;
+    let gateway = talaria_gateway::process::running_gateway(&rt.home);
+    let all = store.jobs().await.context("cannot list the cron jobs")?;
+    let recent = store
+        .recent_occurrences(runs)
+        .await
+        .context("cannot read the latest runs")?;
+    let nodes_alive = if rt.config.store.backend == talaria_core::config::StoreBackend::Postgres {
+        let clock = store
+            .clock()
+            .await
+            .context("cannot read the store's clock")?;
+        let nodes = store.nodes().await.context("cannot list the nodes")?;
+        Some(nodes.iter().filter(|n| n.lease_until > clock).count())
+    } else {
+        None
+    };
+    let count = |state: JobState| all.iter().filter(|j| j.state == state).count();
+    let next = all
+        .iter()
+        .filter(|j| j.state == JobState::Scheduled)
+        .filter_map(|j| Some((j.next_run_at?, j)))
+        .min_by_key(|(at, _)| *at);
+    let name_of = |id: &str| {
+        all.iter()
+            .find(|j| j.id == id)
+            .map_or_else(|| id.to_owned(), |j| j.name.clone())
+    };
+    let running = enabled && gateway.is_some();
+    if json {
+        let rfc3339 = |t: i64| {
+            DateTime::from_timestamp(t, 0)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        };
+        let runs: Vec<Value> = recent
+            .iter()
+            .map(|r| {
+                json!({
+                    "job_id": r.job_id,
+                    "job_name": name_of(&r.job_id),
+                    "scheduled_at": rfc3339(r.scheduled_at),
+                    "trigger": r.trigger.as_str(),
+                    "status": r.status.as_str(),
+                    "started_at": r.started_at,
+                    "finished_at": r.finished_at,
+                    "error": r.error,
+                    "delivery_error": r.delivery_error,
+                })
+            })
+            .collect();
+        let out = json!({
+            "scheduler": {
+                "running": running,
+                "enabled": enabled,
+                "gateway_pid": gateway.as_ref().map(|g| g.pid),
+                "nodes_alive": nodes_alive,
+            },
+            "jobs": {
+                "total": all.len(),
+                "scheduled": count(JobState::Scheduled),
+                "paused": count(JobState::Paused),
+                "completed": count(JobState::Completed),
+            },
+            "next": next.map(|(at, job)| json!({
+                "id": job.id,
+                "name": job.name,
+                "at": rfc3339(at),
+                "in_secs": at - now.timestamp(),
+            })),
+            "recent_runs": runs,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let scheduler = match (&gateway, enabled) {
+        (Some(g), true) => format!("running, in the gateway (pid {})", g.pid),
+        (Some(g), false) => format!(
+            "off: the gateway runs (pid {}) but cron.enabled is false; \
+             `talaria cron run <job>` still runs a job by hand",
+            g.pid
+        ),
+        (None, true) => "not running: no gateway runs for this home \
+                         (`talaria gateway start` starts one)"
+            .to_owned(),
+        (None, false) => {
+            "not running: no gateway runs for this home, and cron.enabled is false".to_owned()
+        }
+    };
+    println!("Scheduler: {scheduler}");
+    if let Some(alive) = nodes_alive {
+        println!(
+            "Nodes sharing the store: {alive} alive (each one with cron.enabled runs the jobs)"
+        );
+    }
+    if all.is_empty() {
+        println!("Jobs: none");
+    } else {
+        println!(
+            "Jobs: {} ({} scheduled, {} paused, {} completed)",
+            all.len(),
+            count(JobState::Scheduled),
+            count(JobState::Paused),
+            count(JobState::Completed)
+        );
+    }
+    match next {
+        Some((at, job)) => {
+            let left = at - now.timestamp();
+            let relative = if left >= 0 {
+                format!("in {}", crate::gateway_cmd::human_duration(left as f64))
+            } else {
+                format!(
+                    "due {} ago",
+                    crate::gateway_cmd::human_duration(-left as f64)
+                )
+            };
+            println!(
+                "Next due: {} ({}) at {}, {relative}",
+                job.name,
+                job.id,
+                next_run(job, zone)
+            );
+        }
+        None => println!("Next due: nothing is scheduled"),
+    }
+    if recent.is_empty() {
+        println!("Latest runs: none yet");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("Latest runs:");
+    for run in &recent {
+        println!("  {}", run_line(run, &name_of(&run.job_id), zone));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One run as `status` lists it: when it was due, the job, how it went.
+fn run_line(run: &Occurrence, name: &str, zone: Zone) -> String {
+    let due = DateTime::from_timestamp(run.scheduled_at, 0)
+        .map(|t| zone.format(t))
+        .unwrap_or_default();
+    let mut line = format!(
+        "{due}  {name}  {}  {}",
+        run.status.as_str(),
+        run.trigger.as_str()
+    );
+    if let Some(e) = &run.error {
+        line.push_str(&format!("  error: {}", clip_words(e, 120)));
+    }
+    if let Some(e) = &run.delivery_error {
+        line.push_str(&format!("  not delivered: {}", clip_words(e, 120)));
+    }
+    line
 }
 
 /// Runs a job now in this process and prints what it answered.

@@ -815,7 +815,7 @@ fn print_platform_list(label: &str, names: &[&str]) {
     }
 }
 
-fn human_duration(secs: f64) -> String {
+pub(crate) fn human_duration(secs: f64) -> String {
     let s = secs.max(0.0) as u64;
     match s {
         0..60 => format!("{s}s"),

@@ -42,6 +42,7 @@ mod import_cmd;
 mod insights_cmd;
 mod interact;
 mod logging;
+mod logs_cmd;
 mod mcp_cmd;
 mod model_cmd;
 mod pairing_cmd;
@@ -339,6 +340,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: cli::DashboardCommand::HashPassword,
         } => hash_password(),
         Command::Send { target, text } => send_cmd::run(home, &target, &text).await,
+        Command::Logs(args) => logs_cmd::run(&home, args).await,
         Command::Cron { command } => cron_cmd::run(home, command).await,
         Command::Mcp { command } => mcp_cmd::run(home, command).await,
         Command::Store { command } => store_cmd::run(home, command).await,

@@ -182,6 +182,160 @@ async fn jobs_are_managed_and_run_from_the_command_line_without_a_gateway() {
     assert!(text(&talaria(&home, &["cron", "list"]).stdout).contains("no cron jobs"));
 }
 
+fn json_of(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+}
+
+/// Runs a command that must fail; what it said.
+fn refused(home: &Home, args: &[&str]) -> String {
+    let out = talaria(home, args);
+    assert!(!out.status.success(), "{args:?}: {}", text(&out.stdout));
+    text(&out.stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_is_edited_in_place_keeping_its_runs_and_the_status_tells_it() {
+    let llm = MockOpenAi::start().await;
+    let tg = FakeTelegram::start(TOKEN).await;
+    let home = home(&llm, &tg);
+    let add = talaria(
+        &home,
+        &[
+            "cron",
+            "add",
+            "0 9 * * 1-5",
+            "Summarise the alerts.",
+            "--name",
+            "alerts",
+        ],
+    );
+    assert!(add.status.success(), "{}", text(&add.stderr));
+    let id = added_id(&add);
+    let other = talaria(
+        &home,
+        &["cron", "add", "every 1h", "Other.", "--name", "other"],
+    );
+    assert!(other.status.success(), "{}", text(&other.stderr));
+    llm.push(Reply::text("No alerts."));
+    let run = talaria(&home, &["cron", "run", "alerts"]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+
+    // Nothing to change, no such job, and what `add` refuses.
+    assert!(refused(&home, &["cron", "edit", "alerts"]).contains("nothing to change"));
+    assert!(refused(&home, &["cron", "edit", "nope", "--prompt", "x"]).contains("no cron job"));
+    assert!(
+        refused(
+            &home,
+            &["cron", "edit", "alerts", "--schedule", "every 10s"]
+        )
+        .contains("every 30m")
+    );
+    assert!(
+        refused(
+            &home,
+            &["cron", "edit", "alerts", "--schedule", "2020-01-01T00:00"]
+        )
+        .contains("in the past")
+    );
+    assert!(
+        refused(&home, &["cron", "edit", "alerts", "--name", "other"]).contains("already exists")
+    );
+    assert!(
+        refused(&home, &["cron", "edit", "alerts", "--skill", "nope"]).contains("no skill named")
+    );
+    assert!(refused(&home, &["cron", "edit", "alerts", "--repeat", "0"]).contains("at least 1"));
+    assert!(refused(&home, &["cron", "edit", "alerts", "--deliver", "origin"]).contains("origin"));
+    assert!(
+        refused(&home, &["cron", "edit", "alerts", "--prompt", ""])
+            .contains("a prompt, a skill, or both")
+    );
+    let unchanged = text(&talaria(&home, &["cron", "list"]).stdout);
+    assert!(unchanged.contains("0 9 * * 1-5"), "{unchanged}");
+
+    let edit = talaria(
+        &home,
+        &[
+            "cron",
+            "edit",
+            &id,
+            "--schedule",
+            "every 2h",
+            "--prompt",
+            "Summarise the new alerts.",
+            "--name",
+            "morning",
+            "--deliver",
+            "telegram:42",
+            "--repeat",
+            "3",
+            "--misfire",
+            "skip",
+        ],
+    );
+    assert!(edit.status.success(), "{}", text(&edit.stderr));
+    let said = text(&edit.stdout);
+    assert!(said.contains(&format!("changed morning ({id})")), "{said}");
+    for change in [
+        "name: alerts -> morning",
+        "prompt: Summarise the alerts. -> Summarise the new alerts.",
+        "schedule: 0 9 * * 1-5 -> every 2h",
+        "deliver: local -> telegram:42",
+        "repeat: no limit -> 3 runs in all",
+        "misfire: run_once -> skip",
+        "next run: ",
+    ] {
+        assert!(said.contains(change), "{change} in: {said}");
+    }
+    let again = talaria(&home, &["cron", "edit", "morning", "--misfire", "skip"]);
+    assert!(text(&again.stdout).contains("already had those settings"));
+    let unlimited = talaria(&home, &["cron", "edit", "morning", "--no-repeat-limit"]);
+    assert!(
+        text(&unlimited.stdout).contains("repeat: 3 runs in all -> no limit"),
+        "{}",
+        text(&unlimited.stdout)
+    );
+
+    // The same job, with its run kept.
+    let logs = text(&talaria(&home, &["cron", "logs", "morning"]).stdout);
+    assert!(logs.contains(&id) && logs.contains("every 2h"), "{logs}");
+    assert!(logs.contains("ok") && logs.contains("manual"), "{logs}");
+    assert!(logs.contains("No alerts."), "{logs}");
+
+    let pause = talaria(&home, &["cron", "pause", "other"]);
+    assert!(pause.status.success(), "{}", text(&pause.stderr));
+    let status = json_of(&talaria(&home, &["cron", "status", "--json"]));
+    assert_eq!(status["scheduler"]["running"], false, "{status}");
+    assert_eq!(status["scheduler"]["enabled"], true, "{status}");
+    assert_eq!(status["scheduler"]["gateway_pid"], serde_json::Value::Null);
+    assert_eq!(status["jobs"]["total"], 2, "{status}");
+    assert_eq!(status["jobs"]["scheduled"], 1, "{status}");
+    assert_eq!(status["jobs"]["paused"], 1, "{status}");
+    assert_eq!(status["next"]["id"], id.as_str(), "{status}");
+    // Computed afresh from the edit: two hours on.
+    let in_secs = status["next"]["in_secs"].as_i64().unwrap();
+    assert!((7000..=7200).contains(&in_secs), "{status}");
+    let runs = status["recent_runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{status}");
+    assert_eq!(runs[0]["job_name"], "morning");
+    assert_eq!(runs[0]["status"], "ok");
+    assert_eq!(runs[0]["trigger"], "manual");
+
+    let shown = talaria(&home, &["cron", "status"]);
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    let shown = text(&shown.stdout);
+    assert!(shown.contains("Scheduler: not running"), "{shown}");
+    assert!(
+        shown.contains("Jobs: 2 (1 scheduled, 1 paused, 0 completed)"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("Next due: morning ({id}) at ")),
+        "{shown}"
+    );
+    assert!(shown.contains("morning  ok  manual"), "{shown}");
+}
+
 fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
     let deadline = Instant::now() + WAIT;
     loop {
@@ -230,6 +384,32 @@ async fn a_running_gateway_runs_a_due_job_by_itself() {
         "{}",
         sent[0].rendered()
     );
+
+    // The status sees the gateway's scheduler and, once recorded, its run.
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        let status = json_of(&talaria(&home, &["cron", "status", "--json"]));
+        if status["recent_runs"][0]["status"] == "ok" || Instant::now() > deadline {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status["scheduler"]["running"], true, "{status}");
+    assert_eq!(status["scheduler"]["gateway_pid"], gateway.id(), "{status}");
+    assert_eq!(status["recent_runs"][0]["job_name"], "ping", "{status}");
+    assert_eq!(status["recent_runs"][0]["status"], "ok", "{status}");
+    assert_eq!(status["recent_runs"][0]["trigger"], "schedule", "{status}");
+    assert_eq!(status["jobs"]["completed"], 1, "{status}");
+    assert_eq!(status["next"], serde_json::Value::Null, "{status}");
+    let shown = text(&talaria(&home, &["cron", "status"]).stdout);
+    assert!(
+        shown.contains(&format!(
+            "Scheduler: running, in the gateway (pid {})",
+            gateway.id()
+        )),
+        "{shown}"
+    );
+    assert!(shown.contains("Next due: nothing is scheduled"), "{shown}");
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(gateway.id() as i32),

@@ -33,6 +33,7 @@ mod homeassistant;
 mod import_hermes;
 mod isolation;
 mod logs;
+mod logs_cmd;
 mod mcp;
 mod messages;
 mod metrics;

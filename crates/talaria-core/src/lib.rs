@@ -10,11 +10,15 @@
 //!   environment supplies filled in (what `config show` prints).
 //! - [`home`]: `TALARIA_HOME` and the paths inside it.
 //! - [`redact`]: secret redaction for tool output, logs and stored text.
+//! - [`logs`]: reading the log files: their tails backwards within bounds,
+//!   a line's time and level, the filters `/api/logs` and `talaria logs`
+//!   share.
 //! - [`ids`]: session ids, hashed platform ids, path and key validators.
 //! - [`toolsets`]: the named groups of tools `platform_toolsets` switches.
 //!
-//! This crate does no network or database I/O; everything here is usable from
-//! any other crate without pulling in a runtime.
+//! This crate does no network or database I/O (its only file I/O is
+//! reading configuration files and, in [`logs`], log files); everything
+//! here is usable from any other crate without pulling in a runtime.
 #![forbid(unsafe_code)]
 
 pub mod commands;
@@ -22,6 +26,7 @@ pub mod config;
 pub mod effective;
 pub mod home;
 pub mod ids;
+pub mod logs;
 pub mod message;
 pub mod metrics;
 pub mod redact;

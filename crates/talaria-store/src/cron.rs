@@ -329,6 +329,10 @@ pub trait CronStore: Send + Sync {
     ) -> Result<()>;
     /// The job's occurrences, newest scheduled first, at most `limit`.
     async fn occurrences(&self, job_id: &str, limit: usize) -> Result<Vec<Occurrence>>;
+    /// Every job's occurrences together, the latest started first (ties:
+    /// the latest due first), at most `limit`: the scheduler's recent
+    /// work, for `talaria cron status`.
+    async fn recent_occurrences(&self, limit: usize) -> Result<Vec<Occurrence>>;
     /// Keeps the job's `keep` newest occurrence records; returns how many
     /// were deleted.
     async fn prune_occurrences(&self, job_id: &str, keep: usize) -> Result<u64>;

@@ -523,6 +523,58 @@ async fn occurrences_are_listed_newest_first_and_pruned_to_the_newest<S: Backend
     assert!(f.occurrences(JOB, 10).await.unwrap().is_empty());
 }
 
+async fn recent_occurrences_of_every_job_are_listed_latest_started_first<S: Backend + CronStore>(
+    f: Fixture<S>,
+) {
+    const OTHER: &str = "0123456789ab";
+    assert!(f.recent_occurrences(10).await.unwrap().is_empty());
+    f.create_job(new_job(JOB, "news", Some(T))).await.unwrap();
+    f.create_job(new_job(OTHER, "other", Some(T)))
+        .await
+        .unwrap();
+    assert!(
+        f.claim_occurrence(scheduled(JOB, T, Some(T + 3600)))
+            .await
+            .unwrap()
+    );
+    f.finish_occurrence(JOB, T, ended(OccurrenceStatus::Failed))
+        .await
+        .unwrap();
+    for at in [T + 1, T + 2] {
+        assert!(f.claim_occurrence(manual(OTHER, at)).await.unwrap());
+    }
+    assert!(f.claim_occurrence(manual(JOB, T + 3)).await.unwrap());
+    // Started in this order, whatever they were due: news's T, then
+    // other's T + 2 and T + 1 together, then news's T + 3.
+    for (job, at, started) in [
+        (JOB, T, 100),
+        (OTHER, T + 1, 200),
+        (OTHER, T + 2, 200),
+        (JOB, T + 3, 300),
+    ] {
+        f.execute(&format!(
+            "UPDATE cron_occurrences SET started_at = {started} \
+             WHERE job_id = '{job}' AND scheduled_at = {at}"
+        ))
+        .await;
+    }
+    let runs = f.recent_occurrences(3).await.unwrap();
+    let seen: Vec<(&str, i64)> = runs
+        .iter()
+        .map(|r| (r.job_id.as_str(), r.scheduled_at))
+        .collect();
+    assert_eq!(seen, [(JOB, T + 3), (OTHER, T + 2), (OTHER, T + 1)]);
+    assert_eq!(runs[0].trigger, Trigger::Manual);
+    assert_eq!(runs[0].status, OccurrenceStatus::Running);
+    let all = f.recent_occurrences(10).await.unwrap();
+    assert_eq!(all.len(), 4);
+    assert_eq!(all[3].job_id, JOB);
+    assert_eq!(all[3].status, OccurrenceStatus::Failed);
+    assert_eq!(all[3].trigger, Trigger::Schedule);
+    assert!(all[3].finished_at.is_some());
+    assert!(f.recent_occurrences(0).await.unwrap().is_empty());
+}
+
 async fn stale_running_occurrences_are_interrupted<S: Backend + CronStore>(f: Fixture<S>) {
     f.create_job(new_job(JOB, "news", Some(T))).await.unwrap();
     for at in [T, T + 1, T + 2] {
@@ -714,6 +766,7 @@ contract_tests!(
     a_paused_job_is_not_claimed_on_schedule,
     finishing_records_the_run_on_the_occurrence_and_the_job,
     occurrences_are_listed_newest_first_and_pruned_to_the_newest,
+    recent_occurrences_of_every_job_are_listed_latest_started_first,
     stale_running_occurrences_are_interrupted,
     an_unreadable_job_fails_the_read_naming_it,
     racing_schedulers_claim_each_occurrence_once,

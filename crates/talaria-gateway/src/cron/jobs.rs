@@ -98,16 +98,7 @@ pub async fn create(
             "a job needs a prompt, a skill, or both".into(),
         ));
     }
-    let schedule = Schedule::parse(&spec.schedule, now, zone)
-        .map_err(|e| CronError::Invalid(e.to_string()))?;
-    if let Schedule::Once(at) = schedule
-        && at < now - chrono::Duration::from_std(ONESHOT_GRACE).unwrap_or_default()
-    {
-        return Err(CronError::Invalid(format!(
-            "{} is in the past",
-            zone.format(at)
-        )));
-    }
+    let schedule = parse_schedule(&spec.schedule, now, zone)?;
     let deliver = check_targets(spec.deliver, spec.origin.is_some())?;
     let repeat = check_repeat(spec.repeat)?;
     let name = match spec.name {
@@ -135,6 +126,22 @@ pub async fn create(
         .ok_or_else(|| CronError::NotFound(id.clone()))
 }
 
+/// A new or changed job's schedule, read at `now`: a one-shot time must
+/// not be past (beyond [`ONESHOT_GRACE`]).
+fn parse_schedule(text: &str, now: DateTime<Utc>, zone: Zone) -> Result<Schedule, CronError> {
+    let schedule =
+        Schedule::parse(text, now, zone).map_err(|e| CronError::Invalid(e.to_string()))?;
+    if let Schedule::Once(at) = schedule
+        && at < now - chrono::Duration::from_std(ONESHOT_GRACE).unwrap_or_default()
+    {
+        return Err(CronError::Invalid(format!(
+            "{} is in the past",
+            zone.format(at)
+        )));
+    }
+    Ok(schedule)
+}
+
 /// The job named by `id_or_name`.
 pub async fn find(store: &dyn CronStore, id_or_name: &str) -> Result<CronJob, CronError> {
     store
@@ -143,7 +150,9 @@ pub async fn find(store: &dyn CronStore, id_or_name: &str) -> Result<CronJob, Cr
         .ok_or_else(|| CronError::NotFound(id_or_name.trim().to_owned()))
 }
 
-/// Applies `changes` to a job. A new schedule starts afresh from `now`.
+/// Applies `changes` to a job, checked as [`create`] checks a new one. A
+/// new schedule starts afresh from `now` (a completed job is scheduled
+/// again); the record of its runs is kept.
 pub async fn update(
     store: &dyn CronStore,
     home: &Home,
@@ -177,8 +186,7 @@ pub async fn update(
         job.misfire = misfire;
     }
     if let Some(text) = changes.schedule {
-        let schedule =
-            Schedule::parse(&text, now, zone).map_err(|e| CronError::Invalid(e.to_string()))?;
+        let schedule = parse_schedule(&text, now, zone)?;
         job.schedule = schedule.canonical();
         job.next_run_at = schedule.first(now, zone).map(|t| t.timestamp());
         if job.state == JobState::Completed {

@@ -474,6 +474,25 @@ impl CronStore for PostgresStore {
         settle(self, step)
     }
 
+    async fn recent_occurrences(&self, limit: usize) -> Result<Vec<Occurrence>> {
+        let client = self.client().await?;
+        let step: Step<Vec<Occurrence>> = async {
+            let statement = client
+                .prepare_cached(&format!(
+                    "SELECT {OCCURRENCE_COLUMNS} FROM cron_occurrences \
+                     ORDER BY started_at DESC, scheduled_at DESC, job_id LIMIT $1"
+                ))
+                .await?;
+            let mut occurrences = Vec::new();
+            for row in client.query(&statement, &[&sql_limit(limit)]).await? {
+                occurrences.push(occurrence_from_row(&row)?);
+            }
+            Ok(occurrences)
+        }
+        .await;
+        settle(self, step)
+    }
+
     async fn prune_occurrences(&self, job_id: &str, keep: usize) -> Result<u64> {
         let client = self.client().await?;
         let step: Step<u64> = async {

@@ -385,6 +385,20 @@ impl CronStore for SqliteStore {
         .await
     }
 
+    async fn recent_occurrences(&self, limit: usize) -> Result<Vec<Occurrence>> {
+        self.read(move |tx| {
+            let sql = format!(
+                "SELECT {OCCURRENCE_COLUMNS} FROM cron_occurrences \
+                 ORDER BY started_at DESC, scheduled_at DESC, job_id LIMIT ?1"
+            );
+            Ok(tx
+                .prepare_cached(&sql)?
+                .query_map(params![sql_limit(limit)], occurrence_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
     async fn prune_occurrences(&self, job_id: &str, keep: usize) -> Result<u64> {
         let job_id = job_id.to_owned();
         self.write(move |tx| {
