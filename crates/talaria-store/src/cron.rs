@@ -306,6 +306,12 @@ pub trait CronStore: Send + Sync {
     /// record (`completed`, `last_*`) is the scheduler's. Returns whether
     /// the job exists. A name taken by another job fails with
     /// [`crate::StoreError::Conflict`].
+    ///
+    /// A `next_run_at` whose run is already claimed is not written (nor a
+    /// `scheduled` state with it): the job keeps what the claim moved it
+    /// to. An edit read before a scheduler's claim and written after it
+    /// would otherwise put the job back on a run that can never be
+    /// claimed again, and it would never run again.
     async fn update_job(&self, job: &CronJob) -> Result<bool>;
     /// Deletes a job and its occurrence records; returns whether it existed.
     async fn delete_job(&self, id: &str) -> Result<bool>;

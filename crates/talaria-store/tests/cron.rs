@@ -245,6 +245,63 @@ async fn an_update_writes_the_editable_fields_only<S: Backend + CronStore>(f: Fi
     assert!(!f.update_job(&edited).await.unwrap());
 }
 
+/// An edit read before a scheduler's claim and written after it keeps the
+/// claim's advance: the job is not put back on a run already taken, which
+/// no claim could ever take again.
+async fn an_edit_made_on_a_copy_read_before_a_claim_keeps_the_claims_advance<
+    S: Backend + CronStore,
+>(
+    f: Fixture<S>,
+) {
+    f.create_job(new_job(JOB, "news", Some(T))).await.unwrap();
+    let stale = load(&*f, JOB).await;
+    assert!(
+        f.claim_occurrence(scheduled(JOB, T, Some(T + 60)))
+            .await
+            .unwrap()
+    );
+    let mut edited = stale.clone();
+    edited.name = "headlines".to_owned();
+    assert!(f.update_job(&edited).await.unwrap());
+    let after = load(&*f, JOB).await;
+    assert_eq!(after.name, "headlines");
+    assert_eq!(after.next_run_at, Some(T + 60));
+    assert_eq!(after.state, JobState::Scheduled);
+    // And the next run is claimed as usual.
+    assert!(
+        f.claim_occurrence(scheduled(JOB, T + 60, Some(T + 120)))
+            .await
+            .unwrap()
+    );
+
+    // The last run completed the job: a stale edit does not bring back a
+    // scheduled state with a run already taken.
+    assert!(
+        f.claim_occurrence(scheduled(JOB, T + 120, None))
+            .await
+            .unwrap()
+    );
+    let done = load(&*f, JOB).await;
+    assert_eq!(done.state, JobState::Completed);
+    let mut late = done.clone();
+    late.state = JobState::Scheduled;
+    late.next_run_at = Some(T + 120);
+    assert!(f.update_job(&late).await.unwrap());
+    let after = load(&*f, JOB).await;
+    assert_eq!(
+        (after.state, after.next_run_at),
+        (JobState::Completed, None)
+    );
+    // A deliberate new time is written.
+    late.next_run_at = Some(T + 3600);
+    assert!(f.update_job(&late).await.unwrap());
+    let after = load(&*f, JOB).await;
+    assert_eq!(
+        (after.state, after.next_run_at),
+        (JobState::Scheduled, Some(T + 3600))
+    );
+}
+
 async fn deleting_a_job_deletes_its_occurrences<S: Backend + CronStore>(f: Fixture<S>) {
     f.create_job(new_job(JOB, "news", Some(T))).await.unwrap();
     f.create_job(new_job("0123456789ab", "kept", Some(T)))
@@ -756,6 +813,7 @@ contract_tests!(
     an_id_wins_over_a_name,
     jobs_are_listed_oldest_first,
     an_update_writes_the_editable_fields_only,
+    an_edit_made_on_a_copy_read_before_a_claim_keeps_the_claims_advance,
     deleting_a_job_deletes_its_occurrences,
     due_jobs_are_the_scheduled_ones_whose_time_has_come,
     a_scheduled_claim_moves_the_job_on_and_counts,

@@ -190,6 +190,8 @@ async fn back_to_before_media<S>(f: &Fixture<S>) -> u32 {
     f.execute("ALTER TABLE sessions DROP COLUMN cost_micros")
         .await;
     f.execute("DROP TABLE model_calls").await;
+    f.execute("DROP TABLE IF EXISTS shared_files").await;
+    f.execute("DROP TABLE IF EXISTS shared_files_head").await;
     f.execute("ALTER TABLE delivery_obligations DROP COLUMN parts_sent")
         .await;
     match &f.place {

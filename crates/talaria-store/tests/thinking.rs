@@ -111,6 +111,8 @@ where
     f.execute("ALTER TABLE sessions DROP COLUMN cost_micros")
         .await;
     f.execute("DROP TABLE model_calls").await;
+    f.execute("DROP TABLE IF EXISTS shared_files").await;
+    f.execute("DROP TABLE IF EXISTS shared_files_head").await;
     match &f.place {
         Place::Sqlite { .. } => {
             f.execute(&format!("PRAGMA user_version = {SQLITE_BEFORE_THINKING}"))

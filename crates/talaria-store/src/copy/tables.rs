@@ -358,6 +358,11 @@ pub const LEFT_OUT: &[(&str, &str)] = &[
         "how far SQLite's indexes have got, kept by the target",
     ),
     ("talaria_schema", "the target's own schema version"),
+    (
+        "shared_files*",
+        "the memory and skill files a shared backend holds, which each node's gateway \
+         sends from its home when it starts",
+    ),
     (MARKER_TABLE, "the copy's own marker"),
 ];
 

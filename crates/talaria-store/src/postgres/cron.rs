@@ -229,9 +229,15 @@ async fn create(client: &Object, job: &NewCronJob) -> Step<()> {
 async fn update(client: &Object, job: &CronJob) -> Step<bool> {
     let statement = client
         .prepare_cached(&format!(
+            // A run already claimed is never the next one (see the
+            // trait): the claim's advance stands.
             "UPDATE cron_jobs SET name = $2, prompt = $3, skills = $4, schedule = $5, \
-             deliver = $6, origin = $7, repeat = $8, misfire = $9, state = $10, \
-             next_run_at = $11, updated_at = {NOW} WHERE id = $1"
+             deliver = $6, origin = $7, repeat = $8, misfire = $9, \
+             state = CASE WHEN $10 = 'scheduled' AND EXISTS (SELECT 1 FROM cron_occurrences o \
+             WHERE o.job_id = $1 AND o.scheduled_at = $11) THEN state ELSE $10 END, \
+             next_run_at = CASE WHEN EXISTS (SELECT 1 FROM cron_occurrences o \
+             WHERE o.job_id = $1 AND o.scheduled_at = $11) THEN next_run_at ELSE $11 END, \
+             updated_at = {NOW} WHERE id = $1"
         ))
         .await?;
     let changed = client

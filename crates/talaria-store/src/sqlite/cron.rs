@@ -217,9 +217,16 @@ impl CronStore for SqliteStore {
         self.write(move |tx| {
             let changed = tx
                 .prepare_cached(
+                    // A run already claimed is never the next one (see
+                    // the trait): the claim's advance stands.
                     "UPDATE cron_jobs SET name = ?2, prompt = ?3, skills = ?4, schedule = ?5, \
-                     deliver = ?6, origin = ?7, repeat = ?8, misfire = ?9, state = ?10, \
-                     next_run_at = ?11, updated_at = ?12 WHERE id = ?1",
+                     deliver = ?6, origin = ?7, repeat = ?8, misfire = ?9, \
+                     state = CASE WHEN ?10 = 'scheduled' AND EXISTS (SELECT 1 FROM \
+                     cron_occurrences o WHERE o.job_id = ?1 AND o.scheduled_at = ?11) \
+                     THEN state ELSE ?10 END, \
+                     next_run_at = CASE WHEN EXISTS (SELECT 1 FROM cron_occurrences o \
+                     WHERE o.job_id = ?1 AND o.scheduled_at = ?11) THEN next_run_at ELSE ?11 END, \
+                     updated_at = ?12 WHERE id = ?1",
                 )?
                 .execute(params![
                     job.id,
