@@ -32,6 +32,8 @@ impl Clock for Ahead {
     }
 }
 
+/// The clock of the rig whose environment has `MSGRAPH_TEST_CLOCK=ahead`
+/// (one test moves it; the others keep the system's).
 static CLOCK: std::sync::LazyLock<Arc<Ahead>> = std::sync::LazyLock::new(Arc::default);
 
 impl AdapterKit for MsGraphKit {
@@ -40,11 +42,11 @@ impl AdapterKit for MsGraphKit {
         let store: Arc<dyn CursorStore> = Arc::new(
             talaria_store::SqliteStore::open(&dir.keep().join("state.db")).expect("a store"),
         );
-        Arc::new(msgraph_adapter(config, env, store, None))
+        Arc::new(msgraph_adapter(config, env, store))
     }
 
     fn build(&self, setup: &Setup<'_>) -> Built {
-        let adapter = msgraph_adapter(setup.config, setup.env, setup.cursors.clone(), None);
+        let adapter = msgraph_adapter(setup.config, setup.env, setup.cursors.clone());
         let mount = adapter.mount();
         Built {
             adapter: Arc::new(adapter),
@@ -54,13 +56,9 @@ impl AdapterKit for MsGraphKit {
 }
 
 /// The adapter as the registry builds it, except that Graph's pauses are
-/// not waited out in full, and with `clock` when given.
-fn msgraph_adapter(
-    config: &Config,
-    env: &Env,
-    store: Arc<dyn CursorStore>,
-    clock: Option<Arc<dyn Clock>>,
-) -> MsGraphAdapter {
+/// not waited out in full, and with the test clock when the environment
+/// asks for it.
+fn msgraph_adapter(config: &Config, env: &Env, store: Arc<dyn CursorStore>) -> MsGraphAdapter {
     let settings = MsGraphSettings::from_config(&config.section().unwrap(), env)
         .expect("the Microsoft Graph settings resolve")
         .expect("Microsoft Graph is on");
@@ -68,7 +66,11 @@ fn msgraph_adapter(
         rate_limit_wait: Duration::from_millis(10),
         retry_wait: Duration::from_millis(200),
         check_every: Duration::from_millis(100),
-        clock: clock.unwrap_or_else(|| CLOCK.clone()),
+        clock: if env.get("MSGRAPH_TEST_CLOCK") == Some("ahead") {
+            CLOCK.clone()
+        } else {
+            settings.clock.clone()
+        },
         ..settings
     };
     MsGraphAdapter::new(settings, store).expect("the Microsoft Graph adapter")
@@ -158,7 +160,7 @@ async fn a_tampered_client_state_is_dropped_and_a_batch_of_only_those_gets_403()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_are_renewed_before_they_expire_on_the_injected_clock() {
-    let rig = Rig::<MsGraphKit>::started(&[], |_| {}).await;
+    let rig = Rig::<MsGraphKit>::started(&[("MSGRAPH_TEST_CLOCK", "ahead")], |_| {}).await;
     let before = rig.kit.fake.subscription(CHATS).expect("subscribed");
     assert!(rig.kit.fake.renewals().is_empty());
     // 19 hours on: less than the six hours' margin is left of a day.
@@ -186,7 +188,7 @@ async fn subscriptions_are_renewed_before_they_expire_on_the_injected_clock() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lifecycle_events_reauthorize_recreate_and_resync() {
+async fn lifecycle_events_reauthorize_and_recreate_the_subscription() {
     let rig = Rig::<MsGraphKit>::started(&[], |_| {}).await;
     let kit = &rig.kit;
     let sub = kit.fake.subscription(CHATS).expect("subscribed");
@@ -223,4 +225,58 @@ async fn lifecycle_events_reauthorize_recreate_and_resync() {
     .await;
     assert_eq!(kit.fake.creates().len(), creates + 1);
     assert_eq!(kit.fake.reauthorized().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missed_event_resyncs_the_mailbox_and_the_mail_is_answered_in_its_conversation() {
+    const INBOX: &str = "/users/box-0001/mailFolders('Inbox')/messages";
+    let rig = Rig::<MsGraphKit>::started(
+        &[("MSGRAPH_ALLOWED_USERS", "ada-0000-4c1d,ada@example.com")],
+        |c| {
+            c.platforms.set(
+                "msgraph.resources",
+                serde_json::json!([CHATS, INBOX, CHANNELS]),
+            );
+        },
+    )
+    .await;
+    let kit = &rig.kit;
+    let sub = kit
+        .fake
+        .subscription(INBOX)
+        .expect("the mailbox subscribed");
+    let url = sub.lifecycle_url.clone().expect("a lifecycle URL");
+    // A mail whose notification Graph lost.
+    let (id, _) = kit.fake.receive_mail(
+        "box-0001",
+        "ada@example.com",
+        "Quarterly numbers",
+        "Where are they?",
+        "conv-7",
+    );
+    rig.llm.push(Reply::text("In the shared folder."));
+    kit.post(&url, &kit.fake.lifecycle(&sub, "missed", None));
+    let sent = rig.sent(1).await;
+    // A reply to the mail itself, from the mailbox it arrived in.
+    assert_eq!(sent[0].chat, "mail:box-0001");
+    assert_eq!(sent[0].reply_to.as_deref(), Some(id.as_str()));
+    assert_eq!(sent[0].text, "In the shared folder.");
+    let asked = rig.user_messages(0);
+    assert!(
+        asked
+            .last()
+            .unwrap()
+            .ends_with("Quarterly numbers\n\nWhere are they?"),
+        "{asked:?}"
+    );
+    rig.wait_for_delivered(1).await;
+    // Listed again by a second `missed`, it is not answered twice.
+    kit.post(&url, &kit.fake.lifecycle(&sub, "missed", None));
+    kit.fake
+        .wait_for_requests("two mailbox listings", 2, WAIT, |r| {
+            r.method == "GET" && r.path.ends_with("mailFolders('Inbox')/messages")
+        })
+        .await;
+    rig.barrier().await;
+    assert_eq!(rig.llm.requests().len(), 2, "the mail was answered twice");
 }
