@@ -202,7 +202,13 @@ async fn lifecycle_events_reauthorize_and_recreate_the_subscription() {
             r.method == "POST" && r.path == format!("/v1.0/subscriptions/{}/reauthorize", sub.id)
         })
         .await;
-    assert_eq!(kit.fake.reauthorized(), std::slice::from_ref(&sub.id));
+    // The request is logged as it arrives; the fake acts on it after.
+    let done = wait_for("the subscription reauthorized", || async {
+        let r = kit.fake.reauthorized();
+        if r.is_empty() { Err(r) } else { Ok(r) }
+    })
+    .await;
+    assert_eq!(done, std::slice::from_ref(&sub.id));
     // A forged lifecycle event is refused and does nothing.
     kit.post(
         &url,
@@ -279,4 +285,42 @@ async fn a_missed_event_resyncs_the_mailbox_and_the_mail_is_answered_in_its_conv
         .await;
     rig.barrier().await;
     assert_eq!(rig.llm.requests().len(), 2, "the mail was answered twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apps_own_posts_are_never_answered() {
+    // Its user on the allowlist: only the adapter keeps its posts out.
+    let rig = Rig::<MsGraphKit>::started(
+        &[("MSGRAPH_ALLOWED_USERS", "ada-0000-4c1d,bot-user-0001")],
+        |_| {},
+    )
+    .await;
+    let kit = &rig.kit;
+    rig.llm.push(Reply::text("One answer."));
+    kit.push_dm(Who::Friend, "hello");
+    rig.sent(1).await;
+    rig.wait_for_delivered(1).await;
+    // Graph notifies the app's own post in the chat, by the id the post
+    // got, and a post of its user's it does not know the id of.
+    let posted = kit.fake.sent()[0].id.clone();
+    let resource = format!("chats('{}')/messages('{posted}')", dm(Who::Friend));
+    kit.notify(CHATS, &resource, None);
+    let (_, own) = kit.fake.post_chat_message(
+        dm(Who::Friend),
+        (talaria_testkit::kit::msgraph::bot_user(), "Talaria"),
+        "One answer.",
+        false,
+    );
+    kit.notify(CHATS, &own, None);
+    rig.barrier().await;
+    assert_eq!(rig.llm.requests().len(), 2, "the app answered itself");
+    assert_eq!(kit.sent().len(), 2, "{:?}", kit.sent());
+    // The post it sent was known by its id, not even fetched.
+    let fetched = kit
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with(&format!("/messages/{posted}")))
+        .count();
+    assert_eq!(fetched, 0);
 }

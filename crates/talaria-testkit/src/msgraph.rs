@@ -1035,6 +1035,15 @@ fn send(book: &mut Book, rest: &str, who: Bearer, body: &Value) -> Response {
         id: id.clone(),
         at: Instant::now(),
     });
+    if kind == SentKind::Chat {
+        // Graph keeps the post in the chat, where a notification names it.
+        let msg = json!({"id": id, "messageType": "message", "chatId": place,
+                         "createdDateTime": iso8601(book.now()), "deletedDateTime": null,
+                         "from": {"user": {"id": BOT_USER, "displayName": "Talaria"}},
+                         "body": {"contentType": "text", "content": text}, "mentions": []});
+        book.messages
+            .insert(format!("/chats/{place}/messages/{id}"), msg);
+    }
     if lost {
         return graph_error(
             503,

@@ -1200,4 +1200,53 @@ mod tests {
                 .is_none()
         );
     }
+
+    #[tokio::test]
+    async fn chat_answers_need_a_delegated_token_and_say_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn CursorStore> =
+            Arc::new(talaria_store::SqliteStore::open(&dir.path().join("state.db")).unwrap());
+        let app_only = env(&[
+            ("MSGRAPH_WEBHOOK_CLIENT_STATE", "state"),
+            ("MSGRAPH_TENANT_ID", "t"),
+            ("MSGRAPH_CLIENT_ID", "c"),
+            ("MSGRAPH_CLIENT_SECRET", "s"),
+        ]);
+        let settings = MsGraphSettings::from_config(&config(), &app_only)
+            .unwrap()
+            .unwrap();
+        let a = MsGraphAdapter::new(settings, store).unwrap();
+        let message = |chat: &str, reply_to: Option<&str>| OutboundMessage {
+            chat_id: chat.into(),
+            thread_id: None,
+            reply_to: reply_to.map(str::to_owned),
+            text: "hello".into(),
+            choices: Vec::new(),
+        };
+        for chat in ["chat:19:a@thread.v2", "channel:t/19:c@thread.tacv2"] {
+            match a.send(&message(chat, None)).await {
+                Err(SendError::Rejected(why)) => {
+                    assert!(why.contains("MSGRAPH_DELEGATED_REFRESH_TOKEN"), "{why}")
+                }
+                other => panic!("{chat}: {other:?}"),
+            }
+        }
+        for (chat, reply_to) in [
+            ("mail:box/ada@example.com", None),
+            ("elsewhere:1", Some("m")),
+        ] {
+            assert!(
+                matches!(
+                    a.send(&message(chat, reply_to)).await,
+                    Err(SendError::Rejected(_))
+                ),
+                "{chat}"
+            );
+        }
+        let shown = format!("{a:?}");
+        assert!(
+            !shown.contains("state\"") && !shown.contains("\"s\""),
+            "{shown}"
+        );
+    }
 }
