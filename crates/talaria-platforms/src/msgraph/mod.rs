@@ -62,7 +62,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use talaria_adapter::{
     Adapter, AdapterContext, AdapterError, Capabilities, ChatType, Inbox, LengthUnit, Liveness,
-    MessageLimits, OutboundMessage, SendError, SentMessage,
+    MessageLimits, OutboundMessage, SendError, SenderIds, SentMessage,
 };
 use talaria_core::config::{secret_or_env, text_or_env};
 use talaria_core::{Env, Secret};
@@ -982,6 +982,10 @@ fn classify(e: &HttpError, wait: Duration) -> SendError {
 /// What the platform can do; also the registry's declaration.
 pub const CAPABILITIES: Capabilities = Capabilities {
     threads: true,
+    // Mail senders are addresses anyone can write from, so no stranger is
+    // offered a pairing code here; Entra ID object ids (GUIDs) compare the
+    // same without case.
+    sender_ids: SenderIds::Email,
     ..Capabilities::chat(MessageLimits {
         max_len: MAX_TEXT_CHARS,
         unit: LengthUnit::Chars,
