@@ -16,6 +16,7 @@ use talaria_testkit::kit::irc::IrcKit;
 use talaria_testkit::kit::line::LineKit;
 use talaria_testkit::kit::matrix::MatrixKit;
 use talaria_testkit::kit::mattermost::MattermostKit;
+use talaria_testkit::kit::msgraph::MsGraphKit;
 use talaria_testkit::kit::qqbot::QqbotKit;
 use talaria_testkit::kit::signal::{PolledSignalKit, SignalKit};
 use talaria_testkit::kit::slack::SlackKit;
@@ -68,6 +69,7 @@ crash_resend!(
     line: super::LineKit,
     bluebubbles: super::BlueBubblesKit,
     google_chat: super::GoogleChatKit,
+    msgraph: super::MsGraphKit,
 );
 
 /// A gateway killed between two files of one answer: the restarted

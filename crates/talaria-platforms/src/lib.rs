@@ -49,6 +49,9 @@
 //!   account.
 //! - [`line`]: a LINE Official Account (the Messaging API's signed webhook
 //!   on [`ingress`], reply tokens and idempotent pushes out).
+//! - [`msgraph`]: Microsoft Graph change notifications for Teams chats
+//!   and channels and Outlook mail on [`ingress`] (journaled before they
+//!   are acknowledged), subscriptions kept alive, Graph's REST API out.
 //! - `http`: the client, error type and default send-error reading every
 //!   REST-speaking adapter shares; `rest`: a JSON client of one root with
 //!   a bearer token (Mattermost, Signal, Matrix); `seen`: the bounded set
@@ -92,7 +95,8 @@ pub mod homeassistant;
     feature = "feishu",
     feature = "line",
     feature = "bluebubbles",
-    feature = "google_chat"
+    feature = "google_chat",
+    feature = "msgraph"
 ))]
 mod http;
 #[cfg(feature = "ingress")]
@@ -108,6 +112,8 @@ pub mod listen;
 pub mod matrix;
 #[cfg(feature = "mattermost")]
 pub mod mattermost;
+#[cfg(feature = "msgraph")]
+pub mod msgraph;
 mod net;
 #[cfg(any(
     feature = "signal",
@@ -126,7 +132,8 @@ mod rest;
     feature = "slack",
     feature = "dingtalk",
     feature = "feishu",
-    feature = "wecom"
+    feature = "wecom",
+    feature = "msgraph"
 ))]
 mod seen;
 // The ancestor's DM and group policies, for the platforms that have them.

@@ -160,6 +160,8 @@ pub const PLATFORMS: &[Platform] = &[
     crate::bluebubbles::ENTRY,
     #[cfg(feature = "google_chat")]
     crate::google_chat::ENTRY,
+    #[cfg(feature = "msgraph")]
+    crate::msgraph::ENTRY,
 ];
 
 /// The token that turns a platform on, from its section or else `var`;

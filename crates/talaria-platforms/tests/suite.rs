@@ -24,6 +24,7 @@ mod gateway_irc;
 mod gateway_line;
 mod gateway_matrix;
 mod gateway_mattermost;
+mod gateway_msgraph;
 mod gateway_names;
 mod gateway_qqbot;
 mod gateway_signal;

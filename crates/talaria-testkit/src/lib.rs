@@ -34,6 +34,7 @@ pub mod kit;
 pub mod line;
 pub mod matrix;
 pub mod mattermost;
+pub mod msgraph;
 pub mod openai_media;
 pub mod pdf;
 pub mod postgres;

@@ -22,6 +22,7 @@ pub mod irc;
 pub mod line;
 pub mod matrix;
 pub mod mattermost;
+pub mod msgraph;
 pub mod qqbot;
 pub mod signal;
 pub mod slack;
