@@ -381,6 +381,7 @@ pub(crate) fn built_platforms(
     env: &talaria_core::Env,
 ) -> (Vec<BuiltPlatform>, Vec<String>) {
     let setup = Setup {
+        home,
         config,
         env,
         cursors: Arc::new(NoCursors),

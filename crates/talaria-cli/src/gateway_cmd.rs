@@ -53,6 +53,7 @@ fn build_platforms(
     wanted: impl Fn(&Platform) -> bool,
 ) -> anyhow::Result<ConfiguredAdapters> {
     let setup = Setup {
+        home: &rt.home,
         config: &rt.config,
         env: &rt.loaded.env,
         cursors: rt.gateway_store.clone(),

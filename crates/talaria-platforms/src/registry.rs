@@ -21,6 +21,9 @@ use crate::ingress::Mount;
 /// What a constructor may use: the configuration as loaded, the
 /// environment, and the store for a platform's sync position.
 pub struct Setup<'a> {
+    /// The home, for an adapter that keeps files of its own there
+    /// (Matrix's encryption keys).
+    pub home: &'a talaria_core::Home,
     /// The whole configuration; a platform reads its own section.
     pub config: &'a Config,
     /// `.env` overlaid by the process environment.

@@ -36,7 +36,9 @@ impl AdapterKit for MatrixKit {
 /// The adapter as the registry builds it, keeping its sync position in
 /// `cursors`, with a failed sync retried at once rather than after seconds.
 fn matrix_adapter(config: &Config, env: &Env, cursors: Arc<dyn CursorStore>) -> Arc<dyn Adapter> {
-    let mut settings = MatrixSettings::from_config(&config.section().unwrap(), env).unwrap();
+    let mut settings = MatrixSettings::from_config(&config.section().unwrap(), env, None)
+        .unwrap()
+        .unwrap();
     settings.retry_base = Duration::from_millis(20);
     Arc::new(MatrixAdapter::new(settings, cursors).unwrap())
 }

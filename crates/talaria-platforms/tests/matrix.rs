@@ -12,7 +12,7 @@ use talaria_gateway::{
     Adapter, AdapterContext, AdapterError, ChatType, Inbox, Liveness, LivenessReporter,
     MessageEvent, OutboundMessage, SendError,
 };
-use talaria_platforms::matrix::{MatrixAdapter, MatrixSettings};
+use talaria_platforms::matrix::{E2eeMode, E2eeSettings, MatrixAdapter, MatrixSettings};
 use talaria_store::CursorStore;
 use talaria_testkit::FakeMatrix;
 use talaria_testkit::matrix::BOT_USER_ID;
@@ -82,6 +82,10 @@ fn settings(fake: &FakeMatrix) -> MatrixSettings {
         retry_base: Duration::from_millis(20),
         max_sync_failures: 4,
         invite_policy: None,
+        e2ee: E2eeSettings {
+            mode: E2eeMode::Off,
+            ..E2eeSettings::default()
+        },
     }
 }
 
@@ -1194,5 +1198,121 @@ fn settings_for_synapse() -> MatrixSettings {
         retry_base: Duration::from_millis(20),
         max_sync_failures: 4,
         invite_policy: None,
+        e2ee: E2eeSettings {
+            mode: E2eeMode::Off,
+            ..E2eeSettings::default()
+        },
     }
+}
+
+/// The device keys the homeserver publishes for `user`'s `device`: its
+/// ed25519 key and algorithms, as any client asking sees them.
+async fn published_keys(
+    asker: &talaria_testkit::synapse::MatrixUser,
+    user: &str,
+) -> serde_json::Map<String, serde_json::Value> {
+    let answer = asker
+        .call(
+            reqwest::Method::POST,
+            "keys/query",
+            Some(json!({ "device_keys": { user: [] } })),
+        )
+        .await;
+    answer["device_keys"][user]
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// With encryption on, the bot's device publishes its keys (device keys
+/// and one-time keys another client can claim to start a session), finds
+/// the same keys after a restart, and a store that was lost is refused
+/// rather than uploading over keys the homeserver already holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synapse_publishes_the_device_keys_and_a_lost_store_is_refused() {
+    let hs = talaria_testkit::synapse::Synapse::shared();
+    let bot = hs.register("keysbot").await;
+    let alice = hs.register("keysalice").await;
+    let homedir = tempfile::tempdir().unwrap();
+    let settings = |mode| MatrixSettings {
+        homeserver: hs.homeserver().to_owned(),
+        access_token: bot.access_token.as_str().into(),
+        e2ee: E2eeSettings {
+            mode,
+            store_root: Some(homedir.path().join("crypto")),
+            ..E2eeSettings::default()
+        },
+        ..settings_for_synapse()
+    };
+    let cursors = Arc::new(Cursors::default());
+    let a = adapter_with(settings(E2eeMode::Optional), &cursors);
+    let run = spawn(&a);
+    tokio::time::timeout(
+        WAIT,
+        run.liveness.clone().wait_for(|l| *l == Liveness::Live),
+    )
+    .await
+    .expect("no sync in time")
+    .unwrap();
+    let devices = published_keys(&alice, &bot.user_id).await;
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    let (device, keys) = devices.iter().next().unwrap();
+    let ed25519 = keys["keys"][format!("ed25519:{device}")]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let algorithms = keys["algorithms"].as_array().unwrap();
+    assert!(
+        algorithms.contains(&json!("m.megolm.v1.aes-sha2")),
+        "{keys}"
+    );
+    assert!(keys["signatures"][&bot.user_id][format!("ed25519:{device}")].is_string());
+    let claimed = alice
+        .call(
+            reqwest::Method::POST,
+            "keys/claim",
+            Some(json!({ "one_time_keys": { &bot.user_id: { device: "signed_curve25519" } } })),
+        )
+        .await;
+    assert!(
+        claimed["one_time_keys"][&bot.user_id][device]
+            .as_object()
+            .is_some_and(|k| !k.is_empty()),
+        "a one-time key to start a session with: {claimed}"
+    );
+    run.stop().await.unwrap();
+
+    // A new process on the same store: the same keys.
+    let a = adapter_with(settings(E2eeMode::Required), &cursors);
+    let run = spawn(&a);
+    tokio::time::timeout(
+        WAIT,
+        run.liveness.clone().wait_for(|l| *l == Liveness::Live),
+    )
+    .await
+    .expect("no sync in time")
+    .unwrap();
+    run.stop().await.unwrap();
+    let again = published_keys(&alice, &bot.user_id).await;
+    assert_eq!(
+        again[device]["keys"][format!("ed25519:{device}")],
+        json!(ed25519)
+    );
+
+    // The store is lost: the homeserver's keys are not this home's.
+    std::fs::remove_dir_all(homedir.path().join("crypto")).unwrap();
+    let a = adapter_with(settings(E2eeMode::Required), &cursors);
+    match spawn(&a).ended().await {
+        Err(AdapterError::Fatal(why)) => {
+            assert!(why.contains("holds other encryption keys"), "{why}");
+            assert!(why.contains(device.as_str()), "{why}");
+        }
+        other => panic!("a lost store must be refused: {other:?}"),
+    }
+    let after = published_keys(&alice, &bot.user_id).await;
+    assert_eq!(
+        after[device]["keys"][format!("ed25519:{device}")],
+        json!(ed25519),
+        "nothing was uploaded over the published keys"
+    );
 }

@@ -55,6 +55,7 @@ async fn ask_with<K: PlatformKit>(
         .find(|p| p.name == K::NAME)
         .expect("the platform is registered");
     let built = (platform.build)(&Setup {
+        home: &home,
         config: &config,
         env: &env,
         cursors: store,

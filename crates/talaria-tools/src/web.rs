@@ -230,7 +230,8 @@ impl WebExtract {
                         "(A summary of the page's {} characters.)\n\n",
                         page.full_chars
                     ));
-                    return head + &summary;
+                    head.push_str(&summary);
+                    return head;
                 }
                 Err(e) => {
                     tracing::warn!(url = %page.url, "web_extract: no summary: {e}");

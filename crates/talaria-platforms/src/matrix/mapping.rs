@@ -12,6 +12,8 @@ use talaria_adapter::{Attachment, ChatType, MediaKind, MessageEvent, SessionSour
 pub(crate) struct Me {
     pub user_id: String,
     pub display_name: Option<String>,
+    /// The device the access token belongs to (whoami's `device_id`).
+    pub device_id: Option<String>,
 }
 
 /// What the adapter knows about the room an event is in.
@@ -116,9 +118,16 @@ pub(crate) fn map_event(
             };
             let filename = content.get("filename").and_then(Value::as_str);
             let info = content.get("info");
-            // An encrypted file's `url` sits in `file`; its bytes would need
-            // the room's keys, so only unencrypted media is fetched.
-            let url = content.get("url").and_then(Value::as_str);
+            // In an encrypted room the address sits in `file`, with the
+            // file's own key; the locator then carries both.
+            let url = match content.get("file") {
+                Some(file) => super::encrypted_media::locator(file),
+                None => content
+                    .get("url")
+                    .and_then(Value::as_str)
+                    .filter(|u| u.starts_with("mxc://"))
+                    .map(str::to_owned),
+            };
             let name = filename.unwrap_or(body);
             // With a separate filename, the body is the caption.
             let caption = match filename {
@@ -126,9 +135,8 @@ pub(crate) fn map_event(
                 _ => String::new(),
             };
             let attachments = url
-                .filter(|u| u.starts_with("mxc://"))
                 .map(|u| {
-                    Attachment::remote(kind, u)
+                    Attachment::remote(kind, &u)
                         .named(Some(name))
                         .claiming(info.and_then(|i| i.get("mimetype")).and_then(Value::as_str))
                         .sized(info.and_then(|i| i.get("size")).and_then(Value::as_u64))
@@ -301,6 +309,7 @@ mod tests {
 
     fn me() -> Me {
         Me {
+            device_id: None,
             user_id: "@talaria:example.org".into(),
             display_name: Some("Talaria".into()),
         }

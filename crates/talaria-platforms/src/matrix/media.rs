@@ -98,13 +98,29 @@ impl Media {
             Err(e) => return Err(unreadable(file, &e)),
         };
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(handle));
-        let request = self
+        let uri = self.post(body, size, &file.mime, Some(&file.name)).await?;
+        Ok((uri, size))
+    }
+
+    /// Posts `size` bytes of `body` to the media repository; the
+    /// `content_uri` it answers.
+    pub(super) async fn post(
+        &self,
+        body: reqwest::Body,
+        size: u64,
+        mime: &str,
+        name: Option<&str>,
+    ) -> Result<String, SendError> {
+        let mut request = self
             .http
             .client()
             .post(format!("{}/_matrix/media/v3/upload", self.homeserver))
-            .bearer_auth(self.token.expose())
-            .query(&[("filename", file.name.as_str())])
-            .header(CONTENT_TYPE, file.mime.as_str())
+            .bearer_auth(self.token.expose());
+        if let Some(name) = name {
+            request = request.query(&[("filename", name)]);
+        }
+        let request = request
+            .header(CONTENT_TYPE, mime)
             .header(CONTENT_LENGTH, size)
             .body(body);
         let answer = self
@@ -132,7 +148,7 @@ impl Media {
         }
         let v: Value = self.http.decode(&answer).map_err(super::classify)?;
         match v.get("content_uri").and_then(Value::as_str) {
-            Some(uri) if parse_mxc(uri).is_some() => Ok((uri.to_owned(), size)),
+            Some(uri) if parse_mxc(uri).is_some() => Ok(uri.to_owned()),
             _ => Err(super::classify(HttpError::new(
                 HOMESERVER,
                 Failure::Other("the upload was answered without a content_uri".into()),
@@ -141,7 +157,7 @@ impl Media {
     }
 }
 
-fn unreadable(file: &OutboundFile, e: &std::io::Error) -> SendError {
+pub(super) fn unreadable(file: &OutboundFile, e: &std::io::Error) -> SendError {
     // The file is gone or unreadable: a retry would fail the same way.
     SendError::Rejected(format!("cannot read {}: {e}", file.name))
 }
@@ -192,6 +208,17 @@ fn msgtype(kind: MediaKind) -> &'static str {
         MediaKind::Video => "m.video",
         MediaKind::Document => "m.file",
     }
+}
+
+/// [`file_content`] for a file in an encrypted room: its `file` object
+/// (address and key) in place of the plain `url`.
+pub(super) fn encrypted_file_content(file: &OutboundFile, object: Value, size: u64) -> Value {
+    let mut content = file_content(file, "", size);
+    if let Some(map) = content.as_object_mut() {
+        map.remove("url");
+        map.insert("file".to_owned(), object);
+    }
+    content
 }
 
 /// The content of the message that shows an uploaded file. With a

@@ -1,5 +1,6 @@
-//! The Matrix adapter: a hand-written client for the client-server API
-//! (no end-to-end encryption).
+//! The Matrix adapter: a hand-written client for the client-server API,
+//! with end-to-end encryption by matrix-sdk-crypto's Olm machine (see
+//! `e2ee` and `encrypted_rooms`).
 //!
 //! [`MatrixAdapter::run`] long-polls `/sync` and hands each room message to
 //! the gateway's inbox. The sync token (`next_batch`) is saved in the
@@ -18,6 +19,9 @@
 
 mod api;
 mod config;
+mod e2ee;
+mod encrypted_media;
+mod encrypted_rooms;
 mod format;
 mod mapping;
 mod media;
@@ -28,6 +32,7 @@ mod rooms;
 use crate::registry::{BuildError, Built, Platform, Setup};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -50,7 +55,9 @@ use api::{Api, ApiError, segment};
 use mapping::{Conversation, Me};
 use rooms::Rooms;
 
-pub use config::{ENV, MatrixConfig};
+pub use config::{DeviceTrust, E2eeMode, ENV, MatrixConfig};
+pub use encrypted_rooms::E2eeSettings;
+use encrypted_rooms::{CryptoState, HeldEvents, Opened};
 
 /// The platform's name in keys, config and environment variables.
 pub const PLATFORM: &str = "matrix";
@@ -131,6 +138,8 @@ pub struct MatrixSettings {
     /// (`MATRIX_ALLOWED_USERS`, allow-all flags). `None` joins every
     /// invite and leaves strangers to the runner.
     pub invite_policy: Option<AuthPolicy>,
+    /// End-to-end encryption.
+    pub e2ee: E2eeSettings,
 }
 
 // By hand only because the invite policy (the runner's rules) has no
@@ -145,6 +154,7 @@ impl fmt::Debug for MatrixSettings {
             .field("sync_timeout", &self.sync_timeout)
             .field("retry_base", &self.retry_base)
             .field("max_sync_failures", &self.max_sync_failures)
+            .field("e2ee", &self.e2ee)
             .finish_non_exhaustive()
     }
 }
@@ -153,10 +163,20 @@ impl MatrixSettings {
     /// Settings from `platforms.matrix` and the environment, or `None` when
     /// Matrix is off: `enabled: false`, or no homeserver (config or
     /// `MATRIX_HOMESERVER`) or no token (config or `MATRIX_ACCESS_TOKEN`).
-    /// `MATRIX_USER_ID` stands in for `platforms.matrix.user_id`.
-    pub fn from_config(config: &MatrixConfig, env: &Env) -> Option<MatrixSettings> {
+    /// `MATRIX_USER_ID` stands in for `platforms.matrix.user_id`, and
+    /// `MATRIX_E2EE_MODE` (or the legacy `MATRIX_ENCRYPTION`),
+    /// `MATRIX_DEVICE_ID` and `MATRIX_DEVICE_TRUST` for the encryption
+    /// keys. Keys' stores go under `store_root` (no encryption without).
+    ///
+    /// # Errors
+    /// An encryption variable that reads as none of its values.
+    pub fn from_config(
+        config: &MatrixConfig,
+        env: &Env,
+        store_root: Option<PathBuf>,
+    ) -> Result<Option<MatrixSettings>, MatrixError> {
         if config.enabled == Some(false) {
-            return None;
+            return Ok(None);
         }
         let homeserver = text_or_env(config.homeserver.as_deref(), env, "MATRIX_HOMESERVER");
         let token = secret_or_env(config.access_token.as_ref(), env, "MATRIX_ACCESS_TOKEN");
@@ -168,9 +188,25 @@ impl MatrixSettings {
                      platforms.matrix.access_token / MATRIX_ACCESS_TOKEN)"
                 );
             }
-            return None;
+            return Ok(None);
         };
-        Some(MatrixSettings {
+        let e2ee = E2eeSettings {
+            mode: encryption_mode(config, env)?,
+            device_id: text_or_env(config.device_id.as_deref(), env, "MATRIX_DEVICE_ID"),
+            trust: match (config.device_trust, env.get("MATRIX_DEVICE_TRUST")) {
+                (Some(t), _) => t,
+                (None, Some(v)) if !v.trim().is_empty() => {
+                    DeviceTrust::parse(v).ok_or_else(|| {
+                        MatrixError::BadSetting(format!(
+                            "MATRIX_DEVICE_TRUST={v} is neither all nor cross-signed"
+                        ))
+                    })?
+                }
+                (None, _) => DeviceTrust::default(),
+            },
+            store_root,
+        };
+        Ok(Some(MatrixSettings {
             homeserver,
             access_token,
             user_id: text_or_env(config.user_id.as_deref(), env, "MATRIX_USER_ID"),
@@ -179,8 +215,25 @@ impl MatrixSettings {
             retry_base: Duration::from_millis(500),
             max_sync_failures: 5,
             invite_policy: Some(AuthPolicy::from_env(env)),
-        })
+            e2ee,
+        }))
     }
+}
+
+/// `platforms.matrix.encryption`, else `MATRIX_E2EE_MODE`, else the
+/// legacy `MATRIX_ENCRYPTION` (true means required), else `optional`.
+fn encryption_mode(config: &MatrixConfig, env: &Env) -> Result<E2eeMode, MatrixError> {
+    if let Some(mode) = config.encryption {
+        return Ok(mode);
+    }
+    for var in ["MATRIX_E2EE_MODE", "MATRIX_ENCRYPTION"] {
+        if let Some(v) = env.get(var).filter(|v| !v.trim().is_empty()) {
+            return E2eeMode::parse(v).ok_or_else(|| {
+                MatrixError::BadSetting(format!("{var}={v} is none of off, optional, required"))
+            });
+        }
+    }
+    Ok(E2eeMode::default())
 }
 
 /// Why the adapter could not be set up.
@@ -198,6 +251,9 @@ pub enum MatrixError {
     /// The HTTP client could not be built.
     #[error("cannot build the HTTP client: {0}")]
     Client(String),
+    /// An environment variable reads as none of its values.
+    #[error("{0}")]
+    BadSetting(String),
 }
 
 /// What the bot itself wrote: its event ids and the threads it is in.
@@ -246,6 +302,11 @@ pub struct MatrixAdapter {
     txns: Mutex<HashMap<String, (u64, bool)>>,
     /// Distinguishes this process's transaction ids from an earlier one's.
     nonce: String,
+    e2ee: E2eeSettings,
+    crypto: Mutex<CryptoState>,
+    /// Room id -> its `m.room.encryption` content, `None` when it has none.
+    encryption: Mutex<HashMap<String, Option<Value>>>,
+    held: Mutex<HeldEvents>,
 }
 
 impl fmt::Debug for MatrixAdapter {
@@ -318,6 +379,10 @@ impl MatrixAdapter {
             own: Mutex::new(Own::default()),
             txns: Mutex::new(HashMap::new()),
             nonce: format!("{:08x}", rand::random::<u32>()),
+            e2ee: settings.e2ee,
+            crypto: Mutex::new(CryptoState::NotYet),
+            encryption: Mutex::new(HashMap::new()),
+            held: Mutex::new(HeldEvents::default()),
         })
     }
 
@@ -342,14 +407,18 @@ impl MatrixAdapter {
             .api
             .request(Method::GET, "/account/whoami", &[], None, REQUEST_TIMEOUT)
             .await;
-        let user_id = match whoami {
-            Ok(v) => v
-                .get("user_id")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| {
-                    AdapterError::Disconnected("whoami answered without a user_id".into())
-                })?,
+        let (user_id, device_id) = match whoami {
+            Ok(v) => (
+                v.get("user_id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .ok_or_else(|| {
+                        AdapterError::Disconnected("whoami answered without a user_id".into())
+                    })?,
+                v.get("device_id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+            ),
             Err(e) if api::is_bad_token(&e) => {
                 return Err(AdapterError::Fatal(format!(
                     "the homeserver rejected the access token ({e}); check MATRIX_ACCESS_TOKEN"
@@ -382,6 +451,7 @@ impl MatrixAdapter {
         let me = Me {
             user_id,
             display_name,
+            device_id,
         };
         *lock(&self.me) = Some(me.clone());
         Ok(me)
@@ -442,6 +512,13 @@ impl MatrixAdapter {
                             rooms.set_name(room_id, n);
                         }
                     }
+                    "m.room.encryption" => {
+                        if let Some(content) =
+                            ev.get("content").filter(|c| c.get("algorithm").is_some())
+                        {
+                            self.set_encryption(room_id, Some(content.clone()));
+                        }
+                    }
                     "m.room.member" => {
                         // Someone joined, left, was invited or renamed:
                         // the count is asked again when a message needs it.
@@ -499,9 +576,12 @@ impl MatrixAdapter {
             {
                 tracing::warn!(room = %room_id, "the homeserver left out older messages of this room (more than the sync limit arrived at once)");
             }
-            let has_messages = events
-                .iter()
-                .any(|e| e.get("type").and_then(Value::as_str) == Some("m.room.message"));
+            let has_messages = events.iter().any(|e| {
+                matches!(
+                    e.get("type").and_then(Value::as_str),
+                    Some("m.room.message" | "m.room.encrypted")
+                )
+            });
             if !has_messages {
                 continue;
             }
@@ -517,13 +597,7 @@ impl MatrixAdapter {
             }
             for (i, ev) in events.iter().enumerate() {
                 let kind = ev.get("type").and_then(Value::as_str).unwrap_or("");
-                if kind == "m.room.encrypted" {
-                    if lock(&self.rooms).warned_encrypted.insert(room_id.clone()) {
-                        tracing::warn!(room = %room_id, "this room is end-to-end encrypted, which the Matrix adapter does not support yet: its messages are ignored");
-                    }
-                    continue;
-                }
-                if kind != "m.room.message" {
+                if !matches!(kind, "m.room.message" | "m.room.encrypted") {
                     continue;
                 }
                 // A group's talk from before the bot was invited was not
@@ -534,31 +608,58 @@ impl MatrixAdapter {
                     tracing::debug!(room = %room_id, "skipping an event: written in a group before the bot joined");
                     continue;
                 }
-                let sender = ev.get("sender").and_then(Value::as_str);
-                let view = lock(&self.rooms).view(room_id, sender, is_dm);
-                let mapped = {
-                    let own = lock(&self.own);
-                    mapping::map_event(ev, &view, me, self.require_mention, &*own)
-                };
-                let event = match mapped {
-                    Ok(e) => e,
-                    Err(why) => {
-                        tracing::debug!(room = %room_id, "skipping an event: {why}");
+                let delivered = if kind == "m.room.encrypted" {
+                    // The bot's own messages come back too; they need no
+                    // reading.
+                    if ev.get("sender").and_then(Value::as_str) == Some(me.user_id.as_str()) {
                         continue;
                     }
-                };
-                tokio::select! {
-                    biased;
-                    _ = ctx.shutdown.cancelled() => return HandOver::Stopped,
-                    r = ctx.inbox.submit(event) => {
-                        if r.is_err() {
-                            return HandOver::Stopped;
-                        }
+                    match self.open(room_id, ev, is_dm).await {
+                        Opened::Plain(plain) => self.deliver(room_id, &plain, is_dm, me, ctx).await,
+                        Opened::Not => continue,
                     }
+                } else {
+                    self.deliver(room_id, ev, is_dm, me, ctx).await
+                };
+                if delivered.is_err() {
+                    return HandOver::Stopped;
                 }
             }
         }
         HandOver::Done
+    }
+
+    /// Maps one room message and hands it to the runner; `Err` when the
+    /// gateway is stopping.
+    async fn deliver(
+        &self,
+        room_id: &str,
+        ev: &Value,
+        is_dm: bool,
+        me: &Me,
+        ctx: &AdapterContext,
+    ) -> Result<(), ()> {
+        if ev.get("type").and_then(Value::as_str) != Some("m.room.message") {
+            return Ok(());
+        }
+        let sender = ev.get("sender").and_then(Value::as_str);
+        let view = lock(&self.rooms).view(room_id, sender, is_dm);
+        let mapped = {
+            let own = lock(&self.own);
+            mapping::map_event(ev, &view, me, self.require_mention, &*own)
+        };
+        let event = match mapped {
+            Ok(e) => e,
+            Err(why) => {
+                tracing::debug!(room = %room_id, "skipping an event: {why}");
+                return Ok(());
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => Err(()),
+            r = ctx.inbox.submit(event) => r.map_err(|_| ()),
+        }
     }
 
     /// Saves the token of a batch that was fully handed over.
@@ -578,16 +679,20 @@ impl MatrixAdapter {
 
 impl MatrixAdapter {
     /// Puts one `m.room.message` with `content` in `message`'s room under
-    /// `txn`, waiting out short rate limits.
+    /// `txn`, encrypted when the room is, waiting out short rate limits.
     async fn put_event(
         &self,
         message: &OutboundMessage,
         txn: &str,
         digest: &str,
-        content: &Value,
+        content: Value,
     ) -> Result<SentMessage, SendError> {
+        let (kind, content) = self
+            .seal(&message.chat_id, "m.room.message", content)
+            .await?;
+        let content = &content;
         let path = format!(
-            "/rooms/{}/send/m.room.message/{}",
+            "/rooms/{}/send/{kind}/{}",
             segment(&message.chat_id),
             segment(txn)
         );
@@ -683,6 +788,11 @@ impl Adapter for MatrixAdapter {
             r = self.identify() => r?,
         };
         tracing::info!(user = %me.user_id, "connected to the Matrix homeserver");
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return Ok(()),
+            r = self.set_up_crypto(&me) => r?,
+        }
         let mut since = lock(&self.since).clone();
         if since.is_none() {
             // The first run of this process: what earlier ones knew.
@@ -720,6 +830,10 @@ impl Adapter for MatrixAdapter {
                     Some(next) => {
                         ctx.liveness.set(Liveness::Live);
                         self.absorb(&batch, &me);
+                        // Room keys first: this batch's messages may need them.
+                        if self.take_keys(&batch, &me, &ctx).await.is_err() {
+                            return Ok(());
+                        }
                         self.accept_invites(&batch, &me, &ctx).await;
                         let handed = if initial {
                             let skipped = batch
@@ -790,10 +904,13 @@ impl Adapter for MatrixAdapter {
     async fn send(&self, message: &OutboundMessage) -> Result<SentMessage, SendError> {
         let content = Self::content(message)?;
         let (txn, digest) = self.txn_for(message);
-        self.put_event(message, &txn, &digest, &content).await
+        self.put_event(message, &txn, &digest, content).await
     }
 
     async fn download(&self, locator: &str) -> Result<Download, DownloadError> {
+        if encrypted_media::is_encrypted(locator) {
+            return self.media.download_encrypted(locator).await;
+        }
         self.media.download(locator).await
     }
 
@@ -801,8 +918,15 @@ impl Adapter for MatrixAdapter {
     /// uploads again (the upload itself has no idempotency key) but posts
     /// under the same transaction id, so the room shows the file once.
     async fn send_file(&self, file: &OutboundFile) -> Result<SentMessage, SendError> {
-        let (content_uri, size) = self.media.upload(file).await?;
-        let mut content = media::file_content(file, &content_uri, size);
+        // An encrypted room gets an encrypted file: the server never
+        // holds its bytes or its name in the clear.
+        let (mut content, size) = if self.room_encryption(&file.chat_id).await?.is_some() {
+            let (object, size) = self.media.upload_encrypted(file).await?;
+            (media::encrypted_file_content(file, object, size), size)
+        } else {
+            let (content_uri, size) = self.media.upload(file).await?;
+            (media::file_content(file, &content_uri, size), size)
+        };
         outbox::relate(
             &mut content,
             file.thread_id.as_deref(),
@@ -824,7 +948,7 @@ impl Adapter for MatrixAdapter {
             choices: Vec::new(),
         };
         let (txn, digest) = self.txn_for(&key);
-        self.put_event(&key, &txn, &digest, &content).await
+        self.put_event(&key, &txn, &digest, content).await
     }
 
     async fn typing(&self, chat_id: &str, _thread_id: Option<&str>) -> Result<(), SendError> {
@@ -856,7 +980,16 @@ pub const ENTRY: Platform = Platform {
 };
 
 fn build(setup: &Setup<'_>) -> Result<Option<Built>, BuildError> {
-    let Some(settings) = MatrixSettings::from_config(&setup.section()?, setup.env) else {
+    let store_root = setup
+        .home
+        .root()
+        .join("platforms")
+        .join(PLATFORM)
+        .join("crypto");
+    let Some(settings) =
+        MatrixSettings::from_config(&setup.section()?, setup.env, Some(store_root))
+            .map_err(BuildError::misconfigured)?
+    else {
         return Ok(None);
     };
     let adapter =

@@ -109,14 +109,19 @@ pub(super) fn relate(content: &mut Value, thread: Option<&str>, reply_to: Option
 
 /// `content` within what an event carries: the HTML dropped when the
 /// whole is too large, refused when even that is.
-pub(super) fn fit(mut content: Value) -> Result<Value, SendError> {
-    if content.to_string().len() > MAX_CONTENT_BYTES {
+pub(super) fn fit(content: Value) -> Result<Value, SendError> {
+    fit_within(content, MAX_CONTENT_BYTES)
+}
+
+/// [`fit`] under another limit (an encrypted event's plaintext).
+pub(super) fn fit_within(mut content: Value, limit: usize) -> Result<Value, SendError> {
+    if content.to_string().len() > limit {
         if let Some(obj) = content.as_object_mut() {
             obj.remove("format");
             obj.remove("formatted_body");
         }
         let size = content.to_string().len();
-        if size > MAX_CONTENT_BYTES {
+        if size > limit {
             return Err(SendError::Rejected(format!(
                 "the message is {size} bytes, more than a Matrix event can carry"
             )));

@@ -234,6 +234,7 @@ mod tests {
 
     fn me() -> Me {
         Me {
+            device_id: None,
             user_id: "@bot:hs".into(),
             display_name: None,
         }

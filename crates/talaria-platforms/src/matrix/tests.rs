@@ -26,6 +26,10 @@ fn settings(token: &str, homeserver: &str) -> MatrixSettings {
         retry_base: Duration::from_millis(10),
         max_sync_failures: 3,
         invite_policy: None,
+        e2ee: E2eeSettings {
+            mode: E2eeMode::Off,
+            ..E2eeSettings::default()
+        },
     }
 }
 
@@ -52,8 +56,14 @@ fn from_config_reads_config_then_environment() {
         ("MATRIX_USER_ID", "@bot:example.org"),
     ]);
     let mut cfg = MatrixConfig::default();
-    assert!(MatrixSettings::from_config(&cfg, &empty).is_none());
-    let s = MatrixSettings::from_config(&cfg, &env).unwrap();
+    assert!(
+        MatrixSettings::from_config(&cfg, &empty, None)
+            .unwrap()
+            .is_none()
+    );
+    let s = MatrixSettings::from_config(&cfg, &env, None)
+        .unwrap()
+        .unwrap();
     assert_eq!(s.homeserver, "https://hs.example.org");
     assert_eq!(s.access_token, "syt_env");
     assert_eq!(s.user_id.as_deref(), Some("@bot:example.org"));
@@ -61,11 +71,17 @@ fn from_config_reads_config_then_environment() {
     assert_eq!(s.sync_timeout, Duration::from_secs(30));
     cfg.access_token = Some(talaria_core::Secret::new("syt_cfg"));
     cfg.homeserver = Some("http://127.0.0.1:8008".into());
-    let s = MatrixSettings::from_config(&cfg, &env).unwrap();
+    let s = MatrixSettings::from_config(&cfg, &env, None)
+        .unwrap()
+        .unwrap();
     assert_eq!(s.access_token, "syt_cfg");
     assert_eq!(s.homeserver, "http://127.0.0.1:8008");
     cfg.enabled = Some(false);
-    assert!(MatrixSettings::from_config(&cfg, &env).is_none());
+    assert!(
+        MatrixSettings::from_config(&cfg, &env, None)
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[test]

@@ -165,6 +165,7 @@ impl<K: AdapterKit> Rig<K> {
             workdir: self.dir.path().to_path_buf(),
         }));
         let built = self.kit.build(&Setup {
+            home: &self.home,
             config: &config,
             env: &env,
             cursors: store.clone(),
