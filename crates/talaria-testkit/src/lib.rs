@@ -33,6 +33,7 @@ pub mod ircd;
 pub mod kit;
 pub mod line;
 pub mod matrix;
+pub mod matrix_e2ee;
 pub mod mattermost;
 pub mod msgraph;
 pub mod openai_media;

@@ -1,6 +1,7 @@
 //! The Python environments that hold the third-party software the tests
 //! drive Talaria with: the official OpenAI SDK (`openai`), the Synapse
-//! homeserver (`matrix-synapse`), the MCP Python SDK (`mcp`), the
+//! homeserver (`matrix-synapse`), the Matrix client library with end-to-end
+//! encryption (`matrix-nio[e2e]`), the MCP Python SDK (`mcp`), the
 //! reference MCP servers (`mcp-server-time`) and the Prometheus client's
 //! text-format parser (`prometheus-client`) in one; hermes-agent,
 //! Talaria's Python ancestor (its modules `run_agent` and `hermes_state`),
@@ -96,7 +97,7 @@ fn missing(path: &Path, what: &str) -> ! {
     panic!(
         "{what} is needed by this test and is not installed in {} (looked for {}). \
          `.ci/run` installs it: python3 -m venv {0} && {0}/bin/pip install \
-         openai matrix-synapse mcp mcp-server-time prometheus-client",
+         openai matrix-synapse 'matrix-nio[e2e]' mcp mcp-server-time prometheus-client",
         venv().display(),
         path.display(),
     )
