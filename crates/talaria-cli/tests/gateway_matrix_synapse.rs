@@ -12,6 +12,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use talaria_store::{LedgerStore, ObligationState, SqliteStore};
+use talaria_testkit::matrix_e2ee::EncryptingClient;
 use talaria_testkit::synapse::{MatrixUser, Synapse, body};
 use talaria_testkit::{MockOpenAi, Reply};
 
@@ -288,5 +289,186 @@ async fn a_group_joined_on_invite_answers_only_what_follows_the_join() {
         !logged.contains(FALSE_GAP_WARNING),
         "a fresh join is not a gap: {logged}"
     );
+    sigterm(&mut gateway.0);
+}
+
+/// The events of `room` as the homeserver stores them (what anyone with
+/// access to the server sees), oldest first.
+async fn stored_events(user: &MatrixUser, room: &str) -> Vec<serde_json::Value> {
+    let page = user
+        .call(
+            reqwest::Method::GET,
+            &format!(
+                "rooms/{}/messages?dir=b&limit=200",
+                talaria_testkit::synapse::segment(room)
+            ),
+            None,
+        )
+        .await;
+    let mut events = page["chunk"].as_array().cloned().unwrap_or_default();
+    events.reverse();
+    events
+}
+
+/// The fingerprint the gateway logged when encryption came on.
+fn logged_fingerprint(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let line = text
+        .lines()
+        .find(|l| l.contains("Matrix end-to-end encryption is on"))
+        .unwrap_or_else(|| panic!("encryption did not come on:\n{text}"));
+    let start = line
+        .find("fingerprint=")
+        .unwrap_or_else(|| panic!("no fingerprint in {line:?}"))
+        + "fingerprint=".len();
+    line[start..]
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Issue 29: most direct chats are end-to-end encrypted, and the adapter
+/// ignored them. A real client that encrypts (matrix-nio on libolm, a
+/// different implementation from the bot's) opens an encrypted direct
+/// chat: the bot answers, the answer decrypts on the client, and the
+/// homeserver holds only ciphertext. After a SIGKILL the bot has the same
+/// device keys and goes on answering in the same room; an unencrypted
+/// room beside it keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_direct_chat_is_answered_and_survives_a_sigkill() {
+    let hs = Synapse::shared();
+    let bot = hs.register("e2ebot").await;
+    let alice = hs.register("e2ealice").await;
+    let llm = MockOpenAi::start().await;
+    let home = home(&llm, hs, &bot, &[&alice.user_id]);
+
+    let mut gateway = Gateway(spawn_gateway(&home, &log_of(&home, 1)));
+    wait_for_log(&log_of(&home, 1), "first Matrix sync").await;
+    let fingerprint = logged_fingerprint(&log_of(&home, 1));
+
+    let store = tempfile::tempdir().unwrap();
+    let client = EncryptingClient::login(hs, "e2ealice", store.path()).await;
+    let room = client.create_encrypted_room(&[&bot.user_id], true).await;
+    client.wait_until_joined(&room, &bot.user_id, WAIT).await;
+
+    llm.push(Reply::text("The secret answer."));
+    client.send_text(&room, "a secret question").await;
+    let answer = client.wait_for_message(&room, &bot.user_id, WAIT).await;
+    assert!(
+        answer.encrypted && answer.decrypted,
+        "the answer must arrive encrypted and decrypt on the client: {answer:?}\n{}",
+        logs(&home)
+    );
+    assert_eq!(answer.body, "The secret answer.");
+    assert_eq!(user_turns(&llm, 0), ["a secret question"]);
+    wait_for_delivered(&home, 1).await;
+
+    // What the homeserver keeps is ciphertext, both ways.
+    let stored = stored_events(&alice, &room).await;
+    let messages: Vec<_> = stored
+        .iter()
+        .filter(|e| {
+            matches!(
+                e["type"].as_str(),
+                Some("m.room.message" | "m.room.encrypted")
+            )
+        })
+        .collect();
+    assert!(messages.len() >= 2, "{stored:?}");
+    assert!(
+        messages.iter().all(|e| e["type"] == "m.room.encrypted"),
+        "{messages:?}"
+    );
+    let text = serde_json::to_string(&stored).unwrap();
+    assert!(!text.contains("secret question") && !text.contains("secret answer"));
+
+    // The device's keys are in the home, private.
+    let crypto = home.root.join("platforms/matrix/crypto");
+    let devices: Vec<_> = std::fs::read_dir(&crypto).unwrap().flatten().collect();
+    assert_eq!(devices.len(), 1, "one device, one store");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = devices[0].metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "the key store is private");
+    }
+
+    // A crash; the same device comes back with the same keys.
+    sigkill(&mut gateway.0);
+    let mut gateway = Gateway(spawn_gateway(&home, &log_of(&home, 2)));
+    wait_for_log(&log_of(&home, 2), "connected to the Matrix homeserver").await;
+    wait_for_log(&log_of(&home, 2), "Matrix end-to-end encryption is on").await;
+    assert_eq!(logged_fingerprint(&log_of(&home, 2)), fingerprint);
+
+    llm.push(Reply::text("Still here, still private."));
+    client.send_text(&room, "are you still there?").await;
+    let answer = client.wait_for_message(&room, &bot.user_id, WAIT).await;
+    assert!(
+        answer.encrypted && answer.decrypted,
+        "{answer:?}\n{}",
+        logs(&home)
+    );
+    assert_eq!(answer.body, "Still here, still private.");
+
+    // An unencrypted direct chat beside it.
+    let plain = alice.create_room(&[&bot.user_id], true).await;
+    alice.wait_until_joined(&plain, &bot.user_id, WAIT).await;
+    llm.push(Reply::text("Plain answer."));
+    alice.send_text(&plain, "no secrets here").await;
+    assert_eq!(replies(&alice, &plain, &bot, 1).await, ["Plain answer."]);
+    wait_for_delivered(&home, 3).await;
+
+    assert_eq!(llm.requests().len(), 3, "{}", logs(&home));
+    assert_eq!(
+        user_turns(&llm, 1),
+        ["a secret question", "are you still there?"],
+        "the encrypted chat keeps its history across the crash"
+    );
+    let logged = logs(&home);
+    assert!(
+        !logged.contains("cannot read an encrypted message"),
+        "{logged}"
+    );
+    assert!(!logged.contains(&bot.access_token));
+    sigterm(&mut gateway.0);
+}
+
+/// A home whose key store was deleted cannot take over the device: the
+/// homeserver publishes other keys for it. `required` refuses to connect
+/// and says what to do; `optional` (the default) goes on without
+/// encryption, saying why, and plain rooms keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_key_store_is_refused_with_what_to_do() {
+    let hs = Synapse::shared();
+    let bot = hs.register("lostbot").await;
+    let alice = hs.register("lostalice").await;
+    let llm = MockOpenAi::start().await;
+    let home = home(&llm, hs, &bot, &[&alice.user_id]);
+
+    let mut gateway = Gateway(spawn_gateway(&home, &log_of(&home, 1)));
+    wait_for_log(&log_of(&home, 1), "Matrix end-to-end encryption is on").await;
+    wait_for_log(&log_of(&home, 1), "first Matrix sync").await;
+    sigterm(&mut gateway.0);
+    std::fs::remove_dir_all(home.root.join("platforms/matrix/crypto")).unwrap();
+
+    let mut required = crash_support::gateway_command(&home, &log_of(&home, 2));
+    required.env("MATRIX_E2EE_MODE", "required");
+    let mut gateway = Gateway(required.spawn().unwrap());
+    wait_for_log(&log_of(&home, 2), "holds other encryption keys").await;
+    let text = std::fs::read_to_string(log_of(&home, 2)).unwrap();
+    assert!(
+        text.contains("Log in again for a new access token"),
+        "{text}"
+    );
+    assert!(!text.contains("first Matrix sync"), "{text}");
+    sigterm(&mut gateway.0);
+
+    let mut gateway = Gateway(spawn_gateway(&home, &log_of(&home, 3)));
+    wait_for_log(&log_of(&home, 3), "encrypted rooms are ignored").await;
+    let plain = alice.create_room(&[&bot.user_id], true).await;
+    alice.wait_until_joined(&plain, &bot.user_id, WAIT).await;
+    llm.push(Reply::text("Plain works."));
+    alice.send_text(&plain, "hello").await;
+    assert_eq!(replies(&alice, &plain, &bot, 1).await, ["Plain works."]);
     sigterm(&mut gateway.0);
 }
