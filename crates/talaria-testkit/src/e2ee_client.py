@@ -6,12 +6,14 @@ same `id` and either `"ok": true` and the result or `"ok": false` and an
 `error`. Commands run concurrently, so answers may come out of order.
 Everything nio logs goes to stderr.
 
-Commands: login, create_room, join, send_text, next_message, wait_joined,
-quit. The process exits on stdin EOF, on `quit`, and when the process that
+Commands: login, create_room, join, send_text, send_file, next_message,
+wait_joined, quit. File bytes travel as base64, both ways. The process exits on stdin EOF, on `quit`, and when the process that
 started it is gone.
 """
 
 import asyncio
+import base64
+import io
 import json
 import logging
 import os
@@ -37,6 +39,7 @@ from nio import (  # noqa: E402
     AsyncClient,
     AsyncClientConfig,
     BadEvent,
+    DownloadError,
     JoinError,
     JoinedMembersError,
     LoginResponse,
@@ -47,8 +50,10 @@ from nio import (  # noqa: E402
     RoomSendResponse,
     SyncResponse,
     UnknownBadEvent,
+    UploadResponse,
 )
 from nio.crypto import ENCRYPTION_ENABLED  # noqa: E402
+from nio.crypto.attachments import decrypt_attachment  # noqa: E402
 
 # How long an event nio cannot decrypt yet is given for its key to arrive
 # (the key's to-device message may come a sync or two after the event)
@@ -57,6 +62,15 @@ KEY_GRACE_SECONDS = 10.0
 
 # How long a room nio was told about may take to show up in its sync.
 ROOM_TIMEOUT_SECONDS = 30.0
+
+# How long a received message's file may take to download (and decrypt)
+# before the message is returned without it; below the Rust side's slack
+# for an answer, so the reason arrives rather than a timeout.
+DOWNLOAD_TIMEOUT_SECONDS = 20.0
+
+# The longest command line read from stdin (a file to send comes as base64
+# in one line; asyncio's default limit is 64 KiB).
+LINE_LIMIT = 512 * 1024 * 1024
 
 
 def watch_parent():
@@ -80,6 +94,10 @@ class Entry:
         self.decrypted = False
         self.relates_to = None
         self.detail = None
+        # The attachment's plaintext, once fetched: `file_encrypted` tells
+        # whether it came from a `file` object (decrypted) or a plain `url`.
+        self.file = None
+        self.file_encrypted = False
         self.returned = False
         self.seen_at = time.monotonic()
         # The undecrypted event, kept to retry once its key arrives.
@@ -106,6 +124,8 @@ class Entry:
             "decrypted": self.decrypted,
             "relates_to": self.relates_to,
             "detail": self.detail,
+            "file": base64.b64encode(self.file).decode("ascii") if self.file is not None else None,
+            "file_encrypted": self.file_encrypted,
         }
 
 
@@ -286,8 +306,8 @@ class Harness:
         await self.wait_room(req["room"])
         return {}
 
-    async def cmd_send_text(self, req):
-        room_id = req["room"]
+    async def ready_to_send(self, room_id):
+        """The room, once nio is ready to encrypt for all its members."""
         room = await self.wait_room(room_id)
         if room.encrypted:
             # The members as the server has them now (nio's view may lag
@@ -299,15 +319,105 @@ class Harness:
             self.client.olm.users_for_key_query.update(room.users.keys())
             if self.client.should_query_keys:
                 await self.client.keys_query()
+        return room
+
+    async def send_message(self, room_id, content):
+        room = await self.ready_to_send(room_id)
         response = await self.client.room_send(
             room_id,
             "m.room.message",
-            {"msgtype": "m.text", "body": req["body"]},
+            content,
             ignore_unverified_devices=True,
         )
         if not isinstance(response, RoomSendResponse):
             raise RuntimeError(f"send failed: {response}")
         return {"event_id": response.event_id, "encrypted": room.encrypted}
+
+    async def cmd_send_text(self, req):
+        return await self.send_message(req["room"], {"msgtype": "m.text", "body": req["body"]})
+
+    async def cmd_send_file(self, req):
+        """Uploads the file and sends it as a message of `msgtype`: in an
+        encrypted room encrypted (AES-CTR, the keys in the message's `file`
+        object, no top-level `url`), as Matrix clients do; in a plaintext
+        room as it is, under a top-level `url`."""
+        room_id = req["room"]
+        room = await self.wait_room(room_id)
+        data = base64.b64decode(req["data"])
+        name, mime = req["name"], req["mimetype"]
+        upload, keys = await self.client.upload(
+            io.BytesIO(data),
+            content_type=mime,
+            filename=name,
+            encrypt=room.encrypted,
+            filesize=len(data),
+        )
+        if not isinstance(upload, UploadResponse):
+            raise RuntimeError(f"upload failed: {upload}")
+        content = {
+            "msgtype": req["msgtype"],
+            "body": name,
+            "filename": name,
+            "info": {"mimetype": mime, "size": len(data)},
+        }
+        if room.encrypted:
+            content["file"] = {"url": upload.content_uri, **keys}
+        else:
+            content["url"] = upload.content_uri
+        log.info("uploaded %s (%d bytes, encrypted=%s) as %s", name, len(data), room.encrypted, upload.content_uri)
+        answer = await self.send_message(room_id, content)
+        answer["mxc"] = upload.content_uri
+        return answer
+
+    async def fetch_file(self, entry):
+        """Downloads the file a message carries, decrypting it when it came
+        as a `file` object; a failure leaves `file` empty and says why in
+        `detail`."""
+        content = entry.content if isinstance(entry.content, dict) else {}
+        encrypted_file = content.get("file")
+        if isinstance(encrypted_file, dict):
+            entry.file_encrypted = True
+            url = encrypted_file.get("url")
+        elif isinstance(content.get("url"), str):
+            url = content["url"]
+        else:
+            return
+        problem = None
+        try:
+            if not isinstance(url, str) or not url.startswith("mxc://"):
+                raise RuntimeError(f"not an mxc:// url: {url!r}")
+            response = await asyncio.wait_for(self.client.download(mxc=url), DOWNLOAD_TIMEOUT_SECONDS)
+            if isinstance(response, DownloadError) or not isinstance(getattr(response, "body", None), bytes):
+                raise RuntimeError(f"download of {url} failed: {response}")
+            data = response.body
+            if encrypted_file is None:
+                entry.file = data
+            else:
+                key, iv = encrypted_file.get("key") or {}, encrypted_file.get("iv")
+                sha256 = (encrypted_file.get("hashes") or {}).get("sha256")
+                if not isinstance(key, dict) or not key.get("k") or not iv or not sha256:
+                    raise RuntimeError(f"the file object lacks key.k, iv or hashes.sha256: {encrypted_file}")
+                # decrypt_attachment checks the ciphertext's SHA-256 first.
+                entry.file = decrypt_attachment(data, key["k"], sha256, iv)
+                # What the spec asks of the object besides what decryption used.
+                deviations = []
+                if encrypted_file.get("v") != "v2":
+                    deviations.append(f"v is {encrypted_file.get('v')!r}, not 'v2'")
+                if key.get("alg") != "A256CTR" or key.get("kty") != "oct":
+                    deviations.append(f"key is {key.get('kty')!r}/{key.get('alg')!r}, not 'oct'/'A256CTR'")
+                if "url" in content:
+                    deviations.append("a top-level url beside the encrypted file object")
+                if deviations:
+                    problem = "decrypted the file, but " + "; ".join(deviations)
+        except asyncio.TimeoutError:
+            problem = f"download of {url} took more than {DOWNLOAD_TIMEOUT_SECONDS} s"
+        except Exception as e:
+            problem = f"file not fetched: {type(e).__name__}: {e}"
+        if problem:
+            entry.detail = f"{entry.detail}; {problem}" if entry.detail else problem
+            log.warning("file of %s: %s", entry.event_id, problem)
+        else:
+            log.info("file of %s: %d bytes (encrypted=%s)", entry.event_id, len(entry.file), entry.file_encrypted)
 
     async def cmd_next_message(self, req):
         room_id, sender = req["room"], req["sender"]
@@ -322,6 +432,7 @@ class Harness:
                 waiting_for_key = entry.megolm is not None and now < min(deadline, entry.seen_at + KEY_GRACE_SECONDS)
                 if not waiting_for_key:
                     entry.returned = True
+                    await self.fetch_file(entry)
                     return {"message": entry.as_json()}
             if now > deadline:
                 seen = [
@@ -372,7 +483,7 @@ async def main():
     threading.Thread(target=watch_parent, daemon=True).start()
     harness = Harness()
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
+    reader = asyncio.StreamReader(limit=LINE_LIMIT)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     tasks = set()
     while True:

@@ -13,6 +13,11 @@
 //! it sends another. nio's own log (stderr) is written to `nio.log` in the
 //! store directory, and its tail is quoted in every panic.
 //!
+//! Files go both ways: [`EncryptingClient::send_file`] uploads one
+//! encrypted as Matrix clients do in an encrypted room, and a received
+//! message that carries one (a `file` object, or a plain `url`) comes with
+//! its downloaded, decrypted bytes in [`Received::file`].
+//!
 //! The process is killed when the client is dropped, and ends itself when
 //! the test process is gone (it watches its parent pid) or its stdin
 //! closes.
@@ -25,6 +30,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -73,7 +80,7 @@ impl std::fmt::Debug for EncryptingClient {
 }
 
 /// A message as nio received it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Received {
     /// The event's id.
     pub event_id: String,
@@ -92,8 +99,42 @@ pub struct Received {
     /// `formatted_body`, ...; `{}` when nio could not decrypt it.
     pub content: Value,
     /// Why nio could not use the event, when it could not (no megolm
-    /// session for it, an encrypted event its schema rejects, ...).
+    /// session for it, an encrypted event its schema rejects, ...); also
+    /// why its file could not be fetched or decrypted, or how its `file`
+    /// object strays from the spec (`v` not `v2`, a key not
+    /// `oct`/`A256CTR`, a top-level `url` beside it) though it decrypted.
     pub detail: Option<String>,
+    /// The file the message carries (any msgtype), downloaded from the
+    /// homeserver (`/_matrix/client/v1/media/download`, authenticated):
+    /// decrypted with the content's `file` object (key, iv, and the
+    /// ciphertext's SHA-256 checked first) when it has one, else the raw
+    /// bytes of its top-level `url`. `None` when the message has neither,
+    /// or the download or decryption failed (then `detail` says why).
+    pub file: Option<Vec<u8>>,
+    /// The file came as an encrypted attachment (a `file` object), not a
+    /// plain `url`; true even when fetching it failed.
+    pub file_encrypted: bool,
+}
+
+impl std::fmt::Debug for Received {
+    // A file is shown by its length: a panic message quoting a received
+    // message should not hold hundreds of kilobytes of numbers.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received")
+            .field("event_id", &self.event_id)
+            .field("body", &self.body)
+            .field("encrypted", &self.encrypted)
+            .field("decrypted", &self.decrypted)
+            .field("relates_to", &self.relates_to)
+            .field("content", &self.content)
+            .field("detail", &self.detail)
+            .field(
+                "file",
+                &self.file.as_ref().map(|f| format!("{} bytes", f.len())),
+            )
+            .field("file_encrypted", &self.file_encrypted)
+            .finish()
+    }
 }
 
 impl EncryptingClient {
@@ -278,13 +319,51 @@ impl EncryptingClient {
         text(&answer, "event_id")
     }
 
+    /// Uploads `bytes` and sends them as an `m.room.message` of `msgtype`
+    /// (`m.file`, `m.image`, ...) with `body` and `filename` = `name` and
+    /// `info: {mimetype: mime, size}`. In an encrypted room the upload is
+    /// encrypted as Matrix clients do (AES-256-CTR; nio's `upload(...,
+    /// encrypt=True)`): the content carries `file: {url, key, iv, hashes,
+    /// v}` and no top-level `url`, and the message itself is then
+    /// encrypted like [`Self::send_text`]'s. In a plaintext room the bytes
+    /// are uploaded as they are under a top-level `url`. Returns the event
+    /// id.
+    ///
+    /// # Panics
+    /// When the upload or the send fails (with nio's log).
+    pub async fn send_file(
+        &self,
+        room: &str,
+        name: &str,
+        bytes: &[u8],
+        mime: &str,
+        msgtype: &str,
+    ) -> String {
+        let answer = self
+            .call(
+                "send_file",
+                json!({
+                    "room": room,
+                    "name": name,
+                    "data": BASE64.encode(bytes),
+                    "mimetype": mime,
+                    "msgtype": msgtype,
+                }),
+                COMMAND_TIMEOUT,
+            )
+            .await;
+        text(&answer, "event_id")
+    }
+
     /// Waits up to `timeout` for the next `m.room.message` in `room` from
     /// `sender` that no earlier call returned (oldest first, including
     /// history the first sync brought). An encrypted event nio cannot
     /// decrypt is given up to 10 seconds (within `timeout`) for its key
     /// to arrive, then returned with `decrypted: false`, an empty body
     /// and the reason in `detail`, so a test fails on what went wrong
-    /// rather than on a timeout.
+    /// rather than on a timeout. A file the message carries is fetched
+    /// (and decrypted) before it is returned, within 20 seconds, into
+    /// [`Received::file`].
     ///
     /// # Panics
     /// When `timeout` passes without such a message (with what nio saw).
@@ -314,6 +393,16 @@ impl EncryptingClient {
             relates_to: m.get("relates_to").filter(|v| !v.is_null()).cloned(),
             content: m.get("content").cloned().unwrap_or_else(|| json!({})),
             detail: m.get("detail").and_then(Value::as_str).map(str::to_owned),
+            file: match m
+                .get("file")
+                .and_then(Value::as_str)
+                .map(|b| BASE64.decode(b))
+            {
+                None => None,
+                Some(Ok(bytes)) => Some(bytes),
+                Some(Err(e)) => self.fail(&format!("nio sent a file that is not base64: {e}")),
+            },
+            file_encrypted: m.get("file_encrypted").and_then(Value::as_bool) == Some(true),
         }
     }
 

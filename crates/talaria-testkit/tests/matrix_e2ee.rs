@@ -1,6 +1,6 @@
 //! The encrypting test client proves itself: two nio devices on a real
-//! Synapse exchange messages in an encrypted DM, and the homeserver only
-//! ever holds ciphertext. No Talaria code is involved; when this fails,
+//! Synapse exchange messages and a file in an encrypted DM, and the
+//! homeserver only ever holds ciphertext. No Talaria code is involved; when this fails,
 //! the harness is broken, not the adapter.
 
 use std::time::{Duration, Instant};
@@ -129,8 +129,140 @@ async fn two_nio_devices_talk_in_an_encrypted_dm_and_synapse_holds_only_cipherte
         "{raw}"
     );
 
+    // A file, encrypted before it is uploaded: bob gets alice's bytes
+    // back, the homeserver's media store holds something else.
+    let sent_file = Instant::now();
+    let bytes = noise(300 * 1024 + 7);
+    let file = alice
+        .send_file(
+            &room,
+            "noise.bin",
+            &bytes,
+            "application/octet-stream",
+            "m.file",
+        )
+        .await;
+    let got = bob.wait_for_message(&room, &alice_http.user_id, WAIT).await;
+    assert_eq!(got.event_id, file);
+    assert!(got.encrypted && got.decrypted, "{got:?}");
+    assert!(got.file_encrypted, "{got:?}");
+    assert_eq!(got.detail, None, "{got:?}");
+    assert!(
+        got.file.as_deref() == Some(&bytes[..]),
+        "bob's file is not alice's ({} bytes sent): {got:?}",
+        bytes.len()
+    );
+    assert_eq!(got.body, "noise.bin", "{got:?}");
+    assert_eq!(
+        got.content.get("msgtype").and_then(Value::as_str),
+        Some("m.file")
+    );
+    assert_eq!(
+        got.content.get("filename").and_then(Value::as_str),
+        Some("noise.bin")
+    );
+    assert_eq!(
+        got.content.pointer("/info/size").and_then(Value::as_u64),
+        Some(bytes.len() as u64),
+        "{got:?}"
+    );
+    assert!(got.content.get("url").is_none(), "{got:?}");
+    let mxc = got
+        .content
+        .pointer("/file/url")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    for key in ["/file/key/k", "/file/iv", "/file/hashes/sha256", "/file/v"] {
+        assert!(got.content.pointer(key).is_some(), "no {key}: {got:?}");
+    }
+    let stored = alice_http
+        .call(
+            reqwest::Method::GET,
+            &format!("rooms/{}/event/{}", segment(&room), segment(&file)),
+            None,
+        )
+        .await;
+    assert_eq!(
+        stored.get("type").and_then(Value::as_str),
+        Some("m.room.encrypted"),
+        "{stored}"
+    );
+    assert!(!stored.to_string().contains("noise.bin"), "{stored}");
+    let Some(media) = mxc.strip_prefix("mxc://") else {
+        panic!("not an mxc url: {mxc:?} in {got:?}");
+    };
+    let raw = reqwest::Client::new()
+        .get(format!(
+            "{}/_matrix/client/v1/media/download/{media}",
+            hs.homeserver()
+        ))
+        .bearer_auth(&alice_http.access_token)
+        .send()
+        .await
+        .expect("the media download answers");
+    assert!(raw.status().is_success(), "{raw:?}");
+    let raw = raw.bytes().await.expect("the upload's bytes");
+    // AES-CTR keeps the length; the bytes are another matter.
+    assert_eq!(raw.len(), bytes.len());
+    assert!(raw[..] != bytes[..], "the homeserver holds the plaintext");
+    let same = raw.iter().zip(&bytes).filter(|(a, b)| a == b).count();
+    assert!(
+        same < bytes.len() / 64,
+        "{same} of {} bytes stored as sent",
+        bytes.len()
+    );
+    let file_took = sent_file.elapsed();
+
+    // In a plaintext room the same call uploads the bytes as they are,
+    // under a top-level `url`, and bob gets them as they are.
+    let plain_room = alice_http.create_room(&[&bob_http.user_id], false).await;
+    bob.join(&plain_room).await;
+    alice
+        .wait_until_joined(&plain_room, &bob_http.user_id, WAIT)
+        .await;
+    let small = noise(4096);
+    let plain_file = alice
+        .send_file(
+            &plain_room,
+            "small.bin",
+            &small,
+            "application/octet-stream",
+            "m.file",
+        )
+        .await;
+    let got = bob
+        .wait_for_message(&plain_room, &alice_http.user_id, WAIT)
+        .await;
+    assert_eq!(got.event_id, plain_file);
+    assert!(!got.encrypted && !got.file_encrypted, "{got:?}");
+    assert_eq!(got.detail, None, "{got:?}");
+    assert!(got.content.get("file").is_none(), "{got:?}");
+    assert!(
+        got.content
+            .get("url")
+            .and_then(Value::as_str)
+            .is_some_and(|u| u.starts_with("mxc://")),
+        "{got:?}"
+    );
+    assert!(got.file.as_deref() == Some(&small[..]), "{got:?}");
+
     eprintln!(
-        "logins took {logged_in:.2?}, the whole exchange {:.2?}",
+        "logins took {logged_in:.2?}, the file {file_took:.2?}, the whole exchange {:.2?}",
         began.elapsed()
     );
+}
+
+/// `len` bytes that look random (xorshift), so neither compression nor a
+/// lucky run of zeros hides a mistake.
+fn noise(len: usize) -> Vec<u8> {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[3]
+        })
+        .collect()
 }
