@@ -1316,3 +1316,106 @@ async fn synapse_publishes_the_device_keys_and_a_lost_store_is_refused() {
         "nothing was uploaded over the published keys"
     );
 }
+
+/// Files in an encrypted room, both ways, with a client that encrypts
+/// (matrix-nio): the bot's file is uploaded as ciphertext and the client
+/// decrypts it to the same bytes; the client's encrypted file reaches the
+/// bot as an attachment whose download decrypts it. The homeserver holds
+/// neither file in the clear, nor the bot's file's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synapse_encrypted_rooms_carry_encrypted_files_both_ways() {
+    let hs = talaria_testkit::synapse::Synapse::shared();
+    let bot = hs.register("e2efilebot").await;
+    let alice = hs.register("e2efilealice").await;
+    let homedir = tempfile::tempdir().unwrap();
+    let cursors = Arc::new(Cursors::default());
+    let a = adapter_with(
+        MatrixSettings {
+            homeserver: hs.homeserver().to_owned(),
+            access_token: bot.access_token.as_str().into(),
+            e2ee: E2eeSettings {
+                mode: E2eeMode::Required,
+                store_root: Some(homedir.path().join("crypto")),
+                ..E2eeSettings::default()
+            },
+            ..settings_for_synapse()
+        },
+        &cursors,
+    );
+    let mut run = spawn(&a);
+    tokio::time::timeout(WAIT, run.liveness.wait_for(|l| *l == Liveness::Live))
+        .await
+        .expect("no sync in time")
+        .unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let client =
+        talaria_testkit::matrix_e2ee::EncryptingClient::login(hs, "e2efilealice", store.path())
+            .await;
+    let room = client.create_encrypted_room(&[&bot.user_id], true).await;
+    client.wait_until_joined(&room, &bot.user_id, WAIT).await;
+
+    // The bot sends a file.
+    let dir = tempfile::tempdir().unwrap();
+    let png = samples::png();
+    let mut file = outbound(
+        &dir,
+        &room,
+        "secret-chart.png",
+        &png,
+        MediaKind::Image,
+        "image/png",
+    );
+    file.caption = Some("the chart".into());
+    let sent = a.send_file(&file).await.unwrap();
+    let got = client.wait_for_message(&room, &bot.user_id, WAIT).await;
+    assert!(
+        got.encrypted && got.decrypted,
+        "{got:?}\n{}",
+        client.log_tail()
+    );
+    assert!(
+        got.file_encrypted,
+        "an encrypted room gets an encrypted file: {got:?}"
+    );
+    assert_eq!(got.detail, None, "the file object follows the spec");
+    assert_eq!(got.file.as_deref(), Some(png.as_slice()));
+    assert_eq!(got.content["msgtype"], "m.image");
+    assert_eq!(got.content["filename"], "secret-chart.png");
+    assert_eq!(sent.message_id.as_deref(), Some(got.event_id.as_str()));
+    let mxc = got.content["file"]["url"].as_str().unwrap().to_owned();
+    let (server, id) = mxc.trim_start_matches("mxc://").split_once('/').unwrap();
+    let raw = reqwest::Client::new()
+        .get(format!(
+            "{}/_matrix/client/v1/media/download/{server}/{id}",
+            hs.homeserver()
+        ))
+        .bearer_auth(&alice.access_token)
+        .send()
+        .await
+        .unwrap();
+    let disposition = format!("{:?}", raw.headers().get("content-disposition"));
+    assert!(!disposition.contains("secret-chart"), "{disposition}");
+    let raw = raw.bytes().await.unwrap();
+    assert_eq!(raw.len(), png.len());
+    assert_ne!(raw.as_ref(), png.as_slice(), "the server holds ciphertext");
+
+    // The client sends one; the bot takes it in and decrypts it.
+    let doc: Vec<u8> = (0..150_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    client
+        .send_file(
+            &room,
+            "notes.bin",
+            &doc,
+            "application/octet-stream",
+            "m.file",
+        )
+        .await;
+    let ev = run.next().await;
+    assert_eq!(ev.attachments.len(), 1, "{ev:?}");
+    assert_eq!(ev.attachments[0].kind, MediaKind::Document);
+    let loc = locator(&ev, 0);
+    assert_eq!(fetch(&a, &loc).await.unwrap(), doc);
+    run.stop().await.unwrap();
+}
