@@ -472,3 +472,52 @@ async fn a_lost_key_store_is_refused_with_what_to_do() {
     assert_eq!(replies(&alice, &plain, &bot, 1).await, ["Plain works."]);
     sigterm(&mut gateway.0);
 }
+
+/// `device_trust: cross-signed`: a device its owner never signed
+/// (the nio client has no cross-signing identity) is not read from, and
+/// the log says why; nothing is verified behind the operator's back. The
+/// same gateway still answers a plain room, after the refused message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_cross_signed_trust_an_unsigned_device_is_not_read() {
+    let hs = Synapse::shared();
+    let bot = hs.register("trustbot").await;
+    let alice = hs.register("trustalice").await;
+    let llm = MockOpenAi::start().await;
+    let home = home(&llm, hs, &bot, &[&alice.user_id]);
+    // In the configuration: `.env` values are redacted from the log.
+    let config = home.root.join("config.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace(
+        "    sync_timeout_ms: 1000\n",
+        "    sync_timeout_ms: 1000\n    device_trust: cross-signed\n",
+    );
+    assert!(text.contains("device_trust"));
+    std::fs::write(&config, text).unwrap();
+
+    let mut gateway = Gateway(spawn_gateway(&home, &log_of(&home, 1)));
+    wait_for_log(&log_of(&home, 1), "first Matrix sync").await;
+    let store = tempfile::tempdir().unwrap();
+    let client = EncryptingClient::login(hs, "trustalice", store.path()).await;
+    let room = client.create_encrypted_room(&[&bot.user_id], true).await;
+    client.wait_until_joined(&room, &bot.user_id, WAIT).await;
+    client.send_text(&room, "do you trust me?").await;
+    wait_for_log(&log_of(&home, 1), "cannot read an encrypted message").await;
+    let text = std::fs::read_to_string(log_of(&home, 1)).unwrap();
+    assert!(
+        text.contains("not trusted under device_trust: cross-signed"),
+        "{text}"
+    );
+
+    let plain = alice.create_room(&[&bot.user_id], true).await;
+    alice.wait_until_joined(&plain, &bot.user_id, WAIT).await;
+    llm.push(Reply::text("Plain answer."));
+    alice.send_text(&plain, "and here?").await;
+    assert_eq!(replies(&alice, &plain, &bot, 1).await, ["Plain answer."]);
+    assert_eq!(
+        llm.requests().len(),
+        1,
+        "the unsigned device's message never reached the model"
+    );
+    assert_eq!(user_turns(&llm, 0), ["and here?"]);
+    sigterm(&mut gateway.0);
+}
