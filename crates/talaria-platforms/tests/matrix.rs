@@ -356,6 +356,45 @@ async fn a_restart_continues_from_the_saved_token() {
     run.stop().await.unwrap();
 }
 
+/// A homeserver without the key endpoints (this fake has none): with
+/// encryption `optional` the adapter goes on with plain rooms; with
+/// `required` it refuses to connect, saying why.
+#[tokio::test]
+async fn a_homeserver_without_key_endpoints_is_plain_only_or_refused_when_required() {
+    let fake = FakeMatrix::start(TOKEN).await;
+    let cursors = Arc::new(Cursors::default());
+    let dm = fake.create_dm(ALICE);
+    let homedir = tempfile::tempdir().unwrap();
+    let with = |mode| MatrixSettings {
+        e2ee: E2eeSettings {
+            mode,
+            store_root: Some(homedir.path().join("crypto")),
+            ..E2eeSettings::default()
+        },
+        ..settings(&fake)
+    };
+    let a = adapter_with(with(E2eeMode::Optional), &cursors);
+    let mut run = started(&fake, &a).await;
+    fake.push_text(&dm, ALICE, "plain still works");
+    assert_eq!(run.next().await.text, "plain still works");
+    run.stop().await.unwrap();
+
+    let b = adapter_with(with(E2eeMode::Required), &cursors);
+    match spawn(&b).ended().await {
+        Err(AdapterError::Fatal(why)) => {
+            assert!(
+                why.contains("encryption is required but cannot be set up"),
+                "{why}"
+            );
+            assert!(
+                why.contains("keys/query") || why.contains("Unrecognized"),
+                "{why}"
+            );
+        }
+        other => panic!("required encryption without key endpoints: {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn repeated_sync_failures_disconnect_and_a_revoked_token_is_fatal() {
     let fake = FakeMatrix::start(TOKEN).await;

@@ -89,6 +89,14 @@ impl HeldEvents {
     }
 }
 
+/// Why encryption could not be set up.
+enum SetupError {
+    /// For good, until the operator acts: a lost store, another device.
+    Refused(String),
+    /// The homeserver could not be asked; the next connect tries again.
+    Unreachable(String),
+}
+
 /// How an encrypted event was opened.
 pub(super) enum Opened {
     /// The event it carried.
@@ -116,10 +124,12 @@ impl MatrixAdapter {
         }
         let settings = &self.e2ee;
         let outcome = match (&settings.store_root, settings.mode) {
-            (_, E2eeMode::Off) => {
-                Err("encryption is off (platforms.matrix.encryption / MATRIX_E2EE_MODE)".to_owned())
-            }
-            (None, _) => Err("no home to keep the device's keys in".to_owned()),
+            (_, E2eeMode::Off) => Err(SetupError::Refused(
+                "encryption is off (platforms.matrix.encryption / MATRIX_E2EE_MODE)".to_owned(),
+            )),
+            (None, _) => Err(SetupError::Refused(
+                "no home to keep the device's keys in".to_owned(),
+            )),
             (Some(root), _) => self.open_crypto(me, root).await,
         };
         let state = match outcome {
@@ -131,12 +141,19 @@ impl MatrixAdapter {
                 );
                 CryptoState::Ready(Arc::new(crypto))
             }
-            Err(why) if settings.mode == E2eeMode::Required => {
+            // Not a verdict on encryption: the supervisor connects again
+            // later, as after a failed sync, rather than going on without.
+            Err(SetupError::Unreachable(why)) => {
+                return Err(AdapterError::Disconnected(format!(
+                    "cannot check the Matrix device's keys on the homeserver: {why}"
+                )));
+            }
+            Err(SetupError::Refused(why)) if settings.mode == E2eeMode::Required => {
                 return Err(AdapterError::Fatal(format!(
                     "Matrix end-to-end encryption is required but cannot be set up: {why}"
                 )));
             }
-            Err(why) => {
+            Err(SetupError::Refused(why)) => {
                 if settings.mode != E2eeMode::Off {
                     tracing::warn!(
                         "Matrix end-to-end encryption is unavailable, so encrypted rooms are ignored: {why}"
@@ -149,16 +166,20 @@ impl MatrixAdapter {
         Ok(())
     }
 
-    async fn open_crypto(&self, me: &Me, root: &std::path::Path) -> Result<Crypto, String> {
+    async fn open_crypto(&self, me: &Me, root: &std::path::Path) -> Result<Crypto, SetupError> {
         let Some(device) = me.device_id.as_deref() else {
-            return Err("the homeserver did not say which device the access token belongs to (whoami has no device_id)".to_owned());
+            return Err(SetupError::Refused(
+                "the homeserver did not say which device the access token belongs to \
+                 (whoami has no device_id)"
+                    .to_owned(),
+            ));
         };
         if let Some(expected) = &self.e2ee.device_id
             && expected != device
         {
-            return Err(format!(
+            return Err(SetupError::Refused(format!(
                 "the access token belongs to device {device}, not to MATRIX_DEVICE_ID {expected}"
-            ));
+            )));
         }
         let crypto = Crypto::open(
             self.api.clone(),
@@ -169,11 +190,17 @@ impl MatrixAdapter {
             self.e2ee.trust,
         )
         .await
-        .map_err(|e| e.to_string())?;
-        crypto
-            .check_published_keys()
-            .await
-            .map_err(|e| e.to_string())?;
+        .map_err(|e| SetupError::Refused(e.to_string()))?;
+        crypto.check_published_keys().await.map_err(|e| match e {
+            // No answer, a busy or failing server: ask again later. A
+            // refusal (a server without the key endpoints) is final.
+            CryptoError::Api(e)
+                if api::is_rate_limit(&e) || e.status().is_none_or(|s| s >= 500) =>
+            {
+                SetupError::Unreachable(e.to_string())
+            }
+            other => SetupError::Refused(other.to_string()),
+        })?;
         crypto.flush().await;
         Ok(crypto)
     }
