@@ -329,8 +329,9 @@ fn logged_fingerprint(log: &Path) -> String {
 }
 
 /// Issue 29: most direct chats are end-to-end encrypted, and the adapter
-/// ignored them. A real client that encrypts (matrix-nio on libolm, a
-/// different implementation from the bot's) opens an encrypted direct
+/// ignored them. A real client that encrypts (matrix-nio: its own
+/// protocol code in Python over vodozemac's bindings, where the bot runs
+/// matrix-sdk-crypto) opens an encrypted direct
 /// chat: the bot answers, the answer decrypts on the client, and the
 /// homeserver holds only ciphertext. After a SIGKILL the bot has the same
 /// device keys and goes on answering in the same room; an unencrypted

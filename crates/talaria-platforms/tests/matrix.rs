@@ -120,6 +120,17 @@ fn spawn(adapter: &Arc<MatrixAdapter>) -> Running {
 }
 
 impl Running {
+    /// Waits until a sync was answered (the first one skips history).
+    async fn live(&self) {
+        tokio::time::timeout(
+            WAIT,
+            self.liveness.clone().wait_for(|l| *l == Liveness::Live),
+        )
+        .await
+        .expect("no sync in time")
+        .unwrap();
+    }
+
     async fn next(&mut self) -> MessageEvent {
         tokio::time::timeout(WAIT, self.events.recv())
             .await
@@ -1186,10 +1197,7 @@ async fn synapse_carries_files_both_ways() {
     // Alice uploads a voice note and posts it; the adapter takes it in.
     let mut run = spawn(&a);
     // Live once the first sync (which skips history) was answered.
-    tokio::time::timeout(WAIT, run.liveness.wait_for(|l| *l == Liveness::Live))
-        .await
-        .expect("no sync in time")
-        .unwrap();
+    run.live().await;
     let ogg = samples::ogg_opus();
     let uploaded: serde_json::Value = reqwest::Client::new()
         .post(format!(
@@ -1286,13 +1294,7 @@ async fn synapse_publishes_the_device_keys_and_a_lost_store_is_refused() {
     let cursors = Arc::new(Cursors::default());
     let a = adapter_with(settings(E2eeMode::Optional), &cursors);
     let run = spawn(&a);
-    tokio::time::timeout(
-        WAIT,
-        run.liveness.clone().wait_for(|l| *l == Liveness::Live),
-    )
-    .await
-    .expect("no sync in time")
-    .unwrap();
+    run.live().await;
     let devices = published_keys(&alice, &bot.user_id).await;
     assert_eq!(devices.len(), 1, "{devices:?}");
     let (device, keys) = devices.iter().next().unwrap();
@@ -1324,13 +1326,7 @@ async fn synapse_publishes_the_device_keys_and_a_lost_store_is_refused() {
     // A new process on the same store: the same keys.
     let a = adapter_with(settings(E2eeMode::Required), &cursors);
     let run = spawn(&a);
-    tokio::time::timeout(
-        WAIT,
-        run.liveness.clone().wait_for(|l| *l == Liveness::Live),
-    )
-    .await
-    .expect("no sync in time")
-    .unwrap();
+    run.live().await;
     run.stop().await.unwrap();
     let again = published_keys(&alice, &bot.user_id).await;
     assert_eq!(
@@ -1382,10 +1378,7 @@ async fn synapse_encrypted_rooms_carry_encrypted_files_both_ways() {
         &cursors,
     );
     let mut run = spawn(&a);
-    tokio::time::timeout(WAIT, run.liveness.wait_for(|l| *l == Liveness::Live))
-        .await
-        .expect("no sync in time")
-        .unwrap();
+    run.live().await;
     let store = tempfile::tempdir().unwrap();
     let client =
         talaria_testkit::matrix_e2ee::EncryptingClient::login(hs, "e2efilealice", store.path())
