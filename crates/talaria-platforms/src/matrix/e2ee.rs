@@ -91,6 +91,9 @@ pub(crate) enum CryptoError {
          device can be deleted in any Matrix client"
     )]
     KeysConflict { device: String, store: PathBuf },
+    /// A sync section the machine cannot take: retrying it cannot help.
+    #[error("{0}")]
+    Malformed(String),
     /// Anything else: the store, a malformed id or answer.
     #[error("{0}")]
     Other(String),
@@ -100,6 +103,10 @@ impl From<ApiError> for CryptoError {
     fn from(e: ApiError) -> CryptoError {
         CryptoError::Api(e)
     }
+}
+
+fn malformed(what: &str, e: impl std::fmt::Display) -> CryptoError {
+    CryptoError::Malformed(format!("{what}: {e}"))
 }
 
 fn other(what: &str, e: impl std::fmt::Display) -> CryptoError {
@@ -248,25 +255,25 @@ impl Crypto {
             .pointer("/to_device/events")
             .map(|v| serde_json::from_value(v.clone()))
             .transpose()
-            .map_err(|e| other("a malformed to_device section", e))?
+            .map_err(|e| malformed("a malformed to_device section", e))?
             .unwrap_or_default();
         let lists: DeviceLists = sync
             .get("device_lists")
             .map(|v| serde_json::from_value(v.clone()))
             .transpose()
-            .map_err(|e| other("a malformed device_lists section", e))?
+            .map_err(|e| malformed("a malformed device_lists section", e))?
             .unwrap_or_default();
         let counts: BTreeMap<OneTimeKeyAlgorithm, UInt> = sync
             .get("device_one_time_keys_count")
             .map(|v| serde_json::from_value(v.clone()))
             .transpose()
-            .map_err(|e| other("a malformed device_one_time_keys_count", e))?
+            .map_err(|e| malformed("a malformed device_one_time_keys_count", e))?
             .unwrap_or_default();
         let fallback: Option<Vec<OneTimeKeyAlgorithm>> = sync
             .get("device_unused_fallback_key_types")
             .map(|v| serde_json::from_value(v.clone()))
             .transpose()
-            .map_err(|e| other("a malformed device_unused_fallback_key_types", e))?;
+            .map_err(|e| malformed("a malformed device_unused_fallback_key_types", e))?;
         let changes = EncryptionSyncChanges {
             to_device_events: to_device,
             changed_devices: &lists,

@@ -89,6 +89,14 @@ impl HeldEvents {
     }
 }
 
+/// Why a sync batch's keys were not taken.
+pub(super) enum KeysNotTaken {
+    /// The gateway is stopping.
+    Stopped,
+    /// Keeping them failed; the batch should be synced again.
+    Retry(String),
+}
+
 /// Why encryption could not be set up.
 enum SetupError {
     /// For good, until the operator acts: a lost store, another device.
@@ -212,16 +220,19 @@ impl MatrixAdapter {
         batch: &Value,
         me: &Me,
         ctx: &AdapterContext,
-    ) -> Result<(), ()> {
+    ) -> Result<(), KeysNotTaken> {
         let Some(crypto) = self.crypto() else {
             return Ok(());
         };
         let sessions = match crypto.receive(batch).await {
             Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("cannot take this sync's encryption changes: {e}");
+            Err(CryptoError::Malformed(e)) => {
+                tracing::warn!("skipping this sync's encryption changes: {e}");
                 BTreeSet::new()
             }
+            // The store could not keep them (a full disk, say): the batch
+            // is synced again rather than its room keys lost for good.
+            Err(e) => return Err(KeysNotTaken::Retry(e.to_string())),
         };
         crypto.flush().await;
         let ready = lock(&self.held).take(&sessions);
@@ -230,7 +241,8 @@ impl MatrixAdapter {
                 Ok(plain) => {
                     tracing::debug!(room = %held.room_id, "a held encrypted message can be read now");
                     self.deliver(&held.room_id, &plain, held.is_dm, me, ctx)
-                        .await?;
+                        .await
+                        .map_err(|()| KeysNotTaken::Stopped)?;
                 }
                 Err(e) => self.not_opened(&held.room_id, &held.event, held.is_dm, e),
             }

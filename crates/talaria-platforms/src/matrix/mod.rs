@@ -57,7 +57,7 @@ use rooms::Rooms;
 
 pub use config::{DeviceTrust, E2eeMode, ENV, MatrixConfig};
 pub use encrypted_rooms::E2eeSettings;
-use encrypted_rooms::{CryptoState, HeldEvents, Opened};
+use encrypted_rooms::{CryptoState, HeldEvents, KeysNotTaken, Opened};
 
 /// The platform's name in keys, config and environment variables.
 pub const PLATFORM: &str = "matrix";
@@ -831,11 +831,20 @@ impl Adapter for MatrixAdapter {
                         ctx.liveness.set(Liveness::Live);
                         self.absorb(&batch, &me);
                         // Room keys first: this batch's messages may need them.
-                        if self.take_keys(&batch, &me, &ctx).await.is_err() {
-                            return Ok(());
-                        }
+                        let keys = match self.take_keys(&batch, &me, &ctx).await {
+                            Err(KeysNotTaken::Stopped) => return Ok(()),
+                            Err(KeysNotTaken::Retry(why)) => Some(why),
+                            Ok(()) => None,
+                        };
                         self.accept_invites(&batch, &me, &ctx).await;
-                        let handed = if initial {
+                        let handed = if let Some(why) = keys {
+                            HandOver::Retry(HttpError::new(
+                                api::HOMESERVER,
+                                Failure::Other(format!(
+                                    "cannot keep this sync's encryption keys: {why}"
+                                )),
+                            ))
+                        } else if initial {
                             let skipped = batch
                                 .pointer("/rooms/join")
                                 .and_then(Value::as_object)
