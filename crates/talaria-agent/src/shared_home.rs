@@ -399,6 +399,10 @@ pub struct PendingWrite {
     _lock: SyncLock,
     rels: Vec<String>,
     expected: Vec<Option<i64>>,
+    /// What the store held of each file at that revision: a file the
+    /// change left as it was is not written again (no new revision for
+    /// every node to pull).
+    stored: Vec<Option<Vec<u8>>>,
 }
 
 /// Brings the files `rels` in step before a change: a newer copy in the
@@ -412,9 +416,11 @@ pub async fn begin_write(
     let lock = SyncLock::take(home).await?;
     let seen = cursor(home);
     let mut expected = Vec::with_capacity(rels.len());
+    let mut stored = Vec::with_capacity(rels.len());
     for rel in rels {
         let Some(row) = files.shared_file(rel).await? else {
             expected.push(None);
+            stored.push(None);
             continue;
         };
         let local = read_local(home, rel)?;
@@ -422,11 +428,13 @@ pub async fn begin_write(
             write_local(home, rel, row.content.as_deref())?;
         }
         expected.push(Some(row.revision));
+        stored.push(row.content);
     }
     Ok(PendingWrite {
         _lock: lock,
         rels: rels.iter().map(|r| (*r).to_owned()).collect(),
         expected,
+        stored,
     })
 }
 
@@ -440,10 +448,15 @@ impl PendingWrite {
         files: &dyn SharedFileStore,
     ) -> Result<bool, SharedHomeError> {
         let mut writes = Vec::with_capacity(self.rels.len());
-        for (rel, expect) in self.rels.iter().zip(&self.expected) {
+        for ((rel, expect), stored) in self.rels.iter().zip(&self.expected).zip(&self.stored) {
+            let content = read_local(home, rel)?;
+            if content == *stored {
+                // Unchanged (or absent on both sides): nothing to send.
+                continue;
+            }
             writes.push(SharedWrite {
                 path: rel.clone(),
-                content: read_local(home, rel)?,
+                content,
                 expect: Expect::Revision(*expect),
             });
         }

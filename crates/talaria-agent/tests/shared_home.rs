@@ -256,3 +256,43 @@ async fn memory_changes_build_on_the_newest_copy() {
     // On a store that shares nothing, the tool is the file tool it was.
     assert!(tools_support::MemStore::default().shared_files().is_none());
 }
+
+/// A memory call that changes nothing (an entry already there) writes no
+/// new revision, so no node pulls the same bytes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_call_that_changes_nothing_writes_no_revision() {
+    let store = shared_store().await;
+    let a = node(&store);
+    let add = json!({"action": "add", "target": "memory", "content": "The llama is Pablo"});
+    call(&a, add.clone()).await;
+    let first = store
+        .shared_file("memories/MEMORY.md")
+        .await
+        .unwrap()
+        .unwrap();
+    let out = call(&a, add).await;
+    assert_eq!(out["entries"], json!(["The llama is Pablo"]), "{out}");
+    let again = store
+        .shared_file("memories/MEMORY.md")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        again.revision, first.revision,
+        "no new revision for the same bytes"
+    );
+    call(
+        &a,
+        json!({"action": "add", "target": "memory", "content": "Hay at noon"}),
+    )
+    .await;
+    let changed = store
+        .shared_file("memories/MEMORY.md")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        changed.revision > first.revision,
+        "a real change is written"
+    );
+}
