@@ -445,8 +445,9 @@ pub struct CronAddArgs {
     /// A short name (default: the start of the prompt).
     #[arg(long)]
     pub name: Option<String>,
-    /// A skill whose instructions each run follows (repeatable).
-    #[arg(long)]
+    /// A skill whose instructions each run follows (repeatable, or
+    /// several separated by commas).
+    #[arg(long, value_delimiter = ',')]
     pub skill: Vec<String>,
     /// Where answers go: local (default), telegram, telegram:<chat_id>[:<thread_id>] (repeatable).
     #[arg(long)]
@@ -472,8 +473,9 @@ pub struct CronEditArgs {
     /// A new name.
     #[arg(long)]
     pub name: Option<String>,
-    /// The skills each run follows, replacing the job's (repeatable).
-    #[arg(long, conflicts_with = "no_skills")]
+    /// The skills each run follows, replacing the job's (repeatable, or
+    /// several separated by commas).
+    #[arg(long, conflicts_with = "no_skills", value_delimiter = ',')]
     pub skill: Vec<String>,
     /// Follow no skill any more.
     #[arg(long)]

@@ -421,3 +421,31 @@ fn skills_in_the_repl_are_cut_at_a_word() {
     p.send_line("/exit").unwrap();
     p.exp_eof().unwrap();
 }
+
+/// `--skill a,b` names two skills, as `--skill a --skill b` does (it was
+/// taken for one skill named "a,b").
+#[test]
+fn cron_skills_may_be_given_separated_by_commas() {
+    let (_dir, home) = home_with(MODEL);
+    for name in ["alpha", "beta"] {
+        let dir = home.join("skills").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("SKILL.md"),
+            format!("---\nname: {name}\ndescription: {name} things\n---\nDo {name}.\n"),
+        )
+        .unwrap();
+    }
+    let out = talaria(
+        &home,
+        &["cron", "add", "every 1h", "Check.", "--skill", "alpha,beta"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = talaria(
+        &home,
+        &["cron", "add", "every 1h", "Check.", "--skill", "alpha,nope"],
+    );
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(said.contains("no skill named `nope`"), "{said}");
+}
