@@ -617,7 +617,7 @@ pub enum SessionsCommand {
         #[arg(long)]
         source: Option<String>,
     },
-    /// Print one session's transcript.
+    /// Print one session's transcript (by id, or by a recent session's title).
     Show { id: String },
     /// Full-text search over all sessions.
     Search {
@@ -631,7 +631,7 @@ pub enum SessionsCommand {
     /// included, for other programs; markdown is for reading.
     #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
     Export {
-        /// The session's id (see `talaria sessions list`).
+        /// The session's id, or a recent session's title (see `talaria sessions list`).
         id: Option<String>,
         /// Every session, oldest id first.
         #[arg(long)]

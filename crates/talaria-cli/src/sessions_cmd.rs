@@ -87,11 +87,54 @@ pub(crate) async fn nothing_listed(rt: &Runtime, source: Option<&str>) -> anyhow
     ))
 }
 
-pub async fn show(rt: &Runtime, id: &str) -> anyhow::Result<ExitCode> {
-    let Some(session) = rt.store.session(id).await? else {
-        eprintln!("no session `{id}` (see `talaria sessions list`)");
-        return Ok(ExitCode::FAILURE);
+/// How many recent sessions a title is looked for among.
+const TITLE_DEPTH: usize = 500;
+
+/// The session `wanted` names: its id, or else the title of one of the
+/// most recent sessions (ignoring case), as `chat --resume` takes them.
+/// A title two of them share is refused, with their ids.
+pub(crate) async fn find(rt: &Runtime, wanted: &str) -> anyhow::Result<Option<SessionRecord>> {
+    let wanted = wanted.trim();
+    if let Some(session) = rt.store.session(wanted).await? {
+        return Ok(Some(session));
+    }
+    let lower = wanted.to_lowercase();
+    let mut titled: Vec<SessionRecord> = rt
+        .store
+        .list_sessions(SessionFilter {
+            limit: TITLE_DEPTH,
+            ..Default::default()
+        })
+        .await?
+        .into_iter()
+        .filter(|s| {
+            s.title
+                .as_deref()
+                .is_some_and(|t| t.to_lowercase() == lower)
+        })
+        .collect();
+    if titled.len() > 1 {
+        let ids: Vec<&str> = titled.iter().map(|s| s.id.as_str()).collect();
+        bail!(
+            "{} recent sessions are titled `{wanted}` ({}): give the id",
+            titled.len(),
+            ids.join(", ")
+        );
+    }
+    Ok(titled.pop())
+}
+
+/// What a command says when `wanted` names no session.
+fn not_found(wanted: &str) -> ExitCode {
+    eprintln!("no session has the id or title `{wanted}` (see `talaria sessions list`)");
+    ExitCode::FAILURE
+}
+
+pub async fn show(rt: &Runtime, wanted: &str) -> anyhow::Result<ExitCode> {
+    let Some(session) = find(rt, wanted).await? else {
+        return Ok(not_found(wanted));
     };
+    let id = session.id.as_str();
     println!(
         "session {}  {}  {}  model {}",
         session.id,
@@ -159,14 +202,14 @@ const PRUNE_PAGE: usize = 200;
 /// Seconds in a day, for `--older-than DAYS`.
 const DAY: f64 = 86_400.0;
 
-pub async fn rename(rt: &Runtime, id: &str, words: &[String]) -> anyhow::Result<ExitCode> {
+pub async fn rename(rt: &Runtime, wanted: &str, words: &[String]) -> anyhow::Result<ExitCode> {
     let Some(title) = talaria_gateway::slash::clean_title(&words.join(" ")) else {
         bail!("a title needs at least one visible character");
     };
-    let Some(session) = rt.store.session(id).await? else {
-        eprintln!("no session `{id}` (see `talaria sessions list`)");
-        return Ok(ExitCode::FAILURE);
+    let Some(session) = find(rt, wanted).await? else {
+        return Ok(not_found(wanted));
     };
+    let id = session.id.as_str();
     rt.store.set_title(id, &title).await?;
     match session.title {
         Some(old) if old != title => println!("renamed {id}: {old} -> {title}"),
@@ -175,11 +218,11 @@ pub async fn rename(rt: &Runtime, id: &str, words: &[String]) -> anyhow::Result<
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn delete(rt: &Runtime, id: &str, yes: bool) -> anyhow::Result<ExitCode> {
-    let Some(session) = rt.store.session(id).await? else {
-        eprintln!("no session `{id}` (see `talaria sessions list`)");
-        return Ok(ExitCode::FAILURE);
+pub async fn delete(rt: &Runtime, wanted: &str, yes: bool) -> anyhow::Result<ExitCode> {
+    let Some(session) = find(rt, wanted).await? else {
+        return Ok(not_found(wanted));
     };
+    let id = session.id.as_str();
     let messages = rt
         .store
         .active_message_counts(std::slice::from_ref(&session.id))

@@ -61,11 +61,14 @@ pub async fn export(rt: &Runtime, args: Export) -> anyhow::Result<ExitCode> {
     let mut out = Sink::open(args.output.as_deref())?;
     let mut written = 0usize;
     match &args.id {
-        Some(id) => {
-            let Some(session) = rt.store.session(id).await? else {
-                eprintln!("no session `{id}` (see `talaria sessions list`)");
+        Some(wanted) => {
+            let Some(session) = crate::sessions_cmd::find(rt, wanted).await? else {
+                eprintln!(
+                    "no session has the id or title `{wanted}` (see `talaria sessions list`)"
+                );
                 return Ok(ExitCode::FAILURE);
             };
+            let id = session.id.as_str();
             let Some(rows) = transcript(rt, id).await? else {
                 bail!("session `{id}` was deleted while it was being read");
             };

@@ -246,7 +246,9 @@ async fn export_writes_jsonl_that_reads_back_and_markdown_for_reading() {
 
     let missing = home.run(&["sessions", "export", "20990101_000000_ffff"]);
     assert_eq!(missing.status.code(), Some(1));
-    assert!(text(&missing.stderr).contains("no session `20990101_000000_ffff`"));
+    assert!(
+        text(&missing.stderr).contains("no session has the id or title `20990101_000000_ffff`")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -286,7 +288,7 @@ async fn delete_asks_on_a_terminal_and_refuses_without_one() {
 
     let out = home.run(&["sessions", "delete", B, "--yes"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains(&format!("no session `{B}`")));
+    assert!(text(&out.stderr).contains(&format!("no session has the id or title `{B}`")));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -460,4 +462,33 @@ async fn rename_titles_a_session_and_stats_count_what_is_stored() {
     assert_eq!(json["total"]["last_active"].as_f64(), Some(newest));
     let size = json["size"]["bytes"].as_u64().unwrap();
     assert_eq!(size, std::fs::metadata(home.db()).unwrap().len());
+}
+
+/// Sessions may be named by a recent session's title (any case) as well
+/// as by id; a title two sessions share is refused with both ids.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_are_found_by_title_and_a_shared_title_is_refused() {
+    let home = Home::new();
+    let store = home.store();
+    conversation(&store, A, "cli", "photos").await;
+    conversation(&store, B, "telegram", "music").await;
+    store.set_title(A, "Trip to Lyon").await.unwrap();
+
+    let shown = home.ok(&["sessions", "show", "trip to lyon"]);
+    assert!(shown.contains(&format!("session {A}")), "{shown}");
+    let said = home.ok(&["sessions", "rename", "Trip to Lyon", "Lyon", "in", "May"]);
+    assert!(said.contains(&format!("renamed {A}")), "{said}");
+    let exported = home.ok(&["sessions", "export", "Lyon in May"]);
+    assert!(exported.contains(A), "{exported}");
+
+    store.set_title(B, "Lyon in May").await.unwrap();
+    let out = home.run(&["sessions", "delete", "Lyon in May", "--yes"]);
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(said.contains("2 recent sessions are titled"), "{said}");
+    assert!(said.contains(A) && said.contains(B), "{said}");
+    let out = home.run(&["sessions", "show", "no such title"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no session has the id or title"));
+    assert!(store.session(A).await.unwrap().is_some() && store.session(B).await.unwrap().is_some());
 }
