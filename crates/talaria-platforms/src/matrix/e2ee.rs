@@ -251,29 +251,13 @@ impl Crypto {
     /// Feeds the machine what a sync batch carries for it; returns the
     /// sessions whose room keys arrived.
     pub(crate) async fn receive(&self, sync: &Value) -> Result<BTreeSet<String>, CryptoError> {
-        let to_device: Vec<Raw<AnyToDeviceEvent>> = sync
-            .pointer("/to_device/events")
-            .map(|v| serde_json::from_value(v.clone()))
-            .transpose()
-            .map_err(|e| malformed("a malformed to_device section", e))?
-            .unwrap_or_default();
-        let lists: DeviceLists = sync
-            .get("device_lists")
-            .map(|v| serde_json::from_value(v.clone()))
-            .transpose()
-            .map_err(|e| malformed("a malformed device_lists section", e))?
-            .unwrap_or_default();
-        let counts: BTreeMap<OneTimeKeyAlgorithm, UInt> = sync
-            .get("device_one_time_keys_count")
-            .map(|v| serde_json::from_value(v.clone()))
-            .transpose()
-            .map_err(|e| malformed("a malformed device_one_time_keys_count", e))?
-            .unwrap_or_default();
-        let fallback: Option<Vec<OneTimeKeyAlgorithm>> = sync
-            .get("device_unused_fallback_key_types")
-            .map(|v| serde_json::from_value(v.clone()))
-            .transpose()
-            .map_err(|e| malformed("a malformed device_unused_fallback_key_types", e))?;
+        let to_device: Vec<Raw<AnyToDeviceEvent>> =
+            section(sync, "/to_device/events")?.unwrap_or_default();
+        let lists: DeviceLists = section(sync, "/device_lists")?.unwrap_or_default();
+        let counts: BTreeMap<OneTimeKeyAlgorithm, UInt> =
+            section(sync, "/device_one_time_keys_count")?.unwrap_or_default();
+        let fallback: Option<Vec<OneTimeKeyAlgorithm>> =
+            section(sync, "/device_unused_fallback_key_types")?;
         let changes = EncryptionSyncChanges {
             to_device_events: to_device,
             changed_devices: &lists,
@@ -522,6 +506,17 @@ impl Crypto {
         R::IncomingResponse::try_from_http_response(response)
             .map_err(|e| other(&format!("an unexpected answer to {path}"), e))
     }
+}
+
+/// The sync's section at `pointer`, read into `T`; `None` when absent.
+fn section<T: serde::de::DeserializeOwned>(
+    sync: &Value,
+    pointer: &str,
+) -> Result<Option<T>, CryptoError> {
+    sync.pointer(pointer)
+        .map(|v| T::deserialize(v))
+        .transpose()
+        .map_err(|e| malformed(&format!("a malformed {pointer} section"), e))
 }
 
 fn to_device(r: &ToDeviceRequest) -> send_event_to_device::v3::Request {
