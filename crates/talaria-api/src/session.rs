@@ -71,12 +71,22 @@ pub(crate) fn validate_client_id(raw: &str) -> Result<String, ApiError> {
     Ok(raw.to_owned())
 }
 
-/// A fresh id for a header-less conversation: `api-` + 32 random hex
-/// digits. Never derived from the request: a conversation the server has
-/// not seen must not land in a session someone else's request created.
+/// A fresh id for a header-less conversation: `api-` + 32 hex digits, the
+/// first 12 the milliseconds since 1970, the other 20 random (80 bits).
+/// Never derived from the request: a conversation the server has not seen
+/// must not land in a session someone else's request created.
+///
+/// Time first, because the id keys every stored row of the session: ids
+/// of conversations started about the same time sort together, so the
+/// rows the conversations running now append land in the same few index
+/// pages instead of one random page each (wholly random ids wrote a sixth
+/// more bytes per turn under load).
 pub(crate) fn new_conversation_id() -> String {
-    let n: u128 = rand::rng().random();
-    format!("api-{n:032x}")
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let random: u128 = rand::rng().random_range(0..(1u128 << 80));
+    format!("api-{:012x}{random:020x}", millis & 0xffff_ffff_ffff)
 }
 
 /// A running SHA-256 over a header-less conversation as the client sends
@@ -424,6 +434,12 @@ mod tests {
         assert_ne!(a, new_conversation_id());
         assert_eq!(a.len(), "api-".len() + 32);
         assert!(talaria_core::ids::validate_path_component(&a).is_ok());
+        // A later conversation sorts after an earlier one (a millisecond
+        // apart at least), whatever the random part.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        for _ in 0..100 {
+            assert!(new_conversation_id() > a);
+        }
     }
 
     fn key(system: &str, messages: &[(Role, &str)]) -> String {

@@ -146,34 +146,7 @@ impl Gateway {
 
     /// The current counters, from `/proc/<pid>/stat`, `status` and `io`.
     pub fn sample(&self) -> anyhow::Result<Sample> {
-        let proc = PathBuf::from(format!("/proc/{}", self.pid()));
-        let stat = std::fs::read_to_string(proc.join("stat"))?;
-        // The command name may contain spaces; fields are counted after
-        // its closing parenthesis. utime and stime are fields 14 and 15.
-        let after = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .context("unexpected /proc/<pid>/stat")?;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| -> anyhow::Result<f64> {
-            Ok(fields
-                .get(i)
-                .context("short /proc/<pid>/stat")?
-                .parse::<f64>()?)
-        };
-        // `after` starts at field 3 (state), so field n is at index n - 3.
-        let cpu_secs = (ticks(11)? + ticks(12)?) / TICKS_PER_SEC;
-        let status = std::fs::read_to_string(proc.join("status"))?;
-        let rss_kb = field_value(&status, "VmRSS:").context("no VmRSS")?;
-        let anon_kb = field_value(&status, "RssAnon:").context("no RssAnon")?;
-        let io = std::fs::read_to_string(proc.join("io"))?;
-        let write_bytes = field_value(&io, "write_bytes:").context("no write_bytes")?;
-        Ok(Sample {
-            cpu_secs,
-            rss_bytes: rss_kb * 1024,
-            rss_anon_bytes: anon_kb * 1024,
-            write_bytes,
-        })
+        sample(self.pid())
     }
 
     /// Current size of `state.db` and its WAL, in bytes.
@@ -229,6 +202,39 @@ fn field_value(text: &str, name: &str) -> Option<u64> {
 fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
+}
+
+/// The counters of process `pid` now, from `/proc/<pid>/stat`, `status`
+/// and `io`.
+pub fn sample(pid: u32) -> anyhow::Result<Sample> {
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    let stat = std::fs::read_to_string(proc.join("stat"))?;
+    // The command name may contain spaces; fields are counted after
+    // its closing parenthesis. utime and stime are fields 14 and 15.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("unexpected /proc/<pid>/stat")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(i)
+            .context("short /proc/<pid>/stat")?
+            .parse::<f64>()?)
+    };
+    // `after` starts at field 3 (state), so field n is at index n - 3.
+    let cpu_secs = (ticks(11)? + ticks(12)?) / TICKS_PER_SEC;
+    let status = std::fs::read_to_string(proc.join("status"))?;
+    let rss_kb = field_value(&status, "VmRSS:").context("no VmRSS")?;
+    let anon_kb = field_value(&status, "RssAnon:").context("no RssAnon")?;
+    let io = std::fs::read_to_string(proc.join("io"))?;
+    let write_bytes = field_value(&io, "write_bytes:").context("no write_bytes")?;
+    Ok(Sample {
+        cpu_secs,
+        rss_bytes: rss_kb * 1024,
+        rss_anon_bytes: anon_kb * 1024,
+        write_bytes,
+    })
 }
 
 #[cfg(test)]

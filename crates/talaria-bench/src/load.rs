@@ -23,6 +23,9 @@ use crate::mock::TOOL_MARKER;
 /// Turns in one conversation before a user starts a new session.
 pub const TURNS_PER_CONVERSATION: u64 = 10;
 
+/// What the header path's users say in every text turn.
+const MESSAGE: &str = "Please note that the build passed.";
+
 /// How every header-less conversation opens.
 pub const OPENING: &str = "hello";
 
@@ -201,7 +204,7 @@ impl Target {
                     Mode::Voice => json!([
                         {"type": "input_audio", "input_audio": {"data": MEDIA.wav_base64, "format": "wav"}},
                     ]),
-                    Mode::Text | Mode::Stream => json!("Please note that the build passed."),
+                    Mode::Text | Mode::Stream => json!(MESSAGE),
                 };
                 serde_json::to_vec(&json!({
                     "model": "talaria",
@@ -281,12 +284,15 @@ fn session_for(tag: &str, user: usize, turn: u64) -> String {
 }
 
 /// What user `user` says next in a header-less run after `history`: the
-/// same opening for everyone, then words of their own.
+/// same opening for everyone, then words of their own. As long as the
+/// header path's message on average over a conversation, so both loads
+/// store as much text per turn and differ only in how a turn finds its
+/// session.
 fn next_message(history: &[Value], user: usize, turn: u64) -> String {
     if history.is_empty() {
         return OPENING.to_owned();
     }
-    format!("User {user} asks question {turn}: please note that the build passed.")
+    format!("Please note that build {user}.{turn} passed.")
 }
 
 /// `n` turns one after another.
@@ -480,6 +486,19 @@ mod tests {
         assert_eq!(next_message(&[], 5, 10), OPENING);
         assert_ne!(next_message(&said, 0, 1), next_message(&said, 1, 1));
         assert_ne!(next_message(&said, 0, 1), next_message(&said, 0, 2));
+        // A conversation of the 32nd user late in a run stores about as
+        // much text as the header path's (within a tenth).
+        let text: usize = (0..TURNS_PER_CONVERSATION)
+            .map(|t| {
+                let history = if t == 0 { &[][..] } else { &said[..] };
+                next_message(history, 31, 990 + t).len()
+            })
+            .sum();
+        let header = MESSAGE.len() * TURNS_PER_CONVERSATION as usize;
+        assert!(
+            text.abs_diff(header) * 10 <= header,
+            "{text} against {header}"
+        );
     }
 
     #[test]

@@ -49,10 +49,10 @@ struct Args {
     #[arg(long, global = true)]
     quick: bool,
     /// Repeats of each measurement; the median is reported.
-    #[arg(long)]
+    #[arg(long, global = true)]
     repeats: Option<usize>,
     /// Seconds of each concurrent run at 8 and 32 users.
-    #[arg(long)]
+    #[arg(long, global = true)]
     duration: Option<u64>,
     /// Sequential turns per mode and repeat.
     #[arg(long)]
@@ -90,6 +90,10 @@ enum Bench {
         #[arg(long)]
         requests: Option<usize>,
     },
+    /// Only the API server at 32 users with the session header and
+    /// without it, in turn, as the full benchmark compares them
+    /// (`--repeats`, `--duration`).
+    Headerless,
 }
 
 /// How much of everything a run does.
@@ -172,6 +176,9 @@ fn main() -> anyhow::Result<()> {
         return run_pages(&args, pages::Plan::new(args.quick, sessions, requests));
     }
     let plan = Plan::from_args(&args);
+    if let Some(Bench::Headerless) = args.command {
+        return run_headerless(&args, plan);
+    }
     terminal::require_bubblewrap()?;
     let talaria = match &args.talaria {
         Some(p) => p.clone(),
@@ -196,6 +203,45 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `talaria-bench pages`: writes pages.md and pages.json.
+fn run_headerless(args: &Args, plan: Plan) -> anyhow::Result<()> {
+    let talaria = match &args.talaria {
+        Some(p) => p.clone(),
+        None => build_talaria()?,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let figures = runtime.block_on(async {
+        let mock = mock::Mock::start().await?;
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .pool_idle_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        let mut gw = Gateway::launch(&talaria, &mock.base_url())?;
+        gw.wait_healthy(&http, Duration::from_secs(30)).await?;
+        let target = Target::gateway(http.clone(), &gw.base, API_KEY);
+        load::sequential(&target, "warmup", plan.warmup_turns, Mode::Text).await?;
+        let replay = mock
+            .stats
+            .last_turn_request
+            .lock()
+            .ok()
+            .and_then(|b| b.clone())
+            .context("the mock saw no turn")?;
+        let mock_target = Target::mock(http.clone(), &mock.base_url(), replay.to_vec());
+        let figures = concurrency(&gw, &target, &mock_target, &plan, &[32], 32).await;
+        gw.stop();
+        figures
+    })?;
+    let markdown = report::headerless_markdown(&figures);
+    print!("{markdown}");
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    std::fs::write(args.out.join("headerless.md"), &markdown)?;
+    Ok(())
+}
+
 fn run_pages(args: &Args, plan: pages::Plan) -> anyhow::Result<()> {
     let talaria = match &args.talaria {
         Some(p) => p.clone(),
@@ -364,82 +410,7 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
     figures.disk_bytes_per_turn = (after.write_bytes - before.write_bytes) as f64 / n;
     figures.db_growth_bytes_per_turn = (db_after as f64 - db_before as f64) / n;
 
-    // The header-less load (identical openings, histories resent) runs
-    // right after the header path at the same concurrency, and is judged
-    // against it; the mock alone is the same for both.
-    for (users, without_header) in [(8usize, false), (32, false), (32, true)] {
-        eprintln!(
-            "{users} users{}, {:?} per repeat",
-            if without_header {
-                " without the session header"
-            } else {
-                ""
-            },
-            plan.concurrent
-        );
-        let mut f = ConcurrencyFigure {
-            users,
-            without_header,
-            ..ConcurrencyFigure::default()
-        };
-        let load_target = if without_header {
-            target.clone().without_header()
-        } else {
-            target.clone()
-        };
-        let (mut tput, mut p50, mut p99, mut cpu) = (vec![], vec![], vec![], vec![]);
-        let (mut mtput, mut mp50, mut mp99) = (vec![], vec![], vec![]);
-        for r in 0..plan.repeats {
-            let before = gw.sample()?;
-            let run = load::concurrent(
-                &load_target,
-                &format!("c{users}r{r}"),
-                users,
-                Mode::Text,
-                Stop::After(plan.concurrent),
-            )
-            .await;
-            let after = gw.sample()?;
-            f.errors += run.errors;
-            if f.first_error.is_none() {
-                f.first_error.clone_from(&run.first_error);
-            }
-            let (a, b) = latency_percentiles(&run.turns);
-            tput.push(run.throughput());
-            p50.push(ms(a));
-            p99.push(ms(b));
-            cpu.push((after.cpu_secs - before.cpu_secs) * 1000.0 / run.turns.len().max(1) as f64);
-            if without_header {
-                continue;
-            }
-            let alone = load::concurrent(
-                &mock_target,
-                &format!("m{users}r{r}"),
-                users,
-                Mode::Text,
-                Stop::After(plan.concurrent),
-            )
-            .await;
-            let (a, b) = latency_percentiles(&alone.turns);
-            mtput.push(alone.throughput());
-            mp50.push(ms(a));
-            mp99.push(ms(b));
-        }
-        f.turns_per_sec = median(&tput);
-        f.p50_ms = median(&p50);
-        f.p99_ms = median(&p99);
-        f.cpu_ms_per_turn = median(&cpu);
-        if let (true, Some(header)) = (without_header, figures.at(users)) {
-            f.mock_turns_per_sec = header.mock_turns_per_sec;
-            f.mock_p50_ms = header.mock_p50_ms;
-            f.mock_p99_ms = header.mock_p99_ms;
-        } else {
-            f.mock_turns_per_sec = median(&mtput);
-            f.mock_p50_ms = median(&mp50);
-            f.mock_p99_ms = median(&mp99);
-        }
-        figures.concurrent.push(f);
-    }
+    figures.concurrent = concurrency(&gw, &target, &mock_target, &plan, &[8, 32], 32).await?;
 
     eprintln!("latency against concurrency");
     for &users in plan.curve_levels {
@@ -592,6 +563,133 @@ async fn media_burst(
 }
 
 const MB: f64 = 1024.0 * 1024.0;
+
+/// The closed-loop runs at each number of `users` in turn, `plan.repeats`
+/// times, each followed by the mock alone under the same client (the
+/// ceiling). At `headerless_users` every repeat also runs the header-less
+/// load (identical openings, histories resent) right beside the header
+/// path, which goes first in every other repeat: the two are judged
+/// against each other, so they meet the same store and the same machine,
+/// and neither always runs on the other's leftovers.
+async fn concurrency(
+    gw: &Gateway,
+    target: &Target,
+    mock_target: &Target,
+    plan: &Plan,
+    levels: &[usize],
+    headerless_users: usize,
+) -> anyhow::Result<Vec<ConcurrencyFigure>> {
+    let headerless = target.clone().without_header();
+    let mut figures = Vec::new();
+    for &users in levels {
+        let paired = users == headerless_users;
+        eprintln!(
+            "{users} users{}, {:?} per repeat",
+            if paired {
+                ", with the session header and without it in turn"
+            } else {
+                ""
+            },
+            plan.concurrent
+        );
+        let (mut with, mut without, mut alone) =
+            (Runs::default(), Runs::default(), Runs::default());
+        for r in 0..plan.repeats {
+            let mut kinds = vec![(target, false)];
+            if paired {
+                kinds.push((&headerless, true));
+                if r % 2 == 1 {
+                    kinds.reverse();
+                }
+            }
+            for (load_target, without_header) in kinds {
+                let tag = format!("c{users}r{r}{}", if without_header { "n" } else { "" });
+                let (before, client_before) = (gw.sample()?, gateway::sample(std::process::id())?);
+                let run = load::concurrent(
+                    load_target,
+                    &tag,
+                    users,
+                    Mode::Text,
+                    Stop::After(plan.concurrent),
+                )
+                .await;
+                let (after, client_after) = (gw.sample()?, gateway::sample(std::process::id())?);
+                let n = run.turns.len().max(1) as f64;
+                let cpu = (after.cpu_secs - before.cpu_secs) * 1000.0 / n;
+                let client_cpu = (client_after.cpu_secs - client_before.cpu_secs) * 1000.0 / n;
+                let written = (after.write_bytes - before.write_bytes) as f64 / n / 1000.0;
+                eprintln!(
+                    "  repeat {r}{}: {:.0} turns/s, CPU per turn {cpu:.3} ms (client and mock {client_cpu:.3} ms), {written:.1} kB written per turn, {} errors",
+                    if without_header { ", no header" } else { "" },
+                    run.throughput(),
+                    run.errors
+                );
+                let runs = if without_header {
+                    &mut without
+                } else {
+                    &mut with
+                };
+                runs.add(&run, cpu);
+            }
+            let run = load::concurrent(
+                mock_target,
+                &format!("m{users}r{r}"),
+                users,
+                Mode::Text,
+                Stop::After(plan.concurrent),
+            )
+            .await;
+            alone.add(&run, 0.0);
+        }
+        figures.push(with.figure(users, false, &alone));
+        if paired {
+            figures.push(without.figure(users, true, &alone));
+        }
+    }
+    Ok(figures)
+}
+
+/// The repeats of one kind of concurrent run.
+#[derive(Default)]
+struct Runs {
+    turns_per_sec: Vec<f64>,
+    p50_ms: Vec<f64>,
+    p99_ms: Vec<f64>,
+    cpu_ms_per_turn: Vec<f64>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Runs {
+    fn add(&mut self, run: &load::LoadResult, cpu_ms_per_turn: f64) {
+        let (p50, p99) = latency_percentiles(&run.turns);
+        self.turns_per_sec.push(run.throughput());
+        self.p50_ms.push(ms(p50));
+        self.p99_ms.push(ms(p99));
+        self.cpu_ms_per_turn.push(cpu_ms_per_turn);
+        self.errors += run.errors;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&run.first_error);
+        }
+    }
+
+    /// The medians, beside those of the mock alone.
+    fn figure(self, users: usize, without_header: bool, alone: &Runs) -> ConcurrencyFigure {
+        ConcurrencyFigure {
+            users,
+            without_header,
+            turns_per_sec: median(&self.turns_per_sec),
+            p50_ms: median(&self.p50_ms),
+            p99_ms: median(&self.p99_ms),
+            cpu_ms_per_turn: median(&self.cpu_ms_per_turn),
+            errors: self.errors,
+            first_error: self.first_error,
+            mock_turns_per_sec: median(&alone.turns_per_sec),
+            mock_p50_ms: median(&alone.p50_ms),
+            mock_p99_ms: median(&alone.p99_ms),
+        }
+    }
+}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0

@@ -352,30 +352,8 @@ pub fn markdown(f: &Figures) -> String {
             q.cpu_ms_per_turn
         ));
     }
-    s.push_str(
-        "\n| Users | turns/s | p50 | p99 | CPU/turn | errors | mock alone turns/s | mock p50 | mock p99 | share of mock |\n",
-    );
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
-    for c in &f.concurrent {
-        let users = if c.without_header {
-            format!("{} (no header)", c.users)
-        } else {
-            c.users.to_string()
-        };
-        s.push_str(&format!(
-            "| {} | {:.0} | {:.2} ms | {:.2} ms | {:.3} ms | {} | {:.0} | {:.2} ms | {:.2} ms | {:.0}% |\n",
-            users,
-            c.turns_per_sec,
-            c.p50_ms,
-            c.p99_ms,
-            c.cpu_ms_per_turn,
-            c.errors,
-            c.mock_turns_per_sec,
-            c.mock_p50_ms,
-            c.mock_p99_ms,
-            100.0 * c.turns_per_sec / c.mock_turns_per_sec.max(1e-9)
-        ));
-    }
+    s.push('\n');
+    s.push_str(&concurrency_table(&f.concurrent));
     if !f.terminal.is_empty() {
         s.push_str(
             "\n| Terminal call | calls | local p50 | local p95 | sandbox p50 | sandbox p95 | added (p50) |\n",
@@ -657,6 +635,54 @@ type Series = (&'static str, RGBColor, fn(&CurvePoint) -> f64);
 
 fn draw_error(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("cannot draw the plot: {e}")
+}
+
+/// The concurrent runs as a Markdown table.
+fn concurrency_table(concurrent: &[ConcurrencyFigure]) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "| Users | turns/s | p50 | p99 | CPU/turn | errors | mock alone turns/s | mock p50 | mock p99 | share of mock |\n",
+    );
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    for c in concurrent {
+        let users = if c.without_header {
+            format!("{} (no header)", c.users)
+        } else {
+            c.users.to_string()
+        };
+        s.push_str(&format!(
+            "| {} | {:.0} | {:.2} ms | {:.2} ms | {:.3} ms | {} | {:.0} | {:.2} ms | {:.2} ms | {:.0}% |\n",
+            users,
+            c.turns_per_sec,
+            c.p50_ms,
+            c.p99_ms,
+            c.cpu_ms_per_turn,
+            c.errors,
+            c.mock_turns_per_sec,
+            c.mock_p50_ms,
+            c.mock_p99_ms,
+            100.0 * c.turns_per_sec / c.mock_turns_per_sec.max(1e-9)
+        ));
+    }
+    s
+}
+
+/// The paired comparison alone (`talaria-bench headerless`): both loads
+/// and the header-less budget.
+pub fn headerless_markdown(concurrent: &[ConcurrencyFigure]) -> String {
+    let mut s = concurrency_table(concurrent);
+    let header = concurrent.iter().find(|c| !c.without_header);
+    let without = concurrent.iter().find(|c| c.without_header);
+    if let (Some(h), Some(c)) = (header, without) {
+        let met = c.turns_per_sec >= h.turns_per_sec && c.errors == 0;
+        s.push_str(&format!(
+            "\nWithout the header: {:.0}% of the header path's throughput, {:.0}% of its CPU per turn ({}).\n",
+            100.0 * c.turns_per_sec / h.turns_per_sec.max(1e-9),
+            100.0 * c.cpu_ms_per_turn / h.cpu_ms_per_turn.max(1e-9),
+            if met { "budget met" } else { "budget **not** met" }
+        ));
+    }
+    s
 }
 
 #[cfg(test)]

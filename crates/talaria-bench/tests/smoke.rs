@@ -50,6 +50,8 @@ fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
         burst["rss_peak_mb"].as_f64().unwrap() >= burst["rss_before_mb"].as_f64().unwrap(),
         "{burst}"
     );
+    // 8 and 32 users with the header, 32 without it.
+    assert_eq!(results["concurrent"].as_array().unwrap().len(), 3);
     for c in results["concurrent"].as_array().unwrap() {
         assert_eq!(c["errors"], 0, "{c}");
         assert!(c["turns_per_sec"].as_f64().unwrap() > 0.0, "{c}");
@@ -74,6 +76,31 @@ fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
     );
     let svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
     assert!(svg.contains("Talaria p99"));
+}
+
+#[test]
+fn the_quick_headerless_comparison_runs_both_loads_in_turn() {
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_talaria-bench"))
+        .args(["headerless", "--quick", "--repeats", "2"])
+        .arg("--talaria")
+        .arg(talaria())
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let md = std::fs::read_to_string(out.path().join("headerless.md")).unwrap();
+    // Both loads, each without an error, and the verdict.
+    for row in ["| 32 | ", "| 32 (no header) | "] {
+        let line = md
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("{md}"));
+        assert_eq!(line.split('|').nth(6).map(str::trim), Some("0"), "{line}");
+    }
+    assert!(md.contains("of the header path's throughput"), "{md}");
 }
 
 #[test]
