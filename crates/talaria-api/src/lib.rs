@@ -399,7 +399,9 @@ impl ApiServer {
     /// none is kept.
     pub fn with_transcript_store(self, store: Arc<dyn talaria_store::CursorStore>) -> ApiServer {
         self.state.responses.attach(store.clone());
-        self.state.index.attach(store);
+        // Turn leases exist exactly when several nodes share the store.
+        let shared = self.state.turn_leases.is_some();
+        self.state.index.attach(store, shared);
         self
     }
 
@@ -462,10 +464,17 @@ impl ApiServer {
     /// Only when the listener itself fails.
     pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let turns = self.turns;
+        let state = self.state;
+        // Its own token: a listener that fails stops the saving too.
+        let stop_saving = shutdown.child_token();
+        let saving = {
+            let (state, stop) = (state.clone(), stop_saving.clone());
+            tokio::spawn(async move { state.index.save_until(stop).await })
+        };
         let app = self
             .router
             .layer(axum::middleware::from_fn(refuse_declared_too_large));
-        talaria_platforms::listen::serve(
+        let served = talaria_platforms::listen::serve(
             "API server",
             self.listener,
             app,
@@ -475,7 +484,13 @@ impl ApiServer {
                 turns.cancel();
             },
         )
-        .await
+        .await;
+        // The answers are sent: what is left of the index goes to the
+        // store, so a client continues its conversation after a restart.
+        stop_saving.cancel();
+        let _ = saving.await;
+        state.index.save().await;
+        served
     }
 }
 

@@ -182,15 +182,41 @@ const INDEX_NAMESPACE: &str = "api_server";
 /// survives a restart and spans the nodes of a shared store. Without a
 /// store every header-less request starts a session of its own, which is
 /// still correct: the model gets what the client sent.
+///
+/// With a store several nodes share, each record is written at once:
+/// another node may get the client's next request a moment later. The
+/// embedded store is this process's alone, and a record written per turn
+/// cost a random index page or two per turn (a sixth of the bytes a turn
+/// wrote): there records are kept in memory and written
+/// [`SAVE_EVERY`], only the latest of each conversation, and at shutdown
+/// ([`TranscriptIndex::save`]). A crash loses the last second's records;
+/// those clients' next requests then start sessions of their own, seeded
+/// with what they send, so the model still sees their whole conversation.
 #[derive(Default)]
 pub(crate) struct TranscriptIndex {
     store: OnceLock<Arc<dyn CursorStore>>,
+    /// Whether each record is written as it is made (a shared store).
+    write_through: OnceLock<bool>,
     /// The entries this process recorded last, so a client that continues
     /// here (the usual case) is found without a store read. Only a hint:
     /// [`continue_if_unchanged`] checks the session against the store
     /// either way, so an entry another node has since moved past is
     /// harmless.
     recent: Mutex<Recent>,
+    /// Records not written yet, by session (embedded store only).
+    unsaved: Mutex<HashMap<String, Unsaved>>,
+}
+
+/// How often an embedded store gets the records made since the last write.
+pub(crate) const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A conversation's newest record, not yet in the store.
+struct Unsaved {
+    /// The key the store holds for the conversation, which the record
+    /// replaces.
+    stored: Option<String>,
+    key: String,
+    at: Continuation,
 }
 
 /// Entries kept in memory: bounded, the oldest recorded dropped first.
@@ -225,10 +251,13 @@ impl Recent {
 }
 
 impl TranscriptIndex {
-    /// Keeps the index in `store` from now on; a second call changes
-    /// nothing.
-    pub(crate) fn attach(&self, store: Arc<dyn CursorStore>) {
-        let _ = self.store.set(store);
+    /// Keeps the index in `store` from now on, each record written at once
+    /// when `shared` (other nodes read it too), else every [`SAVE_EVERY`].
+    /// A second call changes nothing.
+    pub(crate) fn attach(&self, store: Arc<dyn CursorStore>, shared: bool) {
+        if self.store.set(store).is_ok() {
+            let _ = self.write_through.set(shared);
+        }
     }
 
     /// Where the conversation with this key was left, if anywhere. A store
@@ -269,15 +298,70 @@ impl TranscriptIndex {
             }
             recent.insert(key, at);
         }
-        // One write: the old entry goes as the new one is written.
-        let value = at.encode();
-        let written = match replaces {
-            Some(old) => store.move_cursor(INDEX_NAMESPACE, old, key, &value).await,
-            None => store.set_cursor(INDEX_NAMESPACE, key, &value).await,
-        };
-        if let Err(e) = written {
-            tracing::warn!(session = %at.session_id, error = %e, "cannot record the API transcript index");
+        if self.write_through.get() == Some(&true) {
+            write(store.as_ref(), key, at, replaces).await;
+            return;
         }
+        let mut unsaved = self.unsaved.lock().unwrap_or_else(PoisonError::into_inner);
+        match unsaved.entry(at.session_id.clone()) {
+            // A record not written yet is replaced in memory: the store
+            // still holds the one before it.
+            std::collections::hash_map::Entry::Occupied(mut entry) => {
+                let entry = entry.get_mut();
+                entry.key = key.to_owned();
+                entry.at = at.clone();
+            }
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(Unsaved {
+                    stored: replaces.map(str::to_owned),
+                    key: key.to_owned(),
+                    at: at.clone(),
+                });
+            }
+        }
+    }
+
+    /// Writes the records not in the store yet, one per conversation.
+    pub(crate) async fn save(&self) {
+        let Some(store) = self.store.get() else {
+            return;
+        };
+        let batch =
+            std::mem::take(&mut *self.unsaved.lock().unwrap_or_else(PoisonError::into_inner));
+        // Queued together, so the store commits them together.
+        futures::future::join_all(batch.into_values().map(|u| async move {
+            write(store.as_ref(), &u.key, &u.at, u.stored.as_deref()).await;
+        }))
+        .await;
+    }
+
+    /// Writes the records every [`SAVE_EVERY`] until `stop` is cancelled
+    /// (the last ones are for [`TranscriptIndex::save`] after the server
+    /// has stopped). Returns at once for a store written through.
+    pub(crate) async fn save_until(&self, stop: tokio_util::sync::CancellationToken) {
+        if self.store.get().is_none() || self.write_through.get() == Some(&true) {
+            return;
+        }
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(SAVE_EVERY) => self.save().await,
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// Stores one record: the old entry goes as the new one is written, in one
+/// write. A failure is logged: the conversation's next request then starts
+/// a session of its own.
+async fn write(store: &dyn CursorStore, key: &str, at: &Continuation, replaces: Option<&str>) {
+    let value = at.encode();
+    let written = match replaces {
+        Some(old) => store.move_cursor(INDEX_NAMESPACE, old, key, &value).await,
+        None => store.set_cursor(INDEX_NAMESPACE, key, &value).await,
+    };
+    if let Err(e) = written {
+        tracing::warn!(session = %at.session_id, error = %e, "cannot record the API transcript index");
     }
 }
 
@@ -448,6 +532,105 @@ mod tests {
             d.push(*role, text);
         }
         d.key()
+    }
+
+    fn at(session: &str, rows: u64) -> Continuation {
+        Continuation {
+            session_id: session.to_owned(),
+            rows,
+        }
+    }
+
+    fn sqlite() -> (tempfile::TempDir, Arc<talaria_store::SqliteStore>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = talaria_store::SqliteStore::open(&dir.path().join("state.db")).unwrap();
+        (dir, Arc::new(store))
+    }
+
+    async fn stored(store: &talaria_store::SqliteStore, key: &str) -> Option<Continuation> {
+        let value = store.cursor(INDEX_NAMESPACE, key).await.unwrap();
+        value.as_deref().and_then(Continuation::decode)
+    }
+
+    /// The embedded store gets each conversation's newest record when the
+    /// records are saved, not one write per turn; lookups find the newest
+    /// in memory meanwhile.
+    #[tokio::test]
+    async fn an_embedded_store_gets_the_newest_record_of_each_conversation_when_saved() {
+        let (_dir, store) = sqlite();
+        let index = TranscriptIndex::default();
+        index.attach(store.clone(), false);
+        index.record("k1", &at("s1", 2), None).await;
+        index.record("x1", &at("s2", 2), None).await;
+        assert_eq!(stored(&store, "k1").await, None);
+        assert_eq!(index.lookup("k1").await, Some(at("s1", 2)));
+        index.save().await;
+        assert_eq!(stored(&store, "k1").await, Some(at("s1", 2)));
+        assert_eq!(stored(&store, "x1").await, Some(at("s2", 2)));
+
+        // Two more turns of the first conversation: the store keeps the
+        // saved record until the next save, which writes only the newest
+        // and drops the one it replaces.
+        index.record("k2", &at("s1", 4), Some("k1")).await;
+        index.record("k3", &at("s1", 6), Some("k2")).await;
+        assert_eq!(stored(&store, "k3").await, None);
+        assert_eq!(index.lookup("k3").await, Some(at("s1", 6)));
+        assert_eq!(index.lookup("k1").await, Some(at("s1", 2)), "from the store");
+        index.save().await;
+        assert_eq!(stored(&store, "k3").await, Some(at("s1", 6)));
+        assert_eq!(stored(&store, "k2").await, None);
+        assert_eq!(stored(&store, "k1").await, None);
+        assert_eq!(stored(&store, "x1").await, Some(at("s2", 2)));
+
+        // A fresh process (nothing in memory) finds what was saved.
+        let after_restart = TranscriptIndex::default();
+        after_restart.attach(store.clone(), false);
+        assert_eq!(after_restart.lookup("k3").await, Some(at("s1", 6)));
+    }
+
+    /// Records are saved every second while the server runs, without
+    /// waiting for it to stop; saving ends when told to.
+    #[tokio::test]
+    async fn records_are_saved_every_second_until_stopped() {
+        let (_dir, store) = sqlite();
+        let index = Arc::new(TranscriptIndex::default());
+        index.attach(store.clone(), false);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let saving = tokio::spawn({
+            let (index, stop) = (index.clone(), stop.clone());
+            async move { index.save_until(stop).await }
+        });
+        index.record("k1", &at("s1", 2), None).await;
+        let deadline = std::time::Instant::now() + 3 * SAVE_EVERY;
+        while stored(&store, "k1").await.is_none() {
+            assert!(std::time::Instant::now() < deadline, "never saved");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        stop.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(5), saving)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    /// With a store other nodes read, each record is written at once.
+    #[tokio::test]
+    async fn a_shared_store_gets_every_record_at_once() {
+        let (_dir, store) = sqlite();
+        let index = TranscriptIndex::default();
+        index.attach(store.clone(), true);
+        index.record("k1", &at("s1", 2), None).await;
+        assert_eq!(stored(&store, "k1").await, Some(at("s1", 2)));
+        index.record("k2", &at("s1", 4), Some("k1")).await;
+        assert_eq!(stored(&store, "k2").await, Some(at("s1", 4)));
+        assert_eq!(stored(&store, "k1").await, None);
+        // Nothing waits for a save.
+        tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            index.save_until(tokio_util::sync::CancellationToken::new()),
+        )
+        .await
+        .unwrap();
     }
 
     #[test]
