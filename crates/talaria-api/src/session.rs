@@ -575,7 +575,11 @@ mod tests {
         index.record("k3", &at("s1", 6), Some("k2")).await;
         assert_eq!(stored(&store, "k3").await, None);
         assert_eq!(index.lookup("k3").await, Some(at("s1", 6)));
-        assert_eq!(index.lookup("k1").await, Some(at("s1", 2)), "from the store");
+        assert_eq!(
+            index.lookup("k1").await,
+            Some(at("s1", 2)),
+            "from the store"
+        );
         index.save().await;
         assert_eq!(stored(&store, "k3").await, Some(at("s1", 6)));
         assert_eq!(stored(&store, "k2").await, None);

@@ -202,7 +202,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `talaria-bench pages`: writes pages.md and pages.json.
+/// `talaria-bench headerless`: prints and writes headerless.md.
 fn run_headerless(args: &Args, plan: Plan) -> anyhow::Result<()> {
     let talaria = match &args.talaria {
         Some(p) => p.clone(),
@@ -213,23 +213,7 @@ fn run_headerless(args: &Args, plan: Plan) -> anyhow::Result<()> {
         .build()?;
     let figures = runtime.block_on(async {
         let mock = mock::Mock::start().await?;
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(256)
-            .pool_idle_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .build()?;
-        let mut gw = Gateway::launch(&talaria, &mock.base_url())?;
-        gw.wait_healthy(&http, Duration::from_secs(30)).await?;
-        let target = Target::gateway(http.clone(), &gw.base, API_KEY);
-        load::sequential(&target, "warmup", plan.warmup_turns, Mode::Text).await?;
-        let replay = mock
-            .stats
-            .last_turn_request
-            .lock()
-            .ok()
-            .and_then(|b| b.clone())
-            .context("the mock saw no turn")?;
-        let mock_target = Target::mock(http.clone(), &mock.base_url(), replay.to_vec());
+        let (gw, target, mock_target) = warmed_gateway(&talaria, &mock, &client()?, &plan).await?;
         let figures = concurrency(&gw, &target, &mock_target, &plan, &[32], 32).await;
         gw.stop();
         figures
@@ -242,6 +226,7 @@ fn run_headerless(args: &Args, plan: Plan) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `talaria-bench pages`: writes pages.md and pages.json.
 fn run_pages(args: &Args, plan: pages::Plan) -> anyhow::Result<()> {
     let talaria = match &args.talaria {
         Some(p) => p.clone(),
@@ -294,16 +279,7 @@ fn build_talaria() -> anyhow::Result<PathBuf> {
 
 async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
     let mock = mock::Mock::start().await?;
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(256)
-        // Below the server's keep-alive limit (its header timeout, 10 s):
-        // a pooled connection the server is closing at the moment it is
-        // reused fails the request ("connection closed before message
-        // completed"), which a client with a longer idle time meets
-        // between the benchmark's phases.
-        .pool_idle_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        .build()?;
+    let http = client()?;
     let mut figures = Figures::describe_machine();
     figures.plan = format!("{plan:?}");
 
@@ -338,18 +314,7 @@ async fn run(talaria: &Path, plan: Plan) -> anyhow::Result<Figures> {
     figures.idle_rss_anon_mb = median(&idle_anon) / MB;
     figures.first_request_bytes = median(&request);
 
-    let mut gw = Gateway::launch(talaria, &mock.base_url())?;
-    gw.wait_healthy(&http, Duration::from_secs(30)).await?;
-    let target = Target::gateway(http.clone(), &gw.base, API_KEY);
-    load::sequential(&target, "warmup", plan.warmup_turns, Mode::Text).await?;
-    let replay = mock
-        .stats
-        .last_turn_request
-        .lock()
-        .ok()
-        .and_then(|b| b.clone())
-        .context("the mock saw no turn")?;
-    let mock_target = Target::mock(http.clone(), &mock.base_url(), replay.to_vec());
+    let (gw, target, mock_target) = warmed_gateway(talaria, &mock, &http, &plan).await?;
 
     eprintln!(
         "sequential turns ({} per mode and repeat)",
@@ -563,6 +528,44 @@ async fn media_burst(
 }
 
 const MB: f64 = 1024.0 * 1024.0;
+
+/// The benchmark's client.
+fn client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        // Below the server's keep-alive limit (its header timeout, 10 s):
+        // a pooled connection the server is closing at the moment it is
+        // reused fails the request ("connection closed before message
+        // completed"), which a client with a longer idle time meets
+        // between the benchmark's phases.
+        .pool_idle_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30))
+        .build()
+}
+
+/// A gateway started and warmed up, the target of its API server, and the
+/// mock's own endpoint sent the last request the gateway made (the same
+/// work for the model side, without the gateway: the ceiling).
+async fn warmed_gateway(
+    talaria: &Path,
+    mock: &mock::Mock,
+    http: &reqwest::Client,
+    plan: &Plan,
+) -> anyhow::Result<(Gateway, Target, Target)> {
+    let mut gw = Gateway::launch(talaria, &mock.base_url())?;
+    gw.wait_healthy(http, Duration::from_secs(30)).await?;
+    let target = Target::gateway(http.clone(), &gw.base, API_KEY);
+    load::sequential(&target, "warmup", plan.warmup_turns, Mode::Text).await?;
+    let replay = mock
+        .stats
+        .last_turn_request
+        .lock()
+        .ok()
+        .and_then(|b| b.clone())
+        .context("the mock saw no turn")?;
+    let mock_target = Target::mock(http.clone(), &mock.base_url(), replay.to_vec());
+    Ok((gw, target, mock_target))
+}
 
 /// The closed-loop runs at each number of `users` in turn, `plan.repeats`
 /// times, each followed by the mock alone under the same client (the
