@@ -180,13 +180,7 @@ fn main() -> anyhow::Result<()> {
         return run_headerless(&args, plan);
     }
     terminal::require_bubblewrap()?;
-    let talaria = match &args.talaria {
-        Some(p) => p.clone(),
-        None => build_talaria()?,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let (talaria, runtime) = (talaria_binary(&args)?, new_runtime()?);
     let figures = runtime.block_on(run(&talaria, plan))?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
@@ -202,15 +196,24 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `talaria` binary under test: `--talaria`, or the one built next to
+/// this program.
+fn talaria_binary(args: &Args) -> anyhow::Result<PathBuf> {
+    match &args.talaria {
+        Some(p) => Ok(p.clone()),
+        None => build_talaria(),
+    }
+}
+
+fn new_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
 /// `talaria-bench headerless`: prints and writes headerless.md.
 fn run_headerless(args: &Args, plan: Plan) -> anyhow::Result<()> {
-    let talaria = match &args.talaria {
-        Some(p) => p.clone(),
-        None => build_talaria()?,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let (talaria, runtime) = (talaria_binary(args)?, new_runtime()?);
     let figures = runtime.block_on(async {
         let mock = mock::Mock::start().await?;
         let (gw, target, mock_target) = warmed_gateway(&talaria, &mock, &client()?, &plan).await?;
@@ -228,13 +231,7 @@ fn run_headerless(args: &Args, plan: Plan) -> anyhow::Result<()> {
 
 /// `talaria-bench pages`: writes pages.md and pages.json.
 fn run_pages(args: &Args, plan: pages::Plan) -> anyhow::Result<()> {
-    let talaria = match &args.talaria {
-        Some(p) => p.clone(),
-        None => build_talaria()?,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let (talaria, runtime) = (talaria_binary(args)?, new_runtime()?);
     let figures = runtime.block_on(pages::run(&talaria, plan))?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;

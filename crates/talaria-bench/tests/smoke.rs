@@ -23,11 +23,12 @@ fn talaria() -> PathBuf {
     bin
 }
 
-#[test]
-fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
+/// Runs `talaria-bench` with `args` against this build's `talaria`, which
+/// must succeed; returns the directory it wrote its results to.
+fn bench(args: &[&str]) -> tempfile::TempDir {
     let out = tempfile::tempdir().unwrap();
     let run = Command::new(env!("CARGO_BIN_EXE_talaria-bench"))
-        .arg("--quick")
+        .args(args)
         .arg("--talaria")
         .arg(talaria())
         .arg("--out")
@@ -36,6 +37,12 @@ fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
+    out
+}
+
+#[test]
+fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
+    let out = bench(&["--quick"]);
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
     // Every phase produced figures, and no turn failed.
@@ -80,17 +87,7 @@ fn the_quick_benchmark_runs_every_phase_and_writes_its_results() {
 
 #[test]
 fn the_quick_headerless_comparison_runs_both_loads_in_turn() {
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_talaria-bench"))
-        .args(["headerless", "--quick", "--repeats", "2"])
-        .arg("--talaria")
-        .arg(talaria())
-        .arg("--out")
-        .arg(out.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{stderr}");
+    let out = bench(&["headerless", "--quick", "--repeats", "2"]);
     let md = std::fs::read_to_string(out.path().join("headerless.md")).unwrap();
     // Both loads, each without an error, and the verdict.
     for row in ["| 32 | ", "| 32 (no header) | "] {
@@ -105,17 +102,7 @@ fn the_quick_headerless_comparison_runs_both_loads_in_turn() {
 
 #[test]
 fn the_quick_pages_benchmark_seeds_a_store_and_measures_every_route() {
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_talaria-bench"))
-        .args(["pages", "--quick"])
-        .arg("--talaria")
-        .arg(talaria())
-        .arg("--out")
-        .arg(out.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{stderr}");
+    let out = bench(&["pages", "--quick"]);
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.path().join("pages.json")).unwrap()).unwrap();
     // The quick store: 2,000 short sessions and the long one.
