@@ -125,7 +125,7 @@ pub(crate) async fn find(rt: &Runtime, wanted: &str) -> anyhow::Result<Option<Se
 }
 
 /// What a command says when `wanted` names no session.
-fn not_found(wanted: &str) -> ExitCode {
+pub(crate) fn not_found(wanted: &str) -> ExitCode {
     eprintln!("no session has the id or title `{wanted}` (see `talaria sessions list`)");
     ExitCode::FAILURE
 }

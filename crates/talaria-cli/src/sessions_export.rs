@@ -63,10 +63,7 @@ pub async fn export(rt: &Runtime, args: Export) -> anyhow::Result<ExitCode> {
     match &args.id {
         Some(wanted) => {
             let Some(session) = crate::sessions_cmd::find(rt, wanted).await? else {
-                eprintln!(
-                    "no session has the id or title `{wanted}` (see `talaria sessions list`)"
-                );
-                return Ok(ExitCode::FAILURE);
+                return Ok(crate::sessions_cmd::not_found(wanted));
             };
             let id = session.id.as_str();
             let Some(rows) = transcript(rt, id).await? else {
